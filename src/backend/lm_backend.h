@@ -1,0 +1,128 @@
+/* lm_backend.h - the op interface that every model is written against.
+ *
+ * A backend owns memory and runs ops; it never knows which model calls it.
+ * Models hold lm_tensor handles and call the lm_op_* wrappers below; they never
+ * dereference activation memory themselves, so the same forward pass runs on
+ * any backend (CPU now, CUDA later).
+ *
+ * Dimension names used in shape comments:
+ *   T tokens in the batch, D model width, H query heads, Hkv key/value heads,
+ *   Dh head width, F feed-forward width, V vocabulary, S sequences in the batch.
+ *
+ * Activations are f32 row-major [rows][cols]. Weights are [out][in] row-major
+ * in any lm_dtype (HF safetensors and GGUF share this layout), so
+ * matmul computes y[t][o] = sum_i x[t][i] * W[o][i]. */
+#ifndef LM_BACKEND_H
+#define LM_BACKEND_H
+
+#include "lm_dtype.h"
+
+typedef struct lm_tensor {
+    lm_dtype type;
+    int64_t rows, cols; /* [rows][cols], row-major; vectors have rows = 1 */
+    void *data;         /* backend memory */
+} lm_tensor;
+
+/* The paged KV cache, as a backend sees it: per layer, K and V blocks of
+ * block_size tokens in a pool; token position p of a sequence lives in block
+ * table[p / block_size] at offset p % block_size. The engine owns which block
+ * belongs to whom; the backend only reads and writes the slots it is told. */
+typedef struct lm_kv_pool {
+    int n_layers;
+    int block_size;   /* tokens per block */
+    int n_blocks;     /* blocks per layer */
+    int64_t kv_width; /* Hkv * Dh of the widest layer */
+    float **k, **v;   /* [n_layers] -> [n_blocks][block_size][kv_width], backend memory */
+} lm_kv_pool;
+
+/* What attention needs to know about a batch: for token t, its sequence
+ * seq[t] and position pos[t]; each sequence's block table. */
+typedef struct lm_attn_batch {
+    int n_tokens;
+    const int32_t *pos;                  /* [T] */
+    const int32_t *seq;                  /* [T] index into block_tables */
+    int n_seqs;
+    const int32_t *const *block_tables;  /* [S] -> block ids covering positions 0..max pos */
+} lm_attn_batch;
+
+typedef struct lm_attn_params {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;   /* usually 1/sqrt(Dh) */
+    int window;    /* > 0: attend only to the last `window` positions (sliding) */
+    float softcap; /* > 0: logits = softcap * tanh(logits / softcap) */
+} lm_attn_params;
+
+typedef struct lm_rope_params {
+    int n_heads, head_dim;
+    int rot_dim;           /* leading dims of each head that rotate (partial rotary) */
+    bool interleaved;      /* pairs (2i, 2i+1) as in GGUF llama; else (i, i+rot_dim/2) as HF */
+    const float *inv_freq; /* [rot_dim / 2], host memory, already scaled (llama3 etc.) */
+    float attn_factor;     /* multiplies cos and sin (yarn); 1 otherwise */
+} lm_rope_params;
+
+typedef struct lm_backend lm_backend;
+
+struct lm_backend_ops {
+    /* Memory: alloc returns zeroed backend memory (NULL on failure). */
+    void *(*alloc)(lm_backend *be, size_t bytes);
+    void (*free)(lm_backend *be, void *p);
+    /* Makes a weight usable on this backend; host_data stays valid for the
+     * backend's lifetime (mmapped). CPU uses it in place. */
+    int (*upload_weight)(lm_backend *be, lm_tensor *t, const void *host_data, lm_err *e);
+    void (*read)(lm_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*write)(lm_backend *be, void *dst, const void *host_src, size_t bytes);
+
+    /* y[T][O] = x[T][I] * W[O][I]^T (+ bias[O] if bias != NULL, f32). */
+    void (*matmul)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                   const lm_tensor *bias);
+    /* y[r] = x[r] / rms(x[r]) * (w + w_offset), rows of width w->cols; w is f32.
+     * x->cols must be a multiple of w->cols (per-head norms use Dh-wide rows). */
+    void (*rms_norm)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                     float eps, float w_offset);
+    /* In place on x[T][H*Dh] at positions pos[T]. */
+    void (*rope)(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p);
+    /* y = silu(gate) * up, all [T][F]. */
+    void (*silu_mul)(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up);
+    /* y += x (same shape). */
+    void (*add)(lm_backend *be, lm_tensor *y, const lm_tensor *x);
+    /* y *= s. */
+    void (*scale)(lm_backend *be, lm_tensor *y, float s);
+    /* y[t] = table[ids[t]] as f32; ids in host memory, bounds-checked by the caller. */
+    void (*get_rows)(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids);
+    /* Copies rows rows[i] of x into y[i]. */
+    void (*gather_rows)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n);
+    /* Writes k, v [T][Hkv*Dh] into layer `layer` of the pool at the batch's positions. */
+    void (*kv_write)(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
+                     const lm_tensor *v, const lm_attn_batch *b);
+    /* out[T][H*Dh] = causal softmax(q k^T * scale) v over each token's own
+     * sequence, positions [0, pos[t]] (or the window). GQA: head h reads kv head
+     * h / (H / Hkv). */
+    void (*attention)(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
+                      int layer, const lm_attn_batch *b, const lm_attn_params *p);
+    void (*destroy)(lm_backend *be);
+};
+
+struct lm_backend {
+    const struct lm_backend_ops *ops;
+    const char *name;
+    void *impl;
+};
+
+/* Convenience: allocate an f32 activation tensor [rows][cols] on be. */
+int lm_tensor_alloc(lm_backend *be, lm_tensor *t, int64_t rows, int64_t cols);
+void lm_tensor_release(lm_backend *be, lm_tensor *t);
+/* A view of rows [r0, r0+n) of an f32 activation tensor. */
+lm_tensor lm_tensor_rows(const lm_tensor *t, int64_t r0, int64_t n);
+
+static inline void lm_backend_destroy(lm_backend *be) { if (be) be->ops->destroy(be); }
+
+/* The CPU backend. isa forces a code path (tests exercise each one that the
+ * machine supports); LM_ISA_AUTO picks the best. n_threads <= 0: every core. */
+typedef enum lm_cpu_isa { LM_ISA_AUTO = 0, LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512 } lm_cpu_isa;
+lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e);
+/* Best ISA this machine supports, and its name. */
+lm_cpu_isa lm_cpu_isa_detect(void);
+const char *lm_cpu_isa_name(lm_cpu_isa isa);
+int lm_cpu_backend_threads(const lm_backend *be);
+
+#endif

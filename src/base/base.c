@@ -1,0 +1,79 @@
+/* base.c - error formatting, checked allocation, clock. */
+#include "lm_base.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int lm_errf(lm_err *e, const char *fmt, ...) {
+    if (!e) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int lm_err_prefix(lm_err *e, const char *fmt, ...) {
+    if (!e) return -1;
+    char old[LM_ERR_MAX], pre[LM_ERR_MAX];
+    memcpy(old, e->msg, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    snprintf(e->msg, sizeof e->msg, "%s: %s", pre, old);
+    return -1;
+}
+
+void lm_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "lumen: internal error: assertion `%s` failed at %s:%d\n", expr, file, line);
+    abort();
+}
+
+static void oom(size_t n) {
+    fprintf(stderr, "lumen: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *lm_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n);
+    return p;
+}
+
+void *lm_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) oom(n * size);
+    return p;
+}
+
+void *lm_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n);
+    return q;
+}
+
+char *lm_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = lm_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+void *lm_xaligned(size_t n) {
+    void *p = NULL;
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) oom(n);
+    return p;
+}
+
+void lm_afree(void *p) { free(p); }
+
+double lm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

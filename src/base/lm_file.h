@@ -1,0 +1,26 @@
+/* lm_file.h - read-only memory-mapped files and small whole-file reads. */
+#ifndef LM_FILE_H
+#define LM_FILE_H
+
+#include "lm_base.h"
+
+typedef struct lm_mmap {
+    const uint8_t *data; /* NULL for an empty file */
+    size_t size;
+    char *path;
+} lm_mmap;
+
+/* Maps path read-only. On failure fills e with "PATH: reason" and returns -1. */
+int lm_mmap_open(lm_mmap *m, const char *path, lm_err *e);
+void lm_mmap_close(lm_mmap *m);
+
+/* Reads a whole (small) file into a NUL-terminated buffer; *len excludes the NUL. */
+char *lm_read_file(const char *path, size_t *len, lm_err *e);
+
+bool lm_file_exists(const char *path);
+bool lm_is_dir(const char *path);
+
+/* Joins dir and name with one '/', into a new string. */
+char *lm_path_join(const char *dir, const char *name);
+
+#endif

@@ -1,0 +1,84 @@
+/* lm_test.h - a tiny self-registering test framework.
+ *
+ *   LM_TEST(name) { ... LM_CHECK(cond); LM_CHECK_NEAR(a, b, tol); ... }
+ *
+ * Every tests/test_*.c is linked into one binary; tests register themselves
+ * at load time. The runner prints one line per test and ends with
+ * "N passed, N failed, N skipped". A test that cannot run here (missing
+ * fixture, missing CPU feature) calls LM_SKIP("why"), which prints the reason
+ * and counts as skipped, never as passed. */
+#ifndef LM_TEST_H
+#define LM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+
+typedef struct lm_test_ctx {
+    int failed;
+    int skipped;
+    char skip_reason[256];
+} lm_test_ctx;
+
+typedef void (*lm_test_fn)(lm_test_ctx *lm_t_);
+void lm_test_register(const char *name, const char *file, lm_test_fn fn);
+
+#define LM_TEST(name)                                                      \
+    static void lm_test_##name(lm_test_ctx *lm_t_);                        \
+    __attribute__((constructor)) static void lm_test_reg_##name(void) {    \
+        lm_test_register(#name, __FILE__, lm_test_##name);                 \
+    }                                                                      \
+    static void lm_test_##name(lm_test_ctx *lm_t_)
+
+#define LM_CHECK(c)                                                              \
+    do {                                                                         \
+        if (!(c)) {                                                              \
+            fprintf(stderr, "  %s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+            lm_t_->failed++;                                                     \
+        }                                                                        \
+    } while (0)
+
+#define LM_CHECK_MSG(c, ...)                                          \
+    do {                                                              \
+        if (!(c)) {                                                   \
+            fprintf(stderr, "  %s:%d: check failed: %s: ", __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                             \
+            fprintf(stderr, "\n");                                    \
+            lm_t_->failed++;                                          \
+        }                                                             \
+    } while (0)
+
+#define LM_CHECK_NEAR(a, b, tol)                                                       \
+    do {                                                                               \
+        double lm_a_ = (a), lm_b_ = (b);                                               \
+        if (!(fabs(lm_a_ - lm_b_) <= (tol))) {                                         \
+            fprintf(stderr, "  %s:%d: %s = %.9g, %s = %.9g, |diff| > %g\n", __FILE__, \
+                    __LINE__, #a, lm_a_, #b, lm_b_, (double)(tol));                    \
+            lm_t_->failed++;                                                           \
+        }                                                                              \
+    } while (0)
+
+/* Stops the test: return after a fatal check. */
+#define LM_REQUIRE(c)      \
+    do {                   \
+        LM_CHECK(c);       \
+        if (!(c)) return;  \
+    } while (0)
+
+#define LM_SKIP(...)                                                                  \
+    do {                                                                              \
+        snprintf(lm_t_->skip_reason, sizeof lm_t_->skip_reason, __VA_ARGS__);         \
+        lm_t_->skipped = 1;                                                           \
+        return;                                                                       \
+    } while (0)
+
+/* Where ../shared/fixtures is (LUMEN_FIXTURES overrides); NULL if absent. */
+const char *lm_test_fixtures(void);
+/* A path under the fixtures dir (static buffer per call site is not safe;
+ * returns a malloc'd string the caller frees), or NULL if fixtures absent. */
+char *lm_test_fixture_path(const char *rel);
+/* The lumen binary, for tests that run the CLI (LUMEN_BIN, set by the build). */
+const char *lm_test_lumen_bin(void);
+/* A fresh temporary directory for this test (removed by the runner at exit). */
+const char *lm_test_tmpdir(void);
+
+#endif

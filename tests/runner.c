@@ -1,0 +1,95 @@
+/* runner.c - runs every registered test (or those whose name contains argv[1])
+ * and ends with the line "N passed, N failed, N skipped". */
+#include "lm_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct entry {
+    const char *name, *file;
+    lm_test_fn fn;
+} entry;
+
+static entry *g_tests;
+static int g_n, g_cap;
+static char g_tmp[256];
+
+void lm_test_register(const char *name, const char *file, lm_test_fn fn) {
+    if (g_n == g_cap) {
+        g_cap = g_cap ? g_cap * 2 : 64;
+        g_tests = realloc(g_tests, (size_t)g_cap * sizeof *g_tests);
+        if (!g_tests) abort();
+    }
+    g_tests[g_n++] = (entry){ name, file, fn };
+}
+
+const char *lm_test_fixtures(void) {
+    static char buf[1024];
+    const char *env = getenv("LUMEN_FIXTURES");
+    const char *cand = env ? env : LUMEN_SOURCE_DIR "/../shared/fixtures";
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/README.md", cand);
+    if (access(probe, R_OK) != 0) return NULL;
+    snprintf(buf, sizeof buf, "%s", cand);
+    return buf;
+}
+
+char *lm_test_fixture_path(const char *rel) {
+    const char *f = lm_test_fixtures();
+    if (!f) return NULL;
+    size_t n = strlen(f) + strlen(rel) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", f, rel);
+    return p;
+}
+
+const char *lm_test_lumen_bin(void) {
+    const char *env = getenv("LUMEN_BIN");
+    return env ? env : LUMEN_BIN_PATH;
+}
+
+const char *lm_test_tmpdir(void) {
+    if (!g_tmp[0]) {
+        snprintf(g_tmp, sizeof g_tmp, "/tmp/lumen-test-XXXXXX");
+        if (!mkdtemp(g_tmp)) abort();
+    }
+    return g_tmp;
+}
+
+static int by_file_then_order(const void *a, const void *b) {
+    const entry *x = a, *y = b;
+    int c = strcmp(x->file, y->file);
+    if (c) return c;
+    return (x < y) ? -1 : (x > y);
+}
+
+int main(int argc, char **argv) {
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    qsort(g_tests, (size_t)g_n, sizeof *g_tests, by_file_then_order);
+    int passed = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < g_n; i++) {
+        if (filter && !strstr(g_tests[i].name, filter)) continue;
+        lm_test_ctx ctx = { 0 };
+        fflush(stdout);
+        g_tests[i].fn(&ctx);
+        if (ctx.failed) {
+            printf("FAIL %s (%d checks)\n", g_tests[i].name, ctx.failed);
+            failed++;
+        } else if (ctx.skipped) {
+            printf("skip %s: %s\n", g_tests[i].name, ctx.skip_reason);
+            skipped++;
+        } else {
+            printf("ok   %s\n", g_tests[i].name);
+            passed++;
+        }
+        fflush(stdout);
+    }
+    if (g_tmp[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}
