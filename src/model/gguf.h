@@ -61,4 +61,13 @@ bool lm_gguf_get_bool(const lm_gguf *g, const char *key, bool *out);
 char *lm_gguf_get_str(const lm_gguf *g, const char *key);
 const lm_file_tensor *lm_gguf_find_tensor(const lm_gguf *g, const char *name);
 
+/* Array access. kv must be an array (and, for lm_gguf_arr_str, a string
+ * array) with i < arr_count (asserted). The element getters convert as the
+ * scalar getters do and return false when the element type does not. */
+lm_gguf_str lm_gguf_arr_str(const lm_gguf_kv *kv, uint64_t i);
+bool lm_gguf_arr_int(const lm_gguf_kv *kv, uint64_t i, int64_t *out);
+bool lm_gguf_arr_float(const lm_gguf_kv *kv, uint64_t i, double *out);
+/* "u32", "string", "array" ... for messages; "?" when out of range. */
+const char *lm_gguf_type_name(lm_gguf_type t);
+
 #endif
