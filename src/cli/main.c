@@ -1,6 +1,34 @@
-/* main.c - the lumen command line (being written). */
+/* main.c - the lumen command line: dispatch to one subcommand. */
 #include <stdio.h>
-int main(void) {
-    fprintf(stderr, "lumen: no commands yet\n");
+#include <string.h>
+
+#include "cli.h"
+
+static const char *const k_usage =
+    "usage: lumen <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run      generate token ids from a model (-m MODEL --prompt-ids 1,2,3 -n 32)\n"
+    "  parity   check a model folder against its reference.safetensors\n"
+    "  bench    measure prefill and decode speed of a model\n"
+    "  version  print the version\n"
+    "\n"
+    "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file.\n"
+    "Run `lumen <command> --help` for the options of a command.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(k_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return lm_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "parity")) return lm_cmd_parity(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return lm_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("lumen %s\n", LM_VERSION);
+        return 0;
+    }
+    fprintf(stderr, "lumen: unknown command \"%s\"\n\n%s", cmd, k_usage);
     return 2;
 }

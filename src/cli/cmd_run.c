@@ -1,0 +1,159 @@
+/* cmd_run.c - `lumen run`: feed prompt ids, generate, print ids and timing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/lm_runner.h"
+#include "../engine/lm_sampler.h"
+#include "cli.h"
+
+static const char *const k_help =
+    "usage: lumen run -m MODEL --prompt-ids 1,2,3 [options]\n"
+    "\n"
+    "Feeds the prompt token ids, then generates tokens and prints their ids on\n"
+    "one line (stdout) and the timing (stderr).\n"
+    "\n"
+    "  -m, --model PATH  Hugging Face folder or .gguf file\n"
+    "  --prompt-ids IDS  comma-separated token ids\n"
+    "  -n N              tokens to generate (default 32)\n"
+    "  --temp T          sampling temperature (default 0 = greedy)\n"
+    "  --top-k K         keep the K most likely tokens (default off)\n"
+    "  --top-p P         nucleus sampling mass (default 1 = off)\n"
+    "  --min-p P         drop tokens below P x the top probability (default off)\n"
+    "  --seed S          sampling seed (default 0); same seed, same tokens\n"
+    "  --ignore-eos      keep generating after an end-of-sequence token\n"
+    "  --ctx N           context length (default: the model's, capped to prompt + n)\n"
+    LM_COMMON_HELP;
+
+/* Parses "1,2,3"; returns the count or -1. */
+static int parse_ids(const char *s, int32_t **out) {
+    int cap = 16, n = 0;
+    int32_t *ids = lm_xmalloc((size_t)cap * sizeof *ids);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) ids = lm_xrealloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    *out = ids;
+    return n;
+}
+
+int lm_cmd_run(int argc, char **argv) {
+    lm_common_opts co = { 0 };
+    const char *model_path = NULL, *ids_text = NULL;
+    long n_gen = 32, ctx = 0, top_k = 0, seed = 0;
+    double temp = 0, top_p = 1, min_p = 0;
+    bool ignore_eos = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int c = lm_cli_common(&co, argc, argv, &i);
+        if (c < 0) return 2;
+        if (c) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(k_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--prompt-ids")) {
+            if (!(ids_text = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-n")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 1 << 24, &n_gen)) goto bad;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 24, &ctx)) goto bad;
+        } else if (!strcmp(a, "--temp")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &temp) || temp < 0) goto bad;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 1 << 24, &top_k)) goto bad;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &top_p) || top_p <= 0 || top_p > 1) goto bad;
+        } else if (!strcmp(a, "--min-p")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &min_p) || min_p < 0 || min_p > 1) goto bad;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, INT64_MAX, &seed)) goto bad;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            ignore_eos = true;
+        } else {
+            fprintf(stderr, "lumen run: unknown option %s (see lumen run --help)\n", a);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "lumen run: bad value for %s (see lumen run --help)\n", a);
+        return 2;
+    }
+    if (!model_path || !ids_text) {
+        fprintf(stderr, "lumen run: -m MODEL and --prompt-ids are required (see lumen run --help)\n");
+        return 2;
+    }
+    int32_t *prompt = NULL;
+    int n_prompt = parse_ids(ids_text, &prompt);
+    if (n_prompt <= 0) {
+        fprintf(stderr, "lumen run: --prompt-ids must be a comma-separated list of token ids\n");
+        return 2;
+    }
+
+    int rc = 1;
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cli_backend(&co);
+    lm_model *m = NULL;
+    lm_runner *r = NULL;
+    lm_sampler *s = NULL;
+    float *logits = NULL;
+    if (!be) goto done;
+    double t0 = lm_now();
+    if (lm_model_load(&m, model_path, be, &e)) goto fail;
+    double t_load = lm_now() - t0;
+    int want_ctx = ctx ? (int)ctx : LM_MIN(m->cfg.max_pos, n_prompt + (int)n_gen);
+    if (n_prompt + n_gen > want_ctx) {
+        lm_errf(&e, "prompt (%d) + generation (%ld) exceed the context of %d tokens", n_prompt, n_gen, want_ctx);
+        goto fail;
+    }
+    if (lm_runner_create(&r, m, want_ctx, 0, &e)) goto fail;
+    lm_sampler_params sp = { (float)temp, (int)top_k, (float)top_p, (float)min_p, (uint64_t)seed };
+    s = lm_sampler_create(&sp, m->cfg.vocab);
+    logits = lm_xmalloc((size_t)m->cfg.vocab * sizeof(float));
+
+    double t1 = lm_now();
+    if (lm_runner_eval(r, prompt, n_prompt, false, logits, &e)) goto fail;
+    double t_prefill = lm_now() - t1;
+    int n_done = 0;
+    double t2 = lm_now();
+    for (; n_done < n_gen; n_done++) {
+        int32_t tok = lm_sample(s, logits);
+        printf(n_done ? " %d" : "%d", tok);
+        fflush(stdout);
+        bool eos = false;
+        for (int k = 0; k < m->cfg.n_eos; k++) eos |= tok == m->cfg.eos_ids[k];
+        if ((eos && !ignore_eos) || n_done + 1 == n_gen) {
+            n_done++;
+            break;
+        }
+        if (lm_runner_eval(r, &tok, 1, false, logits, &e)) goto fail;
+    }
+    double t_decode = lm_now() - t2;
+    printf("\n");
+    /* n_done tokens were sampled, n_done - 1 of them needed a forward pass */
+    int n_fwd = n_done > 0 ? n_done - 1 : 0;
+    fprintf(stderr, "load %.3f s | prefill %d tokens in %.3f s (%.1f tok/s) | decode %d tokens in %.3f s (%.1f tok/s) | %s, %d threads\n",
+            t_load, n_prompt, t_prefill, n_prompt / t_prefill, n_fwd, t_decode,
+            n_fwd > 0 ? n_fwd / t_decode : 0.0, be->name, lm_cpu_backend_threads(be));
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "lumen: %s\n", e.msg);
+done:
+    free(logits);
+    free(prompt);
+    lm_sampler_free(s);
+    lm_runner_free(r);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    return rc;
+}

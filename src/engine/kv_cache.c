@@ -1,0 +1,72 @@
+/* kv_cache.c - block pool and per-sequence block tables. */
+#include "lm_kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
+                       int block_size, int n_blocks, lm_err *e) {
+    *out = NULL;
+    if (n_layers <= 0 || kv_width <= 0 || block_size <= 0 || n_blocks <= 0)
+        return lm_errf(e, "bad KV cache geometry");
+    lm_kv_cache *c = lm_xcalloc(1, sizeof *c);
+    c->be = be;
+    c->pool = (lm_kv_pool){ n_layers, block_size, n_blocks, kv_width, NULL, NULL };
+    c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(float *));
+    c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(float *));
+    size_t bytes = (size_t)n_blocks * (size_t)block_size * (size_t)kv_width * sizeof(float);
+    for (int l = 0; l < n_layers; l++) {
+        c->pool.k[l] = be->ops->alloc(be, bytes);
+        c->pool.v[l] = be->ops->alloc(be, bytes);
+        if (!c->pool.k[l] || !c->pool.v[l]) {
+            lm_kv_cache_free(c);
+            return lm_errf(e, "out of memory for the KV cache (%d layers x 2 x %zu bytes)", n_layers, bytes);
+        }
+    }
+    c->free_list = lm_xmalloc((size_t)n_blocks * sizeof(int32_t));
+    c->refs = lm_xcalloc((size_t)n_blocks, sizeof(int32_t));
+    for (int i = 0; i < n_blocks; i++) c->free_list[i] = n_blocks - 1 - i; /* pop 0 first */
+    c->n_free = n_blocks;
+    *out = c;
+    return 0;
+}
+
+void lm_kv_cache_free(lm_kv_cache *c) {
+    if (!c) return;
+    for (int l = 0; l < c->pool.n_layers; l++) {
+        if (c->pool.k[l]) c->be->ops->free(c->be, c->pool.k[l]);
+        if (c->pool.v[l]) c->be->ops->free(c->be, c->pool.v[l]);
+    }
+    free(c->pool.k);
+    free(c->pool.v);
+    free(c->free_list);
+    free(c->refs);
+    free(c);
+}
+
+int lm_kv_seq_reserve(lm_kv_cache *c, lm_kv_seq *seq, int n_positions, lm_err *e) {
+    int need = (n_positions + c->pool.block_size - 1) / c->pool.block_size;
+    if (need <= seq->n_blocks) return 0;
+    if (need - seq->n_blocks > c->n_free)
+        return lm_errf(e, "KV cache full: %d more blocks needed, %d free", need - seq->n_blocks, c->n_free);
+    if (need > seq->cap) {
+        seq->cap = LM_MAX(need, seq->cap * 2);
+        seq->blocks = lm_xrealloc(seq->blocks, (size_t)seq->cap * sizeof(int32_t));
+    }
+    while (seq->n_blocks < need) {
+        int32_t b = c->free_list[--c->n_free];
+        c->refs[b] = 1;
+        seq->blocks[seq->n_blocks++] = b;
+    }
+    return 0;
+}
+
+void lm_kv_seq_release(lm_kv_cache *c, lm_kv_seq *seq) {
+    for (int i = 0; i < seq->n_blocks; i++) {
+        int32_t b = seq->blocks[i];
+        LM_ASSERT(c->refs[b] > 0);
+        if (--c->refs[b] == 0) c->free_list[c->n_free++] = b;
+    }
+    free(seq->blocks);
+    memset(seq, 0, sizeof *seq);
+}

@@ -1,0 +1,78 @@
+/* runner.c - feed one sequence through the model in chunks. */
+#include "lm_runner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LM_KV_BLOCK 16
+
+int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e) {
+    *out = NULL;
+    if (ctx <= 0) ctx = m->cfg.max_pos;
+    if (chunk <= 0) chunk = 512;
+    lm_runner *r = lm_xcalloc(1, sizeof *r);
+    r->model = m;
+    r->ctx = ctx;
+    r->chunk = chunk;
+    int64_t kv_width = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    int n_blocks = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+    if (lm_kv_cache_create(&r->kv, m->be, m->cfg.n_layers, kv_width, LM_KV_BLOCK, n_blocks, e)) {
+        free(r);
+        return -1;
+    }
+    r->pos = lm_xmalloc((size_t)chunk * sizeof(int32_t));
+    r->seq_ids = lm_xcalloc((size_t)chunk, sizeof(int32_t));
+    r->rows = lm_xmalloc((size_t)chunk * sizeof(int32_t));
+    *out = r;
+    return 0;
+}
+
+void lm_runner_free(lm_runner *r) {
+    if (!r) return;
+    lm_kv_seq_release(r->kv, &r->seq);
+    lm_kv_cache_free(r->kv);
+    free(r->pos);
+    free(r->seq_ids);
+    free(r->rows);
+    free(r);
+}
+
+void lm_runner_reset(lm_runner *r) {
+    lm_kv_seq_release(r->kv, &r->seq);
+    r->n_past = 0;
+}
+
+int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, float *logits, lm_err *e) {
+    if (n <= 0) return lm_errf(e, "no tokens to evaluate");
+    if (r->n_past + n > r->ctx)
+        return lm_errf(e, "%d tokens exceed the context of %d (%d already used)", n, r->ctx, r->n_past);
+    if (lm_kv_seq_reserve(r->kv, &r->seq, r->n_past + n, e)) return -1;
+    const int V = r->model->cfg.vocab;
+    const int32_t *table = r->seq.blocks;
+    for (int done = 0; done < n;) {
+        int t = LM_MIN(r->chunk, n - done);
+        for (int i = 0; i < t; i++) {
+            r->pos[i] = r->n_past + i;
+            r->rows[i] = i;
+        }
+        bool last_chunk = done + t == n;
+        lm_batch b = {
+            .n_tokens = t, .tokens = tokens + done, .pos = r->pos, .seq = r->seq_ids,
+            .n_seqs = 1, .block_tables = &table,
+        };
+        float *dst = NULL;
+        if (logits && all_logits) {
+            b.n_out = t;
+            b.out_rows = r->rows;
+            dst = logits + (size_t)done * V;
+        } else if (logits && last_chunk) {
+            b.n_out = 1;
+            b.out_rows = &r->rows[t - 1];
+            dst = logits;
+        }
+        if (lm_model_forward(r->model, &r->kv->pool, &b, dst, e)) return -1;
+        r->n_past += t;
+        done += t;
+    }
+    return 0;
+}

@@ -1,0 +1,66 @@
+/* lm_model.h - a loaded model and its forward pass over a batch.
+ *
+ * A forward step takes a batch: for each token its id, its position and the
+ * sequence it belongs to; for each sequence its KV block table; and which
+ * token rows need logits. One sequence decoding one token is just the
+ * smallest batch; a prefill chunk or a speculative draft is a bigger one. */
+#ifndef LM_MODEL_H
+#define LM_MODEL_H
+
+#include "../backend/lm_backend.h"
+#include "lm_config.h"
+#include "lm_weights.h"
+
+typedef struct lm_batch {
+    int n_tokens;                        /* T */
+    const int32_t *tokens;               /* [T] */
+    const int32_t *pos;                  /* [T] position within its sequence */
+    const int32_t *seq;                  /* [T] index into block_tables */
+    int n_seqs;                          /* S */
+    const int32_t *const *block_tables;  /* [S] KV blocks covering positions 0..max pos */
+    int n_out;                           /* rows that need logits */
+    const int32_t *out_rows;             /* [n_out] token indices in [0, T) */
+} lm_batch;
+
+typedef struct lm_layer {
+    lm_tensor attn_norm;            /* [D] f32 */
+    lm_tensor wq, wk, wv, wo;       /* [H*Dh][D], [Hkv*Dh][D], [Hkv*Dh][D], [D][H*Dh] */
+    lm_tensor bq, bk, bv, bo;       /* biases, f32; data NULL when absent */
+    lm_tensor q_norm, k_norm;       /* [Dh] f32 (qwen3); data NULL when absent */
+    lm_tensor ffn_norm;             /* [D] f32 */
+    lm_tensor w_gate, w_up, w_down; /* [F][D], [F][D], [D][F] */
+} lm_layer;
+
+typedef struct lm_scratch lm_scratch;
+
+typedef struct lm_model {
+    lm_model_config cfg;
+    lm_backend *be;          /* not owned */
+    lm_weight_source src;    /* owns the mapped files */
+    char *path;
+    lm_tensor embed;         /* [V][D] */
+    lm_tensor out_norm;      /* [D] f32 */
+    lm_tensor lm_head;       /* [V][D] (the embedding when tied) */
+    lm_layer *layers;        /* [n_layers] */
+    float *inv_freq;         /* [rot_dim / 2] host */
+    int rot_dim;
+    float rope_attn_factor;
+    void **owned;            /* backend buffers this model allocated (f32 norm copies) */
+    int n_owned;
+    lm_scratch *scratch;
+} lm_model;
+
+/* Loads a Hugging Face folder or a .gguf file onto backend be. */
+int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
+void lm_model_free(lm_model *m);
+
+/* Runs the batch; writes logits [n_out][V] (host memory) for the requested rows.
+ * Keys and values of every token are written to kv at their positions. */
+int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
+
+/* KV bytes per token for this model (all layers, K and V, f32). */
+size_t lm_model_kv_bytes_per_token(const lm_model *m);
+/* Bytes of weights read per decoded token (all matrices + embedding row). */
+size_t lm_model_weight_bytes(const lm_model *m);
+
+#endif

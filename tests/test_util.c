@@ -1,0 +1,55 @@
+/* test_util.c - see test_util.h. */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "lm_test.h"
+
+int lm_tu_write(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+char *lm_tu_read(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap) break;
+        buf = realloc(buf, (cap *= 2) + 1);
+    }
+    fclose(f);
+    buf[len] = 0;
+    if (n) *n = len;
+    return buf;
+}
+
+int lm_tu_run(const char *cmd, char **out, char **err) {
+    static int counter;
+    char o[512], e[512], full[4096];
+    snprintf(o, sizeof o, "%s/cmd%d.out", lm_test_tmpdir(), counter);
+    snprintf(e, sizeof e, "%s/cmd%d.err", lm_test_tmpdir(), counter++);
+    snprintf(full, sizeof full, "%s >'%s' 2>'%s' </dev/null", cmd, o, e);
+    int st = system(full);
+    if (out) *out = lm_tu_read(o, NULL);
+    if (err) *err = lm_tu_read(e, NULL);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+char *lm_tu_mkdir(const char *tag) {
+    static int counter;
+    size_t n = strlen(lm_test_tmpdir()) + strlen(tag) + 32;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s-%d", lm_test_tmpdir(), tag, counter++);
+    mkdir(p, 0755);
+    return p;
+}
