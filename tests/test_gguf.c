@@ -533,6 +533,11 @@ LM_TEST(gguf_bad_metadata) {
     o.b.p[o.pos_key0_len + 8 + 3] = '\n';
     o.b.p[o.pos_key0_len + 8 + 4] = 0;
     LM_CHECK(expect_fail(&o, "gen??al"));
+    /* a control character in a key that later fails (found by fuzzing) */
+    o = build(&(spec){ 0 });
+    o.b.p[o.pos_key0_len + 8 + 3] = '\n';
+    put_u32_at(&o.b, o.pos_key0_len + 8 + strlen("general.architecture"), 13);
+    LM_CHECK(expect_fail(&o, "key \"gen?ral.architecture\": unknown value type 13"));
 }
 
 /* Random byte corruption: never a crash, and whenever the parse succeeds

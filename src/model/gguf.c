@@ -240,12 +240,13 @@ static int lm_gguf_skip_elems(lm_gguf_rd *r, lm_gguf_type t, uint64_t n, int dep
     return 0;
 }
 
-static int lm_gguf_parse_array(lm_gguf_rd *r, lm_gguf_kv *kv) {
-    if (lm_gguf_value_type(r, &kv->arr_type, kv->key) != 0) return -1;
+/* key: the printable key, for messages. */
+static int lm_gguf_parse_array(lm_gguf_rd *r, lm_gguf_kv *kv, const char *key) {
+    if (lm_gguf_value_type(r, &kv->arr_type, key) != 0) return -1;
     if (lm_gguf_u64(r, &kv->arr_count, "an array length") != 0) return -1;
     kv->arr_data = r->data + r->pos;
-    if (kv->arr_type != LM_GGUF_STRING) return lm_gguf_skip_elems(r, kv->arr_type, kv->arr_count, 1, kv->key);
-    if (lm_gguf_check_count(r, kv->arr_count, 8, kv->key) != 0) return -1;
+    if (kv->arr_type != LM_GGUF_STRING) return lm_gguf_skip_elems(r, kv->arr_type, kv->arr_count, 1, key);
+    if (lm_gguf_check_count(r, kv->arr_count, 8, key) != 0) return -1;
     if (kv->arr_count == 0) return 0;
     kv->arr_strs = lm_xcalloc((size_t)kv->arr_count, sizeof *kv->arr_strs);
     for (uint64_t i = 0; i < kv->arr_count; i++) {
@@ -254,9 +255,9 @@ static int lm_gguf_parse_array(lm_gguf_rd *r, lm_gguf_kv *kv) {
     return 0;
 }
 
-static int lm_gguf_parse_value(lm_gguf_rd *r, lm_gguf_kv *kv) {
+static int lm_gguf_parse_value(lm_gguf_rd *r, lm_gguf_kv *kv, const char *key) {
     if (kv->type == LM_GGUF_STRING) return lm_gguf_string(r, &kv->str, "a string value");
-    if (kv->type == LM_GGUF_ARRAY) return lm_gguf_parse_array(r, kv);
+    if (kv->type == LM_GGUF_ARRAY) return lm_gguf_parse_array(r, kv, key);
     const uint8_t *p = lm_gguf_take(r, lm_gguf_scalar_size[kv->type], "a metadata value");
     if (!p) return -1;
     lm_gguf_val v = lm_gguf_decode(kv->type, p);
@@ -275,8 +276,10 @@ static int lm_gguf_parse_kv(lm_gguf_rd *r, lm_gguf_kv *kv) {
     }
     kv->key = lm_gguf_name_copy(r, k, "metadata key");
     if (!kv->key) return -1;
-    if (lm_gguf_value_type(r, &kv->type, kv->key) != 0) return -1;
-    return lm_gguf_parse_value(r, kv);
+    char key[64];
+    lm_gguf_printable(k.ptr, (size_t)k.len, key);
+    if (lm_gguf_value_type(r, &kv->type, key) != 0) return -1;
+    return lm_gguf_parse_value(r, kv, key);
 }
 
 /* ---- ggml tensor types ---------------------------------------------------- */
