@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages lumen builds and tests with (as root, on a
+# fresh machine); does nothing when they are all present.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libjansson-dev libopenblas-dev clang libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
