@@ -216,8 +216,8 @@ static int lm_gguf_skip_array(lm_gguf_rd *r, int depth, const char *key) {
         return lm_errf(r->e, "%s: metadata key \"%s\": arrays nested more than %d deep", r->label, key,
                        LM_GGUF_MAX_DEPTH);
     }
-    lm_gguf_type t;
-    uint64_t n;
+    lm_gguf_type t = LM_GGUF_U8;
+    uint64_t n = 0;
     if (lm_gguf_value_type(r, &t, key) != 0 || lm_gguf_u64(r, &n, "an array length") != 0) return -1;
     return lm_gguf_skip_elems(r, t, n, depth, key);
 }
