@@ -1,0 +1,198 @@
+/* cpu_backend.c - the CPU backend: creation, memory, and the op table.
+ *
+ * Design: lm_cpu (cpu_impl.h) holds the kernel table picked for the ISA, the
+ * thread pool and per-thread scratch; the ops live in cpu_matmul.c,
+ * cpu_ops.c and cpu_attention.c and reach this state through be->impl.
+ *
+ * Memory: "backend memory" is ordinary host memory, 64-byte aligned and
+ * zeroed. Large blocks (the KV pool, activations of long prompts) come from
+ * mmap so that zeroing is free and untouched pages cost nothing; small ones
+ * from posix_memalign. A 64-byte header in front of every block records which,
+ * so free() needs no size. Weights are used in place (upload_weight only
+ * points the tensor at the mapped file). */
+#include "cpu_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define LM_CPU_HDR 64
+#define LM_CPU_MMAP_MIN ((size_t)1 << 20)
+/* Below roughly this many flops an op runs on the caller alone: waking the
+ * pool would cost more than it saves. */
+#define LM_CPU_PAR_MIN 32768
+#define LM_CPU_MAX_THREADS 1024
+
+typedef struct lm_cpu_hdr {
+    size_t map_bytes; /* > 0: mmapped block of this many bytes; 0: posix_memalign */
+} lm_cpu_hdr;
+
+/* ---- memory ------------------------------------------------------------ */
+
+static void *lm_cpu_alloc(lm_backend *be, size_t bytes) {
+    (void)be;
+    if (bytes > SIZE_MAX - LM_CPU_HDR - 65536) return NULL;
+    char *base;
+    size_t map_bytes = 0;
+    if (bytes >= LM_CPU_MMAP_MIN) {
+        long pg = sysconf(_SC_PAGESIZE);
+        size_t page = pg > 0 ? (size_t)pg : 4096;
+        map_bytes = (bytes + LM_CPU_HDR + page - 1) / page * page;
+        void *m = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        base = m; /* anonymous pages are zero */
+    } else {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes + LM_CPU_HDR) != 0) return NULL;
+        base = p;
+        memset(base, 0, bytes + LM_CPU_HDR);
+    }
+    ((lm_cpu_hdr *)base)->map_bytes = map_bytes;
+    return base + LM_CPU_HDR;
+}
+
+static void lm_cpu_free(lm_backend *be, void *p) {
+    (void)be;
+    if (!p) return;
+    char *base = (char *)p - LM_CPU_HDR;
+    size_t map_bytes = ((lm_cpu_hdr *)base)->map_bytes;
+    if (map_bytes) munmap(base, map_bytes);
+    else free(base);
+}
+
+static int lm_cpu_upload_weight(lm_backend *be, lm_tensor *t, const void *host_data, lm_err *e) {
+    (void)be;
+    if ((unsigned)t->type >= LM_DTYPE_COUNT || t->type == LM_I32)
+        return lm_errf(e, "cpu backend: weight of type %s is not supported", lm_dtype_name(t->type));
+    if (t->rows < 0 || t->cols < 0 || t->cols % lm_dtype_block(t->type) != 0)
+        return lm_errf(e, "cpu backend: weight [%lld][%lld] of type %s: cols must be a multiple of %d",
+                       (long long)t->rows, (long long)t->cols, lm_dtype_name(t->type),
+                       lm_dtype_block(t->type));
+    t->data = (void *)host_data; /* used in place: the caller keeps it mapped */
+    return 0;
+}
+
+static void lm_cpu_read(lm_backend *be, void *host_dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(host_dst, src, bytes);
+}
+
+static void lm_cpu_write(lm_backend *be, void *dst, const void *host_src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, host_src, bytes);
+}
+
+/* ---- shared helpers for the op files ------------------------------------ */
+
+void lm_cpu_reserve(lm_cpu *c, size_t bytes) {
+    if (bytes <= c->scratch_bytes) return;
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    for (int i = 0; i < c->n_threads; i++) {
+        lm_afree(c->scratch[i]);
+        c->scratch[i] = lm_xaligned(bytes);
+    }
+    c->scratch_bytes = bytes;
+}
+
+typedef struct lm_cpu_pfor {
+    lm_cpu_range_fn fn;
+    void *ctx;
+    int64_t n;
+} lm_cpu_pfor;
+
+static void lm_cpu_pfor_run(void *v, int ith, int nth) {
+    const lm_cpu_pfor *p = v;
+    int64_t i0 = p->n * ith / nth, i1 = p->n * (ith + 1) / nth;
+    if (i0 < i1) p->fn(p->ctx, i0, i1, ith);
+}
+
+void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (c->n_threads == 1 || n == 1 || n * cost < LM_CPU_PAR_MIN) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    lm_cpu_pfor p = { fn, ctx, n };
+    lm_pool_run(c->pool, lm_cpu_pfor_run, &p);
+}
+
+/* ---- creation ------------------------------------------------------------ */
+
+static void lm_cpu_destroy(lm_backend *be) {
+    lm_cpu *c = lm_cpu_get(be);
+    lm_pool_free(c->pool);
+    for (int i = 0; i < c->n_threads; i++) lm_afree(c->scratch[i]);
+    free(c->scratch);
+    free(c);
+}
+
+static const struct lm_backend_ops lm_cpu_ops = {
+    .alloc = lm_cpu_alloc,
+    .free = lm_cpu_free,
+    .upload_weight = lm_cpu_upload_weight,
+    .read = lm_cpu_read,
+    .write = lm_cpu_write,
+    .matmul = lm_cpu_matmul,
+    .rms_norm = lm_cpu_rms_norm,
+    .rope = lm_cpu_rope,
+    .silu_mul = lm_cpu_silu_mul,
+    .add = lm_cpu_add,
+    .scale = lm_cpu_scale,
+    .get_rows = lm_cpu_get_rows,
+    .gather_rows = lm_cpu_gather_rows,
+    .kv_write = lm_cpu_kv_write,
+    .attention = lm_cpu_attention,
+    .destroy = lm_cpu_destroy,
+};
+
+static const lm_cpu_kern *lm_cpu_kern_for(lm_cpu_isa isa) {
+    switch (isa) {
+    case LM_ISA_AVX512: return &lm_cpu_kern_avx512;
+    case LM_ISA_AVX2: return &lm_cpu_kern_avx2;
+    default: return &lm_cpu_kern_scalar;
+    }
+}
+
+lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e) {
+    lm_cpu_isa best = lm_cpu_isa_detect();
+    if (isa < LM_ISA_AUTO || isa > LM_ISA_AVX512) {
+        lm_errf(e, "cpu backend: unknown instruction set %d", (int)isa);
+        return NULL;
+    }
+    if (isa == LM_ISA_AUTO) isa = best;
+    /* The enum is ordered scalar < avx2 < avx512, each a superset of the last. */
+    if (isa > best) {
+        lm_errf(e, "cpu backend: this CPU does not support %s (best available: %s)",
+                lm_cpu_isa_name(isa), lm_cpu_isa_name(best));
+        return NULL;
+    }
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)LM_MIN(n, LM_CPU_MAX_THREADS) : 1;
+    }
+    if (n_threads > LM_CPU_MAX_THREADS) {
+        lm_errf(e, "cpu backend: %d threads requested, at most %d supported", n_threads,
+                LM_CPU_MAX_THREADS);
+        return NULL;
+    }
+    lm_cpu *c = lm_xcalloc(1, sizeof *c);
+    c->be.ops = &lm_cpu_ops;
+    c->be.name = "cpu";
+    c->be.impl = c;
+    c->k = lm_cpu_kern_for(isa);
+    c->n_threads = n_threads;
+    c->scratch = lm_xcalloc((size_t)n_threads, sizeof *c->scratch);
+    c->pool = lm_pool_create(n_threads, e);
+    if (!c->pool) {
+        free(c->scratch);
+        free(c);
+        return NULL;
+    }
+    return &c->be;
+}
+
+int lm_cpu_backend_threads(const lm_backend *be) {
+    LM_ASSERT(be && be->ops == &lm_cpu_ops);
+    return ((const lm_cpu *)be->impl)->n_threads;
+}

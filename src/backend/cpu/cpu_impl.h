@@ -1,0 +1,49 @@
+/* cpu_impl.h - state of the CPU backend shared by its op files.
+ *
+ * lm_cpu is what be->impl points to: the kernel table chosen at creation, the
+ * thread pool, and one scratch buffer per thread (weight panels, widened
+ * rows). Scratch only grows, from the calling thread before a parallel region,
+ * so steady-state decoding never allocates. */
+#ifndef LM_CPU_IMPL_H
+#define LM_CPU_IMPL_H
+
+#include "cpu_kern.h"
+#include "cpu_pool.h"
+
+typedef struct lm_cpu {
+    lm_backend be; /* be.impl points back here */
+    const lm_cpu_kern *k;
+    lm_pool *pool;
+    int n_threads;
+    float **scratch;      /* [n_threads] -> scratch_bytes, 64-byte aligned */
+    size_t scratch_bytes; /* per thread */
+} lm_cpu;
+
+static inline lm_cpu *lm_cpu_get(lm_backend *be) { return (lm_cpu *)be->impl; }
+
+/* Makes every thread's scratch at least `bytes` long. Caller thread only. */
+void lm_cpu_reserve(lm_cpu *c, size_t bytes);
+
+/* Runs fn over [0, n) split into one contiguous range per thread, or inline
+ * on the caller when n * cost (roughly: flops) is too small to be worth
+ * waking the pool. */
+typedef void (*lm_cpu_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith);
+void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn, void *ctx);
+
+/* Ops (cpu_matmul.c, cpu_ops.c, cpu_attention.c); signatures as in lm_backend_ops. */
+void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                   const lm_tensor *bias);
+void lm_cpu_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps,
+                     float w_offset);
+void lm_cpu_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p);
+void lm_cpu_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up);
+void lm_cpu_add(lm_backend *be, lm_tensor *y, const lm_tensor *x);
+void lm_cpu_scale(lm_backend *be, lm_tensor *y, float s);
+void lm_cpu_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids);
+void lm_cpu_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n);
+void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
+                     const lm_tensor *v, const lm_attn_batch *b);
+void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
+                      int layer, const lm_attn_batch *b, const lm_attn_params *p);
+
+#endif

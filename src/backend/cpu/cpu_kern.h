@@ -1,0 +1,65 @@
+/* cpu_kern.h - the per-ISA kernel table of the CPU backend.
+ *
+ * The op drivers (blocking, packing, threading) are written once in portable C
+ * and call the few inner loops that differ per instruction set through this
+ * table. cpu_kern_scalar.c, cpu_kern_avx2.c and cpu_kern_avx512.c each define
+ * one table; the AVX files are compiled with their ISA flags (see
+ * CMakeLists.txt) and only ever entered after lm_cpu_isa_detect() said the
+ * machine has that ISA.
+ *
+ * Everything computes in f32 with f32 accumulators: activations are never
+ * rounded to a narrower type, weights are widened exactly (bf16 by a shift,
+ * f16 by F16C or the exact scalar routine, quants by lm_dequant_row). */
+#ifndef LM_CPU_KERN_H
+#define LM_CPU_KERN_H
+
+#include "../lm_backend.h"
+
+/* Largest GEMV tile any table declares. */
+#define LM_GEMV_MAX_ROWS 4
+#define LM_GEMV_MAX_TOKENS 4
+/* Largest GEMM micro-tile any table declares (tokens x outputs). */
+#define LM_GEMM_MAX_MR 16
+#define LM_GEMM_MAX_NR 32
+
+/* GEMV tile: for r < nr, t < nt:
+ *   y[t*ldy + r] = sum_{i<n} w_r[i] * x[t*ldx + i] + (bias ? bias[r] : 0)
+ * where w_r = (const char *)w + r*ldw holds n values of the kernel's dtype.
+ * nr <= the table's gemv_rows, nt <= gemv_tokens. */
+typedef void (*lm_gemv_fn)(const void *w, size_t ldw, int nr, const float *x, int64_t ldx,
+                           int nt, int64_t n, const float *bias, float *y, int64_t ldy);
+
+/* GEMM micro-tile on packed operands: xp is [kc][mr] (tokens fastest), wp is
+ * [kc][nr] (outputs fastest), both 64-byte aligned. Updates the mt x nt corner
+ * of the tile at y (row stride ldy): first ? y = bias + x.w (bias NULL: 0) :
+ * y += x.w. Rows of xp beyond mt and columns of wp beyond nt are zero. */
+typedef void (*lm_gemm_fn)(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy,
+                           int mt, int nt, const float *bias, bool first);
+
+/* Widens n contiguous values to f32. */
+typedef void (*lm_to_f32_fn)(const void *src, float *dst, int64_t n);
+
+typedef struct lm_cpu_kern {
+    lm_cpu_isa isa;
+    /* GEMV (few tokens): per dtype, NULL where the driver must first widen the
+     * weight rows to f32 and then use gemv[LM_F32]. */
+    int gemv_rows, gemv_tokens;
+    lm_gemv_fn gemv[LM_DTYPE_COUNT];
+    /* Row widening for the GEMM packer; NULL: lm_dequant_row. */
+    lm_to_f32_fn to_f32[LM_DTYPE_COUNT];
+    /* GEMM (many tokens): micro-tile of mr tokens x nr outputs, cache blocking
+     * kc (a multiple of 256, so quant rows split on block boundaries), and the
+     * token count from which GEMM beats the GEMV tiles. */
+    int mr, nr, kc, gemm_min_tokens;
+    lm_gemm_fn gemm;
+    /* Vector helpers for attention. */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a*x */
+    void (*scal)(float *y, float a, int64_t n);                 /* y *= a */
+} lm_cpu_kern;
+
+extern const lm_cpu_kern lm_cpu_kern_scalar;
+extern const lm_cpu_kern lm_cpu_kern_avx2;
+extern const lm_cpu_kern lm_cpu_kern_avx512;
+
+#endif

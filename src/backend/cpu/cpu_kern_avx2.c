@@ -1,0 +1,185 @@
+/* cpu_kern_avx2.c - AVX2 kernels (with FMA and F16C).
+ *
+ * The same structure as cpu_kern_avx512.c at half the width, for CPUs without
+ * AVX-512: GEMV streams 4 weight rows against 1-2 tokens (16 ymm registers
+ * leave room for 8 accumulators), GEMM uses a 6 x 16 tile (12 accumulators).
+ * AVX2 has no cheap byte masks for 16-bit loads, so ragged row ends are
+ * finished in scalar code with the same f32 arithmetic. Compiled with
+ * -mavx2 -mfma -mf16c; entered only when lm_cpu_isa_detect() allows it. */
+#include "cpu_kern.h"
+
+#include <immintrin.h>
+
+#define LM_AI static inline __attribute__((always_inline))
+#define LM_Y_MR 6
+#define LM_Y_NR 16
+#define LM_Y_PF 1024 /* software prefetch distance, in values */
+
+LM_AI __m256 lm_y_ld(lm_dtype dt, const void *base, int64_t i) {
+    if (dt == LM_F32) return _mm256_loadu_ps((const float *)base + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+    if (dt == LM_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+LM_AI float lm_y_ld1(lm_dtype dt, const void *base, int64_t i) {
+    if (dt == LM_F32) return ((const float *)base)[i];
+    uint16_t h = ((const uint16_t *)base)[i];
+    if (dt == LM_BF16) return lm_bf16_to_f32(h);
+    return _cvtsh_ss(h);
+}
+
+LM_AI float lm_y_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- GEMV ------------------------------------------------------------- */
+
+LM_AI void lm_y_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int nr, const float *x,
+                     int64_t ldx, int64_t n, const float *bias, float *y, int64_t ldy) {
+    const size_t esz = dt == LM_F32 ? 4 : 2;
+    const char *wr[4];
+    for (int r = 0; r < 4; r++) wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+    __m256 acc[2][4];
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < 4; r++) acc[t][r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if ((i & 31) == 0) _mm_prefetch(wr[r] + (size_t)(i + LM_Y_PF) * esz, _MM_HINT_T0);
+            a[r] = lm_y_ld(dt, wr[r], i);
+        }
+#pragma GCC unroll 2
+        for (int t = 0; t < NT; t++) {
+            __m256 xa = _mm256_loadu_ps(x + t * ldx + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) acc[t][r] = _mm256_fmadd_ps(a[r], xa, acc[t][r]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < nr; r++) {
+            float s = lm_y_hsum(acc[t][r]);
+            for (int64_t j = i; j < n; j++) s += lm_y_ld1(dt, wr[r], j) * x[t * ldx + j];
+            y[t * ldy + r] = s + (bias ? bias[r] : 0.0f);
+        }
+}
+
+#define LM_Y_GEMV_FN(name, dt)                                                                \
+    static void name(const void *w, size_t ldw, int nr, const float *x, int64_t ldx, int nt, \
+                     int64_t n, const float *bias, float *y, int64_t ldy) {                  \
+        if (nt == 1) lm_y_gemv(dt, 1, w, ldw, nr, x, ldx, n, bias, y, ldy);                   \
+        else lm_y_gemv(dt, 2, w, ldw, nr, x, ldx, n, bias, y, ldy);                           \
+    }
+
+LM_Y_GEMV_FN(lm_y_gemv_f32, LM_F32)
+LM_Y_GEMV_FN(lm_y_gemv_bf16, LM_BF16)
+LM_Y_GEMV_FN(lm_y_gemv_f16, LM_F16)
+
+/* ---- row widening for the GEMM packer --------------------------------- */
+
+LM_AI void lm_y_to_f32(lm_dtype dt, const void *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, lm_y_ld(dt, src, i));
+    for (; i < n; i++) dst[i] = lm_y_ld1(dt, src, i);
+}
+
+static void lm_y_bf16_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(LM_BF16, s, d, n); }
+static void lm_y_f16_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(LM_F16, s, d, n); }
+static void lm_y_f32_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(LM_F32, s, d, n); }
+
+/* ---- GEMM micro-kernel ------------------------------------------------- */
+
+static void lm_y_gemm(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy, int mt,
+                      int nt, const float *bias, bool first) {
+    __m256 c0[LM_Y_MR], c1[LM_Y_MR];
+    for (int r = 0; r < LM_Y_MR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < LM_Y_MR; r++) {
+            __m256 b = _mm256_broadcast_ss(xp + r);
+            c0[r] = _mm256_fmadd_ps(b, w0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(b, w1, c1[r]);
+        }
+        wp += LM_Y_NR;
+        xp += LM_Y_MR;
+    }
+    /* Ragged tiles go through a buffer: AVX2 masked stores need int masks. */
+    float buf[LM_Y_MR][LM_Y_NR];
+    for (int r = 0; r < LM_Y_MR; r++) {
+        _mm256_storeu_ps(buf[r], c0[r]);
+        _mm256_storeu_ps(buf[r] + 8, c1[r]);
+    }
+    for (int r = 0; r < mt; r++) {
+        float *yr = y + r * ldy;
+        if (nt == LM_Y_NR) {
+            __m256 b0, b1;
+            if (first) {
+                b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+                b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+            } else {
+                b0 = _mm256_loadu_ps(yr);
+                b1 = _mm256_loadu_ps(yr + 8);
+            }
+            _mm256_storeu_ps(yr, _mm256_add_ps(b0, c0[r]));
+            _mm256_storeu_ps(yr + 8, _mm256_add_ps(b1, c1[r]));
+        } else {
+            for (int j = 0; j < nt; j++) {
+                float base = first ? (bias ? bias[j] : 0.0f) : yr[j];
+                yr[j] = base + buf[r][j];
+            }
+        }
+    }
+}
+
+/* ---- vector helpers for attention -------------------------------------- */
+
+static float lm_y_dot(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = lm_y_hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void lm_y_axpy(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void lm_y_scal(float *y, float a, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] *= a;
+}
+
+const lm_cpu_kern lm_cpu_kern_avx2 = {
+    .isa = LM_ISA_AVX2,
+    .gemv_rows = 4,
+    .gemv_tokens = 2,
+    .gemv = { [LM_F32] = lm_y_gemv_f32, [LM_BF16] = lm_y_gemv_bf16, [LM_F16] = lm_y_gemv_f16 },
+    .to_f32 = { [LM_F32] = lm_y_f32_to_f32, [LM_BF16] = lm_y_bf16_to_f32, [LM_F16] = lm_y_f16_to_f32 },
+    .mr = LM_Y_MR,
+    .nr = LM_Y_NR,
+    .kc = 256,
+    .gemm_min_tokens = 6,
+    .gemm = lm_y_gemm,
+    .dot = lm_y_dot,
+    .axpy = lm_y_axpy,
+    .scal = lm_y_scal,
+};

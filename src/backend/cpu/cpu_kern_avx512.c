@@ -1,0 +1,208 @@
+/* cpu_kern_avx512.c - AVX-512 kernels (F, BW, VL, DQ; FMA, F16C).
+ *
+ * Compiled with -mavx512*; entered only when lm_cpu_isa_detect() reported
+ * LM_ISA_AVX512. Every helper here is static so that no AVX-512 code can be
+ * picked by the linker for a portable caller.
+ *
+ * GEMV (decode): streams up to 4 weight rows at once, 32 values (one 64-byte
+ * line of bf16) per row per step, widened to f32 in registers (bf16 by a
+ * 16-bit shift, f16 by vcvtph2ps) and multiplied into 1-4 token vectors with
+ * FMA; each (token, row) pair has its own 16-lane f32 accumulator, reduced
+ * once at the end. The activation is never rounded.
+ *
+ * GEMM (prefill): an 8 x 32 register tile (8 tokens x 32 outputs = 16 zmm
+ * accumulators). Per k it loads two vectors of the packed f32 weight panel
+ * and broadcasts 8 packed activations. */
+#include "cpu_kern.h"
+
+#include <immintrin.h>
+
+#define LM_AI static inline __attribute__((always_inline))
+#define LM_Z_MR 8
+#define LM_Z_NR 32
+
+/* ---- loads that widen 16 values of a weight dtype to f32 ---------------- */
+
+LM_AI __m512 lm_z_ld(lm_dtype dt, const void *base, int64_t i) {
+    if (dt == LM_F32) return _mm512_loadu_ps((const float *)base + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    if (dt == LM_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+LM_AI __m512 lm_z_ld_mask(lm_dtype dt, const void *base, int64_t i, __mmask16 m) {
+    if (dt == LM_F32) return _mm512_maskz_loadu_ps(m, (const float *)base + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)base + i);
+    if (dt == LM_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+LM_AI __mmask16 lm_z_mask(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+/* ---- GEMV ------------------------------------------------------------- */
+
+/* Distance of the software prefetch, in values: ~2 KB of bf16 ahead per row,
+ * enough to cover memory latency at the streaming rate of one core. */
+#define LM_Z_PF 1024
+
+LM_AI void lm_z_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int nr, const float *x,
+                     int64_t ldx, int64_t n, const float *bias, float *y, int64_t ldy) {
+    const size_t esz = dt == LM_F32 ? 4 : 2;
+    /* Rows beyond nr alias row 0: same work, results dropped. */
+    const char *wr[4];
+    for (int r = 0; r < 4; r++) wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+    __m512 acc[LM_GEMV_MAX_TOKENS][4];
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < 4; r++) acc[t][r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a[4], b[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            _mm_prefetch(wr[r] + (size_t)(i + LM_Z_PF) * esz, _MM_HINT_T0);
+            if (esz == 4) _mm_prefetch(wr[r] + (size_t)(i + LM_Z_PF + 16) * esz, _MM_HINT_T0);
+            a[r] = lm_z_ld(dt, wr[r], i);
+            b[r] = lm_z_ld(dt, wr[r], i + 16);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m512 xa = _mm512_loadu_ps(x + t * ldx + i), xb = _mm512_loadu_ps(x + t * ldx + i + 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                acc[t][r] = _mm512_fmadd_ps(a[r], xa, acc[t][r]);
+                acc[t][r] = _mm512_fmadd_ps(b[r], xb, acc[t][r]);
+            }
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = lm_z_mask(n - i);
+        __m512 a[4];
+        for (int r = 0; r < 4; r++) a[r] = lm_z_ld_mask(dt, wr[r], i, m);
+        for (int t = 0; t < NT; t++) {
+            __m512 xa = _mm512_maskz_loadu_ps(m, x + t * ldx + i);
+            for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(a[r], xa, acc[t][r]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < nr; r++)
+            y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]) + (bias ? bias[r] : 0.0f);
+}
+
+#define LM_Z_GEMV_FN(name, dt)                                                                   \
+    static void name(const void *w, size_t ldw, int nr, const float *x, int64_t ldx, int nt,    \
+                     int64_t n, const float *bias, float *y, int64_t ldy) {                     \
+        switch (nt) {                                                                            \
+        case 1: lm_z_gemv(dt, 1, w, ldw, nr, x, ldx, n, bias, y, ldy); break;                    \
+        case 2: lm_z_gemv(dt, 2, w, ldw, nr, x, ldx, n, bias, y, ldy); break;                    \
+        case 3: lm_z_gemv(dt, 3, w, ldw, nr, x, ldx, n, bias, y, ldy); break;                    \
+        default: lm_z_gemv(dt, 4, w, ldw, nr, x, ldx, n, bias, y, ldy); break;                   \
+        }                                                                                        \
+    }
+
+LM_Z_GEMV_FN(lm_z_gemv_f32, LM_F32)
+LM_Z_GEMV_FN(lm_z_gemv_bf16, LM_BF16)
+LM_Z_GEMV_FN(lm_z_gemv_f16, LM_F16)
+
+/* ---- row widening for the GEMM packer --------------------------------- */
+
+LM_AI void lm_z_to_f32(lm_dtype dt, const void *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, lm_z_ld(dt, src, i));
+    if (i < n) {
+        __mmask16 m = lm_z_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, lm_z_ld_mask(dt, src, i, m));
+    }
+}
+
+static void lm_z_bf16_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(LM_BF16, s, d, n); }
+static void lm_z_f16_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(LM_F16, s, d, n); }
+static void lm_z_f32_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(LM_F32, s, d, n); }
+
+/* ---- GEMM micro-kernel ------------------------------------------------- */
+
+static void lm_z_gemm(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy, int mt,
+                      int nt, const float *bias, bool first) {
+    const __mmask16 m0 = lm_z_mask(nt), m1 = lm_z_mask(nt > 16 ? nt - 16 : 0);
+    __m512 c0[LM_Z_MR], c1[LM_Z_MR];
+    if (first) {
+        __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+        __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+        for (int r = 0; r < LM_Z_MR; r++) c0[r] = b0, c1[r] = b1;
+    } else {
+        for (int r = 0; r < LM_Z_MR; r++) {
+            bool ok = r < mt;
+            c0[r] = ok ? _mm512_maskz_loadu_ps(m0, y + r * ldy) : _mm512_setzero_ps();
+            c1[r] = ok ? _mm512_maskz_loadu_ps(m1, y + r * ldy + 16) : _mm512_setzero_ps();
+        }
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < LM_Z_MR; r++) {
+            __m512 b = _mm512_set1_ps(xp[r]);
+            c0[r] = _mm512_fmadd_ps(b, w0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(b, w1, c1[r]);
+        }
+        wp += LM_Z_NR;
+        xp += LM_Z_MR;
+    }
+    for (int r = 0; r < mt; r++) {
+        _mm512_mask_storeu_ps(y + r * ldy, m0, c0[r]);
+        _mm512_mask_storeu_ps(y + r * ldy + 16, m1, c1[r]);
+    }
+}
+
+/* ---- vector helpers for attention -------------------------------------- */
+
+static float lm_z_dot(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = lm_z_mask(n - i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+static void lm_z_axpy(float *y, float a, const float *x, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = lm_z_mask(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static void lm_z_scal(float *y, float a, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(va, _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = lm_z_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+const lm_cpu_kern lm_cpu_kern_avx512 = {
+    .isa = LM_ISA_AVX512,
+    .gemv_rows = 4,
+    .gemv_tokens = 4,
+    .gemv = { [LM_F32] = lm_z_gemv_f32, [LM_BF16] = lm_z_gemv_bf16, [LM_F16] = lm_z_gemv_f16 },
+    .to_f32 = { [LM_F32] = lm_z_f32_to_f32, [LM_BF16] = lm_z_bf16_to_f32, [LM_F16] = lm_z_f16_to_f32 },
+    .mr = LM_Z_MR,
+    .nr = LM_Z_NR,
+    .kc = 256,
+    .gemm_min_tokens = 8,
+    .gemm = lm_z_gemm,
+    .dot = lm_z_dot,
+    .axpy = lm_z_axpy,
+    .scal = lm_z_scal,
+};
