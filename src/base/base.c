@@ -24,7 +24,17 @@ int lm_err_prefix(lm_err *e, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", pre, old);
+    /* both halves fit in LM_ERR_MAX on their own; the joined line is cut to fit */
+    size_t n = strnlen(pre, sizeof pre - 1);
+    memcpy(e->msg, pre, n);
+    if (n + 2 < sizeof e->msg) {
+        memcpy(e->msg + n, ": ", 2);
+        n += 2;
+        size_t rest = LM_MIN(strnlen(old, sizeof old - 1), sizeof e->msg - 1 - n);
+        memcpy(e->msg + n, old, rest);
+        n += rest;
+    }
+    e->msg[n] = 0;
     return -1;
 }
 
