@@ -1,0 +1,545 @@
+/* make_random_model.c - writes a Hugging Face Llama checkpoint with random weights.
+ *
+ *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny
+ *                     [--seed N] [--layers N] [--dtype bf16|f32]
+ *                     [--config-style hub|v5] [--threads N]
+ *
+ * Design. A random model at real shapes is a valid speed and memory test for
+ * the engine, so this writes exactly the files a Hugging Face Llama folder
+ * has: config.json, generation_config.json and one model.safetensors.
+ *
+ * - Tensors are listed once (name, shape, fill), sorted by name as the
+ *   safetensors library does, and given consecutive data offsets in that
+ *   order. The header is JSON with "__metadata__" first, padded with spaces so
+ *   that 8 + header length is a multiple of 8 (data then starts 8-aligned).
+ * - Weights are normal(0, 0.02), norms are 1. Values are produced in chunks
+ *   of 2^20 elements; each chunk has its own xorshift64* state derived with
+ *   splitmix64 from (seed, tensor index in sorted order, chunk index), and
+ *   Box-Muller turns pairs of uniforms into pairs of normals (the angle's
+ *   sine and cosine from a 65536-entry table, for speed). The output is
+ *   therefore a pure function of the seed and the shape, whatever the number
+ *   of threads, and chunks can be filled in parallel.
+ * - Writing streams through two fixed buffers of a few chunks: worker threads
+ *   (pthreads, one slice of chunks each) fill one while the main thread
+ *   writes the other with one large write(); nothing close to the model's size is ever held in memory
+ *   (the 8B model is 16 GB in bf16). The file is written as
+ *   model.safetensors.tmp and renamed when complete, so an interrupted run
+ *   never leaves a plausible-looking truncated model.
+ * - config.json follows the layout of the real checkpoints on the Hub
+ *   (rope_theta + rope_scaling, torch_dtype) by default; --config-style v5
+ *   writes what transformers 5 saves instead (rope_parameters, dtype), as in
+ *   the fixtures under shared/fixtures/models.
+ *
+ * Errors (bad arguments, I/O) are reported on stderr and exit with status 1
+ * (2 for usage errors). */
+#include "base/lm_base.h"
+#include "backend/lm_dtype.h"
+#include "base/lm_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- model shapes ------------------------------------------------------- */
+
+typedef struct shape {
+    const char *name;
+    int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab;
+    double rope_theta;
+    /* llama3 rope scaling; factor 0 = none (default rope) */
+    double rope_factor, low_freq_factor, high_freq_factor;
+    int rope_orig_max_pos;
+    int max_pos;
+    bool tied;
+    double rms_eps;
+    int bos, eos, pad; /* -1 = null / absent */
+} shape;
+
+static const shape SHAPES[] = {
+    { "llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, 128256, 500000.0,
+      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1 },
+    { "llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, 500000.0,
+      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1 },
+    /* the fixtures' tokenizer: vocab 1024, eos 2, pad 0, no bos */
+    { "tiny", 64, 176, 2, 4, 2, 16, 1024, 10000.0,
+      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0 },
+};
+
+/* ---- tensors ------------------------------------------------------------- */
+
+typedef struct tensor {
+    char name[96];
+    int64_t rows, cols; /* cols == 0: a vector of rows elements */
+    bool ones;          /* norm weight: all 1 */
+    uint64_t index;     /* position in sorted order, part of the RNG seed */
+    uint64_t offset, bytes;
+} tensor;
+
+typedef struct tensor_list {
+    tensor *t;
+    size_t n, cap;
+} tensor_list;
+
+static void add_tensor(tensor_list *l, const char *name, int64_t rows, int64_t cols, bool ones) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 64;
+        l->t = lm_xrealloc(l->t, l->cap * sizeof *l->t);
+    }
+    tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    LM_ASSERT(strlen(name) < sizeof t->name);
+    strcpy(t->name, name);
+    t->rows = rows;
+    t->cols = cols;
+    t->ones = ones;
+}
+
+static int64_t tensor_numel(const tensor *t) { return t->cols ? t->rows * t->cols : t->rows; }
+
+static int cmp_tensor_name(const void *a, const void *b) {
+    return strcmp(((const tensor *)a)->name, ((const tensor *)b)->name);
+}
+
+static void build_tensors(tensor_list *l, const shape *s) {
+    char nm[96];
+    int64_t h = s->hidden, q = (int64_t)s->heads * s->head_dim, kv = (int64_t)s->kv_heads * s->head_dim;
+    add_tensor(l, "model.embed_tokens.weight", s->vocab, h, false);
+    for (int i = 0; i < s->layers; i++) {
+#define T(suffix, r, c, one)                                          \
+    do {                                                              \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", i, suffix);     \
+        add_tensor(l, nm, r, c, one);                                 \
+    } while (0)
+        T("input_layernorm.weight", h, 0, true);
+        T("post_attention_layernorm.weight", h, 0, true);
+        T("self_attn.q_proj.weight", q, h, false);
+        T("self_attn.k_proj.weight", kv, h, false);
+        T("self_attn.v_proj.weight", kv, h, false);
+        T("self_attn.o_proj.weight", h, q, false);
+        T("mlp.gate_proj.weight", s->intermediate, h, false);
+        T("mlp.up_proj.weight", s->intermediate, h, false);
+        T("mlp.down_proj.weight", h, s->intermediate, false);
+#undef T
+    }
+    add_tensor(l, "model.norm.weight", h, 0, true);
+    if (!s->tied) add_tensor(l, "lm_head.weight", s->vocab, h, false);
+    qsort(l->t, l->n, sizeof *l->t, cmp_tensor_name);
+    for (size_t i = 0; i < l->n; i++) l->t[i].index = i;
+}
+
+/* ---- random numbers ------------------------------------------------------ */
+
+#define CHUNK_LOG2 20
+#define CHUNK ((int64_t)1 << CHUNK_LOG2)
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t chunk_state(uint64_t seed, uint64_t tensor_index, uint64_t chunk) {
+    uint64_t x = seed;
+    uint64_t s = splitmix64(&x);
+    x = s ^ (tensor_index * 0xd1b54a32d192ed03ull);
+    s = splitmix64(&x);
+    x = s ^ (chunk * 0xaef17502108ef2d9ull);
+    s = splitmix64(&x);
+    return s ? s : 0x2545f4914f6cdd1dull; /* xorshift state must be nonzero */
+}
+
+static inline uint64_t xorshift64s(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+/* sin(2 pi i / 65536); cos is the same table a quarter turn on. Filled once
+ * by init_sin_table() before any worker starts. */
+#define ANGLE_BITS 16
+static float g_sin[1u << ANGLE_BITS];
+
+static void init_sin_table(void) {
+    for (uint32_t i = 0; i < (1u << ANGLE_BITS); i++)
+        g_sin[i] = (float)sin(6.283185307179586476925 * (double)i / (double)(1u << ANGLE_BITS));
+}
+
+/* Fills n (even or odd) normal(0, stddev) values, as f32, into out.
+ * Box-Muller: one 64-bit draw gives u1 (24 bits, in (0, 1] so log(u1) is
+ * finite) and a 16-bit angle; the pair is r cos(theta), r sin(theta) with
+ * r = sqrt(-2 ln u1). The angle comes from the table (a 1e-4 rad grid, far
+ * below bf16 resolution), which makes this ~2x faster than sinf/cosf. */
+static void fill_normal(float *out, int64_t n, uint64_t state, float stddev) {
+    const float inv24 = 1.0f / 16777216.0f;
+    const uint32_t mask = (1u << ANGLE_BITS) - 1, quarter = 1u << (ANGLE_BITS - 2);
+    for (int64_t i = 0; i < n; i += 2) {
+        uint64_t r = xorshift64s(&state);
+        float u1 = (float)((r >> 40) + 1) * inv24;
+        uint32_t a = (uint32_t)(r >> 16) & mask;
+        float rad = stddev * sqrtf(-2.0f * logf(u1));
+        out[i] = rad * g_sin[(a + quarter) & mask];
+        if (i + 1 < n) out[i + 1] = rad * g_sin[a];
+    }
+}
+
+/* ---- parallel chunk filling ---------------------------------------------- */
+
+typedef struct fill_job {
+    const tensor *t;
+    uint64_t seed;
+    bool bf16;
+    int64_t first_elem, n_elem; /* range of the tensor; first_elem chunk-aligned */
+    uint8_t *dst;               /* bytes for element first_elem */
+    float *scratch;             /* CHUNK floats */
+} fill_job;
+
+static void *fill_worker(void *arg) {
+    fill_job *j = arg;
+    size_t esz = j->bf16 ? 2 : 4;
+    for (int64_t done = 0; done < j->n_elem; done += CHUNK) {
+        int64_t n = LM_MIN(CHUNK, j->n_elem - done);
+        int64_t e0 = j->first_elem + done;
+        float *f = j->bf16 ? j->scratch : (float *)(void *)(j->dst + (size_t)done * esz);
+        if (j->t->ones) {
+            for (int64_t i = 0; i < n; i++) f[i] = 1.0f;
+        } else {
+            fill_normal(f, n, chunk_state(j->seed, j->t->index, (uint64_t)(e0 >> CHUNK_LOG2)), 0.02f);
+        }
+        if (j->bf16) {
+            uint16_t *o = (uint16_t *)(void *)(j->dst + (size_t)done * esz);
+            for (int64_t i = 0; i < n; i++) o[i] = lm_f32_to_bf16(f[i]);
+        }
+    }
+    return NULL;
+}
+
+/* ---- output -------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        LM_ASSERT(k >= 0);
+        if (b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        b->cap = (b->cap + (size_t)k + 1) * 2;
+        b->p = lm_xrealloc(b->p, b->cap);
+    }
+}
+
+static int write_all(int fd, const void *p, size_t n, const char *path) {
+    const uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = write(fd, c, n);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            fprintf(stderr, "make_random_model: %s: write: %s\n", path, strerror(errno));
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int write_text_file(const char *path, const sbuf *b) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "make_random_model: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int rc = write_all(fd, b->p, b->n, path);
+    if (close(fd) != 0 && rc == 0) {
+        fprintf(stderr, "make_random_model: %s: close: %s\n", path, strerror(errno));
+        rc = -1;
+    }
+    return rc;
+}
+
+static void json_token_id(sbuf *b, const char *key, int id) {
+    if (id < 0) sb_printf(b, "  \"%s\": null,\n", key);
+    else sb_printf(b, "  \"%s\": %d,\n", key, id);
+}
+
+static void make_config(sbuf *b, const shape *s, bool bf16, bool v5) {
+    const char *dt = bf16 ? "bfloat16" : "float32";
+    sb_printf(b, "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n");
+    sb_printf(b, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
+    json_token_id(b, "bos_token_id", s->bos);
+    if (v5) sb_printf(b, "  \"dtype\": \"%s\",\n", dt);
+    json_token_id(b, "eos_token_id", s->eos);
+    sb_printf(b, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": %d,\n", s->head_dim, s->hidden);
+    sb_printf(b, "  \"initializer_range\": 0.02,\n  \"intermediate_size\": %d,\n", s->intermediate);
+    sb_printf(b, "  \"max_position_embeddings\": %d,\n  \"mlp_bias\": false,\n", s->max_pos);
+    sb_printf(b, "  \"model_type\": \"llama\",\n  \"num_attention_heads\": %d,\n", s->heads);
+    sb_printf(b, "  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n", s->layers, s->kv_heads);
+    if (s->pad >= 0) sb_printf(b, "  \"pad_token_id\": %d,\n", s->pad);
+    sb_printf(b, "  \"pretraining_tp\": 1,\n  \"rms_norm_eps\": %g,\n", s->rms_eps);
+    if (v5) {
+        sb_printf(b, "  \"rope_parameters\": {\n");
+        if (s->rope_factor > 0) {
+            sb_printf(b, "    \"factor\": %.1f,\n    \"high_freq_factor\": %.1f,\n    \"low_freq_factor\": %.1f,\n",
+                      s->rope_factor, s->high_freq_factor, s->low_freq_factor);
+            sb_printf(b, "    \"original_max_position_embeddings\": %d,\n", s->rope_orig_max_pos);
+            sb_printf(b, "    \"rope_theta\": %.1f,\n    \"rope_type\": \"llama3\"\n  },\n", s->rope_theta);
+        } else {
+            sb_printf(b, "    \"rope_theta\": %.1f,\n    \"rope_type\": \"default\"\n  },\n", s->rope_theta);
+        }
+    } else {
+        if (s->rope_factor > 0) {
+            sb_printf(b, "  \"rope_scaling\": {\n    \"factor\": %.1f,\n    \"high_freq_factor\": %.1f,\n",
+                      s->rope_factor, s->high_freq_factor);
+            sb_printf(b, "    \"low_freq_factor\": %.1f,\n    \"original_max_position_embeddings\": %d,\n",
+                      s->low_freq_factor, s->rope_orig_max_pos);
+            sb_printf(b, "    \"rope_type\": \"llama3\"\n  },\n");
+        } else {
+            sb_printf(b, "  \"rope_scaling\": null,\n");
+        }
+        sb_printf(b, "  \"rope_theta\": %.1f,\n", s->rope_theta);
+    }
+    sb_printf(b, "  \"tie_word_embeddings\": %s,\n", s->tied ? "true" : "false");
+    if (!v5) sb_printf(b, "  \"torch_dtype\": \"%s\",\n", dt);
+    sb_printf(b, "  \"transformers_version\": \"%s\",\n", v5 ? "5.17.0" : "4.45.0");
+    sb_printf(b, "  \"use_cache\": true,\n  \"vocab_size\": %d\n}\n", s->vocab);
+}
+
+static void make_generation_config(sbuf *b, const shape *s, bool v5) {
+    sb_printf(b, "{\n  \"_from_model_config\": true,\n");
+    if (s->bos >= 0) sb_printf(b, "  \"bos_token_id\": %d,\n", s->bos);
+    sb_printf(b, "  \"eos_token_id\": %d,\n", s->eos);
+    if (s->pad >= 0) sb_printf(b, "  \"pad_token_id\": %d,\n", s->pad);
+    sb_printf(b, "  \"transformers_version\": \"%s\"\n}\n", v5 ? "5.17.0" : "4.45.0");
+}
+
+/* Writes model.safetensors (via a .tmp file and rename). */
+static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, uint64_t seed, int nthreads) {
+    size_t esz = bf16 ? 2 : 4;
+    uint64_t off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        l->t[i].offset = off;
+        l->t[i].bytes = (uint64_t)tensor_numel(&l->t[i]) * esz;
+        off += l->t[i].bytes;
+    }
+    uint64_t data_bytes = off;
+
+    sbuf h = {0};
+    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (size_t i = 0; i < l->n; i++) {
+        const tensor *t = &l->t[i];
+        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, bf16 ? "BF16" : "F32");
+        if (t->cols) sb_printf(&h, "%lld,%lld", (long long)t->rows, (long long)t->cols);
+        else sb_printf(&h, "%lld", (long long)t->rows);
+        sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->offset,
+                  (unsigned long long)(t->offset + t->bytes));
+    }
+    sb_printf(&h, "}");
+    while ((8 + h.n) % 8 != 0) sb_printf(&h, " ");
+
+    char *path = lm_path_join(dir, "model.safetensors"), *tmp = lm_path_join(dir, "model.safetensors.tmp");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "make_random_model: %s: %s\n", tmp, strerror(errno));
+        free(path), free(tmp), free(h.p);
+        return -1;
+    }
+    int rc = 0;
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i)); /* little-endian u64 */
+    rc = write_all(fd, len8, 8, tmp);
+    if (rc == 0) rc = write_all(fd, h.p, h.n, tmp);
+
+    /* Two buffers of chunks_per_buf chunks each: while the workers fill one
+     * (split among them by whole chunks), this thread writes the other. */
+    const int64_t chunks_per_buf = 8 * (int64_t)nthreads;
+    const size_t buf_bytes = (size_t)(chunks_per_buf * CHUNK) * esz;
+    uint8_t *bufs[2] = { lm_xaligned(buf_bytes), lm_xaligned(buf_bytes) };
+    float **scratch = lm_xcalloc((size_t)nthreads, sizeof *scratch);
+    for (int i = 0; i < nthreads; i++) scratch[i] = lm_xaligned((size_t)CHUNK * sizeof(float));
+    fill_job *jobs = lm_xcalloc((size_t)nthreads, sizeof *jobs);
+    pthread_t *tids = lm_xcalloc((size_t)nthreads, sizeof *tids);
+    bool *running = lm_xcalloc((size_t)nthreads, sizeof *running);
+
+    double t0 = lm_now();
+    uint64_t written = 0;
+    int last_pct = -1, cur = 0;
+    size_t pending = 0; /* bytes of bufs[cur ^ 1] still to write */
+    for (size_t ti = 0; ti <= l->n && rc == 0; ti++) {
+        const tensor *t = ti < l->n ? &l->t[ti] : NULL;
+        int64_t numel = t ? tensor_numel(t) : 0;
+        /* ti == l->n is one extra pass that only flushes the last buffer */
+        for (int64_t e = 0; (t ? e < numel : e == 0) && rc == 0; e += chunks_per_buf * CHUNK) {
+            int64_t n = t ? LM_MIN(chunks_per_buf * CHUNK, numel - e) : 0;
+            int64_t nchunks = (n + CHUNK - 1) / CHUNK;
+            int64_t per = (nchunks + nthreads - 1) / nthreads;
+            for (int k = 0; k < nthreads; k++) {
+                int64_t c0 = k * per, c1 = LM_MIN(nchunks, c0 + per);
+                running[k] = false;
+                if (c0 >= c1) continue;
+                jobs[k] = (fill_job){ .t = t, .seed = seed, .bf16 = bf16, .first_elem = e + c0 * CHUNK,
+                                      .n_elem = LM_MIN(n, c1 * CHUNK) - c0 * CHUNK,
+                                      .dst = bufs[cur] + (size_t)(c0 * CHUNK) * esz, .scratch = scratch[k] };
+                if (pthread_create(&tids[k], NULL, fill_worker, &jobs[k]) == 0) running[k] = true;
+                else fill_worker(&jobs[k]); /* no thread: do it here */
+            }
+            if (pending) {
+                rc = write_all(fd, bufs[cur ^ 1], pending, tmp);
+                written += pending;
+            }
+            for (int k = 0; k < nthreads; k++)
+                if (running[k]) pthread_join(tids[k], NULL);
+            pending = (size_t)n * esz;
+            cur ^= 1;
+            int pct = (int)(100.0 * (double)written / (double)(data_bytes ? data_bytes : 1));
+            if (data_bytes > ((uint64_t)256 << 20) && pct / 10 != last_pct / 10 && isatty(2)) {
+                fprintf(stderr, "\r  %3d%%  %.1f GB", pct, (double)written / 1e9);
+                last_pct = pct;
+            }
+        }
+    }
+    LM_ASSERT(rc != 0 || written == data_bytes);
+    if (last_pct >= 0) fprintf(stderr, "\n");
+    if (close(fd) != 0 && rc == 0) {
+        fprintf(stderr, "make_random_model: %s: close: %s\n", tmp, strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        fprintf(stderr, "make_random_model: rename %s: %s\n", tmp, strerror(errno));
+        rc = -1;
+    }
+    if (rc != 0) unlink(tmp);
+    else {
+        double dt = lm_now() - t0;
+        fprintf(stderr, "make_random_model: %s: %zu tensors, %.3f GB in %.1f s (%.2f GB/s)\n", path, l->n,
+                (double)(8 + h.n + data_bytes) / 1e9, dt, (double)data_bytes / 1e9 / (dt > 0 ? dt : 1e-9));
+    }
+
+    for (int i = 0; i < nthreads; i++) lm_afree(scratch[i]);
+    free(scratch), free(jobs), free(tids), free(running);
+    lm_afree(bufs[0]), lm_afree(bufs[1]);
+    free(path), free(tmp), free(h.p);
+    return rc;
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny\n"
+            "                         [--seed N] [--layers N] [--dtype bf16|f32]\n"
+            "                         [--config-style hub|v5] [--threads N]\n"
+            "Writes config.json, generation_config.json and model.safetensors with\n"
+            "normal(0, 0.02) weights and unit norms, deterministic in --seed (default 0).\n");
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!*s) return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end || s[0] == '-') return false;
+    *out = v;
+    return true;
+}
+
+int main(int argc, char **argv) {
+    const char *out_dir = NULL, *shape_name = NULL, *dtype = "bf16", *style = "hub";
+    uint64_t seed = 0, layers = 0, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_val = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--shape") && has_val) {
+            shape_name = argv[++i];
+        } else if (!strcmp(a, "--dtype") && has_val) {
+            dtype = argv[++i];
+        } else if (!strcmp(a, "--config-style") && has_val) {
+            style = argv[++i];
+        } else if (!strcmp(a, "--seed") && has_val) {
+            if (!parse_u64(argv[++i], &seed)) goto bad;
+        } else if (!strcmp(a, "--layers") && has_val) {
+            if (!parse_u64(argv[++i], &layers) || layers < 1 || layers > 1024) goto bad;
+        } else if (!strcmp(a, "--threads") && has_val) {
+            if (!parse_u64(argv[++i], &threads) || threads < 1 || threads > 256) goto bad;
+        } else if (a[0] != '-' && !out_dir) {
+            out_dir = a;
+        } else {
+            goto bad;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "make_random_model: bad argument near '%s'\n", a);
+        usage(stderr);
+        return 2;
+    }
+    if (!out_dir || !shape_name) {
+        usage(stderr);
+        return 2;
+    }
+    const shape *sp = NULL;
+    for (size_t i = 0; i < LM_COUNT(SHAPES); i++)
+        if (!strcmp(SHAPES[i].name, shape_name)) sp = &SHAPES[i];
+    if (!sp) {
+        fprintf(stderr, "make_random_model: unknown shape '%s'\n", shape_name);
+        usage(stderr);
+        return 2;
+    }
+    bool bf16 = !strcmp(dtype, "bf16");
+    if (!bf16 && strcmp(dtype, "f32")) {
+        fprintf(stderr, "make_random_model: --dtype must be bf16 or f32\n");
+        return 2;
+    }
+    bool v5 = !strcmp(style, "v5");
+    if (!v5 && strcmp(style, "hub")) {
+        fprintf(stderr, "make_random_model: --config-style must be hub or v5\n");
+        return 2;
+    }
+    shape s = *sp;
+    if (layers) s.layers = (int)layers;
+    if (!threads) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc > 0 ? (uint64_t)LM_MIN(nc, 32) : 1;
+    }
+
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "make_random_model: mkdir %s: %s\n", out_dir, strerror(errno));
+        return 1;
+    }
+
+    int rc = 0;
+    sbuf cfg = {0}, gen = {0};
+    make_config(&cfg, &s, bf16, v5);
+    make_generation_config(&gen, &s, v5);
+    char *p1 = lm_path_join(out_dir, "config.json"), *p2 = lm_path_join(out_dir, "generation_config.json");
+    if (write_text_file(p1, &cfg) != 0 || write_text_file(p2, &gen) != 0) rc = 1;
+
+    tensor_list tl = {0};
+    build_tensors(&tl, &s);
+    init_sin_table();
+    if (rc == 0 && write_safetensors(out_dir, &tl, bf16, seed, (int)threads) != 0) rc = 1;
+
+    free(tl.t), free(cfg.p), free(gen.p), free(p1), free(p2);
+    return rc;
+}
