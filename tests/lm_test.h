@@ -16,7 +16,7 @@
 typedef struct lm_test_ctx {
     int failed;
     int skipped;
-    char skip_reason[256];
+    char skip_reason[1024];
 } lm_test_ctx;
 
 typedef void (*lm_test_fn)(lm_test_ctx *lm_t_);
@@ -58,10 +58,13 @@ void lm_test_register(const char *name, const char *file, lm_test_fn fn);
     } while (0)
 
 /* Stops the test: return after a fatal check. */
-#define LM_REQUIRE(c)      \
-    do {                   \
-        LM_CHECK(c);       \
-        if (!(c)) return;  \
+#define LM_REQUIRE(c)                                                            \
+    do {                                                                         \
+        if (!(c)) {                                                              \
+            fprintf(stderr, "  %s:%d: required check failed: %s\n", __FILE__, __LINE__, #c); \
+            lm_t_->failed++;                                                     \
+            return;                                                              \
+        }                                                                        \
     } while (0)
 
 #define LM_SKIP(...)                                                                  \

@@ -63,6 +63,9 @@ static const lm_file_tensor *find_checked(lm_model *m, const char *name, int64_t
     const char *where = file ? file : m->path;
     if (!t) {
         if (required) {
+            /* name the file a reader would look in: the only weight file, else the folder */
+            if (m->src.gguf) where = m->src.gguf->file.path;
+            else if (m->src.n_files == 1) where = m->src.st[0].file.path;
             lm_errf(e, "%s: missing tensor \"%s\"", where, name);
             *failed = 1;
         }
