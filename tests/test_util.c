@@ -35,7 +35,7 @@ char *lm_tu_read(const char *path, size_t *n) {
 
 int lm_tu_run(const char *cmd, char **out, char **err) {
     static int counter;
-    char o[512], e[512], full[4096];
+    char o[512], e[512], full[8192];
     snprintf(o, sizeof o, "%s/cmd%d.out", lm_test_tmpdir(), counter);
     snprintf(e, sizeof e, "%s/cmd%d.err", lm_test_tmpdir(), counter++);
     snprintf(full, sizeof full, "%s >'%s' 2>'%s' </dev/null", cmd, o, e);

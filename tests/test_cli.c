@@ -1,0 +1,139 @@
+/* test_cli.c - the lumen binary as users run it: output format, exit codes,
+ * and one-line errors for bad input. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_test.h"
+#include "test_util.h"
+
+static int lumen(const char *args, char **out, char **err) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %.3000s", lm_test_lumen_bin(), args);
+    return lm_tu_run(cmd, out, err);
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+LM_TEST(cli_parity_json_and_exit_code) {
+    char *dir = lm_test_fixture_path("models/qwen3");
+    if (!dir) LM_SKIP("../shared/fixtures not found");
+    char args[1200], *out = NULL, *err = NULL;
+    snprintf(args, sizeof args, "parity '%s'", dir);
+    int rc = lumen(args, &out, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d, stderr: %s", rc, err);
+    LM_CHECK(count_lines(out) == 1);
+    json_t *j = json_loads(out ? out : "", 0, NULL);
+    LM_CHECK(json_is_true(json_object_get(j, "ok")));
+    LM_CHECK(json_real_value(json_object_get(j, "max_abs_err")) <= 1e-3);
+    LM_CHECK(json_array_size(json_object_get(j, "prompts")) == 3);
+    json_decref(j);
+    free(out);
+    free(err);
+    /* an impossible tolerance must fail with exit 1, still printing the JSON line */
+    snprintf(args, sizeof args, "parity '%s' --tol 1e-12", dir);
+    rc = lumen(args, &out, &err);
+    LM_CHECK(rc == 1);
+    j = json_loads(out ? out : "", 0, NULL);
+    LM_CHECK(json_is_false(json_object_get(j, "ok")));
+    json_decref(j);
+    free(out);
+    free(err);
+    free(dir);
+}
+
+LM_TEST(cli_run_greedy_matches_reference) {
+    /* prompt0 of the llama fixture and the first 8 of its greedy tokens */
+    char *dir = lm_test_fixture_path("models/llama");
+    if (!dir) LM_SKIP("../shared/fixtures not found");
+    char *ref_path = lm_test_fixture_path("models/llama/reference.safetensors");
+    size_t n;
+    char *ref = lm_tu_read(ref_path, &n);
+    LM_REQUIRE(ref && n > 8);
+    uint64_t hl;
+    memcpy(&hl, ref, 8);
+    json_t *h = json_loadb(ref + 8, hl, 0, NULL);
+    const uint8_t *data = (const uint8_t *)ref + 8 + hl;
+    json_t *ids = json_object_get(h, "prompt0.ids"), *gids = json_object_get(h, "prompt0.greedy_ids");
+    LM_REQUIRE(ids && gids);
+    size_t ib = (size_t)json_integer_value(json_array_get(json_object_get(ids, "data_offsets"), 0));
+    size_t ie = (size_t)json_integer_value(json_array_get(json_object_get(ids, "data_offsets"), 1));
+    size_t gb = (size_t)json_integer_value(json_array_get(json_object_get(gids, "data_offsets"), 0));
+    char args[2048], expect[512];
+    size_t a = (size_t)snprintf(args, sizeof args, "run -m '%s' -n 8 --ignore-eos --prompt-ids ", dir);
+    for (size_t i = ib; i < ie; i += 4) {
+        int32_t v;
+        memcpy(&v, data + i, 4);
+        a += (size_t)snprintf(args + a, sizeof args - a, "%s%d", i > ib ? "," : "", v);
+    }
+    size_t x = 0;
+    for (int i = 0; i < 8; i++) {
+        int32_t v;
+        memcpy(&v, data + gb + 4 * (size_t)i, 4);
+        x += (size_t)snprintf(expect + x, sizeof expect - x, "%s%d", i ? " " : "", v);
+    }
+    snprintf(expect + x, sizeof expect - x, "\n");
+    char *out = NULL, *err = NULL;
+    int rc = lumen(args, &out, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    LM_CHECK_MSG(out && !strcmp(out, expect), "got \"%s\", expected \"%s\"", out, expect);
+    LM_CHECK(err && strstr(err, "tok/s"));
+    free(out);
+    free(err);
+    /* same seed, same sampled tokens; another seed, (almost surely) others */
+    char *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    size_t base = strlen(args);
+    snprintf(args + base, sizeof args - base, " -n 16 --temp 1.5 --seed 7");
+    lumen(args, &s1, NULL);
+    lumen(args, &s2, NULL);
+    snprintf(args + base, sizeof args - base, " -n 16 --temp 1.5 --seed 8");
+    lumen(args, &s3, NULL);
+    LM_CHECK(s1 && s2 && s3 && !strcmp(s1, s2) && strcmp(s1, s3));
+    free(s1);
+    free(s2);
+    free(s3);
+    json_decref(h);
+    free(ref);
+    free(ref_path);
+    free(dir);
+}
+
+LM_TEST(cli_bad_input_one_line_errors) {
+    char *out = NULL, *err = NULL;
+    int rc = lumen("run -m /nonexistent/dir --prompt-ids 1,2", &out, &err);
+    LM_CHECK(rc == 1);
+    LM_CHECK(err && strstr(err, "/nonexistent/dir") && count_lines(err) == 1);
+    free(out);
+    free(err);
+    rc = lumen("run -m x --prompt-ids 1,,b", &out, &err);
+    LM_CHECK(rc == 2 && err && strstr(err, "--prompt-ids"));
+    free(out);
+    free(err);
+    rc = lumen("frobnicate", &out, &err);
+    LM_CHECK(rc == 2 && err && strstr(err, "unknown command"));
+    free(out);
+    free(err);
+    rc = lumen("parity", &out, &err);
+    LM_CHECK(rc == 2);
+    free(out);
+    free(err);
+    rc = lumen("--help", &out, &err);
+    LM_CHECK(rc == 0 && out && strstr(out, "parity") && strstr(out, "bench"));
+    free(out);
+    free(err);
+    /* a token id outside the vocabulary is an error, not a crash */
+    char *dir = lm_test_fixture_path("models/llama");
+    if (dir) {
+        char args[1100];
+        snprintf(args, sizeof args, "run -m '%s' --prompt-ids 1,5000 -n 2", dir);
+        rc = lumen(args, &out, &err);
+        LM_CHECK(rc == 1 && err && strstr(err, "token id 5000 out of range"));
+        free(out);
+        free(err);
+        free(dir);
+    }
+}
