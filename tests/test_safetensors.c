@@ -351,9 +351,16 @@ LM_TEST(safetensors_bad_shape) {
     /* Too big for jansson's json_int_t: a JSON error, not a wrap. */
     LM_EXPECT_BAD("{\"t\":{\"dtype\":\"U8\",\"shape\":[99999999999999999999],\"data_offsets\":[0,1]}}",
                   8, "not valid JSON");
-    /* A zero dimension makes the rest irrelevant: valid, 0 bytes. */
+    /* A zero dimension does not excuse the others: numel is computed in
+     * shape order by lm_file_tensor_numel, and 2^62 * 4 overflows before
+     * the 0 is reached (found fuzzing the GGUF parser). */
+    LM_EXPECT_BAD("{\"t\":{\"dtype\":\"U8\",\"shape\":[4611686018427387904,4,0],\"data_offsets\":[0,0]}}",
+                  8, "shape element count overflows");
+    LM_EXPECT_BAD("{\"t\":{\"dtype\":\"U8\",\"shape\":[9223372036854775807,0,3],\"data_offsets\":[0,0]}}",
+                  8, "shape element count overflows");
+    /* A zero dimension with sane others: valid, 0 bytes. */
     lm_stb b = lm_stb_make_n(
-        "{\"t\":{\"dtype\":\"U8\",\"shape\":[9223372036854775807,0,3],\"data_offsets\":[8,8]}}", 8);
+        "{\"t\":{\"dtype\":\"U8\",\"shape\":[4611686018427387904,0,1],\"data_offsets\":[8,8]}}", 8);
     lm_err e = { { 0 } };
     LM_CHECK_MSG(lm_stb_parse_prefix(&b, b.size, &e) == 0, "%s", e.msg);
     free(b.buf);
@@ -518,6 +525,8 @@ LM_TEST(safetensors_error_is_one_line) {
     LM_EXPECT_BAD("{\"t\":{\"dtype\":\"F\\r\\n32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8,
                   "unknown dtype 'F??32'");
     LM_EXPECT_BAD("{\"__metadata__\":{\"\\u001b[31m\":1}}", 0, "__metadata__ value '?[31m'");
+    /* jansson's own message quotes raw input (fuzz finding). */
+    LM_EXPECT_BAD("{\"a\\\n\":1}", 0, "header is not valid JSON: invalid escape near '\"a\\?'");
     char hdr[2200];
     int n = snprintf(hdr, sizeof hdr, "{\"");
     for (int i = 0; i < 2000; i++) hdr[n++] = 'x';

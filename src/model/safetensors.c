@@ -115,24 +115,26 @@ static int lm_st_parse_entry(lm_file_tensor *t, const json_t *desc,
     if (nd > LM_MAX_DIMS)
         return lm_errf(e, "shape has %zu dimensions, at most %d supported", nd, LM_MAX_DIMS);
     t->n_dims = (int)nd;
+    /* The product of the non-zero dimensions must fit in int64, even when
+     * a zero dimension makes the tensor empty: lm_file_tensor_numel
+     * multiplies in shape order without checks, and a prefix such as
+     * [2^62, 4] of [2^62, 4, 0] would overflow before the zero. Bounding
+     * the non-zero product bounds every prefix product. */
     bool has_zero = false;
+    uint64_t nonzero = 1;
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
         if (!lm_st_get_uint(json_array_get(jshape, i), &d))
             return lm_errf(e, "shape[%zu] is not a non-negative integer", i);
         t->shape[i] = (int64_t)d;
-        if (d == 0) has_zero = true;
+        if (d == 0) {
+            has_zero = true;
+            continue;
+        }
+        if (nonzero > (uint64_t)INT64_MAX / d) return lm_errf(e, "shape element count overflows");
+        nonzero *= d;
     }
-    /* numel must stay within int64 because lm_file_tensor_numel multiplies
-     * without checks. A zero dimension makes the product 0 however large
-     * the others are, so only a shape without zeros can overflow. */
-    uint64_t numel = has_zero ? 0 : 1;
-    for (size_t i = 0; i < nd && !has_zero; i++) {
-        uint64_t d = (uint64_t)t->shape[i];
-        if (numel > (uint64_t)INT64_MAX / d)
-            return lm_errf(e, "shape element count overflows");
-        numel *= d;
-    }
+    uint64_t numel = has_zero ? 0 : nonzero;
     if (numel > (uint64_t)INT64_MAX / (uint64_t)dt->elem_bytes)
         return lm_errf(e, "shape byte size overflows");
     uint64_t want = numel * (uint64_t)dt->elem_bytes;
@@ -174,9 +176,12 @@ static int lm_st_parse_header(lm_safetensors *st, const char *hdr, size_t hdr_le
      * mean whatever the parser's tie-break says; refuse instead. NUL inside
      * strings is rejected by default, so every name is a proper C string. */
     json_t *root = json_loadb(hdr, hdr_len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return lm_errf(e, "header is not valid JSON: %s (line %d, column %d)", jerr.text,
-                       jerr.line, jerr.column);
+    if (!root) {
+        /* jansson quotes the input near the error, raw bytes and all. */
+        char shown[LM_ST_SHOWN];
+        return lm_errf(e, "header is not valid JSON: %s (line %d, column %d)",
+                       lm_st_shown(shown, jerr.text), jerr.line, jerr.column);
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         return lm_errf(e, "header is not a JSON object");
