@@ -640,3 +640,29 @@ LM_TEST(gguf_fixture_llama_tiny) {
     }
     lm_gguf_close(&g);
 }
+
+/* Fuzz finding: a zero dimension first (ne[0] = 0) let [0, 2^62, 4] through,
+ * and the outermost-first product 4 * 2^62 then overflowed downstream. */
+LM_TEST(gguf_zero_dim_hides_overflow) {
+    gb b = { 0 };
+    gb_bytes(&b, "GGUF", 4);
+    gb_u32(&b, 3);
+    gb_u64(&b, 1); /* tensors */
+    gb_u64(&b, 0); /* metadata */
+    gb_str(&b, "t");
+    gb_u32(&b, 3);
+    gb_u64(&b, 0);
+    gb_u64(&b, (uint64_t)1 << 62);
+    gb_u64(&b, 4);
+    gb_u32(&b, 0); /* F32 */
+    gb_u64(&b, 0);
+    gb_pad(&b, 32);
+    lm_gguf g;
+    lm_err e;
+    uint8_t *copy;
+    int rc = parse_copy(&g, b.p, b.n, &e, &copy);
+    LM_CHECK_MSG(rc == -1 && good_error(&e) && strstr(e.msg, "overflow"), "rc=%d %s", rc, e.msg);
+    if (rc == 0) lm_gguf_close(&g);
+    free(copy);
+    free(b.p);
+}

@@ -342,9 +342,12 @@ static const lm_ggml_type *lm_ggml_type_get(uint32_t id) {
  * file's ne[] (innermost first) and type; name is printable, for messages. */
 static int lm_gguf_tensor_layout(lm_gguf_rd *r, lm_file_tensor *t, const uint64_t *ne,
                                  const lm_ggml_type *gt, const char *name) {
+    /* The product of the non-zero dimensions must fit: a zero dimension must
+     * not hide an overflow from code that multiplies in another order. */
     int64_t numel = 1;
     for (int d = 0; d < t->n_dims; d++) {
-        if (ne[d] > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (int64_t)ne[d], &numel)) {
+        int64_t f = ne[d] ? (int64_t)ne[d] : 1;
+        if (ne[d] > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, f, &numel)) {
             return lm_errf(r->e, "%s: tensor \"%s\": dimensions overflow", r->label, name);
         }
         t->shape[t->n_dims - 1 - d] = (int64_t)ne[d];
