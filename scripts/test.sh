@@ -20,9 +20,10 @@ run_suite() { # name build-dir cmake-args...
     return
   fi
   echo "== $name: tests"
-  local out
-  out=$("$dir/lumen_tests" 2>&1 | tee /dev/stderr | tail -n 1)
+  "$dir/lumen_tests" 2>&1 | tee "$dir.tests.log"
   local rc=${PIPESTATUS[0]}
+  local out
+  out=$(tail -n 1 "$dir.tests.log")
   if [[ $out =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
     total_pass=$((total_pass + BASH_REMATCH[1]))
     total_fail=$((total_fail + BASH_REMATCH[2]))
