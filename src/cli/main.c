@@ -11,6 +11,8 @@ static const char *const k_usage =
     "  run      generate token ids from a model (-m MODEL --prompt-ids 1,2,3 -n 32)\n"
     "  parity   check a model folder against its reference.safetensors\n"
     "  bench    measure prefill and decode speed of a model\n"
+    "  tokenize print the token ids of a text (-m MODEL \"text\")\n"
+    "  check-tokenizer  compare a tokenizer with expected cases (DIR CASES.jsonl)\n"
     "  version  print the version\n"
     "\n"
     "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file.\n"
@@ -25,6 +27,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return lm_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "parity")) return lm_cmd_parity(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return lm_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return lm_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check-tokenizer")) return lm_cmd_check_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("lumen %s\n", LM_VERSION);
         return 0;

@@ -1,0 +1,178 @@
+/* cmd_tokenize.c - `lumen tokenize -m MODEL "text"`: the ids and tokens of a
+ * text, as one JSON line. Also decodes ids (--decode 1,2,3) and measures
+ * encode speed on a file (--bench FILE). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/lm_file.h"
+#include "../tokenizer/lm_tokenizer.h"
+#include "cli.h"
+
+static const char *const k_help =
+    "usage: lumen tokenize -m MODEL [options] [TEXT]\n"
+    "\n"
+    "Prints {\"ids\": [...], \"tokens\": [...]} for TEXT (or the contents of\n"
+    "--file). MODEL is a tokenizer.json, a folder holding one, or a .gguf file.\n"
+    "\n"
+    "  -m, --model PATH   the tokenizer\n"
+    "  --no-special       do not add the post-processor's special tokens (bos ...)\n"
+    "  --file PATH        tokenize the contents of PATH instead of TEXT\n"
+    "  --decode IDS       decode comma-separated ids instead (\"1,2,3\")\n"
+    "  --bench PATH       encode PATH --reps times, print tokens/s (one thread)\n"
+    "  --reps N           repetitions for --bench (default 3, best is kept)\n";
+
+static int decode_ids(lm_tokenizer *tok, const char *list) {
+    lm_tok_ids ids = { 0 };
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) {
+            fprintf(stderr, "lumen tokenize: --decode needs comma-separated ids\n");
+            lm_tok_ids_free(&ids);
+            return 2;
+        }
+        ids.ids = realloc(ids.ids, (ids.n + 1) * sizeof *ids.ids);
+        if (!ids.ids) abort();
+        ids.ids[ids.n++] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*p && *end != ',') {
+            fprintf(stderr, "lumen tokenize: --decode needs comma-separated ids\n");
+            lm_tok_ids_free(&ids);
+            return 2;
+        }
+    }
+    lm_tok_str out = { 0 };
+    lm_tokenizer_decode(tok, ids.ids, ids.n, false, &out);
+    json_t *j = json_object();
+    json_object_set_new(j, "text", json_stringn(out.s, out.len));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+    puts(s);
+    free(s);
+    json_decref(j);
+    lm_tok_str_free(&out);
+    lm_tok_ids_free(&ids);
+    return 0;
+}
+
+static int bench(lm_tokenizer *tok, const char *path, long reps, const char *model, double load_s) {
+    lm_err e = { { 0 } };
+    size_t len;
+    char *text = lm_read_file(path, &len, &e);
+    if (!text) {
+        fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+        return 1;
+    }
+    double best = 1e30;
+    size_t ntok = 0;
+    for (long r = 0; r < reps; r++) {
+        lm_tokenizer *fresh = NULL;
+        if (r > 0 && lm_tokenizer_load(&fresh, model, &e)) { /* a cold cache every run */
+            fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+            free(text);
+            return 1;
+        }
+        lm_tokenizer *t = fresh ? fresh : tok;
+        lm_tok_ids ids = { 0 };
+        double t0 = lm_now();
+        lm_tokenizer_encode(t, text, len, false, &ids, &e);
+        double dt = lm_now() - t0;
+        if (dt < best) best = dt;
+        ntok = ids.n;
+        lm_tok_ids_free(&ids);
+        lm_tokenizer_free(fresh);
+    }
+    printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"tokens_per_s\":%.0f,\"mb_per_s\":%.2f,"
+           "\"load_seconds\":%.3f}\n",
+           len, ntok, best, ntok / best, len / best / 1e6, load_s);
+    free(text);
+    return 0;
+}
+
+int lm_cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *text = NULL, *file = NULL, *dec = NULL, *bench_path = NULL, *v;
+    bool special = true;
+    long reps = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(k_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--file")) {
+            if (!(file = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--decode")) {
+            if (!(dec = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--bench")) {
+            if (!(bench_path = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--reps")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1000, &reps)) {
+                fprintf(stderr, "lumen tokenize: --reps needs a number from 1 to 1000\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--no-special")) {
+            special = false;
+        } else if (a[0] == '-' && a[1] && strcmp(a, "--")) {
+            fprintf(stderr, "lumen tokenize: unknown option %s (see --help)\n", a);
+            return 2;
+        } else if (!text) {
+            if (!strcmp(a, "--") && i + 1 < argc) a = argv[++i];
+            text = a;
+        } else {
+            fprintf(stderr, "lumen tokenize: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (!model || (!text && !file && !dec && !bench_path)) {
+        fprintf(stderr, "lumen tokenize: needs -m MODEL and a TEXT (see --help)\n");
+        return 2;
+    }
+    lm_err e = { { 0 } };
+    lm_tokenizer *tok;
+    double t0 = lm_now();
+    if (lm_tokenizer_load(&tok, model, &e)) {
+        fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+        return 1;
+    }
+    double load_s = lm_now() - t0;
+    int rc = 0;
+    if (dec) rc = decode_ids(tok, dec);
+    else if (bench_path) rc = bench(tok, bench_path, reps, model, load_s);
+    else {
+        size_t len;
+        char *buf = NULL;
+        if (file) {
+            if (!(buf = lm_read_file(file, &len, &e))) {
+                fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+                lm_tokenizer_free(tok);
+                return 1;
+            }
+            text = buf;
+        } else len = strlen(text);
+        lm_tok_ids ids = { 0 };
+        if (lm_tokenizer_encode(tok, text, len, special, &ids, &e)) {
+            fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+            rc = 1;
+        } else {
+            json_t *j = json_object(), *ja = json_array(), *jt = json_array();
+            for (size_t i = 0; i < ids.n; i++) {
+                size_t l;
+                const char *s = lm_tokenizer_id_to_token(tok, ids.ids[i], &l);
+                json_array_append_new(ja, json_integer(ids.ids[i]));
+                json_array_append_new(jt, s ? json_stringn(s, l) : json_null());
+            }
+            json_object_set_new(j, "ids", ja);
+            json_object_set_new(j, "tokens", jt);
+            char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+            puts(s);
+            free(s);
+            json_decref(j);
+        }
+        lm_tok_ids_free(&ids);
+        free(buf);
+    }
+    lm_tokenizer_free(tok);
+    return rc;
+}

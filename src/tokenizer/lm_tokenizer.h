@@ -1,0 +1,109 @@
+/* lm_tokenizer.h - text <-> token ids, matching Hugging Face `tokenizers`.
+ *
+ * A tokenizer is loaded from a Hugging Face tokenizer.json (plus the
+ * tokenizer_config.json beside it), from a model folder holding those, or
+ * from a GGUF file's tokenizer.ggml.* metadata. Encoding runs the same
+ * pipeline as the Rust `tokenizers` crate: added tokens are split out of the
+ * raw text, the rest is normalised, pre-tokenised, split into BPE tokens, and
+ * the post-processor adds special tokens. Decoding runs the decoder chain.
+ *
+ * Threads: a loaded tokenizer is read-only except for an internal word cache
+ * guarded by a mutex; encode and decode may be called from several threads
+ * at once (a caller that finds the cache busy encodes without it).
+ *
+ * Input bytes that are not valid UTF-8 are replaced, as Rust's
+ * String::from_utf8_lossy does, before encoding. Ids out of range are
+ * skipped when decoding (as Hugging Face does). */
+#ifndef LM_TOKENIZER_H
+#define LM_TOKENIZER_H
+
+#include "../base/lm_base.h"
+
+struct lm_gguf;
+typedef struct lm_tokenizer lm_tokenizer;
+
+/* A growable array of token ids (caller frees ids, or uses lm_tok_ids_free). */
+typedef struct lm_tok_ids {
+    int32_t *ids;
+    size_t n, cap;
+} lm_tok_ids;
+
+/* A growable byte string, always NUL-terminated after a call that fills it. */
+typedef struct lm_tok_str {
+    char *s;
+    size_t len, cap;
+} lm_tok_str;
+
+void lm_tok_ids_free(lm_tok_ids *v);
+void lm_tok_str_free(lm_tok_str *s);
+
+/* ---- loading ---- */
+
+/* path: a tokenizer.json file, a folder with tokenizer.json (and optionally
+ * tokenizer_config.json, chat_template.jinja), or a .gguf file. */
+int lm_tokenizer_load(lm_tokenizer **out, const char *path, lm_err *e);
+/* From memory: json is a tokenizer.json document; config (may be NULL) a
+ * tokenizer_config.json one. label names the source in errors. */
+int lm_tokenizer_load_json(lm_tokenizer **out, const char *json, size_t len,
+                           const char *config, size_t config_len, const char *label, lm_err *e);
+/* From an open GGUF file's tokenizer.ggml.* keys (the file may be closed after). */
+int lm_tokenizer_load_gguf(lm_tokenizer **out, const struct lm_gguf *g, lm_err *e);
+void lm_tokenizer_free(lm_tokenizer *t);
+
+/* ---- encode / decode ---- */
+
+/* Appends the ids of text[0..len) to out. add_special: run the
+ * post-processor's special tokens (e.g. <bos>). Returns 0, or -1 on a
+ * failure the tokenizer cannot recover from (message in e). */
+int lm_tokenizer_encode(lm_tokenizer *t, const char *text, size_t len, bool add_special,
+                        lm_tok_ids *out, lm_err *e);
+/* Replaces out's contents with the decoded text. skip_special drops tokens
+ * marked special. */
+int lm_tokenizer_decode(const lm_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                        lm_tok_str *out);
+
+/* ---- streaming detokenizer ----
+ * Push ids one at a time; each push appends to out only whole UTF-8
+ * characters, and what all pushes plus finish append is exactly
+ * lm_tokenizer_decode of all the ids. */
+typedef struct lm_detok lm_detok;
+lm_detok *lm_detok_create(const lm_tokenizer *t, bool skip_special);
+void lm_detok_push(lm_detok *d, int32_t id, lm_tok_str *out);
+/* Flushes what was held back (end of generation); the stream may then be reused. */
+void lm_detok_finish(lm_detok *d, lm_tok_str *out);
+void lm_detok_free(lm_detok *d);
+
+/* ---- vocabulary ---- */
+
+/* Number of ids (one past the largest id of the vocabulary or added tokens). */
+int32_t lm_tokenizer_n_vocab(const lm_tokenizer *t);
+/* -1 when s is neither a vocabulary token nor an added token. */
+int32_t lm_tokenizer_token_to_id(const lm_tokenizer *t, const char *s, size_t len);
+/* The token's string (not NUL-terminated; *len set), or NULL for an unused id. */
+const char *lm_tokenizer_id_to_token(const lm_tokenizer *t, int32_t id, size_t *len);
+bool lm_tokenizer_is_special(const lm_tokenizer *t, int32_t id);
+/* Added tokens (the special ones and the others), in file order. */
+int lm_tokenizer_n_added(const lm_tokenizer *t);
+/* i-th added token: its id, content (NUL-terminated) and special flag. */
+int32_t lm_tokenizer_added(const lm_tokenizer *t, int i, const char **content, bool *special);
+
+/* ---- special tokens and tokenizer_config.json ----
+ * Ids are -1 when the model defines none. bos/eos/pad/unk come from
+ * tokenizer_config.json's bos_token/eos_token/pad_token/unk_token (or the
+ * GGUF ids); eos is the generation stop token the config names. */
+int32_t lm_tokenizer_bos(const lm_tokenizer *t);
+int32_t lm_tokenizer_eos(const lm_tokenizer *t);
+int32_t lm_tokenizer_pad(const lm_tokenizer *t);
+int32_t lm_tokenizer_unk(const lm_tokenizer *t);
+/* NULL when absent. chat_template: tokenizer_config.json's (the "default"
+ * one of a list), else DIR/chat_template.jinja, else GGUF
+ * tokenizer.chat_template. */
+const char *lm_tokenizer_chat_template(const lm_tokenizer *t);
+const char *lm_tokenizer_bos_token(const lm_tokenizer *t);
+const char *lm_tokenizer_eos_token(const lm_tokenizer *t);
+const char *lm_tokenizer_pad_token(const lm_tokenizer *t);
+/* Whether encode(add_special=true) adds a bos / eos token. */
+bool lm_tokenizer_adds_bos(const lm_tokenizer *t);
+bool lm_tokenizer_adds_eos(const lm_tokenizer *t);
+
+#endif
