@@ -9,6 +9,7 @@
 int lm_cmd_run(int argc, char **argv);
 int lm_cmd_parity(int argc, char **argv);
 int lm_cmd_bench(int argc, char **argv);
+int lm_cmd_check_template(int argc, char **argv);
 int lm_cmd_tokenize(int argc, char **argv);
 int lm_cmd_check_tokenizer(int argc, char **argv);
 

@@ -11,6 +11,7 @@ static const char *const k_usage =
     "  run      generate token ids from a model (-m MODEL --prompt-ids 1,2,3 -n 32)\n"
     "  parity   check a model folder against its reference.safetensors\n"
     "  bench    measure prefill and decode speed of a model\n"
+    "  check-template  render a chat template's JSONL cases and compare (TEMPLATE CASES.jsonl)\n"
     "  tokenize print the token ids of a text (-m MODEL \"text\")\n"
     "  check-tokenizer  compare a tokenizer with expected cases (DIR CASES.jsonl)\n"
     "  version  print the version\n"
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return lm_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "parity")) return lm_cmd_parity(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return lm_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check-template")) return lm_cmd_check_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return lm_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-tokenizer")) return lm_cmd_check_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {

@@ -1,0 +1,1000 @@
+/* filters.c - jinja2's built-in filters and tests, with Python semantics,
+ * plus transformers' tojson (json.dumps keeping key order, no ASCII
+ * escaping). Each filter takes the value and its evaluated arguments, by
+ * position or by the keyword names jinja2 documents.
+ *
+ * Part of lumen's Jinja interpreter, written by hand for lumen. */
+#include "tpl_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- arguments ----------------------------------------------------------- */
+
+bool tpl_arg(tpl_argv *av, int idx, const char *name, tpl_val *out) {
+    if (idx >= 0 && idx < av->npos) {
+        *out = av->pos[idx];
+        return true;
+    }
+    for (int k = 0; k < av->nkw && name; k++)
+        if (tpl_str_eq(av->kwname[k], name)) {
+            av->used_kw |= 1u << k;
+            *out = av->kw[k];
+            return true;
+        }
+    return false;
+}
+
+void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what) {
+    if (av->npos > max_pos) tpl_rt_raise(rt, "%s got too many positional arguments (%d)", what, av->npos);
+    for (int k = 0; k < av->nkw; k++)
+        if (!(av->used_kw & (1u << k)))
+            tpl_rt_raise(rt, "%s got an unexpected keyword argument '%.*s'", what, (int)LM_MIN(av->kwname[k].n, 60),
+                         av->kwname[k].p);
+}
+
+static bool arg_bool(tpl_rt *rt, tpl_argv *av, int idx, const char *name, bool dflt) {
+    tpl_val v;
+    return tpl_arg(av, idx, name, &v) ? tpl_truthy(rt, v) : dflt;
+}
+
+static int64_t arg_int(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int64_t dflt) {
+    tpl_val v;
+    if (!tpl_arg(av, idx, name, &v) || v.t == TV_NONE) return dflt;
+    if (v.t == TV_INT) return v.u.i;
+    if (v.t == TV_BOOL) return v.u.b;
+    if (v.t == TV_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9e18) return (int64_t)v.u.f;
+    tpl_rt_raise(rt, "'%s' argument must be an integer, not %s", name, tpl_type_name(&v));
+}
+
+static tpl_val need_str(tpl_rt *rt, tpl_val v) { return tpl_to_str(rt, v); }
+
+tpl_val tpl_html_escape(tpl_rt *rt, tpl_val v) {
+    if (v.t == TV_STR && (v.flags & TVF_MARKUP)) return v;
+    tpl_val s = tpl_to_str(rt, v);
+    tpl_buf b = { 0 };
+    size_t run = 0;
+    for (size_t i = 0; i < s.u.s.n; i++) {
+        const char *r = NULL;
+        switch (s.u.s.p[i]) {
+        case '&': r = "&amp;"; break;
+        case '<': r = "&lt;"; break;
+        case '>': r = "&gt;"; break;
+        case '"': r = "&#34;"; break;
+        case '\'': r = "&#39;"; break;
+        default: continue;
+        }
+        tpl_buf_put(rt, &b, s.u.s.p + run, i - run);
+        tpl_buf_puts(rt, &b, r);
+        run = i + 1;
+    }
+    tpl_buf_put(rt, &b, s.u.s.p + run, s.u.s.n - run);
+    tpl_val out = tpl_buf_val(&b);
+    out.flags = TVF_MARKUP;
+    return out;
+}
+
+/* jinja2's attribute getter: "a.b.0" walks items (then attributes). */
+static tpl_val get_path(tpl_rt *rt, tpl_val v, tpl_val attr) {
+    if (attr.t == TV_INT) return tpl_getitem(rt, v, attr);
+    if (attr.t != TV_STR) tpl_rt_raise(rt, "attribute must be a string or integer");
+    tpl_str s = tpl_sv(attr);
+    size_t a = 0;
+    while (a <= s.n) {
+        size_t b = a;
+        while (b < s.n && s.p[b] != '.') b++;
+        tpl_str part = { s.p + a, b - a };
+        bool digits = part.n > 0;
+        int64_t num = 0;
+        for (size_t i = 0; i < part.n; i++) {
+            if (part.p[i] < '0' || part.p[i] > '9' || num > 100000000000LL) digits = false;
+            else num = num * 10 + (part.p[i] - '0');
+        }
+        if (v.t == TV_UNDEF) return v;
+        v = digits ? tpl_getitem(rt, v, tv_int(num)) : tpl_getitem(rt, v, tv_strn(part.p, part.n));
+        a = b + 1;
+    }
+    return v;
+}
+
+static tpl_val fold_case(tpl_rt *rt, tpl_val v, bool case_sensitive) {
+    if (!case_sensitive && v.t == TV_STR) return tpl_case_map(rt, tpl_sv(v), 0);
+    return v;
+}
+
+/* Stable merge sort of vals by keys. */
+static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool reverse) {
+    if (n < 2) return;
+    tpl_val *tv = tpl_rt_alloc(rt, n * sizeof *tv), *tk = tpl_rt_alloc(rt, n * sizeof *tk);
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = LM_MIN(lo + w, n), hi = LM_MIN(lo + 2 * w, n), i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                int c = tpl_cmp(rt, keys[j], keys[i]);
+                bool take_right = reverse ? c > 0 : c < 0;
+                if (take_right) tv[k] = vals[j], tk[k++] = keys[j++];
+                else tv[k] = vals[i], tk[k++] = keys[i++];
+            }
+            while (i < mid) tv[k] = vals[i], tk[k++] = keys[i++];
+            while (j < hi) tv[k] = vals[j], tk[k++] = keys[j++];
+        }
+        memcpy(vals, tv, n * sizeof *tv);
+        memcpy(keys, tk, n * sizeof *tk);
+    }
+}
+
+/* ---- filters ------------------------------------------------------------- */
+
+typedef tpl_val (*filter_fn)(tpl_rt *rt, tpl_val v, tpl_argv *av);
+
+static tpl_val f_abs(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "abs");
+    if (v.t == TV_INT) {
+        if (v.u.i == INT64_MIN) tpl_rt_raise(rt, "integer overflow in abs");
+        return tv_int(v.u.i < 0 ? -v.u.i : v.u.i);
+    }
+    if (v.t == TV_BOOL) return tv_int(v.u.b);
+    if (v.t == TV_FLOAT) return tv_float(fabs(v.u.f));
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+    tpl_rt_raise(rt, "bad operand type for abs(): '%s'", tpl_type_name(&v));
+}
+
+static tpl_val f_attr(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val name;
+    if (!tpl_arg(av, 0, "name", &name) || name.t != TV_STR) tpl_rt_raise(rt, "attr needs a string name");
+    tpl_args_done(rt, av, 1, "attr");
+    return tpl_getattr(rt, v, tpl_sv(name));
+}
+
+static tpl_val f_batch(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    int64_t n = arg_int(rt, av, 0, "linecount", 1);
+    tpl_val fill;
+    bool has_fill = tpl_arg(av, 1, "fill_with", &fill) && fill.t != TV_NONE;
+    tpl_args_done(rt, av, 2, "batch");
+    if (n <= 0) tpl_rt_raise(rt, "batch size must be positive");
+    tpl_list *items = tpl_iter_list(rt, v);
+    tpl_val out = tv_list(rt, 0), cur = tv_list(rt, 0);
+    for (size_t i = 0; i < items->n; i++) {
+        tpl_list_push(rt, cur.u.l, items->v[i]);
+        if ((int64_t)cur.u.l->n == n) {
+            tpl_list_push(rt, out.u.l, cur);
+            cur = tv_list(rt, 0);
+        }
+    }
+    if (cur.u.l->n) {
+        while (has_fill && (int64_t)cur.u.l->n < n) tpl_list_push(rt, cur.u.l, fill);
+        tpl_list_push(rt, out.u.l, cur);
+    }
+    return out;
+}
+
+static tpl_val f_capitalize(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "capitalize");
+    return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 3);
+}
+
+static tpl_val f_center(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    int64_t w = arg_int(rt, av, 0, "width", 80);
+    tpl_args_done(rt, av, 1, "center");
+    tpl_val s = need_str(rt, v);
+    int64_t len = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n);
+    if (w <= len) return s;
+    if (w > (int64_t)(64 << 20)) tpl_rt_raise(rt, "center width too large");
+    int64_t pad = w - len, left = pad / 2 + (pad & w & 1);
+    tpl_buf b = { 0 };
+    for (int64_t i = 0; i < left; i++) tpl_buf_put(rt, &b, " ", 1);
+    tpl_buf_put(rt, &b, s.u.s.p, s.u.s.n);
+    for (int64_t i = 0; i < pad - left; i++) tpl_buf_put(rt, &b, " ", 1);
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_default(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val d = tv_strn("", 0);
+    tpl_arg(av, 0, "default_value", &d);
+    bool boolean = arg_bool(rt, av, 1, "boolean", false);
+    tpl_args_done(rt, av, 2, "default");
+    if (v.t == TV_UNDEF || (boolean && !tpl_truthy(rt, v))) return d;
+    return v;
+}
+
+static tpl_val f_dictsort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
+    tpl_val by = tv_cstr("key");
+    tpl_arg(av, 1, "by", &by);
+    bool rev = arg_bool(rt, av, 2, "reverse", false);
+    tpl_args_done(rt, av, 3, "dictsort");
+    if (v.t != TV_DICT) tpl_rt_raise(rt, "dictsort expects a mapping, not %s", tpl_type_name(&v));
+    int pos = by.t == TV_STR && tpl_str_eq(tpl_sv(by), "value") ? 1 : 0;
+    if (!pos && !(by.t == TV_STR && tpl_str_eq(tpl_sv(by), "key")))
+        tpl_rt_raise(rt, "You can only sort by either \"key\" or \"value\"");
+    size_t n = v.u.d->n;
+    tpl_val out = tv_list(rt, n);
+    tpl_val *keys = tpl_rt_alloc(rt, (n + 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++) {
+        tpl_val pair = tv_list(rt, 2);
+        pair.flags = TVF_TUPLE;
+        tpl_list_push(rt, pair.u.l, v.u.d->k[i]);
+        tpl_list_push(rt, pair.u.l, v.u.d->v[i]);
+        out.u.l->v[i] = pair;
+        keys[i] = fold_case(rt, pos ? v.u.d->v[i] : v.u.d->k[i], cs);
+    }
+    out.u.l->n = n;
+    sort_vals(rt, out.u.l->v, keys, n, rev);
+    return out;
+}
+
+static tpl_val f_escape(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "escape");
+    return tpl_html_escape(rt, v);
+}
+
+static tpl_val f_forceescape(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "forceescape");
+    if (v.t == TV_STR) v.flags &= (uint8_t)~TVF_MARKUP;
+    return tpl_html_escape(rt, v);
+}
+
+static tpl_val f_first(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "first");
+    tpl_list *l = tpl_iter_list(rt, v);
+    return l->n ? l->v[0] : tv_undef_named("first", 5, "empty sequence");
+}
+
+static tpl_val f_last(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "last");
+    tpl_list *l = tpl_iter_list(rt, v);
+    return l->n ? l->v[l->n - 1] : tv_undef_named("last", 4, "empty sequence");
+}
+
+/* Python float(str): optional spaces, sign, digits, inf/nan. */
+static bool parse_float(tpl_str s, double *out) {
+    tpl_str t = tpl_strip(s, NULL, true, true);
+    if (t.n == 0 || t.n > 300) return false;
+    char buf[320];
+    size_t k = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        char c = t.p[i];
+        if (c == '_') {
+            if (i == 0 || i + 1 == t.n || !(t.p[i - 1] >= '0' && t.p[i - 1] <= '9') ||
+                !(t.p[i + 1] >= '0' && t.p[i + 1] <= '9'))
+                return false;
+            continue;
+        }
+        if (!strchr("0123456789+-.eEinfatyINFATY", c) || !c) return false;
+        buf[k++] = c;
+    }
+    buf[k] = 0;
+    char *end;
+    double d = strtod(buf, &end);
+    if (*end || end == buf) return false;
+    *out = d;
+    return true;
+}
+
+static bool parse_int(tpl_str s, int base, int64_t *out) {
+    tpl_str t = tpl_strip(s, NULL, true, true);
+    size_t i = 0;
+    bool neg = false;
+    if (i < t.n && (t.p[i] == '+' || t.p[i] == '-')) neg = t.p[i++] == '-';
+    if (base == 0 || base == 16 || base == 8 || base == 2) {
+        if (i + 1 < t.n && t.p[i] == '0' && strchr("xXoObB", t.p[i + 1]) && t.p[i + 1]) {
+            char c = (char)(t.p[i + 1] | 32);
+            int b = c == 'x' ? 16 : c == 'o' ? 8 : 2;
+            if (base && base != b) return false;
+            base = b;
+            i += 2;
+        } else if (base == 0) {
+            base = 10;
+        }
+    }
+    if (i >= t.n) return false;
+    uint64_t v = 0;
+    for (; i < t.n; i++) {
+        char c = t.p[i];
+        if (c == '_') continue;
+        int d = (c >= '0' && c <= '9') ? c - '0' : ((c | 32) >= 'a' && (c | 32) <= 'z') ? (c | 32) - 'a' + 10 : 99;
+        if (d >= base) return false;
+        if (v > (UINT64_MAX - (uint64_t)d) / (uint64_t)base) return false;
+        v = v * (uint64_t)base + (uint64_t)d;
+        if (v > (uint64_t)INT64_MAX + neg) return false;
+    }
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return true;
+}
+
+static tpl_val f_float(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val d = tv_float(0.0);
+    tpl_arg(av, 0, "default", &d);
+    tpl_args_done(rt, av, 1, "float");
+    double x;
+    switch (v.t) {
+    case TV_FLOAT: return v;
+    case TV_INT: return tv_float((double)v.u.i);
+    case TV_BOOL: return tv_float(v.u.b);
+    case TV_STR: return parse_float(tpl_sv(v), &x) ? tv_float(x) : d;
+    default: return d;
+    }
+}
+
+static tpl_val f_int(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val d = tv_int(0);
+    tpl_arg(av, 0, "default", &d);
+    int64_t base = arg_int(rt, av, 1, "base", 10);
+    tpl_args_done(rt, av, 2, "int");
+    int64_t i;
+    double x;
+    switch (v.t) {
+    case TV_INT: return v;
+    case TV_BOOL: return tv_int(v.u.b);
+    case TV_FLOAT:
+        if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18) return d;
+        return tv_int((int64_t)v.u.f);
+    case TV_STR:
+        if (base >= 0 && base <= 36 && base != 1 && parse_int(tpl_sv(v), (int)base, &i)) return tv_int(i);
+        if (parse_float(tpl_sv(v), &x) && isfinite(x) && fabs(x) < 9.2e18) return tv_int((int64_t)x);
+        return d;
+    default: return d;
+    }
+}
+
+static tpl_val f_format(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val s = need_str(rt, v);
+    if (av->nkw && av->npos) tpl_rt_raise(rt, "can't handle positional and keyword arguments at the same time");
+    if (av->nkw) {
+        tpl_val d = tv_dict(rt, (size_t)av->nkw);
+        for (int k = 0; k < av->nkw; k++) tpl_dict_set(rt, d.u.d, tv_strn(av->kwname[k].p, av->kwname[k].n), av->kw[k]);
+        return tpl_percent_format(rt, tpl_sv(s), d);
+    }
+    tpl_val t = tv_list(rt, (size_t)av->npos);
+    t.flags = TVF_TUPLE;
+    for (int i = 0; i < av->npos; i++) tpl_list_push(rt, t.u.l, av->pos[i]);
+    return tpl_percent_format(rt, tpl_sv(s), t);
+}
+
+static tpl_val f_groupby(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val attr, dflt = tv_undef();
+    if (!tpl_arg(av, 0, "attribute", &attr)) tpl_rt_raise(rt, "groupby needs an attribute");
+    bool has_default = tpl_arg(av, 1, "default", &dflt);
+    bool cs = arg_bool(rt, av, 2, "case_sensitive", false);
+    tpl_args_done(rt, av, 3, "groupby");
+    tpl_list *items = tpl_iter_list(rt, v);
+    size_t n = items->n;
+    tpl_val *vals = tpl_rt_alloc(rt, (n + 1) * sizeof *vals), *keys = tpl_rt_alloc(rt, (n + 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++) {
+        vals[i] = items->v[i];
+        tpl_val k = get_path(rt, items->v[i], attr);
+        if (k.t == TV_UNDEF && has_default) k = dflt;
+        keys[i] = fold_case(rt, k, cs);
+    }
+    sort_vals(rt, vals, keys, n, false);
+    tpl_val out = tv_list(rt, 0);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        tpl_val grp = tv_list(rt, 0);
+        while (j < n && tpl_eq(rt, keys[j], keys[i])) tpl_list_push(rt, grp.u.l, vals[j++]);
+        tpl_val pair = tv_list(rt, 2);
+        pair.flags = TVF_TUPLE;
+        tpl_val gk = get_path(rt, vals[i], attr);
+        if (gk.t == TV_UNDEF && has_default) gk = dflt;
+        tpl_list_push(rt, pair.u.l, gk);
+        tpl_list_push(rt, pair.u.l, grp);
+        tpl_list_push(rt, out.u.l, pair);
+        i = j;
+    }
+    return out;
+}
+
+/* str.splitlines(): \n \r \r\n \v \f \x1c-\x1e \x85 \u2028 \u2029 */
+static tpl_list *split_lines(tpl_rt *rt, tpl_str s) {
+    tpl_list *l = tv_list(rt, 0).u.l;
+    size_t a = 0, i = 0;
+    while (i < s.n) {
+        size_t st = i;
+        uint32_t c = (uint32_t)tpl_utf8_dec(s.p, s.n, &i);
+        if (c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E) || c == 0x85 ||
+            c == 0x2028 || c == 0x2029) {
+            tpl_list_push(rt, l, tv_strn(s.p + a, st - a));
+            if (c == '\r' && i < s.n && s.p[i] == '\n') i++;
+            a = i;
+        }
+    }
+    if (a < s.n) tpl_list_push(rt, l, tv_strn(s.p + a, s.n - a));
+    return l;
+}
+
+static tpl_val f_indent(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val w = tv_int(4);
+    tpl_arg(av, 0, "width", &w);
+    bool first = arg_bool(rt, av, 1, "first", false), blank = arg_bool(rt, av, 2, "blank", false);
+    tpl_args_done(rt, av, 3, "indent");
+    tpl_buf ind = { 0 };
+    if (w.t == TV_STR) tpl_buf_put(rt, &ind, w.u.s.p, w.u.s.n);
+    else
+        for (int64_t i = 0; i < LM_MIN(arg_int(rt, av, 0, "width", 4), 10000); i++) tpl_buf_put(rt, &ind, " ", 1);
+    tpl_val s = need_str(rt, v);
+    tpl_buf tmp = { 0 };
+    tpl_buf_put(rt, &tmp, s.u.s.p, s.u.s.n);
+    tpl_buf_put(rt, &tmp, "\n", 1);
+    tpl_list *lines = split_lines(rt, (tpl_str){ tmp.p, tmp.n });
+    tpl_buf b = { 0 };
+    if (first) tpl_buf_put(rt, &b, ind.p, ind.n);
+    for (size_t i = 0; i < lines->n; i++) {
+        tpl_val ln = lines->v[i];
+        if (i) {
+            tpl_buf_put(rt, &b, "\n", 1);
+            if (blank || ln.u.s.n) tpl_buf_put(rt, &b, ind.p, ind.n);
+        }
+        tpl_buf_put(rt, &b, ln.u.s.p, ln.u.s.n);
+    }
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_items(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "items");
+    if (v.t == TV_UNDEF) return tv_list(rt, 0);
+    if (v.t != TV_DICT) tpl_rt_raise(rt, "Can only get item pairs from a mapping.");
+    tpl_val out = tv_list(rt, v.u.d->n);
+    for (size_t i = 0; i < v.u.d->n; i++) {
+        tpl_val pair = tv_list(rt, 2);
+        pair.flags = TVF_TUPLE;
+        tpl_list_push(rt, pair.u.l, v.u.d->k[i]);
+        tpl_list_push(rt, pair.u.l, v.u.d->v[i]);
+        tpl_list_push(rt, out.u.l, pair);
+    }
+    return out;
+}
+
+static tpl_val f_join(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val sep = tv_strn("", 0), attr;
+    tpl_arg(av, 0, "d", &sep);
+    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
+    tpl_args_done(rt, av, 2, "join");
+    sep = need_str(rt, sep);
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_buf b = { 0 };
+    for (size_t i = 0; i < l->n; i++) {
+        if (i) tpl_buf_put(rt, &b, sep.u.s.p, sep.u.s.n);
+        tpl_val x = has_attr ? get_path(rt, l->v[i], attr) : l->v[i];
+        tpl_str_of(rt, &b, x);
+    }
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_length(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "length");
+    return tv_int(tpl_len(rt, v));
+}
+
+static tpl_val f_list(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "list");
+    tpl_val out = { 0 };
+    out.t = TV_LIST;
+    out.u.l = tpl_iter_list(rt, v);
+    return out;
+}
+
+static tpl_val f_lower(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "lower");
+    return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 0);
+}
+
+static tpl_val f_upper(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "upper");
+    return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 1);
+}
+
+static tpl_val apply_test_args(tpl_rt *rt, tpl_val item, tpl_argv *av, int first_arg, bool *out);
+
+static tpl_val f_map(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_val out = tv_list(rt, l->n), attr, dflt = tv_undef();
+    if (av->npos == 0 && tpl_arg(av, -1, "attribute", &attr)) {
+        bool has_default = tpl_arg(av, -1, "default", &dflt);
+        tpl_args_done(rt, av, 0, "map");
+        for (size_t i = 0; i < l->n; i++) {
+            tpl_val x = get_path(rt, l->v[i], attr);
+            tpl_list_push(rt, out.u.l, x.t == TV_UNDEF && has_default ? dflt : x);
+        }
+        return out;
+    }
+    if (av->npos == 0 || av->pos[0].t != TV_STR) tpl_rt_raise(rt, "map requires a filter name or attribute=");
+    tpl_str name = tpl_sv(av->pos[0]);
+    if (!tpl_filter_exists(name)) tpl_rt_raise(rt, "no filter named '%.*s'", (int)LM_MIN(name.n, 60), name.p);
+    tpl_argv rest = *av;
+    rest.pos++;
+    rest.npos--;
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_argv a = rest;
+        tpl_list_push(rt, out.u.l, tpl_filter(rt, name, l->v[i], &a));
+    }
+    return out;
+}
+
+static tpl_val minmax(tpl_rt *rt, tpl_val v, tpl_argv *av, bool want_max) {
+    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
+    tpl_val attr;
+    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
+    tpl_args_done(rt, av, 2, want_max ? "max" : "min");
+    tpl_list *l = tpl_iter_list(rt, v);
+    if (!l->n) return tv_undef_named("max", 3, "empty sequence");
+    size_t best = 0;
+    tpl_val bk = fold_case(rt, has_attr ? get_path(rt, l->v[0], attr) : l->v[0], cs);
+    for (size_t i = 1; i < l->n; i++) {
+        tpl_val k = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
+        int c = tpl_cmp(rt, k, bk);
+        if (want_max ? c > 0 : c < 0) best = i, bk = k;
+    }
+    return l->v[best];
+}
+static tpl_val f_max(tpl_rt *rt, tpl_val v, tpl_argv *av) { return minmax(rt, v, av, true); }
+static tpl_val f_min(tpl_rt *rt, tpl_val v, tpl_argv *av) { return minmax(rt, v, av, false); }
+
+static tpl_val f_pprint(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "pprint");
+    tpl_buf b = { 0 };
+    tpl_repr_of(rt, &b, v);
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_replace(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val old, rep;
+    if (!tpl_arg(av, 0, "old", &old) || !tpl_arg(av, 1, "new", &rep)) tpl_rt_raise(rt, "replace needs old and new");
+    int64_t count = arg_int(rt, av, 2, "count", -1);
+    tpl_args_done(rt, av, 3, "replace");
+    old = need_str(rt, old);
+    rep = need_str(rt, rep);
+    return tpl_str_replace(rt, tpl_sv(need_str(rt, v)), tpl_sv(old), tpl_sv(rep), count);
+}
+
+static tpl_val f_reverse(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "reverse");
+    tpl_list *l = tpl_iter_list(rt, v);
+    if (v.t == TV_STR) {
+        tpl_buf b = { 0 };
+        for (size_t i = l->n; i-- > 0;) tpl_buf_put(rt, &b, l->v[i].u.s.p, l->v[i].u.s.n);
+        return tpl_buf_val(&b);
+    }
+    tpl_val out = tv_list(rt, l->n);
+    for (size_t i = l->n; i-- > 0;) tpl_list_push(rt, out.u.l, l->v[i]);
+    return out;
+}
+
+static tpl_val f_round(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    int64_t prec = arg_int(rt, av, 0, "precision", 0);
+    tpl_val m = tv_cstr("common");
+    tpl_arg(av, 1, "method", &m);
+    tpl_args_done(rt, av, 2, "round");
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+    if (v.t != TV_INT && v.t != TV_FLOAT && v.t != TV_BOOL)
+        tpl_rt_raise(rt, "type %s doesn't define __round__ method", tpl_type_name(&v));
+    double x = v.t == TV_FLOAT ? v.u.f : v.t == TV_INT ? (double)v.u.i : v.u.b;
+    if (m.t != TV_STR) tpl_rt_raise(rt, "method must be common, ceil or floor");
+    tpl_str ms = tpl_sv(m);
+    if (prec > 300) prec = 300;
+    if (prec < -300) prec = -300;
+    if (tpl_str_eq(ms, "common")) {
+        if (!isfinite(x)) return tv_float(x);
+        if (prec >= 0) {
+            char buf[400];
+            snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
+            return tv_float(strtod(buf, NULL));
+        }
+        double p = pow(10.0, (double)-prec), q = x / p, r = nearbyint(q);
+        return tv_float(r * p);
+    }
+    double p = pow(10.0, (double)prec);
+    if (tpl_str_eq(ms, "ceil")) return tv_float(ceil(x * p) / p);
+    if (tpl_str_eq(ms, "floor")) return tv_float(floor(x * p) / p);
+    tpl_rt_raise(rt, "method must be common, ceil or floor");
+}
+
+static tpl_val f_safe(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "safe");
+    tpl_val s = tpl_to_str(rt, v);
+    s.flags |= TVF_MARKUP;
+    return s;
+}
+
+static tpl_val select_common(tpl_rt *rt, tpl_val v, tpl_argv *av, bool attr_mode, bool keep) {
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_val out = tv_list(rt, 0), attr = tv_none();
+    int first = 0;
+    if (attr_mode) {
+        if (av->npos < 1) tpl_rt_raise(rt, "selectattr/rejectattr need an attribute");
+        attr = av->pos[0];
+        first = 1;
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val x = attr_mode ? get_path(rt, l->v[i], attr) : l->v[i];
+        bool ok;
+        apply_test_args(rt, x, av, first, &ok);
+        if (ok == keep) tpl_list_push(rt, out.u.l, l->v[i]);
+    }
+    return out;
+}
+static tpl_val f_select(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, false, true); }
+static tpl_val f_reject(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, false, false); }
+static tpl_val f_selectattr(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, true, true); }
+static tpl_val f_rejectattr(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, true, false); }
+
+static tpl_val f_sort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    bool rev = arg_bool(rt, av, 0, "reverse", false), cs = arg_bool(rt, av, 1, "case_sensitive", false);
+    tpl_val attr;
+    bool has_attr = tpl_arg(av, 2, "attribute", &attr) && attr.t != TV_NONE;
+    tpl_args_done(rt, av, 3, "sort");
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_val *keys = tpl_rt_alloc(rt, (l->n + 1) * sizeof *keys);
+    for (size_t i = 0; i < l->n; i++) keys[i] = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
+    sort_vals(rt, l->v, keys, l->n, rev);
+    tpl_val out = { 0 };
+    out.t = TV_LIST;
+    out.u.l = l;
+    return out;
+}
+
+static tpl_val f_string(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "string");
+    return tpl_to_str(rt, v);
+}
+
+static tpl_val f_striptags(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "striptags");
+    tpl_val s = need_str(rt, v);
+    tpl_buf b = { 0 };
+    bool in_tag = false, space = false, any = false;
+    for (size_t i = 0; i < s.u.s.n; i++) {
+        char c = s.u.s.p[i];
+        if (c == '<') in_tag = true;
+        else if (c == '>' && in_tag) in_tag = false;
+        else if (!in_tag) {
+            if (c == ' ' || c == '\n' || c == '\t' || c == '\r') space = true;
+            else {
+                if (space && any) tpl_buf_put(rt, &b, " ", 1);
+                tpl_buf_put(rt, &b, &c, 1);
+                space = false;
+                any = true;
+            }
+        }
+    }
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_sum(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val attr, start = tv_int(0);
+    bool has_attr = tpl_arg(av, 0, "attribute", &attr) && attr.t != TV_NONE;
+    tpl_arg(av, 1, "start", &start);
+    tpl_args_done(rt, av, 2, "sum");
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_val acc = start;
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val x = has_attr ? get_path(rt, l->v[i], attr) : l->v[i];
+        bool fl = acc.t == TV_FLOAT || x.t == TV_FLOAT;
+        if ((acc.t != TV_INT && acc.t != TV_FLOAT && acc.t != TV_BOOL) ||
+            (x.t != TV_INT && x.t != TV_FLOAT && x.t != TV_BOOL))
+            tpl_rt_raise(rt, "unsupported operand type(s) for +: '%s' and '%s'", tpl_type_name(&acc), tpl_type_name(&x));
+        if (fl) {
+            double a = acc.t == TV_FLOAT ? acc.u.f : acc.t == TV_INT ? (double)acc.u.i : acc.u.b;
+            double y = x.t == TV_FLOAT ? x.u.f : x.t == TV_INT ? (double)x.u.i : x.u.b;
+            acc = tv_float(a + y);
+        } else {
+            int64_t a = acc.t == TV_INT ? acc.u.i : acc.u.b, y = x.t == TV_INT ? x.u.i : x.u.b, r;
+            if (__builtin_add_overflow(a, y, &r)) tpl_rt_raise(rt, "integer overflow in sum");
+            acc = tv_int(r);
+        }
+    }
+    return acc;
+}
+
+/* jinja2's title filter: capitalise each run between - whitespace ( { [ < */
+static tpl_val f_title(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "title");
+    tpl_val s = need_str(rt, v);
+    tpl_buf b = { 0 };
+    size_t i = 0;
+    bool start = true;
+    while (i < s.u.s.n) {
+        uint32_t c = (uint32_t)tpl_utf8_dec(s.u.s.p, s.u.s.n, &i);
+        bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || tpl_cp_space(c);
+        uint32_t o = sep ? c : start ? tpl_cp_upper(c) : tpl_cp_lower(c);
+        start = sep;
+        char e[4];
+        tpl_buf_put(rt, &b, e, (size_t)tpl_utf8_enc(o, e));
+    }
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_tojson(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    bool ascii = arg_bool(rt, av, 0, "ensure_ascii", false);
+    tpl_val ind = tv_none(), seps = tv_none();
+    tpl_arg(av, 1, "indent", &ind);
+    tpl_arg(av, 2, "separators", &seps);
+    bool sort = arg_bool(rt, av, 3, "sort_keys", false);
+    tpl_args_done(rt, av, 4, "tojson");
+    const char *indent = NULL;
+    int indent_len = 0;
+    if (ind.t == TV_INT || ind.t == TV_BOOL) {
+        int64_t k = ind.t == TV_INT ? ind.u.i : ind.u.b;
+        if (k > 1000) tpl_rt_raise(rt, "indent too large");
+        indent_len = k > 0 ? (int)k : 0;
+        char *sp = tpl_rt_alloc(rt, (size_t)indent_len + 1);
+        memset(sp, ' ', (size_t)indent_len);
+        indent = sp;
+    } else if (ind.t == TV_STR) {
+        if (ind.u.s.n > 1000) tpl_rt_raise(rt, "indent too large");
+        indent = ind.u.s.p;
+        indent_len = (int)ind.u.s.n;
+    } else if (ind.t != TV_NONE) {
+        tpl_rt_raise(rt, "indent must be an integer or a string");
+    }
+    const char *item_sep = NULL, *key_sep = NULL;
+    if (seps.t == TV_LIST) {
+        if (seps.u.l->n != 2 || seps.u.l->v[0].t != TV_STR || seps.u.l->v[1].t != TV_STR)
+            tpl_rt_raise(rt, "separators must be a (item_separator, key_separator) pair of strings");
+        item_sep = tv_str_copy(rt, seps.u.l->v[0].u.s.p, seps.u.l->v[0].u.s.n).u.s.p;
+        key_sep = tv_str_copy(rt, seps.u.l->v[1].u.s.p, seps.u.l->v[1].u.s.n).u.s.p;
+    } else if (seps.t != TV_NONE) {
+        tpl_rt_raise(rt, "separators must be a pair of strings");
+    }
+    tpl_buf b = { 0 };
+    tpl_tojson(rt, &b, v, ascii, indent, indent_len, item_sep, key_sep, sort);
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_trim(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_val chars;
+    bool has = tpl_arg(av, 0, "chars", &chars) && chars.t != TV_NONE;
+    tpl_args_done(rt, av, 1, "trim");
+    tpl_val s = need_str(rt, v);
+    tpl_str cs = has ? tpl_sv(need_str(rt, chars)) : (tpl_str){ 0 };
+    tpl_str r = tpl_strip(tpl_sv(s), has ? &cs : NULL, true, true);
+    tpl_val out = tv_strn(r.p, r.n);
+    out.flags = s.flags & TVF_MARKUP;
+    return out;
+}
+
+static tpl_val f_truncate(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    int64_t length = arg_int(rt, av, 0, "length", 255);
+    bool kill = arg_bool(rt, av, 1, "killwords", false);
+    tpl_val end = tv_cstr("...");
+    tpl_arg(av, 2, "end", &end);
+    int64_t leeway = arg_int(rt, av, 3, "leeway", 5);
+    tpl_args_done(rt, av, 4, "truncate");
+    tpl_val s = need_str(rt, v);
+    end = need_str(rt, end);
+    int64_t n = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n), ne = (int64_t)tpl_utf8_len(end.u.s.p, end.u.s.n);
+    if (length < ne) tpl_rt_raise(rt, "expected length >= %lld, got %lld", (long long)ne, (long long)length);
+    if (leeway < 0) tpl_rt_raise(rt, "expected leeway >= 0, got %lld", (long long)leeway);
+    if (n <= length + leeway) return s;
+    tpl_list *chars = tpl_iter_list(rt, s);
+    size_t keep = (size_t)(length - ne);
+    size_t bytes = keep < chars->n ? (size_t)(chars->v[keep].u.s.p - s.u.s.p) : s.u.s.n;
+    if (!kill) {
+        size_t sp = bytes;
+        while (sp > 0 && s.u.s.p[sp - 1] != ' ') sp--;
+        if (sp > 0) bytes = sp - 1;
+    }
+    tpl_buf b = { 0 };
+    tpl_buf_put(rt, &b, s.u.s.p, bytes);
+    tpl_buf_put(rt, &b, end.u.s.p, end.u.s.n);
+    return tpl_buf_val(&b);
+}
+
+static tpl_val f_unique(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
+    tpl_val attr;
+    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
+    tpl_args_done(rt, av, 2, "unique");
+    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_val out = tv_list(rt, 0), seen = tv_list(rt, 0);
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val k = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
+        bool dup = false;
+        for (size_t j = 0; j < seen.u.l->n && !dup; j++) dup = tpl_eq(rt, seen.u.l->v[j], k);
+        if (dup) continue;
+        tpl_list_push(rt, seen.u.l, k);
+        tpl_list_push(rt, out.u.l, l->v[i]);
+    }
+    return out;
+}
+
+static tpl_val f_wordcount(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    tpl_args_done(rt, av, 0, "wordcount");
+    tpl_val s = need_str(rt, v);
+    int64_t n = 0;
+    bool in = false;
+    size_t i = 0;
+    while (i < s.u.s.n) {
+        uint32_t c = (uint32_t)tpl_utf8_dec(s.u.s.p, s.u.s.n, &i);
+        bool w = c == '_' || tpl_cp_alpha(c) || tpl_cp_digit(c);
+        if (w && !in) n++;
+        in = w;
+    }
+    return tv_int(n);
+}
+
+typedef struct filter_def {
+    const char *name;
+    filter_fn fn;
+} filter_def;
+
+static const filter_def k_filters[] = {
+    { "abs", f_abs }, { "attr", f_attr }, { "batch", f_batch }, { "capitalize", f_capitalize },
+    { "center", f_center }, { "count", f_length }, { "d", f_default }, { "default", f_default },
+    { "dictsort", f_dictsort }, { "e", f_escape }, { "escape", f_escape }, { "first", f_first },
+    { "float", f_float }, { "forceescape", f_forceescape }, { "format", f_format }, { "groupby", f_groupby },
+    { "indent", f_indent }, { "int", f_int }, { "items", f_items }, { "join", f_join }, { "last", f_last },
+    { "length", f_length }, { "list", f_list }, { "lower", f_lower }, { "map", f_map }, { "max", f_max },
+    { "min", f_min }, { "pprint", f_pprint }, { "reject", f_reject }, { "rejectattr", f_rejectattr },
+    { "replace", f_replace }, { "reverse", f_reverse }, { "round", f_round }, { "safe", f_safe },
+    { "select", f_select }, { "selectattr", f_selectattr }, { "sort", f_sort }, { "string", f_string },
+    { "striptags", f_striptags }, { "sum", f_sum }, { "title", f_title }, { "tojson", f_tojson },
+    { "trim", f_trim }, { "truncate", f_truncate }, { "unique", f_unique }, { "upper", f_upper },
+    { "wordcount", f_wordcount },
+};
+
+static filter_fn find_filter(tpl_str name) {
+    for (size_t i = 0; i < LM_COUNT(k_filters); i++)
+        if (tpl_str_eq(name, k_filters[i].name)) return k_filters[i].fn;
+    return NULL;
+}
+
+bool tpl_filter_exists(tpl_str name) { return find_filter(name) != NULL; }
+
+tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
+    filter_fn fn = find_filter(name);
+    if (!fn) tpl_rt_raise(rt, "no filter named '%.*s'", (int)LM_MIN(name.n, 60), name.p);
+    return fn(rt, v, av);
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+static bool cmp_test(tpl_rt *rt, tpl_val v, tpl_argv *av, tpl_cmpop op, const char *what) {
+    tpl_val o;
+    if (!tpl_arg(av, 0, "other", &o)) tpl_rt_raise(rt, "test '%s' needs an argument", what);
+    tpl_args_done(rt, av, 1, what);
+    if (op == CMP_EQ) return tpl_eq(rt, v, o);
+    if (op == CMP_NE) return !tpl_eq(rt, v, o);
+    if ((v.t == TV_STR) != (o.t == TV_STR))
+        tpl_rt_raise(rt, "'%s' not supported between instances of '%s' and '%s'", what, tpl_type_name(&v),
+                     tpl_type_name(&o));
+    int c = tpl_cmp(rt, v, o);
+    switch (op) {
+    case CMP_LT: return c < 0;
+    case CMP_LE: return c <= 0;
+    case CMP_GT: return c > 0;
+    default: return c >= 0;
+    }
+}
+
+static bool str_all_case(tpl_rt *rt, tpl_val v, bool upper) {
+    tpl_val s = tpl_to_str(rt, v);
+    bool any = false;
+    size_t i = 0;
+    while (i < s.u.s.n) {
+        uint32_t c = (uint32_t)tpl_utf8_dec(s.u.s.p, s.u.s.n, &i);
+        if (!tpl_cp_cased(c)) continue;
+        any = true;
+        if (upper ? tpl_cp_lower(c) == c && c != 0xDF : tpl_cp_upper(c) == c && c != 0xDF) return false;
+    }
+    return any;
+}
+
+static const char *const k_tests[] = {
+    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "escaped", "even", "false",
+    "filter", "float", "ge", ">=", "gt", ">", "greaterthan", "in", "integer", "iterable", "le", "<=",
+    "lower", "lt", "<", "lessthan", "mapping", "ne", "!=", "none", "number", "odd", "sameas", "sequence",
+    "string", "test", "true", "undefined", "upper",
+};
+
+bool tpl_test_exists(tpl_str name) {
+    for (size_t i = 0; i < LM_COUNT(k_tests); i++)
+        if (tpl_str_eq(name, k_tests[i])) return true;
+    return false;
+}
+
+static int64_t int_of(tpl_rt *rt, tpl_val v, const char *what) {
+    if (v.t == TV_INT) return v.u.i;
+    if (v.t == TV_BOOL) return v.u.b;
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+    tpl_rt_raise(rt, "test '%s' needs an integer, not %s", what, tpl_type_name(&v));
+}
+
+bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
+#define IS(s) tpl_str_eq(name, s)
+    if (IS("eq") || IS("equalto") || IS("==")) return cmp_test(rt, v, av, CMP_EQ, "eq");
+    if (IS("ne") || IS("!=")) return cmp_test(rt, v, av, CMP_NE, "ne");
+    if (IS("lt") || IS("<") || IS("lessthan")) return cmp_test(rt, v, av, CMP_LT, "<");
+    if (IS("le") || IS("<=")) return cmp_test(rt, v, av, CMP_LE, "<=");
+    if (IS("gt") || IS(">") || IS("greaterthan")) return cmp_test(rt, v, av, CMP_GT, ">");
+    if (IS("ge") || IS(">=")) return cmp_test(rt, v, av, CMP_GE, ">=");
+    if (IS("in")) {
+        tpl_val seq;
+        if (!tpl_arg(av, 0, "seq", &seq)) tpl_rt_raise(rt, "test 'in' needs an argument");
+        tpl_args_done(rt, av, 1, "in");
+        switch (seq.t) {
+        case TV_STR: case TV_LIST: case TV_DICT: case TV_UNDEF: break;
+        default: tpl_rt_raise(rt, "argument of type '%s' is not iterable", tpl_type_name(&seq));
+        }
+        if (seq.t == TV_STR) {
+            if (v.t != TV_STR)
+                tpl_rt_raise(rt, "'in <string>' requires string as left operand, not %s", tpl_type_name(&v));
+            if (v.u.s.n == 0) return true;
+            for (size_t i = 0; i + v.u.s.n <= seq.u.s.n; i++)
+                if (!memcmp(seq.u.s.p + i, v.u.s.p, v.u.s.n)) return true;
+            return false;
+        }
+        if (seq.t == TV_DICT) return tpl_dict_get(seq.u.d, v) != NULL;
+        if (seq.t == TV_LIST)
+            for (size_t i = 0; i < seq.u.l->n; i++)
+                if (tpl_eq(rt, seq.u.l->v[i], v)) return true;
+        return false;
+    }
+    if (IS("divisibleby")) {
+        tpl_val n;
+        if (!tpl_arg(av, 0, "num", &n)) tpl_rt_raise(rt, "test 'divisibleby' needs an argument");
+        tpl_args_done(rt, av, 1, "divisibleby");
+        int64_t d = int_of(rt, n, "divisibleby"), x = int_of(rt, v, "divisibleby");
+        if (d == 0) tpl_rt_raise(rt, "integer division or modulo by zero");
+        return d == -1 || x % d == 0;
+    }
+    if (IS("sameas")) {
+        tpl_val o;
+        if (!tpl_arg(av, 0, "other", &o)) tpl_rt_raise(rt, "test 'sameas' needs an argument");
+        tpl_args_done(rt, av, 1, "sameas");
+        if (v.t != o.t) return false;
+        switch (v.t) {
+        case TV_LIST: return v.u.l == o.u.l;
+        case TV_DICT: case TV_NS: return v.u.d == o.u.d;
+        case TV_FUNC: return v.u.fn == o.u.fn;
+        case TV_STR: return v.u.s.p == o.u.s.p && v.u.s.n == o.u.s.n;
+        default: return tpl_eq(rt, v, o);
+        }
+    }
+    if (IS("test") || IS("filter")) {
+        tpl_val n;
+        if (!tpl_arg(av, 0, "name", &n)) tpl_rt_raise(rt, "test '%.*s' needs an argument", (int)name.n, name.p);
+        tpl_args_done(rt, av, 1, "test");
+        (void)v;
+        if (n.t != TV_STR) return false;
+        tpl_str s = tpl_sv(n);
+        return IS("test") ? tpl_test_exists(s) : tpl_filter_exists(s);
+    }
+    tpl_args_done(rt, av, 0, "test");
+    if (IS("defined")) return v.t != TV_UNDEF;
+    if (IS("undefined")) return v.t == TV_UNDEF;
+    if (IS("none")) return v.t == TV_NONE;
+    if (IS("boolean")) return v.t == TV_BOOL;
+    if (IS("true")) return v.t == TV_BOOL && v.u.b;
+    if (IS("false")) return v.t == TV_BOOL && !v.u.b;
+    if (IS("string")) return v.t == TV_STR;
+    if (IS("number")) return v.t == TV_INT || v.t == TV_FLOAT || v.t == TV_BOOL;
+    if (IS("integer")) return v.t == TV_INT;
+    if (IS("float")) return v.t == TV_FLOAT;
+    if (IS("mapping")) return v.t == TV_DICT;
+    if (IS("iterable")) return v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF || v.t == TV_LOOP;
+    if (IS("sequence")) return v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF;
+    if (IS("callable")) return v.t == TV_FUNC || v.t == TV_LOOP;
+    if (IS("escaped")) return v.t == TV_STR && (v.flags & TVF_MARKUP);
+    if (IS("even")) return (int_of(rt, v, "even") & 1) == 0;
+    if (IS("odd")) return (int_of(rt, v, "odd") & 1) == 1;
+    if (IS("lower")) return str_all_case(rt, v, false);
+    if (IS("upper")) return str_all_case(rt, v, true);
+#undef IS
+    tpl_rt_raise(rt, "no test named '%.*s'", (int)LM_MIN(name.n, 60), name.p);
+}
+
+/* select/reject: av->pos[first] is the test name (absent: truthiness), the
+ * rest its arguments. */
+static tpl_val apply_test_args(tpl_rt *rt, tpl_val item, tpl_argv *av, int first, bool *out) {
+    if (av->npos <= first) {
+        *out = tpl_truthy(rt, item);
+        return tv_none();
+    }
+    tpl_val t = av->pos[first];
+    if (t.t != TV_STR) tpl_rt_raise(rt, "test name must be a string");
+    tpl_argv a = *av;
+    a.pos += first + 1;
+    a.npos -= first + 1;
+    *out = tpl_test(rt, tpl_sv(t), item, &a);
+    return tv_none();
+}
