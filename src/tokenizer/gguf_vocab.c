@@ -156,7 +156,10 @@ static int setup_gpt2(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
     char *pre = lm_gguf_get_str(g, "tokenizer.ggml.pre");
     const char *re = NULL;
     bool nfc = false;
-    if (pre && (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama-v3"))) re = k_re_llama3;
+    if (pre && (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama-v3"))) {
+        re = k_re_llama3;
+        t->bpe.ignore_merges = true; /* as Llama 3's tokenizer.json says */
+    }
     else if (pre && (!strcmp(pre, "qwen2") || !strcmp(pre, "qwen3"))) re = k_re_qwen2, nfc = true;
     else if (pre && !strcmp(pre, "tekken")) re = k_re_tekken;
     free(pre);
