@@ -3,7 +3,7 @@
  *
  * Each op test runs once per ISA (scalar, avx2, avx512; LM_SKIP with the
  * reason where the CPU lacks one) and for 1, 2 and 3 threads. Shapes are odd
- * on purpose: widths that are not multiples of 8/16/32, T = 1, 3, 17, 65 and
+ * on purpose: widths that are not multiples of 8/16/32, T = 1, 3, 13, 17, 65 and
  * one T beyond a GEMM token block, inner sizes that straddle the 256-wide
  * cache block. Weights of every dtype are built from random values (quant
  * blocks: random bits with sane scales); the reference widens them with
@@ -109,7 +109,8 @@ typedef struct co_shape {
 } co_shape;
 
 static const co_shape co_plain_shapes[] = {
-    { 1, 37, 17 }, { 3, 70, 300 }, { 17, 57, 531 }, { 65, 300, 100 }, { 300, 40, 64 }, { 5, 1, 1 },
+    { 1, 37, 17 }, { 3, 70, 300 },  { 17, 57, 531 }, { 65, 300, 100 },
+    { 300, 40, 64 }, { 5, 1, 1 }, { 13, 33, 300 },
 };
 static const co_shape co_q32_shapes[] = { { 1, 37, 32 }, { 3, 70, 288 }, { 17, 50, 544 }, { 65, 45, 96 } };
 static const co_shape co_qk_shapes[] = { { 1, 37, 256 }, { 3, 21, 768 }, { 17, 57, 512 }, { 65, 40, 256 } };

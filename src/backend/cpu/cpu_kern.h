@@ -29,12 +29,18 @@
 typedef void (*lm_gemv_fn)(const void *w, size_t ldw, int nr, const float *x, int64_t ldx,
                            int nt, int64_t n, const float *bias, float *y, int64_t ldy);
 
-/* GEMM micro-tile on packed operands: xp is [kc][mr] (tokens fastest), wp is
- * [kc][nr] (outputs fastest), both 64-byte aligned. Updates the mt x nt corner
- * of the tile at y (row stride ldy): first ? y = bias + x.w (bias NULL: 0) :
- * y += x.w. Rows of xp beyond mt and columns of wp beyond nt are zero. */
-typedef void (*lm_gemm_fn)(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy,
-                           int mt, int nt, const float *bias, bool first);
+/* GEMM micro-tile: x points at token 0 of the tile, row stride ldx (rows
+ * mt .. mr-1 are not read); wp is the packed weight panel [kc][nr] (outputs
+ * fastest, 64-byte aligned, columns beyond nt zero). Updates the mt x nt
+ * corner of the tile at y (row stride ldy):
+ *   first ? y = bias + x.w (bias NULL: 0) : y += x.w */
+typedef void (*lm_gemm_fn)(const float *x, int64_t ldx, const float *wp, int64_t kc, float *y,
+                           int64_t ldy, int mt, int nt, const float *bias, bool first);
+
+/* Packs nv <= nr weight rows (w: first row, already at the slice's first
+ * column; ldw bytes per row) of kc values into the panel [kc][nr] as f32,
+ * zero in columns nv .. nr-1. */
+typedef void (*lm_pack_fn)(const void *w, size_t ldw, int nv, int64_t kc, float *wp);
 
 /* Widens n contiguous values to f32. */
 typedef void (*lm_to_f32_fn)(const void *src, float *dst, int64_t n);
@@ -45,13 +51,16 @@ typedef struct lm_cpu_kern {
      * weight rows to f32 and then use gemv[LM_F32]. */
     int gemv_rows, gemv_tokens;
     lm_gemv_fn gemv[LM_DTYPE_COUNT];
-    /* Row widening for the GEMM packer; NULL: lm_dequant_row. */
+    /* Row widening (get_rows, GEMM packing); NULL: lm_dequant_row. */
     lm_to_f32_fn to_f32[LM_DTYPE_COUNT];
     /* GEMM (many tokens): micro-tile of mr tokens x nr outputs, cache blocking
      * kc (a multiple of 256, so quant rows split on block boundaries), and the
      * token count from which GEMM beats the GEMV tiles. */
     int mr, nr, kc, gemm_min_tokens;
     lm_gemm_fn gemm;
+    /* Panel packers per dtype; pack[LM_F32] is always set and also packs
+     * rows that the driver first widened with lm_dequant_row. */
+    lm_pack_fn pack[LM_DTYPE_COUNT];
     /* Vector helpers for attention. */
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a*x */

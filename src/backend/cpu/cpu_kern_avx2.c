@@ -14,6 +14,9 @@
 #define LM_Y_MR 6
 #define LM_Y_NR 16
 #define LM_Y_PF 1024 /* software prefetch distance, in values */
+#ifndef LM_Y_GEMM_MIN
+#define LM_Y_GEMM_MIN 16 /* tokens from which GEMM beats the GEMV tiles */
+#endif
 
 LM_AI __m256 lm_y_ld(lm_dtype dt, const void *base, int64_t i) {
     if (dt == LM_F32) return _mm256_loadu_ps((const float *)base + i);
@@ -61,9 +64,16 @@ LM_AI void lm_y_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int n
             for (int r = 0; r < 4; r++) acc[t][r] = _mm256_fmadd_ps(a[r], xa, acc[t][r]);
         }
     }
+    /* Reduce with constant indices only: indexing acc[][] by the run-time nr
+     * would make GCC keep the accumulators in memory inside the loop. */
+    float sum[2][4];
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) sum[t][r] = lm_y_hsum(acc[t][r]);
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < nr; r++) {
-            float s = lm_y_hsum(acc[t][r]);
+            float s = sum[t][r];
             for (int64_t j = i; j < n; j++) s += lm_y_ld1(dt, wr[r], j) * x[t * ldx + j];
             y[t * ldy + r] = s + (bias ? bias[r] : 0.0f);
         }
@@ -92,10 +102,72 @@ static void lm_y_bf16_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(L
 static void lm_y_f16_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(LM_F16, s, d, n); }
 static void lm_y_f32_to_f32(const void *s, float *d, int64_t n) { lm_y_to_f32(LM_F32, s, d, n); }
 
+/* ---- GEMM panel packing ----------------------------------------------- */
+
+/* In-register transpose of an 8 x 8 f32 block: r[i][j] -> r[j][i]. */
+LM_AI void lm_y_tr8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* u[i+c]: columns c and c+4 of rows i..i+3 */
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+LM_AI void lm_y_pack(lm_dtype dt, const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    for (int h = 0; h < LM_Y_NR / 8; h++) {
+        int rows = nv - 8 * h;
+        if (rows <= 0) {
+            for (int64_t k = 0; k < kc; k++) _mm256_store_ps(wp + k * LM_Y_NR + 8 * h, _mm256_setzero_ps());
+            continue;
+        }
+        const char *base = (const char *)w + (size_t)(8 * h) * ldw;
+        for (int64_t k = 0; k < kc; k += 8) {
+            int64_t n = LM_MIN((int64_t)8, kc - k);
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                if (i >= rows) {
+                    r[i] = _mm256_setzero_ps();
+                } else if (n == 8) {
+                    r[i] = lm_y_ld(dt, base + (size_t)i * ldw, k);
+                } else { /* ragged end of the slice */
+                    float tmp[8] = { 0 };
+                    for (int64_t j = 0; j < n; j++) tmp[j] = lm_y_ld1(dt, base + (size_t)i * ldw, k + j);
+                    r[i] = _mm256_loadu_ps(tmp);
+                }
+            }
+            lm_y_tr8(r);
+            for (int j = 0; j < n; j++) _mm256_store_ps(wp + (k + j) * LM_Y_NR + 8 * h, r[j]);
+        }
+    }
+}
+
+static void lm_y_pack_f32(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_y_pack(LM_F32, w, ldw, nv, kc, wp);
+}
+static void lm_y_pack_bf16(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_y_pack(LM_BF16, w, ldw, nv, kc, wp);
+}
+static void lm_y_pack_f16(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_y_pack(LM_F16, w, ldw, nv, kc, wp);
+}
+
 /* ---- GEMM micro-kernel ------------------------------------------------- */
 
-static void lm_y_gemm(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy, int mt,
-                      int nt, const float *bias, bool first) {
+static void lm_y_gemm(const float *x, int64_t ldx, const float *wp, int64_t kc, float *y, int64_t ldy,
+                      int mt, int nt, const float *bias, bool first) {
+    const float *xr[LM_Y_MR];
+    for (int r = 0; r < LM_Y_MR; r++) xr[r] = x + (r < mt ? r : 0) * ldx; /* spare rows: dropped */
     __m256 c0[LM_Y_MR], c1[LM_Y_MR];
     for (int r = 0; r < LM_Y_MR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
 #pragma GCC unroll 2
@@ -103,15 +175,17 @@ static void lm_y_gemm(const float *xp, const float *wp, int64_t kc, float *y, in
         __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < LM_Y_MR; r++) {
-            __m256 b = _mm256_broadcast_ss(xp + r);
+            __m256 b = _mm256_broadcast_ss(xr[r] + k);
             c0[r] = _mm256_fmadd_ps(b, w0, c0[r]);
             c1[r] = _mm256_fmadd_ps(b, w1, c1[r]);
         }
         wp += LM_Y_NR;
-        xp += LM_Y_MR;
     }
-    /* Ragged tiles go through a buffer: AVX2 masked stores need int masks. */
+    /* Ragged tiles go through a buffer: AVX2 masked stores need int masks.
+     * The buffer is filled with constant indices: indexing c0[] by the
+     * run-time mt would make GCC keep the accumulators in memory. */
     float buf[LM_Y_MR][LM_Y_NR];
+#pragma GCC unroll 6
     for (int r = 0; r < LM_Y_MR; r++) {
         _mm256_storeu_ps(buf[r], c0[r]);
         _mm256_storeu_ps(buf[r] + 8, c1[r]);
@@ -127,8 +201,8 @@ static void lm_y_gemm(const float *xp, const float *wp, int64_t kc, float *y, in
                 b0 = _mm256_loadu_ps(yr);
                 b1 = _mm256_loadu_ps(yr + 8);
             }
-            _mm256_storeu_ps(yr, _mm256_add_ps(b0, c0[r]));
-            _mm256_storeu_ps(yr + 8, _mm256_add_ps(b1, c1[r]));
+            _mm256_storeu_ps(yr, _mm256_add_ps(b0, _mm256_loadu_ps(buf[r])));
+            _mm256_storeu_ps(yr + 8, _mm256_add_ps(b1, _mm256_loadu_ps(buf[r] + 8)));
         } else {
             for (int j = 0; j < nt; j++) {
                 float base = first ? (bias ? bias[j] : 0.0f) : yr[j];
@@ -177,8 +251,9 @@ const lm_cpu_kern lm_cpu_kern_avx2 = {
     .mr = LM_Y_MR,
     .nr = LM_Y_NR,
     .kc = 256,
-    .gemm_min_tokens = 6,
+    .gemm_min_tokens = LM_Y_GEMM_MIN,
     .gemm = lm_y_gemm,
+    .pack = { [LM_F32] = lm_y_pack_f32, [LM_BF16] = lm_y_pack_bf16, [LM_F16] = lm_y_pack_f16 },
     .dot = lm_y_dot,
     .axpy = lm_y_axpy,
     .scal = lm_y_scal,

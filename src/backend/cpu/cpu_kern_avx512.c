@@ -20,6 +20,9 @@
 #define LM_AI static inline __attribute__((always_inline))
 #define LM_Z_MR 8
 #define LM_Z_NR 32
+#ifndef LM_Z_GEMM_MIN
+#define LM_Z_GEMM_MIN 16 /* tokens from which GEMM beats the GEMV tiles */
+#endif
 
 /* ---- loads that widen 16 values of a weight dtype to f32 ---------------- */
 
@@ -43,7 +46,9 @@ LM_AI __mmask16 lm_z_mask(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__m
 
 /* Distance of the software prefetch, in values: ~2 KB of bf16 ahead per row,
  * enough to cover memory latency at the streaming rate of one core. */
+#ifndef LM_Z_PF
 #define LM_Z_PF 1024
+#endif
 
 LM_AI void lm_z_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int nr, const float *x,
                      int64_t ldx, int64_t n, const float *bias, float *y, int64_t ldy) {
@@ -83,9 +88,15 @@ LM_AI void lm_z_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int n
             for (int r = 0; r < 4; r++) acc[t][r] = _mm512_fmadd_ps(a[r], xa, acc[t][r]);
         }
     }
+    /* Reduce with constant indices only: indexing acc[][] by the run-time nr
+     * would make GCC keep the accumulators in memory inside the loop. */
+    float sum[LM_GEMV_MAX_TOKENS][4];
+#pragma GCC unroll 4
     for (int t = 0; t < NT; t++)
-        for (int r = 0; r < nr; r++)
-            y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]) + (bias ? bias[r] : 0.0f);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) sum[t][r] = _mm512_reduce_add_ps(acc[t][r]);
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < nr; r++) y[t * ldy + r] = sum[t][r] + (bias ? bias[r] : 0.0f);
 }
 
 #define LM_Z_GEMV_FN(name, dt)                                                                   \
@@ -118,17 +129,87 @@ static void lm_z_bf16_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(L
 static void lm_z_f16_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(LM_F16, s, d, n); }
 static void lm_z_f32_to_f32(const void *s, float *d, int64_t n) { lm_z_to_f32(LM_F32, s, d, n); }
 
+/* ---- GEMM panel packing ----------------------------------------------- */
+
+/* In-register transpose of a 16 x 16 f32 block: r[i][j] -> r[j][i].
+ * Stage 1-2 transpose 4 x 4 blocks inside each 128-bit lane, stage 3-4 move
+ * the lanes; 64 shuffles for 256 values. */
+LM_AI void lm_z_tr16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));     /* column 4L+0 of rows i..i+3 */
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)); /* column 4L+1 */
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)); /* column 4L+2 */
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d)); /* column 4L+3 */
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee);
+        __m512 v2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 v3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
+        t[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        t[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* Widens and transposes 16-row x 16-column blocks straight into the panel. */
+LM_AI void lm_z_pack(lm_dtype dt, const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    for (int h = 0; h < LM_Z_NR / 16; h++) {
+        int rows = nv - 16 * h; /* valid rows in this half */
+        if (rows <= 0) {
+            for (int64_t k = 0; k < kc; k++) _mm512_store_ps(wp + k * LM_Z_NR + 16 * h, _mm512_setzero_ps());
+            continue;
+        }
+        const char *base = (const char *)w + (size_t)(16 * h) * ldw;
+        for (int64_t k = 0; k < kc; k += 16) {
+            int64_t n = LM_MIN((int64_t)16, kc - k);
+            __mmask16 m = lm_z_mask(n);
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                const char *row = base + (size_t)(i < rows ? i : 0) * ldw;
+                __m512 v = n == 16 ? lm_z_ld(dt, row, k) : lm_z_ld_mask(dt, row, k, m);
+                r[i] = i < rows ? v : _mm512_setzero_ps();
+            }
+            lm_z_tr16(r);
+            for (int j = 0; j < n; j++) _mm512_store_ps(wp + (k + j) * LM_Z_NR + 16 * h, r[j]);
+        }
+    }
+}
+
+static void lm_z_pack_f32(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_z_pack(LM_F32, w, ldw, nv, kc, wp);
+}
+static void lm_z_pack_bf16(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_z_pack(LM_BF16, w, ldw, nv, kc, wp);
+}
+static void lm_z_pack_f16(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    lm_z_pack(LM_F16, w, ldw, nv, kc, wp);
+}
+
 /* ---- GEMM micro-kernel ------------------------------------------------- */
 
-static void lm_z_gemm(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy, int mt,
-                      int nt, const float *bias, bool first) {
+static void lm_z_gemm(const float *x, int64_t ldx, const float *wp, int64_t kc, float *y, int64_t ldy,
+                      int mt, int nt, const float *bias, bool first) {
     const __mmask16 m0 = lm_z_mask(nt), m1 = lm_z_mask(nt > 16 ? nt - 16 : 0);
+    const float *xr[LM_Z_MR];
+    for (int r = 0; r < LM_Z_MR; r++) xr[r] = x + (r < mt ? r : 0) * ldx; /* spare rows: dropped */
     __m512 c0[LM_Z_MR], c1[LM_Z_MR];
     if (first) {
         __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
         __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 16
         for (int r = 0; r < LM_Z_MR; r++) c0[r] = b0, c1[r] = b1;
     } else {
+#pragma GCC unroll 16
         for (int r = 0; r < LM_Z_MR; r++) {
             bool ok = r < mt;
             c0[r] = ok ? _mm512_maskz_loadu_ps(m0, y + r * ldy) : _mm512_setzero_ps();
@@ -138,18 +219,22 @@ static void lm_z_gemm(const float *xp, const float *wp, int64_t kc, float *y, in
 #pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
         __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < LM_Z_MR; r++) {
-            __m512 b = _mm512_set1_ps(xp[r]);
+            __m512 b = _mm512_set1_ps(xr[r][k]);
             c0[r] = _mm512_fmadd_ps(b, w0, c0[r]);
             c1[r] = _mm512_fmadd_ps(b, w1, c1[r]);
         }
         wp += LM_Z_NR;
-        xp += LM_Z_MR;
     }
-    for (int r = 0; r < mt; r++) {
-        _mm512_mask_storeu_ps(y + r * ldy, m0, c0[r]);
-        _mm512_mask_storeu_ps(y + r * ldy + 16, m1, c1[r]);
+    /* Constant indices only (see lm_z_gemv): spare rows are skipped by a
+     * test, not by a run-time loop bound. */
+#pragma GCC unroll 16
+    for (int r = 0; r < LM_Z_MR; r++) {
+        if (r < mt) {
+            _mm512_mask_storeu_ps(y + r * ldy, m0, c0[r]);
+            _mm512_mask_storeu_ps(y + r * ldy + 16, m1, c1[r]);
+        }
     }
 }
 
@@ -200,8 +285,9 @@ const lm_cpu_kern lm_cpu_kern_avx512 = {
     .mr = LM_Z_MR,
     .nr = LM_Z_NR,
     .kc = 256,
-    .gemm_min_tokens = 8,
+    .gemm_min_tokens = LM_Z_GEMM_MIN,
     .gemm = lm_z_gemm,
+    .pack = { [LM_F32] = lm_z_pack_f32, [LM_BF16] = lm_z_pack_bf16, [LM_F16] = lm_z_pack_f16 },
     .dot = lm_z_dot,
     .axpy = lm_z_axpy,
     .scal = lm_z_scal,

@@ -29,19 +29,32 @@ static void lm_sc_gemv_f32(const void *w, size_t ldw, int nr, const float *x, in
     }
 }
 
-static void lm_sc_gemm(const float *xp, const float *wp, int64_t kc, float *y, int64_t ldy, int mt,
-                       int nt, const float *bias, bool first) {
+static void lm_sc_gemm(const float *x, int64_t ldx, const float *wp, int64_t kc, float *y, int64_t ldy,
+                       int mt, int nt, const float *bias, bool first) {
     float acc[LM_SC_MR][LM_SC_NR] = { { 0 } };
+    const float *xr[LM_SC_MR];
+    for (int r = 0; r < LM_SC_MR; r++) xr[r] = x + (r < mt ? r : 0) * ldx; /* spare rows: dropped */
     for (int64_t k = 0; k < kc; k++) {
-        const float *xk = xp + k * LM_SC_MR, *wk = wp + k * LM_SC_NR;
+        const float *wk = wp + k * LM_SC_NR;
         for (int r = 0; r < LM_SC_MR; r++)
-            for (int j = 0; j < LM_SC_NR; j++) acc[r][j] += xk[r] * wk[j];
+            for (int j = 0; j < LM_SC_NR; j++) acc[r][j] += xr[r][k] * wk[j];
     }
     for (int r = 0; r < mt; r++) {
         float *yr = y + r * ldy;
         for (int j = 0; j < nt; j++) {
             float base = first ? (bias ? bias[j] : 0.0f) : yr[j];
             yr[j] = base + acc[r][j];
+        }
+    }
+}
+
+static void lm_sc_pack_f32(const void *w, size_t ldw, int nv, int64_t kc, float *wp) {
+    for (int r = 0; r < LM_SC_NR; r++) {
+        if (r < nv) {
+            const float *src = (const float *)((const char *)w + (size_t)r * ldw);
+            for (int64_t k = 0; k < kc; k++) wp[k * LM_SC_NR + r] = src[k];
+        } else {
+            for (int64_t k = 0; k < kc; k++) wp[k * LM_SC_NR + r] = 0.0f;
         }
     }
 }
@@ -64,6 +77,7 @@ const lm_cpu_kern lm_cpu_kern_scalar = {
     .kc = 256,
     .gemm_min_tokens = 8,
     .gemm = lm_sc_gemm,
+    .pack = { [LM_F32] = lm_sc_pack_f32 },
     .dot = lm_sc_dot,
     .axpy = lm_sc_axpy,
     .scal = lm_sc_scal,

@@ -10,23 +10,28 @@
  * widened row by row into per-thread scratch with lm_dequant_row, then go
  * through the f32 kernel: exact widening, same f32 accumulation.
  *
- * GEMM, for many tokens (prefill): classic three-level blocking. The work is
- * cut into units of MC tokens x NC outputs, handed out through an atomic
- * counter so a preempted thread does not stall the others. Inside a unit, for
- * each KC-slice of the inner dimension, the activations are packed into
- * mr-token tiles [kc][mr] (L2-resident) and each nr-output panel of the weight
- * is widened to f32 and packed as [kc][nr] (L1-resident), then reused by every
- * token tile through the register-blocked micro-kernel. A weight value is
- * widened once per MC tokens, so its cost vanishes against the 2*MC flops it
- * feeds. KC is a multiple of 256, so quantised rows are cut on block
- * boundaries and packed through the same lm_dequant_row path. */
+ * GEMM, for many tokens (prefill): cache blocking around a register-blocked
+ * micro-kernel. The work is cut into units of MC tokens x NC outputs, handed
+ * out through an atomic counter so that a preempted thread does not stall
+ * the others. Inside a unit, for each KC-slice of the inner dimension, each
+ * nr-output panel of the weight is widened to f32 and packed as [kc][nr]
+ * (L1-resident, vectorised transposes in the ISA files), then swept over all
+ * MC tokens of the unit in mr-token tiles that read the activations in place
+ * (the MC x KC slice of x stays in L2). A weight value is widened once per MC
+ * tokens, so its cost vanishes against the 2*MC flops it feeds. KC is a
+ * multiple of 256, so quantised rows are cut on block boundaries: they are
+ * widened with lm_dequant_row into scratch and packed by the f32 packer. */
 #include "cpu_impl.h"
 
 #include <stdatomic.h>
 #include <string.h>
 
-#define LM_MM_MC 256 /* tokens per GEMM unit */
-#define LM_MM_NC 256 /* outputs per GEMM unit */
+#ifndef LM_MM_MC
+#define LM_MM_MC 512 /* tokens per GEMM unit */
+#endif
+#ifndef LM_MM_NC
+#define LM_MM_NC 128 /* outputs per GEMM unit */
+#endif
 
 typedef struct lm_mm {
     const lm_cpu_kern *k;
@@ -84,42 +89,32 @@ static void lm_mm_gemv(lm_mm *m) {
 
 /* ---- GEMM -------------------------------------------------------------- */
 
-/* xp[tile][kc][mr] <- x[t0 .. t0+mt)[k0 .. k0+kc), zero-padded to whole tiles. */
-static void lm_mm_pack_x(const lm_mm *m, float *xp, int64_t t0, int64_t mt, int64_t k0, int64_t kc) {
-    const int MR = m->k->mr;
-    for (int64_t tile = 0; tile * MR < mt; tile++) {
-        float *dst = xp + tile * kc * MR;
-        for (int r = 0; r < MR; r++) {
-            int64_t t = tile * MR + r;
-            if (t < mt) {
-                const float *src = m->x + (t0 + t) * m->I + k0;
-                for (int64_t kk = 0; kk < kc; kk++) dst[kk * MR + r] = src[kk];
-            } else {
-                for (int64_t kk = 0; kk < kc; kk++) dst[kk * MR + r] = 0.0f;
-            }
-        }
-    }
-}
-
-/* wp[kc][nr] <- W[o0 .. o0+nv)[k0 .. k0+kc) widened to f32, zero-padded. */
+/* wp[kc][nr] <- W[o0 .. o0+nv)[k0 .. k0+kc) as f32, zero-padded; dtypes
+ * without a packer are widened into tmp ([nr][KC]) first. */
 static void lm_mm_pack_w(const lm_mm *m, float *wp, float *tmp, int64_t o0, int nv, int64_t k0,
                          int64_t kc) {
-    const int NR = m->k->nr;
-    size_t koff = lm_dtype_row_bytes(m->wt, k0);
-    for (int r = 0; r < NR; r++) {
-        if (r < nv) {
-            lm_mm_widen(m->k, m->wt, m->w + (size_t)(o0 + r) * m->ldw + koff, tmp, kc);
-            for (int64_t kk = 0; kk < kc; kk++) wp[kk * NR + r] = tmp[kk];
-        } else {
-            for (int64_t kk = 0; kk < kc; kk++) wp[kk * NR + r] = 0.0f;
-        }
+    const lm_cpu_kern *k = m->k;
+    const char *src = m->w + (size_t)o0 * m->ldw + lm_dtype_row_bytes(m->wt, k0);
+    if (k->pack[m->wt]) {
+        k->pack[m->wt](src, m->ldw, nv, kc, wp);
+        return;
     }
+    for (int r = 0; r < nv; r++) lm_mm_widen(k, m->wt, src + (size_t)r * m->ldw, tmp + r * kc, kc);
+    k->pack[LM_F32](tmp, (size_t)kc * sizeof(float), nv, kc, wp);
+}
+
+/* Asks for the next panel's weight slice while this one is packed and used:
+ * a slice is nr short runs (kc values each), too short for the hardware
+ * prefetchers to pick up, so without this small batches wait on DRAM. */
+static void lm_mm_prefetch_w(const lm_mm *m, int64_t o0, int nv, int64_t k0, int64_t kc) {
+    const char *src = m->w + (size_t)o0 * m->ldw + lm_dtype_row_bytes(m->wt, k0);
+    size_t bytes = lm_dtype_row_bytes(m->wt, kc);
+    for (int r = 0; r < nv; r++)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(src + (size_t)r * m->ldw + b, 0, 2);
 }
 
 static size_t lm_mm_scratch_floats(const lm_cpu_kern *k) {
-    size_t mc = (LM_MM_MC + (size_t)k->mr - 1) / (size_t)k->mr * (size_t)k->mr;
-    /* x tiles + one weight panel + one widened row, each rounded to 64 B */
-    return mc * (size_t)k->kc + (size_t)k->kc * (size_t)k->nr + (size_t)k->kc + 32;
+    return 2 * (size_t)k->kc * (size_t)k->nr; /* one panel + nr widened row slices */
 }
 
 static void lm_mm_gemm_worker(void *v, int ith, int nth) {
@@ -128,28 +123,26 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
     const lm_cpu_kern *k = m->k;
     const int MR = k->mr, NR = k->nr;
     const int64_t KC = k->kc;
-    size_t mc_pad = (LM_MM_MC + (size_t)MR - 1) / (size_t)MR * (size_t)MR;
-    float *xp = m->c->scratch[ith];
-    float *wp = xp + mc_pad * (size_t)KC;
+    float *wp = m->c->scratch[ith];
     float *tmp = wp + (size_t)KC * (size_t)NR;
     const int64_t n_units = m->n_tb * m->n_cb;
     for (;;) {
         int64_t u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
         if (u >= n_units) break;
-        /* Column blocks vary fastest, so concurrent units share x tiles in L3. */
+        /* Column blocks vary fastest, so concurrent units share x rows in L3. */
         int64_t t0 = (u / m->n_cb) * LM_MM_MC, o0 = (u % m->n_cb) * LM_MM_NC;
         int64_t mt = LM_MIN((int64_t)LM_MM_MC, m->T - t0), nc = LM_MIN((int64_t)LM_MM_NC, m->O - o0);
         for (int64_t k0 = 0; k0 < m->I; k0 += KC) {
             int64_t kc = LM_MIN(KC, m->I - k0);
-            lm_mm_pack_x(m, xp, t0, mt, k0, kc);
             for (int64_t p0 = 0; p0 < nc; p0 += NR) {
                 int nv = (int)LM_MIN((int64_t)NR, nc - p0);
+                if (p0 + NR < nc) lm_mm_prefetch_w(m, o0 + p0 + NR, (int)LM_MIN((int64_t)NR, nc - p0 - NR), k0, kc);
                 lm_mm_pack_w(m, wp, tmp, o0 + p0, nv, k0, kc);
                 const float *bias = m->bias ? m->bias + o0 + p0 : NULL;
                 for (int64_t tt = 0; tt < mt; tt += MR) {
                     int mtt = (int)LM_MIN((int64_t)MR, mt - tt);
-                    k->gemm(xp + tt * kc, wp, kc, m->y + (t0 + tt) * m->O + o0 + p0, m->O, mtt, nv,
-                            bias, k0 == 0);
+                    k->gemm(m->x + (t0 + tt) * m->I + k0, m->I, wp, kc, m->y + (t0 + tt) * m->O + o0 + p0,
+                            m->O, mtt, nv, bias, k0 == 0);
                 }
             }
         }
