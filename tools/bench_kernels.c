@@ -1,0 +1,355 @@
+/* bench_kernels.c - micro-benchmarks of the CPU backend's matmul kernels
+ * against this machine's own limits, measured in the same run.
+ *
+ *   bench_kernels [--threads N] [--isa auto|scalar|avx2|avx512] [--all-isas]
+ *                 [--only gemv|gemm]
+ *
+ * Prints:
+ *   - memory copy bandwidth: STREAM-like copy of a 1 GiB buffer, N threads,
+ *     best of 5 (read + write bytes, STREAM's convention; lm_copy_bandwidth);
+ *   - bf16 GEMV (T = 1, the decode matmul) for 2048x8192 and 8192x2048
+ *     weights ([O][K]) in GB/s of weight streamed and as % of that bandwidth.
+ *     The last-level cache of a server CPU can hold a whole test matrix, so
+ *     the GEMV cycles through enough copies of the weight to exceed twice the
+ *     L3 size: every call then streams its weight from DRAM, as in decoding;
+ *   - OpenBLAS sgemm GFLOP/s at 512x2048x2048 with N threads (the f32 peak we
+ *     measure against; OpenBLAS is linked into this tool only, when CMake finds
+ *     it) and lumen's bf16-weight GEMM at the same shape and at 512x8192x2048,
+ *     with the % of the OpenBLAS figure.
+ * Timings are best of several repetitions after a warm-up. */
+#include "backend/lm_backend.h"
+#include "base/lm_membw.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef LUMEN_HAVE_OPENBLAS
+#include <cblas.h> /* pulls in complex.h, whose I macro is why the inner size is K here */
+/* Declared by OpenBLAS's own cblas.h only. */
+void openblas_set_num_threads(int n);
+char *openblas_get_corename(void);
+#endif
+
+static float bk_rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+static void *bk_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
+        fprintf(stderr, "bench_kernels: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static uint16_t *bk_bf16_matrix(int64_t n, uint64_t *s) {
+    uint16_t *w = bk_alloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) w[i] = lm_f32_to_bf16(0.05f * bk_rnd(s));
+    return w;
+}
+
+static long bk_l3_bytes(void) {
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (v > 0) return v;
+#endif
+    return 64L << 20;
+}
+
+/* ---- read bandwidth ------------------------------------------------------- */
+
+typedef struct bk_read_job {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bk_read_job;
+
+static void *bk_read_worker(void *v) {
+    bk_read_job *j = v;
+    uint64_t s[8] = { 0 };
+    for (size_t i = 0; i + 8 <= j->n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] ^= j->p[i + k];
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+/* A plain streaming read of 1 GiB split over n threads, best of 5: what the
+ * memory system gives to loads alone, the other yardstick for a GEMV. */
+static double bk_read_bandwidth(int n_threads) {
+    size_t bytes = (size_t)1 << 30, words = bytes / 8;
+    uint64_t *buf = bk_alloc(bytes);
+    memset(buf, 1, bytes);
+    pthread_t th[64];
+    bk_read_job jobs[64];
+    n_threads = LM_MIN(n_threads, 64);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = lm_now();
+        for (int i = 0; i < n_threads; i++) {
+            size_t a = words * (size_t)i / (size_t)n_threads, b = words * (size_t)(i + 1) / (size_t)n_threads;
+            jobs[i] = (bk_read_job){ buf + a, b - a, 0 };
+            pthread_create(&th[i], NULL, bk_read_worker, &jobs[i]);
+        }
+        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+        best = fmax(best, (double)bytes / (lm_now() - t0));
+    }
+    free(buf);
+    return best;
+}
+
+/* ---- GEMV ----------------------------------------------------------------- */
+
+static void bk_gemv(lm_backend *be, int64_t O, int64_t K, double copy_bw, double read_bw) {
+    uint64_t s = 1;
+    size_t wbytes = (size_t)O * (size_t)K * 2;
+    int copies = (int)(2 * bk_l3_bytes() / (long)wbytes) + 2;
+    uint16_t **w = malloc((size_t)copies * sizeof *w);
+    for (int c = 0; c < copies; c++) w[c] = bk_bf16_matrix(O * K, &s);
+    float *x = bk_alloc((size_t)K * 4), *y = bk_alloc((size_t)O * 4);
+    for (int64_t i = 0; i < K; i++) x[i] = bk_rnd(&s);
+    lm_tensor xt = { LM_F32, 1, K, x }, yt = { LM_F32, 1, O, y };
+    lm_tensor *wt = calloc((size_t)copies, sizeof *wt);
+    lm_err e;
+    for (int c = 0; c < copies; c++) {
+        wt[c] = (lm_tensor){ .type = LM_BF16, .rows = O, .cols = K };
+        if (be->ops->upload_weight(be, &wt[c], w[c], &e)) {
+            fprintf(stderr, "bench_kernels: %s\n", e.msg);
+            exit(1);
+        }
+    }
+    for (int c = 0; c < copies; c++) be->ops->matmul(be, &yt, &xt, &wt[c], NULL); /* warm-up */
+    double best = 1e30;
+    for (int rep = 0; rep < 10; rep++) {
+        double t0 = lm_now();
+        for (int c = 0; c < copies; c++) be->ops->matmul(be, &yt, &xt, &wt[c], NULL);
+        double dt = (lm_now() - t0) / copies;
+        if (dt < best) best = dt;
+    }
+    /* The same weight over and over: what the last-level cache delivers. */
+    double hot = 1e30;
+    for (int rep = 0; rep < 20; rep++) {
+        double t0 = lm_now();
+        be->ops->matmul(be, &yt, &xt, &wt[0], NULL);
+        double dt = lm_now() - t0;
+        if (dt < hot) hot = dt;
+    }
+    double gbs = (double)wbytes / best * 1e-9;
+    printf("bf16 GEMV  T=1 O=%-5lld I=%-5lld  %7.3f ms  %6.2f GB/s  %5.1f %% of copy, %5.1f %% of read bandwidth"
+           "  (cache-hot: %.2f GB/s; %d weight copies rotated)\n",
+           (long long)O, (long long)K, best * 1e3, gbs, 100.0 * gbs / (copy_bw * 1e-9),
+           100.0 * gbs / (read_bw * 1e-9), (double)wbytes / hot * 1e-9, copies);
+    for (int c = 0; c < copies; c++) free(w[c]);
+    free(w);
+    free(wt);
+    free(x);
+    free(y);
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+static double bk_time_best(int reps, void (*fn)(void *), void *ctx) {
+    fn(ctx); /* warm-up */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = lm_now();
+        fn(ctx);
+        double dt = lm_now() - t0;
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+
+typedef struct bk_mm {
+    lm_backend *be;
+    lm_tensor y, x, w;
+    int64_t T, O, K;
+    float *xf, *wf, *yf; /* f32 copies for OpenBLAS */
+} bk_mm;
+
+static void bk_lumen_run(void *v) {
+    bk_mm *m = v;
+    m->be->ops->matmul(m->be, &m->y, &m->x, &m->w, NULL);
+}
+
+#ifdef LUMEN_HAVE_OPENBLAS
+static void bk_blas_run(void *v) {
+    bk_mm *m = v;
+    /* y[T][O] = x[T][K] * W[O][K]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->T, (int)m->O, (int)m->K, 1.0f, m->xf,
+                (int)m->K, m->wf, (int)m->K, 0.0f, m->yf, (int)m->O);
+}
+#endif
+
+static void bk_mm_init(bk_mm *m, lm_backend *be, int64_t T, int64_t O, int64_t K, bool f32_copies) {
+    uint64_t s = 7;
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    m->T = T, m->O = O, m->K = K;
+    uint16_t *w = bk_bf16_matrix(O * K, &s);
+    float *x = bk_alloc((size_t)(T * K) * 4), *y = bk_alloc((size_t)(T * O) * 4);
+    for (int64_t i = 0; i < T * K; i++) x[i] = bk_rnd(&s);
+    m->x = (lm_tensor){ LM_F32, T, K, x };
+    m->y = (lm_tensor){ LM_F32, T, O, y };
+    m->w = (lm_tensor){ .type = LM_BF16, .rows = O, .cols = K };
+    lm_err e;
+    if (be && be->ops->upload_weight(be, &m->w, w, &e)) {
+        fprintf(stderr, "bench_kernels: %s\n", e.msg);
+        exit(1);
+    }
+    m->w.data = w;
+    if (f32_copies) {
+        m->xf = x;
+        m->wf = bk_alloc((size_t)(O * K) * 4);
+        for (int64_t i = 0; i < O * K; i++) m->wf[i] = lm_bf16_to_f32(w[i]);
+        m->yf = bk_alloc((size_t)(T * O) * 4);
+    }
+}
+
+static void bk_mm_free(bk_mm *m) {
+    free(m->x.data);
+    free(m->y.data);
+    free(m->w.data);
+    free(m->wf);
+    free(m->yf);
+}
+
+/* Largest difference from OpenBLAS on the same (widened) weights, relative
+ * to the largest output: both accumulate in f32, so ~1e-6 is expected. */
+static double bk_max_rel_diff(const bk_mm *m) {
+    double worst = 0, big = 0;
+    const float *a = m->y.data;
+    for (int64_t i = 0; i < m->T * m->O; i++) {
+        worst = fmax(worst, fabs((double)a[i] - m->yf[i]));
+        big = fmax(big, fabs((double)m->yf[i]));
+    }
+    return big > 0 ? worst / big : worst;
+}
+
+static double bk_blas_gflops(int threads, int64_t T, int64_t O, int64_t K) {
+#ifdef LUMEN_HAVE_OPENBLAS
+    openblas_set_num_threads(threads);
+    bk_mm m;
+    bk_mm_init(&m, NULL, T, O, K, true);
+    double t = bk_time_best(5, bk_blas_run, &m);
+    bk_mm_free(&m);
+    return 2.0 * (double)T * (double)O * (double)K / t * 1e-9;
+#else
+    (void)threads, (void)T, (void)O, (void)K;
+    return 0;
+#endif
+}
+
+static void bk_gemm(lm_backend *be, int threads, int64_t T, int64_t O, int64_t K, double blas) {
+    bk_mm m;
+    bk_mm_init(&m, be, T, O, K, true);
+    double t = bk_time_best(5, bk_lumen_run, &m);
+    double gf = 2.0 * (double)T * (double)O * (double)K / t * 1e-9;
+    double diff = -1;
+#ifdef LUMEN_HAVE_OPENBLAS
+    openblas_set_num_threads(threads);
+    bk_blas_run(&m);
+    diff = bk_max_rel_diff(&m);
+#endif
+    printf("bf16 GEMM  T=%-4lld O=%-5lld I=%-5lld  %7.2f ms  %7.2f GFLOP/s  %5.1f %% of OpenBLAS sgemm"
+           "  (max rel diff vs sgemm %.1e)\n",
+           (long long)T, (long long)O, (long long)K, t * 1e3, gf, blas > 0 ? 100.0 * gf / blas : 0.0, diff);
+    bk_mm_free(&m);
+}
+
+/* OpenBLAS picks its kernels when the library loads. Versions that do not
+ * know a newer CPU fall back to "Prescott" (SSE3) kernels, several times
+ * slower than what the machine can do, which would make a flattering
+ * yardstick. In that case restart once with OPENBLAS_CORETYPE naming the
+ * kernels for the ISA we detected; an explicit OPENBLAS_CORETYPE is kept. */
+static void bk_openblas_kernels(char **argv) {
+#ifdef LUMEN_HAVE_OPENBLAS
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(openblas_get_corename(), "Prescott") != 0) return;
+    lm_cpu_isa isa = lm_cpu_isa_detect();
+    const char *want = isa == LM_ISA_AVX512 ? "SkylakeX" : isa == LM_ISA_AVX2 ? "Haswell" : NULL;
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    perror("bench_kernels: cannot restart with OPENBLAS_CORETYPE set");
+#else
+    (void)argv;
+#endif
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+static void bk_usage(void) {
+    fprintf(stderr, "usage: bench_kernels [--threads N] [--isa auto|scalar|avx2|avx512] [--all-isas]"
+                    " [--only gemv|gemm]\n");
+}
+
+int main(int argc, char **argv) {
+    int threads = 2;
+    lm_cpu_isa isa = LM_ISA_AUTO;
+    bool all_isas = false, gemv = true, gemm = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--all-isas")) all_isas = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            const char *v = argv[++i];
+            gemv = !strcmp(v, "gemv");
+            gemm = !strcmp(v, "gemm");
+            if (!gemv && !gemm) return bk_usage(), 2;
+        }
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "scalar")) isa = LM_ISA_SCALAR;
+            else if (!strcmp(v, "avx2")) isa = LM_ISA_AVX2;
+            else if (!strcmp(v, "avx512")) isa = LM_ISA_AVX512;
+            else if (strcmp(v, "auto")) return bk_usage(), 2;
+        } else return bk_usage(), 2;
+    }
+    if (threads < 1) return bk_usage(), 2;
+    bk_openblas_kernels(argv);
+
+    double bw = 0, rbw = 0;
+    if (gemv) {
+        bw = lm_copy_bandwidth((size_t)1 << 30, threads, 5);
+        rbw = bk_read_bandwidth(threads);
+        printf("memory copy bandwidth: %.2f GB/s (1 GiB STREAM-like copy, %d threads, best of 5, "
+               "read+write bytes)\n", bw * 1e-9, threads);
+        printf("memory read bandwidth: %.2f GB/s (1 GiB streaming read, %d threads, best of 5)\n",
+               rbw * 1e-9, threads);
+    }
+    double blas = gemm ? bk_blas_gflops(threads, 512, 2048, 2048) : 0;
+#ifdef LUMEN_HAVE_OPENBLAS
+    if (gemm)
+        printf("OpenBLAS sgemm 512x2048x2048 (%d threads, %s kernels): %.2f GFLOP/s\n", threads,
+               openblas_get_corename(), blas);
+#else
+    printf("OpenBLAS sgemm: not available (tool built without OpenBLAS)\n");
+#endif
+
+    lm_cpu_isa first = isa, last = isa;
+    if (all_isas) first = LM_ISA_SCALAR, last = lm_cpu_isa_detect();
+    for (int k = first; k <= (int)last; k++) {
+        lm_err e;
+        lm_backend *be = lm_cpu_backend_create(threads, (lm_cpu_isa)k, &e);
+        if (!be) {
+            fprintf(stderr, "bench_kernels: %s\n", e.msg);
+            return 1;
+        }
+        printf("-- lumen cpu backend, %s, %d threads\n",
+               lm_cpu_isa_name(k == LM_ISA_AUTO ? lm_cpu_isa_detect() : (lm_cpu_isa)k), threads);
+        if (gemv) {
+            bk_gemv(be, 2048, 8192, bw, rbw);
+            bk_gemv(be, 8192, 2048, bw, rbw);
+        }
+        if (gemm) {
+            bk_gemm(be, threads, 512, 2048, 2048, blas);
+            bk_gemm(be, threads, 512, 8192, 2048, blas);
+        }
+        lm_backend_destroy(be);
+    }
+    return 0;
+}
