@@ -24,7 +24,8 @@ static const char *const k_help =
     "Renders each case of CASES.jsonl with TEMPLATE (a .jinja file, a\n"
     "tokenizer_config.json, a .gguf or a model folder) and compares the text.\n"
     "Prints one JSON line {passed, failed, ..., first_failure}; exits 0 only if\n"
-    "every case passes.\n"
+    "every case passes. TEMPLATE \"-\" takes each case's \"template\" field as\n"
+    "the template source itself.\n"
     "\n"
     "options:\n"
     "  --now SECONDS   the time strftime_now() formats (default: now)\n"
@@ -84,7 +85,15 @@ static void check_case(const lm_template *tpl, const char *line, int lineno, con
     char *out = NULL;
     size_t n = 0;
     lm_err e = { { 0 } };
-    int rc = lm_template_render(tpl, ctx, opts, &out, &n, &e);
+    lm_template *own = NULL;
+    int rc = 0;
+    if (!tpl) { /* TEMPLATE "-": the case carries its own source */
+        const json_t *src = json_object_get(c, "template");
+        if (!json_is_string(src)) rc = lm_errf(&e, "case has no template source");
+        else rc = lm_template_parse(json_string_value(src), json_string_length(src), "template", &own, &e);
+    }
+    if (rc == 0) rc = lm_template_render(tpl ? tpl : own, ctx, opts, &out, &n, &e);
+    lm_template_free(own);
     bool ok;
     if (want_err) {
         ok = rc != 0 && strstr(e.msg, json_string_value(want_err)) != NULL;
@@ -161,13 +170,15 @@ int lm_cmd_check_template(int argc, char **argv) {
     lm_err e = { { 0 } };
     char *src;
     size_t len;
+    lm_template *tpl = NULL;
+    int rc = 0;
+    if (!strcmp(tpl_path, "-")) goto cases;
     if (lm_template_load_source(tpl_path, &src, &len, &e)) {
         fprintf(stderr, "lumen check-template: %s\n", e.msg);
         return 1;
     }
     const char *base = strrchr(tpl_path, '/');
-    lm_template *tpl;
-    int rc = lm_template_parse(src, len, base ? base + 1 : tpl_path, &tpl, &e);
+    rc = lm_template_parse(src, len, base ? base + 1 : tpl_path, &tpl, &e);
     free(src);
     if (rc) {
         fprintf(stderr, "lumen check-template: %s\n", e.msg);
@@ -179,6 +190,7 @@ int lm_cmd_check_template(int argc, char **argv) {
         json_decref(r);
         return 1;
     }
+cases:;
     FILE *f = fopen(cases_path, "rb");
     if (!f) {
         fprintf(stderr, "lumen check-template: %s: cannot open\n", cases_path);

@@ -143,6 +143,10 @@ tpl_val tpl_getattr(tpl_rt *rt, tpl_val obj, tpl_str name) {
         v = loop_attr(rt, obj.u.loop, name, &found);
         if (found) return v;
         /* fall through */
+    case TV_LIST:
+        if ((obj.flags & TVF_GROUP) && tpl_str_eq(name, "grouper")) return obj.u.l->v[0];
+        if ((obj.flags & TVF_GROUP) && tpl_str_eq(name, "list")) return obj.u.l->v[1];
+        /* fall through */
     default:
         v = tpl_method_lookup(rt, obj, name, &found);
         if (found) return v;
@@ -179,6 +183,7 @@ tpl_val tpl_getitem(tpl_rt *rt, tpl_val obj, tpl_val key) {
         break;
     }
     case TV_LIST:
+        if (obj.flags & TVF_NOT_LIST) return tv_undef_named("item", 4, tpl_type_name(&obj));
         if (as_index(key, &i)) {
             int64_t n = (int64_t)obj.u.l->n;
             if (i < 0) i += n;
@@ -227,8 +232,9 @@ static tpl_val do_slice(tpl_rt *rt, tpl_val obj, tpl_val a, tpl_val b, tpl_val c
         tpl_rt_raise(rt, "slice indices must be integers or None");
     if (step == 0) tpl_rt_raise(rt, "slice step cannot be zero");
     tpl_list *items;
-    if (obj.t == TV_LIST) items = obj.u.l;
+    if (obj.t == TV_LIST && !(obj.flags & TVF_NOT_LIST)) items = obj.u.l;
     else if (obj.t == TV_STR) items = tpl_iter_list(rt, obj);
+    else if (obj.t == TV_DICT) tpl_rt_raise(rt, "unhashable type: 'slice'");
     else tpl_rt_raise(rt, "'%s' object is not subscriptable", tpl_type_name(&obj));
     int64_t n = (int64_t)items->n;
     int64_t start = slice_idx(rt, a, step < 0 ? n - 1 : 0, n, step);
@@ -276,6 +282,9 @@ static tpl_val repeat(tpl_rt *rt, tpl_val seq, int64_t k) {
 static tpl_val binop(tpl_rt *rt, tpl_binop op, tpl_val a, tpl_val b) {
     if (a.t == TV_UNDEF) tpl_undef_fail(rt, a);
     if (b.t == TV_UNDEF) tpl_undef_fail(rt, b);
+    if ((a.t == TV_LIST && (a.flags & TVF_GEN)) || (b.t == TV_LIST && (b.flags & TVF_GEN)))
+        tpl_rt_raise(rt, "unsupported operand type(s) for %s: '%s' and '%s'", op_sym(op), tpl_type_name(&a),
+                     tpl_type_name(&b));
     if (is_num(a) && is_num(b)) {
         bool fl = a.t == TV_FLOAT || b.t == TV_FLOAT;
         if (op == OP_DIV) {
@@ -387,7 +396,10 @@ static bool contains(tpl_rt *rt, tpl_val item, tpl_val seq) {
         for (size_t i = 0; i < seq.u.l->n; i++)
             if (tpl_eq(rt, seq.u.l->v[i], item)) return true;
         return false;
-    case TV_DICT: return tpl_dict_get(seq.u.d, item) != NULL;
+    case TV_DICT:
+        if ((item.t == TV_LIST && !(item.flags & TVF_TUPLE)) || item.t == TV_DICT || item.t == TV_NS)
+            tpl_rt_raise(rt, "unhashable type: '%s'", tpl_type_name(&item));
+        return tpl_dict_get(seq.u.d, item) != NULL;
     default: tpl_rt_raise(rt, "argument of type '%s' is not iterable", tpl_type_name(&seq));
     }
 }

@@ -165,6 +165,7 @@ static tpl_val f_batch(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         while (has_fill && (int64_t)cur.u.l->n < n) tpl_list_push(rt, cur.u.l, fill);
         tpl_list_push(rt, out.u.l, cur);
     }
+    out.flags |= TVF_GEN;
     return out;
 }
 
@@ -242,6 +243,7 @@ static tpl_val f_first(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 
 static tpl_val f_last(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "last");
+    if (v.t == TV_LIST && (v.flags & TVF_GEN)) tpl_rt_raise(rt, "'generator' object is not reversible");
     tpl_list *l = tpl_iter_list(rt, v);
     return l->n ? l->v[l->n - 1] : tv_undef_named("last", 4, "empty sequence");
 }
@@ -308,6 +310,7 @@ static tpl_val f_float(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 1, "float");
     double x;
     switch (v.t) {
+    case TV_UNDEF: tpl_undef_fail(rt, v); /* Undefined.__float__ raises */
     case TV_FLOAT: return v;
     case TV_INT: return tv_float((double)v.u.i);
     case TV_BOOL: return tv_float(v.u.b);
@@ -324,6 +327,7 @@ static tpl_val f_int(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     int64_t i;
     double x;
     switch (v.t) {
+    case TV_UNDEF: tpl_undef_fail(rt, v); /* Undefined.__int__ raises */
     case TV_INT: return v;
     case TV_BOOL: return tv_int(v.u.b);
     case TV_FLOAT:
@@ -373,7 +377,7 @@ static tpl_val f_groupby(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         tpl_val grp = tv_list(rt, 0);
         while (j < n && tpl_eq(rt, keys[j], keys[i])) tpl_list_push(rt, grp.u.l, vals[j++]);
         tpl_val pair = tv_list(rt, 2);
-        pair.flags = TVF_TUPLE;
+        pair.flags = TVF_TUPLE | TVF_GROUP;
         tpl_val gk = get_path(rt, vals[i], attr);
         if (gk.t == TV_UNDEF && has_default) gk = dflt;
         tpl_list_push(rt, pair.u.l, gk);
@@ -407,6 +411,8 @@ static tpl_val f_indent(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_arg(av, 0, "width", &w);
     bool first = arg_bool(rt, av, 1, "first", false), blank = arg_bool(rt, av, 2, "blank", false);
     tpl_args_done(rt, av, 3, "indent");
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v); /* jinja2 does s += "\n" */
+    if (v.t != TV_STR) tpl_rt_raise(rt, "unsupported operand type(s) for +=: '%s' and 'str'", tpl_type_name(&v));
     tpl_buf ind = { 0 };
     if (w.t == TV_STR) tpl_buf_put(rt, &ind, w.u.s.p, w.u.s.n);
     else
@@ -441,6 +447,7 @@ static tpl_val f_items(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         tpl_list_push(rt, pair.u.l, v.u.d->v[i]);
         tpl_list_push(rt, out.u.l, pair);
     }
+    out.flags |= TVF_GEN;
     return out;
 }
 
@@ -495,6 +502,7 @@ static tpl_val f_map(tpl_rt *rt, tpl_val v, tpl_argv *av) {
             tpl_val x = get_path(rt, l->v[i], attr);
             tpl_list_push(rt, out.u.l, x.t == TV_UNDEF && has_default ? dflt : x);
         }
+        out.flags |= TVF_GEN;
         return out;
     }
     if (av->npos == 0 || av->pos[0].t != TV_STR) tpl_rt_raise(rt, "map requires a filter name or attribute=");
@@ -507,6 +515,7 @@ static tpl_val f_map(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         tpl_argv a = rest;
         tpl_list_push(rt, out.u.l, tpl_filter(rt, name, l->v[i], &a));
     }
+    out.flags |= TVF_GEN;
     return out;
 }
 
@@ -556,6 +565,7 @@ static tpl_val f_reverse(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     }
     tpl_val out = tv_list(rt, l->n);
     for (size_t i = l->n; i-- > 0;) tpl_list_push(rt, out.u.l, l->v[i]);
+    if (v.t == TV_LIST && !(v.flags & TVF_GEN)) out.flags |= TVF_GEN; /* reversed() iterator */
     return out;
 }
 
@@ -573,6 +583,17 @@ static tpl_val f_round(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     if (prec > 300) prec = 300;
     if (prec < -300) prec = -300;
     if (tpl_str_eq(ms, "common")) {
+        if (v.t != TV_FLOAT) { /* round(int, n) stays an int */
+            int64_t i = v.t == TV_INT ? v.u.i : v.u.b;
+            if (prec >= 0) return tv_int(i);
+            if (prec < -18) return tv_int(0);
+            int64_t p = 1;
+            for (int64_t k = 0; k < -prec; k++) p *= 10;
+            int64_t q = i / p, r = i % p;
+            if (r < 0) r += p, q--;
+            if (2 * (r / 2) != r || 2 * r > p || (2 * r == p && (q & 1))) q += (2 * r > p || (2 * r == p && (q & 1)));
+            return tv_int(q * p);
+        }
         if (!isfinite(x)) return tv_float(x);
         if (prec >= 0) {
             char buf[400];
@@ -610,6 +631,7 @@ static tpl_val select_common(tpl_rt *rt, tpl_val v, tpl_argv *av, bool attr_mode
         apply_test_args(rt, x, av, first, &ok);
         if (ok == keep) tpl_list_push(rt, out.u.l, l->v[i]);
     }
+    out.flags |= TVF_GEN;
     return out;
 }
 static tpl_val f_select(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, false, true); }
@@ -794,6 +816,7 @@ static tpl_val f_unique(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         tpl_list_push(rt, seen.u.l, k);
         tpl_list_push(rt, out.u.l, l->v[i]);
     }
+    out.flags |= TVF_GEN;
     return out;
 }
 
@@ -933,6 +956,12 @@ bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
         tpl_val n;
         if (!tpl_arg(av, 0, "num", &n)) tpl_rt_raise(rt, "test 'divisibleby' needs an argument");
         tpl_args_done(rt, av, 1, "divisibleby");
+        if (v.t == TV_FLOAT || n.t == TV_FLOAT) {
+            double x = v.t == TV_FLOAT ? v.u.f : (double)int_of(rt, v, "divisibleby");
+            double y = n.t == TV_FLOAT ? n.u.f : (double)int_of(rt, n, "divisibleby");
+            if (y == 0) tpl_rt_raise(rt, "float modulo");
+            return fmod(x, y) == 0.0;
+        }
         int64_t d = int_of(rt, n, "divisibleby"), x = int_of(rt, v, "divisibleby");
         if (d == 0) tpl_rt_raise(rt, "integer division or modulo by zero");
         return d == -1 || x % d == 0;
@@ -972,11 +1001,19 @@ bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
     if (IS("float")) return v.t == TV_FLOAT;
     if (IS("mapping")) return v.t == TV_DICT;
     if (IS("iterable")) return v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF || v.t == TV_LOOP;
-    if (IS("sequence")) return v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF;
+    if (IS("sequence"))
+        return v.t == TV_STR || (v.t == TV_LIST && !(v.flags & TVF_GEN)) || v.t == TV_DICT || v.t == TV_UNDEF;
     if (IS("callable")) return v.t == TV_FUNC || v.t == TV_LOOP;
     if (IS("escaped")) return v.t == TV_STR && (v.flags & TVF_MARKUP);
-    if (IS("even")) return (int_of(rt, v, "even") & 1) == 0;
-    if (IS("odd")) return (int_of(rt, v, "odd") & 1) == 1;
+    if (IS("even") || IS("odd")) { /* value % 2 == 0 / == 1, Python semantics */
+        if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+        if (v.t == TV_FLOAT) {
+            double r = fmod(v.u.f, 2.0);
+            if (r < 0) r += 2.0;
+            return IS("even") ? r == 0.0 : r == 1.0;
+        }
+        return (int_of(rt, v, "even") & 1) == (IS("odd") ? 1 : 0);
+    }
     if (IS("lower")) return str_all_case(rt, v, false);
     if (IS("upper")) return str_all_case(rt, v, true);
 #undef IS

@@ -168,7 +168,10 @@ static void json_val(tpl_rt *rt, tpl_buf *b, tpl_val v, const json_opts *o, int 
     case TV_INT: tpl_buf_printf(rt, b, "%lld", (long long)v.u.i); return;
     case TV_FLOAT: json_float(rt, b, v.u.f); return;
     case TV_STR: json_str(rt, b, tpl_sv(v), o->ascii); return;
-    case TV_LIST: case TV_DICT: break;
+    case TV_LIST:
+        if (v.flags & TVF_NOT_LIST) tpl_rt_raise(rt, "Object of type %s is not JSON serializable", tpl_type_name(&v));
+        break;
+    case TV_DICT: break;
     default: tpl_rt_raise(rt, "Object of type %s is not JSON serializable", tpl_type_name(&v));
     }
     if (++rt->depth > TPL_MAX_DEPTH) tpl_rt_raise(rt, "values nested too deeply for tojson");

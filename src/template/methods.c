@@ -174,7 +174,7 @@ tpl_val tpl_str_split(tpl_rt *rt, tpl_str s, const tpl_str *sep, int64_t maxspli
             while (i < s.n && !space_at(s, i, &nx)) tpl_utf8_dec(s.p, s.n, &i);
             tpl_list_push(rt, words, tv_strn(s.p + st, i - st));
         }
-        if ((int64_t)words->n <= maxsplit + 1) return (tpl_val){ .t = TV_LIST, .u.l = words };
+        if (maxsplit >= (int64_t)words->n - 1) return (tpl_val){ .t = TV_LIST, .u.l = words };
         if (!right) {
             for (int64_t k = 0; k < maxsplit; k++) tpl_list_push(rt, l, words->v[k]);
             const char *rest = words->v[maxsplit].u.s.p;
@@ -459,6 +459,7 @@ tpl_val tpl_call_method(tpl_rt *rt, tpl_func *fn, tpl_argv *av) {
         tpl_args_done(rt, av, 0, "items");
         tpl_dict *d = self.u.d;
         tpl_val out = tv_list(rt, d->n);
+        out.flags = fn->id == M_ITEMS ? TVF_ITEMS : fn->id == M_KEYS ? TVF_KEYS : TVF_VALUES;
         for (size_t i = 0; i < d->n; i++) {
             if (fn->id == M_KEYS) {
                 tpl_list_push(rt, out.u.l, d->k[i]);
@@ -729,6 +730,8 @@ tpl_val tpl_percent_format(tpl_rt *rt, tpl_str fmt, tpl_val args) {
                 tpl_rt_raise(rt, "%%%c format: a real number is required, not %s", f.type, tpl_type_name(&v));
         }
         if (f.type == 'u') f.type = 'd';
+        if (f.type == 's' || f.type == 'r' || f.type == 'a') f.zero = false;
+        if (!f.align && !f.zero) f.align = '>';
         format_value(rt, &b, v, &f);
     }
     if (!used_dict && args.t != TV_DICT && ai < nargs) tpl_rt_raise(rt, "not all arguments converted during string formatting");

@@ -63,6 +63,15 @@ typedef enum tpl_type {
 /* flags */
 #define TVF_MARKUP 1u /* a str marked safe (markupsafe.Markup) */
 #define TVF_TUPLE 2u  /* a list that is a Python tuple (prints as (a, b)) */
+#define TVF_GROUP 4u  /* a groupby() tuple: also has .grouper and .list */
+#define TVF_ITEMS 8u  /* lists from dict.items() / keys() / values(): print as */
+#define TVF_KEYS 16u  /* dict_items([...]) etc. */
+#define TVF_VALUES 32u
+/* a list standing for a Python generator/iterator (what map, select, reject,
+ * items, unique, batch and reverse return): always true, no len(), no
+ * indexing, not JSON */
+#define TVF_GEN 64u
+#define TVF_NOT_LIST (TVF_GEN | TVF_ITEMS | TVF_KEYS | TVF_VALUES) /* no indexing, not JSON */
 
 typedef struct tpl_list tpl_list;
 typedef struct tpl_dict tpl_dict;

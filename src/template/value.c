@@ -280,7 +280,12 @@ const char *tpl_type_name(const tpl_val *v) {
     case TV_INT: return "int";
     case TV_FLOAT: return "float";
     case TV_STR: return (v->flags & TVF_MARKUP) ? "Markup" : "str";
-    case TV_LIST: return (v->flags & TVF_TUPLE) ? "tuple" : "list";
+    case TV_LIST:
+        if (v->flags & TVF_GEN) return "generator";
+        if (v->flags & TVF_ITEMS) return "dict_items";
+        if (v->flags & TVF_KEYS) return "dict_keys";
+        if (v->flags & TVF_VALUES) return "dict_values";
+        return (v->flags & TVF_TUPLE) ? "tuple" : "list";
     case TV_DICT: return "dict";
     case TV_NS: return "Namespace";
     case TV_FUNC: return v->u.fn->kind == FN_MACRO ? "Macro" : "function";
@@ -305,7 +310,7 @@ bool tpl_truthy(tpl_rt *rt, tpl_val v) {
     case TV_INT: return v.u.i != 0;
     case TV_FLOAT: return v.u.f != 0.0;
     case TV_STR: return v.u.s.n != 0;
-    case TV_LIST: return v.u.l->n != 0;
+    case TV_LIST: return v.u.l->n != 0 || (v.flags & TVF_GEN);
     case TV_DICT: return v.u.d->n != 0;
     default: return true;
     }
@@ -325,6 +330,7 @@ bool tpl_eq(tpl_rt *rt, tpl_val a, tpl_val b) {
     case TV_UNDEF: case TV_NONE: return true;
     case TV_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
     case TV_LIST:
+        if ((a.flags | b.flags) & TVF_GEN) return a.u.l == b.u.l;
         if ((a.flags & TVF_TUPLE) != (b.flags & TVF_TUPLE) || a.u.l->n != b.u.l->n) return false;
         if (a.u.l == b.u.l) return true;
         if (rt && ++rt->depth > TPL_MAX_DEPTH) tpl_rt_raise(rt, "values nested too deeply");
@@ -392,7 +398,9 @@ int64_t tpl_len(tpl_rt *rt, tpl_val v) {
     switch (v.t) {
     case TV_UNDEF: return 0;
     case TV_STR: return (int64_t)tpl_utf8_len(v.u.s.p, v.u.s.n);
-    case TV_LIST: return (int64_t)v.u.l->n;
+    case TV_LIST:
+        if (v.flags & TVF_GEN) tpl_rt_raise(rt, "object of type 'generator' has no len()");
+        return (int64_t)v.u.l->n;
     case TV_DICT: return (int64_t)v.u.d->n;
     case TV_LOOP: return (int64_t)v.u.loop->items->n;
     default: tpl_rt_raise(rt, "object of type '%s' has no len()", tpl_type_name(&v));
@@ -490,8 +498,13 @@ static void str_or_repr(tpl_rt *rt, tpl_buf *b, tpl_val v, bool repr) {
     default: break;
     }
     if (++rt->depth > TPL_MAX_DEPTH) tpl_rt_raise(rt, "values nested too deeply to print");
-    if (v.t == TV_LIST) {
+    if (v.t == TV_LIST && (v.flags & TVF_GEN)) {
+        tpl_buf_puts(rt, b, "<generator object>");
+    } else if (v.t == TV_LIST) {
         bool tup = v.flags & TVF_TUPLE;
+        const char *view = (v.flags & TVF_ITEMS) ? "dict_items(" : (v.flags & TVF_KEYS) ? "dict_keys(" :
+                           (v.flags & TVF_VALUES) ? "dict_values(" : NULL;
+        if (view) tpl_buf_puts(rt, b, view);
         tpl_buf_puts(rt, b, tup ? "(" : "[");
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) tpl_buf_puts(rt, b, ", ");
@@ -499,6 +512,7 @@ static void str_or_repr(tpl_rt *rt, tpl_buf *b, tpl_val v, bool repr) {
         }
         if (tup && v.u.l->n == 1) tpl_buf_puts(rt, b, ",");
         tpl_buf_puts(rt, b, tup ? ")" : "]");
+        if (view) tpl_buf_puts(rt, b, ")");
     } else if (v.t == TV_DICT || v.t == TV_NS) {
         if (v.t == TV_NS) tpl_buf_puts(rt, b, "<Namespace ");
         tpl_buf_puts(rt, b, "{");
