@@ -18,7 +18,9 @@
 #include "lm_test.h"
 
 #include "backend/lm_backend.h"
+#include "backend/cpu/cpu_pool.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -595,4 +597,39 @@ LM_TEST(cpu_pool_create_destroy_cycles) {
     }
     free(a);
     free(b);
+}
+
+/* The pool's contract (cpu_pool.h): fn runs on the caller and on the workers
+ * that join in time, each ith at most once per run, and the shared counter
+ * hands every item to exactly one of them. With more threads than cores many
+ * workers arrive late and must skip runs without losing or repeating work. */
+typedef struct co_pool_run {
+    atomic_int next;
+    atomic_int seen[100];
+    atomic_uint ith_mask;
+    atomic_int dup_ith;
+} co_pool_run;
+
+static void co_pool_fn(void *v, int ith, int nth) {
+    co_pool_run *r = v;
+    if (ith < 0 || ith >= nth || (atomic_fetch_or(&r->ith_mask, 1u << ith) >> ith) & 1u)
+        atomic_fetch_add(&r->dup_ith, 1);
+    for (int i; (i = atomic_fetch_add(&r->next, 1)) < 100;) atomic_fetch_add(&r->seen[i], 1);
+}
+
+LM_TEST(cpu_pool_oversubscribed_runs) {
+    lm_err e;
+    lm_pool *p = lm_pool_create(6, &e);
+    LM_REQUIRE(p != NULL);
+    int bad = 0;
+    for (int run = 0; run < 3000; run++) {
+        co_pool_run r;
+        memset(&r, 0, sizeof r);
+        lm_pool_run(p, co_pool_fn, &r);
+        for (int i = 0; i < 100; i++) bad += atomic_load(&r.seen[i]) != 1;
+        bad += atomic_load(&r.dup_ith) != 0 || !(atomic_load(&r.ith_mask) & 1u);
+        if (run % 1000 == 999) usleep(1000); /* workers fall asleep */
+    }
+    LM_CHECK_MSG(bad == 0, "%d items lost, repeated or run twice on one thread", bad);
+    lm_pool_free(p);
 }

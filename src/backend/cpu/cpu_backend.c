@@ -12,6 +12,7 @@
  * points the tensor at the mapped file). */
 #include "cpu_impl.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -95,16 +96,27 @@ void lm_cpu_reserve(lm_cpu *c, size_t bytes) {
     c->scratch_bytes = bytes;
 }
 
+/* [0, n) is cut into a few contiguous chunks per thread, claimed through an
+ * atomic counter: threads that start late (preempted, or woken from sleep)
+ * find the work already taken instead of holding everyone up. */
+#define LM_CPU_CHUNKS_PER_THREAD 4
+
 typedef struct lm_cpu_pfor {
     lm_cpu_range_fn fn;
     void *ctx;
-    int64_t n;
+    int64_t n, n_chunks;
+    atomic_llong next;
 } lm_cpu_pfor;
 
 static void lm_cpu_pfor_run(void *v, int ith, int nth) {
-    const lm_cpu_pfor *p = v;
-    int64_t i0 = p->n * ith / nth, i1 = p->n * (ith + 1) / nth;
-    if (i0 < i1) p->fn(p->ctx, i0, i1, ith);
+    (void)nth;
+    lm_cpu_pfor *p = v;
+    for (;;) {
+        int64_t k = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (k >= p->n_chunks) break;
+        int64_t i0 = p->n * k / p->n_chunks, i1 = p->n * (k + 1) / p->n_chunks;
+        if (i0 < i1) p->fn(p->ctx, i0, i1, ith);
+    }
 }
 
 void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn, void *ctx) {
@@ -113,7 +125,8 @@ void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn,
         fn(ctx, 0, n, 0);
         return;
     }
-    lm_cpu_pfor p = { fn, ctx, n };
+    lm_cpu_pfor p = { fn, ctx, n, LM_MIN(n, (int64_t)c->n_threads * LM_CPU_CHUNKS_PER_THREAD), 0 };
+    atomic_init(&p.next, 0);
     lm_pool_run(c->pool, lm_cpu_pfor_run, &p);
 }
 

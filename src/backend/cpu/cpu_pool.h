@@ -1,14 +1,18 @@
 /* cpu_pool.h - the CPU backend's persistent thread pool.
  *
- * One pool per backend (no globals). lm_pool_run(p, fn, ctx) calls fn(ctx, ith,
- * nth) once on every thread, ith = 0 .. nth-1, with the caller itself acting as
- * thread 0, and returns when all calls have returned. An op splits its work by
- * ith (static split) or through an atomic counter in ctx (dynamic split).
+ * One pool per backend (no globals). lm_pool_run(p, fn, ctx) calls fn(ctx,
+ * ith, nth) on the caller (ith = 0) and on every worker that is awake in time
+ * to join the run (ith = 1 .. nth-1, each at most once), and returns when all
+ * these calls have returned. A worker that is late (preempted, or still
+ * waking up) skips the run instead of holding it up, so fn must share its
+ * work through an atomic counter in ctx: the caller's call alone has to be
+ * able to finish everything. ith is unique among the concurrent calls, so it
+ * can index per-thread scratch.
  *
  * Waking threads is the cost that matters in decoding: a token runs ~100 small
  * ops back to back, so idle workers spin (with pause) for a short while before
  * they sleep on a condition variable; the caller only touches the mutex when a
- * worker actually sleeps. A run allocates nothing. */
+ * thread actually sleeps. A run allocates nothing. */
 #ifndef LM_CPU_POOL_H
 #define LM_CPU_POOL_H
 
