@@ -2,7 +2,7 @@
  * against this machine's own limits, measured in the same run.
  *
  *   bench_kernels [--threads N] [--isa auto|scalar|avx2|avx512] [--all-isas]
- *                 [--only gemv|gemm]
+ *                 [--only gemv|gemm|hilo]
  *
  * Prints:
  *   - memory copy bandwidth: STREAM-like copy of a 1 GiB buffer, N threads,
@@ -15,7 +15,9 @@
  *   - OpenBLAS sgemm GFLOP/s at 512x2048x2048 with N threads (the f32 peak we
  *     measure against; OpenBLAS is linked into this tool only, when CMake finds
  *     it) and lumen's bf16-weight GEMM at the same shape and at 512x8192x2048,
- *     with the % of the OpenBLAS figure.
+ *     with the % of the OpenBLAS figure;
+ *   - an experiment: bf16 dot products through vdpbf16ps with x split into
+ *     hi + lo bf16 parts, their accuracy and speed against the f32 path.
  * Timings are best of several repetitions after a warm-up. */
 #include "backend/lm_backend.h"
 #include "base/lm_membw.h"
@@ -262,6 +264,102 @@ static void bk_gemm(lm_backend *be, int threads, int64_t T, int64_t O, int64_t K
     bk_mm_free(&m);
 }
 
+/* ---- experiment: bf16 dot products with vdpbf16ps on a hi/lo split --------
+ *
+ * AVX512_BF16 multiplies bf16 pairs, which would round the activation to bf16
+ * (8-bit mantissa: logits off by ~1e-2). Splitting x = hi + lo into two bf16
+ * parts keeps ~16 bits; is that accurate enough, and is it faster than
+ * widening the weight and using f32 FMA? Compiled for the ISA per function,
+ * run only where the CPU has AVX512_BF16. */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define BK_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+/* y[r] = W[r] . x for R rows; x given as interleaved-pair bf16 hi and lo. */
+BK_BF16_TARGET static void bk_hilo_gemv(const uint16_t *w, int64_t R, int64_t n, const uint16_t *xh,
+                                        const uint16_t *xl, float *y) {
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *wr = w + r * n;
+        __m512 h = _mm512_setzero_ps(), l = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 32) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + i);
+            h = _mm512_dpbf16_ps(h, wv, (__m512bh)_mm512_loadu_si512(xh + i));
+            l = _mm512_dpbf16_ps(l, wv, (__m512bh)_mm512_loadu_si512(xl + i));
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(h, l));
+    }
+}
+
+BK_BF16_TARGET static void bk_hilo_dot3(const uint16_t *w, const float *x, const uint16_t *xh,
+                                        const uint16_t *xl, int64_t n, double out[3]) {
+    __m512 a = _mm512_setzero_ps(), h = _mm512_setzero_ps(), l = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 wf = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i))), 16));
+        a = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + i), a);
+    }
+    for (int64_t i = 0; i < n; i += 32) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
+        h = _mm512_dpbf16_ps(h, wv, (__m512bh)_mm512_loadu_si512(xh + i));
+        l = _mm512_dpbf16_ps(l, wv, (__m512bh)_mm512_loadu_si512(xl + i));
+    }
+    out[0] = _mm512_reduce_add_ps(a);
+    out[1] = (double)_mm512_reduce_add_ps(h) + (double)_mm512_reduce_add_ps(l);
+    out[2] = _mm512_reduce_add_ps(h);
+}
+
+static void bk_hilo(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16") || lm_cpu_isa_detect() != LM_ISA_AVX512) {
+        printf("bf16 hi/lo experiment: skipped (no AVX512_BF16)\n");
+        return;
+    }
+    enum { N = 2048, TRIALS = 500, R = 256 };
+    uint64_t s = 3;
+    uint16_t *w = bk_alloc((size_t)R * N * 2), *xh = bk_alloc(N * 2), *xl = bk_alloc(N * 2);
+    float *x = bk_alloc(N * 4), *y = bk_alloc(R * 4);
+    double err[3] = { 0 };
+    for (int t = 0; t < TRIALS; t++) {
+        for (int i = 0; i < N; i++) {
+            w[i] = lm_f32_to_bf16(0.05f * bk_rnd(&s));
+            x[i] = bk_rnd(&s) * (i % 97 == 0 ? 20.0f : 1.0f); /* a few outlier channels */
+            xh[i] = lm_f32_to_bf16(x[i]);
+            xl[i] = lm_f32_to_bf16(x[i] - lm_bf16_to_f32(xh[i]));
+        }
+        double ref = 0, got[3];
+        for (int i = 0; i < N; i++) ref += (double)lm_bf16_to_f32(w[i]) * x[i];
+        bk_hilo_dot3(w, x, xh, xl, N, got);
+        for (int k = 0; k < 3; k++) err[k] += fabs(got[k] - ref) / fabs(ref) / TRIALS;
+    }
+    printf("bf16 dot products (n=%d, mean relative error vs f64): f32 FMA %.1e, vdpbf16ps hi+lo %.1e, "
+           "vdpbf16ps hi only %.1e\n", N, err[0], err[1], err[2]);
+    /* Speed, one thread, weight hot in L2: the compute side of the kernels. */
+    for (int64_t i = 0; i < (int64_t)R * N; i++) w[i] = lm_f32_to_bf16(0.05f * bk_rnd(&s));
+    double hl = 1e30;
+    for (int rep = 0; rep < 200; rep++) {
+        double t0 = lm_now();
+        bk_hilo_gemv(w, R, N, xh, xl, y);
+        hl = fmin(hl, lm_now() - t0);
+    }
+    lm_err e;
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AVX512, &e);
+    lm_tensor wt = { LM_BF16, R, N, w }, xt = { LM_F32, 1, N, x }, yt = { LM_F32, 1, R, y };
+    double f = 1e30;
+    for (int rep = 0; rep < 200; rep++) {
+        double t0 = lm_now();
+        be->ops->matmul(be, &yt, &xt, &wt, NULL);
+        f = fmin(f, lm_now() - t0);
+    }
+    lm_backend_destroy(be);
+    printf("bf16 GEMV %dx%d, 1 thread, L2-hot: lumen f32-FMA kernel %.1f us, vdpbf16ps hi+lo %.1f us\n", R, N,
+           f * 1e6, hl * 1e6);
+    free(w), free(xh), free(xl), free(x), free(y);
+}
+#else
+static void bk_hilo(void) { printf("bf16 hi/lo experiment: skipped (not x86-64 GCC)\n"); }
+#endif
+
 /* OpenBLAS picks its kernels when the library loads. Versions that do not
  * know a newer CPU fall back to "Prescott" (SSE3) kernels, several times
  * slower than what the machine can do, which would make a flattering
@@ -285,13 +383,13 @@ static void bk_openblas_kernels(char **argv) {
 
 static void bk_usage(void) {
     fprintf(stderr, "usage: bench_kernels [--threads N] [--isa auto|scalar|avx2|avx512] [--all-isas]"
-                    " [--only gemv|gemm]\n");
+                    " [--only gemv|gemm|hilo]\n");
 }
 
 int main(int argc, char **argv) {
     int threads = 2;
     lm_cpu_isa isa = LM_ISA_AUTO;
-    bool all_isas = false, gemv = true, gemm = true;
+    bool all_isas = false, gemv = true, gemm = true, hilo = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--all-isas")) all_isas = true;
@@ -299,7 +397,8 @@ int main(int argc, char **argv) {
             const char *v = argv[++i];
             gemv = !strcmp(v, "gemv");
             gemm = !strcmp(v, "gemm");
-            if (!gemv && !gemm) return bk_usage(), 2;
+            hilo = !strcmp(v, "hilo");
+            if (!gemv && !gemm && !hilo) return bk_usage(), 2;
         }
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *v = argv[++i];
@@ -332,7 +431,7 @@ int main(int argc, char **argv) {
 
     lm_cpu_isa first = isa, last = isa;
     if (all_isas) first = LM_ISA_SCALAR, last = lm_cpu_isa_detect();
-    for (int k = first; k <= (int)last; k++) {
+    for (int k = first; k <= (int)last && (gemv || gemm); k++) {
         lm_err e;
         lm_backend *be = lm_cpu_backend_create(threads, (lm_cpu_isa)k, &e);
         if (!be) {
@@ -351,5 +450,6 @@ int main(int argc, char **argv) {
         }
         lm_backend_destroy(be);
     }
+    if (hilo) bk_hilo();
     return 0;
 }

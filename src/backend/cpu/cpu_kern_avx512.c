@@ -10,6 +10,12 @@
  * FMA; each (token, row) pair has its own 16-lane f32 accumulator, reduced
  * once at the end. The activation is never rounded.
  *
+ * AVX512_BF16 is not used: vdpbf16ps would round the activation to bf16
+ * (~1e-2 relative error in a dot product), and splitting x = hi + lo into two
+ * bf16 parts still has ~10x the error of f32 FMA (1e-5 vs 1e-6) while running
+ * at half the speed here (vdpbf16ps issues at a quarter of the FMA rate).
+ * Measured by tools/bench_kernels --only hilo.
+ *
  * GEMM (prefill): an 8 x 32 register tile (8 tokens x 32 outputs = 16 zmm
  * accumulators). Per k it loads two vectors of the packed f32 weight panel
  * and broadcasts 8 packed activations. */
