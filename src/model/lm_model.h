@@ -55,6 +55,7 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
 void lm_model_free(lm_model *m);
 
 /* Runs the batch; writes logits [n_out][V] (host memory) for the requested rows.
+ * One forward at a time per model: activations live in the model's scratch.
  * Keys and values of every token are written to kv at their positions. */
 int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
 

@@ -1,0 +1,475 @@
+/* engine.c - continuous batching over one model (see lm_engine.h).
+ *
+ * One scheduler thread loops: admit waiting requests (FIFO) while the KV
+ * cache can hold prompt + max_tokens, drop cancelled ones, then build one
+ * batch: a decode token for every running sequence first, then prefill
+ * chunks of admitted prompts in arrival order until the step's token budget
+ * is spent. One forward; then each sequence whose last row came out samples
+ * its next token and reports it. Blocks for a request's whole budget are
+ * reserved at admission, so an admitted request always completes. */
+#include "lm_engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_kv_cache.h"
+
+typedef enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state;
+
+struct lm_request {
+    lm_engine *en;
+    int32_t *tokens;        /* prompt, then generated tokens */
+    int n_prompt, n_tokens, cap;
+    int n_cached;           /* tokens whose K/V are in the cache */
+    lm_gen_params p;        /* arrays below are owned copies */
+    int32_t *stop_tokens;
+    lm_logit_bias *bias;
+    lm_sampler *sampler;
+    int32_t *counts;        /* [V] generated-token counts, only with penalties */
+    uint8_t *seen;          /* [V] prompt+generated, only with repetition penalty */
+    lm_token_cb cb;
+    void *user;
+    atomic_int refs;        /* caller + engine */
+    atomic_bool cancelled;
+    pthread_mutex_t cb_mu;  /* held while calling cb; guards released */
+    bool released;
+    req_state state;
+    lm_kv_seq seq;
+    int n_generated;
+    double t_submit, t_admit, t_first;
+    struct lm_request *next; /* queue link */
+};
+
+struct lm_engine {
+    lm_model *m;
+    lm_kv_cache *kv;
+    lm_engine_opts o;
+    int vocab;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stopping;
+    lm_request *q_head, *q_tail; /* waiting for admission */
+    int n_queued;
+    lm_request **running;        /* [parallel] */
+    int n_running;
+    /* batch scratch */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_rows;
+    const int32_t **b_tables;
+    lm_request **row_req;        /* [parallel] which request owns logits row i */
+    lm_request **seq_req;        /* [parallel] request of batch sequence s */
+    int *seq_n;                  /* [parallel] its tokens in this batch */
+    float *logits;               /* [parallel][V] */
+    float *work;                 /* [V] biased/penalised copy for sampling */
+    lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
+    uint64_t step_generated;     /* engine thread only */
+};
+
+/* ---- request lifetime ---- */
+
+static void req_unref(lm_request *r) {
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    pthread_mutex_destroy(&r->cb_mu);
+    lm_sampler_free(r->sampler);
+    free(r->tokens);
+    free(r->stop_tokens);
+    free(r->bias);
+    free(r->counts);
+    free(r->seen);
+    free(r);
+}
+
+static void req_emit(lm_request *r, const lm_token_event *ev) {
+    pthread_mutex_lock(&r->cb_mu);
+    if (!r->released) r->cb(r->user, ev);
+    pthread_mutex_unlock(&r->cb_mu);
+}
+
+/* Final event, cache blocks back to the pool, the engine's reference dropped. */
+static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
+    lm_token_event ev = { .done = true, .finish = why, .error = error, .n_prompt = r->n_prompt,
+                          .n_generated = r->n_generated,
+                          .queue_s = r->t_admit > 0 ? r->t_admit - r->t_submit : lm_now() - r->t_submit,
+                          .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0 };
+    req_emit(r, &ev);
+    lm_kv_seq_release(en->kv, &r->seq);
+    r->state = REQ_DONE;
+    req_unref(r);
+}
+
+void lm_request_cancel(lm_request *r) {
+    atomic_store(&r->cancelled, true);
+    pthread_mutex_lock(&r->en->mu);
+    pthread_cond_signal(&r->en->cv);
+    pthread_mutex_unlock(&r->en->mu);
+}
+
+void lm_request_release(lm_request *r) {
+    pthread_mutex_lock(&r->cb_mu);
+    r->released = true;
+    pthread_mutex_unlock(&r->cb_mu);
+    lm_request_cancel(r);
+    req_unref(r);
+}
+
+/* ---- sampling ---- */
+
+static bool uses_penalties(const lm_gen_params *p) {
+    return p->presence_penalty != 0 || p->frequency_penalty != 0 || (p->repetition_penalty != 1 && p->repetition_penalty > 0);
+}
+
+/* logits -> en->work with logit_bias and penalties applied. */
+static const float *adjusted_logits(lm_engine *en, lm_request *r, const float *logits) {
+    if (r->p.n_logit_bias == 0 && !r->counts) return logits;
+    float *w = en->work;
+    memcpy(w, logits, (size_t)en->vocab * sizeof(float));
+    for (int i = 0; i < r->p.n_logit_bias; i++) w[r->bias[i].token] += r->bias[i].bias;
+    if (r->counts) {
+        float rp = r->p.repetition_penalty;
+        for (int v = 0; v < en->vocab; v++) {
+            if (r->seen[v] && rp > 0 && rp != 1) w[v] = w[v] > 0 ? w[v] / rp : w[v] * rp;
+            if (r->counts[v]) w[v] -= r->p.presence_penalty + r->p.frequency_penalty * (float)r->counts[v];
+        }
+    }
+    return w;
+}
+
+/* Log-softmax of the model's own logits for the chosen token and the top n. */
+static void fill_logprobs(lm_engine *en, const float *logits, int32_t tok, int n_top, lm_token_event *ev) {
+    const int V = en->vocab;
+    float mx = logits[0];
+    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
+    float lse = mx + (float)log(sum);
+    ev->logprob = logits[tok] - lse;
+    /* top n by repeated selection: n <= 20, so O(n V) is fine next to a forward */
+    ev->n_top = 0;
+    for (int k = 0; k < n_top && k < V; k++) {
+        int best = -1;
+        for (int v = 0; v < V; v++) {
+            bool taken = false;
+            for (int j = 0; j < k && !taken; j++) taken = ev->top_ids[j] == v;
+            if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
+        }
+        ev->top_ids[k] = best;
+        ev->top_logprobs[k] = logits[best] - lse;
+        ev->n_top++;
+    }
+}
+
+static bool is_stop_token(const lm_request *r, int32_t tok) {
+    for (int i = 0; i < r->p.n_stop_tokens; i++)
+        if (r->stop_tokens[i] == tok) return true;
+    return false;
+}
+
+/* One sampled token for r: report it, append it, finish when due. */
+static void take_token(lm_engine *en, lm_request *r, const float *logits) {
+    const float *adj = adjusted_logits(en, r, logits);
+    int32_t tok = lm_sample(r->sampler, adj);
+    if (r->t_first == 0) r->t_first = lm_now();
+    r->n_generated++;
+    en->step_generated++;
+    if (is_stop_token(r, tok)) {
+        req_finish(en, r, LM_FINISH_STOP, NULL);
+        return;
+    }
+    lm_token_event ev = { .token = tok, .has_token = true, .n_prompt = r->n_prompt, .n_generated = r->n_generated };
+    if (r->p.logprobs || r->p.top_logprobs > 0) fill_logprobs(en, logits, tok, r->p.top_logprobs, &ev);
+    req_emit(r, &ev);
+    r->tokens[r->n_tokens++] = tok;
+    if (r->counts) {
+        r->counts[tok]++;
+        r->seen[tok] = 1;
+    }
+    if (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx) req_finish(en, r, LM_FINISH_LENGTH, NULL);
+}
+
+/* ---- scheduling ---- */
+
+static int blocks_for(const lm_engine *en, int tokens) {
+    return (tokens + en->kv->pool.block_size - 1) / en->kv->pool.block_size;
+}
+
+/* Moves queue heads into the running set while they fit (under en->mu).
+ * Cancelled heads go to *dead, to be finished after the lock is dropped so
+ * that no callback runs under it. */
+static void admit(lm_engine *en, lm_request **dead) {
+    while (en->q_head && en->n_running < en->o.parallel) {
+        lm_request *r = en->q_head;
+        if (!atomic_load(&r->cancelled)) {
+            int need = r->n_prompt + r->p.max_tokens;
+            if (blocks_for(en, need) > en->kv->n_free) break; /* FIFO: nobody overtakes the head */
+            if (lm_kv_seq_reserve(en->kv, &r->seq, need, NULL)) break;
+        }
+        en->q_head = r->next;
+        if (!en->q_head) en->q_tail = NULL;
+        en->n_queued--;
+        r->next = NULL;
+        if (atomic_load(&r->cancelled)) {
+            r->next = *dead;
+            *dead = r;
+            continue;
+        }
+        r->t_admit = lm_now();
+        r->state = REQ_RUNNING;
+        en->running[en->n_running++] = r;
+    }
+}
+
+static void drop_cancelled(lm_engine *en) {
+    int k = 0;
+    for (int i = 0; i < en->n_running; i++) {
+        lm_request *r = en->running[i];
+        if (atomic_load(&r->cancelled)) req_finish(en, r, LM_FINISH_CANCELLED, NULL);
+        else en->running[k++] = r;
+    }
+    en->n_running = k;
+}
+
+static void drop_done(lm_engine *en) {
+    int k = 0;
+    for (int i = 0; i < en->n_running; i++)
+        if (en->running[i]->state != REQ_DONE) en->running[k++] = en->running[i];
+    en->n_running = k;
+}
+
+/* Adds tokens [from, from + n) of r to the batch; returns the row of the last. */
+static int add_tokens(lm_engine *en, int *T, int s, lm_request *r, int from, int n) {
+    for (int i = 0; i < n; i++) {
+        en->b_tokens[*T] = r->tokens[from + i];
+        en->b_pos[*T] = from + i;
+        en->b_seq[*T] = s;
+        (*T)++;
+    }
+    return *T - 1;
+}
+
+static void step(lm_engine *en) {
+    int T = 0, n_out = 0, S = 0, budget = en->o.step_tokens;
+    /* decode tokens first: running streams never wait behind a prompt */
+    for (int i = 0; i < en->n_running; i++) {
+        lm_request *r = en->running[i];
+        if (r->n_cached < r->n_prompt) continue;
+        en->b_tables[S] = r->seq.blocks;
+        en->seq_req[S] = r;
+        en->seq_n[S] = 1;
+        en->b_rows[n_out] = add_tokens(en, &T, S++, r, r->n_cached, 1);
+        en->row_req[n_out++] = r;
+        budget--;
+    }
+    for (int i = 0; i < en->n_running && budget > 0; i++) {
+        lm_request *r = en->running[i];
+        if (r->n_cached >= r->n_prompt) continue;
+        int n = LM_MIN(budget, r->n_prompt - r->n_cached);
+        en->b_tables[S] = r->seq.blocks;
+        en->seq_req[S] = r;
+        en->seq_n[S] = n;
+        int last = add_tokens(en, &T, S++, r, r->n_cached, n);
+        budget -= n;
+        if (r->n_cached + n == r->n_prompt) {
+            en->b_rows[n_out] = last;
+            en->row_req[n_out++] = r;
+        }
+    }
+    if (T == 0) return;
+    lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables, n_out, en->b_rows };
+    lm_err e = { { 0 } };
+    if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
+        for (int i = 0; i < en->n_running; i++) req_finish(en, en->running[i], LM_FINISH_ERROR, e.msg);
+        en->n_running = 0;
+        return;
+    }
+    pthread_mutex_lock(&en->mu);
+    en->st.steps++;
+    en->st.batch_tokens_total += (uint64_t)T;
+    pthread_mutex_unlock(&en->mu);
+    for (int i = 0; i < S; i++) en->seq_req[i]->n_cached += en->seq_n[i];
+    for (int i = 0; i < n_out; i++) take_token(en, en->row_req[i], en->logits + (size_t)i * en->vocab);
+    drop_done(en);
+}
+
+static void finish_list(lm_engine *en, lm_request *r, lm_finish why) {
+    while (r) {
+        lm_request *next = r->next;
+        req_finish(en, r, why, NULL);
+        r = next;
+    }
+}
+
+static void *engine_main(void *arg) {
+    lm_engine *en = arg;
+    for (;;) {
+        lm_request *dead = NULL;
+        pthread_mutex_lock(&en->mu);
+        admit(en, &dead);
+        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead) {
+            pthread_cond_wait(&en->cv, &en->mu);
+            admit(en, &dead);
+        }
+        bool stop = en->stopping;
+        pthread_mutex_unlock(&en->mu);
+        finish_list(en, dead, LM_FINISH_CANCELLED);
+        if (stop) break;
+        drop_cancelled(en);
+        step(en);
+        pthread_mutex_lock(&en->mu);
+        en->st.generated_tokens += en->step_generated;
+        en->step_generated = 0;
+        en->st.running = en->n_running;
+        en->st.kv_blocks_free = en->kv->n_free;
+        pthread_mutex_unlock(&en->mu);
+    }
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, lm_err *e) {
+    *out = NULL;
+    lm_engine *en = lm_xcalloc(1, sizeof *en);
+    en->m = m;
+    en->o = opts ? *opts : (lm_engine_opts){ 0 };
+    if (en->o.ctx <= 0 || en->o.ctx > m->cfg.max_pos) en->o.ctx = m->cfg.max_pos;
+    if (en->o.parallel <= 0) en->o.parallel = 4;
+    if (en->o.max_queue <= 0) en->o.max_queue = 256;
+    if (en->o.step_tokens <= 0) en->o.step_tokens = 512;
+    if (en->o.step_tokens < en->o.parallel) en->o.step_tokens = en->o.parallel;
+    if (en->o.kv_tokens <= 0) en->o.kv_tokens = en->o.parallel * en->o.ctx;
+    if (en->o.kv_tokens < en->o.ctx) en->o.kv_tokens = en->o.ctx;
+    en->vocab = m->cfg.vocab;
+    int block = 16;
+    /* one spare block per sequence: budgets rarely end on a block boundary */
+    int n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
+    if (lm_kv_cache_create(&en->kv, m->be, m->cfg.n_layers, (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim, block,
+                           n_blocks, e)) {
+        free(en);
+        return -1;
+    }
+    int P = en->o.parallel, B = en->o.step_tokens;
+    en->running = lm_xcalloc((size_t)P, sizeof *en->running);
+    en->b_tokens = lm_xmalloc((size_t)B * sizeof(int32_t));
+    en->b_pos = lm_xmalloc((size_t)B * sizeof(int32_t));
+    en->b_seq = lm_xmalloc((size_t)B * sizeof(int32_t));
+    en->b_rows = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->b_tables = lm_xcalloc((size_t)P, sizeof *en->b_tables);
+    en->row_req = lm_xcalloc((size_t)P, sizeof *en->row_req);
+    en->seq_req = lm_xcalloc((size_t)P, sizeof *en->seq_req);
+    en->seq_n = lm_xcalloc((size_t)P, sizeof *en->seq_n);
+    en->logits = lm_xmalloc((size_t)P * (size_t)en->vocab * sizeof(float));
+    en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
+    pthread_mutex_init(&en->mu, NULL);
+    pthread_cond_init(&en->cv, NULL);
+    en->st.kv_blocks_free = en->kv->n_free;
+    if (pthread_create(&en->thread, NULL, engine_main, en) != 0) {
+        lm_engine_free(en);
+        return lm_errf(e, "cannot start the engine thread");
+    }
+    *out = en;
+    return 0;
+}
+
+void lm_engine_free(lm_engine *en) {
+    if (!en) return;
+    if (en->thread) {
+        pthread_mutex_lock(&en->mu);
+        en->stopping = true;
+        pthread_cond_signal(&en->cv);
+        pthread_mutex_unlock(&en->mu);
+        pthread_join(en->thread, NULL);
+    }
+    /* the thread is gone: finish what it left */
+    for (int i = 0; i < en->n_running; i++) req_finish(en, en->running[i], LM_FINISH_CANCELLED, NULL);
+    finish_list(en, en->q_head, LM_FINISH_CANCELLED);
+    pthread_mutex_destroy(&en->mu);
+    pthread_cond_destroy(&en->cv);
+    lm_kv_cache_free(en->kv);
+    free(en->running);
+    free(en->b_tokens);
+    free(en->b_pos);
+    free(en->b_seq);
+    free(en->b_rows);
+    free(en->b_tables);
+    free(en->row_req);
+    free(en->seq_req);
+    free(en->seq_n);
+    free(en->logits);
+    free(en->work);
+    free(en);
+}
+
+int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
+
+int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
+                     lm_token_cb cb, void *user, lm_request **out, lm_err *e) {
+    *out = NULL;
+    if (n_prompt <= 0) return lm_errf(e, "the prompt is empty"), LM_ENGINE_ERROR;
+    if (p->max_tokens <= 0) return lm_errf(e, "max_tokens must be at least 1"), LM_ENGINE_ERROR;
+    if ((int64_t)n_prompt + p->max_tokens > en->o.ctx)
+        return lm_errf(e, "prompt (%d tokens) + max_tokens (%d) exceed the context of %d tokens", n_prompt,
+                       p->max_tokens, en->o.ctx), LM_ENGINE_ERROR;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= en->vocab)
+            return lm_errf(e, "token id %d out of range [0, %d)", prompt[i], en->vocab), LM_ENGINE_ERROR;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= en->vocab)
+            return lm_errf(e, "logit_bias token %d out of range [0, %d)", p->logit_bias[i].token, en->vocab), LM_ENGINE_ERROR;
+    if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
+        return lm_errf(e, "top_logprobs must be between 0 and %d", LM_MAX_TOP_LOGPROBS), LM_ENGINE_ERROR;
+
+    lm_request *r = lm_xcalloc(1, sizeof *r);
+    r->en = en;
+    r->cap = n_prompt + p->max_tokens;
+    r->tokens = lm_xmalloc((size_t)r->cap * sizeof(int32_t));
+    memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
+    r->n_prompt = r->n_tokens = n_prompt;
+    r->p = *p;
+    r->stop_tokens = lm_xmalloc((size_t)(p->n_stop_tokens + 1) * sizeof(int32_t));
+    if (p->n_stop_tokens) memcpy(r->stop_tokens, p->stop_tokens, (size_t)p->n_stop_tokens * sizeof(int32_t));
+    r->bias = lm_xmalloc((size_t)(p->n_logit_bias + 1) * sizeof(lm_logit_bias));
+    if (p->n_logit_bias) memcpy(r->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof(lm_logit_bias));
+    r->p.stop_tokens = r->stop_tokens;
+    r->p.logit_bias = r->bias;
+    if (uses_penalties(p)) {
+        r->counts = lm_xcalloc((size_t)en->vocab, sizeof(int32_t));
+        r->seen = lm_xcalloc((size_t)en->vocab, 1);
+        for (int i = 0; i < n_prompt; i++) r->seen[prompt[i]] = 1;
+    }
+    r->sampler = lm_sampler_create(&p->sampling, en->vocab);
+    r->cb = cb;
+    r->user = user;
+    atomic_init(&r->refs, 2);
+    atomic_init(&r->cancelled, false);
+    pthread_mutex_init(&r->cb_mu, NULL);
+    r->t_submit = lm_now();
+
+    pthread_mutex_lock(&en->mu);
+    if (en->n_queued >= en->o.max_queue) {
+        pthread_mutex_unlock(&en->mu);
+        atomic_store(&r->refs, 1);
+        req_unref(r);
+        return lm_errf(e, "server busy: %d requests already waiting", en->o.max_queue), LM_ENGINE_BUSY;
+    }
+    if (en->q_tail) en->q_tail->next = r;
+    else en->q_head = r;
+    en->q_tail = r;
+    en->n_queued++;
+    en->st.requests++;
+    en->st.prompt_tokens += (uint64_t)n_prompt;
+    pthread_cond_signal(&en->cv);
+    pthread_mutex_unlock(&en->mu);
+    *out = r;
+    return LM_ENGINE_OK;
+}
+
+void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s) {
+    pthread_mutex_lock(&en->mu);
+    *s = en->st;
+    s->queued = en->n_queued;
+    s->kv_blocks_total = en->kv->pool.n_blocks;
+    pthread_mutex_unlock(&en->mu);
+}

@@ -1,0 +1,303 @@
+/* test_engine.c - the scheduler: continuous batching gives every request the
+ * tokens it gets alone, cancellation frees the cache, limits are enforced. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/lm_engine.h"
+#include "engine/lm_runner.h"
+#include "lm_test.h"
+#include "model/safetensors.h"
+
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[512];
+    int n;
+    bool done;
+    lm_finish finish;
+    float logprob0;
+    int n_top0;
+} collect;
+
+static void on_token(void *user, const lm_token_event *ev) {
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < 512) {
+        if (c->n == 0) {
+            c->logprob0 = ev->logprob;
+            c->n_top0 = ev->n_top;
+        }
+        c->toks[c->n++] = ev->token;
+    }
+    if (ev->done) {
+        c->done = true;
+        c->finish = ev->finish;
+    }
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collect_init(collect *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
+
+static void collect_wait(collect *c, int min_tokens) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && c->n < min_tokens) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collect_destroy(collect *c) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+typedef struct fixture {
+    lm_backend *be;
+    lm_model *m;
+    lm_safetensors ref;
+} fixture;
+
+static bool fixture_open(fixture *f, const char *name) {
+    memset(f, 0, sizeof *f);
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) return false;
+    char *ref = lm_test_fixture_path(strcat(rel, "/reference.safetensors"));
+    f->be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    bool ok = f->be && lm_model_load(&f->m, dir, f->be, NULL) == 0 && lm_safetensors_open(&f->ref, ref, NULL) == 0;
+    free(dir);
+    free(ref);
+    return ok;
+}
+
+static void fixture_close(fixture *f) {
+    lm_model_free(f->m);
+    lm_backend_destroy(f->be);
+    if (f->ref.tensors) lm_safetensors_close(&f->ref);
+}
+
+static int ref_ids(fixture *f, const char *name, int32_t *out, int max) {
+    const lm_file_tensor *t = lm_safetensors_find(&f->ref, name);
+    int n = t ? (int)LM_MIN(t->shape[0], max) : 0;
+    if (n) memcpy(out, t->data, (size_t)n * sizeof(int32_t));
+    return n;
+}
+
+/* Greedy tokens of prompt alone, through the plain runner. */
+static int alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
+    lm_runner *r = NULL;
+    if (lm_runner_create(&r, m, n + gen + 1, 0, NULL)) return -1;
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
+    int rc = lm_runner_eval(r, prompt, n, false, logits, NULL);
+    for (int i = 0; rc == 0 && i < gen; i++) {
+        out[i] = lm_argmax(logits, m->cfg.vocab);
+        rc = lm_runner_eval(r, &out[i], 1, false, logits, NULL);
+    }
+    free(logits);
+    lm_runner_free(r);
+    return rc;
+}
+
+/* Stats are published after each step, a moment after the last final event. */
+static void wait_idle(lm_engine *en, lm_engine_stats *st) {
+    for (int i = 0; i < 2000; i++) {
+        lm_engine_get_stats(en, st);
+        if (st->running == 0 && st->queued == 0 && st->kv_blocks_free == st->kv_blocks_total) return;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+static lm_gen_params greedy(int max_tokens) {
+    lm_gen_params p = { 0 };
+    p.sampling.top_p = 1;
+    p.repetition_penalty = 1;
+    p.max_tokens = max_tokens;
+    return p;
+}
+
+/* Several requests of different lengths at once, with prompt chunks split by
+ * a small step budget, each give exactly their tokens alone (and the
+ * reference's greedy tokens). */
+static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int step_tokens) {
+    fixture f;
+    if (!fixture_open(&f, model)) {
+        fixture_close(&f);
+        LM_SKIP("fixture %s not available", model);
+    }
+    enum { N = 6, GEN = 20 };
+    int32_t prompts[N][300];
+    int lens[N];
+    int32_t full[300];
+    int n_full = ref_ids(&f, "prompt2.ids", full, 300);
+    LM_REQUIRE(n_full == 300);
+    int cut[N] = { 7, 300, 64, 1, 129, 33 };
+    for (int i = 0; i < N; i++) {
+        int off = (i * 11) % 5;
+        lens[i] = LM_MIN(cut[i], 300 - off);
+        memcpy(prompts[i], full + off, (size_t)lens[i] * sizeof(int32_t));
+    }
+    /* solo runs first: a model runs one forward at a time, and the engine's
+     * thread owns it while the engine lives */
+    int32_t solo[N][GEN];
+    for (int i = 0; i < N; i++) LM_REQUIRE(alone(f.m, prompts[i], lens[i], GEN, solo[i]) == 0);
+    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens };
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    collect c[N];
+    lm_request *req[N];
+    lm_gen_params p = greedy(GEN);
+    for (int i = 0; i < N; i++) {
+        collect_init(&c[i]);
+        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        collect_wait(&c[i], 1 << 30);
+        LM_CHECK(c[i].finish == LM_FINISH_LENGTH || c[i].finish == LM_FINISH_STOP);
+        int n = c[i].n;
+        LM_CHECK_MSG(n == GEN || c[i].finish == LM_FINISH_STOP, "request %d: %d tokens", i, n);
+        LM_CHECK_MSG(memcmp(c[i].toks, solo[i], (size_t)n * sizeof(int32_t)) == 0, "request %d (len %d) differs from alone", i, lens[i]);
+        lm_request_release(req[i]);
+        collect_destroy(&c[i]);
+    }
+    lm_engine_stats st;
+    wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free == st.kv_blocks_total);
+    LM_CHECK(st.steps > 0 && st.batch_tokens_total > st.steps); /* batches held more than one token */
+    lm_engine_free(en);
+    fixture_close(&f);
+}
+
+LM_TEST(engine_concurrent_equals_alone_llama) { concurrent_equals_alone(lm_t_, "llama", 512); }
+LM_TEST(engine_concurrent_equals_alone_qwen3_chunked) { concurrent_equals_alone(lm_t_, "qwen3", 24); }
+LM_TEST(engine_concurrent_equals_alone_mqa_tiny_steps) { concurrent_equals_alone(lm_t_, "llama3-rope-mqa", 5); }
+
+LM_TEST(engine_reference_greedy) {
+    fixture f;
+    if (!fixture_open(&f, "llama")) {
+        fixture_close(&f);
+        LM_SKIP("fixture llama not available");
+    }
+    int32_t ids[64], want[24];
+    int n = ref_ids(&f, "prompt1.ids", ids, 64);
+    LM_REQUIRE(n == 64 && ref_ids(&f, "prompt1.greedy_ids", want, 24) == 24);
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 128 }, NULL) == 0);
+    collect c;
+    collect_init(&c);
+    lm_request *r;
+    lm_gen_params p = greedy(24);
+    p.logprobs = true;
+    p.top_logprobs = 5;
+    LM_REQUIRE(lm_engine_submit(en, ids, n, &p, on_token, &c, &r, NULL) == LM_ENGINE_OK);
+    collect_wait(&c, 1 << 30);
+    LM_CHECK(c.n == 24 && memcmp(c.toks, want, sizeof want) == 0);
+    LM_CHECK(c.n_top0 == 5 && c.logprob0 < 0 && c.logprob0 > -20);
+    lm_request_release(r);
+    collect_destroy(&c);
+    lm_engine_free(en);
+    fixture_close(&f);
+}
+
+LM_TEST(engine_cancel_frees_cache) {
+    fixture f;
+    if (!fixture_open(&f, "qwen3")) {
+        fixture_close(&f);
+        LM_SKIP("fixture qwen3 not available");
+    }
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 4096, .parallel = 1 }, NULL) == 0);
+    int32_t ids[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    collect a, b;
+    collect_init(&a);
+    collect_init(&b);
+    lm_request *ra, *rb;
+    lm_gen_params p = greedy(4000);
+    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, on_token, &a, &ra, NULL) == LM_ENGINE_OK);
+    /* b waits: parallel = 1 */
+    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, on_token, &b, &rb, NULL) == LM_ENGINE_OK);
+    collect_wait(&a, 3);
+    lm_request_cancel(ra);
+    collect_wait(&a, 1 << 30);
+    LM_CHECK(a.finish == LM_FINISH_CANCELLED && a.n < 4000);
+    collect_wait(&b, 2); /* b got admitted once a let go */
+    LM_CHECK(b.n >= 2);
+    lm_request_release(rb); /* release without waiting: cancels */
+    lm_request_release(ra);
+    lm_engine_stats st;
+    wait_idle(en, &st); /* the engine finishes b asynchronously */
+    LM_CHECK(st.running == 0 && st.kv_blocks_free == st.kv_blocks_total);
+    collect_destroy(&a);
+    collect_destroy(&b);
+    lm_engine_free(en);
+    fixture_close(&f);
+}
+
+LM_TEST(engine_limits_and_errors) {
+    fixture f;
+    if (!fixture_open(&f, "llama")) {
+        fixture_close(&f);
+        LM_SKIP("fixture llama not available");
+    }
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 64, .parallel = 1, .max_queue = 2 }, NULL) == 0);
+    int32_t ids[4] = { 1, 2, 3, 4 }, bad[2] = { 1, 99999 };
+    lm_err e = { { 0 } };
+    lm_request *r[5] = { 0 };
+    lm_gen_params p = greedy(61);
+    LM_CHECK(lm_engine_submit(en, ids, 4, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR && strstr(e.msg, "exceed the context"));
+    p.max_tokens = 10;
+    LM_CHECK(lm_engine_submit(en, bad, 2, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR && strstr(e.msg, "out of range"));
+    LM_CHECK(lm_engine_submit(en, ids, 0, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR);
+    /* stop tokens end generation with STOP: stop on whatever greedy emits first */
+    int32_t first;
+    LM_REQUIRE(alone(f.m, ids, 4, 1, &first) == 0);
+    p.stop_tokens = &first;
+    p.n_stop_tokens = 1;
+    collect c;
+    collect_init(&c);
+    LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, on_token, &c, &r[0], &e) == LM_ENGINE_OK);
+    collect_wait(&c, 1 << 30);
+    LM_CHECK(c.finish == LM_FINISH_STOP && c.n == 0);
+    lm_request_release(r[0]);
+    collect_destroy(&c);
+    lm_engine_free(en);
+    fixture_close(&f);
+}
+
+LM_TEST(engine_seeded_sampling_repeats) {
+    fixture f;
+    if (!fixture_open(&f, "llama")) {
+        fixture_close(&f);
+        LM_SKIP("fixture llama not available");
+    }
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 128, .parallel = 3 }, NULL) == 0);
+    int32_t ids[4] = { 5, 6, 7, 8 };
+    collect c[3];
+    lm_request *r[3];
+    for (int i = 0; i < 3; i++) {
+        lm_gen_params p = greedy(16);
+        p.sampling.temperature = 1.3f;
+        p.sampling.seed = i == 2 ? 99 : 42;
+        p.frequency_penalty = 0.5f;
+        collect_init(&c[i]);
+        LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, on_token, &c[i], &r[i], NULL) == LM_ENGINE_OK);
+    }
+    for (int i = 0; i < 3; i++) collect_wait(&c[i], 1 << 30);
+    LM_CHECK(c[0].n == 16 && c[1].n == 16 && memcmp(c[0].toks, c[1].toks, sizeof(int32_t) * 16) == 0);
+    LM_CHECK(memcmp(c[0].toks, c[2].toks, sizeof(int32_t) * 16) != 0);
+    for (int i = 0; i < 3; i++) {
+        lm_request_release(r[i]);
+        collect_destroy(&c[i]);
+    }
+    lm_engine_free(en);
+    fixture_close(&f);
+}
