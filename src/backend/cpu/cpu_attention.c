@@ -34,9 +34,10 @@ static void lm_kv_check_slot(const lm_kv_pool *kv, const lm_attn_batch *b, int t
     LM_ASSERT(blk >= 0 && blk < kv->n_blocks);
 }
 
-static float *lm_kv_row(float *base, const lm_kv_pool *kv, const int32_t *table, int32_t p) {
+/* Offset, in floats, of position p's row in a layer's K or V array. */
+static int64_t lm_kv_off(const lm_kv_pool *kv, const int32_t *table, int32_t p) {
     int64_t blk = table[p / kv->block_size];
-    return base + (blk * kv->block_size + p % kv->block_size) * kv->kv_width;
+    return (blk * kv->block_size + p % kv->block_size) * kv->kv_width;
 }
 
 void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
@@ -49,8 +50,9 @@ void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor 
     for (int t = 0; t < b->n_tokens; t++) {
         lm_kv_check_slot(kv, b, t);
         const int32_t *table = b->block_tables[b->seq[t]];
-        memcpy(lm_kv_row(kv->k[layer], kv, table, b->pos[t]), (const float *)k->data + t * k->cols, bytes);
-        memcpy(lm_kv_row(kv->v[layer], kv, table, b->pos[t]), (const float *)v->data + t * v->cols, bytes);
+        int64_t off = lm_kv_off(kv, table, b->pos[t]);
+        memcpy(kv->k[layer] + off, (const float *)k->data + t * k->cols, bytes);
+        memcpy(kv->v[layer] + off, (const float *)v->data + t * v->cols, bytes);
     }
 }
 
@@ -86,7 +88,7 @@ static void lm_att_one(const lm_att *a, int t, int h) {
         int n = (int)LM_MIN((int32_t)LM_ATT_CHUNK, pos - j0 + 1);
         float cmax = -INFINITY;
         for (int j = 0; j < n; j++) {
-            const float *kr = lm_kv_row((float *)a->kl, a->kv, table, j0 + j) + goff;
+            const float *kr = a->kl + lm_kv_off(a->kv, table, j0 + j) + goff;
             float sc = k->dot(qv, kr, Dh) * p->scale;
             if (p->softcap > 0) sc = p->softcap * tanhf(sc / p->softcap);
             s[j] = sc;
@@ -103,7 +105,7 @@ static void lm_att_one(const lm_att *a, int t, int h) {
         for (int j = 0; j < n; j++) {
             float e = expf(s[j] - m);
             l += e;
-            k->axpy(acc, e, lm_kv_row((float *)a->vl, a->kv, table, j0 + j) + goff, Dh);
+            k->axpy(acc, e, a->vl + lm_kv_off(a->kv, table, j0 + j) + goff, Dh);
         }
     }
     float *o = a->out + t * a->out_cols + (int64_t)h * Dh;

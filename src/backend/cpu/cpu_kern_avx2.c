@@ -147,7 +147,9 @@ LM_AI void lm_y_pack(lm_dtype dt, const void *w, size_t ldw, int nv, int64_t kc,
                 }
             }
             lm_y_tr8(r);
-            for (int j = 0; j < n; j++) _mm256_store_ps(wp + (k + j) * LM_Y_NR + 8 * h, r[j]);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) /* constant indices keep r[] in registers */
+                if (j < n) _mm256_store_ps(wp + (k + j) * LM_Y_NR + 8 * h, r[j]);
         }
     }
 }

@@ -186,7 +186,9 @@ LM_AI void lm_z_pack(lm_dtype dt, const void *w, size_t ldw, int nv, int64_t kc,
                 r[i] = i < rows ? v : _mm512_setzero_ps();
             }
             lm_z_tr16(r);
-            for (int j = 0; j < n; j++) _mm512_store_ps(wp + (k + j) * LM_Z_NR + 16 * h, r[j]);
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++) /* constant indices keep r[] in registers */
+                if (j < n) _mm512_store_ps(wp + (k + j) * LM_Z_NR + 16 * h, r[j]);
         }
     }
 }
