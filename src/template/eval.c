@@ -14,6 +14,7 @@
  * used (printing it gives '').
  *
  * Part of lumen's Jinja interpreter, written by hand for lumen. */
+#define _GNU_SOURCE /* memmem */
 #include "tpl_internal.h"
 
 #include <math.h>
@@ -389,10 +390,9 @@ static bool contains(tpl_rt *rt, tpl_val item, tpl_val seq) {
             tpl_rt_raise(rt, "'in <string>' requires string as left operand, not %s", tpl_type_name(&item));
         if (item.u.s.n == 0) return true;
         if (item.u.s.n > seq.u.s.n) return false;
-        for (size_t i = 0; i + item.u.s.n <= seq.u.s.n; i++)
-            if (!memcmp(seq.u.s.p + i, item.u.s.p, item.u.s.n)) return true;
-        return false;
+        return memmem(seq.u.s.p, seq.u.s.n, item.u.s.p, item.u.s.n) != NULL;
     case TV_LIST:
+        tpl_tick(rt, seq.u.l->n / 8);
         for (size_t i = 0; i < seq.u.l->n; i++)
             if (tpl_eq(rt, seq.u.l->v[i], item)) return true;
         return false;
@@ -527,6 +527,18 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
 
 tpl_val tpl_call(tpl_rt *rt, tpl_val f, tpl_argv *av) {
     if (f.t == TV_UNDEF) tpl_undef_fail(rt, f);
+    if (f.t == TV_LOOP) { /* loop(children) in a recursive for */
+        tpl_loop *L = f.u.loop;
+        if (!L->for_node->recursive) tpl_rt_raise(rt, "The loop must have the 'recursive' marker to be called recursively.");
+        if (av->npos != 1 || av->nkw) tpl_rt_raise(rt, "loop() takes exactly one argument");
+        tpl_buf b = { 0 }, *saved = rt->out;
+        rt->out = &b;
+        enter(rt);
+        run_for(rt, L->scope, L->for_node, av->pos[0], L->depth0 + 1);
+        rt->depth--;
+        rt->out = saved;
+        return tpl_buf_val(&b);
+    }
     if (f.t != TV_FUNC) tpl_rt_raise(rt, "'%s' object is not callable", tpl_type_name(&f));
     tpl_func *fn = f.u.fn;
     switch (fn->kind) {
@@ -552,17 +564,6 @@ tpl_val tpl_call(tpl_rt *rt, tpl_val f, tpl_argv *av) {
         tpl_func m = *fn;
         m.node = fn->node; /* N_CALLBLOCK: args = caller params, list = body */
         return call_macro(rt, &m, av, tv_undef());
-    }
-    case FN_LOOP: {
-        if (av->npos != 1) tpl_rt_raise(rt, "loop() takes exactly one argument");
-        tpl_loop *L = fn->self.u.loop;
-        tpl_buf b = { 0 }, *saved = rt->out;
-        rt->out = &b;
-        enter(rt);
-        run_for(rt, L->scope, L->for_node, av->pos[0], L->depth0 + 1);
-        rt->depth--;
-        rt->out = saved;
-        return tpl_buf_val(&b);
     }
     case FN_METHOD: return tpl_call_method(rt, fn, av);
     default: return tpl_call_builtin(rt, fn, av);
@@ -598,7 +599,7 @@ static void assign(tpl_rt *rt, tpl_scope *sc, const tpl_node *target, tpl_val v)
 }
 
 static tpl_val eval(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
-    if (++rt->steps > rt->max_steps) tpl_rt_raise(rt, "template took too many steps (over %llu)", (unsigned long long)rt->max_steps);
+    tpl_tick(rt, 1);
     rt->pos = n->pos;
     switch ((tpl_kind)n->kind) {
     case N_CONST: return n->cval;
@@ -745,6 +746,7 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
     loopv.u.loop = L;
     enter(rt);
     for (size_t i = 0; i < items->n; i++) {
+        tpl_tick(rt, 1);
         L->index0 = i;
         it = scope_new(rt, sc);
         scope_set(rt, it, (tpl_str){ "loop", 4 }, loopv);
@@ -758,7 +760,7 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
 }
 
 static flow exec_stmt(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
-    if (++rt->steps > rt->max_steps) tpl_rt_raise(rt, "template took too many steps (over %llu)", (unsigned long long)rt->max_steps);
+    tpl_tick(rt, 1);
     rt->pos = n->pos;
     switch ((tpl_kind)n->kind) {
     case N_DATA: tpl_buf_put(rt, rt->out, n->cval.u.s.p, n->cval.u.s.n); return FLOW_NORMAL;

@@ -4,6 +4,7 @@
  * position or by the keyword names jinja2 documents.
  *
  * Part of lumen's Jinja interpreter, written by hand for lumen. */
+#define _GNU_SOURCE /* memmem */
 #include "tpl_internal.h"
 
 #include <math.h>
@@ -109,6 +110,7 @@ static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool r
     for (size_t w = 1; w < n; w *= 2) {
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = LM_MIN(lo + w, n), hi = LM_MIN(lo + 2 * w, n), i = lo, j = mid, k = lo;
+            tpl_tick(rt, hi - lo);
             while (i < mid && j < hi) {
                 int c = tpl_cmp(rt, keys[j], keys[i]);
                 bool take_right = reverse ? c > 0 : c < 0;
@@ -811,6 +813,7 @@ static tpl_val f_unique(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     for (size_t i = 0; i < l->n; i++) {
         tpl_val k = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
         bool dup = false;
+        tpl_tick(rt, seen.u.l->n);
         for (size_t j = 0; j < seen.u.l->n && !dup; j++) dup = tpl_eq(rt, seen.u.l->v[j], k);
         if (dup) continue;
         tpl_list_push(rt, seen.u.l, k);
@@ -941,10 +944,7 @@ bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
         if (seq.t == TV_STR) {
             if (v.t != TV_STR)
                 tpl_rt_raise(rt, "'in <string>' requires string as left operand, not %s", tpl_type_name(&v));
-            if (v.u.s.n == 0) return true;
-            for (size_t i = 0; i + v.u.s.n <= seq.u.s.n; i++)
-                if (!memcmp(seq.u.s.p + i, v.u.s.p, v.u.s.n)) return true;
-            return false;
+            return memmem(seq.u.s.p, seq.u.s.n, v.u.s.p, v.u.s.n) != NULL;
         }
         if (seq.t == TV_DICT) return tpl_dict_get(seq.u.d, v) != NULL;
         if (seq.t == TV_LIST)

@@ -8,6 +8,7 @@
  * cannot change the rendering of a template that works under transformers.
  *
  * Part of lumen's Jinja interpreter, written by hand for lumen. */
+#define _GNU_SOURCE /* memmem */
 #include "tpl_internal.h"
 
 #include <math.h>
@@ -104,15 +105,19 @@ static int64_t int_arg(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int6
     tpl_rt_raise(rt, "'%s' must be an integer, not %s", name, tpl_type_name(&v));
 }
 
+/* memmem is linear (two-way), so hostile strings cannot make this quadratic */
 static size_t find_sub(tpl_str s, tpl_str sub, size_t from) {
     if (sub.n == 0) return from <= s.n ? from : SIZE_MAX;
-    for (size_t i = from; i + sub.n <= s.n; i++)
-        if (!memcmp(s.p + i, sub.p, sub.n)) return i;
-    return SIZE_MAX;
+    if (from > s.n) return SIZE_MAX;
+    const char *p = memmem(s.p + from, s.n - from, sub.p, sub.n);
+    return p ? (size_t)(p - s.p) : SIZE_MAX;
 }
 
-static size_t rfind_sub(tpl_str s, tpl_str sub) {
+/* the last match, scanning back; its worst case (n * m) is charged to the
+ * step budget up front */
+static size_t rfind_sub(tpl_rt *rt, tpl_str s, tpl_str sub) {
     if (sub.n > s.n) return SIZE_MAX;
+    tpl_tick(rt, (s.n / 256 + 1) * (sub.n / 16 + 1));
     for (size_t i = s.n - sub.n + 1; i-- > 0;)
         if (!memcmp(s.p + i, sub.p, sub.n)) return i;
     return SIZE_MAX;
@@ -208,7 +213,7 @@ tpl_val tpl_str_split(tpl_rt *rt, tpl_str s, const tpl_str *sep, int64_t maxspli
     int64_t done = 0;
     while (done < maxsplit) {
         tpl_str head = { s.p, end };
-        size_t k = rfind_sub(head, *sep);
+        size_t k = rfind_sub(rt, head, *sep);
         if (k == SIZE_MAX) break;
         tpl_list_push(rt, rev, tv_strn(s.p + k + sep->n, end - k - sep->n));
         end = k;
@@ -370,7 +375,7 @@ static tpl_val str_method(tpl_rt *rt, int id, tpl_val self, tpl_argv *av) {
         tpl_str sub = str_arg(rt, av, 0, "sub", "find");
         tpl_str r = cp_range(rt, s, av, 1);
         tpl_args_done(rt, av, 3, "find");
-        size_t k = (id == M_FIND || id == M_INDEX) ? find_sub(r, sub, 0) : rfind_sub(r, sub);
+        size_t k = (id == M_FIND || id == M_INDEX) ? find_sub(r, sub, 0) : rfind_sub(rt, r, sub);
         if (k == SIZE_MAX) {
             if (id == M_INDEX || id == M_RINDEX) tpl_rt_raise(rt, "substring not found");
             return tv_int(-1);
@@ -442,7 +447,7 @@ static tpl_val str_method(tpl_rt *rt, int id, tpl_val self, tpl_argv *av) {
         tpl_str sep = str_arg(rt, av, 0, "sep", "partition");
         tpl_args_done(rt, av, 1, "partition");
         if (!sep.n) tpl_rt_raise(rt, "empty separator");
-        size_t k = id == M_PARTITION ? find_sub(s, sep, 0) : rfind_sub(s, sep);
+        size_t k = id == M_PARTITION ? find_sub(s, sep, 0) : rfind_sub(rt, s, sep);
         tpl_val e = tv_strn("", 0);
         if (k == SIZE_MAX) return id == M_PARTITION ? tuple3(rt, self, e, e) : tuple3(rt, e, e, self);
         return tuple3(rt, tv_strn(s.p, k), tv_strn(sep.p, sep.n), tv_strn(s.p + k + sep.n, s.n - k - sep.n));

@@ -444,7 +444,7 @@ static tpl_node *postfix(parser *P, tpl_node *n) {
             }
             n = a;
         } else if (is_op(cur(P), "(")) {
-            tpl_node *c = mk(P, N_CALL, pos);
+            tpl_node *c = mk(P, N_CALL, n->pos); /* errors point at the callee */
             c->a = n;
             call_args(P, &c->args);
             n = c;
@@ -694,13 +694,13 @@ static tpl_node *stmt_for(parser *P, size_t pos) {
         n->recursive = true;
     }
     expect_block_end(P);
-    static const char *const ends[] = { "endfor", "else" };
+    static const char *const ends[] = { "else", "endfor" };
     int which;
     P->loops++;
     n->list = body(P, ends, 2, &which, "for", pos);
     P->loops--;
     expect_block_end(P);
-    if (which == 1) {
+    if (which == 0) {
         static const char *const end[] = { "endfor" };
         n->list2 = body(P, end, 1, &which, "for", pos);
         expect_block_end(P);

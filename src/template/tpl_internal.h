@@ -103,6 +103,8 @@ struct tpl_list {
 struct tpl_dict {
     tpl_val *k, *v;
     size_t n, cap;
+    uint32_t *idx; /* from 16 entries: open-addressing index of string keys (entry + 1, 0 = empty) */
+    size_t idx_cap;
 };
 
 typedef struct tpl_str {
@@ -219,7 +221,7 @@ typedef struct tpl_rt {
 
 #define TPL_MAX_DEPTH 400
 
-typedef enum tpl_fkind { FN_MACRO, FN_BUILTIN, FN_METHOD, FN_CALLER, FN_LOOP } tpl_fkind;
+typedef enum tpl_fkind { FN_MACRO, FN_BUILTIN, FN_METHOD, FN_CALLER } tpl_fkind;
 struct tpl_func {
     uint8_t kind;
     int id;              /* FN_BUILTIN / FN_METHOD: which */
@@ -247,6 +249,14 @@ typedef struct tpl_argv {
     tpl_val *kw;
     uint32_t used_kw; /* bit i: kw[i] consumed (checked by tpl_args_done) */
 } tpl_argv;
+
+/* Counts n units of work against max_steps (loops, comparisons in filters):
+ * every render ends in bounded time. */
+void tpl_steps_exceeded(tpl_rt *rt) __attribute__((noreturn));
+static inline void tpl_tick(tpl_rt *rt, uint64_t n) {
+    rt->steps += n;
+    if (rt->steps > rt->max_steps) tpl_steps_exceeded(rt);
+}
 
 /* value.c: constructors */
 static inline tpl_val tv_undef(void) { tpl_val v = { 0 }; v.t = TV_UNDEF; return v; }

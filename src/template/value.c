@@ -96,6 +96,10 @@ void *tpl_alloc(tpl_fail *f, size_t n) {
     return p;
 }
 
+void tpl_steps_exceeded(tpl_rt *rt) {
+    tpl_rt_raise(rt, "template took too many steps (over %llu)", (unsigned long long)rt->max_steps);
+}
+
 void *tpl_rt_alloc(tpl_rt *rt, size_t n) {
     void *p = tpl_arena_alloc(rt->f.arena, n);
     if (!p) tpl_rt_raise(rt, "out of memory (rendering needs more than %zu bytes)", rt->f.arena->limit);
@@ -175,6 +179,8 @@ tpl_val tv_list(tpl_rt *rt, size_t cap) {
     return v;
 }
 
+static void index_build(tpl_rt *rt, tpl_dict *d);
+
 tpl_val tv_dict(tpl_rt *rt, size_t cap) {
     tpl_val v = { 0 };
     v.t = TV_DICT;
@@ -184,6 +190,7 @@ tpl_val tv_dict(tpl_rt *rt, size_t cap) {
         v.u.d->k = tpl_rt_alloc(rt, cap * sizeof(tpl_val));
         v.u.d->v = tpl_rt_alloc(rt, cap * sizeof(tpl_val));
         v.u.d->cap = cap;
+        if (cap >= 16) index_build(rt, v.u.d);
     }
     return v;
 }
@@ -206,15 +213,49 @@ static bool key_eq(tpl_val a, tpl_val b) {
     return tpl_eq(NULL, a, b);
 }
 
-tpl_val *tpl_dict_get(tpl_dict *d, tpl_val k) {
+static uint64_t str_hash(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Big dicts (tool schemas, long contexts) get a hash index of their string
+ * keys so that lookups stay O(1); small ones are scanned. */
+static void index_insert(tpl_dict *d, size_t entry) {
+    const tpl_val *k = &d->k[entry];
+    size_t mask = d->idx_cap - 1, i = (size_t)str_hash(k->u.s.p, k->u.s.n) & mask;
+    while (d->idx[i]) i = (i + 1) & mask;
+    d->idx[i] = (uint32_t)entry + 1;
+}
+
+static void index_build(tpl_rt *rt, tpl_dict *d) {
+    size_t cap = 64;
+    while (cap < d->cap * 2) cap *= 2;
+    if (d->cap > UINT32_MAX / 2) return; /* stays linear */
+    d->idx = tpl_rt_alloc(rt, cap * sizeof *d->idx);
+    d->idx_cap = cap;
     for (size_t i = 0; i < d->n; i++)
-        if (key_eq(d->k[i], k)) return &d->v[i];
-    return NULL;
+        if (d->k[i].t == TV_STR) index_insert(d, i);
 }
 
 tpl_val *tpl_dict_gets(tpl_dict *d, const char *k, size_t n) {
+    if (d->idx) {
+        size_t mask = d->idx_cap - 1, i = (size_t)str_hash(k, n) & mask;
+        for (; d->idx[i]; i = (i + 1) & mask) {
+            const tpl_val *x = &d->k[d->idx[i] - 1];
+            if (x->u.s.n == n && !memcmp(x->u.s.p, k, n)) return &d->v[d->idx[i] - 1];
+        }
+        return NULL;
+    }
     for (size_t i = 0; i < d->n; i++)
         if (d->k[i].t == TV_STR && d->k[i].u.s.n == n && !memcmp(d->k[i].u.s.p, k, n)) return &d->v[i];
+    return NULL;
+}
+
+tpl_val *tpl_dict_get(tpl_dict *d, tpl_val k) {
+    if (k.t == TV_STR) return tpl_dict_gets(d, k.u.s.p, k.u.s.n);
+    for (size_t i = 0; i < d->n; i++)
+        if (key_eq(d->k[i], k)) return &d->v[i];
     return NULL;
 }
 
@@ -235,10 +276,12 @@ void tpl_dict_set(tpl_rt *rt, tpl_dict *d, tpl_val k, tpl_val v) {
         d->k = nk;
         d->v = nv;
         d->cap = cap;
+        if (d->idx || cap >= 16) index_build(rt, d);
     }
     d->k[d->n] = k;
     d->v[d->n] = v;
     d->n++;
+    if (d->idx && k.t == TV_STR) index_insert(d, d->n - 1);
 }
 
 /* The render's view of the context: strings point into the json_t, which
