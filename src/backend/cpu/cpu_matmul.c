@@ -27,7 +27,7 @@
 #include <string.h>
 
 #ifndef LM_MM_MC
-#define LM_MM_MC 512 /* tokens per GEMM unit */
+#define LM_MM_MC 512 /* tokens per GEMM unit (at most) */
 #endif
 #ifndef LM_MM_NC
 #define LM_MM_NC 128 /* outputs per GEMM unit */
@@ -43,6 +43,7 @@ typedef struct lm_mm {
     size_t ldw; /* bytes per weight row */
     int64_t T, O, I;
     /* GEMM */
+    int64_t mc;         /* tokens per unit */
     int64_t n_tb, n_cb; /* token blocks, column blocks */
     atomic_llong next;
 } lm_mm;
@@ -130,13 +131,14 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
         int64_t u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
         if (u >= n_units) break;
         /* Column blocks vary fastest, so concurrent units share x rows in L3. */
-        int64_t t0 = (u / m->n_cb) * LM_MM_MC, o0 = (u % m->n_cb) * LM_MM_NC;
-        int64_t mt = LM_MIN((int64_t)LM_MM_MC, m->T - t0), nc = LM_MIN((int64_t)LM_MM_NC, m->O - o0);
+        int64_t t0 = (u / m->n_cb) * m->mc, o0 = (u % m->n_cb) * LM_MM_NC;
+        int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN((int64_t)LM_MM_NC, m->O - o0);
         for (int64_t k0 = 0; k0 < m->I; k0 += KC) {
             int64_t kc = LM_MIN(KC, m->I - k0);
             for (int64_t p0 = 0; p0 < nc; p0 += NR) {
                 int nv = (int)LM_MIN((int64_t)NR, nc - p0);
-                if (p0 + NR < nc) lm_mm_prefetch_w(m, o0 + p0 + NR, (int)LM_MIN((int64_t)NR, nc - p0 - NR), k0, kc);
+                if (p0 + NR < nc)
+                    lm_mm_prefetch_w(m, o0 + p0 + NR, (int)LM_MIN((int64_t)NR, nc - p0 - NR), k0, kc);
                 lm_mm_pack_w(m, wp, tmp, o0 + p0, nv, k0, kc);
                 const float *bias = m->bias ? m->bias + o0 + p0 : NULL;
                 for (int64_t tt = 0; tt < mt; tt += MR) {
@@ -151,8 +153,13 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
 
 static void lm_mm_gemm(lm_mm *m) {
     lm_cpu_reserve(m->c, lm_mm_scratch_floats(m->k) * sizeof(float));
-    m->n_tb = (m->T + LM_MM_MC - 1) / LM_MM_MC;
+    /* Narrow outputs (k/v projections) give few column blocks: cut the
+     * tokens finer until every thread has a few units to take. */
     m->n_cb = (m->O + LM_MM_NC - 1) / LM_MM_NC;
+    m->mc = LM_MM_MC;
+    while (m->mc > 4 * m->k->mr && m->n_cb * ((m->T + m->mc - 1) / m->mc) < 4 * m->c->n_threads)
+        m->mc /= 2;
+    m->n_tb = (m->T + m->mc - 1) / m->mc;
     atomic_init(&m->next, 0);
     if (m->c->n_threads == 1 || m->n_tb * m->n_cb == 1) lm_mm_gemm_worker(m, 0, 1);
     else lm_pool_run(m->c->pool, lm_mm_gemm_worker, m);
