@@ -77,8 +77,12 @@ LM_TEST(model_load_llama_fixture) {
     LM_CHECK(m->cfg.head_dim == 16 && m->cfg.vocab == 1024 && !m->cfg.tie_embeddings);
     LM_CHECK(m->embed.type == LM_BF16);
     /* weights are used in place from the mapping, not copied */
-    const lm_file_tensor *t = lm_weights_find(&m->src, "model.layers.0.self_attn.q_proj.weight", NULL);
-    LM_CHECK(t && m->layers[0].wq.data == (const void *)t->data);
+    const lm_file_tensor *t = lm_weights_find(&m->src, "model.embed_tokens.weight", NULL);
+    LM_CHECK(t && m->embed.data == (const void *)t->data);
+    const lm_file_tensor *h = lm_weights_find(&m->src, "lm_head.weight", NULL);
+    LM_CHECK(h && m->lm_head.data == (const void *)h->data);
+    /* bytes a decode step reads: every matrix but the embedding table, plus one embedding row */
+    LM_CHECK(lm_model_weight_bytes(m) > h->nbytes && lm_model_weight_bytes(m) < h->nbytes + t->nbytes * 2);
     LM_CHECK(m->cfg.n_eos == 1 && m->cfg.eos_ids[0] == 2);
     lm_model_free(m);
     lm_backend_destroy(be);

@@ -10,34 +10,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lm_model.h"
-#include "lm_model_internal.h"
+#include "lm_arch.h"
+
+typedef struct llama_layer {
+    lm_tensor attn_norm;            /* [D] f32 */
+    lm_tensor wq, wk, wv, wo;       /* [H*Dh][D], [Hkv*Dh][D], [Hkv*Dh][D], [D][H*Dh] */
+    lm_tensor bq, bk, bv, bo;       /* biases, f32; data NULL when absent */
+    lm_tensor q_norm, k_norm;       /* [Dh] f32 (qwen3); data NULL when absent */
+    lm_tensor ffn_norm;             /* [D] f32 */
+    lm_tensor w_gate, w_up, w_down; /* [F][D], [F][D], [D][F] */
+} llama_layer;
 
 /* Activation buffers, grown to the largest batch seen and reused, so the
  * decode loop does not allocate. */
-struct lm_scratch {
+typedef struct llama_scratch {
     int cap_tokens, cap_out;
     lm_tensor x, h, q, k, v, qn, kn, attn, o, gate, up, act; /* [T][...] */
     lm_tensor hs, logits;                                    /* [n_out][D], [n_out][V] */
-};
+} llama_scratch;
 
-static void release_all(lm_backend *be, lm_scratch *s) {
+typedef struct llama {
+    llama_layer *layers; /* [n_layers] */
+    llama_scratch s;
+} llama;
+
+static void release_all(lm_backend *be, llama_scratch *s) {
     lm_tensor *ts[] = { &s->x, &s->h, &s->q, &s->k, &s->v, &s->qn, &s->kn, &s->attn,
                         &s->o, &s->gate, &s->up, &s->act, &s->hs, &s->logits };
     for (size_t i = 0; i < LM_COUNT(ts); i++) lm_tensor_release(be, ts[i]);
 }
 
-void lm_model_scratch_free(lm_model *m) {
-    if (!m->scratch) return;
-    release_all(m->be, m->scratch);
-    free(m->scratch);
-    m->scratch = NULL;
-}
-
 static int ensure_scratch(lm_model *m, int T, int n_out, lm_err *e) {
-    lm_scratch *s = m->scratch;
-    if (s && s->cap_tokens >= T && s->cap_out >= n_out) return 0;
-    if (!s) s = m->scratch = lm_xcalloc(1, sizeof *s);
+    llama_scratch *s = &((llama *)m->impl)->s;
+    if (s->cap_tokens >= T && s->cap_out >= n_out) return 0;
     release_all(m->be, s);
     const lm_model_config *c = &m->cfg;
     int cap = LM_MAX(T, s->cap_tokens), cap_out = LM_MAX(LM_MAX(n_out, s->cap_out), 1);
@@ -63,29 +68,14 @@ static int ensure_scratch(lm_model *m, int T, int n_out, lm_err *e) {
 
 static const lm_tensor *opt(const lm_tensor *t) { return t->data ? t : NULL; }
 
-static int check_batch(const lm_model *m, const lm_batch *b, lm_err *e) {
-    if (b->n_tokens <= 0) return lm_errf(e, "empty batch");
-    for (int t = 0; t < b->n_tokens; t++) {
-        if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.vocab)
-            return lm_errf(e, "token id %d out of range [0, %d)", b->tokens[t], m->cfg.vocab);
-        if (b->pos[t] < 0) return lm_errf(e, "negative position %d", b->pos[t]);
-        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs) return lm_errf(e, "token %d names sequence %d of %d", t, b->seq[t], b->n_seqs);
-    }
-    if (b->n_out < 0 || b->n_out > b->n_tokens) return lm_errf(e, "%d logit rows for %d tokens", b->n_out, b->n_tokens);
-    for (int i = 0; i < b->n_out; i++)
-        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens)
-            return lm_errf(e, "logit row %d out of range [0, %d)", b->out_rows[i], b->n_tokens);
-    return 0;
-}
-
-int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
-    if (check_batch(m, b, e)) return -1;
+static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
     const int T = b->n_tokens;
     if (ensure_scratch(m, T, b->n_out, e)) return -1;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
     const struct lm_backend_ops *op = be->ops;
-    lm_scratch *s = m->scratch;
+    llama *L0 = m->impl;
+    llama_scratch *s = &L0->s;
 
     lm_tensor x = lm_tensor_rows(&s->x, 0, T), h = lm_tensor_rows(&s->h, 0, T);
     lm_tensor q = lm_tensor_rows(&s->q, 0, T), k = lm_tensor_rows(&s->k, 0, T);
@@ -102,7 +92,7 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
 
     op->get_rows(be, &x, &m->embed, b->tokens);
     for (int l = 0; l < c->n_layers; l++) {
-        const lm_layer *L = &m->layers[l];
+        const llama_layer *L = &L0->layers[l];
         op->rms_norm(be, &h, &x, &L->attn_norm, c->norm_eps, 0);
         op->matmul(be, &q, &h, &L->wq, opt(&L->bq));
         op->matmul(be, &k, &h, &L->wk, opt(&L->bk));
@@ -138,3 +128,105 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
     op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
     return 0;
 }
+
+/* ---- config, weights, registration ---- */
+
+static int llama_parse_config(lm_model_config *c, json_t *root, const char *label, lm_err *e) {
+    if (c->act != LM_ACT_SILU) return lm_errf(e, "%s: %s models use silu", label, c->model_type);
+    if (!c->d_ff) return lm_errf(e, "%s: missing \"intermediate_size\"", label);
+    bool attn_bias = lm_json_bool(root, "attention_bias", false);
+    if (!strcmp(c->model_type, "qwen2")) {
+        c->qkv_bias = true; /* Qwen2 always has q/k/v bias and never o bias */
+    } else {
+        c->qkv_bias = attn_bias;
+        c->o_bias = attn_bias;
+    }
+    c->mlp_bias = lm_json_bool(root, "mlp_bias", false);
+    if (c->mlp_bias) return lm_errf(e, "%s: mlp_bias is not supported", label);
+    c->qk_norm = !strcmp(c->model_type, "qwen3");
+    return 0;
+}
+
+typedef struct name_table {
+    const char *embed, *out_norm, *lm_head;
+    const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    const char *ffn_norm, *gate, *up, *down;
+} name_table;
+
+static const name_table k_hf_names = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.self_attn.q_proj.bias", "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias", "model.layers.%d.self_attn.o_proj.bias",
+    "model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.k_norm.weight",
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight",
+};
+
+static const name_table k_gguf_names = {
+    "token_embd.weight", "output_norm.weight", "output.weight",
+    "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight", "blk.%d.attn_output.weight",
+    "blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias", "blk.%d.attn_output.bias",
+    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
+    "blk.%d.ffn_norm.weight",
+    "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+};
+
+static int llama_bind(lm_model *m, lm_err *e) {
+    const lm_model_config *c = &m->cfg;
+    const name_table *nt = m->src.gguf ? &k_gguf_names : &k_hf_names;
+    int64_t D = c->d_model, F = c->d_ff, V = c->vocab;
+    int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    llama *ll = lm_xcalloc(1, sizeof *ll);
+    m->impl = ll;
+    ll->layers = lm_xcalloc((size_t)c->n_layers, sizeof *ll->layers);
+    lm_binder b = { m, e, 0 };
+    char n[160];
+    lm_bind_matrix(&b, &m->embed, nt->embed, V, D, true, c->tie_embeddings);
+    lm_bind_vector(&b, &m->out_norm, nt->out_norm, D, true);
+    if (c->tie_embeddings) m->lm_head = m->embed;
+    else lm_bind_matrix(&b, &m->lm_head, nt->lm_head, V, D, true, true);
+    for (int l = 0; l < c->n_layers && !b.failed; l++) {
+        llama_layer *L = &ll->layers[l];
+        lm_bind_vector(&b, &L->attn_norm, lm_bind_name(n, sizeof n, nt->attn_norm, l), D, true);
+        lm_bind_matrix(&b, &L->wq, lm_bind_name(n, sizeof n, nt->wq, l), QD, D, true, true);
+        lm_bind_matrix(&b, &L->wk, lm_bind_name(n, sizeof n, nt->wk, l), KD, D, true, true);
+        lm_bind_matrix(&b, &L->wv, lm_bind_name(n, sizeof n, nt->wv, l), KD, D, true, true);
+        lm_bind_matrix(&b, &L->wo, lm_bind_name(n, sizeof n, nt->wo, l), D, QD, true, true);
+        lm_bind_vector(&b, &L->bq, lm_bind_name(n, sizeof n, nt->bq, l), QD, c->qkv_bias);
+        lm_bind_vector(&b, &L->bk, lm_bind_name(n, sizeof n, nt->bk, l), KD, c->qkv_bias);
+        lm_bind_vector(&b, &L->bv, lm_bind_name(n, sizeof n, nt->bv, l), KD, c->qkv_bias);
+        lm_bind_vector(&b, &L->bo, lm_bind_name(n, sizeof n, nt->bo, l), D, c->o_bias);
+        lm_bind_vector(&b, &L->q_norm, lm_bind_name(n, sizeof n, nt->q_norm, l), c->head_dim, c->qk_norm);
+        lm_bind_vector(&b, &L->k_norm, lm_bind_name(n, sizeof n, nt->k_norm, l), c->head_dim, c->qk_norm);
+        lm_bind_vector(&b, &L->ffn_norm, lm_bind_name(n, sizeof n, nt->ffn_norm, l), D, true);
+        lm_bind_matrix(&b, &L->w_gate, lm_bind_name(n, sizeof n, nt->gate, l), F, D, true, true);
+        lm_bind_matrix(&b, &L->w_up, lm_bind_name(n, sizeof n, nt->up, l), F, D, true, true);
+        lm_bind_matrix(&b, &L->w_down, lm_bind_name(n, sizeof n, nt->down, l), D, F, true, true);
+    }
+    return b.failed ? -1 : 0;
+}
+
+static void llama_free(lm_model *m) {
+    llama *ll = m->impl;
+    if (!ll) return;
+    release_all(m->be, &ll->s);
+    free(ll->layers);
+    free(ll);
+    m->impl = NULL;
+}
+
+static const char *const k_llama_types[] = { "llama", "mistral", "qwen2", "qwen3", NULL };
+
+const lm_arch lm_arch_llama = {
+    .name = "llama",
+    .model_types = k_llama_types,
+    .parse_config = llama_parse_config,
+    .bind = llama_bind,
+    .forward = llama_forward,
+    .free = llama_free,
+};

@@ -1,8 +1,10 @@
 /* lm_config.h - the architecture description of a model, read from a Hugging
  * Face config.json (+ generation_config.json) or from GGUF metadata.
  *
- * Architecture differences are data: one llama-family forward pass serves
- * llama, mistral, qwen2 and qwen3 through the flags below. */
+ * Architecture differences are data: the fields every family shares come
+ * first; flags and fields that only some families use follow, read by each
+ * architecture's parse_config hook (one llama-family forward pass serves
+ * llama, mistral, qwen2 and qwen3 through them). */
 #ifndef LM_CONFIG_H
 #define LM_CONFIG_H
 
@@ -30,6 +32,8 @@ typedef struct lm_rope_config {
     bool interleaved;           /* GGUF llama stores Q/K permuted for pairwise rope */
 } lm_rope_config;
 
+typedef enum lm_act { LM_ACT_SILU = 0, LM_ACT_GELU_TANH, LM_ACT_GELU } lm_act;
+
 typedef struct lm_model_config {
     char model_type[32];   /* "llama", "mistral", "qwen2", "qwen3" */
     int vocab;             /* V */
@@ -41,12 +45,14 @@ typedef struct lm_model_config {
     int d_ff;              /* F */
     int max_pos;           /* max_position_embeddings / context_length */
     float norm_eps;
+    lm_act act;            /* feed-forward activation */
     lm_rope_config rope;
     bool tie_embeddings;
     bool qkv_bias;         /* bias on q/k/v projections */
     bool o_bias;           /* bias on the attention output projection */
     bool mlp_bias;
     bool qk_norm;          /* per-head RMSNorm of q and k before rope (qwen3) */
+    /* ---- read by lm_config_parse_sliding (shared by several families) ---- */
     int sliding_window;    /* tokens, for layers marked sliding; 0 = none */
     bool *layer_sliding;   /* [n_layers] */
     int n_eos;
@@ -59,6 +65,14 @@ int lm_config_load_hf(lm_model_config *c, const char *dir, lm_err *e);
 /* Parses config JSON text; label names the source in errors. */
 int lm_config_parse_hf(lm_model_config *c, const char *json_text, const char *label, lm_err *e);
 void lm_config_free(lm_model_config *c);
+
+/* Common JSON field readers (false when absent or of another type). */
+#include <jansson.h>
+bool lm_json_int(json_t *o, const char *key, int *out);
+bool lm_json_num(json_t *o, const char *key, double *out);
+bool lm_json_bool(json_t *o, const char *key, bool dflt);
+/* layer_types / sliding_window / use_sliding_window -> layer_sliding. */
+int lm_config_parse_sliding(lm_model_config *c, json_t *root, const char *label, lm_err *e);
 
 /* Fills inv_freq[rot_dim/2] for the configured rope scaling and returns the
  * attention factor that scales cos/sin (1 except for yarn). */

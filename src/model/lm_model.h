@@ -22,32 +22,24 @@ typedef struct lm_batch {
     const int32_t *out_rows;             /* [n_out] token indices in [0, T) */
 } lm_batch;
 
-typedef struct lm_layer {
-    lm_tensor attn_norm;            /* [D] f32 */
-    lm_tensor wq, wk, wv, wo;       /* [H*Dh][D], [Hkv*Dh][D], [Hkv*Dh][D], [D][H*Dh] */
-    lm_tensor bq, bk, bv, bo;       /* biases, f32; data NULL when absent */
-    lm_tensor q_norm, k_norm;       /* [Dh] f32 (qwen3); data NULL when absent */
-    lm_tensor ffn_norm;             /* [D] f32 */
-    lm_tensor w_gate, w_up, w_down; /* [F][D], [F][D], [D][F] */
-} lm_layer;
-
-typedef struct lm_scratch lm_scratch;
+struct lm_arch;
 
 typedef struct lm_model {
     lm_model_config cfg;
+    const struct lm_arch *arch;
     lm_backend *be;          /* not owned */
     lm_weight_source src;    /* owns the mapped files */
     char *path;
     lm_tensor embed;         /* [V][D] */
     lm_tensor out_norm;      /* [D] f32 */
     lm_tensor lm_head;       /* [V][D] (the embedding when tied) */
-    lm_layer *layers;        /* [n_layers] */
+    void *impl;              /* the architecture's own weights and scratch */
+    size_t weight_bytes;     /* bytes of weights a decode step reads */
     float *inv_freq;         /* [rot_dim / 2] host */
     int rot_dim;
     float rope_attn_factor;
     void **owned;            /* backend buffers this model allocated (f32 norm copies) */
     int n_owned;
-    lm_scratch *scratch;
 } lm_model;
 
 /* Loads a Hugging Face folder or a .gguf file onto backend be. */

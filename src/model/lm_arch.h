@@ -1,0 +1,58 @@
+/* lm_arch.h - how an architecture plugs into the model layer.
+ *
+ * Each architecture is one file (llama.c, ...) exporting an lm_arch: the HF
+ * model_type strings it serves, a hook to read its own config fields, a
+ * binder that finds and checks its weights, and its forward pass. Adding an
+ * architecture is one new file plus one line in arch.c's registry. The
+ * binding helpers below check presence, dtype and shape of every tensor and
+ * report expected vs actual naming the file. */
+#ifndef LM_ARCH_H
+#define LM_ARCH_H
+
+#include <jansson.h>
+
+#include "lm_model.h"
+
+typedef struct lm_arch {
+    const char *name;
+    const char *const *model_types; /* NULL-terminated HF model_type values */
+    /* Reads architecture-specific fields after the common ones (may be NULL). */
+    int (*parse_config)(lm_model_config *c, json_t *root, const char *label, lm_err *e);
+    /* Binds the weights (m->src is open, m->cfg filled); sets m->impl. */
+    int (*bind)(lm_model *m, lm_err *e);
+    int (*forward)(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
+    void (*free)(lm_model *m); /* frees m->impl and what forward allocated */
+} lm_arch;
+
+/* The architecture serving model_type, or NULL. */
+const lm_arch *lm_arch_find(const char *model_type);
+/* "llama, mistral, ..." into buf, for error messages. */
+void lm_arch_supported(char *buf, size_t n);
+
+/* ---- binding helpers ---- */
+
+typedef struct lm_binder {
+    lm_model *m;
+    lm_err *e;
+    int failed; /* after the first failure every call is a no-op */
+} lm_binder;
+
+/* A [rows][cols] matrix used in place in its stored type. Adds its bytes to
+ * m->weight_bytes (what a decode step reads) unless it is gathered, not
+ * multiplied (embedding tables: pass counted = false). */
+void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t cols, bool required,
+                    bool counted);
+/* A tensor of n elements (any shape with that element count) converted to an
+ * f32 backend copy [rows][n / rows], plus `offset` added to every element. */
+void lm_bind_f32(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t n, bool required,
+                 float offset);
+/* Convenience: a vector of n elements as f32 [1][n]. */
+static inline void lm_bind_vector(lm_binder *b, lm_tensor *dst, const char *name, int64_t n, bool required) {
+    lm_bind_f32(b, dst, name, 1, n, required, 0.0f);
+}
+/* printf-style tensor name into buf (one layer index). */
+const char *lm_bind_name(char *buf, size_t n, const char *pattern, int layer);
+/* Whether a tensor exists (for optional, shape-detected parts). */
+bool lm_bind_has(const lm_binder *b, const char *name);
+
+#endif
