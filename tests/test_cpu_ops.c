@@ -232,7 +232,8 @@ static void co_rope(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
             int rot = (mode & 2) ? 16 : Dh; /* partial rotary */
             float inv[32];
             for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rot);
-            lm_rope_params p = { H, Dh, rot, inter, inv, mode == 3 ? 0.7f : 1.0f };
+            lm_rope_params p = { .n_heads = H, .head_dim = Dh, .rot_dim = rot, .interleaved = inter,
+                                  .inv_freq = inv, .attn_factor = mode == 3 ? 0.7f : 1.0f };
             float *x = co_randv(&s, T * H * Dh, 1.0f), *x0 = malloc((size_t)T * H * Dh * sizeof *x0);
             memcpy(x0, x, (size_t)T * H * Dh * sizeof *x0);
             lm_tensor xt = co_host(x, T, H * Dh);
@@ -402,7 +403,8 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
             memcpy(kb + t * W, K + (seq[t] * MAXL + pos[t]) * W, (size_t)W * 4);
             memcpy(vb + t * W, V + (seq[t] * MAXL + pos[t]) * W, (size_t)W * 4);
         }
-        lm_attn_batch b = { n, pos, seq, S, (const int32_t *const *)tables };
+        lm_attn_batch b = { .n_tokens = n, .pos = pos, .seq = seq, .n_seqs = S,
+                            .block_tables = (const int32_t *const *)tables };
         lm_tensor kt = co_host(kb, n, W), vt = co_host(vb, n, W);
         be->ops->kv_write(be, &kv, LAYER, &kt, &vt, &b);
         free(kb);
@@ -411,7 +413,8 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
 
         float *qd = co_randv(s, n * H * Dh, 1.0f), *out = malloc((size_t)n * H * Dh * 4);
         lm_tensor qt = co_host(qd, n, H * Dh), ot = co_host(out, n, H * Dh);
-        lm_attn_params ap = { H, Hkv, Dh, cf->scale, cf->window, cf->softcap };
+        lm_attn_params ap = { .n_heads = H, .n_kv_heads = Hkv, .head_dim = Dh, .scale = cf->scale,
+                               .window = cf->window, .softcap = cf->softcap };
         be->ops->attention(be, &ot, &qt, &kv, LAYER, &b, &ap);
         int bad = 0;
         double *sc = malloc(sizeof(double) * MAXL);

@@ -115,7 +115,8 @@ static void bk_gemv(lm_backend *be, int64_t O, int64_t K, double copy_bw, double
     for (int c = 0; c < copies; c++) w[c] = bk_bf16_matrix(O * K, &s);
     float *x = bk_alloc((size_t)K * 4), *y = bk_alloc((size_t)O * 4);
     for (int64_t i = 0; i < K; i++) x[i] = bk_rnd(&s);
-    lm_tensor xt = { LM_F32, 1, K, x }, yt = { LM_F32, 1, O, y };
+    lm_tensor xt = { .type = LM_F32, .rows = 1, .cols = K, .data = x };
+    lm_tensor yt = { .type = LM_F32, .rows = 1, .cols = O, .data = y };
     lm_tensor *wt = calloc((size_t)copies, sizeof *wt);
     lm_err e;
     for (int c = 0; c < copies; c++) {
@@ -142,7 +143,8 @@ static void bk_gemv(lm_backend *be, int64_t O, int64_t K, double copy_bw, double
         if (dt < hot) hot = dt;
     }
     double gbs = (double)wbytes / best * 1e-9;
-    printf("bf16 GEMV  T=1 O=%-5lld I=%-5lld  %7.3f ms  %6.2f GB/s  %5.1f %% of copy, %5.1f %% of read bandwidth"
+    printf("bf16 GEMV  T=1 O=%-5lld I=%-5lld  %7.3f ms  %6.2f GB/s  %5.1f %% of copy, "
+           "%5.1f %% of read bandwidth"
            "  (cache-hot: %.2f GB/s; %d weight copies rotated)\n",
            (long long)O, (long long)K, best * 1e3, gbs, 100.0 * gbs / (copy_bw * 1e-9),
            100.0 * gbs / (read_bw * 1e-9), (double)wbytes / hot * 1e-9, copies);
@@ -196,8 +198,8 @@ static void bk_mm_init(bk_mm *m, lm_backend *be, int64_t T, int64_t O, int64_t K
     uint16_t *w = bk_bf16_matrix(O * K, &s);
     float *x = bk_alloc((size_t)(T * K) * 4), *y = bk_alloc((size_t)(T * O) * 4);
     for (int64_t i = 0; i < T * K; i++) x[i] = bk_rnd(&s);
-    m->x = (lm_tensor){ LM_F32, T, K, x };
-    m->y = (lm_tensor){ LM_F32, T, O, y };
+    m->x = (lm_tensor){ .type = LM_F32, .rows = T, .cols = K, .data = x };
+    m->y = (lm_tensor){ .type = LM_F32, .rows = T, .cols = O, .data = y };
     m->w = (lm_tensor){ .type = LM_BF16, .rows = O, .cols = K };
     lm_err e;
     if (be && be->ops->upload_weight(be, &m->w, w, &e)) {
@@ -344,7 +346,9 @@ static void bk_hilo(void) {
     }
     lm_err e;
     lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AVX512, &e);
-    lm_tensor wt = { LM_BF16, R, N, w }, xt = { LM_F32, 1, N, x }, yt = { LM_F32, 1, R, y };
+    lm_tensor wt = { .type = LM_BF16, .rows = R, .cols = N, .data = w };
+    lm_tensor xt = { .type = LM_F32, .rows = 1, .cols = N, .data = x };
+    lm_tensor yt = { .type = LM_F32, .rows = 1, .cols = R, .data = y };
     double f = 1e30;
     for (int rep = 0; rep < 200; rep++) {
         double t0 = lm_now();

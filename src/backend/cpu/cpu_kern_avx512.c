@@ -155,7 +155,8 @@ LM_AI void lm_z_tr16(__m512 r[16]) {
         r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d)); /* column 4L+3 */
     }
     for (int c = 0; c < 4; c++) {
-        __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee);
+        __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44);
+        __m512 v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee);
         __m512 v2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
         __m512 v3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
         t[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);

@@ -99,7 +99,9 @@ static int64_t lm_pool_ns(void) {
         }                                                                 \
     } while (0)
 
-static uint32_t lm_pool_gen(lm_pool *p) { return LM_ST_GEN(atomic_load_explicit(&p->state, memory_order_acquire)); }
+static uint32_t lm_pool_gen(lm_pool *p) {
+    return LM_ST_GEN(atomic_load_explicit(&p->state, memory_order_acquire));
+}
 
 /* Returns the first generation different from `seen`. */
 static uint32_t lm_pool_wait_gen(lm_pool *p, uint32_t seen) {
