@@ -66,6 +66,7 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
     }
     double best = 1e30;
     size_t ntok = 0;
+    uint32_t fnv = 0x811c9dc5; /* FNV-1a over the ids' bytes, to compare with tools/tokbench */
     for (long r = 0; r < reps; r++) {
         lm_tokenizer *fresh = NULL;
         if (r > 0 && lm_tokenizer_load(&fresh, model, &e)) { /* a cold cache every run */
@@ -80,12 +81,15 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
         double dt = lm_now() - t0;
         if (dt < best) best = dt;
         ntok = ids.n;
+        if (r == 0)
+            for (size_t i = 0; i < ids.n; i++)
+                for (int k = 0; k < 4; k++) fnv = (fnv ^ (((uint32_t)ids.ids[i] >> (8 * k)) & 255)) * 16777619u;
         lm_tok_ids_free(&ids);
         lm_tokenizer_free(fresh);
     }
     printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"tokens_per_s\":%.0f,\"mb_per_s\":%.2f,"
-           "\"load_seconds\":%.3f}\n",
-           len, ntok, best, ntok / best, len / best / 1e6, load_s);
+           "\"load_seconds\":%.3f,\"ids_fnv1a\":\"%x\"}\n",
+           len, ntok, best, ntok / best, len / best / 1e6, load_s, fnv);
     free(text);
     return 0;
 }

@@ -131,6 +131,14 @@ int tok_finish_setup(lm_tokenizer *t, lm_err *e) {
 
 /* ---- loading ---- */
 
+/* Errors are one line even when they quote the file (tokens, regexes). */
+static int one_line(lm_err *e) {
+    if (e)
+        for (char *p = e->msg; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+    return -1;
+}
+
 int lm_tokenizer_load_json(lm_tokenizer **out, const char *json, size_t len, const char *config,
                            size_t config_len, const char *label, lm_err *e) {
     *out = NULL;
@@ -142,7 +150,7 @@ int lm_tokenizer_load_json(lm_tokenizer **out, const char *json, size_t len, con
     return 0;
 bad:
     lm_tokenizer_free(t);
-    return -1;
+    return one_line(e);
 }
 
 int lm_tokenizer_load_gguf(lm_tokenizer **out, const lm_gguf *g, lm_err *e) {
@@ -150,7 +158,7 @@ int lm_tokenizer_load_gguf(lm_tokenizer **out, const lm_gguf *g, lm_err *e) {
     lm_tokenizer *t = tok_alloc();
     if (tok_from_gguf(t, g, e) || tok_finish_setup(t, e)) {
         lm_tokenizer_free(t);
-        return -1;
+        return one_line(e);
     }
     *out = t;
     return 0;

@@ -17,10 +17,20 @@ typedef struct jctx {
     lm_err *e;
 } jctx;
 
+/* Messages are one line: control bytes from the file (a token, jansson's
+ * "near" excerpt) become '?'. */
+static int one_line(lm_err *e) {
+    if (e)
+        for (char *p = e->msg; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+    return -1;
+}
+
 static int fail(jctx *c, const char *path, const char *fmt, const char *arg) {
     char msg[256];
     snprintf(msg, sizeof msg, fmt, arg ? arg : "");
-    return lm_errf(c->e, "%s: %s: %s", c->label, path, msg);
+    lm_errf(c->e, "%s: %s: %s", c->label, path, msg);
+    return one_line(c->e);
 }
 
 static char *sub_path(const char *path, const char *key, int idx) {
@@ -70,7 +80,7 @@ static int parse_pattern(jctx *c, const char *path, json_t *o, tok_pattern *p) {
     else return fail(c, path, "pattern must be {\"String\": ...} or {\"Regex\": ...}%s", NULL);
     p->str = dupn(s, n);
     p->len = n;
-    if (tok_pattern_compile(p, c->e)) return lm_err_prefix(c->e, "%s: %s", c->label, path);
+    if (tok_pattern_compile(p, c->e)) return lm_err_prefix(c->e, "%s: %s", c->label, path), one_line(c->e);
     return 0;
 }
 
@@ -330,19 +340,22 @@ static int parse_post(jctx *c, const char *path, json_t *o, tok_post *p) {
 static int parse_merge(jctx *c, json_t *m, size_t i, const char **a, size_t *an, const char **b,
                        size_t *bn) {
     char path[64];
-    snprintf(path, sizeof path, "model.merges[%zu]", i);
     if (json_is_string(m)) {
         const char *s = json_string_value(m);
         size_t n = json_string_length(m);
         const char *sp = memchr(s, ' ', n);
-        if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)))
+        if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s))) {
+            snprintf(path, sizeof path, "model.merges[%zu]", i);
             return fail(c, path, "a merge string must be two tokens separated by one space%s", NULL);
+        }
         *a = s, *an = (size_t)(sp - s), *b = sp + 1, *bn = n - *an - 1;
         return 0;
     }
     json_t *x = json_array_get(m, 0), *y = json_array_get(m, 1);
-    if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_string(x) || !json_is_string(y))
+    if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_string(x) || !json_is_string(y)) {
+        snprintf(path, sizeof path, "model.merges[%zu]", i);
         return fail(c, path, "a merge must be \"a b\" or [\"a\", \"b\"]%s", NULL);
+    }
     *a = json_string_value(x), *an = json_string_length(x);
     *b = json_string_value(y), *bn = json_string_length(y);
     return 0;
@@ -386,9 +399,9 @@ static int parse_model(jctx *c, lm_tokenizer *t, json_t *m) {
         if (json_is_string(mi) && !strncmp(json_string_value(mi), "#version", 8)) continue;
         if (parse_merge(c, mi, i, &x, &xn, &y, &yn)) goto bad;
         int32_t ia = tok_vocab_get(&t->vocab, x, xn), ib = tok_vocab_get(&t->vocab, y, yn);
-        char path[64];
-        snprintf(path, sizeof path, "model.merges[%zu]", i);
+        char path[64] = "";
         if (ia < 0 || ib < 0) {
+            snprintf(path, sizeof path, "model.merges[%zu]", i);
             char tk[64];
             snprintf(tk, sizeof tk, "%.*s", (int)LM_MIN(ia < 0 ? xn : yn, 60), ia < 0 ? x : y);
             fail(c, path, "token \"%s\" is not in the vocabulary", tk);
@@ -401,6 +414,7 @@ static int parse_model(jctx *c, lm_tokenizer *t, json_t *m) {
         tok_str_append(&tmp, y, yn);
         int32_t id = tok_vocab_get(&t->vocab, tmp.s, tmp.len);
         if (id < 0) {
+            snprintf(path, sizeof path, "model.merges[%zu]", i);
             fail(c, path, "merged token \"%.60s\" is not in the vocabulary", tmp.s);
             goto bad;
         }
@@ -445,9 +459,11 @@ int tok_parse_json(lm_tokenizer *t, const char *json, size_t len, const char *la
     jctx c = { label, e };
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &je);
-    if (!root)
-        return lm_errf(e, "%s: malformed JSON at line %d, column %d (byte %d): %s", label, je.line,
-                       je.column, je.position, je.text);
+    if (!root) {
+        lm_errf(e, "%s: malformed JSON at line %d, column %d (byte %d): %s", label, je.line,
+                je.column, je.position, je.text);
+        return one_line(e);
+    }
     int r = -1;
     if (!json_is_object(root)) {
         fail(&c, "(root)", "expected an object%s", NULL);
@@ -486,9 +502,11 @@ static char *token_field(json_t *root, const char *key) {
 int tok_parse_config(lm_tokenizer *t, const char *json, size_t len, const char *label, lm_err *e) {
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
-    if (!root)
-        return lm_errf(e, "%s: malformed JSON at line %d, column %d (byte %d): %s", label, je.line,
-                       je.column, je.position, je.text);
+    if (!root) {
+        lm_errf(e, "%s: malformed JSON at line %d, column %d (byte %d): %s", label, je.line,
+                je.column, je.position, je.text);
+        return one_line(e);
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         return lm_errf(e, "%s: expected an object", label);

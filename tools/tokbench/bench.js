@@ -1,0 +1,31 @@
+// bench.js TOKENIZER_JSON CORPUS [REPS] - encode speed of the Hugging Face
+// tokenizers Rust core (through its node binding) on one corpus, one
+// sequence, without special tokens. Prints one JSON line like
+// `lumen tokenize --bench`, with an FNV-1a hash of the ids so both sides can
+// be checked to produce the same tokens. Run with RAYON_NUM_THREADS=1.
+'use strict';
+const fs = require('fs');
+const { Tokenizer } = require('@anush008/tokenizers');
+
+async function main() {
+  const [file, corpus, repsArg] = process.argv.slice(2);
+  if (!file || !corpus) { console.error('usage: node bench.js tokenizer.json corpus.txt [reps]'); process.exit(2); }
+  const reps = Number(repsArg || 3);
+  const text = fs.readFileSync(corpus, 'utf8');
+  let best = Infinity, ids = null;
+  for (let r = 0; r < reps; r++) {
+    const tok = Tokenizer.fromFile(file); // a cold word cache every run, as lumen's bench does
+    const t0 = process.hrtime.bigint();
+    const enc = await tok.encode(text, null, { addSpecialTokens: false });
+    const dt = Number(process.hrtime.bigint() - t0) / 1e9;
+    ids = enc.getIds();
+    if (dt < best) best = dt;
+  }
+  let h = 0x811c9dc5;
+  for (const id of ids) for (let k = 0; k < 4; k++) { h ^= (id >>> (8 * k)) & 255; h = Math.imul(h, 16777619) >>> 0; }
+  const bytes = Buffer.byteLength(text);
+  console.log(JSON.stringify({ bytes, tokens: ids.length, seconds: +best.toFixed(4),
+    tokens_per_s: Math.round(ids.length / best), mb_per_s: +(bytes / best / 1e6).toFixed(2),
+    ids_fnv1a: h.toString(16) }));
+}
+main().catch((e) => { console.error(e); process.exit(1); });
