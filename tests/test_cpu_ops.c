@@ -404,7 +404,7 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
             memcpy(vb + t * W, V + (seq[t] * MAXL + pos[t]) * W, (size_t)W * 4);
         }
         lm_attn_batch b = { .n_tokens = n, .pos = pos, .seq = seq, .n_seqs = S,
-                            .block_tables = (const int32_t *const *)tables };
+                            .block_tables = (const int32_t *const *)tables, .state_slot = NULL };
         lm_tensor kt = co_host(kb, n, W), vt = co_host(vb, n, W);
         be->ops->kv_write(be, &kv, LAYER, &kt, &vt, &b);
         free(kb);

@@ -33,6 +33,13 @@ typedef struct lm_kv_pool {
     int n_blocks;     /* blocks per layer */
     int64_t kv_width; /* Hkv * Dh of the widest layer */
     float **k, **v;   /* [n_layers] -> [n_blocks][block_size][kv_width], backend memory */
+    /* Recurrent state (e.g. Gated DeltaNet conv window and delta state): state
+     * tensor i has n_state_slots slots of state_floats[i] floats; a sequence
+     * owns one slot (lm_attn_batch.state_slot), the same in every tensor. */
+    int n_state;
+    int n_state_slots;
+    int64_t *state_floats; /* [n_state] */
+    float **state;         /* [n_state] -> [n_state_slots][state_floats[i]], backend memory */
 } lm_kv_pool;
 
 /* What attention needs to know about a batch: for token t, its sequence
@@ -43,6 +50,7 @@ typedef struct lm_attn_batch {
     const int32_t *seq;                  /* [T] index into block_tables */
     int n_seqs;
     const int32_t *const *block_tables;  /* [S] -> block ids covering positions 0..max pos */
+    const int32_t *state_slot;           /* [S] recurrent-state slot, NULL without state */
 } lm_attn_batch;
 
 typedef struct lm_attn_params {
@@ -71,6 +79,9 @@ struct lm_backend_ops {
     int (*upload_weight)(lm_backend *be, lm_tensor *t, const void *host_data, lm_err *e);
     void (*read)(lm_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*write)(lm_backend *be, void *dst, const void *host_src, size_t bytes);
+    /* Backend-to-backend: zero bytes at dst; copy bytes from src to dst. */
+    void (*clear)(lm_backend *be, void *dst, size_t bytes);
+    void (*copy)(lm_backend *be, void *dst, const void *src, size_t bytes);
 
     /* y[T][O] = x[T][I] * W[O][I]^T (+ bias[O] if bias != NULL, f32). */
     void (*matmul)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,

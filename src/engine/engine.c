@@ -38,6 +38,7 @@ struct lm_request {
     bool released;
     req_state state;
     lm_kv_seq seq;
+    int32_t slot;           /* recurrent-state slot, -1 when the model has none */
     int n_generated;
     double t_submit, t_admit, t_first;
     struct lm_request *next; /* queue link */
@@ -59,6 +60,7 @@ struct lm_engine {
     /* batch scratch */
     int32_t *b_tokens, *b_pos, *b_seq, *b_rows;
     const int32_t **b_tables;
+    int32_t *b_slots;            /* [parallel] recurrent-state slot per batch sequence */
     lm_request **row_req;        /* [parallel] which request owns logits row i */
     lm_request **seq_req;        /* [parallel] request of batch sequence s */
     int *seq_n;                  /* [parallel] its tokens in this batch */
@@ -96,6 +98,8 @@ static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *
                           .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0 };
     req_emit(r, &ev);
     lm_kv_seq_release(en->kv, &r->seq);
+    lm_kv_state_release(en->kv, r->slot);
+    r->slot = -1;
     r->state = REQ_DONE;
     req_unref(r);
 }
@@ -216,6 +220,7 @@ static void admit(lm_engine *en, lm_request **dead) {
             continue;
         }
         r->t_admit = lm_now();
+        r->slot = lm_kv_state_acquire(en->kv); /* parallel slots exist: never -1 for a stateful model */
         r->state = REQ_RUNNING;
         en->running[en->n_running++] = r;
     }
@@ -256,6 +261,7 @@ static void step(lm_engine *en) {
         lm_request *r = en->running[i];
         if (r->n_cached < r->n_prompt) continue;
         en->b_tables[S] = r->seq.blocks;
+        en->b_slots[S] = r->slot;
         en->seq_req[S] = r;
         en->seq_n[S] = 1;
         en->b_rows[n_out] = add_tokens(en, &T, S++, r, r->n_cached, 1);
@@ -267,6 +273,7 @@ static void step(lm_engine *en) {
         if (r->n_cached >= r->n_prompt) continue;
         int n = LM_MIN(budget, r->n_prompt - r->n_cached);
         en->b_tables[S] = r->seq.blocks;
+        en->b_slots[S] = r->slot;
         en->seq_req[S] = r;
         en->seq_n[S] = n;
         int last = add_tokens(en, &T, S++, r, r->n_cached, n);
@@ -277,7 +284,8 @@ static void step(lm_engine *en) {
         }
     }
     if (T == 0) return;
-    lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables, n_out, en->b_rows };
+    lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables,
+                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows };
     lm_err e = { { 0 } };
     if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
         for (int i = 0; i < en->n_running; i++) req_finish(en, en->running[i], LM_FINISH_ERROR, e.msg);
@@ -345,8 +353,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     int block = 16;
     /* one spare block per sequence: budgets rarely end on a block boundary */
     int n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
-    if (lm_kv_cache_create(&en->kv, m->be, m->cfg.n_layers, (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim, block,
-                           n_blocks, e)) {
+    if (lm_kv_cache_create_for(&en->kv, m, block, n_blocks, en->o.parallel, e)) {
         free(en);
         return -1;
     }
@@ -357,6 +364,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->b_seq = lm_xmalloc((size_t)B * sizeof(int32_t));
     en->b_rows = lm_xmalloc((size_t)P * sizeof(int32_t));
     en->b_tables = lm_xcalloc((size_t)P, sizeof *en->b_tables);
+    en->b_slots = lm_xcalloc((size_t)P, sizeof *en->b_slots);
     en->row_req = lm_xcalloc((size_t)P, sizeof *en->row_req);
     en->seq_req = lm_xcalloc((size_t)P, sizeof *en->seq_req);
     en->seq_n = lm_xcalloc((size_t)P, sizeof *en->seq_n);
@@ -394,6 +402,7 @@ void lm_engine_free(lm_engine *en) {
     free(en->b_seq);
     free(en->b_rows);
     free(en->b_tables);
+    free(en->b_slots);
     free(en->row_req);
     free(en->seq_req);
     free(en->seq_n);
@@ -423,6 +432,7 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
 
     lm_request *r = lm_xcalloc(1, sizeof *r);
     r->en = en;
+    r->slot = -1;
     r->cap = n_prompt + p->max_tokens;
     r->tokens = lm_xmalloc((size_t)r->cap * sizeof(int32_t));
     memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));

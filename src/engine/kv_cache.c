@@ -1,17 +1,19 @@
 /* kv_cache.c - block pool and per-sequence block tables. */
 #include "lm_kv_cache.h"
 
+#include "../model/lm_model.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
-                       int block_size, int n_blocks, lm_err *e) {
+                       int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
     *out = NULL;
     if (n_layers <= 0 || kv_width <= 0 || block_size <= 0 || n_blocks <= 0)
         return lm_errf(e, "bad KV cache geometry");
     lm_kv_cache *c = lm_xcalloc(1, sizeof *c);
     c->be = be;
-    c->pool = (lm_kv_pool){ n_layers, block_size, n_blocks, kv_width, NULL, NULL };
+    c->pool = (lm_kv_pool){ .n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks, .kv_width = kv_width };
     c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(float *));
     c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(float *));
     size_t bytes = (size_t)n_blocks * (size_t)block_size * (size_t)kv_width * sizeof(float);
@@ -27,8 +29,58 @@ int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t 
     c->refs = lm_xcalloc((size_t)n_blocks, sizeof(int32_t));
     for (int i = 0; i < n_blocks; i++) c->free_list[i] = n_blocks - 1 - i; /* pop 0 first */
     c->n_free = n_blocks;
+    if (state && state->n > 0) {
+        lm_kv_pool *p = &c->pool;
+        p->n_state = state->n;
+        p->n_state_slots = state->slots > 0 ? state->slots : 1;
+        p->state_floats = lm_xmalloc((size_t)state->n * sizeof(int64_t));
+        p->state = lm_xcalloc((size_t)state->n, sizeof(float *));
+        for (int i = 0; i < state->n; i++) {
+            p->state_floats[i] = state->floats[i];
+            size_t sb = (size_t)p->n_state_slots * (size_t)state->floats[i] * sizeof(float);
+            p->state[i] = be->ops->alloc(be, sb);
+            if (!p->state[i]) {
+                lm_kv_cache_free(c);
+                return lm_errf(e, "out of memory for recurrent state (%zu bytes)", sb);
+            }
+        }
+        c->free_slots = lm_xmalloc((size_t)p->n_state_slots * sizeof(int32_t));
+        for (int i = 0; i < p->n_state_slots; i++) c->free_slots[i] = p->n_state_slots - 1 - i;
+        c->n_free_slots = p->n_state_slots;
+    }
     *out = c;
     return 0;
+}
+
+int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, int block_size, int n_blocks,
+                           int state_slots, lm_err *e) {
+    int64_t floats[64];
+    int n = lm_model_state_spec(m, floats, 64);
+    LM_ASSERT(n >= 0 && n <= 64);
+    lm_state_spec st = { n, floats, state_slots };
+    return lm_kv_cache_create(out, m->be, m->n_kv_layers, m->kv_width, block_size, n_blocks, &st, e);
+}
+
+void lm_kv_state_clear(lm_kv_cache *c, int32_t slot) {
+    const lm_kv_pool *p = &c->pool;
+    LM_ASSERT(slot >= 0 && slot < p->n_state_slots);
+    for (int i = 0; i < p->n_state; i++) {
+        size_t n = (size_t)p->state_floats[i] * sizeof(float);
+        c->be->ops->clear(c->be, (char *)p->state[i] + (size_t)slot * n, n);
+    }
+}
+
+int32_t lm_kv_state_acquire(lm_kv_cache *c) {
+    if (c->pool.n_state == 0 || c->n_free_slots == 0) return -1;
+    int32_t slot = c->free_slots[--c->n_free_slots];
+    lm_kv_state_clear(c, slot);
+    return slot;
+}
+
+void lm_kv_state_release(lm_kv_cache *c, int32_t slot) {
+    if (slot < 0) return;
+    LM_ASSERT(c->n_free_slots < c->pool.n_state_slots);
+    c->free_slots[c->n_free_slots++] = slot;
 }
 
 void lm_kv_cache_free(lm_kv_cache *c) {
@@ -39,6 +91,11 @@ void lm_kv_cache_free(lm_kv_cache *c) {
     }
     free(c->pool.k);
     free(c->pool.v);
+    for (int i = 0; i < c->pool.n_state; i++)
+        if (c->pool.state[i]) c->be->ops->free(c->be, c->pool.state[i]);
+    free(c->pool.state);
+    free(c->pool.state_floats);
+    free(c->free_slots);
     free(c->free_list);
     free(c->refs);
     free(c);

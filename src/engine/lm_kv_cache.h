@@ -13,7 +13,16 @@ typedef struct lm_kv_cache {
     int32_t *free_list;   /* [n_blocks] stack of free block ids */
     int n_free;
     int32_t *refs;        /* [n_blocks] */
+    int32_t *free_slots;  /* [n_state_slots] stack of free recurrent-state slots */
+    int n_free_slots;
 } lm_kv_cache;
+
+/* Recurrent state a model needs per sequence (lm_model_state_spec). */
+typedef struct lm_state_spec {
+    int n;                   /* state tensors; 0 for a pure-attention model */
+    const int64_t *floats;   /* [n] floats per slot of each */
+    int slots;               /* how many sequences can hold state at once */
+} lm_state_spec;
 
 typedef struct lm_kv_seq {
     int32_t *blocks;      /* block table */
@@ -21,13 +30,26 @@ typedef struct lm_kv_seq {
 } lm_kv_seq;
 
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
-                       int block_size, int n_blocks, lm_err *e);
+                       int block_size, int n_blocks, const lm_state_spec *state, lm_err *e);
 void lm_kv_cache_free(lm_kv_cache *c);
+
+/* The cache model m needs: its KV layers and width, and its recurrent state
+ * with state_slots slots (ignored for attention-only models). */
+struct lm_model;
+int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, int block_size, int n_blocks,
+                           int state_slots, lm_err *e);
 
 /* Makes seq's table cover positions [0, n_positions); -1 (with e) when the
  * pool is out of blocks, leaving seq as it was. */
 int lm_kv_seq_reserve(lm_kv_cache *c, lm_kv_seq *seq, int n_positions, lm_err *e);
 /* Returns every block of seq to the pool (shared blocks when their last user lets go). */
 void lm_kv_seq_release(lm_kv_cache *c, lm_kv_seq *seq);
+
+/* A zeroed recurrent-state slot, or -1 when none is free (or the model has
+ * no recurrent state: then callers pass state_slot = NULL). */
+int32_t lm_kv_state_acquire(lm_kv_cache *c);
+void lm_kv_state_release(lm_kv_cache *c, int32_t slot);
+/* Zeroes a slot (a sequence starting over). */
+void lm_kv_state_clear(lm_kv_cache *c, int32_t slot);
 
 #endif

@@ -15,6 +15,7 @@ typedef struct lm_runner {
     int n_past;          /* tokens already in the cache */
     int ctx;             /* most tokens the sequence may hold */
     int chunk;           /* most tokens per forward */
+    int32_t slot;        /* recurrent-state slot, -1 for attention-only models */
     int32_t *pos, *seq_ids, *rows; /* [chunk] batch scratch */
 } lm_runner;
 

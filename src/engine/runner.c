@@ -14,12 +14,12 @@ int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e
     r->model = m;
     r->ctx = ctx;
     r->chunk = chunk;
-    int64_t kv_width = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     int n_blocks = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
-    if (lm_kv_cache_create(&r->kv, m->be, m->cfg.n_layers, kv_width, LM_KV_BLOCK, n_blocks, e)) {
+    if (lm_kv_cache_create_for(&r->kv, m, LM_KV_BLOCK, n_blocks, 1, e)) {
         free(r);
         return -1;
     }
+    r->slot = lm_kv_state_acquire(r->kv);
     r->pos = lm_xmalloc((size_t)chunk * sizeof(int32_t));
     r->seq_ids = lm_xcalloc((size_t)chunk, sizeof(int32_t));
     r->rows = lm_xmalloc((size_t)chunk * sizeof(int32_t));
@@ -39,6 +39,7 @@ void lm_runner_free(lm_runner *r) {
 
 void lm_runner_reset(lm_runner *r) {
     lm_kv_seq_release(r->kv, &r->seq);
+    if (r->slot >= 0) lm_kv_state_clear(r->kv, r->slot);
     r->n_past = 0;
 }
 
@@ -58,7 +59,7 @@ int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, 
         bool last_chunk = done + t == n;
         lm_batch b = {
             .n_tokens = t, .tokens = tokens + done, .pos = r->pos, .seq = r->seq_ids,
-            .n_seqs = 1, .block_tables = &table,
+            .n_seqs = 1, .block_tables = &table, .state_slot = r->slot >= 0 ? &r->slot : NULL,
         };
         float *dst = NULL;
         if (logits && all_logits) {

@@ -84,7 +84,7 @@ static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     lm_tensor o = lm_tensor_rows(&s->o, 0, T), gate = lm_tensor_rows(&s->gate, 0, T);
     lm_tensor up = lm_tensor_rows(&s->up, 0, T), act = lm_tensor_rows(&s->act, 0, T);
 
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables };
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
     lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
     lm_rope_params rk = rq;
     rk.n_heads = c->n_kv_heads;

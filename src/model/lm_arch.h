@@ -22,6 +22,8 @@ typedef struct lm_arch {
     int (*bind)(lm_model *m, lm_err *e);
     int (*forward)(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
     void (*free)(lm_model *m); /* frees m->impl and what forward allocated */
+    /* Recurrent state per sequence (NULL: none); see lm_model_state_spec. */
+    int (*state_spec)(const lm_model *m, int64_t *floats, int max);
 } lm_arch;
 
 /* The architecture serving model_type, or NULL. */

@@ -18,6 +18,7 @@ typedef struct lm_batch {
     const int32_t *seq;                  /* [T] index into block_tables */
     int n_seqs;                          /* S */
     const int32_t *const *block_tables;  /* [S] KV blocks covering positions 0..max pos */
+    const int32_t *state_slot;           /* [S] recurrent-state slots; NULL if the model has none */
     int n_out;                           /* rows that need logits */
     const int32_t *out_rows;             /* [n_out] token indices in [0, T) */
 } lm_batch;
@@ -35,6 +36,8 @@ typedef struct lm_model {
     lm_tensor lm_head;       /* [V][D] (the embedding when tied) */
     void *impl;              /* the architecture's own weights and scratch */
     size_t weight_bytes;     /* bytes of weights a decode step reads */
+    int n_kv_layers;         /* KV cache layers (default n_layers; hybrids need fewer) */
+    int64_t kv_width;        /* floats per token per KV layer (default Hkv * Dh) */
     float *inv_freq;         /* [rot_dim / 2] host */
     int rot_dim;
     float rope_attn_factor;
@@ -51,7 +54,11 @@ void lm_model_free(lm_model *m);
  * Keys and values of every token are written to kv at their positions. */
 int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
 
-/* KV bytes per token for this model (all layers, K and V, f32). */
+/* Recurrent state per sequence: writes up to max sizes (floats per slot of
+ * each state tensor) and returns how many there are (0 for attention-only). */
+int lm_model_state_spec(const lm_model *m, int64_t *floats, int max);
+
+/* KV bytes per token for this model (all KV layers, K and V, f32). */
 size_t lm_model_kv_bytes_per_token(const lm_model *m);
 /* Bytes of weights read per decoded token (all matrices + embedding row). */
 size_t lm_model_weight_bytes(const lm_model *m);

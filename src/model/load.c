@@ -66,6 +66,8 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
         rc = m->arch->bind(m, e);
     }
     if (!rc) rc = setup_rope(m, e);
+    if (!rc && m->n_kv_layers == 0) m->n_kv_layers = m->cfg.n_layers;
+    if (!rc && m->kv_width == 0) m->kv_width = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     if (rc) {
         lm_model_free(m);
         return -1;
@@ -87,6 +89,10 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
     for (int i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens)
             return lm_errf(e, "logit row %d out of range [0, %d)", b->out_rows[i], b->n_tokens);
+    if (kv->n_state > 0 && !b->state_slot) return lm_errf(e, "a model with recurrent state needs state slots");
+    for (int s = 0; kv->n_state > 0 && s < b->n_seqs; s++)
+        if (b->state_slot[s] < 0 || b->state_slot[s] >= kv->n_state_slots)
+            return lm_errf(e, "state slot %d out of range [0, %d)", b->state_slot[s], kv->n_state_slots);
     return m->arch->forward(m, kv, b, logits, e);
 }
 
@@ -103,7 +109,11 @@ void lm_model_free(lm_model *m) {
 }
 
 size_t lm_model_kv_bytes_per_token(const lm_model *m) {
-    return (size_t)m->cfg.n_layers * 2 * (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim * sizeof(float);
+    return (size_t)m->n_kv_layers * 2 * (size_t)m->kv_width * sizeof(float);
 }
 
 size_t lm_model_weight_bytes(const lm_model *m) { return m->weight_bytes; }
+
+int lm_model_state_spec(const lm_model *m, int64_t *floats, int max) {
+    return m->arch->state_spec ? m->arch->state_spec(m, floats, max) : 0;
+}

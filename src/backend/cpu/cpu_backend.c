@@ -140,12 +140,24 @@ static void lm_cpu_destroy(lm_backend *be) {
     free(c);
 }
 
+static void lm_cpu_clear(lm_backend *be, void *dst, size_t bytes) {
+    (void)be;
+    memset(dst, 0, bytes);
+}
+
+static void lm_cpu_copy(lm_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memmove(dst, src, bytes);
+}
+
 static const struct lm_backend_ops lm_cpu_ops = {
     .alloc = lm_cpu_alloc,
     .free = lm_cpu_free,
     .upload_weight = lm_cpu_upload_weight,
     .read = lm_cpu_read,
     .write = lm_cpu_write,
+    .clear = lm_cpu_clear,
+    .copy = lm_cpu_copy,
     .matmul = lm_cpu_matmul,
     .rms_norm = lm_cpu_rms_norm,
     .rope = lm_cpu_rope,
