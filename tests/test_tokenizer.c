@@ -204,6 +204,22 @@ LM_TEST(tokenizer_spm_byte_fallback) {
     lm_tokenizer_free(t);
 }
 
+/* Long SentencePiece words are cut before "▁" only where no merge crosses:
+ * here "b▁" is a token (and its merge ranks first), so no cut after 'b'. */
+LM_TEST(tokenizer_spm_long_word_cuts) {
+    const char *json =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\xE2\x96\x81\":0,\"a\":1,\"b\":2,\"\xE2\x96\x81" "a\":3,"
+        "\"ab\":4,\"\xE2\x96\x81" "ab\":5,\"b\xE2\x96\x81\":6,\"c\":7},"
+        "\"merges\":[\"b \xE2\x96\x81\",\"\xE2\x96\x81 a\",\"a b\",\"\xE2\x96\x81" "a b\"]},"
+        "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"}}";
+    lm_err e = { { 0 } };
+    lm_tokenizer *t = load_str(json, &e);
+    LM_REQUIRE_MSG_(t, e);
+    ENC(t, " ab ab ab ab ab ab", false, 3, 6, 1, 6, 1, 6, 1, 6, 1, 6, 4);
+    ENC(t, " ac ac ac ac ac ac", false, 3, 7, 3, 7, 3, 7, 3, 7, 3, 7, 3, 7); /* cut after 'c' */
+    lm_tokenizer_free(t);
+}
+
 /* ---- added tokens: lstrip / rstrip / single_word / normalized ---- */
 
 static const char k_added[] =

@@ -276,6 +276,13 @@ struct lm_tokenizer {
     /* tokenizer_config.json & GGUF */
     char *chat_template, *bos_token, *eos_token, *pad_token, *unk_token;
     bool add_bos, add_eos;    /* post-processor adds these (derived at setup) */
+    /* SentencePiece-style words without a pre-tokenizer can be whole
+     * paragraphs; they are cut before a "▁" where no merge can cross (see
+     * spm_cuts in tokenizer.c). cut_ok: enabled; no_cut: characters c for
+     * which some token contains c + "▁". */
+    bool cut_ok;
+    uint32_t *no_cut;
+    int n_no_cut;
     int32_t bos_id, eos_id, pad_id, unk_id;
     /* encode workspace with the word cache */
     pthread_mutex_t lock;

@@ -13,6 +13,8 @@
 #include "../base/lm_file.h"
 #include "tok_internal.h"
 
+static const char k_meta[] = "\xE2\x96\x81"; /* ▁ U+2581 */
+
 lm_tokenizer *tok_alloc(void) {
     lm_tokenizer *t = lm_xcalloc(1, sizeof *t);
     t->bos_id = t->eos_id = t->pad_id = t->unk_id = -1;
@@ -46,6 +48,7 @@ void lm_tokenizer_free(lm_tokenizer *t) {
     free(t->decoder);
     free(t->post.pre);
     free(t->post.post);
+    free(t->no_cut);
     free(t->chat_template);
     free(t->bos_token);
     free(t->eos_token);
@@ -109,6 +112,27 @@ int tok_finish_setup(lm_tokenizer *t, lm_err *e) {
             snprintf(s, sizeof s, "<0x%02X>", b);
             t->bpe.fallback_ids[b] = tok_vocab_get(&t->vocab, s, 6);
         }
+    if (!t->pretok && !t->bpe.byte_level && !t->bpe.prefix_len && !t->bpe.suffix_len &&
+        tok_vocab_get(&t->vocab, k_meta, 3) >= 0) {
+        t->cut_ok = true;
+        for (int32_t id = 0; t->cut_ok && id < t->vocab.n_ids; id++) {
+            size_t l;
+            const char *s = tok_vocab_str(&t->vocab, id, &l);
+            for (size_t j = 1; s && j + 3 <= l; j++) {
+                if (memcmp(s + j, k_meta, 3) || (j >= 3 && !memcmp(s + j - 3, k_meta, 3))) continue;
+                size_t k = j - 1;
+                while (k > 0 && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
+                int cl;
+                uint32_t c = tok_utf8_cp(s + k, j - k, &cl);
+                bool seen = false;
+                for (int q = 0; q < t->n_no_cut; q++) seen |= t->no_cut[q] == c;
+                if (seen) continue;
+                if (t->n_no_cut == 64) { t->cut_ok = false; break; } /* too irregular: never cut */
+                t->no_cut = lm_xrealloc(t->no_cut, (size_t)(t->n_no_cut + 1) * sizeof *t->no_cut);
+                t->no_cut[t->n_no_cut++] = c;
+            }
+        }
+    }
     for (int i = 0; i < t->post.n_pre + t->post.n_post; i++) {
         int32_t id = i < t->post.n_pre ? t->post.pre[i] : t->post.post[i - t->post.n_pre];
         if (id >= t->n_ids) return lm_errf(e, "post_processor: special token id %d is outside the vocabulary", id);
@@ -218,6 +242,33 @@ out:
 
 /* ---- encode ---- */
 
+/* Cuts a SentencePiece-style word before each "▁" that follows a character
+ * c, when c is a token by itself and no token contains c + "▁": every
+ * symbol left of the cut then ends with c, every one right of it starts with
+ * "▁", and a merge across would make a token containing c + "▁" - which does
+ * not exist. So the cut changes no result; it lets long texts (Llama 2,
+ * Mistral, Gemma have no pre-tokenizer) use the word cache and short merges. */
+static void spm_cuts(const lm_tokenizer *t, tok_pieces *p) {
+    const char *s = p->buf.s;
+    uint32_t n = p->v[0].len, start = 0;
+    bool first = p->v[0].first;
+    p->n = 0;
+    for (uint32_t i = 1; i + 3 <= n; i++) {
+        if (memcmp(s + i, k_meta, 3)) continue;
+        uint32_t k = i - 1; /* start of the character before */
+        while (k > start && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
+        if (i - k == 3 && !memcmp(s + k, k_meta, 3)) continue; /* inside a run of ▁ */
+        int cl;
+        uint32_t c = tok_utf8_cp(s + k, i - k, &cl);
+        bool bad = tok_vocab_get(&t->vocab, s + k, i - k) < 0;
+        for (int q = 0; q < t->n_no_cut && !bad; q++) bad = t->no_cut[q] == c;
+        if (bad) continue;
+        tok_pieces_push(p, start, i - start, first && start == 0);
+        start = i;
+    }
+    tok_pieces_push(p, start, n - start, first && start == 0);
+}
+
 static void encode_text(lm_tokenizer *t, tok_work *w, const char *s, size_t n, bool first,
                         lm_tok_ids *out) {
     tok_pieces *p = &w->pieces;
@@ -226,6 +277,7 @@ static void encode_text(lm_tokenizer *t, tok_work *w, const char *s, size_t n, b
     tok_str_append(&p->buf, s, n);
     tok_pieces_push(p, 0, (uint32_t)n, first);
     if (t->pretok) tok_pretokenize(t->pretok, p, &w->ptmp, &w->spans, &w->rs);
+    else if (t->cut_ok && n > 16) spm_cuts(t, p);
     for (size_t i = 0; i < p->n; i++) tok_bpe_word(t, w, p->buf.s + p->v[i].off, p->v[i].len, out);
 }
 
