@@ -12,6 +12,7 @@ int lm_cmd_bench(int argc, char **argv);
 int lm_cmd_check_template(int argc, char **argv);
 int lm_cmd_tokenize(int argc, char **argv);
 int lm_cmd_check_tokenizer(int argc, char **argv);
+int lm_cmd_serve(int argc, char **argv);
 
 /* Options every model command takes. */
 typedef struct lm_common_opts {

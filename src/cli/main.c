@@ -14,6 +14,7 @@ static const char *const k_usage =
     "  check-template  render a chat template's JSONL cases and compare (TEMPLATE CASES.jsonl)\n"
     "  tokenize print the token ids of a text (-m MODEL \"text\")\n"
     "  check-tokenizer  compare a tokenizer with expected cases (DIR CASES.jsonl)\n"
+    "  serve    serve a model over an OpenAI-compatible HTTP API (-m MODEL)\n"
     "  version  print the version\n"
     "\n"
     "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file.\n"
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "check-template")) return lm_cmd_check_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return lm_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-tokenizer")) return lm_cmd_check_tokenizer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return lm_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("lumen %s\n", LM_VERSION);
         return 0;

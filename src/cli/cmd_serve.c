@@ -1,0 +1,99 @@
+/* cmd_serve.c - `lumen serve`: the OpenAI-compatible HTTP server. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../server/lm_server.h"
+#include "cli.h"
+
+static const char *const k_help =
+    "usage: lumen serve -m MODEL [options]\n"
+    "\n"
+    "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
+    "GET /health, GET /metrics (Prometheus).\n"
+    "\n"
+    "  -m, --model PATH      Hugging Face folder or .gguf file (required until\n"
+    "                        lumen bundles a default model)\n"
+    "  --alias NAME          model name in the API (default: MODEL's basename)\n"
+    "  --host ADDR           address to bind (default 127.0.0.1: this machine only)\n"
+    "  --port N              TCP port (default 8080; 0 = any free port)\n"
+    "  --api-key KEY         require 'Authorization: Bearer KEY' (also LUMEN_API_KEY)\n"
+    "  --ctx N               tokens per request, prompt + completion (default: the model's)\n"
+    "  --parallel N          requests generated at once (default 4)\n"
+    "  --max-queue N         requests waiting beyond those (default 256; more get 503)\n"
+    "  --timeout S           drop a client idle for S seconds while sending (default 30)\n"
+    "  --max-body-mb N       largest request body in MiB (default 8; larger get 413)\n"
+    "  --max-connections N   open connections at once (default 1024)\n"
+    "  --quiet               no line per request on stderr\n"
+    LM_COMMON_HELP;
+
+int lm_cmd_serve(int argc, char **argv) {
+    lm_common_opts co = { 0 };
+    lm_server_opts so = { .port = 8080, .log_requests = true };
+    so.api_key = getenv("LUMEN_API_KEY");
+    if (so.api_key && !*so.api_key) so.api_key = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        long n;
+        int c = lm_cli_common(&co, argc, argv, &i);
+        if (c < 0) return 2;
+        if (c) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(k_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(so.model_path = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--alias")) {
+            if (!(so.alias = lm_cli_value(argc, argv, &i))) return 2;
+            if (!*so.alias) goto bad;
+        } else if (!strcmp(a, "--host")) {
+            if (!(so.host = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--port")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 65535, &n)) goto bad;
+            so.port = (int)n;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!(so.api_key = lm_cli_value(argc, argv, &i))) return 2;
+            if (!*so.api_key) goto bad;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 16, 1 << 24, &n)) goto bad;
+            so.engine.ctx = (int)n;
+        } else if (!strcmp(a, "--parallel")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 4096, &n)) goto bad;
+            so.engine.parallel = (int)n;
+        } else if (!strcmp(a, "--max-queue")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &n)) goto bad;
+            so.engine.max_queue = (int)n;
+        } else if (!strcmp(a, "--timeout")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 86400, &n)) goto bad;
+            so.timeout_s = (int)n;
+        } else if (!strcmp(a, "--max-body-mb")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 4096, &n)) goto bad;
+            so.max_body = (size_t)n << 20;
+        } else if (!strcmp(a, "--max-connections")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 100000, &n)) goto bad;
+            so.max_connections = (int)n;
+        } else if (!strcmp(a, "--quiet")) {
+            so.log_requests = false;
+        } else {
+            fprintf(stderr, "lumen serve: unknown option %s (see lumen serve --help)\n", a);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "lumen serve: bad value for %s (see lumen serve --help)\n", a);
+        return 2;
+    }
+    if (!so.model_path) {
+        fprintf(stderr, "lumen serve: -m MODEL is required: lumen does not bundle a default model yet "
+                        "(see lumen serve --help)\n");
+        return 2;
+    }
+    lm_backend *be = lm_cli_backend(&co);
+    if (!be) return 1;
+    lm_err e = { { 0 } };
+    int rc = lm_server_run(&so, be, &e);
+    if (rc) fprintf(stderr, "lumen: %s\n", e.msg);
+    lm_backend_destroy(be);
+    return rc ? 1 : 0;
+}

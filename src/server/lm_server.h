@@ -1,0 +1,37 @@
+/* lm_server.h - the OpenAI-compatible HTTP server (`lumen serve`).
+ *
+ * One model, one engine, one HTTP daemon (libmicrohttpd, a thread per
+ * connection). Routes:
+ *   POST /v1/chat/completions   chat template, reasoning, tool calls, SSE
+ *   POST /v1/completions        raw prompt (text or token ids), SSE
+ *   GET  /v1/models[/ID]        the one served model
+ *   GET  /health                {"status": "ok"} (never needs the API key)
+ *   GET  /metrics               Prometheus text
+ * See docs/architecture.md ("Server") for how a request flows. */
+#ifndef LM_SERVER_H
+#define LM_SERVER_H
+
+#include "../backend/lm_backend.h"
+#include "../engine/lm_engine.h"
+
+typedef struct lm_server_opts {
+    const char *model_path;  /* Hugging Face folder or .gguf */
+    const char *alias;       /* name in /v1/models and responses; NULL: the path's basename */
+    const char *host;        /* IP literal or name to bind; NULL: 127.0.0.1 */
+    int port;                /* 0: any free port (the chosen one is printed) */
+    const char *api_key;     /* NULL: no authentication */
+    lm_engine_opts engine;   /* ctx, parallel, queue ... (0 = engine defaults) */
+    size_t max_body;         /* bytes of a request body (0: 8 MiB) */
+    int timeout_s;           /* idle seconds before a slow client is dropped (0: 30) */
+    int max_connections;     /* open connections at once (0: 1024) */
+    bool log_requests;       /* one line per request on stderr */
+} lm_server_opts;
+
+/* Loads the model onto be (not owned), starts the engine and the HTTP daemon,
+ * prints "lumen: serving NAME on http://HOST:PORT" on stderr, and serves until
+ * SIGINT or SIGTERM; then stops accepting, lets running requests finish for a
+ * few seconds, cancels the rest and frees everything. Returns 0, or -1 with e
+ * set when startup fails. */
+int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e);
+
+#endif

@@ -1,0 +1,128 @@
+/* metrics.c - request counters and latency histograms, exposed at /metrics
+ * in the Prometheus text format (version 0.0.4).
+ *
+ * One mutex guards everything: updates are a handful per request, far from
+ * any hot path. Engine gauges (queue depth, running sequences, KV blocks) are
+ * read from lm_engine_get_stats when the page is rendered. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_internal.h"
+
+static const char *const k_routes[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
+                                                    "health", "metrics", "other" };
+static const char *const k_codes[6] = { "2xx", "400", "401", "404", "4xx", "5xx" };
+
+static void hist_init(srv_hist *h, const double *bounds, int n) {
+    memset(h, 0, sizeof *h);
+    LM_ASSERT(n <= SRV_HIST_BUCKETS);
+    memcpy(h->bounds, bounds, (size_t)n * sizeof *bounds);
+    h->n_bounds = n;
+}
+
+void srv_metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    static const double lat[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120 };
+    static const double tok[] = { 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1 };
+    hist_init(&m->ttft, lat, (int)LM_COUNT(lat));
+    hist_init(&m->duration, lat, (int)LM_COUNT(lat));
+    hist_init(&m->queue, lat, (int)LM_COUNT(lat));
+    hist_init(&m->per_token, tok, (int)LM_COUNT(tok));
+}
+
+void srv_metrics_free(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+void srv_metrics_request(srv_metrics *m, int route, int status) {
+    int c = status < 300 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 ? 3 : status < 500 ? 4 : 5;
+    pthread_mutex_lock(&m->mu);
+    m->requests[route][c]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_observe(srv_hist *h, srv_metrics *m, double v) {
+    pthread_mutex_lock(&m->mu);
+    int b = 0;
+    while (b < h->n_bounds && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->total++;
+    h->sum += v;
+    pthread_mutex_unlock(&m->mu);
+}
+
+typedef struct tbuf {
+    char *p;
+    size_t n, cap;
+} tbuf;
+
+static void tprintf(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tprintf(tbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        LM_ASSERT(w >= 0);
+        if ((size_t)w < b->cap - b->n) {
+            b->n += (size_t)w;
+            return;
+        }
+        b->cap = b->cap * 2 + (size_t)w;
+        b->p = lm_xrealloc(b->p, b->cap);
+    }
+}
+
+static void hist_text(tbuf *b, const char *name, const char *help, const srv_hist *h) {
+    tprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n_bounds; i++) {
+        cum += h->counts[i];
+        tprintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n_bounds];
+    tprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+            h->sum, name, (unsigned long long)h->total);
+}
+
+static void counter(tbuf *b, const char *name, const char *help, uint64_t v) {
+    tprintf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
+}
+
+static void gauge(tbuf *b, const char *name, const char *help, long long v) {
+    tprintf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", name, help, name, name, v);
+}
+
+char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
+    lm_engine_stats es;
+    memset(&es, 0, sizeof es);
+    if (en) lm_engine_get_stats(en, &es);
+    tbuf b = { lm_xmalloc(4096), 0, 4096 };
+    pthread_mutex_lock(&m->mu);
+    tprintf(&b, "# HELP lumen_requests_total HTTP requests by route and status.\n# TYPE lumen_requests_total counter\n");
+    for (int r = 0; r < SRV_N_ROUTES; r++)
+        for (int c = 0; c < 6; c++)
+            if (m->requests[r][c] || c == 0)
+                tprintf(&b, "lumen_requests_total{route=\"%s\",status=\"%s\"} %llu\n", k_routes[r], k_codes[c],
+                        (unsigned long long)m->requests[r][c]);
+    counter(&b, "lumen_prompt_tokens_total", "Prompt tokens of finished generations.", m->prompt_tokens);
+    counter(&b, "lumen_prompt_tokens_cached_total", "Prompt tokens served from the prefix cache.", m->cached_tokens);
+    counter(&b, "lumen_completion_tokens_total", "Generated tokens.", m->completion_tokens);
+    counter(&b, "lumen_client_disconnects_total", "Generations cancelled because the client went away.", m->disconnects);
+    gauge(&b, "lumen_http_connections", "Open HTTP connections.", m->connections);
+    gauge(&b, "lumen_streams_active", "Server-sent-event streams in progress.", m->streams);
+    hist_text(&b, "lumen_time_to_first_token_seconds", "From request arrival to the first generated token.", &m->ttft);
+    hist_text(&b, "lumen_request_duration_seconds", "From request arrival to the last token.", &m->duration);
+    hist_text(&b, "lumen_queue_time_seconds", "Time waiting for admission to the engine.", &m->queue);
+    hist_text(&b, "lumen_time_per_output_token_seconds", "Mean time between generated tokens, per request.",
+              &m->per_token);
+    pthread_mutex_unlock(&m->mu);
+    gauge(&b, "lumen_queue_depth", "Requests waiting for admission.", es.queued);
+    gauge(&b, "lumen_requests_running", "Sequences being generated.", es.running);
+    counter(&b, "lumen_engine_steps_total", "Forward steps run by the engine.", es.steps);
+    counter(&b, "lumen_engine_batch_tokens_total", "Tokens over all engine steps.", es.batch_tokens_total);
+    gauge(&b, "lumen_kv_blocks_free", "Free KV cache blocks.", es.kv_blocks_free);
+    gauge(&b, "lumen_kv_blocks_total", "KV cache blocks.", es.kv_blocks_total);
+    return b.p;
+}

@@ -1,0 +1,340 @@
+/* routes.c - POST /v1/chat/completions and /v1/completions.
+ *
+ * A generation request: parse and validate the body, build the prompt
+ * (chat template, or the raw prompt), tokenize, check it against the context,
+ * submit to the engine, then either wait for the final event in this
+ * connection thread (non-stream) or hand MHD a content reader that blocks
+ * for each SSE chunk (stream).
+ *
+ * The engine's callback runs on the engine thread and only copies the event
+ * into the job's mailbox and signals an eventfd; all text work (detokenizing,
+ * parsers, JSON) happens on the connection thread in srv_out. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "server_internal.h"
+
+#ifndef POLLRDHUP
+#define POLLRDHUP 0x2000
+#endif
+
+/* A stream sends ": keep-alive" after this much silence (ms); below every
+ * idle timeout a client or lumen itself uses. */
+#define SRV_HEARTBEAT_MS 10000
+
+/* ---- the job ------------------------------------------------------------------------------ */
+
+/* Engine thread: copy the event, wake the connection. Never blocks for long. */
+static void on_token(void *user, const lm_token_event *ev) {
+    srv_job *j = user;
+    pthread_mutex_lock(&j->mu);
+    if (j->qn == j->qcap) {
+        j->qcap = j->qcap ? j->qcap * 2 : 16;
+        j->q = lm_xrealloc(j->q, j->qcap * sizeof *j->q);
+    }
+    lm_token_event *dst = &j->q[j->qn++];
+    *dst = *ev;
+    if (ev->done && ev->error) {
+        snprintf(j->err, sizeof j->err, "%s", ev->error);
+        dst->error = j->err;
+    } else {
+        dst->error = NULL;
+    }
+    if (ev->has_token) {
+        double now = lm_now();
+        if (j->t_first == 0) j->t_first = now;
+        j->t_last = now;
+    }
+    pthread_mutex_unlock(&j->mu);
+    uint64_t one = 1;
+    ssize_t w = write(j->efd, &one, sizeof one);
+    (void)w;
+}
+
+static srv_job *job_create(srv *s, srv_conn *cc, struct MHD_Connection *c) {
+    srv_job *j = lm_xcalloc(1, sizeof *j);
+    j->s = s;
+    j->route = cc->route;
+    memcpy(j->method, cc->method, sizeof j->method);
+    memcpy(j->url, cc->url, sizeof j->url);
+    j->t0 = cc->t0;
+    pthread_mutex_init(&j->mu, NULL);
+    j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    return j;
+}
+
+/* Processes queued events; returns how many. Cancels the request when a stop
+ * string matched. */
+static size_t job_pump(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    size_t n = j->qn;
+    if (n) {
+        if (j->wcap < n) {
+            j->wcap = n;
+            j->work = lm_xrealloc(j->work, n * sizeof *j->work);
+        }
+        memcpy(j->work, j->q, n * sizeof *j->q);
+        j->qn = 0;
+    }
+    pthread_mutex_unlock(&j->mu);
+    for (size_t i = 0; i < n; i++)
+        if (srv_out_event(&j->out, &j->work[i])) lm_request_cancel(j->req);
+    return n;
+}
+
+/* Waits for events (1), silence for timeout_ms (0), or the client closing its
+ * end of the connection (-1). timeout_ms < 0 waits without limit. */
+static int job_wait(srv_job *j, int timeout_ms) {
+    struct pollfd p[2] = { { .fd = j->efd, .events = POLLIN }, { .fd = j->fd, .events = POLLRDHUP } };
+    int np = j->fd >= 0 ? 2 : 1;
+    for (;;) {
+        int r = poll(p, (nfds_t)np, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) return 0;
+        if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return -1;
+        uint64_t v;
+        ssize_t rd = read(j->efd, &v, sizeof v);
+        (void)rd;
+        return 1;
+    }
+}
+
+/* Takes the job out of the engine and frees it; records metrics and logs. */
+static void job_finish(srv_job *j) {
+    srv *s = j->s;
+    if (j->in_list) {
+        pthread_mutex_lock(&s->jobs_mu);
+        if (j->prev) j->prev->next = j->next;
+        else s->jobs = j->next;
+        if (j->next) j->next->prev = j->prev;
+        pthread_mutex_unlock(&s->jobs_mu);
+    }
+    if (j->req) lm_request_release(j->req); /* no callback after this */
+    srv_out *o = &j->out;
+    double now = lm_now();
+    srv_metrics *m = &s->metrics;
+    if (o->done && !j->gone) {
+        pthread_mutex_lock(&m->mu);
+        m->prompt_tokens += (uint64_t)o->n_prompt;
+        m->cached_tokens += (uint64_t)o->n_cached;
+        m->completion_tokens += (uint64_t)o->n_generated;
+        pthread_mutex_unlock(&m->mu);
+        if (j->t_first > 0) srv_metrics_observe(&m->ttft, m, j->t_first - j->t0);
+        srv_metrics_observe(&m->duration, m, now - j->t0);
+        srv_metrics_observe(&m->queue, m, o->queue_s);
+        if (o->n_generated > 1 && j->t_last > j->t_first)
+            srv_metrics_observe(&m->per_token, m, (j->t_last - j->t_first) / (o->n_generated - 1));
+    }
+    if (j->gone) {
+        pthread_mutex_lock(&m->mu);
+        m->disconnects++;
+        pthread_mutex_unlock(&m->mu);
+    }
+    if (j->streaming) {
+        pthread_mutex_lock(&m->mu);
+        m->streams--;
+        pthread_mutex_unlock(&m->mu);
+    }
+    int status = j->gone ? 499 : j->status;
+    if (j->req) srv_metrics_request(m, j->route, status);
+    if (j->req && s->opts.log_requests)
+        fprintf(stderr, "lumen: %s %s %d%s prompt %d (cached %d) gen %d finish %s ttft %.3fs total %.3fs\n", j->method,
+                j->url, status, j->gone ? " (client gone)" : "", o->n_prompt, o->n_cached, o->n_generated,
+                o->done ? srv_out_finish_reason(o) : "-", j->t_first > 0 ? j->t_first - j->t0 : 0.0, now - j->t0);
+    srv_out_free(&j->out);
+    srv_prompt_free(&j->prompt);
+    srv_req_free(&j->r);
+    if (j->efd >= 0) close(j->efd);
+    pthread_mutex_destroy(&j->mu);
+    free(j->q);
+    free(j->work);
+    free(j);
+}
+
+/* ---- streaming --------------------------------------------------------------------------- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_job *j = cls;
+    srv_out *o = &j->out;
+    for (;;) {
+        size_t avail = o->sse.len - o->sse_off;
+        if (avail) {
+            size_t n = LM_MIN(avail, max);
+            memcpy(buf, o->sse.s + o->sse_off, n);
+            o->sse_off += n;
+            if (o->sse_off == o->sse.len) o->sse.len = o->sse_off = 0;
+            return (ssize_t)n;
+        }
+        if (o->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (j->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (job_pump(j)) continue;
+        int w = job_wait(j, SRV_HEARTBEAT_MS);
+        if (w < 0) {
+            j->gone = true;
+            lm_request_cancel(j->req);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (w == 0) { /* an SSE comment; clients skip it */
+            static const char k_ping[] = ": keep-alive\n\n";
+            size_t n = LM_MIN(max, sizeof k_ping - 1);
+            memcpy(buf, k_ping, n);
+            return (ssize_t)n;
+        }
+    }
+}
+
+static void stream_free(void *cls) { job_finish(cls); }
+
+/* ---- the endpoint -------------------------------------------------------------------------- */
+
+static int context_error(srv_err *e, const srv *s, int n_prompt, long max_tokens, bool mt_set, const char *what) {
+    if (mt_set)
+        return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
+                        "This model's maximum context length is %d tokens. However, you requested %ld tokens "
+                        "(%d in the %s, %ld for the completion). Please reduce the length of the %s or the "
+                        "completion.",
+                        s->ctx, n_prompt + max_tokens, n_prompt, what, max_tokens, what);
+    return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
+                    "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens. "
+                    "Please reduce the length of the %s.",
+                    s->ctx, what, n_prompt, what);
+}
+
+enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind) {
+    srv_err e = { 0 };
+    srv_job *j = job_create(s, cc, c);
+    lm_tok_ids ids = { 0 };
+    char *echo = NULL;
+    size_t echo_len = 0;
+    const char *what = kind == SRV_CHAT ? "messages" : "prompt";
+    if (j->efd < 0) {
+        srv_fail(&e, 500, "server_error", NULL, NULL, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (srv_req_parse(s, kind, cc->body ? cc->body : "", cc->body_len, &j->r, &e)) goto fail;
+    lm_err le = { { 0 } };
+    if (kind == SRV_CHAT) {
+        if (srv_chat_render(s, &j->r, &j->prompt, &e)) goto fail;
+        if (lm_tokenizer_encode(s->tok, j->prompt.text, j->prompt.len, false, &ids, &le)) {
+            srv_bad(&e, "messages", "%s", le.msg);
+            goto fail;
+        }
+    } else if (j->r.prompt_ids) {
+        ids.ids = lm_xmalloc((size_t)j->r.n_prompt_ids * sizeof *ids.ids);
+        memcpy(ids.ids, j->r.prompt_ids, (size_t)j->r.n_prompt_ids * sizeof *ids.ids);
+        ids.n = ids.cap = (size_t)j->r.n_prompt_ids;
+        if (j->r.echo) {
+            lm_tok_str t = { 0 };
+            lm_tokenizer_decode(s->tok, ids.ids, ids.n, false, &t);
+            echo = t.s;
+            echo_len = t.len;
+        }
+    } else {
+        if (lm_tokenizer_encode(s->tok, j->r.prompt_text, j->r.prompt_len, true, &ids, &le)) {
+            srv_bad(&e, "prompt", "%s", le.msg);
+            goto fail;
+        }
+        if (j->r.echo) {
+            echo = lm_xmalloc(j->r.prompt_len + 1);
+            memcpy(echo, j->r.prompt_text, j->r.prompt_len + 1);
+            echo_len = j->r.prompt_len;
+        }
+    }
+    if (ids.n == 0) {
+        srv_bad(&e, what, "The %s produced no tokens.", what);
+        goto fail;
+    }
+    lm_gen_params *gp = &j->r.gp;
+    if (ids.n >= (size_t)s->ctx || (j->r.max_tokens_set && (long)ids.n + gp->max_tokens > s->ctx)) {
+        context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set, what);
+        goto fail;
+    }
+    if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
+    if (srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e)) goto fail;
+    free(echo);
+    echo = NULL;
+
+    pthread_mutex_lock(&s->jobs_mu);
+    if (s->shutting_down) {
+        pthread_mutex_unlock(&s->jobs_mu);
+        srv_fail(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        goto fail;
+    }
+    int rc = lm_engine_submit(s->en, ids.ids, (int)ids.n, gp, on_token, j, &j->req, &le);
+    if (rc == LM_ENGINE_OK) {
+        j->next = s->jobs;
+        if (s->jobs) s->jobs->prev = j;
+        s->jobs = j;
+        j->in_list = true;
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+    if (rc == LM_ENGINE_BUSY) {
+        srv_fail(&e, 503, "server_error", "overloaded", NULL, "The server is overloaded (%s); retry later.", le.msg);
+        goto fail;
+    }
+    if (rc != LM_ENGINE_OK) {
+        srv_bad(&e, what, "%s", le.msg);
+        goto fail;
+    }
+    lm_tok_ids_free(&ids);
+    cc->job_logged = true;
+    j->status = 200;
+
+    if (j->r.stream) {
+        struct MHD_Response *res =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, j, stream_free);
+        if (!res) {
+            job_finish(j);
+            return MHD_NO;
+        }
+        j->streaming = true;
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.streams++;
+        pthread_mutex_unlock(&s->metrics.mu);
+        MHD_add_response_header(res, "Content-Type", "text/event-stream; charset=utf-8");
+        MHD_add_response_header(res, "Cache-Control", "no-cache");
+        MHD_add_response_header(res, "X-Accel-Buffering", "no");
+        enum MHD_Result ok = MHD_queue_response(c, 200, res);
+        MHD_destroy_response(res); /* the job is freed by stream_free when MHD is done */
+        cc->status = 200;
+        return ok;
+    }
+
+    while (!j->out.done) {
+        if (job_pump(j)) continue;
+        if (job_wait(j, -1) < 0) {
+            j->gone = true;
+            lm_request_cancel(j->req);
+            job_finish(j);
+            return MHD_NO;
+        }
+    }
+    srv_out *o = &j->out;
+    if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
+        srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
+                 o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
+        j->status = 500;
+        enum MHD_Result ok = srv_respond_error(cc, c, &e);
+        job_finish(j);
+        return ok;
+    }
+    enum MHD_Result ok = srv_respond_json(cc, c, 200, srv_out_response(o));
+    job_finish(j);
+    return ok;
+
+fail:
+    free(echo);
+    lm_tok_ids_free(&ids);
+    cc->job_logged = false;
+    job_finish(j);
+    return srv_respond_error(cc, c, &e);
+}

@@ -1,0 +1,286 @@
+/* server_internal.h - the pieces of the HTTP server shared between its files
+ * (not public).
+ *
+ * A request goes through these stages, each in its own file:
+ *
+ *   server.c           HTTP: routing, auth, body limits, connection threads,
+ *                      waiting for tokens, SSE via a blocking content reader
+ *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params)
+ *   chat_render.c      messages/tools -> template context -> prompt text
+ *   routes.c           the endpoints: build the prompt, submit, wait, answer
+ *   output.c           token events -> text -> stop/reasoning/tool parsers ->
+ *                      OpenAI deltas (srv_out); pure, tested without HTTP
+ *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
+ *                      errors) and SSE framing
+ *   metrics.c          counters and histograms, Prometheus text
+ */
+#ifndef LM_SERVER_INTERNAL_H
+#define LM_SERVER_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <microhttpd.h>
+
+#include "../engine/lm_engine.h"
+#include "../template/lm_template.h"
+#include "../tokenizer/lm_tokenizer.h"
+#include "lm_server.h"
+#include "parse/lm_parse.h"
+
+/* ---- errors -------------------------------------------------------------------- */
+
+/* An OpenAI error: {"error": {"message", "type", "param", "code"}} with an
+ * HTTP status. */
+typedef struct srv_err {
+    int status;           /* 400, 401, 404, 413, 500, 503 ... */
+    const char *type;     /* "invalid_request_error", "server_error" ... */
+    const char *code;     /* NULL or e.g. "model_not_found", "context_length_exceeded" */
+    char param[64];       /* "" = null */
+    char msg[LM_ERR_MAX];
+} srv_err;
+
+/* Fills e and returns -1. param and code may be NULL. */
+int srv_fail(srv_err *e, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* 400 invalid_request_error. */
+#define srv_bad(e, param, ...) srv_fail((e), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
+/* {"error": {...}} (new reference). */
+json_t *srv_error_json(const srv_err *e);
+
+/* ---- metrics (metrics.c) -------------------------------------------------------- */
+
+enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MODELS, SRV_ROUTE_HEALTH,
+       SRV_ROUTE_METRICS, SRV_ROUTE_OTHER, SRV_N_ROUTES };
+
+#define SRV_HIST_BUCKETS 16
+
+typedef struct srv_hist {
+    double bounds[SRV_HIST_BUCKETS];     /* upper bounds, seconds; +Inf implied */
+    int n_bounds;
+    uint64_t counts[SRV_HIST_BUCKETS + 1];
+    uint64_t total;
+    double sum;
+} srv_hist;
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;                  /* guards everything below */
+    uint64_t requests[SRV_N_ROUTES][6];  /* by status class: 2xx, 400, 401, 404, other 4xx, 5xx */
+    uint64_t prompt_tokens, cached_tokens, completion_tokens;
+    uint64_t cancelled, disconnects;
+    srv_hist ttft, duration, queue, per_token;
+    int connections;                     /* open HTTP connections */
+    int streams;                         /* running SSE streams */
+} srv_metrics;
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_free(srv_metrics *m);
+void srv_metrics_request(srv_metrics *m, int route, int status);
+void srv_metrics_observe(srv_hist *h, srv_metrics *m, double v);
+/* Prometheus text exposition (malloc'd). */
+char *srv_metrics_text(srv_metrics *m, lm_engine *en);
+
+/* ---- the server ------------------------------------------------------------------- */
+
+typedef struct srv_job srv_job;
+
+typedef struct srv {
+    lm_server_opts opts;
+    lm_model *model;
+    lm_tokenizer *tok;
+    lm_template *tpl;          /* NULL when the model has no chat template */
+    char *tpl_src;
+    lm_engine *en;
+    char *model_name;
+    int64_t created;           /* server start, epoch seconds */
+    int ctx;                   /* tokens per sequence */
+    int n_vocab;               /* ids the model can produce */
+    int32_t stop_ids[2 * LM_MAX_EOS + 1];  /* tokenizer eos + generation_config eos */
+    int n_stop_ids;
+    uint8_t *hidden;           /* [n_vocab] 1: a special token whose text is never shown */
+    bool think;                /* the model knows <think> ... </think> */
+    bool xml_tools;            /* the template writes Qwen3.5-style <function=...> calls */
+    char fingerprint[32];
+    srv_metrics metrics;
+    pthread_mutex_t jobs_mu;   /* guards the job list and shutting_down */
+    srv_job *jobs;             /* requests in the engine (for shutdown) */
+    bool shutting_down;
+    atomic_uint_fast64_t id_counter;
+} srv;
+
+/* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
+ * plus eos_ids), hidden special tokens, the chat template, think/tool
+ * formats. Used by lm_server_run and by tests (without a model). */
+void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
+void srv_free_text(srv *s);
+
+/* ---- a parsed request (openai_request.c) -------------------------------------------- */
+
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+typedef enum srv_tool_choice { SRV_TOOLS_AUTO, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_choice;
+
+typedef struct srv_req {
+    srv_kind kind;
+    json_t *body;              /* owned */
+    bool stream, include_usage;
+    lm_gen_params gp;          /* stop_tokens point into the srv; logit_bias into bias */
+    lm_logit_bias *bias;
+    bool max_tokens_set;       /* else max_tokens = what the context leaves */
+    const json_t *stop;        /* borrowed from body; NULL = none */
+    /* chat */
+    const json_t *messages;
+    json_t *tools;             /* borrowed; NULL when absent, empty or tool_choice none */
+    srv_tool_choice tool_choice;
+    const char *tool_name;     /* SRV_TOOLS_NAMED */
+    const json_t *template_kwargs; /* chat_template_kwargs object or NULL */
+    /* completions */
+    const char *prompt_text;   /* string prompt, or NULL */
+    size_t prompt_len;
+    int32_t *prompt_ids;       /* token-id prompt (owned), or NULL */
+    int n_prompt_ids;
+    bool echo;
+} srv_req;
+
+/* Parses and validates a request body. kind picks the endpoint's schema.
+ * On error fills e (status 400/404) and returns -1; srv_req_free is safe
+ * either way. */
+int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
+void srv_req_free(srv_req *r);
+
+/* ---- chat rendering (chat_render.c) --------------------------------------------------- */
+
+typedef struct srv_prompt {
+    char *text;                /* the rendered prompt, prefill included */
+    size_t len;
+    char *prefill;             /* text put in the assistant turn for the model
+                                  (forced tool call), fed to the parsers; may be NULL */
+    bool start_in_reasoning;   /* the prompt ends inside an open <think> block */
+} srv_prompt;
+
+/* The template context transformers' apply_chat_template would build
+ * (messages normalised, tools, add_generation_prompt, special tokens,
+ * chat_template_kwargs at top level). New reference or NULL with e set. */
+json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e);
+int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e);
+void srv_prompt_free(srv_prompt *p);
+/* Whether text ends inside an open think block: the last open tag is not
+ * followed by a close tag, only by whitespace. */
+bool srv_ends_in_think(const char *text, size_t len, const char *open, const char *close);
+
+/* ---- output (output.c) ------------------------------------------------------------------ */
+
+/* Turns a request's token events into OpenAI output: SSE bytes (stream) or a
+ * final response object (non-stream). */
+typedef struct srv_out {
+    const srv *s;
+    srv_kind kind;
+    bool stream, include_usage;
+    bool logprobs;
+    int top_logprobs;
+    char id[40];
+    int64_t created;
+    lm_detok *detok;
+    lm_stop_matcher *stop;
+    lm_reasoning_parser *reason;   /* chat with a thinking model, else NULL */
+    lm_toolcall_parser *tools;     /* chat with tools, else NULL */
+    lm_tok_str piece;              /* scratch: one token's text */
+    /* what was produced (non-stream answer, and tests) */
+    lm_tok_str content, reasoning;
+    json_t *logprob_list;          /* chat: [{token, logprob, bytes, top_logprobs}] */
+    json_t *lp_tokens, *lp_token_logprobs, *lp_top, *lp_offsets; /* completions form */
+    size_t text_offset;
+    json_t *pending_lp;            /* stream: entries not sent yet */
+    /* state */
+    bool role_sent;
+    bool stopped;                  /* a stop string matched: cancel the request */
+    bool done;                     /* the final event was processed */
+    lm_finish finish;
+    char error[LM_ERR_MAX];        /* LM_FINISH_ERROR */
+    int n_prompt, n_cached, n_generated, n_reasoning;
+    int n_tool_calls;
+    double queue_s, prefill_s;
+    /* SSE bytes not yet handed to the connection */
+    lm_tok_str sse;
+    size_t sse_off;
+} srv_out;
+
+/* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const srv_prompt *chat,
+                 const char *echo, size_t echo_len, srv_err *e);
+void srv_out_free(srv_out *o);
+/* Processes one event. Returns true when the request should be cancelled
+ * (a stop string matched). */
+bool srv_out_event(srv_out *o, const lm_token_event *ev);
+/* The non-stream response object (new reference), after done. */
+json_t *srv_out_response(srv_out *o);
+/* finish_reason for the answer: "stop", "length", "tool_calls". */
+const char *srv_out_finish_reason(const srv_out *o);
+
+/* ---- HTTP (server.c, routes.c) ------------------------------------------------------------ */
+
+/* One HTTP request (MHD's con_cls). */
+typedef struct srv_conn {
+    int route;
+    char method[16];
+    char url[128];
+    char *body;
+    size_t body_len, body_cap;
+    int status;            /* set once a response is queued */
+    bool job_logged;       /* a generation job logs and counts the request itself */
+    double t0;
+} srv_conn;
+
+/* A generation in the engine: the mailbox the engine callback fills, the
+ * output pipeline, and what the connection waits on. */
+struct srv_job {
+    srv *s;
+    int route;
+    char method[16], url[128];
+    pthread_mutex_t mu;        /* guards q, qn, err, t_first */
+    lm_token_event *q;         /* events not processed yet */
+    size_t qn, qcap;
+    lm_token_event *work;      /* events being processed (connection thread only) */
+    size_t wcap;
+    char err[LM_ERR_MAX];      /* copy of a final event's error text */
+    int efd;                   /* eventfd: the callback signals new events */
+    int fd;                    /* the client's socket */
+    lm_request *req;
+    srv_req r;
+    srv_prompt prompt;
+    srv_out out;
+    bool in_list;
+    bool gone;                 /* the client disconnected */
+    bool streaming;
+    int status;
+    double t0, t_first, t_last;
+    srv_job *next, *prev;
+};
+
+enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int status, json_t *j);
+enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
+/* POST /v1/chat/completions and /v1/completions (routes.c). */
+enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+
+/* ---- JSON and SSE (openai_stream.c) ---------------------------------------------------- */
+
+/* "chatcmpl-..." / "cmpl-...": prefix + 24 random alphanumerics. */
+void srv_make_id(char *out, size_t cap, const char *prefix);
+/* An empty chunk skeleton {"id","object","created","model","system_fingerprint","choices":[]}. */
+json_t *srv_chunk_base(const srv_out *o);
+/* Appends "data: JSON\n\n" (compact) to o->sse; steals j. */
+void srv_sse_put(srv_out *o, json_t *j);
+void srv_sse_done(srv_out *o);
+json_t *srv_usage_json(const srv_out *o);
+/* Text of a token for logprobs (lossy UTF-8) into out. */
+void srv_token_text(const srv *s, int32_t id, lm_tok_str *out);
+/* {"token","logprob","bytes"[, "top_logprobs"]} for chat logprobs. */
+json_t *srv_logprob_entry(const srv *s, int32_t id, float lp, lm_tok_str *scratch);
+/* A compact dump of j (malloc'd), with a trailing newline when nl. */
+char *srv_dump(const json_t *j, bool nl, size_t *len);
+
+#endif
