@@ -232,6 +232,9 @@ static const tpl_case k_filters[] = {
     { "{{ msgs|groupby('role')|map(attribute='grouper')|list }}|{% for k, items in msgs|groupby('role') %}{{ k }}{{ items|length }}{% endfor %}|{{ n|map('string')|join('+') }}|{{ d|attr('keys') is callable }}",
       "['assistant', 'system', 'tool', 'user']|assistant1system1tool1user1|3+1+2|True" },
 
+    { "{{ 'The quick brown fox jumps over the lazy dog'|wordwrap(10) }}|{{ '  well-known hyphen-ated words'|wordwrap(8, wrapstring='/') }}|{{ 'supercalifragilistic'|wordwrap(6) }}|{{ 'a\\n\\nb c'|wordwrap(3) }}",
+      "The quick\nbrown fox\njumps over\nthe lazy\ndog|  well-/known/hyphen-/ated/words|superc\nalifra\ngilist\nic|a\n\nb c" },
+
 };
 
 static const tpl_case k_tojson[] = {
@@ -322,6 +325,7 @@ LM_TEST(template_parse_errors_have_line_and_column) {
     EXPECT_ERR("{{ x $ y }}", NULL, "t:1:6: unexpected char '$'");
     EXPECT_ERR("\xff", NULL, "t:1:1: template is not valid UTF-8");
     EXPECT_ERR("{% macro m(a=1, b) %}{% endmacro %}", NULL, "non-default argument follows default argument");
+    EXPECT_ERR("{{ x[:, :-1] }}", NULL, "t:1:6: slices inside a tuple subscript are not supported"); /* fuzz finding */
 }
 
 LM_TEST(template_render_errors_have_line_and_column) {

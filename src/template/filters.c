@@ -838,6 +838,104 @@ static tpl_val f_wordcount(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tv_int(n);
 }
 
+/* jinja2's wordwrap: each line of the text through Python's textwrap.wrap
+ * (chunks are whitespace runs and words, words also split after a hyphen
+ * between letters; greedy fill; whitespace dropped at line ends but kept at
+ * the very start; words longer than the width cut to fill the line), lines
+ * and paragraphs joined with wrapstring. */
+static size_t cp_bytes(tpl_str s, int64_t cps) {
+    size_t i = 0;
+    for (int64_t k = 0; k < cps && i < s.n; k++) tpl_utf8_dec(s.p, s.n, &i);
+    return i;
+}
+
+static bool blank(tpl_str s) { return tpl_strip(s, NULL, true, true).n == 0; }
+
+static void wrap_paragraph(tpl_rt *rt, tpl_buf *b, tpl_str s, int64_t width, bool break_long, bool hyphens,
+                           tpl_str ws) {
+    /* chunks */
+    tpl_list *ch = tv_list(rt, 0).u.l;
+    size_t i = 0;
+    while (i < s.n) {
+        size_t st = i, j = i;
+        bool space = tpl_cp_space((uint32_t)tpl_utf8_dec(s.p, s.n, &j));
+        while (i < s.n) {
+            j = i;
+            uint32_t c = (uint32_t)tpl_utf8_dec(s.p, s.n, &j);
+            if (tpl_cp_space(c) != space) break;
+            i = j;
+            if (!space && hyphens && c == '-' && i < s.n && i - st > 1 &&
+                tpl_cp_alpha((uint32_t)(unsigned char)s.p[i]) && tpl_cp_alpha((uint32_t)(unsigned char)s.p[i - 2]))
+                break;
+        }
+        tpl_list_push(rt, ch, tv_strn(s.p + st, i - st));
+    }
+    size_t k = 0; /* next chunk */
+    bool any_line = false;
+    while (k < ch->n) {
+        tpl_buf line = { 0 };
+        int64_t len = 0;
+        tpl_str last = { 0 };
+        if (any_line && blank(tpl_sv(ch->v[k]))) k++;
+        while (k < ch->n) {
+            tpl_str c = tpl_sv(ch->v[k]);
+            int64_t l = (int64_t)tpl_utf8_len(c.p, c.n);
+            if (len + l > width) break;
+            tpl_buf_put(rt, &line, c.p, c.n);
+            len += l;
+            last = c;
+            k++;
+        }
+        if (k < ch->n && (int64_t)tpl_utf8_len(ch->v[k].u.s.p, ch->v[k].u.s.n) > width) {
+            tpl_str c = tpl_sv(ch->v[k]);
+            if (break_long) {
+                int64_t space_left = width - len < 1 ? 1 : width - len;
+                size_t end = cp_bytes(c, space_left);
+                if (hyphens) { /* break after the last hyphen that fits, if letters precede it */
+                    for (size_t h = end; h-- > 1;)
+                        if (c.p[h] == '-') {
+                            bool letters = false;
+                            for (size_t q = 0; q < h; q++) letters |= c.p[q] != '-';
+                            if (letters) end = h + 1;
+                            break;
+                        }
+                }
+                tpl_buf_put(rt, &line, c.p, end);
+                last = (tpl_str){ c.p, end };
+                ch->v[k] = tv_strn(c.p + end, c.n - end);
+            } else if (line.n == 0) {
+                tpl_buf_put(rt, &line, c.p, c.n);
+                last = c;
+                k++;
+            }
+        }
+        if (line.n && blank(last)) line.n -= last.n;
+        if (line.n) {
+            if (any_line) tpl_buf_put(rt, b, ws.p, ws.n);
+            tpl_buf_put(rt, b, line.p, line.n);
+            any_line = true;
+        }
+    }
+}
+
+static tpl_val f_wordwrap(tpl_rt *rt, tpl_val v, tpl_argv *av) {
+    int64_t width = arg_int(rt, av, 0, "width", 79);
+    bool break_long = arg_bool(rt, av, 1, "break_long_words", true);
+    tpl_val ws = tv_cstr("\n");
+    if (tpl_arg(av, 2, "wrapstring", &ws) && ws.t == TV_NONE) ws = tv_cstr("\n");
+    bool hyphens = arg_bool(rt, av, 3, "break_on_hyphens", true);
+    tpl_args_done(rt, av, 4, "wordwrap");
+    if (width <= 0) tpl_rt_raise(rt, "invalid width %lld (must be > 0)", (long long)width);
+    ws = need_str(rt, ws);
+    tpl_list *lines = split_lines(rt, tpl_sv(need_str(rt, v)));
+    tpl_buf b = { 0 };
+    for (size_t li = 0; li < lines->n; li++) {
+        if (li) tpl_buf_put(rt, &b, ws.u.s.p, ws.u.s.n);
+        wrap_paragraph(rt, &b, tpl_sv(lines->v[li]), width, break_long, hyphens, tpl_sv(ws));
+    }
+    return tpl_buf_val(&b);
+}
+
 typedef struct filter_def {
     const char *name;
     filter_fn fn;
@@ -855,7 +953,7 @@ static const filter_def k_filters[] = {
     { "select", f_select }, { "selectattr", f_selectattr }, { "sort", f_sort }, { "string", f_string },
     { "striptags", f_striptags }, { "sum", f_sum }, { "title", f_title }, { "tojson", f_tojson },
     { "trim", f_trim }, { "truncate", f_truncate }, { "unique", f_unique }, { "upper", f_upper },
-    { "wordcount", f_wordcount },
+    { "wordcount", f_wordcount }, { "wordwrap", f_wordwrap },
 };
 
 static filter_fn find_filter(tpl_str name) {

@@ -430,6 +430,9 @@ static tpl_node *postfix(parser *P, tpl_node *n) {
             }
             expect_op(P, "]");
             tpl_node *key = parts.v[0];
+            for (int k = 0; parts.n > 1 && k < parts.n; k++)
+                if (parts.v[k]->kind == N_SLICE)
+                    tpl_raise(P->f, parts.v[k]->pos, "slices inside a tuple subscript are not supported");
             if (parts.n > 1) {
                 key = mk(P, N_TUPLE, pos);
                 key->list = nv_done(&parts);
