@@ -348,6 +348,7 @@ static void co_rows(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
 typedef struct co_attn_cfg {
     int H, Hkv, Dh, window;
     float softcap, scale;
+    int block_size;
 } co_attn_cfg;
 
 /* Three sequences of different lengths share one pool through shuffled
@@ -356,8 +357,9 @@ typedef struct co_attn_cfg {
  * long prefill chunk: kv_write + attention, checked against a reference that
  * reads the logical per-sequence K/V arrays directly. */
 static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
-    enum { S = 3, BS = 4, LAYERS = 2, LAYER = 1 };
-    const int len[S] = { 1, 23, 70 };  /* total length of each sequence */
+    enum { S = 3, LAYERS = 2, LAYER = 1, MAXL = 200 };
+    const int BS = cf->block_size;
+    const int len[S] = { 1, 23, MAXL }; /* total length of each sequence */
     const int news[S] = { 1, 3, 65 }; /* how many of the last positions are in the batch */
     const int H = cf->H, Hkv = cf->Hkv, Dh = cf->Dh, KW = Hkv * Dh + 5; /* wider pool rows */
     int nb_seq[S], n_blocks = 0;
@@ -384,14 +386,14 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
     }
     kv.k = kl;
     kv.v = vl;
-    /* Logical K/V per sequence: [S][70][Hkv*Dh] */
-    const int W = Hkv * Dh, MAXL = 70;
+    /* Logical K/V per sequence: [S][MAXL][Hkv*Dh] */
+    const int W = Hkv * Dh;
     float *K = co_randv(s, S * MAXL * W, 1.0f), *V = co_randv(s, S * MAXL * W, 1.0f);
 
     /* History: all positions not in the batch. Then the batch. */
     for (int pass = 0; pass < 2; pass++) {
         int n = 0;
-        int32_t pos[160], seq[160];
+        int32_t pos[S * MAXL], seq[S * MAXL];
         for (int q = 0; q < S; q++)
             for (int p = 0; p < len[q]; p++) {
                 bool in_batch = p >= len[q] - news[q];
@@ -472,20 +474,23 @@ static void co_attention(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     uint64_t s = 17;
     char why[256];
     const co_attn_cfg cfgs[] = {
-        { 8, 2, 64, 0, 0, 0.125f },   /* GQA 4:1 */
-        { 4, 1, 40, 0, 0, 0.158f },   /* MQA, head width not a multiple of 16 */
-        { 4, 4, 33, 16, 0, 0.174f },  /* MHA, sliding window */
-        { 6, 2, 48, 0, 5.0f, 1.0f },  /* softcap with large logits */
-        { 4, 2, 16, 7, 3.0f, 0.8f },  /* window + softcap */
+        /* H Hkv Dh window softcap scale block_size */
+        { 8, 2, 64, 0, 0, 0.125f, 4 },    /* GQA 4:1 */
+        { 4, 1, 40, 0, 0, 0.158f, 16 },   /* MQA, head width not a multiple of 16 */
+        { 12, 2, 24, 0, 0, 0.2f, 7 },     /* GQA 6:1: a group of 4 heads and one of 2 */
+        { 4, 4, 33, 16, 0, 0.174f, 4 },   /* MHA, sliding window */
+        { 6, 2, 48, 0, 5.0f, 1.0f, 160 }, /* softcap with large logits; runs cut at 128 keys */
+        { 4, 2, 16, 7, 3.0f, 0.8f, 5 },   /* window + softcap */
     };
     for (size_t ti = 0; ti < LM_COUNT(co_threads); ti++) {
         lm_backend *be = co_backend(isa, co_threads[ti], why, sizeof why);
         if (!be) LM_SKIP("%s", why);
         for (size_t c = 0; c < LM_COUNT(cfgs); c++) {
             int bad = co_attn_case(be, &cfgs[c], &s);
-            LM_CHECK_MSG(bad == 0, "%s threads=%d cfg %zu (H=%d Hkv=%d Dh=%d window=%d softcap=%g): %d off",
+            LM_CHECK_MSG(bad == 0,
+                         "%s threads=%d cfg %zu (H=%d Hkv=%d Dh=%d window=%d softcap=%g bs=%d): %d off",
                          lm_cpu_isa_name(isa), co_threads[ti], c, cfgs[c].H, cfgs[c].Hkv, cfgs[c].Dh,
-                         cfgs[c].window, cfgs[c].softcap, bad);
+                         cfgs[c].window, cfgs[c].softcap, cfgs[c].block_size, bad);
         }
         lm_backend_destroy(be);
     }

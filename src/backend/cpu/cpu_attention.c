@@ -4,14 +4,16 @@
  * p % bs, at row (block * bs + slot) of the layer's [n_blocks*bs][kv_width]
  * K and V arrays; kv head g occupies columns [g*Dh, (g+1)*Dh).
  *
- * attention() computes, for every (token, query head) pair independently,
+ * attention() computes, for every (token, query head) pair,
  *   out = sum_j softmax_j(cap(scale * q.k_j)) v_j   over j in [lo, pos]
- * with lo = pos - window + 1 for sliding layers (else 0). The pairs are dealt
- * to threads one at a time through an atomic counter: with causal masking,
- * late tokens cost more than early ones, so a static split would be uneven.
+ * with lo = pos - window + 1 for sliding layers (else 0). Work items are a
+ * token and up to LM_ATT_HEADS query heads that share one kv head (GQA), so
+ * each K/V row fetched serves several heads; items are dealt to threads one
+ * at a time through an atomic counter, since with causal masking late tokens
+ * cost more than early ones.
  *
- * Softmax is the online (streaming) form, chunk by chunk: scores of up to
- * LM_ATT_CHUNK keys go to a stack buffer, the running maximum m is updated,
+ * Softmax is the online (streaming) form, run by run: scores of up to
+ * LM_ATT_CHUNK consecutive keys of one KV block go to a stack buffer, the running maximum m is updated,
  * the f32 output accumulator and the running denominator (kept in double) are
  * rescaled by exp(m_old - m_new), then the chunk's exp(s - m) weights are
  * added. Every exponent is <= 0, so nothing overflows, and the result equals
@@ -23,8 +25,9 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define LM_ATT_CHUNK 128
-#define LM_ATT_MAX_DH 1024 /* head width bound for the on-stack accumulator */
+#define LM_ATT_CHUNK 128   /* keys scored at once, at most (stack buffer) */
+#define LM_ATT_HEADS 4     /* query heads of one kv head handled together */
+#define LM_ATT_MAX_DH 1024 /* head width bound for the on-stack accumulators */
 
 /* ---- kv_write ----------------------------------------------------------- */
 
@@ -67,61 +70,70 @@ typedef struct lm_att {
     const lm_attn_batch *b;
     const lm_attn_params *p;
     int64_t q_cols, out_cols;
+    int n_sub;            /* head subgroups per kv head */
     atomic_llong next;
 } lm_att;
 
-static void lm_att_one(const lm_att *a, int t, int h) {
+/* Query heads h0 .. h0+nh-1 (all reading the same kv head) of token t. The
+ * keys are walked in runs that stay inside one KV block, so each run is a
+ * strided array of rows; every head of the subgroup scores the run while it
+ * is in L1. */
+static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
     const lm_attn_params *p = a->p;
     const lm_cpu_kern *k = a->k;
-    const int Dh = p->head_dim;
-    const int64_t goff = (int64_t)(h / (p->n_heads / p->n_kv_heads)) * Dh;
-    const float *qv = a->q + t * a->q_cols + (int64_t)h * Dh;
+    const int Dh = p->head_dim, bs = a->kv->block_size;
+    const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh, ld = a->kv->kv_width;
     const int32_t *table = a->b->block_tables[a->b->seq[t]];
     const int32_t pos = a->b->pos[t];
     const int32_t lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
-    float acc[LM_ATT_MAX_DH];
-    float s[LM_ATT_CHUNK];
-    memset(acc, 0, (size_t)Dh * sizeof(float));
-    float m = -INFINITY;
-    double l = 0.0;
-    for (int32_t j0 = lo; j0 <= pos; j0 += LM_ATT_CHUNK) {
-        int n = (int)LM_MIN((int32_t)LM_ATT_CHUNK, pos - j0 + 1);
-        float cmax = -INFINITY;
-        for (int j = 0; j < n; j++) {
-            const float *kr = a->kl + lm_kv_off(a->kv, table, j0 + j) + goff;
-            float sc = k->dot(qv, kr, Dh) * p->scale;
-            if (p->softcap > 0) sc = p->softcap * tanhf(sc / p->softcap);
-            s[j] = sc;
-            cmax = cmax > sc ? cmax : sc;
-        }
-        if (cmax > m) {
-            if (m != -INFINITY) {
-                float alpha = expf(m - cmax);
-                k->scal(acc, alpha, Dh);
-                l *= alpha;
-            }
-            m = cmax;
-        }
-        for (int j = 0; j < n; j++) {
-            float e = expf(s[j] - m);
-            l += e;
-            k->axpy(acc, e, a->vl + lm_kv_off(a->kv, table, j0 + j) + goff, Dh);
-        }
+    float acc[LM_ATT_HEADS][LM_ATT_MAX_DH], m[LM_ATT_HEADS], s[LM_ATT_CHUNK];
+    double l[LM_ATT_HEADS];
+    for (int hh = 0; hh < nh; hh++) {
+        memset(acc[hh], 0, (size_t)Dh * sizeof(float));
+        m[hh] = -INFINITY;
+        l[hh] = 0.0;
     }
-    float *o = a->out + t * a->out_cols + (int64_t)h * Dh;
-    float inv = (float)(1.0 / l);
-    for (int i = 0; i < Dh; i++) o[i] = acc[i] * inv;
+    for (int32_t j0 = lo; j0 <= pos;) {
+        int n = LM_MIN(bs - j0 % bs, LM_MIN(LM_ATT_CHUNK, pos - j0 + 1));
+        int64_t off = lm_kv_off(a->kv, table, j0) + goff;
+        for (int hh = 0; hh < nh; hh++) {
+            const float *qv = a->q + t * a->q_cols + (int64_t)(h0 + hh) * Dh;
+            k->attn_scores(qv, a->kl + off, ld, n, Dh, p->scale, s);
+            if (p->softcap > 0)
+                for (int j = 0; j < n; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
+            float cmax = s[0];
+            for (int j = 1; j < n; j++) cmax = cmax > s[j] ? cmax : s[j];
+            if (cmax > m[hh]) {
+                if (m[hh] != -INFINITY) {
+                    float alpha = expf(m[hh] - cmax);
+                    k->scal(acc[hh], alpha, Dh);
+                    l[hh] *= alpha;
+                }
+                m[hh] = cmax;
+            }
+            l[hh] += k->attn_exp(s, n, m[hh]);
+            k->attn_accum(acc[hh], s, a->vl + off, ld, n, Dh);
+        }
+        j0 += n;
+    }
+    for (int hh = 0; hh < nh; hh++) {
+        float *o = a->out + t * a->out_cols + (int64_t)(h0 + hh) * Dh;
+        float inv = (float)(1.0 / l[hh]);
+        for (int i = 0; i < Dh; i++) o[i] = acc[hh][i] * inv;
+    }
 }
 
 static void lm_att_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int H = a->p->n_heads;
-    const int64_t n = (int64_t)a->b->n_tokens * H;
+    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv;
+    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token;
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
-        lm_att_one(a, (int)(i / H), (int)(i % H));
+        int t = (int)(i / per_token), g = (int)(i % per_token) / a->n_sub, sub = (int)(i % a->n_sub);
+        int h0 = g * gsz + sub * LM_ATT_HEADS;
+        lm_att_item(a, t, h0, LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS));
     }
 }
 
@@ -144,8 +156,9 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
     lm_att a = {
         .k = c->k, .out = out->data, .q = q->data, .kv = kv, .kl = kv->k[layer], .vl = kv->v[layer],
         .b = b, .p = p, .q_cols = q->cols, .out_cols = out->cols,
+        .n_sub = (H / Hkv + LM_ATT_HEADS - 1) / LM_ATT_HEADS,
     };
     atomic_init(&a.next, 0);
-    if (c->n_threads == 1 || b->n_tokens * H == 1) lm_att_worker(&a, 0, 1);
+    if (c->n_threads == 1 || (int64_t)b->n_tokens * Hkv * a.n_sub == 1) lm_att_worker(&a, 0, 1);
     else lm_pool_run(c->pool, lm_att_worker, &a);
 }

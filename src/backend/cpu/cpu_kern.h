@@ -61,10 +61,14 @@ typedef struct lm_cpu_kern {
     /* Panel packers per dtype; pack[LM_F32] is always set and also packs
      * rows that the driver first widened with lm_dequant_row. */
     lm_pack_fn pack[LM_DTYPE_COUNT];
-    /* Vector helpers for attention. */
-    float (*dot)(const float *a, const float *b, int64_t n);
-    void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a*x */
-    void (*scal)(float *y, float a, int64_t n);                 /* y *= a */
+    /* Attention over a run of n keys/values stored as rows (stride ld floats):
+     * scores s[j] = scale * (q . k_j); attn_exp turns them into exp(s[j] - m)
+     * and returns their sum; attn_accum adds sum_j p[j] * v_j into o. */
+    void (*attn_scores)(const float *q, const float *k, int64_t ldk, int n, int dh, float scale,
+                        float *s);
+    float (*attn_exp)(float *s, int n, float m);
+    void (*attn_accum)(float *o, const float *p, const float *v, int64_t ldv, int n, int dh);
+    void (*scal)(float *y, float a, int64_t n); /* y *= a */
 } lm_cpu_kern;
 
 extern const lm_cpu_kern lm_cpu_kern_scalar;

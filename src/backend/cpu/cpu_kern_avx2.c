@@ -9,6 +9,7 @@
 #include "cpu_kern.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 #define LM_AI static inline __attribute__((always_inline))
 #define LM_Y_MR 6
@@ -214,27 +215,105 @@ static void lm_y_gemm(const float *x, int64_t ldx, const float *wp, int64_t kc, 
     }
 }
 
-/* ---- vector helpers for attention -------------------------------------- */
+/* ---- attention --------------------------------------------------------- */
 
-static float lm_y_dot(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = lm_y_hsum(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+/* Sums each of a0..a3 across its 8 lanes: the four results in a __m128. */
+LM_AI __m128 lm_y_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+    __m256 h = _mm256_hadd_ps(h01, h23); /* per 128-bit half: partial sums of a0..a3 */
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-static void lm_y_axpy(float *y, float a, const float *x, int64_t n) {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+static void lm_y_attn_scores(const float *q, const float *k, int64_t ldk, int n, int dh, float scale,
+                             float *s) {
+    const int dv = dh & ~7; /* vectorised part; the rest is added in scalar */
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* four keys share the q loads and one reduction */
+        const float *kr[4] = { k + j * ldk, k + (j + 1) * ldk, k + (j + 2) * ldk, k + (j + 3) * ldk };
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < dv; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[0] + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[1] + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[2] + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[3] + i), a3);
+        }
+        float d[4];
+        _mm_storeu_ps(d, lm_y_hsum4(a0, a1, a2, a3));
+        for (int c = 0; c < 4; c++) {
+            for (int i = dv; i < dh; i++) d[c] += q[i] * kr[c][i];
+            s[j + c] = d[c] * scale;
+        }
+    }
+    for (; j < n; j++) {
+        const float *kr = k + j * ldk;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int i = 0; i < dv; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
+        float d = lm_y_hsum(a0);
+        for (int i = dv; i < dh; i++) d += q[i] * kr[i];
+        s[j] = d * scale;
+    }
+}
+
+/* exp(x) for x <= 0: the same Cephes scheme as cpu_kern_avx512.c, with 2^n
+ * built in the exponent bits; below -87.3 (where 2^n would be subnormal) the
+ * result is flushed to 0, ~1e-38 away from the true value. */
+LM_AI __m256 lm_y_exp(__m256 x) {
+    __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+static float lm_y_attn_exp(float *s, int n, float m) {
+    __m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = lm_y_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float t = lm_y_hsum(sum);
+    for (; j < n; j++) t += s[j] = expf(s[j] - m);
+    return t;
+}
+
+/* o += sum_j p[j] v_j, 32 columns of o held in registers at a time. */
+static void lm_y_attn_accum(float *o, const float *p, const float *v, int64_t ldv, int n, int dh) {
+    int d0 = 0;
+    for (; d0 + 32 <= dh; d0 += 32) {
+        __m256 acc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
+        for (int j = 0; j < n; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vr = v + j * ldv + d0;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+    }
+    for (; d0 + 8 <= dh; d0 += 8) {
+        __m256 acc = _mm256_loadu_ps(o + d0);
+        for (int j = 0; j < n; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * ldv + d0), acc);
+        _mm256_storeu_ps(o + d0, acc);
+    }
+    for (; d0 < dh; d0++)
+        for (int j = 0; j < n; j++) o[d0] += p[j] * v[j * ldv + d0];
 }
 
 static void lm_y_scal(float *y, float a, int64_t n) {
@@ -256,7 +335,8 @@ const lm_cpu_kern lm_cpu_kern_avx2 = {
     .gemm_min_tokens = LM_Y_GEMM_MIN,
     .gemm = lm_y_gemm,
     .pack = { [LM_F32] = lm_y_pack_f32, [LM_BF16] = lm_y_pack_bf16, [LM_F16] = lm_y_pack_f16 },
-    .dot = lm_y_dot,
-    .axpy = lm_y_axpy,
+    .attn_scores = lm_y_attn_scores,
+    .attn_exp = lm_y_attn_exp,
+    .attn_accum = lm_y_attn_accum,
     .scal = lm_y_scal,
 };

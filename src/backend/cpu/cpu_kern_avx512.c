@@ -247,31 +247,103 @@ static void lm_z_gemm(const float *x, int64_t ldx, const float *wp, int64_t kc, 
     }
 }
 
-/* ---- vector helpers for attention -------------------------------------- */
+/* ---- attention --------------------------------------------------------- */
 
-static float lm_z_dot(const float *a, const float *b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i < n; i += 16) {
-        __mmask16 m = lm_z_mask(n - i);
-        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+/* Sums each of a0..a3 across its 16 lanes: the four results in lanes 0-3.
+ * Two rounds of lane shuffles reduce 4 x 16 values to 4 x 4, then two
+ * in-lane permutes finish; ~3 instructions per key instead of a full
+ * reduction each. */
+LM_AI __m128 lm_z_hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+    /* lane i of u: four partial sums of a_i */
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4e));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xb1)); /* every element of lane i: sum of a_i */
+    __m512i idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, u));
 }
 
-static void lm_z_axpy(float *y, float a, const float *x, int64_t n) {
-    __m512 va = _mm512_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = lm_z_mask(n - i);
-        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-        _mm512_mask_storeu_ps(y + i, m, r);
+LM_AI __m512 lm_z_ldq(const float *p, int i, int dh) {
+    return i + 16 <= dh ? _mm512_loadu_ps(p + i) : _mm512_maskz_loadu_ps(lm_z_mask(dh - i), p + i);
+}
+
+static void lm_z_attn_scores(const float *q, const float *k, int64_t ldk, int n, int dh, float scale,
+                             float *s) {
+    const __m128 vs = _mm_set1_ps(scale);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* four keys share the q loads and one reduction */
+        const float *k0 = k + j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < dh; i += 16) {
+            __m512 qv = lm_z_ldq(q, i, dh);
+            a0 = _mm512_fmadd_ps(qv, lm_z_ldq(k0, i, dh), a0);
+            a1 = _mm512_fmadd_ps(qv, lm_z_ldq(k1, i, dh), a1);
+            a2 = _mm512_fmadd_ps(qv, lm_z_ldq(k2, i, dh), a2);
+            a3 = _mm512_fmadd_ps(qv, lm_z_ldq(k3, i, dh), a3);
+        }
+        _mm_storeu_ps(s + j, _mm_mul_ps(lm_z_hsum4(a0, a1, a2, a3), vs));
+    }
+    for (; j < n; j++) {
+        const float *kr = k + j * ldk;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int i = 0; i < dh; i += 16) a0 = _mm512_fmadd_ps(lm_z_ldq(q, i, dh), lm_z_ldq(kr, i, dh), a0);
+        s[j] = _mm512_reduce_add_ps(a0) * scale;
+    }
+}
+
+/* exp(x) for x <= 0 (softmax weights), Cephes' single-precision scheme:
+ * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact product),
+ * e^r by a degree-7 polynomial, then vscalefps multiplies by 2^n, which
+ * also produces the subnormal and zero results correctly. Error ~1 ulp. */
+LM_AI __m512 lm_z_exp(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f)); /* e^-104 is 0 in f32 */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float lm_z_attn_exp(float *s, int n, float m) {
+    __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 k = lm_z_mask(n - j);
+        __m512 e = lm_z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        e = _mm512_maskz_mov_ps(k, e);
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* o += sum_j p[j] v_j, 64 columns of o held in registers at a time. */
+static void lm_z_attn_accum(float *o, const float *p, const float *v, int64_t ldv, int n, int dh) {
+    for (int d0 = 0; d0 < dh; d0 += 64) {
+        __mmask16 mk[4];
+        __m512 acc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            int w = dh - d0 - 16 * c;
+            mk[c] = lm_z_mask(w > 0 ? w : 0);
+            acc[c] = _mm512_maskz_loadu_ps(mk[c], o + d0 + 16 * c);
+        }
+        for (int j = 0; j < n; j++) {
+            __m512 pj = _mm512_set1_ps(p[j]);
+            const float *vr = v + j * ldv + d0;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[c], vr + 16 * c), acc[c]);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + d0 + 16 * c, mk[c], acc[c]);
     }
 }
 
@@ -297,7 +369,8 @@ const lm_cpu_kern lm_cpu_kern_avx512 = {
     .gemm_min_tokens = LM_Z_GEMM_MIN,
     .gemm = lm_z_gemm,
     .pack = { [LM_F32] = lm_z_pack_f32, [LM_BF16] = lm_z_pack_bf16, [LM_F16] = lm_z_pack_f16 },
-    .dot = lm_z_dot,
-    .axpy = lm_z_axpy,
+    .attn_scores = lm_z_attn_scores,
+    .attn_exp = lm_z_attn_exp,
+    .attn_accum = lm_z_attn_accum,
     .scal = lm_z_scal,
 };

@@ -8,6 +8,8 @@
  * baseline SIMD without reassociating floats on its own. */
 #include "cpu_kern.h"
 
+#include <math.h>
+
 #define LM_SC_MR 4
 #define LM_SC_NR 8
 
@@ -59,8 +61,20 @@ static void lm_sc_pack_f32(const void *w, size_t ldw, int nv, int64_t kc, float 
     }
 }
 
-static void lm_sc_axpy(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+static void lm_sc_attn_scores(const float *q, const float *k, int64_t ldk, int n, int dh, float scale,
+                              float *s) {
+    for (int j = 0; j < n; j++) s[j] = lm_sc_dot(q, k + j * ldk, dh) * scale;
+}
+
+static float lm_sc_attn_exp(float *s, int n, float m) {
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) sum += s[j] = expf(s[j] - m);
+    return sum;
+}
+
+static void lm_sc_attn_accum(float *o, const float *p, const float *v, int64_t ldv, int n, int dh) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < dh; i++) o[i] += p[j] * v[j * ldv + i];
 }
 
 static void lm_sc_scal(float *y, float a, int64_t n) {
@@ -78,7 +92,8 @@ const lm_cpu_kern lm_cpu_kern_scalar = {
     .gemm_min_tokens = 8,
     .gemm = lm_sc_gemm,
     .pack = { [LM_F32] = lm_sc_pack_f32 },
-    .dot = lm_sc_dot,
-    .axpy = lm_sc_axpy,
+    .attn_scores = lm_sc_attn_scores,
+    .attn_exp = lm_sc_attn_exp,
+    .attn_accum = lm_sc_attn_accum,
     .scal = lm_sc_scal,
 };
