@@ -119,6 +119,7 @@ static void job_finish(srv_job *j) {
     }
     if (j->req) lm_request_release(j->req); /* no callback after this */
     srv_out *o = &j->out;
+    if (j->req && !o->done) j->gone = true; /* MHD dropped the connection mid-answer */
     double now = lm_now();
     srv_metrics *m = &s->metrics;
     if (o->done && !j->gone) {

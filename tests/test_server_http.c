@@ -1,0 +1,584 @@
+/* test_server_http.c - `lumen serve` as a client sees it: the real binary on a
+ * free loopback port with the qwen3 fixture, driven by a small HTTP/1.1
+ * client written here (plain sockets; chunked bodies decoded). */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lm_test.h"
+#include "test_util.h"
+
+/* ---- the server process ------------------------------------------------------------------ */
+
+typedef struct server {
+    pid_t pid;
+    int port;
+    char log[512];
+} server;
+
+static void msleep(int ms) {
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* Starts lumen serve on the qwen3 fixture with extra args; 0 on success. */
+static int server_start(server *s, const char *extra) {
+    memset(s, 0, sizeof *s);
+    char *dir = lm_test_fixture_path("models/qwen3");
+    if (!dir) return -1;
+    static int counter;
+    snprintf(s->log, sizeof s->log, "%s/serve%d.log", lm_test_tmpdir(), counter++);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --port 0 --threads 1 %s 2>'%s'", lm_test_lumen_bin(), dir,
+             extra ? extra : "", s->log);
+    free(dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s->pid = pid;
+    for (int i = 0; i < 600; i++) { /* up to 30 s (sanitizer builds start slower) */
+        char *log = lm_tu_read(s->log, NULL);
+        const char *p = log ? strstr(log, "http://127.0.0.1:") : NULL;
+        if (p) s->port = atoi(p + strlen("http://127.0.0.1:"));
+        free(log);
+        if (s->port > 0) return 0;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            s->pid = 0;
+            return -1;
+        }
+        msleep(50);
+    }
+    return -1;
+}
+
+/* SIGTERM, then the exit status (0 = clean, also under ASan's leak check). */
+static int server_stop(server *s) {
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 400; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        msleep(50);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    return -2;
+}
+
+static void server_dump_log(const server *s) {
+    char *log = lm_tu_read(s->log, NULL);
+    fprintf(stderr, "  --- server log ---\n%s  ---\n", log ? log : "(none)");
+    free(log);
+}
+
+/* ---- a tiny HTTP client --------------------------------------------------------------------- */
+
+typedef struct resp {
+    int status;
+    char *headers;
+    char *body;
+    size_t body_len;
+} resp;
+
+static void resp_free(resp *r) {
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_request(int fd, const char *method, const char *path, const char *body, const char *extra_headers) {
+    size_t blen = body ? strlen(body) : 0;
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s"
+                     "Content-Length: %zu\r\n\r\n",
+                     method, path, extra_headers ? extra_headers : "", body ? "Content-Type: application/json\r\n" : "",
+                     "", blen);
+    if (send_all(fd, head, (size_t)n)) return -1;
+    return body ? send_all(fd, body, blen) : 0;
+}
+
+/* Reads until the server closes (Connection: close); decodes chunked bodies. */
+static int read_response(int fd, resp *r) {
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 14, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
+        if (got <= 0) break;
+        n += (size_t)got;
+    }
+    buf[n] = 0;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
+        free(buf);
+        return -1;
+    }
+    *sep = 0;
+    r->headers = strdup(buf);
+    const char *p = sep + 4, *end = buf + n;
+    r->body = malloc((size_t)(end - p) + 1);
+    if (strcasestr(r->headers, "Transfer-Encoding: chunked")) {
+        while (p < end) {
+            char *e;
+            unsigned long len = strtoul(p, &e, 16);
+            const char *data = strstr(e, "\r\n");
+            if (!data || len == 0) break;
+            data += 2;
+            if (data + len > end) len = (unsigned long)(end - data);
+            memcpy(r->body + r->body_len, data, len);
+            r->body_len += len;
+            p = data + len + 2;
+        }
+    } else {
+        memcpy(r->body, p, (size_t)(end - p));
+        r->body_len = (size_t)(end - p);
+    }
+    r->body[r->body_len] = 0;
+    free(buf);
+    return 0;
+}
+
+static int http(int port, const char *method, const char *path, const char *body, const char *hdrs, resp *r) {
+    int fd = dial(port);
+    if (fd < 0) return -1;
+    int rc = send_request(fd, method, path, body, hdrs) || read_response(fd, r);
+    close(fd);
+    return rc ? -1 : 0;
+}
+
+static json_t *body_json(const resp *r) { return json_loadb(r->body ? r->body : "", r->body_len, 0, NULL); }
+
+/* The text of a chat answer (non-stream). */
+static char *chat_text(const resp *r) {
+    json_t *j = body_json(r);
+    const char *c = json_string_value(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    char *out = strdup(c ? c : "(none)");
+    json_decref(j);
+    return out;
+}
+
+/* Concatenated delta contents of an SSE body; counts chunks and [DONE]. */
+static char *sse_text(const resp *r, int *n_chunks, int *n_done, json_t **usage, char *finish, size_t fcap) {
+    size_t cap = r->body_len + 1, len = 0;
+    char *out = calloc(1, cap);
+    *n_chunks = *n_done = 0;
+    if (usage) *usage = NULL;
+    const char *p = r->body, *end = r->body + r->body_len;
+    while (p && p < end) {
+        const char *nl = strstr(p, "\n\n");
+        if (!nl) break;
+        if (!strncmp(p, "data: [DONE]", 12)) (*n_done)++;
+        else if (!strncmp(p, "data: ", 6)) {
+            json_t *c = json_loadb(p + 6, (size_t)(nl - p - 6), 0, NULL);
+            if (c) (*n_chunks)++;
+            json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+            json_t *d = json_object_get(ch, "delta");
+            const char *t = json_string_value(json_object_get(d ? d : ch, d ? "content" : "text"));
+            if (t) {
+                size_t tl = strlen(t);
+                memcpy(out + len, t, (tl < cap - 1 - len ? tl : cap - 1 - len));
+                len += (tl < cap - 1 - len ? tl : cap - 1 - len);
+            }
+            if (json_is_string(json_object_get(ch, "finish_reason")) && finish)
+                snprintf(finish, fcap, "%s", json_string_value(json_object_get(ch, "finish_reason")));
+            if (usage && json_is_object(json_object_get(c, "usage"))) {
+                json_decref(*usage);
+                *usage = json_incref(json_object_get(c, "usage"));
+            }
+            json_decref(c);
+        }
+        p = nl + 2;
+    }
+    return out;
+}
+
+#define START(s, extra)                                                         \
+    do {                                                                        \
+        if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");       \
+        if (server_start(&(s), (extra))) {                                      \
+            server_dump_log(&(s));                                              \
+            LM_REQUIRE(!"server started");                                      \
+        }                                                                       \
+    } while (0)
+
+#define STOP(s)                                                                 \
+    do {                                                                        \
+        int rc_ = server_stop(&(s));                                            \
+        if (rc_ != 0) server_dump_log(&(s));                                    \
+        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);                   \
+    } while (0)
+
+static const char *k_chat = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":12%s}";
+
+static char *chat_body(const char *extra) {
+    char *b = malloc(strlen(k_chat) + strlen(extra) + 1);
+    sprintf(b, k_chat, extra);
+    return b;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+LM_TEST(server_http_basic_routes) {
+    server s;
+    START(s, "");
+    resp r;
+    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 200 && strstr(r.body, "\"ok\""));
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
+    json_t *j = body_json(&r);
+    LM_CHECK(r.status == 200 && !strcmp(json_string_value(json_object_get(j, "object")), "list"));
+    LM_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "qwen3"));
+    json_decref(j);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/v1/models/qwen3", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/v1/models/other", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 404);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/nope", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 404 && strstr(r.body, "\"error\""));
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/v1/chat/completions", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 405);
+    resp_free(&r);
+    char *b = chat_body("");
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
+    LM_CHECK_MSG(r.status == 200, "status %d body %s", r.status, r.body);
+    j = body_json(&r);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "chat.completion"));
+    json_t *u = json_object_get(j, "usage");
+    LM_CHECK(json_integer_value(json_object_get(u, "prompt_tokens")) > 0);
+    LM_CHECK(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+    json_decref(j);
+    resp_free(&r);
+    free(b);
+    LM_REQUIRE(http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 200 && strstr(r.headers, "text/plain"));
+    LM_CHECK(strstr(r.body, "lumen_requests_total{route=\"chat_completions\",status=\"2xx\"} 1") != NULL);
+    LM_CHECK(strstr(r.body, "# TYPE lumen_time_to_first_token_seconds histogram") != NULL);
+    LM_CHECK(strstr(r.body, "lumen_queue_depth 0") != NULL);
+    resp_free(&r);
+    STOP(s);
+}
+
+LM_TEST(server_http_stream_and_completions) {
+    server s;
+    START(s, "");
+    resp r;
+    char *b = chat_body(",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"seed\":3");
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
+    LM_CHECK(r.status == 200 && strcasestr(r.headers, "text/event-stream"));
+    int n_chunks, n_done;
+    json_t *usage;
+    char finish[32] = "";
+    char *text = sse_text(&r, &n_chunks, &n_done, &usage, finish, sizeof finish);
+    LM_CHECK(n_done == 1 && n_chunks >= 3);
+    LM_CHECK(usage && json_integer_value(json_object_get(usage, "completion_tokens")) > 0);
+    LM_CHECK(!strcmp(finish, "stop") || !strcmp(finish, "length"));
+    /* the same request without streaming gives the same text */
+    char *b2 = chat_body(",\"seed\":3");
+    resp r2;
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b2, NULL, &r2) == 0);
+    char *t2 = chat_text(&r2);
+    LM_CHECK_MSG(!strcmp(text, t2), "stream '%s' vs '%s'", text, t2);
+    free(t2);
+    free(b2);
+    resp_free(&r2);
+    json_decref(usage);
+    free(text);
+    resp_free(&r);
+    free(b);
+
+    /* completions: token-id prompt, echo, logprobs */
+    LM_REQUIRE(http(s.port, "POST", "/v1/completions",
+                    "{\"model\":\"qwen3\",\"prompt\":\"The sky\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":2,"
+                    "\"logit_bias\":{\"2\":-100}}",
+                    NULL, &r) == 0);
+    LM_CHECK_MSG(r.status == 200, "%s", r.body);
+    json_t *j = body_json(&r);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "text_completion"));
+    LM_CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "length"));
+    LM_CHECK(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")) == 5);
+    LM_CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 5);
+    json_decref(j);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "POST", "/v1/completions",
+                    "{\"prompt\":[1,100,200],\"max_tokens\":3,\"echo\":true,\"stream\":true}", NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    text = sse_text(&r, &n_chunks, &n_done, NULL, finish, sizeof finish);
+    LM_CHECK(n_done == 1);
+    LM_CHECK(!strncmp(text, "<|im_start|>", 12)); /* echo decodes the prompt ids */
+    free(text);
+    resp_free(&r);
+    STOP(s);
+}
+
+LM_TEST(server_http_seed_and_stop) {
+    server s;
+    START(s, "");
+    resp r;
+    char *texts[3];
+    const char *extra[3] = { ",\"temperature\":1,\"seed\":42,\"max_tokens\":24",
+                             ",\"temperature\":1,\"seed\":42,\"max_tokens\":24",
+                             ",\"temperature\":1,\"seed\":43,\"max_tokens\":24" };
+    for (int i = 0; i < 3; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]%s,\"logit_bias\":{\"2\":-100}}",
+                 extra[i]);
+        LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+        texts[i] = chat_text(&r);
+        resp_free(&r);
+    }
+    LM_CHECK_MSG(!strcmp(texts[0], texts[1]), "same seed: '%s' vs '%s'", texts[0], texts[1]);
+    LM_CHECK_MSG(strcmp(texts[0], texts[2]) != 0, "other seed gave the same 24 tokens: '%s'", texts[0]);
+    /* a stop string taken from the middle of the known answer */
+    size_t n = strlen(texts[0]);
+    if (n >= 8) {
+        char stop[8];
+        memcpy(stop, texts[0] + n / 2, 3);
+        stop[3] = 0;
+        json_t *req = json_pack("{s:[{s:s,s:s}],s:f,s:i,s:i,s:{s:i},s:s}", "messages", "role", "user", "content", "Hello",
+                                "temperature", 1.0, "seed", 42, "max_tokens", 24, "logit_bias", "2", -100, "stop", stop);
+        char *body = json_dumps(req, 0);
+        for (int stream = 0; stream < 2; stream++) {
+            if (stream) {
+                json_object_set_new(req, "stream", json_true());
+                free(body);
+                body = json_dumps(req, 0);
+            }
+            LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+            char finish[32] = "";
+            int nc, nd;
+            char *t = stream ? sse_text(&r, &nc, &nd, NULL, finish, sizeof finish) : chat_text(&r);
+            const char *first = strstr(texts[0], stop);
+            LM_CHECK(first != NULL);
+            size_t want = first ? (size_t)(first - texts[0]) : 0;
+            LM_CHECK_MSG(strlen(t) == want && !strncmp(t, texts[0], want), "stop '%s': got '%s' from '%s'", stop, t,
+                         texts[0]);
+            if (stream) LM_CHECK(!strcmp(finish, "stop"));
+            free(t);
+            resp_free(&r);
+        }
+        free(body);
+        json_decref(req);
+    }
+    for (int i = 0; i < 3; i++) free(texts[i]);
+    STOP(s);
+}
+
+static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const char *body, const char *hdrs, int status,
+                          const char *code) {
+    resp r;
+    LM_REQUIRE(http(port, "POST", path, body, hdrs, &r) == 0);
+    json_t *j = body_json(&r);
+    json_t *e = json_object_get(j, "error");
+    LM_CHECK_MSG(r.status == status, "%.80s -> %d (want %d): %s", body, r.status, status, r.body);
+    LM_CHECK_MSG(json_is_string(json_object_get(e, "message")) && json_is_string(json_object_get(e, "type")) &&
+                     json_object_get(e, "param") && json_object_get(e, "code"),
+                 "error shape: %s", r.body);
+    if (code) LM_CHECK_MSG(!strcmp(json_string_value(json_object_get(e, "code")) ?: "", code), "code: %s", r.body);
+    json_decref(j);
+    resp_free(&r);
+}
+
+LM_TEST(server_http_errors) {
+    server s;
+    START(s, "--ctx 64 --max-body-mb 1");
+    const char *C = "/v1/chat/completions";
+    expect_status(lm_t_, s.port, C, "{\"messages\": [", NULL, 400, NULL);
+    expect_status(lm_t_, s.port, C, "{\"messages\": 5}", NULL, 400, NULL);
+    expect_status(lm_t_, s.port, C, "{\"messages\": []}", NULL, 400, NULL);
+    expect_status(lm_t_, s.port, C, "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", NULL, 404,
+                  "model_not_found");
+    expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100}", NULL, 400,
+                  "context_length_exceeded");
+    char *big = malloc(4000);
+    strcpy(big, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 300; i++) strcat(big, "word ");
+    strcat(big, "\"}]}");
+    expect_status(lm_t_, s.port, C, big, NULL, 400, "context_length_exceeded");
+    free(big);
+    size_t n = (1u << 20) + 100;
+    char *huge = malloc(n + 1);
+    memset(huge, ' ', n);
+    huge[0] = '{';
+    huge[n - 1] = '}';
+    huge[n] = 0;
+    expect_status(lm_t_, s.port, C, huge, NULL, 413, NULL);
+    free(huge);
+    /* the server keeps serving */
+    resp r;
+    LM_REQUIRE(http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4}", NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    STOP(s);
+
+    START(s, "--api-key sekrit");
+    expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", NULL, 401, "invalid_api_key");
+    expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "Authorization: Bearer nope\r\n",
+                  401, "invalid_api_key");
+    LM_REQUIRE(http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2}",
+                    "Authorization: Bearer sekrit\r\n", &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 401);
+    resp_free(&r);
+    STOP(s);
+}
+
+/* The value of a metric line "name value" in /metrics, or -1. */
+static double metric(int port, const char *name) {
+    resp r;
+    if (http(port, "GET", "/metrics", NULL, NULL, &r)) return -1;
+    double v = -1;
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(r.body, key);
+    if (p) v = atof(p + strlen(key));
+    resp_free(&r);
+    return v;
+}
+
+LM_TEST(server_http_disconnect_cancels) {
+    server s;
+    START(s, "");
+    int fd = dial(s.port);
+    LM_REQUIRE(fd >= 0);
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4000,\"stream\":true,"
+                       "\"logit_bias\":{\"2\":-100,\"0\":-100}}";
+    LM_REQUIRE(send_request(fd, "POST", "/v1/chat/completions", body, NULL) == 0);
+    char buf[4096];
+    ssize_t got = recv(fd, buf, sizeof buf, 0); /* headers and the first chunks */
+    LM_CHECK(got > 0);
+    close(fd);
+    double gone = 0, running = 1;
+    for (int i = 0; i < 200 && (gone < 1 || running != 0); i++) {
+        msleep(25);
+        gone = metric(s.port, "lumen_client_disconnects_total");
+        running = metric(s.port, "lumen_requests_running");
+    }
+    LM_CHECK_MSG(gone == 1 && running == 0, "disconnects %g running %g", gone, running);
+    double gen = metric(s.port, "lumen_completion_tokens_total");
+    LM_CHECK(gen >= 0); /* the cancelled request is not counted as finished */
+    resp r;
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}",
+                    NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    STOP(s);
+}
+
+LM_TEST(server_http_slow_client_dropped) {
+    server s;
+    START(s, "--timeout 1");
+    int fd = dial(s.port);
+    LM_REQUIRE(fd >= 0);
+    const char *partial = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mess";
+    LM_REQUIRE(send_all(fd, partial, strlen(partial)) == 0);
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    int r = poll(&p, 1, 5000); /* the server must close within ~1 s, not wait forever */
+    char buf[256];
+    LM_CHECK(r == 1 && recv(fd, buf, sizeof buf, 0) <= 0);
+    close(fd);
+    resp rr;
+    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &rr) == 0);
+    LM_CHECK(rr.status == 200);
+    resp_free(&rr);
+    STOP(s);
+}
+
+typedef struct worker {
+    int port, ok;
+} worker;
+
+static void *stream_worker(void *arg) {
+    worker *w = arg;
+    resp r;
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":16,\"stream\":true,"
+                       "\"logit_bias\":{\"2\":-100}}";
+    if (http(w->port, "POST", "/v1/chat/completions", body, NULL, &r) == 0 && r.status == 200) {
+        int nc, nd;
+        char fin[32] = "";
+        char *t = sse_text(&r, &nc, &nd, NULL, fin, sizeof fin);
+        w->ok = nd == 1 && !strcmp(fin, "length");
+        free(t);
+    }
+    resp_free(&r);
+    return NULL;
+}
+
+LM_TEST(server_http_concurrent_streams_and_shutdown) {
+    server s;
+    START(s, "--parallel 4");
+    enum { N = 24 };
+    pthread_t th[N];
+    worker w[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (worker){ s.port, 0 };
+        pthread_create(&th[i], NULL, stream_worker, &w[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ok += w[i].ok;
+    }
+    LM_CHECK_MSG(ok == N, "%d of %d streams completed", ok, N);
+    /* SIGTERM with a long stream in flight: it is ended and the process exits cleanly */
+    int fd = dial(s.port);
+    LM_REQUIRE(fd >= 0);
+    LM_REQUIRE(send_request(fd, "POST", "/v1/completions",
+                            "{\"prompt\":\"x\",\"max_tokens\":4000,\"stream\":true,\"logit_bias\":{\"2\":-100}}", NULL) == 0);
+    char buf[512];
+    LM_CHECK(recv(fd, buf, sizeof buf, 0) > 0);
+    STOP(s);
+    close(fd);
+}
