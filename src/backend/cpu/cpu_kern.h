@@ -18,9 +18,6 @@
 /* Largest GEMV tile any table declares. */
 #define LM_GEMV_MAX_ROWS 4
 #define LM_GEMV_MAX_TOKENS 4
-/* Largest GEMM micro-tile any table declares (tokens x outputs). */
-#define LM_GEMM_MAX_MR 16
-#define LM_GEMM_MAX_NR 32
 
 /* GEMV tile: for r < nr, t < nt:
  *   y[t*ldy + r] = sum_{i<n} w_r[i] * x[t*ldx + i] + (bias ? bias[r] : 0)
