@@ -68,6 +68,24 @@ typedef struct lm_rope_params {
     float attn_factor;     /* multiplies cos and sin (yarn); 1 otherwise */
 } lm_rope_params;
 
+/* Mixture of experts (moe op): E experts, each a SiLU-gated MLP
+ *   expert_e(x) = down_e (silu(gate_e x) * up_e x)
+ * with gate_e, up_e [F][D] and down_e [D][F] in any weight dtype. Each token
+ * picks the top_k experts by router logit (ties: lowest expert index first,
+ * as torch.topk on CUDA), weights them by the softmax over all E logits,
+ * renormalised over the chosen k when norm_topk (HF norm_topk_prob), then
+ * times expert_scale[e] when given, and sums the weighted expert outputs in
+ * ascending expert order. A fused checkpoint tensor ([E][2F][D]) is passed as
+ * per-expert row views; shared experts and their gates are separate ops. */
+typedef struct lm_moe_params {
+    int n_experts;               /* E */
+    int top_k;                   /* k, 1 <= k <= E */
+    bool norm_topk;              /* renormalise the k chosen probabilities to sum to 1 */
+    const lm_tensor *gate, *up;  /* [E] -> [F][D] */
+    const lm_tensor *down;       /* [E] -> [D][F] */
+    const lm_tensor *expert_scale; /* [1][E] f32 backend memory, or NULL */
+} lm_moe_params;
+
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {
@@ -110,6 +128,11 @@ struct lm_backend_ops {
      * h / (H / Hkv). */
     void (*attention)(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
                       int layer, const lm_attn_batch *b, const lm_attn_params *p);
+    /* y[T][D] = sum over each token's top-k experts of weight * expert(x[t]),
+     * routed by router_logits [T][E] (f32, e.g. matmul of x by the router);
+     * see lm_moe_params. y must not alias x. */
+    void (*moe)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                const lm_moe_params *p);
     void (*destroy)(lm_backend *be);
 };
 

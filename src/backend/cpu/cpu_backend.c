@@ -137,6 +137,7 @@ static void lm_cpu_destroy(lm_backend *be) {
     lm_pool_free(c->pool);
     for (int i = 0; i < c->n_threads; i++) lm_afree(c->scratch[i]);
     free(c->scratch);
+    lm_afree(c->work);
     free(c);
 }
 
@@ -168,6 +169,7 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .gather_rows = lm_cpu_gather_rows,
     .kv_write = lm_cpu_kv_write,
     .attention = lm_cpu_attention,
+    .moe = lm_cpu_moe,
     .destroy = lm_cpu_destroy,
 };
 

@@ -17,6 +17,8 @@ typedef struct lm_cpu {
     int n_threads;
     float **scratch;      /* [n_threads] -> scratch_bytes, 64-byte aligned */
     size_t scratch_bytes; /* per thread */
+    void *work;           /* grow-only workspace of ops that call other ops (moe); caller thread only */
+    size_t work_bytes;
 } lm_cpu;
 
 static inline lm_cpu *lm_cpu_get(lm_backend *be) { return (lm_cpu *)be->impl; }
@@ -45,5 +47,7 @@ void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor 
                      const lm_tensor *v, const lm_attn_batch *b);
 void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
                       int layer, const lm_attn_batch *b, const lm_attn_params *p);
+void lm_cpu_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                const lm_moe_params *p); /* cpu_moe.c */
 
 #endif
