@@ -1,6 +1,7 @@
 /* cmd_tokenize.c - `lumen tokenize -m MODEL "text"`: the ids and tokens of a
  * text, as one JSON line. Also decodes ids (--decode 1,2,3) and measures
  * encode speed on a file (--bench FILE). */
+#define _GNU_SOURCE /* memmem */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@ static const char *const k_help =
     "  --file PATH        tokenize the contents of PATH instead of TEXT\n"
     "  --decode IDS       decode comma-separated ids instead (\"1,2,3\")\n"
     "  --bench PATH       encode PATH --reps times, print tokens/s (one thread)\n"
-    "  --reps N           repetitions for --bench (default 3, best is kept)\n";
+    "  --reps N           repetitions for --bench (default 3, best is kept)\n"
+    "  --paragraphs       with --bench: encode each \"\\n\\n\"-separated paragraph\n"
+    "                     on its own (separators dropped) instead of one text\n";
 
 static int decode_ids(lm_tokenizer *tok, const char *list) {
     lm_tok_ids ids = { 0 };
@@ -56,7 +59,24 @@ static int decode_ids(lm_tokenizer *tok, const char *list) {
     return 0;
 }
 
-static int bench(lm_tokenizer *tok, const char *path, long reps, const char *model, double load_s) {
+/* Encodes text whole, or paragraph by paragraph (split on "\n\n"). */
+static void encode_all(lm_tokenizer *t, const char *text, size_t len, bool paras, lm_tok_ids *ids, lm_err *e) {
+    if (!paras) {
+        lm_tokenizer_encode(t, text, len, false, ids, e);
+        return;
+    }
+    const char *p = text, *end = text + len;
+    for (;;) {
+        const char *q = memmem(p, (size_t)(end - p), "\n\n", 2);
+        if (!q) q = end;
+        lm_tokenizer_encode(t, p, (size_t)(q - p), false, ids, e);
+        if (q == end) break;
+        p = q + 2;
+    }
+}
+
+static int bench(lm_tokenizer *tok, const char *path, long reps, const char *model, double load_s,
+                 bool paras) {
     lm_err e = { { 0 } };
     size_t len;
     char *text = lm_read_file(path, &len, &e);
@@ -77,7 +97,7 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
         lm_tokenizer *t = fresh ? fresh : tok;
         lm_tok_ids ids = { 0 };
         double t0 = lm_now();
-        lm_tokenizer_encode(t, text, len, false, &ids, &e);
+        encode_all(t, text, len, paras, &ids, &e);
         double dt = lm_now() - t0;
         if (dt < best) best = dt;
         ntok = ids.n;
@@ -96,7 +116,7 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
 
 int lm_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *file = NULL, *dec = NULL, *bench_path = NULL, *v;
-    bool special = true;
+    bool special = true, paras = false;
     long reps = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -116,6 +136,8 @@ int lm_cmd_tokenize(int argc, char **argv) {
                 fprintf(stderr, "lumen tokenize: --reps needs a number from 1 to 1000\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--paragraphs")) {
+            paras = true;
         } else if (!strcmp(a, "--no-special")) {
             special = false;
         } else if (a[0] == '-' && a[1] && strcmp(a, "--")) {
@@ -143,7 +165,7 @@ int lm_cmd_tokenize(int argc, char **argv) {
     double load_s = lm_now() - t0;
     int rc = 0;
     if (dec) rc = decode_ids(tok, dec);
-    else if (bench_path) rc = bench(tok, bench_path, reps, model, load_s);
+    else if (bench_path) rc = bench(tok, bench_path, reps, model, load_s, paras);
     else {
         size_t len;
         char *buf = NULL;

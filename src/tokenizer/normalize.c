@@ -23,13 +23,40 @@ static void set(lm_tok_str *out, const char *p, size_t n) {
     tok_str_append(out, p, n);
 }
 
-static void unicode_form(int opts, const char *in, size_t n, lm_tok_str *out) {
+static void map_span(int opts, const char *in, size_t n, lm_tok_str *out) {
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)(opts | UTF8PROC_STABLE));
-    if (r < 0) set(out, in, n); /* cannot happen on valid UTF-8; keep the text */
-    else set(out, (const char *)dst, (size_t)r);
+    if (r < 0) tok_str_append(out, in, n); /* cannot happen on valid UTF-8; keep the text */
+    else tok_str_append(out, dst, (size_t)r);
     free(dst);
+}
+
+/* A normal form, passing "inert" characters through untouched: below U+0300
+ * for NFC (every such character is NFC already, a starter, and never the
+ * second half of a composition), ASCII for the other forms. utf8proc only
+ * sees each stretch of other characters together with the inert character
+ * before it (which may compose with them), so mostly-Latin text costs a
+ * scan, and the result equals normalising the whole string. */
+static void unicode_form(int opts, const char *in, size_t n, lm_tok_str *out) {
+    uint32_t inert = (opts & UTF8PROC_COMPOSE) && !(opts & UTF8PROC_COMPAT) ? 0x300 : 0x80;
+    out->len = 0;
+    tok_str_reserve(out, n);
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i, prev = i;
+        int l = 1;
+        while (j < n && tok_utf8_cp(in + j, n - j, &l) < inert) prev = j, j += (size_t)l;
+        if (j == n) {
+            tok_str_append(out, in + i, n - i);
+            break;
+        }
+        size_t start = j > i ? prev : j, k = j;
+        while (k < n && tok_utf8_cp(in + k, n - k, &l) >= inert) k += (size_t)l;
+        tok_str_append(out, in + i, start - i);
+        map_span(opts, in + start, k - start, out);
+        i = k;
+    }
 }
 
 static void lowercase(const char *in, size_t n, lm_tok_str *out) {

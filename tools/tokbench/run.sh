@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh [MB] - tokenizer encode speed, lumen vs Hugging Face tokenizers
 # (Rust core via @anush008/tokenizers@0.6.0), single-threaded, same corpus,
-# same machine, for each fixture tokenizer. Needs `npm ci` in this folder
+# same machine, for each fixture tokenizer: the corpus as one text, then
+# paragraph by paragraph (HF: one encodeBatch call on one thread). Needs `npm ci` in this folder
 # and a built lumen (LUMEN_BIN, default build-tok/lumen, else build/lumen).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,11 +18,14 @@ corpus=$(mktemp /tmp/tokbench-corpus.XXXXXX)
 trap 'rm -f "$corpus"' EXIT
 node "$here/gen_corpus.js" "$corpus" "${1:-4}"
 export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false UV_THREADPOOL_SIZE=1
+for mode in whole paragraphs; do
+flag=(); [ $mode = paragraphs ] && flag=(--paragraphs)
+echo "mode: $mode"
 printf '%-9s %12s %12s %8s  %s\n' tokenizer lumen_tok/s hf_tok/s ratio same_ids
 for t in qwen3 llama3 mistral gemma3; do
   dir=$fixtures/tokenizers/$t
-  l=$("$bin" tokenize -m "$dir" --bench "$corpus" --reps 3)
-  h=$(node "$here/bench.js" "$dir/tokenizer.json" "$corpus" 3)
+  l=$("$bin" tokenize -m "$dir" --bench "$corpus" --reps 3 "${flag[@]}")
+  h=$(node "$here/bench.js" "$dir/tokenizer.json" "$corpus" 3 "${flag[@]}")
   python3 - "$t" "$l" "$h" <<'PY'
 import json, sys
 t, l, h = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
@@ -29,4 +33,5 @@ same = l["tokens"] == h["tokens"] and l["ids_fnv1a"] == h["ids_fnv1a"]
 print(f'{t:9s} {l["tokens_per_s"]:12.0f} {h["tokens_per_s"]:12.0f} {l["tokens_per_s"] / h["tokens_per_s"]:7.2f}x  {"yes" if same else "NO"}'
       f'   ({l["tokens"]} tokens, {l["bytes"]} bytes; lumen {l["seconds"]} s, hf {h["seconds"]} s)')
 PY
+done
 done
