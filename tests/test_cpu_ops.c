@@ -2,12 +2,14 @@
  * against plain double-precision references written here.
  *
  * Each op test runs once per ISA (scalar, avx2, avx512; LM_SKIP with the
- * reason where the CPU lacks one) and for 1, 2 and 3 threads. Shapes are odd
- * on purpose: widths that are not multiples of 8/16/32, T = 1, 3, 13, 17, 65 and
- * one T beyond a GEMM token block, inner sizes that straddle the 256-wide
- * cache block. Weights of every dtype are built from random values (quant
- * blocks: random bits with sane scales); the reference widens them with
- * lm_dequant_row, which is exact, so what is tested is the arithmetic.
+ * reason where the CPU lacks one) and for 1, 2 and 3 threads (3 is more
+ * than this machine's cores: late workers are part of the test). Shapes are
+ * odd on purpose: widths that are not multiples of 8/16/32, T = 1, 3, 13, 17,
+ * 65 (GEMV and GEMM paths) and 300 (several GEMM token blocks), inner sizes
+ * that straddle the 256-wide cache block. Weights of every dtype are built
+ * from random values (quant blocks: random bits with sane scales); the
+ * reference widens them with lm_dequant_row, which is exact, so what is
+ * tested is the arithmetic.
  *
  * Tolerances, stated per op:
  *   matmul     |y - ref| <= 1e-5 * sum_i |x_i w_i| + 1e-6  (f32 accumulation;
