@@ -86,6 +86,29 @@ typedef struct lm_moe_params {
     const lm_tensor *expert_scale; /* [1][E] f32 backend memory, or NULL */
 } lm_moe_params;
 
+/* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention). A sequence's
+ * recurrent state lives in its slot of the pool (lm_attn_batch.state_slot):
+ * tensor `index` of lm_kv_pool.state, `offset` floats into the slot. Ops that
+ * use it walk each sequence's tokens in batch order, which must be
+ * consecutive positions; a sequence whose first token in the batch has
+ * position 0 starts from a zero state whatever the slot holds. */
+typedef struct lm_state_ref {
+    int index;      /* state tensor */
+    int64_t offset; /* floats into each slot */
+} lm_state_ref;
+
+/* gated_delta: per value head h (key head h / (Hv / Hk)), with q and k
+ * L2-normalised (x / sqrt(sum x^2 + 1e-6)) and q scaled by 1/sqrt(Dk), the
+ * state S [Dk][Dv] evolves token by token as
+ *   S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+ * (the recurrent form). Several tokens of one sequence run in the chunked
+ * form, equal up to rounding. State: [Hv][Dk][Dv] floats at `state`. */
+typedef struct lm_delta_params {
+    int n_k_heads, n_v_heads; /* Hk, Hv (Hv a multiple of Hk) */
+    int k_dim, v_dim;         /* Dk, Dv */
+    lm_state_ref state;
+} lm_delta_params;
+
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {
@@ -133,6 +156,27 @@ struct lm_backend_ops {
      * see lm_moe_params. y must not alias x. */
     void (*moe)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
                 const lm_moe_params *p);
+    /* Gated DeltaNet ops (see lm_state_ref, lm_delta_params). */
+    /* Causal depthwise conv of each sequence's x [T][C] with w [C][K] (f32),
+     * continuing from the sequence's last K-1 inputs ([K-1][C] floats at
+     * `state`, updated): y[t][c] = silu?(sum_j w[c][j] x[t-K+1+j][c]). y must
+     * not alias x. */
+    void (*conv1d_state)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                         lm_kv_pool *kv, lm_state_ref state, const lm_attn_batch *b, bool silu);
+    /* In place on [T][Hv]: g = -exp(a_log) * softplus(g + dt_bias) (log decay),
+     * beta = sigmoid(beta); a_log and dt_bias are f32 [Hv]. */
+    void (*delta_gates)(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
+                        const lm_tensor *dt_bias);
+    /* out[T][Hv*Dv] from qkv [T][2*Hk*Dk + Hv*Dv] (q | k | v, heads
+     * contiguous), g and beta [T][Hv]; updates each sequence's state. */
+    void (*gated_delta)(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                        const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b,
+                        const lm_delta_params *p);
+    /* y[r] = x[r] / rms(x[r]) * w * silu(z[r]), rows of width w->cols (f32). */
+    void (*rms_norm_gated)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
+                           const lm_tensor *w, float eps);
+    /* y = x * sigmoid(gate); gate [T][cols] or [T][1] (one gate per row). y may be x. */
+    void (*sigmoid_mul)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate);
     void (*destroy)(lm_backend *be);
 };
 

@@ -170,6 +170,11 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .kv_write = lm_cpu_kv_write,
     .attention = lm_cpu_attention,
     .moe = lm_cpu_moe,
+    .conv1d_state = lm_cpu_conv1d_state,
+    .delta_gates = lm_cpu_delta_gates,
+    .gated_delta = lm_cpu_gated_delta,
+    .rms_norm_gated = lm_cpu_rms_norm_gated,
+    .sigmoid_mul = lm_cpu_sigmoid_mul,
     .destroy = lm_cpu_destroy,
 };
 

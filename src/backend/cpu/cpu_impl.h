@@ -50,4 +50,16 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
 void lm_cpu_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
                 const lm_moe_params *p); /* cpu_moe.c */
 
+/* Gated DeltaNet ops (cpu_delta.c). */
+void lm_cpu_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                         lm_kv_pool *kv, lm_state_ref state, const lm_attn_batch *b, bool silu);
+void lm_cpu_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
+                        const lm_tensor *dt_bias);
+void lm_cpu_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                        const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b,
+                        const lm_delta_params *p);
+void lm_cpu_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
+                           const lm_tensor *w, float eps);
+void lm_cpu_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate);
+
 #endif

@@ -1,0 +1,425 @@
+/* cpu_delta.c - the Gated DeltaNet ops of the CPU backend (Qwen3.5 and
+ * Qwen3-Next linear attention): conv1d_state, delta_gates, gated_delta,
+ * rms_norm_gated and sigmoid_mul. Semantics are in lm_backend.h.
+ *
+ * Sequences. The recurrent ops walk each sequence's tokens in batch order
+ * (asserting consecutive positions) and keep its state in its slot of the
+ * pool. Work items are (sequence, channel block) for the convolution and
+ * (sequence, value head) for the delta rule, dealt out by
+ * lm_cpu_parallel_for; an item finds its sequence's tokens by scanning the
+ * batch, which costs O(T) per item and needs no allocation. Every item owns
+ * disjoint state and output, so results do not depend on the thread count.
+ *
+ * The delta rule has two forms. A sequence with one token in the batch
+ * (decoding) takes the recurrent step: with alpha = exp(g),
+ *   u = beta (v - alpha S^T k);  o = alpha S^T q + (q.k) u;  S = alpha S + k u^T
+ * (two passes over S: one read, one read-write). Several tokens (a prefill
+ * chunk) go through the chunked form, LM_DELTA_CHUNK tokens at a time:
+ * with G_i the cumulative log decay inside the chunk and S0 its initial
+ * state, every token's update u_i solves the unit lower-triangular system
+ *   u_i + sum_{j<i} beta_i e^{G_i-G_j} (k_i.k_j) u_j = beta_i v_i - beta_i e^{G_i} S0^T k_i
+ * so u = W_v - W_k S0 with W_v, W_k found by forward substitution; then
+ *   o_i = e^{G_i} S0^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i.k_j) u_j
+ *   S   = e^{G_n} S0 + sum_j e^{G_n-G_j} k_j u_j^T.
+ * Both forms are the same sums in another order; decay ratios are always
+ * exponents of differences (<= 0), so nothing overflows however strong the
+ * decay. Sums of squares and cumulative decays are double; the rest is f32
+ * with f32 accumulation. */
+#include "cpu_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#define LM_DELTA_CHUNK 64  /* tokens per chunk of the chunked form */
+#define LM_CONV_MAX_K 16   /* conv kernel bound (on-stack window) */
+#define LM_CONV_BLOCK 64   /* channels per convolution work item */
+
+/* ---- sequences and their state -------------------------------------------- */
+
+/* The first token of sequence s at or after index `from` (T if none). */
+static int lm_seq_next(const lm_attn_batch *b, int s, int from) {
+    for (int t = from; t < b->n_tokens; t++)
+        if (b->seq[t] == s) return t;
+    return b->n_tokens;
+}
+
+static float *lm_state_at(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int s) {
+    int32_t slot = b->state_slot[s];
+    LM_ASSERT(slot >= 0 && slot < kv->n_state_slots);
+    return kv->state[r.index] + (int64_t)slot * kv->state_floats[r.index] + r.offset;
+}
+
+static void lm_state_check(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats) {
+    LM_ASSERT(b->state_slot != NULL);
+    LM_ASSERT(r.index >= 0 && r.index < kv->n_state && r.offset >= 0);
+    LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
+}
+
+static inline float lm_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- conv1d_state ------------------------------------------------------------ */
+
+typedef struct lm_conv_ctx {
+    float *y;
+    const float *x, *w; /* [T][C], [C][K] */
+    int64_t C, n_blk;
+    int K;
+    const lm_kv_pool *kv;
+    lm_state_ref st;
+    const lm_attn_batch *b;
+    bool silu;
+} lm_conv_ctx;
+
+/* Channels [c0, c0+nc) of one sequence: the window of the last K-1 inputs
+ * (oldest first) is kept on the stack, seeded from the state and written
+ * back after the sequence's last token. */
+static void lm_conv_item(const lm_conv_ctx *c, int s, int64_t c0, int64_t nc) {
+    const lm_attn_batch *b = c->b;
+    const int K = c->K, T = b->n_tokens;
+    int t = lm_seq_next(b, s, 0);
+    if (t == T) return;
+    float *st = lm_state_at(c->kv, c->st, b, s) + c0;
+    float win[LM_CONV_MAX_K][LM_CONV_BLOCK], wt[LM_CONV_MAX_K][LM_CONV_BLOCK], acc[LM_CONV_BLOCK];
+    for (int j = 0; j < K; j++)
+        for (int64_t i = 0; i < nc; i++) wt[j][i] = c->w[(c0 + i) * K + j];
+    bool fresh = b->pos[t] == 0;
+    for (int j = 0; j < K - 1; j++) {
+        if (fresh) memset(win[j], 0, (size_t)nc * sizeof(float));
+        else memcpy(win[j], st + j * c->C, (size_t)nc * sizeof(float));
+    }
+    int32_t prev = b->pos[t] - 1;
+    for (; t < T; t = lm_seq_next(b, s, t + 1)) {
+        LM_ASSERT(b->pos[t] == prev + 1);
+        prev = b->pos[t];
+        const float *xt = c->x + t * c->C + c0;
+        float *yt = c->y + t * c->C + c0;
+        for (int64_t i = 0; i < nc; i++) acc[i] = 0.0f;
+        for (int j = 0; j < K - 1; j++)
+            for (int64_t i = 0; i < nc; i++) acc[i] += wt[j][i] * win[j][i];
+        for (int64_t i = 0; i < nc; i++) acc[i] += wt[K - 1][i] * xt[i];
+        for (int64_t i = 0; i < nc; i++) yt[i] = c->silu ? lm_silu(acc[i]) : acc[i];
+        if (K > 1) {
+            for (int j = 0; j < K - 2; j++) memcpy(win[j], win[j + 1], (size_t)nc * sizeof(float));
+            memcpy(win[K - 2], xt, (size_t)nc * sizeof(float));
+        }
+    }
+    for (int j = 0; j < K - 1; j++) memcpy(st + j * c->C, win[j], (size_t)nc * sizeof(float));
+}
+
+static void lm_conv_range(void *v, int64_t i0, int64_t i1, int ith) {
+    (void)ith;
+    const lm_conv_ctx *c = v;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t c0 = (i % c->n_blk) * LM_CONV_BLOCK;
+        lm_conv_item(c, (int)(i / c->n_blk), c0, LM_MIN(LM_CONV_BLOCK, c->C - c0));
+    }
+}
+
+void lm_cpu_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                         lm_kv_pool *kv, lm_state_ref state, const lm_attn_batch *b, bool silu) {
+    const int64_t C = x->cols;
+    const int K = (int)w->cols;
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
+    LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
+    LM_ASSERT(K >= 1 && K <= LM_CONV_MAX_K && y->data != x->data);
+    lm_state_check(kv, state, b, (int64_t)(K - 1) * C);
+    lm_conv_ctx c = { y->data, x->data, w->data, C, (C + LM_CONV_BLOCK - 1) / LM_CONV_BLOCK, K, kv, state, b, silu };
+    int64_t per_item = (int64_t)(b->n_tokens / LM_MAX(b->n_seqs, 1) + 1) * LM_CONV_BLOCK * (K + 8);
+    lm_cpu_parallel_for(lm_cpu_get(be), (int64_t)b->n_seqs * c.n_blk, per_item, lm_conv_range, &c);
+}
+
+/* ---- delta_gates --------------------------------------------------------------- */
+
+typedef struct lm_gates_ctx {
+    float *g, *beta;
+    const float *a_log, *dt_bias;
+    int64_t H;
+} lm_gates_ctx;
+
+/* softplus as torch computes it (threshold 20: linear above). */
+static double lm_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
+static void lm_gates_range(void *v, int64_t i0, int64_t i1, int ith) {
+    (void)ith;
+    const lm_gates_ctx *c = v;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t h = i % c->H;
+        c->g[i] = (float)(-exp((double)c->a_log[h]) * lm_softplus((double)c->g[i] + c->dt_bias[h]));
+        c->beta[i] = (float)(1.0 / (1.0 + exp(-(double)c->beta[i])));
+    }
+}
+
+void lm_cpu_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
+                        const lm_tensor *dt_bias) {
+    LM_ASSERT(g->type == LM_F32 && beta->type == LM_F32 && a_log->type == LM_F32 && dt_bias->type == LM_F32);
+    LM_ASSERT(beta->rows == g->rows && beta->cols == g->cols);
+    LM_ASSERT(a_log->rows * a_log->cols == g->cols && dt_bias->rows * dt_bias->cols == g->cols);
+    lm_gates_ctx c = { g->data, beta->data, a_log->data, dt_bias->data, g->cols };
+    lm_cpu_parallel_for(lm_cpu_get(be), g->rows * g->cols, 60, lm_gates_range, &c);
+}
+
+/* ---- gated_delta ----------------------------------------------------------------- */
+
+typedef struct lm_delta_ctx {
+    float *out;
+    const float *qkv, *g, *beta;
+    int64_t qkv_cols, out_cols;
+    const lm_kv_pool *kv;
+    const lm_attn_batch *b;
+    const lm_delta_params *p;
+    float *const *scratch; /* per thread */
+} lm_delta_ctx;
+
+/* dst = src / sqrt(sum src^2 + 1e-6) * scale (FLA's l2norm, then q's 1/sqrt(Dk)). */
+static void lm_l2norm(float *dst, const float *src, int n, double scale) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)src[i] * src[i];
+    float f = (float)(scale / sqrt(ss + 1e-6));
+    for (int i = 0; i < n; i++) dst[i] = src[i] * f;
+}
+
+static float lm_dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Column offsets of head h's q, k and v in a qkv row. */
+static void lm_delta_cols(const lm_delta_params *p, int h, int64_t *qo, int64_t *ko, int64_t *vo) {
+    int hk = h / (p->n_v_heads / p->n_k_heads);
+    *qo = (int64_t)hk * p->k_dim;
+    *ko = (int64_t)p->n_k_heads * p->k_dim + *qo;
+    *vo = 2 * (int64_t)p->n_k_heads * p->k_dim + (int64_t)h * p->v_dim;
+}
+
+/* One token of head h: the recurrent form. S [Dk][Dv]. */
+static void lm_delta_step(const lm_delta_ctx *c, float *S, int t, int h, float *work) {
+    const lm_delta_params *p = c->p;
+    const int Dk = p->k_dim, Dv = p->v_dim;
+    int64_t qo, ko, vo;
+    lm_delta_cols(p, h, &qo, &ko, &vo);
+    const float *row = c->qkv + (int64_t)t * c->qkv_cols;
+    float *q = work, *k = q + Dk, *sk = k + Dk, *sq = sk + Dv;
+    lm_l2norm(q, row + qo, Dk, 1.0 / sqrt((double)Dk));
+    lm_l2norm(k, row + ko, Dk, 1.0);
+    const int64_t gi = (int64_t)t * p->n_v_heads + h;
+    const float alpha = (float)exp((double)c->g[gi]), beta = c->beta[gi];
+    for (int v = 0; v < Dv; v++) sk[v] = sq[v] = 0.0f;
+    for (int d = 0; d < Dk; d++) {
+        const float *sr = S + (int64_t)d * Dv, kd = k[d], qd = q[d];
+        for (int v = 0; v < Dv; v++) {
+            sk[v] += kd * sr[v];
+            sq[v] += qd * sr[v];
+        }
+    }
+    const float qk = lm_dot(q, k, Dk);
+    const float *vt = row + vo;
+    float *o = c->out + (int64_t)t * c->out_cols + (int64_t)h * Dv;
+    for (int v = 0; v < Dv; v++) {
+        float u = beta * (vt[v] - alpha * sk[v]);
+        sk[v] = u;
+        o[v] = alpha * sq[v] + qk * u;
+    }
+    for (int d = 0; d < Dk; d++) {
+        float *sr = S + (int64_t)d * Dv, kd = k[d];
+        for (int v = 0; v < Dv; v++) sr[v] = alpha * sr[v] + kd * sk[v];
+    }
+}
+
+/* Scratch floats one thread needs for the chunked form. */
+static size_t lm_delta_scratch(int Dk, int Dv) {
+    const size_t CH = LM_DELTA_CHUNK;
+    return CH * (3 * (size_t)Dk + 2 * (size_t)Dv) + 2 * CH * CH + 4 * CH + 2 * ((size_t)Dk + Dv) + 64;
+}
+
+/* n <= LM_DELTA_CHUNK tokens idx[] of one sequence, head h: the chunked form. */
+static void lm_delta_chunk(const lm_delta_ctx *c, float *S, const int *idx, int n, int h, float *work) {
+    const lm_delta_params *p = c->p;
+    const int Dk = p->k_dim, Dv = p->v_dim, CH = LM_DELTA_CHUNK;
+    int64_t qo, ko, vo;
+    lm_delta_cols(p, h, &qo, &ko, &vo);
+    float *Q = work, *K = Q + CH * Dk, *Wk = K + CH * Dk; /* [CH][Dk] each */
+    float *U = Wk + CH * Dk, *O = U + CH * Dv;           /* [CH][Dv] each */
+    float *A = O + CH * Dv, *Aqk = A + CH * CH;           /* [CH][CH] each */
+    float *beta = Aqk + CH * CH, *eg = beta + CH, *dn = eg + CH;
+    double G[LM_DELTA_CHUNK];
+    const double qscale = 1.0 / sqrt((double)Dk);
+    double cum = 0.0;
+    for (int i = 0; i < n; i++) {
+        const float *row = c->qkv + (int64_t)idx[i] * c->qkv_cols;
+        lm_l2norm(Q + i * Dk, row + qo, Dk, qscale);
+        lm_l2norm(K + i * Dk, row + ko, Dk, 1.0);
+        const int64_t gi = (int64_t)idx[i] * p->n_v_heads + h;
+        beta[i] = c->beta[gi];
+        cum += c->g[gi];
+        G[i] = cum;
+        eg[i] = (float)exp(cum);
+    }
+    for (int j = 0; j < n; j++) dn[j] = (float)exp(G[n - 1] - G[j]);
+    /* A: the strictly lower system; Aqk: decayed q.k, lower with the diagonal */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            float decay = (float)exp(G[i] - G[j]);
+            if (j < i) A[i * CH + j] = beta[i] * decay * lm_dot(K + i * Dk, K + j * Dk, Dk);
+            Aqk[i * CH + j] = decay * lm_dot(Q + i * Dk, K + j * Dk, Dk);
+        }
+    /* forward substitution: U = W_v, Wk = W_k */
+    for (int i = 0; i < n; i++) {
+        const float *vt = c->qkv + (int64_t)idx[i] * c->qkv_cols + vo;
+        float *ui = U + i * Dv, *wi = Wk + i * Dk;
+        const float bk = beta[i] * eg[i];
+        for (int v = 0; v < Dv; v++) ui[v] = beta[i] * vt[v];
+        for (int d = 0; d < Dk; d++) wi[d] = bk * K[i * Dk + d];
+        for (int j = 0; j < i; j++) {
+            const float a = A[i * CH + j];
+            const float *uj = U + j * Dv, *wj = Wk + j * Dk;
+            for (int v = 0; v < Dv; v++) ui[v] -= a * uj[v];
+            for (int d = 0; d < Dk; d++) wi[d] -= a * wj[d];
+        }
+    }
+    /* one pass over S0: u_i = W_v,i - S0^T W_k,i and o_i = e^{G_i} S0^T q_i */
+    memset(O, 0, (size_t)n * Dv * sizeof(float));
+    for (int d = 0; d < Dk; d++) {
+        const float *sr = S + (int64_t)d * Dv;
+        for (int i = 0; i < n; i++) {
+            const float wk = Wk[i * Dk + d], qd = eg[i] * Q[i * Dk + d];
+            float *ui = U + i * Dv, *oi = O + i * Dv;
+            for (int v = 0; v < Dv; v++) {
+                ui[v] -= wk * sr[v];
+                oi[v] += qd * sr[v];
+            }
+        }
+    }
+    /* intra-chunk attention, then the output rows */
+    for (int i = 0; i < n; i++) {
+        float *oi = O + i * Dv;
+        for (int j = 0; j <= i; j++) {
+            const float a = Aqk[i * CH + j];
+            const float *uj = U + j * Dv;
+            for (int v = 0; v < Dv; v++) oi[v] += a * uj[v];
+        }
+        memcpy(c->out + (int64_t)idx[i] * c->out_cols + (int64_t)h * Dv, oi, (size_t)Dv * sizeof(float));
+    }
+    /* the state after the chunk */
+    const float gn = eg[n - 1];
+    for (int d = 0; d < Dk; d++) {
+        float *sr = S + (int64_t)d * Dv;
+        for (int v = 0; v < Dv; v++) sr[v] *= gn;
+        for (int j = 0; j < n; j++) {
+            const float kd = dn[j] * K[j * Dk + d];
+            const float *uj = U + j * Dv;
+            for (int v = 0; v < Dv; v++) sr[v] += kd * uj[v];
+        }
+    }
+}
+
+/* Sequence s, value head h: all of its tokens in this batch. */
+static void lm_delta_item(const lm_delta_ctx *c, int s, int h, float *work) {
+    const lm_attn_batch *b = c->b;
+    const lm_delta_params *p = c->p;
+    const int T = b->n_tokens;
+    int t = lm_seq_next(b, s, 0);
+    if (t == T) return;
+    const int64_t hs = (int64_t)p->k_dim * p->v_dim;
+    float *S = lm_state_at(c->kv, p->state, b, s) + h * hs;
+    if (b->pos[t] == 0) memset(S, 0, (size_t)hs * sizeof(float));
+    int32_t prev = b->pos[t] - 1;
+    if (lm_seq_next(b, s, t + 1) == T) { /* decoding: one token */
+        lm_delta_step(c, S, t, h, work);
+        return;
+    }
+    int idx[LM_DELTA_CHUNK];
+    while (t < T) {
+        int n = 0;
+        for (; t < T && n < LM_DELTA_CHUNK; t = lm_seq_next(b, s, t + 1)) {
+            LM_ASSERT(b->pos[t] == prev + 1);
+            prev = b->pos[t];
+            idx[n++] = t;
+        }
+        lm_delta_chunk(c, S, idx, n, h, work);
+    }
+}
+
+static void lm_delta_range(void *v, int64_t i0, int64_t i1, int ith) {
+    const lm_delta_ctx *c = v;
+    const int Hv = c->p->n_v_heads;
+    for (int64_t i = i0; i < i1; i++) lm_delta_item(c, (int)(i / Hv), (int)(i % Hv), c->scratch[ith]);
+}
+
+void lm_cpu_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                        const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b,
+                        const lm_delta_params *p) {
+    lm_cpu *c = lm_cpu_get(be);
+    const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
+    LM_ASSERT(Hk > 0 && Hv > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0);
+    LM_ASSERT(out->type == LM_F32 && qkv->type == LM_F32 && g->type == LM_F32 && beta->type == LM_F32);
+    LM_ASSERT(qkv->rows == b->n_tokens && out->rows == b->n_tokens);
+    LM_ASSERT(qkv->cols == 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv && out->cols == (int64_t)Hv * Dv);
+    LM_ASSERT(g->rows == b->n_tokens && g->cols == Hv && beta->rows == b->n_tokens && beta->cols == Hv);
+    LM_ASSERT(out->data != qkv->data);
+    lm_state_check(kv, p->state, b, (int64_t)Hv * Dk * Dv);
+    lm_cpu_reserve(c, lm_delta_scratch(Dk, Dv) * sizeof(float));
+    lm_delta_ctx d = { out->data, qkv->data, g->data, beta->data, qkv->cols, out->cols, kv, b, p, c->scratch };
+    int64_t per_item = (int64_t)(b->n_tokens / LM_MAX(b->n_seqs, 1) + 1) * 4 * Dk * Dv;
+    lm_cpu_parallel_for(c, (int64_t)b->n_seqs * Hv, per_item, lm_delta_range, &d);
+}
+
+/* ---- rms_norm_gated, sigmoid_mul ------------------------------------------------- */
+
+typedef struct lm_gnorm_ctx {
+    float *y;
+    const float *x, *z, *w;
+    int64_t n;
+    double eps;
+} lm_gnorm_ctx;
+
+static void lm_gnorm_range(void *v, int64_t r0, int64_t r1, int ith) {
+    (void)ith;
+    const lm_gnorm_ctx *c = v;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = c->x + r * c->n, *zr = c->z + r * c->n;
+        float *yr = c->y + r * c->n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < c->n; i++) ss += (double)xr[i] * xr[i];
+        double s = 1.0 / sqrt(ss / (double)c->n + c->eps);
+        for (int64_t i = 0; i < c->n; i++) yr[i] = (float)((double)xr[i] * s * c->w[i]) * lm_silu(zr[i]);
+    }
+}
+
+void lm_cpu_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
+                           const lm_tensor *w, float eps) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && z->type == LM_F32 && w->type == LM_F32);
+    LM_ASSERT(w->rows == 1 && w->cols > 0 && x->cols % w->cols == 0);
+    LM_ASSERT(y->rows == x->rows && y->cols == x->cols && z->rows == x->rows && z->cols == x->cols);
+    lm_gnorm_ctx c = { y->data, x->data, z->data, w->data, w->cols, eps };
+    lm_cpu_parallel_for(lm_cpu_get(be), x->rows * (x->cols / w->cols), 30 * w->cols, lm_gnorm_range, &c);
+}
+
+typedef struct lm_sigmul_ctx {
+    float *y;
+    const float *x, *gate;
+    int64_t cols, gcols;
+} lm_sigmul_ctx;
+
+static void lm_sigmul_range(void *v, int64_t r0, int64_t r1, int ith) {
+    (void)ith;
+    const lm_sigmul_ctx *c = v;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = c->x + r * c->cols, *gr = c->gate + r * c->gcols;
+        float *yr = c->y + r * c->cols;
+        if (c->gcols == 1) {
+            float s = 1.0f / (1.0f + expf(-gr[0]));
+            for (int64_t i = 0; i < c->cols; i++) yr[i] = xr[i] * s;
+        } else {
+            for (int64_t i = 0; i < c->cols; i++) yr[i] = xr[i] / (1.0f + expf(-gr[i]));
+        }
+    }
+}
+
+void lm_cpu_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && gate->type == LM_F32);
+    LM_ASSERT(y->rows == x->rows && y->cols == x->cols && gate->rows == x->rows);
+    LM_ASSERT(gate->cols == 1 || gate->cols == x->cols);
+    lm_sigmul_ctx c = { y->data, x->data, gate->data, x->cols, gate->cols };
+    lm_cpu_parallel_for(lm_cpu_get(be), x->rows, 20 * x->cols, lm_sigmul_range, &c);
+}
