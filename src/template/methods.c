@@ -916,7 +916,7 @@ tpl_val tpl_call_builtin(tpl_rt *rt, tpl_func *fn, tpl_argv *av) {
     case G_RANGE: {
         if (av->nkw) tpl_rt_raise(rt, "range() takes no keyword arguments");
         if (av->npos < 1 || av->npos > 3) tpl_rt_raise(rt, "range expected 1 to 3 arguments, got %d", av->npos);
-        int64_t a[3];
+        int64_t a[3] = { 0, 0, 1 };
         for (int i = 0; i < av->npos; i++) {
             tpl_val v = av->pos[i];
             if (v.t == TV_INT) a[i] = v.u.i;
