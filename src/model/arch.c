@@ -5,9 +5,11 @@
 #include "lm_arch.h"
 
 extern const lm_arch lm_arch_llama;
+extern const lm_arch lm_arch_qwen3_moe;
 
 static const lm_arch *const k_archs[] = {
     &lm_arch_llama,
+    &lm_arch_qwen3_moe,
 };
 
 const lm_arch *lm_arch_find(const char *model_type) {

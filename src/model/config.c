@@ -252,6 +252,8 @@ int lm_config_load_hf(lm_model_config *c, const char *dir, lm_err *e) {
 void lm_config_free(lm_model_config *c) {
     free(c->layer_sliding);
     c->layer_sliding = NULL;
+    free(c->layer_moe);
+    c->layer_moe = NULL;
 }
 
 /* YaRN's correction range: the rotary dims whose wavelength fits between

@@ -55,6 +55,15 @@ typedef struct lm_model_config {
     /* ---- read by lm_config_parse_sliding (shared by several families) ---- */
     int sliding_window;    /* tokens, for layers marked sliding; 0 = none */
     bool *layer_sliding;   /* [n_layers] */
+    /* ---- mixture of experts (qwen3_moe, qwen3_next), read by lm_config_parse_moe (moe.c) ---- */
+    int n_experts;              /* E: num_experts (or num_local_experts); 0 = dense model */
+    int n_experts_per_tok;      /* k: num_experts_per_tok */
+    int moe_d_ff;               /* moe_intermediate_size: each routed expert's F */
+    bool norm_topk_prob;        /* renormalise the k routing weights to sum to 1 */
+    int decoder_sparse_step;    /* layer l is sparse when (l + 1) % step == 0 ... */
+    bool *layer_moe;            /* [n_layers] ... and l is not in mlp_only_layers; NULL if dense */
+    int shared_expert_d_ff;     /* shared_expert_intermediate_size; 0 = no shared expert */
+    /* ---- end of mixture of experts ---- */
     int n_eos;
     int eos_ids[LM_MAX_EOS];
     int bos_id;            /* -1 if none */
@@ -73,6 +82,13 @@ bool lm_json_num(json_t *o, const char *key, double *out);
 bool lm_json_bool(json_t *o, const char *key, bool dflt);
 /* layer_types / sliding_window / use_sliding_window -> layer_sliding. */
 int lm_config_parse_sliding(lm_model_config *c, json_t *root, const char *label, lm_err *e);
+
+/* num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
+ * (absent: norm_topk_default, which differs per family in transformers),
+ * decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size ->
+ * the MoE fields above, checked (moe.c). */
+int lm_config_parse_moe(lm_model_config *c, json_t *root, const char *label, bool norm_topk_default,
+                        lm_err *e);
 
 /* Fills inv_freq[rot_dim/2] for the configured rope scaling and returns the
  * attention factor that scales cos/sin (1 except for yarn). */

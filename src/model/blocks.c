@@ -1,0 +1,147 @@
+/* blocks.c - decoder sub-blocks shared by architectures (see lm_blocks.h). */
+#include <math.h>
+
+#include "lm_blocks.h"
+
+/* ---- scratch ---- */
+
+void lm_dec_scratch_release(lm_backend *be, lm_dec_scratch *s) {
+    lm_tensor *ts[] = { &s->x, &s->h, &s->q, &s->k, &s->v, &s->qn, &s->kn, &s->attn,
+                        &s->o, &s->gate, &s->up, &s->act, &s->hs, &s->logits };
+    for (size_t i = 0; i < LM_COUNT(ts); i++) lm_tensor_release(be, ts[i]);
+    s->cap_tokens = s->cap_out = 0;
+    s->ff = 0;
+}
+
+int lm_dec_scratch_ensure(lm_model *m, lm_dec_scratch *s, int T, int n_out, int64_t ff, lm_err *e) {
+    if (s->cap_tokens >= T && s->cap_out >= n_out && s->ff >= ff) return 0;
+    int cap = LM_MAX(T, s->cap_tokens), cap_out = LM_MAX(LM_MAX(n_out, s->cap_out), 1);
+    ff = LM_MAX(LM_MAX(ff, s->ff), 1);
+    lm_dec_scratch_release(m->be, s);
+    const lm_model_config *c = &m->cfg;
+    int64_t D = c->d_model, QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    struct { lm_tensor *t; int64_t rows, cols; } plan[] = {
+        { &s->x, cap, D },   { &s->h, cap, D },     { &s->q, cap, QD },    { &s->k, cap, KD },
+        { &s->v, cap, KD },  { &s->qn, cap, QD },   { &s->kn, cap, KD },   { &s->attn, cap, QD },
+        { &s->o, cap, D },   { &s->gate, cap, ff }, { &s->up, cap, ff },   { &s->act, cap, ff },
+        { &s->hs, cap_out, D }, { &s->logits, cap_out, c->vocab },
+    };
+    for (size_t i = 0; i < LM_COUNT(plan); i++) {
+        if (lm_tensor_alloc(m->be, plan[i].t, plan[i].rows, plan[i].cols)) {
+            lm_dec_scratch_release(m->be, s);
+            return lm_errf(e, "out of memory for activations of a %d-token batch", T);
+        }
+    }
+    s->cap_tokens = cap;
+    s->cap_out = cap_out;
+    s->ff = ff;
+    return 0;
+}
+
+static const lm_tensor *opt(const lm_tensor *t) { return t->data ? t : NULL; }
+
+/* ---- attention ---- */
+
+const lm_attn_names lm_attn_hf_names = {
+    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.self_attn.q_proj.bias",   "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias",   "model.layers.%d.self_attn.o_proj.bias",
+    "model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.k_norm.weight",
+};
+
+const lm_attn_names lm_attn_gguf_names = {
+    "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",      "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",        "blk.%d.attn_k.bias",
+    "blk.%d.attn_v.bias",        "blk.%d.attn_output.bias",   "blk.%d.attn_q_norm.weight",
+    "blk.%d.attn_k_norm.weight",
+};
+
+void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *nt, int l) {
+    const lm_model_config *c = &b->m->cfg;
+    int64_t D = c->d_model, QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    char n[160];
+    lm_bind_matrix(b, &L->wq, lm_bind_name(n, sizeof n, nt->wq, l), QD, D, true, true);
+    lm_bind_matrix(b, &L->wk, lm_bind_name(n, sizeof n, nt->wk, l), KD, D, true, true);
+    lm_bind_matrix(b, &L->wv, lm_bind_name(n, sizeof n, nt->wv, l), KD, D, true, true);
+    lm_bind_matrix(b, &L->wo, lm_bind_name(n, sizeof n, nt->wo, l), D, QD, true, true);
+    lm_bind_vector(b, &L->bq, lm_bind_name(n, sizeof n, nt->bq, l), QD, c->qkv_bias);
+    lm_bind_vector(b, &L->bk, lm_bind_name(n, sizeof n, nt->bk, l), KD, c->qkv_bias);
+    lm_bind_vector(b, &L->bv, lm_bind_name(n, sizeof n, nt->bv, l), KD, c->qkv_bias);
+    lm_bind_vector(b, &L->bo, lm_bind_name(n, sizeof n, nt->bo, l), D, c->o_bias);
+    lm_bind_vector(b, &L->q_norm, lm_bind_name(n, sizeof n, nt->q_norm, l), c->head_dim, c->qk_norm);
+    lm_bind_vector(b, &L->k_norm, lm_bind_name(n, sizeof n, nt->k_norm, l), c->head_dim, c->qk_norm);
+}
+
+void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
+                     const lm_batch *b) {
+    const int T = b->n_tokens;
+    const lm_model_config *c = &m->cfg;
+    lm_backend *be = m->be;
+    const struct lm_backend_ops *op = be->ops;
+    lm_tensor h = lm_tensor_rows(&s->h, 0, T), q = lm_tensor_rows(&s->q, 0, T), k = lm_tensor_rows(&s->k, 0, T);
+    lm_tensor v = lm_tensor_rows(&s->v, 0, T), qn = lm_tensor_rows(&s->qn, 0, T);
+    lm_tensor kn = lm_tensor_rows(&s->kn, 0, T), attn = lm_tensor_rows(&s->attn, 0, T);
+    lm_tensor o = lm_tensor_rows(&s->o, 0, T);
+
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
+    lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
+    lm_rope_params rk = rq;
+    rk.n_heads = c->n_kv_heads;
+    lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
+    ap.window = c->layer_sliding[layer] ? c->sliding_window : 0;
+
+    op->matmul(be, &q, &h, &L->wq, opt(&L->bq));
+    op->matmul(be, &k, &h, &L->wk, opt(&L->bk));
+    op->matmul(be, &v, &h, &L->wv, opt(&L->bv));
+    lm_tensor *qr = &q, *kr = &k;
+    if (c->qk_norm) {
+        op->rms_norm(be, &qn, &q, &L->q_norm, c->norm_eps, 0);
+        op->rms_norm(be, &kn, &k, &L->k_norm, c->norm_eps, 0);
+        qr = &qn;
+        kr = &kn;
+    }
+    op->rope(be, qr, b->pos, &rq);
+    op->rope(be, kr, b->pos, &rk);
+    op->kv_write(be, kv, layer, kr, &v, &ab);
+    op->attention(be, &attn, qr, kv, layer, &ab, &ap);
+    op->matmul(be, &o, &attn, &L->wo, opt(&L->bo));
+}
+
+/* ---- dense MLP ---- */
+
+void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int l,
+                 int64_t F) {
+    int64_t D = b->m->cfg.d_model;
+    char n[160];
+    lm_bind_matrix(b, &L->gate, lm_bind_name(n, sizeof n, gate, l), F, D, true, true);
+    lm_bind_matrix(b, &L->up, lm_bind_name(n, sizeof n, up, l), F, D, true, true);
+    lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
+}
+
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h) {
+    const struct lm_backend_ops *op = m->be->ops;
+    const int64_t T = h->rows, F = L->gate.rows;
+    LM_ASSERT(F <= s->ff && T <= s->cap_tokens);
+    lm_tensor gate = { LM_F32, T, F, s->gate.data }, up = { LM_F32, T, F, s->up.data };
+    lm_tensor act = { LM_F32, T, F, s->act.data };
+    op->matmul(m->be, &gate, h, &L->gate, NULL);
+    op->matmul(m->be, &up, h, &L->up, NULL);
+    op->silu_mul(m->be, &act, &gate, &up);
+    op->matmul(m->be, out, &act, &L->down, NULL);
+}
+
+/* ---- output ---- */
+
+void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits) {
+    if (b->n_out == 0) return;
+    const lm_model_config *c = &m->cfg;
+    const struct lm_backend_ops *op = m->be->ops;
+    lm_tensor x = lm_tensor_rows(&s->x, 0, b->n_tokens);
+    lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->h, 0, b->n_out);
+    lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);
+    op->gather_rows(m->be, &hs, &x, b->out_rows, b->n_out);
+    op->rms_norm(m->be, &hn, &hs, &m->out_norm, c->norm_eps, 0);
+    op->matmul(m->be, &lg, &hn, &m->lm_head, NULL);
+    op->read(m->be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+}

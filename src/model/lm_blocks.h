@@ -1,0 +1,67 @@
+/* lm_blocks.h - sub-blocks shared by the pre-norm decoder architectures.
+ *
+ * llama.c (llama, mistral, qwen2, qwen3) and qwen3_moe.c differ only in
+ * their feed-forward block, so the parts they share live here, written once:
+ * the activation scratch, the attention sub-block (GQA over the paged KV
+ * cache, rope, optional q/k/v/o biases and per-head q/k RMSNorm), the dense
+ * SwiGLU MLP (also a shared expert), and the output head (final norm and
+ * lm_head on the rows that want logits). Everything goes through backend ops. */
+#ifndef LM_BLOCKS_H
+#define LM_BLOCKS_H
+
+#include "lm_arch.h"
+
+/* Activations, grown to the largest batch seen and reused, so the decode loop
+ * does not allocate. gate/up/act are ff wide. */
+typedef struct lm_dec_scratch {
+    int cap_tokens, cap_out;
+    int64_t ff;
+    lm_tensor x, h, q, k, v, qn, kn, attn, o, gate, up, act; /* [T][...] */
+    lm_tensor hs, logits;                                    /* [n_out][D], [n_out][V] */
+} lm_dec_scratch;
+
+/* Makes room for T tokens, n_out logit rows and MLP width ff. */
+int lm_dec_scratch_ensure(lm_model *m, lm_dec_scratch *s, int T, int n_out, int64_t ff, lm_err *e);
+void lm_dec_scratch_release(lm_backend *be, lm_dec_scratch *s);
+
+/* ---- attention ---- */
+
+typedef struct lm_attn_layer {
+    lm_tensor wq, wk, wv, wo;  /* [H*Dh][D], [Hkv*Dh][D], [Hkv*Dh][D], [D][H*Dh] */
+    lm_tensor bq, bk, bv, bo;  /* biases, f32; data NULL when absent */
+    lm_tensor q_norm, k_norm;  /* [Dh] f32 (qwen3); data NULL when absent */
+} lm_attn_layer;
+
+/* Tensor-name patterns (one %d: the layer). */
+typedef struct lm_attn_names {
+    const char *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+} lm_attn_names;
+
+/* Hugging Face (model.layers.%d.self_attn.*) and GGUF (blk.%d.attn_*) names. */
+extern const lm_attn_names lm_attn_hf_names, lm_attn_gguf_names;
+
+/* Binds one layer's attention (biases and q/k norms as the config says). */
+void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *n, int layer);
+
+/* s->o[T][D] = Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h) for the
+ * batch, h = s->h (the normed input); writes the layer's keys and values. */
+void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
+                     const lm_batch *b);
+
+/* ---- dense SwiGLU MLP ---- */
+
+typedef struct lm_mlp_layer {
+    lm_tensor gate, up, down; /* [F][D], [F][D], [D][F] */
+} lm_mlp_layer;
+
+void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int layer,
+                 int64_t F);
+/* out[T][D] = Wdown (silu(Wgate h) * Wup h); uses s->gate/up/act (F <= s->ff). */
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h);
+
+/* ---- output ---- */
+
+/* logits[n_out][V] (host) = lm_head(norm(x[out_rows])), x = s->x. */
+void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits);
+
+#endif
