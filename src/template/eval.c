@@ -745,10 +745,14 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
     loopv.t = TV_LOOP;
     loopv.u.loop = L;
     enter(rt);
+    it = NULL;
     for (size_t i = 0; i < items->n; i++) {
         tpl_tick(rt, 1);
         L->index0 = i;
-        it = scope_new(rt, sc);
+        /* a fresh scope per iteration, reusing the last one's memory unless
+         * a macro defined in the body closed over it */
+        if (!it || it->captured) it = scope_new(rt, sc);
+        it->n = 0;
         scope_set(rt, it, (tpl_str){ "loop", 4 }, loopv);
         rt->pos = n->pos;
         assign(rt, it, n->a, items->v[i]);
@@ -782,6 +786,7 @@ static flow exec_stmt(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
         fn->kind = FN_MACRO;
         fn->node = n;
         fn->closure = sc;
+        for (tpl_scope *c = sc; c; c = c->parent) c->captured = true;
         fn->name = n->name;
         tpl_val v = { 0 };
         v.t = TV_FUNC;
@@ -794,6 +799,7 @@ static flow exec_stmt(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
         cf->kind = FN_CALLER;
         cf->node = n;
         cf->closure = sc;
+        for (tpl_scope *c = sc; c; c = c->parent) c->captured = true;
         cf->name = (tpl_str){ "caller", 6 };
         tpl_val callerv = { 0 };
         callerv.t = TV_FUNC;

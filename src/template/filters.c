@@ -646,7 +646,9 @@ static tpl_val f_sort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_val attr;
     bool has_attr = tpl_arg(av, 2, "attribute", &attr) && attr.t != TV_NONE;
     tpl_args_done(rt, av, 3, "sort");
-    tpl_list *l = tpl_iter_list(rt, v);
+    tpl_list *src = tpl_iter_list(rt, v), *l = tv_list(rt, src->n).u.l; /* sorted() makes a new list */
+    if (src->n) memcpy(l->v, src->v, src->n * sizeof *l->v);
+    l->n = src->n;
     tpl_val *keys = tpl_rt_alloc(rt, (l->n + 1) * sizeof *keys);
     for (size_t i = 0; i < l->n; i++) keys[i] = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
     sort_vals(rt, l->v, keys, l->n, rev);

@@ -199,6 +199,7 @@ struct tpl_scope {
     tpl_str *names;
     tpl_val *vals;
     int n, cap;
+    bool captured; /* a macro or caller() closes over it: never reuse it */
 };
 
 typedef struct tpl_buf {
@@ -292,7 +293,9 @@ void tpl_repr_of(tpl_rt *rt, tpl_buf *b, tpl_val v);  /* repr(v) */
 tpl_val tpl_to_str(tpl_rt *rt, tpl_val v);             /* str(v) as a value */
 int64_t tpl_len(tpl_rt *rt, tpl_val v);
 /* Iterates v as Python's iter(): list items, dict keys, string characters.
- * Undefined is empty; other types raise. */
+ * Undefined is empty; other types raise. A list comes back as a view of the
+ * same items (cap == n, so pushing to it copies first): callers must not
+ * change its items in place. */
 tpl_list *tpl_iter_list(tpl_rt *rt, tpl_val v);
 void tpl_undef_fail(tpl_rt *rt, tpl_val v) __attribute__((noreturn));
 void tpl_rt_raise(tpl_rt *rt, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));

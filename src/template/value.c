@@ -455,9 +455,9 @@ tpl_list *tpl_iter_list(tpl_rt *rt, tpl_val v) {
     switch (v.t) {
     case TV_UNDEF: return tv_list(rt, 0).u.l;
     case TV_LIST:
-        l = tv_list(rt, v.u.l->n).u.l;
-        if (v.u.l->n) memcpy(l->v, v.u.l->v, v.u.l->n * sizeof *l->v);
-        l->n = v.u.l->n;
+        l = tv_list(rt, 0).u.l;
+        l->v = v.u.l->v;
+        l->n = l->cap = v.u.l->n;
         return l;
     case TV_DICT:
         l = tv_list(rt, v.u.d->n).u.l;
