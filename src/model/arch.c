@@ -5,10 +5,12 @@
 #include "lm_arch.h"
 
 extern const lm_arch lm_arch_llama;
+extern const lm_arch lm_arch_qwen35;
 extern const lm_arch lm_arch_qwen3_moe;
 
 static const lm_arch *const k_archs[] = {
     &lm_arch_llama,
+    &lm_arch_qwen35,
     &lm_arch_qwen3_moe,
 };
 

@@ -212,7 +212,9 @@ int lm_config_parse_hf(lm_model_config *c, const char *text, const char *label, 
     }
     if (parse_rope(c, root, label, e)) goto done;
 
-    c->tie_embeddings = lm_json_bool(root, "tie_word_embeddings", false);
+    /* a multimodal checkpoint ties (or not) at the top level (Qwen3.5's
+     * Qwen3_5Config.tie_word_embeddings), which wins over its text_config */
+    c->tie_embeddings = lm_json_bool(doc, "tie_word_embeddings", lm_json_bool(root, "tie_word_embeddings", false));
     if (lm_config_parse_sliding(c, root, label, e)) goto done;
     if (arch->parse_config && arch->parse_config(c, root, label, e)) goto done;
     read_eos(c, json_object_get(root, "eos_token_id"));
@@ -252,6 +254,8 @@ int lm_config_load_hf(lm_model_config *c, const char *dir, lm_err *e) {
 void lm_config_free(lm_model_config *c) {
     free(c->layer_sliding);
     c->layer_sliding = NULL;
+    free(c->hybrid);
+    c->hybrid = NULL;
     free(c->layer_moe);
     c->layer_moe = NULL;
 }

@@ -52,6 +52,12 @@ typedef struct lm_model_config {
     bool o_bias;           /* bias on the attention output projection */
     bool mlp_bias;
     bool qk_norm;          /* per-head RMSNorm of q and k before rope (qwen3) */
+    /* ---- gemma3 / gemma4 (gemma.c): per-layer head widths, rope per layer
+     * type, soft-capping, per-layer inputs, shared KV; one allocation, owned ---- */
+    struct lm_gemma_config *gemma;
+    /* ---- Qwen3.5 / Qwen3-Next hybrids (qwen35.c, lm_qwen35.h): Gated
+     * DeltaNet geometry, layer pattern, MoE and MTP sizes; one allocation, owned ---- */
+    struct lm_hybrid_config *hybrid;
     /* ---- read by lm_config_parse_sliding (shared by several families) ---- */
     int sliding_window;    /* tokens, for layers marked sliding; 0 = none */
     bool *layer_sliding;   /* [n_layers] */
