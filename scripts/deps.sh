@@ -2,7 +2,7 @@
 # Installs the Debian packages lumen builds and tests with (as root, on a
 # fresh machine); does nothing when they are all present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libopenblas-dev clang libclang-rt-14-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libmicrohttpd-dev libopenblas-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -12,4 +12,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Node.js and npm run the end-to-end server tests (tests/e2e, the openai SDK);
+# Debian's packages only when the machine has none.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "installing: nodejs npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi

@@ -40,5 +40,26 @@ run_suite release build/release
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_suite sanitizers build/asan -DLUMEN_SANITIZE=ON
 
+# End-to-end: the Release server driven by the official openai npm SDK.
+echo "== e2e: npm ci and node --test (tests/e2e)"
+if ! (cd tests/e2e && npm ci --no-audit --no-fund >../../build/e2e.npm.log 2>&1); then
+  cat build/e2e.npm.log
+  echo "== e2e: npm ci FAILED"
+  total_fail=$((total_fail + 1)); status=1
+else
+  (cd tests/e2e && LUMEN_BIN="$PWD/../../build/release/lumen" timeout 600 node --test) 2>&1 | tee build/e2e.log
+  rc=${PIPESTATUS[0]}
+  pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
+  fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
+  skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
+  if [[ -z $pass || -z $fail ]]; then
+    echo "== e2e: node --test did not finish (exit $rc)"
+    total_fail=$((total_fail + 1))
+  else
+    total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
+  fi
+  [[ $rc == 0 ]] || status=1
+fi
+
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 exit $status

@@ -1,0 +1,546 @@
+/* qwen35.c - Qwen3.5 (qwen3_5_text, and the text part of multimodal qwen3_5
+ * checkpoints) and Qwen3-Next (qwen3_next): hybrid decoders of Gated
+ * DeltaNet (linear attention) layers and gated full-attention layers.
+ *
+ * Each layer, with n() the zero-centred RMSNorm x / rms(x) * (1 + w):
+ *   h = x + mixer(n(x));   x' = h + ffn(n(h))
+ * Full-attention mixer (every full_attention_interval-th layer):
+ *   q, gate = Wq n, Wgate n;  k, v = Wk n, Wv n
+ *   q, k = rope(n_q(q)), rope(n_k(k))  on the first partial_rotary_factor * Dh dims
+ *   out = Wo (attention(q, k, v) * sigmoid(gate))
+ * Gated DeltaNet mixer:
+ *   q|k|v = silu(causal_conv(Wqkv n)),  z = Wz n
+ *   beta = sigmoid(Wb n),  g = -exp(A_log) * softplus(Wa n + dt_bias)
+ *   o = delta_rule(l2norm(q), l2norm(k), v, g, beta)   (state per sequence)
+ *   out = Wout (rmsnorm(o) * w * silu(z))  per value head
+ * ffn: SwiGLU (Qwen3.5), or routed experts plus a shared expert scaled by
+ * sigmoid(Wsg n) (Qwen3-Next, lm_moe.h).
+ *
+ * The two checkpoint formats differ only in how some projections are laid
+ * out, and that is resolved at load: q_proj's per-head [q; gate] rows, and
+ * Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head, are re-ordered
+ * into contiguous matrices (host copies in the stored type, owned by the
+ * model), so there is one forward pass. Multimodal Qwen3.5 keeps the text
+ * weights under model.language_model.*; its vision tower is ignored (text
+ * positions make its multimodal rope the plain one).
+ *
+ * Caches: the KV pool holds the full-attention layers only (kv_layer maps a
+ * layer to its pool layer); each linear layer owns one recurrent-state tensor
+ * per sequence: its conv window [K-1][C] followed by its delta state
+ * [Hv][Dk][Dv]. The MTP head (mtp.*) is bound when present and exposed by
+ * lm_qwen35_mtp_head; it is not part of the forward pass. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_arch.h"
+#include "lm_qwen35.h"
+
+/* ---- config --------------------------------------------------------------- */
+
+static bool has_partial_rotary(json_t *root) {
+    if (json_object_get(root, "partial_rotary_factor")) return true;
+    json_t *p = json_object_get(root, "rope_parameters");
+    if (!json_is_object(p)) p = json_object_get(root, "rope_scaling");
+    return json_is_object(p) && json_object_get(p, "partial_rotary_factor");
+}
+
+/* layer_types (new and legacy spellings), else full_attention_interval. */
+static int parse_layer_types(lm_model_config *c, lm_hybrid_config *h, json_t *root, const char *label, lm_err *e) {
+    json_t *lt = json_object_get(root, "layer_types");
+    if (!json_is_array(lt)) {
+        int every = 4;
+        lm_json_int(root, "full_attention_interval", &every);
+        if (every < 1) return lm_errf(e, "%s: full_attention_interval must be >= 1", label);
+        for (int l = 0; l < c->n_layers; l++) h->layer_linear[l] = (l + 1) % every != 0;
+        return 0;
+    }
+    if ((int)json_array_size(lt) != c->n_layers)
+        return lm_errf(e, "%s: layer_types has %zu entries for %d layers", label, json_array_size(lt), c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *s = json_string_value(json_array_get(lt, (size_t)l));
+        if (s && (!strcmp(s, "linear_attention") || !strcmp(s, "linear"))) h->layer_linear[l] = true;
+        else if (!s || (strcmp(s, "full_attention") && strcmp(s, "attention")))
+            return lm_errf(e, "%s: layer_types[%d] is \"%s\", expected linear_attention or full_attention", label, l,
+                           s ? s : "(not a string)");
+    }
+    return 0;
+}
+
+static int q35_parse_config(lm_model_config *c, json_t *root, const char *label, lm_err *e) {
+    if (c->act != LM_ACT_SILU) return lm_errf(e, "%s: %s models use silu", label, c->model_type);
+    if (lm_json_bool(root, "attention_bias", false))
+        return lm_errf(e, "%s: attention_bias is not supported for %s", label, c->model_type);
+    lm_hybrid_config *h = lm_xcalloc(1, sizeof *h + (size_t)c->n_layers * sizeof(bool));
+    c->hybrid = h;
+    c->qk_norm = true;
+    /* transformers' defaults for these configs (Qwen3NextConfig, Qwen3_5TextConfig) */
+    if (!has_partial_rotary(root)) c->rope.partial_factor = 0.25;
+    h->lin_k_heads = 16, h->lin_v_heads = 32, h->lin_k_dim = 128, h->lin_v_dim = 128, h->conv_kernel = 4;
+    lm_json_int(root, "linear_num_key_heads", &h->lin_k_heads);
+    lm_json_int(root, "linear_num_value_heads", &h->lin_v_heads);
+    lm_json_int(root, "linear_key_head_dim", &h->lin_k_dim);
+    lm_json_int(root, "linear_value_head_dim", &h->lin_v_dim);
+    lm_json_int(root, "linear_conv_kernel_dim", &h->conv_kernel);
+    if (h->lin_k_heads < 1 || h->lin_v_heads < 1 || h->lin_v_heads % h->lin_k_heads)
+        return lm_errf(e, "%s: linear_num_value_heads %d must be a positive multiple of linear_num_key_heads %d", label,
+                       h->lin_v_heads, h->lin_k_heads);
+    if (h->lin_k_dim < 1 || h->lin_v_dim < 1 || h->lin_k_dim > 1024 || h->lin_v_dim > 1024)
+        return lm_errf(e, "%s: linear head dims %d / %d out of range [1, 1024]", label, h->lin_k_dim, h->lin_v_dim);
+    if (h->conv_kernel < 1 || h->conv_kernel > 16)
+        return lm_errf(e, "%s: linear_conv_kernel_dim %d out of range [1, 16]", label, h->conv_kernel);
+    h->attn_out_gate = lm_json_bool(root, "attn_output_gate", true);
+    lm_json_int(root, "mtp_num_hidden_layers", &h->mtp_layers);
+    if (h->mtp_layers < 0 || h->mtp_layers > 64)
+        return lm_errf(e, "%s: mtp_num_hidden_layers %d out of range [0, 64]", label, h->mtp_layers);
+    if (parse_layer_types(c, h, root, label, e)) return -1;
+    if (!c->d_ff) return lm_errf(e, "%s: missing \"intermediate_size\"", label);
+    return 0;
+}
+
+/* ---- model state -------------------------------------------------------------- */
+
+typedef struct q35_scratch {
+    int cap, cap_out;
+    lm_tensor x, h, o;                  /* [T][D] */
+    lm_tensor q, gate, qn, attn;        /* [T][H*Dh] */
+    lm_tensor k, kn, v;                 /* [T][Hkv*Dh] */
+    lm_tensor qkv, conv;                /* [T][C] */
+    lm_tensor z, core, gated;           /* [T][Hv*Dv] */
+    lm_tensor ga, gb;                   /* [T][Hv] */
+    lm_tensor fg, fu, fa;               /* [T][F] */
+    lm_tensor hs, hn, logits;           /* [n_out][D], [n_out][D], [n_out][V] */
+} q35_scratch;
+
+typedef struct q35 {
+    lm_q35_layer *layers;    /* [n_layers] */
+    lm_qwen35_mtp mtp;       /* n_layers == 0: none */
+    bool has_mtp;
+    void **host;             /* re-ordered weight copies (lm_xaligned) */
+    int n_host;
+    q35_scratch s;
+    int32_t *next_pos;       /* [seq_cap] batch check: expected next position per sequence */
+    int seq_cap;
+} q35;
+
+/* ---- binding -------------------------------------------------------------------- */
+
+/* "<pfx><layer>.<suffix>", e.g. model.layers.3.linear_attn.A_log */
+static const char *lname(char *buf, size_t n, const char *pfx, int layer, const char *suffix) {
+    snprintf(buf, n, "%s%d.%s", pfx, layer, suffix);
+    return buf;
+}
+
+/* Binds checkpoint matrix `name` [rows][cols] re-ordered: part i is rows
+ * map[r_i .. r_i + part_rows[i]) (r_i the sum of the parts before), copied in
+ * the stored type into host memory the model owns. The whole matrix is
+ * checked (shape, type) and its bytes counted once. */
+static void bind_split(lm_binder *b, q35 *q, const char *name, int64_t rows, int64_t cols, const int32_t *map,
+                       int n_parts, const int64_t *part_rows, lm_tensor *const *parts) {
+    lm_tensor whole = { 0 };
+    lm_bind_matrix(b, &whole, name, rows, cols, true, true);
+    if (b->failed) return;
+    lm_model *m = b->m;
+    const lm_file_tensor *t = lm_weights_find(&m->src, name, NULL);
+    const size_t rb = lm_dtype_row_bytes(t->type, cols);
+    int64_t r = 0;
+    for (int i = 0; i < n_parts; i++) {
+        uint8_t *host = lm_xaligned((size_t)part_rows[i] * rb);
+        for (int64_t j = 0; j < part_rows[i]; j++) {
+            LM_ASSERT(map[r + j] >= 0 && map[r + j] < rows);
+            memcpy(host + (size_t)j * rb, t->data + (size_t)map[r + j] * rb, rb);
+        }
+        r += part_rows[i];
+        q->host = lm_xrealloc(q->host, (size_t)(q->n_host + 1) * sizeof *q->host);
+        q->host[q->n_host++] = host;
+        *parts[i] = (lm_tensor){ .type = t->type, .rows = part_rows[i], .cols = cols };
+        if (m->be->ops->upload_weight(m->be, parts[i], host, b->e)) {
+            lm_err_prefix(b->e, "%s", name);
+            b->failed = 1;
+            return;
+        }
+    }
+}
+
+static void bind_attn(lm_binder *b, q35 *q, lm_q35_attn *A, const char *pfx, int l) {
+    const lm_model_config *c = &b->m->cfg;
+    const int64_t D = c->d_model, Dh = c->head_dim, QD = (int64_t)c->n_heads * Dh, KD = (int64_t)c->n_kv_heads * Dh;
+    char n[192];
+    if (c->hybrid->attn_out_gate) {
+        /* q_proj rows are [H][q (Dh); gate (Dh)] */
+        int32_t *map = lm_xmalloc((size_t)(2 * QD) * sizeof(int32_t));
+        for (int64_t h = 0; h < c->n_heads; h++)
+            for (int64_t i = 0; i < Dh; i++) {
+                map[h * Dh + i] = (int32_t)(h * 2 * Dh + i);
+                map[QD + h * Dh + i] = (int32_t)(h * 2 * Dh + Dh + i);
+            }
+        const int64_t parts[2] = { QD, QD };
+        bind_split(b, q, lname(n, sizeof n, pfx, l, "self_attn.q_proj.weight"), 2 * QD, D, map, 2, parts,
+                   (lm_tensor *const[]){ &A->wq, &A->wgate });
+        free(map);
+    } else {
+        lm_bind_matrix(b, &A->wq, lname(n, sizeof n, pfx, l, "self_attn.q_proj.weight"), QD, D, true, true);
+    }
+    lm_bind_matrix(b, &A->wk, lname(n, sizeof n, pfx, l, "self_attn.k_proj.weight"), KD, D, true, true);
+    lm_bind_matrix(b, &A->wv, lname(n, sizeof n, pfx, l, "self_attn.v_proj.weight"), KD, D, true, true);
+    lm_bind_matrix(b, &A->wo, lname(n, sizeof n, pfx, l, "self_attn.o_proj.weight"), D, QD, true, true);
+    lm_bind_vector(b, &A->q_norm, lname(n, sizeof n, pfx, l, "self_attn.q_norm.weight"), Dh, true);
+    lm_bind_vector(b, &A->k_norm, lname(n, sizeof n, pfx, l, "self_attn.k_norm.weight"), Dh, true);
+}
+
+static void bind_delta(lm_binder *b, q35 *q, lm_q35_delta *Dl, const char *pfx, int l) {
+    const lm_model_config *c = &b->m->cfg;
+    const lm_hybrid_config *h = c->hybrid;
+    const int64_t D = c->d_model, Hk = h->lin_k_heads, Hv = h->lin_v_heads, Dk = h->lin_k_dim, Dv = h->lin_v_dim;
+    const int64_t KD = Hk * Dk, VD = Hv * Dv, C = 2 * KD + VD, K = h->conv_kernel, r = Hv / Hk;
+    char n[192];
+    if (!strcmp(c->model_type, "qwen3_next")) {
+        /* in_proj_qkvz rows are [Hk][q (Dk); k (Dk); v (r*Dv); z (r*Dv)] */
+        const int64_t G = 2 * Dk + 2 * r * Dv;
+        int32_t *map = lm_xmalloc((size_t)(C + VD) * sizeof(int32_t));
+        for (int64_t g = 0; g < Hk; g++) {
+            for (int64_t i = 0; i < Dk; i++) {
+                map[g * Dk + i] = (int32_t)(g * G + i);
+                map[KD + g * Dk + i] = (int32_t)(g * G + Dk + i);
+            }
+            for (int64_t i = 0; i < r * Dv; i++) {
+                map[2 * KD + g * r * Dv + i] = (int32_t)(g * G + 2 * Dk + i);
+                map[C + g * r * Dv + i] = (int32_t)(g * G + 2 * Dk + r * Dv + i);
+            }
+        }
+        bind_split(b, q, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"), C + VD, D, map, 2,
+                   (const int64_t[]){ C, VD }, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z });
+        /* in_proj_ba rows are [Hk][b (r); a (r)] */
+        for (int64_t g = 0; g < Hk; g++)
+            for (int64_t i = 0; i < r; i++) {
+                map[g * r + i] = (int32_t)(g * 2 * r + i);
+                map[Hv + g * r + i] = (int32_t)(g * 2 * r + r + i);
+            }
+        bind_split(b, q, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_ba.weight"), 2 * Hv, D, map, 2,
+                   (const int64_t[]){ Hv, Hv }, (lm_tensor *const[]){ &Dl->w_b, &Dl->w_a });
+        free(map);
+    } else {
+        lm_bind_matrix(b, &Dl->w_qkv, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkv.weight"), C, D, true, true);
+        lm_bind_matrix(b, &Dl->w_z, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_z.weight"), VD, D, true, true);
+        lm_bind_matrix(b, &Dl->w_b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_b.weight"), Hv, D, true, true);
+        lm_bind_matrix(b, &Dl->w_a, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_a.weight"), Hv, D, true, true);
+    }
+    lm_bind_f32(b, &Dl->conv, lname(n, sizeof n, pfx, l, "linear_attn.conv1d.weight"), C, C * K, true, 0.0f);
+    lm_bind_vector(b, &Dl->a_log, lname(n, sizeof n, pfx, l, "linear_attn.A_log"), Hv, true);
+    lm_bind_vector(b, &Dl->dt_bias, lname(n, sizeof n, pfx, l, "linear_attn.dt_bias"), Hv, true);
+    lm_bind_vector(b, &Dl->norm, lname(n, sizeof n, pfx, l, "linear_attn.norm.weight"), Dv, true);
+    lm_bind_matrix(b, &Dl->w_out, lname(n, sizeof n, pfx, l, "linear_attn.out_proj.weight"), D, VD, true, true);
+}
+
+static void bind_ffn(lm_binder *b, lm_q35_layer *L, const char *pfx, int l) {
+    const lm_model_config *c = &b->m->cfg;
+    const int64_t D = c->d_model, F = c->d_ff;
+    char n[192];
+    lm_bind_matrix(b, &L->ffn.gate, lname(n, sizeof n, pfx, l, "mlp.gate_proj.weight"), F, D, true, true);
+    lm_bind_matrix(b, &L->ffn.up, lname(n, sizeof n, pfx, l, "mlp.up_proj.weight"), F, D, true, true);
+    lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, "mlp.down_proj.weight"), D, F, true, true);
+}
+
+static void bind_layer(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l) {
+    const int64_t D = b->m->cfg.d_model;
+    char n[192];
+    lm_bind_vector(b, &L->in_norm, lname(n, sizeof n, pfx, l, "input_layernorm.weight"), D, true);
+    lm_bind_vector(b, &L->post_norm, lname(n, sizeof n, pfx, l, "post_attention_layernorm.weight"), D, true);
+    if (L->linear) bind_delta(b, q, &L->delta, pfx, l);
+    else bind_attn(b, q, &L->attn, pfx, l);
+    bind_ffn(b, L, pfx, l);
+}
+
+/* The MTP head: its layers are full-attention decoder layers. Its weights are
+ * not read by a decode step, so m->weight_bytes is left as it was. */
+static void bind_mtp(lm_binder *b, q35 *q) {
+    const lm_model_config *c = &b->m->cfg;
+    const int64_t D = c->d_model;
+    lm_qwen35_mtp *M = &q->mtp;
+    int n = c->hybrid->mtp_layers;
+    char name[192];
+    if (n == 0) /* config silent: count the layers the checkpoint has */
+        while (n < 64 && lm_bind_has(b, lname(name, sizeof name, "mtp.layers.", n, "input_layernorm.weight"))) n++;
+    size_t bytes = b->m->weight_bytes;
+    M->n_layers = n;
+    M->layers = lm_xcalloc((size_t)LM_MAX(n, 1), sizeof *M->layers);
+    lm_bind_matrix(b, &M->fc, "mtp.fc.weight", D, 2 * D, true, true);
+    lm_bind_vector(b, &M->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding.weight", D, true);
+    lm_bind_vector(b, &M->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden.weight", D, true);
+    lm_bind_vector(b, &M->norm, "mtp.norm.weight", D, true);
+    for (int l = 0; l < n && !b->failed; l++) bind_layer(b, q, &M->layers[l], "mtp.layers.", l);
+    b->m->weight_bytes = bytes;
+    q->has_mtp = !b->failed;
+}
+
+static int q35_bind(lm_model *m, lm_err *e) {
+    const lm_model_config *c = &m->cfg;
+    const lm_hybrid_config *h = c->hybrid;
+    if (m->src.gguf) return lm_errf(e, "%s: %s models are read from Hugging Face folders only", m->path, c->model_type);
+    q35 *q = lm_xcalloc(1, sizeof *q);
+    m->impl = q;
+    q->layers = lm_xcalloc((size_t)c->n_layers, sizeof *q->layers);
+    lm_binder b = { m, e, 0 };
+    /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text model */
+    const bool mm = lm_bind_has(&b, "model.language_model.embed_tokens.weight");
+    const char *base = mm ? "model.language_model." : "model.";
+    char n[192];
+    snprintf(n, sizeof n, "%sembed_tokens.weight", base);
+    lm_bind_matrix(&b, &m->embed, n, c->vocab, c->d_model, true, c->tie_embeddings);
+    snprintf(n, sizeof n, "%snorm.weight", base);
+    lm_bind_vector(&b, &m->out_norm, n, c->d_model, true);
+    if (c->tie_embeddings) m->lm_head = m->embed;
+    else lm_bind_matrix(&b, &m->lm_head, "lm_head.weight", c->vocab, c->d_model, true, true);
+    char pfx[64];
+    snprintf(pfx, sizeof pfx, "%slayers.", base);
+    int n_kv = 0, n_state = 0;
+    for (int l = 0; l < c->n_layers && !b.failed; l++) {
+        lm_q35_layer *L = &q->layers[l];
+        L->linear = h->layer_linear[l];
+        if (L->linear) L->state = n_state++;
+        else L->kv_layer = n_kv++;
+        bind_layer(&b, q, L, pfx, l);
+    }
+    if (!b.failed && lm_bind_has(&b, "mtp.fc.weight")) bind_mtp(&b, q);
+    if (b.failed) return -1;
+    if (n_state > 64) return lm_errf(e, "%s: %d linear-attention layers, at most 64 supported", m->path, n_state);
+    m->n_kv_layers = LM_MAX(n_kv, 1); /* the pool needs a layer even when every layer is linear */
+    m->kv_width = (int64_t)c->n_kv_heads * c->head_dim;
+    return 0;
+}
+
+/* ---- scratch ------------------------------------------------------------------- */
+
+#define Q35_MAX_BUFS 32
+
+/* Every buffer with its shape for a capacity of cap tokens and cap_out logit
+ * rows; returns how many. */
+typedef struct q35_buf {
+    lm_tensor *t;
+    int64_t rows, cols;
+} q35_buf;
+
+static size_t scratch_plan(const lm_model *m, q35_scratch *s, int cap, int cap_out, q35_buf *p) {
+    const lm_model_config *c = &m->cfg;
+    const lm_hybrid_config *h = c->hybrid;
+    const int64_t D = c->d_model, QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t Hv = h->lin_v_heads, VD = Hv * h->lin_v_dim, C = 2 * (int64_t)h->lin_k_heads * h->lin_k_dim + VD;
+    const int64_t F = c->d_ff;
+    const q35_buf plan[] = {
+        { &s->x, cap, D },     { &s->h, cap, D },     { &s->o, cap, D },
+        { &s->q, cap, QD },    { &s->gate, cap, QD }, { &s->qn, cap, QD },   { &s->attn, cap, QD },
+        { &s->k, cap, KD },    { &s->kn, cap, KD },   { &s->v, cap, KD },
+        { &s->qkv, cap, C },   { &s->conv, cap, C },
+        { &s->z, cap, VD },    { &s->core, cap, VD }, { &s->gated, cap, VD },
+        { &s->ga, cap, Hv },   { &s->gb, cap, Hv },
+        { &s->fg, cap, F },    { &s->fu, cap, F },    { &s->fa, cap, F },
+        { &s->hs, cap_out, D }, { &s->hn, cap_out, D }, { &s->logits, cap_out, c->vocab },
+    };
+    LM_ASSERT(LM_COUNT(plan) <= Q35_MAX_BUFS);
+    memcpy(p, plan, sizeof plan);
+    return LM_COUNT(plan);
+}
+
+static void scratch_release(const lm_model *m, q35_scratch *s) {
+    q35_buf p[Q35_MAX_BUFS];
+    size_t n = scratch_plan(m, s, 0, 0, p);
+    for (size_t i = 0; i < n; i++) lm_tensor_release(m->be, p[i].t);
+    s->cap = s->cap_out = 0;
+}
+
+static int scratch_ensure(lm_model *m, q35_scratch *s, int T, int n_out, lm_err *e) {
+    if (s->cap >= T && s->cap_out >= n_out) return 0;
+    int cap = LM_MAX(T, s->cap), cap_out = LM_MAX(LM_MAX(n_out, s->cap_out), 1);
+    scratch_release(m, s);
+    q35_buf p[Q35_MAX_BUFS];
+    size_t n = scratch_plan(m, s, cap, cap_out, p);
+    for (size_t i = 0; i < n; i++)
+        if (lm_tensor_alloc(m->be, p[i].t, p[i].rows, p[i].cols)) {
+            scratch_release(m, s);
+            return lm_errf(e, "out of memory for activations of a %d-token batch", T);
+        }
+    s->cap = cap;
+    s->cap_out = cap_out;
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------- */
+
+typedef struct q35_step {
+    lm_model *m;
+    q35_scratch *s;
+    lm_kv_pool *kv;
+    const lm_attn_batch *ab;
+    const int32_t *pos;
+    int T;
+} q35_step;
+
+static lm_tensor rows(const lm_tensor *t, int T) { return lm_tensor_rows(t, 0, T); }
+
+/* o = gated full attention of h. */
+static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+    lm_model *m = st->m;
+    const lm_model_config *c = &m->cfg;
+    lm_backend *be = m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = st->s;
+    const int T = st->T;
+    lm_tensor q = rows(&s->q, T), gate = rows(&s->gate, T), qn = rows(&s->qn, T), attn = rows(&s->attn, T);
+    lm_tensor k = rows(&s->k, T), kn = rows(&s->kn, T), v = rows(&s->v, T);
+    const lm_q35_attn *A = &L->attn;
+    op->matmul(be, &q, h, &A->wq, NULL);
+    op->matmul(be, &k, h, &A->wk, NULL);
+    op->matmul(be, &v, h, &A->wv, NULL);
+    op->rms_norm(be, &qn, &q, &A->q_norm, c->norm_eps, 1.0f);
+    op->rms_norm(be, &kn, &k, &A->k_norm, c->norm_eps, 1.0f);
+    lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
+    lm_rope_params rk = rq;
+    rk.n_heads = c->n_kv_heads;
+    op->rope(be, &qn, st->pos, &rq);
+    op->rope(be, &kn, st->pos, &rk);
+    op->kv_write(be, st->kv, L->kv_layer, &kn, &v, st->ab);
+    lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
+    op->attention(be, &attn, &qn, st->kv, L->kv_layer, st->ab, &ap);
+    if (c->hybrid->attn_out_gate) {
+        op->matmul(be, &gate, h, &A->wgate, NULL);
+        op->sigmoid_mul(be, &attn, &attn, &gate);
+    }
+    op->matmul(be, o, &attn, &A->wo, NULL);
+}
+
+/* o = Gated DeltaNet of h; updates the layer's recurrent state. */
+static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+    const lm_model_config *c = &st->m->cfg;
+    const lm_hybrid_config *hc = c->hybrid;
+    lm_backend *be = st->m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = st->s;
+    const int T = st->T;
+    lm_tensor qkv = rows(&s->qkv, T), conv = rows(&s->conv, T), z = rows(&s->z, T);
+    lm_tensor core = rows(&s->core, T), gated = rows(&s->gated, T), ga = rows(&s->ga, T), gb = rows(&s->gb, T);
+    const lm_q35_delta *Dl = &L->delta;
+    const int64_t C = qkv.cols;
+    op->matmul(be, &qkv, h, &Dl->w_qkv, NULL);
+    op->matmul(be, &z, h, &Dl->w_z, NULL);
+    op->matmul(be, &gb, h, &Dl->w_b, NULL);
+    op->matmul(be, &ga, h, &Dl->w_a, NULL);
+    op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
+    op->delta_gates(be, &ga, &gb, &Dl->a_log, &Dl->dt_bias);
+    lm_delta_params dp = { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
+                           { L->state, (int64_t)(hc->conv_kernel - 1) * C } };
+    op->gated_delta(be, &core, &conv, &ga, &gb, st->kv, st->ab, &dp);
+    op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
+    op->matmul(be, o, &gated, &Dl->w_out, NULL);
+}
+
+/* o = SwiGLU MLP of h. */
+static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+    lm_backend *be = st->m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = st->s;
+    lm_tensor fg = rows(&s->fg, st->T), fu = rows(&s->fu, st->T), fa = rows(&s->fa, st->T);
+    op->matmul(be, &fg, h, &L->ffn.gate, NULL);
+    op->matmul(be, &fu, h, &L->ffn.up, NULL);
+    op->silu_mul(be, &fa, &fg, &fu);
+    op->matmul(be, o, &fa, &L->ffn.down, NULL);
+}
+
+/* The recurrent layers read each sequence's tokens in batch order as
+ * consecutive positions; a batch that breaks this is refused. */
+static int check_batch(q35 *q, const lm_batch *b, lm_err *e) {
+    if (b->n_seqs > q->seq_cap) {
+        q->seq_cap = LM_MAX(b->n_seqs, 2 * q->seq_cap);
+        q->next_pos = lm_xrealloc(q->next_pos, (size_t)q->seq_cap * sizeof(int32_t));
+    }
+    for (int s = 0; s < b->n_seqs; s++) q->next_pos[s] = -1;
+    for (int t = 0; t < b->n_tokens; t++) {
+        int32_t *np = &q->next_pos[b->seq[t]];
+        if (*np >= 0 && b->pos[t] != *np)
+            return lm_errf(e, "sequence %d: position %d follows %d in the batch; a hybrid model needs each "
+                              "sequence's tokens in order", b->seq[t], b->pos[t], *np - 1);
+        *np = b->pos[t] + 1;
+    }
+    return 0;
+}
+
+static int q35_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
+    q35 *q = m->impl;
+    const lm_model_config *c = &m->cfg;
+    const int T = b->n_tokens;
+    if (check_batch(q, b, e) || scratch_ensure(m, &q->s, T, b->n_out, e)) return -1;
+    lm_backend *be = m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = &q->s;
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
+    q35_step st = { m, s, kv, &ab, b->pos, T };
+    lm_tensor x = rows(&s->x, T), h = rows(&s->h, T), o = rows(&s->o, T);
+
+    op->get_rows(be, &x, &m->embed, b->tokens);
+    for (int l = 0; l < c->n_layers; l++) {
+        const lm_q35_layer *L = &q->layers[l];
+        op->rms_norm(be, &h, &x, &L->in_norm, c->norm_eps, 1.0f);
+        if (L->linear) delta_block(&st, L, &o, &h);
+        else attn_block(&st, L, &o, &h);
+        op->add(be, &x, &o);
+        op->rms_norm(be, &h, &x, &L->post_norm, c->norm_eps, 1.0f);
+        ffn_block(&st, L, &o, &h);
+        op->add(be, &x, &o);
+    }
+    if (b->n_out == 0) return 0;
+    lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->hn, 0, b->n_out);
+    lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);
+    op->gather_rows(be, &hs, &x, b->out_rows, b->n_out);
+    op->rms_norm(be, &hn, &hs, &m->out_norm, c->norm_eps, 1.0f);
+    op->matmul(be, &lg, &hn, &m->lm_head, NULL);
+    op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+    return 0;
+}
+
+/* ---- state, lifetime, registration ------------------------------------------------ */
+
+/* One state tensor per linear layer: conv window [K-1][C], then [Hv][Dk][Dv]. */
+static int q35_state_spec(const lm_model *m, int64_t *floats, int max) {
+    const lm_model_config *c = &m->cfg;
+    const lm_hybrid_config *h = c->hybrid;
+    const int64_t VD = (int64_t)h->lin_v_heads * h->lin_v_dim, C = 2 * (int64_t)h->lin_k_heads * h->lin_k_dim + VD;
+    const int64_t per = (int64_t)(h->conv_kernel - 1) * C + VD * h->lin_k_dim;
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (h->layer_linear[l]) {
+            if (n < max) floats[n] = per;
+            n++;
+        }
+    return n;
+}
+
+static void q35_free(lm_model *m) {
+    q35 *q = m->impl;
+    if (!q) return;
+    scratch_release(m, &q->s);
+    for (int i = 0; i < q->n_host; i++) lm_afree(q->host[i]);
+    free(q->host);
+    free(q->mtp.layers);
+    free(q->layers);
+    free(q->next_pos);
+    free(q);
+    m->impl = NULL;
+}
+
+static const char *const k_q35_types[] = { "qwen3_5_text", "qwen3_5", "qwen3_next", NULL };
+
+const lm_arch lm_arch_qwen35 = {
+    .name = "qwen35",
+    .model_types = k_q35_types,
+    .parse_config = q35_parse_config,
+    .bind = q35_bind,
+    .forward = q35_forward,
+    .free = q35_free,
+    .state_spec = q35_state_spec,
+};
+
+const lm_qwen35_mtp *lm_qwen35_mtp_head(const lm_model *m) {
+    if (!m || m->arch != &lm_arch_qwen35) return NULL;
+    const q35 *q = m->impl;
+    return q && q->has_mtp ? &q->mtp : NULL;
+}
