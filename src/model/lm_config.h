@@ -58,9 +58,6 @@ typedef struct lm_model_config {
     /* ---- Qwen3.5 / Qwen3-Next hybrids (qwen35.c, lm_qwen35.h): Gated
      * DeltaNet geometry, layer pattern, MoE and MTP sizes; one allocation, owned ---- */
     struct lm_hybrid_config *hybrid;
-    /* ---- Qwen3.5 / Qwen3-Next hybrids (qwen35.c, lm_qwen35.h): Gated
-     * DeltaNet geometry, layer pattern, MoE and MTP sizes; one allocation, owned ---- */
-    struct lm_hybrid_config *hybrid;
     /* ---- read by lm_config_parse_sliding (shared by several families) ---- */
     int sliding_window;    /* tokens, for layers marked sliding; 0 = none */
     bool *layer_sliding;   /* [n_layers] */
