@@ -42,3 +42,5 @@ static void hybrid_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa,
 
 LM_TEST(hybrid_parity_qwen35) { hybrid_parity(lm_t_, "qwen3.5", LM_ISA_AUTO, 2); }
 LM_TEST(hybrid_parity_qwen35_scalar) { hybrid_parity(lm_t_, "qwen3.5", LM_ISA_SCALAR, 3); }
+LM_TEST(hybrid_parity_qwen3_next) { hybrid_parity(lm_t_, "qwen3-next", LM_ISA_AUTO, 2); }
+LM_TEST(hybrid_parity_qwen3_next_scalar) { hybrid_parity(lm_t_, "qwen3-next", LM_ISA_SCALAR, 1); }

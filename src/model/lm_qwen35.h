@@ -9,7 +9,7 @@
 #ifndef LM_QWEN35_H
 #define LM_QWEN35_H
 
-#include "lm_model.h"
+#include "lm_moe.h"
 
 /* What config.json says beyond the common fields (lm_model_config.hybrid). */
 typedef struct lm_hybrid_config {
@@ -18,7 +18,6 @@ typedef struct lm_hybrid_config {
     int conv_kernel;              /* K: linear_conv_kernel_dim */
     bool attn_out_gate;           /* full attention: o_proj(attn * sigmoid(gate)) */
     int mtp_layers;               /* mtp_num_hidden_layers (0 when absent) */
-    bool moe;                     /* qwen3_next: sparse layers per lm_model_config.layer_moe */
     bool layer_linear[];          /* [n_layers] Gated DeltaNet (else full attention) */
 } lm_hybrid_config;
 
@@ -47,8 +46,9 @@ typedef struct lm_q35_delta {
 /* Feed-forward: dense SwiGLU, or (qwen3_next) a sparse MoE block plus a
  * shared SwiGLU expert scaled by sigmoid(shared_gate h). */
 typedef struct lm_q35_ffn {
-    lm_tensor gate, up, down;        /* [F][D], [F][D], [D][F]: the MLP or the shared expert */
-    lm_tensor shared_gate;           /* [1][D] (MoE) */
+    lm_tensor gate, up, down;        /* [F][D], [F][D], [D][F]: the MLP, or the shared expert */
+    lm_moe_layer moe;                /* router and routed experts (sparse layers) */
+    lm_tensor shared_gate;           /* [1][D] (sparse layers with a shared expert) */
 } lm_q35_ffn;
 
 typedef struct lm_q35_layer {

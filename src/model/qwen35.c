@@ -95,7 +95,9 @@ static int q35_parse_config(lm_model_config *c, json_t *root, const char *label,
     if (h->mtp_layers < 0 || h->mtp_layers > 64)
         return lm_errf(e, "%s: mtp_num_hidden_layers %d out of range [0, 64]", label, h->mtp_layers);
     if (parse_layer_types(c, h, root, label, e)) return -1;
-    if (!c->d_ff) return lm_errf(e, "%s: missing \"intermediate_size\"", label);
+    /* Qwen3-Next: sparse layers per decoder_sparse_step / mlp_only_layers */
+    if (!strcmp(c->model_type, "qwen3_next")) return lm_config_parse_moe(c, root, label, true, e);
+    if (c->d_ff < 1) return lm_errf(e, "%s: missing or non-positive \"intermediate_size\"", label);
     return 0;
 }
 
@@ -109,7 +111,8 @@ typedef struct q35_scratch {
     lm_tensor qkv, conv;                /* [T][C] */
     lm_tensor z, core, gated;           /* [T][Hv*Dv] */
     lm_tensor ga, gb;                   /* [T][Hv] */
-    lm_tensor fg, fu, fa;               /* [T][F] */
+    lm_tensor fg, fu, fa;               /* [T][F] (F: the widest MLP or shared expert) */
+    lm_tensor router, o2, sg;           /* [T][E], [T][D], [T][1] (sparse layers) */
     lm_tensor hs, hn, logits;           /* [n_out][D], [n_out][D], [n_out][V] */
 } q35_scratch;
 
@@ -117,6 +120,8 @@ typedef struct q35 {
     lm_q35_layer *layers;    /* [n_layers] */
     lm_qwen35_mtp mtp;       /* n_layers == 0: none */
     bool has_mtp;
+    char moe_pat[2][6][96];  /* lm_moe_names patterns: main layers, MTP layers */
+    lm_moe_names moe_names[2];
     void **host;             /* re-ordered weight copies (lm_xaligned) */
     int n_host;
     q35_scratch s;
@@ -233,23 +238,46 @@ static void bind_delta(lm_binder *b, q35 *q, lm_q35_delta *Dl, const char *pfx, 
     lm_bind_matrix(b, &Dl->w_out, lname(n, sizeof n, pfx, l, "linear_attn.out_proj.weight"), D, VD, true, true);
 }
 
-static void bind_ffn(lm_binder *b, lm_q35_layer *L, const char *pfx, int l) {
-    const lm_model_config *c = &b->m->cfg;
-    const int64_t D = c->d_model, F = c->d_ff;
-    char n[192];
-    lm_bind_matrix(b, &L->ffn.gate, lname(n, sizeof n, pfx, l, "mlp.gate_proj.weight"), F, D, true, true);
-    lm_bind_matrix(b, &L->ffn.up, lname(n, sizeof n, pfx, l, "mlp.up_proj.weight"), F, D, true, true);
-    lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, "mlp.down_proj.weight"), D, F, true, true);
+/* lm_moe_names for layers named "<pfx><layer>." (slot 0: main, 1: MTP). */
+static const lm_moe_names *moe_names(q35 *q, int slot, const char *pfx) {
+    static const char *const k_suffix[6] = {
+        "%d.mlp.gate.weight", "%d.mlp.experts.%d.gate_proj.weight", "%d.mlp.experts.%d.up_proj.weight",
+        "%d.mlp.experts.%d.down_proj.weight", "%d.mlp.experts.gate_up_proj", "%d.mlp.experts.down_proj",
+    };
+    for (int i = 0; i < 6; i++) snprintf(q->moe_pat[slot][i], sizeof q->moe_pat[slot][i], "%s%s", pfx, k_suffix[i]);
+    q->moe_names[slot] = (lm_moe_names){ q->moe_pat[slot][0], q->moe_pat[slot][1], q->moe_pat[slot][2],
+                                         q->moe_pat[slot][3], q->moe_pat[slot][4], q->moe_pat[slot][5] };
+    return &q->moe_names[slot];
 }
 
-static void bind_layer(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l) {
+static void bind_ffn(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l, int slot) {
+    const lm_model_config *c = &b->m->cfg;
+    const int64_t D = c->d_model, F = L->moe ? c->shared_expert_d_ff : c->d_ff;
+    const char *mlp = L->moe ? "mlp.shared_expert." : "mlp.";
+    char n[192], sfx[64];
+    if (L->moe) {
+        lm_moe_bind(b, &L->ffn.moe, moe_names(q, slot, pfx), l);
+        if (F == 0) return; /* no shared expert */
+        lm_bind_matrix(b, &L->ffn.shared_gate, lname(n, sizeof n, pfx, l, "mlp.shared_expert_gate.weight"), 1, D,
+                       true, true);
+    }
+    snprintf(sfx, sizeof sfx, "%sgate_proj.weight", mlp);
+    lm_bind_matrix(b, &L->ffn.gate, lname(n, sizeof n, pfx, l, sfx), F, D, true, true);
+    snprintf(sfx, sizeof sfx, "%sup_proj.weight", mlp);
+    lm_bind_matrix(b, &L->ffn.up, lname(n, sizeof n, pfx, l, sfx), F, D, true, true);
+    snprintf(sfx, sizeof sfx, "%sdown_proj.weight", mlp);
+    lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, sfx), D, F, true, true);
+}
+
+/* Layer l named "<pfx><l>.*"; slot picks the MoE name table (0 main, 1 MTP). */
+static void bind_layer(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l, int slot) {
     const int64_t D = b->m->cfg.d_model;
     char n[192];
     lm_bind_vector(b, &L->in_norm, lname(n, sizeof n, pfx, l, "input_layernorm.weight"), D, true);
     lm_bind_vector(b, &L->post_norm, lname(n, sizeof n, pfx, l, "post_attention_layernorm.weight"), D, true);
     if (L->linear) bind_delta(b, q, &L->delta, pfx, l);
     else bind_attn(b, q, &L->attn, pfx, l);
-    bind_ffn(b, L, pfx, l);
+    bind_ffn(b, q, L, pfx, l, slot);
 }
 
 /* The MTP head: its layers are full-attention decoder layers. Its weights are
@@ -269,7 +297,11 @@ static void bind_mtp(lm_binder *b, q35 *q) {
     lm_bind_vector(b, &M->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding.weight", D, true);
     lm_bind_vector(b, &M->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden.weight", D, true);
     lm_bind_vector(b, &M->norm, "mtp.norm.weight", D, true);
-    for (int l = 0; l < n && !b->failed; l++) bind_layer(b, q, &M->layers[l], "mtp.layers.", l);
+    for (int l = 0; l < n && !b->failed; l++) {
+        /* full attention; sparse when the checkpoint has a router for it (Qwen3-Next) */
+        M->layers[l].moe = c->n_experts > 0 && lm_bind_has(b, lname(name, sizeof name, "mtp.layers.", l, "mlp.gate.weight"));
+        bind_layer(b, q, &M->layers[l], "mtp.layers.", l, 1);
+    }
     b->m->weight_bytes = bytes;
     q->has_mtp = !b->failed;
 }
@@ -298,9 +330,10 @@ static int q35_bind(lm_model *m, lm_err *e) {
     for (int l = 0; l < c->n_layers && !b.failed; l++) {
         lm_q35_layer *L = &q->layers[l];
         L->linear = h->layer_linear[l];
+        L->moe = c->layer_moe && c->layer_moe[l];
         if (L->linear) L->state = n_state++;
         else L->kv_layer = n_kv++;
-        bind_layer(&b, q, L, pfx, l);
+        bind_layer(&b, q, L, pfx, l, 0);
     }
     if (!b.failed && lm_bind_has(&b, "mtp.fc.weight")) bind_mtp(&b, q);
     if (b.failed) return -1;
@@ -326,7 +359,7 @@ static size_t scratch_plan(const lm_model *m, q35_scratch *s, int cap, int cap_o
     const lm_hybrid_config *h = c->hybrid;
     const int64_t D = c->d_model, QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t Hv = h->lin_v_heads, VD = Hv * h->lin_v_dim, C = 2 * (int64_t)h->lin_k_heads * h->lin_k_dim + VD;
-    const int64_t F = c->d_ff;
+    const int64_t F = LM_MAX(c->d_ff, c->shared_expert_d_ff), E = LM_MAX(c->n_experts, 1);
     const q35_buf plan[] = {
         { &s->x, cap, D },     { &s->h, cap, D },     { &s->o, cap, D },
         { &s->q, cap, QD },    { &s->gate, cap, QD }, { &s->qn, cap, QD },   { &s->attn, cap, QD },
@@ -335,6 +368,7 @@ static size_t scratch_plan(const lm_model *m, q35_scratch *s, int cap, int cap_o
         { &s->z, cap, VD },    { &s->core, cap, VD }, { &s->gated, cap, VD },
         { &s->ga, cap, Hv },   { &s->gb, cap, Hv },
         { &s->fg, cap, F },    { &s->fu, cap, F },    { &s->fa, cap, F },
+        { &s->router, cap, E }, { &s->o2, cap, D },   { &s->sg, cap, 1 },
         { &s->hs, cap_out, D }, { &s->hn, cap_out, D }, { &s->logits, cap_out, c->vocab },
     };
     LM_ASSERT(LM_COUNT(plan) <= Q35_MAX_BUFS);
@@ -434,16 +468,36 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o,
     op->matmul(be, o, &gated, &Dl->w_out, NULL);
 }
 
-/* o = SwiGLU MLP of h. */
-static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+/* out = SwiGLU MLP of h with gate/up/down (the layer's MLP or shared expert). */
+static void mlp(const q35_step *st, const lm_q35_ffn *f, lm_tensor *out, const lm_tensor *h) {
     lm_backend *be = st->m->be;
     const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = st->s;
+    const int64_t F = f->gate.rows;
     lm_tensor fg = rows(&s->fg, st->T), fu = rows(&s->fu, st->T), fa = rows(&s->fa, st->T);
-    op->matmul(be, &fg, h, &L->ffn.gate, NULL);
-    op->matmul(be, &fu, h, &L->ffn.up, NULL);
+    fg.cols = fu.cols = fa.cols = F; /* views of the widest buffers: rows of F */
+    op->matmul(be, &fg, h, &f->gate, NULL);
+    op->matmul(be, &fu, h, &f->up, NULL);
     op->silu_mul(be, &fa, &fg, &fu);
-    op->matmul(be, o, &fa, &L->ffn.down, NULL);
+    op->matmul(be, out, &fa, &f->down, NULL);
+}
+
+/* o = feed-forward of h: the MLP, or routed experts + sigmoid-gated shared expert. */
+static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+    if (!L->moe) {
+        mlp(st, &L->ffn, o, h);
+        return;
+    }
+    lm_backend *be = st->m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = st->s;
+    lm_moe_forward(st->m, &L->ffn.moe, o, h, &s->router);
+    if (!L->ffn.gate.data) return;
+    lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
+    mlp(st, &L->ffn, &o2, h);
+    op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
+    op->sigmoid_mul(be, &o2, &o2, &sg);
+    op->add(be, o, &o2);
 }
 
 /* The recurrent layers read each sequence's tokens in batch order as
@@ -518,6 +572,8 @@ static void q35_free(lm_model *m) {
     q35 *q = m->impl;
     if (!q) return;
     scratch_release(m, &q->s);
+    for (int l = 0; l < m->cfg.n_layers; l++) lm_moe_layer_free(&q->layers[l].ffn.moe);
+    for (int l = 0; l < q->mtp.n_layers; l++) lm_moe_layer_free(&q->mtp.layers[l].ffn.moe);
     for (int i = 0; i < q->n_host; i++) lm_afree(q->host[i]);
     free(q->host);
     free(q->mtp.layers);
