@@ -143,6 +143,14 @@ struct lm_backend_ops {
     void (*get_rows)(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids);
     /* Copies rows rows[i] of x into y[i]. */
     void (*gather_rows)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n);
+    /* ---- first needed by gemma (cpu_gemma.c) ---- */
+    /* y = gelu(gate) * up, all [T][F]: the tanh approximation
+     * (gelu_pytorch_tanh) when tanh_approx, else the erf form. */
+    void (*gelu_mul)(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up, bool tanh_approx);
+    /* In place: y = cap * tanh(y / cap), cap > 0 (logit soft-capping). */
+    void (*softcap)(lm_backend *be, lm_tensor *y, float cap);
+    /* y[t][j] = x[t][col0 + j], j < y->cols: a block of columns of each row. */
+    void (*copy_cols)(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t col0);
     /* Writes k, v [T][Hkv*Dh] into layer `layer` of the pool at the batch's positions. */
     void (*kv_write)(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
                      const lm_tensor *v, const lm_attn_batch *b);

@@ -43,6 +43,10 @@ void lm_cpu_add(lm_backend *be, lm_tensor *y, const lm_tensor *x);
 void lm_cpu_scale(lm_backend *be, lm_tensor *y, float s);
 void lm_cpu_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids);
 void lm_cpu_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n);
+/* First needed by gemma (cpu_gemma.c). */
+void lm_cpu_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up, bool tanh_approx);
+void lm_cpu_softcap(lm_backend *be, lm_tensor *y, float cap);
+void lm_cpu_copy_cols(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t col0);
 void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
                      const lm_tensor *v, const lm_attn_batch *b);
 void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
