@@ -402,7 +402,30 @@ LM_TEST(template_load_source) {
     fputs("{\"bos_token\": \"<s>\"}", f);
     fclose(f);
     LM_CHECK(lm_template_load_source(path, &src, &len, &e) == -1 && strstr(e.msg, "no chat_template"));
-    char *gguf = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
-    if (gguf && lm_template_load_source(gguf, &src, &len, &e) == 0) free(src); /* may or may not carry one */
-    free(gguf);
+    /* a GGUF file whose metadata carries tokenizer.chat_template */
+    static const char key[] = "tokenizer.chat_template", val[] = "{{ bos_token }}{% for m in messages %}{% endfor %}";
+    uint8_t g[256];
+    size_t o = 0;
+    uint64_t u64;
+    uint32_t u32;
+#define PUT(x, n) (memcpy(g + o, (x), (n)), o += (n))
+    PUT("GGUF", 4);
+    u32 = 3, PUT(&u32, 4);                      /* version */
+    u64 = 0, PUT(&u64, 8);                      /* tensors */
+    u64 = 1, PUT(&u64, 8);                      /* metadata entries */
+    u64 = sizeof key - 1, PUT(&u64, 8), PUT(key, sizeof key - 1);
+    u32 = 8, PUT(&u32, 4);                      /* STRING */
+    u64 = sizeof val - 1, PUT(&u64, 8), PUT(val, sizeof val - 1);
+#undef PUT
+    snprintf(path, sizeof path, "%s/model.gguf", dir);
+    f = fopen(path, "wb");
+    LM_REQUIRE(f);
+    fwrite(g, 1, o, f);
+    fclose(f);
+    int rc = lm_template_load_source(path, &src, &len, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        LM_CHECK(len == sizeof val - 1 && !memcmp(src, val, len));
+        free(src);
+    }
 }

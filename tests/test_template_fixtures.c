@@ -6,7 +6,8 @@
  * A case expects "expected_jinja2" when present (Python jinja2's rendering,
  * which transformers uses), else an error containing "error", else
  * "expected". Cases marked reference_limitation are checked the same way and
- * counted in the output line. */
+ * counted in the output line, except that one expecting only the JS
+ * reference's error passes on any render failure (as in check-template). */
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,13 +74,14 @@ static void run_dir(lm_test_ctx *lm_t_, const char *dir, fx_result *r) {
         const json_t *want = json_object_get(c, "expected_jinja2");
         const json_t *want_err = want ? NULL : json_object_get(c, "error");
         if (!want && !want_err) want = json_object_get(c, "expected");
-        if (json_is_true(json_object_get(c, "reference_limitation"))) r->limitation++;
+        bool limitation = json_is_true(json_object_get(c, "reference_limitation"));
+        if (limitation) r->limitation++;
         char *out = NULL;
         size_t out_n = 0;
         rc = lm_template_render(t, json_object_get(c, "context"), NULL, &out, &out_n, &e);
         bool ok;
         if (want_err) {
-            ok = rc != 0 && strstr(e.msg, json_string_value(want_err));
+            ok = rc != 0 && (limitation || strstr(e.msg, json_string_value(want_err)));
             LM_CHECK_MSG(ok, "%s %s: want error [%s], got [%s]", dir, id, json_string_value(want_err),
                          rc ? e.msg : "rendered text");
         } else {
