@@ -7,11 +7,13 @@
 extern const lm_arch lm_arch_llama;
 extern const lm_arch lm_arch_qwen35;
 extern const lm_arch lm_arch_qwen3_moe;
+extern const lm_arch lm_arch_gemma;
 
 static const lm_arch *const k_archs[] = {
     &lm_arch_llama,
     &lm_arch_qwen35,
     &lm_arch_qwen3_moe,
+    &lm_arch_gemma,
 };
 
 const lm_arch *lm_arch_find(const char *model_type) {

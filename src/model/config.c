@@ -254,6 +254,8 @@ int lm_config_load_hf(lm_model_config *c, const char *dir, lm_err *e) {
 void lm_config_free(lm_model_config *c) {
     free(c->layer_sliding);
     c->layer_sliding = NULL;
+    free(c->gemma);
+    c->gemma = NULL;
     free(c->hybrid);
     c->hybrid = NULL;
     free(c->layer_moe);

@@ -1,0 +1,193 @@
+/* test_engine_gemma.c - sliding-window models stay exact however a prompt is
+ * cut: gemma3 and gemma4 (window 16) fed their 300-token prompt in pieces
+ * that end just before, at and just after multiples of the window give the
+ * same greedy tokens and (within the cache tolerance) the same logits as one
+ * forward; and concurrent requests through the engine, prefilled in steps of
+ * 15, 16 and 17 tokens, give exactly the tokens each gives alone. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/lm_engine.h"
+#include "engine/lm_runner.h"
+#include "lm_test.h"
+#include "model/safetensors.h"
+
+enum { GEN = 24, WINDOW = 16 };
+
+typedef struct gfix {
+    lm_backend *be;
+    lm_model *m;
+    int32_t ids[300], ref_greedy[GEN];
+    int n;
+} gfix;
+
+static bool gfix_open(gfix *f, const char *name) {
+    memset(f, 0, sizeof *f);
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) return false;
+    snprintf(rel, sizeof rel, "models/%s/reference.safetensors", name);
+    char *ref = lm_test_fixture_path(rel);
+    lm_safetensors st = { 0 };
+    f->be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    bool ok = f->be && lm_model_load(&f->m, dir, f->be, NULL) == 0 && lm_safetensors_open(&st, ref, NULL) == 0;
+    const lm_file_tensor *t = ok ? lm_safetensors_find(&st, "prompt2.ids") : NULL;
+    const lm_file_tensor *g = ok ? lm_safetensors_find(&st, "prompt2.greedy_ids") : NULL;
+    ok = t && g && t->shape[0] == 300 && g->shape[0] == GEN;
+    if (ok) {
+        f->n = 300;
+        memcpy(f->ids, t->data, sizeof f->ids);
+        memcpy(f->ref_greedy, g->data, sizeof f->ref_greedy);
+    }
+    if (st.tensors) lm_safetensors_close(&st);
+    free(dir);
+    free(ref);
+    return ok;
+}
+
+static void gfix_close(gfix *f) {
+    lm_model_free(f->m);
+    lm_backend_destroy(f->be);
+}
+
+/* Feeds the prompt in pieces (cuts: ascending positions where a piece ends;
+ * chunk: the runner's own limit per forward), then decodes GEN greedy tokens.
+ * last: the prompt's last logits. */
+static int run_cut(lm_model *m, const int32_t *ids, int n, const int *cuts, int n_cuts, int chunk, float *last,
+                   int32_t *out) {
+    lm_runner *r = NULL;
+    if (lm_runner_create(&r, m, n + GEN + 1, chunk, NULL)) return -1;
+    int V = m->cfg.vocab, at = 0, rc = 0;
+    float *lg = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i <= n_cuts && rc == 0; i++) {
+        int end = i < n_cuts ? cuts[i] : n;
+        if (end > at) rc = lm_runner_eval(r, ids + at, end - at, false, lg, NULL);
+        at = LM_MAX(at, end);
+    }
+    memcpy(last, lg, (size_t)V * sizeof(float));
+    for (int i = 0; rc == 0 && i < GEN; i++) {
+        out[i] = lm_argmax(lg, V);
+        rc = lm_runner_eval(r, &out[i], 1, false, lg, NULL);
+    }
+    free(lg);
+    lm_runner_free(r);
+    return rc;
+}
+
+static void chunked_prefill_exact(lm_test_ctx *lm_t_, const char *model, bool check_reference) {
+    gfix f;
+    if (!gfix_open(&f, model)) {
+        gfix_close(&f);
+        LM_SKIP("fixture %s not available", model);
+    }
+    LM_REQUIRE(f.m->cfg.sliding_window == WINDOW);
+    int V = f.m->cfg.vocab;
+    float *base = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    int32_t want[GEN], toks[GEN];
+    LM_REQUIRE(run_cut(f.m, f.ids, f.n, NULL, 0, 512, base, want) == 0);
+    if (check_reference)
+        LM_CHECK_MSG(memcmp(want, f.ref_greedy, sizeof want) == 0, "%s: greedy tokens differ from transformers'",
+                     model);
+    /* pieces ending at w-1, w, w+1 for every multiple w of the window */
+    int cuts[64], n_cuts = 0;
+    for (int w = WINDOW; w < f.n && n_cuts + 3 <= 64; w += WINDOW)
+        for (int d = -1; d <= 1; d++) cuts[n_cuts++] = w + d;
+    struct { const int *cuts; int n_cuts, chunk; } plans[] = {
+        { cuts, n_cuts, 512 }, /* 15, 1, 1, 14, 1, 1, ... */
+        { NULL, 0, WINDOW - 1 }, { NULL, 0, WINDOW }, { NULL, 0, WINDOW + 1 },
+        { NULL, 0, 2 * WINDOW + 1 }, { NULL, 0, 1 },
+    };
+    for (size_t p = 0; p < LM_COUNT(plans); p++) {
+        LM_REQUIRE(run_cut(f.m, f.ids, f.n, plans[p].cuts, plans[p].n_cuts, plans[p].chunk, got, toks) == 0);
+        double d = 0;
+        for (int i = 0; i < V; i++) d = fmax(d, fabs((double)got[i] - base[i]));
+        LM_CHECK_MSG(d <= 1e-4, "%s plan %zu (chunk %d): last logits differ by %g", model, p, plans[p].chunk, d);
+        LM_CHECK_MSG(memcmp(toks, want, sizeof toks) == 0, "%s plan %zu (chunk %d): greedy tokens differ", model, p,
+                     plans[p].chunk);
+    }
+    free(base);
+    free(got);
+    gfix_close(&f);
+}
+
+LM_TEST(gemma3_chunked_prefill_around_window_exact) { chunked_prefill_exact(lm_t_, "gemma3", true); }
+LM_TEST(gemma4_chunked_prefill_around_window_exact) { chunked_prefill_exact(lm_t_, "gemma4", false); }
+
+/* ---- concurrent requests through the engine --------------------------------- */
+
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[GEN];
+    int n;
+    bool done;
+    lm_finish finish;
+} collect;
+
+static void on_token(void *user, const lm_token_event *ev) {
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < GEN) c->toks[c->n++] = ev->token;
+    if (ev->done) {
+        c->done = true;
+        c->finish = ev->finish;
+    }
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collect_wait_done(collect *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int step_tokens) {
+    gfix f;
+    if (!gfix_open(&f, model)) {
+        gfix_close(&f);
+        LM_SKIP("fixture %s not available", model);
+    }
+    enum { N = 5 };
+    /* lengths on both sides of the window and its multiples, different offsets */
+    const int lens[N] = { WINDOW - 1, 300 - 4, WINDOW + 1, 2 * WINDOW, 97 };
+    const int offs[N] = { 3, 4, 0, 11, 1 };
+    int32_t solo[N][GEN];
+    float *last = malloc((size_t)f.m->cfg.vocab * sizeof(float));
+    for (int i = 0; i < N; i++) LM_REQUIRE(run_cut(f.m, f.ids + offs[i], lens[i], NULL, 0, 512, last, solo[i]) == 0);
+    free(last);
+    lm_engine_opts o = { .ctx = 512, .parallel = 3, .step_tokens = step_tokens };
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    collect c[N];
+    lm_request *req[N];
+    lm_gen_params p = { 0 };
+    p.sampling.top_p = 1;
+    p.repetition_penalty = 1;
+    p.max_tokens = GEN;
+    for (int i = 0; i < N; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        pthread_mutex_init(&c[i].mu, NULL);
+        pthread_cond_init(&c[i].cv, NULL);
+        LM_CHECK(lm_engine_submit(en, f.ids + offs[i], lens[i], &p, on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        collect_wait_done(&c[i]);
+        LM_CHECK_MSG(c[i].finish == LM_FINISH_LENGTH && c[i].n == GEN, "%s request %d: %d tokens", model, i, c[i].n);
+        LM_CHECK_MSG(memcmp(c[i].toks, solo[i], sizeof solo[i]) == 0,
+                     "%s request %d (len %d, steps of %d) differs from alone", model, i, lens[i], step_tokens);
+        lm_request_release(req[i]);
+        pthread_mutex_destroy(&c[i].mu);
+        pthread_cond_destroy(&c[i].cv);
+    }
+    lm_engine_free(en);
+    gfix_close(&f);
+}
+
+LM_TEST(engine_gemma3_concurrent_steps_15) { concurrent_equals_alone(lm_t_, "gemma3", WINDOW - 1); }
+LM_TEST(engine_gemma3_concurrent_steps_16) { concurrent_equals_alone(lm_t_, "gemma3", WINDOW); }
+LM_TEST(engine_gemma4_concurrent_steps_17) { concurrent_equals_alone(lm_t_, "gemma4", WINDOW + 1); }
+LM_TEST(engine_gemma4_concurrent_steps_16) { concurrent_equals_alone(lm_t_, "gemma4", WINDOW); }

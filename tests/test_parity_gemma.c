@@ -1,0 +1,200 @@
+/* test_parity_gemma.c - gemma3 and gemma4 against transformers 5.17's logits,
+ * and gemma's bad inputs failing with one line that names the file.
+ *
+ * Fixtures: ../shared/fixtures/models/{gemma3,gemma4} (sliding window 16,
+ * prompts of 7, 64 and 300 tokens), on the best ISA and on the scalar path;
+ * and two made for lumen in tests/data/gemma (see tools/gemma_fixtures):
+ *   gemma3-x  GQA 4:2, Dh 24, window 8, global layers with linear rope
+ *             scaling, final_logit_softcapping 1.5 and attn_logit_softcapping
+ *             3.0 (which transformers' gemma3 does not apply), D = 96 so
+ *             sqrt(D) is not a round number;
+ *   gemma4-x  7 layers, the last 3 sharing KV (sliding and full),
+ *             attention_k_eq_v with 1 global KV head, double-wide MLP in the
+ *             shared layers, global head width 48 with proportional rope,
+ *             per-layer inputs of width 8, final_logit_softcapping 2.0;
+ * each with its 300-token prompt only (window 8, so most of it is outside
+ * every sliding window). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/lm_file.h"
+#include "engine/lm_parity.h"
+#include "lm_test.h"
+#include "model/lm_model.h"
+#include "test_util.h"
+
+static void check_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads, int n_prompts) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
+    if (!be) LM_SKIP("%s backend unavailable here: %s", lm_cpu_isa_name(isa), e.msg);
+    lm_parity_result res;
+    int rc = lm_parity_run(dir, be, 1e-3, &res, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        char *js = lm_parity_json(dir, be, &res);
+        printf("  %s\n", js);
+        free(js);
+        LM_CHECK(res.n_prompts == n_prompts);
+        LM_CHECK(res.max_abs_err <= 1e-3);
+        LM_CHECK(res.cache_vs_full <= 1e-4);
+        for (int i = 0; i < res.n_prompts; i++) {
+            LM_CHECK(res.prompts[i].greedy_mismatch == 0);
+            LM_CHECK(res.prompts[i].greedy_steps == 24);
+            LM_CHECK(res.prompts[i].greedy_checked >= 12);
+        }
+        LM_CHECK(res.ok);
+    }
+    lm_backend_destroy(be);
+}
+
+static void shared_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    check_parity(lm_t_, dir, isa, threads, 3);
+    free(dir);
+}
+
+static void repo_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/data/gemma/%s", LUMEN_SOURCE_DIR, model);
+    check_parity(lm_t_, dir, isa, threads, 1);
+}
+
+LM_TEST(parity_gemma3) { shared_parity(lm_t_, "gemma3", LM_ISA_AUTO, 2); }
+LM_TEST(parity_gemma3_scalar) { shared_parity(lm_t_, "gemma3", LM_ISA_SCALAR, 1); }
+LM_TEST(parity_gemma4) { shared_parity(lm_t_, "gemma4", LM_ISA_AUTO, 2); }
+LM_TEST(parity_gemma4_scalar) { shared_parity(lm_t_, "gemma4", LM_ISA_SCALAR, 3); }
+LM_TEST(parity_gemma3_softcap_linear_rope) { repo_parity(lm_t_, "gemma3-x", LM_ISA_AUTO, 3); }
+LM_TEST(parity_gemma4_shared_kv_k_eq_v) { repo_parity(lm_t_, "gemma4-x", LM_ISA_AUTO, 2); }
+LM_TEST(parity_gemma4_shared_kv_k_eq_v_scalar) { repo_parity(lm_t_, "gemma4-x", LM_ISA_SCALAR, 1); }
+
+/* ---- bad inputs ----------------------------------------------------------- */
+
+static void expect_error(lm_test_ctx *lm_t_, const char *path, const char *needle1, const char *needle2) {
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, NULL);
+    lm_model *m = NULL;
+    lm_err e = { { 0 } };
+    int rc = lm_model_load(&m, path, be, &e);
+    LM_CHECK_MSG(rc == -1 && m == NULL, "loading %s should fail", path);
+    LM_CHECK_MSG(strstr(e.msg, needle1) != NULL, "message \"%s\" lacks \"%s\"", e.msg, needle1);
+    if (needle2) LM_CHECK_MSG(strstr(e.msg, needle2) != NULL, "message \"%s\" lacks \"%s\"", e.msg, needle2);
+    LM_CHECK_MSG(strchr(e.msg, '\n') == NULL, "message is not one line: %s", e.msg);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}
+
+/* In s (n bytes), replaces the first `from` by `to`, which has the same length. */
+static bool patch(char *s, size_t n, const char *from, const char *to) {
+    size_t k = strlen(from);
+    LM_ASSERT(strlen(to) == k);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(s + i, from, k)) {
+            memcpy(s + i, to, k);
+            return true;
+        }
+    return false;
+}
+
+/* A copy of the repo fixture `model` with `from` replaced by `to` in
+ * config.json (cfg) or in model.safetensors' header (!cfg). */
+static char *variant(const char *model, const char *tag, bool cfg, const char *from, const char *to) {
+    char src[512];
+    snprintf(src, sizeof src, "%s/tests/data/gemma/%s", LUMEN_SOURCE_DIR, model);
+    char *dir = lm_tu_mkdir(tag);
+    const char *files[] = { "config.json", "model.safetensors" };
+    for (int i = 0; i < 2; i++) {
+        char *p = lm_path_join(src, files[i]), *q = lm_path_join(dir, files[i]);
+        size_t n = 0;
+        char *d = lm_tu_read(p, &n);
+        LM_ASSERT(d);
+        if (cfg == (i == 0)) {
+            /* configs may differ in spacing: callers pass text as it appears */
+            bool ok = patch(d, n, from, to);
+            LM_ASSERT(ok);
+        }
+        lm_tu_write(q, d, n);
+        free(d);
+        free(p);
+        free(q);
+    }
+    return dir;
+}
+
+LM_TEST(gemma_load_missing_tensor) {
+    char *dir = variant("gemma4-x", "g4-missing", false, "model.per_layer_projection_norm.weight",
+                        "model.per_layer_projectiXn_norm.weight");
+    expect_error(lm_t_, dir, "model.safetensors: missing tensor", "model.per_layer_projection_norm.weight");
+    free(dir);
+    dir = variant("gemma4-x", "g4-missing-k", false, "model.layers.3.self_attn.k_norm.weight",
+                  "model.layers.3.self_attn.k_nXrm.weight");
+    expect_error(lm_t_, dir, "model.safetensors: missing tensor", "layers.3.self_attn.k_norm.weight");
+    free(dir);
+    dir = variant("gemma3-x", "g3-missing", false, "model.layers.2.post_feedforward_layernorm.weight",
+                  "model.layers.2.post_feedforward_layernorX.weight");
+    expect_error(lm_t_, dir, "model.safetensors: missing tensor", "layers.2.post_feedforward_layernorm");
+    free(dir);
+}
+
+LM_TEST(gemma_load_wrong_shape) {
+    /* the sliding layers' head width: q_proj no longer matches */
+    char *dir = variant("gemma4-x", "g4-shape", true, "\"head_dim\": 16", "\"head_dim\": 32");
+    expect_error(lm_t_, dir, "model.safetensors: tensor \"model.layers.0.self_attn.q_proj.weight\" has shape",
+                 "expected [128, 96]");
+    free(dir);
+    dir = variant("gemma4-x", "g4-ple", true, "\"hidden_size_per_layer_input\": 8",
+                  "\"hidden_size_per_layer_input\": 9");
+    expect_error(lm_t_, dir, "model.safetensors: tensor \"model.embed_tokens_per_layer.weight\" has shape",
+                 "expected [1024, 63]");
+    free(dir);
+    dir = variant("gemma3-x", "g3-shape", true, "\"intermediate_size\": 160", "\"intermediate_size\": 161");
+    expect_error(lm_t_, dir, "model.safetensors: tensor \"model.layers.0.mlp.gate_proj.weight\" has shape",
+                 "expected [161, 96]");
+    free(dir);
+    /* without the double-wide MLP the shared layers' MLP is half as wide */
+    dir = variant("gemma4-x", "g4-wide", true, "\"use_double_wide_mlp\": true,", "\"use_double_wide_mlp\":false,");
+    expect_error(lm_t_, dir, "tensor \"model.layers.4.mlp.gate_proj.weight\" has shape", "expected [128, 96]");
+    free(dir);
+}
+
+LM_TEST(gemma_load_bad_config) {
+    struct { const char *model, *from, *to, *needle; } cases[] = {
+        { "gemma4-x", "\"enable_moe_block\": false", "\"enable_moe_block\": true ", "mixture-of-experts" },
+        { "gemma3-x", "\"use_bidirectional_attention\": false", "\"use_bidirectional_attention\": true ",
+          "bidirectional" },
+        { "gemma3-x", "\"full_attention\",", "\"fuzz_attention\",", "layer_types[1] is \"fuzz_attention\"" },
+        { "gemma4-x", "\"num_kv_shared_layers\": 3", "\"num_kv_shared_layers\": 7", "leaves no layer" },
+        { "gemma4-x", "\"num_kv_shared_layers\": 3", "\"num_kv_shared_layers\": 6",
+          "no earlier layer is full attention" },
+        { "gemma4-x", "\"rope_type\": \"proportional\"", "\"rope_type\": \"dynamicxxxxx\"",
+          "unsupported rope type \"dynamicxxxxx\"" },
+        { "gemma3-x", "\"hidden_activation\": \"gelu_pytorch_tanh\"", "\"hidden_activation\": \"silu\"             ",
+          "gelu" },
+        { "gemma4-x", "\"head_dim\": 48,", "\"head_dix\": 48,", "per_layer_config[2].head_dix is not supported" },
+        { "gemma4-x", "\"head_dim\": 48,", "\"head_dim\": 32,", "layer 6 shares KV with layer 2 of another head shape" },
+    };
+    for (size_t i = 0; i < LM_COUNT(cases); i++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "gemma-cfg-%zu", i);
+        char *dir = variant(cases[i].model, tag, true, cases[i].from, cases[i].to);
+        expect_error(lm_t_, dir, "config.json", cases[i].needle);
+        free(dir);
+    }
+}
+
+/* The loaded shapes say what the config meant: gemma4-x's KV cache has the
+ * 4 non-shared layers and the width of the widest layer. */
+LM_TEST(gemma_load_kv_layout) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/data/gemma/gemma4-x", LUMEN_SOURCE_DIR);
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, NULL);
+    lm_model *m = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
+    LM_CHECK(m->n_kv_layers == 4);
+    LM_CHECK(m->kv_width == 48); /* sliding: 2 KV heads of 16; global: 1 of 48 */
+    LM_CHECK(lm_model_kv_bytes_per_token(m) == 4 * 2 * 48 * sizeof(float));
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}
