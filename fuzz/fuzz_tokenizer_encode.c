@@ -4,8 +4,32 @@
  * (not necessarily UTF-8). Every id must be inside the vocabulary, decoding
  * must keep the invariants of fuzz_tokenizer_common.h (skipping special
  * tokens when add_special is set), and without special tokens the byte-level
- * tokenizer must give back the (UTF-8-repaired) text. */
+ * tokenizer must give back the (UTF-8-repaired) text. The Unicode normal
+ * forms must equal utf8proc run on the whole text. */
 #include "fuzz_tokenizer_common.h"
+
+#include <utf8proc.h>
+
+/* The normal forms skip characters they leave alone; the result must equal
+ * utf8proc on the whole string. */
+static void check_forms(const char *s, size_t n) {
+    static const tok_norm_kind kinds[] = { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD };
+    static const int opts[] = { UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+                                UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT };
+    for (int k = 0; k < 4; k++) {
+        tok_normalizer nz = { .kind = kinds[k] };
+        lm_tok_str out = { 0 }, tmp = { 0 };
+        tok_regex_scratch rs = { 0 };
+        tok_normalize(&nz, s, n, &out, &tmp, &rs);
+        utf8proc_uint8_t *want = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &want,
+                                          (utf8proc_option_t)(opts[k] | UTF8PROC_STABLE));
+        LM_ASSERT(r >= 0 && (size_t)r == out.len && !memcmp(want, out.s, out.len));
+        free(want);
+        lm_tok_str_free(&out);
+        lm_tok_str_free(&tmp);
+    }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -29,6 +53,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         LM_ASSERT(out.len == want.len && !memcmp(out.s, want.s, want.len));
         lm_tok_str_free(&want);
     }
+    lm_tok_str clean = { 0 };
+    tok_utf8_lossy(&clean, text, n);
+    tok_str_reserve(&clean, 0);
+    check_forms(clean.s, clean.len);
+    lm_tok_str_free(&clean);
     lm_tok_str_free(&out);
     lm_tok_ids_free(&ids);
     return 0;
