@@ -71,8 +71,9 @@ typedef struct lm_rope_params {
 /* Mixture of experts (moe op): E experts, each a SiLU-gated MLP
  *   expert_e(x) = down_e (silu(gate_e x) * up_e x)
  * with gate_e, up_e [F][D] and down_e [D][F] in any weight dtype. Each token
- * picks the top_k experts by router logit (ties: lowest expert index first,
- * as torch.topk on CUDA), weights them by the softmax over all E logits,
+ * picks the top_k experts by router logit (exact ties: lowest expert index
+ * first, as torch.topk on CUDA; its CPU kernel picks among tied experts in no
+ * fixed order), weights them by the softmax over all E logits,
  * renormalised over the chosen k when norm_topk (HF norm_topk_prob), then
  * times expert_scale[e] when given, and sums the weighted expert outputs in
  * ascending expert order. A fused checkpoint tensor ([E][2F][D]) is passed as

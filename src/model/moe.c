@@ -120,9 +120,12 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
     char n2[192];
     snprintf(n, sizeof n, nt->gate_up, l);
     snprintf(n2, sizeof n2, nt->down_fused, l);
-    if (lm_bind_has(b, n) || lm_bind_has(b, n2)) {
-        if (!lm_bind_has(b, n) || !lm_bind_has(b, n2)) {
-            lm_errf(b->e, "%s: fused experts need both \"%s\" and \"%s\"", m->path, n, n2);
+    bool has_gu = lm_bind_has(b, n), has_dn = lm_bind_has(b, n2);
+    if (has_gu || has_dn) {
+        if (!has_gu || !has_dn) {
+            const char *file = NULL;
+            lm_weights_find(&m->src, has_gu ? n : n2, &file);
+            lm_errf(b->e, "%s: fused experts \"%s\" without \"%s\"", file, has_gu ? n : n2, has_gu ? n2 : n);
             b->failed = 1;
             return;
         }
