@@ -148,6 +148,51 @@ static const tpl_case k_loops[] = {
     { "{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}{% for x in l %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}",
       "37abc" },
 
+    { "{% for x in [1, 2] %}{{ x }}{% break %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% if loop.last %}{% continue %}{% endif %}{{ x }}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% if loop.first %}{% continue %}{% endif %}{{ x }}{% else %}E{% endfor %}",
+      "1E|1|2" },
+
+};
+
+static const tpl_case k_filters[] = {
+    { "{{ [3, 1]|sort(attribute='0') }}|{{ msgs|sort(attribute='nope')|map(attribute='role')|join }}|{{ x is callable }}|{{ [1, 2]|truncate(10) }}|{{ x|truncate(3) }}",
+      "[3, 1]|systemuserassistanttool|True|[1, 2]|" },
+
+    { "{{ n|sort }}|{{ n|sort(reverse=true) }}|{{ ['b', 'A', 'c']|sort }}|{{ ['b', 'A', 'c']|sort(case_sensitive=true) }}|{{ msgs|sort(attribute='role')|map(attribute='role')|join(',') }}",
+      "[1, 2, 3]|[3, 2, 1]|['A', 'b', 'c']|['A', 'b', 'c']|assistant,system,tool,user" },
+
+    { "{{ n|max }}{{ n|min }}{{ n|sum }}{{ n|first }}{{ n|last }}{{ n|length }}{{ n|count }}|{{ n|reverse|list }}|{{ 'abc'|reverse }}|{{ n|list }}|{{ 'ab'|list }}",
+      "3163233|[2, 1, 3]|cba|[3, 1, 2]|['a', 'b']" },
+
+    { "{{ d|dictsort }}|{{ d|dictsort(by='value', reverse=true) }}|{{ d|items|list }}|{{ undefined_x|items|list }}",
+      "[('x', 1), ('y', 2)]|[('y', 2), ('x', 1)]|[('x', 1), ('y', 2)]|[]" },
+
+    { "{{ msgs|map(attribute='role')|join(', ') }}|{{ msgs|selectattr('role', 'equalto', 'user')|list|length }}|{{ msgs|rejectattr('content')|map(attribute='role')|list }}|{{ msgs|selectattr('content', 'none')|list|length }}",
+      "system, user, assistant, tool|1|['assistant']|1" },
+
+    { "{{ [1, 2, 3, 4]|select('odd')|list }}|{{ [1, 2, 3, 4]|reject('even')|list }}|{{ ['a', 'b']|map('upper')|list }}|{{ [0, 1, '', 'x']|select|list }}|{{ [1, 1, 2, 'a', 'A']|unique|list }}|{{ msgs|map(attribute='nope', default='-')|join }}",
+      "[1, 3]|[1, 3]|['A', 'B']|[1, 'x']|[1, 2, 'a']|----" },
+
+    { "{{ 3.7|int }}|{{ '12'|int }}|{{ 'x'|int(5) }}|{{ '0x1f'|int(0, 16) }}|{{ '3.5'|float }}|{{ 'x'|float }}|{{ 2.567|round(2) }}|{{ 2.5|round }}|{{ 3.5|round }}|{{ 2.1|round(0, 'ceil') }}|{{ 7|round }}",
+      "3|12|5|31|3.5|0.0|2.57|2.0|4.0|3.0|7" },
+
+    { "{{ '  a b  '|trim }}|{{ 'xxa'|trim('x') }}|{{ 'Hello World'|lower }}{{ 'Hello'|upper }}|{{ 'hello-world (x)'|title }}|{{ 'hELLO'|capitalize }}|{{ 'a b  c'|wordcount }}|{{ 'hello'|replace('l', 'L') }}|{{ 'x'|center(5) }}",
+      "a b|a|hello worldHELLO|Hello-World (X)|Hello|3|heLLo|  x  " },
+
+    { "{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\n\\nb'|indent(2, blank=true) }}|{{ 'x'|indent('> ', first=true) }}",
+      "a\n  b\n\n  c|  a\n  b|a\n  \n  b|> x" },
+
+    { "{{ undefined_x|default('d') }}|{{ ''|default('e', true) }}|{{ none|default('n') }}|{{ none|d('n', true) }}|{{ 0|string }}{{ none|string }}{{ true|string }}|{{ [1, none]|join('|') }}|{{ n|join }}",
+      "d|e|None|n|0NoneTrue|1|None|312" },
+
+    { "{{ '<a href=\"x\">&\\'</a>'|e }}|{{ '<b>'|safe }}|{{ ('<' ~ ('<b>'|safe)) }}|{{ '%s=%s'|format('a', 1) }}|{{ 'Hello world foo bar'|truncate(13) }}|{{ [1, 2, 3]|batch(2)|list }}",
+      "&lt;a href=&#34;x&#34;&gt;&amp;&#39;&lt;/a&gt;|<b>|<<b>|a=1|Hello...|[[1, 2], [3]]" },
+
+    { "{{ msgs|groupby('role')|map(attribute='grouper')|list }}|{% for k, items in msgs|groupby('role') %}{{ k }}{{ items|length }}{% endfor %}|{{ n|map('string')|join('+') }}|{{ d|attr('keys') is callable }}",
+      "['assistant', 'system', 'tool', 'user']|assistant1system1tool1user1|3+1+2|True" },
+
+    { "{{ 'The quick brown fox jumps over the lazy dog'|wordwrap(10) }}|{{ '  well-known hyphen-ated words'|wordwrap(8, wrapstring='/') }}|{{ 'supercalifragilistic'|wordwrap(6) }}|{{ 'a\\n\\nb c'|wordwrap(3) }}",
+      "The quick\nbrown fox\njumps over\nthe lazy\ndog|  well-/known/hyphen-/ated/words|superc\nalifra\ngilist\nic|a\n\nb c" },
+
 };
 
 static const tpl_case k_statements[] = {
@@ -195,45 +240,6 @@ static const tpl_case k_strings[] = {
 
     { "{{ '123'.isdigit() }}{{ 'ab'.isalpha() }}{{ 'a1'.isalnum() }}{{ ' '.isspace() }}{{ 'AB'.isupper() }}{{ 'ab'.islower() }}",
       "TrueTrueTrueTrueTrueTrue" },
-
-};
-
-static const tpl_case k_filters[] = {
-    { "{{ n|sort }}|{{ n|sort(reverse=true) }}|{{ ['b', 'A', 'c']|sort }}|{{ ['b', 'A', 'c']|sort(case_sensitive=true) }}|{{ msgs|sort(attribute='role')|map(attribute='role')|join(',') }}",
-      "[1, 2, 3]|[3, 2, 1]|['A', 'b', 'c']|['A', 'b', 'c']|assistant,system,tool,user" },
-
-    { "{{ n|max }}{{ n|min }}{{ n|sum }}{{ n|first }}{{ n|last }}{{ n|length }}{{ n|count }}|{{ n|reverse|list }}|{{ 'abc'|reverse }}|{{ n|list }}|{{ 'ab'|list }}",
-      "3163233|[2, 1, 3]|cba|[3, 1, 2]|['a', 'b']" },
-
-    { "{{ d|dictsort }}|{{ d|dictsort(by='value', reverse=true) }}|{{ d|items|list }}|{{ undefined_x|items|list }}",
-      "[('x', 1), ('y', 2)]|[('y', 2), ('x', 1)]|[('x', 1), ('y', 2)]|[]" },
-
-    { "{{ msgs|map(attribute='role')|join(', ') }}|{{ msgs|selectattr('role', 'equalto', 'user')|list|length }}|{{ msgs|rejectattr('content')|map(attribute='role')|list }}|{{ msgs|selectattr('content', 'none')|list|length }}",
-      "system, user, assistant, tool|1|['assistant']|1" },
-
-    { "{{ [1, 2, 3, 4]|select('odd')|list }}|{{ [1, 2, 3, 4]|reject('even')|list }}|{{ ['a', 'b']|map('upper')|list }}|{{ [0, 1, '', 'x']|select|list }}|{{ [1, 1, 2, 'a', 'A']|unique|list }}|{{ msgs|map(attribute='nope', default='-')|join }}",
-      "[1, 3]|[1, 3]|['A', 'B']|[1, 'x']|[1, 2, 'a']|----" },
-
-    { "{{ 3.7|int }}|{{ '12'|int }}|{{ 'x'|int(5) }}|{{ '0x1f'|int(0, 16) }}|{{ '3.5'|float }}|{{ 'x'|float }}|{{ 2.567|round(2) }}|{{ 2.5|round }}|{{ 3.5|round }}|{{ 2.1|round(0, 'ceil') }}|{{ 7|round }}",
-      "3|12|5|31|3.5|0.0|2.57|2.0|4.0|3.0|7" },
-
-    { "{{ '  a b  '|trim }}|{{ 'xxa'|trim('x') }}|{{ 'Hello World'|lower }}{{ 'Hello'|upper }}|{{ 'hello-world (x)'|title }}|{{ 'hELLO'|capitalize }}|{{ 'a b  c'|wordcount }}|{{ 'hello'|replace('l', 'L') }}|{{ 'x'|center(5) }}",
-      "a b|a|hello worldHELLO|Hello-World (X)|Hello|3|heLLo|  x  " },
-
-    { "{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\n\\nb'|indent(2, blank=true) }}|{{ 'x'|indent('> ', first=true) }}",
-      "a\n  b\n\n  c|  a\n  b|a\n  \n  b|> x" },
-
-    { "{{ undefined_x|default('d') }}|{{ ''|default('e', true) }}|{{ none|default('n') }}|{{ none|d('n', true) }}|{{ 0|string }}{{ none|string }}{{ true|string }}|{{ [1, none]|join('|') }}|{{ n|join }}",
-      "d|e|None|n|0NoneTrue|1|None|312" },
-
-    { "{{ '<a href=\"x\">&\\'</a>'|e }}|{{ '<b>'|safe }}|{{ ('<' ~ ('<b>'|safe)) }}|{{ '%s=%s'|format('a', 1) }}|{{ 'Hello world foo bar'|truncate(13) }}|{{ [1, 2, 3]|batch(2)|list }}",
-      "&lt;a href=&#34;x&#34;&gt;&amp;&#39;&lt;/a&gt;|<b>|<<b>|a=1|Hello...|[[1, 2], [3]]" },
-
-    { "{{ msgs|groupby('role')|map(attribute='grouper')|list }}|{% for k, items in msgs|groupby('role') %}{{ k }}{{ items|length }}{% endfor %}|{{ n|map('string')|join('+') }}|{{ d|attr('keys') is callable }}",
-      "['assistant', 'system', 'tool', 'user']|assistant1system1tool1user1|3+1+2|True" },
-
-    { "{{ 'The quick brown fox jumps over the lazy dog'|wordwrap(10) }}|{{ '  well-known hyphen-ated words'|wordwrap(8, wrapstring='/') }}|{{ 'supercalifragilistic'|wordwrap(6) }}|{{ 'a\\n\\nb c'|wordwrap(3) }}",
-      "The quick\nbrown fox\njumps over\nthe lazy\ndog|  well-/known/hyphen-/ated/words|superc\nalifra\ngilist\nic|a\n\nb c" },
 
 };
 

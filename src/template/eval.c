@@ -283,7 +283,7 @@ static tpl_val repeat(tpl_rt *rt, tpl_val seq, int64_t k) {
 static tpl_val binop(tpl_rt *rt, tpl_binop op, tpl_val a, tpl_val b) {
     if (a.t == TV_UNDEF) tpl_undef_fail(rt, a);
     if (b.t == TV_UNDEF) tpl_undef_fail(rt, b);
-    if ((a.t == TV_LIST && (a.flags & TVF_GEN)) || (b.t == TV_LIST && (b.flags & TVF_GEN)))
+    if ((a.t == TV_LIST && (a.flags & TVF_NOT_LIST)) || (b.t == TV_LIST && (b.flags & TVF_NOT_LIST)))
         tpl_rt_raise(rt, "unsupported operand type(s) for %s: '%s' and '%s'", op_sym(op), tpl_type_name(&a),
                      tpl_type_name(&b));
     if (is_num(a) && is_num(b)) {
@@ -736,6 +736,10 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
         if (n->list2.n) return exec_body(rt, scope_new(rt, sc), n->list2);
         return FLOW_NORMAL;
     }
+    /* jinja2 runs the else block unless some iteration reached the end of
+     * the body: a loop left by break, or whose every iteration ended in
+     * continue, still renders it */
+    bool completed = false;
     tpl_loop *L = tpl_rt_alloc(rt, sizeof *L);
     L->items = items;
     L->depth0 = depth0;
@@ -758,8 +762,10 @@ static flow run_for(tpl_rt *rt, tpl_scope *sc, const tpl_node *n, tpl_val iterab
         assign(rt, it, n->a, items->v[i]);
         flow f = exec_body(rt, it, n->list);
         if (f == FLOW_BREAK) break;
+        if (f == FLOW_NORMAL) completed = true;
     }
     rt->depth--;
+    if (!completed && n->list2.n) return exec_body(rt, scope_new(rt, sc), n->list2);
     return FLOW_NORMAL;
 }
 

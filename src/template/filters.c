@@ -103,8 +103,9 @@ static tpl_val fold_case(tpl_rt *rt, tpl_val v, bool case_sensitive) {
     return v;
 }
 
-/* Stable merge sort of vals by keys. */
-static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool reverse) {
+/* Stable merge sort of vals by keys. eq_first: keys equal by == never
+ * reach '<' (jinja2's sort compares [key] lists, which test == first). */
+static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool reverse, bool eq_first) {
     if (n < 2) return;
     tpl_val *tv = tpl_rt_alloc(rt, n * sizeof *tv), *tk = tpl_rt_alloc(rt, n * sizeof *tk);
     for (size_t w = 1; w < n; w *= 2) {
@@ -112,7 +113,7 @@ static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool r
             size_t mid = LM_MIN(lo + w, n), hi = LM_MIN(lo + 2 * w, n), i = lo, j = mid, k = lo;
             tpl_tick(rt, hi - lo);
             while (i < mid && j < hi) {
-                int c = tpl_cmp(rt, keys[j], keys[i]);
+                int c = eq_first && tpl_eq(rt, keys[j], keys[i]) ? 0 : tpl_cmp(rt, keys[j], keys[i]);
                 bool take_right = reverse ? c > 0 : c < 0;
                 if (take_right) tv[k] = vals[j], tk[k++] = keys[j++];
                 else tv[k] = vals[i], tk[k++] = keys[i++];
@@ -222,7 +223,7 @@ static tpl_val f_dictsort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         keys[i] = fold_case(rt, pos ? v.u.d->v[i] : v.u.d->k[i], cs);
     }
     out.u.l->n = n;
-    sort_vals(rt, out.u.l->v, keys, n, rev);
+    sort_vals(rt, out.u.l->v, keys, n, rev, false);
     return out;
 }
 
@@ -372,7 +373,7 @@ static tpl_val f_groupby(tpl_rt *rt, tpl_val v, tpl_argv *av) {
         if (k.t == TV_UNDEF && has_default) k = dflt;
         keys[i] = fold_case(rt, k, cs);
     }
-    sort_vals(rt, vals, keys, n, false);
+    sort_vals(rt, vals, keys, n, false, false);
     tpl_val out = tv_list(rt, 0);
     for (size_t i = 0; i < n;) {
         size_t j = i;
@@ -651,7 +652,7 @@ static tpl_val f_sort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     l->n = src->n;
     tpl_val *keys = tpl_rt_alloc(rt, (l->n + 1) * sizeof *keys);
     for (size_t i = 0; i < l->n; i++) keys[i] = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
-    sort_vals(rt, l->v, keys, l->n, rev);
+    sort_vals(rt, l->v, keys, l->n, rev, true);
     tpl_val out = { 0 };
     out.t = TV_LIST;
     out.u.l = l;
@@ -785,7 +786,12 @@ static tpl_val f_truncate(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_arg(av, 2, "end", &end);
     int64_t leeway = arg_int(rt, av, 3, "leeway", 5);
     tpl_args_done(rt, av, 4, "truncate");
-    tpl_val s = need_str(rt, v);
+    if (v.t != TV_STR) { /* jinja2 takes len() of whatever it gets */
+        int64_t len = tpl_len(rt, v);
+        if (len <= length + LM_MAX(leeway, 0)) return v;
+        tpl_rt_raise(rt, "'%s' object cannot be truncated", tpl_type_name(&v));
+    }
+    tpl_val s = v;
     end = need_str(rt, end);
     int64_t n = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n), ne = (int64_t)tpl_utf8_len(end.u.s.p, end.u.s.n);
     if (length < ne) tpl_rt_raise(rt, "expected length >= %lld, got %lld", (long long)ne, (long long)length);
@@ -928,6 +934,8 @@ static tpl_val f_wordwrap(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     bool hyphens = arg_bool(rt, av, 3, "break_on_hyphens", true);
     tpl_args_done(rt, av, 4, "wordwrap");
     if (width <= 0) tpl_rt_raise(rt, "invalid width %lld (must be > 0)", (long long)width);
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+    if (v.t != TV_STR) tpl_rt_raise(rt, "'%s' object has no attribute 'splitlines'", tpl_type_name(&v));
     ws = need_str(rt, ws);
     tpl_list *lines = split_lines(rt, tpl_sv(need_str(rt, v)));
     tpl_buf b = { 0 };
@@ -1103,7 +1111,7 @@ bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
     if (IS("iterable")) return v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF || v.t == TV_LOOP;
     if (IS("sequence"))
         return v.t == TV_STR || (v.t == TV_LIST && !(v.flags & TVF_GEN)) || v.t == TV_DICT || v.t == TV_UNDEF;
-    if (IS("callable")) return v.t == TV_FUNC || v.t == TV_LOOP;
+    if (IS("callable")) return v.t == TV_FUNC || v.t == TV_LOOP || v.t == TV_UNDEF; /* Undefined has __call__ */
     if (IS("escaped")) return v.t == TV_STR && (v.flags & TVF_MARKUP);
     if (IS("even") || IS("odd")) { /* value % 2 == 0 / == 1, Python semantics */
         if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
