@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/lm_file.h"
 #include "engine/lm_engine.h"
@@ -420,6 +421,19 @@ static void engine_case(lm_test_ctx *lm_t_, const char *fixture, int step_tokens
         LM_CHECK(c[i].finish == LM_FINISH_LENGTH && c[i].n == GEN);
         LM_CHECK_MSG(memcmp(c[i].toks, solo[i], sizeof solo[i]) == 0, "%s: request %d (len %d) differs from alone",
                      fixture, i, lens[i]);
+    }
+    /* Release only once the engine has let go of every request: the engine
+     * reads a finished request's state after its final event (drop_done
+     * after take_token), so a release right at the final event can free it
+     * under the engine (ASan: heap-use-after-free in drop_done). */
+    lm_engine_stats es;
+    for (int i = 0; i < 5000; i++) {
+        lm_engine_get_stats(en, &es);
+        if (es.running == 0 && es.queued == 0) break;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < N; i++) {
         lm_request_release(req[i]);
         pthread_mutex_destroy(&c[i].mu);
         pthread_cond_destroy(&c[i].cv);
