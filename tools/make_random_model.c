@@ -1,6 +1,8 @@
-/* make_random_model.c - writes a Hugging Face Llama checkpoint with random weights.
+/* make_random_model.c - writes a Hugging Face checkpoint with random weights:
+ * Llama, or a Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
  *
- *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny
+ *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|
+ *                                     qwen3.5-0.8b|qwen3.5-2b|qwen3.5-tiny
  *                     [--seed N] [--layers N] [--dtype bf16|f32]
  *                     [--config-style hub|v5] [--threads N]
  *
@@ -12,7 +14,8 @@
  *   safetensors library does, and given consecutive data offsets in that
  *   order. The header is JSON with "__metadata__" first, padded with spaces so
  *   that 8 + header length is a multiple of 8 (data then starts 8-aligned).
- * - Weights are normal(0, 0.02), norms are 1. Values are produced in chunks
+ * - Weights are normal(0, 0.02), norms are 1 (Qwen3.5's zero-centred
+ *   (1 + w) norms are 0, so they scale by 1 too). Values are produced in chunks
  *   of 2^20 elements; each chunk has its own xorshift64* state derived with
  *   splitmix64 from (seed, tensor index in sorted order, chunk index), and
  *   Box-Muller turns pairs of uniforms into pairs of normals (the angle's
@@ -60,17 +63,31 @@ typedef struct shape {
     bool tied;
     double rms_eps;
     int bos, eos, pad; /* -1 = null / absent */
+    /* Qwen3.5 hybrids (lin_k_heads > 0): Gated DeltaNet heads and widths, the
+     * conv kernel, every full_every-th layer full attention, partial rope */
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel, full_every;
+    double partial_rotary;
 } shape;
 
 static const shape SHAPES[] = {
     { "llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, 128256, 500000.0,
-      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1 },
+      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0 },
     { "llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, 500000.0,
-      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1 },
+      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0 },
     /* the fixtures' tokenizer: vocab 1024, eos 2, pad 0, no bos */
     { "tiny", 64, 176, 2, 4, 2, 16, 1024, 10000.0,
-      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0 },
+      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0 },
+    /* Qwen3.5 text models (Qwen/Qwen3.5-0.8B, -2B): 3 DeltaNet : 1 attention */
+    { "qwen3.5-0.8b", 1024, 3584, 24, 8, 2, 256, 248320, 10000000.0,
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25 },
+    { "qwen3.5-2b", 2048, 6144, 24, 8, 2, 256, 248320, 10000000.0,
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25 },
+    { "qwen3.5-tiny", 64, 128, 4, 4, 2, 32, 1024, 10000000.0,
+      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25 },
 };
+
+static bool is_hybrid(const shape *s) { return s->lin_k_heads > 0; }
+static bool layer_is_linear(const shape *s, int l) { return (l + 1) % s->full_every != 0; }
 
 /* ---- tensors ------------------------------------------------------------- */
 
@@ -78,6 +95,8 @@ typedef struct tensor {
     char name[96];
     int64_t rows, cols; /* cols == 0: a vector of rows elements */
     bool ones;          /* norm weight: all 1 */
+    bool zeros;         /* zero-centred norm weight (used as 1 + w): all 0 */
+    bool conv;          /* depthwise conv weight: shape [rows, 1, cols] */
     uint64_t index;     /* position in sorted order, part of the RNG seed */
     uint64_t offset, bytes;
 } tensor;
@@ -87,7 +106,7 @@ typedef struct tensor_list {
     size_t n, cap;
 } tensor_list;
 
-static void add_tensor(tensor_list *l, const char *name, int64_t rows, int64_t cols, bool ones) {
+static tensor *add_tensor(tensor_list *l, const char *name, int64_t rows, int64_t cols, bool ones) {
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 64;
         l->t = lm_xrealloc(l->t, l->cap * sizeof *l->t);
@@ -99,6 +118,7 @@ static void add_tensor(tensor_list *l, const char *name, int64_t rows, int64_t c
     t->rows = rows;
     t->cols = cols;
     t->ones = ones;
+    return t;
 }
 
 static int64_t tensor_numel(const tensor *t) { return t->cols ? t->rows * t->cols : t->rows; }
@@ -107,11 +127,48 @@ static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const tensor *)a)->name, ((const tensor *)b)->name);
 }
 
+/* Qwen3.5 (Qwen3_5ForCausalLM) names: linear_attn.* on DeltaNet layers,
+ * self_attn.* (q_proj carries q and its output gate per head) on the others. */
+static void build_hybrid_layer(tensor_list *l, const shape *s, int i) {
+    char nm[96];
+    int64_t h = s->hidden, q = (int64_t)s->heads * s->head_dim, kv = (int64_t)s->kv_heads * s->head_dim;
+    int64_t kd = (int64_t)s->lin_k_heads * s->lin_k_dim, vd = (int64_t)s->lin_v_heads * s->lin_v_dim;
+#define T(suffix, r, c, one) (snprintf(nm, sizeof nm, "model.layers.%d.%s", i, suffix), add_tensor(l, nm, r, c, one))
+    T("input_layernorm.weight", h, 0, false)->zeros = true;
+    T("post_attention_layernorm.weight", h, 0, false)->zeros = true;
+    if (layer_is_linear(s, i)) {
+        T("linear_attn.in_proj_qkv.weight", 2 * kd + vd, h, false);
+        T("linear_attn.in_proj_z.weight", vd, h, false);
+        T("linear_attn.in_proj_b.weight", s->lin_v_heads, h, false);
+        T("linear_attn.in_proj_a.weight", s->lin_v_heads, h, false);
+        T("linear_attn.conv1d.weight", 2 * kd + vd, s->conv_kernel, false)->conv = true;
+        T("linear_attn.A_log", s->lin_v_heads, 0, false);
+        T("linear_attn.dt_bias", s->lin_v_heads, 0, false);
+        T("linear_attn.norm.weight", s->lin_v_dim, 0, true);
+        T("linear_attn.out_proj.weight", h, vd, false);
+    } else {
+        T("self_attn.q_proj.weight", 2 * q, h, false);
+        T("self_attn.k_proj.weight", kv, h, false);
+        T("self_attn.v_proj.weight", kv, h, false);
+        T("self_attn.o_proj.weight", h, q, false);
+        T("self_attn.q_norm.weight", s->head_dim, 0, false)->zeros = true;
+        T("self_attn.k_norm.weight", s->head_dim, 0, false)->zeros = true;
+    }
+    T("mlp.gate_proj.weight", s->intermediate, h, false);
+    T("mlp.up_proj.weight", s->intermediate, h, false);
+    T("mlp.down_proj.weight", h, s->intermediate, false);
+#undef T
+}
+
 static void build_tensors(tensor_list *l, const shape *s) {
     char nm[96];
     int64_t h = s->hidden, q = (int64_t)s->heads * s->head_dim, kv = (int64_t)s->kv_heads * s->head_dim;
     add_tensor(l, "model.embed_tokens.weight", s->vocab, h, false);
     for (int i = 0; i < s->layers; i++) {
+        if (is_hybrid(s)) {
+            build_hybrid_layer(l, s, i);
+            continue;
+        }
 #define T(suffix, r, c, one)                                          \
     do {                                                              \
         snprintf(nm, sizeof nm, "model.layers.%d.%s", i, suffix);     \
@@ -128,7 +185,7 @@ static void build_tensors(tensor_list *l, const shape *s) {
         T("mlp.down_proj.weight", h, s->intermediate, false);
 #undef T
     }
-    add_tensor(l, "model.norm.weight", h, 0, true);
+    add_tensor(l, "model.norm.weight", h, 0, !is_hybrid(s))->zeros = is_hybrid(s);
     if (!s->tied) add_tensor(l, "lm_head.weight", s->vocab, h, false);
     qsort(l->t, l->n, sizeof *l->t, cmp_tensor_name);
     for (size_t i = 0; i < l->n; i++) l->t[i].index = i;
@@ -211,8 +268,8 @@ static void *fill_worker(void *arg) {
         int64_t n = LM_MIN(CHUNK, j->n_elem - done);
         int64_t e0 = j->first_elem + done;
         float *f = j->bf16 ? j->scratch : (float *)(void *)(j->dst + (size_t)done * esz);
-        if (j->t->ones) {
-            for (int64_t i = 0; i < n; i++) f[i] = 1.0f;
+        if (j->t->ones || j->t->zeros) {
+            for (int64_t i = 0; i < n; i++) f[i] = j->t->ones ? 1.0f : 0.0f;
         } else {
             fill_normal(f, n, chunk_state(j->seed, j->t->index, (uint64_t)(e0 >> CHUNK_LOG2)), 0.02f);
         }
@@ -282,7 +339,38 @@ static void json_token_id(sbuf *b, const char *key, int id) {
     else sb_printf(b, "  \"%s\": %d,\n", key, id);
 }
 
+/* config.json of a Qwen3.5 text model as transformers 5 saves it. */
+static void make_hybrid_config(sbuf *b, const shape *s, bool bf16) {
+    sb_printf(b, "{\n  \"architectures\": [\n    \"Qwen3_5ForCausalLM\"\n  ],\n");
+    sb_printf(b, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
+    json_token_id(b, "bos_token_id", s->bos);
+    sb_printf(b, "  \"dtype\": \"%s\",\n", bf16 ? "bfloat16" : "float32");
+    json_token_id(b, "eos_token_id", s->eos);
+    sb_printf(b, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": %d,\n", s->head_dim, s->hidden);
+    sb_printf(b, "  \"initializer_range\": 0.02,\n  \"intermediate_size\": %d,\n  \"layer_types\": [", s->intermediate);
+    for (int l = 0; l < s->layers; l++)
+        sb_printf(b, "%s\n    \"%s\"", l ? "," : "", layer_is_linear(s, l) ? "linear_attention" : "full_attention");
+    sb_printf(b, "\n  ],\n  \"linear_conv_kernel_dim\": %d,\n  \"linear_key_head_dim\": %d,\n", s->conv_kernel,
+              s->lin_k_dim);
+    sb_printf(b, "  \"linear_num_key_heads\": %d,\n  \"linear_num_value_heads\": %d,\n", s->lin_k_heads,
+              s->lin_v_heads);
+    sb_printf(b, "  \"linear_value_head_dim\": %d,\n  \"max_position_embeddings\": %d,\n", s->lin_v_dim, s->max_pos);
+    sb_printf(b, "  \"model_type\": \"qwen3_5_text\",\n  \"num_attention_heads\": %d,\n", s->heads);
+    sb_printf(b, "  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n", s->layers, s->kv_heads);
+    json_token_id(b, "pad_token_id", s->pad);
+    sb_printf(b, "  \"partial_rotary_factor\": %g,\n  \"rms_norm_eps\": %g,\n", s->partial_rotary, s->rms_eps);
+    sb_printf(b, "  \"rope_parameters\": {\n    \"partial_rotary_factor\": %g,\n", s->partial_rotary);
+    sb_printf(b, "    \"rope_theta\": %.1f,\n    \"rope_type\": \"default\"\n  },\n", s->rope_theta);
+    sb_printf(b, "  \"tie_word_embeddings\": %s,\n", s->tied ? "true" : "false");
+    sb_printf(b, "  \"transformers_version\": \"5.17.0\",\n");
+    sb_printf(b, "  \"use_cache\": true,\n  \"vocab_size\": %d\n}\n", s->vocab);
+}
+
 static void make_config(sbuf *b, const shape *s, bool bf16, bool v5) {
+    if (is_hybrid(s)) {
+        make_hybrid_config(b, s, bf16);
+        return;
+    }
     const char *dt = bf16 ? "bfloat16" : "float32";
     sb_printf(b, "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n");
     sb_printf(b, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
@@ -348,7 +436,8 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
     for (size_t i = 0; i < l->n; i++) {
         const tensor *t = &l->t[i];
         sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, bf16 ? "BF16" : "F32");
-        if (t->cols) sb_printf(&h, "%lld,%lld", (long long)t->rows, (long long)t->cols);
+        if (t->conv) sb_printf(&h, "%lld,1,%lld", (long long)t->rows, (long long)t->cols);
+        else if (t->cols) sb_printf(&h, "%lld,%lld", (long long)t->rows, (long long)t->cols);
         else sb_printf(&h, "%lld", (long long)t->rows);
         sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->offset,
                   (unsigned long long)(t->offset + t->bytes));
@@ -445,11 +534,13 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny\n"
+            "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|\n"
+            "                                          qwen3.5-0.8b|qwen3.5-2b|qwen3.5-tiny\n"
             "                         [--seed N] [--layers N] [--dtype bf16|f32]\n"
             "                         [--config-style hub|v5] [--threads N]\n"
             "Writes config.json, generation_config.json and model.safetensors with\n"
-            "normal(0, 0.02) weights and unit norms, deterministic in --seed (default 0).\n");
+            "normal(0, 0.02) weights and unit norms, deterministic in --seed (default 0).\n"
+            "Qwen3.5 shapes always write the transformers 5 config (layer_types, rope_parameters).\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out) {
