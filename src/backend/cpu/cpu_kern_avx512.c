@@ -24,8 +24,13 @@
 #include <immintrin.h>
 
 #define LM_AI static inline __attribute__((always_inline))
-#define LM_Z_MR 8
+#ifndef LM_Z_MR
+#define LM_Z_MR 8 /* GEMM tile: tokens (16 accumulators with NR = 32) */
+#endif
 #define LM_Z_NR 32
+#ifndef LM_Z_KC
+#define LM_Z_KC 256 /* GEMM k-slice: the 32 x 256 f32 panel (32 KB) fits L1 */
+#endif
 #ifndef LM_Z_GEMM_MIN
 #define LM_Z_GEMM_MIN 16 /* tokens from which GEMM beats the GEMV tiles */
 #endif
@@ -365,7 +370,7 @@ const lm_cpu_kern lm_cpu_kern_avx512 = {
     .to_f32 = { [LM_F32] = lm_z_f32_to_f32, [LM_BF16] = lm_z_bf16_to_f32, [LM_F16] = lm_z_f16_to_f32 },
     .mr = LM_Z_MR,
     .nr = LM_Z_NR,
-    .kc = 256,
+    .kc = LM_Z_KC,
     .gemm_min_tokens = LM_Z_GEMM_MIN,
     .gemm = lm_z_gemm,
     .pack = { [LM_F32] = lm_z_pack_f32, [LM_BF16] = lm_z_pack_bf16, [LM_F16] = lm_z_pack_f16 },
