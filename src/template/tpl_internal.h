@@ -4,7 +4,7 @@
  *   lexer.c   source -> tokens (whitespace control, trim/lstrip_blocks)
  *   parser.c  tokens -> AST (jinja2's grammar and precedence)
  *   eval.c    statements and expressions over a scope chain
- *   filters.c filters and tests; methods.c str/dict/list methods, globals
+ *   filters.c filters; tests.c tests; methods.c str/dict/list methods, globals
  *   value.c   values, Python str()/repr(), ==, <, truthiness; unicode helpers
  *   json_out.c tojson (json.dumps byte for byte) and Python float repr
  *
@@ -328,16 +328,18 @@ void tpl_tojson(tpl_rt *rt, tpl_buf *b, tpl_val v, bool ensure_ascii, const char
                 int indent_len, const char *item_sep, const char *key_sep, bool sort_keys);
 
 /* eval.c */
-tpl_val tpl_eval(tpl_rt *rt, const tpl_node *n);
 tpl_val tpl_call(tpl_rt *rt, tpl_val fn, tpl_argv *av);
 tpl_val tpl_getattr(tpl_rt *rt, tpl_val obj, tpl_str name);
 tpl_val tpl_getitem(tpl_rt *rt, tpl_val obj, tpl_val key);
 
-/* filters.c */
+/* filters.c, tests.c */
 tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_filter_exists(tpl_str name);
 bool tpl_test_exists(tpl_str name);
+/* select/reject: av->pos[first] names the test (absent: truthiness), the
+ * rest are its arguments */
+bool tpl_test_args(tpl_rt *rt, tpl_val item, tpl_argv *av, int first);
 /* argument helpers: the idx-th positional or the keyword name; false if absent */
 bool tpl_arg(tpl_argv *av, int idx, const char *name, tpl_val *out);
 void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what);
