@@ -60,7 +60,8 @@ static void lm_moe_route_range(void *v, int64_t t0, int64_t t1, int ith) {
         float *w = c->wsel + t * c->k;
         /* k passes, each taking the first expert (in top-k order) that comes
          * after the previous pick: no per-token marks, k*E compares. A NaN
-         * logit is never "before" anything; the fallback keeps ids valid. */
+         * logit is never "before" anything; the fallback keeps the k ids
+         * distinct, which the grouping below relies on. */
         int prev = -1;
         for (int j = 0; j < c->k; j++) {
             int best = -1;
@@ -68,7 +69,11 @@ static void lm_moe_route_range(void *v, int64_t t0, int64_t t1, int ith) {
                 if (prev >= 0 && !lm_moe_before(l[prev], prev, l[e], e)) continue;
                 if (best < 0 || lm_moe_before(l[e], e, l[best], best)) best = e;
             }
-            if (best < 0) best = (prev + 1) % c->E;
+            for (int e = 0; best < 0 && e < c->E; e++) { /* NaN logits: lowest expert not yet chosen */
+                bool used = false;
+                for (int i = 0; i < j; i++) used |= sel[i] == e;
+                if (!used) best = e;
+            }
             sel[j] = best;
             prev = best;
         }
