@@ -7,8 +7,12 @@
  * example) and the Qwen3-Coder / Qwen3.5 XML form
  * ("<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n...").
  * The strings are written here, not copied. Every case runs through the
- * chunking harness (test_server_parse_harness.c) in streaming and atomic mode. */
+ * chunking harness (test_server_parse_harness.c) in streaming and atomic mode.
+ * Beyond the corpus: the assistant turns that the Qwen3 and Qwen3.8 chat
+ * templates themselves render (../shared/fixtures) must parse back into their
+ * messages, and generated and random inputs must be chunking-independent. */
 #include "test_server_parse.h"
+#include "test_util.h"
 
 #include "server/parse/lm_parse.h"
 #include "server/parse/parse_internal.h"
@@ -371,6 +375,106 @@ LM_TEST(parse_toolcall_xml_code_string) {
     PP_CHECK_CASE(&c);
     free(text);
     free(calls);
+}
+
+/* ---- the templates' own renderings ------------------------------------------------- */
+
+/* Every assistant turn in the Qwen3 (JSON calls) and Qwen3.8 (XML calls)
+ * template fixtures, as the reference Jinja engine rendered it, must parse
+ * back into the message it came from: content, reasoning and tool calls. */
+static int roundtrip_case(lm_test_ctx *lm_t_, const char *file, const json_t *cs) {
+    const json_t *ctx = json_object_get(cs, "context");
+    const char *expected = json_string_value(json_object_get(cs, "expected"));
+    const json_t *msgs = json_object_get(ctx, "messages");
+    if (!expected || !json_is_array(msgs)) return 0;
+    const char *open = "<|im_start|>assistant\n", *close = "<|im_end|>";
+    const char *segs[16];
+    size_t lens[16];
+    int nseg = 0;
+    for (const char *q = expected; (q = strstr(q, open)) && nseg < 16;) {
+        q += strlen(open);
+        const char *end = strstr(q, close);
+        if (!end) break; /* the generation prompt */
+        segs[nseg] = q;
+        lens[nseg++] = (size_t)(end - q);
+        q = end;
+    }
+    char *tools = json_object_get(ctx, "tools") ? json_dumps(json_object_get(ctx, "tools"), 0) : NULL;
+    int turns = 0;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role || strcmp(role, "assistant") != 0) continue;
+        if (turns >= nseg) break;
+        char *text = strndup(segs[turns], lens[turns]);
+        const char *content = json_string_value(json_object_get(m, "content"));
+        const char *reasoning = json_string_value(json_object_get(m, "reasoning_content"));
+        json_t *calls = json_array();
+        size_t k;
+        const json_t *tc;
+        json_array_foreach(json_object_get(m, "tool_calls"), k, tc) {
+            const json_t *fn = json_object_get(tc, "function");
+            json_t *args = json_deep_copy(json_object_get(fn, "arguments"));
+            if (json_is_string(args)) {
+                json_t *parsed = json_loads(json_string_value(args), 0, NULL);
+                json_decref(args);
+                args = parsed;
+            }
+            json_array_append_new(calls, json_pack("{s:O, s:o}", "name", json_object_get(fn, "name"), "arguments",
+                                                   args ? args : json_object()));
+        }
+        char *calls_s = json_dumps(calls, 0);
+        char name[160];
+        snprintf(name, sizeof name, "%s %s turn %d", file, json_string_value(json_object_get(cs, "id")), turns);
+        /* the Qwen3.8 template renders content|trim: that is what a model sees and writes */
+        char *want = strdup(content ? content : "");
+        if (strstr(file, "qwen38")) {
+            size_t a = 0, b = strlen(want);
+            while (a < b && strchr(" \t\n\r", want[a])) a++;
+            while (b > a && strchr(" \t\n\r", want[b - 1])) b--;
+            memmove(want, want + a, b - a);
+            want[b - a] = 0;
+        }
+        pp_case c = {
+            .name = name, .text = text, .think = true, .tools = true, .tools_json = tools,
+            .content = want,
+            .reasoning = strstr(text, "<think>") && reasoning ? reasoning : "",
+            .calls = calls_s,
+        };
+        PP_CHECK_CASE(&c);
+        free(calls_s);
+        json_decref(calls);
+        free(text);
+        free(want);
+        turns++;
+    }
+    free(tools);
+    return turns;
+}
+
+LM_TEST(parse_template_renderings_roundtrip) {
+    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    static const char *const files[] = { "templates/qwen3/cases.jsonl", "templates/qwen38/cases.jsonl" };
+    int turns = 0, calls = 0;
+    for (size_t f = 0; f < LM_COUNT(files); f++) {
+        char *path = lm_test_fixture_path(files[f]);
+        size_t n;
+        char *data = lm_tu_read(path, &n);
+        free(path);
+        if (!data) LM_SKIP("fixture %s not found", files[f]);
+        for (char *line = data, *next; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            json_t *cs = json_loads(line, 0, NULL);
+            if (!cs) continue;
+            calls += strstr(line, "\"tool_calls\"") != NULL;
+            turns += roundtrip_case(lm_t_, files[f], cs);
+            json_decref(cs);
+        }
+        free(data);
+    }
+    LM_CHECK_MSG(turns >= 10 && calls >= 6, "%d assistant turns, %d cases with tool calls", turns, calls);
 }
 
 /* ---- unit tests: what is emitted when ------------------------------------------------ */

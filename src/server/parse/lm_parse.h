@@ -151,7 +151,8 @@ void lm_reasoning_parser_free(lm_reasoning_parser *p);
  *      "<parameter=p>\n" + value + "\n</parameter>") and are removed; the rest
  *      is converted by the parameter's JSON-schema type from the request's
  *      `tools` (type as string or list, anyOf/oneOf, enum/const):
- *        null     "null" -> null            integer/number  a JSON number, as written
+ *        null     "null" -> null (also for any type but string, and for
+ *                 "nullable": true)       integer/number  a JSON number, as written
  *        boolean  true/false, any case      object/array    parsed as JSON, as written
  *        string   the text verbatim (no trimming beyond the framing newlines)
  *        unknown parameter or no schema: the trimmed text if it is valid JSON,

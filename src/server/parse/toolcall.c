@@ -255,13 +255,15 @@ static unsigned schema_types(const json_t *sch, int depth) {
         const json_t *arr = json_object_get(sch, alts[a]);
         if (json_is_array(arr)) json_array_foreach(arr, i, v) t |= schema_types(v, depth + 1);
     }
-    if (t) return t;
-    const json_t *en = json_object_get(sch, "enum");
-    if (json_is_array(en)) json_array_foreach(en, i, v) t |= value_type_bit(v);
-    const json_t *cst = json_object_get(sch, "const");
-    if (cst) t |= value_type_bit(cst);
+    if (!t) {
+        const json_t *en = json_object_get(sch, "enum");
+        if (json_is_array(en)) json_array_foreach(en, i, v) t |= value_type_bit(v);
+        const json_t *cst = json_object_get(sch, "const");
+        if (cst) t |= value_type_bit(cst);
+    }
     if (!t && json_object_get(sch, "properties")) t = T_OBJECT;
     if (!t && json_object_get(sch, "items")) t = T_ARRAY;
+    if (t && json_is_true(json_object_get(sch, "nullable"))) t |= T_NULL; /* OpenAPI style */
     return t;
 }
 
@@ -301,7 +303,8 @@ static void convert_value(lm_pbuf *out, const char *v, size_t n, unsigned types)
     while (tn && lm_parse_is_ws((unsigned char)t[0])) t++, tn--;
     while (tn && lm_parse_is_ws((unsigned char)t[tn - 1])) tn--;
     bool json = tn && lm_json_valid(t, tn);
-    if ((types & T_NULL) && tn == 4 && memcmp(t, "null", 4) == 0) {
+    /* "null" is null unless a string is wanted and null is not allowed */
+    if ((types & T_NULL || !(types & T_STRING)) && tn == 4 && memcmp(t, "null", 4) == 0) {
         lm_pbuf_puts(out, "null");
         return;
     }
