@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -19,6 +20,8 @@
 #include "lm_test.h"
 #include "test_util.h"
 
+#define LM_COUNT_(a) (sizeof(a) / sizeof((a)[0]))
+
 /* ---- the server process ------------------------------------------------------------------ */
 
 typedef struct server {
@@ -26,6 +29,26 @@ typedef struct server {
     int port;
     char log[512];
 } server;
+
+/* Servers still running when the test binary exits (a test that stopped at
+ * a failed LM_REQUIRE) are killed, never left behind. */
+static pid_t g_pids[64];
+
+static void remember(pid_t pid, bool add) {
+    for (size_t i = 0; i < LM_COUNT_(g_pids); i++)
+        if (add ? g_pids[i] == 0 : g_pids[i] == pid) {
+            g_pids[i] = add ? pid : 0;
+            return;
+        }
+}
+
+__attribute__((destructor)) static void kill_leftovers(void) {
+    for (size_t i = 0; i < LM_COUNT_(g_pids); i++)
+        if (g_pids[i] > 0) {
+            kill(g_pids[i], SIGKILL);
+            waitpid(g_pids[i], NULL, 0);
+        }
+}
 
 static void msleep(int ms) {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
@@ -49,6 +72,7 @@ static int server_start(server *s, const char *extra) {
         _exit(127);
     }
     s->pid = pid;
+    remember(pid, true);
     for (int i = 0; i < 600; i++) { /* up to 30 s (sanitizer builds start slower) */
         char *log = lm_tu_read(s->log, NULL);
         const char *p = log ? strstr(log, "http://127.0.0.1:") : NULL;
@@ -57,6 +81,7 @@ static int server_start(server *s, const char *extra) {
         if (s->port > 0) return 0;
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) {
+            remember(pid, false);
             s->pid = 0;
             return -1;
         }
@@ -72,6 +97,7 @@ static int server_stop(server *s) {
     int st = 0;
     for (int i = 0; i < 400; i++) {
         if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            remember(s->pid, false);
             s->pid = 0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
@@ -79,6 +105,7 @@ static int server_stop(server *s) {
     }
     kill(s->pid, SIGKILL);
     waitpid(s->pid, &st, 0);
+    remember(s->pid, false);
     s->pid = 0;
     return -2;
 }
@@ -572,6 +599,7 @@ LM_TEST(server_http_concurrent_streams_and_shutdown) {
         ok += w[i].ok;
     }
     LM_CHECK_MSG(ok == N, "%d of %d streams completed", ok, N);
+    if (ok != N) server_dump_log(&s);
     /* SIGTERM with a long stream in flight: it is ended and the process exits cleanly */
     int fd = dial(s.port);
     LM_REQUIRE(fd >= 0);
