@@ -1,18 +1,14 @@
-/* test_parity_hybrid.c - the Qwen3.5 / Qwen3-Next hybrid fixtures against
- * transformers' logits (auto ISA and the scalar path), and the engine's
- * exactness on a hybrid model: concurrent requests, prompts split at
- * arbitrary points by the step budget, give the tokens each gives alone. */
+/* test_parity_hybrid.c - Qwen3.5 / Qwen3-Next hybrids against transformers'
+ * logits: the shared fixtures (auto ISA and the scalar path) and three
+ * configurations made for lumen in tests/data/hybrid (other layer patterns,
+ * head layouts, kernel sizes, rotary fractions, routing; see its README). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/lm_parity.h"
 #include "lm_test.h"
 
-static void hybrid_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "models/%s", model);
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+static void hybrid_parity_dir(lm_test_ctx *lm_t_, char *dir, lm_cpu_isa isa, int threads) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
     if (!be) {
@@ -40,7 +36,26 @@ static void hybrid_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa,
     free(dir);
 }
 
+static void hybrid_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    hybrid_parity_dir(lm_t_, dir, isa, threads);
+}
+
+/* The repository's own data: no fixtures folder needed. */
+static void hybrid_parity_data(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s/tests/data/hybrid/%s", LUMEN_SOURCE_DIR, model);
+    hybrid_parity_dir(lm_t_, strdup(buf), isa, threads);
+}
+
 LM_TEST(hybrid_parity_qwen35) { hybrid_parity(lm_t_, "qwen3.5", LM_ISA_AUTO, 2); }
 LM_TEST(hybrid_parity_qwen35_scalar) { hybrid_parity(lm_t_, "qwen3.5", LM_ISA_SCALAR, 3); }
 LM_TEST(hybrid_parity_qwen3_next) { hybrid_parity(lm_t_, "qwen3-next", LM_ISA_AUTO, 2); }
 LM_TEST(hybrid_parity_qwen3_next_scalar) { hybrid_parity(lm_t_, "qwen3-next", LM_ISA_SCALAR, 1); }
+LM_TEST(hybrid_parity_data_qwen35_var) { hybrid_parity_data(lm_t_, "qwen3.5-var", LM_ISA_AUTO, 2); }
+LM_TEST(hybrid_parity_data_qwen35_full_first) { hybrid_parity_data(lm_t_, "qwen3.5-full-first", LM_ISA_AUTO, 3); }
+LM_TEST(hybrid_parity_data_qwen3_next_var) { hybrid_parity_data(lm_t_, "qwen3-next-var", LM_ISA_AUTO, 2); }
+LM_TEST(hybrid_parity_data_qwen3_next_var_scalar) { hybrid_parity_data(lm_t_, "qwen3-next-var", LM_ISA_SCALAR, 1); }
