@@ -366,6 +366,14 @@ LM_TEST(template_limits) {
     LM_CHECK(lm_template_render(t, NULL, &o, &out, &n, &e) == -1);
     LM_CHECK(strstr(e.msg, "too many steps") != NULL);
     lm_template_free(t);
+    /* recursion through a macro whose body nests expressions deeply */
+    char rec[2048];
+    size_t r = (size_t)snprintf(rec, sizeof rec, "{%% macro f(n) %%}{{ ");
+    for (int i = 0; i < 90; i++) rec[r++] = '[';
+    r += (size_t)snprintf(rec + r, sizeof rec - r, "f(n + 1)");
+    for (int i = 0; i < 90; i++) rec[r++] = ']';
+    snprintf(rec + r, sizeof rec - r, " }}{%% endmacro %%}{{ f(0) }}");
+    EXPECT_ERR(rec, NULL, "maximum recursion depth exceeded");
     /* deep nesting is refused by the parser, not the stack */
     char deep[4096];
     size_t k = 0;

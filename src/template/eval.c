@@ -598,7 +598,93 @@ static void assign(tpl_rt *rt, tpl_scope *sc, const tpl_node *target, tpl_val v)
     }
 }
 
+static tpl_val eval_node(tpl_rt *rt, tpl_scope *sc, const tpl_node *n);
+
+/* Every expression frame counts against TPL_MAX_DEPTH, so that recursion
+ * through macros whose bodies nest deep expressions still has a bounded
+ * stack. (An error longjmps out of the render, so no need to unwind.) */
 static tpl_val eval(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    if (++rt->depth > TPL_MAX_DEPTH) tpl_rt_raise(rt, "maximum recursion depth exceeded");
+    tpl_val v = eval_node(rt, sc, n);
+    rt->depth--;
+    return v;
+}
+
+/* The cases that need big locals (argument vectors, buffers, values whose
+ * address is taken) live in their own frames, so that the recursion through
+ * eval/eval_node stays small: the stack a deep template needs is bounded by
+ * TPL_MAX_DEPTH times a small frame. */
+#define NOINLINE __attribute__((noinline))
+
+static NOINLINE tpl_val eval_slice(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_val o = eval(rt, sc, n->d);
+    tpl_val a = n->a ? eval(rt, sc, n->a) : tv_none(), b = n->b ? eval(rt, sc, n->b) : tv_none(),
+            c = n->c ? eval(rt, sc, n->c) : tv_none();
+    rt->pos = n->pos;
+    return do_slice(rt, o, a, b, c);
+}
+
+static NOINLINE tpl_val eval_call(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_val f = eval(rt, sc, n->a);
+    tpl_argv av;
+    eval_args(rt, sc, &n->args, &av);
+    rt->pos = n->pos;
+    if (n->kind == N_CALL) return tpl_call(rt, f, &av);
+    if (n->kind == N_FILTER) return tpl_filter(rt, n->name, f, &av);
+    bool r = tpl_test(rt, n->name, f, &av);
+    return tv_bool(n->neg ? !r : r);
+}
+
+static NOINLINE tpl_val eval_unary(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_val v = eval(rt, sc, n->a);
+    rt->pos = n->pos;
+    if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
+    if (!is_num(v))
+        tpl_rt_raise(rt, "bad operand type for unary %s: '%s'", n->kind == N_NEG ? "-" : "+", tpl_type_name(&v));
+    if (n->kind == N_POS) return v.t == TV_BOOL ? tv_int(v.u.b) : v;
+    if (v.t == TV_FLOAT) return tv_float(-v.u.f);
+    if (as_i(v) == INT64_MIN) tpl_rt_raise(rt, "integer overflow in unary -");
+    return tv_int(-as_i(v));
+}
+
+static NOINLINE tpl_val eval_dict(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_val d = tv_dict(rt, (size_t)n->list.n);
+    for (int i = 0; i < n->list.n; i++) {
+        tpl_val k = eval(rt, sc, n->list.v[i]);
+        if (k.t == TV_LIST && !(k.flags & TVF_TUPLE)) tpl_rt_raise(rt, "unhashable type: 'list'");
+        if (k.t == TV_DICT || k.t == TV_NS) tpl_rt_raise(rt, "unhashable type: '%s'", tpl_type_name(&k));
+        tpl_dict_set(rt, d.u.d, k, eval(rt, sc, n->list2.v[i]));
+    }
+    return d;
+}
+
+static NOINLINE tpl_val eval_concat(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_buf b = { 0 };
+    for (int i = 0; i < n->list.n; i++) {
+        tpl_val v = eval(rt, sc, n->list.v[i]);
+        if (v.t == TV_STR) tpl_buf_put(rt, &b, v.u.s.p, v.u.s.n);
+        else if (v.t != TV_UNDEF) tpl_str_of(rt, &b, v);
+    }
+    return tpl_buf_val(&b);
+}
+
+static NOINLINE tpl_val eval_binary(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
+    tpl_val a = eval(rt, sc, n->a);
+    if (n->kind == N_BIN) {
+        tpl_val b = eval(rt, sc, n->b);
+        rt->pos = n->pos;
+        return binop(rt, (tpl_binop)n->op, a, b);
+    }
+    for (int i = 0; i < n->list.n; i++) { /* N_CMP: a < b < c */
+        tpl_val b = eval(rt, sc, n->list.v[i]);
+        rt->pos = n->pos;
+        if (!compare(rt, (tpl_cmpop)n->ops[i], a, b)) return tv_bool(false);
+        a = b;
+    }
+    return tv_bool(true);
+}
+
+static tpl_val eval_node(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
     tpl_tick(rt, 1);
     rt->pos = n->pos;
     switch ((tpl_kind)n->kind) {
@@ -614,52 +700,9 @@ static tpl_val eval(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
         rt->pos = n->pos;
         return tpl_getitem(rt, o, k);
     }
-    case N_SLICE: {
-        tpl_val o = eval(rt, sc, n->d);
-        tpl_val a = n->a ? eval(rt, sc, n->a) : tv_none(), b = n->b ? eval(rt, sc, n->b) : tv_none(),
-                c = n->c ? eval(rt, sc, n->c) : tv_none();
-        rt->pos = n->pos;
-        return do_slice(rt, o, a, b, c);
-    }
-    case N_CALL: {
-        enter(rt);
-        tpl_val f = eval(rt, sc, n->a);
-        tpl_argv av;
-        eval_args(rt, sc, &n->args, &av);
-        rt->pos = n->pos;
-        tpl_val r = tpl_call(rt, f, &av);
-        rt->depth--;
-        return r;
-    }
-    case N_FILTER: {
-        enter(rt);
-        tpl_val v = eval(rt, sc, n->a);
-        tpl_argv av;
-        eval_args(rt, sc, &n->args, &av);
-        rt->pos = n->pos;
-        tpl_val r = tpl_filter(rt, n->name, v, &av);
-        rt->depth--;
-        return r;
-    }
-    case N_TEST: {
-        tpl_val v = eval(rt, sc, n->a);
-        tpl_argv av;
-        eval_args(rt, sc, &n->args, &av);
-        rt->pos = n->pos;
-        bool r = tpl_test(rt, n->name, v, &av);
-        return tv_bool(n->neg ? !r : r);
-    }
-    case N_NEG: case N_POS: {
-        tpl_val v = eval(rt, sc, n->a);
-        rt->pos = n->pos;
-        if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
-        if (!is_num(v))
-            tpl_rt_raise(rt, "bad operand type for unary %s: '%s'", n->kind == N_NEG ? "-" : "+", tpl_type_name(&v));
-        if (n->kind == N_POS) return v.t == TV_BOOL ? tv_int(v.u.b) : v;
-        if (v.t == TV_FLOAT) return tv_float(-v.u.f);
-        if (as_i(v) == INT64_MIN) tpl_rt_raise(rt, "integer overflow in unary -");
-        return tv_int(-as_i(v));
-    }
+    case N_SLICE: return eval_slice(rt, sc, n);
+    case N_CALL: case N_FILTER: case N_TEST: return eval_call(rt, sc, n);
+    case N_NEG: case N_POS: return eval_unary(rt, sc, n);
     case N_NOT: return tv_bool(!tpl_truthy(rt, eval(rt, sc, n->a)));
     case N_AND: {
         tpl_val a = eval(rt, sc, n->a);
@@ -672,46 +715,15 @@ static tpl_val eval(tpl_rt *rt, tpl_scope *sc, const tpl_node *n) {
     case N_COND:
         if (tpl_truthy(rt, eval(rt, sc, n->a))) return eval(rt, sc, n->b);
         return n->c ? eval(rt, sc, n->c) : tv_undef();
-    case N_BIN: {
-        tpl_val a = eval(rt, sc, n->a), b = eval(rt, sc, n->b);
-        rt->pos = n->pos;
-        return binop(rt, (tpl_binop)n->op, a, b);
-    }
-    case N_CMP: {
-        tpl_val a = eval(rt, sc, n->a);
-        for (int i = 0; i < n->list.n; i++) {
-            tpl_val b = eval(rt, sc, n->list.v[i]);
-            rt->pos = n->pos;
-            if (!compare(rt, (tpl_cmpop)n->ops[i], a, b)) return tv_bool(false);
-            a = b;
-        }
-        return tv_bool(true);
-    }
+    case N_BIN: case N_CMP: return eval_binary(rt, sc, n);
     case N_LIST: case N_TUPLE: {
         tpl_val l = tv_list(rt, (size_t)n->list.n);
         if (n->kind == N_TUPLE) l.flags = TVF_TUPLE;
         for (int i = 0; i < n->list.n; i++) tpl_list_push(rt, l.u.l, eval(rt, sc, n->list.v[i]));
         return l;
     }
-    case N_DICT: {
-        tpl_val d = tv_dict(rt, (size_t)n->list.n);
-        for (int i = 0; i < n->list.n; i++) {
-            tpl_val k = eval(rt, sc, n->list.v[i]);
-            if (k.t == TV_LIST && !(k.flags & TVF_TUPLE)) tpl_rt_raise(rt, "unhashable type: 'list'");
-            if (k.t == TV_DICT || k.t == TV_NS) tpl_rt_raise(rt, "unhashable type: '%s'", tpl_type_name(&k));
-            tpl_dict_set(rt, d.u.d, k, eval(rt, sc, n->list2.v[i]));
-        }
-        return d;
-    }
-    case N_CONCAT: {
-        tpl_buf b = { 0 };
-        for (int i = 0; i < n->list.n; i++) {
-            tpl_val v = eval(rt, sc, n->list.v[i]);
-            if (v.t == TV_STR) tpl_buf_put(rt, &b, v.u.s.p, v.u.s.n);
-            else if (v.t != TV_UNDEF) tpl_str_of(rt, &b, v);
-        }
-        return tpl_buf_val(&b);
-    }
+    case N_DICT: return eval_dict(rt, sc, n);
+    case N_CONCAT: return eval_concat(rt, sc, n);
     default: break;
     }
     tpl_rt_raise(rt, "internal error: statement in expression position");

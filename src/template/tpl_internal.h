@@ -220,7 +220,10 @@ typedef struct tpl_rt {
     size_t pos; /* source offset of the node being evaluated, for errors */
 } tpl_rt;
 
-#define TPL_MAX_DEPTH 400
+/* Nesting limit for evaluation frames (expressions, statements, macro calls)
+ * and for walking nested values: about 250 bytes of C stack each (3x that
+ * under ASan), so well inside a 2 MB thread stack. */
+#define TPL_MAX_DEPTH 1000
 
 typedef enum tpl_fkind { FN_MACRO, FN_BUILTIN, FN_METHOD, FN_CALLER } tpl_fkind;
 struct tpl_func {

@@ -287,7 +287,7 @@ void tpl_dict_set(tpl_rt *rt, tpl_dict *d, tpl_val k, tpl_val v) {
 /* The render's view of the context: strings point into the json_t, which
  * the caller keeps alive and unchanged while rendering. */
 tpl_val tpl_from_json(tpl_rt *rt, const json_t *j, int depth) {
-    if (depth > 2100) tpl_rt_raise(rt, "context nested too deeply");
+    if (depth > TPL_MAX_DEPTH) tpl_rt_raise(rt, "context nested too deeply");
     switch (json_typeof(j)) {
     case JSON_OBJECT: {
         tpl_val d = tv_dict(rt, json_object_size(j));
