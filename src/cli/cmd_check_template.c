@@ -60,8 +60,10 @@ static void fail(tally *t, bool limitation, json_t *detail, bool verbose) {
     else json_decref(detail);
 }
 
-static void check_case(const lm_template *tpl, const char *line, int lineno, const lm_template_opts *opts,
-                       tally *t, bool verbose) {
+/* tpl NULL: each case carries its source (TEMPLATE "-"), unless parse_err
+ * is set, when the template failed to parse and every case fails with it. */
+static void check_case(const lm_template *tpl, const char *parse_err, const char *line, int lineno,
+                       const lm_template_opts *opts, tally *t, bool verbose) {
     json_error_t je;
     json_t *c = json_loads(line, JSON_ALLOW_NUL, &je);
     json_t *detail = json_object();
@@ -91,6 +93,13 @@ static void check_case(const lm_template *tpl, const char *line, int lineno, con
     lm_err e = { { 0 } };
     lm_template *own = NULL;
     int rc = 0;
+    if (parse_err) {
+        json_object_set_new(detail, "reason", json_string("template does not parse"));
+        json_object_set_new(detail, "got_error", json_string(parse_err));
+        fail(t, limitation, detail, verbose);
+        json_decref(c);
+        return;
+    }
     if (!tpl) { /* TEMPLATE "-": the case carries its own source */
         const json_t *src = json_object_get(c, "template");
         if (!json_is_string(src)) rc = lm_errf(&e, "case has no template source");
@@ -177,6 +186,7 @@ int lm_cmd_check_template(int argc, char **argv) {
     char *src;
     size_t len;
     lm_template *tpl = NULL;
+    const char *parse_err = NULL;
     int rc = 0;
     if (!strcmp(tpl_path, "-")) goto cases;
     if (lm_template_load_source(tpl_path, &src, &len, &e)) {
@@ -188,13 +198,7 @@ int lm_cmd_check_template(int argc, char **argv) {
     free(src);
     if (rc) {
         fprintf(stderr, "lumen check-template: %s\n", e.msg);
-        json_t *r = json_pack("{s:i,s:i,s:{s:s,s:s}}", "passed", 0, "failed", 0, "first_failure", "reason",
-                              "template does not parse", "error", e.msg);
-        char *d = json_dumps(r, JSON_COMPACT);
-        printf("%s\n", d ? d : "{}");
-        free(d);
-        json_decref(r);
-        return 1;
+        parse_err = e.msg; /* every case fails with it */
     }
 cases:;
     FILE *f = fopen(cases_path, "rb");
@@ -213,7 +217,7 @@ cases:;
         size_t k = (size_t)got;
         while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ')) line[--k] = 0;
         if (k == 0) continue;
-        check_case(tpl, line, lineno, &opts, &t, verbose);
+        check_case(tpl, parse_err, line, lineno, &opts, &t, verbose);
     }
     free(line);
     fclose(f);
