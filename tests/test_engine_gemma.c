@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/lm_engine.h"
 #include "engine/lm_runner.h"
@@ -179,6 +180,16 @@ static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int s
         LM_CHECK_MSG(c[i].finish == LM_FINISH_LENGTH && c[i].n == GEN, "%s request %d: %d tokens", model, i, c[i].n);
         LM_CHECK_MSG(memcmp(c[i].toks, solo[i], sizeof solo[i]) == 0,
                      "%s request %d (len %d, steps of %d) differs from alone", model, i, lens[i], step_tokens);
+    }
+    /* Release once the engine thread has left the step that finished them:
+     * engine.c's drop_done still reads a request after its final event. */
+    lm_engine_stats st;
+    for (int i = 0; i < 5000; i++) {
+        lm_engine_get_stats(en, &st);
+        if (st.running == 0 && st.queued == 0) break;
+        nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+    }
+    for (int i = 0; i < N; i++) {
         lm_request_release(req[i]);
         pthread_mutex_destroy(&c[i].mu);
         pthread_cond_destroy(&c[i].cv);
