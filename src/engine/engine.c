@@ -90,7 +90,9 @@ static void req_emit(lm_request *r, const lm_token_event *ev) {
     pthread_mutex_unlock(&r->cb_mu);
 }
 
-/* Final event, cache blocks back to the pool, the engine's reference dropped. */
+/* Final event and cache blocks back to the pool. The engine's reference is
+ * dropped by whoever takes r out of the running set or queue (drop_done,
+ * retire), never here: r must stay readable until then. */
 static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
     lm_token_event ev = { .done = true, .finish = why, .error = error, .n_prompt = r->n_prompt,
                           .n_generated = r->n_generated,
@@ -101,6 +103,11 @@ static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *
     lm_kv_state_release(en->kv, r->slot);
     r->slot = -1;
     r->state = REQ_DONE;
+}
+
+/* Finishes r (if not yet) and drops the engine's reference. */
+static void retire(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
+    if (r->state != REQ_DONE) req_finish(en, r, why, error);
     req_unref(r);
 }
 
@@ -230,7 +237,7 @@ static void drop_cancelled(lm_engine *en) {
     int k = 0;
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
-        if (atomic_load(&r->cancelled)) req_finish(en, r, LM_FINISH_CANCELLED, NULL);
+        if (atomic_load(&r->cancelled)) retire(en, r, LM_FINISH_CANCELLED, NULL);
         else en->running[k++] = r;
     }
     en->n_running = k;
@@ -238,8 +245,10 @@ static void drop_cancelled(lm_engine *en) {
 
 static void drop_done(lm_engine *en) {
     int k = 0;
-    for (int i = 0; i < en->n_running; i++)
-        if (en->running[i]->state != REQ_DONE) en->running[k++] = en->running[i];
+    for (int i = 0; i < en->n_running; i++) {
+        if (en->running[i]->state == REQ_DONE) req_unref(en->running[i]);
+        else en->running[k++] = en->running[i];
+    }
     en->n_running = k;
 }
 
@@ -288,7 +297,7 @@ static void step(lm_engine *en) {
                    en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows };
     lm_err e = { { 0 } };
     if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
-        for (int i = 0; i < en->n_running; i++) req_finish(en, en->running[i], LM_FINISH_ERROR, e.msg);
+        for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
         en->n_running = 0;
         return;
     }
@@ -304,7 +313,7 @@ static void step(lm_engine *en) {
 static void finish_list(lm_engine *en, lm_request *r, lm_finish why) {
     while (r) {
         lm_request *next = r->next;
-        req_finish(en, r, why, NULL);
+        retire(en, r, why, NULL);
         r = next;
     }
 }
@@ -391,7 +400,7 @@ void lm_engine_free(lm_engine *en) {
         pthread_join(en->thread, NULL);
     }
     /* the thread is gone: finish what it left */
-    for (int i = 0; i < en->n_running; i++) req_finish(en, en->running[i], LM_FINISH_CANCELLED, NULL);
+    for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_CANCELLED, NULL);
     finish_list(en, en->q_head, LM_FINISH_CANCELLED);
     pthread_mutex_destroy(&en->mu);
     pthread_cond_destroy(&en->cv);
