@@ -7,7 +7,8 @@
  * two chunk boundaries (the chunked form), sequences that continue from a
  * saved state and sequences that start at position 0 in a slot full of
  * garbage (which must be ignored). Splitting one sequence into pieces of any
- * size must give what one forward gives.
+ * size must give what one forward gives. gated_delta runs on every ISA the
+ * machine has (its inner loops are the kernel table's).
  *
  * Tolerances: conv1d_state, delta_gates, rms_norm_gated and sigmoid_mul 1e-5
  * relative (f32 arithmetic on O(1) values); gated_delta 2e-6 absolute on
@@ -169,9 +170,15 @@ static double check_delta_batch(lm_test_ctx *lm_t_, lm_backend *be, dt_pool *poo
     return err;
 }
 
+/* Every ISA this machine has (the op's inner loops are the kernel table's). */
+static const lm_cpu_isa dt_isas[] = { LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512 };
+
 LM_TEST(hybrid_delta_mixed_batch_vs_reference) {
-    for (int threads = 1; threads <= 3; threads++) {
-        lm_backend *be = lm_cpu_backend_create(threads, LM_ISA_AUTO, NULL);
+    for (size_t ii = 0; ii < LM_COUNT(dt_isas) * 3; ii++) {
+        lm_cpu_isa isa = dt_isas[ii / 3];
+        int threads = 1 + (int)(ii % 3);
+        if (isa > lm_cpu_isa_detect()) continue; /* not on this CPU */
+        lm_backend *be = lm_cpu_backend_create(threads, isa, NULL);
         LM_REQUIRE(be);
         dt_pool pool;
         dt_pool_init(&pool, be, 6, OFF + DT_HS + 3);
@@ -184,7 +191,7 @@ LM_TEST(hybrid_delta_mixed_batch_vs_reference) {
         int n[] = { 1, 150, 5, 70 }, pos0[] = { 40, 0, 17, 3 }, slot[] = { 3, 0, 5, 1 };
         dt_batch d;
         dt_batch_make(&d, 4, n, pos0, slot);
-        check_delta_batch(lm_t_, be, &pool, &d, 7 + threads, -2.0f);
+        check_delta_batch(lm_t_, be, &pool, &d, 7 + ii, -2.0f);
         /* strong decay (state mostly forgotten within a token): still finite and exact */
         check_delta_batch(lm_t_, be, &pool, &d, 11, -60.0f);
         /* untouched slots keep their content */
@@ -198,9 +205,10 @@ LM_TEST(hybrid_delta_mixed_batch_vs_reference) {
 
 /* One sequence of 200 tokens fed as one forward, token by token, and in
  * uneven pieces: same outputs and same final state. */
-LM_TEST(hybrid_delta_split_equals_whole) {
+static void split_case(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     enum { N = 200 };
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    if (isa > lm_cpu_isa_detect()) return;
+    lm_backend *be = lm_cpu_backend_create(2, isa, NULL);
     LM_REQUIRE(be);
     uint64_t s = 5;
     float *qkv = malloc(sizeof(float) * N * QKV), *g = malloc(sizeof(float) * N * HV), *beta = malloc(sizeof(float) * N * HV);
@@ -248,6 +256,10 @@ LM_TEST(hybrid_delta_split_equals_whole) {
     }
     free(qkv), free(g), free(beta);
     lm_backend_destroy(be);
+}
+
+LM_TEST(hybrid_delta_split_equals_whole) {
+    for (size_t i = 0; i < LM_COUNT(dt_isas); i++) split_case(lm_t_, dt_isas[i]);
 }
 
 /* ---- conv1d_state -------------------------------------------------------------- */

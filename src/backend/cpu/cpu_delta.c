@@ -24,7 +24,8 @@
  * Both forms are the same sums in another order; decay ratios are always
  * exponents of differences (<= 0), so nothing overflows however strong the
  * decay. Sums of squares and cumulative decays are double; the rest is f32
- * with f32 accumulation. */
+ * with f32 accumulation, the inner loops in the ISA's attention kernels
+ * (cpu_kern.h: dot products with a run of rows, o += sum_j p[j] row_j). */
 #include "cpu_impl.h"
 
 #include <math.h>
@@ -161,6 +162,7 @@ void lm_cpu_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_
 /* ---- gated_delta ----------------------------------------------------------------- */
 
 typedef struct lm_delta_ctx {
+    const lm_cpu_kern *k;
     float *out;
     const float *qkv, *g, *beta;
     int64_t qkv_cols, out_cols;
@@ -178,12 +180,6 @@ static void lm_l2norm(float *dst, const float *src, int n, double scale) {
     for (int i = 0; i < n; i++) dst[i] = src[i] * f;
 }
 
-static float lm_dot(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 /* Column offsets of head h's q, k and v in a qkv row. */
 static void lm_delta_cols(const lm_delta_params *p, int h, int64_t *qo, int64_t *ko, int64_t *vo) {
     int hk = h / (p->n_v_heads / p->n_k_heads);
@@ -192,27 +188,29 @@ static void lm_delta_cols(const lm_delta_params *p, int h, int64_t *qo, int64_t 
     *vo = 2 * (int64_t)p->n_k_heads * p->k_dim + (int64_t)h * p->v_dim;
 }
 
+/* The inner loops use the ISA's kernel table: dot products of one vector
+ * with a run of rows (attn_scores, scale 1) and o += sum_j p[j] row_j
+ * (attn_accum), so S^T x, the forward substitution and the rank updates
+ * all stream rows of S or of the chunk's matrices through registers. */
+
 /* One token of head h: the recurrent form. S [Dk][Dv]. */
 static void lm_delta_step(const lm_delta_ctx *c, float *S, int t, int h, float *work) {
     const lm_delta_params *p = c->p;
+    const lm_cpu_kern *k = c->k;
     const int Dk = p->k_dim, Dv = p->v_dim;
     int64_t qo, ko, vo;
     lm_delta_cols(p, h, &qo, &ko, &vo);
     const float *row = c->qkv + (int64_t)t * c->qkv_cols;
-    float *q = work, *k = q + Dk, *sk = k + Dk, *sq = sk + Dv;
+    float *q = work, *kk = q + Dk, *sk = kk + Dk, *sq = sk + Dv;
     lm_l2norm(q, row + qo, Dk, 1.0 / sqrt((double)Dk));
-    lm_l2norm(k, row + ko, Dk, 1.0);
+    lm_l2norm(kk, row + ko, Dk, 1.0);
     const int64_t gi = (int64_t)t * p->n_v_heads + h;
     const float alpha = (float)exp((double)c->g[gi]), beta = c->beta[gi];
-    for (int v = 0; v < Dv; v++) sk[v] = sq[v] = 0.0f;
-    for (int d = 0; d < Dk; d++) {
-        const float *sr = S + (int64_t)d * Dv, kd = k[d], qd = q[d];
-        for (int v = 0; v < Dv; v++) {
-            sk[v] += kd * sr[v];
-            sq[v] += qd * sr[v];
-        }
-    }
-    const float qk = lm_dot(q, k, Dk);
+    memset(sk, 0, 2 * (size_t)Dv * sizeof(float));
+    k->attn_accum(sk, kk, S, Dv, Dk, Dv); /* S^T k */
+    k->attn_accum(sq, q, S, Dv, Dk, Dv);  /* S^T q */
+    float qk;
+    k->attn_scores(q, kk, 0, 1, Dk, 1.0f, &qk);
     const float *vt = row + vo;
     float *o = c->out + (int64_t)t * c->out_cols + (int64_t)h * Dv;
     for (int v = 0; v < Dv; v++) {
@@ -220,28 +218,30 @@ static void lm_delta_step(const lm_delta_ctx *c, float *S, int t, int h, float *
         sk[v] = u;
         o[v] = alpha * sq[v] + qk * u;
     }
-    for (int d = 0; d < Dk; d++) {
-        float *sr = S + (int64_t)d * Dv, kd = k[d];
-        for (int v = 0; v < Dv; v++) sr[v] = alpha * sr[v] + kd * sk[v];
-    }
+    k->scal(S, alpha, (int64_t)Dk * Dv);
+    for (int d = 0; d < Dk; d++) k->attn_accum(S + (int64_t)d * Dv, &kk[d], sk, 0, 1, Dv);
 }
 
 /* Scratch floats one thread needs for the chunked form. */
 static size_t lm_delta_scratch(int Dk, int Dv) {
     const size_t CH = LM_DELTA_CHUNK;
-    return CH * (3 * (size_t)Dk + 2 * (size_t)Dv) + 2 * CH * CH + 4 * CH + 2 * ((size_t)Dk + Dv) + 64;
+    return CH * (4 * (size_t)Dk + 2 * (size_t)Dv) + 2 * CH * CH + 4 * CH + 2 * ((size_t)Dk + Dv) + 64;
 }
 
-/* n <= LM_DELTA_CHUNK tokens idx[] of one sequence, head h: the chunked form. */
+/* n <= LM_DELTA_CHUNK tokens idx[] of one sequence, head h: the chunked form.
+ * The strictly lower system is kept negated (An = -A) and so is W_k
+ * (Wn = -W_k), so that every update is an accumulation. */
 static void lm_delta_chunk(const lm_delta_ctx *c, float *S, const int *idx, int n, int h, float *work) {
     const lm_delta_params *p = c->p;
+    const lm_cpu_kern *k = c->k;
     const int Dk = p->k_dim, Dv = p->v_dim, CH = LM_DELTA_CHUNK;
     int64_t qo, ko, vo;
     lm_delta_cols(p, h, &qo, &ko, &vo);
-    float *Q = work, *K = Q + CH * Dk, *Wk = K + CH * Dk; /* [CH][Dk] each */
-    float *U = Wk + CH * Dk, *O = U + CH * Dv;           /* [CH][Dv] each */
-    float *A = O + CH * Dv, *Aqk = A + CH * CH;           /* [CH][CH] each */
-    float *beta = Aqk + CH * CH, *eg = beta + CH, *dn = eg + CH;
+    float *Q = work, *K = Q + CH * Dk, *Wn = K + CH * Dk; /* [CH][Dk] each */
+    float *KT = Wn + CH * Dk;                             /* [Dk][CH] decayed keys, transposed */
+    float *U = KT + (size_t)Dk * CH, *O = U + CH * Dv;    /* [CH][Dv] each */
+    float *An = O + CH * Dv, *Aqk = An + CH * CH;         /* [CH][CH] each */
+    float *beta = Aqk + CH * CH, *eg = beta + CH, *dn = eg + CH, *qe = dn + CH; /* qe [Dk] */
     double G[LM_DELTA_CHUNK];
     const double qscale = 1.0 / sqrt((double)Dk);
     double cum = 0.0;
@@ -256,61 +256,45 @@ static void lm_delta_chunk(const lm_delta_ctx *c, float *S, const int *idx, int 
         eg[i] = (float)exp(cum);
     }
     for (int j = 0; j < n; j++) dn[j] = (float)exp(G[n - 1] - G[j]);
-    /* A: the strictly lower system; Aqk: decayed q.k, lower with the diagonal */
-    for (int i = 0; i < n; i++)
+    /* An: minus the strictly lower system; Aqk: decayed q.k, lower with the diagonal */
+    for (int i = 0; i < n; i++) {
+        float *ai = An + i * CH, *qi = Aqk + i * CH;
+        k->attn_scores(K + i * Dk, K, Dk, i, Dk, 1.0f, ai);
+        k->attn_scores(Q + i * Dk, K, Dk, i + 1, Dk, 1.0f, qi);
         for (int j = 0; j <= i; j++) {
             float decay = (float)exp(G[i] - G[j]);
-            if (j < i) A[i * CH + j] = beta[i] * decay * lm_dot(K + i * Dk, K + j * Dk, Dk);
-            Aqk[i * CH + j] = decay * lm_dot(Q + i * Dk, K + j * Dk, Dk);
+            if (j < i) ai[j] *= -beta[i] * decay;
+            qi[j] *= decay;
         }
-    /* forward substitution: U = W_v, Wk = W_k */
+    }
+    /* forward substitution: U = W_v = (I + A)^-1 beta v, Wn = -W_k = -(I + A)^-1 beta e^G k */
     for (int i = 0; i < n; i++) {
         const float *vt = c->qkv + (int64_t)idx[i] * c->qkv_cols + vo;
-        float *ui = U + i * Dv, *wi = Wk + i * Dk;
-        const float bk = beta[i] * eg[i];
+        float *ui = U + i * Dv, *wi = Wn + i * Dk;
+        const float bk = -beta[i] * eg[i];
         for (int v = 0; v < Dv; v++) ui[v] = beta[i] * vt[v];
         for (int d = 0; d < Dk; d++) wi[d] = bk * K[i * Dk + d];
-        for (int j = 0; j < i; j++) {
-            const float a = A[i * CH + j];
-            const float *uj = U + j * Dv, *wj = Wk + j * Dk;
-            for (int v = 0; v < Dv; v++) ui[v] -= a * uj[v];
-            for (int d = 0; d < Dk; d++) wi[d] -= a * wj[d];
-        }
+        k->attn_accum(ui, An + i * CH, U, Dv, i, Dv);
+        k->attn_accum(wi, An + i * CH, Wn, Dk, i, Dk);
     }
-    /* one pass over S0: u_i = W_v,i - S0^T W_k,i and o_i = e^{G_i} S0^T q_i */
-    memset(O, 0, (size_t)n * Dv * sizeof(float));
-    for (int d = 0; d < Dk; d++) {
-        const float *sr = S + (int64_t)d * Dv;
-        for (int i = 0; i < n; i++) {
-            const float wk = Wk[i * Dk + d], qd = eg[i] * Q[i * Dk + d];
-            float *ui = U + i * Dv, *oi = O + i * Dv;
-            for (int v = 0; v < Dv; v++) {
-                ui[v] -= wk * sr[v];
-                oi[v] += qd * sr[v];
-            }
-        }
+    /* with S0: u_i = W_v,i - S0^T W_k,i and o_i = e^{G_i} S0^T q_i + sum_{j<=i} Aqk_ij u_j */
+    for (int i = 0; i < n; i++) {
+        float *ui = U + i * Dv, *oi = O + i * Dv;
+        k->attn_accum(ui, Wn + i * Dk, S, Dv, Dk, Dv);
+        for (int d = 0; d < Dk; d++) qe[d] = eg[i] * Q[i * Dk + d];
+        memset(oi, 0, (size_t)Dv * sizeof(float));
+        k->attn_accum(oi, qe, S, Dv, Dk, Dv);
     }
-    /* intra-chunk attention, then the output rows */
     for (int i = 0; i < n; i++) {
         float *oi = O + i * Dv;
-        for (int j = 0; j <= i; j++) {
-            const float a = Aqk[i * CH + j];
-            const float *uj = U + j * Dv;
-            for (int v = 0; v < Dv; v++) oi[v] += a * uj[v];
-        }
+        k->attn_accum(oi, Aqk + i * CH, U, Dv, i + 1, Dv);
         memcpy(c->out + (int64_t)idx[i] * c->out_cols + (int64_t)h * Dv, oi, (size_t)Dv * sizeof(float));
     }
-    /* the state after the chunk */
-    const float gn = eg[n - 1];
-    for (int d = 0; d < Dk; d++) {
-        float *sr = S + (int64_t)d * Dv;
-        for (int v = 0; v < Dv; v++) sr[v] *= gn;
-        for (int j = 0; j < n; j++) {
-            const float kd = dn[j] * K[j * Dk + d];
-            const float *uj = U + j * Dv;
-            for (int v = 0; v < Dv; v++) sr[v] += kd * uj[v];
-        }
-    }
+    /* the state after the chunk: S = e^{G_n} S0 + sum_j e^{G_n - G_j} k_j u_j^T */
+    for (int d = 0; d < Dk; d++)
+        for (int j = 0; j < n; j++) KT[d * CH + j] = dn[j] * K[j * Dk + d];
+    k->scal(S, eg[n - 1], (int64_t)Dk * Dv);
+    for (int d = 0; d < Dk; d++) k->attn_accum(S + (int64_t)d * Dv, KT + d * CH, U, Dv, n, Dv);
 }
 
 /* Sequence s, value head h: all of its tokens in this batch. */
@@ -359,7 +343,7 @@ void lm_cpu_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, co
     LM_ASSERT(out->data != qkv->data);
     lm_state_check(kv, p->state, b, (int64_t)Hv * Dk * Dv);
     lm_cpu_reserve(c, lm_delta_scratch(Dk, Dv) * sizeof(float));
-    lm_delta_ctx d = { out->data, qkv->data, g->data, beta->data, qkv->cols, out->cols, kv, b, p, c->scratch };
+    lm_delta_ctx d = { c->k, out->data, qkv->data, g->data, beta->data, qkv->cols, out->cols, kv, b, p, c->scratch };
     int64_t per_item = (int64_t)(b->n_tokens / LM_MAX(b->n_seqs, 1) + 1) * 4 * Dk * Dv;
     lm_cpu_parallel_for(c, (int64_t)b->n_seqs * Hv, per_item, lm_delta_range, &d);
 }
