@@ -187,3 +187,50 @@ LM_TEST(tokenizer_gguf_spm_mistral) { check_gguf(lm_t_, "mistral", true, NULL, t
 LM_TEST(tokenizer_gguf_bpe_qwen3) { check_gguf(lm_t_, "qwen3", false, "qwen2", false); }
 LM_TEST(tokenizer_gguf_bpe_llama3) { check_gguf(lm_t_, "llama3", false, "llama-bpe", false); }
 LM_TEST(tokenizer_gguf_spm_gemma3) { check_gguf(lm_t_, "gemma3", true, NULL, true); }
+
+/* A GGUF token need not be valid UTF-8: a user-defined token "\x9f" must not
+ * match inside an emoji (whose bytes contain 0x9f) and split the character. */
+LM_TEST(tokenizer_gguf_invalid_utf8_token) {
+    static const char *const toks[] = { "<unk>", "<s>", "</s>", "\x9f", "\xE2\x96\x81", "a" };
+    static const int32_t types[] = { 2, 3, 3, 4, 1, 1 };
+    buf b = { 0 };
+    put(&b, "GGUF", 4);
+    u32(&b, 3);
+    u64(&b, 0);
+    u64(&b, 4);
+    key(&b, "tokenizer.ggml.model", T_STRING);
+    str(&b, "llama", 5);
+    key(&b, "tokenizer.ggml.tokens", T_ARRAY);
+    u32(&b, T_STRING);
+    u64(&b, 6);
+    for (int i = 0; i < 6; i++) str(&b, toks[i], strlen(toks[i]));
+    key(&b, "tokenizer.ggml.token_type", T_ARRAY);
+    u32(&b, T_I32);
+    u64(&b, 6);
+    put(&b, types, sizeof types);
+    key(&b, "tokenizer.ggml.scores", T_ARRAY);
+    u32(&b, T_F32);
+    u64(&b, 6);
+    for (int i = 0; i < 6; i++) {
+        float sc = -(float)i;
+        put(&b, &sc, 4);
+    }
+    char *dir = lm_tu_mkdir("tokgguf8");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/t.gguf", dir);
+    LM_REQUIRE(lm_tu_write(path, b.p, b.n) == 0);
+    free(b.p);
+    lm_tokenizer *t;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_tokenizer_load(&t, path, &e) == 0);
+    const char *text = "a \xF0\x9F\x98\x80 a\x9f";
+    lm_tok_ids ids = { 0 };
+    LM_CHECK(lm_tokenizer_encode(t, text, strlen(text), true, &ids, &e) == 0);
+    /* ▁ a ▁ <unk>(emoji) ▁ a <unk>(U+FFFD for the stray byte); no bos id given */
+    static const int32_t want[] = { 4, 5, 4, 0, 4, 5, 0 };
+    LM_CHECK(ids.n == LM_COUNT(want) && !memcmp(ids.ids, want, sizeof want));
+    LM_CHECK(lm_tokenizer_bos(t) == -1 && !lm_tokenizer_adds_bos(t));
+    lm_tok_ids_free(&ids);
+    lm_tokenizer_free(t);
+    free(dir);
+}

@@ -21,7 +21,8 @@ static const char *const k_help =
     "  --no-special       do not add the post-processor's special tokens (bos ...)\n"
     "  --file PATH        tokenize the contents of PATH instead of TEXT\n"
     "  --decode IDS       decode comma-separated ids instead (\"1,2,3\")\n"
-    "  --bench PATH       encode PATH --reps times, print tokens/s (one thread)\n"
+    "  --bench PATH       encode PATH --reps times, print tokens/s (one thread);\n"
+    "                     also decode speed, whole and one id at a time\n"
     "  --reps N           repetitions for --bench (default 3, best is kept)\n"
     "  --paragraphs       with --bench: encode each \"\\n\\n\"-separated paragraph\n"
     "                     on its own (separators dropped) instead of one text\n";
@@ -86,6 +87,7 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
     }
     double best = 1e30;
     size_t ntok = 0;
+    double dec_s = 0, stream_s = 0;
     uint32_t fnv = 0x811c9dc5; /* FNV-1a over the ids' bytes, to compare with tools/tokbench */
     for (long r = 0; r < reps; r++) {
         lm_tokenizer *fresh = NULL;
@@ -101,6 +103,20 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
         double dt = lm_now() - t0;
         if (dt < best) best = dt;
         ntok = ids.n;
+        if (r == 0) { /* decode speed, whole and streamed */
+            lm_tok_str out = { 0 };
+            double d0 = lm_now();
+            lm_tokenizer_decode(t, ids.ids, ids.n, false, &out);
+            dec_s = lm_now() - d0;
+            lm_detok *stream = lm_detok_create(t, false);
+            out.len = 0;
+            d0 = lm_now();
+            for (size_t i = 0; i < ids.n; i++) lm_detok_push(stream, ids.ids[i], &out);
+            lm_detok_finish(stream, &out);
+            stream_s = lm_now() - d0;
+            lm_detok_free(stream);
+            lm_tok_str_free(&out);
+        }
         if (r == 0)
             for (size_t i = 0; i < ids.n; i++)
                 for (int k = 0; k < 4; k++) fnv = (fnv ^ (((uint32_t)ids.ids[i] >> (8 * k)) & 255)) * 16777619u;
@@ -108,8 +124,9 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
         lm_tokenizer_free(fresh);
     }
     printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"tokens_per_s\":%.0f,\"mb_per_s\":%.2f,"
-           "\"load_seconds\":%.3f,\"ids_fnv1a\":\"%x\"}\n",
-           len, ntok, best, ntok / best, len / best / 1e6, load_s, fnv);
+           "\"load_seconds\":%.3f,\"ids_fnv1a\":\"%x\",\"decode_tokens_per_s\":%.0f,"
+           "\"stream_decode_tokens_per_s\":%.0f}\n",
+           len, ntok, best, ntok / best, len / best / 1e6, load_s, fnv, ntok / dec_s, ntok / stream_s);
     free(text);
     return 0;
 }

@@ -50,12 +50,16 @@ void tok_trie_add(tok_trie *t, const char *s, size_t n, int32_t added) {
     if (t->nodes[cur].added < 0) t->nodes[cur].added = added; /* first one wins */
 }
 
-/* Longest token starting at s[i]; returns its length (0 none), sets *added. */
+static bool is_cont(uint8_t b) { return (b & 0xC0) == 0x80; }
+
+/* Longest token starting at s[i] and ending on a character boundary (a
+ * GGUF token need not be valid UTF-8; text pieces must stay valid); returns
+ * its length (0 none), sets *added. */
 static size_t longest_at(const tok_trie *t, const char *s, size_t n, size_t i, int32_t *added) {
     int32_t cur = t->root[(uint8_t)s[i]];
     size_t best = 0;
     for (size_t j = i + 1; cur >= 0; j++) {
-        if (t->nodes[cur].added >= 0) {
+        if (t->nodes[cur].added >= 0 && (j == n || !is_cont((uint8_t)s[j]))) {
             best = j - i;
             *added = t->nodes[cur].added;
         }
@@ -93,7 +97,7 @@ void tok_split_added(const lm_tokenizer *t, const tok_trie *trie, const char *s,
         return;
     }
     for (size_t i = 0; i < n;) {
-        if (trie->root[(uint8_t)s[i]] < 0) { i++; continue; }
+        if (trie->root[(uint8_t)s[i]] < 0 || is_cont((uint8_t)s[i])) { i++; continue; }
         int32_t ai = -1;
         size_t len = longest_at(trie, s, n, i, &ai);
         if (!len) { i++; continue; }

@@ -213,8 +213,8 @@ static void encode_word(const lm_tokenizer *t, tok_work *w, const char *s, size_
     const tok_bpe *m = &t->bpe;
     int32_t k;
     if (m->byte_level) {
-        bool simple = !m->prefix_len && !m->suffix_len;
-        if (m->ignore_merges || !simple || !(simple = bytes_known(m, s, n))) {
+        bool simple = !m->prefix_len && !m->suffix_len && bytes_known(m, s, n);
+        if (m->ignore_merges || !simple) {
             w->word.len = 0;
             tok_str_reserve(&w->word, n * 2);
             for (size_t i = 0; i < n; i++) {
@@ -297,8 +297,7 @@ void tok_bpe_word(const lm_tokenizer *t, tok_work *w, const char *s, size_t n, l
         tok_cache_ent *e = &w->cache[i];
         if (!e->key_len) break;
         if (e->h == h && e->key_len == n && !memcmp(w->cache_keys.s + e->key_off, s, n)) {
-            const int32_t *ids = w->cache_ids.ids + e->ids_off;
-            for (uint32_t j = 0; j < e->ids_len; j++) tok_ids_push(out, ids[j]);
+            for (uint32_t j = 0; j < e->ids_len; j++) tok_ids_push(out, w->cache_ids.ids[e->ids_off + j]);
             return;
         }
         i = (i + 1) & w->cache_mask;
@@ -341,7 +340,6 @@ void tok_work_free(tok_work *w) {
     if (w->rs.md) pcre2_match_data_free(w->rs.md);
     free(w->syms);
     free(w->heap);
-    lm_tok_ids_free(&w->word_ids);
     free(w->cache);
     lm_tok_str_free(&w->cache_keys);
     lm_tok_ids_free(&w->cache_ids);

@@ -14,6 +14,7 @@
  * bytes into text with Rust's from_utf8_lossy rules, holding only an
  * incomplete trailing character. The sink runs one more lossy pass so the
  * output is always valid UTF-8 and never ends inside a character. */
+#define _GNU_SOURCE /* memmem */
 #include <string.h>
 
 #include "tok_internal.h"
@@ -30,6 +31,7 @@ typedef struct dec_state {
     int stripped;          /* Strip: leading chars removed in this token */
     bool lead_done;
     lm_tok_str held;       /* Strip: trailing content chars held back; BPE: previous token */
+    lm_tok_str scratch, scratch2; /* this stage's output before it is passed on */
     int n_held;
     bool has_prev;
 } dec_state;
@@ -42,7 +44,6 @@ struct lm_detok {
     int n;
     long n_tokens;         /* no decoder: join with " " */
     tok_utf8_stream sink;
-    lm_tok_str tmp;
     lm_tok_str *out;       /* where the current push writes */
 };
 
@@ -76,8 +77,9 @@ void lm_detok_free(lm_detok *d) {
         lm_tok_str_free(&d->st[i].buf);
         lm_tok_str_free(&d->st[i].group);
         lm_tok_str_free(&d->st[i].held);
+        lm_tok_str_free(&d->st[i].scratch);
+        lm_tok_str_free(&d->st[i].scratch2);
     }
-    lm_tok_str_free(&d->tmp);
     free(d->st);
     free(d->stage);
     free(d);
@@ -101,17 +103,31 @@ static bool is_byte_token(const char *s, size_t n, uint8_t *byte) {
     return true;
 }
 
+/* out = s with every match of p replaced by `with` (HF's replace). Literal
+ * patterns (all that real decoders use) go without the span list. */
 static void replace_all(const tok_pattern *p, const char *with, size_t wn, const char *s, size_t n,
                         lm_tok_str *out) {
+    out->len = 0;
+    tok_str_reserve(out, n);
+    if (p->kind == TOK_PAT_STRING) {
+        size_t i = 0;
+        while (p->len && i + p->len <= n) {
+            const char *hit = memmem(s + i, n - i, p->str, p->len);
+            if (!hit) break;
+            tok_str_append(out, s + i, (size_t)(hit - (s + i)));
+            tok_str_append(out, with, wn);
+            i = (size_t)(hit - s) + p->len;
+        }
+        tok_str_append(out, s + i, n - i);
+        return;
+    }
     tok_spans sp = { 0 };
     tok_regex_scratch rs = { 0 };
     tok_find_matches(p, s, n, &sp, &rs);
-    out->len = 0;
     for (size_t i = 0; i < sp.n; i++) {
         if (sp.v[i].match) tok_str_append(out, with, wn);
         else tok_str_append(out, s + sp.v[i].start, sp.v[i].end - sp.v[i].start);
     }
-    tok_str_reserve(out, 0);
     free(sp.v);
     if (rs.md) pcre2_match_data_free(rs.md);
 }
@@ -138,13 +154,10 @@ static void whole_token(lm_detok *d, int k, const char *s, size_t n) {
     dec_state *st = &d->st[k];
     long i = st->index++;
     switch (dec->kind) {
-    case TOK_DEC_REPLACE: {
-        lm_tok_str o = { 0 };
-        replace_all(&dec->pat, dec->content, dec->content_len, s, n, &o);
-        emit(d, k + 1, o.s, o.len, CH_NEW | CH_END);
-        lm_tok_str_free(&o);
+    case TOK_DEC_REPLACE:
+        replace_all(&dec->pat, dec->content, dec->content_len, s, n, &st->scratch);
+        emit(d, k + 1, st->scratch.s, st->scratch.len, CH_NEW | CH_END);
         break;
-    }
     case TOK_DEC_BYTEFALLBACK: {
         uint8_t b;
         if (is_byte_token(s, n, &b)) {
@@ -156,26 +169,22 @@ static void whole_token(lm_detok *d, int k, const char *s, size_t n) {
         break;
     }
     case TOK_DEC_BYTELEVEL: {
-        lm_tok_str bytes = { 0 };
+        lm_tok_str *bytes = &st->scratch2, *o = &st->scratch;
+        bytes->len = o->len = 0;
+        tok_str_reserve(bytes, n);
+        tok_str_reserve(o, n + 8);
         bool ok = true;
         for (size_t j = 0; j < n && ok;) {
             int l;
             int b = tok_cp_to_byte(tok_utf8_cp(s + j, n - j, &l));
             if (b < 0) ok = false;
-            else {
-                uint8_t c = (uint8_t)b;
-                tok_str_append(&bytes, &c, 1);
-            }
+            else bytes->s[bytes->len++] = (char)b;
             j += (size_t)l;
         }
-        const char *src = ok ? bytes.s : s;
-        size_t sn = ok ? bytes.len : n;
-        lm_tok_str o = { 0 };
-        tok_utf8_stream_feed(&st->u, src ? src : "", sn, &o);
-        if (o.len || !st->started) emit(d, k + 1, o.s ? o.s : "", o.len, st->started ? 0 : CH_NEW);
+        if (ok) tok_utf8_stream_feed(&st->u, bytes->s, bytes->len, o);
+        else tok_utf8_stream_feed(&st->u, s, n, o);
+        if (o->len || !st->started) emit(d, k + 1, o->s, o->len, st->started ? 0 : CH_NEW);
         st->started = true;
-        lm_tok_str_free(&o);
-        lm_tok_str_free(&bytes);
         break;
     }
     case TOK_DEC_WORDPIECE: {
@@ -223,8 +232,9 @@ static void strip_chunk(lm_detok *d, int k, const char *s, size_t n, int flags) 
         st->stripped = 0, st->lead_done = false, st->held.len = 0, st->n_held = 0;
     }
     bool new_out = flags & CH_NEW;
-    lm_tok_str *o = &d->tmp;
+    lm_tok_str *o = &st->scratch;
     o->len = 0;
+    tok_str_reserve(o, n);
     for (size_t j = 0; j < n;) {
         int l;
         uint32_t c = tok_utf8_cp(s + j, n - j, &l);
@@ -254,13 +264,7 @@ static void strip_chunk(lm_detok *d, int k, const char *s, size_t n, int flags) 
         tok_str_append(o, cs, (size_t)l);
     }
     if (flags & CH_END) st->held.len = 0, st->n_held = 0; /* trailing chars stripped */
-    if (o->len || flags) {
-        /* copy out: emit may reuse d->tmp further down the chain */
-        lm_tok_str c = { 0 };
-        tok_str_append(&c, o->s ? o->s : "", o->len);
-        emit(d, k + 1, c.s, c.len, (new_out ? CH_NEW : 0) | (flags & CH_END));
-        lm_tok_str_free(&c);
-    }
+    if (o->len || flags) emit(d, k + 1, o->s, o->len, (new_out ? CH_NEW : 0) | (flags & CH_END));
 }
 
 static void metaspace_chunk(lm_detok *d, int k, const char *s, size_t n, int flags) {
@@ -268,17 +272,33 @@ static void metaspace_chunk(lm_detok *d, int k, const char *s, size_t n, int fla
     dec_state *st = &d->st[k];
     if (flags & CH_NEW) st->index++;
     bool first = st->index == 1 && !dec->prepend_never;
-    lm_tok_str o = { 0 };
+    lm_tok_str *o = &st->scratch;
+    o->len = 0;
+    tok_str_reserve(o, n);
     for (size_t j = 0; j < n;) {
         int l;
         uint32_t c = tok_utf8_cp(s + j, n - j, &l);
         if (c == dec->strip_char) {
-            if (!first) tok_str_append(&o, " ", 1);
-        } else tok_str_append(&o, s + j, (size_t)l);
+            if (!first) tok_str_append(o, " ", 1);
+        } else tok_str_append(o, s + j, (size_t)l);
         j += (size_t)l;
     }
-    emit(d, k + 1, o.s ? o.s : "", o.len, flags);
-    lm_tok_str_free(&o);
+    emit(d, k + 1, o->s, o->len, flags);
+}
+
+/* A buffered token is complete: process it. The buffer is moved out first
+ * because processing may emit into stages that come back here only via
+ * their own state, never this buffer. */
+static void flush_token(lm_detok *d, int k) {
+    dec_state *st = &d->st[k];
+    lm_tok_str b = st->buf;
+    st->buf = (lm_tok_str){ 0 };
+    st->in_token = false;
+    tok_str_reserve(&b, 0);
+    whole_token(d, k, b.s, b.len);
+    b.len = 0;
+    lm_tok_str_free(&st->buf);
+    st->buf = b;
 }
 
 /* Feeds a chunk to stage k (k == n: the sink). */
@@ -301,15 +321,7 @@ static void emit(lm_detok *d, int k, const char *s, size_t n, int flags) {
     default: break;
     }
     /* whole-token stages */
-    if ((flags & CH_NEW) && st->in_token) { /* the previous token ended unannounced */
-        lm_tok_str b = st->buf;
-        st->buf = (lm_tok_str){ 0 };
-        st->in_token = false;
-        whole_token(d, k, b.s ? b.s : "", b.len);
-        lm_tok_str_free(&st->buf);
-        st->buf = b;
-        st->buf.len = 0;
-    }
+    if ((flags & CH_NEW) && st->in_token) flush_token(d, k); /* the previous token ended unannounced */
     if ((flags & CH_NEW) && (flags & CH_END)) {
         whole_token(d, k, s, n);
         return;
@@ -317,15 +329,7 @@ static void emit(lm_detok *d, int k, const char *s, size_t n, int flags) {
     if (flags & CH_NEW) st->buf.len = 0;
     tok_str_append(&st->buf, s, n);
     st->in_token = true;
-    if (flags & CH_END) {
-        lm_tok_str b = st->buf;
-        st->buf = (lm_tok_str){ 0 };
-        st->in_token = false;
-        whole_token(d, k, b.s, b.len);
-        lm_tok_str_free(&st->buf);
-        st->buf = b;
-        st->buf.len = 0;
-    }
+    if (flags & CH_END) flush_token(d, k);
 }
 
 /* End of input at stage k: flush what it holds, then the stages after it. */
@@ -337,23 +341,16 @@ static void finish(lm_detok *d, int k) {
     }
     const tok_decoder *dec = d->stage[k];
     dec_state *st = &d->st[k];
-    if (st->in_token) {
-        lm_tok_str b = st->buf;
-        st->buf = (lm_tok_str){ 0 };
-        st->in_token = false;
-        whole_token(d, k, b.s ? b.s : "", b.len);
-        lm_tok_str_free(&st->buf);
-        st->buf = b;
-        st->buf.len = 0;
-    }
+    if (st->in_token) flush_token(d, k);
     switch (dec->kind) {
     case TOK_DEC_BYTEFALLBACK: bf_flush(d, k); break;
     case TOK_DEC_BYTELEVEL: {
-        lm_tok_str o = { 0 };
-        tok_utf8_stream_end(&st->u, &o);
-        if (o.len || !st->started) emit(d, k + 1, o.s ? o.s : "", o.len, st->started ? 0 : CH_NEW);
+        lm_tok_str *o = &st->scratch;
+        o->len = 0;
+        tok_str_reserve(o, 4);
+        tok_utf8_stream_end(&st->u, o);
+        if (o->len || !st->started) emit(d, k + 1, o->s, o->len, st->started ? 0 : CH_NEW);
         emit(d, k + 1, "", 0, CH_END);
-        lm_tok_str_free(&o);
         break;
     }
     case TOK_DEC_FUSE:
@@ -373,10 +370,10 @@ static void finish(lm_detok *d, int k) {
         break;
     default: break;
     }
-    /* reset for reuse */
-    lm_tok_str buf = st->buf, group = st->group, held = st->held;
-    buf.len = group.len = held.len = 0;
-    *st = (dec_state){ .buf = buf, .group = group, .held = held };
+    /* reset for reuse, keeping the buffers */
+    lm_tok_str buf = st->buf, group = st->group, held = st->held, sc = st->scratch, sc2 = st->scratch2;
+    buf.len = group.len = held.len = sc.len = sc2.len = 0;
+    *st = (dec_state){ .buf = buf, .group = group, .held = held, .scratch = sc, .scratch2 = sc2 };
     finish(d, k + 1);
 }
 

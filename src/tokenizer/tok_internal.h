@@ -209,8 +209,8 @@ typedef struct tok_trie {
     int32_t root[256];      /* child of the root for each first byte, -1 = none */
 } tok_trie;
 
-/* Splits text into spans: match=1 spans are added tokens (their index in
- * tok->added in spans->v[i].match - 1... see added.c), others plain text. */
+/* A segment of text: plain text (added -1) or an added token (its index
+ * in lm_tokenizer.added). */
 typedef struct tok_seg { uint32_t start, end; int32_t added; } tok_seg; /* added -1 = text */
 typedef struct tok_segs { tok_seg *v; size_t n, cap; } tok_segs;
 
@@ -247,7 +247,6 @@ typedef struct tok_work {
     size_t syms_cap;
     struct tok_heap_ent *heap;
     size_t heap_cap;
-    lm_tok_ids word_ids;
     /* word -> ids cache */
     tok_cache_ent *cache;
     size_t cache_mask, cache_n;

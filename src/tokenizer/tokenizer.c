@@ -316,7 +316,6 @@ static void encode_with(lm_tokenizer *t, tok_work *w, const char *text, size_t l
 
 int lm_tokenizer_encode(lm_tokenizer *t, const char *text, size_t len, bool add_special,
                         lm_tok_ids *out, lm_err *e) {
-    (void)e;
     if (len && !text) return lm_errf(e, "encode: NULL text");
     if (len > (size_t)UINT32_MAX / 4) return lm_errf(e, "encode: text of %zu bytes is too long", len);
     if (!len) text = "";

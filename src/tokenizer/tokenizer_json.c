@@ -427,29 +427,51 @@ bad:
     return -1;
 }
 
+/* Added tokens get their ids as HF's AddedVocabulary::add_tokens gives them
+ * (the "id" in the file is only checked by HF, with a warning): a token in
+ * the model vocabulary takes that id; a new one takes the vocabulary size
+ * (its entry count) or, once added ids reach past it, the largest so far + 1.
+ * Empty and repeated contents are skipped. Real files agree with this; a
+ * hand-edited one with gaps is renumbered exactly as HF renumbers it. */
 static int parse_added(jctx *c, lm_tokenizer *t, json_t *a) {
     if (!a) return 0;
     if (!json_is_array(a)) return fail(c, "added_tokens", "not an array%s", NULL);
-    t->n_added = (int)json_array_size(a);
-    t->added = lm_xcalloc((size_t)t->n_added + 1, sizeof *t->added);
-    for (int i = 0; i < t->n_added; i++) {
-        json_t *o = json_array_get(a, (size_t)i);
+    size_t n = json_array_size(a);
+    t->added = lm_xcalloc(n + 1, sizeof *t->added);
+    tok_vocab seen;
+    tok_vocab_init(&seen, n);
+    int64_t vocab_size = (int64_t)t->vocab.n_used, max_id = -1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_array_get(a, i);
         json_t *id = json_object_get(o, "id");
-        size_t n;
-        const char *s = jstr(o, "content", &n);
+        size_t len;
+        const char *s = jstr(o, "content", &len);
         char path[64];
-        snprintf(path, sizeof path, "added_tokens[%d]", i);
-        if (!s || !json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_ID)
+        snprintf(path, sizeof path, "added_tokens[%zu]", i);
+        if (!s || !json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_ID) {
+            tok_vocab_free(&seen);
             return fail(c, path, "needs \"id\" and \"content\"%s", NULL);
-        tok_added *ad = &t->added[i];
-        ad->id = (int32_t)json_integer_value(id);
-        ad->content = dupn(s, n), ad->len = n;
+        }
+        if (!len || tok_vocab_get(&seen, s, len) >= 0) continue;
+        int32_t vid = tok_vocab_get(&t->vocab, s, len);
+        int64_t nid = vid >= 0 ? vid : max_id < 0 ? vocab_size
+                    : (max_id >= vocab_size || vocab_size == 0) ? max_id + 1 : vocab_size;
+        if (nid >= MAX_ID) {
+            tok_vocab_free(&seen);
+            return fail(c, path, "too many added tokens%s", NULL);
+        }
+        tok_vocab_set(&seen, t->n_added, s, len);
+        max_id = LM_MAX(max_id, nid);
+        tok_added *ad = &t->added[t->n_added++];
+        ad->id = (int32_t)nid;
+        ad->content = dupn(s, len), ad->len = len;
         ad->special = jbool(o, "special", false);
         ad->lstrip = jbool(o, "lstrip", false);
         ad->rstrip = jbool(o, "rstrip", false);
         ad->single_word = jbool(o, "single_word", false);
         ad->normalized = jbool(o, "normalized", !ad->special);
     }
+    tok_vocab_free(&seen);
     return 0;
 }
 
