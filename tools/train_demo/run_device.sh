@@ -20,3 +20,8 @@ finish)
   ;;
 *) echo "usage: $0 smoke-and-train|finish" >&2; exit 2 ;;
 esac
+# A re-export from committed weights (used once, after the MTP reference was
+# found computed without a causal mask): carry .device/prev with the weights,
+# config, tokenizer and training_report.json of the earlier export.
+#   mkdir -p /root/w/tokenizer && cp .device/prev/tokenizer* .device/prev/chat_template.jinja /root/w/tokenizer/
+#   python3 tools/train_demo/train.py --phase export --work /root/w --from-export .device/prev

@@ -211,7 +211,9 @@ class MTP(nn.Module):
         B, T, _ = x.shape
         pos = torch.arange(T, device=x.device).view(1, 1, -1).expand(3, B, -1)
         pe = model.model.rotary_emb(x, pos)
-        x = self.layers[0](x, position_embeddings=pe, attention_mask=None,
+        # an explicit causal mask: eager attention treats a missing mask as "attend everywhere"
+        mask = torch.full((T, T), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
+        x = self.layers[0](x, position_embeddings=pe, attention_mask=mask,
                            position_ids=torch.arange(T, device=x.device).view(1, -1).expand(B, -1))
         return model.lm_head(self.norm(x))
 
@@ -238,9 +240,13 @@ def prepare(args):
     train_files = [(r, t) for r, t in files if not is_heldout(r)]
     held_files = [(r, t) for r, t in files if is_heldout(r)]
     log(f"corpus: {len(files)} files, {sum(len(t) for _, t in files) / 1e6:.1f} MB; held out {len(held_files)}")
-    tok = build_tokenizer((t for _, t in train_files[: max(1, len(train_files) // 2)]), args.vocab)
     tok_dir = os.path.join(args.work, "tokenizer")
-    tok.save_pretrained(tok_dir)
+    if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
+        tok = PreTrainedTokenizerFast.from_pretrained(tok_dir)  # an earlier run's, for a re-export
+        log("using the tokenizer in", tok_dir)
+    else:
+        tok = build_tokenizer((t for _, t in train_files[: max(1, len(train_files) // 2)]), args.vocab)
+        tok.save_pretrained(tok_dir)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
 
     def stream(items, chat_repeat):
@@ -412,10 +418,21 @@ def train(args, data):
 def export(args, data):
     tok = PreTrainedTokenizerFast.from_pretrained(os.path.join(args.work, "tokenizer"))
     model, mtp = make_model(len(tok), tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>"))
-    c = torch.load(os.path.join(args.work, "ckpt.pt"), map_location="cpu")
-    model.load_state_dict(c["model"])
-    mtp.load_state_dict(c["mtp"])
-    state = c["state"]
+    if args.from_export:
+        # re-export from an earlier export's bf16 weights (the checkpoint is gone with its machine)
+        from safetensors.torch import load_file
+        w = load_file(os.path.join(args.from_export, "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in w.items() if not k.startswith("mtp.")}, strict=False)
+        model.tie_weights()
+        mtp.load_state_dict({k[4:]: v.float() for k, v in w.items() if k.startswith("mtp.")})
+        old = json.load(open(os.path.join(args.from_export, "training_report.json")))
+        state = {"step": old["steps"], "gpu_seconds": old["gpu_minutes"] * 60, "history": old["history"],
+                 "stopped_by": old["stopped_by"]}
+    else:
+        c = torch.load(os.path.join(args.work, "ckpt.pt"), map_location="cpu")
+        model.load_state_dict(c["model"])
+        mtp.load_state_dict(c["mtp"])
+        state = c["state"]
     out = os.path.join(args.out, "demo")
     os.makedirs(out, exist_ok=True)
     model = model.to(torch.bfloat16)
@@ -452,8 +469,10 @@ def export(args, data):
         x = torch.tensor([ids])
         with torch.no_grad():
             o = ref(x, use_cache=False, output_hidden_states=True)
-            g = ref.generate(x, max_new_tokens=24, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+            # an explicit mask: without one, generate treats every <|endoftext|> (the pad id)
+            # inside the prompt as padding
+            g = ref.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
         step = torch.stack([l[0].float() for l in g.logits])
         top2 = step.topk(2, dim=-1).values
         tensors[f"prompt{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
@@ -516,6 +535,7 @@ def main():
     ap.add_argument("--phase", choices=["all", "train", "export"], default="all")
     ap.add_argument("--minutes", type=float, default=8.0, help="wall minutes of training in this call")
     ap.add_argument("--max-gpu-minutes", type=float, default=10.5)
+    ap.add_argument("--from-export", default="", help="re-export from this earlier export folder")
     ap.add_argument("--init", default="", help="snapshot.pt to start from when WORK has no checkpoint")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
