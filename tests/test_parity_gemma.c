@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+#include <stdint.h>
+
 #include "base/lm_file.h"
 #include "engine/lm_parity.h"
 #include "lm_test.h"
@@ -197,4 +200,167 @@ LM_TEST(gemma_load_kv_layout) {
     LM_CHECK(lm_model_kv_bytes_per_token(m) == 4 * 2 * 48 * sizeof(float));
     lm_model_free(m);
     lm_backend_destroy(be);
+}
+
+/* ---- the same weights in other layouts ----------------------------------- */
+
+/* Copies file name from src to dst. */
+static void copy_file(const char *src, const char *dst, const char *name) {
+    char *p = lm_path_join(src, name), *q = lm_path_join(dst, name);
+    size_t n = 0;
+    char *d = lm_tu_read(p, &n);
+    LM_ASSERT(d);
+    lm_tu_write(q, d, n);
+    free(d);
+    free(p);
+    free(q);
+}
+
+/* src/model.safetensors -> dst with every tensor name starting "model."
+ * renamed to start with `prefix` instead (the header is rewritten, the data
+ * is copied as is: offsets are relative to the data). */
+static void rename_tensors(const char *src, const char *dst, const char *prefix) {
+    char *p = lm_path_join(src, "model.safetensors"), *q = lm_path_join(dst, "model.safetensors");
+    size_t n = 0;
+    unsigned char *d = (unsigned char *)lm_tu_read(p, &n);
+    LM_ASSERT(d && n >= 8);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | d[i];
+    json_t *h = json_loadb((const char *)d + 8, hl, 0, NULL), *o = json_object();
+    LM_ASSERT(h);
+    const char *k;
+    json_t *v;
+    json_object_foreach(h, k, v) {
+        char name[256];
+        if (!strncmp(k, "model.", 6)) snprintf(name, sizeof name, "%s%s", prefix, k + 6);
+        else snprintf(name, sizeof name, "%s", k);
+        json_object_set(o, name, v);
+    }
+    char *js = json_dumps(o, JSON_COMPACT);
+    size_t jl = strlen(js), padded = (jl + 7) / 8 * 8;
+    size_t out_n = 8 + padded + (n - 8 - hl);
+    unsigned char *out = malloc(out_n);
+    for (int i = 0; i < 8; i++) out[i] = (unsigned char)(padded >> (8 * i));
+    memcpy(out + 8, js, jl);
+    memset(out + 8 + jl, ' ', padded - jl);
+    memcpy(out + 8 + padded, d + 8 + hl, n - 8 - hl);
+    lm_tu_write(q, out, out_n);
+    free(out);
+    free(js);
+    json_decref(o);
+    json_decref(h);
+    free(d);
+    free(p);
+    free(q);
+}
+
+/* dst/config.json: src's config edited by fn. */
+static void edit_config(const char *src, const char *dst, json_t *(*fn)(json_t *)) {
+    char *p = lm_path_join(src, "config.json"), *q = lm_path_join(dst, "config.json");
+    json_t *c = json_load_file(p, 0, NULL);
+    LM_ASSERT(c);
+    c = fn(c);
+    char *js = json_dumps(c, JSON_INDENT(1));
+    lm_tu_write(q, js, strlen(js));
+    free(js);
+    json_decref(c);
+    free(p);
+    free(q);
+}
+
+/* Gemma3ForConditionalGeneration's config: the text model under text_config. */
+static json_t *wrap_multimodal(json_t *text) {
+    json_t *c = json_object();
+    json_object_set_new(c, "model_type", json_string("gemma3"));
+    json_object_set_new(c, "tie_word_embeddings", json_true());
+    json_object_set_new(c, "text_config", text);
+    return c;
+}
+
+/* The transformers 4 spelling: no layer_types, no rope_parameters. */
+static json_t *legacy_config(json_t *c) {
+    json_object_del(c, "layer_types");
+    json_object_del(c, "rope_parameters");
+    json_object_set_new(c, "rope_theta", json_real(1e6));
+    json_object_set_new(c, "rope_local_base_freq", json_real(1e4));
+    json_object_set_new(c, "sliding_window_pattern", json_integer(6));
+    return c;
+}
+
+/* The gemma3 fixture as a multimodal checkpoint (weights under
+ * language_model.model. and model.language_model.) and with a transformers 4
+ * config: the same logits. */
+LM_TEST(parity_gemma3_other_layouts) {
+    char *src = lm_test_fixture_path("models/gemma3");
+    if (!src) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    struct { const char *tag, *prefix; json_t *(*cfg)(json_t *); } v[] = {
+        { "g3-mm-legacy", "language_model.model.", wrap_multimodal },
+        { "g3-mm", "model.language_model.", wrap_multimodal },
+        { "g3-legacy-cfg", NULL, legacy_config },
+    };
+    for (size_t i = 0; i < LM_COUNT(v); i++) {
+        char *dir = lm_tu_mkdir(v[i].tag);
+        if (v[i].prefix) rename_tensors(src, dir, v[i].prefix);
+        else copy_file(src, dir, "model.safetensors");
+        copy_file(src, dir, "reference.safetensors");
+        edit_config(src, dir, v[i].cfg);
+        check_parity(lm_t_, dir, LM_ISA_AUTO, 2, 3);
+        free(dir);
+    }
+    free(src);
+}
+
+/* transformers 5.17's multimodal gemma3 does not soft-cap its logits: the
+ * gemma3-x weights behind a multimodal config give logits whose soft-capped
+ * values are the text model's. */
+LM_TEST(gemma3_multimodal_no_final_softcap) {
+    char src[512];
+    snprintf(src, sizeof src, "%s/tests/data/gemma/gemma3-x", LUMEN_SOURCE_DIR);
+    char *dir = lm_tu_mkdir("g3x-mm");
+    rename_tensors(src, dir, "model.language_model.");
+    edit_config(src, dir, wrap_multimodal);
+    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    lm_model *text = NULL, *mm = NULL;
+    LM_REQUIRE(lm_model_load(&text, src, be, NULL) == 0 && lm_model_load(&mm, dir, be, NULL) == 0);
+    enum { T = 20 };
+    int32_t ids[T], pos[T], seq[T], rows[T], table[2] = { 0, 1 };
+    for (int t = 0; t < T; t++) ids[t] = 5 + 37 * t % 1000, pos[t] = t, seq[t] = 0, rows[t] = t;
+    const int32_t *tables[1] = { table };
+    lm_batch b = { .n_tokens = T, .tokens = ids, .pos = pos, .seq = seq, .n_seqs = 1, .block_tables = tables,
+                   .n_out = T, .out_rows = rows };
+    int V = text->cfg.vocab;
+    float *a = malloc(sizeof(float) * T * V), *c = malloc(sizeof(float) * T * V);
+    lm_model *ms[2] = { text, mm };
+    float *outs[2] = { a, c };
+    for (int i = 0; i < 2; i++) {
+        lm_kv_pool kv = { .n_layers = ms[i]->n_kv_layers, .block_size = 16, .n_blocks = 2,
+                          .kv_width = ms[i]->kv_width };
+        float *k[8], *vv[8];
+        LM_REQUIRE(kv.n_layers <= 8);
+        for (int l = 0; l < kv.n_layers; l++) {
+            k[l] = be->ops->alloc(be, sizeof(float) * 32 * (size_t)kv.kv_width);
+            vv[l] = be->ops->alloc(be, sizeof(float) * 32 * (size_t)kv.kv_width);
+        }
+        kv.k = k;
+        kv.v = vv;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(lm_model_forward(ms[i], &kv, &b, outs[i], &e) == 0, "%s", e.msg);
+        for (int l = 0; l < kv.n_layers; l++) {
+            be->ops->free(be, k[l]);
+            be->ops->free(be, vv[l]);
+        }
+    }
+    double worst = 0, uncapped = 0;
+    for (int i = 0; i < T * V; i++) {
+        worst = fmax(worst, fabs(1.5 * tanh(c[i] / 1.5) - a[i]));
+        uncapped = fmax(uncapped, fabs(c[i]));
+    }
+    LM_CHECK_MSG(worst <= 1e-5, "capped multimodal logits differ from the text model's by %g", worst);
+    LM_CHECK_MSG(uncapped > 1.5, "multimodal logits never exceed the cap (max %g): were they capped?", uncapped);
+    free(a);
+    free(c);
+    lm_model_free(text);
+    lm_model_free(mm);
+    lm_backend_destroy(be);
+    free(dir);
 }

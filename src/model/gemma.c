@@ -36,7 +36,8 @@
  * the K projection (before its norm); use_double_wide_mlp doubles the MLP of
  * the shared layers. Per-layer inputs (PLE): one [T][L*P] tensor per batch,
  *   ple = (rms(Wple_model x0 / sqrt(D)) + embed_ple(tok) * sqrt(P)) / sqrt(2)
- * of which layer l reads columns [l*P, (l+1)*P).
+ * of which layer l reads columns [l*P, (l+1)*P). The KV cache is as wide as
+ * the widest layer for every layer (gemma4's sliding layers use a part).
  *
  * Not supported (clear errors): bidirectional attention (embedding models),
  * gemma4's MoE block. transformers 5.17's gemma3 does not pass
@@ -369,7 +370,7 @@ static float *rope_table(const gemma_rope_cfg *r, int Dh) {
 static int gemma_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
     const struct lm_gemma_config *g = c->gemma;
-    LM_ASSERT(g);
+    if (!g) return lm_errf(e, "%s: gemma models load from a Hugging Face folder (config.json)", m->path);
     gemma *G = lm_xcalloc(1, sizeof *G);
     m->impl = G;
     G->g = g;
