@@ -137,3 +137,29 @@ LM_TEST(cli_bad_input_one_line_errors) {
         free(dir);
     }
 }
+
+/* Text in, text out on the bundled demo model (the default without -m):
+ * greedy output is repeatable, and chat answers turn after turn. */
+LM_TEST(cli_run_text_and_chat_on_demo_model) {
+    char *out1 = NULL, *out2 = NULL, *err = NULL;
+    int rc = lumen("run -p 'def add(a, b):' -n 24 --temp 0 --ignore-eos", &out1, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    LM_CHECK(out1 && strlen(out1) > 10);
+    free(err);
+    lumen("run -p 'def add(a, b):' -n 24 --temp 0 --ignore-eos", &out2, NULL);
+    LM_CHECK(out1 && out2 && !strcmp(out1, out2));
+    free(out1);
+    free(out2);
+    /* two chat turns from standard input, each answered */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "printf 'Write a Python function `square`: Return x squared.\\nNow one called `cube`.\\n' | '%s' chat --temp 0 -n 40",
+             lm_test_lumen_bin());
+    char *chat = NULL;
+    err = NULL;
+    rc = lm_tu_run(cmd, &chat, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    LM_CHECK(chat && strlen(chat) > 20);
+    free(chat);
+    free(err);
+}

@@ -38,7 +38,7 @@ int lm_tu_run(const char *cmd, char **out, char **err) {
     char o[512], e[512], full[8192];
     snprintf(o, sizeof o, "%s/cmd%d.out", lm_test_tmpdir(), counter);
     snprintf(e, sizeof e, "%s/cmd%d.err", lm_test_tmpdir(), counter++);
-    snprintf(full, sizeof full, "%s >'%s' 2>'%s' </dev/null", cmd, o, e);
+    snprintf(full, sizeof full, "( %s ) >'%s' 2>'%s' </dev/null", cmd, o, e);
     int st = system(full);
     if (out) *out = lm_tu_read(o, NULL);
     if (err) *err = lm_tu_read(e, NULL);

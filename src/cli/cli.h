@@ -28,6 +28,10 @@ const char *lm_cli_value(int argc, char **argv, int *i);
 bool lm_cli_int(const char *s, long lo, long hi, long *out);
 bool lm_cli_float(const char *s, double *out);
 lm_backend *lm_cli_backend(const lm_common_opts *o);
+/* The bundled demo model's folder (models/demo of the source tree; LUMEN_MODEL
+ * overrides), or NULL with a message when it is not there. */
+const char *lm_cli_default_model(void);
+int lm_cmd_chat(int argc, char **argv);
 
 #define LM_COMMON_HELP                                                        \
     "  --threads N       worker threads (default: every core)\n"             \

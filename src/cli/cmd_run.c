@@ -6,14 +6,18 @@
 #include "../engine/lm_runner.h"
 #include "../engine/lm_sampler.h"
 #include "cli.h"
+#include "textgen.h"
 
 static const char *const k_help =
-    "usage: lumen run -m MODEL --prompt-ids 1,2,3 [options]\n"
+    "usage: lumen run [-m MODEL] (-p TEXT | --prompt-ids 1,2,3) [options]\n"
     "\n"
-    "Feeds the prompt token ids, then generates tokens and prints their ids on\n"
-    "one line (stdout) and the timing (stderr).\n"
+    "With -p, encodes the text with the model's tokenizer (special tokens as the\n"
+    "tokenizer adds them), generates, and streams the generated text to stdout.\n"
+    "With --prompt-ids, feeds the ids and prints the generated ids on one line.\n"
+    "Timing goes to stderr.\n"
     "\n"
-    "  -m, --model PATH  Hugging Face folder or .gguf file\n"
+    "  -m, --model PATH  Hugging Face folder or .gguf file (default: the bundled demo model)\n"
+    "  -p, --prompt TEXT prompt text\n"
     "  --prompt-ids IDS  comma-separated token ids\n"
     "  -n N              tokens to generate (default 32)\n"
     "  --temp T          sampling temperature (default 0 = greedy)\n"
@@ -45,9 +49,50 @@ static int parse_ids(const char *s, int32_t **out) {
     return n;
 }
 
+static void print_text(void *user, const char *t, size_t n) {
+    (void)user;
+    fwrite(t, 1, n, stdout);
+    fflush(stdout);
+}
+
+/* -p: text in, streamed text out. */
+static int run_text(const lm_common_opts *co, const char *model_path, const char *text, int n_gen, int ctx,
+                    const lm_sampler_params *sp, bool ignore_eos) {
+    lm_backend *be = lm_cli_backend(co);
+    if (!be) return 1;
+    lm_err e = { { 0 } };
+    lm_textgen g;
+    lm_tok_ids ids = { 0 };
+    lm_textgen_stats st;
+    int rc = 1;
+    double t0 = lm_now();
+    if (lm_textgen_open(&g, model_path, be, ctx, sp, &e)) goto fail;
+    double t_load = lm_now() - t0;
+    if (lm_tokenizer_encode(g.tok, text, strlen(text), true, &ids, &e)) goto fail;
+    if (ids.n == 0) {
+        lm_errf(&e, "the prompt encodes to no tokens");
+        goto fail;
+    }
+    if (lm_textgen_run(&g, ids.ids, (int)ids.n, n_gen, ignore_eos, print_text, NULL, &st, &e)) goto fail;
+    printf("\n");
+    int n_fwd = st.generated > 0 ? st.generated - 1 : 0;
+    fprintf(stderr, "load %.3f s | prefill %d tokens in %.3f s (%.1f tok/s) | decode %d tokens in %.3f s (%.1f tok/s)%s\n",
+            t_load, st.prompt_tokens, st.prefill_s, st.prompt_tokens / st.prefill_s, st.generated, st.decode_s,
+            n_fwd > 0 ? n_fwd / st.decode_s : 0.0, st.hit_eos ? " | stopped at end-of-sequence" : "");
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "lumen: %s\n", e.msg);
+done:
+    lm_tok_ids_free(&ids);
+    lm_textgen_close(&g);
+    lm_backend_destroy(be);
+    return rc;
+}
+
 int lm_cmd_run(int argc, char **argv) {
     lm_common_opts co = { 0 };
-    const char *model_path = NULL, *ids_text = NULL;
+    const char *model_path = NULL, *ids_text = NULL, *text = NULL;
     long n_gen = 32, ctx = 0, top_k = 0, seed = 0;
     double temp = 0, top_p = 1, min_p = 0;
     bool ignore_eos = false;
@@ -61,6 +106,8 @@ int lm_cmd_run(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(text = lm_cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--prompt-ids")) {
             if (!(ids_text = lm_cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-n")) {
@@ -88,10 +135,13 @@ int lm_cmd_run(int argc, char **argv) {
         fprintf(stderr, "lumen run: bad value for %s (see lumen run --help)\n", a);
         return 2;
     }
-    if (!model_path || !ids_text) {
-        fprintf(stderr, "lumen run: -m MODEL and --prompt-ids are required (see lumen run --help)\n");
+    if (!text == !ids_text) {
+        fprintf(stderr, "lumen run: give exactly one of -p TEXT and --prompt-ids (see lumen run --help)\n");
         return 2;
     }
+    if (!model_path && !(model_path = lm_cli_default_model())) return 2;
+    lm_sampler_params sp = { (float)temp, (int)top_k, (float)top_p, (float)min_p, (uint64_t)seed };
+    if (text) return run_text(&co, model_path, text, (int)n_gen, (int)ctx, &sp, ignore_eos);
     int32_t *prompt = NULL;
     int n_prompt = parse_ids(ids_text, &prompt);
     if (n_prompt <= 0) {
@@ -116,7 +166,6 @@ int lm_cmd_run(int argc, char **argv) {
         goto fail;
     }
     if (lm_runner_create(&r, m, want_ctx, 0, &e)) goto fail;
-    lm_sampler_params sp = { (float)temp, (int)top_k, (float)top_p, (float)min_p, (uint64_t)seed };
     s = lm_sampler_create(&sp, m->cfg.vocab);
     logits = lm_xmalloc((size_t)m->cfg.vocab * sizeof(float));
 

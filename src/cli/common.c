@@ -66,3 +66,17 @@ lm_backend *lm_cli_backend(const lm_common_opts *o) {
     if (!be) fprintf(stderr, "lumen: %s\n", e.msg);
     return be;
 }
+
+const char *lm_cli_default_model(void) {
+    const char *env = getenv("LUMEN_MODEL");
+    const char *path = env && *env ? env : LUMEN_DEFAULT_MODEL;
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", path);
+    FILE *f = fopen(cfg, "r");
+    if (!f) {
+        fprintf(stderr, "lumen: no -m MODEL given and the default model %s is missing\n", path);
+        return NULL;
+    }
+    fclose(f);
+    return path;
+}

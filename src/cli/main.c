@@ -8,7 +8,8 @@ static const char *const k_usage =
     "usage: lumen <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run      generate token ids from a model (-m MODEL --prompt-ids 1,2,3 -n 32)\n"
+    "  run      generate from a model: text (-p \"text\") or token ids (--prompt-ids 1,2,3)\n"
+    "  chat     chat with a model in the terminal, streaming its answers\n"
     "  parity   check a model folder against its reference.safetensors\n"
     "  bench    measure prefill and decode speed of a model\n"
     "  check-template  render a chat template's JSONL cases and compare (TEMPLATE CASES.jsonl)\n"
@@ -17,7 +18,8 @@ static const char *const k_usage =
     "  serve    serve a model over an OpenAI-compatible HTTP API (-m MODEL)\n"
     "  version  print the version\n"
     "\n"
-    "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file.\n"
+    "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file;\n"
+    "without -m, run, chat and serve use the bundled demo model (models/demo).\n"
     "Run `lumen <command> --help` for the options of a command.\n";
 
 int main(int argc, char **argv) {
@@ -27,6 +29,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return lm_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return lm_cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "parity")) return lm_cmd_parity(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return lm_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-template")) return lm_cmd_check_template(argc - 1, argv + 1);

@@ -1,0 +1,103 @@
+/* textgen.c - see textgen.h. */
+#include "textgen.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int lm_textgen_open(lm_textgen *g, const char *path, lm_backend *be, int ctx, const lm_sampler_params *sp,
+                    lm_err *e) {
+    memset(g, 0, sizeof *g);
+    if (lm_model_load(&g->model, path, be, e)) return -1;
+    if (lm_tokenizer_load(&g->tok, path, e)) return -1;
+    /* a terminal session needs a modest context: the KV cache is sized by it */
+    if (ctx <= 0) ctx = 4096;
+    if (ctx > g->model->cfg.max_pos) ctx = g->model->cfg.max_pos;
+    if (lm_runner_create(&g->runner, g->model, ctx, 0, e)) return -1;
+    g->sampler = lm_sampler_create(sp, g->model->cfg.vocab);
+    g->logits = lm_xmalloc((size_t)g->model->cfg.vocab * sizeof(float));
+    /* the tokenizer's eos, plus generation_config's list */
+    int32_t te = lm_tokenizer_eos(g->tok);
+    if (te >= 0) g->eos[g->n_eos++] = te;
+    for (int i = 0; i < g->model->cfg.n_eos && g->n_eos < 16; i++) g->eos[g->n_eos++] = g->model->cfg.eos_ids[i];
+    return 0;
+}
+
+void lm_textgen_close(lm_textgen *g) {
+    free(g->logits);
+    lm_sampler_free(g->sampler);
+    lm_runner_free(g->runner);
+    lm_tokenizer_free(g->tok);
+    lm_model_free(g->model);
+    lm_tok_ids_free(&g->held);
+    memset(g, 0, sizeof *g);
+}
+
+static void hold(lm_textgen *g, const int32_t *ids, int n) {
+    if (g->held.n + (size_t)n > g->held.cap) {
+        g->held.cap = (g->held.n + (size_t)n) * 2;
+        g->held.ids = lm_xrealloc(g->held.ids, g->held.cap * sizeof(int32_t));
+    }
+    memcpy(g->held.ids + g->held.n, ids, (size_t)n * sizeof(int32_t));
+    g->held.n += (size_t)n;
+}
+
+static bool is_eos(const lm_textgen *g, int32_t t) {
+    for (int i = 0; i < g->n_eos; i++)
+        if (g->eos[i] == t) return true;
+    return false;
+}
+
+int lm_textgen_run(lm_textgen *g, const int32_t *ids, int n, int max_new, bool ignore_eos, lm_text_cb cb,
+                   void *user, lm_textgen_stats *st, lm_err *e) {
+    memset(st, 0, sizeof *st);
+    st->prompt_tokens = n;
+    /* reuse only a whole held prefix: recurrent state cannot be rewound */
+    int reuse = 0;
+    if (g->held.n > 0 && g->held.n < (size_t)n && !memcmp(g->held.ids, ids, g->held.n * sizeof(int32_t)))
+        reuse = (int)g->held.n;
+    if (!reuse) {
+        lm_runner_reset(g->runner);
+        g->held.n = 0;
+    }
+    st->reused_tokens = reuse;
+    if (n - reuse + max_new + g->runner->n_past > g->runner->ctx) {
+        int room = g->runner->ctx - g->runner->n_past - (n - reuse);
+        if (room <= 0) return lm_errf(e, "the conversation (%d tokens) no longer fits the context of %d", n, g->runner->ctx);
+        max_new = room;
+    }
+    double t0 = lm_now();
+    if (lm_runner_eval(g->runner, ids + reuse, n - reuse, false, g->logits, e)) {
+        g->held.n = 0;
+        return -1;
+    }
+    hold(g, ids + reuse, n - reuse);
+    st->prefill_s = lm_now() - t0;
+    lm_detok *d = lm_detok_create(g->tok, true);
+    lm_tok_str piece = { 0 };
+    double t1 = lm_now();
+    int rc = 0;
+    for (int i = 0; i < max_new; i++) {
+        int32_t tok = lm_sample(g->sampler, g->logits);
+        st->generated++;
+        if (is_eos(g, tok) && !ignore_eos) {
+            st->hit_eos = true;
+            break;
+        }
+        piece.len = 0;
+        lm_detok_push(d, tok, &piece);
+        if (piece.len) cb(user, piece.s, piece.len);
+        if (i + 1 == max_new) break;
+        if (lm_runner_eval(g->runner, &tok, 1, false, g->logits, e)) {
+            rc = -1;
+            break;
+        }
+        hold(g, &tok, 1);
+    }
+    piece.len = 0;
+    lm_detok_finish(d, &piece);
+    if (piece.len) cb(user, piece.s, piece.len);
+    st->decode_s = lm_now() - t1;
+    lm_tok_str_free(&piece);
+    lm_detok_free(d);
+    return rc;
+}
