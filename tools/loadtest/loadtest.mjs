@@ -1,0 +1,286 @@
+#!/usr/bin/env node
+// loadtest.mjs - concurrent streaming clients against `lumen serve` on
+// loopback, for a bounded time; prints one JSON object.
+//
+//   node tools/loadtest/loadtest.mjs --model ../shared/fixtures/models/qwen3 \
+//        --clients 200 --duration 60 --max-tokens 64 --parallel 16
+//
+// Each client loops: POST /v1/chat/completions with stream=true, read the SSE
+// stream to "data: [DONE]", start the next request. A request counts as an
+// error when the status is not 200 or the connection fails, and as a dropped
+// stream when the body ends without a finish_reason chunk and [DONE], or
+// when its usage chunk reports fewer tokens than asked for (the request
+// forbids the end token, so every answer runs to max_tokens). Time to first token (TTFT) is from
+// sending the request to the first chunk that carries generated text.
+// The server is started here (unless --url), so its resident memory is
+// sampled from /proc every 200 ms.
+//
+// --overhead instead measures the time per streamed token of one client
+// against `lumen bench` (the bare decode loop, same threads) and a
+// non-streamed request of the same length.
+//
+// Requests stay on 127.0.0.1; the run stops by itself after --duration
+// seconds plus the time to finish the requests in flight (at most 120 s).
+import { spawn, execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..', '..');
+
+function args() {
+  const o = {
+    bin: path.join(root, 'build', 'release', 'lumen'),
+    model: path.resolve(root, '..', 'shared', 'fixtures', 'models', 'qwen3'),
+    clients: 200,
+    duration: 30,
+    maxTokens: 64,
+    parallel: 16,
+    threads: 0,
+    url: null,
+    overhead: false,
+    serverArgs: [],
+  };
+  const a = process.argv.slice(2);
+  for (let i = 0; i < a.length; i++) {
+    const k = a[i];
+    const v = () => a[++i];
+    if (k === '--bin') o.bin = v();
+    else if (k === '--model') o.model = v();
+    else if (k === '--clients') o.clients = Number(v());
+    else if (k === '--duration') o.duration = Number(v());
+    else if (k === '--max-tokens') o.maxTokens = Number(v());
+    else if (k === '--parallel') o.parallel = Number(v());
+    else if (k === '--threads') o.threads = Number(v());
+    else if (k === '--url') o.url = v();
+    else if (k === '--overhead') o.overhead = true;
+    else if (k === '--server-arg') o.serverArgs.push(v());
+    else {
+      console.error(`unknown option ${k}`);
+      process.exit(2);
+    }
+  }
+  return o;
+}
+
+function startServer(o) {
+  return new Promise((resolve, reject) => {
+    const argv = ['serve', '-m', o.model, '--port', '0', '--quiet', '--parallel', String(o.parallel),
+      '--max-connections', String(o.clients + 64), ...o.serverArgs];
+    if (o.threads) argv.push('--threads', String(o.threads));
+    const proc = spawn(o.bin, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    proc.stderr.setEncoding('utf8');
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = /http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
+      if (m && !proc.started) {
+        proc.started = true;
+        resolve({ proc, url: `http://127.0.0.1:${m[1]}`, log: () => log });
+      }
+    });
+    proc.on('exit', (c) => proc.started || reject(new Error(`server exited ${c}: ${log}`)));
+  });
+}
+
+function rssMb(pid) {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : null;
+  } catch {
+    return null;
+  }
+}
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity });
+
+// One streamed chat request; resolves to { ok, status, ttft, tokens, dropped, t0, t1, times }.
+function streamOnce(url, body) {
+  return new Promise((resolve) => {
+    const t0 = performance.now();
+    const r = { ok: false, status: 0, ttft: null, tokens: 0, usage: null, dropped: false, t0, t1: 0, times: [], error: null };
+    const req = http.request(
+      `${url}/v1/chat/completions`,
+      { method: 'POST', agent, headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) } },
+      (res) => {
+        r.status = res.statusCode;
+        let buf = '';
+        let finished = false;
+        let done = false;
+        res.setEncoding('utf8');
+        res.on('data', (d) => {
+          buf += d;
+          let i;
+          while ((i = buf.indexOf('\n\n')) >= 0) {
+            const ev = buf.slice(0, i);
+            buf = buf.slice(i + 2);
+            if (!ev.startsWith('data: ')) continue;
+            const data = ev.slice(6);
+            if (data === '[DONE]') {
+              done = true;
+              continue;
+            }
+            const c = JSON.parse(data);
+            if (c.usage) r.usage = c.usage;
+            const ch = c.choices?.[0];
+            if (!ch) continue;
+            const d0 = ch.delta ?? {};
+            if (d0.content || d0.reasoning_content || d0.tool_calls) {
+              const now = performance.now();
+              if (r.ttft === null) r.ttft = now - t0;
+              r.times.push(now);
+              r.tokens++;
+            }
+            if (ch.finish_reason) finished = true;
+          }
+        });
+        res.on('end', () => {
+          r.t1 = performance.now();
+          r.ok = res.statusCode === 200;
+          r.dropped = r.ok && (!finished || !done);
+          resolve(r);
+        });
+        res.on('error', (e) => {
+          r.error = String(e);
+          r.dropped = true;
+          resolve(r);
+        });
+      },
+    );
+    req.on('error', (e) => {
+      r.error = String(e);
+      resolve(r);
+    });
+    req.end(body);
+  });
+}
+
+function pct(xs, p) {
+  if (!xs.length) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+}
+
+const round = (x, d = 2) => (x === null ? null : Number(x.toFixed(d)));
+
+function chatBody(o, i, stream = true) {
+  return JSON.stringify({
+    messages: [{ role: 'user', content: `Request ${i}: tell me something.` }],
+    max_tokens: o.maxTokens,
+    stream,
+    ...(stream ? { stream_options: { include_usage: true } } : {}),
+    temperature: 1,
+    seed: i,
+    logit_bias: { 2: -100 }, // no end token: every answer runs to max_tokens
+  });
+}
+
+async function load(o, url, pid) {
+  const deadline = performance.now() + o.duration * 1000;
+  const results = [];
+  const rss = [];
+  const sampler = setInterval(() => {
+    const m = pid ? rssMb(pid) : null;
+    if (m !== null) rss.push(m);
+  }, 200);
+  const rssStart = pid ? rssMb(pid) : null;
+  let n = 0;
+  const client = async () => {
+    while (performance.now() < deadline) {
+      const r = await streamOnce(url, chatBody(o, n++));
+      results.push(r);
+      if (!r.ok && !r.status) await new Promise((res) => setTimeout(res, 50)); // connection refused: back off
+    }
+  };
+  const t0 = performance.now();
+  await Promise.race([
+    Promise.all(Array.from({ length: o.clients }, client)),
+    new Promise((res) => setTimeout(res, (o.duration + 120) * 1000)),
+  ]);
+  const wall = (performance.now() - t0) / 1000;
+  clearInterval(sampler);
+  const ok = results.filter((r) => r.ok && !r.dropped);
+  const errors = results.filter((r) => !r.ok);
+  const dropped = results.filter((r) => r.ok && r.dropped);
+  const short = ok.filter((r) => r.usage?.completion_tokens !== o.maxTokens);
+  const ttft = ok.map((r) => r.ttft).filter((x) => x !== null);
+  const itl = [];
+  for (const r of ok) for (let i = 1; i < r.times.length; i++) itl.push(r.times[i] - r.times[i - 1]);
+  const tokens = ok.reduce((s, r) => s + (r.usage?.completion_tokens ?? 0), 0);
+  return {
+    clients: o.clients,
+    duration_s: o.duration,
+    wall_s: round(wall, 1),
+    max_tokens: o.maxTokens,
+    requests: results.length,
+    completed: ok.length,
+    errors: errors.length,
+    error_samples: [...new Set(errors.map((r) => r.error ?? `HTTP ${r.status}`))].slice(0, 3),
+    dropped_streams: dropped.length + short.length,
+    generated_tokens: tokens,
+    tokens_per_s: round(tokens / wall, 1),
+    ttft_ms: { p50: round(pct(ttft, 50)), p90: round(pct(ttft, 90)), p99: round(pct(ttft, 99)), max: round(pct(ttft, 100)) },
+    inter_token_ms: { p50: round(pct(itl, 50), 3), p99: round(pct(itl, 99), 3) },
+    request_s: { p50: round(pct(ok.map((r) => (r.t1 - r.t0) / 1000), 50), 3), p99: round(pct(ok.map((r) => (r.t1 - r.t0) / 1000), 99), 3) },
+    server_rss_mb: pid ? { start: round(rssStart, 1), peak: round(Math.max(...rss), 1), end: round(rssMb(pid), 1) } : null,
+  };
+}
+
+// Time per token: bare decode loop (lumen bench) vs one streamed / one plain request.
+async function overhead(o, url) {
+  const gen = o.maxTokens;
+  const benchArgs = ['bench', '-m', o.model, '--prompt-len', '16', '--gen', String(gen), '--reps', '5', '--no-membw'];
+  if (o.threads) benchArgs.push('--threads', String(o.threads));
+  const bench = JSON.parse(execFileSync(o.bin, benchArgs, { encoding: 'utf8' }).trim().split('\n').pop());
+  const bareMs = 1000 / bench.decode_tok_s;
+  const streamed = [];
+  const plain = [];
+  for (let i = 0; i < 10; i++) {
+    const r = await streamOnce(url, chatBody(o, i));
+    if (r.ok && r.times.length > 1) streamed.push((r.times.at(-1) - r.times[0]) / (r.times.length - 1));
+    const t0 = performance.now();
+    const res = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: chatBody(o, i, false) });
+    const j = await res.json();
+    plain.push((performance.now() - t0) / j.usage.completion_tokens);
+  }
+  const s = pct(streamed, 50);
+  const p = pct(plain, 50);
+  return {
+    tokens_per_request: gen,
+    bare_decode_ms_per_token: round(bareMs, 4),
+    plain_request_ms_per_token: round(p, 4),
+    streamed_ms_per_token: round(s, 4),
+    server_overhead_ms_per_streamed_token: round(s - bareMs, 4),
+    streaming_vs_plain_ms_per_token: round(s - p, 4),
+    note: 'medians of 10 requests; plain includes prefill and HTTP round trip spread over the tokens',
+  };
+}
+
+const o = args();
+let srv = null;
+let url = o.url;
+if (!url) {
+  srv = await startServer(o);
+  url = srv.url;
+}
+let out;
+try {
+  out = o.overhead ? await overhead(o, url) : await load(o, url, srv?.proc.pid);
+  const health = await fetch(`${url}/health`).then((r) => r.status).catch(() => 0);
+  out.server_alive_after = health === 200;
+} finally {
+  agent.destroy();
+  if (srv) {
+    const code = await new Promise((res) => {
+      if (srv.proc.exitCode !== null || srv.proc.signalCode !== null) return res(srv.proc.exitCode ?? srv.proc.signalCode);
+      srv.proc.on('exit', (c, s) => res(c ?? s));
+      srv.proc.kill('SIGTERM');
+    });
+    if (out) out.server_exit = code;
+    if (code !== 0) console.error(srv.log().slice(-3000));
+  }
+}
+console.log(JSON.stringify(out, null, 2));
+process.exit(out && out.errors === 0 && out.dropped_streams === 0 ? 0 : out?.errors === undefined ? 0 : 1);
