@@ -165,13 +165,13 @@ function pct(xs, p) {
 
 const round = (x, d = 2) => (x === null ? null : Number(x.toFixed(d)));
 
-function chatBody(o, i, stream = true) {
+function chatBody(o, i, stream = true, temperature = 1) {
   return JSON.stringify({
     messages: [{ role: 'user', content: `Request ${i}: tell me something.` }],
     max_tokens: o.maxTokens,
     stream,
     ...(stream ? { stream_options: { include_usage: true } } : {}),
-    temperature: 1,
+    temperature,
     seed: i,
     logit_bias: { 2: -100 }, // no end token: every answer runs to max_tokens
   });
@@ -235,13 +235,22 @@ async function overhead(o, url) {
   if (o.threads) benchArgs.push('--threads', String(o.threads));
   const bench = JSON.parse(execFileSync(o.bin, benchArgs, { encoding: 'utf8' }).trim().split('\n').pop());
   const bareMs = 1000 / bench.decode_tok_s;
+  // the engine alone: tools/loadtest/engine_decode.c against the same build's library
+  const dir = path.dirname(o.bin);
+  const exe = path.join(dir, 'engine_decode');
+  const libs = execFileSync('pkg-config', ['--libs', 'jansson', 'libpcre2-8', 'libutf8proc', 'libxxhash', 'libmicrohttpd'], { encoding: 'utf8' }).trim().split(/\s+/);
+  execFileSync('cc', ['-O2', '-I', path.join(root, 'src'), path.join(here, 'engine_decode.c'), path.join(dir, 'liblumen_core.a'), ...libs, '-lm', '-lpthread', '-o', exe]);
+  const eng = JSON.parse(execFileSync(exe, [o.model, String(gen), '11', String(o.threads || 0)], { encoding: 'utf8' }).trim());
   const streamed = [];
   const plain = [];
-  for (let i = 0; i < 10; i++) {
-    const r = await streamOnce(url, chatBody(o, i));
+  for (let i = 0; i < 11; i++) {
+    // greedy, like the bare loop and engine_decode: the sampler's cost is not the server's
+    const r = await streamOnce(url, chatBody(o, i, true, 0));
+    // per text chunk: a token without text of its own (half a UTF-8 character, a hidden
+    // special token) rides on the next chunk, so this overestimates the time per token
     if (r.ok && r.times.length > 1) streamed.push((r.times.at(-1) - r.times[0]) / (r.times.length - 1));
     const t0 = performance.now();
-    const res = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: chatBody(o, i, false) });
+    const res = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: chatBody(o, i, false, 0) });
     const j = await res.json();
     plain.push((performance.now() - t0) / j.usage.completion_tokens);
   }
@@ -250,11 +259,13 @@ async function overhead(o, url) {
   return {
     tokens_per_request: gen,
     bare_decode_ms_per_token: round(bareMs, 4),
+    engine_ms_per_token: round(eng.engine_ms_per_token, 4),
     plain_request_ms_per_token: round(p, 4),
     streamed_ms_per_token: round(s, 4),
-    server_overhead_ms_per_streamed_token: round(s - bareMs, 4),
+    server_overhead_ms_per_streamed_token: round(s - eng.engine_ms_per_token, 4),
+    engine_overhead_ms_per_token: round(eng.engine_ms_per_token - bareMs, 4),
     streaming_vs_plain_ms_per_token: round(s - p, 4),
-    note: 'medians of 10 requests; plain includes prefill and HTTP round trip spread over the tokens',
+    note: 'medians of 11 requests; bare = lumen bench (runner), engine = engine_decode.c (scheduler, no HTTP), streamed = time between SSE chunks at the client; plain includes prefill and the HTTP round trip spread over the tokens',
   };
 }
 
