@@ -7,8 +7,8 @@
  * two chunk boundaries (the chunked form), sequences that continue from a
  * saved state and sequences that start at position 0 in a slot full of
  * garbage (which must be ignored). Splitting one sequence into pieces of any
- * size must give what one forward gives. gated_delta runs on every ISA the
- * machine has (its inner loops are the kernel table's).
+ * size must give what one forward gives. Every op runs on every ISA the
+ * machine has (inner loops and silu's exp come from the kernel table).
  *
  * Tolerances: conv1d_state, delta_gates, rms_norm_gated and sigmoid_mul 1e-5
  * relative (f32 arithmetic on O(1) values); gated_delta 2e-6 absolute on
@@ -266,8 +266,10 @@ LM_TEST(hybrid_delta_split_equals_whole) {
 
 LM_TEST(hybrid_conv1d_state_vs_reference) {
     enum { C = 150, K = 4 };
-    for (int threads = 1; threads <= 3; threads += 2) {
-        lm_backend *be = lm_cpu_backend_create(threads, LM_ISA_AUTO, NULL);
+    for (size_t ii = 0; ii < LM_COUNT(dt_isas); ii++) {
+        int threads = 1 + (int)ii;
+        if (dt_isas[ii] > lm_cpu_isa_detect()) continue;
+        lm_backend *be = lm_cpu_backend_create(threads, dt_isas[ii], NULL);
         LM_REQUIRE(be);
         dt_pool pool;
         const int64_t off = 5, sf = (K - 1) * C;
@@ -326,9 +328,10 @@ LM_TEST(hybrid_conv1d_state_vs_reference) {
 
 /* ---- element-wise ops ------------------------------------------------------------ */
 
-LM_TEST(hybrid_delta_gates_norm_sigmoid) {
+static void gates_norm_sigmoid(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     enum { T = 17, H = 6, DV2 = 24 };
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    if (isa > lm_cpu_isa_detect()) return;
+    lm_backend *be = lm_cpu_backend_create(2, isa, NULL);
     LM_REQUIRE(be);
     uint64_t s = 1;
     float a[T * H], b[T * H], alog[H], dtb[H], r[T * H * DV2];
@@ -384,4 +387,8 @@ LM_TEST(hybrid_delta_gates_norm_sigmoid) {
     lm_tensor *all[] = { &ta, &tb, &tl, &td, &tx, &tz, &tw, &ty, &tg1 };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) lm_tensor_release(be, all[i]);
     lm_backend_destroy(be);
+}
+
+LM_TEST(hybrid_delta_gates_norm_sigmoid) {
+    for (size_t i = 0; i < LM_COUNT(dt_isas); i++) gates_norm_sigmoid(lm_t_, dt_isas[i]);
 }

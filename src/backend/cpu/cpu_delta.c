@@ -56,11 +56,25 @@ static void lm_state_check(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_b
     LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
 }
 
-static inline float lm_silu(float x) { return x / (1.0f + expf(-x)); }
+/* ---- silu ---------------------------------------------------------------------- */
+
+/* y = x * sigmoid(x) on n values, with the ISA's exp of non-positive
+ * arguments (attn_exp, m = 0): e = exp(-|x|), sigmoid(x) = 1 / (1 + e) for
+ * x >= 0 and e / (1 + e) below, so no exponent is positive. tmp holds n
+ * floats; y may be x. */
+static void lm_silu_vec(const lm_cpu_kern *k, float *y, const float *x, int n, float *tmp) {
+    for (int i = 0; i < n; i++) tmp[i] = -fabsf(x[i]);
+    k->attn_exp(tmp, n, 0.0f);
+    for (int i = 0; i < n; i++) {
+        float e = tmp[i], s = (x[i] >= 0.0f ? 1.0f : e) / (1.0f + e);
+        y[i] = x[i] * s;
+    }
+}
 
 /* ---- conv1d_state ------------------------------------------------------------ */
 
 typedef struct lm_conv_ctx {
+    const lm_cpu_kern *k;
     float *y;
     const float *x, *w; /* [T][C], [C][K] */
     int64_t C, n_blk;
@@ -71,40 +85,45 @@ typedef struct lm_conv_ctx {
     bool silu;
 } lm_conv_ctx;
 
-/* Channels [c0, c0+nc) of one sequence: the window of the last K-1 inputs
- * (oldest first) is kept on the stack, seeded from the state and written
- * back after the sequence's last token. */
+/* Channels [c0, c0+nc) of one sequence. The last K-1 inputs live on the
+ * stack in a ring (oldest at `head`), seeded from the state and written back
+ * oldest first after the sequence's last token. Rows are LM_CONV_BLOCK wide
+ * whatever nc is (zero-padded), so the loops have a constant trip count and
+ * vectorise. */
 static void lm_conv_item(const lm_conv_ctx *c, int s, int64_t c0, int64_t nc) {
+    enum { BW = LM_CONV_BLOCK };
     const lm_attn_batch *b = c->b;
-    const int K = c->K, T = b->n_tokens;
+    const int K = c->K, W = K - 1, T = b->n_tokens;
     int t = lm_seq_next(b, s, 0);
     if (t == T) return;
     float *st = lm_state_at(c->kv, c->st, b, s) + c0;
-    float win[LM_CONV_MAX_K][LM_CONV_BLOCK], wt[LM_CONV_MAX_K][LM_CONV_BLOCK], acc[LM_CONV_BLOCK];
+    float win[LM_CONV_MAX_K][BW], wt[LM_CONV_MAX_K][BW], xb[BW], acc[BW], tmp[BW];
+    memset(wt, 0, sizeof wt);
+    memset(win, 0, sizeof win);
+    memset(xb, 0, sizeof xb);
     for (int j = 0; j < K; j++)
         for (int64_t i = 0; i < nc; i++) wt[j][i] = c->w[(c0 + i) * K + j];
-    bool fresh = b->pos[t] == 0;
-    for (int j = 0; j < K - 1; j++) {
-        if (fresh) memset(win[j], 0, (size_t)nc * sizeof(float));
-        else memcpy(win[j], st + j * c->C, (size_t)nc * sizeof(float));
-    }
+    if (b->pos[t] > 0)
+        for (int j = 0; j < W; j++) memcpy(win[j], st + j * c->C, (size_t)nc * sizeof(float));
+    int head = 0;
     int32_t prev = b->pos[t] - 1;
     for (; t < T; t = lm_seq_next(b, s, t + 1)) {
         LM_ASSERT(b->pos[t] == prev + 1);
         prev = b->pos[t];
-        const float *xt = c->x + t * c->C + c0;
-        float *yt = c->y + t * c->C + c0;
-        for (int64_t i = 0; i < nc; i++) acc[i] = 0.0f;
-        for (int j = 0; j < K - 1; j++)
-            for (int64_t i = 0; i < nc; i++) acc[i] += wt[j][i] * win[j][i];
-        for (int64_t i = 0; i < nc; i++) acc[i] += wt[K - 1][i] * xt[i];
-        for (int64_t i = 0; i < nc; i++) yt[i] = c->silu ? lm_silu(acc[i]) : acc[i];
-        if (K > 1) {
-            for (int j = 0; j < K - 2; j++) memcpy(win[j], win[j + 1], (size_t)nc * sizeof(float));
-            memcpy(win[K - 2], xt, (size_t)nc * sizeof(float));
+        memcpy(xb, c->x + t * c->C + c0, (size_t)nc * sizeof(float));
+        for (int i = 0; i < BW; i++) acc[i] = wt[K - 1][i] * xb[i];
+        for (int j = 0; j < W; j++) {
+            const float *wr = wt[j], *hr = win[(head + j) % W];
+            for (int i = 0; i < BW; i++) acc[i] += wr[i] * hr[i];
+        }
+        if (c->silu) lm_silu_vec(c->k, acc, acc, BW, tmp); /* padded lanes: silu(0) */
+        memcpy(c->y + t * c->C + c0, acc, (size_t)nc * sizeof(float));
+        if (W > 0) {
+            memcpy(win[head], xb, sizeof xb);
+            head = (head + 1) % W;
         }
     }
-    for (int j = 0; j < K - 1; j++) memcpy(st + j * c->C, win[j], (size_t)nc * sizeof(float));
+    for (int j = 0; j < W; j++) memcpy(st + j * c->C, win[(head + j) % W], (size_t)nc * sizeof(float));
 }
 
 static void lm_conv_range(void *v, int64_t i0, int64_t i1, int ith) {
@@ -124,9 +143,11 @@ void lm_cpu_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
     LM_ASSERT(K >= 1 && K <= LM_CONV_MAX_K && y->data != x->data);
     lm_state_check(kv, state, b, (int64_t)(K - 1) * C);
-    lm_conv_ctx c = { y->data, x->data, w->data, C, (C + LM_CONV_BLOCK - 1) / LM_CONV_BLOCK, K, kv, state, b, silu };
+    lm_cpu *cpu = lm_cpu_get(be);
+    lm_conv_ctx c = { cpu->k, y->data, x->data, w->data, C, (C + LM_CONV_BLOCK - 1) / LM_CONV_BLOCK, K, kv, state, b,
+                      silu };
     int64_t per_item = (int64_t)(b->n_tokens / LM_MAX(b->n_seqs, 1) + 1) * LM_CONV_BLOCK * (K + 8);
-    lm_cpu_parallel_for(lm_cpu_get(be), (int64_t)b->n_seqs * c.n_blk, per_item, lm_conv_range, &c);
+    lm_cpu_parallel_for(cpu, (int64_t)b->n_seqs * c.n_blk, per_item, lm_conv_range, &c);
 }
 
 /* ---- delta_gates --------------------------------------------------------------- */
@@ -351,32 +372,38 @@ void lm_cpu_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, co
 /* ---- rms_norm_gated, sigmoid_mul ------------------------------------------------- */
 
 typedef struct lm_gnorm_ctx {
+    const lm_cpu_kern *k;
     float *y;
     const float *x, *z, *w;
     int64_t n;
     double eps;
 } lm_gnorm_ctx;
 
+#define LM_GNORM_MAX 4096 /* row width bound (on-stack silu buffers) */
+
 static void lm_gnorm_range(void *v, int64_t r0, int64_t r1, int ith) {
     (void)ith;
     const lm_gnorm_ctx *c = v;
+    float sz[LM_GNORM_MAX], tmp[LM_GNORM_MAX];
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = c->x + r * c->n, *zr = c->z + r * c->n;
         float *yr = c->y + r * c->n;
         double ss = 0.0;
         for (int64_t i = 0; i < c->n; i++) ss += (double)xr[i] * xr[i];
         double s = 1.0 / sqrt(ss / (double)c->n + c->eps);
-        for (int64_t i = 0; i < c->n; i++) yr[i] = (float)((double)xr[i] * s * c->w[i]) * lm_silu(zr[i]);
+        lm_silu_vec(c->k, sz, zr, (int)c->n, tmp);
+        for (int64_t i = 0; i < c->n; i++) yr[i] = (float)((double)xr[i] * s * c->w[i]) * sz[i];
     }
 }
 
 void lm_cpu_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
                            const lm_tensor *w, float eps) {
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && z->type == LM_F32 && w->type == LM_F32);
-    LM_ASSERT(w->rows == 1 && w->cols > 0 && x->cols % w->cols == 0);
+    LM_ASSERT(w->rows == 1 && w->cols > 0 && w->cols <= LM_GNORM_MAX && x->cols % w->cols == 0);
     LM_ASSERT(y->rows == x->rows && y->cols == x->cols && z->rows == x->rows && z->cols == x->cols);
-    lm_gnorm_ctx c = { y->data, x->data, z->data, w->data, w->cols, eps };
-    lm_cpu_parallel_for(lm_cpu_get(be), x->rows * (x->cols / w->cols), 30 * w->cols, lm_gnorm_range, &c);
+    lm_cpu *cpu = lm_cpu_get(be);
+    lm_gnorm_ctx c = { cpu->k, y->data, x->data, z->data, w->data, w->cols, eps };
+    lm_cpu_parallel_for(cpu, x->rows * (x->cols / w->cols), 30 * w->cols, lm_gnorm_range, &c);
 }
 
 typedef struct lm_sigmul_ctx {
