@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     lm_model *m = NULL;
     lm_engine *en = NULL;
     if (!be || lm_model_load(&m, argv[1], be, &e)) goto fail;
-    lm_engine_opts eo = { .ctx = 4096, .parallel = 4 }; /* lumen serve's defaults on the fixture */
+    lm_engine_opts eo = { .ctx = 0, .parallel = 4 }; /* what lumen serve uses by default */
     if (lm_engine_create(&en, m, &eo, &e)) goto fail;
     int32_t prompt[16];
     for (int i = 0; i < 16; i++) prompt[i] = 10 + 7 * i;
