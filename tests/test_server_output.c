@@ -469,3 +469,114 @@ LM_TEST(server_ends_in_think) {
     const char *s = "<think>a</think> <think> \n";
     LM_CHECK(srv_ends_in_think(s, strlen(s), "<think>", "</think>"));
 }
+
+/* The Qwen3.8 template (fixtures/templates/qwen38): XML tool calls and a think
+ * block the prompt opens. The fixture tokenizer stands in for the model's. */
+static bool use_template(fx *f, const char *rel) {
+    char *path = lm_test_fixture_path(rel);
+    if (!path) return false;
+    char *src = NULL;
+    size_t len = 0;
+    lm_err e = { { 0 } };
+    int rc = lm_template_load_source(path, &src, &len, &e);
+    free(path);
+    if (rc) return false;
+    lm_template_free(f->s.tpl);
+    f->s.tpl = NULL;
+    rc = lm_template_parse(src, len, rel, &f->s.tpl, &e);
+    f->s.xml_tools = strstr(src, "<function=") != NULL;
+    f->s.think = strstr(src, "</think>") != NULL;
+    free(src);
+    return rc == 0;
+}
+
+static const char *k_tools2 =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}}}}}]";
+
+LM_TEST(server_qwen38_xml_tools_and_open_think) {
+    fx f;
+    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!use_template(&f, "templates/qwen38/qwen38_chat_template.jinja")) {
+        fx_close(&f);
+        LM_SKIP("../shared/fixtures/templates/qwen38 not found");
+    }
+    LM_CHECK(f.s.xml_tools && f.s.think);
+    char b[2048];
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},"
+             "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"Look it up.\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\", \\\"days\\\": 2}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"},"
+             "{\"role\":\"user\",\"content\":\"And Paris?\"}],\"tools\":%s}",
+             k_tools2);
+    srv_req r;
+    srv_err e;
+    LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
+    srv_prompt p;
+    int rrc = srv_chat_render(&f.s, &r, &p, &e);
+    if (rrc) fprintf(stderr, "  render: %s\n", e.msg);
+    LM_REQUIRE(rrc == 0);
+    /* the history's call is rendered back in the XML form, arguments as parameters */
+    LM_CHECK_MSG(strstr(p.text, "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>") != NULL,
+                 "%s", p.text);
+    LM_CHECK(strstr(p.text, "<tool_response>\nsunny\n</tool_response>") != NULL);
+    LM_CHECK(p.start_in_reasoning); /* "<|im_start|>assistant\n<think>\n" */
+    srv_out o;
+    LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
+    feed(&f, &o,
+         "The user asks about Paris.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+         LM_FINISH_STOP);
+    json_t *res = srv_out_response(&o);
+    json_t *choice = json_array_get(json_object_get(res, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    LM_CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")) ?: "", "The user asks about Paris."));
+    LM_CHECK(json_is_null(json_object_get(msg, "content")));
+    json_t *calls = json_object_get(msg, "tool_calls");
+    LM_CHECK(json_array_size(calls) == 1);
+    json_t *args = json_loads(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")) ?: "",
+                              0, NULL);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(args, "city")) ?: "", "Paris"));
+    LM_CHECK(json_integer_value(json_object_get(args, "days")) == 3); /* converted by the schema's type */
+    json_decref(args);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
+    json_decref(res);
+    srv_out_free(&o);
+    srv_prompt_free(&p);
+    srv_req_free(&r);
+
+    /* a named tool_choice closes the open think block and opens the call */
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Rome?\"}],\"tools\":%s,\"stream\":true,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", k_tools2);
+    LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
+    LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+    LM_CHECK(p.prefill && !strcmp(p.prefill, "\n</think>\n\n<tool_call>\n<function=get_weather>\n"));
+    LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
+    feed(&f, &o, "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>", LM_FINISH_STOP);
+    int n_done;
+    json_t *ev = sse_events(o.sse.s, o.sse.len, &n_done);
+    char args_s[128] = "", name[64] = "";
+    int reasoning_chunks = 0;
+    const char *finish = NULL;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(ev, i), "choices"), 0);
+        json_t *d = json_object_get(ch, "delta");
+        reasoning_chunks += json_object_get(d, "reasoning_content") != NULL;
+        if (json_is_string(json_object_get(ch, "finish_reason"))) finish = json_string_value(json_object_get(ch, "finish_reason"));
+        json_t *fn = json_object_get(json_array_get(json_object_get(d, "tool_calls"), 0), "function");
+        if (json_is_string(json_object_get(fn, "name"))) snprintf(name, sizeof name, "%s", json_string_value(json_object_get(fn, "name")));
+        if (json_is_string(json_object_get(fn, "arguments"))) strncat(args_s, json_string_value(json_object_get(fn, "arguments")), 60);
+    }
+    LM_CHECK(reasoning_chunks == 0);
+    LM_CHECK(!strcmp(name, "get_weather"));
+    LM_CHECK_MSG(!strcmp(args_s, "{\"city\": \"Rome\"}"), "args '%s'", args_s);
+    LM_CHECK(finish && !strcmp(finish, "tool_calls"));
+    LM_CHECK(n_done == 1);
+    json_decref(ev);
+    srv_out_free(&o);
+    srv_prompt_free(&p);
+    srv_req_free(&r);
+    fx_close(&f);
+}

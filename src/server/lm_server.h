@@ -7,7 +7,7 @@
  *   GET  /v1/models[/ID]        the one served model
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text
- * See docs/architecture.md ("Server") for how a request flows. */
+ * server_internal.h lists the files and how a request flows through them. */
 #ifndef LM_SERVER_H
 #define LM_SERVER_H
 
