@@ -56,9 +56,10 @@ static bool dec_is(lm_tokenizer *t, const int32_t *ids, size_t n, bool skip, con
 /* ---- the fixtures, through the CLI ----
  * Each fixture tokenizer's 101 cases (HF tokenizers 0.22, shared fixtures)
  * plus 200 random stress texts (every Unicode space, combining marks,
- * scripts, emoji, control characters, added-token strings) answered by the
- * same HF version through tools/tokbench/make_cases.js (seed 2026), kept in
- * tests/data/tokenizer/. One check-tokenizer run per tokenizer. */
+ * scripts, Unicode 16 letters, emoji, control characters, added-token
+ * strings; 180 short, 20 long) answered by the same HF version through
+ * tools/tokbench/make_cases.js (seeds 2026 and 2027, MAX_PIECES=150 for the
+ * long ones), kept in tests/data/tokenizer/. One check-tokenizer run each. */
 
 static void run_fixture(lm_test_ctx *lm_t_, const char *name) {
     char rel[128];
@@ -327,6 +328,23 @@ LM_TEST(tokenizer_normalizers_pretokenizers) {
     ENC(t, "\xEF\xAC\x81", false, 8);          /* U+FB01 ﬁ -> "fi" under NFKC, then merged */
     ENC(t, "\xC4\xB0", false, 6, 7);           /* İ lowercases to i + U+0307 */
     ENC(t, "\xEF\xBC\xA1", false, 1);           /* fullwidth A -> a */
+    lm_tokenizer_free(t);
+}
+
+/* HF matches regexes with Unicode 16 tables; PCRE2 here is older. U+105E4
+ * (Todhri, new in 16.0) must count as \p{L}; U+0085 as \s. */
+LM_TEST(tokenizer_regex_unicode16) {
+    const char *json =
+        "{\"model\":{\"type\":\"BPE\",\"unk_token\":\"?\",\"vocab\":{\"?\":0,\"a\":1,\"b\":2},\"merges\":[]},"
+        "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+        "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[\\\\p{L}\\\\s]+\"},\"behavior\":\"Removed\",\"invert\":true},"
+        "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s\"},\"behavior\":\"Removed\",\"invert\":false}]}}";
+    lm_err e = { { 0 } };
+    lm_tokenizer *t = load_str(json, &e);
+    LM_REQUIRE_MSG_(t, e);
+    ENC(t, "a\xF0\x90\x97\xA4" "b", false, 1, 0, 2); /* kept: a letter */
+    ENC(t, "a!b", false, 1, 2);                         /* '!' removed */
+    ENC(t, "a\xC2\x85" "b", false, 1, 2);               /* NEL is whitespace: removed */
     lm_tokenizer_free(t);
 }
 

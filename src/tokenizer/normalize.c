@@ -93,7 +93,7 @@ static void replace(const tok_normalizer *nz, const char *in, size_t n, lm_tok_s
 
 static bool is_control(uint32_t c) {
     if (c == '\t' || c == '\n' || c == '\r') return false;
-    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+    utf8proc_category_t k = (utf8proc_category_t)tok_category(c);
     return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CN ||
            k == UTF8PROC_CATEGORY_CO;
 }
@@ -115,7 +115,7 @@ static void filter_chars(const char *in, size_t n, lm_tok_str *out, int mode) {
         char b[4];
         i += (size_t)l;
         if (mode == 0) { /* strip accents: drop nonspacing marks */
-            if (utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_MN) continue;
+            if (tok_category(c) == UTF8PROC_CATEGORY_MN) continue;
         } else if (mode == 1) { /* bert clean text */
             if (c == 0 || c == 0xFFFD || is_control(c)) continue;
             if (tok_is_whitespace(c)) c = ' ';

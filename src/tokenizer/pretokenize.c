@@ -7,6 +7,7 @@
  * pieces, exactly as tokenizers' NormalizedString::split does. Regexes are
  * PCRE2 in UTF + UCP mode, JIT-compiled when the platform allows. */
 #define _GNU_SOURCE /* memmem */
+#include <stdio.h>
 #include <string.h>
 
 #include "tok_internal.h"
@@ -31,19 +32,88 @@ void tok_pieces_push(tok_pieces *p, uint32_t off, uint32_t len, bool first) {
     p->v[p->n++] = (tok_piece){ off, len, first };
 }
 
-/* Oniguruma and Rust's regex take \s as Unicode White_Space; PCRE2's UCP \s
- * omits U+0085 (NEL). Rewrite \s and \S to the White_Space property so the
- * real tokenizers' patterns mean what they mean in Hugging Face. */
+/* Property classes of the Unicode 16 characters this PCRE2 does not know,
+ * appended as explicit ranges: "\x{lo}-\x{hi}..." for the categories that X
+ * (a general category, one or two letters) covers. */
+static void append_new_ranges(lm_tok_str *o, const char *x, size_t xn) {
+    static const char *const names[] = { "Cn", "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl",
+                                         "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk",
+                                         "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Co" };
+    for (int i = 0; i < tok_uni_new_n; i++) {
+        const char *n = names[tok_uni_new[i].cat];
+        bool in = xn == 1 ? n[0] == x[0] : (xn == 2 && n[0] == x[0] && n[1] == x[1]) ||
+                                           (xn == 2 && x[0] == 'L' && (x[1] == '&' || x[1] == 'C') &&
+                                            n[0] == 'L' && (n[1] == 'u' || n[1] == 'l' || n[1] == 't'));
+        if (!in) continue;
+        char r[40];
+        int l = snprintf(r, sizeof r, "\\x{%X}-\\x{%X}", tok_uni_new[i].lo, tok_uni_new[i].hi);
+        tok_str_append(o, r, (size_t)l);
+    }
+}
+
+static bool is_category(const char *x, size_t n) {
+    return (n == 1 || n == 2) && strchr("LMNPSZC", x[0]);
+}
+
+/* Rewrites a Hugging Face regex (Oniguruma syntax) for PCRE2:
+ * - \s and \S mean Unicode White_Space, as in Oniguruma and Rust; PCRE2's
+ *   UCP \s leaves out U+0085 (NEL);
+ * - \p{X} / \pX also match the Unicode 16 characters of category X that
+ *   PCRE2's older tables call unassigned (tok_uni_new); \P{X} outside a
+ *   class likewise. Character classes are tracked so the ranges go in the
+ *   right place. */
 static char *rewrite_regex(const char *src, size_t n, size_t *out_n) {
     lm_tok_str o = { 0 };
+    bool in_class = false;
     for (size_t i = 0; i < n; i++) {
-        if (src[i] == '\\' && i + 1 < n) {
-            if (src[i + 1] == 's') { tok_str_append(&o, "\\p{White_Space}", 15); i++; continue; }
-            if (src[i + 1] == 'S') { tok_str_append(&o, "\\P{White_Space}", 15); i++; continue; }
+        char c = src[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = src[i + 1];
+            if (d == 's' || d == 'S') {
+                tok_str_append(&o, d == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15);
+                i++;
+                continue;
+            }
+            if ((d == 'p' || d == 'P') && i + 2 < n) {
+                const char *x = src + i + 2;
+                size_t xn = 1, skip = 3;
+                if (*x == '{') {
+                    const char *e = memchr(x, '}', n - (i + 2));
+                    if (e) x++, xn = (size_t)(e - x), skip = 3 + xn + 1;
+                    else xn = 0;
+                }
+                if (xn && is_category(x, xn) && *x != '^' && (d == 'p' || !in_class)) {
+                    bool neg = d == 'P';
+                    if (!in_class) tok_str_append(&o, neg ? "[^" : "[", neg ? 2 : 1);
+                    tok_str_append(&o, "\\p{", 3);
+                    tok_str_append(&o, x, xn);
+                    tok_str_append(&o, "}", 1);
+                    append_new_ranges(&o, x, xn);
+                    if (!in_class) tok_str_append(&o, "]", 1);
+                    i += skip - 1;
+                    continue;
+                }
+            }
             tok_str_append(&o, src + i, 2);
             i++;
             continue;
         }
+        if (c == '[' && !in_class) {
+            in_class = true;
+            tok_str_append(&o, src + i, 1);
+            /* a leading ']' or '^]' is a literal member */
+            if (i + 1 < n && src[i + 1] == '^') tok_str_append(&o, src + ++i, 1);
+            if (i + 1 < n && src[i + 1] == ']') tok_str_append(&o, src + ++i, 1);
+            continue;
+        }
+        if (c == '[' && in_class && i + 1 < n && src[i + 1] == ':') { /* [:alpha:] */
+            const char *e = strstr(src + i + 2, ":]");
+            size_t l = e && (size_t)(e - src) < n ? (size_t)(e - src) + 2 - i : 1;
+            tok_str_append(&o, src + i, l);
+            i += l - 1;
+            continue;
+        }
+        if (c == ']' && in_class) in_class = false;
         tok_str_append(&o, src + i, 1);
     }
     tok_str_reserve(&o, 0);

@@ -36,6 +36,13 @@ typedef struct tok_utf8_stream {
 } tok_utf8_stream;
 void tok_utf8_stream_feed(tok_utf8_stream *u, const char *p, size_t n, lm_tok_str *out);
 void tok_utf8_stream_end(tok_utf8_stream *u, lm_tok_str *out);
+/* Code points newer than this machine's PCRE2/utf8proc tables know, with
+ * their Unicode 16 general category (utf8proc's enum numbering); sorted. */
+typedef struct tok_uni_range { uint32_t lo, hi; uint8_t cat; } tok_uni_range;
+extern const tok_uni_range tok_uni_new[];
+extern const int tok_uni_new_n;
+/* The general category (utf8proc numbering), Unicode 16. */
+int tok_category(uint32_t cp);
 bool tok_is_whitespace(uint32_t cp); /* Unicode White_Space (Rust char::is_whitespace) */
 bool tok_is_alnum(uint32_t cp);      /* Rust char::is_alphanumeric */
 bool tok_is_word(uint32_t cp);       /* Rust regex \w */

@@ -196,9 +196,21 @@ bool tok_is_whitespace(uint32_t c) {
            c == 0x205F || c == 0x3000;
 }
 
-static utf8proc_category_t cat(uint32_t c) {
-    return c > 0x10FFFF ? UTF8PROC_CATEGORY_CN : utf8proc_category((utf8proc_int32_t)c);
+int tok_category(uint32_t c) {
+    if (c > 0x10FFFF) return UTF8PROC_CATEGORY_CN;
+    int k = utf8proc_category((utf8proc_int32_t)c);
+    if (k != UTF8PROC_CATEGORY_CN) return k;
+    int lo = 0, hi = tok_uni_new_n - 1; /* newer than utf8proc's tables? */
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (c < tok_uni_new[mid].lo) hi = mid - 1;
+        else if (c > tok_uni_new[mid].hi) lo = mid + 1;
+        else return tok_uni_new[mid].cat;
+    }
+    return UTF8PROC_CATEGORY_CN;
 }
+
+static utf8proc_category_t cat(uint32_t c) { return (utf8proc_category_t)tok_category(c); }
 
 bool tok_is_numeric(uint32_t c) {
     utf8proc_category_t k = cat(c);
