@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "server_internal.h"
 
@@ -89,11 +90,7 @@ static int get_bool(const json_t *body, const char *key, bool *out, srv_err *e) 
 /* A fresh seed for requests that give none. */
 static uint64_t random_seed(void) {
     uint64_t x = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) {
-        if (fread(&x, sizeof x, 1, f) != 1) x = 0;
-        fclose(f);
-    }
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = 0;
     return x ^ (uint64_t)(lm_now() * 1e9);
 }
 
@@ -396,7 +393,7 @@ int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv
     memset(r, 0, sizeof *r);
     r->kind = kind;
     json_error_t je;
-    r->body = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    r->body = json_loadb(body, len, 0, &je); /* a repeated key: the last wins, as in Python */
     if (!r->body)
         return srv_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
                        je.line, je.column);

@@ -15,15 +15,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "server_internal.h"
 
 void srv_make_id(char *out, size_t cap, const char *prefix) {
     static const char k_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     unsigned char rnd[24] = { 0 };
-    FILE *f = fopen("/dev/urandom", "rb");
-    size_t got = f ? fread(rnd, 1, sizeof rnd, f) : 0;
-    if (f) fclose(f);
+    ssize_t r = getrandom(rnd, sizeof rnd, 0);
+    size_t got = r > 0 ? (size_t)r : 0;
     uint64_t x = (uint64_t)(lm_now() * 1e9) | 1;
     for (size_t i = got; i < sizeof rnd; i++) { /* fallback: xorshift from the clock */
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
