@@ -229,7 +229,13 @@ async function load(o, url, pid) {
 }
 
 // Time per token: bare decode loop (lumen bench) vs one streamed / one plain request.
-async function overhead(o, url) {
+// CPU milliseconds (user + system, all threads) a process has used so far.
+function cpuMs(pid) {
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime, stime in 100 Hz ticks
+}
+
+async function overhead(o, url, pid) {
   const gen = o.maxTokens;
   const benchArgs = ['bench', '-m', o.model, '--prompt-len', '16', '--gen', String(gen), '--reps', '5', '--no-membw'];
   if (o.threads) benchArgs.push('--threads', String(o.threads));
@@ -243,6 +249,15 @@ async function overhead(o, url) {
   const eng = JSON.parse(execFileSync(exe, [o.model, String(gen), '11', String(o.threads || 0)], { encoding: 'utf8' }).trim());
   const streamed = [];
   const plain = [];
+  // CPU per token of the whole server process for streamed requests: unlike wall
+  // times, other processes on the machine do not inflate it
+  let cpuStream = null;
+  if (pid) {
+    const c0 = cpuMs(pid);
+    let toks = 0;
+    for (let i = 0; i < 20; i++) toks += (await streamOnce(url, chatBody(o, 100 + i, true, 0))).usage?.completion_tokens ?? 0;
+    cpuStream = (cpuMs(pid) - c0) / toks;
+  }
   for (let i = 0; i < 11; i++) {
     // greedy, like the bare loop and engine_decode: the sampler's cost is not the server's
     const r = await streamOnce(url, chatBody(o, i, true, 0));
@@ -260,6 +275,9 @@ async function overhead(o, url) {
     tokens_per_request: gen,
     bare_decode_ms_per_token: round(bareMs, 4),
     engine_ms_per_token: round(eng.engine_ms_per_token, 4),
+    engine_cpu_ms_per_token: round(eng.engine_cpu_ms_per_token, 4),
+    server_cpu_ms_per_streamed_token: cpuStream === null ? null : round(cpuStream, 4),
+    server_cpu_overhead_ms_per_streamed_token: cpuStream === null ? null : round(cpuStream - eng.engine_cpu_ms_per_token, 4),
     plain_request_ms_per_token: round(p, 4),
     streamed_ms_per_token: round(s, 4),
     server_overhead_ms_per_streamed_token: round(s - eng.engine_ms_per_token, 4),
@@ -278,7 +296,7 @@ if (!url) {
 }
 let out;
 try {
-  out = o.overhead ? await overhead(o, url) : await load(o, url, srv?.proc.pid);
+  out = o.overhead ? await overhead(o, url, srv?.proc.pid) : await load(o, url, srv?.proc.pid);
   const health = await fetch(`${url}/health`).then((r) => r.status).catch(() => 0);
   out.server_alive_after = health === 200;
 } finally {
