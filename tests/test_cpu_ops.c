@@ -6,7 +6,7 @@
  * than this machine's cores: late workers are part of the test). Shapes are
  * odd on purpose: widths that are not multiples of 8/16/32, T = 1, 3, 13, 17,
  * 65 (GEMV and GEMM paths) and 300 (several GEMM token blocks), inner sizes
- * that straddle the 256-wide cache block. Weights of every dtype are built
+ * that straddle the k-slices of every ISA (256, 512, 1024). Weights of every dtype are built
  * from random values (quant blocks: random bits with sane scales); the
  * reference widens them with lm_dequant_row, which is exact, so what is
  * tested is the arithmetic.
@@ -114,10 +114,12 @@ typedef struct co_shape {
 
 static const co_shape co_plain_shapes[] = {
     { 1, 37, 17 }, { 3, 70, 300 },  { 17, 57, 531 }, { 65, 300, 100 },
-    { 300, 40, 64 }, { 5, 1, 1 }, { 13, 33, 300 },
+    { 300, 40, 64 }, { 5, 1, 1 }, { 13, 33, 300 }, { 17, 40, 1100 },
 };
 static const co_shape co_q32_shapes[] = { { 1, 37, 32 }, { 3, 70, 288 }, { 17, 50, 544 }, { 65, 45, 96 } };
-static const co_shape co_qk_shapes[] = { { 1, 37, 256 }, { 3, 21, 768 }, { 17, 57, 512 }, { 65, 40, 256 } };
+static const co_shape co_qk_shapes[] = {
+    { 1, 37, 256 }, { 3, 21, 768 }, { 17, 57, 512 }, { 65, 40, 256 }, { 17, 21, 1280 },
+};
 
 static int co_matmul_case(lm_backend *be, lm_dtype t, co_shape sh, bool with_bias, uint64_t *s) {
     const int T = sh.T, O = sh.O, I = sh.I;

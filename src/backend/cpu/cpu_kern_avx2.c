@@ -14,6 +14,9 @@
 #define LM_AI static inline __attribute__((always_inline))
 #define LM_Y_MR 6
 #define LM_Y_NR 16
+#ifndef LM_Y_KC
+#define LM_Y_KC 1024 /* GEMM k-slice: the 16 x 1024 f32 panel (64 KB) stays in L2; measured best */
+#endif
 #define LM_Y_PF 1024 /* software prefetch distance, in values */
 #ifndef LM_Y_GEMM_MIN
 #define LM_Y_GEMM_MIN 16 /* tokens from which GEMM beats the GEMV tiles */
@@ -331,7 +334,7 @@ const lm_cpu_kern lm_cpu_kern_avx2 = {
     .to_f32 = { [LM_F32] = lm_y_f32_to_f32, [LM_BF16] = lm_y_bf16_to_f32, [LM_F16] = lm_y_f16_to_f32 },
     .mr = LM_Y_MR,
     .nr = LM_Y_NR,
-    .kc = 256,
+    .kc = LM_Y_KC,
     .gemm_min_tokens = LM_Y_GEMM_MIN,
     .gemm = lm_y_gemm,
     .pack = { [LM_F32] = lm_y_pack_f32, [LM_BF16] = lm_y_pack_bf16, [LM_F16] = lm_y_pack_f16 },

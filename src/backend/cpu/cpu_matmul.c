@@ -15,9 +15,10 @@
  * out through an atomic counter so that a preempted thread does not stall
  * the others. Inside a unit, for each KC-slice of the inner dimension, each
  * nr-output panel of the weight is widened to f32 and packed as [kc][nr]
- * (L1-resident, vectorised transposes in the ISA files), then swept over all
- * MC tokens of the unit in mr-token tiles that read the activations in place
- * (the MC x KC slice of x stays in L2). A weight value is widened once per MC
+ * (64 KB, vectorised transposes in the ISA files), then swept over all MC
+ * tokens of the unit in mr-token tiles that read the activations in place;
+ * panel and x slice stay in L2 (a larger kc measured faster than an
+ * L1-sized panel: fewer passes over y). A weight value is widened once per MC
  * tokens, so its cost vanishes against the 2*MC flops it feeds. KC is a
  * multiple of 256, so quantised rows are cut on block boundaries: they are
  * widened with lm_dequant_row into scratch and packed by the f32 packer. */
