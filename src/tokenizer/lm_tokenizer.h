@@ -13,7 +13,22 @@
  *
  * Input bytes that are not valid UTF-8 are replaced, as Rust's
  * String::from_utf8_lossy does, before encoding. Ids out of range are
- * skipped when decoding (as Hugging Face does). */
+ * skipped when decoding (as Hugging Face does).
+ *
+ * Supported (tokenizer.json): model BPE (byte-level or not, byte_fallback,
+ * unk/fuse_unk, ignore_merges, continuing_subword_prefix/end_of_word_suffix,
+ * merges as "a b" or ["a","b"]); normalizers NFC, NFD, NFKC, NFKD,
+ * Lowercase, Prepend, Replace, Strip, StripAccents, BertNormalizer,
+ * ByteLevel, Sequence; pre-tokenizers Split, ByteLevel, Metaspace,
+ * Whitespace, WhitespaceSplit, Punctuation, Digits, BertPreTokenizer,
+ * CharDelimiterSplit, Sequence; post-processors TemplateProcessing,
+ * ByteLevel, BertProcessing, RobertaProcessing, Sequence; decoders
+ * ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece,
+ * BPEDecoder, Sequence; added tokens with all five flags. Anything else
+ * (Unigram/WordPiece/WordLevel models, Precompiled, UnicodeScripts, CTC)
+ * fails to load with a message naming it. Truncation and padding settings
+ * are ignored: encode never cuts or pads. Regexes and character classes
+ * follow Unicode 16, as HF's Oniguruma does. */
 #ifndef LM_TOKENIZER_H
 #define LM_TOKENIZER_H
 
