@@ -53,6 +53,9 @@ void lm_model_free(lm_model *m);
  * One forward at a time per model: activations live in the model's scratch.
  * Keys and values of every token are written to kv at their positions. */
 int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
+/* The checks lm_model_forward makes before running a batch (token ids,
+ * positions, sequences, logit rows, state slots), for other entry points. */
+int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e);
 
 /* Recurrent state per sequence: writes up to max sizes (floats per slot of
  * each state tensor) and returns how many there are (0 for attention-only). */

@@ -68,10 +68,11 @@ typedef struct lm_q35_layer {
  *   h' = fc [pre_fc_norm_embedding(embed(next token)) ; pre_fc_norm_hidden(h)]
  * then its decoder layers (full attention, with the main model's rope), then
  * norm and the main model's lm_head. Its attention layers need KV-cache layers
- * of their own when it runs. */
+ * of their own when it runs: layer l uses layer l (kv_layer) of the MTP pool. */
 typedef struct lm_qwen35_mtp {
     int n_layers;
     lm_tensor fc;                      /* [D][2D] */
+    lm_tensor fc_emb, fc_hidden;       /* [D][D] each: fc's column halves (host copies) */
     lm_tensor pre_fc_norm_embedding;   /* [D] f32, (1 + w) */
     lm_tensor pre_fc_norm_hidden;      /* [D] f32, (1 + w) */
     lm_tensor norm;                    /* [D] f32, (1 + w) */
@@ -81,5 +82,22 @@ typedef struct lm_qwen35_mtp {
 /* The MTP head of a qwen3_5 / qwen3_next model, or NULL (other architectures,
  * or a checkpoint without mtp.* tensors). */
 const lm_qwen35_mtp *lm_qwen35_mtp_head(const lm_model *m);
+
+/* lm_model_forward of a qwen3_5 / qwen3_next model that also hands back the
+ * final hidden states (after model.norm) of the logit rows: hidden_out
+ * [n_out][D] host (NULL: none, like lm_model_forward); logits may be NULL. */
+int lm_qwen35_forward_hidden(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, float *hidden_out,
+                             lm_err *e);
+
+/* One MTP step over a batch: b->tokens are the next tokens (token t+1 for
+ * position t), b->pos the positions t, hidden [n_tokens][D] (host) the main
+ * model's final hidden states at those positions (lm_qwen35_forward_hidden).
+ * Keys and values go to mtp_kv, a pool of its own with at least the head's
+ * n_layers layers of the model's kv_width and no recurrent state
+ * (b->state_slot is ignored). Writes logits [n_out][V] (host) for
+ * b->out_rows: the predictions of the tokens at t+2. Shares the model's
+ * activation scratch: not concurrently with its forward. */
+int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const float *hidden, float *logits,
+                          lm_err *e);
 
 #endif

@@ -76,7 +76,7 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
     return 0;
 }
 
-int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
+int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e) {
     if (b->n_tokens <= 0) return lm_errf(e, "empty batch");
     if (b->n_out < 0 || b->n_out > b->n_tokens) return lm_errf(e, "%d logit rows for %d tokens", b->n_out, b->n_tokens);
     for (int t = 0; t < b->n_tokens; t++) {
@@ -93,6 +93,11 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
     for (int s = 0; kv->n_state > 0 && s < b->n_seqs; s++)
         if (b->state_slot[s] < 0 || b->state_slot[s] >= kv->n_state_slots)
             return lm_errf(e, "state slot %d out of range [0, %d)", b->state_slot[s], kv->n_state_slots);
+    return 0;
+}
+
+int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
+    if (lm_model_check_batch(m, kv, b, e)) return -1;
     return m->arch->forward(m, kv, b, logits, e);
 }
 

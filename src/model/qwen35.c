@@ -28,7 +28,9 @@
  * layer to its pool layer); each linear layer owns one recurrent-state tensor
  * per sequence: its conv window [K-1][C] followed by its delta state
  * [Hv][Dk][Dv]. The MTP head (mtp.*) is bound when present and exposed by
- * lm_qwen35_mtp_head; it is not part of the forward pass. */
+ * lm_qwen35_mtp_head; it is not part of the forward pass but has a forward
+ * of its own (lm_qwen35_mtp_forward) built from the same blocks, its
+ * attention layers in a KV pool of their own (kv_layer = its MTP layer). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +170,34 @@ static void bind_split(lm_binder *b, q35 *q, const char *name, int64_t rows, int
     }
 }
 
+/* Host copies (stored type, owned by the model) of the column blocks of an
+ * already bound matrix `name` [rows][n_parts * cols]: part i is columns
+ * [i * cols, (i + 1) * cols) of every row. */
+static void bind_split_cols(lm_binder *b, q35 *q, const char *name, int n_parts, lm_tensor *const *parts) {
+    if (b->failed) return;
+    lm_model *m = b->m;
+    const lm_file_tensor *t = lm_weights_find(&m->src, name, NULL);
+    const int64_t rows = t->shape[0], cols = t->shape[1] / n_parts;
+    const size_t rb = lm_dtype_row_bytes(t->type, t->shape[1]), pb = lm_dtype_row_bytes(t->type, cols);
+    if (pb * (size_t)n_parts != rb) {
+        lm_errf(b->e, "%s: %s rows cannot be split into %d column blocks", name, t->type_name, n_parts);
+        b->failed = 1;
+        return;
+    }
+    for (int i = 0; i < n_parts; i++) {
+        uint8_t *host = lm_xaligned((size_t)rows * pb);
+        for (int64_t r = 0; r < rows; r++) memcpy(host + (size_t)r * pb, t->data + (size_t)r * rb + (size_t)i * pb, pb);
+        q->host = lm_xrealloc(q->host, (size_t)(q->n_host + 1) * sizeof *q->host);
+        q->host[q->n_host++] = host;
+        *parts[i] = (lm_tensor){ .type = t->type, .rows = rows, .cols = cols };
+        if (m->be->ops->upload_weight(m->be, parts[i], host, b->e)) {
+            lm_err_prefix(b->e, "%s", name);
+            b->failed = 1;
+            return;
+        }
+    }
+}
+
 static void bind_attn(lm_binder *b, q35 *q, lm_q35_attn *A, const char *pfx, int l) {
     const lm_model_config *c = &b->m->cfg;
     const int64_t D = c->d_model, Dh = c->head_dim, QD = (int64_t)c->n_heads * Dh, KD = (int64_t)c->n_kv_heads * Dh;
@@ -294,12 +324,14 @@ static void bind_mtp(lm_binder *b, q35 *q) {
     M->n_layers = n;
     M->layers = lm_xcalloc((size_t)LM_MAX(n, 1), sizeof *M->layers);
     lm_bind_matrix(b, &M->fc, "mtp.fc.weight", D, 2 * D, true, true);
+    bind_split_cols(b, q, "mtp.fc.weight", 2, (lm_tensor *const[]){ &M->fc_emb, &M->fc_hidden });
     lm_bind_vector(b, &M->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding.weight", D, true);
     lm_bind_vector(b, &M->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden.weight", D, true);
     lm_bind_vector(b, &M->norm, "mtp.norm.weight", D, true);
     for (int l = 0; l < n && !b->failed; l++) {
         /* full attention; sparse when the checkpoint has a router for it (Qwen3-Next) */
         M->layers[l].moe = c->n_experts > 0 && lm_bind_has(b, lname(name, sizeof name, "mtp.layers.", l, "mlp.gate.weight"));
+        M->layers[l].kv_layer = l; /* in the MTP's own KV pool */
         bind_layer(b, q, &M->layers[l], "mtp.layers.", l, 1);
     }
     b->m->weight_bytes = bytes;
@@ -518,36 +550,94 @@ static int check_batch(q35 *q, const lm_batch *b, lm_err *e) {
     return 0;
 }
 
-static int q35_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
+/* x += mixer(n(x)); x += ffn(n(x)), with h and o as scratch. */
+static void layer_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, lm_tensor *h, lm_tensor *o) {
+    const lm_model_config *c = &st->m->cfg;
+    lm_backend *be = st->m->be;
+    const struct lm_backend_ops *op = be->ops;
+    op->rms_norm(be, h, x, &L->in_norm, c->norm_eps, 1.0f);
+    if (L->linear) delta_block(st, L, o, h);
+    else attn_block(st, L, o, h);
+    op->add(be, x, o);
+    op->rms_norm(be, h, x, &L->post_norm, c->norm_eps, 1.0f);
+    ffn_block(st, L, o, h);
+    op->add(be, x, o);
+}
+
+/* The batch's logit rows of x: norm(x) into hidden_out [n_out][D] (host, may
+ * be NULL), lm_head(norm(x)) into logits [n_out][V] (host, may be NULL). */
+static void head(lm_model *m, q35_scratch *s, const lm_tensor *x, const lm_tensor *norm, const lm_batch *b,
+                 float *logits, float *hidden_out) {
+    const lm_model_config *c = &m->cfg;
+    lm_backend *be = m->be;
+    const struct lm_backend_ops *op = be->ops;
+    if (b->n_out == 0) return;
+    lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->hn, 0, b->n_out);
+    lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);
+    op->gather_rows(be, &hs, x, b->out_rows, b->n_out);
+    op->rms_norm(be, &hn, &hs, norm, c->norm_eps, 1.0f);
+    if (hidden_out) op->read(be, hidden_out, hn.data, (size_t)b->n_out * (size_t)c->d_model * sizeof(float));
+    if (!logits) return;
+    op->matmul(be, &lg, &hn, &m->lm_head, NULL);
+    op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+}
+
+static int q35_run(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, float *hidden_out, lm_err *e) {
     q35 *q = m->impl;
     const lm_model_config *c = &m->cfg;
     const int T = b->n_tokens;
     if (check_batch(q, b, e) || scratch_ensure(m, &q->s, T, b->n_out, e)) return -1;
-    lm_backend *be = m->be;
-    const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = &q->s;
     lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
     q35_step st = { m, s, kv, &ab, b->pos, T };
     lm_tensor x = rows(&s->x, T), h = rows(&s->h, T), o = rows(&s->o, T);
+    m->be->ops->get_rows(m->be, &x, &m->embed, b->tokens);
+    for (int l = 0; l < c->n_layers; l++) layer_block(&st, &q->layers[l], &x, &h, &o);
+    head(m, s, &x, &m->out_norm, b, logits, hidden_out);
+    return 0;
+}
 
+static int q35_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
+    return q35_run(m, kv, b, logits, NULL, e);
+}
+
+static bool is_q35(const lm_model *m);
+
+int lm_qwen35_forward_hidden(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, float *hidden_out,
+                             lm_err *e) {
+    if (!is_q35(m)) return lm_errf(e, "%s is not a qwen3_5 / qwen3_next model", m->cfg.model_type);
+    if (lm_model_check_batch(m, kv, b, e)) return -1;
+    return q35_run(m, kv, b, logits, hidden_out, e);
+}
+
+int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const float *hidden, float *logits,
+                          lm_err *e) {
+    const lm_qwen35_mtp *M = lm_qwen35_mtp_head(m);
+    if (!M) return lm_errf(e, "%s: the model has no MTP head", m->path);
+    if (mtp_kv->n_layers < M->n_layers || mtp_kv->kv_width < m->kv_width)
+        return lm_errf(e, "MTP KV pool of %d layers of width %lld; the head needs %d of %lld", mtp_kv->n_layers,
+                       (long long)mtp_kv->kv_width, M->n_layers, (long long)m->kv_width);
+    if (lm_model_check_batch(m, mtp_kv, b, e)) return -1;
+    q35 *q = m->impl;
+    const lm_model_config *c = &m->cfg;
+    const int T = b->n_tokens;
+    if (scratch_ensure(m, &q->s, T, b->n_out, e)) return -1;
+    lm_backend *be = m->be;
+    const struct lm_backend_ops *op = be->ops;
+    q35_scratch *s = &q->s;
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, NULL };
+    q35_step st = { m, s, mtp_kv, &ab, b->pos, T };
+    lm_tensor x = rows(&s->x, T), h = rows(&s->h, T), o = rows(&s->o, T);
+    /* x = fc [n_e(embed(next)) ; n_h(hidden)] = fc_emb n_e(...) + fc_hidden n_h(...) */
     op->get_rows(be, &x, &m->embed, b->tokens);
-    for (int l = 0; l < c->n_layers; l++) {
-        const lm_q35_layer *L = &q->layers[l];
-        op->rms_norm(be, &h, &x, &L->in_norm, c->norm_eps, 1.0f);
-        if (L->linear) delta_block(&st, L, &o, &h);
-        else attn_block(&st, L, &o, &h);
-        op->add(be, &x, &o);
-        op->rms_norm(be, &h, &x, &L->post_norm, c->norm_eps, 1.0f);
-        ffn_block(&st, L, &o, &h);
-        op->add(be, &x, &o);
-    }
-    if (b->n_out == 0) return 0;
-    lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->hn, 0, b->n_out);
-    lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);
-    op->gather_rows(be, &hs, &x, b->out_rows, b->n_out);
-    op->rms_norm(be, &hn, &hs, &m->out_norm, c->norm_eps, 1.0f);
-    op->matmul(be, &lg, &hn, &m->lm_head, NULL);
-    op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+    op->rms_norm(be, &h, &x, &M->pre_fc_norm_embedding, c->norm_eps, 1.0f);
+    op->write(be, o.data, hidden, (size_t)T * (size_t)c->d_model * sizeof(float));
+    op->rms_norm(be, &x, &o, &M->pre_fc_norm_hidden, c->norm_eps, 1.0f);
+    op->matmul(be, &o, &x, &M->fc_hidden, NULL);
+    op->matmul(be, &x, &h, &M->fc_emb, NULL);
+    op->add(be, &x, &o);
+    for (int l = 0; l < M->n_layers; l++) layer_block(&st, &M->layers[l], &x, &h, &o);
+    head(m, s, &x, &M->norm, b, logits, NULL);
     return 0;
 }
 
@@ -595,8 +685,10 @@ const lm_arch lm_arch_qwen35 = {
     .state_spec = q35_state_spec,
 };
 
+static bool is_q35(const lm_model *m) { return m && m->arch == &lm_arch_qwen35 && m->impl; }
+
 const lm_qwen35_mtp *lm_qwen35_mtp_head(const lm_model *m) {
-    if (!m || m->arch != &lm_arch_qwen35) return NULL;
+    if (!is_q35(m)) return NULL;
     const q35 *q = m->impl;
     return q && q->has_mtp ? &q->mtp : NULL;
 }
