@@ -21,7 +21,7 @@ export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false UV_THREADPOOL_SIZE=1
 for mode in whole paragraphs; do
 flag=(); [ $mode = paragraphs ] && flag=(--paragraphs)
 echo "mode: $mode"
-printf '%-9s %12s %12s %8s  %s\n' tokenizer lumen_tok/s hf_tok/s ratio same_ids
+printf '%-9s %12s %12s %8s %14s %14s %8s  %s\n' tokenizer lumen_tok/s hf_tok/s ratio lumen_tok/cpu_s hf_tok/cpu_s ratio same_ids
 for t in qwen3 llama3 mistral gemma3; do
   dir=$fixtures/tokenizers/$t
   l=$("$bin" tokenize -m "$dir" --bench "$corpus" --reps 3 "${flag[@]}")
@@ -30,8 +30,9 @@ for t in qwen3 llama3 mistral gemma3; do
 import json, sys
 t, l, h = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 same = l["tokens"] == h["tokens"] and l["ids_fnv1a"] == h["ids_fnv1a"]
-print(f'{t:9s} {l["tokens_per_s"]:12.0f} {h["tokens_per_s"]:12.0f} {l["tokens_per_s"] / h["tokens_per_s"]:7.2f}x  {"yes" if same else "NO"}'
-      f'   ({l["tokens"]} tokens, {l["bytes"]} bytes; lumen {l["seconds"]} s, hf {h["seconds"]} s)')
+print(f'{t:9s} {l["tokens_per_s"]:12.0f} {h["tokens_per_s"]:12.0f} {l["tokens_per_s"] / h["tokens_per_s"]:7.2f}x'
+      f' {l["tokens_per_cpu_s"]:14.0f} {h["tokens_per_cpu_s"]:14.0f} {l["tokens_per_cpu_s"] / h["tokens_per_cpu_s"]:7.2f}x'
+      f'  {"yes" if same else "NO"}   ({l["tokens"]} tokens, {l["bytes"]} bytes)')
 PY
 done
 done
