@@ -610,3 +610,28 @@ LM_TEST(server_http_concurrent_streams_and_shutdown) {
     STOP(s);
     close(fd);
 }
+
+LM_TEST(server_http_queue_full_is_503) {
+    server s;
+    START(s, "--parallel 1 --max-queue 1");
+    /* six long requests at once: one runs, one waits, the others find the queue full */
+    enum { N = 6 };
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":4000,\"logit_bias\":{\"2\":-100}}";
+    int fd[N], n503 = 0, n200 = 0;
+    for (int i = 0; i < N; i++) {
+        fd[i] = dial(s.port);
+        LM_REQUIRE(fd[i] >= 0);
+    }
+    for (int i = 0; i < N; i++) LM_REQUIRE(send_request(fd[i], "POST", "/v1/completions", body, NULL) == 0);
+    for (int i = 0; i < N; i++) {
+        resp r;
+        if (read_response(fd[i], &r) == 0) {
+            n503 += r.status == 503 && strstr(r.body, "\"overloaded\"");
+            n200 += r.status == 200;
+            resp_free(&r);
+        }
+        close(fd[i]);
+    }
+    LM_CHECK_MSG(n503 >= 1 && n200 >= 1 && n503 + n200 == N, "200: %d, 503: %d", n200, n503);
+    STOP(s);
+}
