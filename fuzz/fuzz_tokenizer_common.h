@@ -23,20 +23,20 @@
 
 #define FZ_MAX_TOK 4
 
-static lm_tokenizer *g_fz_tok[FZ_MAX_TOK];
-static int g_fz_n;
+static lm_tokenizer *g_fz_tok[FZ_MAX_TOK] __attribute__((unused));
+static int g_fz_n __attribute__((unused));
 
-static void fz_add(lm_tokenizer *t) {
+static inline void fz_add(lm_tokenizer *t) {
     if (t) g_fz_tok[g_fz_n++] = t;
 }
 
-static void fz_put_cp(lm_tok_str *s, uint32_t cp) {
+static inline void fz_put_cp(lm_tok_str *s, uint32_t cp) {
     char b[4];
     tok_str_append(s, b, (size_t)tok_utf8_put(cp, b));
 }
 
 /* A JSON string literal of bytes already valid UTF-8. */
-static void fz_json_str(lm_tok_str *s, const char *p, size_t n) {
+static inline void fz_json_str(lm_tok_str *s, const char *p, size_t n) {
     tok_str_append(s, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
@@ -50,7 +50,7 @@ static void fz_json_str(lm_tok_str *s, const char *p, size_t n) {
     tok_str_append(s, "\"", 1);
 }
 
-static char *fz_bytelevel_json(void) {
+static inline char *fz_bytelevel_json(void) {
     lm_tok_str s = { 0 };
     tok_str_append(&s, "{\"model\":{\"type\":\"BPE\",\"vocab\":{", 32);
     for (int b = 0; b < 256; b++) {
@@ -108,7 +108,7 @@ static const char k_fz_meta[] =
     "{\"type\":\"BPEDecoder\",\"suffix\":\"</w>\"},{\"type\":\"WordPiece\",\"prefix\":\"##\",\"cleanup\":true},"
     "{\"type\":\"Strip\",\"content\":\"a\",\"start\":2,\"stop\":2}]}}";
 
-static void fz_init(void) {
+static inline void fz_init(void) {
     if (g_fz_n) return;
     lm_err e = { { 0 } };
     lm_tokenizer *t = NULL;
@@ -136,7 +136,7 @@ static void fz_init(void) {
 }
 
 /* Decodes ids both ways and checks the invariants; returns decode() in out. */
-static void fz_check_decode(lm_tokenizer *t, const int32_t *ids, size_t n, bool skip, lm_tok_str *out) {
+static inline void fz_check_decode(lm_tokenizer *t, const int32_t *ids, size_t n, bool skip, lm_tok_str *out) {
     lm_tokenizer_decode(t, ids, n, skip, out);
     LM_ASSERT(tok_utf8_valid(out->s, out->len));
     lm_detok *d = lm_detok_create(t, skip);
