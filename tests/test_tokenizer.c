@@ -348,6 +348,27 @@ LM_TEST(tokenizer_regex_unicode16) {
     lm_tokenizer_free(t);
 }
 
+/* Whitespace is \w+|[^\w\s]+ in Oniguruma's Unicode sense (answers from HF
+ * tokenizers 0.22): marks, Nd, Nl, Pc and joiners are word characters, No
+ * (½) is not. A word's later characters take the "##" prefix. */
+LM_TEST(tokenizer_regex_word_class) {
+    const char *json =
+        "{\"model\":{\"type\":\"BPE\",\"unk_token\":\"?\",\"continuing_subword_prefix\":\"##\","
+        "\"vocab\":{\"?\":0,\"a\":1,\"b\":2,\"##b\":3},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Whitespace\"}}";
+    lm_err e = { { 0 } };
+    lm_tokenizer *t = load_str(json, &e);
+    LM_REQUIRE_MSG_(t, e);
+    ENC(t, "a\xC2\xBD" "b", false, 1, 0, 2);          /* ½ splits */
+    ENC(t, "ae\xCC\x81" "b", false, 1, 0, 0, 3);       /* combining acute stays in */
+    ENC(t, "a\xE2\x80\xBF" "b", false, 1, 0, 3);      /* U+203F Pc */
+    ENC(t, "a\xE2\x85\xAB" "b", false, 1, 0, 3);      /* Roman numeral twelve, Nl */
+    ENC(t, "a\xE0\xA4\x83" "b", false, 1, 0, 3);      /* Devanagari visarga, Mc */
+    ENC(t, "a\xF0\x90\x97\xA4" "b", false, 1, 0, 3);  /* Unicode 16 letter */
+    ENC(t, "a\xE2\x80\x8D" "b", false, 1, 0, 3);      /* zero-width joiner */
+    ENC(t, "a!b", false, 1, 0, 2);
+    lm_tokenizer_free(t);
+}
+
 /* ---- errors: malformed or unsupported files say where ---- */
 
 static void expect_error(lm_test_ctx *lm_t_, const char *json, const char *want1, const char *want2) {

@@ -58,6 +58,7 @@ static bool is_category(const char *x, size_t n) {
 /* Rewrites a Hugging Face regex (Oniguruma syntax) for PCRE2:
  * - \s and \S mean Unicode White_Space, as in Oniguruma and Rust; PCRE2's
  *   UCP \s leaves out U+0085 (NEL);
+ * - \w, \W, \d, \D take Oniguruma's Unicode meaning (see below);
  * - \p{X} / \pX also match the Unicode 16 characters of category X that
  *   PCRE2's older tables call unassigned (tok_uni_new); \P{X} outside a
  *   class likewise. Character classes are tracked so the ranges go in the
@@ -71,6 +72,28 @@ static char *rewrite_regex(const char *src, size_t n, size_t *out_n) {
             char d = src[i + 1];
             if (d == 's' || d == 'S') {
                 tok_str_append(&o, d == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15);
+                i++;
+                continue;
+            }
+            if (d == 'w' || d == 'd' || ((d == 'W' || d == 'D') && !in_class)) {
+                /* Oniguruma's \w is Unicode's: Alphabetic, marks, decimal
+                 * digits, connector punctuation, joiners (PCRE2's is
+                 * letters, all numbers and '_'); \d is Nd in both, but
+                 * the tables differ in age */
+                bool neg = d == 'W' || d == 'D', word = d == 'w' || d == 'W';
+                if (!in_class) tok_str_append(&o, neg ? "[^" : "[", neg ? 2 : 1);
+                if (word) {
+                    static const char w[] = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+                    tok_str_append(&o, w, sizeof w - 1);
+                    append_new_ranges(&o, "L", 1);
+                    append_new_ranges(&o, "Nl", 2);
+                    append_new_ranges(&o, "M", 1);
+                    append_new_ranges(&o, "Pc", 2);
+                } else {
+                    tok_str_append(&o, "\\p{Nd}", 6);
+                }
+                append_new_ranges(&o, "Nd", 2);
+                if (!in_class) tok_str_append(&o, "]", 1);
                 i++;
                 continue;
             }

@@ -229,9 +229,12 @@ bool tok_is_alnum(uint32_t c) {
 
 bool tok_is_word(uint32_t c) {
     utf8proc_category_t k = cat(c);
+    /* Unicode \w: Alphabetic (letters, Nl, and the circled/squared letters
+     * that are So), marks, Nd, Pc, the joiners */
     return is_letter(k) || (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
            k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC ||
-           c == 0x200C || c == 0x200D;
+           c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) ||
+           (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189);
 }
 
 bool tok_is_punct(uint32_t c) {
