@@ -7,14 +7,14 @@
 #include "cli.h"
 
 static const char *const k_help =
-    "usage: lumen serve -m MODEL [options]\n"
+    "usage: lumen serve [-m MODEL] [options]\n"
     "\n"
     "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
     "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
     "GET /health, GET /metrics (Prometheus).\n"
     "\n"
-    "  -m, --model PATH      Hugging Face folder or .gguf file (required until\n"
-    "                        lumen bundles a default model)\n"
+    "  -m, --model PATH      Hugging Face folder or .gguf file (default: the bundled\n"
+    "                        demo model, models/demo)\n"
     "  --alias NAME          model name in the API (default: MODEL's basename)\n"
     "  --host ADDR           address to bind (default 127.0.0.1: this machine only)\n"
     "  --port N              TCP port (default 8080; 0 = any free port)\n"
@@ -84,11 +84,7 @@ int lm_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "lumen serve: bad value for %s (see lumen serve --help)\n", a);
         return 2;
     }
-    if (!so.model_path) {
-        fprintf(stderr, "lumen serve: -m MODEL is required: lumen does not bundle a default model yet "
-                        "(see lumen serve --help)\n");
-        return 2;
-    }
+    if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
     lm_backend *be = lm_cli_backend(&co);
     if (!be) return 1;
     lm_err e = { { 0 } };
