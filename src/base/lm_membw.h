@@ -10,4 +10,8 @@
  * or 0 when the buffers cannot be allocated. */
 double lm_copy_bandwidth(size_t bytes, int n_threads, int reps);
 
+/* A streaming read of `bytes` with n_threads threads, best of reps, in bytes
+ * per second: what loads alone get, the traffic of a decode step's weights. */
+double lm_read_bandwidth(size_t bytes, int n_threads, int reps);
+
 #endif
