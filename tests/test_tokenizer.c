@@ -103,6 +103,25 @@ LM_TEST(tokenizer_fixture_llama3) { run_fixture(lm_t_, "llama3"); }
 LM_TEST(tokenizer_fixture_mistral) { run_fixture(lm_t_, "mistral"); }
 LM_TEST(tokenizer_fixture_gemma3) { run_fixture(lm_t_, "gemma3"); }
 
+/* Tokenizers built from the tiny fixture vocabulary with components the real
+ * ones do not use (ByteLevel with add_prefix_space and its regex,
+ * RobertaProcessing; NFKD, a Replace regex, BertProcessing, Replace and
+ * Strip decoders), 150 cases each answered by HF tokenizers 0.22
+ * (tools/tokbench/make_cases.js). Self-contained: no fixtures needed. */
+static void run_variant(lm_test_ctx *lm_t_, const char *name) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' check-tokenizer '%s/tests/data/tokenizer/%s' '%s/tests/data/tokenizer/%s/cases.jsonl'",
+             lm_test_lumen_bin(), LUMEN_SOURCE_DIR, name, LUMEN_SOURCE_DIR, name);
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 0, "%s\n%s", out ? out : "", err ? err : "");
+    LM_CHECK(out && strstr(out, "\"passed\":150,"));
+    free(out);
+    free(err);
+}
+
+LM_TEST(tokenizer_variant_bytelevel) { run_variant(lm_t_, "variant-bytelevel"); }
+LM_TEST(tokenizer_variant_nfkd) { run_variant(lm_t_, "variant-nfkd"); }
+
 /* The checker must fail, and say where, when a case is wrong. */
 LM_TEST(tokenizer_check_reports_failure) {
     char *dir = lm_test_fixture_path("tokenizers/tiny-bpe");

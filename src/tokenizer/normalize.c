@@ -18,6 +18,8 @@ void tok_normalizer_free(tok_normalizer *nz) {
     tok_pattern_free(&nz->pat);
 }
 
+static bool frozen(uint32_t cp);
+
 static void set(lm_tok_str *out, const char *p, size_t n) {
     out->len = 0;
     tok_str_append(out, p, n);
@@ -38,6 +40,13 @@ static void map_span(int opts, const char *in, size_t n, lm_tok_str *out) {
  * sees each stretch of other characters together with the inert character
  * before it (which may compose with them), so mostly-Latin text costs a
  * scan, and the result equals normalising the whole string. */
+/* HF's tables are Unicode 10: characters assigned later, which utf8proc
+ * would change, are starters without mappings there; they pass through and
+ * nothing composes or reorders across them. */
+static bool frozen(uint32_t cp) {
+    return cp >= 0x300 && tok_uni_in(tok_uni_norm_new, tok_uni_norm_new_n, cp);
+}
+
 static void unicode_form(int opts, const char *in, size_t n, lm_tok_str *out) {
     uint32_t inert = (opts & UTF8PROC_COMPOSE) && !(opts & UTF8PROC_COMPAT) ? 0x300 : 0x80;
     out->len = 0;
@@ -52,9 +61,14 @@ static void unicode_form(int opts, const char *in, size_t n, lm_tok_str *out) {
             break;
         }
         size_t start = j > i ? prev : j, k = j;
-        while (k < n && tok_utf8_cp(in + k, n - k, &l) >= inert) k += (size_t)l;
+        uint32_t c = 0;
+        while (k < n && (c = tok_utf8_cp(in + k, n - k, &l)) >= inert && !frozen(c)) k += (size_t)l;
         tok_str_append(out, in + i, start - i);
-        map_span(opts, in + start, k - start, out);
+        if (k > start) map_span(opts, in + start, k - start, out);
+        if (k < n && c >= inert && frozen(c)) { /* pass it through; the next region starts after */
+            tok_str_append(out, in + k, (size_t)l);
+            k += (size_t)l;
+        }
         i = k;
     }
 }
@@ -91,11 +105,12 @@ static void replace(const tok_normalizer *nz, const char *in, size_t n, lm_tok_s
     free(sp.v);
 }
 
+/* HF's BertNormalizer is_control: "other" characters (Cc, Cf, Co) except
+ * \t \n \r; unassigned ones stay (checked against HF 0.22). */
 static bool is_control(uint32_t c) {
     if (c == '\t' || c == '\n' || c == '\r') return false;
-    utf8proc_category_t k = (utf8proc_category_t)tok_category(c);
-    return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CN ||
-           k == UTF8PROC_CATEGORY_CO;
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c); /* HF's tables are old: */
+    return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CO; /* no Unicode 16 */
 }
 
 static bool is_chinese(uint32_t c) {
@@ -114,8 +129,14 @@ static void filter_chars(const char *in, size_t n, lm_tok_str *out, int mode) {
         uint32_t c = tok_utf8_cp(in + i, n - i, &l);
         char b[4];
         i += (size_t)l;
-        if (mode == 0) { /* strip accents: drop nonspacing marks */
-            if (tok_category(c) == UTF8PROC_CATEGORY_MN) continue;
+        if (mode == 0 || mode == 3) {
+            /* StripAccents drops every mark (unicode-normalization's
+             * is_combining_mark); Bert's strip_accents only Mn. Both with
+             * tables older than utf8proc's: later marks stay. */
+            utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+            bool mark = mode == 0 ? k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME
+                                  : k == UTF8PROC_CATEGORY_MN;
+            if (mark && !frozen(c)) continue;
         } else if (mode == 1) { /* bert clean text */
             if (c == 0 || c == 0xFFFD || is_control(c)) continue;
             if (tok_is_whitespace(c)) c = ' ';
@@ -180,7 +201,7 @@ void tok_normalize(const tok_normalizer *nz, const char *in, size_t n, lm_tok_st
         if (nz->handle_chinese) { filter_chars(a.s, a.len, &b, 2); set(&a, b.s, b.len); }
         if (nz->strip_accents) {
             unicode_form(UTF8PROC_DECOMPOSE, a.s, a.len, &b);
-            filter_chars(b.s, b.len, &a, 0);
+            filter_chars(b.s, b.len, &a, 3);
         }
         if (nz->lowercase) { lowercase(a.s, a.len, &b); set(&a, b.s, b.len); }
         set(out, a.s, a.len);

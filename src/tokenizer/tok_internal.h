@@ -41,6 +41,11 @@ void tok_utf8_stream_end(tok_utf8_stream *u, lm_tok_str *out);
 typedef struct tok_uni_range { uint32_t lo, hi; uint8_t cat; } tok_uni_range;
 extern const tok_uni_range tok_uni_new[];
 extern const int tok_uni_new_n;
+/* Code points HF's (Unicode 10) normalisation tables do not know but
+ * utf8proc would change: passed through by the normal forms. */
+extern const tok_uni_range tok_uni_norm_new[];
+extern const int tok_uni_norm_new_n;
+bool tok_uni_in(const tok_uni_range *r, int n, uint32_t cp);
 /* The general category (utf8proc numbering), Unicode 16. */
 int tok_category(uint32_t cp);
 bool tok_is_whitespace(uint32_t cp); /* Unicode White_Space (Rust char::is_whitespace) */

@@ -3,7 +3,12 @@
  * Code points that Unicode 16.0 assigns (HF tokenizers 0.22 matches with
  * Oniguruma's Unicode 16 tables) but that this build's PCRE2 10.42 or
  * utf8proc 2.8.0 leave unassigned, as ranges with their general category.
- * pretokenize.c adds them to \\p{..} classes; utf8.c falls back to them. */
+ * pretokenize.c adds them to the regexes' property classes; utf8.c falls
+ * back to them for characters utf8proc does not know.
+ *
+ * tok_uni_norm_new: code points unassigned in Unicode 10, the age of HF's
+ * normalisation tables, that utf8proc would decompose, reorder or compose;
+ * normalize.c passes them through as HF does. */
 #include "tok_internal.h"
 
 const tok_uni_range tok_uni_new[] = {
@@ -135,3 +140,49 @@ const tok_uni_range tok_uni_new[] = {
     { 0x31350, 0x323AF,  5 }, /* Lo */
 };
 const int tok_uni_new_n = 126;
+
+const tok_uni_range tok_uni_norm_new[] = {
+    { 0x007FD, 0x007FD, 0 },
+    { 0x00898, 0x0089F, 0 },
+    { 0x008CA, 0x008D3, 0 },
+    { 0x009FE, 0x009FE, 0 },
+    { 0x00C3C, 0x00C3C, 0 },
+    { 0x00EBA, 0x00EBA, 0 },
+    { 0x01715, 0x01715, 0 },
+    { 0x01ABF, 0x01ACE, 0 },
+    { 0x01DFA, 0x01DFA, 0 },
+    { 0x032FF, 0x032FF, 0 },
+    { 0x0A7F2, 0x0A7F4, 0 },
+    { 0x0A82C, 0x0A82C, 0 },
+    { 0x0AB69, 0x0AB69, 0 },
+    { 0x10781, 0x10785, 0 },
+    { 0x10787, 0x107B0, 0 },
+    { 0x107B2, 0x107BA, 0 },
+    { 0x10D24, 0x10D27, 0 },
+    { 0x10EAB, 0x10EAC, 0 },
+    { 0x10EFD, 0x10EFF, 0 },
+    { 0x10F46, 0x10F50, 0 },
+    { 0x10F82, 0x10F85, 0 },
+    { 0x11070, 0x11070, 0 },
+    { 0x1133B, 0x1133B, 0 },
+    { 0x1145E, 0x1145E, 0 },
+    { 0x11839, 0x1183A, 0 },
+    { 0x11930, 0x11930, 0 },
+    { 0x11935, 0x11935, 0 },
+    { 0x11938, 0x11938, 0 },
+    { 0x1193D, 0x1193E, 0 },
+    { 0x11943, 0x11943, 0 },
+    { 0x119E0, 0x119E0, 0 },
+    { 0x11D97, 0x11D97, 0 },
+    { 0x11F41, 0x11F42, 0 },
+    { 0x16FF0, 0x16FF1, 0 },
+    { 0x1E030, 0x1E06D, 0 },
+    { 0x1E08F, 0x1E08F, 0 },
+    { 0x1E130, 0x1E136, 0 },
+    { 0x1E2AE, 0x1E2AE, 0 },
+    { 0x1E2EC, 0x1E2EF, 0 },
+    { 0x1E4EC, 0x1E4EF, 0 },
+    { 0x1F16C, 0x1F16C, 0 },
+    { 0x1FBF0, 0x1FBF9, 0 },
+};
+const int tok_uni_norm_new_n = 42;

@@ -210,6 +210,17 @@ int tok_category(uint32_t c) {
     return UTF8PROC_CATEGORY_CN;
 }
 
+bool tok_uni_in(const tok_uni_range *r, int n, uint32_t cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < r[mid].lo) hi = mid - 1;
+        else if (cp > r[mid].hi) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
 static utf8proc_category_t cat(uint32_t c) { return (utf8proc_category_t)tok_category(c); }
 
 bool tok_is_numeric(uint32_t c) {
