@@ -26,43 +26,19 @@
 #include "model/lm_model.h"
 #include "test_util.h"
 
-static void check_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads, int n_prompts) {
-    lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
-    if (!be) LM_SKIP("%s backend unavailable here: %s", lm_cpu_isa_name(isa), e.msg);
-    lm_parity_result res;
-    int rc = lm_parity_run(dir, be, 1e-3, &res, &e);
-    LM_CHECK_MSG(rc == 0, "%s", e.msg);
-    if (rc == 0) {
-        char *js = lm_parity_json(dir, be, &res);
-        printf("  %s\n", js);
-        free(js);
-        LM_CHECK(res.n_prompts == n_prompts);
-        LM_CHECK(res.max_abs_err <= 1e-3);
-        LM_CHECK(res.cache_vs_full <= 1e-4);
-        for (int i = 0; i < res.n_prompts; i++) {
-            LM_CHECK(res.prompts[i].greedy_mismatch == 0);
-            LM_CHECK(res.prompts[i].greedy_steps == 24);
-            LM_CHECK(res.prompts[i].greedy_checked >= 12);
-        }
-        LM_CHECK(res.ok);
-    }
-    lm_backend_destroy(be);
-}
-
 static void shared_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", model);
     char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
-    check_parity(lm_t_, dir, isa, threads, 3);
+    lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
 }
 
 static void repo_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa, int threads) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/gemma/%s", LUMEN_SOURCE_DIR, model);
-    check_parity(lm_t_, dir, isa, threads, 1);
+    lm_tu_parity(lm_t_, dir, isa, threads, 1, NULL);
 }
 
 LM_TEST(parity_gemma3) { shared_parity(lm_t_, "gemma3", LM_ISA_AUTO, 2); }
@@ -304,7 +280,7 @@ LM_TEST(parity_gemma3_other_layouts) {
         else copy_file(src, dir, "model.safetensors");
         copy_file(src, dir, "reference.safetensors");
         edit_config(src, dir, v[i].cfg);
-        check_parity(lm_t_, dir, LM_ISA_AUTO, 2, 3);
+        lm_tu_parity(lm_t_, dir, LM_ISA_AUTO, 2, 3, NULL);
         free(dir);
     }
     free(src);

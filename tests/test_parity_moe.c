@@ -23,43 +23,17 @@
 #include "model/safetensors.h"
 #include "test_util.h"
 
-static void run_parity_dir(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads,
-                           lm_parity_result *out) {
-    lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
-    if (!be) LM_SKIP("%s backend unavailable here: %s", lm_cpu_isa_name(isa), e.msg);
-    lm_parity_result res;
-    int rc = lm_parity_run(dir, be, 1e-3, &res, &e);
-    LM_CHECK_MSG(rc == 0, "%s", e.msg);
-    if (rc == 0) {
-        char *js = lm_parity_json(dir, be, &res);
-        printf("  %s\n", js);
-        free(js);
-        LM_CHECK(res.n_prompts == 3);
-        LM_CHECK(res.max_abs_err <= 1e-3);
-        LM_CHECK(res.cache_vs_full <= 1e-4);
-        for (int i = 0; i < res.n_prompts; i++) {
-            LM_CHECK(res.prompts[i].greedy_mismatch == 0);
-            LM_CHECK(res.prompts[i].greedy_steps == 24);
-            LM_CHECK(res.prompts[i].greedy_checked >= 12);
-        }
-        LM_CHECK(res.ok);
-        if (out) *out = res;
-    }
-    lm_backend_destroy(be);
-}
-
 static void run_fixture(lm_test_ctx *lm_t_, lm_cpu_isa isa, int threads) {
     char *dir = lm_test_fixture_path("models/qwen3-moe");
     if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
-    run_parity_dir(lm_t_, dir, isa, threads, NULL);
+    lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
 }
 
 static void run_unseen(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, int threads) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/moe/%s", LUMEN_SOURCE_DIR, name);
-    run_parity_dir(lm_t_, dir, isa, threads, NULL);
+    lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
 }
 
 LM_TEST(parity_qwen3_moe) { run_fixture(lm_t_, LM_ISA_AUTO, 2); }
@@ -228,8 +202,8 @@ LM_TEST(qwen3_moe_fused_experts_equal_per_expert) {
     char *dir = make_variant(&v);
     LM_REQUIRE(dir != NULL);
     lm_parity_result a = { 0 }, b = { 0 };
-    run_parity_dir(lm_t_, src, LM_ISA_AUTO, 2, &a);
-    run_parity_dir(lm_t_, dir, LM_ISA_AUTO, 2, &b);
+    lm_tu_parity(lm_t_, src, LM_ISA_AUTO, 2, 3, &a);
+    lm_tu_parity(lm_t_, dir, LM_ISA_AUTO, 2, 3, &b);
     LM_CHECK(a.max_abs_err > 0 && a.max_abs_err == b.max_abs_err);
     LM_CHECK(a.cache_vs_full == b.cache_vs_full);
     for (int i = 0; i < 3; i++) LM_CHECK(a.prompts[i].logits_max_abs == b.prompts[i].logits_max_abs);

@@ -53,3 +53,39 @@ char *lm_tu_mkdir(const char *tag) {
     mkdir(p, 0755);
     return p;
 }
+
+void lm_tu_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads, int n_prompts,
+                  lm_parity_result *out) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
+    if (!be) LM_SKIP("%s backend unavailable here: %s", lm_cpu_isa_name(isa), e.msg);
+    lm_parity_result res;
+    int rc = lm_parity_run(dir, be, 1e-3, &res, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        char *js = lm_parity_json(dir, be, &res);
+        printf("  %s\n", js);
+        free(js);
+        LM_CHECK(res.n_prompts == n_prompts);
+        LM_CHECK(res.max_abs_err <= 1e-3);
+        LM_CHECK(res.cache_vs_full <= 1e-4);
+        for (int i = 0; i < res.n_prompts; i++) {
+            LM_CHECK(res.prompts[i].greedy_mismatch == 0);
+            LM_CHECK(res.prompts[i].greedy_steps == 24);
+            /* the check must have teeth: most steps have a comfortable margin */
+            LM_CHECK(res.prompts[i].greedy_checked >= 12);
+        }
+        LM_CHECK(res.ok);
+        if (out) *out = res;
+    }
+    lm_backend_destroy(be);
+}
+
+void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, int threads) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
+    free(dir);
+}

@@ -5,6 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/lm_parity.h"
+#include "lm_test.h"
+
 /* Writes bytes to path; returns 0 on success. */
 int lm_tu_write(const char *path, const void *data, size_t n);
 /* Reads a whole file (malloc'd), or NULL. */
@@ -14,5 +17,15 @@ char *lm_tu_read(const char *path, size_t *n);
 int lm_tu_run(const char *cmd, char **out, char **err);
 /* A new directory under the test tmpdir, named after tag (malloc'd path). */
 char *lm_tu_mkdir(const char *tag);
+
+/* lm_parity_run on dir (tolerance 1e-3) with a CPU backend of the given ISA
+ * and threads, printing the JSON line and checking the parity contract:
+ * n_prompts prompts, logits within 1e-3, cached decoding within 1e-4 of the
+ * full forward, 24 greedy steps with no mismatch and at least 12 of them
+ * checked. Skips (with the reason) when the ISA is missing. out: optional. */
+void lm_tu_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads, int n_prompts,
+                  lm_parity_result *out);
+/* The same on ../shared/fixtures/models/NAME (3 prompts), skipping without fixtures. */
+void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, int threads);
 
 #endif
