@@ -8,6 +8,7 @@
 #include "engine/lm_engine.h"
 #include "engine/lm_runner.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "model/safetensors.h"
 
 typedef struct collect {
@@ -89,21 +90,6 @@ static int ref_ids(fixture *f, const char *name, int32_t *out, int max) {
     return n;
 }
 
-/* Greedy tokens of prompt alone, through the plain runner. */
-static int alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
-    lm_runner *r = NULL;
-    if (lm_runner_create(&r, m, n + gen + 1, 0, NULL)) return -1;
-    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
-    int rc = lm_runner_eval(r, prompt, n, false, logits, NULL);
-    for (int i = 0; rc == 0 && i < gen; i++) {
-        out[i] = lm_argmax(logits, m->cfg.vocab);
-        rc = lm_runner_eval(r, &out[i], 1, false, logits, NULL);
-    }
-    free(logits);
-    lm_runner_free(r);
-    return rc;
-}
-
 /* Stats are published after each step, a moment after the last final event. */
 static void wait_idle(lm_engine *en, lm_engine_stats *st) {
     for (int i = 0; i < 2000; i++) {
@@ -123,56 +109,14 @@ static lm_gen_params greedy(int max_tokens) {
 }
 
 /* Several requests of different lengths at once, with prompt chunks split by
- * a small step budget, each give exactly their tokens alone (and the
- * reference's greedy tokens). */
+ * a small step budget, each give exactly their tokens alone. */
 static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int step_tokens) {
-    fixture f;
-    if (!fixture_open(&f, model)) {
-        fixture_close(&f);
-        LM_SKIP("fixture %s not available", model);
-    }
-    enum { N = 6, GEN = 20 };
-    int32_t prompts[N][300];
-    int lens[N];
-    int32_t full[300];
-    int n_full = ref_ids(&f, "prompt2.ids", full, 300);
-    LM_REQUIRE(n_full == 300);
-    int cut[N] = { 7, 300, 64, 1, 129, 33 };
-    for (int i = 0; i < N; i++) {
-        int off = (i * 11) % 5;
-        lens[i] = LM_MIN(cut[i], 300 - off);
-        memcpy(prompts[i], full + off, (size_t)lens[i] * sizeof(int32_t));
-    }
-    /* solo runs first: a model runs one forward at a time, and the engine's
-     * thread owns it while the engine lives */
-    int32_t solo[N][GEN];
-    for (int i = 0; i < N; i++) LM_REQUIRE(alone(f.m, prompts[i], lens[i], GEN, solo[i]) == 0);
-    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens };
-    lm_engine *en = NULL;
-    lm_err e = { { 0 } };
-    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    collect c[N];
-    lm_request *req[N];
-    lm_gen_params p = greedy(GEN);
-    for (int i = 0; i < N; i++) {
-        collect_init(&c[i]);
-        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
-    }
-    for (int i = 0; i < N; i++) {
-        collect_wait(&c[i], 1 << 30);
-        LM_CHECK(c[i].finish == LM_FINISH_LENGTH || c[i].finish == LM_FINISH_STOP);
-        int n = c[i].n;
-        LM_CHECK_MSG(n == GEN || c[i].finish == LM_FINISH_STOP, "request %d: %d tokens", i, n);
-        LM_CHECK_MSG(memcmp(c[i].toks, solo[i], (size_t)n * sizeof(int32_t)) == 0, "request %d (len %d) differs from alone", i, lens[i]);
-        lm_request_release(req[i]);
-        collect_destroy(&c[i]);
-    }
-    lm_engine_stats st;
-    wait_idle(en, &st);
-    LM_CHECK(st.kv_blocks_free == st.kv_blocks_total);
-    LM_CHECK(st.steps > 0 && st.batch_tokens_total > st.steps); /* batches held more than one token */
-    lm_engine_free(en);
-    fixture_close(&f);
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("../shared/fixtures not found");
+    lm_tu_engine_concurrent_equals_alone(lm_t_, dir, step_tokens, 2, 20);
+    free(dir);
 }
 
 LM_TEST(engine_concurrent_equals_alone_llama) { concurrent_equals_alone(lm_t_, "llama", 512); }
@@ -258,7 +202,7 @@ LM_TEST(engine_limits_and_errors) {
     LM_CHECK(lm_engine_submit(en, ids, 0, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR);
     /* stop tokens end generation with STOP: stop on whatever greedy emits first */
     int32_t first;
-    LM_REQUIRE(alone(f.m, ids, 4, 1, &first) == 0);
+    LM_REQUIRE(lm_tu_greedy_alone(f.m, ids, 4, 1, &first) == 0);
     p.stop_tokens = &first;
     p.n_stop_tokens = 1;
     collect c;

@@ -337,42 +337,6 @@ static void chunks_case(lm_test_ctx *lm_t_, const char *fixture) {
 LM_TEST(hybrid_chunked_prefill_qwen35) { chunks_case(lm_t_, "qwen3.5"); }
 LM_TEST(hybrid_chunked_prefill_qwen3_next) { chunks_case(lm_t_, "qwen3-next"); }
 
-typedef struct hv_collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[64];
-    int n;
-    bool done;
-    lm_finish finish;
-} hv_collect;
-
-static void hv_on_token(void *user, const lm_token_event *ev) {
-    hv_collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < 64) c->toks[c->n++] = ev->token;
-    if (ev->done) {
-        c->done = true;
-        c->finish = ev->finish;
-    }
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Greedy tokens of prompt alone, through the plain runner. */
-static int hv_alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
-    lm_runner *r = NULL;
-    if (lm_runner_create(&r, m, n + gen + 1, 0, NULL)) return -1;
-    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
-    int rc = lm_runner_eval(r, prompt, n, false, logits, NULL);
-    for (int i = 0; rc == 0 && i < gen; i++) {
-        out[i] = lm_argmax(logits, m->cfg.vocab);
-        rc = lm_runner_eval(r, &out[i], 1, false, logits, NULL);
-    }
-    free(logits);
-    lm_runner_free(r);
-    return rc;
-}
-
 /* Six requests of different lengths at once (more than the engine runs in
  * parallel, so state slots are reused), prompts cut by the step budget:
  * each gets exactly its greedy tokens alone. */
@@ -381,68 +345,8 @@ static void engine_case(lm_test_ctx *lm_t_, const char *fixture, int step_tokens
     snprintf(rel, sizeof rel, "models/%s", fixture);
     char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("../shared/fixtures not found");
-    char *refp = lm_path_join(dir, "reference.safetensors");
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
-    lm_model *m = NULL;
-    lm_safetensors ref;
-    LM_REQUIRE(lm_model_load(&m, dir, be, NULL) == 0 && lm_safetensors_open(&ref, refp, NULL) == 0);
-    enum { N = 6, GEN = 20 };
-    int32_t full[300], prompts[N][300], solo[N][GEN];
-    const lm_file_tensor *t = lm_safetensors_find(&ref, "prompt2.ids");
-    LM_REQUIRE(t && t->shape[0] == 300);
-    memcpy(full, t->data, sizeof full);
-    int cut[N] = { 7, 300, 64, 1, 129, 33 }, lens[N];
-    for (int i = 0; i < N; i++) {
-        int off = (i * 11) % 5;
-        lens[i] = LM_MIN(cut[i], 300 - off);
-        memcpy(prompts[i], full + off, (size_t)lens[i] * sizeof(int32_t));
-        LM_REQUIRE(hv_alone(m, prompts[i], lens[i], GEN, solo[i]) == 0);
-    }
-    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens };
-    lm_engine *en = NULL;
-    lm_err e = { { 0 } };
-    LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
-    hv_collect c[N];
-    lm_request *req[N];
-    lm_gen_params p = { 0 };
-    p.sampling.top_p = 1;
-    p.repetition_penalty = 1;
-    p.max_tokens = GEN;
-    for (int i = 0; i < N; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
-        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, hv_on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
-    }
-    for (int i = 0; i < N; i++) {
-        pthread_mutex_lock(&c[i].mu);
-        while (!c[i].done) pthread_cond_wait(&c[i].cv, &c[i].mu);
-        pthread_mutex_unlock(&c[i].mu);
-        LM_CHECK(c[i].finish == LM_FINISH_LENGTH && c[i].n == GEN);
-        LM_CHECK_MSG(memcmp(c[i].toks, solo[i], sizeof solo[i]) == 0, "%s: request %d (len %d) differs from alone",
-                     fixture, i, lens[i]);
-    }
-    /* Release only once the engine has let go of every request: the engine
-     * reads a finished request's state after its final event (drop_done
-     * after take_token), so a release right at the final event can free it
-     * under the engine (ASan: heap-use-after-free in drop_done). */
-    lm_engine_stats es;
-    for (int i = 0; i < 5000; i++) {
-        lm_engine_get_stats(en, &es);
-        if (es.running == 0 && es.queued == 0) break;
-        struct timespec ts = { 0, 1000000 };
-        nanosleep(&ts, NULL);
-    }
-    for (int i = 0; i < N; i++) {
-        lm_request_release(req[i]);
-        pthread_mutex_destroy(&c[i].mu);
-        pthread_cond_destroy(&c[i].cv);
-    }
-    lm_engine_free(en);
-    lm_safetensors_close(&ref);
-    lm_model_free(m);
-    lm_backend_destroy(be);
-    free(refp), free(dir);
+    lm_tu_engine_concurrent_equals_alone(lm_t_, dir, step_tokens, 2, 20);
+    free(dir);
 }
 
 LM_TEST(hybrid_engine_concurrent_equals_alone_qwen35) { engine_case(lm_t_, "qwen3.5", 512); }

@@ -1,13 +1,18 @@
 /* test_util.c - see test_util.h. */
 #include "test_util.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
+#include "engine/lm_engine.h"
+#include "engine/lm_runner.h"
 #include "lm_test.h"
+#include "model/safetensors.h"
 
 int lm_tu_write(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -88,4 +93,118 @@ void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, 
     if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
     lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
+}
+
+int lm_tu_greedy_alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
+    lm_runner *r = NULL;
+    if (lm_runner_create(&r, m, n + gen + 1, 0, NULL)) return -1;
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
+    int rc = lm_runner_eval(r, prompt, n, false, logits, NULL);
+    for (int i = 0; rc == 0 && i < gen; i++) {
+        out[i] = lm_argmax(logits, m->cfg.vocab);
+        rc = lm_runner_eval(r, &out[i], 1, false, logits, NULL);
+    }
+    free(logits);
+    lm_runner_free(r);
+    return rc;
+}
+
+#define TU_N 6
+#define TU_MAX_GEN 64
+
+typedef struct tu_collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[TU_MAX_GEN];
+    int n;
+    bool done;
+    lm_finish finish;
+} tu_collect;
+
+static void tu_on_token(void *user, const lm_token_event *ev) {
+    tu_collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < TU_MAX_GEN) c->toks[c->n++] = ev->token;
+    if (ev->done) {
+        c->done = true;
+        c->finish = ev->finish;
+    }
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
+                                          int gen) {
+    LM_REQUIRE(gen > 0 && gen <= TU_MAX_GEN);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    lm_err e = { { 0 } };
+    lm_safetensors ref = { 0 };
+    if (lm_safetensors_open(&ref, path, &e)) LM_SKIP("%s", e.msg);
+    const lm_file_tensor *t = lm_safetensors_find(&ref, "prompt2.ids");
+    int n_full = t ? (int)LM_MIN(t->shape[0], 300) : 0;
+    int32_t full[300], prompts[TU_N][300], solo[TU_N][TU_MAX_GEN];
+    if (n_full) memcpy(full, t->data, (size_t)n_full * sizeof(int32_t));
+    lm_safetensors_close(&ref);
+    LM_REQUIRE(n_full >= 64);
+    int cut[TU_N] = { 7, 300, 64, 1, 129, 33 }, lens[TU_N];
+    for (int i = 0; i < TU_N; i++) {
+        int off = (i * 11) % 5;
+        lens[i] = LM_MIN(cut[i], n_full - off);
+        memcpy(prompts[i], full + off, (size_t)lens[i] * sizeof(int32_t));
+    }
+    lm_backend *be = lm_cpu_backend_create(threads, LM_ISA_AUTO, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    if (lm_model_load(&m, dir, be, &e)) {
+        LM_CHECK_MSG(false, "%s", e.msg);
+        lm_backend_destroy(be);
+        return;
+    }
+    /* solo runs first: a model runs one forward at a time, and the engine's
+     * thread owns it while the engine lives */
+    for (int i = 0; i < TU_N; i++) LM_CHECK(lm_tu_greedy_alone(m, prompts[i], lens[i], gen, solo[i]) == 0);
+    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens };
+    lm_engine *en = NULL;
+    LM_CHECK_MSG(lm_engine_create(&en, m, &o, &e) == 0, "%s", e.msg);
+    tu_collect c[TU_N];
+    lm_request *req[TU_N] = { 0 };
+    lm_gen_params p = { 0 };
+    p.sampling.top_p = 1;
+    p.repetition_penalty = 1;
+    p.max_tokens = gen;
+    for (int i = 0; en && i < TU_N; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        pthread_mutex_init(&c[i].mu, NULL);
+        pthread_cond_init(&c[i].cv, NULL);
+        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, tu_on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
+    }
+    for (int i = 0; en && i < TU_N; i++) {
+        if (!req[i]) continue;
+        pthread_mutex_lock(&c[i].mu);
+        while (!c[i].done) pthread_cond_wait(&c[i].cv, &c[i].mu);
+        pthread_mutex_unlock(&c[i].mu);
+        LM_CHECK(c[i].finish == LM_FINISH_LENGTH || c[i].finish == LM_FINISH_STOP);
+        LM_CHECK_MSG(c[i].n == gen || c[i].finish == LM_FINISH_STOP, "request %d: %d tokens", i, c[i].n);
+        LM_CHECK_MSG(memcmp(c[i].toks, solo[i], (size_t)c[i].n * sizeof(int32_t)) == 0,
+                     "request %d (len %d) differs from alone", i, lens[i]);
+        lm_request_release(req[i]);
+        pthread_mutex_destroy(&c[i].mu);
+        pthread_cond_destroy(&c[i].cv);
+    }
+    if (en) {
+        /* stats are published after each step, a moment after the last final event */
+        lm_engine_stats st = { 0 };
+        for (int i = 0; i < 2000; i++) {
+            lm_engine_get_stats(en, &st);
+            if (st.running == 0 && st.kv_blocks_free == st.kv_blocks_total) break;
+            struct timespec ts = { 0, 1000000 };
+            nanosleep(&ts, NULL);
+        }
+        LM_CHECK(st.kv_blocks_free == st.kv_blocks_total);
+        LM_CHECK(st.steps > 0 && st.batch_tokens_total > st.steps); /* batches held more than one token */
+    }
+    lm_engine_free(en);
+    lm_model_free(m);
+    lm_backend_destroy(be);
 }

@@ -28,4 +28,15 @@ void lm_tu_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threa
 /* The same on ../shared/fixtures/models/NAME (3 prompts), skipping without fixtures. */
 void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, int threads);
 
+/* Greedy tokens of prompt alone through the plain runner; 0 on success. */
+struct lm_model;
+int lm_tu_greedy_alone(struct lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out);
+
+/* Continuous batching is exact: six requests of different lengths (1 to 300
+ * tokens, cut from prompt2.ids of DIR/reference.safetensors) submitted at
+ * once to an engine with the given step budget each produce exactly the
+ * `gen` greedy tokens they produce alone; the cache is whole again after. */
+void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
+                                          int gen);
+
 #endif
