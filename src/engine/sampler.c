@@ -64,6 +64,15 @@ int lm_sample(lm_sampler *s, const float *logits) {
         s->idx[i] = i;
     }
     for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    if (s->p.top_k <= 0 && !(s->p.top_p > 0 && s->p.top_p < 1) && s->p.min_p <= 0) {
+        /* no filter: draw from the whole distribution without sorting it */
+        double r = next_uniform(s), c = 0;
+        for (int i = 0; i < n; i++) {
+            c += s->prob[i];
+            if (r < c) return i;
+        }
+        return lm_argmax(s->prob, n);
+    }
     qsort_r(s->idx, (size_t)n, sizeof(int32_t), by_prob_desc, s->prob);
     int keep = n;
     if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
