@@ -132,7 +132,7 @@ static void cg_rope_proportional(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
             const float *a = x0 + (t * H + h) * Dh;
             const float *b = x + (t * H + h) * Dh;
             for (int i = 0; i < Dh / 2; i++) {
-                double ang = (double)pos[t] * inv[i], c = cos(ang), sn = sin(ang);
+                double ang = (double)((float)pos[t] * inv[i]), c = cos(ang), sn = sin(ang); /* f32 angle */
                 double r1 = a[i] * c - a[i + Dh / 2] * sn, r2 = a[i] * sn + a[i + Dh / 2] * c;
                 if (i >= ANG) bad += b[i] != a[i] || b[i + Dh / 2] != a[i + Dh / 2];
                 else bad += !(fabs(b[i] - r1) <= 1e-6 && fabs(b[i + Dh / 2] - r2) <= 1e-6);

@@ -253,7 +253,8 @@ static void co_rope(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
                             int i = inter ? d / 2 : d % (rot / 2);
                             bool first = inter ? d % 2 == 0 : d < rot / 2;
                             int mate = inter ? (first ? d + 1 : d - 1) : (first ? d + rot / 2 : d - rot / 2);
-                            double ang = (double)pos[t] * (double)inv[i];
+                            /* the op's contract: the angle rounded to f32 as transformers does */
+                            double ang = (double)((float)pos[t] * inv[i]);
                             double c = cos(ang) * p.attn_factor, sn = sin(ang) * p.attn_factor;
                             ref = first ? a[d] * c - a[mate] * sn : a[d] * c + a[mate] * sn;
                         }

@@ -4,8 +4,9 @@
  * bound and cheap next to matmul and attention, so they are portable C only
  * (the compiler vectorises them for the baseline ISA). Where a reduction or a
  * transcendental decides accuracy they work in double: the sum of squares of
- * rms_norm, and the rope angle pos * inv_freq (an f32 angle at position 4096
- * would be off by ~1e-4 rad). Rows are split over the pool when there are
+ * rms_norm, and rope's cos/sin (of the f32 angle pos * inv_freq, rounded as
+ * transformers rounds it, so positions in the thousands agree with the
+ * reference rather than with exact arithmetic). Rows are split over the pool when there are
  * enough of them; each row is independent, so results do not depend on the
  * thread count. */
 #include "cpu_impl.h"
@@ -65,7 +66,9 @@ static void lm_rope_range(void *v, int64_t t0, int64_t t1, int ith) {
     for (int64_t t = t0; t < t1; t++) {
         /* One cos/sin table per token, shared by its heads. */
         for (int i = 0; i < half; i++) {
-            double a = (double)c->pos[t] * (double)p->inv_freq[i];
+            /* the angle rounded to f32 as transformers computes it (inv_freq @ positions
+             * in float32, whatever the model dtype), then cos/sin in double */
+            double a = (double)((float)c->pos[t] * p->inv_freq[i]);
             cs[i] = cos(a) * p->attn_factor;
             sn[i] = sin(a) * p->attn_factor;
         }
