@@ -415,6 +415,13 @@ LM_TEST(tokenizer_malformed_json) {
     expect_error(lm_t_, "{\"model\":{\"vocab\":{}},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\"}]}}",
                  "pre_tokenizer.pretokenizers[0]", "offset");
     expect_error(lm_t_, "{\"model\":{\"vocab\":{}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"a\"},\"behavior\":\"Sideways\"}}", "pre_tokenizer", "Sideways");
+    /* broken regexes survive the Oniguruma -> PCRE2 rewrite as PCRE2 errors */
+    static const char *const bad_re[] = { "\\\\p{L", "[\\\\p{L}", "abc\\\\", "\\\\p", "[[:alpha:", "\\\\w{99999999999}" };
+    for (size_t i = 0; i < LM_COUNT(bad_re); i++) {
+        char j[512];
+        snprintf(j, sizeof j, "{\"model\":{\"vocab\":{}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"%s\"},\"behavior\":\"Isolated\"}}", bad_re[i]);
+        expect_error(lm_t_, j, "pre_tokenizer", "regex");
+    }
     expect_error(lm_t_, "{\"model\":{\"vocab\":{}},\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},{}]}}", "decoder.decoders[1]", NULL);
     expect_error(lm_t_, "{\"model\":{\"vocab\":{}},\"normalizer\":{\"type\":\"Precompiled\"}}", "normalizer", "Precompiled");
     expect_error(lm_t_, "{\"model\":{\"vocab\":{}},\"added_tokens\":[{\"id\":\"x\"}]}", "added_tokens[0]", NULL);

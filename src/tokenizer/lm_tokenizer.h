@@ -28,7 +28,8 @@
  * (Unigram/WordPiece/WordLevel models, Precompiled, UnicodeScripts, CTC)
  * fails to load with a message naming it. Truncation and padding settings
  * are ignored: encode never cuts or pads. Regexes and character classes
- * follow Unicode 16, as HF's Oniguruma does. */
+ * follow Unicode 16, as HF's Oniguruma does; normalisers follow HF's older
+ * tables (characters after Unicode 10 pass through the normal forms). */
 #ifndef LM_TOKENIZER_H
 #define LM_TOKENIZER_H
 

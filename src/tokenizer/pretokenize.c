@@ -52,7 +52,7 @@ static void append_new_ranges(lm_tok_str *o, const char *x, size_t xn) {
 }
 
 static bool is_category(const char *x, size_t n) {
-    return (n == 1 || n == 2) && strchr("LMNPSZC", x[0]);
+    return (n == 1 || n == 2) && x[0] && strchr("LMNPSZC", x[0]);
 }
 
 /* Rewrites a Hugging Face regex (Oniguruma syntax) for PCRE2:
