@@ -10,7 +10,7 @@
 
 #include "tok_internal.h"
 
-#define MAX_ID (1 << 26)
+#define MAX_ID (1 << 24) /* ids size tables: 16M is far past any real vocabulary */
 
 typedef struct jctx {
     const char *label;
