@@ -105,6 +105,25 @@ make_seeds() {
             done
         } >"$dir.dict"
         ;;
+    template)
+        # real chat templates: the fixtures' and the bundled model's
+        for f in "$fixtures"/templates/*/*.jinja* "$fixtures"/models/*/chat_template.jinja \
+            "$root"/models/*/chat_template.jinja; do
+            [ -f "$f" ] && cat "$f" >"$dir/tpl-$i.jinja" && i=$((i + 1))
+        done
+        ;;
+    tokenizer_json)
+        for f in "$fixtures"/tokenizers/tiny-bpe/tokenizer.json "$root"/models/demo/tokenizer.json; do
+            [ -f "$f" ] && cat "$f" >"$dir/tok-$i.json" && i=$((i + 1))
+        done
+        ;;
+    tokenizer_encode | tokenizer_decode)
+        # texts: the tokenizer fixtures' stress strings, one seed per case file
+        # (the first byte picks the tokenizer; any bytes are valid input)
+        for f in "$fixtures"/tokenizers/*/cases.jsonl; do
+            [ -f "$f" ] && head -c 65536 "$f" >"$dir/cases-$i.txt" && i=$((i + 1))
+        done
+        ;;
     *)
         # Any fixture of that extension small enough to mutate quickly.
         if [ -d "$fixtures" ]; then
