@@ -49,7 +49,14 @@ LM_AI void lm_y_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int n
                      int64_t ldx, int64_t n, const float *bias, float *y, int64_t ldy) {
     const size_t esz = dt == LM_F32 ? 4 : 2;
     const char *wr[4];
-    for (int r = 0; r < 4; r++) wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+    uintptr_t next[4];
+    for (int r = 0; r < 4; r++) {
+        wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+        /* same row of the next tile; as an integer, since it may lie past the
+         * end of the weight (only ever prefetched, never loaded) */
+        next[r] = (uintptr_t)w + (4 + (uintptr_t)r) * ldw;
+    }
+    const size_t row_bytes = (size_t)n * esz;
     __m256 acc[2][4];
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < 4; r++) acc[t][r] = _mm256_setzero_ps();
@@ -58,7 +65,11 @@ LM_AI void lm_y_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int n
         __m256 a[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            if ((i & 31) == 0) _mm_prefetch(wr[r] + (size_t)(i + LM_Y_PF) * esz, _MM_HINT_T0);
+            if ((size_t)i * esz % 64 == 0) { /* once per cache line; wraps as in cpu_kern_avx512.c */
+                size_t off = (size_t)(i + LM_Y_PF) * esz;
+                _mm_prefetch(off >= row_bytes ? (const char *)(next[r] + (off - row_bytes)) : wr[r] + off,
+                             _MM_HINT_T0);
+            }
             a[r] = lm_y_ld(dt, wr[r], i);
         }
 #pragma GCC unroll 2

@@ -60,13 +60,23 @@ LM_AI __mmask16 lm_z_mask(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__m
 #ifndef LM_Z_PF
 #define LM_Z_PF 1024
 #endif
+#ifndef LM_Z_PF_WRAP
+#define LM_Z_PF_WRAP 1
+#endif
 
 LM_AI void lm_z_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int nr, const float *x,
                      int64_t ldx, int64_t n, const float *bias, float *y, int64_t ldy) {
     const size_t esz = dt == LM_F32 ? 4 : 2;
     /* Rows beyond nr alias row 0: same work, results dropped. */
     const char *wr[4];
-    for (int r = 0; r < 4; r++) wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+    uintptr_t next[4];
+    for (int r = 0; r < 4; r++) {
+        wr[r] = (const char *)w + (size_t)(r < nr ? r : 0) * ldw;
+        /* same row of the next tile; as an integer, since it may lie past the
+         * end of the weight (only ever prefetched, never loaded) */
+        next[r] = (uintptr_t)w + (4 + (uintptr_t)r) * ldw;
+    }
+    const size_t row_bytes = (size_t)n * esz;
     __m512 acc[LM_GEMV_MAX_TOKENS][4];
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < 4; r++) acc[t][r] = _mm512_setzero_ps();
@@ -75,8 +85,16 @@ LM_AI void lm_z_gemv(lm_dtype dt, const int NT, const void *w, size_t ldw, int n
         __m512 a[4], b[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            _mm_prefetch(wr[r] + (size_t)(i + LM_Z_PF) * esz, _MM_HINT_T0);
-            if (esz == 4) _mm_prefetch(wr[r] + (size_t)(i + LM_Z_PF + 16) * esz, _MM_HINT_T0);
+            /* Past the end of the row, keep the stream going into the same
+             * row of the next tile (prefetching never faults, and the rows
+             * the driver hands over next are the following ones): with
+             * short rows (I = 2048 bf16 is one 4 KB page) the start of every
+             * row would otherwise be a demand miss. */
+            size_t off = (size_t)(i + LM_Z_PF) * esz;
+            const char *pf = LM_Z_PF_WRAP && off >= row_bytes ? (const char *)(next[r] + (off - row_bytes))
+                                                              : wr[r] + off;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            if (esz == 4) _mm_prefetch(pf + 64, _MM_HINT_T0);
             a[r] = lm_z_ld(dt, wr[r], i);
             b[r] = lm_z_ld(dt, wr[r], i + 16);
         }
