@@ -462,12 +462,12 @@ LM_TEST(server_chat_render_context) {
 }
 
 LM_TEST(server_ends_in_think) {
-    LM_CHECK(srv_ends_in_think("x<|im_start|>assistant\n<think>\n", 31, "<think>", "</think>"));
-    LM_CHECK(!srv_ends_in_think("<think>\n\n</think>\n\n", 19, "<think>", "</think>"));
-    LM_CHECK(!srv_ends_in_think("<think>a</think> then <think>b", 30, "<think>", "</think>"));
-    LM_CHECK(!srv_ends_in_think("plain", 5, "<think>", "</think>"));
+    LM_CHECK(lm_reasoning_prompt_open("x<|im_start|>assistant\n<think>\n", 31, "<think>", "</think>"));
+    LM_CHECK(!lm_reasoning_prompt_open("<think>\n\n</think>\n\n", 19, "<think>", "</think>"));
+    LM_CHECK(!lm_reasoning_prompt_open("<think>a</think> then <think>b", 30, "<think>", "</think>"));
+    LM_CHECK(!lm_reasoning_prompt_open("plain", 5, "<think>", "</think>"));
     const char *s = "<think>a</think> <think> \n";
-    LM_CHECK(srv_ends_in_think(s, strlen(s), "<think>", "</think>"));
+    LM_CHECK(lm_reasoning_prompt_open(s, strlen(s), "<think>", "</think>"));
 }
 
 /* The Qwen3.8 template (fixtures/templates/qwen38): XML tool calls and a think

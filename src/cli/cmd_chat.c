@@ -148,12 +148,7 @@ int lm_cmd_chat(int argc, char **argv) {
             free(prompt);
             goto fail_line;
         }
-        /* does the prompt end inside an open think block? */
-        const char *open = strstr(prompt, "<think>");
-        const char *last_open = NULL, *last_close = NULL;
-        for (const char *p = open; p; p = strstr(p + 1, "<think>")) last_open = p;
-        for (const char *p = strstr(prompt, "</think>"); p; p = strstr(p + 1, "</think>")) last_close = p;
-        lm_reasoning_opts ro = { .start_in_reasoning = last_open && (!last_close || last_close < last_open) };
+        lm_reasoning_opts ro = { .start_in_reasoning = lm_reasoning_prompt_open(prompt, plen, "<think>", "</think>") };
         free(prompt);
         chat_out out = { .tty = tty };
         out.rp = lm_reasoning_parser_create(&ro, &e);

@@ -77,30 +77,6 @@ json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e) {
     return ctx;
 }
 
-static bool all_space(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\t' && s[i] != '\r') return false;
-    return true;
-}
-
-/* Last occurrence of pat in s[0..n), or -1. */
-static long last_of(const char *s, size_t n, const char *pat) {
-    size_t m = strlen(pat);
-    if (m > n) return -1;
-    for (size_t i = n - m + 1; i-- > 0;)
-        if (!memcmp(s + i, pat, m)) return (long)i;
-    return -1;
-}
-
-bool srv_ends_in_think(const char *text, size_t len, const char *open, const char *close) {
-    long o = last_of(text, len, open);
-    if (o < 0) return false;
-    long c = last_of(text, len, close);
-    if (c > o) return false;
-    size_t after = (size_t)o + strlen(open);
-    return all_space(text + after, len - after);
-}
-
 /* The opening of a forced call, in the template's format. */
 static char *forced_call_prefill(const srv *s, const srv_req *r, bool in_think) {
     const char *close = in_think ? "\n</think>\n\n" : "";
@@ -132,7 +108,7 @@ int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e) {
     int rc = lm_template_render(s->tpl, ctx, NULL, &text, &len, &le);
     json_decref(ctx);
     if (rc) return srv_bad(e, "messages", "The chat template could not render these messages: %s", le.msg);
-    p->start_in_reasoning = s->think && srv_ends_in_think(text, len, "<think>", "</think>");
+    p->start_in_reasoning = s->think && lm_reasoning_prompt_open(text, len, "<think>", "</think>");
     if (r->tools && (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED)) {
         p->prefill = forced_call_prefill(s, r, p->start_in_reasoning);
         size_t pl = strlen(p->prefill);

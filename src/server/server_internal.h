@@ -168,9 +168,6 @@ typedef struct srv_prompt {
 json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e);
 int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e);
 void srv_prompt_free(srv_prompt *p);
-/* Whether text ends inside an open think block: the last open tag is not
- * followed by a close tag, only by whitespace. */
-bool srv_ends_in_think(const char *text, size_t len, const char *open, const char *close);
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 

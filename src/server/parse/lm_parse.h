@@ -128,6 +128,10 @@ void lm_reasoning_parser_finish(lm_reasoning_parser *p, lm_reasoning_delta *out)
 /* Whether the text so far ends inside a reasoning block. */
 bool lm_reasoning_parser_in_reasoning(const lm_reasoning_parser *p);
 void lm_reasoning_parser_free(lm_reasoning_parser *p);
+/* Whether a rendered prompt ends inside an open think block: its last open
+ * tag comes after its last close tag and only whitespace follows it (what
+ * lm_reasoning_opts.start_in_reasoning wants to know). */
+bool lm_reasoning_prompt_open(const char *text, size_t len, const char *open, const char *close);
 
 /* ---- tool calls ------------------------------------------------------------- */
 

@@ -189,3 +189,29 @@ void lm_reasoning_parser_free(lm_reasoning_parser *p) {
     lm_pbuf_free(&p->out_c);
     free(p);
 }
+
+/* ---- prompts --------------------------------------------------------------- */
+
+static bool prompt_all_space(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\t' && s[i] != '\r') return false;
+    return true;
+}
+
+/* Last occurrence of pat in s[0..n), or -1. */
+static long prompt_last_of(const char *s, size_t n, const char *pat) {
+    size_t m = strlen(pat);
+    if (m > n) return -1;
+    for (size_t i = n - m + 1; i-- > 0;)
+        if (!memcmp(s + i, pat, m)) return (long)i;
+    return -1;
+}
+
+bool lm_reasoning_prompt_open(const char *text, size_t len, const char *open, const char *close) {
+    long o = prompt_last_of(text, len, open);
+    if (o < 0) return false;
+    long c = prompt_last_of(text, len, close);
+    if (c > o) return false;
+    size_t after = (size_t)o + strlen(open);
+    return prompt_all_space(text + after, len - after);
+}
