@@ -66,49 +66,6 @@ static long bk_l3_bytes(void) {
     return 64L << 20;
 }
 
-/* ---- read bandwidth ------------------------------------------------------- */
-
-typedef struct bk_read_job {
-    const unsigned char *p;
-    size_t n;
-    const void *hit;
-} bk_read_job;
-
-/* memchr for a byte that is not there reads the whole range with libc's
- * vectorised loop: a streaming read that is memory-bound, not compute-bound. */
-static void *bk_read_worker(void *v) {
-    bk_read_job *j = v;
-    j->hit = memchr(j->p, 0, j->n);
-    return NULL;
-}
-
-/* A plain streaming read of 1 GiB split over n threads, best of 5: what the
- * memory system gives to loads alone, the other yardstick for a GEMV. */
-static double bk_read_bandwidth(int n_threads) {
-    size_t bytes = (size_t)1 << 30;
-    unsigned char *buf = bk_alloc(bytes);
-    memset(buf, 1, bytes);
-    pthread_t th[64];
-    bk_read_job jobs[64];
-    n_threads = LM_MIN(n_threads, 64);
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = lm_now();
-        for (int i = 0; i < n_threads; i++) {
-            size_t a = bytes * (size_t)i / (size_t)n_threads, b = bytes * (size_t)(i + 1) / (size_t)n_threads;
-            jobs[i] = (bk_read_job){ buf + a, b - a, NULL };
-            pthread_create(&th[i], NULL, bk_read_worker, &jobs[i]);
-        }
-        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
-        double dt = lm_now() - t0;
-        for (int i = 0; i < n_threads; i++)
-            if (jobs[i].hit) fprintf(stderr, "bench_kernels: read buffer corrupted\n");
-        best = fmax(best, (double)bytes / dt);
-    }
-    free(buf);
-    return best;
-}
-
 /* ---- GEMV ----------------------------------------------------------------- */
 
 static void bk_gemv(lm_backend *be, int64_t O, int64_t K, double copy_bw, double read_bw) {
@@ -452,7 +409,7 @@ int main(int argc, char **argv) {
     double bw = 0, rbw = 0;
     if (gemv) {
         bw = lm_copy_bandwidth((size_t)1 << 30, threads, 5);
-        rbw = bk_read_bandwidth(threads);
+        rbw = lm_read_bandwidth((size_t)1 << 30, threads, 5);
         printf("memory copy bandwidth: %.2f GB/s (1 GiB STREAM-like copy, %d threads, best of 5, "
                "read+write bytes)\n", bw * 1e-9, threads);
         printf("memory read bandwidth: %.2f GB/s (1 GiB streaming read, %d threads, best of 5)\n",
