@@ -24,7 +24,6 @@
 #include "base/lm_membw.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
