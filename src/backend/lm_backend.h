@@ -212,4 +212,16 @@ lm_cpu_isa lm_cpu_isa_detect(void);
 const char *lm_cpu_isa_name(lm_cpu_isa isa);
 int lm_cpu_backend_threads(const lm_backend *be);
 
+/* The CUDA backend on GPU `device` (0 = the first). NULL with e set when lumen
+ * was built without CUDA, no usable GPU is present, or setup fails. Weights
+ * are copied to the GPU at upload; out of GPU memory is an error naming the
+ * bytes asked for and free. */
+lm_backend *lm_cuda_backend_create(int device, lm_err *e);
+/* Whether a usable GPU is present; if not, why (for skips and --device auto). */
+bool lm_cuda_available(char *why, size_t n);
+/* Bytes of device memory free now and in all (0, 0 on non-GPU backends). */
+void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* Waits until every op enqueued on be has run (no-op on the CPU). */
+void lm_backend_sync(lm_backend *be);
+
 #endif

@@ -49,6 +49,39 @@ typedef struct lm_gen_params {
     bool logprobs;                /* report the chosen token's logprob */
 } lm_gen_params;
 
+/* Why a request got fewer cached prompt tokens than it shares with an earlier
+ * request (the engine keeps the tokens of recent requests to tell). */
+typedef enum lm_cache_miss {
+    LM_MISS_NONE = 0,  /* hit everything it could (or nothing related was seen) */
+    LM_MISS_DIVERGED,  /* the prompt departs from the closest earlier request
+                        * before that request's end (rewritten turn, changed
+                        * system prompt, dropped reasoning) */
+    LM_MISS_EVICTED,   /* the shared tokens were cached once but are gone */
+    LM_MISS_STATE,     /* hybrid model: KV shared, but no recurrent-state
+                        * checkpoint at a usable position */
+} lm_cache_miss;
+
+#define LM_TRACE_WINDOW 16
+
+/* Per-request spans and cache facts, delivered with the final event. Times
+ * are lm_now() seconds; 0 where the stage never happened. */
+typedef struct lm_request_trace {
+    double t_submit, t_admit, t_first, t_done;
+    double lookup_s, restore_s;  /* prefix-cache lookup, KV/state restore */
+    int n_cached;                /* prompt tokens served from the cache */
+    int n_shared;                /* prompt tokens shared with the closest earlier request */
+    lm_cache_miss miss;
+    int diverge_pos;             /* first position where the prompt differs from the
+                                  * closest earlier request; -1 when none */
+    /* The earlier request's tokens around diverge_pos: prev_window[i] is its
+     * token at position prev_start + i (the server decodes them for the log). */
+    int prev_start, n_prev;
+    int32_t prev_window[LM_TRACE_WINDOW];
+    int n_prefill_chunks;
+    int n_steps;                 /* decode steps after the first token */
+    const int32_t *step_batch;   /* [n_steps] tokens in the forward of each decode step */
+} lm_request_trace;
+
 typedef struct lm_token_event {
     int32_t token;                /* valid when !done, or when done with a final token */
     bool has_token;
@@ -61,6 +94,7 @@ typedef struct lm_token_event {
     const char *error;            /* LM_FINISH_ERROR: one line */
     int n_prompt, n_cached, n_generated;
     double queue_s, prefill_s;    /* time waiting for admission, time to first token */
+    const lm_request_trace *trace; /* final event only; valid during the callback */
 } lm_token_event;
 
 typedef void (*lm_token_cb)(void *user, const lm_token_event *ev);
@@ -71,6 +105,8 @@ typedef struct lm_engine_opts {
     int max_queue;    /* most requests waiting for admission (default 256) */
     int step_tokens;  /* token budget of one forward (default 512) */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
+    size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
+                       * checkpoints kept for reuse); 0 = no prefix cache */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
@@ -78,6 +114,17 @@ typedef struct lm_engine_stats {
     uint64_t requests, prompt_tokens, generated_tokens, steps;
     uint64_t batch_tokens_total;  /* sum of tokens over steps, for the mean batch size */
     int kv_blocks_free, kv_blocks_total;
+    /* prefix cache */
+    uint64_t cache_lookup_tokens;  /* prompt tokens looked up */
+    uint64_t cache_hit_tokens;     /* of those, served from the cache */
+    uint64_t cache_evicted_blocks;
+    uint64_t miss_diverged, miss_evicted, miss_state; /* requests per lm_cache_miss */
+    int cache_blocks;              /* KV blocks held by the cache */
+    int cache_checkpoints;         /* recurrent-state checkpoints held */
+    size_t cache_bytes;            /* bytes the cache holds (<= cache_ram) */
+    /* steps by batch size (sequences in the forward): bucket i counts steps
+     * with 2^i <= size < 2^(i+1); the last bucket takes the rest */
+    uint64_t batch_hist[8];
 } lm_engine_stats;
 
 typedef struct lm_engine lm_engine;

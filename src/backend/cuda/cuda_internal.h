@@ -1,0 +1,83 @@
+/* cuda_internal.h - what the CUDA backend's files share.
+ *
+ * One backend = one device, one stream, one cuBLAS handle. Every op enqueues
+ * on the stream and returns; read() synchronises. Host arrays that ops take
+ * (positions, sequence ids, block tables, state slots, token ids, rope
+ * frequencies) are staged into device memory through lm_cuda_stage: a pinned
+ * host ring plus a device ring, both sized for one forward, copied with
+ * cudaMemcpyAsync on the stream so no op waits for the host.
+ *
+ * Files: cuda_backend.cu (lifetime, memory, staging, weights, the op table),
+ * cuda_matmul.cu (GEMV kernels for small T, cuBLAS for large T),
+ * cuda_elementwise.cu (norms, rope, activations, rows), cuda_attention.cu
+ * (kv_write, paged attention), cuda_delta.cu (conv1d_state, delta_gates,
+ * gated_delta, rms_norm_gated), cuda_moe.cu (moe). */
+#ifndef LM_CUDA_INTERNAL_H
+#define LM_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+extern "C" {
+#include "../lm_backend.h"
+}
+
+typedef struct lm_cuda {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* staging rings, reset at the start of each forward-sized window */
+    unsigned char *stage_host;   /* pinned */
+    unsigned char *stage_dev;
+    size_t stage_cap, stage_used;
+    /* scratch for ops that need temporary device memory (split-K partials,
+     * MoE routing); grown on demand, stream-ordered */
+    void *scratch;
+    size_t scratch_cap;
+    size_t total_mem, free_mem_at_start;
+} lm_cuda;
+
+static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; }
+
+/* Copies n bytes of host memory into the device staging ring (asynchronously,
+ * in stream order) and returns the device copy; valid until the ring wraps,
+ * which is at least the rest of the current forward. */
+void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
+/* Device scratch of at least bytes, valid until the next call. */
+void *lm_cuda_scratch(lm_cuda *c, size_t bytes);
+/* Aborts with file:line and the CUDA error string: a failed launch or async
+ * error inside an op is a bug (ops have no error return), except
+ * out-of-memory at alloc time, which alloc reports by returning NULL. */
+void lm_cuda_check_fail(cudaError_t err, const char *what, const char *file, int line);
+#define LM_CUDA_CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) lm_cuda_check_fail(err_, #x, __FILE__, __LINE__); } while (0)
+#define LM_CUDA_LAUNCHED(name) LM_CUDA_CHECK(cudaGetLastError())
+
+/* Op entry points, one definition each in the files above. */
+void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias);
+void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps, float w_offset);
+void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p);
+void lm_cuda_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up);
+void lm_cuda_add(lm_backend *be, lm_tensor *y, const lm_tensor *x);
+void lm_cuda_scale(lm_backend *be, lm_tensor *y, float s);
+void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids);
+void lm_cuda_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n);
+void lm_cuda_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up, bool tanh_approx);
+void lm_cuda_softcap(lm_backend *be, lm_tensor *y, float cap);
+void lm_cuda_copy_cols(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t col0);
+void lm_cuda_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate);
+void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k, const lm_tensor *v,
+                      const lm_attn_batch *b);
+void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
+                       const lm_attn_batch *b, const lm_attn_params *p);
+void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                 const lm_moe_params *p);
+void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_kv_pool *kv,
+                          lm_state_ref state, const lm_attn_batch *b, bool silu);
+void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
+                         const lm_tensor *dt_bias);
+void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
+void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
+                            const lm_tensor *w, float eps);
+
+#endif

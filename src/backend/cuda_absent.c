@@ -1,0 +1,24 @@
+/* cuda_absent.c - the CUDA entry points in a build without nvcc: every GPU
+ * request fails with a message that says so. */
+#include <stdio.h>
+
+#include "lm_backend.h"
+
+lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
+    (void)device;
+    lm_errf(e, "this lumen was built without CUDA (nvcc was not found at build time)");
+    return NULL;
+}
+
+bool lm_cuda_available(char *why, size_t n) {
+    snprintf(why, n, "this lumen was built without CUDA (nvcc was not found at build time)");
+    return false;
+}
+
+void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = 0;
+    *total_bytes = 0;
+}
+
+void lm_backend_sync(lm_backend *be) { (void)be; }
