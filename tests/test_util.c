@@ -59,10 +59,20 @@ char *lm_tu_mkdir(const char *tag) {
     return p;
 }
 
+bool lm_tu_device_is_cuda(void) {
+    const char *d = getenv("LUMEN_TEST_DEVICE");
+    return d && !strcmp(d, "cuda");
+}
+
+lm_backend *lm_tu_model_backend(int threads, lm_err *e) {
+    if (lm_tu_device_is_cuda()) return lm_cuda_backend_create(0, e);
+    return lm_cpu_backend_create(threads, LM_ISA_AUTO, e);
+}
+
 void lm_tu_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threads, int n_prompts,
                   lm_parity_result *out) {
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
+    lm_backend *be = lm_tu_device_is_cuda() ? lm_tu_model_backend(threads, &e) : lm_cpu_backend_create(threads, isa, &e);
     if (!be) LM_SKIP("%s backend unavailable here: %s", lm_cpu_isa_name(isa), e.msg);
     lm_parity_result res;
     int rc = lm_parity_run(dir, be, 1e-3, &res, &e);
@@ -153,8 +163,11 @@ void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, i
         lens[i] = LM_MIN(cut[i], n_full - off);
         memcpy(prompts[i], full + off, (size_t)lens[i] * sizeof(int32_t));
     }
-    lm_backend *be = lm_cpu_backend_create(threads, LM_ISA_AUTO, &e);
-    LM_REQUIRE(be != NULL);
+    lm_backend *be = lm_tu_model_backend(threads, &e);
+    if (!be) {
+        LM_CHECK_MSG(false, "%s", e.msg);
+        return;
+    }
     lm_model *m = NULL;
     if (lm_model_load(&m, dir, be, &e)) {
         LM_CHECK_MSG(false, "%s", e.msg);

@@ -18,6 +18,12 @@ int lm_tu_run(const char *cmd, char **out, char **err);
 /* A new directory under the test tmpdir, named after tag (malloc'd path). */
 char *lm_tu_mkdir(const char *tag);
 
+/* Model-level tests run on the backend LUMEN_TEST_DEVICE names: "cuda" runs
+ * them on the GPU (the device machine runs the suite both ways), anything
+ * else on the CPU with every core up to threads and the best ISA. */
+bool lm_tu_device_is_cuda(void);
+lm_backend *lm_tu_model_backend(int threads, lm_err *e);
+
 /* lm_parity_run on dir (tolerance 1e-3) with a CPU backend of the given ISA
  * and threads, printing the JSON line and checking the parity contract:
  * n_prompts prompts, logits within 1e-3, cached decoding within 1e-4 of the

@@ -6,12 +6,12 @@
 
 lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     (void)device;
-    lm_errf(e, "this lumen was built without CUDA (nvcc was not found at build time)");
+    lm_errf(e, "this lumen was built without CUDA (nvcc not found at build time, or LUMEN_CUDA=OFF)");
     return NULL;
 }
 
 bool lm_cuda_available(char *why, size_t n) {
-    snprintf(why, n, "this lumen was built without CUDA (nvcc was not found at build time)");
+    snprintf(why, n, "this lumen was built without CUDA (nvcc not found at build time, or LUMEN_CUDA=OFF)");
     return false;
 }
 

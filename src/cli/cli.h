@@ -15,9 +15,13 @@ int lm_cmd_check_tokenizer(int argc, char **argv);
 int lm_cmd_serve(int argc, char **argv);
 
 /* Options every model command takes. */
+typedef enum lm_device_choice { LM_DEVICE_AUTO = 0, LM_DEVICE_CPU, LM_DEVICE_CUDA } lm_device_choice;
+
 typedef struct lm_common_opts {
     int threads;     /* 0 = every core */
     lm_cpu_isa isa;
+    lm_device_choice device;
+    int gpu;         /* CUDA device index */
 } lm_common_opts;
 
 /* Parses "--threads N" / "--isa NAME" at argv[*i] (advancing *i); returns 1
@@ -27,6 +31,10 @@ int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i);
 const char *lm_cli_value(int argc, char **argv, int *i);
 bool lm_cli_int(const char *s, long lo, long hi, long *out);
 bool lm_cli_float(const char *s, double *out);
+/* The backend the options ask for. auto: CUDA when a GPU is present and the
+ * model at model_path (NULL: not checked) fits in its free memory, else the
+ * CPU, saying why on stderr. */
+lm_backend *lm_cli_backend_for(const lm_common_opts *o, const char *model_path);
 lm_backend *lm_cli_backend(const lm_common_opts *o);
 /* The bundled demo model's folder (models/demo of the source tree; LUMEN_MODEL
  * overrides), or NULL with a message when it is not there. */
@@ -35,6 +43,8 @@ int lm_cmd_chat(int argc, char **argv);
 
 #define LM_COMMON_HELP                                                        \
     "  --threads N       worker threads (default: every core)\n"             \
-    "  --isa NAME        CPU code path: auto, scalar, avx2, avx512 (default auto)\n"
+    "  --isa NAME        CPU code path: auto, scalar, avx2, avx512 (default auto)\n"      \
+    "  --device NAME     auto, cpu, cuda or cuda:N (default auto: the GPU when one\n"   \
+    "                    is present and the model fits in its free memory)\n"
 
 #endif

@@ -27,22 +27,99 @@ static const char *const k_help =
     "  --prompt-len N    prompt tokens (default 512)\n"
     "  --gen N           decoded tokens (default 64)\n"
     "  --reps N          repetitions, best is reported (default 3)\n"
+    "  --chunk N         most prompt tokens per forward (default 512)\n"
+    "  --batch B         B > 1: aggregate decode tokens/s of B sequences stepping\n"
+    "                    together (each prefilled with --prompt-len random ids)\n"
     "  --no-membw        skip the bandwidth measurement\n"
     LM_COMMON_HELP;
 
-/* Matmul parameters touched per token (everything but the embedding table,
- * which is only gathered), for the prefill flop count. */
+/* Parameters a token multiplies (every matrix but the embedding table, which
+ * is only gathered), for the prefill flop count: the decode weight bytes over
+ * the bytes of one stored weight. Exact for dense models of one weight type
+ * (llama, hybrids); an upper bound for MoE, where a token uses k experts. */
 static double matmul_params(const lm_model *m) {
-    const lm_model_config *c = &m->cfg;
-    double D = c->d_model, F = c->d_ff, QD = (double)c->n_heads * c->head_dim,
-           KD = (double)c->n_kv_heads * c->head_dim;
-    return c->n_layers * (2 * D * QD + 2 * D * KD + 3 * D * F) + (double)c->vocab * D;
+    double esz = (double)lm_dtype_row_bytes(m->lm_head.type, 256) / 256.0;
+    return (double)lm_model_weight_bytes(m) / esz - (double)m->cfg.d_model;
+}
+
+/* Copy bandwidth of the backend's own memory (read + write bytes): the GPU's
+ * device-to-device copy through the backend ops, or the CPU probe. */
+static double backend_copy_bandwidth(lm_backend *be, int threads) {
+    if (strcmp(be->name, "cuda")) return lm_copy_bandwidth((size_t)1 << 30, threads, 5);
+    const size_t bytes = (size_t)2 << 30;
+    void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
+    double best = 0;
+    if (a && b) {
+        be->ops->copy(be, b, a, bytes); /* warm-up */
+        lm_backend_sync(be);
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = lm_now();
+            for (int i = 0; i < 4; i++) be->ops->copy(be, i & 1 ? a : b, i & 1 ? b : a, bytes);
+            lm_backend_sync(be);
+            double bw = 4 * 2.0 * (double)bytes / (lm_now() - t0);
+            if (bw > best) best = bw;
+        }
+    }
+    if (a) be->ops->free(be, a);
+    if (b) be->ops->free(be, b);
+    return best;
+}
+
+/* Aggregate decode speed of B sequences stepping together: each gets a
+ * prompt of prompt_len random ids, then gen decode steps of one B-token
+ * batch each. Returns tokens/s over the decode steps, or -1 with e set. */
+static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int chunk, lm_err *e) {
+    const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
+    lm_kv_cache *kv = NULL;
+    double tps = -1;
+    if (lm_kv_cache_create_for(&kv, m, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
+    lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
+    int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *pos = lm_xmalloc((size_t)(B + chunk) * sizeof *pos),
+            *sq = lm_xcalloc((size_t)(B + chunk), sizeof *sq), *rows = lm_xmalloc((size_t)B * sizeof *rows),
+            *toks = lm_xmalloc((size_t)(B + chunk) * sizeof *toks);
+    const int32_t **tables = lm_xmalloc((size_t)B * sizeof *tables);
+    float *logits = lm_xmalloc((size_t)B * V * sizeof(float));
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int s = 0; s < B; s++) {
+        slots[s] = lm_kv_state_acquire(kv);
+        if (lm_kv_seq_reserve(kv, &seqs[s], ctx, e)) goto done;
+        tables[s] = seqs[s].blocks;
+    }
+    for (int s = 0; s < B; s++) /* prefill one sequence at a time */
+        for (int done = 0; done < prompt_len;) {
+            int t = LM_MIN(chunk, prompt_len - done);
+            for (int i = 0; i < t; i++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                toks[i] = (int32_t)(x % (uint64_t)V), pos[i] = done + i, sq[i] = 0;
+            }
+            int32_t last = t - 1;
+            lm_batch b = { .n_tokens = t, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = 1,
+                           .block_tables = &tables[s], .state_slot = slots[s] >= 0 ? &slots[s] : NULL,
+                           .n_out = done + t == prompt_len, .out_rows = &last };
+            if (lm_model_forward(m, &kv->pool, &b, logits + (size_t)s * V, e)) goto done;
+            done += t;
+        }
+    for (int s = 0; s < B; s++) toks[s] = lm_argmax(logits + (size_t)s * V, V), sq[s] = s, rows[s] = s;
+    double t0 = lm_now();
+    for (int g = 0; g < gen; g++) {
+        for (int s = 0; s < B; s++) pos[s] = prompt_len + g;
+        lm_batch b = { .n_tokens = B, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
+                       .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B, .out_rows = rows };
+        if (lm_model_forward(m, &kv->pool, &b, logits, e)) goto done;
+        for (int s = 0; s < B; s++) toks[s] = lm_argmax(logits + (size_t)s * V, V);
+    }
+    tps = (double)B * gen / (lm_now() - t0);
+done:
+    for (int s = 0; s < B; s++) lm_kv_seq_release(kv, &seqs[s]);
+    lm_kv_cache_free(kv);
+    free(seqs), free(slots), free(pos), free(sq), free(rows), free(toks), free(tables), free(logits);
+    return tps;
 }
 
 int lm_cmd_bench(int argc, char **argv) {
     lm_common_opts co = { 0 };
     const char *model_path = NULL;
-    long prompt_len = 512, gen = 64, reps = 3;
+    long prompt_len = 512, gen = 64, reps = 3, chunk = 512, batch = 1;
     bool membw = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -60,6 +137,10 @@ int lm_cmd_bench(int argc, char **argv) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &gen)) goto bad;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1000, &reps)) goto bad;
+        } else if (!strcmp(a, "--chunk")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &chunk)) goto bad;
+        } else if (!strcmp(a, "--batch")) {
+            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 4096, &batch)) goto bad;
         } else if (!strcmp(a, "--no-membw")) {
             membw = false;
         } else {
@@ -75,7 +156,7 @@ int lm_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lumen bench: -m MODEL is required (see lumen bench --help)\n");
         return 2;
     }
-    lm_backend *be = lm_cli_backend(&co);
+    lm_backend *be = lm_cli_backend_for(&co, model_path);
     if (!be) return 1;
     lm_err e = { { 0 } };
     lm_model *m = NULL;
@@ -84,7 +165,16 @@ int lm_cmd_bench(int argc, char **argv) {
     float *logits = NULL;
     int rc = 1;
     if (lm_model_load(&m, model_path, be, &e)) goto fail;
-    if (lm_runner_create(&r, m, (int)(prompt_len + gen + 1), 512, &e)) goto fail;
+    if (batch > 1) {
+        double tps = batched_decode(m, (int)batch, (int)prompt_len, (int)gen, (int)chunk, &e);
+        if (tps < 0) goto fail;
+        printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen\":%ld,"
+               "\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f}\n",
+               model_path, be->name, batch, prompt_len, gen, tps, 1e3 * batch / tps);
+        rc = 0;
+        goto done;
+    }
+    if (lm_runner_create(&r, m, (int)(prompt_len + gen + 1), (int)chunk, &e)) goto fail;
     prompt = lm_xmalloc((size_t)prompt_len * sizeof *prompt);
     uint64_t x = 88172645463325252ull;
     for (long i = 0; i < prompt_len; i++) {
@@ -108,9 +198,11 @@ int lm_cmd_bench(int argc, char **argv) {
     }
     double wbytes = (double)lm_model_weight_bytes(m);
     double prefill_tps = prompt_len / best_prefill, decode_tps = gen / best_decode;
-    int threads = lm_cpu_backend_threads(be);
-    double bw = membw ? lm_copy_bandwidth((size_t)1 << 30, threads, 5) : 0;
-    double rbw = membw ? lm_read_bandwidth((size_t)1 << 30, threads, 5) : 0;
+    const bool gpu = !strcmp(be->name, "cuda");
+    int threads = gpu ? 0 : lm_cpu_backend_threads(be);
+    double bw = membw ? backend_copy_bandwidth(be, threads) : 0;
+    /* a GPU has no separate streaming-read probe: its roofline is the copy figure */
+    double rbw = membw ? (gpu ? bw : lm_read_bandwidth((size_t)1 << 30, threads, 5)) : 0;
     printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"weight_bytes\":%.0f,"
            "\"prompt_len\":%ld,\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.2f,"
            "\"gen\":%ld,\"decode_tok_s\":%.3f,\"decode_weight_GB_s\":%.3f",

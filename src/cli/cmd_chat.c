@@ -101,7 +101,7 @@ int lm_cmd_chat(int argc, char **argv) {
         return 2;
     }
     if (!model_path && !(model_path = lm_cli_default_model())) return 2;
-    lm_backend *be = lm_cli_backend(&co);
+    lm_backend *be = lm_cli_backend_for(&co, model_path);
     if (!be) return 1;
     lm_err e = { { 0 } };
     lm_textgen g;

@@ -46,7 +46,7 @@ int lm_cmd_parity(int argc, char **argv) {
         fprintf(stderr, "lumen parity: a model folder is required (see lumen parity --help)\n");
         return 2;
     }
-    lm_backend *be = lm_cli_backend(&co);
+    lm_backend *be = lm_cli_backend_for(&co, dir);
     if (!be) return 1;
     lm_err e = { { 0 } };
     lm_parity_result res;

@@ -58,7 +58,7 @@ static void print_text(void *user, const char *t, size_t n) {
 /* -p: text in, streamed text out. */
 static int run_text(const lm_common_opts *co, const char *model_path, const char *text, int n_gen, int ctx,
                     const lm_sampler_params *sp, bool ignore_eos) {
-    lm_backend *be = lm_cli_backend(co);
+    lm_backend *be = lm_cli_backend_for(co, model_path);
     if (!be) return 1;
     lm_err e = { { 0 } };
     lm_textgen g;
@@ -151,7 +151,7 @@ int lm_cmd_run(int argc, char **argv) {
 
     int rc = 1;
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cli_backend(&co);
+    lm_backend *be = lm_cli_backend_for(&co, model_path);
     lm_model *m = NULL;
     lm_runner *r = NULL;
     lm_sampler *s = NULL;

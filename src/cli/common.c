@@ -1,5 +1,7 @@
 /* common.c - option parsing shared by the subcommands. */
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,15 +59,80 @@ int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i) {
         }
         return 1;
     }
+    if (!strcmp(a, "--device")) {
+        const char *v = lm_cli_value(argc, argv, i);
+        long n = 0;
+        if (!v) return -1;
+        if (!strcmp(v, "auto")) o->device = LM_DEVICE_AUTO;
+        else if (!strcmp(v, "cpu")) o->device = LM_DEVICE_CPU;
+        else if (!strcmp(v, "cuda")) o->device = LM_DEVICE_CUDA, o->gpu = 0;
+        else if (!strncmp(v, "cuda:", 5) && lm_cli_int(v + 5, 0, 1023, &n)) o->device = LM_DEVICE_CUDA, o->gpu = (int)n;
+        else {
+            fprintf(stderr, "lumen: --device must be auto, cpu, cuda or cuda:N\n");
+            return -1;
+        }
+        return 1;
+    }
     return 0;
 }
 
-lm_backend *lm_cli_backend(const lm_common_opts *o) {
+/* Bytes of weight files a model path holds: the file itself, or the
+ * *.safetensors / *.gguf files of a folder. */
+static size_t model_file_bytes(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) return (size_t)st.st_size;
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    size_t total = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        size_t n = strlen(de->d_name);
+        bool weights = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
+                       (n > 5 && !strcmp(de->d_name + n - 5, ".gguf"));
+        char full[4096];
+        if (weights && snprintf(full, sizeof full, "%s/%s", path, de->d_name) < (int)sizeof full &&
+            stat(full, &st) == 0)
+            total += (size_t)st.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+static lm_backend *cpu_backend(const lm_common_opts *o) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_cpu_backend_create(o->threads, o->isa, &e);
     if (!be) fprintf(stderr, "lumen: %s\n", e.msg);
     return be;
 }
+
+lm_backend *lm_cli_backend_for(const lm_common_opts *o, const char *model_path) {
+    lm_err e = { { 0 } };
+    if (o->device == LM_DEVICE_CPU) return cpu_backend(o);
+    if (o->device == LM_DEVICE_CUDA) {
+        lm_backend *be = lm_cuda_backend_create(o->gpu, &e);
+        if (!be) fprintf(stderr, "lumen: --device cuda: %s\n", e.msg);
+        return be;
+    }
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) return cpu_backend(o);
+    lm_backend *be = lm_cuda_backend_create(0, &e);
+    if (!be) {
+        fprintf(stderr, "lumen: GPU present but not usable (%s); running on the CPU\n", e.msg);
+        return cpu_backend(o);
+    }
+    size_t free_b, total_b, need = model_path ? model_file_bytes(model_path) : 0;
+    lm_backend_mem_info(be, &free_b, &total_b);
+    /* weights plus a working margin for activations and the KV cache */
+    if (need > 0 && (double)need > 0.9 * (double)free_b) {
+        fprintf(stderr, "lumen: the model's %.1f GiB of weights do not fit in the GPU's %.1f GiB free; running on the CPU\n",
+                need / 1073741824.0, free_b / 1073741824.0);
+        lm_backend_destroy(be);
+        return cpu_backend(o);
+    }
+    return be;
+}
+
+lm_backend *lm_cli_backend(const lm_common_opts *o) { return lm_cli_backend_for(o, NULL); }
 
 const char *lm_cli_default_model(void) {
     const char *env = getenv("LUMEN_MODEL");

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the checkout's root, with .device-carry/
+# carried (tools/device/pack.sh made it here):
+#   bash tools/device/gpu_run.sh check   GPU op tests, then the whole suite with
+#                                         models on the GPU, then lumen parity
+#   bash tools/device/gpu_run.sh bench   the H200 benchmarks of docs/benchmarks.md
+# Logs go to $OUT (what comes back) as well as stdout.
+set -uo pipefail
+root=$PWD
+C=$root/.device-carry
+# The binaries were built at /work/main and carry that path (demo model,
+# tests/data); point it here.
+mkdir -p /work && ln -sfn "$root" /work/main
+cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}
+export LUMEN_FIXTURES=$C/fixtures LUMEN_BIN=$C/bin/lumen
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+L=$C/bin/lumen
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
+case "${1:-}" in
+check)
+  ldd "$L" | grep -E "not found|cublas" || true
+  "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
+  LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed" | tail -n 40
+  for d in "$C"/fixtures/models/*/ "$root"/tests/data/{hybrid,moe,gemma}/*/ "$root/models/demo"; do
+    [[ -f "$d/reference.safetensors" ]] || continue
+    "$L" parity "$d" --device cuda 2>&1 | tail -n 1
+  done | tee "$OUT/parity_gpu.jsonl" | cut -c1-220
+  ;;
+bench)
+  shift
+  bash "$root/tools/device/h200_bench.sh" "$@" 2>&1 | tee "$OUT/bench.log"
+  ;;
+*) echo "usage: $0 check|bench" >&2; exit 2 ;;
+esac

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds lumen with CUDA on this machine and packs what a run on the GPU
+# machine needs into .device-carry/ (git-ignored; name it in the device
+# call's carry): stripped binaries, the shared libraries they link that the
+# GPU image lacks, and the fixture models the GPU tests read. The GPU machine
+# gets the checkout (sources, models/demo, tests/data) but not ../shared, and
+# everything that travels must stay under 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cmake -S . -B build/dev -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/dev -j2 --target lumen lumen_tests make_random_model bench_cuda_gemv
+rm -rf .device-carry
+mkdir -p .device-carry/bin .device-carry/lib .device-carry/fixtures/models
+for b in lumen lumen_tests make_random_model bench_cuda_gemv; do strip -o ".device-carry/bin/$b" "build/dev/$b"; done
+# libraries outside glibc, the C++ runtime and CUDA (the GPU image has those)
+ldd build/dev/lumen_tests build/dev/lumen | awk '/=> \// {print $3}' | sort -u |
+  grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcublas[^/]*|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" .device-carry/lib/; done
+for m in ${LUMEN_DEVICE_FIXTURES:-llama qwen3 qwen3.5 gemma4 llama-2-tiny-random.gguf}; do
+  cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/
+done
+du -sh .device-carry
