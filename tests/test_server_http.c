@@ -635,3 +635,181 @@ LM_TEST(server_http_queue_full_is_503) {
     LM_CHECK_MSG(n503 >= 1 && n200 >= 1 && n503 + n200 == N, "200: %d, 503: %d", n200, n503);
     STOP(s);
 }
+
+/* ---- request ids, --trace, --cache-ram, the prefix cache ----------------------------------- */
+
+/* The value of response header name (malloc'd), or NULL. */
+static char *header(const resp *r, const char *name) {
+    char key[128];
+    snprintf(key, sizeof key, "\r\n%s: ", name);
+    const char *p = strcasestr(r->headers, key);
+    if (!p) return NULL;
+    p += strlen(key);
+    size_t n = strcspn(p, "\r\n");
+    return strndup(p, n);
+}
+
+/* The trace lines of path as JSON objects (a line that does not parse is a
+ * failed check); the one with id is returned in *found (borrowed from the array). */
+static json_t *trace_lines(lm_test_ctx *lm_t_, const char *path) {
+    json_t *all = json_array();
+    char *text = lm_tu_read(path, NULL);
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        else next = line + strlen(line);
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        LM_CHECK_MSG(json_is_object(j), "trace line is not a JSON object (%s): %.200s", je.text, line);
+        if (j) json_array_append_new(all, j);
+    }
+    free(text);
+    return all;
+}
+
+static json_t *trace_find(json_t *lines, const char *id) {
+    size_t i;
+    json_t *j;
+    json_array_foreach(lines, i, j) if (!strcmp(json_string_value(json_object_get(j, "id")) ?: "", id)) return j;
+    return NULL;
+}
+
+LM_TEST(server_http_request_id_and_trace) {
+    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    char trace[600], extra[700];
+    snprintf(trace, sizeof trace, "%s/trace-%d.jsonl", lm_test_tmpdir(), (int)getpid());
+    unlink(trace);
+    snprintf(extra, sizeof extra, "--trace '%s' --cache-ram 32M", trace);
+    server s;
+    START(s, extra);
+    resp r;
+    char *b = chat_body(",\"temperature\":0");
+    /* the client's id, echoed */
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, "X-Request-Id: agent-7.turn:3_x\r\n", &r) == 0);
+    char *h = header(&r, "X-Request-Id");
+    LM_CHECK_MSG(r.status == 200 && h && !strcmp(h, "agent-7.turn:3_x"), "status %d id '%s'", r.status, h ?: "");
+    free(h);
+    resp_free(&r);
+    /* sanitised: only the safe characters survive, cut to 64 */
+    char hdr[300];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: a b<c>\"d%%0a%s\r\n",
+             "0123456789012345678901234567890123456789012345678901234567890123456789");
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, hdr, &r) == 0);
+    h = header(&r, "X-Request-Id");
+    LM_CHECK_MSG(h && strlen(h) == 64 && !strncmp(h, "abcd0a0123", 10), "sanitised id '%s'", h ?: "");
+    free(h);
+    resp_free(&r);
+    /* none sent: one is made, and a stream echoes it too */
+    char *bs = chat_body(",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", bs, NULL, &r) == 0);
+    char *made = header(&r, "X-Request-Id");
+    LM_CHECK_MSG(made && !strncmp(made, "req-", 4) && strlen(made) == 28, "made id '%s'", made ?: "");
+    resp_free(&r);
+    free(bs);
+    LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"The sky\",\"max_tokens\":3,\"temperature\":0}",
+                    "X-Request-Id: cmpl-1\r\n", &r) == 0);
+    LM_CHECK(r.status == 200);
+    resp_free(&r);
+    /* a refused request is traced too, and the simple routes echo ids */
+    LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":999999}", "X-Request-Id: bad-1\r\n",
+                    &r) == 0);
+    LM_CHECK(r.status == 400);
+    resp_free(&r);
+    LM_REQUIRE(http(s.port, "GET", "/health", NULL, "X-Request-Id: hc\r\n", &r) == 0);
+    h = header(&r, "X-Request-Id");
+    LM_CHECK(h && !strcmp(h, "hc"));
+    free(h);
+    resp_free(&r);
+    /* /metrics: the prefix cache and batch series, next to the old ones */
+    LM_REQUIRE(http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
+    static const char *const k_series[] = {
+        "\nlumen_prefix_cache_budget_bytes 33554432\n", "\nlumen_prefix_cache_hit_tokens_total ",
+        "\nlumen_prefix_cache_lookup_tokens_total ", "\nlumen_prefix_cache_hit_ratio ", "\nlumen_prefix_cache_blocks ",
+        "\nlumen_prefix_cache_bytes ", "\nlumen_prefix_cache_checkpoints ", "\nlumen_prefix_cache_evicted_blocks_total ",
+        "\nlumen_prefix_cache_misses_total{reason=\"diverged\"} ", "\nlumen_prefix_cache_misses_total{reason=\"evicted\"} ",
+        "\nlumen_prefix_cache_misses_total{reason=\"state\"} ", "# TYPE lumen_batch_size histogram\n",
+        "\nlumen_batch_size_bucket{le=\"1\"} ", "\nlumen_batch_size_bucket{le=\"+Inf\"} ", "\nlumen_batch_size_count ",
+        "\nlumen_queue_depth ", "\nlumen_requests_running ", "\nlumen_prompt_tokens_cached_total ",
+        "# TYPE lumen_time_to_first_token_seconds histogram",
+    };
+    for (size_t i = 0; i < LM_COUNT_(k_series); i++)
+        LM_CHECK_MSG(strstr(r.body, k_series[i]) != NULL, "/metrics lacks '%s'", k_series[i]);
+    resp_free(&r);
+    STOP(s);
+    free(b);
+
+    char *log = lm_tu_read(s.log, NULL);
+    LM_CHECK_MSG(log && strstr(log, "id agent-7.turn:3_x\n"), "the access log names the id");
+    free(log);
+    json_t *lines = trace_lines(lm_t_, trace);
+    LM_CHECK_MSG(json_array_size(lines) == 5, "%zu trace lines, want 5 (4 generations, 1 refused)",
+                 json_array_size(lines));
+    json_t *t = trace_find(lines, "agent-7.turn:3_x");
+    LM_REQUIRE(t != NULL);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(t, "route")) ?: "", "/v1/chat/completions"));
+    LM_CHECK(json_integer_value(json_object_get(t, "status")) == 200);
+    LM_CHECK(!strcmp(json_string_value(json_object_get(t, "finish")) ?: "", "length"));
+    LM_CHECK(json_integer_value(json_object_get(t, "n_prompt")) > 0);
+    LM_CHECK(json_integer_value(json_object_get(t, "n_generated")) == 12);
+    LM_CHECK(json_is_integer(json_object_get(t, "n_cached")));
+    LM_CHECK(json_is_string(json_object_get(t, "ts")));
+    json_t *ms = json_object_get(t, "ms");
+    LM_CHECK(json_number_value(json_object_get(ms, "total")) > 0 && json_number_value(json_object_get(ms, "ttft")) > 0);
+    LM_CHECK(json_is_number(json_object_get(ms, "queue")) && json_is_number(json_object_get(ms, "prefill")) &&
+             json_is_number(json_object_get(ms, "decode")));
+    if (json_is_true(json_object_get(t, "engine_trace"))) { /* the engine's spans and cache facts */
+        LM_CHECK(json_is_number(json_object_get(ms, "cache_lookup")) && json_is_number(json_object_get(ms, "cache_restore")));
+        LM_CHECK(json_integer_value(json_object_get(t, "prefill_chunks")) >= 1);
+        json_t *d = json_object_get(t, "decode_steps");
+        LM_CHECK(json_integer_value(json_object_get(d, "n")) == 11); /* 12 tokens: the first comes from prefill */
+        LM_CHECK(json_integer_value(json_object_get(d, "min")) == 1 && json_array_size(json_object_get(d, "sizes")) == 11);
+        LM_CHECK(json_is_string(json_object_get(json_object_get(t, "cache"), "miss")));
+    }
+    LM_CHECK(made && trace_find(lines, made) != NULL);
+    json_t *bad = trace_find(lines, "bad-1");
+    LM_CHECK(bad && json_integer_value(json_object_get(bad, "status")) == 400 &&
+             strstr(json_string_value(json_object_get(bad, "error")) ?: "", "max_tokens"));
+    LM_CHECK(trace_find(lines, "hc") == NULL); /* only generations are traced */
+    json_decref(lines);
+    free(made);
+    unlink(trace);
+}
+
+LM_TEST(server_http_cache_ram_and_trace_flags) {
+    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    char *dir = lm_test_fixture_path("models/qwen3");
+    static const char *const k_bad[] = { "1.5G", "-1", "G", "12X", "4GG", "", "99999999999T" };
+    for (size_t i = 0; i < LM_COUNT_(k_bad); i++) {
+        char cmd[1024], *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' serve -m '%s' --port 0 --cache-ram '%s'", lm_test_lumen_bin(), dir, k_bad[i]);
+        int rc = lm_tu_run(cmd, NULL, &err);
+        LM_CHECK_MSG(rc == 2 && err && strstr(err, "--cache-ram") && strstr(err, "is not a size"),
+                     "--cache-ram '%s': exit %d, '%s'", k_bad[i], rc, err ?: "");
+        free(err);
+    }
+    char cmd[1024], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' serve -m '%s' --port 0 --trace /nonexistent-dir/x.jsonl", lm_test_lumen_bin(), dir);
+    int rc = lm_tu_run(cmd, NULL, &err);
+    LM_CHECK_MSG(rc == 1 && err && strstr(err, "--trace /nonexistent-dir/x.jsonl"), "exit %d, '%s'", rc, err ?: "");
+    free(err);
+    free(dir);
+    static const struct { const char *arg; double bytes; } k_good[] = {
+        { "--cache-ram 0", 0 }, { "--cache-ram 512M", 536870912.0 }, { "--cache-ram 1536KiB", 1572864.0 },
+    };
+    for (size_t i = 0; i < LM_COUNT_(k_good); i++) {
+        server s;
+        START(s, k_good[i].arg);
+        double v = metric(s.port, "lumen_prefix_cache_budget_bytes");
+        LM_CHECK_MSG(v == k_good[i].bytes, "%s: budget %g", k_good[i].arg, v);
+        resp r;
+        LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, &r) == 0);
+        LM_CHECK(r.status == 200);
+        resp_free(&r);
+        STOP(s);
+    }
+    server s; /* the default: some budget, at most 1 GiB */
+    START(s, "");
+    double v = metric(s.port, "lumen_prefix_cache_budget_bytes");
+    LM_CHECK_MSG(v > 0 && v <= 1073741824.0, "default budget %g", v);
+    STOP(s);
+}

@@ -1,7 +1,9 @@
 /* cmd_serve.c - `lumen serve`: the OpenAI-compatible HTTP server. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../server/lm_server.h"
 #include "cli.h"
@@ -25,12 +27,71 @@ static const char *const k_help =
     "  --timeout S           drop a client idle for S seconds while sending (default 30)\n"
     "  --max-body-mb N       largest request body in MiB (default 8; larger get 413)\n"
     "  --max-connections N   open connections at once (default 1024)\n"
+    "  --cache-ram SIZE      memory for the prefix cache: KV blocks and recurrent-state\n"
+    "                        checkpoints of earlier prompts, reused when a new prompt\n"
+    "                        starts the same way (SIZE in bytes or with K, M, G, e.g.\n"
+    "                        512M, 4G; 0 = off; default: a quarter of the memory\n"
+    "                        available at start, at most 1G)\n"
+    "  --trace FILE          append one JSON line per finished generation to FILE\n"
+    "                        ('-' = stderr): its id, token counts, time spans (queue,\n"
+    "                        cache lookup and restore, prefill, decode), batch sizes\n"
+    "                        and what the prefix cache missed\n"
     "  --quiet               no line per request on stderr\n"
-    LM_COMMON_HELP;
+    LM_COMMON_HELP
+    "\n"
+    "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
+    "other characters are dropped, the rest cut to 64); otherwise the server makes\n"
+    "one. The response echoes it in X-Request-Id; the log and trace lines carry it.\n";
+
+/* A byte size: a whole number with an optional suffix K, M, G or T (powers
+ * of 1024, then an optional 'B' or 'iB', any case): "0", "512M", "4G",
+ * "1536KiB". False for anything else, a fraction, or more than 2^60 bytes. */
+static bool parse_size(const char *s, size_t *out) {
+    char *end;
+    if (*s < '0' || *s > '9') return false; /* no sign, no space */
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno) return false;
+    int shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end || v > (1ull << (60 - shift))) return false;
+    *out = (size_t)(v << shift);
+    return true;
+}
+
+/* The default prefix-cache budget: a quarter of MemAvailable, at most 1 GiB
+ * (the cache is an optimisation; it must not push the machine into swap). */
+static size_t default_cache_ram(void) {
+    size_t cap = (size_t)1 << 30, avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            avail = (size_t)kb << 10;
+            break;
+        }
+    }
+    if (f) fclose(f);
+    if (!avail) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && psz > 0) avail = (size_t)pages * (size_t)psz;
+    }
+    return avail ? LM_MIN(cap, avail / 4) : cap;
+}
 
 int lm_cmd_serve(int argc, char **argv) {
     lm_common_opts co = { 0 };
     lm_server_opts so = { .port = 8080, .log_requests = true };
+    bool cache_set = false;
     so.api_key = getenv("LUMEN_API_KEY");
     if (so.api_key && !*so.api_key) so.api_key = NULL;
     for (int i = 1; i < argc; i++) {
@@ -73,6 +134,18 @@ int lm_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-connections")) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 100000, &n)) goto bad;
             so.max_connections = (int)n;
+        } else if (!strcmp(a, "--cache-ram")) {
+            if (!(v = lm_cli_value(argc, argv, &i))) return 2;
+            if (!parse_size(v, &so.engine.cache_ram)) {
+                fprintf(stderr,
+                        "lumen serve: --cache-ram '%s' is not a size: give bytes or a whole number with K, M, G "
+                        "or T (e.g. 512M, 4G; 0 turns the prefix cache off)\n", v);
+                return 2;
+            }
+            cache_set = true;
+        } else if (!strcmp(a, "--trace")) {
+            if (!(so.trace_path = lm_cli_value(argc, argv, &i))) return 2;
+            if (!*so.trace_path) goto bad;
         } else if (!strcmp(a, "--quiet")) {
             so.log_requests = false;
         } else {
@@ -85,6 +158,7 @@ int lm_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
+    if (!cache_set) so.engine.cache_ram = default_cache_ram();
     lm_backend *be = lm_cli_backend(&co);
     if (!be) return 1;
     lm_err e = { { 0 } };

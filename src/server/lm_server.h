@@ -25,6 +25,7 @@ typedef struct lm_server_opts {
     int timeout_s;           /* idle seconds before a slow client is dropped (0: 30) */
     int max_connections;     /* open connections at once (0: 1024) */
     bool log_requests;       /* one line per request on stderr */
+    const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
 } lm_server_opts;
 
 /* Loads the model onto be (not owned), starts the engine and the HTTP daemon,

@@ -3,7 +3,8 @@
  *
  * One mutex guards everything: updates are a handful per request, far from
  * any hot path. Engine gauges (queue depth, running sequences, KV blocks) are
- * read from lm_engine_get_stats when the page is rendered. */
+ * read from lm_engine_get_stats when the page is rendered, and so are the
+ * prefix cache's counters and the batch-size histogram. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,52 @@ static void gauge(tbuf *b, const char *name, const char *help, long long v) {
     tprintf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", name, help, name, name, v);
 }
 
+/* lumen_batch_size: the engine's steps by sequences in the forward, bucket i
+ * counting sizes 2^i .. 2^(i+1)-1, as a cumulative Prometheus histogram. The
+ * engine keeps no sum of sizes, so there is no _sum (optional in the format);
+ * lumen_engine_batch_tokens_total / lumen_engine_steps_total is the mean
+ * tokens per step. */
+static void batch_hist_text(tbuf *b, const lm_engine_stats *es) {
+    const char *name = "lumen_batch_size";
+    tprintf(b, "# HELP %s Engine steps by the number of sequences in the forward.\n# TYPE %s histogram\n", name, name);
+    uint64_t cum = 0;
+    int nb = (int)LM_COUNT(es->batch_hist);
+    for (int i = 0; i < nb - 1; i++) {
+        cum += es->batch_hist[i];
+        tprintf(b, "%s_bucket{le=\"%d\"} %llu\n", name, (2 << i) - 1, (unsigned long long)cum);
+    }
+    cum += es->batch_hist[nb - 1];
+    tprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_count %llu\n", name, (unsigned long long)cum, name,
+            (unsigned long long)cum);
+}
+
+/* The prefix cache: what was looked up and hit, what it holds, why it missed. */
+static void cache_text(tbuf *b, const lm_engine_stats *es, size_t budget) {
+    gauge(b, "lumen_prefix_cache_budget_bytes", "Memory the prefix cache may use (--cache-ram; 0 = off).",
+          (long long)budget);
+    gauge(b, "lumen_prefix_cache_bytes", "Memory the prefix cache holds.", (long long)es->cache_bytes);
+    gauge(b, "lumen_prefix_cache_blocks", "KV blocks held by the prefix cache.", es->cache_blocks);
+    gauge(b, "lumen_prefix_cache_checkpoints", "Recurrent-state checkpoints held by the prefix cache.",
+          es->cache_checkpoints);
+    counter(b, "lumen_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
+            es->cache_lookup_tokens);
+    counter(b, "lumen_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
+            es->cache_hit_tokens);
+    tprintf(b, "# HELP lumen_prefix_cache_hit_ratio Hit tokens over lookup tokens since start (0 before any lookup).\n"
+               "# TYPE lumen_prefix_cache_hit_ratio gauge\nlumen_prefix_cache_hit_ratio %.6f\n",
+            es->cache_lookup_tokens ? (double)es->cache_hit_tokens / (double)es->cache_lookup_tokens : 0.0);
+    counter(b, "lumen_prefix_cache_evicted_blocks_total", "KV blocks evicted from the prefix cache.",
+            es->cache_evicted_blocks);
+    tprintf(b, "# HELP lumen_prefix_cache_misses_total Prompts the prefix cache could not serve as far as they match an "
+               "earlier prompt, by reason: diverged (departs from the closest earlier prompt before its end), "
+               "evicted (the shared tokens were dropped), state (no recurrent-state checkpoint to resume from).\n# TYPE lumen_prefix_cache_misses_total counter\n"
+               "lumen_prefix_cache_misses_total{reason=\"diverged\"} %llu\n"
+               "lumen_prefix_cache_misses_total{reason=\"evicted\"} %llu\n"
+               "lumen_prefix_cache_misses_total{reason=\"state\"} %llu\n",
+            (unsigned long long)es->miss_diverged, (unsigned long long)es->miss_evicted,
+            (unsigned long long)es->miss_state);
+}
+
 char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     lm_engine_stats es;
     memset(&es, 0, sizeof es);
@@ -124,5 +171,7 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     counter(&b, "lumen_engine_batch_tokens_total", "Tokens over all engine steps.", es.batch_tokens_total);
     gauge(&b, "lumen_kv_blocks_free", "Free KV cache blocks.", es.kv_blocks_free);
     gauge(&b, "lumen_kv_blocks_total", "KV cache blocks.", es.kv_blocks_total);
+    batch_hist_text(&b, &es);
+    cache_text(&b, &es, m->cache_ram);
     return b.p;
 }

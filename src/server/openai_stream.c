@@ -123,7 +123,7 @@ json_t *srv_logprob_entry(const srv *s, int32_t id, float lp, lm_tok_str *scratc
 
 /* A JSON string of s with bytes that are not valid UTF-8 replaced by '?'
  * (error messages quote request text cut at a byte count). */
-static json_t *lossy_string(const char *s) {
+json_t *srv_lossy_string(const char *s) {
     json_t *j = json_string(s);
     if (j) return j;
     char *c = lm_xstrdup(s);
@@ -150,9 +150,9 @@ static json_t *lossy_string(const char *s) {
 
 json_t *srv_error_json(const srv_err *e) {
     json_t *in = json_object();
-    json_object_set_new(in, "message", lossy_string(e->msg[0] ? e->msg : "error"));
+    json_object_set_new(in, "message", srv_lossy_string(e->msg[0] ? e->msg : "error"));
     json_object_set_new(in, "type", json_string(e->type ? e->type : "server_error"));
-    json_object_set_new(in, "param", e->param[0] ? lossy_string(e->param) : json_null());
+    json_object_set_new(in, "param", e->param[0] ? srv_lossy_string(e->param) : json_null());
     json_object_set_new(in, "code", e->code ? json_string(e->code) : json_null());
     json_t *o = json_object();
     json_object_set_new(o, "error", in);

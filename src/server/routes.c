@@ -50,6 +50,15 @@ static void on_token(void *user, const lm_token_event *ev) {
         if (j->t_first == 0) j->t_first = now;
         j->t_last = now;
     }
+    if (ev->done && ev->trace && j->s->trace) { /* the trace is valid only during this call */
+        j->trace = *ev->trace;
+        int n = ev->trace->step_batch ? LM_MAX(ev->trace->n_steps, 0) : 0;
+        j->steps = n ? lm_xmalloc((size_t)n * sizeof *j->steps) : NULL;
+        if (n) memcpy(j->steps, ev->trace->step_batch, (size_t)n * sizeof *j->steps);
+        j->trace.step_batch = j->steps;
+        j->trace.n_steps = n ? ev->trace->n_steps : 0;
+        j->has_trace = true;
+    }
     pthread_mutex_unlock(&j->mu);
     uint64_t one = 1;
     ssize_t w = write(j->efd, &one, sizeof one);
@@ -63,6 +72,7 @@ static srv_job *job_create(srv *s, srv_conn *cc, struct MHD_Connection *c) {
     memcpy(j->method, cc->method, sizeof j->method);
     memcpy(j->url, cc->url, sizeof j->url);
     j->t0 = cc->t0;
+    memcpy(j->rid, cc->rid, sizeof j->rid);
     pthread_mutex_init(&j->mu, NULL);
     j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -147,9 +157,21 @@ static void job_finish(srv_job *j) {
     int status = j->gone ? 499 : j->status;
     if (j->req) srv_metrics_request(m, j->route, status);
     if (j->req && s->opts.log_requests)
-        fprintf(stderr, "lumen: %s %s %d%s prompt %d (cached %d) gen %d finish %s ttft %.3fs total %.3fs\n", j->method,
-                j->url, status, j->gone ? " (client gone)" : "", o->n_prompt, o->n_cached, o->n_generated,
-                o->done ? srv_out_finish_reason(o) : "-", j->t_first > 0 ? j->t_first - j->t0 : 0.0, now - j->t0);
+        fprintf(stderr, "lumen: %s %s %d%s prompt %d (cached %d) gen %d finish %s ttft %.3fs total %.3fs id %s\n",
+                j->method, j->url, status, j->gone ? " (client gone)" : "", o->n_prompt, o->n_cached, o->n_generated,
+                o->done ? srv_out_finish_reason(o) : "-", j->t_first > 0 ? j->t_first - j->t0 : 0.0, now - j->t0,
+                j->rid);
+    if (j->req && s->trace) {
+        srv_trace_rec tr = {
+            .id = j->rid, .route = j->url, .status = status,
+            .finish = o->done ? (j->gone ? "cancelled" : srv_out_finish_reason(o)) : "cancelled",
+            .n_prompt = o->done ? o->n_prompt : j->n_ids, .n_cached = o->n_cached, .n_generated = o->n_generated,
+            .t_arrive = j->t0, .t_first = j->t_first, .t_last = j->t_last, .t_end = now,
+            .queue_s = o->queue_s, .prefill_s = o->prefill_s,
+            .tr = j->has_trace ? &j->trace : NULL, .prompt = j->ids, .n_prompt_ids = j->n_ids,
+        };
+        srv_trace_write(s, &tr);
+    }
     srv_out_free(&j->out);
     srv_prompt_free(&j->prompt);
     srv_req_free(&j->r);
@@ -157,6 +179,8 @@ static void job_finish(srv_job *j) {
     pthread_mutex_destroy(&j->mu);
     free(j->q);
     free(j->work);
+    free(j->steps);
+    free(j->ids);
     free(j);
 }
 
@@ -286,6 +310,11 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         srv_bad(&e, what, "%s", le.msg);
         goto fail;
     }
+    if (s->trace) { /* the trace decodes the text around a cache divergence */
+        j->ids = ids.ids;
+        j->n_ids = (int)ids.n;
+        ids.ids = NULL;
+    }
     lm_tok_ids_free(&ids);
     cc->job_logged = true;
     j->status = 200;
@@ -304,6 +333,7 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         MHD_add_response_header(res, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(res, "Cache-Control", "no-cache");
         MHD_add_response_header(res, "X-Accel-Buffering", "no");
+        MHD_add_response_header(res, "X-Request-Id", j->rid);
         enum MHD_Result ok = MHD_queue_response(c, 200, res);
         MHD_destroy_response(res); /* the job is freed by stream_free when MHD is done */
         cc->status = 200;
@@ -333,6 +363,11 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
     return ok;
 
 fail:
+    if (s->trace) {
+        srv_trace_rec tr = { .id = j->rid, .route = j->url, .status = e.status, .error = e.msg,
+                             .n_prompt = (int)ids.n, .t_arrive = j->t0, .t_end = lm_now() };
+        srv_trace_write(s, &tr);
+    }
     free(echo);
     lm_tok_ids_free(&ids);
     cc->job_logged = false;

@@ -49,6 +49,7 @@ static enum MHD_Result respond_text(srv_conn *cc, struct MHD_Connection *c, int 
         return MHD_NO;
     }
     MHD_add_response_header(res, "Content-Type", type);
+    if (cc && cc->rid[0]) MHD_add_response_header(res, "X-Request-Id", cc->rid);
     if (status == 401) MHD_add_response_header(res, "WWW-Authenticate", "Bearer");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, res);
     MHD_destroy_response(res);
@@ -150,6 +151,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         cc->route = route_of(url);
         snprintf(cc->method, sizeof cc->method, "%s", method);
         snprintf(cc->url, sizeof cc->url, "%s", url);
+        srv_request_id(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"), cc->rid, sizeof cc->rid);
         *con_cls = cc;
         if (cc->route == SRV_ROUTE_OTHER)
             return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
@@ -206,7 +208,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!cc->job_logged) {
         srv_metrics_request(&s->metrics, cc->route, cc->status ? cc->status : 500);
         if (s->opts.log_requests && cc->route != SRV_ROUTE_METRICS && cc->route != SRV_ROUTE_HEALTH)
-            fprintf(stderr, "lumen: %s %s %d %.3fs\n", cc->method, cc->url, cc->status, lm_now() - cc->t0);
+            fprintf(stderr, "lumen: %s %s %d %.3fs id %s\n", cc->method, cc->url, cc->status, lm_now() - cc->t0,
+                    cc->rid);
     }
     free(cc->body);
     free(cc);
@@ -319,6 +322,7 @@ int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e) {
     s->created = (int64_t)time(NULL);
     snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
     srv_metrics_init(&s->metrics);
+    s->metrics.cache_ram = o->engine.cache_ram;
     pthread_mutex_init(&s->jobs_mu, NULL);
     s->model_name = o->alias ? lm_xstrdup(o->alias) : basename_of(o->model_path);
     int rc = -1;
@@ -336,6 +340,7 @@ int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e) {
     struct sockaddr_storage ss;
     socklen_t sslen = 0;
     bool v6 = false;
+    if (srv_trace_open(s, o->trace_path, e)) goto done;
     if (bind_addr(s->opts.host, o->port, &ss, &sslen, &v6, e)) goto done;
     if (lm_model_load(&s->model, o->model_path, be, e)) goto done;
     lm_tokenizer *tok = NULL;
@@ -367,8 +372,11 @@ int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : o->port;
-    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d%s)\n", s->model_name, v6 ? "[" : "",
-            s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab, s->opts.api_key ? ", API key required" : "");
+    char cache[64] = "prefix cache off";
+    if (o->engine.cache_ram)
+        snprintf(cache, sizeof cache, "prefix cache %.0f MiB", (double)o->engine.cache_ram / (1 << 20));
+    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s%s)\n", s->model_name, v6 ? "[" : "",
+            s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab, cache, s->opts.api_key ? ", API key required" : "");
     fflush(stderr);
 
     int sig = 0;
@@ -390,6 +398,7 @@ done:
     lm_model_free(s->model);
     free(s->model_name);
     srv_metrics_free(&s->metrics);
+    srv_trace_close(s);
     pthread_mutex_destroy(&s->jobs_mu);
     free(s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

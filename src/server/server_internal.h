@@ -13,6 +13,7 @@
  *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
  *                      errors) and SSE framing
  *   metrics.c          counters and histograms, Prometheus text
+ *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
  */
 #ifndef LM_SERVER_INTERNAL_H
 #define LM_SERVER_INTERNAL_H
@@ -22,6 +23,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -76,6 +78,7 @@ typedef struct srv_metrics {
     srv_hist ttft, duration, queue, per_token;
     int connections;                     /* open HTTP connections */
     int streams;                         /* running SSE streams */
+    size_t cache_ram;                    /* the prefix cache's budget (set once at start) */
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -111,6 +114,10 @@ typedef struct srv {
     srv_job *jobs;             /* requests in the engine (for shutdown) */
     bool shutting_down;
     atomic_uint_fast64_t id_counter;
+    FILE *trace;               /* --trace: one JSON line per generation; NULL = off */
+    bool trace_owned;          /* trace is a file we opened (not stderr) */
+    pthread_mutex_t trace_mu;  /* one line at a time */
+    bool trace_mu_init;
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -118,6 +125,38 @@ typedef struct srv {
  * formats. Used by lm_server_run and by tests (without a model). */
 void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
 void srv_free_text(srv *s);
+
+/* ---- request ids and trace lines (trace.c) ------------------------------------------ */
+
+#define SRV_RID_MAX 64
+
+/* The request's id into out (cap > SRV_RID_MAX): the X-Request-Id header
+ * value with characters other than A-Z a-z 0-9 . _ : - dropped and cut to
+ * SRV_RID_MAX, or "req-" + 24 random characters when that leaves nothing
+ * (header NULL, empty or all junk). */
+void srv_request_id(const char *header, char *out, size_t cap);
+
+/* What one trace line says about a finished generation. */
+typedef struct srv_trace_rec {
+    const char *id, *route, *finish;
+    int status;
+    const char *error;                       /* a request refused before the engine, else NULL */
+    int n_prompt, n_cached, n_generated;
+    double t_arrive, t_first, t_last, t_end; /* server clock (lm_now); t_first 0 = no token */
+    double queue_s, prefill_s;               /* the final event's (used without tr) */
+    const lm_request_trace *tr;              /* the engine's, or NULL */
+    const int32_t *prompt;                   /* the prompt's ids (for the divergence text), or NULL */
+    int n_prompt_ids;
+} srv_trace_rec;
+
+/* Opens path for appending ("-" = stderr, NULL = tracing off). */
+int srv_trace_open(srv *s, const char *path, lm_err *e);
+void srv_trace_close(srv *s);
+/* The trace object (new reference): id, route, status, finish, token counts,
+ * spans in ms, prefill chunks, decode-step batch sizes, cache miss details. */
+json_t *srv_trace_json(const srv *s, const srv_trace_rec *r);
+/* Appends the line to s->trace (no-op when tracing is off). */
+void srv_trace_write(srv *s, const srv_trace_rec *r);
 
 /* ---- a parsed request (openai_request.c) -------------------------------------------- */
 
@@ -230,6 +269,7 @@ typedef struct srv_conn {
     int status;            /* set once a response is queued */
     bool job_logged;       /* a generation job logs and counts the request itself */
     double t0;
+    char rid[SRV_RID_MAX + 8]; /* the request id (X-Request-Id) */
 } srv_conn;
 
 /* A generation in the engine: the mailbox the engine callback fills, the
@@ -250,6 +290,14 @@ struct srv_job {
     srv_req r;
     srv_prompt prompt;
     srv_out out;
+    char rid[SRV_RID_MAX + 8];
+    /* --trace: the engine's trace copied from the final event (its step
+     * sizes into steps), and the prompt's ids */
+    lm_request_trace trace;
+    bool has_trace;
+    int32_t *steps;
+    int32_t *ids;
+    int n_ids;
     bool in_list;
     bool gone;                 /* the client disconnected */
     bool streaming;
@@ -277,6 +325,8 @@ json_t *srv_usage_json(const srv_out *o);
 void srv_token_text(const srv *s, int32_t id, lm_tok_str *out);
 /* {"token","logprob","bytes"[, "top_logprobs"]} for chat logprobs. */
 json_t *srv_logprob_entry(const srv *s, int32_t id, float lp, lm_tok_str *scratch);
+/* A JSON string of s; bytes that are not valid UTF-8 become '?'. */
+json_t *srv_lossy_string(const char *s);
 /* A compact dump of j (malloc'd), with a trailing newline when nl. */
 char *srv_dump(const json_t *j, bool nl, size_t *len);
 
