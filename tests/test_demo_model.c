@@ -5,6 +5,7 @@
 
 #include "engine/lm_parity.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "template/lm_template.h"
 #include "tokenizer/lm_tokenizer.h"
 
@@ -12,7 +13,7 @@
 
 LM_TEST(demo_model_parity) {
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    lm_backend *be = lm_tu_model_backend(2, &e);
     LM_REQUIRE(be != NULL);
     lm_parity_result res;
     int rc = lm_parity_run(DEMO, be, 1e-3, &res, &e);

@@ -9,6 +9,7 @@
 
 #include "engine/lm_kv_cache.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "model/lm_qwen35.h"
 #include "model/safetensors.h"
 
@@ -53,7 +54,7 @@ static int mtp_run(lm_model *m, lm_kv_pool *pool, const int32_t *table, const in
 
 LM_TEST(demo_mtp_matches_training_code) {
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    lm_backend *be = lm_tu_model_backend(2, &e);
     LM_REQUIRE(be != NULL);
     lm_model *m = NULL;
     LM_REQUIRE(lm_model_load(&m, DEMO, be, &e) == 0);

@@ -213,7 +213,7 @@ LM_TEST(hybrid_multimodal_layout) {
     static const char *const vis[][2] = { { "model.visual.blocks.0.attn.qkv.weight", "model.layers.0.mlp.up_proj.weight" } };
     hv_edit ed = { .from = "model.", .to = "model.language_model.", .extra = vis, .n_extra = 1 };
     char *dir = hv_variant("qwen3.5", "hyb-mm", mm, &ed);
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    lm_backend *be = lm_tu_model_backend(2, NULL);
     hv_parity(lm_t_, dir, be);
     free(dir);
     /* top-level tying wins over text_config, and then no lm_head is needed */
@@ -274,7 +274,7 @@ static void mtp_case(lm_test_ctx *lm_t_, const char *fixture, bool sparse) {
     char *with_n = hv_replace(cfg, "\"model_type\"", "\"mtp_num_hidden_layers\": 1, \"model_type\"");
     char *dir = hv_variant(fixture, "hyb-mtp", with_n, &ed);
     char *plain = hv_variant(fixture, "hyb-nomtp", NULL, NULL);
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    lm_backend *be = lm_tu_model_backend(2, NULL);
     lm_model *m = NULL, *p = NULL;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0 && lm_model_load(&p, plain, be, &e) == 0);
@@ -304,7 +304,7 @@ static void chunks_case(lm_test_ctx *lm_t_, const char *fixture) {
     char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("../shared/fixtures not found");
     char *refp = lm_path_join(dir, "reference.safetensors");
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    lm_backend *be = lm_tu_model_backend(2, NULL);
     lm_model *m = NULL;
     lm_safetensors ref;
     LM_REQUIRE(lm_model_load(&m, dir, be, NULL) == 0 && lm_safetensors_open(&ref, refp, NULL) == 0);

@@ -167,7 +167,7 @@ LM_TEST(gemma_load_bad_config) {
 LM_TEST(gemma_load_kv_layout) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/gemma/gemma4-x", LUMEN_SOURCE_DIR);
-    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, NULL);
+    lm_backend *be = lm_tu_model_backend(1, NULL);
     lm_model *m = NULL;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
@@ -295,7 +295,7 @@ LM_TEST(gemma3_multimodal_no_final_softcap) {
     char *dir = lm_tu_mkdir("g3x-mm");
     rename_tensors(src, dir, "model.language_model.");
     edit_config(src, dir, wrap_multimodal);
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    lm_backend *be = lm_tu_model_backend(2, NULL);
     lm_model *text = NULL, *mm = NULL;
     LM_REQUIRE(lm_model_load(&text, src, be, NULL) == 0 && lm_model_load(&mm, dir, be, NULL) == 0);
     enum { T = 20 };

@@ -217,7 +217,7 @@ static void expect_load_error(lm_test_ctx *lm_t_, const variant *v, const char *
     char *dir = make_variant(v);
     if (!dir) LM_SKIP("../shared/fixtures not found");
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, &e);
+    lm_backend *be = lm_tu_model_backend(1, &e);
     LM_REQUIRE(be != NULL);
     lm_model *m = NULL;
     int rc = lm_model_load(&m, dir, be, &e);
@@ -294,7 +294,7 @@ LM_TEST(qwen3_moe_weight_bytes_count_active_experts) {
     char *dir = make_variant(&v);
     LM_REQUIRE(dir != NULL);
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, &e);
+    lm_backend *be = lm_tu_model_backend(1, &e);
     lm_model *m2 = NULL, *m8 = NULL;
     LM_REQUIRE(lm_model_load(&m2, src, be, &e) == 0);
     LM_REQUIRE(lm_model_load(&m8, dir, be, &e) == 0);
