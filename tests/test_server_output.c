@@ -580,3 +580,61 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     srv_req_free(&r);
     fx_close(&f);
 }
+
+/* A trace line from a made-up engine trace: spans in ms, decode-step sizes
+ * summarised, and for a divergence the text of both prompts around it. */
+LM_TEST(server_trace_line_divergence_text) {
+    fx f;
+    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures not found");
+    const char *a = "The quick brown fox jumps over the lazy dog. Alpha beta gamma";
+    const char *b = "The quick brown fox jumps over the lazy dog. Omega delta";
+    lm_tok_ids ia = { 0 }, ib = { 0 };
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_tokenizer_encode(f.tok, a, strlen(a), false, &ia, &e) == 0);
+    LM_REQUIRE(lm_tokenizer_encode(f.tok, b, strlen(b), false, &ib, &e) == 0);
+    int dp = 0;
+    while (dp < (int)ia.n && dp < (int)ib.n && ia.ids[dp] == ib.ids[dp]) dp++;
+    LM_REQUIRE(dp > 4 && dp < (int)ib.n);
+    int32_t steps[40];
+    for (int i = 0; i < 40; i++) steps[i] = 1 + i % 4;
+    lm_request_trace tr = { .t_submit = 10.0, .t_admit = 10.25, .t_first = 10.5, .t_done = 11.0, .lookup_s = 0.001,
+                            .restore_s = 0.002, .n_cached = 0, .n_shared = dp, .miss = LM_MISS_DIVERGED,
+                            .diverge_pos = dp, .prev_start = dp - 2, .n_prefill_chunks = 1, .n_steps = 40,
+                            .step_batch = steps };
+    for (int i = 0; i < LM_TRACE_WINDOW && tr.prev_start + i < (int)ia.n; i++) tr.prev_window[tr.n_prev++] = ia.ids[tr.prev_start + i];
+    srv_trace_rec r = { .id = "x1", .route = "/v1/completions", .finish = "length", .status = 200,
+                        .n_prompt = (int)ib.n, .n_generated = 41, .t_arrive = 9.999, .t_first = 10.5, .t_last = 11.0,
+                        .t_end = 11.001, .tr = &tr, .prompt = ib.ids, .n_prompt_ids = (int)ib.n };
+    json_t *j = srv_trace_json(&f.s, &r);
+    json_t *ms = json_object_get(j, "ms");
+    LM_CHECK(json_real_value(json_object_get(ms, "queue")) == 250.0);
+    LM_CHECK(json_real_value(json_object_get(ms, "prefill")) == 250.0);
+    LM_CHECK(json_real_value(json_object_get(ms, "decode")) == 500.0);
+    LM_CHECK(json_real_value(json_object_get(ms, "cache_lookup")) == 1.0);
+    LM_CHECK(json_real_value(json_object_get(ms, "cache_restore")) == 2.0);
+    LM_CHECK(json_real_value(json_object_get(ms, "total")) == 1002.0);
+    json_t *d = json_object_get(j, "decode_steps");
+    LM_CHECK(json_integer_value(json_object_get(d, "n")) == 40 && json_integer_value(json_object_get(d, "min")) == 1 &&
+             json_integer_value(json_object_get(d, "max")) == 4 && json_real_value(json_object_get(d, "mean")) == 2.5);
+    LM_CHECK(json_object_get(d, "sizes") == NULL); /* 40 steps: summarised only */
+    json_t *c = json_object_get(j, "cache");
+    LM_CHECK(!strcmp(json_string_value(json_object_get(c, "miss")), "diverged"));
+    LM_CHECK(json_integer_value(json_object_get(c, "diverge_pos")) == dp);
+    const char *before = json_string_value(json_object_get(c, "before"));
+    const char *p = json_string_value(json_object_get(c, "prompt"));
+    const char *prev = json_string_value(json_object_get(c, "prev"));
+    LM_CHECK_MSG(before && strstr(b, before) && strstr(a, before), "before '%s'", before ?: "");
+    LM_CHECK_MSG(p && strstr(p, "mega") && !strstr(p, "lpha"), "prompt side '%s'", p ?: "");
+    LM_CHECK_MSG(prev && strstr(prev, "lpha") && !strstr(prev, "mega"), "earlier side '%s'", prev ?: "");
+    json_decref(j);
+    /* no engine trace: what the server knows */
+    r.tr = NULL;
+    r.queue_s = 0.25;
+    j = srv_trace_json(&f.s, &r);
+    LM_CHECK(json_is_false(json_object_get(j, "engine_trace")) && !json_object_get(j, "cache"));
+    LM_CHECK(json_real_value(json_object_get(json_object_get(j, "ms"), "queue")) == 250.0);
+    json_decref(j);
+    lm_tok_ids_free(&ia);
+    lm_tok_ids_free(&ib);
+    fx_close(&f);
+}
