@@ -209,6 +209,42 @@ describe('lumen serve with the openai SDK', { skip: skip !== null }, () => {
     assert.equal(r.choices.length, 1);
   });
 
+  test('X-Request-Id round trip; a repeated conversation reports cached_tokens', async (t) => {
+    const req = {
+      model: 'qwen3',
+      messages: [
+        { role: 'system', content: 'You answer questions about the weather in one sentence, without lists or markup.' },
+        { role: 'user', content: 'What colour is the sky on a clear day, and why does it look that way at noon?' },
+      ],
+      max_tokens: 8,
+      temperature: 0,
+      logit_bias: noEos,
+    };
+    const { data: first, response } = await client.chat.completions
+      .create(req, { headers: { 'X-Request-Id': 'e2e-turn-1' } })
+      .withResponse();
+    assert.equal(response.headers.get('x-request-id'), 'e2e-turn-1');
+    const again = await client.chat.completions.create(req);
+    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    let text = '';
+    let usage = null;
+    for await (const c of stream) {
+      text += c.choices[0]?.delta?.content ?? '';
+      if (c.usage) usage = c.usage;
+    }
+    const metrics = await (await fetch(`${srv.url}/metrics`)).text();
+    if (!/^lumen_prefix_cache_lookup_tokens_total [1-9]/m.test(metrics)) {
+      t.diagnostic('the engine counts no prefix-cache lookups: cached_tokens not checked');
+      return;
+    }
+    // earlier tests' prompts share the template's first tokens, so the first may hit a few
+    const cached0 = first.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(again.usage.prompt_tokens_details.cached_tokens > cached0, JSON.stringify([first.usage, again.usage]));
+    assert.ok(usage.prompt_tokens_details.cached_tokens > cached0, JSON.stringify(usage));
+    assert.equal(again.choices[0].message.content, first.choices[0].message.content);
+    assert.equal(text, first.choices[0].message.content);
+  });
+
   test('aborting a stream cancels its generation', async () => {
     const ac = new AbortController();
     const s = await client.chat.completions.create(
