@@ -108,14 +108,15 @@ static json_t *ids_json(const int32_t *ids, int n) {
     return a;
 }
 
-/* {"miss", "n_shared", "diverge_pos", and for a divergence the text around it}. */
+/* {"miss", "n_shared", "diverge_pos", and where the prompt departs from the
+ * closest earlier one, the text on both sides}. */
 static json_t *cache_json(const srv *s, const srv_trace_rec *r, const lm_request_trace *tr) {
     json_t *c = json_object();
     json_object_set_new(c, "miss", json_string(miss_name(tr->miss)));
     json_object_set_new(c, "n_shared", json_integer(tr->n_shared));
     json_object_set_new(c, "diverge_pos", json_integer(tr->diverge_pos));
     int dp = tr->diverge_pos;
-    if (tr->miss == LM_MISS_NONE || dp < 0 || !r->prompt) return c;
+    if (dp < 0 || !r->prompt) return c;
     /* shared context: this prompt's tokens just before dp (both have them) */
     int a = LM_MAX(0, dp - SRV_TRACE_CONTEXT), b = LM_MIN(dp, r->n_prompt_ids);
     json_object_set_new(c, "before", text_of(s, r->prompt + a, b - a));
