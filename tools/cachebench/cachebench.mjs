@@ -198,7 +198,7 @@ function batchHist(text) {
 // Mean sequences per step between two histograms (bucket midpoints: 1, 2-3, 4-7 ...),
 // and the largest bucket used.
 function batchDelta(a, b) {
-  let steps = 0, sum = 0, lo = 0, top = null;
+  let steps = 0, sum = 0, lo = 1, top = null;
   for (let i = 0; i < b.length; i++) {
     const n = (b[i][1] - (i ? b[i - 1][1] : 0)) - ((a[i]?.[1] ?? 0) - (i ? a[i - 1]?.[1] ?? 0 : 0));
     const hi = b[i][0] === '+Inf' ? lo * 2 : Number(b[i][0]);
