@@ -6,7 +6,20 @@
  * chunks of admitted prompts in arrival order until the step's token budget
  * is spent. One forward; then each sequence whose last row came out samples
  * its next token and reports it. Blocks for a request's whole budget are
- * reserved at admission, so an admitted request always completes. */
+ * reserved at admission, so an admitted request always completes.
+ *
+ * Prefix cache (opts.cache_ram > 0, lm_prefix_cache.h). At admission the
+ * prompt is looked up: the full blocks it shares with cached ones join its
+ * block table by reference; a hit ending inside a block copies that block's
+ * first rows into a fresh block (copy-on-write); a hybrid model also copies
+ * the recurrent-state checkpoint at the hit into the sequence's slot. When
+ * the pool is short, cache-only blocks are evicted before the request waits.
+ * After every forward the blocks a sequence filled (prompt or generated) are
+ * inserted, so concurrent and later requests can share them. Hybrids take
+ * checkpoints at the last block boundary <= the prompt end and <= the prompt
+ * end - 1 (prefill chunks are cut there) and at every block boundary reached
+ * while generating (keeping only the latest), so that a next turn - prompt +
+ * answer + new message - hits. */
 #include "lm_engine.h"
 
 #include <math.h>
@@ -16,6 +29,10 @@
 #include <string.h>
 
 #include "lm_kv_cache.h"
+#include "lm_prefix_cache.h"
+
+#define HIST_REQUESTS 64          /* requests the miss diagnostics remember */
+#define HIST_TOKENS (1u << 22)    /* and at most this many tokens of them */
 
 typedef enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state;
 
@@ -42,6 +59,16 @@ struct lm_request {
     int n_generated;
     double t_submit, t_admit, t_first;
     struct lm_request *next; /* queue link */
+    /* prefix cache */
+    uint64_t *hashes;       /* [cap / 16 + 1] chain hash of each full block hashed so far */
+    int n_hashes;
+    int n_ins;              /* leading full blocks known to be in the cache */
+    int n_hit;              /* prompt tokens served from the cache */
+    bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
+    uint64_t gen_ckpt;
+    uint64_t hist_id;
+    lm_request_trace tr;
+    int32_t *step_batch;    /* [max_tokens] for tr.step_batch */
 };
 
 struct lm_engine {
@@ -68,6 +95,12 @@ struct lm_engine {
     float *work;                 /* [V] biased/penalised copy for sampling */
     lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
     uint64_t step_generated;     /* engine thread only */
+    /* prefix cache (engine thread only) */
+    lm_prefix_cache *pc;         /* NULL without one */
+    lm_req_history *hist;
+    bool stateful;               /* the model has recurrent state */
+    int bs;                      /* tokens per KV block */
+    int32_t *hit_blocks;         /* [ctx / bs + 1] lookup scratch */
 };
 
 /* ---- request lifetime ---- */
@@ -77,6 +110,8 @@ static void req_unref(lm_request *r) {
     pthread_mutex_destroy(&r->cb_mu);
     lm_sampler_free(r->sampler);
     free(r->tokens);
+    free(r->hashes);
+    free(r->step_batch);
     free(r->stop_tokens);
     free(r->bias);
     free(r->counts);
@@ -90,14 +125,104 @@ static void req_emit(lm_request *r, const lm_token_event *ev) {
     pthread_mutex_unlock(&r->cb_mu);
 }
 
+/* ---- prefix cache ---- */
+
+/* Chain hashes of r's full blocks among its first n tokens. */
+static void hash_blocks(lm_engine *en, lm_request *r, int n) {
+    for (int i = r->n_hashes; i < n / en->bs; i++) {
+        uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
+        r->hashes[i] = lm_pcache_hash(parent, r->tokens + (size_t)i * en->bs, en->bs);
+        r->n_hashes = i + 1;
+    }
+}
+
+static int insert_block(lm_engine *en, lm_request *r, int i) {
+    uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
+    return lm_pcache_insert(en->pc, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i]);
+}
+
+/* The prompt-end checkpoint positions of a hybrid: the last block boundary
+ * <= n_prompt - 1 (a repeat of the prompt hits it) and <= n_prompt (a prompt
+ * that extends this one hits it). */
+static bool is_prompt_ckpt(const lm_engine *en, const lm_request *r, int pos) {
+    return pos > 0 && (pos == (r->n_prompt - 1) / en->bs * en->bs || pos == r->n_prompt / en->bs * en->bs);
+}
+
+/* Cuts a prefill chunk of n tokens at the next checkpoint position. */
+static int ckpt_cut(const lm_engine *en, const lm_request *r, int n) {
+    if (!en->pc || !en->stateful) return n;
+    int b1 = (r->n_prompt - 1) / en->bs * en->bs, b2 = r->n_prompt / en->bs * en->bs;
+    if (b1 > r->n_cached && b1 < r->n_cached + n) return b1 - r->n_cached;
+    if (b2 > r->n_cached && b2 < r->n_cached + n) return b2 - r->n_cached;
+    return n;
+}
+
+/* After a forward: the blocks r filled go into the cache, and a hybrid
+ * checkpoints its state when it stands on a checkpoint position. */
+static void cache_progress(lm_engine *en, lm_request *r) {
+    if (!en->pc) return;
+    int full = r->n_cached / en->bs;
+    hash_blocks(en, r, r->n_cached);
+    while (r->n_ins < full && insert_block(en, r, r->n_ins) == 0) r->n_ins++;
+    if (!en->stateful || r->n_cached % en->bs || r->n_cached == 0 || r->n_ins < full) return;
+    uint64_t h = r->hashes[full - 1];
+    if (r->n_cached <= r->n_prompt) {
+        if (is_prompt_ckpt(en, r, r->n_cached)) lm_pcache_checkpoint(en->pc, h, r->slot);
+        return;
+    }
+    /* generating: keep only the latest boundary's checkpoint */
+    if (lm_pcache_checkpoint(en->pc, h, r->slot) == 1) {
+        if (r->has_gen_ckpt) lm_pcache_drop_checkpoint(en->pc, r->gen_ckpt);
+        r->has_gen_ckpt = true;
+        r->gen_ckpt = h;
+    }
+}
+
+/* At the end of a request: its full blocks (prompt and generated tokens with
+ * K/V) are kept, including any evicted while it ran, most recent first. */
+static void cache_finish(lm_engine *en, lm_request *r) {
+    if (!en->pc) return;
+    cache_progress(en, r);
+    int full = r->n_cached / en->bs, ok = 0;
+    while (ok < full && insert_block(en, r, ok) == 0) ok++;
+    if (ok > 0) lm_pcache_touch(en->pc, r->hashes[ok - 1]);
+}
+
+/* Miss diagnostics: the closest earlier request, and why the hit fell short. */
+static lm_cache_miss diagnose(lm_engine *en, lm_request *r, const lm_pcache_hit *hit) {
+    lm_hist_match hm;
+    lm_hist_closest(en->hist, r->tokens, r->n_prompt, &hm);
+    lm_request_trace *t = &r->tr;
+    t->n_shared = hm.n_shared;
+    t->diverge_pos = hm.diverge_pos;
+    t->prev_start = hm.prev_start;
+    t->n_prev = hm.n_prev;
+    memcpy(t->prev_window, hm.prev_window, sizeof t->prev_window);
+    int usable = LM_MIN(hm.n_shared, r->n_prompt - 1);
+    int aligned = usable / en->bs * en->bs;
+    if (en->pc && hit->n_tokens < aligned)
+        return en->stateful && hit->kv_blocks * en->bs >= aligned ? LM_MISS_STATE : LM_MISS_EVICTED;
+    return hm.diverge_pos >= 0 ? LM_MISS_DIVERGED : LM_MISS_NONE;
+}
+
 /* Final event and cache blocks back to the pool. The engine's reference is
  * dropped by whoever takes r out of the running set or queue (drop_done,
  * retire), never here: r must stay readable until then. */
 static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
+    if (r->state == REQ_RUNNING) {
+        if (why != LM_FINISH_ERROR) cache_finish(en, r);
+        lm_hist_update(en->hist, r->hist_id, r->tokens, r->n_tokens);
+    }
+    r->tr.t_submit = r->t_submit;
+    r->tr.t_admit = r->t_admit;
+    r->tr.t_first = r->t_first;
+    r->tr.t_done = lm_now();
+    r->tr.n_cached = r->n_hit;
+    r->tr.step_batch = r->step_batch;
     lm_token_event ev = { .done = true, .finish = why, .error = error, .n_prompt = r->n_prompt,
-                          .n_generated = r->n_generated,
+                          .n_cached = r->n_hit, .n_generated = r->n_generated,
                           .queue_s = r->t_admit > 0 ? r->t_admit - r->t_submit : lm_now() - r->t_submit,
-                          .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0 };
+                          .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0, .trace = &r->tr };
     req_emit(r, &ev);
     lm_kv_seq_release(en->kv, &r->seq);
     lm_kv_state_release(en->kv, r->slot);
@@ -206,17 +331,56 @@ static int blocks_for(const lm_engine *en, int tokens) {
     return (tokens + en->kv->pool.block_size - 1) / en->kv->pool.block_size;
 }
 
+/* Gives r its blocks and state (under en->mu): the prefix cache's hit by
+ * reference, copy-on-write of a partly shared block, the state checkpoint,
+ * fresh blocks for the rest of prompt + max_tokens. false (nothing taken)
+ * when the pool cannot hold it even after evicting cache-only blocks. */
+static bool take_blocks(lm_engine *en, lm_request *r) {
+    int need = r->n_prompt + r->p.max_tokens;
+    lm_pcache_hit hit = { .cow_block = -1, .ckpt = -1 };
+    double t0 = lm_now();
+    if (en->pc) {
+        hash_blocks(en, r, r->n_prompt);
+        lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit, en->hit_blocks);
+    }
+    double t1 = lm_now();
+    int fresh = blocks_for(en, need) - hit.n_blocks;
+    if (fresh > en->kv->n_free && !(en->pc && lm_pcache_make_room(en->pc, fresh))) {
+        if (en->pc) lm_pcache_unpin(en->pc);
+        return false;
+    }
+    lm_kv_seq_share(en->kv, &r->seq, en->hit_blocks, hit.n_blocks);
+    int rc = lm_kv_seq_reserve(en->kv, &r->seq, need, NULL);
+    LM_ASSERT(rc == 0);
+    /* running slots exist beyond the checkpoints': never -1 for a stateful model */
+    r->slot = hit.ckpt >= 0 ? lm_kv_state_take(en->kv) : lm_kv_state_acquire(en->kv);
+    if (hit.cow_block >= 0)
+        lm_kv_block_copy_rows(en->kv, r->seq.blocks[hit.n_blocks], hit.cow_block, hit.n_tokens % en->bs);
+    if (hit.ckpt >= 0) lm_kv_state_copy(en->kv, r->slot, hit.ckpt);
+    if (en->pc) lm_pcache_unpin(en->pc);
+    r->tr.lookup_s = t1 - t0;
+    r->tr.restore_s = lm_now() - t1;
+    r->n_cached = r->n_hit = hit.n_tokens;
+    r->n_ins = hit.n_blocks;
+    r->tr.miss = diagnose(en, r, &hit);
+    r->hist_id = lm_hist_add(en->hist, r->tokens, r->n_prompt);
+    if (en->pc) {
+        en->st.cache_lookup_tokens += (uint64_t)r->n_prompt;
+        en->st.cache_hit_tokens += (uint64_t)hit.n_tokens;
+    }
+    en->st.miss_diverged += r->tr.miss == LM_MISS_DIVERGED;
+    en->st.miss_evicted += r->tr.miss == LM_MISS_EVICTED;
+    en->st.miss_state += r->tr.miss == LM_MISS_STATE;
+    return true;
+}
+
 /* Moves queue heads into the running set while they fit (under en->mu).
  * Cancelled heads go to *dead, to be finished after the lock is dropped so
  * that no callback runs under it. */
 static void admit(lm_engine *en, lm_request **dead) {
     while (en->q_head && en->n_running < en->o.parallel) {
         lm_request *r = en->q_head;
-        if (!atomic_load(&r->cancelled)) {
-            int need = r->n_prompt + r->p.max_tokens;
-            if (blocks_for(en, need) > en->kv->n_free) break; /* FIFO: nobody overtakes the head */
-            if (lm_kv_seq_reserve(en->kv, &r->seq, need, NULL)) break;
-        }
+        if (!atomic_load(&r->cancelled) && !take_blocks(en, r)) break; /* FIFO: nobody overtakes the head */
         en->q_head = r->next;
         if (!en->q_head) en->q_tail = NULL;
         en->n_queued--;
@@ -227,7 +391,6 @@ static void admit(lm_engine *en, lm_request **dead) {
             continue;
         }
         r->t_admit = lm_now();
-        r->slot = lm_kv_state_acquire(en->kv); /* parallel slots exist: never -1 for a stateful model */
         r->state = REQ_RUNNING;
         en->running[en->n_running++] = r;
     }
@@ -280,7 +443,8 @@ static void step(lm_engine *en) {
     for (int i = 0; i < en->n_running && budget > 0; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached >= r->n_prompt) continue;
-        int n = LM_MIN(budget, r->n_prompt - r->n_cached);
+        int n = ckpt_cut(en, r, LM_MIN(budget, r->n_prompt - r->n_cached));
+        r->tr.n_prefill_chunks++;
         en->b_tables[S] = r->seq.blocks;
         en->b_slots[S] = r->slot;
         en->seq_req[S] = r;
@@ -301,11 +465,19 @@ static void step(lm_engine *en) {
         en->n_running = 0;
         return;
     }
+    int bucket = 0;
+    while (bucket < 7 && (2 << bucket) <= S) bucket++;
     pthread_mutex_lock(&en->mu);
     en->st.steps++;
     en->st.batch_tokens_total += (uint64_t)T;
+    en->st.batch_hist[bucket]++;
     pthread_mutex_unlock(&en->mu);
-    for (int i = 0; i < S; i++) en->seq_req[i]->n_cached += en->seq_n[i];
+    for (int i = 0; i < S; i++) {
+        lm_request *r = en->seq_req[i];
+        if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = T; /* a decode step */
+        r->n_cached += en->seq_n[i];
+        cache_progress(en, r);
+    }
     for (int i = 0; i < n_out; i++) take_token(en, en->row_req[i], en->logits + (size_t)i * en->vocab);
     drop_done(en);
 }
@@ -339,6 +511,14 @@ static void *engine_main(void *arg) {
         en->step_generated = 0;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
+        if (en->pc) {
+            lm_pcache_stats ps;
+            lm_pcache_get_stats(en->pc, &ps);
+            en->st.cache_blocks = ps.blocks;
+            en->st.cache_checkpoints = ps.checkpoints;
+            en->st.cache_bytes = ps.bytes;
+            en->st.cache_evicted_blocks = ps.evicted_blocks;
+        }
         pthread_mutex_unlock(&en->mu);
     }
     return NULL;
@@ -360,12 +540,36 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     if (en->o.kv_tokens < en->o.ctx) en->o.kv_tokens = en->o.ctx;
     en->vocab = m->cfg.vocab;
     int block = 16;
+    en->bs = block;
     /* one spare block per sequence: budgets rarely end on a block boundary */
     int n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
-    if (lm_kv_cache_create_for(&en->kv, m, block, n_blocks, en->o.parallel, e)) {
+    /* the prefix cache's blocks and checkpoint slots come on top */
+    int64_t floats[64];
+    int n_state = lm_model_state_spec(m, floats, 64);
+    size_t state_bytes = 0, block_bytes = (size_t)2 * (size_t)m->n_kv_layers * (size_t)block * (size_t)m->kv_width * sizeof(float);
+    for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
+    en->stateful = n_state > 0;
+    size_t cache_blocks = en->o.cache_ram / block_bytes;
+    int ckpts = 0;
+    if (cache_blocks > (size_t)(INT32_MAX / 2 - n_blocks)) cache_blocks = (size_t)(INT32_MAX / 2 - n_blocks);
+    if (state_bytes && cache_blocks) {
+        /* checkpoint slots for up to half the budget (at least one when it fits next to a block) */
+        size_t c = en->o.cache_ram / 2 / state_bytes;
+        if (c == 0 && en->o.cache_ram >= state_bytes + block_bytes) c = 1;
+        ckpts = (int)LM_MIN(c, (size_t)4096);
+    }
+    if (lm_kv_cache_create_for(&en->kv, m, block, n_blocks + (int)cache_blocks, en->o.parallel + ckpts, e)) {
         free(en);
         return -1;
     }
+    if (cache_blocks) {
+        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos; } id = {
+            m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos };
+        uint64_t seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
+        en->pc = lm_pcache_create(en->kv, en->o.cache_ram, ckpts, seed);
+    }
+    en->hist = lm_hist_create(HIST_REQUESTS, HIST_TOKENS);
+    en->hit_blocks = lm_xmalloc(((size_t)en->o.ctx / (size_t)block + 2) * sizeof(int32_t));
     int P = en->o.parallel, B = en->o.step_tokens;
     en->running = lm_xcalloc((size_t)P, sizeof *en->running);
     en->b_tokens = lm_xmalloc((size_t)B * sizeof(int32_t));
@@ -404,6 +608,9 @@ void lm_engine_free(lm_engine *en) {
     finish_list(en, en->q_head, LM_FINISH_CANCELLED);
     pthread_mutex_destroy(&en->mu);
     pthread_cond_destroy(&en->cv);
+    lm_pcache_free(en->pc);
+    lm_hist_free(en->hist);
+    free(en->hit_blocks);
     lm_kv_cache_free(en->kv);
     free(en->running);
     free(en->b_tokens);
@@ -459,6 +666,9 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
         for (int i = 0; i < n_prompt; i++) r->seen[prompt[i]] = 1;
     }
     r->sampler = lm_sampler_create(&p->sampling, en->vocab);
+    r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
+    r->step_batch = lm_xmalloc((size_t)p->max_tokens * sizeof(int32_t));
+    r->tr.diverge_pos = -1;
     r->cb = cb;
     r->user = user;
     atomic_init(&r->refs, 2);

@@ -70,11 +70,31 @@ void lm_kv_state_clear(lm_kv_cache *c, int32_t slot) {
     }
 }
 
-int32_t lm_kv_state_acquire(lm_kv_cache *c) {
+int32_t lm_kv_state_take(lm_kv_cache *c) {
     if (c->pool.n_state == 0 || c->n_free_slots == 0) return -1;
-    int32_t slot = c->free_slots[--c->n_free_slots];
-    lm_kv_state_clear(c, slot);
+    return c->free_slots[--c->n_free_slots];
+}
+
+int32_t lm_kv_state_acquire(lm_kv_cache *c) {
+    int32_t slot = lm_kv_state_take(c);
+    if (slot >= 0) lm_kv_state_clear(c, slot);
     return slot;
+}
+
+void lm_kv_state_copy(lm_kv_cache *c, int32_t dst, int32_t src) {
+    const lm_kv_pool *p = &c->pool;
+    LM_ASSERT(dst >= 0 && dst < p->n_state_slots && src >= 0 && src < p->n_state_slots);
+    if (dst == src) return;
+    for (int i = 0; i < p->n_state; i++) {
+        size_t n = (size_t)p->state_floats[i] * sizeof(float);
+        c->be->ops->copy(c->be, (char *)p->state[i] + (size_t)dst * n, (char *)p->state[i] + (size_t)src * n, n);
+    }
+}
+
+size_t lm_kv_state_bytes(const lm_kv_cache *c) {
+    size_t n = 0;
+    for (int i = 0; i < c->pool.n_state; i++) n += (size_t)c->pool.state_floats[i] * sizeof(float);
+    return n;
 }
 
 void lm_kv_state_release(lm_kv_cache *c, int32_t slot) {
@@ -119,11 +139,44 @@ int lm_kv_seq_reserve(lm_kv_cache *c, lm_kv_seq *seq, int n_positions, lm_err *e
 }
 
 void lm_kv_seq_release(lm_kv_cache *c, lm_kv_seq *seq) {
-    for (int i = 0; i < seq->n_blocks; i++) {
-        int32_t b = seq->blocks[i];
-        LM_ASSERT(c->refs[b] > 0);
-        if (--c->refs[b] == 0) c->free_list[c->n_free++] = b;
-    }
+    for (int i = 0; i < seq->n_blocks; i++) lm_kv_block_unref(c, seq->blocks[i]);
     free(seq->blocks);
     memset(seq, 0, sizeof *seq);
+}
+
+void lm_kv_seq_share(lm_kv_cache *c, lm_kv_seq *seq, const int32_t *blocks, int n) {
+    if (n <= 0) return;
+    if (seq->n_blocks + n > seq->cap) {
+        seq->cap = LM_MAX(seq->n_blocks + n, seq->cap * 2);
+        seq->blocks = lm_xrealloc(seq->blocks, (size_t)seq->cap * sizeof(int32_t));
+    }
+    for (int i = 0; i < n; i++) {
+        lm_kv_block_ref(c, blocks[i]);
+        seq->blocks[seq->n_blocks++] = blocks[i];
+    }
+}
+
+void lm_kv_block_ref(lm_kv_cache *c, int32_t b) {
+    LM_ASSERT(b >= 0 && b < c->pool.n_blocks && c->refs[b] > 0);
+    c->refs[b]++;
+}
+
+void lm_kv_block_unref(lm_kv_cache *c, int32_t b) {
+    LM_ASSERT(b >= 0 && b < c->pool.n_blocks && c->refs[b] > 0);
+    if (--c->refs[b] == 0) c->free_list[c->n_free++] = b;
+}
+
+void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows) {
+    const lm_kv_pool *p = &c->pool;
+    LM_ASSERT(dst >= 0 && dst < p->n_blocks && src >= 0 && src < p->n_blocks && dst != src);
+    LM_ASSERT(n_rows >= 0 && n_rows <= p->block_size);
+    size_t row = (size_t)p->kv_width * sizeof(float), blk = row * (size_t)p->block_size;
+    for (int l = 0; l < p->n_layers; l++) {
+        c->be->ops->copy(c->be, (char *)p->k[l] + (size_t)dst * blk, (char *)p->k[l] + (size_t)src * blk, row * (size_t)n_rows);
+        c->be->ops->copy(c->be, (char *)p->v[l] + (size_t)dst * blk, (char *)p->v[l] + (size_t)src * blk, row * (size_t)n_rows);
+    }
+}
+
+size_t lm_kv_block_bytes(const lm_kv_cache *c) {
+    return 2 * (size_t)c->pool.n_layers * (size_t)c->pool.block_size * (size_t)c->pool.kv_width * sizeof(float);
 }

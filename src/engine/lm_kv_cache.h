@@ -44,6 +44,18 @@ int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, int bloc
 int lm_kv_seq_reserve(lm_kv_cache *c, lm_kv_seq *seq, int n_positions, lm_err *e);
 /* Returns every block of seq to the pool (shared blocks when their last user lets go). */
 void lm_kv_seq_release(lm_kv_cache *c, lm_kv_seq *seq);
+/* Appends n existing blocks to seq's (empty or block-aligned) table, taking a
+ * reference on each: the prefix cache's blocks shared by a new sequence. */
+void lm_kv_seq_share(lm_kv_cache *c, lm_kv_seq *seq, const int32_t *blocks, int n);
+
+/* Another reference on a block in use; dropping the last returns it to the pool. */
+void lm_kv_block_ref(lm_kv_cache *c, int32_t b);
+void lm_kv_block_unref(lm_kv_cache *c, int32_t b);
+/* Copies the first n_rows token rows of block src into block dst, every
+ * layer, K and V (copy-on-write of a partly shared block). Backend ops only. */
+void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows);
+/* Bytes one block holds over all layers (K and V). */
+size_t lm_kv_block_bytes(const lm_kv_cache *c);
 
 /* A zeroed recurrent-state slot, or -1 when none is free (or the model has
  * no recurrent state: then callers pass state_slot = NULL). */
@@ -51,5 +63,11 @@ int32_t lm_kv_state_acquire(lm_kv_cache *c);
 void lm_kv_state_release(lm_kv_cache *c, int32_t slot);
 /* Zeroes a slot (a sequence starting over). */
 void lm_kv_state_clear(lm_kv_cache *c, int32_t slot);
+/* A free slot left as it is (its contents are about to be overwritten), or -1. */
+int32_t lm_kv_state_take(lm_kv_cache *c);
+/* Copies slot src into slot dst, every state tensor (checkpoint, restore). */
+void lm_kv_state_copy(lm_kv_cache *c, int32_t dst, int32_t src);
+/* Bytes one slot holds over all state tensors (0 without state). */
+size_t lm_kv_state_bytes(const lm_kv_cache *c);
 
 #endif

@@ -1,0 +1,477 @@
+/* test_prefix_cache.c - the engine's prefix cache never changes a greedy
+ * result, and it reports what it did.
+ *
+ * For every architecture (llama, qwen3, qwen3-moe, gemma3, gemma4 and the
+ * qwen3.5 / qwen3-next / demo hybrids) one engine serves a conversation-like
+ * series of requests: a cold prompt, the same prompt again (full-prompt hit),
+ * a prompt leaving it mid-block (a copy-on-write hit for attention models, a
+ * checkpoint hit for hybrids), the second turn (prompt + answer + new tokens:
+ * a hit on generated tokens), and a prompt ending on a block boundary followed
+ * by its extension. Each request must give exactly the tokens the plain runner
+ * gives it alone, with the cached-token count the design promises. Then: a
+ * cache too small for two prompts evicts and stays exact and says EVICTED;
+ * miss diagnostics (diverged position, a hybrid's missing checkpoint);
+ * concurrent requests sharing a prefix; and a cache-hit request cancelled in
+ * the middle of its prefill leaves every block either free or cache-held. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/lm_engine.h"
+#include "lm_test.h"
+#include "test_util.h"
+
+#define PC_MAX 160
+#define PC_GEN 12
+
+typedef struct pc_collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[64];
+    int n;
+    bool done;
+    lm_finish finish;
+    int n_cached;
+    lm_request_trace tr;
+    bool steps_ok;
+    /* stall: the callback waits on token `stall_at` until `go` */
+    int stall_at;
+    bool stalled, go;
+} pc_collect;
+
+static void pc_on_token(void *user, const lm_token_event *ev) {
+    pc_collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < 64) c->toks[c->n++] = ev->token;
+    if (ev->done) {
+        c->done = true;
+        c->finish = ev->finish;
+        c->n_cached = ev->n_cached;
+        c->steps_ok = ev->trace != NULL;
+        if (ev->trace) {
+            c->tr = *ev->trace;
+            for (int i = 0; i < ev->trace->n_steps; i++) c->steps_ok &= ev->trace->step_batch[i] >= 1;
+            c->tr.step_batch = NULL;
+        }
+    }
+    pthread_cond_broadcast(&c->cv);
+    if (c->stall_at > 0 && c->n == c->stall_at && !ev->done) {
+        c->stalled = true;
+        pthread_cond_broadcast(&c->cv);
+        while (!c->go) pthread_cond_wait(&c->cv, &c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void pc_init(pc_collect *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
+
+static void pc_wait(pc_collect *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void pc_destroy(pc_collect *c) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+static lm_gen_params pc_greedy(int max_tokens) {
+    lm_gen_params p = { 0 };
+    p.sampling.top_p = 1;
+    p.repetition_penalty = 1;
+    p.max_tokens = max_tokens;
+    return p;
+}
+
+/* Submits one request and waits for its final event. */
+static int pc_run(lm_engine *en, const int32_t *ids, int n, int gen, pc_collect *c) {
+    pc_init(c);
+    lm_request *r = NULL;
+    lm_gen_params p = pc_greedy(gen);
+    if (lm_engine_submit(en, ids, n, &p, pc_on_token, c, &r, NULL) != LM_ENGINE_OK) return -1;
+    pc_wait(c);
+    lm_request_release(r);
+    return 0;
+}
+
+/* Stats are published after each step, a moment after the last final event:
+ * waits until nothing runs and every block is free or held by the cache. */
+static void pc_wait_idle(lm_engine *en, lm_engine_stats *st) {
+    for (int i = 0; i < 5000; i++) {
+        lm_engine_get_stats(en, st);
+        if (st->running == 0 && st->queued == 0 && st->kv_blocks_free + st->cache_blocks == st->kv_blocks_total)
+            return;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+typedef struct pc_model {
+    lm_backend *be;
+    lm_model *m;
+    bool stateful;
+    size_t block_bytes, state_bytes;
+} pc_model;
+
+/* name: a fixture under ../shared/fixtures/models, or "demo" (models/demo). */
+static bool pc_open(pc_model *pm, const char *name, char *why, size_t n_why) {
+    memset(pm, 0, sizeof *pm);
+    char *dir;
+    if (strcmp(name, "demo") == 0) {
+        size_t k = strlen(LUMEN_SOURCE_DIR) + 16;
+        dir = malloc(k);
+        snprintf(dir, k, "%s/models/demo", LUMEN_SOURCE_DIR);
+    } else {
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s", name);
+        dir = lm_test_fixture_path(rel);
+        if (!dir) {
+            snprintf(why, n_why, "../shared/fixtures not found (set LUMEN_FIXTURES)");
+            return false;
+        }
+    }
+    lm_err e = { { 0 } };
+    pm->be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    bool ok = pm->be && lm_model_load(&pm->m, dir, pm->be, &e) == 0;
+    free(dir);
+    if (!ok) {
+        snprintf(why, n_why, "%s: %s", name, e.msg);
+        return false;
+    }
+    int64_t floats[64];
+    int ns = lm_model_state_spec(pm->m, floats, 64);
+    for (int i = 0; i < ns; i++) pm->state_bytes += (size_t)floats[i] * sizeof(float);
+    pm->stateful = ns > 0;
+    pm->block_bytes = (size_t)2 * (size_t)pm->m->n_kv_layers * 16 * (size_t)pm->m->kv_width * sizeof(float);
+    return true;
+}
+
+static void pc_close(pc_model *pm) {
+    lm_model_free(pm->m);
+    lm_backend_destroy(pm->be);
+}
+
+/* Deterministic token ids in [3, V). */
+static void pc_tokens(int32_t *out, int n, uint32_t seed, int V) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        out[i] = 3 + (int32_t)((seed >> 8) % (uint32_t)(V - 3));
+    }
+}
+
+/* A token different from t. */
+static int32_t pc_other(int32_t t, int V) { return t + 1 < V ? t + 1 : 3; }
+
+typedef struct pc_case {
+    int32_t ids[PC_MAX];
+    int n, gen;
+    int32_t want[PC_GEN];
+    int want_cached;   /* -1: only checked to be at least min_cached */
+    int min_cached;
+} pc_case;
+
+enum { C_A, C_REPEAT, C_MID, C_TURN2, C_EDGE, C_EDGE_EXT, C_N };
+
+/* The conversation above, for a model: prompts, cold tokens, expected hits. */
+static int pc_build(pc_model *pm, pc_case *c) {
+    int V = pm->m->cfg.vocab;
+    int32_t base[96], other[32];
+    pc_tokens(base, 96, 7, V);
+    pc_tokens(other, 32, 99, V);
+    bool st = pm->stateful;
+    /* A: 40 tokens (two full blocks and a partial one), 12 generated */
+    c[C_A].n = 40;
+    memcpy(c[C_A].ids, base, 40 * sizeof(int32_t));
+    c[C_A].want_cached = 0;
+    /* the same prompt: all but its last token (hybrid: the checkpoint at 32) */
+    c[C_REPEAT] = c[C_A];
+    c[C_REPEAT].want_cached = st ? 32 : 39;
+    /* leaves A at 37, inside block 2: copy-on-write of 5 rows (hybrid: 32) */
+    c[C_MID].n = 57;
+    memcpy(c[C_MID].ids, base, 37 * sizeof(int32_t));
+    memcpy(c[C_MID].ids + 37, other, 20 * sizeof(int32_t));
+    c[C_MID].ids[37] = pc_other(base[37], V);
+    c[C_MID].want_cached = st ? 32 : 37;
+    /* edge: 64 tokens, a prompt ending on a block boundary; then extended */
+    c[C_EDGE].n = 64;
+    memcpy(c[C_EDGE].ids, base, 64 * sizeof(int32_t));
+    c[C_EDGE].want_cached = st ? 32 : -1;
+    c[C_EDGE].min_cached = 32;
+    c[C_EDGE_EXT].n = 69;
+    memcpy(c[C_EDGE_EXT].ids, base, 64 * sizeof(int32_t));
+    memcpy(c[C_EDGE_EXT].ids + 64, other + 20, 5 * sizeof(int32_t));
+    c[C_EDGE_EXT].want_cached = 64;
+    for (int i = 0; i < C_N; i++) c[i].gen = PC_GEN;
+    if (lm_tu_greedy_alone(pm->m, c[C_A].ids, c[C_A].n, PC_GEN, c[C_A].want)) return -1;
+    /* turn 2: A's prompt + its answer + 10 new tokens; A's first 48 tokens
+     * (prompt and answer) filled three blocks (hybrid: its generation checkpoint) */
+    c[C_TURN2].n = 62;
+    memcpy(c[C_TURN2].ids, base, 40 * sizeof(int32_t));
+    memcpy(c[C_TURN2].ids + 40, c[C_A].want, PC_GEN * sizeof(int32_t));
+    memcpy(c[C_TURN2].ids + 52, other + 22, 10 * sizeof(int32_t));
+    c[C_TURN2].want_cached = 48;
+    for (int i = 1; i < C_N; i++)
+        if (lm_tu_greedy_alone(pm->m, c[i].ids, c[i].n, c[i].gen, c[i].want)) return -1;
+    return 0;
+}
+
+static void pc_check_tokens(lm_test_ctx *lm_t_, const char *what, const pc_collect *got, const pc_case *c) {
+    LM_CHECK_MSG(got->finish == LM_FINISH_LENGTH && got->n == c->gen, "%s: finish %d, %d tokens", what, got->finish,
+                 got->n);
+    LM_CHECK_MSG(memcmp(got->toks, c->want, (size_t)got->n * sizeof(int32_t)) == 0, "%s: differs from the cold run",
+                 what);
+}
+
+static void pc_conversation(lm_test_ctx *lm_t_, const char *name) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, name, why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    static pc_case c[C_N];
+    LM_REQUIRE(pc_build(&pm, c) == 0);
+    lm_engine *en = NULL;
+    lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 64, .cache_ram = 64u << 20 };
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    static const char *names[C_N] = { "cold", "repeat", "mid-block", "turn 2", "block edge", "edge extended" };
+    uint64_t prompt_tokens = 0, hit_tokens = 0;
+    for (int i = 0; i < C_N; i++) {
+        pc_collect got;
+        LM_REQUIRE(pc_run(en, c[i].ids, c[i].n, c[i].gen, &got) == 0);
+        pc_check_tokens(lm_t_, names[i], &got, &c[i]);
+        if (c[i].want_cached >= 0)
+            LM_CHECK_MSG(got.n_cached == c[i].want_cached, "%s %s: %d cached, want %d", name, names[i], got.n_cached,
+                         c[i].want_cached);
+        else
+            LM_CHECK_MSG(got.n_cached >= c[i].min_cached && got.n_cached < c[i].n, "%s %s: %d cached", name,
+                         names[i], got.n_cached);
+        LM_CHECK(got.tr.n_cached == got.n_cached && got.steps_ok && got.tr.n_steps == c[i].gen - 1);
+        LM_CHECK(got.tr.t_submit > 0 && got.tr.t_admit >= got.tr.t_submit && got.tr.t_first >= got.tr.t_admit &&
+                 got.tr.t_done >= got.tr.t_first && got.tr.n_prefill_chunks >= 1);
+        if (i == C_REPEAT || i == C_TURN2)
+            LM_CHECK_MSG(got.tr.miss == LM_MISS_NONE && got.tr.diverge_pos == -1, "%s: miss %d at %d", names[i],
+                         got.tr.miss, got.tr.diverge_pos);
+        if (i == C_TURN2) LM_CHECK(got.tr.n_shared == 40 + PC_GEN);
+        if (i == C_MID)
+            LM_CHECK_MSG(got.tr.miss == LM_MISS_DIVERGED && got.tr.diverge_pos == 37 && got.tr.n_shared == 37 &&
+                             got.tr.n_prev > 0 && got.tr.prev_start <= 37 && got.tr.prev_start + got.tr.n_prev > 37 &&
+                             got.tr.prev_window[37 - got.tr.prev_start] == c[C_A].ids[37],
+                         "mid: miss %d diverge %d shared %d", got.tr.miss, got.tr.diverge_pos, got.tr.n_shared);
+        prompt_tokens += (uint64_t)c[i].n;
+        hit_tokens += (uint64_t)got.n_cached;
+        pc_destroy(&got);
+    }
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    LM_CHECK(st.cache_lookup_tokens == prompt_tokens && st.cache_hit_tokens == hit_tokens);
+    LM_CHECK(st.cache_blocks > 0 && st.cache_bytes <= o.cache_ram && st.cache_evicted_blocks == 0);
+    LM_CHECK(pm.stateful ? st.cache_checkpoints > 0 : st.cache_checkpoints == 0);
+    uint64_t hist = 0;
+    for (int i = 0; i < 8; i++) hist += st.batch_hist[i];
+    LM_CHECK(hist == st.steps && st.batch_hist[0] > 0);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
+LM_TEST(prefix_cache_exact_llama) { pc_conversation(lm_t_, "llama"); }
+LM_TEST(prefix_cache_exact_qwen3) { pc_conversation(lm_t_, "qwen3"); }
+LM_TEST(prefix_cache_exact_qwen3_moe) { pc_conversation(lm_t_, "qwen3-moe"); }
+LM_TEST(prefix_cache_exact_gemma3) { pc_conversation(lm_t_, "gemma3"); }
+LM_TEST(prefix_cache_exact_gemma4) { pc_conversation(lm_t_, "gemma4"); }
+LM_TEST(prefix_cache_exact_qwen35_hybrid) { pc_conversation(lm_t_, "qwen3.5"); }
+LM_TEST(prefix_cache_exact_qwen3_next_hybrid) { pc_conversation(lm_t_, "qwen3-next"); }
+LM_TEST(prefix_cache_exact_demo_hybrid) { pc_conversation(lm_t_, "demo"); }
+
+/* A budget of three blocks (and one checkpoint): a second prompt evicts the
+ * first one's blocks; the first prompt again is exact and says EVICTED. */
+static void pc_eviction(lm_test_ctx *lm_t_, const char *name) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, name, why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    int V = pm.m->cfg.vocab;
+    int32_t a[40], g[40], want_a[4], want_g[4];
+    pc_tokens(a, 40, 3, V);
+    pc_tokens(g, 40, 5, V);
+    g[0] = pc_other(a[0], V);
+    LM_REQUIRE(lm_tu_greedy_alone(pm.m, a, 40, 4, want_a) == 0 && lm_tu_greedy_alone(pm.m, g, 40, 4, want_g) == 0);
+    lm_engine_opts o = { .ctx = 128, .parallel = 1, .cache_ram = 3 * pm.block_bytes + pm.state_bytes };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    const int32_t *seq[3] = { a, g, a }, *want[3] = { want_a, want_g, want_a };
+    pc_collect got[3];
+    for (int i = 0; i < 3; i++) {
+        LM_REQUIRE(pc_run(en, seq[i], 40, 4, &got[i]) == 0);
+        LM_CHECK_MSG(got[i].n == 4 && memcmp(got[i].toks, want[i], sizeof(int32_t) * 4) == 0, "request %d differs", i);
+    }
+    LM_CHECK_MSG(got[2].n_cached < 32 && got[2].tr.miss == LM_MISS_EVICTED && got[2].tr.n_shared == 40,
+                 "cached %d miss %d shared %d", got[2].n_cached, got[2].tr.miss, got[2].tr.n_shared);
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    LM_CHECK(st.cache_evicted_blocks > 0 && st.cache_bytes <= o.cache_ram && st.cache_blocks <= 3);
+    LM_CHECK(st.miss_evicted == 1);
+    for (int i = 0; i < 3; i++) pc_destroy(&got[i]);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
+LM_TEST(prefix_cache_eviction_exact_llama) { pc_eviction(lm_t_, "llama"); }
+LM_TEST(prefix_cache_eviction_exact_qwen35) { pc_eviction(lm_t_, "qwen3.5"); }
+
+/* Hybrid: a prompt sharing 50 tokens with a 100-token one finds its KV blocks
+ * but no checkpoint at or below 48 (they sit at 96 and in the answer): STATE. */
+LM_TEST(prefix_cache_miss_state_qwen35) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, "qwen3.5", why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    int V = pm.m->cfg.vocab;
+    int32_t a[100], b[60], want_b[4];
+    pc_tokens(a, 100, 11, V);
+    memcpy(b, a, 50 * sizeof(int32_t));
+    pc_tokens(b + 50, 10, 12, V);
+    b[50] = pc_other(a[50], V);
+    LM_REQUIRE(lm_tu_greedy_alone(pm.m, b, 60, 4, want_b) == 0);
+    lm_engine_opts o = { .ctx = 128, .parallel = 1, .cache_ram = 16u << 20 };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    pc_collect ga, gb;
+    LM_REQUIRE(pc_run(en, a, 100, 4, &ga) == 0 && pc_run(en, b, 60, 4, &gb) == 0);
+    LM_CHECK(gb.n == 4 && memcmp(gb.toks, want_b, sizeof want_b) == 0);
+    LM_CHECK_MSG(gb.n_cached == 0 && gb.tr.miss == LM_MISS_STATE && gb.tr.n_shared == 50 && gb.tr.diverge_pos == 50,
+                 "cached %d miss %d shared %d diverge %d", gb.n_cached, gb.tr.miss, gb.tr.n_shared, gb.tr.diverge_pos);
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.miss_state == 1 && st.miss_diverged == 0);
+    pc_destroy(&ga);
+    pc_destroy(&gb);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
+/* Requests sharing a 48-token prefix, submitted at once after a first one
+ * cached it, each give their tokens alone (hits inside a batched step). */
+static void pc_concurrent(lm_test_ctx *lm_t_, const char *name) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, name, why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    enum { N = 4 };
+    int V = pm.m->cfg.vocab, lens[N] = { 50, 64, 81, 49 };
+    int32_t ids[N][96], want[N][8];
+    pc_tokens(ids[0], 48, 21, V);
+    for (int i = 0; i < N; i++) {
+        memcpy(ids[i], ids[0], 48 * sizeof(int32_t));
+        pc_tokens(ids[i] + 48, lens[i] - 48, 30 + (uint32_t)i, V);
+        LM_REQUIRE(lm_tu_greedy_alone(pm.m, ids[i], lens[i], 8, want[i]) == 0);
+    }
+    lm_engine_opts o = { .ctx = 128, .parallel = N, .step_tokens = 20, .cache_ram = 16u << 20 };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    pc_collect first, c[N];
+    LM_REQUIRE(pc_run(en, ids[0], lens[0], 8, &first) == 0);
+    LM_CHECK(first.n == 8 && memcmp(first.toks, want[0], sizeof want[0]) == 0);
+    lm_request *r[N];
+    lm_gen_params p = pc_greedy(8);
+    for (int i = 0; i < N; i++) {
+        pc_init(&c[i]);
+        LM_REQUIRE(lm_engine_submit(en, ids[i], lens[i], &p, pc_on_token, &c[i], &r[i], NULL) == LM_ENGINE_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        pc_wait(&c[i]);
+        LM_CHECK_MSG(c[i].n == 8 && memcmp(c[i].toks, want[i], sizeof want[i]) == 0, "request %d differs", i);
+        LM_CHECK_MSG(c[i].n_cached >= 48 || (pm.stateful && c[i].n_cached >= 32), "request %d: %d cached", i,
+                     c[i].n_cached);
+        lm_request_release(r[i]);
+        pc_destroy(&c[i]);
+    }
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    LM_CHECK(st.batch_hist[2] > 0); /* steps with 4 sequences */
+    pc_destroy(&first);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
+LM_TEST(prefix_cache_concurrent_hits_qwen3) { pc_concurrent(lm_t_, "qwen3"); }
+LM_TEST(prefix_cache_concurrent_hits_qwen3_next) { pc_concurrent(lm_t_, "qwen3-next"); }
+
+/* A request that hit the cache is cancelled in the middle of its prefill: the
+ * engine is held inside another request's token callback while that happens,
+ * so the cancel lands between two of its prefill chunks. Every block is then
+ * free or cache-held, and the cache still serves the prompt exactly. */
+static void pc_cancel(lm_test_ctx *lm_t_, const char *name) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, name, why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    int V = pm.m->cfg.vocab;
+    int32_t a[100], b[400], x[4], want_b[4];
+    pc_tokens(a, 100, 41, V);
+    memcpy(b, a, 100 * sizeof(int32_t));
+    pc_tokens(b + 100, 300, 42, V);
+    pc_tokens(x, 4, 43, V);
+    LM_REQUIRE(lm_tu_greedy_alone(pm.m, b, 400, 4, want_b) == 0);
+    lm_engine_opts o = { .ctx = 512, .parallel = 2, .step_tokens = 8, .cache_ram = 16u << 20 };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    pc_collect ga, gx, gb;
+    LM_REQUIRE(pc_run(en, a, 100, 4, &ga) == 0);
+    /* x decodes beside b; x's 4th token stalls the engine thread */
+    pc_init(&gx);
+    pc_init(&gb);
+    gx.stall_at = 4;
+    lm_request *rx, *rb;
+    lm_gen_params px = pc_greedy(64), pb = pc_greedy(4);
+    LM_REQUIRE(lm_engine_submit(en, x, 4, &px, pc_on_token, &gx, &rx, NULL) == LM_ENGINE_OK);
+    LM_REQUIRE(lm_engine_submit(en, b, 400, &pb, pc_on_token, &gb, &rb, NULL) == LM_ENGINE_OK);
+    pthread_mutex_lock(&gx.mu);
+    while (!gx.stalled) pthread_cond_wait(&gx.cv, &gx.mu);
+    pthread_mutex_unlock(&gx.mu);
+    lm_request_cancel(rb);
+    pthread_mutex_lock(&gx.mu);
+    gx.go = true;
+    pthread_cond_broadcast(&gx.cv);
+    pthread_mutex_unlock(&gx.mu);
+    pc_wait(&gb);
+    LM_CHECK_MSG(gb.finish == LM_FINISH_CANCELLED && gb.n == 0 && gb.n_cached > 0, "finish %d, %d tokens, %d cached",
+                 gb.finish, gb.n, gb.n_cached);
+    lm_request_release(rx);
+    lm_request_release(rb);
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.running == 0 && st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    /* the cache is still whole and right */
+    pc_collect again;
+    LM_REQUIRE(pc_run(en, b, 400, 4, &again) == 0);
+    LM_CHECK(again.n == 4 && memcmp(again.toks, want_b, sizeof want_b) == 0 && again.n_cached >= gb.n_cached);
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    pc_destroy(&ga);
+    pc_destroy(&gx);
+    pc_destroy(&gb);
+    pc_destroy(&again);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
+LM_TEST(prefix_cache_cancel_mid_prefill_llama) { pc_cancel(lm_t_, "llama"); }
+LM_TEST(prefix_cache_cancel_mid_prefill_qwen35) { pc_cancel(lm_t_, "qwen3.5"); }
