@@ -813,3 +813,109 @@ LM_TEST(server_http_cache_ram_and_trace_flags) {
     LM_CHECK_MSG(v > 0 && v <= 1073741824.0, "default budget %g", v);
     STOP(s);
 }
+
+/* The prefix cache seen from a client: a repeated greedy prompt reports
+ * cached_tokens (plain, streamed, completions) and gives the same text; a
+ * prompt that departs from an earlier one has its divergence named in the
+ * trace, with the text on both sides. Skips while the engine has no prefix
+ * cache (no lookups counted). */
+LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
+    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    char trace[600], extra[700];
+    snprintf(trace, sizeof trace, "%s/trace-cache-%d.jsonl", lm_test_tmpdir(), (int)getpid());
+    unlink(trace);
+    snprintf(extra, sizeof extra, "--trace '%s' --cache-ram 64M --parallel 2", trace);
+    server s;
+    START(s, extra);
+    const char *msg = "You are a careful assistant. Answer in one short sentence, and never use lists. "
+                      "The question follows after this long preamble, which exists only to span several "
+                      "cache blocks of sixteen tokens each: what colour is the sky on a clear day?";
+    json_t *req = json_pack("{s:[{s:s,s:s}],s:i,s:f,s:{s:i}}", "messages", "role", "user", "content", msg, "max_tokens", 16,
+                            "temperature", 0.0, "logit_bias", "2", -100);
+    char *body = json_dumps(req, 0);
+    resp r;
+    char *texts[2];
+    long cached[2];
+    for (int i = 0; i < 2; i++) {
+        LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+        LM_CHECK(r.status == 200);
+        texts[i] = chat_text(&r);
+        json_t *j = body_json(&r);
+        cached[i] = (long)json_integer_value(
+            json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+        json_decref(j);
+        resp_free(&r);
+    }
+    if (metric(s.port, "lumen_prefix_cache_lookup_tokens_total") <= 0) {
+        for (int i = 0; i < 2; i++) free(texts[i]);
+        free(body);
+        json_decref(req);
+        STOP(s);
+        unlink(trace);
+        LM_SKIP("the engine counts no prefix-cache lookups (no prefix cache yet)");
+    }
+    LM_CHECK_MSG(cached[0] == 0 && cached[1] > 0, "cached_tokens %ld then %ld", cached[0], cached[1]);
+    LM_CHECK_MSG(!strcmp(texts[0], texts[1]), "greedy text changed with the cache: '%s' vs '%s'", texts[0], texts[1]);
+    /* streamed: the usage chunk reports it too */
+    json_object_set_new(req, "stream", json_true());
+    json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    free(body);
+    body = json_dumps(req, 0);
+    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+    int nc, nd;
+    json_t *usage = NULL;
+    char fin[32] = "";
+    char *st = sse_text(&r, &nc, &nd, &usage, fin, sizeof fin);
+    LM_CHECK_MSG(!strcmp(st, texts[0]), "streamed '%s' vs '%s'", st, texts[0]);
+    LM_CHECK(json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens")) > 0);
+    json_decref(usage);
+    free(st);
+    resp_free(&r);
+    for (int i = 0; i < 2; i++) free(texts[i]);
+    /* completions: a prompt, the same again, then one that departs in its last words */
+    const char *common = "def parse_config(path):\n    \"\"\"Read the file at path and return its settings as a "
+                         "dictionary of strings; blank lines and comments are skipped.\"\"\"\n    settings = {}\n";
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s    with open(path) as f: # Alpha version reads everything", common);
+    snprintf(pb, sizeof pb, "%s    for line in Omega(path).splitlines():", common);
+    const char *ids[3] = { "cmpl-a", "cmpl-a2", "cmpl-b" };
+    const char *prompts[3] = { pa, pa, pb };
+    long ccached[3];
+    for (int i = 0; i < 3; i++) {
+        json_t *cj = json_pack("{s:s,s:i,s:f}", "prompt", prompts[i], "max_tokens", 4, "temperature", 0.0);
+        char *cb = json_dumps(cj, 0);
+        char hdr[64];
+        snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", ids[i]);
+        LM_REQUIRE(http(s.port, "POST", "/v1/completions", cb, hdr, &r) == 0);
+        LM_CHECK(r.status == 200);
+        json_t *j = body_json(&r);
+        ccached[i] = (long)json_integer_value(
+            json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+        json_decref(j);
+        resp_free(&r);
+        free(cb);
+        json_decref(cj);
+    }
+    LM_CHECK_MSG(ccached[1] > 0 && ccached[2] > 0, "completions cached_tokens: %ld %ld %ld", ccached[0], ccached[1],
+                 ccached[2]);
+    STOP(s);
+    free(body);
+    json_decref(req);
+
+    json_t *lines = trace_lines(lm_t_, trace);
+    json_t *t = trace_find(lines, "cmpl-b");
+    LM_REQUIRE(t != NULL);
+    json_t *c = json_object_get(t, "cache");
+    const char *miss = json_string_value(json_object_get(c, "miss")) ?: "";
+    LM_CHECK_MSG(!strcmp(miss, "diverged"), "miss '%s' (trace: %s)", miss, json_dumps(t, JSON_COMPACT));
+    long dp = (long)json_integer_value(json_object_get(c, "diverge_pos"));
+    LM_CHECK_MSG(dp > 16 && dp >= ccached[2], "diverge_pos %ld, cached %ld", dp, ccached[2]);
+    const char *p = json_string_value(json_object_get(c, "prompt")) ?: "";
+    const char *prev = json_string_value(json_object_get(c, "prev")) ?: "";
+    /* the two sides differ where the prompts do: "for line in Omega" against "with open(path)" */
+    LM_CHECK_MSG(strstr(p, "for") && strstr(prev, "with"), "divergence text: prompt '%s' vs earlier '%s'", p, prev);
+    t = trace_find(lines, "cmpl-a2");
+    LM_CHECK(t && json_integer_value(json_object_get(t, "n_cached")) == ccached[1]);
+    json_decref(lines);
+    unlink(trace);
+}
