@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "engine/lm_engine.h"
+#include "engine/lm_prefix_cache.h"
 #include "lm_test.h"
 #include "test_util.h"
 
@@ -475,3 +476,89 @@ static void pc_cancel(lm_test_ctx *lm_t_, const char *name) {
 
 LM_TEST(prefix_cache_cancel_mid_prefill_llama) { pc_cancel(lm_t_, "llama"); }
 LM_TEST(prefix_cache_cancel_mid_prefill_qwen35) { pc_cancel(lm_t_, "qwen3.5"); }
+
+/* ---- the cache's bookkeeping alone ---- */
+
+/* Random sequences drawn from a few families of prompts (so that they share
+ * prefixes and diverge mid-block) go through lookup, share, copy-on-write,
+ * insert, checkpoint and release on a small pool with a budget of 12 blocks
+ * and 3 checkpoints. Every row of K holds its token id, so a hit whose rows
+ * differ from the prompt's tokens shows; the invariants hold after each
+ * request, and at the end every block is free or held by the cache. */
+LM_TEST(prefix_cache_bookkeeping_random) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, &e);
+    LM_REQUIRE(be != NULL);
+    enum { BS = 16, W = 4, NB = 40, MAXT = 96 };
+    int64_t sfl[1] = { 8 };
+    lm_state_spec spec = { 1, sfl, 1 + 3 };
+    lm_kv_cache *kv = NULL;
+    LM_REQUIRE(lm_kv_cache_create(&kv, be, 1, W, BS, NB, &spec, &e) == 0);
+    size_t bb = lm_kv_block_bytes(kv), sb = lm_kv_state_bytes(kv);
+    lm_prefix_cache *pc = lm_pcache_create(kv, 12 * bb + 3 * sb, 3, 1234);
+    LM_REQUIRE(pc != NULL);
+    int32_t fam[3][MAXT];
+    for (int f = 0; f < 3; f++) pc_tokens(fam[f], MAXT, 100 + (uint32_t)f, 50);
+    uint32_t rng = 1;
+    int32_t blocks[MAXT / BS + 1];
+    uint64_t hashes[MAXT / BS + 1];
+    int hits = 0, cows = 0;
+    for (int it = 0; it < 400; it++) {
+        rng = rng * 1103515245u + 12345u;
+        int f = (int)(rng >> 8) % 3, n = 2 + (int)((rng >> 12) % (MAXT - 2));
+        int32_t toks[MAXT];
+        memcpy(toks, fam[f], sizeof toks);
+        if ((rng >> 20) % 2) toks[(rng >> 22) % (uint32_t)n] += 1; /* a divergence somewhere */
+        bool stateful = (rng >> 28) % 2;
+        for (int i = 0; i < n / BS; i++) hashes[i] = lm_pcache_hash(i ? hashes[i - 1] : lm_pcache_seed(pc), toks + i * BS, BS);
+        lm_pcache_hit hit;
+        lm_pcache_lookup(pc, toks, n, hashes, stateful, &hit, blocks);
+        LM_CHECK(hit.n_tokens < n && hit.n_blocks * BS <= hit.n_tokens);
+        if (stateful) LM_CHECK(hit.n_tokens % BS == 0 && (hit.n_tokens == 0) == (hit.ckpt < 0));
+        int need = (n + BS - 1) / BS - hit.n_blocks;
+        if (kv->n_free < need) LM_CHECK(lm_pcache_make_room(pc, need));
+        lm_kv_seq seq = { 0 };
+        lm_kv_seq_share(kv, &seq, blocks, hit.n_blocks);
+        LM_REQUIRE(lm_kv_seq_reserve(kv, &seq, n, NULL) == 0);
+        if (hit.cow_block >= 0) {
+            lm_kv_block_copy_rows(kv, seq.blocks[hit.n_blocks], hit.cow_block, hit.n_tokens % BS);
+            cows++;
+        }
+        lm_pcache_unpin(pc);
+        hits += hit.n_tokens > 0;
+        /* the restored rows hold the prompt's tokens */
+        for (int p = 0; p < hit.n_tokens; p++) {
+            float row[W];
+            be->ops->read(be, row, kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, sizeof row);
+            if (row[0] != (float)toks[p]) {
+                LM_CHECK_MSG(false, "iteration %d: row %d holds %g, want %d", it, p, row[0], toks[p]);
+                break;
+            }
+        }
+        /* "compute" the rest: write each row's token id */
+        for (int p = hit.n_tokens; p < n; p++) {
+            float row[W] = { (float)toks[p], 0, 0, 0 };
+            be->ops->write(be, kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, row, sizeof row);
+        }
+        for (int i = 0; i < n / BS; i++) {
+            if (lm_pcache_insert(pc, hashes[i], i ? hashes[i - 1] : lm_pcache_seed(pc), toks + i * BS, seq.blocks[i]))
+                break;
+            if (stateful && (i == n / BS - 1 || i % 2 == 1)) {
+                int32_t s = lm_kv_state_acquire(kv);
+                LM_CHECK(lm_pcache_checkpoint(pc, hashes[i], s) >= 0);
+                lm_kv_state_release(kv, s);
+            }
+        }
+        lm_kv_seq_release(kv, &seq);
+        LM_CHECK_MSG(lm_pcache_check(pc) == 0, "iteration %d: invariants broken", it);
+        lm_pcache_stats ps;
+        lm_pcache_get_stats(pc, &ps);
+        LM_CHECK(kv->n_free + ps.blocks == NB && ps.blocks <= 12 && ps.checkpoints <= 3);
+        if (lm_t_->failed) break;
+    }
+    LM_CHECK(hits > 50 && cows > 10);
+    lm_pcache_free(pc);
+    LM_CHECK(kv->n_free == NB && kv->n_free_slots == 4);
+    lm_kv_cache_free(kv);
+    lm_backend_destroy(be);
+}

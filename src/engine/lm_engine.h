@@ -9,6 +9,12 @@
  * cache can hold their prompt plus max_tokens; until then they wait in a
  * bounded queue (submit fails with LM_ENGINE_BUSY past its limit).
  *
+ * With opts.cache_ram > 0 a prefix cache keeps full KV blocks (16 tokens) of
+ * finished and running requests - prompt and generated tokens - and, for
+ * hybrid models, recurrent-state checkpoints; a new prompt shares the blocks
+ * of its longest cached prefix (lm_prefix_cache.h). Results are the same as
+ * without the cache; the final event says how many prompt tokens were cached.
+ *
  * Tokens are reported through a callback on the engine thread; it must not
  * block (push the event into a per-request mailbox and return). Each request
  * gets exactly one final event (done = true). Cancelling is safe from any
@@ -106,7 +112,11 @@ typedef struct lm_engine_opts {
     int step_tokens;  /* token budget of one forward (default 512) */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
     size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
-                       * checkpoints kept for reuse); 0 = no prefix cache */
+                       * checkpoints kept for reuse); 0 = no prefix cache. The
+                       * pool grows by cache_ram / block bytes blocks and, for
+                       * hybrids, by checkpoint slots for up to half of it, on top
+                       * of kv_tokens; admission evicts cache-only blocks (least
+                       * recently used first) before a request has to wait. */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
