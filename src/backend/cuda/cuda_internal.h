@@ -35,7 +35,15 @@ typedef struct lm_cuda {
     void *scratch;
     size_t scratch_cap;
     size_t total_mem, free_mem_at_start;
+    /* ---- added with cuda_backend.cu (fields appended, nothing above moved) ---- */
+    int n_sms;      /* streaming multiprocessors, for grid sizing */
+    int gemm_mode;  /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
 } lm_cuda;
+
+/* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
+ * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
+ * activations to bf16 (one GEMM; for benchmarks). */
+enum { LM_CUDA_GEMM_SPLIT = 0, LM_CUDA_GEMM_BF16 = 1 };
 
 static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; }
 
@@ -49,8 +57,21 @@ void *lm_cuda_scratch(lm_cuda *c, size_t bytes);
  * error inside an op is a bug (ops have no error return), except
  * out-of-memory at alloc time, which alloc reports by returning NULL. */
 void lm_cuda_check_fail(cudaError_t err, const char *what, const char *file, int line);
+/* The same for cuBLAS calls (status as int so that this header needs no
+ * cuBLAS enum in C files). */
+void lm_cuda_blas_fail(int status, const char *what, const char *file, int line);
+#define LM_CUBLAS_CHECK(x) do { cublasStatus_t st_ = (x); if (st_ != CUBLAS_STATUS_SUCCESS) lm_cuda_blas_fail((int)st_, #x, __FILE__, __LINE__); } while (0)
+/* Device workspace private to lm_cuda_matmul (split activations, f16 scale):
+ * an op that holds lm_cuda_scratch may call lm_cuda_matmul without losing it.
+ * lm_cuda_matmul never touches lm_cuda_scratch; the elementwise ops use
+ * neither. Valid until the next call. */
+void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes);
 #define LM_CUDA_CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) lm_cuda_check_fail(err_, #x, __FILE__, __LINE__); } while (0)
 #define LM_CUDA_LAUNCHED(name) LM_CUDA_CHECK(cudaGetLastError())
+/* Makes c's device current on the calling thread (a stream of another device
+ * cannot be launched on): the engine may call ops from a thread other than
+ * the one that created the backend. Cheap when already current. */
+static inline void lm_cuda_use(lm_cuda *c) { LM_CUDA_CHECK(cudaSetDevice(c->device)); }
 
 /* Op entry points, one definition each in the files above. */
 void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias);

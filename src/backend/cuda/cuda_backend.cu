@@ -1,0 +1,520 @@
+/* cuda_backend.cu - the CUDA backend: device setup, memory, staging of host
+ * arrays, weight upload, and the op table.
+ *
+ * Design. One backend is one device, one non-blocking stream and one cuBLAS
+ * handle bound to it. Every op enqueues on the stream and returns; read()
+ * is the only call that waits (and lm_backend_sync). be->impl points at the
+ * lm_cuda shared with the op files (cuda_internal.h); this file wraps it in
+ * lm_cuda_ctx with what only it needs.
+ *
+ * Memory. alloc is cudaMalloc plus an async memset (stream-ordered: every
+ * later op sees zeros); free is cudaFree, which waits for the device, so
+ * memory a queued kernel still reads is never released under it. Weights are
+ * copied at upload in their own type (f32, f16, bf16), through two pinned
+ * 8 MiB buffers used in turn so that reading the mmapped file overlaps the
+ * DMA; the backend owns them and frees them at destroy (models never free
+ * weights: on the CPU they are the mapped file).
+ *
+ * Staging (lm_cuda_stage). Ops take small host arrays (positions, ids, rope
+ * frequencies, block tables). Each is memcpy'd into a pinned host ring and
+ * copied with cudaMemcpyAsync into the same offset of a device ring, in
+ * stream order, so no op waits for the host. Two hazards:
+ *  - device side: a later copy that overwrites ring bytes is enqueued after
+ *    every kernel that read them (one stream), so kernels always see their
+ *    own data. Only data staged and then held across a whole lap of the ring
+ *    could be lost; the ring (64 MiB) is far larger than one forward's
+ *    host arrays, and any single request above a quarter of it grows it.
+ *  - host side: the CPU writes the pinned ring now, while a copy queued
+ *    earlier may not yet have read its source. The ring is cut into 8
+ *    segments; when the write head leaves a segment an event is recorded
+ *    after the copies from it, and before the head enters a segment again it
+ *    waits for that segment's event. In steady state the GPU is far less than
+ *    7/8 of a ring behind, so the wait costs nothing.
+ * Growing: the old rings are retired, not freed (a caller may still hold a
+ * pointer staged earlier in the same op); they are freed at destroy.
+ *
+ * Scratch (lm_cuda_scratch, lm_cuda_matmul_ws): grow-only device buffers;
+ * growing waits for the stream, then reallocates, so the decode hot path
+ * never allocates once warmed up. */
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LM_CUDA_STAGE_BYTES ((size_t)64 << 20)
+#define LM_CUDA_STAGE_SEGS 8
+#define LM_CUDA_STAGE_ALIGN 256
+#define LM_CUDA_UPLOAD_CHUNK ((size_t)8 << 20)
+#define LM_MIB(b) ((double)(b) / (1024.0 * 1024.0))
+
+typedef struct lm_cuda_ctx {
+    lm_cuda c; /* first: be.impl points here */
+    lm_backend be;
+    cudaEvent_t seg_ev[LM_CUDA_STAGE_SEGS];
+    int seg_cur; /* segment holding the last staged byte */
+    /* retired staging rings (host, device pairs), freed at destroy */
+    void **retired;
+    int n_retired;
+    /* uploaded weights, owned here */
+    void **weights;
+    size_t n_weights, cap_weights;
+    unsigned char *up_host[2]; /* pinned upload buffers, LM_CUDA_UPLOAD_CHUNK each (lazy) */
+    cudaEvent_t up_ev[2];
+    void *mm_ws; /* lm_cuda_matmul_ws */
+    size_t mm_ws_cap;
+    char dev_name[256];
+} lm_cuda_ctx;
+
+static lm_cuda_ctx *lm_cuda_ctx_of(lm_backend *be) { return (lm_cuda_ctx *)be->impl; }
+static lm_cuda_ctx *lm_cuda_ctx_c(lm_cuda *c) { return (lm_cuda_ctx *)c; }
+
+/* ---- failures ------------------------------------------------------------ */
+
+void lm_cuda_check_fail(cudaError_t err, const char *what, const char *file, int line) {
+    fprintf(stderr, "lumen: CUDA error at %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorString(err),
+            cudaGetErrorName(err));
+    fflush(stderr);
+    abort();
+}
+
+static const char *lm_cublas_status_name(int s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+    }
+}
+
+void lm_cuda_blas_fail(int status, const char *what, const char *file, int line) {
+    fprintf(stderr, "lumen: cuBLAS error at %s:%d: %s: %s (%d)\n", file, line, what, lm_cublas_status_name(status),
+            status);
+    fflush(stderr);
+    abort();
+}
+
+/* ---- availability ---------------------------------------------------------- */
+
+/* Fills why with a readable reason; never aborts (no driver, no device, a
+ * too-old GPU are all ordinary answers). */
+static bool lm_cuda_probe(int device, char *why, size_t n, char *name, size_t name_n) {
+    char tmp[8];
+    if (!why || n == 0) {
+        why = tmp;
+        n = sizeof tmp;
+    }
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        const char *hint = err == cudaErrorInsufficientDriver ? " (no NVIDIA driver is loaded, or it is older than this CUDA runtime)"
+                           : err == cudaErrorNoDevice        ? " (no CUDA-capable GPU is visible; check CUDA_VISIBLE_DEVICES)"
+                                                             : "";
+        snprintf(why, n, "no usable CUDA GPU: %s%s", cudaGetErrorString(err), hint);
+        return false;
+    }
+    if (count <= 0) {
+        snprintf(why, n, "no usable CUDA GPU: the driver reports no devices");
+        return false;
+    }
+    if (device < 0 || device >= count) {
+        snprintf(why, n, "CUDA device %d does not exist (%d device%s: 0..%d)", device, count, count == 1 ? "" : "s",
+                 count - 1);
+        return false;
+    }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        err = cudaGetLastError();
+        snprintf(why, n, "CUDA device %d: cannot read its compute capability: %s", device, cudaGetErrorString(err));
+        return false;
+    }
+    cudaDeviceProp prop;
+    memset(&prop, 0, sizeof prop);
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(prop.name, sizeof prop.name, "device %d", device);
+    }
+    if (name) snprintf(name, name_n, "%s", prop.name);
+    if (major < 8) {
+        snprintf(why, n, "CUDA device %d (%s) has compute capability %d.%d; lumen's kernels need 8.0 (Ampere) or newer",
+                 device, prop.name, major, minor);
+        return false;
+    }
+    snprintf(why, n, "%d CUDA device%s; device %d: %s (compute %d.%d)", count, count == 1 ? "" : "s", device,
+             prop.name, major, minor);
+    return true;
+}
+
+bool lm_cuda_available(char *why, size_t n) { return lm_cuda_probe(0, why, n, NULL, 0); }
+
+/* ---- memory ------------------------------------------------------------------ */
+
+static void *lm_cuda_alloc(lm_backend *be, size_t bytes) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    size_t b = bytes ? bytes : 1;
+    void *p = NULL;
+    if (cudaMalloc(&p, b) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: clear it */
+        return NULL;
+    }
+    LM_CUDA_CHECK(cudaMemsetAsync(p, 0, b, c->stream));
+    return p;
+}
+
+static void lm_cuda_free(lm_backend *be, void *p) {
+    if (!p) return;
+    lm_cuda_ctx *x = lm_cuda_ctx_of(be);
+    lm_cuda_use(&x->c);
+    for (size_t i = 0; i < x->n_weights; i++)
+        if (x->weights[i] == p) {
+            x->weights[i] = x->weights[--x->n_weights];
+            break;
+        }
+    LM_CUDA_CHECK(cudaFree(p)); /* synchronises the device: queued readers finish first */
+}
+
+static void lm_cuda_read(lm_backend *be, void *host_dst, const void *src, size_t bytes) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* Pageable source: the runtime has consumed host_src when this returns (it
+ * stages through its own pinned buffer), so the caller may reuse it. */
+static void lm_cuda_write(lm_backend *be, void *dst, const void *host_src, size_t bytes) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
+static void lm_cuda_clear(lm_backend *be, void *dst, size_t bytes) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    if (bytes) LM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, c->stream));
+}
+
+/* memmove semantics, as the CPU backend: overlapping ranges go through a
+ * stream-ordered temporary (rare; models copy between distinct buffers). */
+static void lm_cuda_copy(lm_backend *be, void *dst, const void *src, size_t bytes) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    if (!bytes || dst == src) return;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + bytes && s < d + bytes) {
+        void *tmp = NULL;
+        LM_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, c->stream));
+        LM_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        LM_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        LM_CUDA_CHECK(cudaFreeAsync(tmp, c->stream));
+        return;
+    }
+    LM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static size_t lm_cuda_elt_bytes(lm_dtype t) {
+    switch (t) {
+    case LM_F32: return 4;
+    case LM_F16:
+    case LM_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static int lm_cuda_upload_weight(lm_backend *be, lm_tensor *t, const void *host_data, lm_err *e) {
+    lm_cuda_ctx *x = lm_cuda_ctx_of(be);
+    lm_cuda *c = &x->c;
+    size_t elt = (unsigned)t->type < LM_DTYPE_COUNT ? lm_cuda_elt_bytes(t->type) : 0;
+    if (!elt)
+        return lm_errf(e,
+                       "cuda backend: weight [%lld][%lld] has type %s, which the GPU kernels do not support "
+                       "(supported: f32, f16, bf16; quantised weights run on the CPU backend)",
+                       (long long)t->rows, (long long)t->cols,
+                       (unsigned)t->type < LM_DTYPE_COUNT ? lm_dtype_name(t->type) : "unknown");
+    if (t->rows < 0 || t->cols < 0 || (t->cols > 0 && (uint64_t)t->rows > SIZE_MAX / elt / (uint64_t)t->cols))
+        return lm_errf(e, "cuda backend: weight [%lld][%lld] has an invalid shape", (long long)t->rows,
+                       (long long)t->cols);
+    lm_cuda_use(c);
+    size_t bytes = (size_t)t->rows * (size_t)t->cols * elt;
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
+        return lm_errf(e, "out of GPU memory: this weight ([%lld][%lld] %s) needs %.1f MiB, %.1f MiB free of %.1f MiB",
+                       (long long)t->rows, (long long)t->cols, lm_dtype_name(t->type), LM_MIB(bytes), LM_MIB(fr),
+                       LM_MIB(tot));
+    }
+    if (x->n_weights == x->cap_weights) {
+        x->cap_weights = x->cap_weights ? 2 * x->cap_weights : 256;
+        x->weights = (void **)lm_xrealloc(x->weights, x->cap_weights * sizeof *x->weights);
+    }
+    x->weights[x->n_weights++] = d;
+
+    /* Two pinned buffers in turn: memcpy from the (mmapped) source into one
+     * while the DMA of the other runs. Falls back to a plain copy if pinned
+     * memory cannot be had. */
+    if (!x->up_host[0] && bytes > 0) {
+        for (int i = 0; i < 2; i++)
+            if (cudaMallocHost((void **)&x->up_host[i], LM_CUDA_UPLOAD_CHUNK) != cudaSuccess) {
+                (void)cudaGetLastError();
+                x->up_host[i] = NULL;
+            }
+        if (!x->up_host[0] || !x->up_host[1]) {
+            for (int i = 0; i < 2; i++)
+                if (x->up_host[i]) LM_CUDA_CHECK(cudaFreeHost(x->up_host[i]));
+            x->up_host[0] = x->up_host[1] = NULL;
+        }
+    }
+    const unsigned char *src = (const unsigned char *)host_data;
+    if (!x->up_host[0]) {
+        if (bytes) LM_CUDA_CHECK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    } else {
+        int i = 0;
+        for (size_t off = 0; off < bytes; off += LM_CUDA_UPLOAD_CHUNK, i ^= 1) {
+            size_t n = LM_MIN(LM_CUDA_UPLOAD_CHUNK, bytes - off);
+            LM_CUDA_CHECK(cudaEventSynchronize(x->up_ev[i])); /* its previous DMA has read it */
+            memcpy(x->up_host[i], src + off, n);
+            LM_CUDA_CHECK(cudaMemcpyAsync((unsigned char *)d + off, x->up_host[i], n, cudaMemcpyHostToDevice,
+                                          c->stream));
+            LM_CUDA_CHECK(cudaEventRecord(x->up_ev[i], c->stream));
+        }
+    }
+    t->data = d;
+    return 0;
+}
+
+/* ---- staging ------------------------------------------------------------------ */
+
+static size_t lm_align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Replaces both rings by ones of at least `need` bytes; the old ones are kept
+ * until destroy (see the design note). Aborts if memory cannot be had: ops
+ * have no error return, and this is at most a few MiB beyond the last size. */
+static void lm_cuda_stage_grow(lm_cuda_ctx *x, size_t need) {
+    lm_cuda *c = &x->c;
+    size_t cap = c->stage_cap ? c->stage_cap : LM_CUDA_STAGE_BYTES;
+    while (cap < need) cap *= 2;
+    /* Wait for every copy out of the old pinned ring and every event on it:
+     * the new ring starts with fresh segments. */
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    x->retired = (void **)lm_xrealloc(x->retired, (size_t)(x->n_retired + 2) * sizeof *x->retired);
+    x->retired[x->n_retired++] = c->stage_host;
+    x->retired[x->n_retired++] = c->stage_dev;
+    c->stage_host = NULL;
+    c->stage_dev = NULL;
+    LM_CUDA_CHECK(cudaMallocHost((void **)&c->stage_host, cap));
+    LM_CUDA_CHECK(cudaMalloc((void **)&c->stage_dev, cap));
+    c->stage_cap = cap;
+    c->stage_used = 0;
+    x->seg_cur = 0;
+}
+
+void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes) {
+    lm_cuda_ctx *x = lm_cuda_ctx_c(c);
+    if (bytes == 0) return c->stage_dev; /* a valid pointer that nothing reads */
+    size_t a = lm_align_up(bytes, LM_CUDA_STAGE_ALIGN);
+    if (a > c->stage_cap / 4) lm_cuda_stage_grow(x, 4 * a);
+    size_t seg = c->stage_cap / LM_CUDA_STAGE_SEGS;
+    size_t off = lm_align_up(c->stage_used, LM_CUDA_STAGE_ALIGN);
+    if (off + a > c->stage_cap) off = 0; /* wrap */
+    int first = (int)(off / seg), last = (int)((off + a - 1) / seg);
+    /* Host side: segments entered anew must have had their previous lap's
+     * copies done (an event never recorded counts as done). */
+    for (int s = first; s <= last; s++)
+        if (s != x->seg_cur) LM_CUDA_CHECK(cudaEventSynchronize(x->seg_ev[s]));
+    memcpy(c->stage_host + off, host, bytes);
+    LM_CUDA_CHECK(cudaMemcpyAsync(c->stage_dev + off, c->stage_host + off, bytes, cudaMemcpyHostToDevice, c->stream));
+    /* Segments the head has now left: mark them with an event after this copy. */
+    if (x->seg_cur < first || x->seg_cur > last) LM_CUDA_CHECK(cudaEventRecord(x->seg_ev[x->seg_cur], c->stream));
+    for (int s = first; s < last; s++) LM_CUDA_CHECK(cudaEventRecord(x->seg_ev[s], c->stream));
+    x->seg_cur = last;
+    c->stage_used = off + a;
+    return c->stage_dev + off;
+}
+
+/* ---- scratch --------------------------------------------------------------------- */
+
+static void *lm_cuda_grow_buf(lm_cuda *c, void **buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes <= *cap && *buf) return *buf;
+    size_t want = lm_align_up(LM_MAX(bytes, *cap + *cap / 2), (size_t)1 << 20);
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* queued kernels may still use the old one */
+    if (*buf) LM_CUDA_CHECK(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    if (cudaMalloc(buf, want) != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        (void)cudaGetLastError();
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
+        fprintf(stderr, "lumen: out of GPU memory for %s: %.1f MiB needed, %.1f MiB free of %.1f MiB\n", what,
+                LM_MIB(want), LM_MIB(fr), LM_MIB(tot));
+        fflush(stderr);
+        abort();
+    }
+    *cap = want;
+    return *buf;
+}
+
+void *lm_cuda_scratch(lm_cuda *c, size_t bytes) {
+    return lm_cuda_grow_buf(c, &c->scratch, &c->scratch_cap, bytes, "op scratch");
+}
+
+void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes) {
+    lm_cuda_ctx *x = lm_cuda_ctx_c(c);
+    return lm_cuda_grow_buf(c, &x->mm_ws, &x->mm_ws_cap, bytes, "matmul workspace");
+}
+
+/* ---- creation ------------------------------------------------------------------- */
+
+/* Tears down whatever create got to; safe on a partly built context. Errors
+ * here are ignored (the device may be the reason we are tearing down). */
+static void lm_cuda_release(lm_cuda_ctx *x) {
+    lm_cuda *c = &x->c;
+    (void)cudaSetDevice(c->device);
+    if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    for (size_t i = 0; i < x->n_weights; i++) (void)cudaFree(x->weights[i]);
+    free(x->weights);
+    for (int i = 0; i < x->n_retired; i += 2) {
+        if (x->retired[i]) (void)cudaFreeHost(x->retired[i]);
+        if (x->retired[i + 1]) (void)cudaFree(x->retired[i + 1]);
+    }
+    free(x->retired);
+    if (c->stage_host) (void)cudaFreeHost(c->stage_host);
+    if (c->stage_dev) (void)cudaFree(c->stage_dev);
+    if (c->scratch) (void)cudaFree(c->scratch);
+    if (x->mm_ws) (void)cudaFree(x->mm_ws);
+    for (int i = 0; i < 2; i++) {
+        if (x->up_host[i]) (void)cudaFreeHost(x->up_host[i]);
+        if (x->up_ev[i]) (void)cudaEventDestroy(x->up_ev[i]);
+    }
+    for (int i = 0; i < LM_CUDA_STAGE_SEGS; i++)
+        if (x->seg_ev[i]) (void)cudaEventDestroy(x->seg_ev[i]);
+    if (c->blas) (void)cublasDestroy(c->blas);
+    if (c->stream) (void)cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+    free(x);
+}
+
+static void lm_cuda_destroy(lm_backend *be) { lm_cuda_release(lm_cuda_ctx_of(be)); }
+
+static const struct lm_backend_ops lm_cuda_ops = {
+    /* .alloc = */ lm_cuda_alloc,
+    /* .free = */ lm_cuda_free,
+    /* .upload_weight = */ lm_cuda_upload_weight,
+    /* .read = */ lm_cuda_read,
+    /* .write = */ lm_cuda_write,
+    /* .clear = */ lm_cuda_clear,
+    /* .copy = */ lm_cuda_copy,
+    /* .matmul = */ lm_cuda_matmul,
+    /* .rms_norm = */ lm_cuda_rms_norm,
+    /* .rope = */ lm_cuda_rope,
+    /* .silu_mul = */ lm_cuda_silu_mul,
+    /* .add = */ lm_cuda_add,
+    /* .scale = */ lm_cuda_scale,
+    /* .get_rows = */ lm_cuda_get_rows,
+    /* .gather_rows = */ lm_cuda_gather_rows,
+    /* .gelu_mul = */ lm_cuda_gelu_mul,
+    /* .softcap = */ lm_cuda_softcap,
+    /* .copy_cols = */ lm_cuda_copy_cols,
+    /* .kv_write = */ lm_cuda_kv_write,
+    /* .attention = */ lm_cuda_attention,
+    /* .moe = */ lm_cuda_moe,
+    /* .conv1d_state = */ lm_cuda_conv1d_state,
+    /* .delta_gates = */ lm_cuda_delta_gates,
+    /* .gated_delta = */ lm_cuda_gated_delta,
+    /* .rms_norm_gated = */ lm_cuda_rms_norm_gated,
+    /* .sigmoid_mul = */ lm_cuda_sigmoid_mul,
+    /* .destroy = */ lm_cuda_destroy,
+};
+
+#define LM_CUDA_TRY(call)                                                                                  \
+    do {                                                                                                   \
+        cudaError_t err_ = (call);                                                                         \
+        if (err_ != cudaSuccess) {                                                                         \
+            (void)cudaGetLastError();                                                                      \
+            lm_errf(e, "cuda backend: device %d (%s): %s failed: %s", device, x->dev_name, #call,          \
+                    cudaGetErrorString(err_));                                                             \
+            goto fail;                                                                                     \
+        }                                                                                                  \
+    } while (0)
+
+lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
+    char why[512];
+    char name[256] = "";
+    if (!lm_cuda_probe(device, why, sizeof why, name, sizeof name)) {
+        lm_errf(e, "cuda backend: %s", why);
+        return NULL;
+    }
+    lm_cuda_ctx *x = (lm_cuda_ctx *)lm_xcalloc(1, sizeof *x);
+    lm_cuda *c = &x->c;
+    snprintf(x->dev_name, sizeof x->dev_name, "%s", name);
+    c->device = device;
+    x->be.ops = &lm_cuda_ops;
+    x->be.name = "cuda";
+    x->be.impl = c;
+    {
+        LM_CUDA_TRY(cudaSetDevice(device));
+        LM_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+        cublasStatus_t bs = cublasCreate(&c->blas);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            c->blas = NULL;
+            lm_errf(e, "cuda backend: device %d (%s): cuBLAS initialisation failed: %s", device, x->dev_name,
+                    lm_cublas_status_name((int)bs));
+            goto fail;
+        }
+        if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+            lm_errf(e, "cuda backend: device %d (%s): cuBLAS setup failed", device, x->dev_name);
+            goto fail;
+        }
+        for (int i = 0; i < LM_CUDA_STAGE_SEGS; i++)
+            LM_CUDA_TRY(cudaEventCreateWithFlags(&x->seg_ev[i], cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++) LM_CUDA_TRY(cudaEventCreateWithFlags(&x->up_ev[i], cudaEventDisableTiming));
+        LM_CUDA_TRY(cudaMallocHost((void **)&c->stage_host, LM_CUDA_STAGE_BYTES));
+        LM_CUDA_TRY(cudaMalloc((void **)&c->stage_dev, LM_CUDA_STAGE_BYTES));
+        c->stage_cap = LM_CUDA_STAGE_BYTES;
+        c->stage_used = 0;
+        LM_CUDA_TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
+        LM_CUDA_TRY(cudaMemGetInfo(&c->free_mem_at_start, &c->total_mem));
+        const char *mode = getenv("LUMEN_CUDA_GEMM");
+        c->gemm_mode = mode && strcmp(mode, "bf16") == 0 ? LM_CUDA_GEMM_BF16 : LM_CUDA_GEMM_SPLIT;
+    }
+    return &x->be;
+fail:
+    lm_cuda_release(x);
+    return NULL;
+}
+
+/* ---- backend-independent queries ---------------------------------------------------- */
+
+void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = 0;
+    *total_bytes = 0;
+    if (!be || be->ops != &lm_cuda_ops) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+void lm_backend_sync(lm_backend *be) {
+    if (!be || be->ops != &lm_cuda_ops) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* The backend's stream, for tools that time ops with CUDA events
+ * (tools/bench_cuda_gemv.c declares it itself; not part of lm_backend.h). */
+extern "C" cudaStream_t lm_cuda_backend_stream(lm_backend *be) {
+    LM_ASSERT(be && be->ops == &lm_cuda_ops);
+    return lm_cuda_of(be)->stream;
+}

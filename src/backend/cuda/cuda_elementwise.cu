@@ -1,0 +1,308 @@
+/* cuda_elementwise.cu - the small per-row and per-element ops on the GPU.
+ *
+ * rms_norm, rope, silu_mul, add, scale, get_rows, gather_rows, gelu_mul,
+ * softcap, copy_cols and sigmoid_mul. All are memory bound; each follows
+ * the CPU backend's arithmetic (cpu_ops.c, cpu_gemma.c, cpu_delta.c) so
+ * that results agree to an f32 rounding: rms_norm sums squares and scales
+ * in double; rope takes the angle as the f32 product pos * inv_freq (as
+ * transformers rounds it) and cos/sin in double; gelu and softcap run their
+ * tanh/erf in double; silu and sigmoid are f32 as on the CPU. Host arrays
+ * (positions, ids, rows, inv_freq) go through lm_cuda_stage. Element-wise
+ * kernels use grid-stride loops sized to a few blocks per SM. */
+#include "cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define LM_EW_THREADS 256
+
+static unsigned lm_ew_grid(lm_cuda *c, int64_t n) {
+    int64_t b = (n + LM_EW_THREADS - 1) / LM_EW_THREADS;
+    int64_t cap = (int64_t)(c->n_sms > 0 ? c->n_sms : 64) * 16;
+    return (unsigned)LM_MAX((int64_t)1, LM_MIN(b, cap));
+}
+
+#define LM_GRID_LOOP(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+static bool lm_same_shape(const lm_tensor *a, const lm_tensor *b) {
+    return a->type == LM_F32 && b->type == LM_F32 && a->rows == b->rows && a->cols == b->cols;
+}
+
+/* ---- rms_norm ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ double lm_warp_sum(double v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* Narrow rows (n <= 1024, e.g. per-head norms): one warp per row. */
+__global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w, int64_t rows, int64_t n, double eps,
+                                        double off) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (r >= rows) return;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    double ss = 0.0;
+    for (int64_t i = lane; i < n; i += 32) ss += (double)xr[i] * xr[i];
+    ss = lm_warp_sum(ss);
+    const double s = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = lane; i < n; i += 32) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
+}
+
+/* Wide rows: one block per row. */
+__global__ void lm_rms_norm_block_kernel(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
+    __shared__ double part[LM_EW_THREADS / 32];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = lm_warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    double tot = 0.0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += part[i];
+    const double s = 1.0 / sqrt(tot / (double)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
+}
+
+void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps,
+                      float w_offset) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
+    LM_ASSERT(w->cols > 0 && x->cols % w->cols == 0 && w->rows == 1);
+    LM_ASSERT(y->rows == x->rows && y->cols == x->cols);
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = w->cols, rows = x->rows * (x->cols / w->cols);
+    if (rows == 0) return;
+    lm_cuda_use(c);
+    if (n <= 1024) {
+        const int64_t per_block = LM_EW_THREADS / 32;
+        int64_t blocks = (rows + per_block - 1) / per_block;
+        LM_ASSERT(blocks <= 0x7fffffff);
+        lm_rms_norm_warp_kernel<<<(unsigned)blocks, LM_EW_THREADS, 0, c->stream>>>(
+            (float *)y->data, (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
+    } else {
+        LM_ASSERT(rows <= 0x7fffffff);
+        lm_rms_norm_block_kernel<<<(unsigned)rows, LM_EW_THREADS, 0, c->stream>>>(
+            (float *)y->data, (const float *)x->data, (const float *)w->data, n, eps, w_offset);
+    }
+    LM_CUDA_LAUNCHED("rms_norm");
+}
+
+/* ---- rope ---------------------------------------------------------------------------- */
+
+/* One thread per (token, frequency): one cos/sin, applied to every head. */
+__global__ void lm_rope_kernel(float *x, int64_t T, int64_t cols, const int32_t *pos, const float *inv_freq,
+                               int n_heads, int head_dim, int half, bool interleaved, double attn_factor) {
+    LM_GRID_LOOP(idx, T * half) {
+        const int64_t t = idx / half;
+        const int i = (int)(idx % half);
+        /* the angle rounded to f32 (a plain f32 product, no contraction possible) */
+        const float af = (float)pos[t] * inv_freq[i];
+        double sn, cs;
+        sincos((double)af, &sn, &cs);
+        cs *= attn_factor;
+        sn *= attn_factor;
+        const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float *xt = x + t * cols;
+        for (int h = 0; h < n_heads; h++) {
+            float *xh = xt + (int64_t)h * head_dim;
+            const double a = xh[ia], b = xh[ib];
+            xh[ia] = (float)(a * cs - b * sn);
+            xh[ib] = (float)(a * sn + b * cs);
+        }
+    }
+}
+
+void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p) {
+    LM_ASSERT(x->type == LM_F32);
+    LM_ASSERT(p->rot_dim >= 0 && p->rot_dim % 2 == 0 && p->rot_dim <= p->head_dim);
+    LM_ASSERT((int64_t)p->n_heads * p->head_dim <= x->cols);
+    if (p->rot_dim == 0 || x->rows == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int half = p->rot_dim / 2;
+    const int32_t *dpos = (const int32_t *)lm_cuda_stage(c, pos, (size_t)x->rows * sizeof *pos);
+    const float *dfreq = (const float *)lm_cuda_stage(c, p->inv_freq, (size_t)half * sizeof(float));
+    const int64_t n = x->rows * half;
+    lm_rope_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)x->data, x->rows, x->cols, dpos, dfreq,
+                                                                       p->n_heads, p->head_dim, half, p->interleaved,
+                                                                       (double)p->attn_factor);
+    LM_CUDA_LAUNCHED("rope");
+}
+
+/* ---- element-wise ------------------------------------------------------------------------ */
+
+__global__ void lm_silu_mul_kernel(float *y, const float *g, const float *u, int64_t n) {
+    LM_GRID_LOOP(i, n) {
+        float a = g[i];
+        y[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+__global__ void lm_add_kernel(float *y, const float *x, int64_t n) {
+    LM_GRID_LOOP(i, n) y[i] += x[i];
+}
+
+__global__ void lm_scale_kernel(float *y, float s, int64_t n) {
+    LM_GRID_LOOP(i, n) y[i] *= s;
+}
+
+__global__ void lm_gelu_mul_kernel(float *y, const float *g, const float *u, int64_t n, bool tanh_approx) {
+    LM_GRID_LOOP(i, n) {
+        double a = g[i], r;
+        if (tanh_approx) r = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+        else r = 0.5 * a * (1.0 + erf(a * 0.7071067811865476));
+        y[i] = (float)(r * u[i]);
+    }
+}
+
+__global__ void lm_softcap_kernel(float *y, double cap, int64_t n) {
+    LM_GRID_LOOP(i, n) y[i] = (float)(cap * tanh((double)y[i] / cap));
+}
+
+__global__ void lm_sigmoid_mul_kernel(float *y, const float *x, const float *gate, int64_t n, int64_t cols,
+                                      bool per_row) {
+    LM_GRID_LOOP(i, n) {
+        if (per_row) {
+            float s = 1.0f / (1.0f + expf(-gate[i / cols]));
+            y[i] = x[i] * s;
+        } else {
+            y[i] = x[i] / (1.0f + expf(-gate[i]));
+        }
+    }
+}
+
+void lm_cuda_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up) {
+    LM_ASSERT(lm_same_shape(y, gate) && lm_same_shape(y, up));
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_silu_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)gate->data,
+                                                                           (const float *)up->data, n);
+    LM_CUDA_LAUNCHED("silu_mul");
+}
+
+void lm_cuda_add(lm_backend *be, lm_tensor *y, const lm_tensor *x) {
+    LM_ASSERT(lm_same_shape(y, x));
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_add_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)x->data, n);
+    LM_CUDA_LAUNCHED("add");
+}
+
+void lm_cuda_scale(lm_backend *be, lm_tensor *y, float s) {
+    LM_ASSERT(y->type == LM_F32);
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_scale_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, s, n);
+    LM_CUDA_LAUNCHED("scale");
+}
+
+void lm_cuda_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up, bool tanh_approx) {
+    LM_ASSERT(lm_same_shape(y, gate) && lm_same_shape(y, up));
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_gelu_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)gate->data,
+                                                                           (const float *)up->data, n, tanh_approx);
+    LM_CUDA_LAUNCHED("gelu_mul");
+}
+
+void lm_cuda_softcap(lm_backend *be, lm_tensor *y, float cap) {
+    LM_ASSERT(y->type == LM_F32 && cap > 0);
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_softcap_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (double)cap, n);
+    LM_CUDA_LAUNCHED("softcap");
+}
+
+void lm_cuda_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && gate->type == LM_F32);
+    LM_ASSERT(y->rows == x->rows && y->cols == x->cols && gate->rows == x->rows);
+    LM_ASSERT(gate->cols == 1 || gate->cols == x->cols);
+    lm_cuda *c = lm_cuda_of(be);
+    const int64_t n = x->rows * x->cols;
+    if (n == 0) return;
+    lm_cuda_use(c);
+    lm_sigmoid_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>(
+        (float *)y->data, (const float *)x->data, (const float *)gate->data, n, x->cols, gate->cols == 1);
+    LM_CUDA_LAUNCHED("sigmoid_mul");
+}
+
+/* ---- rows and columns ----------------------------------------------------------------------- */
+
+/* y[i][j] = table[ids[i]][j] widened to f32 (exact for bf16/f16/f32). */
+template <lm_dtype TT>
+__global__ void lm_get_rows_kernel(float *y, const void *table, const int32_t *ids, int64_t n_rows, int64_t cols) {
+    LM_GRID_LOOP(i, n_rows * cols) {
+        const int64_t r = i / cols, j = i % cols;
+        const int64_t src = (int64_t)ids[r] * cols + j;
+        float v;
+        if constexpr (TT == LM_BF16) v = __uint_as_float((unsigned)((const unsigned short *)table)[src] << 16);
+        else if constexpr (TT == LM_F16) v = __half2float(((const __half *)table)[src]);
+        else v = ((const float *)table)[src];
+        y[i] = v;
+    }
+}
+
+void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids) {
+    LM_ASSERT(y->type == LM_F32 && y->cols == table->cols && table->type != LM_I32);
+    LM_ASSERT(table->type == LM_F32 || table->type == LM_F16 || table->type == LM_BF16);
+    for (int64_t i = 0; i < y->rows; i++) LM_ASSERT(ids[i] >= 0 && ids[i] < table->rows);
+    const int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int32_t *dids = (const int32_t *)lm_cuda_stage(c, ids, (size_t)y->rows * sizeof *ids);
+    const unsigned g = lm_ew_grid(c, n);
+    float *yp = (float *)y->data;
+    switch (table->type) {
+    case LM_BF16:
+        lm_get_rows_kernel<LM_BF16><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        break;
+    case LM_F16:
+        lm_get_rows_kernel<LM_F16><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        break;
+    default:
+        lm_get_rows_kernel<LM_F32><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        break;
+    }
+    LM_CUDA_LAUNCHED("get_rows");
+}
+
+void lm_cuda_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && y->cols == x->cols && n >= 0 && n <= y->rows);
+    LM_ASSERT(y->data != x->data || n == 0);
+    for (int i = 0; i < n; i++) LM_ASSERT(rows[i] >= 0 && rows[i] < x->rows);
+    const int64_t total = (int64_t)n * x->cols;
+    if (total == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int32_t *drows = (const int32_t *)lm_cuda_stage(c, rows, (size_t)n * sizeof *rows);
+    lm_get_rows_kernel<LM_F32><<<lm_ew_grid(c, total), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, x->data, drows,
+                                                                                       n, x->cols);
+    LM_CUDA_LAUNCHED("gather_rows");
+}
+
+void lm_cuda_copy_cols(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t col0) {
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && y->rows == x->rows);
+    LM_ASSERT(col0 >= 0 && y->cols >= 0 && col0 + y->cols <= x->cols && y->data != x->data);
+    if (y->rows == 0 || y->cols == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_CUDA_CHECK(cudaMemcpy2DAsync(y->data, (size_t)y->cols * sizeof(float), (const float *)x->data + col0,
+                                    (size_t)x->cols * sizeof(float), (size_t)y->cols * sizeof(float), (size_t)y->rows,
+                                    cudaMemcpyDeviceToDevice, c->stream));
+}

@@ -1,0 +1,394 @@
+/* cuda_matmul.cu - y[T][O] = x[T][I] W[O][I]^T (+ bias) on the GPU.
+ *
+ * x and y are f32; W is bf16, f16 or f32 in its stored layout [O][I].
+ *
+ * Small T (decode, T <= LM_GEMV_MAX_T): a hand-written GEMV that streams the
+ * weight once for all T tokens. A block of up to 256 threads owns R = 4
+ * consecutive output rows; its threads stride together along the inner
+ * dimension in 16-byte chunks (8 bf16/f16 or 4 f32 per chunk), so each
+ * warp-wide load is 512 contiguous bytes of one row (fully coalesced) and
+ * the four rows give four independent loads per step; the loop takes two
+ * steps at a time, so a thread has 8 x 16 B in flight before it waits.
+ * Weight loads use the evict-first cache hint (__ldcs): they are read once
+ * and should not push x out of L2. Each weight chunk is widened to f32 once
+ * and used for all T tokens; x is read through the read-only path (it is
+ * small and shared by every block: L1/L2 hits). f32 accumulation, then a
+ * warp-shuffle reduction and one pass over shared memory across warps. Rows
+ * that are not 16-byte aligned (I not a multiple of the chunk, or a view at
+ * an odd offset) take the same kernel with element-wise loads.
+ *
+ * Roofline (per call): bytes = O*I*sizeof(W) + T*I*4 (x) + T*O*4 (y)
+ * (+ O*4 bias); flops = 2*T*O*I. For bf16 [4096][4096] at T = 1 that is
+ * 33.6 MB: 7.0 us at the H200's 4.8 TB/s, ~8 us at a realistic ~4.2 TB/s
+ * copy rate; [14336][4096] is 117 MB (~28 us), the [128256][4096] output
+ * head 1.05 GB (~250 us). At T = 8 the kernel does 8 FMAs per 2 weight
+ * bytes: 19 TFMA/s at full bandwidth, ~60% of the f32 FMA peak, which is why
+ * GEMV stops at T = 8 and cuBLAS takes over.
+ *
+ * Large T: cuBLAS on tensor cores. To keep f32 parity with the CPU the
+ * activations are split as hi = bf16(x), lo = bf16(x - hi) (x = hi + lo to
+ * ~2^-17 relative) and y = W hi + W lo, two GEMMs with f32 accumulation
+ * (the second adds with beta = 1; a bias is written into y first). Products
+ * of bf16 values are exact in f32, so the error is that of the split plus
+ * f32 accumulation, ~1e-5 relative. LUMEN_CUDA_GEMM=bf16 (read at backend
+ * creation) keeps only hi: one GEMM, bf16 activations, for benchmarks. f16
+ * weights use the same split in f16, after scaling x by a power of two so
+ * that max|x| lands at 2^14 (no f16 overflow whatever the activations); the
+ * scale is found on the device and undone through alpha (cuBLAS device
+ * pointer mode), so nothing waits for the host. f32 weights use
+ * cublasSgemm (default math: no TF32). */
+#include "cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#ifndef LM_GEMV_MAX_T
+#define LM_GEMV_MAX_T 8 /* tokens up to which the GEMV beats cuBLAS (to be measured on the H200) */
+#endif
+#define LM_GEMV_R 4       /* output rows per block */
+#define LM_GEMV_THREADS 256
+
+/* ---- GEMV ------------------------------------------------------------------------ */
+
+template <lm_dtype WT> struct lm_wt;
+template <> struct lm_wt<LM_BF16> { static constexpr int bytes = 2; };
+template <> struct lm_wt<LM_F16> { static constexpr int bytes = 2; };
+template <> struct lm_wt<LM_F32> { static constexpr int bytes = 4; };
+
+/* 16 bytes of weights -> 16 / sizeof(W) floats. */
+template <lm_dtype WT> __device__ __forceinline__ void lm_widen16(const uint4 v, float *f) {
+    const unsigned u[4] = { v.x, v.y, v.z, v.w };
+    if constexpr (WT == LM_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    } else if constexpr (WT == LM_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h;
+            memcpy(&h, &u[i], sizeof h);
+            float2 ff = __half22float2(h);
+            f[2 * i] = ff.x;
+            f[2 * i + 1] = ff.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[i] = __uint_as_float(u[i]);
+    }
+}
+
+/* One weight element -> float (the unaligned path). */
+template <lm_dtype WT> __device__ __forceinline__ float lm_widen1(const unsigned char *row, int64_t k) {
+    if constexpr (WT == LM_BF16) {
+        unsigned short h = __ldcs((const unsigned short *)row + k);
+        return __uint_as_float((unsigned)h << 16);
+    } else if constexpr (WT == LM_F16) {
+        unsigned short h = __ldcs((const unsigned short *)row + k);
+        return __half2float(__ushort_as_half(h));
+    } else {
+        return __ldcs((const float *)row + k);
+    }
+}
+
+/* VEC: chunks of 16 bytes (rows and x rows 16-byte aligned); else chunks of
+ * one element. Chunk k covers elements [k*EPC, (k+1)*EPC). */
+/* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
+ * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
+ * would spill at 128 and keeps the compiler's choice. */
+template <int T, lm_dtype WT, bool VEC>
+__global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2))
+    lm_gemv_kernel(float *__restrict__ y, const float *__restrict__ x, const unsigned char *__restrict__ w,
+                   const float *__restrict__ bias, int64_t O, int64_t I) {
+    constexpr int R = LM_GEMV_R;
+    constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
+    const int64_t n_chunks = I / EPC;
+    const int64_t o0 = (int64_t)blockIdx.x * R;
+    const size_t ldw = (size_t)I * lm_wt<WT>::bytes;
+    const unsigned char *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)LM_MIN(o0 + r, O - 1) * ldw; /* tail rows: read, not stored */
+
+    float acc[R][T];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+    /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
+    auto step = [&](const float (&wf)[R][EPC], int64_t k) {
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float xv[EPC];
+            const float *xp = x + (size_t)t * I + k * EPC;
+            if constexpr (VEC) {
+#pragma unroll
+                for (int j = 0; j < EPC; j += 4) {
+                    float4 q = __ldg((const float4 *)(xp + j));
+                    xv[j] = q.x;
+                    xv[j + 1] = q.y;
+                    xv[j + 2] = q.z;
+                    xv[j + 3] = q.w;
+                }
+            } else {
+                xv[0] = __ldg(xp);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
+        }
+    };
+    auto load = [&](float (&wf)[R][EPC], int64_t k) {
+        if constexpr (VEC) {
+            uint4 v[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
+#pragma unroll
+            for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
+        }
+    };
+
+    const int64_t stride = blockDim.x;
+    int64_t k = threadIdx.x;
+    /* two chunks per trip: 2 * R loads issued before the first FMA */
+    for (; k + stride < n_chunks; k += 2 * stride) {
+        float wa[R][EPC], wb[R][EPC];
+        if constexpr (VEC) {
+            uint4 va[R], vb[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) va[r] = __ldcs((const uint4 *)wr[r] + k);
+#pragma unroll
+            for (int r = 0; r < R; r++) vb[r] = __ldcs((const uint4 *)wr[r] + k + stride);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                lm_widen16<WT>(va[r], wa[r]);
+                lm_widen16<WT>(vb[r], wb[r]);
+            }
+        } else {
+            load(wa, k);
+            load(wb, k + stride);
+        }
+        step(wa, k);
+        step(wb, k + stride);
+    }
+    if (k < n_chunks) {
+        float wa[R][EPC];
+        load(wa, k);
+        step(wa, k);
+    }
+
+    /* reduce: within each warp by shuffles, then across warps in shared memory */
+    __shared__ float part[LM_GEMV_THREADS / 32][R * T];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) part[warp][r * T + t] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * T; i += blockDim.x) {
+        int r = i / T, t = i % T;
+        int64_t o = o0 + r;
+        if (o >= O) continue;
+        float s = 0.0f;
+        for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
+        y[(size_t)t * O + o] = s + (bias ? bias[o] : 0.0f);
+    }
+}
+
+template <int T, lm_dtype WT>
+static void lm_gemv_launch(lm_cuda *c, float *y, const float *x, const void *w, const float *bias, int64_t O,
+                           int64_t I, bool vec) {
+    int64_t chunks = vec ? I / (16 / lm_wt<WT>::bytes) : I;
+    int threads = (int)LM_MIN((int64_t)LM_GEMV_THREADS, LM_MAX((int64_t)32, (chunks + 31) / 32 * 32));
+    int64_t blocks = (O + LM_GEMV_R - 1) / LM_GEMV_R;
+    LM_ASSERT(blocks <= 0x7fffffff);
+    if (vec)
+        lm_gemv_kernel<T, WT, true><<<(unsigned)blocks, threads, 0, c->stream>>>(y, x, (const unsigned char *)w,
+                                                                                  bias, O, I);
+    else
+        lm_gemv_kernel<T, WT, false><<<(unsigned)blocks, threads, 0, c->stream>>>(y, x, (const unsigned char *)w,
+                                                                                   bias, O, I);
+    LM_CUDA_LAUNCHED("gemv");
+}
+
+template <lm_dtype WT>
+static void lm_gemv_t(lm_cuda *c, int T, float *y, const float *x, const void *w, const float *bias, int64_t O,
+                      int64_t I, bool vec) {
+    switch (T) {
+    case 1: lm_gemv_launch<1, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 2: lm_gemv_launch<2, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 3: lm_gemv_launch<3, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 4: lm_gemv_launch<4, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 5: lm_gemv_launch<5, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 6: lm_gemv_launch<6, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 7: lm_gemv_launch<7, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 8: lm_gemv_launch<8, WT>(c, y, x, w, bias, O, I, vec); break;
+    default: LM_ASSERT(!"gemv: T out of range");
+    }
+}
+
+static bool lm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+                    int64_t O, int64_t I) {
+    int epc = wt == LM_F32 ? 4 : 8;
+    /* chunks of 16 B need every weight row and every x row 16-byte aligned */
+    bool vec = I % epc == 0 && lm_aligned16(w) && lm_aligned16(x);
+    switch (wt) {
+    case LM_BF16: lm_gemv_t<LM_BF16>(c, T, y, x, w, bias, O, I, vec); break;
+    case LM_F16: lm_gemv_t<LM_F16>(c, T, y, x, w, bias, O, I, vec); break;
+    case LM_F32: lm_gemv_t<LM_F32>(c, T, y, x, w, bias, O, I, vec); break;
+    default: LM_ASSERT(!"gemv: weight type");
+    }
+}
+
+/* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */
+
+/* y[t][o] = bias[o] */
+__global__ void lm_bias_fill_kernel(float *y, const float *bias, int64_t T, int64_t O) {
+    int64_t n = T * O;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = bias[i % O];
+}
+
+/* hi = bf16(x), lo = bf16(x - hi) (lo NULL: hi only). */
+__global__ void lm_split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+/* amax (as the bits of a non-negative float, which order as unsigned) of |x|. */
+__global__ void lm_absmax_kernel(unsigned *amax, const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m; /* NaN is skipped; it propagates through the GEMM anyway */
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+/* hi = f16(x s), lo = f16(x s - hi) with s = 2^(14 - ceil(log2 amax)); consts
+ * gets { 1/s, 0, 1 } for the GEMMs' alpha and beta (device pointer mode). */
+__global__ void lm_split_f16_kernel(__half *hi, __half *lo, float *consts, const unsigned *amax_bits, const float *x,
+                                    int64_t n) {
+    float amax = __uint_as_float(*amax_bits);
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.0e38f) (void)frexpf(amax, &e); /* amax = f * 2^e, f in [0.5, 1) */
+    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    float s = ldexpf(1.0f, 14 - e);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        consts[0] = ldexpf(1.0f, e - 14);
+        consts[1] = 0.0f;
+        consts[2] = 1.0f;
+    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i] * s; /* exact: a power of two */
+        __half h = __float2half_rn(v);
+        hi[i] = h;
+        if (lo) lo[i] = __float2half_rn(v - __half2float(h));
+    }
+}
+
+static unsigned lm_grid_1d(lm_cuda *c, int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)(c->n_sms > 0 ? c->n_sms : 64) * 16;
+    return (unsigned)LM_MAX((int64_t)1, LM_MIN(b, cap));
+}
+
+static size_t lm_al256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+                    int64_t O, int64_t I) {
+    LM_ASSERT(T <= 0x7fffffff && O <= 0x7fffffff && I <= 0x7fffffff);
+    const int m = (int)O, n = (int)T, k = (int)I;
+    const float one = 1.0f, zero = 0.0f;
+    if (bias) {
+        lm_bias_fill_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(y, bias, T, O);
+        LM_CUDA_LAUNCHED("bias_fill");
+    }
+    if (wt == LM_F32) {
+        /* column-major view: y^T (O x T) = W^T' (O x I) * x^T (I x T) */
+        LM_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k,
+                                    bias ? &one : &zero, y, m));
+        return;
+    }
+    const bool split = c->gemm_mode == LM_CUDA_GEMM_SPLIT;
+    const int64_t nx = T * I;
+    const size_t part = lm_al256((size_t)nx * 2);
+    unsigned char *ws = (unsigned char *)lm_cuda_matmul_ws(c, 256 + 2 * part);
+    void *hi = ws + 256, *lo = split ? ws + 256 + part : NULL;
+    const unsigned th = 256, grid = lm_grid_1d(c, nx, 256);
+    if (wt == LM_BF16) {
+        lm_split_bf16_kernel<<<grid, th, 0, c->stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, nx);
+        LM_CUDA_LAUNCHED("split_bf16");
+        LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, hi,
+                                     CUDA_R_16BF, k, bias ? &one : &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+        if (split)
+            LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, lo,
+                                         CUDA_R_16BF, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    LM_ASSERT(wt == LM_F16);
+    /* ws[0..3]: amax bits; ws[16..27]: consts {1/s, 0, 1} */
+    unsigned *amax = (unsigned *)ws;
+    float *consts = (float *)(ws + 16);
+    LM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, c->stream));
+    lm_absmax_kernel<<<grid, th, 0, c->stream>>>(amax, x, nx);
+    LM_CUDA_LAUNCHED("absmax");
+    lm_split_f16_kernel<<<grid, th, 0, c->stream>>>((__half *)hi, (__half *)lo, consts, amax, x, nx);
+    LM_CUDA_LAUNCHED("split_f16");
+    LM_CUBLAS_CHECK(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_DEVICE));
+    cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, consts, w, CUDA_R_16F, k, hi,
+                                     CUDA_R_16F, k, bias ? consts + 2 : consts + 1, y, CUDA_R_32F, m,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st == CUBLAS_STATUS_SUCCESS && split)
+        st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, consts, w, CUDA_R_16F, k, lo, CUDA_R_16F, k,
+                          consts + 2, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    LM_CUBLAS_CHECK(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_HOST)); /* the handle is shared */
+    LM_CUBLAS_CHECK(st);
+}
+
+/* ---- entry ---------------------------------------------------------------------------- */
+
+void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32);
+    LM_ASSERT(w->type == LM_BF16 || w->type == LM_F16 || w->type == LM_F32);
+    LM_ASSERT(x->cols == w->cols && y->rows == x->rows && y->cols == w->rows);
+    LM_ASSERT(!bias || (bias->type == LM_F32 && bias->rows * bias->cols == w->rows));
+    LM_ASSERT(y->data != x->data || x->rows == 0);
+    const int64_t T = x->rows, O = w->rows, I = w->cols;
+    if (T == 0 || O == 0) return;
+    lm_cuda_use(c);
+    float *yp = (float *)y->data;
+    const float *bp = bias ? (const float *)bias->data : NULL;
+    if (I == 0) {
+        if (bp) {
+            lm_bias_fill_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(yp, bp, T, O);
+            LM_CUDA_LAUNCHED("bias_fill");
+        } else {
+            LM_CUDA_CHECK(cudaMemsetAsync(yp, 0, (size_t)(T * O) * sizeof(float), c->stream));
+        }
+        return;
+    }
+    if (T <= LM_GEMV_MAX_T) lm_gemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+    else lm_gemm(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+}

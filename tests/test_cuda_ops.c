@@ -1,0 +1,536 @@
+/* test_cuda_ops.c - the CUDA backend's matmul and element-wise ops against
+ * the CPU backend, and its setup and staging.
+ *
+ * Every op test builds random inputs (never zeros), runs the op on the CPU
+ * backend and on the CUDA backend, where outputs are first poisoned with NaN
+ * bytes, and compares. Without a GPU (or in a build without CUDA) each test
+ * LM_SKIPs with lm_cuda_available's reason; the creation test runs
+ * everywhere and checks that the failure is a message, not a crash.
+ *
+ * Tolerances, stated per op (ref = the CPU backend's result):
+ *   matmul GEMV (T <= 8), f32 weights: |y - ref| <= 2e-5 * sum_i |x_i w_i| + 1e-6
+ *   matmul hi/lo split (T > 8, bf16/f16): 1e-4 * sum_i |x_i w_i| + 1e-6
+ *   matmul LUMEN_CUDA_GEMM=bf16 (T > 8): 1e-2 * sum_i |x_i w_i| + 1e-6
+ *   rms_norm, rope, gelu_mul, softcap (double arithmetic on both sides):
+ *              2e-6 relative + 1e-6 absolute
+ *   silu_mul, sigmoid_mul (f32 expf on both, ulps apart): 1e-5 relative + 1e-6
+ *   add, scale, get_rows, gather_rows, copy_cols: exact */
+#include "lm_test.h"
+
+#include "backend/lm_backend.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static float cu_rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+/* Random values in [-amp, amp) pushed away from zero (|v| >= amp / 64). */
+static float *cu_randv(uint64_t *s, int64_t n, float amp) {
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++) {
+        float r = cu_rnd(s);
+        if (fabsf(r) < 1.0f / 64) r = r < 0 ? -1.0f / 64 : 1.0f / 64;
+        v[i] = amp * r;
+    }
+    return v;
+}
+
+typedef struct cu_pair {
+    lm_backend *cpu, *gpu;
+} cu_pair;
+
+#define CU_SETUP(p)                                                   \
+    char why_[512];                                                   \
+    if (!lm_cuda_available(why_, sizeof why_)) LM_SKIP("%s", why_);   \
+    cu_pair p;                                                        \
+    LM_REQUIRE(cu_open(&p, why_, sizeof why_));
+
+static bool cu_open(cu_pair *p, char *why, size_t n) {
+    lm_err e = { { 0 } };
+    p->cpu = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    p->gpu = p->cpu ? lm_cuda_backend_create(0, &e) : NULL;
+    if (!p->gpu) {
+        snprintf(why, n, "%s", e.msg);
+        fprintf(stderr, "  backend creation failed: %s\n", e.msg);
+        lm_backend_destroy(p->cpu);
+        return false;
+    }
+    return true;
+}
+
+static void cu_close(cu_pair *p) {
+    lm_backend_destroy(p->gpu);
+    lm_backend_destroy(p->cpu);
+}
+
+/* An f32 tensor on be holding host values (or poison when host is NULL). */
+static lm_tensor cu_put(lm_backend *be, const float *host, int64_t rows, int64_t cols) {
+    lm_tensor t;
+    LM_ASSERT(lm_tensor_alloc(be, &t, rows, cols) == 0);
+    size_t bytes = (size_t)(rows * cols) * sizeof(float);
+    if (host) {
+        be->ops->write(be, t.data, host, bytes);
+    } else {
+        unsigned char *nan = malloc(bytes ? bytes : 1);
+        memset(nan, 0xff, bytes); /* NaN in every float */
+        be->ops->write(be, t.data, nan, bytes);
+        free(nan);
+    }
+    return t;
+}
+
+static float *cu_get(lm_backend *be, const lm_tensor *t) {
+    size_t n = (size_t)(t->rows * t->cols);
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    be->ops->read(be, h, t->data, n * sizeof *h);
+    return h;
+}
+
+/* Counts elements outside |a - b| <= rel |b| + abs; prints the first few. */
+static int cu_cmp(const char *what, const float *a, const float *b, int64_t n, double rel, double abs_) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= rel * fabs((double)b[i]) + abs_)) {
+            if (bad < 5) fprintf(stderr, "  %s[%lld]: cuda %.9g, cpu %.9g\n", what, (long long)i, a[i], b[i]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ---- creation, everywhere -------------------------------------------------- */
+
+LM_TEST(cuda_create_or_explain) {
+    char why[512] = "";
+    bool avail = lm_cuda_available(why, sizeof why);
+    LM_CHECK(why[0] != '\0');
+    fprintf(stderr, "  lm_cuda_available: %s: %s\n", avail ? "yes" : "no", why);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cuda_backend_create(0, &e);
+    if (!avail) {
+        LM_CHECK(be == NULL);
+        LM_CHECK(e.msg[0] != '\0');
+    } else {
+        LM_REQUIRE(be != NULL);
+        LM_CHECK(strcmp(be->name, "cuda") == 0);
+        size_t fr = 0, tot = 0;
+        lm_backend_mem_info(be, &fr, &tot);
+        LM_CHECK(tot > 0 && fr > 0 && fr <= tot);
+        lm_backend_sync(be);
+        lm_backend_destroy(be);
+    }
+    /* a device that does not exist: a message, never a crash */
+    lm_err e2 = { { 0 } };
+    LM_CHECK(lm_cuda_backend_create(9999, &e2) == NULL);
+    LM_CHECK(e2.msg[0] != '\0');
+    /* the CPU backend answers the device queries with nothing */
+    lm_err e3 = { { 0 } };
+    lm_backend *cpu = lm_cpu_backend_create(1, LM_ISA_AUTO, &e3);
+    LM_REQUIRE(cpu != NULL);
+    size_t fr = 1, tot = 1;
+    lm_backend_mem_info(cpu, &fr, &tot);
+    LM_CHECK(fr == 0 && tot == 0);
+    lm_backend_sync(cpu);
+    lm_backend_destroy(cpu);
+}
+
+/* ---- weights -------------------------------------------------------------------- */
+
+LM_TEST(cuda_upload_weight_types) {
+    CU_SETUP(p);
+    uint8_t blk[34 * 4] = { 0 };
+    lm_tensor q = { .type = LM_Q8_0, .rows = 2, .cols = 64 };
+    lm_err e = { { 0 } };
+    LM_CHECK(p.gpu->ops->upload_weight(p.gpu, &q, blk, &e) != 0);
+    LM_CHECK(strstr(e.msg, "q8_0") || strstr(e.msg, "Q8_0"));
+    LM_CHECK(strstr(e.msg, "bf16") != NULL);
+    fprintf(stderr, "  q8_0 upload: %s\n", e.msg);
+    cu_close(&p);
+}
+
+/* ---- matmul ---------------------------------------------------------------------- */
+
+/* Host weight of type t [O][I] from random values; *deq gets its f32 value. */
+static void *cu_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s, float **deq) {
+    size_t n = (size_t)(O * I);
+    float *v = cu_randv(s, (int64_t)n, 1.0f);
+    void *w = malloc(n * (t == LM_F32 ? 4 : 2) + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (t == LM_F32) {
+            ((float *)w)[i] = v[i];
+        } else if (t == LM_BF16) {
+            uint16_t h = lm_f32_to_bf16(v[i]);
+            ((uint16_t *)w)[i] = h;
+            v[i] = lm_bf16_to_f32(h);
+        } else {
+            uint16_t h = lm_f32_to_f16(v[i]);
+            ((uint16_t *)w)[i] = h;
+            v[i] = lm_f16_to_f32(h);
+        }
+    }
+    *deq = v;
+    return w;
+}
+
+/* Runs one matmul shape on both backends; returns the number of bad outputs. */
+static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t I, bool with_bias, double tol,
+                          uint64_t seed) {
+    uint64_t s = seed;
+    float *wdeq;
+    void *wh = cu_weight(wt, O, I, &s, &wdeq);
+    float *xh = cu_randv(&s, T * I, 2.0f);
+    float *bh = cu_randv(&s, O, 0.5f);
+    lm_err e = { { 0 } };
+    lm_tensor wc = { .type = wt, .rows = O, .cols = I }, wg = wc;
+    LM_ASSERT(p->cpu->ops->upload_weight(p->cpu, &wc, wh, &e) == 0);
+    if (p->gpu->ops->upload_weight(p->gpu, &wg, wh, &e) != 0) {
+        fprintf(stderr, "  upload: %s\n", e.msg);
+        return 1;
+    }
+    lm_tensor xc = cu_put(p->cpu, xh, T, I), xg = cu_put(p->gpu, xh, T, I);
+    lm_tensor bc = cu_put(p->cpu, bh, 1, O), bg = cu_put(p->gpu, bh, 1, O);
+    lm_tensor yc = cu_put(p->cpu, NULL, T, O), yg = cu_put(p->gpu, NULL, T, O);
+    p->cpu->ops->matmul(p->cpu, &yc, &xc, &wc, with_bias ? &bc : NULL);
+    p->gpu->ops->matmul(p->gpu, &yg, &xg, &wg, with_bias ? &bg : NULL);
+    float *a = cu_get(p->gpu, &yg), *b = cu_get(p->cpu, &yc);
+    int bad = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < O; o++) {
+            double cond = 0;
+            for (int64_t i = 0; i < I; i++) cond += fabs((double)xh[t * I + i] * wdeq[o * I + i]);
+            double d = fabs((double)a[t * O + o] - b[t * O + o]);
+            if (!(d <= tol * cond + 1e-6)) {
+                if (bad < 3)
+                    fprintf(stderr, "  matmul %s T=%lld O=%lld I=%lld bias=%d y[%lld][%lld]: cuda %.9g cpu %.9g\n",
+                            lm_dtype_name(wt), (long long)T, (long long)O, (long long)I, with_bias, (long long)t,
+                            (long long)o, a[t * O + o], b[t * O + o]);
+                bad++;
+            }
+        }
+    free(a);
+    free(b);
+    lm_tensor_release(p->cpu, &xc);
+    lm_tensor_release(p->gpu, &xg);
+    lm_tensor_release(p->cpu, &bc);
+    lm_tensor_release(p->gpu, &bg);
+    lm_tensor_release(p->cpu, &yc);
+    lm_tensor_release(p->gpu, &yg);
+    p->gpu->ops->free(p->gpu, wg.data);
+    free(wh);
+    free(wdeq);
+    free(xh);
+    free(bh);
+    return bad;
+}
+
+static const lm_dtype cu_wtypes[] = { LM_BF16, LM_F16, LM_F32 };
+
+LM_TEST(cuda_matmul_vs_cpu) {
+    CU_SETUP(p);
+    static const int64_t Ts[] = { 1, 2, 3, 8, 9, 64, 300 };
+    /* (O, I): odd O (block tails), I not a multiple of 8 (element-wise GEMV
+     * path), I straddling the thread stride, a model-like shape */
+    static const int64_t shapes[][2] = { { 67, 37 }, { 130, 1000 }, { 257, 2056 }, { 512, 4096 } };
+    uint64_t seed = 1;
+    for (size_t ti = 0; ti < LM_COUNT(Ts); ti++)
+        for (size_t si = 0; si < LM_COUNT(shapes); si++)
+            for (size_t wi = 0; wi < LM_COUNT(cu_wtypes); wi++)
+                for (int bias = 0; bias < 2; bias++) {
+                    int64_t T = Ts[ti];
+                    lm_dtype wt = cu_wtypes[wi];
+                    double tol = (T <= 8 || wt == LM_F32) ? 2e-5 : 1e-4;
+                    int bad = cu_matmul_case(&p, wt, T, shapes[si][0], shapes[si][1], bias, tol, seed++);
+                    LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld O=%lld I=%lld bias=%d", bad,
+                                 lm_dtype_name(wt), (long long)T, (long long)shapes[si][0],
+                                 (long long)shapes[si][1], bias);
+                }
+    cu_close(&p);
+}
+
+/* A weight view at an odd row offset (rows not 16-byte aligned) and large
+ * activations (f16 range guard of the split path). */
+LM_TEST(cuda_matmul_views_and_range) {
+    CU_SETUP(p);
+    uint64_t s = 99;
+    const int64_t O = 65, I = 100, T = 12; /* bf16/f16: element-wise path; f32: vectorised */
+    for (size_t wi = 0; wi < LM_COUNT(cu_wtypes); wi++) {
+        lm_dtype wt = cu_wtypes[wi];
+        size_t eb = wt == LM_F32 ? 4 : 2;
+        float *wdeq;
+        void *wh = cu_weight(wt, O, I, &s, &wdeq);
+        lm_err e = { { 0 } };
+        lm_tensor wfull = { .type = wt, .rows = O, .cols = I };
+        LM_REQUIRE(p.gpu->ops->upload_weight(p.gpu, &wfull, wh, &e) == 0);
+        /* rows [1, O): the CPU reference gets the same rows in place */
+        lm_tensor wg = { .type = wt, .rows = O - 1, .cols = I, .data = (char *)wfull.data + (size_t)I * eb };
+        lm_tensor wc = { .type = wt, .rows = O - 1, .cols = I, .data = (char *)wh + (size_t)I * eb };
+        for (int big = 0; big < 2; big++) {
+            for (int64_t t = 1; t <= T; t += T - 1) {
+                float *xh = cu_randv(&s, t * I, big ? 3.0e5f : 1.0f); /* 3e5: beyond f16's 65504 */
+                lm_tensor xc = cu_put(p.cpu, xh, t, I), xg = cu_put(p.gpu, xh, t, I);
+                lm_tensor yc = cu_put(p.cpu, NULL, t, O - 1), yg = cu_put(p.gpu, NULL, t, O - 1);
+                p.cpu->ops->matmul(p.cpu, &yc, &xc, &wc, NULL);
+                p.gpu->ops->matmul(p.gpu, &yg, &xg, &wg, NULL);
+                float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
+                int bad = 0;
+                for (int64_t r = 0; r < t; r++)
+                    for (int64_t o = 0; o < O - 1; o++) {
+                        double cond = 0;
+                        for (int64_t i = 0; i < I; i++) cond += fabs((double)xh[r * I + i] * wdeq[(o + 1) * I + i]);
+                        double d = fabs((double)a[r * (O - 1) + o] - b[r * (O - 1) + o]);
+                        if (!(d <= 1e-4 * cond + 1e-6)) bad++;
+                    }
+                LM_CHECK_MSG(bad == 0, "%d bad: %s T=%lld big=%d", bad, lm_dtype_name(wt), (long long)t, big);
+                free(a);
+                free(b);
+                free(xh);
+                lm_tensor_release(p.cpu, &xc);
+                lm_tensor_release(p.gpu, &xg);
+                lm_tensor_release(p.cpu, &yc);
+                lm_tensor_release(p.gpu, &yg);
+            }
+        }
+        p.gpu->ops->free(p.gpu, wfull.data);
+        free(wh);
+        free(wdeq);
+    }
+    cu_close(&p);
+}
+
+/* LUMEN_CUDA_GEMM=bf16: activations rounded to bf16 above the GEMV range. */
+LM_TEST(cuda_matmul_bf16_mode) {
+    char why[512];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    const char *old = getenv("LUMEN_CUDA_GEMM");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("LUMEN_CUDA_GEMM", "bf16", 1);
+    cu_pair p;
+    bool ok = cu_open(&p, why, sizeof why);
+    if (saved) setenv("LUMEN_CUDA_GEMM", saved, 1);
+    else unsetenv("LUMEN_CUDA_GEMM");
+    free(saved);
+    LM_REQUIRE(ok);
+    uint64_t seed = 7;
+    for (size_t wi = 0; wi < 2; wi++) {
+        int bad = cu_matmul_case(&p, cu_wtypes[wi], 64, 130, 1000, true, 1e-2, seed++);
+        LM_CHECK_MSG(bad == 0, "%d bad (%s)", bad, lm_dtype_name(cu_wtypes[wi]));
+    }
+    cu_close(&p);
+}
+
+/* ---- element-wise ----------------------------------------------------------------- */
+
+LM_TEST(cuda_rms_norm_vs_cpu) {
+    CU_SETUP(p);
+    /* (rows, cols, w width): whole rows, per-head rows, wide rows (block path) */
+    static const int64_t shapes[][3] = { { 5, 1000, 1000 }, { 7, 4 * 128, 128 }, { 3, 3000, 3000 }, { 1, 64, 64 } };
+    static const float offs[] = { 0.0f, 1.0f };
+    uint64_t s = 3;
+    for (size_t si = 0; si < LM_COUNT(shapes); si++)
+        for (size_t oi = 0; oi < LM_COUNT(offs); oi++) {
+            int64_t R = shapes[si][0], C = shapes[si][1], W = shapes[si][2];
+            float *xh = cu_randv(&s, R * C, 3.0f), *wh = cu_randv(&s, W, 1.0f);
+            lm_tensor xc = cu_put(p.cpu, xh, R, C), xg = cu_put(p.gpu, xh, R, C);
+            lm_tensor wc = cu_put(p.cpu, wh, 1, W), wg = cu_put(p.gpu, wh, 1, W);
+            lm_tensor yc = cu_put(p.cpu, NULL, R, C), yg = cu_put(p.gpu, NULL, R, C);
+            p.cpu->ops->rms_norm(p.cpu, &yc, &xc, &wc, 1e-6f, offs[oi]);
+            p.gpu->ops->rms_norm(p.gpu, &yg, &xg, &wg, 1e-6f, offs[oi]);
+            float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
+            LM_CHECK(cu_cmp("rms_norm", a, b, R * C, 2e-6, 1e-6) == 0);
+            free(a); free(b); free(xh); free(wh);
+            lm_tensor_release(p.cpu, &xc); lm_tensor_release(p.gpu, &xg);
+            lm_tensor_release(p.cpu, &wc); lm_tensor_release(p.gpu, &wg);
+            lm_tensor_release(p.cpu, &yc); lm_tensor_release(p.gpu, &yg);
+        }
+    cu_close(&p);
+}
+
+LM_TEST(cuda_rope_vs_cpu) {
+    CU_SETUP(p);
+    uint64_t s = 5;
+    const int64_t T = 9;
+    const int H = 3, Dh = 64;
+    const int64_t cols = H * Dh + 16; /* wider than the heads: the tail must stay untouched */
+    int32_t pos[9] = { 0, 1, 2, 17, 255, 1000, 4095, 30000, 131071 };
+    static const int rots[] = { 64, 32 };
+    for (int inter = 0; inter < 2; inter++)
+        for (size_t ri = 0; ri < LM_COUNT(rots); ri++) {
+            int rot = rots[ri];
+            float inv[32];
+            for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * (float)i / (float)rot);
+            lm_rope_params rp = { .n_heads = H, .head_dim = Dh, .rot_dim = rot, .interleaved = inter != 0,
+                                  .inv_freq = inv, .attn_factor = inter ? 1.0f : 1.25f };
+            float *xh = cu_randv(&s, T * cols, 2.0f);
+            lm_tensor xc = cu_put(p.cpu, xh, T, cols), xg = cu_put(p.gpu, xh, T, cols);
+            p.cpu->ops->rope(p.cpu, &xc, pos, &rp);
+            p.gpu->ops->rope(p.gpu, &xg, pos, &rp);
+            float *a = cu_get(p.gpu, &xg), *b = cu_get(p.cpu, &xc);
+            LM_CHECK(cu_cmp("rope", a, b, T * cols, 2e-6, 1e-6) == 0);
+            free(a); free(b); free(xh);
+            lm_tensor_release(p.cpu, &xc); lm_tensor_release(p.gpu, &xg);
+        }
+    cu_close(&p);
+}
+
+/* silu_mul, gelu_mul (both forms), add, scale, softcap, sigmoid_mul (both
+ * gate shapes) on one odd shape. */
+LM_TEST(cuda_elementwise_vs_cpu) {
+    CU_SETUP(p);
+    uint64_t s = 11;
+    const int64_t R = 7, C = 1001;
+    float *gh = cu_randv(&s, R * C, 6.0f), *uh = cu_randv(&s, R * C, 2.0f), *g1 = cu_randv(&s, R, 4.0f);
+    lm_tensor gc = cu_put(p.cpu, gh, R, C), gg = cu_put(p.gpu, gh, R, C);
+    lm_tensor uc = cu_put(p.cpu, uh, R, C), ug = cu_put(p.gpu, uh, R, C);
+    lm_tensor g1c = cu_put(p.cpu, g1, R, 1), g1g = cu_put(p.gpu, g1, R, 1);
+    for (int op = 0; op < 8; op++) {
+        lm_tensor yc = cu_put(p.cpu, op >= 3 && op <= 5 ? uh : NULL, R, C);
+        lm_tensor yg = cu_put(p.gpu, op >= 3 && op <= 5 ? uh : NULL, R, C);
+        double rel = 2e-6;
+        const char *name = "";
+        switch (op) {
+        case 0: name = "silu_mul"; rel = 1e-5;
+            p.cpu->ops->silu_mul(p.cpu, &yc, &gc, &uc); p.gpu->ops->silu_mul(p.gpu, &yg, &gg, &ug); break;
+        case 1: name = "gelu_mul tanh";
+            p.cpu->ops->gelu_mul(p.cpu, &yc, &gc, &uc, true); p.gpu->ops->gelu_mul(p.gpu, &yg, &gg, &ug, true); break;
+        case 2: name = "gelu_mul erf";
+            p.cpu->ops->gelu_mul(p.cpu, &yc, &gc, &uc, false); p.gpu->ops->gelu_mul(p.gpu, &yg, &gg, &ug, false); break;
+        case 3: name = "add"; rel = 0;
+            p.cpu->ops->add(p.cpu, &yc, &gc); p.gpu->ops->add(p.gpu, &yg, &gg); break;
+        case 4: name = "scale"; rel = 0;
+            p.cpu->ops->scale(p.cpu, &yc, -0.37f); p.gpu->ops->scale(p.gpu, &yg, -0.37f); break;
+        case 5: name = "softcap";
+            p.cpu->ops->softcap(p.cpu, &yc, 1.5f); p.gpu->ops->softcap(p.gpu, &yg, 1.5f); break;
+        case 6: name = "sigmoid_mul"; rel = 1e-5;
+            p.cpu->ops->sigmoid_mul(p.cpu, &yc, &uc, &gc); p.gpu->ops->sigmoid_mul(p.gpu, &yg, &ug, &gg); break;
+        case 7: name = "sigmoid_mul row gate"; rel = 1e-5;
+            p.cpu->ops->sigmoid_mul(p.cpu, &yc, &uc, &g1c); p.gpu->ops->sigmoid_mul(p.gpu, &yg, &ug, &g1g); break;
+        }
+        float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
+        int bad = cu_cmp(name, a, b, R * C, rel, rel ? 1e-6 : 0);
+        LM_CHECK_MSG(bad == 0, "%s: %d bad", name, bad);
+        free(a); free(b);
+        lm_tensor_release(p.cpu, &yc); lm_tensor_release(p.gpu, &yg);
+    }
+    /* sigmoid_mul in place (y is x) */
+    lm_tensor xc = cu_put(p.cpu, uh, R, C), xg = cu_put(p.gpu, uh, R, C);
+    p.cpu->ops->sigmoid_mul(p.cpu, &xc, &xc, &gc);
+    p.gpu->ops->sigmoid_mul(p.gpu, &xg, &xg, &gg);
+    float *a = cu_get(p.gpu, &xg), *b = cu_get(p.cpu, &xc);
+    LM_CHECK(cu_cmp("sigmoid_mul in place", a, b, R * C, 1e-5, 1e-6) == 0);
+    free(a); free(b);
+    lm_tensor_release(p.cpu, &xc); lm_tensor_release(p.gpu, &xg);
+    lm_tensor_release(p.cpu, &gc); lm_tensor_release(p.gpu, &gg);
+    lm_tensor_release(p.cpu, &uc); lm_tensor_release(p.gpu, &ug);
+    lm_tensor_release(p.cpu, &g1c); lm_tensor_release(p.gpu, &g1g);
+    free(gh); free(uh); free(g1);
+    cu_close(&p);
+}
+
+LM_TEST(cuda_rows_vs_cpu) {
+    CU_SETUP(p);
+    uint64_t s = 13;
+    const int64_t V = 50, C = 37, T = 11;
+    int32_t ids[11] = { 0, 49, 3, 3, 17, 48, 1, 25, 0, 30, 12 };
+    for (size_t wi = 0; wi < LM_COUNT(cu_wtypes); wi++) {
+        lm_dtype wt = cu_wtypes[wi];
+        float *deq;
+        void *th = cu_weight(wt, V, C, &s, &deq);
+        lm_err e = { { 0 } };
+        lm_tensor tc = { .type = wt, .rows = V, .cols = C }, tg = tc;
+        LM_REQUIRE(p.cpu->ops->upload_weight(p.cpu, &tc, th, &e) == 0);
+        LM_REQUIRE(p.gpu->ops->upload_weight(p.gpu, &tg, th, &e) == 0);
+        lm_tensor yc = cu_put(p.cpu, NULL, T, C), yg = cu_put(p.gpu, NULL, T, C);
+        p.cpu->ops->get_rows(p.cpu, &yc, &tc, ids);
+        p.gpu->ops->get_rows(p.gpu, &yg, &tg, ids);
+        float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
+        LM_CHECK_MSG(memcmp(a, b, (size_t)(T * C) * sizeof(float)) == 0, "get_rows %s", lm_dtype_name(wt));
+        free(a); free(b); free(th); free(deq);
+        lm_tensor_release(p.cpu, &yc); lm_tensor_release(p.gpu, &yg);
+    }
+    /* gather_rows: n < y->rows; rows past n are left alone (poison stays) */
+    float *xh = cu_randv(&s, V * C, 1.0f);
+    lm_tensor xc = cu_put(p.cpu, xh, V, C), xg = cu_put(p.gpu, xh, V, C);
+    lm_tensor yc = cu_put(p.cpu, NULL, T, C), yg = cu_put(p.gpu, NULL, T, C);
+    int n = 7;
+    p.cpu->ops->gather_rows(p.cpu, &yc, &xc, ids, n);
+    p.gpu->ops->gather_rows(p.gpu, &yg, &xg, ids, n);
+    float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
+    LM_CHECK(memcmp(a, b, (size_t)(n * C) * sizeof(float)) == 0);
+    LM_CHECK(isnan(a[n * C]) && isnan(a[T * C - 1]));
+    free(a); free(b);
+    lm_tensor_release(p.cpu, &yc); lm_tensor_release(p.gpu, &yg);
+    /* copy_cols: a block from the middle of each row */
+    lm_tensor zc = cu_put(p.cpu, NULL, V, 13), zg = cu_put(p.gpu, NULL, V, 13);
+    p.cpu->ops->copy_cols(p.cpu, &zc, &xc, 5);
+    p.gpu->ops->copy_cols(p.gpu, &zg, &xg, 5);
+    a = cu_get(p.gpu, &zg);
+    b = cu_get(p.cpu, &zc);
+    LM_CHECK(memcmp(a, b, (size_t)(V * 13) * sizeof(float)) == 0);
+    free(a); free(b);
+    lm_tensor_release(p.cpu, &zc); lm_tensor_release(p.gpu, &zg);
+    /* clear and copy (also overlapping, memmove semantics) */
+    lm_tensor w1 = cu_put(p.gpu, xh, V, C);
+    p.gpu->ops->copy(p.gpu, (float *)w1.data + 3, w1.data, (size_t)(V * C - 3) * sizeof(float));
+    a = cu_get(p.gpu, &w1);
+    LM_CHECK(memcmp(a + 3, xh, (size_t)(V * C - 3) * sizeof(float)) == 0);
+    free(a);
+    p.gpu->ops->clear(p.gpu, w1.data, (size_t)(V * C) * sizeof(float));
+    a = cu_get(p.gpu, &w1);
+    int nz = 0;
+    for (int64_t i = 0; i < V * C; i++) nz += a[i] != 0.0f;
+    LM_CHECK(nz == 0);
+    free(a);
+    lm_tensor_release(p.gpu, &w1);
+    lm_tensor_release(p.cpu, &xc); lm_tensor_release(p.gpu, &xg);
+    free(xh);
+    cu_close(&p);
+}
+
+/* Many staged ops in a row before one read: the staging ring (64 MiB) wraps
+ * several times, and one request larger than a quarter of it makes it grow;
+ * every op must still see its own ids. */
+LM_TEST(cuda_staging_ring_wraps) {
+    CU_SETUP(p);
+    const int64_t V = 1000;
+    float *th = malloc((size_t)V * sizeof *th);
+    for (int64_t i = 0; i < V; i++) th[i] = (float)i + 0.5f;
+    lm_tensor tg = cu_put(p.gpu, th, V, 1);
+    const int64_t per = (int64_t)1 << 18; /* 1 MiB of ids per op */
+    const int n_ops = 200;                /* 200 MiB staged: ~3 laps */
+    const int64_t big = (int64_t)1 << 23; /* 32 MiB in one request: grows the ring */
+    int32_t *ids = malloc((size_t)big * sizeof *ids);
+    lm_tensor yg = cu_put(p.gpu, NULL, per * n_ops, 1), bg = cu_put(p.gpu, NULL, big, 1);
+    for (int k = 0; k < n_ops; k++) {
+        for (int64_t i = 0; i < per; i++) ids[i] = (int32_t)((i * 7 + k * 13) % V);
+        lm_tensor yk = lm_tensor_rows(&yg, k * per, per);
+        p.gpu->ops->get_rows(p.gpu, &yk, &tg, ids);
+        if (k == n_ops / 2) {
+            for (int64_t i = 0; i < big; i++) ids[i] = (int32_t)((i * 3 + 1) % V);
+            p.gpu->ops->get_rows(p.gpu, &bg, &tg, ids);
+        }
+    }
+    float *a = cu_get(p.gpu, &yg);
+    int bad = 0;
+    for (int k = 0; k < n_ops; k++)
+        for (int64_t i = 0; i < per; i++) bad += a[k * per + i] != th[(i * 7 + k * 13) % V];
+    LM_CHECK_MSG(bad == 0, "%d wrong rows after the ring wrapped", bad);
+    free(a);
+    a = cu_get(p.gpu, &bg);
+    bad = 0;
+    for (int64_t i = 0; i < big; i++) bad += a[i] != th[(i * 3 + 1) % V];
+    LM_CHECK_MSG(bad == 0, "%d wrong rows in the request that grew the ring", bad);
+    free(a);
+    free(ids);
+    free(th);
+    lm_tensor_release(p.gpu, &yg);
+    lm_tensor_release(p.gpu, &bg);
+    lm_tensor_release(p.gpu, &tg);
+    cu_close(&p);
+}
