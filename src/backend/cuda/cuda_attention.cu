@@ -1,0 +1,428 @@
+/* cuda_attention.cu - kv_write and causal attention over the paged KV pool
+ * on the GPU. Semantics are cpu_attention.c's: position p of sequence s lives
+ * in row (table[p / bs] * bs + p % bs) of the layer's [n_blocks*bs][kv_width]
+ * K and V arrays, kv head g in columns [g*Dh, (g+1)*Dh), and
+ *   out = sum_j softmax_j(cap(scale * q.k_j)) v_j   over j in [lo, pos]
+ * with lo = pos - window + 1 on sliding layers (else 0).
+ *
+ * Staging. The batch's host arrays (pos, seq, the block tables, flattened
+ * with per-sequence offsets, and the work list below) are packed into one
+ * host buffer and staged with one lm_cuda_stage. A sequence's table is copied
+ * up to the entry of its largest position in this batch, which is all the
+ * interface promises to exist.
+ *
+ * One kernel serves decode, prefill and mixed batches. Its work item is a
+ * tile of ATT_ROWS = 64 query rows, a row being a (token, query head) pair:
+ * up to 64 / hb tokens of one sequence times hb query heads that read the
+ * same kv head (GQA), so every K/V row brought into shared memory serves all
+ * of them. The host groups each sequence's tokens (batch order) into tiles
+ * and records each tile's key range [min lo, max pos].
+ *
+ * Block (tile, kv head and head subgroup, split): 256 threads = 8 warps,
+ * warp w owning rows 8w .. 8w+7. Q of the tile sits in shared memory
+ * [64][DP] (DP = head width padded to a multiple of 32, zeros beyond Dh);
+ * keys come in tiles of 32 ([32][DP+1] K, padded against bank conflicts, and
+ * [32][DP] V). Per key tile, lane j of a warp scores key j against the warp's
+ * 8 rows, the warp reduces max and sum with shuffles (online softmax: the
+ * running max m, denominator l and the accumulator are rescaled by
+ * exp(m_old - m_new), every exponent <= 0), and the probabilities are
+ * broadcast by shuffle into acc[row][d = lane + 32i] += p * V[j][d]. No
+ * shared memory besides Q, K and V, and no block barrier besides the two
+ * around each K/V load. Masking is per row (causal, window, tile end).
+ *
+ * Flash-decoding. When the tiles alone do not give the GPU enough blocks
+ * (a few decoding sequences, or one long one), each tile's key range is cut
+ * into n_splits equal runs (a multiple of 32 keys, at least
+ * ATT_MIN_SPLIT_KEYS each) over gridDim.z. Each split then writes its
+ * partial (m, l, unnormalised acc) per (token, head, split) to scratch and a
+ * combine kernel merges them: out = sum_s e^{m_s-M} acc_s / sum_s e^{m_s-M} l_s.
+ * With one split the kernel writes out directly.
+ *
+ * Precision: f32 throughout (f32 scores, f32 FMA accumulation, expf), as the
+ * CPU backend, which keeps its denominator in double; agreement is ~1e-6
+ * relative. Shared memory: (64*DP + 32*(DP+1) + 32*DP) floats, 131 KB at
+ * Dh = 256 (opted in above 48 KB). */
+#include "cuda_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ATT_ROWS 64            /* query rows (token, head) per block */
+#define ATT_RPW 8              /* rows per warp */
+#define ATT_BK 32              /* keys per shared-memory tile (= warp width) */
+#define ATT_THREADS 256        /* ATT_ROWS / ATT_RPW warps */
+#define ATT_MAX_DH 256
+#define ATT_MAX_SPLITS 64
+#define ATT_MIN_SPLIT_KEYS 256 /* keys per split, at least */
+#define ATT_FULL 0xffffffffu
+
+/* ---- staging the batch ------------------------------------------------------- */
+
+/* The batch on the device: positions, sequences, the flattened block tables
+ * (sequence s's at tab + tab_off[s]), plus whatever extra ints the caller
+ * packed behind them (att_stage's `extra`). */
+typedef struct att_dev {
+    const int32_t *pos, *seq, *tab, *tab_off, *extra;
+} att_dev;
+
+/* Checks every token's slot and every block a token reads ([lo, pos]; lo =
+ * pos for kv_write, window > 0 narrows it for attention), then stages pos,
+ * seq, the tables and n_extra ints of `extra` in one copy. */
+static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int window, bool write_only,
+                         const int32_t *extra, size_t n_extra) {
+    const int T = b->n_tokens, S = b->n_seqs, bs = kv->block_size;
+    int32_t *maxp = (int32_t *)lm_xmalloc((size_t)(2 * S + 1) * sizeof(int32_t));
+    int32_t *minlo = maxp + S, *off = NULL;
+    for (int s = 0; s < S; s++) maxp[s] = -1, minlo[s] = INT32_MAX;
+    for (int t = 0; t < T; t++) {
+        LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S && b->pos[t] >= 0);
+        const int32_t *table = b->block_tables[b->seq[t]];
+        int32_t p = b->pos[t], lo = write_only ? p : (window > 0 ? LM_MAX(0, p - window + 1) : 0);
+        int32_t blk = table[p / bs];
+        LM_ASSERT(blk >= 0 && blk < kv->n_blocks);
+        maxp[b->seq[t]] = LM_MAX(maxp[b->seq[t]], p);
+        minlo[b->seq[t]] = LM_MIN(minlo[b->seq[t]], lo);
+    }
+    size_t total = 0;
+    for (int s = 0; s < S; s++) {
+        if (maxp[s] < 0) continue;
+        const int32_t *table = b->block_tables[s];
+        if (!write_only) /* every block between the lowest key and the highest position */
+            for (int32_t i = minlo[s] / bs; i <= maxp[s] / bs; i++)
+                LM_ASSERT(table[i] >= 0 && table[i] < kv->n_blocks);
+        total += (size_t)(maxp[s] / bs + 1);
+    }
+    size_t n = 2 * (size_t)T + (size_t)S + total + n_extra;
+    int32_t *h = (int32_t *)lm_xmalloc(LM_MAX(n, (size_t)1) * sizeof(int32_t));
+    memcpy(h, b->pos, (size_t)T * sizeof(int32_t));
+    memcpy(h + T, b->seq, (size_t)T * sizeof(int32_t));
+    off = h + 2 * T;
+    int32_t *tab = off + S;
+    size_t at = 0;
+    for (int s = 0; s < S; s++) {
+        off[s] = (int32_t)at;
+        if (maxp[s] < 0) continue;
+        size_t len = (size_t)(maxp[s] / bs + 1);
+        memcpy(tab + at, b->block_tables[s], len * sizeof(int32_t));
+        at += len;
+    }
+    if (n_extra) memcpy(tab + total, extra, n_extra * sizeof(int32_t));
+    const int32_t *d = (const int32_t *)lm_cuda_stage(c, h, n * sizeof(int32_t));
+    free(h);
+    free(maxp);
+    att_dev r = { d, d + T, d + 2 * T + S, d + 2 * T, d + 2 * T + S + total };
+    return r;
+}
+
+/* ---- kv_write ---------------------------------------------------------------- */
+
+/* One block per token: its K and V rows into the slot its table names. */
+__global__ void att_kv_write_kernel(float *kl, float *vl, const float *k, const float *v, int64_t cols,
+                                    int64_t kv_ld, int bs, att_dev d) {
+    const int t = blockIdx.x;
+    const int32_t p = d.pos[t], s = d.seq[t];
+    const int64_t row = (int64_t)d.tab[d.tab_off[s] + p / bs] * bs + p % bs;
+    float *kd = kl + row * kv_ld, *vd = vl + row * kv_ld;
+    const float *ks = k + (int64_t)t * cols, *vs = v + (int64_t)t * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        kd[c] = ks[c];
+        vd[c] = vs[c];
+    }
+}
+
+void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k, const lm_tensor *v,
+                      const lm_attn_batch *b) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers);
+    LM_ASSERT(k->type == LM_F32 && v->type == LM_F32 && k->rows == b->n_tokens && v->rows == b->n_tokens);
+    LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
+    if (b->n_tokens == 0) return;
+    att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
+    att_kv_write_kernel<<<b->n_tokens, 128, 0, c->stream>>>(kv->k[layer], kv->v[layer], (const float *)k->data,
+                                                             (const float *)v->data, k->cols, kv->kv_width,
+                                                             kv->block_size, d);
+    LM_CUDA_LAUNCHED("att_kv_write_kernel");
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+typedef struct att_args {
+    float *out;
+    const float *q, *kl, *vl;
+    int64_t q_ld, out_ld, kv_ld;
+    att_dev d;
+    const int32_t *tok;  /* token ids grouped by sequence */
+    const int32_t *tiles; /* [n_tiles][4]: first index into tok, count, key lo, key hi */
+    int bs, H, gsz, hb, n_sub, Dh, window, n_splits;
+    float scale, softcap;
+    float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
+} att_args;
+
+__device__ __forceinline__ float att_warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float att_warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(ATT_FULL, x, o);
+    return x;
+}
+
+/* ND = DP / 32 accumulator columns per lane. grid (tiles, Hkv * n_sub, n_splits). */
+template <int ND>
+__global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
+    constexpr int DP = ND * 32;
+    extern __shared__ float4 att_smem4[];
+    float *sQ = (float *)att_smem4;    /* [ATT_ROWS][DP] */
+    float *sK = sQ + ATT_ROWS * DP;    /* [ATT_BK][DP + 1] */
+    float *sV = sK + ATT_BK * (DP + 1); /* [ATT_BK][DP] */
+    __shared__ int r_tok[ATT_ROWS], r_head[ATT_ROWS], r_pos[ATT_ROWS], r_lo[ATT_ROWS];
+
+    const int32_t *tr = a.tiles + 4 * (int64_t)blockIdx.x;
+    const int4 tile = make_int4(tr[0], tr[1], tr[2], tr[3]);
+    const int g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[a.tok[tile.x]]];
+
+    if (tid < ATT_ROWS) {
+        const int ti = tid / a.hb, hh = sub * a.hb + tid % a.hb;
+        int t = -1, h = -1, p = -1, lo = 0;
+        if (ti < tile.y && hh < a.gsz) {
+            t = a.tok[tile.x + ti];
+            h = g * a.gsz + hh;
+            p = a.d.pos[t];
+            lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+        }
+        r_tok[tid] = t, r_head[tid] = h, r_pos[tid] = p, r_lo[tid] = lo;
+    }
+    __syncthreads();
+    for (int i = tid; i < ATT_ROWS * DP; i += ATT_THREADS) {
+        const int r = i / DP, dd = i % DP;
+        float x = 0.0f;
+        if (r_tok[r] >= 0 && dd < a.Dh) x = a.q[(int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + dd];
+        sQ[i] = x;
+    }
+
+    /* this split's keys */
+    const int range = tile.w - tile.z + 1;
+    const int chunk = ((range + a.n_splits - 1) / a.n_splits + ATT_BK - 1) / ATT_BK * ATT_BK;
+    const int k_lo = tile.z + (int)blockIdx.z * chunk, k_hi = min(tile.w, k_lo + chunk - 1);
+
+    float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][ND];
+    int rpos[ATT_RPW], rlo[ATT_RPW];
+    bool active = false;
+#pragma unroll
+    for (int i = 0; i < ATT_RPW; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int jd = 0; jd < ND; jd++) acc[i][jd] = 0.0f;
+        rpos[i] = r_pos[warp * ATT_RPW + i];
+        rlo[i] = r_lo[warp * ATT_RPW + i];
+        active |= rpos[i] >= 0;
+    }
+    const int64_t goff = (int64_t)g * a.Dh;
+
+    for (int j0 = k_lo; j0 <= k_hi; j0 += ATT_BK) {
+        __syncthreads(); /* Q written / the previous tile consumed */
+        for (int i = tid; i < ATT_BK * DP; i += ATT_THREADS) {
+            const int jj = i / DP, dd = i % DP, j = j0 + jj;
+            float kx = 0.0f, vx = 0.0f;
+            if (j <= k_hi && dd < a.Dh) {
+                const int64_t row = (int64_t)table[j / a.bs] * a.bs + j % a.bs;
+                const int64_t o = row * a.kv_ld + goff + dd;
+                kx = a.kl[o];
+                vx = a.vl[o];
+            }
+            sK[jj * (DP + 1) + dd] = kx;
+            sV[jj * DP + dd] = vx;
+        }
+        __syncthreads();
+        if (!active) continue; /* warp-uniform */
+
+        /* scores: lane = key */
+        const int j = j0 + lane;
+        float sc[ATT_RPW];
+#pragma unroll
+        for (int i = 0; i < ATT_RPW; i++) sc[i] = 0.0f;
+        const float *kr = sK + lane * (DP + 1);
+        for (int dd = 0; dd < DP; dd += 4) {
+            const float k0 = kr[dd], k1 = kr[dd + 1], k2 = kr[dd + 2], k3 = kr[dd + 3];
+#pragma unroll
+            for (int i = 0; i < ATT_RPW; i++) {
+                const float4 q4 = *(const float4 *)(sQ + (warp * ATT_RPW + i) * DP + dd);
+                sc[i] += q4.x * k0 + q4.y * k1 + q4.z * k2 + q4.w * k3;
+            }
+        }
+        /* online softmax per row */
+#pragma unroll
+        for (int i = 0; i < ATT_RPW; i++) {
+            float x = sc[i] * a.scale;
+            if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+            const bool ok = j <= k_hi && rpos[i] >= 0 && j <= rpos[i] && j >= rlo[i];
+            x = ok ? x : -INFINITY;
+            const float mn = fmaxf(m[i], att_warp_max(x));
+            float p = 0.0f, alpha = 1.0f;
+            if (mn != -INFINITY) {
+                p = ok ? expf(x - mn) : 0.0f;
+                alpha = expf(m[i] - mn); /* 0 when m was -inf */
+            }
+            l[i] = l[i] * alpha + att_warp_sum(p);
+            m[i] = mn;
+#pragma unroll
+            for (int jd = 0; jd < ND; jd++) acc[i][jd] *= alpha;
+            sc[i] = p;
+        }
+        /* acc += P V: probabilities by shuffle, lane = column */
+#pragma unroll 4
+        for (int kk = 0; kk < ATT_BK; kk++) {
+            float vr[ND];
+#pragma unroll
+            for (int jd = 0; jd < ND; jd++) vr[jd] = sV[kk * DP + lane + 32 * jd];
+#pragma unroll
+            for (int i = 0; i < ATT_RPW; i++) {
+                const float pk = __shfl_sync(ATT_FULL, sc[i], kk);
+#pragma unroll
+                for (int jd = 0; jd < ND; jd++) acc[i][jd] += pk * vr[jd];
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < ATT_RPW; i++) {
+        const int r = warp * ATT_RPW + i, t = r_tok[r], h = r_head[r];
+        if (t < 0) continue;
+        if (a.n_splits == 1) {
+            float *o = a.out + (int64_t)t * a.out_ld + (int64_t)h * a.Dh;
+            const float inv = 1.0f / l[i];
+#pragma unroll
+            for (int jd = 0; jd < ND; jd++)
+                if (lane + 32 * jd < a.Dh) o[lane + 32 * jd] = acc[i][jd] * inv;
+        } else {
+            const int64_t idx = ((int64_t)t * a.H + h) * a.n_splits + blockIdx.z;
+            if (lane == 0) a.pm[idx] = m[i], a.pl[idx] = l[i];
+            float *o = a.pacc + idx * a.Dh;
+#pragma unroll
+            for (int jd = 0; jd < ND; jd++)
+                if (lane + 32 * jd < a.Dh) o[lane + 32 * jd] = acc[i][jd];
+        }
+    }
+}
+
+/* grid (H, T): merges the splits of one (token, head). A split that saw no
+ * key of the row has m = -inf and l = 0 and weighs nothing. */
+__global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
+                                   int H, int Dh, int ns) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int64_t base = ((int64_t)t * H + h) * ns;
+    float M = -INFINITY, L = 0.0f;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, pm[base + s]);
+    for (int s = 0; s < ns; s++)
+        if (pm[base + s] != -INFINITY) L += pl[base + s] * expf(pm[base + s] - M);
+    const float inv = 1.0f / L;
+    float *o = out + (int64_t)t * out_ld + (int64_t)h * Dh;
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        float x = 0.0f;
+        for (int s = 0; s < ns; s++)
+            if (pm[base + s] != -INFINITY) x += pacc[(base + s) * Dh + d] * expf(pm[base + s] - M);
+        o[d] = x * inv;
+    }
+}
+
+template <int ND>
+static void att_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+    const size_t smem = (size_t)(ATT_ROWS * ND * 32 + ATT_BK * (ND * 32 + 1) + ATT_BK * ND * 32) * sizeof(float);
+    LM_CUDA_CHECK(cudaFuncSetAttribute(att_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    att_kernel<ND><<<grid, ATT_THREADS, smem, c->stream>>>(*a);
+    LM_CUDA_LAUNCHED("att_kernel");
+}
+
+void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
+                       const lm_attn_batch *b, const lm_attn_params *p) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens, S = b->n_seqs;
+    LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && Dh <= ATT_MAX_DH);
+    LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
+    LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
+    LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
+    if (T == 0) return;
+    const int gsz = H / Hkv, hb = LM_MIN(gsz, ATT_ROWS), n_sub = (gsz + hb - 1) / hb, tpb = ATT_ROWS / hb;
+
+    /* Work list: tokens grouped by sequence (batch order inside one), cut
+     * into tiles of tpb tokens; appended to the staged batch as
+     * [T] token ids, then [n_tiles][4] tile records. */
+    int32_t *cnt = (int32_t *)lm_xcalloc((size_t)S + 1, sizeof(int32_t));
+    for (int t = 0; t < T; t++) {
+        LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S);
+        cnt[b->seq[t] + 1]++;
+    }
+    int n_tiles = 0;
+    for (int s = 0; s < S; s++) n_tiles += (cnt[s + 1] + tpb - 1) / tpb;
+    for (int s = 0; s < S; s++) cnt[s + 1] += cnt[s];
+    const size_t n_extra = (size_t)T + 4 * (size_t)n_tiles;
+    int32_t *extra = (int32_t *)lm_xmalloc(n_extra * sizeof(int32_t)), *tok = extra, *tiles = extra + T;
+    {
+        int32_t *fill = (int32_t *)lm_xmalloc((size_t)S * sizeof(int32_t));
+        memcpy(fill, cnt, (size_t)S * sizeof(int32_t));
+        for (int t = 0; t < T; t++) tok[fill[b->seq[t]]++] = t;
+        free(fill);
+    }
+    int max_range = 0, nt = 0;
+    for (int s = 0; s < S; s++)
+        for (int i = cnt[s]; i < cnt[s + 1]; i += tpb) {
+            int n = LM_MIN(tpb, cnt[s + 1] - i), lo = INT32_MAX, hi = -1;
+            for (int k = i; k < i + n; k++) {
+                int32_t ps = b->pos[tok[k]];
+                lo = LM_MIN(lo, p->window > 0 ? LM_MAX(0, ps - p->window + 1) : 0);
+                hi = LM_MAX(hi, ps);
+            }
+            int32_t *r = tiles + 4 * nt++;
+            r[0] = i, r[1] = n, r[2] = lo, r[3] = hi;
+            max_range = LM_MAX(max_range, hi - lo + 1);
+        }
+    LM_ASSERT(nt == n_tiles);
+    free(cnt);
+    att_dev d = att_stage(c, kv, b, p->window, false, extra, n_extra);
+    free(extra);
+
+    /* Splits: enough blocks for two per SM, each split at least
+     * ATT_MIN_SPLIT_KEYS keys. */
+    int sms = c->n_sms;
+    if (sms <= 0) LM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
+    const int64_t base = (int64_t)n_tiles * Hkv * n_sub, target = 2 * (int64_t)LM_MAX(sms, 1);
+    int ns = 1;
+    if (base < target) {
+        ns = (int)((target + base - 1) / base);
+        ns = LM_MIN(ns, (max_range + ATT_MIN_SPLIT_KEYS - 1) / ATT_MIN_SPLIT_KEYS);
+        ns = LM_MAX(1, LM_MIN(ns, ATT_MAX_SPLITS));
+    }
+
+    att_args a;
+    memset(&a, 0, sizeof a);
+    a.out = (float *)out->data;
+    a.q = (const float *)q->data;
+    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
+    a.d = d;
+    a.tok = d.extra;
+    a.tiles = d.extra + T;
+    a.bs = kv->block_size, a.H = H, a.gsz = gsz, a.hb = hb, a.n_sub = n_sub, a.Dh = Dh;
+    a.window = p->window, a.n_splits = ns;
+    a.scale = p->scale, a.softcap = p->softcap;
+    if (ns > 1) {
+        const size_t rows = (size_t)T * (size_t)H * (size_t)ns;
+        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)Dh + 2) * sizeof(float));
+        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
+    }
+    dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
+    if (Dh <= 64) att_launch<2>(c, grid, &a);
+    else if (Dh <= 128) att_launch<4>(c, grid, &a);
+    else att_launch<8>(c, grid, &a);
+    if (ns > 1) {
+        att_combine_kernel<<<dim3((unsigned)H, (unsigned)T), 128, 0, c->stream>>>(
+            a.out, a.out_ld, a.pm, a.pl, a.pacc, H, Dh, ns);
+        LM_CUDA_LAUNCHED("att_combine_kernel");
+    }
+}

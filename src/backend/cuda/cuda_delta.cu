@@ -1,0 +1,356 @@
+/* cuda_delta.cu - the Gated DeltaNet ops on the GPU (Qwen3.5 / Qwen3-Next
+ * linear attention): conv1d_state, delta_gates, gated_delta and
+ * rms_norm_gated. Semantics are lm_backend.h's and cpu_delta.c's.
+ *
+ * Sequences. The recurrent ops walk each sequence's tokens in batch order.
+ * The host checks that they are consecutive positions (as the CPU backend
+ * asserts), groups the token ids by sequence (a counting sort that keeps
+ * batch order) and stages [T] pos, [S] state slots, [S+1] group starts and
+ * [T] grouped token ids in one lm_cuda_stage. A sequence whose first token
+ * has position 0 starts from a zero state whatever its slot holds.
+ *
+ * conv1d_state: one thread per (sequence, channel), grid (ceil(C/128), S).
+ *   The K-1 previous inputs and the K taps sit in registers (K <= 16,
+ *   unrolled loops with guards so that nothing is indexed dynamically); the
+ *   window is written back to the slot oldest first after the last token.
+ * gated_delta: one block per (value head, sequence), grid (Hv, S), the
+ *   recurrent form token by token. Thread (v, part) of Dv * P threads
+ *   (P = ceil(Dk / 32)) holds column v of the state for rows
+ *   d = part + P*i in registers (at most 32), so the state [Dk][Dv] (64 KiB
+ *   at 128 x 128) never leaves the register file between tokens. Per token:
+ *   q and k to shared memory, their sums of squares in double (warp 0),
+ *   normalised; S^T k and S^T q as per-part partial sums reduced through
+ *   shared memory; u = beta (v - alpha S^T k), o = alpha S^T q + (q.k) u;
+ *   S = alpha S + k u^T. The CPU backend runs several tokens in the chunked
+ *   form; both are the same sums in another order (agreement ~1e-6).
+ * delta_gates: elementwise, in double as the CPU backend.
+ * rms_norm_gated: one block per row of w->cols, sum of squares in double. */
+#include "cuda_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONV_MAX_K 16
+#define DELTA_MAX_ROWS 32  /* state rows per thread */
+#define DELTA_FULL 0xffffffffu
+#define DELTA_MAX_THREADS 512 /* Dv * ceil(Dk / 32): 128 x 128 heads take all of it */
+
+/* ---- sequences and their state ---------------------------------------------- */
+
+typedef struct delta_seqs {
+    const int32_t *pos, *slot, *start, *tok; /* device: [T], [S], [S+1], [T] */
+} delta_seqs;
+
+static void delta_state_check(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats) {
+    LM_ASSERT(b->state_slot != NULL);
+    LM_ASSERT(r.index >= 0 && r.index < kv->n_state && r.offset >= 0);
+    LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
+}
+
+/* Checks the batch (slots in range, consecutive positions per sequence) and
+ * stages what the recurrent kernels need. */
+static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b) {
+    const int T = b->n_tokens, S = b->n_seqs;
+    size_t n = 2 * (size_t)T + 2 * (size_t)S + 1;
+    int32_t *h = (int32_t *)lm_xcalloc(n, sizeof(int32_t));
+    int32_t *pos = h, *slot = h + T, *start = slot + S, *tok = start + S + 1;
+    memcpy(pos, b->pos, (size_t)T * sizeof(int32_t));
+    for (int t = 0; t < T; t++) {
+        LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S);
+        start[b->seq[t] + 1]++;
+    }
+    for (int s = 0; s < S; s++) { /* a sequence without tokens here may have no slot */
+        slot[s] = b->state_slot[s];
+        LM_ASSERT(start[s + 1] == 0 || (slot[s] >= 0 && slot[s] < kv->n_state_slots));
+    }
+    for (int s = 0; s < S; s++) start[s + 1] += start[s];
+    int32_t *fill = (int32_t *)lm_xmalloc(((size_t)S + 1) * sizeof(int32_t));
+    memcpy(fill, start, ((size_t)S + 1) * sizeof(int32_t));
+    for (int t = 0; t < T; t++) {
+        int s = b->seq[t];
+        if (fill[s] > start[s]) LM_ASSERT(b->pos[t] == b->pos[tok[fill[s] - 1]] + 1);
+        tok[fill[s]++] = t;
+    }
+    free(fill);
+    const int32_t *d = (const int32_t *)lm_cuda_stage(c, h, n * sizeof(int32_t));
+    free(h);
+    delta_seqs r = { d, d + T, d + T + S, d + T + 2 * S + 1 };
+    return r;
+}
+
+/* silu as cpu_delta.c computes it: with e = exp(-|x|), no positive exponent. */
+__device__ __forceinline__ float delta_silu(float x) {
+    const float e = expf(-fabsf(x));
+    return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));
+}
+
+/* ---- conv1d_state ---------------------------------------------------------------- */
+
+__global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
+                                  int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
+    const int s = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int i0 = q.start[s], i1 = q.start[s + 1];
+    if (i0 == i1) return;
+    const int W = K - 1;
+    float *st = state + (int64_t)q.slot[s] * slot_floats + st_off + c;
+    const bool zero = q.pos[q.tok[i0]] == 0;
+    float wt[CONV_MAX_K], win[CONV_MAX_K];
+    const float wlast = w[c * K + K - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) {
+        wt[j] = j < W ? w[c * K + j] : 0.0f;
+        win[j] = (j < W && !zero) ? st[(int64_t)j * C] : 0.0f;
+    }
+    for (int i = i0; i < i1; i++) {
+        const int64_t t = q.tok[i];
+        const float xv = x[t * C + c];
+        float acc = wlast * xv;
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_K - 1; j++)
+            if (j < W) acc += wt[j] * win[j];
+        y[t * C + c] = silu ? delta_silu(acc) : acc;
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_K - 1; j++) {
+            if (j < W - 1) win[j] = win[j + 1];
+            else if (j == W - 1) win[j] = xv;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++)
+        if (j < W) st[(int64_t)j * C] = win[j];
+}
+
+void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_kv_pool *kv,
+                          lm_state_ref state, const lm_attn_batch *b, bool silu) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int64_t C = x->cols;
+    const int K = (int)w->cols;
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
+    LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
+    LM_ASSERT(K >= 1 && K <= CONV_MAX_K && y->data != x->data);
+    delta_state_check(kv, state, b, (int64_t)(K - 1) * C);
+    if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
+    delta_seqs q = delta_stage(c, kv, b);
+    dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
+    delta_conv_kernel<<<grid, 128, 0, c->stream>>>((float *)y->data, (const float *)x->data,
+                                                   (const float *)w->data, kv->state[state.index],
+                                                   kv->state_floats[state.index], state.offset, q, C, K, silu);
+    LM_CUDA_LAUNCHED("delta_conv_kernel");
+}
+
+/* ---- delta_gates ------------------------------------------------------------------ */
+
+/* softplus as torch computes it (threshold 20: linear above). */
+__device__ __forceinline__ double delta_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
+__global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, const float *dt_bias, int64_t n,
+                                   int64_t H) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t h = i % H;
+    g[i] = (float)(-exp((double)a_log[h]) * delta_softplus((double)g[i] + dt_bias[h]));
+    beta[i] = (float)(1.0 / (1.0 + exp(-(double)beta[i])));
+}
+
+void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
+                         const lm_tensor *dt_bias) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_ASSERT(g->type == LM_F32 && beta->type == LM_F32 && a_log->type == LM_F32 && dt_bias->type == LM_F32);
+    LM_ASSERT(beta->rows == g->rows && beta->cols == g->cols);
+    LM_ASSERT(a_log->rows * a_log->cols == g->cols && dt_bias->rows * dt_bias->cols == g->cols);
+    const int64_t n = g->rows * g->cols;
+    if (n == 0) return;
+    delta_gates_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(
+        (float *)g->data, (float *)beta->data, (const float *)a_log->data, (const float *)dt_bias->data, n, g->cols);
+    LM_CUDA_LAUNCHED("delta_gates_kernel");
+}
+
+/* ---- gated_delta ------------------------------------------------------------------ */
+
+typedef struct delta_args {
+    float *out;
+    const float *qkv, *g, *beta;
+    int64_t qkv_ld, out_ld;
+    float *state;
+    int64_t slot_floats, st_off;
+    delta_seqs q;
+    int Hk, Hv, Dk, Dv, P;
+} delta_args;
+
+/* grid (Hv, S), Dv * P threads. Shared: q, k [Dk]; partials [2][P][Dv]; u [Dv]. */
+__global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_args a) {
+    extern __shared__ float delta_smem[];
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
+    if (i0 == i1) return; /* block-uniform */
+    const int Dk = a.Dk, Dv = a.Dv, P = a.P, nth = blockDim.x;
+    const int tid = threadIdx.x, v = tid % Dv, lane = tid & 31;
+    /* threads past Dv * P (the block is a whole number of warps) own no state */
+    const int part = tid < Dv * P ? tid / Dv : DELTA_MAX_ROWS * P + Dk;
+    float *sq = delta_smem, *sk = sq + Dk, *rk = sk + Dk, *rq = rk + P * Dv, *su = rq + P * Dv;
+    __shared__ float fac[3]; /* q factor, k factor, q.k */
+
+    const int hk = h / (a.Hv / a.Hk);
+    const int64_t qo = (int64_t)hk * Dk, ko = (int64_t)a.Hk * Dk + qo, vo = 2 * (int64_t)a.Hk * Dk + (int64_t)h * Dv;
+    const double qscale = 1.0 / sqrt((double)Dk);
+    float *S = a.state + (int64_t)a.q.slot[s] * a.slot_floats + a.st_off + (int64_t)h * Dk * Dv;
+
+    float st[DELTA_MAX_ROWS];
+    const bool zero = a.q.pos[a.q.tok[i0]] == 0;
+#pragma unroll
+    for (int i = 0; i < DELTA_MAX_ROWS; i++) {
+        const int d = part + P * i;
+        st[i] = (d < Dk && !zero) ? S[(int64_t)d * Dv + v] : 0.0f;
+    }
+
+    for (int it = i0; it < i1; it++) {
+        const int64_t t = a.q.tok[it];
+        const float *row = a.qkv + t * a.qkv_ld;
+        __syncthreads(); /* the previous token is done with sq, sk, su */
+        for (int d = tid; d < Dk; d += nth) {
+            sq[d] = row[qo + d];
+            sk[d] = row[ko + d];
+        }
+        __syncthreads();
+        if (tid < 32) { /* L2 norms in double, as lm_l2norm */
+            double ssq = 0.0, ssk = 0.0;
+            for (int d = lane; d < Dk; d += 32) {
+                ssq += (double)sq[d] * sq[d];
+                ssk += (double)sk[d] * sk[d];
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                ssq += __shfl_xor_sync(DELTA_FULL, ssq, o);
+                ssk += __shfl_xor_sync(DELTA_FULL, ssk, o);
+            }
+            if (lane == 0) {
+                fac[0] = (float)(qscale / sqrt(ssq + 1e-6));
+                fac[1] = (float)(1.0 / sqrt(ssk + 1e-6));
+            }
+        }
+        __syncthreads();
+        for (int d = tid; d < Dk; d += nth) {
+            sq[d] *= fac[0];
+            sk[d] *= fac[1];
+        }
+        __syncthreads();
+        float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DELTA_MAX_ROWS; i++) {
+            const int d = part + P * i;
+            if (d < Dk) {
+                pk += st[i] * sk[d];
+                pq += st[i] * sq[d];
+            }
+        }
+        if (part < P) {
+            rk[part * Dv + v] = pk;
+            rq[part * Dv + v] = pq;
+        }
+        if (tid < 32) {
+            float qk = 0.0f;
+            for (int d = lane; d < Dk; d += 32) qk += sq[d] * sk[d];
+            for (int o = 16; o > 0; o >>= 1) qk += __shfl_xor_sync(DELTA_FULL, qk, o);
+            if (lane == 0) fac[2] = qk;
+        }
+        const int64_t gi = t * a.Hv + h;
+        const float alpha = (float)exp((double)a.g[gi]), beta = a.beta[gi];
+        __syncthreads();
+        if (part == 0) {
+            float skv = 0.0f, sqv = 0.0f;
+            for (int pp = 0; pp < P; pp++) {
+                skv += rk[pp * Dv + v];
+                sqv += rq[pp * Dv + v];
+            }
+            const float u = beta * (row[vo + v] - alpha * skv);
+            su[v] = u;
+            a.out[t * a.out_ld + (int64_t)h * Dv + v] = alpha * sqv + fac[2] * u;
+        }
+        __syncthreads();
+        const float uv = su[v];
+#pragma unroll
+        for (int i = 0; i < DELTA_MAX_ROWS; i++) {
+            const int d = part + P * i;
+            if (d < Dk) st[i] = alpha * st[i] + sk[d] * uv;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DELTA_MAX_ROWS; i++) {
+        const int d = part + P * i;
+        if (d < Dk) S[(int64_t)d * Dv + v] = st[i];
+    }
+}
+
+void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
+    LM_ASSERT(Hk > 0 && Hv > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0);
+    LM_ASSERT(out->type == LM_F32 && qkv->type == LM_F32 && g->type == LM_F32 && beta->type == LM_F32);
+    LM_ASSERT(qkv->rows == b->n_tokens && out->rows == b->n_tokens);
+    LM_ASSERT(qkv->cols == 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv && out->cols == (int64_t)Hv * Dv);
+    LM_ASSERT(g->rows == b->n_tokens && g->cols == Hv && beta->rows == b->n_tokens && beta->cols == Hv);
+    LM_ASSERT(out->data != qkv->data);
+    delta_state_check(kv, p->state, b, (int64_t)Hv * Dk * Dv);
+    const int P = (Dk + DELTA_MAX_ROWS - 1) / DELTA_MAX_ROWS;
+    LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
+    if (b->n_tokens == 0 || b->n_seqs == 0) return;
+    delta_args a;
+    a.out = (float *)out->data;
+    a.qkv = (const float *)qkv->data, a.g = (const float *)g->data, a.beta = (const float *)beta->data;
+    a.qkv_ld = qkv->cols, a.out_ld = out->cols;
+    a.state = kv->state[p->state.index];
+    a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
+    a.q = delta_stage(c, kv, b);
+    a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P;
+    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * Dv + (size_t)Dv) * sizeof(float);
+    LM_ASSERT(smem <= 48 * 1024);
+    const unsigned threads = (unsigned)((Dv * P + 31) / 32 * 32);
+    delta_rule_kernel<<<dim3((unsigned)Hv, (unsigned)b->n_seqs), threads, smem, c->stream>>>(a);
+    LM_CUDA_LAUNCHED("delta_rule_kernel");
+}
+
+/* ---- rms_norm_gated ---------------------------------------------------------------- */
+
+/* One block per row of n: y = (float)(x * s * w) * silu(z), s = 1/sqrt(mean x^2 + eps). */
+__global__ void delta_gnorm_kernel(float *y, const float *x, const float *z, const float *w, int64_t n, double eps) {
+    __shared__ double red[32];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * n, *zr = z + r * n;
+    float *yr = y + r * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(DELTA_FULL, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (unsigned i = 0; i < blockDim.x / 32; i++) t += red[i];
+        red[0] = t;
+    }
+    __syncthreads();
+    const double s = 1.0 / sqrt(red[0] / (double)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = (float)((double)xr[i] * s * w[i]) * delta_silu(zr[i]);
+}
+
+void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
+                            const lm_tensor *w, float eps) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && z->type == LM_F32 && w->type == LM_F32);
+    LM_ASSERT(w->rows == 1 && w->cols > 0 && x->cols % w->cols == 0);
+    LM_ASSERT(y->rows == x->rows && y->cols == x->cols && z->rows == x->rows && z->cols == x->cols);
+    const int64_t rows = x->rows * (x->cols / w->cols);
+    if (rows == 0) return;
+    LM_ASSERT(rows <= INT32_MAX);
+    delta_gnorm_kernel<<<(unsigned)rows, 128, 0, c->stream>>>((float *)y->data, (const float *)x->data,
+                                                              (const float *)z->data, (const float *)w->data,
+                                                              w->cols, (double)eps);
+    LM_CUDA_LAUNCHED("delta_gnorm_kernel");
+}

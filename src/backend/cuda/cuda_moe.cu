@@ -1,0 +1,179 @@
+/* cuda_moe.cu - mixture-of-experts feed-forward on the GPU (the moe op).
+ * Semantics are lm_moe_params' (lm_backend.h) and cpu_moe.c's.
+ *
+ * 1. Route on the host: the router logits [T][E] (and expert_scale) are read
+ *    back (one stream synchronisation), and each token's top-k experts and
+ *    weights are computed exactly as cpu_moe.c does (ties: lowest index; the
+ *    softmax over all E logits in double; optional renormalisation over the
+ *    k chosen; times expert_scale).
+ * 2. Group: the T*k (token, expert) pairs sorted by expert, tokens ascending
+ *    within an expert, as rows of one [T*k][D] buffer; expert e owns rows
+ *    [start[e], start[e+1]). Per token, the rows of its k pairs in ascending
+ *    expert order, with their weights.
+ * 3. Run: one gather kernel fills the grouped input rows; per expert with
+ *    tokens, lm_cuda_matmul of its row block by gate and up; one silu_mul
+ *    over all T*k rows; per expert, down; then one kernel writes
+ *      y[t] = 0 + sum over its pairs, ascending expert, of w * out_row
+ *    which is the CPU backend's order of summation, so the result does not
+ *    depend on which tokens share the batch, and no atomics are needed.
+ *
+ * Memory: the grouped buffers ([T*k] rows of D, F, F and D floats) live in
+ * lm_cuda_scratch (grow-only; lm_cuda_matmul and silu_mul never touch it).
+ * The routing tables are staged with lm_cuda_stage. The one allocation per
+ * call is the host routing arrays. */
+#include "cuda_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* a comes before b in the top-k order: larger logit, then lower index. */
+static bool moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
+
+/* cpu_moe.c's routing of one token: sel [k] experts by descending logit,
+ * w [k] their weights. */
+static void moe_route(const float *l, const float *scale, int E, int k, bool norm, int32_t *sel, float *w) {
+    int prev = -1;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            if (prev >= 0 && !moe_before(l[prev], prev, l[e], e)) continue;
+            if (best < 0 || moe_before(l[e], e, l[best], best)) best = e;
+        }
+        for (int e = 0; best < 0 && e < E; e++) { /* NaN logits: lowest expert not yet chosen */
+            bool used = false;
+            for (int i = 0; i < j; i++) used |= sel[i] == e;
+            if (!used) best = e;
+        }
+        sel[j] = best;
+        prev = best;
+    }
+    double m = l[sel[0]], den = 0.0, chosen = 0.0;
+    for (int e = 0; e < E; e++) den += exp((double)l[e] - m);
+    for (int j = 0; j < k; j++) chosen += exp((double)l[sel[j]] - m);
+    for (int j = 0; j < k; j++) {
+        double wj = exp((double)l[sel[j]] - m) / (norm ? chosen : den);
+        if (scale) wj *= scale[sel[j]];
+        w[j] = (float)wj;
+    }
+}
+
+/* grid (T*k): grouped row i = x[src[i]]. */
+__global__ void moe_gather_kernel(float *xe, const float *x, const int32_t *src, int64_t D) {
+    const int64_t i = blockIdx.x;
+    const float *xr = x + (int64_t)src[i] * D;
+    float *dr = xe + i * D;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dr[d] = xr[d];
+}
+
+/* grid (T): y[t] = sum_j w[t][j] * oe[rows[t][j]], j in ascending expert order. */
+__global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *rows, const float *w, int k,
+                                   int64_t D) {
+    const int64_t t = blockIdx.x;
+    float *yr = y + t * D;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += w[t * k + j] * oe[(int64_t)rows[t * k + j] * D + d];
+        yr[d] = acc;
+    }
+}
+
+void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                 const lm_moe_params *p) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    const int64_t T = x->rows, D = x->cols;
+    const int E = p->n_experts, k = p->top_k;
+    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && router_logits->type == LM_F32);
+    LM_ASSERT(y->rows == T && y->cols == D && y->data != x->data);
+    LM_ASSERT(E >= 1 && k >= 1 && k <= E);
+    LM_ASSERT(router_logits->rows == T && router_logits->cols == E);
+    LM_ASSERT(!p->expert_scale || (p->expert_scale->type == LM_F32 &&
+                                   p->expert_scale->rows * p->expert_scale->cols == E));
+    const int64_t F = p->gate[0].rows;
+    for (int e = 0; e < E; e++) {
+        LM_ASSERT(p->gate[e].rows == F && p->gate[e].cols == D);
+        LM_ASSERT(p->up[e].rows == F && p->up[e].cols == D);
+        LM_ASSERT(p->down[e].rows == D && p->down[e].cols == F);
+    }
+    if (T == 0) return;
+    LM_ASSERT(T * k <= INT32_MAX);
+    const size_t TK = (size_t)T * (size_t)k;
+
+    /* 1. route on the host */
+    float *logits = (float *)lm_xmalloc(((size_t)T * (size_t)E + (size_t)E) * sizeof(float));
+    float *scale = p->expert_scale ? logits + (size_t)T * (size_t)E : NULL;
+    LM_CUDA_CHECK(cudaMemcpyAsync(logits, router_logits->data, (size_t)T * (size_t)E * sizeof(float),
+                                  cudaMemcpyDeviceToHost, c->stream));
+    if (scale)
+        LM_CUDA_CHECK(cudaMemcpyAsync(scale, p->expert_scale->data, (size_t)E * sizeof(float),
+                                      cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    int32_t *sel = (int32_t *)lm_xmalloc(TK * sizeof(int32_t));
+    float *wsel = (float *)lm_xmalloc(TK * sizeof(float));
+    for (int64_t t = 0; t < T; t++)
+        moe_route(logits + t * E, scale, E, k, p->norm_topk, sel + t * k, wsel + t * k);
+    free(logits);
+
+    /* 2. group: staged as [TK] src token per grouped row, [TK] grouped row per
+     * (token, j), [TK] weight per (token, j) (floats as bits) */
+    int32_t *start = (int32_t *)lm_xcalloc((size_t)E + 1, sizeof(int32_t));
+    int32_t *h = (int32_t *)lm_xmalloc(3 * TK * sizeof(int32_t));
+    int32_t *src = h, *rows = h + TK;
+    float *wrow = (float *)(h + 2 * TK);
+    for (size_t i = 0; i < TK; i++) start[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) start[e + 1] += start[e];
+    {
+        int32_t *fill = (int32_t *)lm_xmalloc((size_t)E * sizeof(int32_t));
+        int32_t *nt = (int32_t *)lm_xcalloc((size_t)T, sizeof(int32_t));
+        memcpy(fill, start, (size_t)E * sizeof(int32_t));
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < k; j++) src[fill[sel[t * k + j]]++] = (int32_t)t;
+        /* walking experts ascending gives each token its pairs in ascending expert order */
+        for (int e = 0; e < E; e++)
+            for (int32_t i = start[e]; i < start[e + 1]; i++) {
+                int32_t t = src[i];
+                float w = 0.0f;
+                for (int j = 0; j < k; j++)
+                    if (sel[t * k + j] == e) w = wsel[t * k + j];
+                rows[(int64_t)t * k + nt[t]] = i;
+                wrow[(int64_t)t * k + nt[t]] = w;
+                nt[t]++;
+            }
+        free(nt);
+        free(fill);
+    }
+    free(sel);
+    free(wsel);
+    const int32_t *dh = (const int32_t *)lm_cuda_stage(c, h, 3 * TK * sizeof(int32_t));
+    free(h);
+
+    /* 3. run */
+    const size_t per_row = 2 * (size_t)D + 2 * (size_t)F;
+    float *buf = (float *)lm_cuda_scratch(c, TK * per_row * sizeof(float));
+    float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
+    moe_gather_kernel<<<(unsigned)TK, 128, 0, c->stream>>>(xe, (const float *)x->data, dh, D);
+    LM_CUDA_LAUNCHED("moe_gather_kernel");
+    for (int e = 0; e < E; e++) {
+        int32_t n = start[e + 1] - start[e];
+        if (n == 0) continue;
+        lm_tensor xt = { LM_F32, n, D, xe + (size_t)start[e] * D };
+        lm_tensor gt = { LM_F32, n, F, ge + (size_t)start[e] * F };
+        lm_tensor ut = { LM_F32, n, F, ue + (size_t)start[e] * F };
+        lm_cuda_matmul(be, &gt, &xt, &p->gate[e], NULL);
+        lm_cuda_matmul(be, &ut, &xt, &p->up[e], NULL);
+    }
+    lm_tensor g_all = { LM_F32, (int64_t)TK, F, ge }, u_all = { LM_F32, (int64_t)TK, F, ue };
+    lm_cuda_silu_mul(be, &g_all, &g_all, &u_all);
+    for (int e = 0; e < E; e++) {
+        int32_t n = start[e + 1] - start[e];
+        if (n == 0) continue;
+        lm_tensor gt = { LM_F32, n, F, ge + (size_t)start[e] * F };
+        lm_tensor ot = { LM_F32, n, D, oe + (size_t)start[e] * D };
+        lm_cuda_matmul(be, &ot, &gt, &p->down[e], NULL);
+    }
+    moe_combine_kernel<<<(unsigned)T, 128, 0, c->stream>>>((float *)y->data, oe, dh + TK,
+                                                           (const float *)(dh + 2 * TK), k, D);
+    LM_CUDA_LAUNCHED("moe_combine_kernel");
+    free(start);
+}

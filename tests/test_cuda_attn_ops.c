@@ -1,0 +1,559 @@
+/* test_cuda_attn_ops.c - the CUDA backend's kv_write, attention, Gated
+ * DeltaNet and MoE ops against the CPU backend on the same random inputs.
+ *
+ * Every test creates both backends, fills identical inputs on each (never
+ * zeros), poisons the outputs with NaN first, runs the op on both and
+ * compares. Without a usable GPU each test skips with the reason.
+ *
+ * Attention batches mix sequences on purpose: tokens dealt round-robin,
+ * block tables that are a shuffled permutation of the pool, decoding tokens
+ * next to prefill chunks, a chunk that continues a sequence at position 37,
+ * and one sequence at ~3000 positions so that the split (flash-decoding)
+ * path and its combine kernel run. Head widths 64, 80, 128, 256; GQA
+ * ratios 1, 3, 4, 8, 16; a sliding window with softcap.
+ *
+ * The recurrent ops run over two calls per configuration so that state is
+ * carried: a sequence that starts at position 0 in a slot full of garbage
+ * (which must be ignored), one that continues from a saved state, one
+ * decoding a single token, one that restarts at position 0 in the second
+ * call, and a slot no sequence uses (which must not change).
+ *
+ * Tolerances (|gpu - cpu| / max(|cpu|, floor)): kv_write exact;
+ * attention 1e-4 (floor 0.05; f32 on both sides, ~1e-6 expected);
+ * conv1d_state, delta_gates, rms_norm_gated 1e-5 (floor 1); gated_delta
+ * 1e-4 (floor 1; the CPU runs several tokens in the chunked form, the GPU
+ * token by token); moe 1e-4 (floor 1; the matmuls of both backends). */
+#include "lm_test.h"
+
+#include "backend/lm_backend.h"
+#include "engine/lm_kv_cache.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static float ca_rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x800000 - 1.0f; /* [-1, 1) */
+}
+
+static void ca_fill(float *p, size_t n, uint64_t *s, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * 0.5f * (ca_rnd(s) + 1.0f);
+}
+
+static float *ca_host(size_t n, uint64_t *s, float lo, float hi) {
+    float *p = malloc(n * sizeof(float));
+    ca_fill(p, n, s, lo, hi);
+    return p;
+}
+
+/* Both backends: [0] CPU (the reference), [1] CUDA. */
+typedef struct ca_be {
+    lm_backend *b[2];
+} ca_be;
+
+static bool ca_open(ca_be *be, char *why, size_t n) {
+    lm_err e;
+    memset(be, 0, sizeof *be);
+    be->b[0] = lm_cpu_backend_create(0, LM_ISA_AUTO, &e);
+    if (be->b[0]) be->b[1] = lm_cuda_backend_create(0, &e);
+    if (!be->b[0] || !be->b[1]) {
+        snprintf(why, n, "%.200s", e.msg);
+        lm_backend_destroy(be->b[0]);
+        return false;
+    }
+    return true;
+}
+
+static void ca_close(ca_be *be) {
+    lm_backend_destroy(be->b[1]);
+    lm_backend_destroy(be->b[0]);
+}
+
+static lm_tensor ca_tensor(lm_backend *be, int64_t rows, int64_t cols, const float *host) {
+    lm_tensor t;
+    LM_ASSERT(lm_tensor_alloc(be, &t, rows, cols) == 0);
+    if (host) be->ops->write(be, t.data, host, (size_t)(rows * cols) * sizeof(float));
+    return t;
+}
+
+/* An output tensor full of NaN. */
+static lm_tensor ca_poisoned(lm_backend *be, int64_t rows, int64_t cols) {
+    size_t n = (size_t)(rows * cols);
+    float *nan = malloc(LM_MAX(n, (size_t)1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    lm_tensor t = ca_tensor(be, rows, cols, nan);
+    free(nan);
+    return t;
+}
+
+static float *ca_read(lm_backend *be, const void *src, size_t n) {
+    float *p = malloc(LM_MAX(n, (size_t)1) * sizeof(float));
+    be->ops->read(be, p, src, n * sizeof(float));
+    return p;
+}
+
+/* max |got - ref| / max(|ref|, floor); NaN anywhere counts as infinite. */
+static double ca_err(const float *got, const float *ref, size_t n, double floor) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]) / fmax(fabs((double)ref[i]), floor);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+/* Reads n floats at p[0] / p[1] from each backend and returns ca_err. */
+static double ca_cmp(const ca_be *be, void *const p[2], size_t n, double floor) {
+    float *ref = ca_read(be->b[0], p[0], n), *got = ca_read(be->b[1], p[1], n);
+    double e = ca_err(got, ref, n, floor);
+    free(ref);
+    free(got);
+    return e;
+}
+
+static void ca_release(const ca_be *be, lm_tensor t[2]) {
+    for (int i = 0; i < 2; i++) lm_tensor_release(be->b[i], &t[i]);
+}
+
+/* Tokens of S sequences dealt round-robin: sequence s has n[s] tokens from
+ * position pos0[s]. */
+typedef struct ca_batch {
+    int T;
+    int32_t *pos, *seq;
+} ca_batch;
+
+static ca_batch ca_batch_make(int S, const int *n, const int *pos0) {
+    ca_batch d = { 0, NULL, NULL };
+    for (int s = 0; s < S; s++) d.T += n[s];
+    d.pos = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
+    d.seq = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
+    int used[16] = { 0 }, t = 0;
+    LM_ASSERT(S <= 16);
+    for (bool more = true; more;) {
+        more = false;
+        for (int s = 0; s < S; s++)
+            if (used[s] < n[s]) {
+                d.pos[t] = pos0[s] + used[s]++;
+                d.seq[t++] = s;
+                more = true;
+            }
+    }
+    return d;
+}
+
+static void ca_batch_free(ca_batch *d) {
+    free(d->pos);
+    free(d->seq);
+}
+
+/* ---- paged KV pools ----------------------------------------------------------- */
+
+enum { CA_BS = 16, CA_LAYERS = 2, CA_LAYER = 1, CA_MAXS = 8 };
+
+/* The same pool on both backends (layer CA_LAYER filled with random K and
+ * V) and block tables that deal a shuffled permutation of the blocks to the
+ * sequences, enough for positions [0, pos0[s] + n[s]). */
+typedef struct ca_pool {
+    lm_kv_cache *kc[2];
+    int n_blocks;
+    int64_t kv_width;
+    int32_t *perm, *tables[CA_MAXS];
+} ca_pool;
+
+static bool ca_pool_make(ca_pool *p, const ca_be *be, int64_t kv_width, int S, const int *n, const int *pos0,
+                         uint64_t *rng) {
+    memset(p, 0, sizeof *p);
+    LM_ASSERT(S <= CA_MAXS);
+    int nb[CA_MAXS], total = 0;
+    for (int s = 0; s < S; s++) {
+        nb[s] = (pos0[s] + n[s] - 1) / CA_BS + 1;
+        total += nb[s];
+    }
+    p->n_blocks = total + 5;
+    p->kv_width = kv_width;
+    p->perm = malloc((size_t)p->n_blocks * sizeof(int32_t));
+    for (int i = 0; i < p->n_blocks; i++) p->perm[i] = i;
+    for (int i = p->n_blocks - 1; i > 0; i--) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((*rng >> 33) % (uint64_t)(i + 1));
+        int32_t x = p->perm[i];
+        p->perm[i] = p->perm[j];
+        p->perm[j] = x;
+    }
+    for (int s = 0, at = 0; s < S; at += nb[s], s++) p->tables[s] = p->perm + at;
+    lm_err e;
+    for (int b = 0; b < 2; b++)
+        if (lm_kv_cache_create(&p->kc[b], be->b[b], CA_LAYERS, kv_width, CA_BS, p->n_blocks, NULL, &e) != 0) {
+            fprintf(stderr, "  kv cache: %s\n", e.msg);
+            return false;
+        }
+    size_t nf = (size_t)p->n_blocks * CA_BS * (size_t)kv_width;
+    float *k = ca_host(nf, rng, -1, 1), *v = ca_host(nf, rng, -1, 1);
+    for (int b = 0; b < 2; b++) {
+        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.k[CA_LAYER], k, nf * sizeof(float));
+        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.v[CA_LAYER], v, nf * sizeof(float));
+    }
+    free(k);
+    free(v);
+    return true;
+}
+
+static void ca_pool_free(ca_pool *p) {
+    for (int b = 0; b < 2; b++) lm_kv_cache_free(p->kc[b]);
+    free(p->perm);
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+/* One batch on one head configuration, compared. */
+static void ca_attn_case(lm_test_ctx *lm_t_, const ca_be *be, const char *name, int H, int Hkv, int Dh,
+                         int window, float softcap, int S, const int *n, const int *pos0, uint64_t seed) {
+    const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)H * Dh + 8, oc = (int64_t)H * Dh;
+    ca_pool pool;
+    bool ok = ca_pool_make(&pool, be, kvw, S, n, pos0, &seed);
+    LM_CHECK_MSG(ok, "%s: pool", name);
+    if (!ok) {
+        ca_pool_free(&pool);
+        return;
+    }
+    ca_batch d = ca_batch_make(S, n, pos0);
+    lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
+                         .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
+    lm_attn_params ap = { .n_heads = H, .n_kv_heads = Hkv, .head_dim = Dh, .scale = 1.0f / sqrtf((float)Dh),
+                          .window = window, .softcap = softcap };
+    float *qh = ca_host((size_t)d.T * (size_t)qc, &seed, -3, 3); /* peaky enough that errors show */
+    lm_tensor q[2], out[2];
+    for (int b = 0; b < 2; b++) {
+        q[b] = ca_tensor(be->b[b], d.T, qc, qh);
+        out[b] = ca_poisoned(be->b[b], d.T, oc);
+        be->b[b]->ops->attention(be->b[b], &out[b], &q[b], &pool.kc[b]->pool, CA_LAYER, &ab, &ap);
+    }
+    void *po[2] = { out[0].data, out[1].data };
+    double err = ca_cmp(be, po, (size_t)d.T * (size_t)oc, 0.05);
+    LM_CHECK_MSG(err <= 1e-4, "%s: H %d Hkv %d Dh %d window %d softcap %g: err %.3g", name, H, Hkv, Dh, window,
+                 (double)softcap, err);
+    ca_release(be, q);
+    ca_release(be, out);
+    free(qh);
+    ca_batch_free(&d);
+    ca_pool_free(&pool);
+}
+
+/* Head configurations: {H, Hkv, Dh, window, softcap x 100}. */
+static const int ca_heads[][5] = {
+    { 8, 8, 64, 0, 0 },   /* MHA */
+    { 16, 4, 128, 0, 0 }, /* GQA 4 */
+    { 16, 2, 256, 0, 0 }, /* GQA 8, Gemma / Qwen3.5 width */
+    { 6, 2, 80, 0, 0 },   /* GQA 3, width not a power of two */
+    { 32, 2, 64, 0, 0 },  /* GQA 16 */
+    { 8, 1, 256, 50, 200 }, /* sliding window and softcap */
+};
+
+static void ca_attn_all(lm_test_ctx *lm_t_, const char *name, int S, const int *n, const int *pos0) {
+    char why[256];
+    ca_be be;
+    if (!ca_open(&be, why, sizeof why)) {
+        LM_CHECK_MSG(0, "%s", why);
+        return;
+    }
+    for (size_t i = 0; i < LM_COUNT(ca_heads); i++) {
+        const int *h = ca_heads[i];
+        ca_attn_case(lm_t_, &be, name, h[0], h[1], h[2], h[3], (float)h[4] / 100.0f, S, n, pos0, 1234 + i);
+    }
+    ca_close(&be);
+}
+
+LM_TEST(cuda_attention_decode) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    /* one token each; the long one goes through the split path */
+    const int n[] = { 1, 1, 1, 1, 1 }, pos0[] = { 0, 37, 700, 3001, 16 };
+    ca_attn_all(lm_t_, "decode", 5, n, pos0);
+}
+
+LM_TEST(cuda_attention_prefill) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    /* from position 0; 70 tokens cross several tiles and blocks */
+    const int n[] = { 70, 19, 1 }, pos0[] = { 0, 0, 0 };
+    ca_attn_all(lm_t_, "prefill", 3, n, pos0);
+}
+
+LM_TEST(cuda_attention_chunk) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    /* a chunk continuing a sequence already in the cache, alone and beside
+     * a long prefill */
+    const int n1[] = { 45 }, p1[] = { 37 };
+    ca_attn_all(lm_t_, "chunk", 1, n1, p1);
+    const int n2[] = { 45, 300 }, p2[] = { 37, 0 };
+    ca_attn_all(lm_t_, "chunk+prefill", 2, n2, p2);
+}
+
+LM_TEST(cuda_attention_mixed) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    /* decoding at ~3000 and at 10, a chunk at 37, a prefill from 0, a
+     * two-token draft: one call */
+    const int n[] = { 1, 40, 100, 1, 2 }, pos0[] = { 2990, 37, 0, 10, 500 };
+    ca_attn_all(lm_t_, "mixed", 5, n, pos0);
+}
+
+/* ---- kv_write ---------------------------------------------------------------------- */
+
+LM_TEST(cuda_kv_write) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    ca_be be;
+    if (!ca_open(&be, why, sizeof why)) {
+        LM_CHECK_MSG(0, "%s", why);
+        return;
+    }
+    uint64_t seed = 99;
+    /* Written width below the pool width; positions across block edges. */
+    const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
+    const int64_t kvw = 2 * 128 + 64, cols = 2 * 128;
+    ca_pool pool;
+    bool ok = ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed);
+    LM_CHECK(ok);
+    ca_batch d = ca_batch_make(S, n, pos0);
+    lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
+                         .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
+    float *kh = ca_host((size_t)d.T * cols, &seed, -1, 1), *vh = ca_host((size_t)d.T * cols, &seed, -1, 1);
+    lm_tensor k[2], v[2];
+    for (int b = 0; ok && b < 2; b++) {
+        k[b] = ca_tensor(be.b[b], d.T, cols, kh);
+        v[b] = ca_tensor(be.b[b], d.T, cols, vh);
+        be.b[b]->ops->kv_write(be.b[b], &pool.kc[b]->pool, CA_LAYER, &k[b], &v[b], &ab);
+    }
+    if (ok) {
+        size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw;
+        for (int kind = 0; kind < 2; kind++) {
+            void *p[2];
+            for (int b = 0; b < 2; b++) p[b] = kind ? pool.kc[b]->pool.v[CA_LAYER] : pool.kc[b]->pool.k[CA_LAYER];
+            float *ref = ca_read(be.b[0], p[0], nf), *got = ca_read(be.b[1], p[1], nf);
+            LM_CHECK_MSG(memcmp(ref, got, nf * sizeof(float)) == 0, "%s pool differs", kind ? "V" : "K");
+            /* and the rows landed where the tables say */
+            for (int t = 0; t < d.T; t++) {
+                int32_t blk = pool.tables[d.seq[t]][d.pos[t] / CA_BS];
+                const float *row = got + ((size_t)blk * CA_BS + (size_t)(d.pos[t] % CA_BS)) * (size_t)kvw;
+                LM_CHECK(memcmp(row, (kind ? vh : kh) + (size_t)t * cols, (size_t)cols * sizeof(float)) == 0);
+            }
+            free(ref);
+            free(got);
+        }
+        ca_release(&be, k);
+        ca_release(&be, v);
+    }
+    free(kh);
+    free(vh);
+    ca_batch_free(&d);
+    ca_pool_free(&pool);
+    ca_close(&be);
+}
+
+/* ---- Gated DeltaNet ------------------------------------------------------------------ */
+
+/* One state tensor per backend with n_slots slots: the conv window
+ * [K-1][C] at offset 0, then the delta state [Hv][Dk][Dv]. */
+typedef struct ca_state {
+    lm_kv_pool kv[2];
+    int64_t floats;
+    float *st[2];
+} ca_state;
+
+/* Both ops over one batch, compared; the state is carried in the pool. */
+static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int Hk, int Hv, int Dk, int Dv, int K,
+                          int S, const int *n, const int *pos0, const int32_t *slot, uint64_t seed, int call) {
+    const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv, O = (int64_t)Hv * Dv;
+    ca_batch d = ca_batch_make(S, n, pos0);
+    lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S, .block_tables = NULL,
+                         .state_slot = slot };
+    const int T = d.T;
+    float *xh = ca_host((size_t)T * C, &seed, -1, 1), *wh = ca_host((size_t)C * K, &seed, -0.6f, 0.6f);
+    float *gh = ca_host((size_t)T * Hv, &seed, -2, 2), *bh = ca_host((size_t)T * Hv, &seed, -3, 3);
+    float *alh = ca_host((size_t)Hv, &seed, -3, -1), *dth = ca_host((size_t)Hv, &seed, -1, 1);
+    float *zh = ca_host((size_t)T * O, &seed, -2, 2), *nwh = ca_host((size_t)Dv, &seed, 0.5f, 1.5f);
+    lm_tensor x[2], w[2], y[2], g[2], beta[2], al[2], dt[2], out[2], z[2], nw[2], yn[2];
+    lm_state_ref conv_ref = { 0, 0 };
+    lm_delta_params dp = { .n_k_heads = Hk, .n_v_heads = Hv, .k_dim = Dk, .v_dim = Dv,
+                           .state = { 0, (int64_t)(K - 1) * C } };
+    for (int b = 0; b < 2; b++) {
+        lm_backend *bk = be->b[b];
+        x[b] = ca_tensor(bk, T, C, xh);
+        w[b] = ca_tensor(bk, C, K, wh);
+        y[b] = ca_poisoned(bk, T, C);
+        g[b] = ca_tensor(bk, T, Hv, gh);
+        beta[b] = ca_tensor(bk, T, Hv, bh);
+        al[b] = ca_tensor(bk, 1, Hv, alh);
+        dt[b] = ca_tensor(bk, 1, Hv, dth);
+        out[b] = ca_poisoned(bk, T, O);
+        z[b] = ca_tensor(bk, T, O, zh);
+        nw[b] = ca_tensor(bk, 1, Dv, nwh);
+        yn[b] = ca_poisoned(bk, T, O);
+        bk->ops->conv1d_state(bk, &y[b], &x[b], &w[b], &ps->kv[b], conv_ref, &ab, true);
+        bk->ops->delta_gates(bk, &g[b], &beta[b], &al[b], &dt[b]);
+    }
+    void *p[2];
+    p[0] = y[0].data, p[1] = y[1].data;
+    double e = ca_cmp(be, p, (size_t)T * C, 1.0);
+    LM_CHECK_MSG(e <= 1e-5, "call %d: conv1d_state err %.3g", call, e);
+    p[0] = g[0].data, p[1] = g[1].data;
+    e = ca_cmp(be, p, (size_t)T * Hv, 1.0);
+    LM_CHECK_MSG(e <= 1e-5, "call %d: delta_gates g err %.3g", call, e);
+    p[0] = beta[0].data, p[1] = beta[1].data;
+    e = ca_cmp(be, p, (size_t)T * Hv, 1.0);
+    LM_CHECK_MSG(e <= 1e-5, "call %d: delta_gates beta err %.3g", call, e);
+    /* gated_delta on identical inputs: the CPU's conv output and gates */
+    float *yref = ca_read(be->b[0], y[0].data, (size_t)T * C);
+    float *gref = ca_read(be->b[0], g[0].data, (size_t)T * Hv), *bref = ca_read(be->b[0], beta[0].data, (size_t)T * Hv);
+    be->b[1]->ops->write(be->b[1], y[1].data, yref, (size_t)T * C * sizeof(float));
+    be->b[1]->ops->write(be->b[1], g[1].data, gref, (size_t)T * Hv * sizeof(float));
+    be->b[1]->ops->write(be->b[1], beta[1].data, bref, (size_t)T * Hv * sizeof(float));
+    free(yref);
+    free(gref);
+    free(bref);
+    for (int b = 0; b < 2; b++) {
+        lm_backend *bk = be->b[b];
+        bk->ops->gated_delta(bk, &out[b], &y[b], &g[b], &beta[b], &ps->kv[b], &ab, &dp);
+    }
+    p[0] = out[0].data, p[1] = out[1].data;
+    e = ca_cmp(be, p, (size_t)T * O, 1.0);
+    LM_CHECK_MSG(e <= 1e-4, "call %d: gated_delta out err %.3g (Dk %d Dv %d)", call, e, Dk, Dv);
+    /* rms_norm_gated over the CPU's delta output */
+    float *oref = ca_read(be->b[0], out[0].data, (size_t)T * O);
+    be->b[1]->ops->write(be->b[1], out[1].data, oref, (size_t)T * O * sizeof(float));
+    free(oref);
+    for (int b = 0; b < 2; b++) be->b[b]->ops->rms_norm_gated(be->b[b], &yn[b], &out[b], &z[b], &nw[b], 1e-6f);
+    p[0] = yn[0].data, p[1] = yn[1].data;
+    e = ca_cmp(be, p, (size_t)T * O, 1.0);
+    LM_CHECK_MSG(e <= 1e-5, "call %d: rms_norm_gated err %.3g", call, e);
+    /* every slot, used or not: conv windows and delta states */
+    p[0] = ps->st[0], p[1] = ps->st[1];
+    e = ca_cmp(be, p, (size_t)ps->kv[0].n_state_slots * (size_t)ps->floats, 1.0);
+    LM_CHECK_MSG(e <= 1e-4, "call %d: state err %.3g", call, e);
+
+    lm_tensor *all[] = { x, w, y, g, beta, al, dt, out, z, nw, yn };
+    for (size_t i = 0; i < LM_COUNT(all); i++) ca_release(be, all[i]);
+    float *hs[] = { xh, wh, gh, bh, alh, dth, zh, nwh };
+    for (size_t i = 0; i < LM_COUNT(hs); i++) free(hs[i]);
+    ca_batch_free(&d);
+}
+
+static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K,
+                            uint64_t seed) {
+    const int n_slots = 4;
+    const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv;
+    ca_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.floats = (int64_t)(K - 1) * C + (int64_t)Hv * Dk * Dv;
+    size_t nf = (size_t)n_slots * (size_t)ps.floats;
+    float *garbage = ca_host(nf, &seed, -1, 1);
+    for (int b = 0; b < 2; b++) {
+        ps.st[b] = be->b[b]->ops->alloc(be->b[b], nf * sizeof(float));
+        LM_ASSERT(ps.st[b]);
+        be->b[b]->ops->write(be->b[b], ps.st[b], garbage, nf * sizeof(float));
+        ps.kv[b] = (lm_kv_pool){ .n_state = 1, .n_state_slots = n_slots, .state_floats = &ps.floats,
+                                 .state = &ps.st[b] };
+    }
+    free(garbage);
+    /* call 1: a fresh sequence in a garbage slot, one continuing a saved
+     * state, one decoding; slot 1 unused throughout */
+    const int32_t slot1[] = { 2, 0, 3 };
+    const int n1[] = { 5, 7, 1 }, p1[] = { 0, 10, 3 };
+    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, 3, n1, p1, slot1, seed + 1, 1);
+    /* call 2: the first decodes, the second runs 70 tokens (past the CPU's
+     * 64-token chunk), the third starts over at 0 */
+    const int n2[] = { 1, 70, 3 }, p2[] = { 5, 17, 0 };
+    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, 3, n2, p2, slot1, seed + 2, 2);
+    for (int b = 0; b < 2; b++) be->b[b]->ops->free(be->b[b], ps.st[b]);
+}
+
+LM_TEST(cuda_gated_delta_ops) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    ca_be be;
+    if (!ca_open(&be, why, sizeof why)) {
+        LM_CHECK_MSG(0, "%s", why);
+        return;
+    }
+    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 7);  /* Qwen3.5 head shape */
+    ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 11);   /* odd widths: a partial warp */
+    ca_close(&be);
+}
+
+/* ---- moe ----------------------------------------------------------------------------- */
+
+enum { CA_E = 8, CA_K = 2, CA_D = 64, CA_F = 96 };
+
+static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][CA_E], int T, bool norm,
+                        bool scaled, uint64_t seed) {
+    float *xh = ca_host((size_t)T * CA_D, &seed, -1, 1), *lh = ca_host((size_t)T * CA_E, &seed, -2, 2);
+    float *sh = ca_host(CA_E, &seed, 0.5f, 1.5f);
+    if (T > 3) { /* exact ties: lowest index first */
+        lh[3 * CA_E + 2] = lh[3 * CA_E + 5] = 3.0f;
+        for (int e = 0; e < CA_E; e++) lh[1 * CA_E + e] = 0.25f;
+    }
+    lm_tensor x[2], l[2], y[2], sc[2];
+    for (int b = 0; b < 2; b++) {
+        x[b] = ca_tensor(be->b[b], T, CA_D, xh);
+        l[b] = ca_tensor(be->b[b], T, CA_E, lh);
+        sc[b] = ca_tensor(be->b[b], 1, CA_E, sh);
+        y[b] = ca_poisoned(be->b[b], T, CA_D);
+        lm_moe_params mp = { .n_experts = CA_E, .top_k = CA_K, .norm_topk = norm, .gate = ws[b][0],
+                             .up = ws[b][1], .down = ws[b][2], .expert_scale = scaled ? &sc[b] : NULL };
+        be->b[b]->ops->moe(be->b[b], &y[b], &x[b], &l[b], &mp);
+    }
+    void *p[2] = { y[0].data, y[1].data };
+    double e = ca_cmp(be, p, (size_t)T * CA_D, 1.0);
+    LM_CHECK_MSG(e <= 1e-4, "moe T %d norm %d scale %d: err %.3g", T, norm, scaled, e);
+    ca_release(be, x);
+    ca_release(be, l);
+    ca_release(be, y);
+    ca_release(be, sc);
+    free(xh);
+    free(lh);
+    free(sh);
+}
+
+LM_TEST(cuda_moe) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    ca_be be;
+    if (!ca_open(&be, why, sizeof why)) {
+        LM_CHECK_MSG(0, "%s", why);
+        return;
+    }
+    uint64_t seed = 5;
+    /* [backend][gate, up, down][expert]; the host data outlives both backends */
+    static lm_tensor ws[2][3][CA_E];
+    float *host[3][CA_E];
+    bool ok = true;
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < CA_E; e++) {
+            int64_t rows = m == 2 ? CA_D : CA_F, cols = m == 2 ? CA_F : CA_D;
+            host[m][e] = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
+            for (int b = 0; b < 2; b++) {
+                lm_err err;
+                ws[b][m][e] = (lm_tensor){ .type = LM_F32, .rows = rows, .cols = cols, .data = NULL };
+                if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], host[m][e], &err) != 0) {
+                    fprintf(stderr, "  upload: %s\n", err.msg);
+                    ok = false;
+                }
+            }
+        }
+    LM_CHECK(ok);
+    if (ok) {
+        ca_moe_case(lm_t_, &be, ws, 13, false, true, 21);
+        ca_moe_case(lm_t_, &be, ws, 13, true, true, 22);
+        ca_moe_case(lm_t_, &be, ws, 13, true, false, 23);
+        ca_moe_case(lm_t_, &be, ws, 1, true, true, 24);   /* decode */
+        ca_moe_case(lm_t_, &be, ws, 200, false, false, 25); /* prefill: GEMM-sized expert batches */
+    }
+    ca_close(&be); /* frees the uploaded copies */
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < CA_E; e++) free(host[m][e]);
+}
