@@ -12,9 +12,12 @@
 //          (the end token is forbidden, so every request runs to --gen,
 //          default 128), against the same C requests sent one after another,
 //          same server, same run; the two alternate --reps times (default 3)
-//          and the median group is shown. tok/s = generated tokens / wall time of the group. The
-//          server's lumen_batch_size histogram (/metrics) before and after
-//          each group gives the mean sequences per engine step.
+//          and the median group is shown. tok/s = generated tokens / wall
+//          time of the group. /metrics before and after each group gives the
+//          tokens per engine step and the largest lumen_batch_size bucket
+//          reached; the trace, each request's mean tokens per decode step.
+//          --model picks the model (a large one shows batching best: its
+//          decode reads all weights per step, whatever the batch).
 //  prefix  Time to first token of a --prefix-tokens (default 8192) token
 //          prompt whose prefix the cache holds (warm: an earlier request sent
 //          the same prefix, each request adds 16 new tokens) against the same
@@ -195,21 +198,23 @@ function batchHist(text) {
   return out;
 }
 
-// Mean sequences per step between two histograms (bucket midpoints: 1, 2-3, 4-7 ...),
-// and the largest bucket used.
-function batchDelta(a, b) {
-  let steps = 0, sum = 0, lo = 1, top = null;
+const counterOf = (text, name) => Number(new RegExp(`^${name} (\\d+)$`, 'm').exec(text)?.[1] ?? NaN);
+
+// Between two /metrics pages: engine steps, mean tokens per step (exact, from
+// lumen_engine_batch_tokens_total / lumen_engine_steps_total), and the largest
+// lumen_batch_size bucket (sequences per step) that grew.
+function batchDelta(ta, tb) {
+  const a = batchHist(ta), b = batchHist(tb);
+  let lo = 1, top = null;
   for (let i = 0; i < b.length; i++) {
     const n = (b[i][1] - (i ? b[i - 1][1] : 0)) - ((a[i]?.[1] ?? 0) - (i ? a[i - 1]?.[1] ?? 0 : 0));
-    const hi = b[i][0] === '+Inf' ? lo * 2 : Number(b[i][0]);
-    if (n > 0) {
-      steps += n;
-      sum += n * (lo + hi) / 2;
-      top = b[i][0] === '+Inf' ? `>=${lo}` : lo === hi ? `${hi}` : `${lo}-${hi}`;
-    }
+    const hi = b[i][0] === '+Inf' ? Infinity : Number(b[i][0]);
+    if (n > 0) top = hi === Infinity ? `>=${lo}` : lo === hi ? `${hi}` : `${lo}-${hi}`;
     lo = hi + 1;
   }
-  return { steps, mean_seqs_approx: steps ? Number((sum / steps).toFixed(1)) : null, top_bucket: top };
+  const steps = counterOf(tb, 'lumen_engine_steps_total') - counterOf(ta, 'lumen_engine_steps_total');
+  const toks = counterOf(tb, 'lumen_engine_batch_tokens_total') - counterOf(ta, 'lumen_engine_batch_tokens_total');
+  return { steps, tokens_per_step: steps > 0 ? Number((toks / steps).toFixed(1)) : null, top_bucket: top };
 }
 
 const median = (xs) => {
@@ -240,7 +245,7 @@ async function runBatch(o) {
       const groups = { serial: [], concurrent: [] };
       for (let rep = 0; rep < o.reps; rep++)
         for (const mode of ['serial', 'concurrent']) {
-          const h0 = batchHist(await metricsText(s.url));
+          const h0 = await metricsText(s.url);
           const t0 = performance.now();
           let toks = 0;
           const ids = Array.from({ length: c }, (_, i) => `b${c}-${mode}-r${rep}-${i}`);
@@ -252,7 +257,7 @@ async function runBatch(o) {
           if (mode === 'serial') for (let i = 0; i < c; i++) await one(i);
           else await Promise.all(Array.from({ length: c }, (_, i) => one(i)));
           const wall = (performance.now() - t0) / 1000;
-          const h1 = batchHist(await metricsText(s.url));
+          const h1 = await metricsText(s.url);
           groups[mode].push({ tokens: toks, wall_s: r1(wall, 2), tok_s: r1(toks / wall), batch: batchDelta(h0, h1), ids });
         }
       for (const mode of ['serial', 'concurrent']) {
@@ -442,8 +447,8 @@ if (o.json) {
     console.log(table(result.batch.rows, [
       ['streams', (r) => r.streams], ['serial tok/s', (r) => r.serial.tok_s], ['concurrent tok/s', (r) => r.concurrent.tok_s],
       ['speedup', (r) => `${r.speedup}x`], ['concurrent wall s', (r) => r.concurrent.wall_s],
-      ['tokens per decode step (trace mean)', (r) => r.concurrent.step_tokens_mean],
-      ['seqs per step (/metrics, approx)', (r) => r.concurrent.batch.mean_seqs_approx], ['largest bucket', (r) => r.concurrent.batch.top_bucket],
+      ['tokens per decode step (trace)', (r) => r.concurrent.step_tokens_mean],
+      ['tokens per step (/metrics)', (r) => r.concurrent.batch.tokens_per_step], ['largest lumen_batch_size bucket', (r) => r.concurrent.batch.top_bucket, 'l'],
     ]));
     console.log();
   }
