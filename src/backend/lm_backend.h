@@ -193,7 +193,17 @@ struct lm_backend {
     const struct lm_backend_ops *ops;
     const char *name;
     void *impl;
+    lm_backend *inner; /* the wrapped backend of a wrapper (profiling), else NULL */
 };
+
+/* The backend under any wrappers: what backend-specific calls act on. */
+static inline lm_backend *lm_backend_base(lm_backend *be) {
+    while (be && be->inner) be = be->inner;
+    return be;
+}
+/* Wraps inner so that every op is timed alone; the table goes to stderr at
+ * destroy (LUMEN_PROFILE=1 in the CLI). Destroying it destroys inner. */
+lm_backend *lm_backend_profiled(lm_backend *inner);
 
 /* Convenience: allocate an f32 activation tensor [rows][cols] on be. */
 int lm_tensor_alloc(lm_backend *be, lm_tensor *t, int64_t rows, int64_t cols);

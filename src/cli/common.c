@@ -105,7 +105,16 @@ static lm_backend *cpu_backend(const lm_common_opts *o) {
     return be;
 }
 
+static lm_backend *choose_backend(const lm_common_opts *o, const char *model_path);
+
+/* LUMEN_PROFILE=1 wraps the chosen backend in the op profiler. */
 lm_backend *lm_cli_backend_for(const lm_common_opts *o, const char *model_path) {
+    lm_backend *be = choose_backend(o, model_path);
+    const char *prof = getenv("LUMEN_PROFILE");
+    return be && prof && *prof && strcmp(prof, "0") ? lm_backend_profiled(be) : be;
+}
+
+static lm_backend *choose_backend(const lm_common_opts *o, const char *model_path) {
     lm_err e = { { 0 } };
     if (o->device == LM_DEVICE_CPU) return cpu_backend(o);
     if (o->device == LM_DEVICE_CUDA) {

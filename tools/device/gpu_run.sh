@@ -8,6 +8,7 @@
 set -uo pipefail
 root=$PWD
 C=$root/.device-carry
+[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
 # The binaries were built at /work/main and carry that path (demo model,
 # tests/data); point it here.
 mkdir -p /work && ln -sfn "$root" /work/main

@@ -16,7 +16,10 @@ for b in lumen lumen_tests make_random_model bench_cuda_gemv; do strip -o ".devi
 ldd build/dev/lumen_tests build/dev/lumen | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcublas[^/]*|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" .device-carry/lib/; done
-for m in ${LUMEN_DEVICE_FIXTURES:-llama qwen3 qwen3.5 gemma4 llama-2-tiny-random.gguf}; do
+for m in ${LUMEN_DEVICE_FIXTURES:-llama qwen3.5 llama-2-tiny-random.gguf}; do
   cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/
 done
+# one compressed archive: the fat CUDA binaries shrink to about a third
+tar -C .device-carry -cJf .device-carry/pack.tar.xz bin lib fixtures
+rm -rf .device-carry/bin .device-carry/lib .device-carry/fixtures
 du -sh .device-carry

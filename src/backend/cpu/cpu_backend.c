@@ -228,6 +228,7 @@ lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e) {
 }
 
 int lm_cpu_backend_threads(const lm_backend *be) {
+    be = lm_backend_base((lm_backend *)be);
     LM_ASSERT(be && be->ops == &lm_cpu_ops);
     return ((const lm_cpu *)be->impl)->n_threads;
 }

@@ -499,6 +499,7 @@ fail:
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = 0;
     *total_bytes = 0;
+    be = lm_backend_base(be);
     if (!be || be->ops != &lm_cuda_ops) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
@@ -506,6 +507,7 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
 }
 
 void lm_backend_sync(lm_backend *be) {
+    be = lm_backend_base(be);
     if (!be || be->ops != &lm_cuda_ops) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
