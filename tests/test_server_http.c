@@ -209,8 +209,12 @@ static int read_response(int fd, resp *r) {
 static int http(int port, const char *method, const char *path, const char *body, const char *hdrs, resp *r) {
     int fd = dial(port);
     if (fd < 0) return -1;
-    int rc = send_request(fd, method, path, body, hdrs) || read_response(fd, r);
+    /* a server may answer before the body is all sent (413) and close: the
+     * send then fails, but the answer can still be read */
+    int sent = send_request(fd, method, path, body, hdrs);
+    int rc = read_response(fd, r);
     close(fd);
+    if (rc && sent) fprintf(stderr, "  (http: the request could not be sent in full)\n");
     return rc ? -1 : 0;
 }
 
@@ -441,7 +445,9 @@ LM_TEST(server_http_seed_and_stop) {
 static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const char *body, const char *hdrs, int status,
                           const char *code) {
     resp r;
-    LM_REQUIRE(http(port, "POST", path, body, hdrs, &r) == 0);
+    int hr = http(port, "POST", path, body, hdrs, &r);
+    LM_CHECK_MSG(hr == 0, "%.60s: no response", body);
+    if (hr) return;
     json_t *j = body_json(&r);
     json_t *e = json_object_get(j, "error");
     LM_CHECK_MSG(r.status == status, "%.80s -> %d (want %d): %s", body, r.status, status, r.body);
