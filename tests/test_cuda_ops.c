@@ -534,3 +534,42 @@ LM_TEST(cuda_staging_ring_wraps) {
     lm_tensor_release(p.gpu, &tg);
     cu_close(&p);
 }
+
+/* ---- argmax of rows ---------------------------------------------------------- */
+
+/* Rows that test lm_argmax's contract: random values, ties (the first wins),
+ * NaN in the middle (never wins), NaN first (0), all -inf (0), the maximum
+ * at the end, a row narrower than the block. */
+LM_TEST(cuda_argmax_rows_vs_cpu) {
+    CU_SETUP(p);
+    const int64_t R = 9, V = 151937;
+    float *x = malloc((size_t)(R * V) * sizeof *x);
+    uint64_t st = 0x5eed;
+    for (int64_t i = 0; i < R * V; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((st >> 40) % 100000) * 1e-3f - 50.0f;
+    }
+    float *r1 = x + V, *r2 = x + 2 * V, *r3 = x + 3 * V, *r4 = x + 4 * V, *r5 = x + 5 * V;
+    r1[70000] = r1[3] = r1[150000] = 1000.0f;         /* tie: 3 wins */
+    r2[10] = NAN, r2[20] = 2000.0f, r2[30] = NAN;     /* NaN never wins */
+    r3[0] = NAN, r3[5] = 3000.0f;                     /* NaN first: 0 */
+    for (int64_t i = 0; i < V; i++) r4[i] = -INFINITY; /* nothing beats x[0]: 0 */
+    r5[V - 1] = 5000.0f;
+    int32_t want[9], got[9];
+    for (int64_t r = 0; r < R; r++) want[r] = lm_argmax(x + r * V, (int)V);
+    LM_CHECK(want[1] == 3 && want[2] == 20 && want[3] == 0 && want[4] == 0 && want[5] == V - 1);
+    lm_tensor t = cu_put(p.gpu, x, R, V);
+    p.gpu->ops->argmax_rows(p.gpu, got, &t);
+    for (int64_t r = 0; r < R; r++) LM_CHECK_MSG(got[r] == want[r], "row %lld: cuda %d, cpu %d", (long long)r, got[r], want[r]);
+    lm_tensor narrow = cu_put(p.gpu, x, R * V / 7, 7); /* 7-wide rows */
+    int32_t *g2 = malloc((size_t)(R * V / 7) * sizeof *g2);
+    p.gpu->ops->argmax_rows(p.gpu, g2, &narrow);
+    int bad = 0;
+    for (int64_t r = 0; r < R * V / 7; r++) bad += g2[r] != lm_argmax(x + r * 7, 7);
+    LM_CHECK(bad == 0);
+    free(g2);
+    lm_tensor_release(p.gpu, &narrow);
+    lm_tensor_release(p.gpu, &t);
+    free(x);
+    cu_close(&p);
+}

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/lm_backend.h"
 #include "engine/lm_sampler.h"
 #include "lm_test.h"
 
@@ -61,4 +62,31 @@ LM_TEST(sampler_seed_repeats) {
     lm_sampler_free(a);
     lm_sampler_free(b);
     lm_sampler_free(c);
+}
+
+/* lm_argmax: the first index of the largest value; NaN never wins (and NaN
+ * at index 0 answers 0, as a plain "x[i] > x[best]" scan would); also
+ * through the CPU backend's argmax_rows, the engine's greedy path. */
+LM_TEST(argmax_first_max_nan_never_wins) {
+    float a[21];
+    for (int i = 0; i < 21; i++) a[i] = (float)(i % 7);
+    LM_CHECK(lm_argmax(a, 21) == 6); /* 6 at 6, 13, 20: the first */
+    a[3] = NAN;
+    a[9] = 50.0f;
+    LM_CHECK(lm_argmax(a, 21) == 9);
+    a[0] = NAN;
+    LM_CHECK(lm_argmax(a, 21) == 0);
+    float inf[5] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    LM_CHECK(lm_argmax(inf, 5) == 0);
+    float neg[3] = { -1.0f, -0.5f, -0.5f };
+    LM_CHECK(lm_argmax(neg, 3) == 1);
+    LM_CHECK(lm_argmax(neg, 1) == 0);
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, NULL);
+    LM_REQUIRE(be != NULL);
+    float rows[2][3] = { { 1, 3, 3 }, { 9, -1, 2 } };
+    lm_tensor t = { .type = LM_F32, .rows = 2, .cols = 3, .data = rows };
+    int32_t ids[2] = { -1, -1 };
+    be->ops->argmax_rows(be, ids, &t);
+    LM_CHECK(ids[0] == 1 && ids[1] == 0);
+    lm_backend_destroy(be);
 }

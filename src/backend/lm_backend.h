@@ -186,6 +186,9 @@ struct lm_backend_ops {
                            const lm_tensor *w, float eps);
     /* y = x * sigmoid(gate); gate [T][cols] or [T][1] (one gate per row). y may be x. */
     void (*sigmoid_mul)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *gate);
+    /* host_ids[r] = lm_argmax of row r of x [rows][cols] (f32): greedy
+     * decoding without copying logits to the host. Waits for the result. */
+    void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
     void (*destroy)(lm_backend *be);
 };
 

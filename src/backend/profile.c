@@ -13,12 +13,12 @@
 enum {
     P_MATMUL, P_RMS_NORM, P_ROPE, P_SILU_MUL, P_ADD, P_SCALE, P_GET_ROWS, P_GATHER_ROWS, P_GELU_MUL, P_SOFTCAP,
     P_COPY_COLS, P_KV_WRITE, P_ATTENTION, P_MOE, P_CONV1D, P_DELTA_GATES, P_GATED_DELTA, P_RMS_NORM_GATED,
-    P_SIGMOID_MUL, P_READ, P_WRITE, P_CLEAR, P_COPY, P_N
+    P_SIGMOID_MUL, P_READ, P_WRITE, P_CLEAR, P_COPY, P_ARGMAX, P_N
 };
 static const char *const k_names[P_N] = {
     "matmul", "rms_norm", "rope", "silu_mul", "add", "scale", "get_rows", "gather_rows", "gelu_mul", "softcap",
     "copy_cols", "kv_write", "attention", "moe", "conv1d_state", "delta_gates", "gated_delta", "rms_norm_gated",
-    "sigmoid_mul", "read", "write", "clear", "copy",
+    "sigmoid_mul", "read", "write", "clear", "copy", "argmax_rows",
 };
 
 typedef struct prof {
@@ -95,6 +95,7 @@ WRAP(sigmoid_mul, P_SIGMOID_MUL, (lm_backend *be, lm_tensor *y, const lm_tensor 
 WRAP(read, P_READ, (lm_backend *be, void *dst, const void *src, size_t n), (in(be), dst, src, n))
 WRAP(write, P_WRITE, (lm_backend *be, void *dst, const void *src, size_t n), (in(be), dst, src, n))
 WRAP(clear, P_CLEAR, (lm_backend *be, void *dst, size_t n), (in(be), dst, n))
+WRAP(argmax_rows, P_ARGMAX, (lm_backend *be, int32_t *ids, const lm_tensor *x), (in(be), ids, x))
 WRAP(copy, P_COPY, (lm_backend *be, void *dst, const void *src, size_t n), (in(be), dst, src, n))
 
 static void *w_alloc(lm_backend *be, size_t n) { return in(be)->ops->alloc(in(be), n); }
@@ -125,7 +126,7 @@ static const struct lm_backend_ops k_prof_ops = {
     .gather_rows = w_gather_rows, .gelu_mul = w_gelu_mul, .softcap = w_softcap, .copy_cols = w_copy_cols,
     .kv_write = w_kv_write, .attention = w_attention, .moe = w_moe, .conv1d_state = w_conv1d_state,
     .delta_gates = w_delta_gates, .gated_delta = w_gated_delta, .rms_norm_gated = w_rms_norm_gated,
-    .sigmoid_mul = w_sigmoid_mul, .destroy = w_destroy,
+    .sigmoid_mul = w_sigmoid_mul, .argmax_rows = w_argmax_rows, .destroy = w_destroy,
 };
 
 lm_backend *lm_backend_profiled(lm_backend *inner) {

@@ -101,12 +101,12 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
         }
     for (int s = 0; s < B; s++) toks[s] = lm_argmax(logits + (size_t)s * V, V), sq[s] = s, rows[s] = s;
     double t0 = lm_now();
-    for (int g = 0; g < gen; g++) {
+    for (int g = 0; g < gen; g++) { /* greedy on the backend, as the engine does: ids back, not logits */
         for (int s = 0; s < B; s++) pos[s] = prompt_len + g;
         lm_batch b = { .n_tokens = B, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
-                       .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B, .out_rows = rows };
-        if (lm_model_forward(m, &kv->pool, &b, logits, e)) goto done;
-        for (int s = 0; s < B; s++) toks[s] = lm_argmax(logits + (size_t)s * V, V);
+                       .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B, .out_rows = rows,
+                       .out_argmax = toks };
+        if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
     }
     tps = (double)B * gen / (lm_now() - t0);
 done:

@@ -93,6 +93,8 @@ struct lm_engine {
     int *seq_n;                  /* [parallel] its tokens in this batch */
     float *logits;               /* [parallel][V] */
     float *work;                 /* [V] biased/penalised copy for sampling */
+    int32_t *greedy;             /* [parallel] argmax of each logits row, from the backend */
+    uint8_t *want_logits;        /* [parallel] rows whose request needs the full logits */
     lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
     uint64_t step_generated;     /* engine thread only */
     /* prefix cache (engine thread only) */
@@ -304,9 +306,16 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
 }
 
 /* One sampled token for r: report it, append it, finish when due. */
-static void take_token(lm_engine *en, lm_request *r, const float *logits) {
-    const float *adj = adjusted_logits(en, r, logits);
-    int32_t tok = lm_sample(r->sampler, adj);
+/* A request whose next token is the argmax of the model's logits, which the
+ * backend computes without copying the logits out. */
+static bool plain_greedy(const lm_request *r) {
+    return r->p.sampling.temperature <= 0 && r->p.n_logit_bias == 0 && !r->counts && !r->p.logprobs &&
+           r->p.top_logprobs == 0;
+}
+
+/* logits NULL: a plain-greedy request, whose token is `greedy`. */
+static void take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
+    int32_t tok = logits ? lm_sample(r->sampler, adjusted_logits(en, r, logits)) : greedy;
     if (r->t_first == 0) r->t_first = lm_now();
     r->n_generated++;
     en->step_generated++;
@@ -457,8 +466,9 @@ static void step(lm_engine *en) {
         }
     }
     if (T == 0) return;
+    for (int i = 0; i < n_out; i++) en->want_logits[i] = !plain_greedy(en->row_req[i]);
     lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables,
-                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows };
+                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows, en->greedy, en->want_logits };
     lm_err e = { { 0 } };
     if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
         for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
@@ -478,7 +488,8 @@ static void step(lm_engine *en) {
         r->n_cached += en->seq_n[i];
         cache_progress(en, r);
     }
-    for (int i = 0; i < n_out; i++) take_token(en, en->row_req[i], en->logits + (size_t)i * en->vocab);
+    for (int i = 0; i < n_out; i++)
+        take_token(en, en->row_req[i], en->want_logits[i] ? en->logits + (size_t)i * en->vocab : NULL, en->greedy[i]);
     drop_done(en);
 }
 
@@ -583,6 +594,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->seq_n = lm_xcalloc((size_t)P, sizeof *en->seq_n);
     en->logits = lm_xmalloc((size_t)P * (size_t)en->vocab * sizeof(float));
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
+    en->greedy = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->want_logits = lm_xmalloc((size_t)P);
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
     en->st.kv_blocks_free = en->kv->n_free;
@@ -624,6 +637,8 @@ void lm_engine_free(lm_engine *en) {
     free(en->seq_n);
     free(en->logits);
     free(en->work);
+    free(en->greedy);
+    free(en->want_logits);
     free(en);
 }
 

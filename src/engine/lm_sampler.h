@@ -24,6 +24,5 @@ void lm_sampler_free(lm_sampler *s);
 int lm_sample(lm_sampler *s, const float *logits);
 
 /* Index of the largest value (first one on ties). */
-int lm_argmax(const float *x, int n);
 
 #endif

@@ -30,12 +30,6 @@ void lm_sampler_free(lm_sampler *s) {
     free(s);
 }
 
-int lm_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 /* splitmix64: small, fast, and good enough for drawing one number per token. */
 static double next_uniform(lm_sampler *s) {

@@ -143,5 +143,26 @@ void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *l
     op->gather_rows(m->be, &hs, &x, b->out_rows, b->n_out);
     op->rms_norm(m->be, &hn, &hs, &m->out_norm, c->norm_eps, 0);
     op->matmul(m->be, &lg, &hn, &m->lm_head, NULL);
-    op->read(m->be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+    lm_logits_out(m, b, &lg, logits);
+}
+
+void lm_logits_out(lm_model *m, const lm_batch *b, const lm_tensor *lg, float *logits) {
+    const struct lm_backend_ops *op = m->be->ops;
+    const size_t V = (size_t)m->cfg.vocab, row = V * sizeof(float);
+    if (b->out_argmax) op->argmax_rows(m->be, b->out_argmax, lg);
+    if (!logits) return;
+    if (!b->out_argmax) {
+        op->read(m->be, logits, lg->data, (size_t)b->n_out * row);
+        return;
+    }
+    for (int r = 0; b->out_logits && r < b->n_out;) { /* runs of wanted rows, one copy each */
+        if (!b->out_logits[r]) {
+            r++;
+            continue;
+        }
+        int end = r;
+        while (end < b->n_out && b->out_logits[end]) end++;
+        op->read(m->be, logits + (size_t)r * V, (const float *)lg->data + (size_t)r * V, (size_t)(end - r) * row);
+        r = end;
+    }
 }

@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "lm_arch.h"
+#include "lm_blocks.h"
 
 /* ---- config --------------------------------------------------------------- */
 
@@ -572,7 +573,7 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     op->rms_norm(be, &hn, &hs, &m->out_norm, c->norm_eps, 0);
     op->matmul(be, &lg, &hn, &m->lm_head, NULL);
     if (G->final_softcap) op->softcap(be, &lg, g->final_softcap);
-    op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+    lm_logits_out(m, b, &lg, logits);
     return 0;
 }
 

@@ -63,5 +63,8 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
 
 /* logits[n_out][V] (host) = lm_head(norm(x[out_rows])), x = s->x. */
 void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits);
+/* The batch's output logits lg [n_out][V] (backend memory) to the host as
+ * lm_batch asks: argmax ids and/or logit rows into logits (may be NULL). */
+void lm_logits_out(lm_model *m, const lm_batch *b, const lm_tensor *lg, float *logits);
 
 #endif

@@ -21,6 +21,13 @@ typedef struct lm_batch {
     const int32_t *state_slot;           /* [S] recurrent-state slots; NULL if the model has none */
     int n_out;                           /* rows that need logits */
     const int32_t *out_rows;             /* [n_out] token indices in [0, T) */
+    /* Optional greedy output: with out_argmax (host [n_out]) the backend
+     * writes each output row's argmax there, and only rows r with
+     * out_logits[r] != 0 (none when out_logits is NULL) have their logits
+     * copied to the host; greedy decoding then moves n_out ids, not
+     * n_out * V floats. Without it every row's logits are copied. */
+    int32_t *out_argmax;
+    const uint8_t *out_logits;
 } lm_batch;
 
 struct lm_arch;

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "lm_arch.h"
+#include "lm_blocks.h"
 #include "lm_qwen35.h"
 
 /* ---- config --------------------------------------------------------------- */
@@ -577,9 +578,9 @@ static void head(lm_model *m, q35_scratch *s, const lm_tensor *x, const lm_tenso
     op->gather_rows(be, &hs, x, b->out_rows, b->n_out);
     op->rms_norm(be, &hn, &hs, norm, c->norm_eps, 1.0f);
     if (hidden_out) op->read(be, hidden_out, hn.data, (size_t)b->n_out * (size_t)c->d_model * sizeof(float));
-    if (!logits) return;
+    if (!logits && !b->out_argmax) return;
     op->matmul(be, &lg, &hn, &m->lm_head, NULL);
-    op->read(be, logits, lg.data, (size_t)b->n_out * (size_t)c->vocab * sizeof(float));
+    lm_logits_out(m, b, &lg, logits);
 }
 
 static int q35_run(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, float *hidden_out, lm_err *e) {

@@ -13,10 +13,10 @@ fi
 model() { # model DIR SHAPE
   [[ -f $1/model.safetensors ]] || { /usr/bin/time -f "make_random_model %e s" "$C/bin/make_random_model" "$1" --shape "$2" --threads 16 || exit 1; }
 }
-bench_model() { # bench_model DIR: batch-1 decode, prefill at 4k, batched decode
+bench_model() { # bench_model DIR [bf16]: batch-1 decode, prefill at 4k (also with bf16 activations), batched decode
   local d=$1
   "$L" bench -m "$d" --device cuda --prompt-len 128 --gen 128 --reps 3
-  LUMEN_CUDA_GEMM=bf16 "$L" bench -m "$d" --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
+  [[ ${2:-} == bf16 ]] && LUMEN_CUDA_GEMM=bf16 "$L" bench -m "$d" --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
   "$L" bench -m "$d" --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
   for B in 8 32 128; do "$L" bench -m "$d" --device cuda --batch $B --prompt-len 32 --gen 64; done
 }
@@ -24,7 +24,7 @@ for set in "$@"; do
   echo "== $set"
   case $set in
   kernels) "$C/bin/bench_cuda_gemv" ;;
-  llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 ;;
+  llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   peer-llama) timeout 400 python3 tools/device/torch_peer.py --shape llama-3.1-8b --batch 1 8 32 128 ;;
   peer-qwen27) timeout 300 python3 tools/device/torch_peer.py --shape qwen3.5-27b --batch 1 --gen 32 ;;

@@ -151,6 +151,11 @@ static void lm_cpu_copy(lm_backend *be, void *dst, const void *src, size_t bytes
     memmove(dst, src, bytes);
 }
 
+static void lm_cpu_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+    LM_ASSERT(x->type == LM_F32 && x->cols <= INT32_MAX);
+    for (int64_t r = 0; r < x->rows; r++) host_ids[r] = lm_argmax((const float *)x->data + r * x->cols, (int)x->cols);
+}
+
 static const struct lm_backend_ops lm_cpu_ops = {
     .alloc = lm_cpu_alloc,
     .free = lm_cpu_free,
@@ -178,6 +183,7 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .gated_delta = lm_cpu_gated_delta,
     .rms_norm_gated = lm_cpu_rms_norm_gated,
     .sigmoid_mul = lm_cpu_sigmoid_mul,
+    .argmax_rows = lm_cpu_argmax_rows,
     .destroy = lm_cpu_destroy,
 };
 

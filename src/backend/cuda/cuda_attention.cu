@@ -117,18 +117,18 @@ static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *
 
 /* ---- kv_write ---------------------------------------------------------------- */
 
-/* One block per token: its K and V rows into the slot its table names. */
+/* Blocks (token, column chunk): the token's K and V rows into the slot its
+ * table names. */
 __global__ void att_kv_write_kernel(float *kl, float *vl, const float *k, const float *v, int64_t cols,
                                     int64_t kv_ld, int bs, att_dev d) {
     const int t = blockIdx.x;
+    const int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
     const int32_t p = d.pos[t], s = d.seq[t];
     const int64_t row = (int64_t)d.tab[d.tab_off[s] + p / bs] * bs + p % bs;
     float *kd = kl + row * kv_ld, *vd = vl + row * kv_ld;
-    const float *ks = k + (int64_t)t * cols, *vs = v + (int64_t)t * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        kd[c] = ks[c];
-        vd[c] = vs[c];
-    }
+    kd[c] = k[(int64_t)t * cols + c];
+    vd[c] = v[(int64_t)t * cols + c];
 }
 
 void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k, const lm_tensor *v,
@@ -140,7 +140,7 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
     att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
-    att_kv_write_kernel<<<b->n_tokens, 128, 0, c->stream>>>(kv->k[layer], kv->v[layer], (const float *)k->data,
+    att_kv_write_kernel<<<dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, c->stream>>>(kv->k[layer], kv->v[layer], (const float *)k->data,
                                                              (const float *)v->data, k->cols, kv->kv_width,
                                                              kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
@@ -330,10 +330,150 @@ __global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, 
     }
 }
 
+
+/* ---- decode: one block per (token, kv head, split) -------------------------------- */
+
+/* For batches of one or a few tokens per sequence the tiled kernel wastes
+ * most of its 64 rows and walks the keys in one block; this one spreads
+ * them. Block (token t, kv head g, split z), ATT_DEC_WARPS warps; warp w
+ * takes keys lo + w, lo + w + ATT_DEC_WARPS, ... of the split. Lane l holds
+ * dims [l*DPL, l*DPL + DPL) of the G query heads of g (q in registers) and of
+ * the key and value rows, so a key's score is DPL FMAs per head and a warp
+ * all-reduce. Online softmax per head in registers, then the warps merge
+ * through shared memory. Needs Dh = 32 * DPL and G <= ATT_DEC_GMAX. */
+#define ATT_DEC_WARPS 4
+#define ATT_DEC_GMAX 8
+#define ATT_DEC_MIN_KEYS 64 /* keys per split, at least */
+
+template <int DPL>
+__global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
+    const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.gsz, Dh = DPL * 32;
+    __shared__ float s_m[ATT_DEC_WARPS][ATT_DEC_GMAX], s_l[ATT_DEC_WARPS][ATT_DEC_GMAX];
+    extern __shared__ float s_acc[]; /* [ATT_DEC_WARPS][G][Dh] */
+    const int32_t p = a.d.pos[t];
+    const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[t]];
+    const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0, range = p - lo + 1;
+    const int chunk = (range + a.n_splits - 1) / a.n_splits;
+    const int k_lo = lo + z * chunk, k_hi = min(p, k_lo + chunk - 1);
+
+    float q[ATT_DEC_GMAX][DPL], acc[ATT_DEC_GMAX][DPL], m[ATT_DEC_GMAX], l[ATT_DEC_GMAX];
+#pragma unroll
+    for (int i = 0; i < ATT_DEC_GMAX; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+        const float *qh = a.q + (int64_t)t * a.q_ld + (int64_t)(g * G + (i < G ? i : 0)) * Dh + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
+    }
+    const int64_t goff = (int64_t)g * Dh + lane * DPL;
+    for (int j = k_lo + warp; j <= k_hi; j += ATT_DEC_WARPS) {
+        const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
+        float kx[DPL], vx[DPL];
+#pragma unroll
+        for (int d = 0; d < DPL; d++) kx[d] = a.kl[o + d], vx[d] = a.vl[o + d];
+#pragma unroll
+        for (int i = 0; i < ATT_DEC_GMAX; i++) {
+            if (i >= G) break;
+            float sc = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) sc += q[i][d] * kx[d];
+            sc = att_warp_sum(sc) * a.scale;
+            if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+            const float mn = fmaxf(m[i], sc), alpha = expf(m[i] - mn), pr = expf(sc - mn);
+            l[i] = l[i] * alpha + pr;
+            m[i] = mn;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] = acc[i][d] * alpha + pr * vx[d];
+        }
+    }
+    /* merge the warps: every lane of a warp holds the same m and l */
+#pragma unroll
+    for (int i = 0; i < ATT_DEC_GMAX; i++) {
+        if (i >= G) break;
+        if (lane == 0) s_m[warp][i] = m[i], s_l[warp][i] = l[i];
+#pragma unroll
+        for (int d = 0; d < DPL; d++) s_acc[((int64_t)warp * G + i) * Dh + lane * DPL + d] = acc[i][d];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * Dh; e += ATT_DEC_WARPS * 32) {
+        const int i = e / Dh, d = e % Dh, h = g * G + i;
+        float M = -INFINITY, L = 0.0f, x = 0.0f;
+        for (int w = 0; w < ATT_DEC_WARPS; w++) M = fmaxf(M, s_m[w][i]);
+        for (int w = 0; w < ATT_DEC_WARPS; w++) {
+            if (s_m[w][i] == -INFINITY) continue; /* a warp that saw no key */
+            const float f = expf(s_m[w][i] - M);
+            L += s_l[w][i] * f;
+            x += s_acc[((int64_t)w * G + i) * Dh + d] * f;
+        }
+        if (a.n_splits == 1) {
+            a.out[(int64_t)t * a.out_ld + (int64_t)h * Dh + d] = x / L;
+        } else {
+            const int64_t idx = ((int64_t)t * a.H + h) * a.n_splits + z;
+            if (d == 0) a.pm[idx] = M, a.pl[idx] = L;
+            a.pacc[idx * Dh + d] = x;
+        }
+    }
+}
+
+template <int DPL>
+static void att_decode_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+    const size_t smem = (size_t)ATT_DEC_WARPS * a->gsz * DPL * 32 * sizeof(float);
+    if (smem > 48 * 1024)
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+    att_decode_kernel<DPL><<<grid, ATT_DEC_WARPS * 32, smem, c->stream>>>(*a);
+    LM_CUDA_LAUNCHED("att_decode_kernel");
+}
+
+/* Few query tokens per sequence (decode, short drafts): one block per token. */
+static bool att_use_decode(int T, int S, int gsz, int Dh) {
+    return T <= 2 * S && gsz <= ATT_DEC_GMAX && (Dh == 64 || Dh == 128 || Dh == 256);
+}
+
+static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
+                       const lm_attn_batch *b, const lm_attn_params *p) {
+    const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
+    att_dev d = att_stage(c, kv, b, p->window, false, NULL, 0);
+    int max_range = 1;
+    for (int t = 0; t < T; t++)
+        max_range = LM_MAX(max_range, p->window > 0 ? LM_MIN(b->pos[t] + 1, p->window) : b->pos[t] + 1);
+    /* splits: about two blocks per SM, each split at least ATT_DEC_MIN_KEYS keys */
+    const int64_t base = (int64_t)T * Hkv, target = 2 * (int64_t)LM_MAX(c->n_sms, 1);
+    int ns = (int)LM_MAX((int64_t)1, (target + base - 1) / base);
+    ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (max_range + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
+    att_args a;
+    memset(&a, 0, sizeof a);
+    a.out = (float *)out->data;
+    a.q = (const float *)q->data;
+    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
+    a.d = d;
+    a.bs = kv->block_size, a.H = H, a.gsz = H / Hkv, a.Dh = Dh;
+    a.window = p->window, a.n_splits = ns;
+    a.scale = p->scale, a.softcap = p->softcap;
+    if (ns > 1) {
+        const size_t rows = (size_t)T * (size_t)H * (size_t)ns;
+        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)Dh + 2) * sizeof(float));
+        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
+    }
+    dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
+    if (Dh == 64) att_decode_launch<2>(c, grid, &a);
+    else if (Dh == 128) att_decode_launch<4>(c, grid, &a);
+    else att_decode_launch<8>(c, grid, &a);
+    if (ns > 1) {
+        att_combine_kernel<<<dim3((unsigned)H, (unsigned)T), 128, 0, c->stream>>>(a.out, a.out_ld, a.pm, a.pl,
+                                                                                a.pacc, H, Dh, ns);
+        LM_CUDA_LAUNCHED("att_combine_kernel");
+    }
+}
+
 template <int ND>
 static void att_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     const size_t smem = (size_t)(ATT_ROWS * ND * 32 + ATT_BK * (ND * 32 + 1) + ATT_BK * ND * 32) * sizeof(float);
-    LM_CUDA_CHECK(cudaFuncSetAttribute(att_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static bool opted; /* per instantiation; the limit is a property of the kernel */
+    if (!opted)
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = true;
     att_kernel<ND><<<grid, ATT_THREADS, smem, c->stream>>>(*a);
     LM_CUDA_LAUNCHED("att_kernel");
 }
@@ -348,6 +488,10 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
     if (T == 0) return;
+    if (att_use_decode(T, S, H / Hkv, Dh)) {
+        att_decode(c, out, q, kv, layer, b, p);
+        return;
+    }
     const int gsz = H / Hkv, hb = LM_MIN(gsz, ATT_ROWS), n_sub = (gsz + hb - 1) / hb, tpb = ATT_ROWS / hb;
 
     /* Work list: tokens grouped by sequence (batch order inside one), cut

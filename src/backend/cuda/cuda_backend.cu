@@ -38,6 +38,8 @@
  * never allocates once warmed up. */
 #include "cuda_internal.h"
 
+__thread int lm_cuda_current_device = -1;
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,7 +381,7 @@ void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes) {
  * here are ignored (the device may be the reason we are tearing down). */
 static void lm_cuda_release(lm_cuda_ctx *x) {
     lm_cuda *c = &x->c;
-    (void)cudaSetDevice(c->device);
+    if (cudaSetDevice(c->device) == cudaSuccess) lm_cuda_current_device = c->device;
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
     for (size_t i = 0; i < x->n_weights; i++) (void)cudaFree(x->weights[i]);
     free(x->weights);
@@ -391,6 +393,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (c->stage_host) (void)cudaFreeHost(c->stage_host);
     if (c->stage_dev) (void)cudaFree(c->stage_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
+    if (c->freq_dev) (void)cudaFree(c->freq_dev);
     if (x->mm_ws) (void)cudaFree(x->mm_ws);
     for (int i = 0; i < 2; i++) {
         if (x->up_host[i]) (void)cudaFreeHost(x->up_host[i]);
@@ -433,6 +436,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .gated_delta = */ lm_cuda_gated_delta,
     /* .rms_norm_gated = */ lm_cuda_rms_norm_gated,
     /* .sigmoid_mul = */ lm_cuda_sigmoid_mul,
+    /* .argmax_rows = */ lm_cuda_argmax_rows,
     /* .destroy = */ lm_cuda_destroy,
 };
 
@@ -463,6 +467,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     x->be.impl = c;
     {
         LM_CUDA_TRY(cudaSetDevice(device));
+        lm_cuda_current_device = device;
         LM_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
         cublasStatus_t bs = cublasCreate(&c->blas);
         if (bs != CUBLAS_STATUS_SUCCESS) {

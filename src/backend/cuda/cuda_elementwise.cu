@@ -53,8 +53,11 @@ __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w
 }
 
 /* Wide rows: one block per row. */
-__global__ void lm_rms_norm_block_kernel(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
-    __shared__ double part[LM_EW_THREADS / 32];
+#define LM_NORM_BLOCK 1024 /* threads per row for rows over 1024 wide: few loads each, so latency hides */
+
+__global__ void __launch_bounds__(LM_NORM_BLOCK) lm_rms_norm_block_kernel(float *y, const float *x, const float *w,
+                                                                          int64_t n, double eps, double off) {
+    __shared__ double part[LM_NORM_BLOCK / 32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n;
     float *yr = y + r * n;
@@ -86,7 +89,7 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
             (float *)y->data, (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
     } else {
         LM_ASSERT(rows <= 0x7fffffff);
-        lm_rms_norm_block_kernel<<<(unsigned)rows, LM_EW_THREADS, 0, c->stream>>>(
+        lm_rms_norm_block_kernel<<<(unsigned)rows, LM_NORM_BLOCK, 0, c->stream>>>(
             (float *)y->data, (const float *)x->data, (const float *)w->data, n, eps, w_offset);
     }
     LM_CUDA_LAUNCHED("rms_norm");
@@ -94,12 +97,13 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
 
 /* ---- rope ---------------------------------------------------------------------------- */
 
-/* One thread per (token, frequency): one cos/sin, applied to every head. */
+/* One thread per (token, head, frequency): the heads of a token recompute
+ * the same cos/sin, which costs less than walking them in one thread. */
 __global__ void lm_rope_kernel(float *x, int64_t T, int64_t cols, const int32_t *pos, const float *inv_freq,
                                int n_heads, int head_dim, int half, bool interleaved, double attn_factor) {
-    LM_GRID_LOOP(idx, T * half) {
-        const int64_t t = idx / half;
-        const int i = (int)(idx % half);
+    LM_GRID_LOOP(idx, T * n_heads * half) {
+        const int64_t t = idx / ((int64_t)n_heads * half);
+        const int h = (int)(idx / half % n_heads), i = (int)(idx % half);
         /* the angle rounded to f32 (a plain f32 product, no contraction possible) */
         const float af = (float)pos[t] * inv_freq[i];
         double sn, cs;
@@ -107,14 +111,29 @@ __global__ void lm_rope_kernel(float *x, int64_t T, int64_t cols, const int32_t 
         cs *= attn_factor;
         sn *= attn_factor;
         const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float *xt = x + t * cols;
-        for (int h = 0; h < n_heads; h++) {
-            float *xh = xt + (int64_t)h * head_dim;
-            const double a = xh[ia], b = xh[ib];
-            xh[ia] = (float)(a * cs - b * sn);
-            xh[ib] = (float)(a * sn + b * cs);
-        }
+        float *xh = x + t * cols + (int64_t)h * head_dim;
+        const double a = xh[ia], b = xh[ib];
+        xh[ia] = (float)(a * cs - b * sn);
+        xh[ib] = (float)(a * sn + b * cs);
     }
+}
+
+/* p->inv_freq on the device: the cached copy when the same host array holds
+ * the same values (FNV-1a over its bytes), else a fresh upload. */
+static const float *lm_cuda_freq(lm_cuda *c, const float *host, int n) {
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *b = (const unsigned char *)host;
+    for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+    if (c->freq_dev && c->freq_host == host && c->freq_n == n && c->freq_hash == h) return c->freq_dev;
+    if (c->freq_dev && c->freq_n < n) {
+        LM_CUDA_CHECK(cudaFreeAsync(c->freq_dev, c->stream));
+        c->freq_dev = NULL;
+    }
+    if (!c->freq_dev) LM_CUDA_CHECK(cudaMallocAsync((void **)&c->freq_dev, (size_t)n * sizeof(float), c->stream));
+    const float *staged = (const float *)lm_cuda_stage(c, host, (size_t)n * sizeof(float));
+    LM_CUDA_CHECK(cudaMemcpyAsync(c->freq_dev, staged, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    c->freq_host = host, c->freq_n = n, c->freq_hash = h;
+    return c->freq_dev;
 }
 
 void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p) {
@@ -126,8 +145,8 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
     lm_cuda_use(c);
     const int half = p->rot_dim / 2;
     const int32_t *dpos = (const int32_t *)lm_cuda_stage(c, pos, (size_t)x->rows * sizeof *pos);
-    const float *dfreq = (const float *)lm_cuda_stage(c, p->inv_freq, (size_t)half * sizeof(float));
-    const int64_t n = x->rows * half;
+    const float *dfreq = lm_cuda_freq(c, p->inv_freq, half);
+    const int64_t n = x->rows * p->n_heads * half;
     lm_rope_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)x->data, x->rows, x->cols, dpos, dfreq,
                                                                        p->n_heads, p->head_dim, half, p->interleaved,
                                                                        (double)p->attn_factor);
@@ -305,4 +324,47 @@ void lm_cuda_copy_cols(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t
     LM_CUDA_CHECK(cudaMemcpy2DAsync(y->data, (size_t)y->cols * sizeof(float), (const float *)x->data + col0,
                                     (size_t)x->cols * sizeof(float), (size_t)y->cols * sizeof(float), (size_t)y->rows,
                                     cudaMemcpyDeviceToDevice, c->stream));
+}
+
+/* ---- argmax of rows ------------------------------------------------------------------- */
+
+/* One block per row. lm_argmax's answer: the first index of the largest
+ * value, NaN never winning, and 0 when x[0] is NaN or nothing beats x[0]
+ * (a row of -inf). Each thread keeps its first strictly-largest element;
+ * the tree keeps the larger value, the smaller index on ties. */
+#define LM_ARGMAX_THREADS 1024
+__global__ void __launch_bounds__(LM_ARGMAX_THREADS) lm_argmax_rows_kernel(int32_t *ids, const float *x, int64_t cols) {
+    __shared__ float sv[LM_ARGMAX_THREADS];
+    __shared__ int32_t si[LM_ARGMAX_THREADS];
+    const float *row = x + (int64_t)blockIdx.x * cols;
+    float bv = -INFINITY;
+    int32_t bi = INT32_MAX;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = row[i];
+        if (v > bv) bv = v, bi = (int32_t)i;
+    }
+    sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            const float ov = sv[threadIdx.x + s];
+            const int32_t oi = si[threadIdx.x + s];
+            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x]))
+                sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = (row[0] != row[0] || si[0] == INT32_MAX) ? 0 : si[0];
+}
+
+void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+    LM_ASSERT(x->type == LM_F32 && x->cols > 0 && x->cols <= INT32_MAX && x->rows <= 0x7fffffff);
+    if (x->rows == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    int32_t *d = (int32_t *)lm_cuda_scratch(c, (size_t)x->rows * sizeof(int32_t));
+    lm_argmax_rows_kernel<<<(unsigned)x->rows, LM_ARGMAX_THREADS, 0, c->stream>>>(d, (const float *)x->data, x->cols);
+    LM_CUDA_LAUNCHED("argmax_rows");
+    LM_CUDA_CHECK(cudaMemcpyAsync(host_ids, d, (size_t)x->rows * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }

@@ -37,7 +37,13 @@ typedef struct lm_cuda {
     size_t total_mem, free_mem_at_start;
     /* ---- added with cuda_backend.cu (fields appended, nothing above moved) ---- */
     int n_sms;      /* streaming multiprocessors, for grid sizing */
-    int gemm_mode;  /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
+    int gemm_mode;
+    /* rope frequencies on the device, by host array and content (every
+     * layer passes the same array; staging it each time costs a copy) */
+    const float *freq_host;
+    int freq_n;
+    uint64_t freq_hash;
+    float *freq_dev;  /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
 } lm_cuda;
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
@@ -71,7 +77,16 @@ void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes);
 /* Makes c's device current on the calling thread (a stream of another device
  * cannot be launched on): the engine may call ops from a thread other than
  * the one that created the backend. Cheap when already current. */
-static inline void lm_cuda_use(lm_cuda *c) { LM_CUDA_CHECK(cudaSetDevice(c->device)); }
+/* The device this thread last made current through lm_cuda_set_device:
+ * cudaSetDevice costs a driver call, and ops run hundreds of times a token. */
+extern __thread int lm_cuda_current_device;
+static inline void lm_cuda_set_device(int device) {
+    LM_CUDA_CHECK(cudaSetDevice(device));
+    lm_cuda_current_device = device;
+}
+static inline void lm_cuda_use(lm_cuda *c) {
+    if (lm_cuda_current_device != c->device) lm_cuda_set_device(c->device);
+}
 
 /* Op entry points, one definition each in the files above. */
 void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias);
@@ -98,6 +113,7 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
                          const lm_tensor *dt_bias);
 void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
                          const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
+void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
                             const lm_tensor *w, float eps);
 

@@ -254,6 +254,16 @@ static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, 
 
 /* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */
 
+#define LM_GEMM_STACK_BYTES ((size_t)64 << 20) /* most scratch for the stacked three-term product */
+
+/* y = (y if keep, else 0) + y3[0] + y3[1] + y3[2], y3 = [3][n] */
+__global__ void lm_sum3_kernel(float *y, const float *y3, int64_t n, bool keep) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = (y3[i] + y3[n + i]) + y3[2 * n + i];
+        y[i] = keep ? y[i] + v : v;
+    }
+}
+
 /* y[t][o] = bias[o] */
 __global__ void lm_bias_fill_kernel(float *y, const float *bias, int64_t T, int64_t O) {
     int64_t n = T * O;
@@ -336,8 +346,11 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
     }
     const bool split = c->gemm_mode == LM_CUDA_GEMM_SPLIT;
     const int64_t nx = T * I;
-    const size_t part = lm_al256((size_t)nx * 2);
-    unsigned char *ws = (unsigned char *)lm_cuda_matmul_ws(c, 256 + 3 * part);
+    /* hi, mid, lo back to back (3T rows of I) when that keeps 256-byte
+     * alignment, then room for the stacked product */
+    const size_t part = (size_t)nx * 2 % 256 == 0 ? (size_t)nx * 2 : lm_al256((size_t)nx * 2);
+    const size_t stack = (size_t)3 * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES ? (size_t)3 * T * O * sizeof(float) : 0;
+    unsigned char *ws = (unsigned char *)lm_cuda_matmul_ws(c, 256 + 3 * part + stack);
     void *hi = ws + 256, *lo = split ? ws + 256 + part : NULL;
     const unsigned th = 256, grid = lm_grid_1d(c, nx, 256);
     if (wt == LM_BF16) {
@@ -347,6 +360,18 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
         lm_split_bf16_kernel<<<grid, th, 0, c->stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo,
                                                          (__nv_bfloat16 *)lo3, x, nx);
         LM_CUDA_LAUNCHED("split_bf16");
+        if (split && (size_t)3 * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES && part == (size_t)nx * 2) {
+            /* few rows: one GEMM over [hi; mid; lo] as 3T rows reads W once
+             * (three GEMMs would read it three times: they are memory-bound
+             * here), then y = (bias) + y_hi + y_mid + y_lo */
+            float *y3 = (float *)((unsigned char *)ws + 256 + 3 * part);
+            LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 3 * n, k, &one, w, CUDA_R_16BF, k, hi,
+                                         CUDA_R_16BF, k, &zero, y3, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+            lm_sum3_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(y, y3, T * O, bias != NULL);
+            LM_CUDA_LAUNCHED("sum3");
+            return;
+        }
         LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, hi,
                                      CUDA_R_16BF, k, bias ? &one : &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT));
