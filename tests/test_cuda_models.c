@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/lm_engine.h"
 #include "engine/lm_kv_cache.h"
 #include "engine/lm_sampler.h"
 #include "model/lm_model.h"
@@ -145,5 +146,31 @@ LM_TEST(cuda_backend_create_reports) {
     size_t free_b = 0, total_b = 0;
     lm_backend_mem_info(be, &free_b, &total_b);
     LM_CHECK(total_b > 0 && free_b > 0 && free_b <= total_b);
+    lm_backend_destroy(be);
+}
+
+/* On the GPU the KV pool is allocated up front: a cache that cannot fit is
+ * an error with the numbers at engine creation, never a crash later. */
+LM_TEST(cuda_engine_kv_that_does_not_fit_is_an_error) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cuda_backend_create(0, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    LM_REQUIRE(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) == 0);
+    lm_engine *en = NULL;
+    lm_engine_opts o = { .parallel = 2, .kv_tokens = 1 << 30 };
+    LM_CHECK(lm_engine_create(&en, m, &o, &e) != 0);
+    printf("  explicit kv_tokens: %s\n", e.msg);
+    LM_CHECK(strstr(e.msg, "GiB free") != NULL);
+    lm_engine_opts big_cache = { .parallel = 2, .cache_ram = (size_t)1 << 50 };
+    LM_CHECK(lm_engine_create(&en, m, &big_cache, &e) != 0);
+    printf("  huge cache_ram: %s\n", e.msg);
+    LM_CHECK(strstr(e.msg, "--cache-ram") != NULL);
+    lm_engine_opts fine = { .parallel = 2 };
+    LM_CHECK_MSG(lm_engine_create(&en, m, &fine, &e) == 0, "%s", e.msg);
+    lm_engine_free(en);
+    lm_model_free(m);
     lm_backend_destroy(be);
 }

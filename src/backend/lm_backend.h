@@ -110,6 +110,17 @@ typedef struct lm_delta_params {
     lm_state_ref state;
 } lm_delta_params;
 
+/* The routing of one token (host memory): sel [k] the chosen experts by
+ * descending logit, w [k] their weights, as lm_moe_params says; every
+ * backend's moe op routes through it. scale: [E] or NULL. */
+void lm_moe_route(const float *logits, const float *scale, int E, int k, bool norm, int32_t *sel, float *w);
+
+/* Argument contracts every backend checks the same way (op_check.c). */
+void lm_check_state_ref(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats);
+void lm_check_gated_delta(const lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g, const lm_tensor *beta,
+                          const lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
+void lm_check_moe(const lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits, const lm_moe_params *p);
+
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {

@@ -159,7 +159,7 @@ int lm_cmd_serve(int argc, char **argv) {
     }
     if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
     if (!cache_set) so.engine.cache_ram = default_cache_ram();
-    lm_backend *be = lm_cli_backend(&co);
+    lm_backend *be = lm_cli_backend_for(&co, so.model_path);
     if (!be) return 1;
     lm_err e = { { 0 } };
     int rc = lm_server_run(&so, be, &e);

@@ -23,6 +23,7 @@
 #include "lm_engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -537,6 +538,39 @@ static void *engine_main(void *arg) {
 
 /* ---- public API ---- */
 
+/* On a backend with its own memory (a GPU) the KV pool is allocated up
+ * front, and the default (parallel * ctx tokens at the model's full context)
+ * can be far beyond it. Shrinks the KV tokens, and the context if even one
+ * sequence would not fit, to 90 % of the free memory (the rest is for
+ * activations and workspaces), saying so; an explicit kv_tokens that does not
+ * fit is an error with the numbers. Admission then keeps requests within it. */
+static int fit_device_memory(lm_engine *en, const lm_model *m, const lm_engine_opts *opts, size_t block_bytes,
+                             size_t state_bytes, size_t cache_blocks, int ckpts, int *n_blocks, lm_err *e) {
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(m->be, &free_b, &total_b);
+    if (total_b == 0) return 0; /* host memory: pages are touched as they are used */
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const size_t budget = free_b / 10 * 9, block = (size_t)en->bs;
+    const size_t fixed = (size_t)(en->o.parallel + ckpts) * state_bytes + cache_blocks * block_bytes;
+    const size_t want = (size_t)*n_blocks * block_bytes + fixed;
+    if (want <= budget) return 0;
+    if (opts && opts->kv_tokens > 0)
+        return lm_errf(e, "a KV cache of %d tokens (plus the prefix cache) needs %.2f GiB; the GPU has %.2f GiB free of %.2f",
+                       en->o.kv_tokens, want / gib, free_b / gib, total_b / gib);
+    size_t fit_blocks = budget > fixed ? (budget - fixed) / block_bytes : 0;
+    fit_blocks = fit_blocks > (size_t)en->o.parallel ? fit_blocks - (size_t)en->o.parallel : 0;
+    if (fit_blocks * block < 256)
+        return lm_errf(e, "a KV cache of 256 tokens and the prefix cache and state slots (%.2f GiB) do not fit in the "
+                       "GPU's %.2f GiB free of %.2f (try a smaller --cache-ram)",
+                       (double)(fixed + 16 * block_bytes) / gib, free_b / gib, total_b / gib);
+    en->o.kv_tokens = (int)LM_MIN(fit_blocks * block, (size_t)INT32_MAX / 2);
+    if (en->o.ctx > en->o.kv_tokens) en->o.ctx = en->o.kv_tokens;
+    *n_blocks = (en->o.kv_tokens + (int)block - 1) / (int)block + en->o.parallel;
+    fprintf(stderr, "lumen: KV cache sized to %d tokens (context %d) to fit the GPU's %.2f GiB free\n",
+            en->o.kv_tokens, en->o.ctx, free_b / gib);
+    return 0;
+}
+
 int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, lm_err *e) {
     *out = NULL;
     lm_engine *en = lm_xcalloc(1, sizeof *en);
@@ -568,6 +602,10 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         size_t c = en->o.cache_ram / 2 / state_bytes;
         if (c == 0 && en->o.cache_ram >= state_bytes + block_bytes) c = 1;
         ckpts = (int)LM_MIN(c, (size_t)4096);
+    }
+    if (fit_device_memory(en, m, opts, block_bytes, state_bytes, cache_blocks, ckpts, &n_blocks, e)) {
+        free(en);
+        return -1;
     }
     if (lm_kv_cache_create_for(&en->kv, m, block, n_blocks + (int)cache_blocks, en->o.parallel + ckpts, e)) {
         free(en);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | llama | qwen27 | peer-llama |
-# peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# (binaries from .device-carry). SET: kernels | llama | qwen27 | final |
+# peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -26,6 +26,14 @@ for set in "$@"; do
   kernels) "$C/bin/bench_cuda_gemv" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
+  final) # lumen and the transformers peer on the same machine in one run
+    model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3
+    for B in 8 32 128; do "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done
+    timeout 300 python3 tools/device/torch_peer.py --shape llama-3.1-8b --batch 1 8 32 128 --reps 1
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 32 --gen 64 --reps 2
+    timeout 200 python3 tools/device/torch_peer.py --shape qwen3.5-27b --batch 1 --gen 16 --reps 1 ;;
   peer-llama) timeout 400 python3 tools/device/torch_peer.py --shape llama-3.1-8b --batch 1 8 32 128 ;;
   peer-qwen27) timeout 300 python3 tools/device/torch_peer.py --shape qwen3.5-27b --batch 1 --gen 32 ;;
   *) echo "unknown set $set" >&2 ;;

@@ -50,12 +50,6 @@ static float *lm_state_at(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_ba
     return kv->state[r.index] + (int64_t)slot * kv->state_floats[r.index] + r.offset;
 }
 
-static void lm_state_check(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats) {
-    LM_ASSERT(b->state_slot != NULL);
-    LM_ASSERT(r.index >= 0 && r.index < kv->n_state && r.offset >= 0);
-    LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
-}
-
 /* ---- silu ---------------------------------------------------------------------- */
 
 /* y = x * sigmoid(x) on n values, with the ISA's exp of non-positive
@@ -142,7 +136,7 @@ void lm_cpu_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
     LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
     LM_ASSERT(K >= 1 && K <= LM_CONV_MAX_K && y->data != x->data);
-    lm_state_check(kv, state, b, (int64_t)(K - 1) * C);
+    lm_check_state_ref(kv, state, b, (int64_t)(K - 1) * C);
     lm_cpu *cpu = lm_cpu_get(be);
     lm_conv_ctx c = { cpu->k, y->data, x->data, w->data, C, (C + LM_CONV_BLOCK - 1) / LM_CONV_BLOCK, K, kv, state, b,
                       silu };
@@ -355,14 +349,8 @@ void lm_cpu_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, co
                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b,
                         const lm_delta_params *p) {
     lm_cpu *c = lm_cpu_get(be);
-    const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
-    LM_ASSERT(Hk > 0 && Hv > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0);
-    LM_ASSERT(out->type == LM_F32 && qkv->type == LM_F32 && g->type == LM_F32 && beta->type == LM_F32);
-    LM_ASSERT(qkv->rows == b->n_tokens && out->rows == b->n_tokens);
-    LM_ASSERT(qkv->cols == 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv && out->cols == (int64_t)Hv * Dv);
-    LM_ASSERT(g->rows == b->n_tokens && g->cols == Hv && beta->rows == b->n_tokens && beta->cols == Hv);
-    LM_ASSERT(out->data != qkv->data);
-    lm_state_check(kv, p->state, b, (int64_t)Hv * Dk * Dv);
+    const int Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
+    lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
     lm_cpu_reserve(c, lm_delta_scratch(Dk, Dv) * sizeof(float));
     lm_delta_ctx d = { c->k, out->data, qkv->data, g->data, beta->data, qkv->cols, out->cols, kv, b, p, c->scratch };
     int64_t per_item = (int64_t)(b->n_tokens / LM_MAX(b->n_seqs, 1) + 1) * 4 * Dk * Dv;

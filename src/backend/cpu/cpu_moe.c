@@ -48,44 +48,11 @@ typedef struct lm_moe_route_ctx {
     float *wsel;  /* [T][k] weights */
 } lm_moe_route_ctx;
 
-/* a comes before b in the top-k order: larger logit, then lower index. */
-static bool lm_moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
-
 static void lm_moe_route_range(void *v, int64_t t0, int64_t t1, int ith) {
     (void)ith;
     const lm_moe_route_ctx *c = v;
-    for (int64_t t = t0; t < t1; t++) {
-        const float *l = c->logits + t * c->E;
-        int32_t *sel = c->sel + t * c->k;
-        float *w = c->wsel + t * c->k;
-        /* k passes, each taking the first expert (in top-k order) that comes
-         * after the previous pick: no per-token marks, k*E compares. A NaN
-         * logit is never "before" anything; the fallback keeps the k ids
-         * distinct, which the grouping below relies on. */
-        int prev = -1;
-        for (int j = 0; j < c->k; j++) {
-            int best = -1;
-            for (int e = 0; e < c->E; e++) {
-                if (prev >= 0 && !lm_moe_before(l[prev], prev, l[e], e)) continue;
-                if (best < 0 || lm_moe_before(l[e], e, l[best], best)) best = e;
-            }
-            for (int e = 0; best < 0 && e < c->E; e++) { /* NaN logits: lowest expert not yet chosen */
-                bool used = false;
-                for (int i = 0; i < j; i++) used |= sel[i] == e;
-                if (!used) best = e;
-            }
-            sel[j] = best;
-            prev = best;
-        }
-        double m = l[sel[0]], den = 0.0, chosen = 0.0;
-        for (int e = 0; e < c->E; e++) den += exp((double)l[e] - m);
-        for (int j = 0; j < c->k; j++) chosen += exp((double)l[sel[j]] - m);
-        for (int j = 0; j < c->k; j++) {
-            double wj = exp((double)l[sel[j]] - m) / (c->norm ? chosen : den);
-            if (c->scale) wj *= c->scale[sel[j]];
-            w[j] = (float)wj;
-        }
-    }
+    for (int64_t t = t0; t < t1; t++)
+        lm_moe_route(c->logits + t * c->E, c->scale, c->E, c->k, c->norm, c->sel + t * c->k, c->wsel + t * c->k);
 }
 
 /* ---- scatter ------------------------------------------------------------- */
@@ -116,18 +83,8 @@ void lm_cpu_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tenso
     lm_cpu *c = lm_cpu_get(be);
     const int64_t T = x->rows, D = x->cols;
     const int E = p->n_experts, k = p->top_k;
-    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && router_logits->type == LM_F32);
-    LM_ASSERT(y->rows == T && y->cols == D && y->data != x->data);
-    LM_ASSERT(E >= 1 && k >= 1 && k <= E);
-    LM_ASSERT(router_logits->rows == T && router_logits->cols == E);
-    LM_ASSERT(!p->expert_scale || (p->expert_scale->type == LM_F32 &&
-                                   p->expert_scale->rows * p->expert_scale->cols == E));
+    lm_check_moe(y, x, router_logits, p);
     const int64_t F = p->gate[0].rows;
-    for (int e = 0; e < E; e++) {
-        LM_ASSERT(p->gate[e].rows == F && p->gate[e].cols == D);
-        LM_ASSERT(p->up[e].rows == F && p->up[e].cols == D);
-        LM_ASSERT(p->down[e].rows == D && p->down[e].cols == F);
-    }
     if (T == 0) return;
     memset(y->data, 0, (size_t)T * (size_t)D * sizeof(float));
 

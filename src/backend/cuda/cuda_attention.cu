@@ -331,6 +331,36 @@ __global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, 
 }
 
 
+/* The arguments both attention kernels share, with split partials in
+ * scratch when ns > 1. */
+static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
+                                att_dev d, const lm_attn_params *p, int T, int ns) {
+    att_args a;
+    memset(&a, 0, sizeof a);
+    a.out = (float *)out->data;
+    a.q = (const float *)q->data;
+    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
+    a.d = d;
+    a.bs = kv->block_size, a.H = p->n_heads, a.gsz = p->n_heads / p->n_kv_heads, a.Dh = p->head_dim;
+    a.window = p->window, a.n_splits = ns;
+    a.scale = p->scale, a.softcap = p->softcap;
+    if (ns > 1) {
+        const size_t rows = (size_t)T * (size_t)a.H * (size_t)ns;
+        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)a.Dh + 2) * sizeof(float));
+        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
+    }
+    return a;
+}
+
+/* Merges the ns > 1 splits into out. */
+static void att_combine(lm_cuda *c, const att_args *a, int T) {
+    if (a->n_splits <= 1) return;
+    att_combine_kernel<<<dim3((unsigned)a->H, (unsigned)T), 128, 0, c->stream>>>(a->out, a->out_ld, a->pm, a->pl,
+                                                                               a->pacc, a->H, a->Dh, a->n_splits);
+    LM_CUDA_LAUNCHED("att_combine_kernel");
+}
+
 /* ---- decode: one block per (token, kv head, split) -------------------------------- */
 
 /* For batches of one or a few tokens per sequence the tiled kernel wastes
@@ -432,7 +462,7 @@ static bool att_use_decode(int T, int S, int gsz, int Dh) {
 
 static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
                        const lm_attn_batch *b, const lm_attn_params *p) {
-    const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
+    const int Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
     att_dev d = att_stage(c, kv, b, p->window, false, NULL, 0);
     int max_range = 1;
     for (int t = 0; t < T; t++)
@@ -441,30 +471,12 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     const int64_t base = (int64_t)T * Hkv, target = 2 * (int64_t)LM_MAX(c->n_sms, 1);
     int ns = (int)LM_MAX((int64_t)1, (target + base - 1) / base);
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (max_range + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
-    att_args a;
-    memset(&a, 0, sizeof a);
-    a.out = (float *)out->data;
-    a.q = (const float *)q->data;
-    a.kl = kv->k[layer], a.vl = kv->v[layer];
-    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
-    a.d = d;
-    a.bs = kv->block_size, a.H = H, a.gsz = H / Hkv, a.Dh = Dh;
-    a.window = p->window, a.n_splits = ns;
-    a.scale = p->scale, a.softcap = p->softcap;
-    if (ns > 1) {
-        const size_t rows = (size_t)T * (size_t)H * (size_t)ns;
-        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)Dh + 2) * sizeof(float));
-        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
-    }
+    att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
     if (Dh == 64) att_decode_launch<2>(c, grid, &a);
     else if (Dh == 128) att_decode_launch<4>(c, grid, &a);
     else att_decode_launch<8>(c, grid, &a);
-    if (ns > 1) {
-        att_combine_kernel<<<dim3((unsigned)H, (unsigned)T), 128, 0, c->stream>>>(a.out, a.out_ld, a.pm, a.pl,
-                                                                                a.pacc, H, Dh, ns);
-        LM_CUDA_LAUNCHED("att_combine_kernel");
-    }
+    att_combine(c, &a, T);
 }
 
 template <int ND>
@@ -543,30 +555,13 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
         ns = LM_MAX(1, LM_MIN(ns, ATT_MAX_SPLITS));
     }
 
-    att_args a;
-    memset(&a, 0, sizeof a);
-    a.out = (float *)out->data;
-    a.q = (const float *)q->data;
-    a.kl = kv->k[layer], a.vl = kv->v[layer];
-    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
-    a.d = d;
+    att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     a.tok = d.extra;
     a.tiles = d.extra + T;
-    a.bs = kv->block_size, a.H = H, a.gsz = gsz, a.hb = hb, a.n_sub = n_sub, a.Dh = Dh;
-    a.window = p->window, a.n_splits = ns;
-    a.scale = p->scale, a.softcap = p->softcap;
-    if (ns > 1) {
-        const size_t rows = (size_t)T * (size_t)H * (size_t)ns;
-        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)Dh + 2) * sizeof(float));
-        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
-    }
+    a.hb = hb, a.n_sub = n_sub;
     dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
     if (Dh <= 64) att_launch<2>(c, grid, &a);
     else if (Dh <= 128) att_launch<4>(c, grid, &a);
     else att_launch<8>(c, grid, &a);
-    if (ns > 1) {
-        att_combine_kernel<<<dim3((unsigned)H, (unsigned)T), 128, 0, c->stream>>>(
-            a.out, a.out_ld, a.pm, a.pl, a.pacc, H, Dh, ns);
-        LM_CUDA_LAUNCHED("att_combine_kernel");
-    }
+    att_combine(c, &a, T);
 }

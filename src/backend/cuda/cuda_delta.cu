@@ -42,12 +42,6 @@ typedef struct delta_seqs {
     const int32_t *pos, *slot, *start, *tok; /* device: [T], [S], [S+1], [T] */
 } delta_seqs;
 
-static void delta_state_check(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats) {
-    LM_ASSERT(b->state_slot != NULL);
-    LM_ASSERT(r.index >= 0 && r.index < kv->n_state && r.offset >= 0);
-    LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
-}
-
 /* Checks the batch (slots in range, consecutive positions per sequence) and
  * stages what the recurrent kernels need. */
 static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b) {
@@ -132,7 +126,7 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
     LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
     LM_ASSERT(K >= 1 && K <= CONV_MAX_K && y->data != x->data);
-    delta_state_check(kv, state, b, (int64_t)(K - 1) * C);
+    lm_check_state_ref(kv, state, b, (int64_t)(K - 1) * C);
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
     delta_seqs q = delta_stage(c, kv, b);
     dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
@@ -290,13 +284,7 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
-    LM_ASSERT(Hk > 0 && Hv > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0);
-    LM_ASSERT(out->type == LM_F32 && qkv->type == LM_F32 && g->type == LM_F32 && beta->type == LM_F32);
-    LM_ASSERT(qkv->rows == b->n_tokens && out->rows == b->n_tokens);
-    LM_ASSERT(qkv->cols == 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv && out->cols == (int64_t)Hv * Dv);
-    LM_ASSERT(g->rows == b->n_tokens && g->cols == Hv && beta->rows == b->n_tokens && beta->cols == Hv);
-    LM_ASSERT(out->data != qkv->data);
-    delta_state_check(kv, p->state, b, (int64_t)Hv * Dk * Dv);
+    lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
     const int P = (Dk + DELTA_MAX_ROWS - 1) / DELTA_MAX_ROWS;
     LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
     if (b->n_tokens == 0 || b->n_seqs == 0) return;

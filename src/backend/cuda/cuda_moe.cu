@@ -27,37 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* a comes before b in the top-k order: larger logit, then lower index. */
-static bool moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
-
-/* cpu_moe.c's routing of one token: sel [k] experts by descending logit,
- * w [k] their weights. */
-static void moe_route(const float *l, const float *scale, int E, int k, bool norm, int32_t *sel, float *w) {
-    int prev = -1;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            if (prev >= 0 && !moe_before(l[prev], prev, l[e], e)) continue;
-            if (best < 0 || moe_before(l[e], e, l[best], best)) best = e;
-        }
-        for (int e = 0; best < 0 && e < E; e++) { /* NaN logits: lowest expert not yet chosen */
-            bool used = false;
-            for (int i = 0; i < j; i++) used |= sel[i] == e;
-            if (!used) best = e;
-        }
-        sel[j] = best;
-        prev = best;
-    }
-    double m = l[sel[0]], den = 0.0, chosen = 0.0;
-    for (int e = 0; e < E; e++) den += exp((double)l[e] - m);
-    for (int j = 0; j < k; j++) chosen += exp((double)l[sel[j]] - m);
-    for (int j = 0; j < k; j++) {
-        double wj = exp((double)l[sel[j]] - m) / (norm ? chosen : den);
-        if (scale) wj *= scale[sel[j]];
-        w[j] = (float)wj;
-    }
-}
-
 /* grid (T*k): grouped row i = x[src[i]]. */
 __global__ void moe_gather_kernel(float *xe, const float *x, const int32_t *src, int64_t D) {
     const int64_t i = blockIdx.x;
@@ -84,18 +53,8 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     lm_cuda_use(c);
     const int64_t T = x->rows, D = x->cols;
     const int E = p->n_experts, k = p->top_k;
-    LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && router_logits->type == LM_F32);
-    LM_ASSERT(y->rows == T && y->cols == D && y->data != x->data);
-    LM_ASSERT(E >= 1 && k >= 1 && k <= E);
-    LM_ASSERT(router_logits->rows == T && router_logits->cols == E);
-    LM_ASSERT(!p->expert_scale || (p->expert_scale->type == LM_F32 &&
-                                   p->expert_scale->rows * p->expert_scale->cols == E));
+    lm_check_moe(y, x, router_logits, p);
     const int64_t F = p->gate[0].rows;
-    for (int e = 0; e < E; e++) {
-        LM_ASSERT(p->gate[e].rows == F && p->gate[e].cols == D);
-        LM_ASSERT(p->up[e].rows == F && p->up[e].cols == D);
-        LM_ASSERT(p->down[e].rows == D && p->down[e].cols == F);
-    }
     if (T == 0) return;
     LM_ASSERT(T * k <= INT32_MAX);
     const size_t TK = (size_t)T * (size_t)k;
@@ -112,7 +71,7 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     int32_t *sel = (int32_t *)lm_xmalloc(TK * sizeof(int32_t));
     float *wsel = (float *)lm_xmalloc(TK * sizeof(float));
     for (int64_t t = 0; t < T; t++)
-        moe_route(logits + t * E, scale, E, k, p->norm_topk, sel + t * k, wsel + t * k);
+        lm_moe_route(logits + t * E, scale, E, k, p->norm_topk, sel + t * k, wsel + t * k);
     free(logits);
 
     /* 2. group: staged as [TK] src token per grouped row, [TK] grouped row per
