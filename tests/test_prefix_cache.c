@@ -363,6 +363,44 @@ LM_TEST(prefix_cache_miss_state_qwen35) {
     pc_close(&pm);
 }
 
+/* A hybrid prompt that departs from a long earlier one after position 1060
+ * resumes from the periodic checkpoint at 1024 (not from nothing) and still
+ * gives the cold run's tokens; the 32 shared tokens past the checkpoint are
+ * a STATE miss (their KV is cached, the state there is not). */
+LM_TEST(prefix_cache_periodic_checkpoint_demo) {
+    char why[600];
+    pc_model pm;
+    if (!pc_open(&pm, "demo", why, sizeof why)) {
+        pc_close(&pm);
+        LM_SKIP("%s", why);
+    }
+    int V = pm.m->cfg.vocab;
+    enum { NA = 1100, NB = 1080, SHARED = 1060 };
+    int32_t *a = malloc(NA * sizeof *a), *b = malloc(NB * sizeof *b), want_b[4];
+    pc_tokens(a, NA, 21, V);
+    memcpy(b, a, SHARED * sizeof *b);
+    pc_tokens(b + SHARED, NB - SHARED, 22, V);
+    b[SHARED] = pc_other(a[SHARED], V);
+    LM_REQUIRE(lm_tu_greedy_alone(pm.m, b, NB, 4, want_b) == 0);
+    lm_engine_opts o = { .ctx = 2048, .parallel = 1, .cache_ram = 64u << 20 };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    pc_collect ga, gb;
+    LM_REQUIRE(pc_run(en, a, NA, 4, &ga) == 0 && pc_run(en, b, NB, 4, &gb) == 0);
+    LM_CHECK(gb.n == 4 && memcmp(gb.toks, want_b, sizeof want_b) == 0);
+    LM_CHECK_MSG(gb.n_cached == 1024 && gb.tr.diverge_pos == SHARED && gb.tr.miss == LM_MISS_STATE,
+                 "cached %d diverge %d miss %d", gb.n_cached, gb.tr.diverge_pos, gb.tr.miss);
+    lm_engine_stats st;
+    pc_wait_idle(en, &st);
+    LM_CHECK(st.kv_blocks_free + st.cache_blocks == st.kv_blocks_total);
+    pc_destroy(&ga);
+    pc_destroy(&gb);
+    lm_engine_free(en);
+    free(a);
+    free(b);
+    pc_close(&pm);
+}
+
 /* Requests sharing a 48-token prefix, submitted at once after a first one
  * cached it, each give their tokens alone (hits inside a batched step). */
 static void pc_concurrent(lm_test_ctx *lm_t_, const char *name) {

@@ -17,7 +17,8 @@
  * After every forward the blocks a sequence filled (prompt or generated) are
  * inserted, so concurrent and later requests can share them. Hybrids take
  * checkpoints at the last block boundary <= the prompt end and <= the prompt
- * end - 1 (prefill chunks are cut there) and at every block boundary reached
+ * end - 1 (prefill chunks are cut there), every 1024 prompt tokens when the
+ * pool has 16 or more checkpoint slots, and at every block boundary reached
  * while generating (keeping only the latest), so that a next turn - prompt +
  * answer + new message - hits. */
 #include "lm_engine.h"
@@ -95,6 +96,7 @@ struct lm_engine {
     float *logits;               /* [parallel][V] */
     float *work;                 /* [V] biased/penalised copy for sampling */
     int32_t *greedy;             /* [parallel] argmax of each logits row, from the backend */
+    int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
     uint8_t *want_logits;        /* [parallel] rows whose request needs the full logits */
     lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
     uint64_t step_generated;     /* engine thread only */
@@ -144,20 +146,32 @@ static int insert_block(lm_engine *en, lm_request *r, int i) {
     return lm_pcache_insert(en->pc, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i]);
 }
 
-/* The prompt-end checkpoint positions of a hybrid: the last block boundary
+/* Prompt checkpoints every LM_CKPT_EVERY tokens as well, when the pool has
+ * slots to spare (LM_CKPT_EVERY_MIN_SLOTS): a prompt that departs from a long
+ * earlier one (a rewritten turn, dropped reasoning) then resumes from the
+ * last multiple before the divergence instead of from nothing. */
+#define LM_CKPT_EVERY 1024
+#define LM_CKPT_EVERY_MIN_SLOTS 16
+
+/* The prompt checkpoint positions of a hybrid: the last block boundary
  * <= n_prompt - 1 (a repeat of the prompt hits it) and <= n_prompt (a prompt
- * that extends this one hits it). */
+ * that extends this one hits it), and the multiples of LM_CKPT_EVERY. */
 static bool is_prompt_ckpt(const lm_engine *en, const lm_request *r, int pos) {
-    return pos > 0 && (pos == (r->n_prompt - 1) / en->bs * en->bs || pos == r->n_prompt / en->bs * en->bs);
+    if (pos <= 0) return false;
+    if (en->ckpt_slots >= LM_CKPT_EVERY_MIN_SLOTS && pos % LM_CKPT_EVERY == 0) return true;
+    return pos == (r->n_prompt - 1) / en->bs * en->bs || pos == r->n_prompt / en->bs * en->bs;
 }
 
 /* Cuts a prefill chunk of n tokens at the next checkpoint position. */
 static int ckpt_cut(const lm_engine *en, const lm_request *r, int n) {
     if (!en->pc || !en->stateful) return n;
-    int b1 = (r->n_prompt - 1) / en->bs * en->bs, b2 = r->n_prompt / en->bs * en->bs;
-    if (b1 > r->n_cached && b1 < r->n_cached + n) return b1 - r->n_cached;
-    if (b2 > r->n_cached && b2 < r->n_cached + n) return b2 - r->n_cached;
-    return n;
+    int cut = n;
+    for (int p = r->n_cached + 1; p < r->n_cached + n; p++)
+        if (p % en->bs == 0 && is_prompt_ckpt(en, r, p)) {
+            cut = p - r->n_cached;
+            break;
+        }
+    return cut;
 }
 
 /* After a forward: the blocks r filled go into the cache, and a hybrid
@@ -603,6 +617,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         if (c == 0 && en->o.cache_ram >= state_bytes + block_bytes) c = 1;
         ckpts = (int)LM_MIN(c, (size_t)4096);
     }
+    en->ckpt_slots = ckpts;
     if (fit_device_memory(en, m, opts, block_bytes, state_bytes, cache_blocks, ckpts, &n_blocks, e)) {
         free(en);
         return -1;
