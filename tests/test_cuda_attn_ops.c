@@ -250,6 +250,7 @@ static const int ca_heads[][5] = {
     { 6, 2, 80, 0, 0 },   /* GQA 3, width not a power of two */
     { 32, 2, 64, 0, 0 },  /* GQA 16 */
     { 8, 1, 256, 50, 200 }, /* sliding window and softcap */
+    { 8, 2, 512, 0, 0 },  /* Gemma 4 global width: the per-token kernel, 2 heads a block */
 };
 
 static void ca_attn_all(lm_test_ctx *lm_t_, const char *name, int S, const int *n, const int *pos0) {

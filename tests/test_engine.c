@@ -70,7 +70,7 @@ static bool fixture_open(fixture *f, const char *name) {
     char *dir = lm_test_fixture_path(rel);
     if (!dir) return false;
     char *ref = lm_test_fixture_path(strcat(rel, "/reference.safetensors"));
-    f->be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    f->be = lm_tu_model_backend(2, NULL);
     bool ok = f->be && lm_model_load(&f->m, dir, f->be, NULL) == 0 && lm_safetensors_open(&f->ref, ref, NULL) == 0;
     free(dir);
     free(ref);

@@ -12,6 +12,7 @@
 #include "engine/lm_engine.h"
 #include "engine/lm_runner.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "model/safetensors.h"
 
 enum { GEN = 24, WINDOW = 16 };
@@ -32,7 +33,7 @@ static bool gfix_open(gfix *f, const char *name) {
     snprintf(rel, sizeof rel, "models/%s/reference.safetensors", name);
     char *ref = lm_test_fixture_path(rel);
     lm_safetensors st = { 0 };
-    f->be = lm_cpu_backend_create(2, LM_ISA_AUTO, NULL);
+    f->be = lm_tu_model_backend(2, NULL);
     bool ok = f->be && lm_model_load(&f->m, dir, f->be, NULL) == 0 && lm_safetensors_open(&st, ref, NULL) == 0;
     const lm_file_tensor *t = ok ? lm_safetensors_find(&st, "prompt2.ids") : NULL;
     const lm_file_tensor *g = ok ? lm_safetensors_find(&st, "prompt2.greedy_ids") : NULL;

@@ -36,9 +36,10 @@ typedef struct pc_collect {
     int n_cached;
     lm_request_trace tr;
     bool steps_ok;
-    /* stall: the callback waits on token `stall_at` until `go` */
-    int stall_at;
-    bool stalled, go;
+    /* stalls: on token stall_at[k] the callback sets stalled[k] and waits
+     * until go[k] (the engine thread is held there meanwhile) */
+    int stall_at[2];
+    bool stalled[2], go[2];
 } pc_collect;
 
 static void pc_on_token(void *user, const lm_token_event *ev) {
@@ -57,10 +58,11 @@ static void pc_on_token(void *user, const lm_token_event *ev) {
         }
     }
     pthread_cond_broadcast(&c->cv);
-    if (c->stall_at > 0 && c->n == c->stall_at && !ev->done) {
-        c->stalled = true;
+    for (int k = 0; k < 2; k++) {
+        if (!(c->stall_at[k] > 0 && c->n == c->stall_at[k] && !ev->done)) continue;
+        c->stalled[k] = true;
         pthread_cond_broadcast(&c->cv);
-        while (!c->go) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->go[k]) pthread_cond_wait(&c->cv, &c->mu);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -138,7 +140,7 @@ static bool pc_open(pc_model *pm, const char *name, char *why, size_t n_why) {
         }
     }
     lm_err e = { { 0 } };
-    pm->be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    pm->be = lm_tu_model_backend(2, &e);
     bool ok = pm->be && lm_model_load(&pm->m, dir, pm->be, &e) == 0;
     free(dir);
     if (!ok) {
@@ -474,20 +476,29 @@ static void pc_cancel(lm_test_ctx *lm_t_, const char *name) {
     LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
     pc_collect ga, gx, gb;
     LM_REQUIRE(pc_run(en, a, 100, 4, &ga) == 0);
-    /* x decodes beside b; x's 4th token stalls the engine thread */
+    /* x's first token holds the engine thread while b is submitted, so b is
+     * admitted (a hit on a's 96 tokens) at the next step, beside x's decode;
+     * x's third token holds it again two steps later, with b a couple of
+     * 7-token chunks into its remaining 304, and b is cancelled there. */
     pc_init(&gx);
     pc_init(&gb);
-    gx.stall_at = 4;
+    gx.stall_at[0] = 1;
+    gx.stall_at[1] = 3;
     lm_request *rx, *rb;
     lm_gen_params px = pc_greedy(64), pb = pc_greedy(4);
     LM_REQUIRE(lm_engine_submit(en, x, 4, &px, pc_on_token, &gx, &rx, NULL) == LM_ENGINE_OK);
+    pthread_mutex_lock(&gx.mu);
+    while (!gx.stalled[0]) pthread_cond_wait(&gx.cv, &gx.mu);
+    pthread_mutex_unlock(&gx.mu);
     LM_REQUIRE(lm_engine_submit(en, b, 400, &pb, pc_on_token, &gb, &rb, NULL) == LM_ENGINE_OK);
     pthread_mutex_lock(&gx.mu);
-    while (!gx.stalled) pthread_cond_wait(&gx.cv, &gx.mu);
+    gx.go[0] = true;
+    pthread_cond_broadcast(&gx.cv);
+    while (!gx.stalled[1]) pthread_cond_wait(&gx.cv, &gx.mu);
     pthread_mutex_unlock(&gx.mu);
     lm_request_cancel(rb);
     pthread_mutex_lock(&gx.mu);
-    gx.go = true;
+    gx.go[1] = true;
     pthread_cond_broadcast(&gx.cv);
     pthread_mutex_unlock(&gx.mu);
     pc_wait(&gb);

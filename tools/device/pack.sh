@@ -16,6 +16,7 @@ for b in lumen lumen_tests make_random_model bench_cuda_gemv; do strip -o ".devi
 ldd build/dev/lumen_tests build/dev/lumen | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcublas[^/]*|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" .device-carry/lib/; done
+cp ../shared/fixtures/README.md .device-carry/fixtures/ # tests find the fixtures by it
 for m in ${LUMEN_DEVICE_FIXTURES:-llama qwen3.5 llama-2-tiny-random.gguf}; do
   cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/
 done

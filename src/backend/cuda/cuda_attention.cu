@@ -370,16 +370,18 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
  * dims [l*DPL, l*DPL + DPL) of the G query heads of g (q in registers) and of
  * the key and value rows, so a key's score is DPL FMAs per head and a warp
  * all-reduce. Online softmax per head in registers, then the warps merge
- * through shared memory. Needs Dh = 32 * DPL and G <= ATT_DEC_GMAX. */
+ * through shared memory. Needs Dh = 32 * DPL. A block takes up to GM of the
+ * group's heads (GM = 8, or 2 at Dh = 512 to stay in registers); larger
+ * groups span gridDim.y = Hkv * ceil(G / GM) blocks. */
 #define ATT_DEC_WARPS 4
-#define ATT_DEC_GMAX 8
 #define ATT_DEC_MIN_KEYS 64 /* keys per split, at least */
 
-template <int DPL>
+template <int DPL, int GM>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
-    const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.gsz, Dh = DPL * 32;
-    __shared__ float s_m[ATT_DEC_WARPS][ATT_DEC_GMAX], s_l[ATT_DEC_WARPS][ATT_DEC_GMAX];
+    const int t = blockIdx.x, z = blockIdx.z, g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Dh = DPL * 32;
+    const int h0 = g * a.gsz + sub * GM, G = min(GM, a.gsz - sub * GM); /* this block's heads */
+    __shared__ float s_m[ATT_DEC_WARPS][GM], s_l[ATT_DEC_WARPS][GM];
     extern __shared__ float s_acc[]; /* [ATT_DEC_WARPS][G][Dh] */
     const int32_t p = a.d.pos[t];
     const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[t]];
@@ -387,11 +389,11 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     const int chunk = (range + a.n_splits - 1) / a.n_splits;
     const int k_lo = lo + z * chunk, k_hi = min(p, k_lo + chunk - 1);
 
-    float q[ATT_DEC_GMAX][DPL], acc[ATT_DEC_GMAX][DPL], m[ATT_DEC_GMAX], l[ATT_DEC_GMAX];
+    float q[GM][DPL], acc[GM][DPL], m[GM], l[GM];
 #pragma unroll
-    for (int i = 0; i < ATT_DEC_GMAX; i++) {
+    for (int i = 0; i < GM; i++) {
         m[i] = -INFINITY, l[i] = 0.0f;
-        const float *qh = a.q + (int64_t)t * a.q_ld + (int64_t)(g * G + (i < G ? i : 0)) * Dh + lane * DPL;
+        const float *qh = a.q + (int64_t)t * a.q_ld + (int64_t)(h0 + (i < G ? i : 0)) * Dh + lane * DPL;
 #pragma unroll
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
     }
@@ -402,7 +404,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
 #pragma unroll
         for (int d = 0; d < DPL; d++) kx[d] = a.kl[o + d], vx[d] = a.vl[o + d];
 #pragma unroll
-        for (int i = 0; i < ATT_DEC_GMAX; i++) {
+        for (int i = 0; i < GM; i++) {
             if (i >= G) break;
             float sc = 0.0f;
 #pragma unroll
@@ -418,7 +420,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     }
     /* merge the warps: every lane of a warp holds the same m and l */
 #pragma unroll
-    for (int i = 0; i < ATT_DEC_GMAX; i++) {
+    for (int i = 0; i < GM; i++) {
         if (i >= G) break;
         if (lane == 0) s_m[warp][i] = m[i], s_l[warp][i] = l[i];
 #pragma unroll
@@ -426,7 +428,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     }
     __syncthreads();
     for (int e = threadIdx.x; e < G * Dh; e += ATT_DEC_WARPS * 32) {
-        const int i = e / Dh, d = e % Dh, h = g * G + i;
+        const int i = e / Dh, d = e % Dh, h = h0 + i;
         float M = -INFINITY, L = 0.0f, x = 0.0f;
         for (int w = 0; w < ATT_DEC_WARPS; w++) M = fmaxf(M, s_m[w][i]);
         for (int w = 0; w < ATT_DEC_WARPS; w++) {
@@ -445,19 +447,24 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     }
 }
 
-template <int DPL>
-static void att_decode_launch(lm_cuda *c, dim3 grid, const att_args *a) {
-    const size_t smem = (size_t)ATT_DEC_WARPS * a->gsz * DPL * 32 * sizeof(float);
+/* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
+template <int DPL, int GM>
+static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
+    a->n_sub = (a->gsz + GM - 1) / GM;
+    grid.y *= (unsigned)a->n_sub;
+    const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
     if (smem > 48 * 1024)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
-    att_decode_kernel<DPL><<<grid, ATT_DEC_WARPS * 32, smem, c->stream>>>(*a);
+    att_decode_kernel<DPL, GM><<<grid, ATT_DEC_WARPS * 32, smem, c->stream>>>(*a);
     LM_CUDA_LAUNCHED("att_decode_kernel");
 }
 
-/* Few query tokens per sequence (decode, short drafts): one block per token. */
-static bool att_use_decode(int T, int S, int gsz, int Dh) {
-    return T <= 2 * S && gsz <= ATT_DEC_GMAX && (Dh == 64 || Dh == 128 || Dh == 256);
+/* Few query tokens per sequence (decode, short drafts): one block per token.
+ * Heads wider than the tiled kernel's 256 (Gemma 4's global layers) always
+ * take this kernel. */
+static bool att_use_decode(int T, int S, int Dh) {
+    return (T <= 2 * S && (Dh == 64 || Dh == 128 || Dh == 256)) || Dh == 512;
 }
 
 static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
@@ -473,9 +480,10 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (max_range + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
-    if (Dh == 64) att_decode_launch<2>(c, grid, &a);
-    else if (Dh == 128) att_decode_launch<4>(c, grid, &a);
-    else att_decode_launch<8>(c, grid, &a);
+    if (Dh == 64) att_decode_launch<2, 8>(c, grid, &a);
+    else if (Dh == 128) att_decode_launch<4, 8>(c, grid, &a);
+    else if (Dh == 256) att_decode_launch<8, 8>(c, grid, &a);
+    else att_decode_launch<16, 2>(c, grid, &a);
     att_combine(c, &a, T);
 }
 
@@ -495,12 +503,12 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens, S = b->n_seqs;
-    LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && Dh <= ATT_MAX_DH);
+    LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && (Dh <= ATT_MAX_DH || Dh == 512));
     LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
     if (T == 0) return;
-    if (att_use_decode(T, S, H / Hkv, Dh)) {
+    if (att_use_decode(T, S, Dh)) {
         att_decode(c, out, q, kv, layer, b, p);
         return;
     }
