@@ -40,12 +40,13 @@
 //          twice: with the prefix cache and with --cache-ram 0.
 //
 // Prints a table per run, or one JSON object with --json.
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import { sseFeed, startServer, stopServer } from '../lib/lumen_serve.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '..', '..');
@@ -95,33 +96,12 @@ function args() {
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'cachebench-'));
 
-function startServer(o, model, extra) {
+function startServerFor(o, model, extra) {
   const trace = path.join(tmp, `trace-${Date.now()}-${Math.random().toString(36).slice(2)}.jsonl`);
   const argv = ['serve', '-m', model, '--port', '0', '--quiet', '--trace', trace, ...extra, ...o.serverArgs];
   if (o.threads) argv.push('--threads', String(o.threads));
   if (o.cacheRam !== null && !extra.includes('--cache-ram')) argv.push('--cache-ram', o.cacheRam);
-  return new Promise((resolve, reject) => {
-    const proc = spawn(o.bin, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    proc.stderr.setEncoding('utf8');
-    proc.stderr.on('data', (d) => {
-      log += d;
-      const m = /http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
-      if (m && !proc.started) {
-        proc.started = true;
-        resolve({ proc, url: `http://127.0.0.1:${m[1]}`, trace, log: () => log, banner: log.split('\n')[0] });
-      }
-    });
-    proc.on('exit', (c) => proc.started || reject(new Error(`server exited ${c}: ${log}`)));
-  });
-}
-
-function stopServer(s) {
-  return new Promise((res) => {
-    if (s.proc.exitCode !== null || s.proc.signalCode !== null) return res(s.proc.exitCode ?? s.proc.signalCode);
-    s.proc.on('exit', (c, sig) => res(c ?? sig));
-    s.proc.kill('SIGTERM');
-  });
+  return startServer(o.bin, argv).then((s) => ({ ...s, trace }));
 }
 
 // The server's trace lines by request id.
@@ -154,21 +134,17 @@ function post(url, route, body, id) {
       res.on('data', (d) => {
         buf += d;
         if (!body.stream) return;
-        let i;
-        while ((i = buf.indexOf('\n\n')) >= 0) {
-          const ev = buf.slice(0, i);
-          buf = buf.slice(i + 2);
-          if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
-          const c = JSON.parse(ev.slice(6));
+        buf = sseFeed(buf, (c) => {
+          if (!c) return;
           if (c.usage) r.usage = c.usage;
           const ch = c.choices?.[0];
-          if (!ch) continue;
+          if (!ch) return;
           const t = ch.delta ? (ch.delta.content ?? '') : (ch.text ?? '');
           const any = t || ch.delta?.reasoning_content || ch.delta?.tool_calls;
           if (any && r.ttft === null) r.ttft = performance.now() - t0;
           r.text += t;
           if (ch.finish_reason) r.finish = ch.finish_reason;
-        }
+        });
       });
       res.on('end', () => {
         r.ms = performance.now() - t0;
@@ -236,7 +212,7 @@ function completionBody(o, i) {
 }
 
 async function runBatch(o) {
-  const s = await startServer(o, o.model, ['--parallel', String(Math.max(...o.streams))]);
+  const s = await startServerFor(o, o.model, ['--parallel', String(Math.max(...o.streams))]);
   const rows = [];
   try {
     // warm-up: one concurrent group of the largest size first, so that no measured
@@ -320,7 +296,7 @@ async function runPrefix(o) {
   const cfg = modelConfig(o.model);
   const vocab = (cfg.text_config ?? cfg).vocab_size;
   const special = specialIds(o.model);
-  const s = await startServer(o, m.dir, ['--ctx', String(ctx), '--parallel', '2']);
+  const s = await startServerFor(o, m.dir, ['--ctx', String(ctx), '--parallel', '2']);
   const out = { server: s.banner, model_stretched_to: m.stretched ? ctx : null, prefix_tokens: o.prefixTokens, cold: [], warm: [] };
   try {
     const shared = idStream(1, vocab, special)(o.prefixTokens);
@@ -377,7 +353,7 @@ const TURNS = [
 ];
 
 async function replay(o, cacheRam) {
-  const s = await startServer(o, o.model, ['--parallel', '2', '--cache-ram', cacheRam]);
+  const s = await startServerFor(o, o.model, ['--parallel', '2', '--cache-ram', cacheRam]);
   const rows = [];
   try {
     const messages = [{ role: 'system', content: SYSTEM }];

@@ -21,11 +21,13 @@
 //
 // Requests stay on 127.0.0.1; the run stops by itself after --duration
 // seconds plus the time to finish the requests in flight (at most 120 s).
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import { sseFeed, startServer } from '../lib/lumen_serve.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '..', '..');
@@ -65,24 +67,11 @@ function args() {
   return o;
 }
 
-function startServer(o) {
-  return new Promise((resolve, reject) => {
-    const argv = ['serve', '-m', o.model, '--port', '0', '--quiet', '--parallel', String(o.parallel),
-      '--max-connections', String(o.clients + 64), ...o.serverArgs];
-    if (o.threads) argv.push('--threads', String(o.threads));
-    const proc = spawn(o.bin, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    proc.stderr.setEncoding('utf8');
-    proc.stderr.on('data', (d) => {
-      log += d;
-      const m = /http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
-      if (m && !proc.started) {
-        proc.started = true;
-        resolve({ proc, url: `http://127.0.0.1:${m[1]}`, log: () => log });
-      }
-    });
-    proc.on('exit', (c) => proc.started || reject(new Error(`server exited ${c}: ${log}`)));
-  });
+function startServerFor(o) {
+  const argv = ['serve', '-m', o.model, '--port', '0', '--quiet', '--parallel', String(o.parallel),
+    '--max-connections', String(o.clients + 64), ...o.serverArgs];
+  if (o.threads) argv.push('--threads', String(o.threads));
+  return startServer(o.bin, argv);
 }
 
 function rssMb(pid) {
@@ -111,21 +100,14 @@ function streamOnce(url, body) {
         let done = false;
         res.setEncoding('utf8');
         res.on('data', (d) => {
-          buf += d;
-          let i;
-          while ((i = buf.indexOf('\n\n')) >= 0) {
-            const ev = buf.slice(0, i);
-            buf = buf.slice(i + 2);
-            if (!ev.startsWith('data: ')) continue;
-            const data = ev.slice(6);
-            if (data === '[DONE]') {
+          buf = sseFeed(buf + d, (c) => {
+            if (!c) {
               done = true;
-              continue;
+              return;
             }
-            const c = JSON.parse(data);
             if (c.usage) r.usage = c.usage;
             const ch = c.choices?.[0];
-            if (!ch) continue;
+            if (!ch) return;
             const d0 = ch.delta ?? {};
             if (d0.content || d0.reasoning_content || d0.tool_calls) {
               const now = performance.now();
@@ -134,7 +116,7 @@ function streamOnce(url, body) {
               r.tokens++;
             }
             if (ch.finish_reason) finished = true;
-          }
+          });
         });
         res.on('end', () => {
           r.t1 = performance.now();
@@ -291,7 +273,7 @@ const o = args();
 let srv = null;
 let url = o.url;
 if (!url) {
-  srv = await startServer(o);
+  srv = await startServerFor(o);
   url = srv.url;
 }
 let out;
