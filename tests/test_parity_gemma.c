@@ -340,3 +340,36 @@ LM_TEST(gemma3_multimodal_no_final_softcap) {
     lm_backend_destroy(be);
     free(dir);
 }
+
+/* google/gemma-3-4b-it's config.json (vision_config left out): its
+ * text_config names only what differs from Gemma3TextConfig's defaults, so
+ * vocab_size, the head counts, the activation and the tied head come from
+ * those defaults (without them the load failed: "missing vocab_size"). */
+LM_TEST(gemma3_multimodal_config_uses_text_defaults) {
+    static const char cfg[] =
+        "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999,"
+        " \"eoi_token_index\": 256000, \"eos_token_id\": [1, 106], \"image_token_index\": 262144,"
+        " \"initializer_range\": 0.02, \"mm_tokens_per_image\": 256, \"model_type\": \"gemma3\","
+        " \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": 10240, \"model_type\": \"gemma3_text\","
+        "   \"num_hidden_layers\": 34, \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"},"
+        "   \"sliding_window\": 1024},"
+        " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.50.0.dev0\"}";
+    lm_model_config c;
+    lm_err e = { { 0 } };
+    int rc = lm_config_parse_hf(&c, cfg, "gemma-3-4b-it/config.json", &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc) return;
+    LM_CHECK(!strcmp(c.model_type, "gemma3_text"));
+    LM_CHECK(c.vocab == 262208 && c.d_model == 2560 && c.d_ff == 10240 && c.n_layers == 34);
+    LM_CHECK(c.n_heads == 8 && c.n_kv_heads == 4 && c.head_dim == 256);
+    LM_CHECK(c.act == LM_ACT_GELU_TANH && c.tie_embeddings && c.max_pos == 131072);
+    LM_CHECK(c.sliding_window == 1024);
+    for (int l = 0; l < c.n_layers; l++) LM_CHECK_MSG(c.layer_sliding[l] == ((l + 1) % 6 != 0), "layer %d", l);
+    lm_config_free(&c);
+    /* an explicit value still wins over the default */
+    lm_model_config d;
+    LM_REQUIRE(lm_config_parse_hf(&d, "{\"model_type\": \"gemma3_text\", \"vocab_size\": 1024, \"hidden_act\": \"gelu\"}",
+                                  "c.json", &e) == 0);
+    LM_CHECK(d.vocab == 1024 && d.act == LM_ACT_GELU && d.n_layers == 26);
+    lm_config_free(&d);
+}

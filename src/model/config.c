@@ -164,6 +164,7 @@ int lm_config_parse_hf(lm_model_config *c, const char *text, const char *label, 
     }
     snprintf(c->model_type, sizeof c->model_type, "%s", type);
     root = cfg; /* the language model's fields from here on; `done` frees the document */
+    if (arch->config_defaults) arch->config_defaults(type, root);
 
     if (require_int(root, "vocab_size", &c->vocab, 1, label, e) ||
         require_int(root, "hidden_size", &c->d_model, 1, label, e) ||

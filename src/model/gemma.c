@@ -588,11 +588,28 @@ static void gemma_free(lm_model *m) {
     m->impl = NULL;
 }
 
+/* Gemma3TextConfig's defaults (transformers): what google/gemma-3-*-it's
+ * text_config leaves out. Only missing keys are set; the rope and layer-type
+ * defaults live in parse_ropes / parse_layer_types. */
+static void gemma_config_defaults(const char *model_type, json_t *root) {
+    if (strcmp(model_type, "gemma3_text") && strcmp(model_type, "gemma3")) return;
+    json_t *d = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:b}", "vocab_size", 262208,
+                          "hidden_size", 2304, "intermediate_size", 9216, "num_hidden_layers", 26,
+                          "num_attention_heads", 8, "num_key_value_heads", 4, "head_dim", 256,
+                          "max_position_embeddings", 131072, "rms_norm_eps", 1e-6, "query_pre_attn_scalar", 256,
+                          "sliding_window", 4096, "tie_word_embeddings", 1);
+    if (d) json_object_update_missing(root, d);
+    json_decref(d);
+    if (!json_object_get(root, "hidden_activation") && !json_object_get(root, "hidden_act"))
+        json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
+}
+
 static const char *const k_gemma_types[] = { "gemma3_text", "gemma3", "gemma4_text", "gemma4", NULL };
 
 const lm_arch lm_arch_gemma = {
     .name = "gemma",
     .model_types = k_gemma_types,
+    .config_defaults = gemma_config_defaults,
     .parse_config = gemma_parse_config,
     .bind = gemma_bind,
     .forward = gemma_forward,

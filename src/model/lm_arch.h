@@ -16,6 +16,11 @@
 typedef struct lm_arch {
     const char *name;
     const char *const *model_types; /* NULL-terminated HF model_type values */
+    /* Fills fields a config may leave out with the model's documented
+     * defaults before anything is read (may be NULL). Multimodal checkpoints
+     * ship text_configs that rely on them (Gemma 3's omits vocab_size, the
+     * head counts and the activation). */
+    void (*config_defaults)(const char *model_type, json_t *root);
     /* Reads architecture-specific fields after the common ones (may be NULL). */
     int (*parse_config)(lm_model_config *c, json_t *root, const char *label, lm_err *e);
     /* Binds the weights (m->src is open, m->cfg filled); sets m->impl. */
