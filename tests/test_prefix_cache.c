@@ -160,6 +160,17 @@ static void pc_close(pc_model *pm) {
     lm_backend_destroy(pm->be);
 }
 
+/* Opens fixture `name` as pm, or skips the test saying why. */
+#define PC_OPEN_OR_SKIP(pm, name)                           \
+    pc_model pm;                                            \
+    do {                                                    \
+        char why_[600];                                     \
+        if (!pc_open(&pm, name, why_, sizeof why_)) {       \
+            pc_close(&pm);                                  \
+            LM_SKIP("%s", why_);                            \
+        }                                                   \
+    } while (0)
+
 /* Deterministic token ids in [3, V). */
 static void pc_tokens(int32_t *out, int n, uint32_t seed, int V) {
     for (int i = 0; i < n; i++) {
@@ -232,12 +243,7 @@ static void pc_check_tokens(lm_test_ctx *lm_t_, const char *what, const pc_colle
 }
 
 static void pc_conversation(lm_test_ctx *lm_t_, const char *name) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, name, why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, name);
     static pc_case c[C_N];
     LM_REQUIRE(pc_build(&pm, c) == 0);
     lm_engine *en = NULL;
@@ -296,12 +302,7 @@ LM_TEST(prefix_cache_exact_demo_hybrid) { pc_conversation(lm_t_, "demo"); }
 /* A budget of three blocks (and one checkpoint): a second prompt evicts the
  * first one's blocks; the first prompt again is exact and says EVICTED. */
 static void pc_eviction(lm_test_ctx *lm_t_, const char *name) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, name, why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, name);
     int V = pm.m->cfg.vocab;
     int32_t a[40], g[40], want_a[4], want_g[4];
     pc_tokens(a, 40, 3, V);
@@ -335,12 +336,7 @@ LM_TEST(prefix_cache_eviction_exact_qwen35) { pc_eviction(lm_t_, "qwen3.5"); }
 /* Hybrid: a prompt sharing 50 tokens with a 100-token one finds its KV blocks
  * but no checkpoint at or below 48 (they sit at 96 and in the answer): STATE. */
 LM_TEST(prefix_cache_miss_state_qwen35) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, "qwen3.5", why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, "qwen3.5");
     int V = pm.m->cfg.vocab;
     int32_t a[100], b[60], want_b[4];
     pc_tokens(a, 100, 11, V);
@@ -370,12 +366,7 @@ LM_TEST(prefix_cache_miss_state_qwen35) {
  * gives the cold run's tokens; the 32 shared tokens past the checkpoint are
  * a STATE miss (their KV is cached, the state there is not). */
 LM_TEST(prefix_cache_periodic_checkpoint_demo) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, "demo", why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, "demo");
     int V = pm.m->cfg.vocab;
     enum { NA = 1100, NB = 1080, SHARED = 1060 };
     int32_t *a = malloc(NA * sizeof *a), *b = malloc(NB * sizeof *b), want_b[4];
@@ -406,12 +397,7 @@ LM_TEST(prefix_cache_periodic_checkpoint_demo) {
 /* Requests sharing a 48-token prefix, submitted at once after a first one
  * cached it, each give their tokens alone (hits inside a batched step). */
 static void pc_concurrent(lm_test_ctx *lm_t_, const char *name) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, name, why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, name);
     enum { N = 4 };
     int V = pm.m->cfg.vocab, lens[N] = { 50, 64, 81, 49 };
     int32_t ids[N][96], want[N][8];
@@ -458,12 +444,7 @@ LM_TEST(prefix_cache_concurrent_hits_qwen3_next) { pc_concurrent(lm_t_, "qwen3-n
  * so the cancel lands between two of its prefill chunks. Every block is then
  * free or cache-held, and the cache still serves the prompt exactly. */
 static void pc_cancel(lm_test_ctx *lm_t_, const char *name) {
-    char why[600];
-    pc_model pm;
-    if (!pc_open(&pm, name, why, sizeof why)) {
-        pc_close(&pm);
-        LM_SKIP("%s", why);
-    }
+    PC_OPEN_OR_SKIP(pm, name);
     int V = pm.m->cfg.vocab;
     int32_t a[100], b[400], x[4], want_b[4];
     pc_tokens(a, 100, 41, V);
