@@ -19,6 +19,9 @@ int lm_weights_open_hf(lm_weight_source *ws, const char *dir, lm_err *e);
 int lm_weights_open_gguf(lm_weight_source *ws, const char *path, lm_err *e);
 void lm_weights_close(lm_weight_source *ws);
 
+/* Bytes of all tensors of the source. */
+size_t lm_weights_bytes(const lm_weight_source *ws);
+
 /* Finds a tensor by name; *file (optional) gets the path of its file. */
 const lm_file_tensor *lm_weights_find(const lm_weight_source *ws, const char *name, const char **file);
 

@@ -43,6 +43,18 @@ static bool is_gguf_file(const char *path) {
     return n == 4 && !memcmp(magic, "GGUF", 4);
 }
 
+/* A backend with its own memory (a GPU) copies every weight: a model that
+ * cannot fit is refused before the first copy, with the numbers (the
+ * backend's own upload error covers what this estimate misses). */
+static int check_device_memory(const lm_model *m, lm_err *e) {
+    size_t free_b = 0, total_b = 0, need = lm_weights_bytes(&m->src);
+    lm_backend_mem_info(m->be, &free_b, &total_b);
+    if (total_b == 0 || need <= free_b / 100 * 95) return 0;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    return lm_errf(e, "%s: the model's weights need %.2f GiB; the GPU has %.2f GiB free of %.2f (try --device cpu)",
+                   m->path, need / gib, free_b / gib, total_b / gib);
+}
+
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
     *out = NULL;
     lm_model *m = lm_xcalloc(1, sizeof *m);
@@ -60,6 +72,7 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
     } else {
         rc = lm_errf(e, "%s: not a model folder or a GGUF file", path);
     }
+    if (!rc) rc = check_device_memory(m, e);
     if (!rc) {
         m->arch = lm_arch_find(m->cfg.model_type);
         LM_ASSERT(m->arch); /* both config readers only accept known types */

@@ -110,3 +110,12 @@ const lm_file_tensor *lm_weights_find(const lm_weight_source *ws, const char *na
     }
     return NULL;
 }
+
+size_t lm_weights_bytes(const lm_weight_source *ws) {
+    size_t n = 0;
+    for (int f = 0; f < ws->n_files; f++)
+        for (int i = 0; i < ws->st[f].n_tensors; i++) n += ws->st[f].tensors[i].nbytes;
+    if (ws->gguf)
+        for (int i = 0; i < ws->gguf->n_tensors; i++) n += ws->gguf->tensors[i].nbytes;
+    return n;
+}
