@@ -163,3 +163,22 @@ LM_TEST(cli_run_text_and_chat_on_demo_model) {
     free(chat);
     free(err);
 }
+
+/* `lumen bench --batch`: B sequences prefilled in chunks, then decoding
+ * together with greedy ids from the backend; one JSON line with the rate. */
+LM_TEST(cli_bench_batched_decode_on_demo_model) {
+    char *out = NULL, *err = NULL;
+    int rc = lumen("bench -m '" LUMEN_SOURCE_DIR "/models/demo' --device cpu --batch 3 --prompt-len 40 --chunk 16 --gen 8",
+                   &out, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    json_error_t je;
+    json_t *j = out ? json_loads(out, 0, &je) : NULL;
+    LM_CHECK_MSG(j != NULL, "not one JSON line: %s", out ? out : "(none)");
+    if (j) {
+        LM_CHECK(json_integer_value(json_object_get(j, "batch")) == 3);
+        LM_CHECK(json_real_value(json_object_get(j, "decode_tok_s")) > 0);
+        json_decref(j);
+    }
+    free(out);
+    free(err);
+}

@@ -76,9 +76,8 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
     int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *pos = lm_xmalloc((size_t)(B + chunk) * sizeof *pos),
             *sq = lm_xcalloc((size_t)(B + chunk), sizeof *sq), *rows = lm_xmalloc((size_t)B * sizeof *rows),
-            *toks = lm_xmalloc((size_t)(B + chunk) * sizeof *toks);
+            *toks = lm_xmalloc((size_t)chunk * sizeof *toks), *next = lm_xmalloc((size_t)B * sizeof *next);
     const int32_t **tables = lm_xmalloc((size_t)B * sizeof *tables);
-    float *logits = lm_xmalloc((size_t)B * V * sizeof(float));
     uint64_t x = 0x9E3779B97F4A7C15ull;
     for (int s = 0; s < B; s++) {
         slots[s] = lm_kv_state_acquire(kv);
@@ -95,24 +94,24 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
             int32_t last = t - 1;
             lm_batch b = { .n_tokens = t, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = 1,
                            .block_tables = &tables[s], .state_slot = slots[s] >= 0 ? &slots[s] : NULL,
-                           .n_out = done + t == prompt_len, .out_rows = &last };
-            if (lm_model_forward(m, &kv->pool, &b, logits + (size_t)s * V, e)) goto done;
+                           .n_out = done + t == prompt_len, .out_rows = &last, .out_argmax = &next[s] };
+            if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
             done += t;
         }
-    for (int s = 0; s < B; s++) toks[s] = lm_argmax(logits + (size_t)s * V, V), sq[s] = s, rows[s] = s;
+    for (int s = 0; s < B; s++) sq[s] = s, rows[s] = s;
     double t0 = lm_now();
     for (int g = 0; g < gen; g++) { /* greedy on the backend, as the engine does: ids back, not logits */
         for (int s = 0; s < B; s++) pos[s] = prompt_len + g;
-        lm_batch b = { .n_tokens = B, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
+        lm_batch b = { .n_tokens = B, .tokens = next, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
                        .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B, .out_rows = rows,
-                       .out_argmax = toks };
+                       .out_argmax = next };
         if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
     }
     tps = (double)B * gen / (lm_now() - t0);
 done:
     for (int s = 0; s < B; s++) lm_kv_seq_release(kv, &seqs[s]);
     lm_kv_cache_free(kv);
-    free(seqs), free(slots), free(pos), free(sq), free(rows), free(toks), free(tables), free(logits);
+    free(seqs), free(slots), free(pos), free(sq), free(rows), free(toks), free(next), free(tables);
     return tps;
 }
 
