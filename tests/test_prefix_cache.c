@@ -407,18 +407,36 @@ static void pc_concurrent(lm_test_ctx *lm_t_, const char *name) {
         pc_tokens(ids[i] + 48, lens[i] - 48, 30 + (uint32_t)i, V);
         LM_REQUIRE(lm_tu_greedy_alone(pm.m, ids[i], lens[i], 8, want[i]) == 0);
     }
-    lm_engine_opts o = { .ctx = 128, .parallel = N, .step_tokens = 20, .cache_ram = 16u << 20 };
+    lm_engine_opts o = { .ctx = 128, .parallel = N + 1, .step_tokens = 20, .cache_ram = 16u << 20 };
     lm_engine *en = NULL;
     LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
-    pc_collect first, c[N];
+    pc_collect first, c[N], hold;
     LM_REQUIRE(pc_run(en, ids[0], lens[0], 8, &first) == 0);
     LM_CHECK(first.n == 8 && memcmp(first.toks, want[0], sizeof want[0]) == 0);
-    lm_request *r[N];
-    lm_gen_params p = pc_greedy(8);
+    /* a one-token request holds the engine thread in its callback while the
+     * N are submitted, so they are admitted together (submitting them to a
+     * running engine raced: under load one could finish before the last came) */
+    int32_t x[4];
+    pc_tokens(x, 4, 29, V);
+    pc_init(&hold);
+    hold.stall_at[0] = 1;
+    lm_request *rx, *r[N];
+    lm_gen_params p = pc_greedy(8), px = pc_greedy(1);
+    LM_REQUIRE(lm_engine_submit(en, x, 4, &px, pc_on_token, &hold, &rx, NULL) == LM_ENGINE_OK);
+    pthread_mutex_lock(&hold.mu);
+    while (!hold.stalled[0]) pthread_cond_wait(&hold.cv, &hold.mu);
+    pthread_mutex_unlock(&hold.mu);
     for (int i = 0; i < N; i++) {
         pc_init(&c[i]);
         LM_REQUIRE(lm_engine_submit(en, ids[i], lens[i], &p, pc_on_token, &c[i], &r[i], NULL) == LM_ENGINE_OK);
     }
+    pthread_mutex_lock(&hold.mu);
+    hold.go[0] = true;
+    pthread_cond_broadcast(&hold.cv);
+    pthread_mutex_unlock(&hold.mu);
+    pc_wait(&hold);
+    lm_request_release(rx);
+    pc_destroy(&hold);
     for (int i = 0; i < N; i++) {
         pc_wait(&c[i]);
         LM_CHECK_MSG(c[i].n == 8 && memcmp(c[i].toks, want[i], sizeof want[i]) == 0, "request %d differs", i);
