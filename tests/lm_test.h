@@ -11,6 +11,7 @@
 #define LM_TEST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 typedef struct lm_test_ctx {
@@ -79,6 +80,10 @@ const char *lm_test_fixtures(void);
 /* A path under the fixtures dir (static buffer per call site is not safe;
  * returns a malloc'd string the caller frees), or NULL if fixtures absent. */
 char *lm_test_fixture_path(const char *rel);
+/* Whether the fixture at rel is there. */
+bool lm_test_have_fixture(const char *rel);
+/* Why lm_test_fixture_path returned NULL, for skip messages. */
+const char *lm_test_fixtures_why(void);
 /* The lumen binary, for tests that run the CLI (LUMEN_BIN, set by the build). */
 const char *lm_test_lumen_bin(void);
 /* A fresh temporary directory for this test (removed by the runner at exit). */

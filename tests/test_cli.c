@@ -21,7 +21,7 @@ static int count_lines(const char *s) {
 
 LM_TEST(cli_parity_json_and_exit_code) {
     char *dir = lm_test_fixture_path("models/qwen3");
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char args[1200], *out = NULL, *err = NULL;
     snprintf(args, sizeof args, "parity '%s'", dir);
     int rc = lumen(args, &out, &err);
@@ -49,7 +49,7 @@ LM_TEST(cli_parity_json_and_exit_code) {
 LM_TEST(cli_run_greedy_matches_reference) {
     /* prompt0 of the llama fixture and the first 8 of its greedy tokens */
     char *dir = lm_test_fixture_path("models/llama");
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char *ref_path = lm_test_fixture_path("models/llama/reference.safetensors");
     size_t n;
     char *ref = lm_tu_read(ref_path, &n);

@@ -114,7 +114,7 @@ static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int s
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", model);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_engine_concurrent_equals_alone(lm_t_, dir, step_tokens, 2, 20);
     free(dir);
 }

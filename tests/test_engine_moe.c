@@ -21,7 +21,7 @@
 
 LM_TEST(engine_moe_concurrent_equals_alone) {
     char *dir = lm_test_fixture_path("models/qwen3-moe");
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_engine_concurrent_equals_alone(lm_t_, dir, 24, 2, 16);
     free(dir);
 }

@@ -28,7 +28,11 @@ static double second_margin(const float *x, int n) {
 static void check_isa(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     char *gguf = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
     char *ref = lm_test_fixture_path("models/llama-2-tiny-random.llamacpp.json");
-    if (!gguf) LM_SKIP("../shared/fixtures not found");
+    if (!gguf || !ref) {
+        free(gguf);
+        free(ref);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
     lm_err e = { { 0 } };
     lm_backend *be = lm_cpu_backend_create(2, isa, &e);
     if (!be) {

@@ -162,7 +162,7 @@ static void hv_parity(lm_test_ctx *lm_t_, const char *dir, lm_backend *be) {
 
 LM_TEST(hybrid_load_errors_name_the_file) {
     char *cfg = hv_config("qwen3.5"), *cfg_next = hv_config("qwen3-next");
-    if (!cfg || !cfg_next) LM_SKIP("../shared/fixtures not found");
+    if (!cfg || !cfg_next) LM_SKIP("%s", lm_test_fixtures_why());
     /* a missing tensor */
     hv_edit drop = { .drop = "model.layers.1.linear_attn.A_log" };
     char *dir = hv_variant("qwen3.5", "hyb-missing", NULL, &drop);
@@ -205,7 +205,7 @@ LM_TEST(hybrid_load_errors_name_the_file) {
  * is read from the top level. */
 LM_TEST(hybrid_multimodal_layout) {
     char *cfg = hv_config("qwen3.5");
-    if (!cfg) LM_SKIP("../shared/fixtures not found");
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
     size_t n = strlen(cfg) + 512;
     char *mm = malloc(n);
     snprintf(mm, n, "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
@@ -232,7 +232,7 @@ LM_TEST(hybrid_multimodal_layout) {
 /* The MTP head is bound when present, exposed, and changes nothing else. */
 static void mtp_case(lm_test_ctx *lm_t_, const char *fixture, bool sparse) {
     char *cfg = hv_config(fixture);
-    if (!cfg) LM_SKIP("../shared/fixtures not found");
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
     /* layer 3 (full attention in both fixtures) stands in for the MTP layer */
     static const char *const layer3[] = {
         "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
@@ -302,7 +302,7 @@ static void chunks_case(lm_test_ctx *lm_t_, const char *fixture) {
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", fixture);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char *refp = lm_path_join(dir, "reference.safetensors");
     lm_backend *be = lm_tu_model_backend(2, NULL);
     lm_model *m = NULL;
@@ -344,7 +344,7 @@ static void engine_case(lm_test_ctx *lm_t_, const char *fixture, int step_tokens
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", fixture);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_engine_concurrent_equals_alone(lm_t_, dir, step_tokens, 2, 20);
     free(dir);
 }

@@ -51,7 +51,7 @@ static char *fake_model(const char *tag, const char *config, const void *weights
 
 static char *fixture_config(void) {
     char *p = lm_test_fixture_path("models/llama/config.json");
-    char *c = lm_tu_read(p, NULL);
+    char *c = p ? lm_tu_read(p, NULL) : NULL;
     free(p);
     return c;
 }
@@ -68,7 +68,7 @@ static char *replace(const char *s, const char *from, const char *to) {
 
 LM_TEST(model_load_llama_fixture) {
     char *dir = lm_test_fixture_path("models/llama");
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_backend *be = backend();
     lm_model *m = NULL;
     lm_err e = { { 0 } };
@@ -104,8 +104,8 @@ LM_TEST(model_load_not_a_model) {
 }
 
 LM_TEST(model_load_unknown_architecture) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
     char *cfg = fixture_config();
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
     char *bad = replace(cfg, "\"model_type\": \"llama\"", "\"model_type\": \"rwkv9\"");
     char *dir = fake_model("unknown-arch", bad, NULL, 0);
     expect_load_error(lm_t_, dir, "config.json", "unsupported model_type \"rwkv9\"");
@@ -115,8 +115,8 @@ LM_TEST(model_load_unknown_architecture) {
 }
 
 LM_TEST(model_load_wrong_shape) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
     char *cfg = fixture_config();
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
     char *bad = replace(cfg, "\"intermediate_size\": 176", "\"intermediate_size\": 160");
     char *dir = fake_model("wrong-shape", bad, NULL, 0);
     expect_load_error(lm_t_, dir, "model.safetensors", "has shape [176, 64], expected [160, 64]");
@@ -126,8 +126,8 @@ LM_TEST(model_load_wrong_shape) {
 }
 
 LM_TEST(model_load_missing_tensor) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
     char *cfg = fixture_config();
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
     char *bad = replace(cfg, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
     char *dir = fake_model("missing-tensor", bad, NULL, 0);
     expect_load_error(lm_t_, dir, "model.safetensors", "missing tensor \"model.layers.2.input_layernorm.weight\"");
@@ -137,7 +137,7 @@ LM_TEST(model_load_missing_tensor) {
 }
 
 LM_TEST(model_load_corrupt_config) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_have_fixture("models/llama")) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = fake_model("corrupt-config", "{\"model_type\": \"llama\", ", NULL, 0);
     expect_load_error(lm_t_, dir, "config.json", "invalid JSON");
     free(dir);
@@ -145,7 +145,7 @@ LM_TEST(model_load_corrupt_config) {
 
 LM_TEST(model_load_truncated_weights) {
     char *src = lm_test_fixture_path("models/llama/model.safetensors");
-    if (!src) LM_SKIP("../shared/fixtures not found");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     size_t n;
     char *w = lm_tu_read(src, &n);
     size_t cuts[] = { 0, 4, 8, 100, n / 2, n - 1 };
@@ -160,7 +160,7 @@ LM_TEST(model_load_truncated_weights) {
 
 LM_TEST(model_load_truncated_gguf) {
     char *src = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
-    if (!src) LM_SKIP("../shared/fixtures not found");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     size_t n;
     char *g = lm_tu_read(src, &n);
     char *dir = lm_tu_mkdir("gguf-trunc");
@@ -180,7 +180,7 @@ LM_TEST(model_load_truncated_gguf) {
  * same logits as the single file. */
 LM_TEST(model_load_sharded) {
     char *src = lm_test_fixture_path("models/llama");
-    if (!src) LM_SKIP("../shared/fixtures not found");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     lm_safetensors st;
     char *single = lm_path_join(src, "model.safetensors");
     LM_REQUIRE(lm_safetensors_open(&st, single, NULL) == 0);

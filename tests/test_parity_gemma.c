@@ -30,7 +30,7 @@ static void shared_parity(lm_test_ctx *lm_t_, const char *model, lm_cpu_isa isa,
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", model);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
 }
@@ -268,7 +268,7 @@ static json_t *legacy_config(json_t *c) {
  * config: the same logits. */
 LM_TEST(parity_gemma3_other_layouts) {
     char *src = lm_test_fixture_path("models/gemma3");
-    if (!src) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     struct { const char *tag, *prefix; json_t *(*cfg)(json_t *); } v[] = {
         { "g3-mm-legacy", "language_model.model.", wrap_multimodal },
         { "g3-mm", "model.language_model.", wrap_multimodal },

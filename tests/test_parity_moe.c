@@ -25,7 +25,7 @@
 
 static void run_fixture(lm_test_ctx *lm_t_, lm_cpu_isa isa, int threads) {
     char *dir = lm_test_fixture_path("models/qwen3-moe");
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
 }
@@ -197,7 +197,7 @@ fail:
 /* The fused layout gives exactly the per-expert model's logits. */
 LM_TEST(qwen3_moe_fused_experts_equal_per_expert) {
     char *src = lm_test_fixture_path("models/qwen3-moe");
-    if (!src) LM_SKIP("../shared/fixtures not found");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     variant v = { .tag = "moe-fused", .fused = true };
     char *dir = make_variant(&v);
     LM_REQUIRE(dir != NULL);
@@ -215,7 +215,7 @@ LM_TEST(qwen3_moe_fused_experts_equal_per_expert) {
  * every fragment in want (NULL-terminated). */
 static void expect_load_error(lm_test_ctx *lm_t_, const variant *v, const char *const *want) {
     char *dir = make_variant(v);
-    if (!dir) LM_SKIP("../shared/fixtures not found");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(1, &e);
     LM_REQUIRE(be != NULL);
@@ -233,7 +233,7 @@ static void expect_load_error(lm_test_ctx *lm_t_, const variant *v, const char *
 }
 
 LM_TEST(qwen3_moe_bad_checkpoints) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_have_fixture("models/qwen3-moe")) LM_SKIP("%s", lm_test_fixtures_why());
     {
         variant v = { .tag = "moe-missing", .drop = "model.layers.1.mlp.experts.5.up_proj.weight" };
         const char *want[] = { "missing tensor", "model.layers.1.mlp.experts.5.up_proj.weight", NULL };
@@ -289,7 +289,7 @@ LM_TEST(qwen3_moe_bad_checkpoints) {
  * k = 8 of 8 every expert counts; with k = 2, a quarter of them. */
 LM_TEST(qwen3_moe_weight_bytes_count_active_experts) {
     char *src = lm_test_fixture_path("models/qwen3-moe");
-    if (!src) LM_SKIP("../shared/fixtures not found");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     variant v = { .tag = "moe-k8", .config_patch = "{\"num_experts_per_tok\": 8}" };
     char *dir = make_variant(&v);
     LM_REQUIRE(dir != NULL);

@@ -135,7 +135,7 @@ static bool pc_open(pc_model *pm, const char *name, char *why, size_t n_why) {
         snprintf(rel, sizeof rel, "models/%s", name);
         dir = lm_test_fixture_path(rel);
         if (!dir) {
-            snprintf(why, n_why, "../shared/fixtures not found (set LUMEN_FIXTURES)");
+            snprintf(why, n_why, "%s", lm_test_fixtures_why());
             return false;
         }
     }

@@ -267,7 +267,7 @@ static char *sse_text(const resp *r, int *n_chunks, int *n_done, json_t **usage,
 
 #define START(s, extra)                                                         \
     do {                                                                        \
-        if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");       \
+        if (!lm_test_have_fixture("models/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());       \
         if (server_start(&(s), (extra))) {                                      \
             server_dump_log(&(s));                                              \
             LM_REQUIRE(!"server started");                                      \
@@ -681,7 +681,7 @@ static json_t *trace_find(json_t *lines, const char *id) {
 }
 
 LM_TEST(server_http_request_id_and_trace) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_have_fixture("models/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
     char trace[600], extra[700];
     snprintf(trace, sizeof trace, "%s/trace-%d.jsonl", lm_test_tmpdir(), (int)getpid());
     unlink(trace);
@@ -782,7 +782,7 @@ LM_TEST(server_http_request_id_and_trace) {
 }
 
 LM_TEST(server_http_cache_ram_and_trace_flags) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_have_fixture("models/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = lm_test_fixture_path("models/qwen3");
     static const char *const k_bad[] = { "1.5G", "-1", "G", "12X", "4GG", "", "99999999999T" };
     for (size_t i = 0; i < LM_COUNT_(k_bad); i++) {
@@ -826,7 +826,7 @@ LM_TEST(server_http_cache_ram_and_trace_flags) {
  * trace, with the text on both sides. Skips while the engine has no prefix
  * cache (no lookups counted). */
 LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_have_fixture("models/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
     char trace[600], extra[700];
     snprintf(trace, sizeof trace, "%s/trace-cache-%d.jsonl", lm_test_tmpdir(), (int)getpid());
     unlink(trace);

@@ -585,7 +585,7 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
  * summarised, and for a divergence the text of both prompts around it. */
 LM_TEST(server_trace_line_divergence_text) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures not found");
+    if (!fx_open(&f, "qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
     const char *a = "The quick brown fox jumps over the lazy dog. Alpha beta gamma";
     const char *b = "The quick brown fox jumps over the lazy dog. Omega delta";
     lm_tok_ids ia = { 0 }, ib = { 0 };

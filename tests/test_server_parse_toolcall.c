@@ -454,7 +454,7 @@ static int roundtrip_case(lm_test_ctx *lm_t_, const char *file, const json_t *cs
 }
 
 LM_TEST(parse_template_renderings_roundtrip) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found");
+    if (!lm_test_fixtures()) LM_SKIP("%s", lm_test_fixtures_why());
     static const char *const files[] = { "templates/qwen3/cases.jsonl", "templates/qwen38/cases.jsonl" };
     int turns = 0, calls = 0;
     for (size_t f = 0; f < LM_COUNT(files); f++) {

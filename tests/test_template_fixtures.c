@@ -107,7 +107,7 @@ static void run_named(lm_test_ctx *lm_t_, const char *name) {
     char rel[256];
     snprintf(rel, sizeof rel, "templates/%s", name);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     fx_result r = { 0 };
     run_dir(lm_t_, dir, &r);
     free(dir);
@@ -129,7 +129,7 @@ LM_TEST(template_fixture_laguna_v8) { run_named(lm_t_, "laguna-v8"); }
 /* Every directory under templates/, including ones added after this file. */
 LM_TEST(template_fixture_all_directories) {
     char *root = lm_test_fixture_path("templates");
-    if (!root) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!root) LM_SKIP("%s", lm_test_fixtures_why());
     DIR *d = opendir(root);
     if (!d) {
         free(root);
@@ -160,7 +160,7 @@ LM_TEST(template_fixture_all_directories) {
  * first failure when one does not. */
 LM_TEST(template_check_template_cli) {
     char *dir = lm_test_fixture_path("templates/qwen3");
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char cmd[2048], *out = NULL, *err = NULL;
     snprintf(cmd, sizeof cmd, "'%s' check-template '%s/chat_template.jinja' '%s/cases.jsonl'", lm_test_lumen_bin(), dir,
              dir);

@@ -65,7 +65,7 @@ static void run_fixture(lm_test_ctx *lm_t_, const char *name) {
     char rel[128];
     snprintf(rel, sizeof rel, "tokenizers/%s", name);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char path[1024], cmd[3072], *out = NULL, *err = NULL;
     snprintf(path, sizeof path, "%s/cases.jsonl", dir);
     size_t n1 = 0, n2 = 0;
@@ -125,7 +125,7 @@ LM_TEST(tokenizer_variant_nfkd) { run_variant(lm_t_, "variant-nfkd"); }
 /* The checker must fail, and say where, when a case is wrong. */
 LM_TEST(tokenizer_check_reports_failure) {
     char *dir = lm_test_fixture_path("tokenizers/tiny-bpe");
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char *cases = lm_tu_mkdir("tokcheck");
     char path[1024], cmd[3072], *out = NULL;
     snprintf(path, sizeof path, "%s/cases.jsonl", cases);
@@ -153,7 +153,7 @@ LM_TEST(tokenizer_check_reports_failure) {
 /* `lumen tokenize` prints ids and tokens. */
 LM_TEST(tokenizer_cli_tokenize) {
     char *dir = lm_test_fixture_path("tokenizers/qwen3");
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     char cmd[2048], *out = NULL;
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' 'Hello world'", lm_test_lumen_bin(), dir);
     LM_CHECK(lm_tu_run(cmd, &out, NULL) == 0);
@@ -166,7 +166,7 @@ LM_TEST(tokenizer_cli_tokenize) {
 
 LM_TEST(tokenizer_merges_both_encodings) {
     char *path = lm_test_fixture_path("tokenizers/tiny-bpe/tokenizer.json");
-    if (!path) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!path) LM_SKIP("%s", lm_test_fixtures_why());
     json_t *root = json_load_file(path, 0, NULL);
     LM_REQUIRE(root);
     json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
@@ -449,7 +449,7 @@ static lm_tokenizer *load_fixture(const char *name) {
 
 LM_TEST(tokenizer_invalid_utf8_input) {
     lm_tokenizer *t = load_fixture("qwen3");
-    if (!t) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!t) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err e = { { 0 } };
     lm_tok_ids a = { 0 }, b = { 0 };
     const char bad[] = "ok \xff\xfe \xe2\x82 end \xf0\x9f\x98";
@@ -464,7 +464,7 @@ LM_TEST(tokenizer_invalid_utf8_input) {
 
 LM_TEST(tokenizer_stream_whole_chars) {
     lm_tokenizer *t = load_fixture("qwen3");
-    if (!t) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!t) LM_SKIP("%s", lm_test_fixtures_why());
     const char *text = "A😀 émoji 👍🏽 日本語 \xF0\x9F\x8F\xB3\xEF\xB8\x8F\xE2\x80\x8D\xF0\x9F\x8C\x88!";
     lm_err e = { { 0 } };
     lm_tok_ids ids = { 0 };
@@ -521,7 +521,7 @@ LM_TEST(tokenizer_stream_whole_chars) {
 
 LM_TEST(tokenizer_config_fields) {
     lm_tokenizer *t = load_fixture("gemma3");
-    if (!t) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!t) LM_SKIP("%s", lm_test_fixtures_why());
     LM_CHECK(lm_tokenizer_chat_template(t) && strstr(lm_tokenizer_chat_template(t), "start_of_turn"));
     LM_CHECK(!strcmp(lm_tokenizer_bos_token(t), "<bos>") && lm_tokenizer_bos(t) == 2);
     LM_CHECK(!strcmp(lm_tokenizer_eos_token(t), "<end_of_turn>") && lm_tokenizer_eos(t) == 106);
@@ -574,7 +574,7 @@ static void *enc_thread(void *arg) {
 
 LM_TEST(tokenizer_threads) {
     lm_tokenizer *t = load_fixture("tiny-bpe");
-    if (!t) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!t) LM_SKIP("%s", lm_test_fixtures_why());
     const char *text = "Several threads share one tokenizer: the word cache is locked, "
                        "and a thread that finds it busy encodes without it. 12345 \xF0\x9F\x98\x80";
     enc_job jobs[4];

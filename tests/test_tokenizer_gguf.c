@@ -165,7 +165,9 @@ static bool write_gguf(const char *fixture, const char *out, bool spm, const cha
 }
 
 static void check_gguf(lm_test_ctx *lm_t_, const char *fixture, bool spm, const char *pre, bool add_bos) {
-    if (!lm_test_fixtures()) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    char tok_rel[256];
+    snprintf(tok_rel, sizeof tok_rel, "tokenizers/%s", fixture);
+    if (!lm_test_have_fixture(tok_rel)) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = lm_tu_mkdir("tokgguf");
     char g[1024], cmd[4096], *out = NULL, *err = NULL;
     snprintf(g, sizeof g, "%s/%s.gguf", dir, fixture);

@@ -100,7 +100,7 @@ void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, 
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", name);
     char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("../shared/fixtures not found (set LUMEN_FIXTURES)");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
     lm_tu_parity(lm_t_, dir, isa, threads, 3, NULL);
     free(dir);
 }

@@ -198,7 +198,7 @@ int lm_cmd_bench(int argc, char **argv) {
     double wbytes = (double)lm_model_weight_bytes(m);
     double prefill_tps = prompt_len / best_prefill, decode_tps = gen / best_decode;
     const bool gpu = !strcmp(be->name, "cuda");
-    int threads = gpu ? 0 : lm_cpu_backend_threads(be);
+    int threads = gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be));
     double bw = membw ? backend_copy_bandwidth(be, threads) : 0;
     /* a GPU has no separate streaming-read probe: its roofline is the copy figure */
     double rbw = membw ? (gpu ? bw : lm_read_bandwidth((size_t)1 << 30, threads, 5)) : 0;

@@ -190,9 +190,15 @@ int lm_cmd_run(int argc, char **argv) {
     printf("\n");
     /* n_done tokens were sampled, n_done - 1 of them needed a forward pass */
     int n_fwd = n_done > 0 ? n_done - 1 : 0;
-    fprintf(stderr, "load %.3f s | prefill %d tokens in %.3f s (%.1f tok/s) | decode %d tokens in %.3f s (%.1f tok/s) | %s, %d threads\n",
+    lm_backend *base = lm_backend_base(be);
+    char where[64];
+    if (!strcmp(base->name, "cpu"))
+        snprintf(where, sizeof where, "cpu, %d threads", lm_cpu_backend_threads(base));
+    else
+        snprintf(where, sizeof where, "%s", base->name);
+    fprintf(stderr, "load %.3f s | prefill %d tokens in %.3f s (%.1f tok/s) | decode %d tokens in %.3f s (%.1f tok/s) | %s\n",
             t_load, n_prompt, t_prefill, n_prompt / t_prefill, n_fwd, t_decode,
-            n_fwd > 0 ? n_fwd / t_decode : 0.0, be->name, lm_cpu_backend_threads(be));
+            n_fwd > 0 ? n_fwd / t_decode : 0.0, where);
     rc = 0;
     goto done;
 fail:

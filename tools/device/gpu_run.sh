@@ -14,7 +14,8 @@ C=$root/.device-carry
 mkdir -p /work && ln -sfn "$root" /work/main
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}
-export LUMEN_FIXTURES=$C/fixtures LUMEN_BIN=$C/bin/lumen
+# the pack holds one of two fixture sets: the others' tests skip, saying so
+export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1 LUMEN_BIN=$C/bin/lumen
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 L=$C/bin/lumen
@@ -23,7 +24,7 @@ case "${1:-}" in
 check)
   ldd "$L" | grep -E "not found|cublas" || true
   "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
-  LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed" | tail -n 40
+  LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed|Abort|assert" | tail -n 40
   for d in "$C"/fixtures/models/*/ "$root"/tests/data/{hybrid,moe,gemma}/*/ "$root/models/demo"; do
     [[ -f "$d/reference.safetensors" ]] || continue
     "$L" parity "$d" --device cuda 2>&1 | tail -n 1
