@@ -177,6 +177,8 @@ LM_TEST(cli_bench_batched_decode_on_demo_model) {
     if (j) {
         LM_CHECK(json_integer_value(json_object_get(j, "batch")) == 3);
         LM_CHECK(json_real_value(json_object_get(j, "decode_tok_s")) > 0);
+        double issue = json_real_value(json_object_get(j, "body_issue_ms")), body = json_real_value(json_object_get(j, "body_ms"));
+        LM_CHECK_MSG(issue > 0 && body >= issue, "body_issue_ms %g, body_ms %g", issue, body);
         json_decref(j);
     }
     free(out);

@@ -573,3 +573,114 @@ LM_TEST(cuda_argmax_rows_vs_cpu) {
     free(x);
     cu_close(&p);
 }
+
+/* ---- fused matmul forms ---------------------------------------------------------- */
+
+/* Max |a - b| / (|b| + 1e-30) over n values, and whether they are bitwise equal. */
+static double cu_relmax(const float *a, const float *b, int64_t n, bool *same) {
+    double m = 0;
+    *same = memcmp(a, b, (size_t)n * sizeof *a) == 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (fabs((double)b[i]) + 1e-30);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static lm_tensor cu_gpu_weight(cu_pair *p, lm_dtype wt, int64_t O, int64_t I, uint64_t *s) {
+    float *deq;
+    void *wh = cu_weight(wt, O, I, s, &deq);
+    lm_err e = { { 0 } };
+    lm_tensor w = { .type = wt, .rows = O, .cols = I };
+    LM_ASSERT(p->gpu->ops->upload_weight(p->gpu, &w, wh, &e) == 0);
+    free(wh);
+    free(deq);
+    return w;
+}
+
+/* matmul_n (q, k, v sharing x; a bias on one), matmul_glu (silu and both
+ * gelus) and matmul_add against the plain ops they stand for, on the GPU:
+ * the fused GEMV (T <= 8, bf16/f16 with 16-byte rows) and the fallbacks
+ * (larger T, f32 weights, I not a multiple of 8). Rows per block are 4, so
+ * the odd widths leave partial blocks. */
+LM_TEST(cuda_fused_matmuls_equal_composed) {
+    CU_SETUP(p);
+    lm_backend *g = p.gpu;
+    const struct lm_backend_ops *op = g->ops;
+    LM_REQUIRE(op->matmul_n && op->matmul_glu && op->matmul_add);
+    static const int64_t Ts[] = { 1, 3, 8, 9, 40 }, Is[] = { 256, 100 };
+    uint64_t s = 77;
+    int cases = 0, bitwise = 0;
+    double worst = 0;
+    for (size_t ti = 0; ti < LM_COUNT(Ts); ti++)
+        for (size_t ii = 0; ii < LM_COUNT(Is); ii++)
+            for (size_t wi = 0; wi < LM_COUNT(cu_wtypes); wi++) {
+                const int64_t T = Ts[ti], I = Is[ii], Oq = 96, Ok = 33, F = 201;
+                const lm_dtype wt = cu_wtypes[wi];
+                lm_tensor wq = cu_gpu_weight(&p, wt, Oq, I, &s), wk = cu_gpu_weight(&p, wt, Ok, I, &s);
+                lm_tensor wv = cu_gpu_weight(&p, wt, Ok, I, &s), wg = cu_gpu_weight(&p, wt, F, I, &s);
+                lm_tensor wu = cu_gpu_weight(&p, wt, F, I, &s), wd = cu_gpu_weight(&p, wt, Oq, F, &s);
+                float *xh = cu_randv(&s, T * I, 1.0f), *bh = cu_randv(&s, Ok, 0.5f), *rh = cu_randv(&s, T * Oq, 1.0f);
+                float *ah = cu_randv(&s, T * F, 1.0f);
+                lm_tensor x = cu_put(g, xh, T, I), bk = cu_put(g, bh, 1, Ok), a = cu_put(g, ah, T, F);
+                /* matmul_n vs three matmuls */
+                lm_tensor y1[3] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok) };
+                lm_tensor y2[3] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok) };
+                lm_tensor *ys[3] = { &y1[0], &y1[1], &y1[2] };
+                const lm_tensor *ws[3] = { &wq, &wk, &wv }, *bs[3] = { NULL, &bk, NULL };
+                op->matmul_n(g, 3, ys, &x, ws, bs);
+                for (int i = 0; i < 3; i++) op->matmul(g, &y2[i], &x, ws[i], bs[i]);
+                for (int i = 0; i < 3; i++) {
+                    float *f = cu_get(g, &y1[i]), *u = cu_get(g, &y2[i]);
+                    bool same;
+                    double r = cu_relmax(f, u, y1[i].rows * y1[i].cols, &same);
+                    worst = r > worst ? r : worst;
+                    bitwise += same, cases++;
+                    LM_CHECK_MSG(r <= 1e-6, "matmul_n %s T=%lld I=%lld out %d: rel %.3g", lm_dtype_name(wt),
+                                 (long long)T, (long long)I, i, r);
+                    free(f), free(u);
+                }
+                /* matmul_glu vs matmul, matmul, act_mul */
+                for (int act = 0; act < 3; act++) {
+                    lm_tensor yf = cu_put(g, NULL, T, F), yc = cu_put(g, NULL, T, F);
+                    lm_tensor gw = cu_put(g, NULL, T, F), uw = cu_put(g, NULL, T, F);
+                    op->matmul_glu(g, &yf, &x, &wg, &wu, (lm_glu)act, &gw, &uw);
+                    op->matmul(g, &gw, &x, &wg, NULL);
+                    op->matmul(g, &uw, &x, &wu, NULL);
+                    if (act == LM_GLU_SILU) op->silu_mul(g, &yc, &gw, &uw);
+                    else op->gelu_mul(g, &yc, &gw, &uw, act == LM_GLU_GELU_TANH);
+                    float *f = cu_get(g, &yf), *u = cu_get(g, &yc);
+                    bool same;
+                    double r = cu_relmax(f, u, T * F, &same);
+                    worst = r > worst ? r : worst;
+                    bitwise += same, cases++;
+                    LM_CHECK_MSG(r <= 1e-6, "matmul_glu act %d %s T=%lld I=%lld: rel %.3g", act, lm_dtype_name(wt),
+                                 (long long)T, (long long)I, r);
+                    free(f), free(u);
+                    lm_tensor_release(g, &yf), lm_tensor_release(g, &yc), lm_tensor_release(g, &gw),
+                        lm_tensor_release(g, &uw);
+                }
+                /* matmul_add vs matmul + add, on a down projection */
+                {
+                    lm_tensor yf = cu_put(g, rh, T, Oq), yc = cu_put(g, rh, T, Oq), ws1 = cu_put(g, NULL, T, Oq);
+                    op->matmul_add(g, &yf, &a, &wd, &ws1);
+                    op->matmul(g, &ws1, &a, &wd, NULL);
+                    op->add(g, &yc, &ws1);
+                    float *f = cu_get(g, &yf), *u = cu_get(g, &yc);
+                    bool same;
+                    double r = cu_relmax(f, u, T * Oq, &same);
+                    worst = r > worst ? r : worst;
+                    bitwise += same, cases++;
+                    LM_CHECK_MSG(r <= 1e-6, "matmul_add %s T=%lld: rel %.3g", lm_dtype_name(wt), (long long)T, r);
+                    free(f), free(u);
+                    lm_tensor_release(g, &yf), lm_tensor_release(g, &yc), lm_tensor_release(g, &ws1);
+                }
+                for (int i = 0; i < 3; i++) lm_tensor_release(g, &y1[i]), lm_tensor_release(g, &y2[i]);
+                lm_tensor_release(g, &x), lm_tensor_release(g, &bk), lm_tensor_release(g, &a);
+                lm_tensor *wall[] = { &wq, &wk, &wv, &wg, &wu, &wd };
+                for (size_t i = 0; i < LM_COUNT(wall); i++) g->ops->free(g, wall[i]->data);
+                free(xh), free(bh), free(rh), free(ah);
+            }
+    printf("  fused vs composed: %d cases, %d bitwise equal, worst relative difference %.3g\n", cases, bitwise, worst);
+    cu_close(&p);
+}

@@ -6,9 +6,12 @@
  * Measures, on one GPU:
  *   copy   device-to-device cudaMemcpy of 2 GiB; GB/s counts bytes read plus
  *          bytes written (the STREAM convention)
- *   gemv   the matmul op at T = 1 and T = 4 for bf16 weights [4096][4096],
- *          [14336][4096], [4096][14336], [128256][4096]: GB/s of weight bytes
- *          and % of the copy figure
+ *   launch a chain of small ops (rms_norm, scale on one 4096 row) issued on
+ *          the stream and replayed from a CUDA graph: device and host
+ *          microseconds per op, and what capture / instantiate / update cost
+ *   gemv   the matmul op at T = 1, 2, 4, 8 for the bf16 weights of a
+ *          Llama-3.1-8B layer (k/v, q/o, fused qkv, gate, fused gate+up,
+ *          down) and its head: GB/s of weight bytes and % of the copy figure
  *   gemm   the matmul op at T = 4096 on a bf16 [4096][4096] weight, TFLOP/s
  *          (2 T O I flops per call), in the default hi/lo split mode and in
  *          LUMEN_CUDA_GEMM=bf16 mode
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef LUMEN_HAVE_CUDA
 int main(void) {
@@ -165,6 +169,88 @@ static void bc_gemm(lm_backend *be, const char *mode) {
     bc_free_weights(be, w, 2);
 }
 
+static double bc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A decode step's small ops: N rms_norm + add pairs on one [1][4096] row,
+ * issued on the stream, and the same captured once into a CUDA graph and
+ * replayed; microseconds per op on the device and on the host. */
+static void bc_launch(lm_backend *be) {
+    enum { N = 224, REPS = 21 };
+    lm_tensor x = bc_act(be, 1, 4096, true), y = bc_act(be, 1, 4096, false), w = bc_act(be, 1, 4096, true);
+    cudaStream_t st = lm_cuda_backend_stream(be);
+    cudaEvent_t a, b;
+    BC_CHECK(cudaEventCreate(&a));
+    BC_CHECK(cudaEventCreate(&b));
+    float ms[REPS];
+    double host[REPS];
+    for (int r = 0; r < REPS; r++) {
+        BC_CHECK(cudaEventRecord(a, st));
+        double t0 = bc_now();
+        for (int i = 0; i < N; i++) {
+            be->ops->rms_norm(be, &y, &x, &w, 1e-5f, 0.0f);
+            be->ops->scale(be, &y, 0.5f);
+        }
+        host[r] = bc_now() - t0;
+        BC_CHECK(cudaEventRecord(b, st));
+        BC_CHECK(cudaEventSynchronize(b));
+        BC_CHECK(cudaEventElapsedTime(&ms[r], a, b));
+    }
+    float sm = bc_median(ms, REPS);
+    double hmin = host[0];
+    for (int r = 1; r < REPS; r++) hmin = host[r] < hmin ? host[r] : hmin;
+    printf("launch stream: %d small ops: %.2f us/op on the device, %.2f us/op to issue\n", 2 * N, 1e3 * sm / (2 * N),
+           1e6 * hmin / (2 * N));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    double t0 = bc_now();
+    BC_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < N; i++) {
+        be->ops->rms_norm(be, &y, &x, &w, 1e-5f, 0.0f);
+        be->ops->scale(be, &y, 0.5f);
+    }
+    BC_CHECK(cudaStreamEndCapture(st, &g));
+    double t1 = bc_now();
+    BC_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    double t2 = bc_now();
+    /* a second capture of the same ops, applied by update (what a re-captured step costs) */
+    cudaGraph_t g2;
+    BC_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < N; i++) {
+        be->ops->rms_norm(be, &y, &x, &w, 1e-5f, 0.0f);
+        be->ops->scale(be, &y, 0.5f);
+    }
+    BC_CHECK(cudaStreamEndCapture(st, &g2));
+    double t3 = bc_now();
+    cudaGraphExecUpdateResultInfo info;
+    BC_CHECK(cudaGraphExecUpdate(ge, g2, &info));
+    double t4 = bc_now();
+    for (int r = 0; r < REPS; r++) {
+        BC_CHECK(cudaEventRecord(a, st));
+        double h0 = bc_now();
+        BC_CHECK(cudaGraphLaunch(ge, st));
+        host[r] = bc_now() - h0;
+        BC_CHECK(cudaEventRecord(b, st));
+        BC_CHECK(cudaEventSynchronize(b));
+        BC_CHECK(cudaEventElapsedTime(&ms[r], a, b));
+    }
+    float gm = bc_median(ms, REPS);
+    printf("launch graph:  %.2f us/op on the device; capture %.2f us/op, instantiate %.0f us, update %.0f us, "
+           "launch %.0f us\n",
+           1e3 * gm / (2 * N), 1e6 * (t1 - t0) / (2 * N), 1e6 * (t2 - t1), 1e6 * (t4 - t3), 1e6 * host[REPS - 1]);
+    BC_CHECK(cudaGraphExecDestroy(ge));
+    BC_CHECK(cudaGraphDestroy(g));
+    BC_CHECK(cudaGraphDestroy(g2));
+    BC_CHECK(cudaEventDestroy(a));
+    BC_CHECK(cudaEventDestroy(b));
+    lm_tensor_release(be, &x);
+    lm_tensor_release(be, &y);
+    lm_tensor_release(be, &w);
+}
+
 int main(int argc, char **argv) {
     int device = argc > 1 ? atoi(argv[1]) : 0;
     char why[512];
@@ -182,9 +268,12 @@ int main(int argc, char **argv) {
     }
     double copy = bc_copy_gbs(be);
     printf("copy  device-to-device 2 GiB: %.0f GB/s (read + write)\n\n", copy);
+    bc_launch(be);
+    printf("\n");
 
-    static const int64_t shapes[][2] = { { 4096, 4096 }, { 14336, 4096 }, { 4096, 14336 }, { 128256, 4096 } };
-    static const int64_t Ts[] = { 1, 4 };
+    static const int64_t shapes[][2] = { { 1024, 4096 },  { 4096, 4096 },  { 6144, 4096 },  { 14336, 4096 },
+                                         { 28672, 4096 }, { 4096, 14336 }, { 128256, 4096 } };
+    static const int64_t Ts[] = { 1, 2, 4, 8 };
     printf("%-6s %-16s %-3s %10s %10s %8s\n", "op", "weight [O][I]", "T", "us/call", "GB/s", "% copy");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t O = shapes[si][0], I = shapes[si][1];
@@ -192,7 +281,7 @@ int main(int argc, char **argv) {
         int n_w = (int)((512.0 * 1048576.0 + wbytes - 1) / wbytes);
         if (n_w < 2) n_w = 2;
         lm_tensor *w = bc_weights(be, O, I, n_w);
-        for (size_t ti = 0; ti < 2; ti++) {
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int64_t T = Ts[ti];
             lm_tensor x = bc_act(be, T, I, true), y = bc_act(be, T, O, false);
             int inner = wbytes < 64e6 ? 20 : wbytes < 256e6 ? 5 : 1;

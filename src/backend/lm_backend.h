@@ -121,6 +121,9 @@ void lm_check_gated_delta(const lm_tensor *out, const lm_tensor *qkv, const lm_t
                           const lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
 void lm_check_moe(const lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits, const lm_moe_params *p);
 
+/* The activation of a gated MLP (matmul_glu). */
+typedef enum lm_glu { LM_GLU_SILU = 0, LM_GLU_GELU_TANH, LM_GLU_GELU } lm_glu;
+
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {
@@ -200,6 +203,29 @@ struct lm_backend_ops {
     /* host_ids[r] = lm_argmax of row r of x [rows][cols] (f32): greedy
      * decoding without copying logits to the host. Waits for the result. */
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+    /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
+     * lm_op_matmul_glu and lm_op_matmul_add compose them from the ops
+     * above). Results equal the composed ops' up to rounding. */
+    /* y[i] = x W[i]^T (+ bias[i]) for n <= 3 weights sharing x (q, k, v);
+     * bias NULL or [n] of optional tensors. */
+    void (*matmul_n)(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                     const lm_tensor *const *bias);
+    /* y[T][F] = act(x Wg^T) * (x Wu^T); gate_ws and up_ws [T][F] are
+     * workspace the backend may use. */
+    void (*matmul_glu)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg,
+                       const lm_tensor *wu, lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
+    /* y += x W^T (the residual add fused); ws [T][O] is workspace. */
+    void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+    /* Optional (NULL: not offered): replaying a forward as one recorded
+     * launch (CUDA graphs). lm_model_forward calls graph_begin(key), with
+     * key naming the batch's shape, not its data; a nonzero answer starts a
+     * pass in which the backend may defer reads (read, argmax_rows) until
+     * graph_end. graph_end(ok) finishes the pass: 0 when its work is done and
+     * every read has landed, 1 when the caller must run the same forward
+     * again (the backend has switched to issuing it for real) and then call
+     * graph_end again. A pass never issues work the eager path would not. */
+    int (*graph_begin)(lm_backend *be, uint64_t key);
+    int (*graph_end)(lm_backend *be, bool ok);
     void (*destroy)(lm_backend *be);
 };
 
@@ -245,6 +271,9 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e);
 bool lm_cuda_available(char *why, size_t n);
 /* Bytes of device memory free now and in all (0, 0 on non-GPU backends). */
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* Forwards run as replayed CUDA graphs so far, and graphs captured (0, 0 on
+ * backends without graphs). */
+void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured);
 /* Waits until every op enqueued on be has run (no-op on the CPU). */
 void lm_backend_sync(lm_backend *be);
 

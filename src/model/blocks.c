@@ -73,8 +73,40 @@ void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *nt, int l
     lm_bind_vector(b, &L->k_norm, lm_bind_name(n, sizeof n, nt->k_norm, l), c->head_dim, c->qk_norm);
 }
 
+/* ---- fused matmul forms, composed from plain ops where a backend lacks them ---- */
+
+void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                    const lm_tensor *const *bias) {
+    if (be->ops->matmul_n) {
+        be->ops->matmul_n(be, n, y, x, w, bias);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->ops->matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
+}
+
+void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws) {
+    if (be->ops->matmul_glu) {
+        be->ops->matmul_glu(be, y, x, wg, wu, act, gate_ws, up_ws);
+        return;
+    }
+    be->ops->matmul(be, gate_ws, x, wg, NULL);
+    be->ops->matmul(be, up_ws, x, wu, NULL);
+    if (act == LM_GLU_SILU) be->ops->silu_mul(be, y, gate_ws, up_ws);
+    else be->ops->gelu_mul(be, y, gate_ws, up_ws, act == LM_GLU_GELU_TANH);
+}
+
+void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws) {
+    if (be->ops->matmul_add) {
+        be->ops->matmul_add(be, y, x, w, ws);
+        return;
+    }
+    be->ops->matmul(be, ws, x, w, NULL);
+    be->ops->add(be, y, ws);
+}
+
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
-                     const lm_batch *b) {
+                     const lm_batch *b, lm_tensor *residual) {
     const int T = b->n_tokens;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
@@ -91,9 +123,11 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
     ap.window = c->layer_sliding[layer] ? c->sliding_window : 0;
 
-    op->matmul(be, &q, &h, &L->wq, opt(&L->bq));
-    op->matmul(be, &k, &h, &L->wk, opt(&L->bk));
-    op->matmul(be, &v, &h, &L->wv, opt(&L->bv));
+    {
+        lm_tensor *ys[3] = { &q, &k, &v };
+        const lm_tensor *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { opt(&L->bq), opt(&L->bk), opt(&L->bv) };
+        lm_op_matmul_n(be, 3, ys, &h, ws, bs);
+    }
     lm_tensor *qr = &q, *kr = &k;
     if (c->qk_norm) {
         op->rms_norm(be, &qn, &q, &L->q_norm, c->norm_eps, 0);
@@ -105,7 +139,12 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     op->rope(be, kr, b->pos, &rk);
     op->kv_write(be, kv, layer, kr, &v, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
-    op->matmul(be, &o, &attn, &L->wo, opt(&L->bo));
+    if (residual && !L->bo.data) {
+        lm_op_matmul_add(be, residual, &attn, &L->wo, &o);
+    } else {
+        op->matmul(be, &o, &attn, &L->wo, opt(&L->bo));
+        if (residual) op->add(be, residual, &o);
+    }
 }
 
 /* ---- dense MLP ---- */
@@ -119,16 +158,20 @@ void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up
     lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
 }
 
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h) {
-    const struct lm_backend_ops *op = m->be->ops;
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
+                    bool add) {
     const int64_t T = h->rows, F = L->gate.rows;
     LM_ASSERT(F <= s->ff && T <= s->cap_tokens);
     lm_tensor gate = { LM_F32, T, F, s->gate.data }, up = { LM_F32, T, F, s->up.data };
     lm_tensor act = { LM_F32, T, F, s->act.data };
-    op->matmul(m->be, &gate, h, &L->gate, NULL);
-    op->matmul(m->be, &up, h, &L->up, NULL);
-    op->silu_mul(m->be, &act, &gate, &up);
-    op->matmul(m->be, out, &act, &L->down, NULL);
+    lm_op_matmul_glu(m->be, &act, h, &L->gate, &L->up, LM_GLU_SILU, &gate, &up);
+    if (add) {
+        lm_tensor ws = lm_tensor_rows(&s->o, 0, T);
+        LM_ASSERT(ws.data != out->data);
+        lm_op_matmul_add(m->be, out, &act, &L->down, &ws);
+    } else {
+        m->be->ops->matmul(m->be, out, &act, &L->down, NULL);
+    }
 }
 
 /* ---- output ---- */

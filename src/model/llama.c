@@ -35,18 +35,14 @@ static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     const struct lm_backend_ops *op = be->ops;
 
     lm_tensor x = lm_tensor_rows(&s->x, 0, T), h = lm_tensor_rows(&s->h, 0, T);
-    lm_tensor o = lm_tensor_rows(&s->o, 0, T);
 
     op->get_rows(be, &x, &m->embed, b->tokens);
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &L0->layers[l];
         op->rms_norm(be, &h, &x, &L->attn_norm, c->norm_eps, 0);
-        lm_attn_forward(m, s, &L->attn, l, kv, b);
-        op->add(be, &x, &o);
-
+        lm_attn_forward(m, s, &L->attn, l, kv, b, &x);
         op->rms_norm(be, &h, &x, &L->ffn_norm, c->norm_eps, 0);
-        lm_mlp_forward(m, s, &L->mlp, &o, &h);
-        op->add(be, &x, &o);
+        lm_mlp_forward(m, s, &L->mlp, &x, &h, true);
     }
     lm_head_forward(m, s, b, logits);
     return 0;

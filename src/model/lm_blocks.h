@@ -44,9 +44,11 @@ extern const lm_attn_names lm_attn_hf_names, lm_attn_gguf_names;
 void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *n, int layer);
 
 /* s->o[T][D] = Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h) for the
- * batch, h = s->h (the normed input); writes the layer's keys and values. */
+ * batch, h = s->h (the normed input); writes the layer's keys and values.
+ * With residual (e.g. s->x), adds the output there instead (s->o is then
+ * scratch). */
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
-                     const lm_batch *b);
+                     const lm_batch *b, lm_tensor *residual);
 
 /* ---- dense SwiGLU MLP ---- */
 
@@ -56,8 +58,20 @@ typedef struct lm_mlp_layer {
 
 void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int layer,
                  int64_t F);
-/* out[T][D] = Wdown (silu(Wgate h) * Wup h); uses s->gate/up/act (F <= s->ff). */
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h);
+/* out[T][D] = Wdown (silu(Wgate h) * Wup h), or out += that when add (out
+ * not s->o, which is then scratch); uses s->gate/up/act (F <= s->ff). */
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
+                    bool add);
+
+/* ---- fused matmul forms ---- */
+
+/* The backend's fused op when it has one, else the plain ops it stands for
+ * (lm_backend.h: matmul_n, matmul_glu, matmul_add). */
+void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                    const lm_tensor *const *bias);
+void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
+void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
 
 /* ---- output ---- */
 

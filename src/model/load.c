@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "../base/lm_file.h"
 #include "lm_arch.h"
 #include "lm_gguf_config.h"
@@ -109,8 +111,34 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
     return 0;
 }
 
+/* Batches small enough to be worth a graph (decode steps, short drafts);
+ * prefill chunks run long kernels, where launches cost nothing. */
+#define LM_GRAPH_MAX_TOKENS 256
+
+/* The batch's shape, for the backend's graph cache: what decides which
+ * launches a forward makes apart from the data (positions, ids, tables). */
+static uint64_t lm_batch_shape_key(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, const float *logits) {
+    uint64_t h = XXH3_64bits_withSeed(&m, sizeof m, 0);
+    int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL,
+                      b->out_argmax != NULL, b->out_logits != NULL, logits != NULL };
+    h = XXH3_64bits_withSeed(hdr, sizeof hdr, h);
+    h = XXH3_64bits_withSeed(b->seq, (size_t)b->n_tokens * sizeof *b->seq, h);
+    if (b->n_out) h = XXH3_64bits_withSeed(b->out_rows, (size_t)b->n_out * sizeof *b->out_rows, h);
+    if (b->out_logits && b->n_out) h = XXH3_64bits_withSeed(b->out_logits, (size_t)b->n_out, h);
+    return h;
+}
+
 int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
     if (lm_model_check_batch(m, kv, b, e)) return -1;
+    lm_backend *be = m->be;
+    if (be->ops->graph_begin && b->n_tokens <= LM_GRAPH_MAX_TOKENS &&
+        be->ops->graph_begin(be, lm_batch_shape_key(m, kv, b, logits))) {
+        /* at most three passes: replay, capture, eager (see lm_backend.h) */
+        for (;;) {
+            int rc = m->arch->forward(m, kv, b, logits, e);
+            if (be->ops->graph_end(be, rc == 0) == 0) return rc;
+        }
+    }
     return m->arch->forward(m, kv, b, logits, e);
 }
 

@@ -509,9 +509,7 @@ static void mlp(const q35_step *st, const lm_q35_ffn *f, lm_tensor *out, const l
     const int64_t F = f->gate.rows;
     lm_tensor fg = rows(&s->fg, st->T), fu = rows(&s->fu, st->T), fa = rows(&s->fa, st->T);
     fg.cols = fu.cols = fa.cols = F; /* views of the widest buffers: rows of F */
-    op->matmul(be, &fg, h, &f->gate, NULL);
-    op->matmul(be, &fu, h, &f->up, NULL);
-    op->silu_mul(be, &fa, &fg, &fu);
+    lm_op_matmul_glu(be, &fa, h, &f->gate, &f->up, LM_GLU_SILU, &fg, &fu);
     op->matmul(be, out, &fa, &f->down, NULL);
 }
 

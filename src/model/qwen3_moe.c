@@ -52,13 +52,15 @@ static int qmoe_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *l
     for (int l = 0; l < c->n_layers; l++) {
         const qmoe_layer *L = &q->layers[l];
         op->rms_norm(be, &h, &x, &L->attn_norm, c->norm_eps, 0);
-        lm_attn_forward(m, s, &L->attn, l, kv, b);
-        op->add(be, &x, &o);
+        lm_attn_forward(m, s, &L->attn, l, kv, b, &x);
 
         op->rms_norm(be, &h, &x, &L->ffn_norm, c->norm_eps, 0);
-        if (c->layer_moe[l]) lm_moe_forward(m, &L->moe, &o, &h, &q->router_logits);
-        else lm_mlp_forward(m, s, &L->mlp, &o, &h);
-        op->add(be, &x, &o);
+        if (c->layer_moe[l]) {
+            lm_moe_forward(m, &L->moe, &o, &h, &q->router_logits);
+            op->add(be, &x, &o);
+        } else {
+            lm_mlp_forward(m, s, &L->mlp, &x, &h, true);
+        }
     }
     lm_head_forward(m, s, b, logits);
     return 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | llama | qwen27 | final |
+# (binaries from .device-carry). SET: kernels | diag | llama | qwen27 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -24,6 +24,12 @@ for set in "$@"; do
   echo "== $set"
   case $set in
   kernels) "$C/bin/bench_cuda_gemv" ;;
+  diag) # where a Llama-8B decode step goes: host issue vs device time, then every op timed alone
+    model /dev/shm/l8 llama-3.1-8b
+    for B in 1 8 32; do
+      for gr in 1 0; do LUMEN_CUDA_GRAPHS=$gr "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64; done
+    done
+    LUMEN_PROFILE=1 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 128 --gen 32 2>&1 | head -n 40 ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   final) # lumen and the transformers peer on the same machine in one run

@@ -93,12 +93,17 @@ static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *
                 LM_ASSERT(table[i] >= 0 && table[i] < kv->n_blocks);
         total += (size_t)(maxp[s] / bs + 1);
     }
-    size_t n = 2 * (size_t)T + (size_t)S + total + n_extra;
-    int32_t *h = (int32_t *)lm_xmalloc(LM_MAX(n, (size_t)1) * sizeof(int32_t));
+    /* Layout [pos T][seq T][tab_off S][extra][tables], its size rounded up
+     * to a power of two (>= 1024 ints): the pointers and the size are then
+     * the same from step to step of a decode, which a CUDA graph replay
+     * needs (cuda_graph.cu), while the tables grow a block at a time. */
+    size_t n = 2 * (size_t)T + (size_t)S + n_extra + total, n_alloc = 1024;
+    while (n_alloc < n) n_alloc *= 2;
+    int32_t *h = (int32_t *)lm_xcalloc(n_alloc, sizeof(int32_t));
     memcpy(h, b->pos, (size_t)T * sizeof(int32_t));
     memcpy(h + T, b->seq, (size_t)T * sizeof(int32_t));
     off = h + 2 * T;
-    int32_t *tab = off + S;
+    int32_t *tab = off + S + n_extra;
     size_t at = 0;
     for (int s = 0; s < S; s++) {
         off[s] = (int32_t)at;
@@ -107,11 +112,11 @@ static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *
         memcpy(tab + at, b->block_tables[s], len * sizeof(int32_t));
         at += len;
     }
-    if (n_extra) memcpy(tab + total, extra, n_extra * sizeof(int32_t));
-    const int32_t *d = (const int32_t *)lm_cuda_stage(c, h, n * sizeof(int32_t));
+    if (n_extra) memcpy(off + S, extra, n_extra * sizeof(int32_t));
+    const int32_t *d = (const int32_t *)lm_cuda_stage(c, h, n_alloc * sizeof(int32_t));
     free(h);
     free(maxp);
-    att_dev r = { d, d + T, d + 2 * T + S, d + 2 * T, d + 2 * T + S + total };
+    att_dev r = { d, d + T, d + 2 * T + S + n_extra, d + 2 * T, d + 2 * T + S };
     return r;
 }
 
@@ -140,7 +145,7 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
     att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
-    att_kv_write_kernel<<<dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, c->stream>>>(kv->k[layer], kv->v[layer], (const float *)k->data,
+    lm_cuda_launch(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, kv->k[layer], kv->v[layer], (const float *)k->data,
                                                              (const float *)v->data, k->cols, kv->kv_width,
                                                              kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
@@ -356,7 +361,7 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
 /* Merges the ns > 1 splits into out. */
 static void att_combine(lm_cuda *c, const att_args *a, int T) {
     if (a->n_splits <= 1) return;
-    att_combine_kernel<<<dim3((unsigned)a->H, (unsigned)T), 128, 0, c->stream>>>(a->out, a->out_ld, a->pm, a->pl,
+    lm_cuda_launch(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm, a->pl,
                                                                                a->pacc, a->H, a->Dh, a->n_splits);
     LM_CUDA_LAUNCHED("att_combine_kernel");
 }
@@ -456,7 +461,7 @@ static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
     if (smem > 48 * 1024)
         LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
-    att_decode_kernel<DPL, GM><<<grid, ATT_DEC_WARPS * 32, smem, c->stream>>>(*a);
+    lm_cuda_launch(c, att_decode_kernel<DPL, GM>, grid, ATT_DEC_WARPS * 32, smem, *a);
     LM_CUDA_LAUNCHED("att_decode_kernel");
 }
 
@@ -494,7 +499,7 @@ static void att_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     if (!opted)
         LM_CUDA_CHECK(cudaFuncSetAttribute(att_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     opted = true;
-    att_kernel<ND><<<grid, ATT_THREADS, smem, c->stream>>>(*a);
+    lm_cuda_launch(c, att_kernel<ND>, grid, ATT_THREADS, smem, *a);
     LM_CUDA_LAUNCHED("att_kernel");
 }
 

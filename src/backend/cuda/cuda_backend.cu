@@ -48,6 +48,7 @@ __thread int lm_cuda_current_device = -1;
 #define LM_CUDA_STAGE_SEGS 8
 #define LM_CUDA_STAGE_ALIGN 256
 #define LM_CUDA_UPLOAD_CHUNK ((size_t)8 << 20)
+#define LM_CUDA_BLAS_WS ((size_t)32 << 20)
 #define LM_MIB(b) ((double)(b) / (1024.0 * 1024.0))
 
 typedef struct lm_cuda_ctx {
@@ -64,6 +65,7 @@ typedef struct lm_cuda_ctx {
     unsigned char *up_host[2]; /* pinned upload buffers, LM_CUDA_UPLOAD_CHUNK each (lazy) */
     cudaEvent_t up_ev[2];
     void *mm_ws; /* lm_cuda_matmul_ws */
+    void *blas_ws; /* cuBLAS's workspace, fixed so that captured GEMMs can replay */
     size_t mm_ws_cap;
     char dev_name[256];
 } lm_cuda_ctx;
@@ -162,6 +164,7 @@ bool lm_cuda_available(char *why, size_t n) { return lm_cuda_probe(0, why, n, NU
 static void *lm_cuda_alloc(lm_backend *be, size_t bytes) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
+    lm_cuda_graph_abandon(c); /* a new buffer: the pass's pointers change */
     size_t b = bytes ? bytes : 1;
     void *p = NULL;
     if (cudaMalloc(&p, b) != cudaSuccess) {
@@ -176,6 +179,7 @@ static void lm_cuda_free(lm_backend *be, void *p) {
     if (!p) return;
     lm_cuda_ctx *x = lm_cuda_ctx_of(be);
     lm_cuda_use(&x->c);
+    lm_cuda_graph_abandon(&x->c);
     for (size_t i = 0; i < x->n_weights; i++)
         if (x->weights[i] == p) {
             x->weights[i] = x->weights[--x->n_weights];
@@ -187,6 +191,10 @@ static void lm_cuda_free(lm_backend *be, void *p) {
 static void lm_cuda_read(lm_backend *be, void *host_dst, const void *src, size_t bytes) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
+    if (c->gmode != LM_G_OFF) { /* the forward's output: after the graph */
+        lm_cuda_graph_defer_read(c, host_dst, src, bytes);
+        return;
+    }
     if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
@@ -196,13 +204,36 @@ static void lm_cuda_read(lm_backend *be, void *host_dst, const void *src, size_t
 static void lm_cuda_write(lm_backend *be, void *dst, const void *host_src, size_t bytes) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
+    if (c->gmode != LM_G_OFF) { /* not in a graph: the eager rerun writes */
+        lm_cuda_graph_abandon(c);
+        return;
+    }
     if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
 }
 
 static void lm_cuda_clear(lm_backend *be, void *dst, size_t bytes) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
-    if (bytes) LM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, c->stream));
+    lm_cuda_memset(c, dst, 0, bytes);
+}
+
+void lm_cuda_memset(lm_cuda *c, void *p, int v, size_t bytes) {
+    struct {
+        void *p;
+        int64_t v;
+        uint64_t n;
+    } d = { p, v, bytes };
+    if (bytes && lm_cuda_gate(c, &d, sizeof d)) LM_CUDA_CHECK(cudaMemsetAsync(p, v, bytes, c->stream));
+}
+
+void lm_cuda_memcpy_d2d(lm_cuda *c, void *dst, const void *src, size_t bytes) {
+    struct {
+        void *d;
+        const void *s;
+        uint64_t n;
+    } d = { dst, src, bytes };
+    if (bytes && lm_cuda_gate(c, &d, sizeof d))
+        LM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
 /* memmove semantics, as the CPU backend: overlapping ranges go through a
@@ -213,6 +244,8 @@ static void lm_cuda_copy(lm_backend *be, void *dst, const void *src, size_t byte
     if (!bytes || dst == src) return;
     const char *d = (const char *)dst, *s = (const char *)src;
     if (d < s + bytes && s < d + bytes) {
+        lm_cuda_graph_abandon(c); /* rare; a temporary buffer */
+        if (c->gmode != LM_G_OFF) return;
         void *tmp = NULL;
         LM_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, c->stream));
         LM_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
@@ -220,7 +253,7 @@ static void lm_cuda_copy(lm_backend *be, void *dst, const void *src, size_t byte
         LM_CUDA_CHECK(cudaFreeAsync(tmp, c->stream));
         return;
     }
-    LM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    lm_cuda_memcpy_d2d(c, dst, src, bytes);
 }
 
 static size_t lm_cuda_elt_bytes(lm_dtype t) {
@@ -246,6 +279,7 @@ static int lm_cuda_upload_weight(lm_backend *be, lm_tensor *t, const void *host_
         return lm_errf(e, "cuda backend: weight [%lld][%lld] has an invalid shape", (long long)t->rows,
                        (long long)t->cols);
     lm_cuda_use(c);
+    LM_ASSERT(c->gmode == LM_G_OFF); /* weights load outside forwards */
     size_t bytes = (size_t)t->rows * (size_t)t->cols * elt;
     void *d = NULL;
     if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) {
@@ -324,6 +358,7 @@ static void lm_cuda_stage_grow(lm_cuda_ctx *x, size_t need) {
 void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes) {
     lm_cuda_ctx *x = lm_cuda_ctx_c(c);
     if (bytes == 0) return c->stage_dev; /* a valid pointer that nothing reads */
+    if (c->gmode != LM_G_OFF) return lm_cuda_graph_stage(c, host, bytes);
     size_t a = lm_align_up(bytes, LM_CUDA_STAGE_ALIGN);
     if (a > c->stage_cap / 4) lm_cuda_stage_grow(x, 4 * a);
     size_t seg = c->stage_cap / LM_CUDA_STAGE_SEGS;
@@ -348,6 +383,7 @@ void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes) {
 
 static void *lm_cuda_grow_buf(lm_cuda *c, void **buf, size_t *cap, size_t bytes, const char *what) {
     if (bytes <= *cap && *buf) return *buf;
+    if (c->gmode == LM_G_CAPTURE) lm_cuda_graph_abandon(c); /* no synchronising while capturing */
     size_t want = lm_align_up(LM_MAX(bytes, *cap + *cap / 2), (size_t)1 << 20);
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* queued kernels may still use the old one */
     if (*buf) LM_CUDA_CHECK(cudaFree(*buf));
@@ -383,6 +419,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     lm_cuda *c = &x->c;
     if (cudaSetDevice(c->device) == cudaSuccess) lm_cuda_current_device = c->device;
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    lm_cuda_graphs_free(c);
     for (size_t i = 0; i < x->n_weights; i++) (void)cudaFree(x->weights[i]);
     free(x->weights);
     for (int i = 0; i < x->n_retired; i += 2) {
@@ -393,8 +430,12 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (c->stage_host) (void)cudaFreeHost(c->stage_host);
     if (c->stage_dev) (void)cudaFree(c->stage_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
-    if (c->freq_dev) (void)cudaFree(c->freq_dev);
+    for (int i = 0; i < LM_CUDA_FREQ_SLOTS; i++) {
+        if (c->freq[i].dev) (void)cudaFree(c->freq[i].dev);
+        free(c->freq[i].host);
+    }
     if (x->mm_ws) (void)cudaFree(x->mm_ws);
+    if (x->blas_ws) (void)cudaFree(x->blas_ws);
     for (int i = 0; i < 2; i++) {
         if (x->up_host[i]) (void)cudaFreeHost(x->up_host[i]);
         if (x->up_ev[i]) (void)cudaEventDestroy(x->up_ev[i]);
@@ -437,6 +478,11 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .rms_norm_gated = */ lm_cuda_rms_norm_gated,
     /* .sigmoid_mul = */ lm_cuda_sigmoid_mul,
     /* .argmax_rows = */ lm_cuda_argmax_rows,
+    /* .matmul_n = */ lm_cuda_matmul_n,
+    /* .matmul_glu = */ lm_cuda_matmul_glu,
+    /* .matmul_add = */ lm_cuda_matmul_add,
+    /* .graph_begin = */ lm_cuda_graph_begin,
+    /* .graph_end = */ lm_cuda_graph_end,
     /* .destroy = */ lm_cuda_destroy,
 };
 
@@ -481,6 +527,11 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             lm_errf(e, "cuda backend: device %d (%s): cuBLAS setup failed", device, x->dev_name);
             goto fail;
         }
+        LM_CUDA_TRY(cudaMalloc(&x->blas_ws, LM_CUDA_BLAS_WS));
+        if (cublasSetWorkspace(c->blas, x->blas_ws, LM_CUDA_BLAS_WS) != CUBLAS_STATUS_SUCCESS) {
+            lm_errf(e, "cuda backend: device %d (%s): cuBLAS workspace setup failed", device, x->dev_name);
+            goto fail;
+        }
         for (int i = 0; i < LM_CUDA_STAGE_SEGS; i++)
             LM_CUDA_TRY(cudaEventCreateWithFlags(&x->seg_ev[i], cudaEventDisableTiming));
         for (int i = 0; i < 2; i++) LM_CUDA_TRY(cudaEventCreateWithFlags(&x->up_ev[i], cudaEventDisableTiming));
@@ -492,6 +543,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         LM_CUDA_TRY(cudaMemGetInfo(&c->free_mem_at_start, &c->total_mem));
         const char *mode = getenv("LUMEN_CUDA_GEMM");
         c->gemm_mode = mode && strcmp(mode, "bf16") == 0 ? LM_CUDA_GEMM_BF16 : LM_CUDA_GEMM_SPLIT;
+        lm_cuda_graphs_init(c);
     }
     return &x->be;
 fail:
@@ -511,11 +563,19 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
     LM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
 
+void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured) {
+    *replayed = *captured = 0;
+    be = lm_backend_base(be);
+    if (!be || be->ops != &lm_cuda_ops) return;
+    lm_cuda_graph_counts(lm_cuda_of(be), replayed, captured);
+}
+
 void lm_backend_sync(lm_backend *be) {
     be = lm_backend_base(be);
     if (!be || be->ops != &lm_cuda_ops) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
+    LM_ASSERT(c->gmode == LM_G_OFF); /* not inside a forward */
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 

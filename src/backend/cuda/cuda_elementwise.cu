@@ -85,11 +85,11 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
         const int64_t per_block = LM_EW_THREADS / 32;
         int64_t blocks = (rows + per_block - 1) / per_block;
         LM_ASSERT(blocks <= 0x7fffffff);
-        lm_rms_norm_warp_kernel<<<(unsigned)blocks, LM_EW_THREADS, 0, c->stream>>>(
+        lm_cuda_launch(c, lm_rms_norm_warp_kernel, (unsigned)blocks, LM_EW_THREADS, 0,
             (float *)y->data, (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
     } else {
         LM_ASSERT(rows <= 0x7fffffff);
-        lm_rms_norm_block_kernel<<<(unsigned)rows, LM_NORM_BLOCK, 0, c->stream>>>(
+        lm_cuda_launch(c, lm_rms_norm_block_kernel, (unsigned)rows, LM_NORM_BLOCK, 0,
             (float *)y->data, (const float *)x->data, (const float *)w->data, n, eps, w_offset);
     }
     LM_CUDA_LAUNCHED("rms_norm");
@@ -118,22 +118,34 @@ __global__ void lm_rope_kernel(float *x, int64_t T, int64_t cols, const int32_t 
     }
 }
 
-/* p->inv_freq on the device: the cached copy when the same host array holds
- * the same values (FNV-1a over its bytes), else a fresh upload. */
+/* p->inv_freq on the device: a cached copy of the same values (models
+ * may hold one array per layer with equal contents, as Gemma does), else an
+ * upload into the slot used least recently. */
 static const float *lm_cuda_freq(lm_cuda *c, const float *host, int n) {
     uint64_t h = 1469598103934665603ull;
     const unsigned char *b = (const unsigned char *)host;
     for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
-    if (c->freq_dev && c->freq_host == host && c->freq_n == n && c->freq_hash == h) return c->freq_dev;
-    if (c->freq_dev && c->freq_n < n) {
-        LM_CUDA_CHECK(cudaFreeAsync(c->freq_dev, c->stream));
-        c->freq_dev = NULL;
+    for (int i = 0; i < LM_CUDA_FREQ_SLOTS; i++)
+        if (c->freq[i].dev && c->freq[i].n == n && c->freq[i].hash == h &&
+            memcmp(c->freq[i].host, host, (size_t)n * sizeof(float)) == 0)
+            return c->freq[i].dev;
+    if (c->gmode != LM_G_OFF) { /* a new upload in a graph pass: run this forward eagerly */
+        lm_cuda_graph_abandon(c);
+        return c->freq[0].dev;
     }
-    if (!c->freq_dev) LM_CUDA_CHECK(cudaMallocAsync((void **)&c->freq_dev, (size_t)n * sizeof(float), c->stream));
+    const int i = c->freq_next;
+    c->freq_next = (i + 1) % LM_CUDA_FREQ_SLOTS;
+    if (c->freq[i].dev && c->freq[i].n < n) {
+        LM_CUDA_CHECK(cudaFreeAsync(c->freq[i].dev, c->stream));
+        c->freq[i].dev = NULL;
+    }
+    if (!c->freq[i].dev) LM_CUDA_CHECK(cudaMallocAsync((void **)&c->freq[i].dev, (size_t)n * sizeof(float), c->stream));
     const float *staged = (const float *)lm_cuda_stage(c, host, (size_t)n * sizeof(float));
-    LM_CUDA_CHECK(cudaMemcpyAsync(c->freq_dev, staged, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-    c->freq_host = host, c->freq_n = n, c->freq_hash = h;
-    return c->freq_dev;
+    LM_CUDA_CHECK(cudaMemcpyAsync(c->freq[i].dev, staged, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    c->freq[i].host = (float *)lm_xrealloc(c->freq[i].host, (size_t)n * sizeof(float));
+    memcpy(c->freq[i].host, host, (size_t)n * sizeof(float));
+    c->freq[i].n = n, c->freq[i].hash = h;
+    return c->freq[i].dev;
 }
 
 void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p) {
@@ -147,7 +159,7 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
     const int32_t *dpos = (const int32_t *)lm_cuda_stage(c, pos, (size_t)x->rows * sizeof *pos);
     const float *dfreq = lm_cuda_freq(c, p->inv_freq, half);
     const int64_t n = x->rows * p->n_heads * half;
-    lm_rope_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)x->data, x->rows, x->cols, dpos, dfreq,
+    lm_cuda_launch(c, lm_rope_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)x->data, x->rows, x->cols, dpos, dfreq,
                                                                        p->n_heads, p->head_dim, half, p->interleaved,
                                                                        (double)p->attn_factor);
     LM_CUDA_LAUNCHED("rope");
@@ -201,7 +213,7 @@ void lm_cuda_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_silu_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)gate->data,
+    lm_cuda_launch(c, lm_silu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
                                                                            (const float *)up->data, n);
     LM_CUDA_LAUNCHED("silu_mul");
 }
@@ -212,7 +224,7 @@ void lm_cuda_add(lm_backend *be, lm_tensor *y, const lm_tensor *x) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_add_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)x->data, n);
+    lm_cuda_launch(c, lm_add_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)x->data, n);
     LM_CUDA_LAUNCHED("add");
 }
 
@@ -222,7 +234,7 @@ void lm_cuda_scale(lm_backend *be, lm_tensor *y, float s) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_scale_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, s, n);
+    lm_cuda_launch(c, lm_scale_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, s, n);
     LM_CUDA_LAUNCHED("scale");
 }
 
@@ -232,7 +244,7 @@ void lm_cuda_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_gelu_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (const float *)gate->data,
+    lm_cuda_launch(c, lm_gelu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
                                                                            (const float *)up->data, n, tanh_approx);
     LM_CUDA_LAUNCHED("gelu_mul");
 }
@@ -243,7 +255,7 @@ void lm_cuda_softcap(lm_backend *be, lm_tensor *y, float cap) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_softcap_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, (double)cap, n);
+    lm_cuda_launch(c, lm_softcap_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (double)cap, n);
     LM_CUDA_LAUNCHED("softcap");
 }
 
@@ -255,7 +267,7 @@ void lm_cuda_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     const int64_t n = x->rows * x->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_sigmoid_mul_kernel<<<lm_ew_grid(c, n), LM_EW_THREADS, 0, c->stream>>>(
+    lm_cuda_launch(c, lm_sigmoid_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0,
         (float *)y->data, (const float *)x->data, (const float *)gate->data, n, x->cols, gate->cols == 1);
     LM_CUDA_LAUNCHED("sigmoid_mul");
 }
@@ -289,13 +301,13 @@ void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, cons
     float *yp = (float *)y->data;
     switch (table->type) {
     case LM_BF16:
-        lm_get_rows_kernel<LM_BF16><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        lm_cuda_launch(c, lm_get_rows_kernel<LM_BF16>, g, LM_EW_THREADS, 0, yp, table->data, dids, y->rows, y->cols);
         break;
     case LM_F16:
-        lm_get_rows_kernel<LM_F16><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        lm_cuda_launch(c, lm_get_rows_kernel<LM_F16>, g, LM_EW_THREADS, 0, yp, table->data, dids, y->rows, y->cols);
         break;
     default:
-        lm_get_rows_kernel<LM_F32><<<g, LM_EW_THREADS, 0, c->stream>>>(yp, table->data, dids, y->rows, y->cols);
+        lm_cuda_launch(c, lm_get_rows_kernel<LM_F32>, g, LM_EW_THREADS, 0, yp, table->data, dids, y->rows, y->cols);
         break;
     }
     LM_CUDA_LAUNCHED("get_rows");
@@ -310,7 +322,7 @@ void lm_cuda_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int32_t *drows = (const int32_t *)lm_cuda_stage(c, rows, (size_t)n * sizeof *rows);
-    lm_get_rows_kernel<LM_F32><<<lm_ew_grid(c, total), LM_EW_THREADS, 0, c->stream>>>((float *)y->data, x->data, drows,
+    lm_cuda_launch(c, lm_get_rows_kernel<LM_F32>, lm_ew_grid(c, total), LM_EW_THREADS, 0, (float *)y->data, x->data, drows,
                                                                                        n, x->cols);
     LM_CUDA_LAUNCHED("gather_rows");
 }
@@ -363,8 +375,12 @@ void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) 
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     int32_t *d = (int32_t *)lm_cuda_scratch(c, (size_t)x->rows * sizeof(int32_t));
-    lm_argmax_rows_kernel<<<(unsigned)x->rows, LM_ARGMAX_THREADS, 0, c->stream>>>(d, (const float *)x->data, x->cols);
+    lm_cuda_launch(c, lm_argmax_rows_kernel, (unsigned)x->rows, LM_ARGMAX_THREADS, 0, d, (const float *)x->data, x->cols);
     LM_CUDA_LAUNCHED("argmax_rows");
+    if (c->gmode != LM_G_OFF) { /* the ids come back after the graph has run */
+        lm_cuda_graph_defer_read(c, host_ids, d, (size_t)x->rows * sizeof(int32_t));
+        return;
+    }
     LM_CUDA_CHECK(cudaMemcpyAsync(host_ids, d, (size_t)x->rows * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }

@@ -17,10 +17,15 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <string.h>
+
+#include <type_traits>
 
 extern "C" {
 #include "../lm_backend.h"
 }
+
+#define LM_CUDA_FREQ_SLOTS 8
 
 typedef struct lm_cuda {
     int device;
@@ -37,14 +42,84 @@ typedef struct lm_cuda {
     size_t total_mem, free_mem_at_start;
     /* ---- added with cuda_backend.cu (fields appended, nothing above moved) ---- */
     int n_sms;      /* streaming multiprocessors, for grid sizing */
-    int gemm_mode;
     /* rope frequencies on the device, by host array and content (every
-     * layer passes the same array; staging it each time costs a copy) */
-    const float *freq_host;
-    int freq_n;
-    uint64_t freq_hash;
-    float *freq_dev;  /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
+     * layer passes one of a few arrays - Gemma has two; staging them each
+     * time costs a copy, and a graph pass cannot upload) */
+    struct {
+        float *host; /* a copy of the values (owned) */
+        int n;
+        uint64_t hash;
+        float *dev;
+    } freq[LM_CUDA_FREQ_SLOTS];
+    int freq_next; /* slot replaced next */
+    int gemm_mode; /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
+    /* graph passes (cuda_graph.cu): mode, running hash of the pass's launches */
+    int gmode;
+    uint64_t ghash;
+    struct lm_cuda_graphs *graphs;
 } lm_cuda;
+
+/* Graph pass modes (cuda_graph.cu): OFF issues as usual; REPLAY hashes every
+ * launch and issues nothing; CAPTURE hashes and issues under stream capture;
+ * DRY (a pass that hit something uncapturable) does neither. */
+enum { LM_G_OFF = 0, LM_G_REPLAY, LM_G_CAPTURE, LM_G_DRY };
+typedef struct lm_cuda_graphs lm_cuda_graphs;
+void lm_cuda_graphs_init(lm_cuda *c);
+void lm_cuda_graphs_free(lm_cuda *c);
+int lm_cuda_graph_begin(lm_backend *be, uint64_t key);
+int lm_cuda_graph_end(lm_backend *be, bool ok);
+void lm_cuda_graph_counts(lm_cuda *c, long *replayed, long *captured);
+/* Mixes bytes into the pass hash. */
+void lm_cuda_graph_mix(lm_cuda *c, const void *bytes, size_t n);
+/* For a stream call other than a kernel launch (cuBLAS, in-op copies):
+ * hashes desc in a pass and says whether to issue the call now. */
+bool lm_cuda_gate(lm_cuda *c, const void *desc, size_t n);
+/* Ends a pass that met something it cannot capture (see cuda_graph.cu). */
+void lm_cuda_graph_abandon(lm_cuda *c);
+/* lm_cuda_stage during a pass: the graph staging buffer. */
+void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes);
+/* A device-to-host copy during a pass, done after the graph has run. */
+void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes);
+
+template <typename P, typename A>
+static inline void lm_cuda_mix_arg(lm_cuda *c, const A &a) {
+    if constexpr (std::is_same_v<std::decay_t<A>, P>) {
+        lm_cuda_graph_mix(c, &a, sizeof a); /* structs: the caller's bytes, padding as it set it */
+    } else {
+        const P v = static_cast<P>(a); /* scalars and pointers */
+        lm_cuda_graph_mix(c, &v, sizeof v);
+    }
+}
+
+/* Every kernel launch of the backend: k<<<grid, block, smem, stream>>>(args)
+ * outside a graph pass; inside one, the launch and the bytes of each
+ * argument (converted to the kernel's parameter type) go into the pass hash,
+ * and the launch is issued only while capturing. */
+template <typename... P, typename... A>
+static inline void lm_cuda_launch(lm_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, const A &...args) {
+    static_assert(sizeof...(P) == sizeof...(A), "lm_cuda_launch: argument count differs from the kernel's");
+    if (c->gmode != LM_G_OFF) {
+        if (c->gmode == LM_G_DRY) return;
+        struct {
+            const void *k;
+            unsigned g[3], b[3];
+            uint64_t smem;
+        } d;
+        memset(&d, 0, sizeof d);
+        d.k = (const void *)k;
+        d.g[0] = grid.x, d.g[1] = grid.y, d.g[2] = grid.z;
+        d.b[0] = block.x, d.b[1] = block.y, d.b[2] = block.z;
+        d.smem = smem;
+        lm_cuda_graph_mix(c, &d, sizeof d);
+        (lm_cuda_mix_arg<P>(c, args), ...);
+        if (c->gmode != LM_G_CAPTURE) return;
+    }
+    k<<<grid, block, smem, c->stream>>>(static_cast<P>(args)...);
+}
+
+/* cudaMemsetAsync / cudaMemcpyAsync (device to device) inside an op. */
+void lm_cuda_memset(lm_cuda *c, void *p, int v, size_t bytes);
+void lm_cuda_memcpy_d2d(lm_cuda *c, void *dst, const void *src, size_t bytes);
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
  * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
@@ -114,6 +189,11 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
 void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
                          const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
 void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                      const lm_tensor *const *bias);
+void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
+void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
                             const lm_tensor *w, float eps);
 

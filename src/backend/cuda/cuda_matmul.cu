@@ -92,23 +92,64 @@ template <lm_dtype WT> __device__ __forceinline__ float lm_widen1(const unsigned
     }
 }
 
+/* What one GEMV launch computes. Plain and ADD modes: up to LM_GEMV_MAXM
+ * matrices sharing x (q, k and v in one launch), block b working on matrix
+ * m with first_block[m] <= b < first_block[m + 1]. GLU modes: w[0] = gate,
+ * w[1] = up (both [F][I]), y[0] = act(x gate^T) * (x up^T): each block takes
+ * R / 2 rows of both, so the product needs no second pass. */
+#define LM_GEMV_MAXM 3
+enum { LM_GEMV_STORE = 0, LM_GEMV_ADD, LM_GEMV_GLU_SILU, LM_GEMV_GLU_GELU_TANH, LM_GEMV_GLU_GELU };
+
+typedef struct lm_gemv_args {
+    const float *x;
+    int64_t I;
+    const unsigned char *w[LM_GEMV_MAXM];
+    const float *bias[LM_GEMV_MAXM];
+    float *y[LM_GEMV_MAXM];
+    int64_t O[LM_GEMV_MAXM];
+    int64_t first_block[LM_GEMV_MAXM + 1];
+} lm_gemv_args;
+
+/* The activations of the glu modes, as the element-wise kernels compute them
+ * (cuda_elementwise.cu: silu_mul, gelu_mul), so fused and unfused agree. */
+template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u) {
+    if constexpr (MODE == LM_GEMV_GLU_SILU) {
+        return g / (1.0f + expf(-g)) * u;
+    } else {
+        double a = g, r;
+        if constexpr (MODE == LM_GEMV_GLU_GELU_TANH) r = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+        else r = 0.5 * a * (1.0 + erf(a * 0.7071067811865476));
+        return (float)(r * u);
+    }
+}
+
 /* VEC: chunks of 16 bytes (rows and x rows 16-byte aligned); else chunks of
- * one element. Chunk k covers elements [k*EPC, (k+1)*EPC). */
+ * one element. Chunk k covers elements [k*EPC, (k+1)*EPC). Each output row's
+ * dot product is computed the same way whichever rows share its block, so a
+ * fused launch gives the bits of the separate ones. */
 /* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
  * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
  * would spill at 128 and keeps the compiler's choice. */
-template <int T, lm_dtype WT, bool VEC>
-__global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2))
-    lm_gemv_kernel(float *__restrict__ y, const float *__restrict__ x, const unsigned char *__restrict__ w,
-                   const float *__restrict__ bias, int64_t O, int64_t I) {
+template <int T, lm_dtype WT, bool VEC, int MODE>
+__global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = LM_GEMV_R;
+    constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
+    const int64_t I = a.I;
+    const float *__restrict__ x = a.x;
     const int64_t n_chunks = I / EPC;
-    const int64_t o0 = (int64_t)blockIdx.x * R;
+    int m = 0;
+    if constexpr (!GLU)
+        while (m + 1 < LM_GEMV_MAXM && (int64_t)blockIdx.x >= a.first_block[m + 1]) m++;
+    const int64_t O = a.O[m];
+    const int64_t o0 = ((int64_t)blockIdx.x - a.first_block[m]) * (GLU ? R / 2 : R);
     const size_t ldw = (size_t)I * lm_wt<WT>::bytes;
     const unsigned char *wr[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = w + (size_t)LM_MIN(o0 + r, O - 1) * ldw; /* tail rows: read, not stored */
+    for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
+        if constexpr (GLU) wr[r] = a.w[r < R / 2 ? 0 : 1] + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
+        else wr[r] = a.w[m] + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
+    }
 
     float acc[R][T];
 #pragma unroll
@@ -195,61 +236,112 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2))
             if (lane == 0) part[warp][r * T + t] = v;
         }
     __syncthreads();
-    for (int i = threadIdx.x; i < R * T; i += blockDim.x) {
+    constexpr int n_out = GLU ? R / 2 * T : R * T;
+    for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
         int r = i / T, t = i % T;
         int64_t o = o0 + r;
         if (o >= O) continue;
         float s = 0.0f;
         for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
-        y[(size_t)t * O + o] = s + (bias ? bias[o] : 0.0f);
+        float *yo = a.y[m] + (size_t)t * O + o;
+        if constexpr (GLU) {
+            float u = 0.0f;
+            for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
+            *yo = lm_glu_act<MODE>(s, u);
+        } else if constexpr (MODE == LM_GEMV_ADD) {
+            *yo += s;
+        } else {
+            *yo = s + (a.bias[m] ? a.bias[m][o] : 0.0f);
+        }
     }
 }
 
+template <int T, lm_dtype WT, bool VEC, int MODE>
+static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int threads) {
+    lm_cuda_launch(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
+}
+
+/* Fused modes exist for 16-byte chunks of bf16/f16 weights only (the
+ * callers fall back to separate ops otherwise): fewer kernels to build. */
 template <int T, lm_dtype WT>
-static void lm_gemv_launch(lm_cuda *c, float *y, const float *x, const void *w, const float *bias, int64_t O,
-                           int64_t I, bool vec) {
-    int64_t chunks = vec ? I / (16 / lm_wt<WT>::bytes) : I;
+static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec) {
+    int64_t chunks = vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I;
     int threads = (int)LM_MIN((int64_t)LM_GEMV_THREADS, LM_MAX((int64_t)32, (chunks + 31) / 32 * 32));
-    int64_t blocks = (O + LM_GEMV_R - 1) / LM_GEMV_R;
-    LM_ASSERT(blocks <= 0x7fffffff);
-    if (vec)
-        lm_gemv_kernel<T, WT, true><<<(unsigned)blocks, threads, 0, c->stream>>>(y, x, (const unsigned char *)w,
-                                                                                  bias, O, I);
-    else
-        lm_gemv_kernel<T, WT, false><<<(unsigned)blocks, threads, 0, c->stream>>>(y, x, (const unsigned char *)w,
-                                                                                   bias, O, I);
+    int64_t blocks = a->first_block[LM_GEMV_MAXM];
+    LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
+    const unsigned nb = (unsigned)blocks;
+    if (!vec) {
+        LM_ASSERT(mode == LM_GEMV_STORE);
+        lm_gemv_go<T, WT, false, LM_GEMV_STORE>(c, a, nb, threads);
+    } else if constexpr (WT == LM_F32) {
+        LM_ASSERT(mode == LM_GEMV_STORE);
+        lm_gemv_go<T, WT, true, LM_GEMV_STORE>(c, a, nb, threads);
+    } else {
+        switch (mode) {
+        case LM_GEMV_STORE: lm_gemv_go<T, WT, true, LM_GEMV_STORE>(c, a, nb, threads); break;
+        case LM_GEMV_ADD: lm_gemv_go<T, WT, true, LM_GEMV_ADD>(c, a, nb, threads); break;
+        case LM_GEMV_GLU_SILU: lm_gemv_go<T, WT, true, LM_GEMV_GLU_SILU>(c, a, nb, threads); break;
+        case LM_GEMV_GLU_GELU_TANH: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU_TANH>(c, a, nb, threads); break;
+        default: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU>(c, a, nb, threads); break;
+        }
+    }
     LM_CUDA_LAUNCHED("gemv");
 }
 
-template <lm_dtype WT>
-static void lm_gemv_t(lm_cuda *c, int T, float *y, const float *x, const void *w, const float *bias, int64_t O,
-                      int64_t I, bool vec) {
+template <lm_dtype WT> static void lm_gemv_t(lm_cuda *c, int T, const lm_gemv_args *a, int mode, bool vec) {
     switch (T) {
-    case 1: lm_gemv_launch<1, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 2: lm_gemv_launch<2, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 3: lm_gemv_launch<3, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 4: lm_gemv_launch<4, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 5: lm_gemv_launch<5, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 6: lm_gemv_launch<6, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 7: lm_gemv_launch<7, WT>(c, y, x, w, bias, O, I, vec); break;
-    case 8: lm_gemv_launch<8, WT>(c, y, x, w, bias, O, I, vec); break;
+    case 1: lm_gemv_launch<1, WT>(c, a, mode, vec); break;
+    case 2: lm_gemv_launch<2, WT>(c, a, mode, vec); break;
+    case 3: lm_gemv_launch<3, WT>(c, a, mode, vec); break;
+    case 4: lm_gemv_launch<4, WT>(c, a, mode, vec); break;
+    case 5: lm_gemv_launch<5, WT>(c, a, mode, vec); break;
+    case 6: lm_gemv_launch<6, WT>(c, a, mode, vec); break;
+    case 7: lm_gemv_launch<7, WT>(c, a, mode, vec); break;
+    case 8: lm_gemv_launch<8, WT>(c, a, mode, vec); break;
     default: LM_ASSERT(!"gemv: T out of range");
     }
 }
 
 static bool lm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
-                    int64_t O, int64_t I) {
-    int epc = wt == LM_F32 ? 4 : 8;
-    /* chunks of 16 B need every weight row and every x row 16-byte aligned */
-    bool vec = I % epc == 0 && lm_aligned16(w) && lm_aligned16(x);
+/* Whether x and every weight allow 16-byte chunks. */
+static bool lm_gemv_vec(const lm_gemv_args *a, int n, lm_dtype wt) {
+    const int epc = wt == LM_F32 ? 4 : 8;
+    bool vec = a->I % epc == 0 && lm_aligned16(a->x);
+    for (int i = 0; i < n; i++) vec = vec && lm_aligned16(a->w[i]);
+    return vec;
+}
+
+static void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode, bool vec) {
     switch (wt) {
-    case LM_BF16: lm_gemv_t<LM_BF16>(c, T, y, x, w, bias, O, I, vec); break;
-    case LM_F16: lm_gemv_t<LM_F16>(c, T, y, x, w, bias, O, I, vec); break;
-    case LM_F32: lm_gemv_t<LM_F32>(c, T, y, x, w, bias, O, I, vec); break;
+    case LM_BF16: lm_gemv_t<LM_BF16>(c, T, a, mode, vec); break;
+    case LM_F16: lm_gemv_t<LM_F16>(c, T, a, mode, vec); break;
+    case LM_F32: lm_gemv_t<LM_F32>(c, T, a, mode, vec); break;
     default: LM_ASSERT(!"gemv: weight type");
     }
+}
+
+/* A plain args block: no matrices yet (first_block past every block). */
+static lm_gemv_args lm_gemv_args0(const float *x, int64_t I) {
+    lm_gemv_args a;
+    memset(&a, 0, sizeof a); /* every byte set: a graph pass hashes them */
+    a.x = x, a.I = I;
+    for (int i = 0; i <= LM_GEMV_MAXM; i++) a.first_block[i] = 0;
+    return a;
+}
+
+/* Appends matrix i (rows of R per block) to a. */
+static void lm_gemv_add(lm_gemv_args *a, int i, float *y, const void *w, const float *bias, int64_t O) {
+    a->y[i] = y, a->w[i] = (const unsigned char *)w, a->bias[i] = bias, a->O[i] = O;
+    const int64_t end = a->first_block[i] + (O + LM_GEMV_R - 1) / LM_GEMV_R;
+    for (int j = i + 1; j <= LM_GEMV_MAXM; j++) a->first_block[j] = end;
+}
+
+static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+                    int64_t O, int64_t I) {
+    lm_gemv_args a = lm_gemv_args0(x, I);
+    lm_gemv_add(&a, 0, y, w, bias, O);
+    lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, lm_gemv_vec(&a, 1, wt));
 }
 
 /* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */
@@ -335,10 +427,21 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
     const int m = (int)O, n = (int)T, k = (int)I;
     const float one = 1.0f, zero = 0.0f;
     if (bias) {
-        lm_bias_fill_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(y, bias, T, O);
+        lm_cuda_launch(c, lm_bias_fill_kernel, lm_grid_1d(c, T * O, 256), 256, 0, y, bias, T, O);
         LM_CUDA_LAUNCHED("bias_fill");
     }
+    /* cuBLAS calls and copies below: hashed by this description in a graph
+     * pass (the kernels hash themselves), issued when `issue` */
+    struct {
+        int64_t T, O, I;
+        const void *y, *x, *w, *bias, *ws;
+        int wt, mode;
+    } desc;
+    memset(&desc, 0, sizeof desc);
+    desc.T = T, desc.O = O, desc.I = I, desc.y = y, desc.x = x, desc.w = w, desc.bias = bias;
+    desc.wt = (int)wt, desc.mode = c->gemm_mode;
     if (wt == LM_F32) {
+        if (!lm_cuda_gate(c, &desc, sizeof desc)) return;
         /* column-major view: y^T (O x T) = W^T' (O x I) * x^T (I x T) */
         LM_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k,
                                     bias ? &one : &zero, y, m));
@@ -353,11 +456,13 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
     unsigned char *ws = (unsigned char *)lm_cuda_matmul_ws(c, 256 + 3 * part + stack);
     void *hi = ws + 256, *lo = split ? ws + 256 + part : NULL;
     const unsigned th = 256, grid = lm_grid_1d(c, nx, 256);
+    desc.ws = ws;
+    const bool issue = lm_cuda_gate(c, &desc, sizeof desc);
     if (wt == LM_BF16) {
         /* three terms: two left ~1e-4 between the cached (GEMV) and full
          * (GEMM) logits of hybrid and Gemma 4 fixtures on the H200 */
         void *lo3 = split ? ws + 256 + 2 * part : NULL;
-        lm_split_bf16_kernel<<<grid, th, 0, c->stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo,
+        lm_cuda_launch(c, lm_split_bf16_kernel, grid, th, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo,
                                                          (__nv_bfloat16 *)lo3, x, nx);
         LM_CUDA_LAUNCHED("split_bf16");
         if (split && (size_t)3 * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES && part == (size_t)nx * 2) {
@@ -365,13 +470,15 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
              * (three GEMMs would read it three times: they are memory-bound
              * here), then y = (bias) + y_hi + y_mid + y_lo */
             float *y3 = (float *)((unsigned char *)ws + 256 + 3 * part);
-            LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 3 * n, k, &one, w, CUDA_R_16BF, k, hi,
+            if (issue)
+                LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 3 * n, k, &one, w, CUDA_R_16BF, k, hi,
                                          CUDA_R_16BF, k, &zero, y3, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT));
-            lm_sum3_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(y, y3, T * O, bias != NULL);
+            lm_cuda_launch(c, lm_sum3_kernel, lm_grid_1d(c, T * O, 256), 256, 0, y, y3, T * O, bias != NULL);
             LM_CUDA_LAUNCHED("sum3");
             return;
         }
+        if (!issue) return;
         LM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, hi,
                                      CUDA_R_16BF, k, bias ? &one : &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT));
@@ -385,11 +492,12 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
     /* ws[0..3]: amax bits; ws[16..27]: consts {1/s, 0, 1} */
     unsigned *amax = (unsigned *)ws;
     float *consts = (float *)(ws + 16);
-    LM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, c->stream));
-    lm_absmax_kernel<<<grid, th, 0, c->stream>>>(amax, x, nx);
+    if (issue) LM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, c->stream));
+    lm_cuda_launch(c, lm_absmax_kernel, grid, th, 0, amax, x, nx);
     LM_CUDA_LAUNCHED("absmax");
-    lm_split_f16_kernel<<<grid, th, 0, c->stream>>>((__half *)hi, (__half *)lo, consts, amax, x, nx);
+    lm_cuda_launch(c, lm_split_f16_kernel, grid, th, 0, (__half *)hi, (__half *)lo, consts, amax, x, nx);
     LM_CUDA_LAUNCHED("split_f16");
+    if (!issue) return;
     LM_CUBLAS_CHECK(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_DEVICE));
     cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, consts, w, CUDA_R_16F, k, hi,
                                      CUDA_R_16F, k, bias ? consts + 2 : consts + 1, y, CUDA_R_32F, m,
@@ -417,13 +525,83 @@ void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     const float *bp = bias ? (const float *)bias->data : NULL;
     if (I == 0) {
         if (bp) {
-            lm_bias_fill_kernel<<<lm_grid_1d(c, T * O, 256), 256, 0, c->stream>>>(yp, bp, T, O);
+            lm_cuda_launch(c, lm_bias_fill_kernel, lm_grid_1d(c, T * O, 256), 256, 0, yp, bp, T, O);
             LM_CUDA_LAUNCHED("bias_fill");
         } else {
-            LM_CUDA_CHECK(cudaMemsetAsync(yp, 0, (size_t)(T * O) * sizeof(float), c->stream));
+            lm_cuda_memset(c, yp, 0, (size_t)(T * O) * sizeof(float));
         }
         return;
     }
     if (T <= LM_GEMV_MAX_T) lm_gemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
     else lm_gemm(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+}
+
+/* ---- fused forms (optional ops of lm_backend.h) ------------------------------------ */
+
+/* The fused GEMV takes: few tokens, 16-byte chunks of bf16/f16 weights. */
+static bool lm_gemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n) {
+    if (x->rows < 1 || x->rows > LM_GEMV_MAX_T || x->type != LM_F32) return false;
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    for (int i = 0; i < n; i++) {
+        if ((w[i]->type != LM_BF16 && w[i]->type != LM_F16) || w[i]->type != w[0]->type || w[i]->cols != x->cols)
+            return false;
+        a.w[i] = (const unsigned char *)w[i]->data;
+    }
+    return lm_gemv_vec(&a, n, w[0]->type);
+}
+
+void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                      const lm_tensor *const *bias) {
+    LM_ASSERT(n >= 1 && n <= LM_GEMV_MAXM);
+    lm_cuda *c = lm_cuda_of(be);
+    if (!lm_gemv_fusable(x, w, n)) {
+        for (int i = 0; i < n; i++) lm_cuda_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
+        return;
+    }
+    lm_cuda_use(c);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    for (int i = 0; i < n; i++) {
+        const lm_tensor *b = bias ? bias[i] : NULL;
+        LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
+        LM_ASSERT(y[i]->data != x->data && (!b || (b->type == LM_F32 && b->rows * b->cols == w[i]->rows)));
+        lm_gemv_add(&a, i, (float *)y[i]->data, w[i]->data, b ? (const float *)b->data : NULL, w[i]->rows);
+    }
+    lm_gemv_run(c, (int)x->rows, &a, w[0]->type, LM_GEMV_STORE, true);
+}
+
+void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws) {
+    lm_cuda *c = lm_cuda_of(be);
+    const lm_tensor *w[2] = { wg, wu };
+    LM_ASSERT(wg->rows == wu->rows && y->rows == x->rows && y->cols == wg->rows && y->type == LM_F32);
+    if (!lm_gemv_fusable(x, w, 2)) {
+        lm_cuda_matmul(be, gate_ws, x, wg, NULL);
+        lm_cuda_matmul(be, up_ws, x, wu, NULL);
+        if (act == LM_GLU_SILU) lm_cuda_silu_mul(be, y, gate_ws, up_ws);
+        else lm_cuda_gelu_mul(be, y, gate_ws, up_ws, act == LM_GLU_GELU_TANH);
+        return;
+    }
+    lm_cuda_use(c);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    const int64_t F = wg->rows;
+    a.y[0] = (float *)y->data, a.w[0] = (const unsigned char *)wg->data, a.w[1] = (const unsigned char *)wu->data;
+    a.O[0] = F;
+    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = (F + LM_GEMV_R / 2 - 1) / (LM_GEMV_R / 2);
+    const int mode = act == LM_GLU_SILU ? LM_GEMV_GLU_SILU : act == LM_GLU_GELU_TANH ? LM_GEMV_GLU_GELU_TANH
+                                                                                      : LM_GEMV_GLU_GELU;
+    lm_gemv_run(c, (int)x->rows, &a, wg->type, mode, true);
+}
+
+void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
+    if (!lm_gemv_fusable(x, &w, 1)) {
+        lm_cuda_matmul(be, ws, x, w, NULL);
+        lm_cuda_add(be, y, ws);
+        return;
+    }
+    lm_cuda_use(c);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
+    lm_gemv_run(c, (int)x->rows, &a, w->type, LM_GEMV_ADD, true);
 }

@@ -59,6 +59,9 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     LM_ASSERT(T * k <= INT32_MAX);
     const size_t TK = (size_t)T * (size_t)k;
 
+    /* routing waits for the device: not in a graph */
+    lm_cuda_graph_abandon(c);
+    if (c->gmode != LM_G_OFF) return;
     /* 1. route on the host */
     float *logits = (float *)lm_xmalloc(((size_t)T * (size_t)E + (size_t)E) * sizeof(float));
     float *scale = p->expert_scale ? logits + (size_t)T * (size_t)E : NULL;
@@ -111,7 +114,7 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     const size_t per_row = 2 * (size_t)D + 2 * (size_t)F;
     float *buf = (float *)lm_cuda_scratch(c, TK * per_row * sizeof(float));
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
-    moe_gather_kernel<<<(unsigned)TK, 128, 0, c->stream>>>(xe, (const float *)x->data, dh, D);
+    lm_cuda_launch(c, moe_gather_kernel, (unsigned)TK, 128, 0, xe, (const float *)x->data, dh, D);
     LM_CUDA_LAUNCHED("moe_gather_kernel");
     for (int e = 0; e < E; e++) {
         int32_t n = start[e + 1] - start[e];
@@ -131,7 +134,7 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
         lm_tensor ot = { LM_F32, n, D, oe + (size_t)start[e] * D };
         lm_cuda_matmul(be, &ot, &gt, &p->down[e], NULL);
     }
-    moe_combine_kernel<<<(unsigned)T, 128, 0, c->stream>>>((float *)y->data, oe, dh + TK,
+    lm_cuda_launch(c, moe_combine_kernel, (unsigned)T, 128, 0, (float *)y->data, oe, dh + TK,
                                                            (const float *)(dh + 2 * TK), k, D);
     LM_CUDA_LAUNCHED("moe_combine_kernel");
     free(start);
