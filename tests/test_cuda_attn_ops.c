@@ -356,6 +356,68 @@ LM_TEST(cuda_kv_write) {
     ca_close(&be);
 }
 
+/* The fused rope of q and k + KV write against rope, rope, kv_write on the
+ * CPU: full and partial rotary, both pair layouts, a yarn-like attention
+ * factor, and q and k with different frequency arrays (the fallback). */
+LM_TEST(cuda_rope_kv_write_fused) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    ca_be be;
+    if (!ca_open(&be, why, sizeof why)) {
+        LM_CHECK_MSG(0, "%s", why);
+        return;
+    }
+    LM_REQUIRE(be.b[1]->ops->rope_kv_write != NULL);
+    static const struct { int Hq, Hkv, Dh, rot; bool inter; float factor; bool split_freq; } cfgs[] = {
+        { 4, 2, 64, 64, false, 1.0f, false }, { 4, 1, 128, 32, true, 0.8f, false },
+        { 6, 2, 128, 64, false, 1.0f, false }, { 4, 2, 64, 64, false, 1.0f, true },
+    };
+    uint64_t seed = 4242;
+    const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
+    for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
+        const int Hq = cfgs[ci].Hq, Hkv = cfgs[ci].Hkv, Dh = cfgs[ci].Dh, half = cfgs[ci].rot / 2;
+        const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
+        ca_pool pool;
+        LM_REQUIRE(ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed));
+        ca_batch d = ca_batch_make(S, n, pos0);
+        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
+                             .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
+        float fq[64], fk[64];
+        for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cfgs[ci].rot);
+        lm_rope_params rq = { Hq, Dh, cfgs[ci].rot, cfgs[ci].inter, fq, cfgs[ci].factor };
+        lm_rope_params rk = rq;
+        rk.n_heads = Hkv;
+        if (cfgs[ci].split_freq) rk.inv_freq = fk;
+        float *qh = ca_host((size_t)d.T * qc, &seed, -1, 1), *kh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        lm_tensor q[2], k[2], v[2];
+        for (int b = 0; b < 2; b++) {
+            lm_backend *x = be.b[b];
+            q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
+            if (b == 1) {
+                x->ops->rope_kv_write(x, &q[b], &k[b], &v[b], &rq, &rk, &pool.kc[b]->pool, CA_LAYER, &ab);
+            } else {
+                x->ops->rope(x, &q[b], d.pos, &rq);
+                x->ops->rope(x, &k[b], d.pos, &rk);
+                x->ops->kv_write(x, &pool.kc[b]->pool, CA_LAYER, &k[b], &v[b], &ab);
+            }
+        }
+        void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
+        void *pK[2] = { pool.kc[0]->pool.k[CA_LAYER], pool.kc[1]->pool.k[CA_LAYER] };
+        void *pV[2] = { pool.kc[0]->pool.v[CA_LAYER], pool.kc[1]->pool.v[CA_LAYER] };
+        const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw;
+        double eq = ca_cmp(&be, pq, (size_t)d.T * qc, 1.0), ek = ca_cmp(&be, pk, (size_t)d.T * kc, 1.0);
+        double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0); /* absolute */
+        printf("  config %zu: q %.2g, k %.2g, K pool %.2g, V pool %.2g\n", ci, eq, ek, eK, eV);
+        LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
+        ca_release(&be, q), ca_release(&be, k), ca_release(&be, v);
+        free(qh), free(kh), free(vh);
+        ca_batch_free(&d);
+        ca_pool_free(&pool);
+    }
+    ca_close(&be);
+}
+
 /* ---- Gated DeltaNet ------------------------------------------------------------------ */
 
 /* One state tensor per backend with n_slots slots: the conv window

@@ -684,3 +684,4 @@ LM_TEST(cuda_fused_matmuls_equal_composed) {
     printf("  fused vs composed: %d cases, %d bitwise equal, worst relative difference %.3g\n", cases, bitwise, worst);
     cu_close(&p);
 }
+

@@ -205,7 +205,8 @@ struct lm_backend_ops {
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
      * lm_op_matmul_glu and lm_op_matmul_add compose them from the ops
-     * above). Results equal the composed ops' up to rounding. */
+     * above; lm_op_rope_kv_write likewise). Results equal the composed ops'
+     * up to rounding. */
     /* y[i] = x W[i]^T (+ bias[i]) for n <= 3 weights sharing x (q, k, v);
      * bias NULL or [n] of optional tensors. */
     void (*matmul_n)(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
@@ -216,6 +217,9 @@ struct lm_backend_ops {
                        const lm_tensor *wu, lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
     /* y += x W^T (the residual add fused); ws [T][O] is workspace. */
     void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+    /* rope(q, rq), rope(k, rk), then kv_write(k, v) at the batch's positions. */
+    void (*rope_kv_write)(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                          const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
     /* Optional (NULL: not offered): replaying a forward as one recorded
      * launch (CUDA graphs). lm_model_forward calls graph_begin(key), with
      * key naming the batch's shape, not its data; a nonzero answer starts a

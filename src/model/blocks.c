@@ -105,6 +105,17 @@ void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
     be->ops->add(be, y, ws);
 }
 
+void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                         const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
+    if (be->ops->rope_kv_write) {
+        be->ops->rope_kv_write(be, q, k, v, rq, rk, kv, layer, b);
+        return;
+    }
+    be->ops->rope(be, q, b->pos, rq);
+    be->ops->rope(be, k, b->pos, rk);
+    be->ops->kv_write(be, kv, layer, k, v, b);
+}
+
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
                      const lm_batch *b, lm_tensor *residual) {
     const int T = b->n_tokens;
@@ -135,9 +146,7 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
         qr = &qn;
         kr = &kn;
     }
-    op->rope(be, qr, b->pos, &rq);
-    op->rope(be, kr, b->pos, &rk);
-    op->kv_write(be, kv, layer, kr, &v, &ab);
+    lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
     if (residual && !L->bo.data) {
         lm_op_matmul_add(be, residual, &attn, &L->wo, &o);

@@ -63,7 +63,7 @@ void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up
 void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
                     bool add);
 
-/* ---- fused matmul forms ---- */
+/* ---- fused forms ---- */
 
 /* The backend's fused op when it has one, else the plain ops it stands for
  * (lm_backend.h: matmul_n, matmul_glu, matmul_add). */
@@ -72,6 +72,8 @@ void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor 
 void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
                       lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                         const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
 
 /* ---- output ---- */
 

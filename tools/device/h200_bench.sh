@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | llama | qwen27 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -26,10 +26,28 @@ for set in "$@"; do
   kernels) "$C/bin/bench_cuda_gemv" ;;
   diag) # where a Llama-8B decode step goes: host issue vs device time, then every op timed alone
     model /dev/shm/l8 llama-3.1-8b
-    for B in 1 8 32; do
-      for gr in 1 0; do LUMEN_CUDA_GRAPHS=$gr "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64; done
-    done
-    LUMEN_PROFILE=1 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 128 --gen 32 2>&1 | head -n 40 ;;
+    for B in 1 8 32; do # graphs and programmatic dependent launch on, then each off
+      "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64
+      LUMEN_CUDA_PDL=0 "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64 --no-membw
+      LUMEN_CUDA_GRAPHS=0 "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64 --no-membw
+    done ;;
+  ncu) # kernel time of one Llama-8B decode step (graphs off: ncu times kernels alone either way)
+    model /dev/shm/l8 llama-3.1-8b
+    LUMEN_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-skip 1400 --launch-count 355 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 16 \
+      --gen 2 --no-membw > "${OUT:-/tmp}/ncu.csv" 2>/dev/null
+    python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu.csv" ;;
+  lumen-final) # every lumen figure of docs/benchmarks.md, results as they come in $OUT/final.jsonl
+    f=${OUT:-/tmp}/final.jsonl
+    model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3 | tee -a "$f"
+    for B in 1 8 32 128; do "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 | tee -a "$f"; done
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 32 --gen 64 --reps 2 | tee -a "$f"
+    for B in 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   final) # lumen and the transformers peer on the same machine in one run

@@ -22,13 +22,14 @@ ldd build/dev/lumen_tests build/dev/lumen | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcublas[^/]*|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" .device-carry/lib/; done
 cp ../shared/fixtures/README.md .device-carry/fixtures/ # tests find the fixtures by it
-# all of them do not fit beside the checkout (64 MiB): two sets, one per call
-# (`pack.sh a`, the default, or `pack.sh b`; gpu_run.sh check runs the tests
-# of the absent ones as skips), or any list in LUMEN_DEVICE_FIXTURES
+# all of them do not fit beside the checkout (64 MiB): three sets, one per
+# call (`pack.sh a`, the default, b or c; gpu_run.sh check runs the tests of
+# the absent ones as skips), or any list in LUMEN_DEVICE_FIXTURES
 case "${1:-a}" in
 a) set_models="qwen3 qwen3.5 gemma4 llama-2-tiny-random.gguf llama-2-tiny-random.llamacpp.json" ;;
-b) set_models="llama llama3-rope-mqa qwen3-next qwen3-moe gemma3" ;;
-*) echo "usage: $0 [a|b]" >&2; exit 2 ;;
+b) set_models="llama llama3-rope-mqa qwen3-next" ;;
+c) set_models="qwen3-moe gemma3" ;;
+*) echo "usage: $0 [a|b|c]" >&2; exit 2 ;;
 esac
 for m in ${LUMEN_DEVICE_FIXTURES:-$set_models}; do
   cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/

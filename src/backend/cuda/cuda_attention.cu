@@ -126,6 +126,8 @@ static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *
  * table names. */
 __global__ void att_kv_write_kernel(float *kl, float *vl, const float *k, const float *v, int64_t cols,
                                     int64_t kv_ld, int bs, att_dev d) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int t = blockIdx.x;
     const int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -145,10 +147,102 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
     att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
-    lm_cuda_launch(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, kv->k[layer], kv->v[layer], (const float *)k->data,
+    lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, kv->k[layer], kv->v[layer], (const float *)k->data,
                                                              (const float *)v->data, k->cols, kv->kv_width,
                                                              kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
+}
+
+/* ---- rope of q and k, then the KV write, in one launch ------------------------- */
+
+/* Work items per token: Hq * half pairs of q, then per KV head half pairs
+ * of k (rotated, written to k and to the cache) and Dh - rot pass-through
+ * columns of k (to the cache), then Hkv * Dh columns of v (to the cache). */
+typedef struct att_rkv_args {
+    float *q, *k;
+    const float *v;
+    int64_t q_ld, k_ld, v_ld, kv_ld;
+    float *kl, *vl;
+    const float *freq;
+    double attn_factor;
+    int Hq, Hkv, Dh, half, rot, bs;
+    bool interleaved;
+    att_dev d;
+} att_rkv_args;
+
+__global__ void att_rope_kv_kernel(att_rkv_args a, int64_t T) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    const int64_t n_q = (int64_t)a.Hq * a.half, k_per = a.half + (a.Dh - a.rot);
+    const int64_t n_k = (int64_t)a.Hkv * k_per, per = n_q + n_k + (int64_t)a.Hkv * a.Dh;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < T * per;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / per, r = idx % per;
+        const int32_t p = a.d.pos[t];
+        if (r < n_q) {
+            const int h = (int)(r / a.half), i = (int)(r % a.half);
+            const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+            float *xh = a.q + t * a.q_ld + (int64_t)h * a.Dh;
+            lm_rope_pair(&xh[ia], &xh[ib], p, a.freq[i], a.attn_factor);
+            continue;
+        }
+        const int64_t row = (int64_t)a.d.tab[a.d.tab_off[a.d.seq[t]] + p / a.bs] * a.bs + p % a.bs;
+        if (r < n_q + n_k) {
+            const int h = (int)((r - n_q) / k_per), i = (int)((r - n_q) % k_per);
+            float *xh = a.k + t * a.k_ld + (int64_t)h * a.Dh;
+            float *ch = a.kl + row * a.kv_ld + (int64_t)h * a.Dh;
+            if (i < a.half) {
+                const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+                lm_rope_pair(&xh[ia], &xh[ib], p, a.freq[i], a.attn_factor);
+                ch[ia] = xh[ia];
+                ch[ib] = xh[ib];
+            } else { /* past the rotated dimensions */
+                const int j = a.rot + (i - a.half);
+                ch[j] = xh[j];
+            }
+            continue;
+        }
+        const int64_t col = r - n_q - n_k;
+        a.vl[row * a.kv_ld + col] = a.v[t * a.v_ld + col];
+    }
+}
+
+void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
+    lm_cuda *c = lm_cuda_of(be);
+    /* one launch needs one rope for both (and whole heads in k and v) */
+    const bool same = rq->head_dim == rk->head_dim && rq->rot_dim == rk->rot_dim &&
+                      rq->interleaved == rk->interleaved && rq->inv_freq == rk->inv_freq &&
+                      rq->attn_factor == rk->attn_factor && rq->rot_dim > 0 &&
+                      k->cols == (int64_t)rk->n_heads * rk->head_dim && v->cols == k->cols;
+    if (!same) {
+        lm_cuda_rope(be, q, b->pos, rq);
+        lm_cuda_rope(be, k, b->pos, rk);
+        lm_cuda_kv_write(be, kv, layer, k, v, b);
+        return;
+    }
+    lm_cuda_use(c);
+    const int64_t T = b->n_tokens;
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers && k->cols <= kv->kv_width);
+    LM_ASSERT(q->type == LM_F32 && k->type == LM_F32 && v->type == LM_F32);
+    LM_ASSERT(q->rows == T && k->rows == T && v->rows == T);
+    LM_ASSERT((int64_t)rq->n_heads * rq->head_dim <= q->cols && rq->rot_dim % 2 == 0 && rq->rot_dim <= rq->head_dim);
+    if (T == 0) return;
+    att_rkv_args a;
+    memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
+    a.d = att_stage(c, kv, b, 0, true, NULL, 0);
+    a.freq = lm_cuda_freq(c, rq->inv_freq, rq->rot_dim / 2);
+    a.q = (float *)q->data, a.k = (float *)k->data, a.v = (const float *)v->data;
+    a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.kv_ld = kv->kv_width;
+    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.attn_factor = rq->attn_factor;
+    a.Hq = rq->n_heads, a.Hkv = rk->n_heads, a.Dh = rq->head_dim, a.half = rq->rot_dim / 2, a.rot = rq->rot_dim;
+    a.bs = kv->block_size, a.interleaved = rq->interleaved;
+    const int64_t per = (int64_t)a.Hq * a.half + (int64_t)a.Hkv * (a.half + a.Dh - a.rot) + (int64_t)a.Hkv * a.Dh;
+    const int64_t n = T * per, cap = (int64_t)LM_MAX(c->n_sms, 1) * 8;
+    const unsigned blocks = (unsigned)LM_MAX((int64_t)1, LM_MIN((n + 255) / 256, cap));
+    lm_cuda_launch_pdl(c, att_rope_kv_kernel, blocks, 256, 0, a, T);
+    LM_CUDA_LAUNCHED("att_rope_kv_kernel");
 }
 
 /* ---- attention ------------------------------------------------------------------ */
@@ -319,6 +413,8 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
  * key of the row has m = -inf and l = 0 and weighs nothing. */
 __global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
                                    int H, int Dh, int ns) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int h = blockIdx.x, t = blockIdx.y;
     const int64_t base = ((int64_t)t * H + h) * ns;
     float M = -INFINITY, L = 0.0f;
@@ -361,7 +457,7 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
 /* Merges the ns > 1 splits into out. */
 static void att_combine(lm_cuda *c, const att_args *a, int T) {
     if (a->n_splits <= 1) return;
-    lm_cuda_launch(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm, a->pl,
+    lm_cuda_launch_pdl(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm, a->pl,
                                                                                a->pacc, a->H, a->Dh, a->n_splits);
     LM_CUDA_LAUNCHED("att_combine_kernel");
 }
@@ -379,10 +475,12 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
  * group's heads (GM = 8, or 2 at Dh = 512 to stay in registers); larger
  * groups span gridDim.y = Hkv * ceil(G / GM) blocks. */
 #define ATT_DEC_WARPS 4
-#define ATT_DEC_MIN_KEYS 64 /* keys per split, at least */
+#define ATT_DEC_MIN_KEYS 16 /* keys per split, at least: short contexts still spread over blocks */
 
 template <int DPL, int GM>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int t = blockIdx.x, z = blockIdx.z, g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Dh = DPL * 32;
     const int h0 = g * a.gsz + sub * GM, G = min(GM, a.gsz - sub * GM); /* this block's heads */
@@ -403,11 +501,18 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
     }
     const int64_t goff = (int64_t)g * Dh + lane * DPL;
-    for (int j = k_lo + warp; j <= k_hi; j += ATT_DEC_WARPS) {
+    /* key j's rows; the next key's are loaded before this one is used, so a
+     * warp always has a load in flight (the loop is latency-bound) */
+    auto load = [&](int j, float (&kx)[DPL], float (&vx)[DPL]) {
         const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
-        float kx[DPL], vx[DPL];
 #pragma unroll
         for (int d = 0; d < DPL; d++) kx[d] = a.kl[o + d], vx[d] = a.vl[o + d];
+    };
+    float kx[DPL], vx[DPL];
+    if (k_lo + warp <= k_hi) load(k_lo + warp, kx, vx);
+    for (int j = k_lo + warp; j <= k_hi; j += ATT_DEC_WARPS) {
+        float kn[DPL] = {}, vn[DPL] = {};
+        if (j + ATT_DEC_WARPS <= k_hi) load(j + ATT_DEC_WARPS, kn, vn);
 #pragma unroll
         for (int i = 0; i < GM; i++) {
             if (i >= G) break;
@@ -422,6 +527,8 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
 #pragma unroll
             for (int d = 0; d < DPL; d++) acc[i][d] = acc[i][d] * alpha + pr * vx[d];
         }
+#pragma unroll
+        for (int d = 0; d < DPL; d++) kx[d] = kn[d], vx[d] = vn[d];
     }
     /* merge the warps: every lane of a warp holds the same m and l */
 #pragma unroll
@@ -461,7 +568,7 @@ static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
     if (smem > 48 * 1024)
         LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
-    lm_cuda_launch(c, att_decode_kernel<DPL, GM>, grid, ATT_DEC_WARPS * 32, smem, *a);
+    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM>, grid, ATT_DEC_WARPS * 32, smem, *a);
     LM_CUDA_LAUNCHED("att_decode_kernel");
 }
 
@@ -479,10 +586,14 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     int max_range = 1;
     for (int t = 0; t < T; t++)
         max_range = LM_MAX(max_range, p->window > 0 ? LM_MIN(b->pos[t] + 1, p->window) : b->pos[t] + 1);
-    /* splits: about two blocks per SM, each split at least ATT_DEC_MIN_KEYS keys */
+    /* splits: about two blocks per SM, each split at least ATT_DEC_MIN_KEYS
+     * keys of the range rounded up to a power of two (so that the launch, and
+     * a CUDA graph of the step, changes at doublings, not every few tokens) */
+    int range2 = 1;
+    while (range2 < max_range) range2 *= 2;
     const int64_t base = (int64_t)T * Hkv, target = 2 * (int64_t)LM_MAX(c->n_sms, 1);
     int ns = (int)LM_MAX((int64_t)1, (target + base - 1) / base);
-    ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (max_range + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
+    ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (range2 + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
     if (Dh == 64) att_decode_launch<2, 8>(c, grid, &a);

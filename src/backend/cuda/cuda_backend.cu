@@ -481,6 +481,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .matmul_n = */ lm_cuda_matmul_n,
     /* .matmul_glu = */ lm_cuda_matmul_glu,
     /* .matmul_add = */ lm_cuda_matmul_add,
+    /* .rope_kv_write = */ lm_cuda_rope_kv_write,
     /* .graph_begin = */ lm_cuda_graph_begin,
     /* .graph_end = */ lm_cuda_graph_end,
     /* .destroy = */ lm_cuda_destroy,
@@ -544,6 +545,12 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         const char *mode = getenv("LUMEN_CUDA_GEMM");
         c->gemm_mode = mode && strcmp(mode, "bf16") == 0 ? LM_CUDA_GEMM_BF16 : LM_CUDA_GEMM_SPLIT;
         lm_cuda_graphs_init(c);
+        {
+            int major = 0;
+            LM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+            const char *pdl = getenv("LUMEN_CUDA_PDL");
+            c->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+        }
     }
     return &x->be;
 fail:

@@ -40,6 +40,8 @@ __device__ __forceinline__ double lm_warp_sum(double v) {
 /* Narrow rows (n <= 1024, e.g. per-head norms): one warp per row. */
 __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w, int64_t rows, int64_t n, double eps,
                                         double off) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;
@@ -52,24 +54,52 @@ __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w
     for (int64_t i = lane; i < n; i += 32) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
 }
 
-/* Wide rows: one block per row. */
+/* Wide rows: one block per row. x and w are read once, into registers
+ * (LM_NORM_REGS values each per thread, rows up to 8192 wide), both before
+ * the reduction, so the kernel waits for memory once; wider rows read the
+ * rest again. The warps' sums are reduced by one warp. */
 #define LM_NORM_BLOCK 1024 /* threads per row for rows over 1024 wide: few loads each, so latency hides */
+#define LM_NORM_REGS 8
 
 __global__ void __launch_bounds__(LM_NORM_BLOCK) lm_rms_norm_block_kernel(float *y, const float *x, const float *w,
                                                                           int64_t n, double eps, double off) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     __shared__ double part[LM_NORM_BLOCK / 32];
+    __shared__ double scale;
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n;
     float *yr = y + r * n;
+    const int64_t nt = blockDim.x;
+    float xv[LM_NORM_REGS], wv[LM_NORM_REGS];
+#pragma unroll
+    for (int k = 0; k < LM_NORM_REGS; k++) {
+        const int64_t i = threadIdx.x + k * nt;
+        xv[k] = i < n ? xr[i] : 0.0f;
+        wv[k] = i < n ? w[i] : 0.0f;
+    }
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < LM_NORM_REGS; k++) ss += (double)xv[k] * xv[k];
+    for (int64_t i = threadIdx.x + LM_NORM_REGS * nt; i < n; i += nt) ss += (double)xr[i] * xr[i];
     ss = lm_warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = ss;
     __syncthreads();
-    double tot = 0.0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += part[i];
-    const double s = 1.0 / sqrt(tot / (double)n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
+    if (warp == 0) {
+        double v = lane < (int)(nt >> 5) ? part[lane] : 0.0;
+        v = lm_warp_sum(v);
+        if (lane == 0) scale = 1.0 / sqrt(v / (double)n + eps);
+    }
+    __syncthreads();
+    const double s = scale;
+#pragma unroll
+    for (int k = 0; k < LM_NORM_REGS; k++) {
+        const int64_t i = threadIdx.x + k * nt;
+        if (i < n) yr[i] = (float)((double)xv[k] * s * ((double)wv[k] + off));
+    }
+    for (int64_t i = threadIdx.x + LM_NORM_REGS * nt; i < n; i += nt)
+        yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
 }
 
 void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps,
@@ -85,11 +115,11 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
         const int64_t per_block = LM_EW_THREADS / 32;
         int64_t blocks = (rows + per_block - 1) / per_block;
         LM_ASSERT(blocks <= 0x7fffffff);
-        lm_cuda_launch(c, lm_rms_norm_warp_kernel, (unsigned)blocks, LM_EW_THREADS, 0,
+        lm_cuda_launch_pdl(c, lm_rms_norm_warp_kernel, (unsigned)blocks, LM_EW_THREADS, 0,
             (float *)y->data, (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
     } else {
         LM_ASSERT(rows <= 0x7fffffff);
-        lm_cuda_launch(c, lm_rms_norm_block_kernel, (unsigned)rows, LM_NORM_BLOCK, 0,
+        lm_cuda_launch_pdl(c, lm_rms_norm_block_kernel, (unsigned)rows, LM_NORM_BLOCK, 0,
             (float *)y->data, (const float *)x->data, (const float *)w->data, n, eps, w_offset);
     }
     LM_CUDA_LAUNCHED("rms_norm");
@@ -101,27 +131,21 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
  * the same cos/sin, which costs less than walking them in one thread. */
 __global__ void lm_rope_kernel(float *x, int64_t T, int64_t cols, const int32_t *pos, const float *inv_freq,
                                int n_heads, int head_dim, int half, bool interleaved, double attn_factor) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(idx, T * n_heads * half) {
         const int64_t t = idx / ((int64_t)n_heads * half);
         const int h = (int)(idx / half % n_heads), i = (int)(idx % half);
-        /* the angle rounded to f32 (a plain f32 product, no contraction possible) */
-        const float af = (float)pos[t] * inv_freq[i];
-        double sn, cs;
-        sincos((double)af, &sn, &cs);
-        cs *= attn_factor;
-        sn *= attn_factor;
         const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
         float *xh = x + t * cols + (int64_t)h * head_dim;
-        const double a = xh[ia], b = xh[ib];
-        xh[ia] = (float)(a * cs - b * sn);
-        xh[ib] = (float)(a * sn + b * cs);
+        lm_rope_pair(&xh[ia], &xh[ib], pos[t], inv_freq[i], attn_factor);
     }
 }
 
 /* p->inv_freq on the device: a cached copy of the same values (models
  * may hold one array per layer with equal contents, as Gemma does), else an
  * upload into the slot used least recently. */
-static const float *lm_cuda_freq(lm_cuda *c, const float *host, int n) {
+const float *lm_cuda_freq(lm_cuda *c, const float *host, int n) {
     uint64_t h = 1469598103934665603ull;
     const unsigned char *b = (const unsigned char *)host;
     for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
@@ -159,7 +183,7 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
     const int32_t *dpos = (const int32_t *)lm_cuda_stage(c, pos, (size_t)x->rows * sizeof *pos);
     const float *dfreq = lm_cuda_freq(c, p->inv_freq, half);
     const int64_t n = x->rows * p->n_heads * half;
-    lm_cuda_launch(c, lm_rope_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)x->data, x->rows, x->cols, dpos, dfreq,
+    lm_cuda_launch_pdl(c, lm_rope_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)x->data, x->rows, x->cols, dpos, dfreq,
                                                                        p->n_heads, p->head_dim, half, p->interleaved,
                                                                        (double)p->attn_factor);
     LM_CUDA_LAUNCHED("rope");
@@ -168,6 +192,8 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 __global__ void lm_silu_mul_kernel(float *y, const float *g, const float *u, int64_t n) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) {
         float a = g[i];
         y[i] = a / (1.0f + expf(-a)) * u[i];
@@ -175,6 +201,8 @@ __global__ void lm_silu_mul_kernel(float *y, const float *g, const float *u, int
 }
 
 __global__ void lm_add_kernel(float *y, const float *x, int64_t n) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) y[i] += x[i];
 }
 
@@ -183,6 +211,8 @@ __global__ void lm_scale_kernel(float *y, float s, int64_t n) {
 }
 
 __global__ void lm_gelu_mul_kernel(float *y, const float *g, const float *u, int64_t n, bool tanh_approx) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) {
         double a = g[i], r;
         if (tanh_approx) r = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
@@ -213,7 +243,7 @@ void lm_cuda_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_silu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
+    lm_cuda_launch_pdl(c, lm_silu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
                                                                            (const float *)up->data, n);
     LM_CUDA_LAUNCHED("silu_mul");
 }
@@ -224,7 +254,7 @@ void lm_cuda_add(lm_backend *be, lm_tensor *y, const lm_tensor *x) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_add_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)x->data, n);
+    lm_cuda_launch_pdl(c, lm_add_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)x->data, n);
     LM_CUDA_LAUNCHED("add");
 }
 
@@ -244,7 +274,7 @@ void lm_cuda_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_gelu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
+    lm_cuda_launch_pdl(c, lm_gelu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
                                                                            (const float *)up->data, n, tanh_approx);
     LM_CUDA_LAUNCHED("gelu_mul");
 }
@@ -340,21 +370,20 @@ void lm_cuda_copy_cols(lm_backend *be, lm_tensor *y, const lm_tensor *x, int64_t
 
 /* ---- argmax of rows ------------------------------------------------------------------- */
 
-/* One block per row. lm_argmax's answer: the first index of the largest
- * value, NaN never winning, and 0 when x[0] is NaN or nothing beats x[0]
- * (a row of -inf). Each thread keeps its first strictly-largest element;
- * the tree keeps the larger value, the smaller index on ties. */
-#define LM_ARGMAX_THREADS 1024
-__global__ void __launch_bounds__(LM_ARGMAX_THREADS) lm_argmax_rows_kernel(int32_t *ids, const float *x, int64_t cols) {
+/* lm_argmax's answer for each row: the first index of the largest value,
+ * NaN never winning, and 0 when x[0] is NaN or nothing beats x[0] (a row of
+ * -inf). Two passes, so that a 128k-wide row is read by many blocks: pass 1,
+ * grid (rows, parts), each block keeps the first strictly-largest element
+ * of its slice; pass 2, a block per row merges the parts. The merge keeps
+ * the larger value, the smaller index on ties (slices are in index order). */
+#define LM_ARGMAX_THREADS 256
+#define LM_ARGMAX_SLICE 4096 /* elements per block in pass 1 */
+
+/* Block-wide best (value, index) of each thread's (bv, bi); the result in
+ * thread 0. */
+__device__ void lm_argmax_block(float bv, int32_t bi, float *out_v, int32_t *out_i) {
     __shared__ float sv[LM_ARGMAX_THREADS];
     __shared__ int32_t si[LM_ARGMAX_THREADS];
-    const float *row = x + (int64_t)blockIdx.x * cols;
-    float bv = -INFINITY;
-    int32_t bi = INT32_MAX;
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = row[i];
-        if (v > bv) bv = v, bi = (int32_t)i;
-    }
     sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -366,7 +395,44 @@ __global__ void __launch_bounds__(LM_ARGMAX_THREADS) lm_argmax_rows_kernel(int32
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) ids[blockIdx.x] = (row[0] != row[0] || si[0] == INT32_MAX) ? 0 : si[0];
+    if (threadIdx.x == 0) *out_v = sv[0], *out_i = si[0];
+}
+
+__global__ void __launch_bounds__(LM_ARGMAX_THREADS)
+    lm_argmax_part_kernel(float *pv, int32_t *pi, const float *x, int64_t cols) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    const float *row = x + (int64_t)blockIdx.x * cols;
+    const int64_t lo = (int64_t)blockIdx.y * LM_ARGMAX_SLICE, hi = LM_MIN(cols, lo + LM_ARGMAX_SLICE);
+    float bv = -INFINITY;
+    int32_t bi = INT32_MAX;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = row[i];
+        if (v > bv) bv = v, bi = (int32_t)i;
+    }
+    const int64_t at = (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
+    lm_argmax_block(bv, bi, &pv[at], &pi[at]);
+}
+
+__global__ void __launch_bounds__(LM_ARGMAX_THREADS)
+    lm_argmax_merge_kernel(int32_t *ids, const float *pv, const int32_t *pi, int parts, const float *x, int64_t cols) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    const int64_t r = blockIdx.x;
+    float bv = -INFINITY;
+    int32_t bi = INT32_MAX;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) {
+        const float v = pv[r * parts + i];
+        const int32_t k = pi[r * parts + i];
+        if (v > bv || (v == bv && k < bi)) bv = v, bi = k;
+    }
+    __shared__ float v0;
+    __shared__ int32_t i0;
+    lm_argmax_block(bv, bi, &v0, &i0);
+    if (threadIdx.x == 0) {
+        const float first = x[r * cols];
+        ids[r] = (first != first || i0 == INT32_MAX) ? 0 : i0;
+    }
 }
 
 void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
@@ -374,8 +440,17 @@ void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) 
     if (x->rows == 0) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
-    int32_t *d = (int32_t *)lm_cuda_scratch(c, (size_t)x->rows * sizeof(int32_t));
-    lm_cuda_launch(c, lm_argmax_rows_kernel, (unsigned)x->rows, LM_ARGMAX_THREADS, 0, d, (const float *)x->data, x->cols);
+    const int parts = (int)((x->cols + LM_ARGMAX_SLICE - 1) / LM_ARGMAX_SLICE);
+    LM_ASSERT(parts <= 0xffff);
+    const size_t np = (size_t)x->rows * (size_t)parts;
+    /* scratch: ids [rows], values [rows][parts], indices [rows][parts] */
+    unsigned char *sc = (unsigned char *)lm_cuda_scratch(c, 256 + np * 8 + (size_t)x->rows * 4);
+    float *pv = (float *)(sc + 256);
+    int32_t *pi = (int32_t *)(pv + np), *d = pi + np;
+    lm_cuda_launch_pdl(c, lm_argmax_part_kernel, dim3((unsigned)x->rows, (unsigned)parts), LM_ARGMAX_THREADS, 0, pv,
+                       pi, (const float *)x->data, x->cols);
+    lm_cuda_launch_pdl(c, lm_argmax_merge_kernel, (unsigned)x->rows, LM_ARGMAX_THREADS, 0, d, (const float *)pv,
+                       (const int32_t *)pi, parts, (const float *)x->data, x->cols);
     LM_CUDA_LAUNCHED("argmax_rows");
     if (c->gmode != LM_G_OFF) { /* the ids come back after the graph has run */
         lm_cuda_graph_defer_read(c, host_ids, d, (size_t)x->rows * sizeof(int32_t));

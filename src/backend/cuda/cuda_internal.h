@@ -56,70 +56,9 @@ typedef struct lm_cuda {
     /* graph passes (cuda_graph.cu): mode, running hash of the pass's launches */
     int gmode;
     uint64_t ghash;
+    bool pdl; /* programmatic dependent launch: sm_90+, LUMEN_CUDA_PDL != 0 */
     struct lm_cuda_graphs *graphs;
 } lm_cuda;
-
-/* Graph pass modes (cuda_graph.cu): OFF issues as usual; REPLAY hashes every
- * launch and issues nothing; CAPTURE hashes and issues under stream capture;
- * DRY (a pass that hit something uncapturable) does neither. */
-enum { LM_G_OFF = 0, LM_G_REPLAY, LM_G_CAPTURE, LM_G_DRY };
-typedef struct lm_cuda_graphs lm_cuda_graphs;
-void lm_cuda_graphs_init(lm_cuda *c);
-void lm_cuda_graphs_free(lm_cuda *c);
-int lm_cuda_graph_begin(lm_backend *be, uint64_t key);
-int lm_cuda_graph_end(lm_backend *be, bool ok);
-void lm_cuda_graph_counts(lm_cuda *c, long *replayed, long *captured);
-/* Mixes bytes into the pass hash. */
-void lm_cuda_graph_mix(lm_cuda *c, const void *bytes, size_t n);
-/* For a stream call other than a kernel launch (cuBLAS, in-op copies):
- * hashes desc in a pass and says whether to issue the call now. */
-bool lm_cuda_gate(lm_cuda *c, const void *desc, size_t n);
-/* Ends a pass that met something it cannot capture (see cuda_graph.cu). */
-void lm_cuda_graph_abandon(lm_cuda *c);
-/* lm_cuda_stage during a pass: the graph staging buffer. */
-void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes);
-/* A device-to-host copy during a pass, done after the graph has run. */
-void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes);
-
-template <typename P, typename A>
-static inline void lm_cuda_mix_arg(lm_cuda *c, const A &a) {
-    if constexpr (std::is_same_v<std::decay_t<A>, P>) {
-        lm_cuda_graph_mix(c, &a, sizeof a); /* structs: the caller's bytes, padding as it set it */
-    } else {
-        const P v = static_cast<P>(a); /* scalars and pointers */
-        lm_cuda_graph_mix(c, &v, sizeof v);
-    }
-}
-
-/* Every kernel launch of the backend: k<<<grid, block, smem, stream>>>(args)
- * outside a graph pass; inside one, the launch and the bytes of each
- * argument (converted to the kernel's parameter type) go into the pass hash,
- * and the launch is issued only while capturing. */
-template <typename... P, typename... A>
-static inline void lm_cuda_launch(lm_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, const A &...args) {
-    static_assert(sizeof...(P) == sizeof...(A), "lm_cuda_launch: argument count differs from the kernel's");
-    if (c->gmode != LM_G_OFF) {
-        if (c->gmode == LM_G_DRY) return;
-        struct {
-            const void *k;
-            unsigned g[3], b[3];
-            uint64_t smem;
-        } d;
-        memset(&d, 0, sizeof d);
-        d.k = (const void *)k;
-        d.g[0] = grid.x, d.g[1] = grid.y, d.g[2] = grid.z;
-        d.b[0] = block.x, d.b[1] = block.y, d.b[2] = block.z;
-        d.smem = smem;
-        lm_cuda_graph_mix(c, &d, sizeof d);
-        (lm_cuda_mix_arg<P>(c, args), ...);
-        if (c->gmode != LM_G_CAPTURE) return;
-    }
-    k<<<grid, block, smem, c->stream>>>(static_cast<P>(args)...);
-}
-
-/* cudaMemsetAsync / cudaMemcpyAsync (device to device) inside an op. */
-void lm_cuda_memset(lm_cuda *c, void *p, int v, size_t bytes);
-void lm_cuda_memcpy_d2d(lm_cuda *c, void *dst, const void *src, size_t bytes);
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
  * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
@@ -163,6 +102,24 @@ static inline void lm_cuda_use(lm_cuda *c) {
     if (lm_cuda_current_device != c->device) lm_cuda_set_device(c->device);
 }
 
+/* The device copy of rope frequencies host[n] (cached by content;
+ * cuda_elementwise.cu). */
+const float *lm_cuda_freq(lm_cuda *c, const float *host, int n);
+
+/* Rotates the pair (a, b) of a head by angle pos * inv_freq: the rope op's
+ * arithmetic (angle rounded to f32 as transformers does, cos/sin in double),
+ * shared by the rope kernel and the fused rope + KV write. */
+static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t pos, float inv_freq, double attn_factor) {
+    const float af = (float)pos * inv_freq;
+    double sn, cs;
+    sincos((double)af, &sn, &cs);
+    cs *= attn_factor;
+    sn *= attn_factor;
+    const double x = *a, y = *b;
+    *a = (float)(x * cs - y * sn);
+    *b = (float)(x * sn + y * cs);
+}
+
 /* Op entry points, one definition each in the files above. */
 void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias);
 void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps, float w_offset);
@@ -194,7 +151,111 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
                         lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
                             const lm_tensor *w, float eps);
+
+/* Graph pass modes (cuda_graph.cu): OFF issues as usual; REPLAY hashes every
+ * launch and issues nothing; CAPTURE hashes and issues under stream capture;
+ * DRY (a pass that hit something uncapturable) does neither. */
+enum { LM_G_OFF = 0, LM_G_REPLAY, LM_G_CAPTURE, LM_G_DRY };
+typedef struct lm_cuda_graphs lm_cuda_graphs;
+void lm_cuda_graphs_init(lm_cuda *c);
+void lm_cuda_graphs_free(lm_cuda *c);
+int lm_cuda_graph_begin(lm_backend *be, uint64_t key);
+int lm_cuda_graph_end(lm_backend *be, bool ok);
+void lm_cuda_graph_counts(lm_cuda *c, long *replayed, long *captured);
+/* Mixes bytes into the pass hash. */
+void lm_cuda_graph_mix(lm_cuda *c, const void *bytes, size_t n);
+/* For a stream call other than a kernel launch (cuBLAS, in-op copies):
+ * hashes desc in a pass and says whether to issue the call now. */
+bool lm_cuda_gate(lm_cuda *c, const void *desc, size_t n);
+/* Ends a pass that met something it cannot capture (see cuda_graph.cu). */
+void lm_cuda_graph_abandon(lm_cuda *c);
+/* lm_cuda_stage during a pass: the graph staging buffer. */
+void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes);
+/* A device-to-host copy during a pass, done after the graph has run. */
+void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes);
+
+template <typename P, typename A>
+static inline void lm_cuda_mix_arg(lm_cuda *c, const A &a) {
+    if constexpr (std::is_same_v<std::decay_t<A>, P>) {
+        lm_cuda_graph_mix(c, &a, sizeof a); /* structs: the caller's bytes, padding as it set it */
+    } else {
+        const P v = static_cast<P>(a); /* scalars and pointers */
+        lm_cuda_graph_mix(c, &v, sizeof v);
+    }
+}
+
+/* Programmatic dependent launch (Hopper). A kernel launched with
+ * lm_cuda_launch_pdl may start while the kernel before it still runs: it
+ * calls lm_pdl_wait() before it touches memory an earlier kernel writes or
+ * reads (weights excepted: the GEMV fetches its first weights before the
+ * wait), and lm_pdl_trigger() to let the kernel after it start early. Both
+ * are no-ops for a kernel launched plainly, and before sm_90. */
+__device__ __forceinline__ void lm_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void lm_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Every kernel launch of the backend: k<<<grid, block, smem, stream>>>(args)
+ * outside a graph pass; inside one, the launch and the bytes of each
+ * argument (converted to the kernel's parameter type) go into the pass hash,
+ * and the launch is issued only while capturing. pdl: see lm_pdl_wait. */
+template <typename... P, typename... A>
+static inline void lm_cuda_launch_ex(lm_cuda *c, bool pdl, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                     const A &...args) {
+    static_assert(sizeof...(P) == sizeof...(A), "lm_cuda_launch: argument count differs from the kernel's");
+    pdl = pdl && c->pdl;
+    if (c->gmode != LM_G_OFF) {
+        if (c->gmode == LM_G_DRY) return;
+        struct {
+            const void *k;
+            unsigned g[3], b[3];
+            uint64_t smem, pdl;
+        } d;
+        memset(&d, 0, sizeof d);
+        d.k = (const void *)k;
+        d.g[0] = grid.x, d.g[1] = grid.y, d.g[2] = grid.z;
+        d.b[0] = block.x, d.b[1] = block.y, d.b[2] = block.z;
+        d.smem = smem, d.pdl = pdl;
+        lm_cuda_graph_mix(c, &d, sizeof d);
+        (lm_cuda_mix_arg<P>(c, args), ...);
+        if (c->gmode != LM_G_CAPTURE) return;
+    }
+    if (!pdl) {
+        k<<<grid, block, smem, c->stream>>>(static_cast<P>(args)...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = c->stream;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    LM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...));
+}
+
+template <typename... P, typename... A>
+static inline void lm_cuda_launch(lm_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, const A &...args) {
+    lm_cuda_launch_ex(c, false, k, grid, block, smem, args...);
+}
+template <typename... P, typename... A>
+static inline void lm_cuda_launch_pdl(lm_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                      const A &...args) {
+    lm_cuda_launch_ex(c, true, k, grid, block, smem, args...);
+}
+
+/* cudaMemsetAsync / cudaMemcpyAsync (device to device) inside an op. */
+void lm_cuda_memset(lm_cuda *c, void *p, int v, size_t bytes);
+void lm_cuda_memcpy_d2d(lm_cuda *c, void *dst, const void *src, size_t bytes);
+
 
 #endif

@@ -134,6 +134,14 @@ template <int T, lm_dtype WT, bool VEC, int MODE>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = LM_GEMV_R;
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
+    lm_pdl_trigger();
+    /* launched early (PDL): weights are constant and may be fetched at once;
+     * x (and y) only after the kernels before have finished */
+    bool waited = false;
+    auto sync_in = [&]() {
+        if (!waited) lm_pdl_wait();
+        waited = true;
+    };
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
     const int64_t I = a.I;
     const float *__restrict__ x = a.x;
@@ -205,6 +213,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
             for (int r = 0; r < R; r++) va[r] = __ldcs((const uint4 *)wr[r] + k);
 #pragma unroll
             for (int r = 0; r < R; r++) vb[r] = __ldcs((const uint4 *)wr[r] + k + stride);
+            sync_in();
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 lm_widen16<WT>(va[r], wa[r]);
@@ -213,6 +222,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
         } else {
             load(wa, k);
             load(wb, k + stride);
+            sync_in();
         }
         step(wa, k);
         step(wb, k + stride);
@@ -220,8 +230,10 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     if (k < n_chunks) {
         float wa[R][EPC];
         load(wa, k);
+        sync_in();
         step(wa, k);
     }
+    sync_in(); /* before y is written (and read, in ADD mode) */
 
     /* reduce: within each warp by shuffles, then across warps in shared memory */
     __shared__ float part[LM_GEMV_THREADS / 32][R * T];
@@ -258,7 +270,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
 
 template <int T, lm_dtype WT, bool VEC, int MODE>
 static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int threads) {
-    lm_cuda_launch(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
+    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
 }
 
 /* Fused modes exist for 16-byte chunks of bf16/f16 weights only (the
