@@ -67,6 +67,16 @@ static bool ca_open(ca_be *be, char *why, size_t n) {
     return true;
 }
 
+/* Skips without a GPU; opens both backends or fails the test. */
+#define CA_OPEN(be)                                                  \
+    char why_[256];                                                  \
+    if (!lm_cuda_available(why_, sizeof why_)) LM_SKIP("%s", why_);  \
+    ca_be be;                                                        \
+    if (!ca_open(&be, why_, sizeof why_)) {                          \
+        LM_CHECK_MSG(0, "%s", why_);                                 \
+        return;                                                      \
+    }
+
 static void ca_close(ca_be *be) {
     lm_backend_destroy(be->b[1]);
     lm_backend_destroy(be->b[0]);
@@ -306,13 +316,7 @@ LM_TEST(cuda_attention_mixed) {
 /* ---- kv_write ---------------------------------------------------------------------- */
 
 LM_TEST(cuda_kv_write) {
-    char why[256];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    ca_be be;
-    if (!ca_open(&be, why, sizeof why)) {
-        LM_CHECK_MSG(0, "%s", why);
-        return;
-    }
+    CA_OPEN(be);
     uint64_t seed = 99;
     /* Written width below the pool width; positions across block edges. */
     const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
@@ -360,13 +364,7 @@ LM_TEST(cuda_kv_write) {
  * CPU: full and partial rotary, both pair layouts, a yarn-like attention
  * factor, and q and k with different frequency arrays (the fallback). */
 LM_TEST(cuda_rope_kv_write_fused) {
-    char why[256];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    ca_be be;
-    if (!ca_open(&be, why, sizeof why)) {
-        LM_CHECK_MSG(0, "%s", why);
-        return;
-    }
+    CA_OPEN(be);
     LM_REQUIRE(be.b[1]->ops->rope_kv_write != NULL);
     static const struct { int Hq, Hkv, Dh, rot; bool inter; float factor; bool split_freq; } cfgs[] = {
         { 4, 2, 64, 64, false, 1.0f, false }, { 4, 1, 128, 32, true, 0.8f, false },
@@ -536,13 +534,7 @@ static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv,
 }
 
 LM_TEST(cuda_gated_delta_ops) {
-    char why[256];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    ca_be be;
-    if (!ca_open(&be, why, sizeof why)) {
-        LM_CHECK_MSG(0, "%s", why);
-        return;
-    }
+    CA_OPEN(be);
     ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 7);  /* Qwen3.5 head shape */
     ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 11);   /* odd widths: a partial warp */
     ca_close(&be);
@@ -583,13 +575,7 @@ static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][
 }
 
 LM_TEST(cuda_moe) {
-    char why[256];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    ca_be be;
-    if (!ca_open(&be, why, sizeof why)) {
-        LM_CHECK_MSG(0, "%s", why);
-        return;
-    }
+    CA_OPEN(be);
     uint64_t seed = 5;
     /* [backend][gate, up, down][expert]; the host data outlives both backends */
     static lm_tensor ws[2][3][CA_E];
