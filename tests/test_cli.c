@@ -164,6 +164,31 @@ LM_TEST(cli_run_text_and_chat_on_demo_model) {
     free(err);
 }
 
+/* run and chat share the sampling options: chat takes --top-k / --min-p
+ * too, a seed repeats its tokens, and bad values are refused naming the
+ * option. */
+LM_TEST(cli_sampling_options_shared) {
+    char *a = NULL, *b = NULL, *err = NULL;
+    const char *args = "run -p 'def add(a, b):' -n 16 --temp 0.9 --top-k 20 --top-p 0.9 --min-p 0.05 --seed 7 "
+                       "--ignore-eos --device cpu";
+    LM_CHECK(lumen(args, &a, NULL) == 0 && lumen(args, &b, NULL) == 0);
+    LM_CHECK(a && b && strlen(a) > 5 && !strcmp(a, b));
+    free(a), free(b);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "printf 'Hello\\n' | '%s' chat --temp 0.8 --top-k 5 --min-p 0.1 --seed 3 -n 8 --device cpu",
+             lm_test_lumen_bin());
+    int rc = lm_tu_run(cmd, &a, &err);
+    LM_CHECK_MSG(rc == 0, "chat with --top-k/--min-p: exit %d: %s", rc, err);
+    free(a), free(err);
+    static const char *const bad[] = { "run -p x --temp -1", "run -p x --top-p 0", "chat --min-p 2",
+                                       "chat --top-k -3", "run -p x --seed -1" };
+    for (size_t i = 0; i < LM_COUNT(bad); i++) {
+        rc = lumen(bad[i], NULL, &err);
+        LM_CHECK_MSG(rc == 2 && err && strstr(err, "bad value for --"), "%s: exit %d, %s", bad[i], rc, err);
+        free(err);
+    }
+}
+
 /* `lumen bench --batch`: B sequences prefilled in chunks, then decoding
  * together with greedy ids from the backend; one JSON line with the rate. */
 LM_TEST(cli_bench_batched_decode_on_demo_model) {

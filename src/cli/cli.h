@@ -3,6 +3,7 @@
 #define LM_CLI_H
 
 #include "../backend/lm_backend.h"
+#include "../engine/lm_sampler.h"
 
 #define LM_VERSION "0.1.0"
 
@@ -27,6 +28,9 @@ typedef struct lm_common_opts {
 /* Parses "--threads N" / "--isa NAME" at argv[*i] (advancing *i); returns 1
  * if consumed, 0 if not a common option, -1 on a bad value (message printed). */
 int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i);
+/* Parses a sampling option (--temp, --top-k, --top-p, --min-p, --seed) at
+ * argv[*i] into p, as lm_cli_common does. */
+int lm_cli_sampling(lm_sampler_params *p, int argc, char **argv, int *i);
 /* The value after argv[*i], or NULL with a message. */
 const char *lm_cli_value(int argc, char **argv, int *i);
 bool lm_cli_int(const char *s, long lo, long hi, long *out);
@@ -40,6 +44,14 @@ lm_backend *lm_cli_backend(const lm_common_opts *o);
  * overrides), or NULL with a message when it is not there. */
 const char *lm_cli_default_model(void);
 int lm_cmd_chat(int argc, char **argv);
+
+/* The sampling options' help, with a command's defaults (string literals). */
+#define LM_SAMPLING_HELP(temp, top_p)                                                               \
+    "  --temp T          sampling temperature (default " temp "; 0 = greedy)\n"                      \
+    "  --top-k K         keep the K most likely tokens (default 0 = off)\n"                          \
+    "  --top-p P         nucleus sampling mass (default " top_p "; 1 = off)\n"                        \
+    "  --min-p P         drop tokens below P x the top probability (default 0 = off)\n"              \
+    "  --seed S          sampling seed (default 0); same seed, same tokens\n"
 
 #define LM_COMMON_HELP                                                        \
     "  --threads N       worker threads (default: every core)\n"             \

@@ -23,9 +23,7 @@ static const char *const k_help =
     "  -m, --model PATH  Hugging Face folder or .gguf file (default: the bundled demo model)\n"
     "  --system TEXT     a system message\n"
     "  -n N              most tokens per answer (default 512)\n"
-    "  --temp T          sampling temperature (default 0.7; 0 = greedy)\n"
-    "  --top-p P         nucleus sampling mass (default 0.95)\n"
-    "  --seed S          sampling seed (default 0)\n"
+    LM_SAMPLING_HELP("0.7", "0.95")
     "  --ctx N           context length (default 4096)\n"
     "  --no-think        render with enable_thinking=false\n"
     LM_COMMON_HELP;
@@ -64,12 +62,13 @@ static void on_text(void *user, const char *t, size_t n) {
 int lm_cmd_chat(int argc, char **argv) {
     lm_common_opts co = { 0 };
     const char *model_path = NULL, *system = NULL;
-    long n_gen = 512, ctx = 0, seed = 0;
-    double temp = 0.7, top_p = 0.95;
+    long n_gen = 512, ctx = 0;
+    lm_sampler_params sp = { 0.7f, 0, 0.95f, 0.0f, 0 };
     bool think = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int c = lm_cli_common(&co, argc, argv, &i);
+        if (!c) c = lm_cli_sampling(&sp, argc, argv, &i);
         if (c < 0) return 2;
         if (c) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -83,12 +82,6 @@ int lm_cmd_chat(int argc, char **argv) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &n_gen)) goto bad;
         } else if (!strcmp(a, "--ctx")) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 16, 1 << 24, &ctx)) goto bad;
-        } else if (!strcmp(a, "--temp")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &temp) || temp < 0) goto bad;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &top_p) || top_p <= 0 || top_p > 1) goto bad;
-        } else if (!strcmp(a, "--seed")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, INT64_MAX, &seed)) goto bad;
         } else if (!strcmp(a, "--no-think")) {
             think = false;
         } else {
@@ -106,7 +99,6 @@ int lm_cmd_chat(int argc, char **argv) {
     lm_err e = { { 0 } };
     lm_textgen g;
     lm_template *tpl = NULL;
-    lm_sampler_params sp = { (float)temp, 0, (float)top_p, 0, (uint64_t)seed };
     json_t *messages = json_array();
     int rc = 1;
     if (lm_textgen_open(&g, model_path, be, (int)ctx, &sp, &e)) goto fail;

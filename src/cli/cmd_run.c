@@ -20,11 +20,7 @@ static const char *const k_help =
     "  -p, --prompt TEXT prompt text\n"
     "  --prompt-ids IDS  comma-separated token ids\n"
     "  -n N              tokens to generate (default 32)\n"
-    "  --temp T          sampling temperature (default 0 = greedy)\n"
-    "  --top-k K         keep the K most likely tokens (default off)\n"
-    "  --top-p P         nucleus sampling mass (default 1 = off)\n"
-    "  --min-p P         drop tokens below P x the top probability (default off)\n"
-    "  --seed S          sampling seed (default 0); same seed, same tokens\n"
+    LM_SAMPLING_HELP("0", "1")
     "  --ignore-eos      keep generating after an end-of-sequence token\n"
     "  --ctx N           context length (default: the model's, capped to prompt + n)\n"
     LM_COMMON_HELP;
@@ -93,12 +89,13 @@ done:
 int lm_cmd_run(int argc, char **argv) {
     lm_common_opts co = { 0 };
     const char *model_path = NULL, *ids_text = NULL, *text = NULL;
-    long n_gen = 32, ctx = 0, top_k = 0, seed = 0;
-    double temp = 0, top_p = 1, min_p = 0;
+    long n_gen = 32, ctx = 0;
+    lm_sampler_params sp = { 0.0f, 0, 1.0f, 0.0f, 0 };
     bool ignore_eos = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int c = lm_cli_common(&co, argc, argv, &i);
+        if (!c) c = lm_cli_sampling(&sp, argc, argv, &i);
         if (c < 0) return 2;
         if (c) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -114,16 +111,6 @@ int lm_cmd_run(int argc, char **argv) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 1 << 24, &n_gen)) goto bad;
         } else if (!strcmp(a, "--ctx")) {
             if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 24, &ctx)) goto bad;
-        } else if (!strcmp(a, "--temp")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &temp) || temp < 0) goto bad;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 1 << 24, &top_k)) goto bad;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &top_p) || top_p <= 0 || top_p > 1) goto bad;
-        } else if (!strcmp(a, "--min-p")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_float(v, &min_p) || min_p < 0 || min_p > 1) goto bad;
-        } else if (!strcmp(a, "--seed")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, INT64_MAX, &seed)) goto bad;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
         } else {
@@ -140,7 +127,6 @@ int lm_cmd_run(int argc, char **argv) {
         return 2;
     }
     if (!model_path && !(model_path = lm_cli_default_model())) return 2;
-    lm_sampler_params sp = { (float)temp, (int)top_k, (float)top_p, (float)min_p, (uint64_t)seed };
     if (text) return run_text(&co, model_path, text, (int)n_gen, (int)ctx, &sp, ignore_eos);
     int32_t *prompt = NULL;
     int n_prompt = parse_ids(ids_text, &prompt);

@@ -34,6 +34,35 @@ bool lm_cli_float(const char *s, double *out) {
     return true;
 }
 
+int lm_cli_sampling(lm_sampler_params *p, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    long n;
+    double f;
+    if (!strcmp(a, "--temp")) {
+        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f < 0) goto bad;
+        p->temperature = (float)f;
+    } else if (!strcmp(a, "--top-k")) {
+        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_int(v, 0, 1 << 24, &n)) goto bad;
+        p->top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f <= 0 || f > 1) goto bad;
+        p->top_p = (float)f;
+    } else if (!strcmp(a, "--min-p")) {
+        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f < 0 || f > 1) goto bad;
+        p->min_p = (float)f;
+    } else if (!strcmp(a, "--seed")) {
+        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_int(v, 0, INT64_MAX, &n)) goto bad;
+        p->seed = (uint64_t)n;
+    } else {
+        return 0;
+    }
+    return 1;
+bad:
+    fprintf(stderr, "lumen: bad value for %s (--temp >= 0, --top-k >= 0, --top-p in (0, 1], --min-p in [0, 1], "
+                    "--seed >= 0)\n", a);
+    return -1;
+}
+
 int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
