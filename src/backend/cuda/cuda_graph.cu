@@ -69,6 +69,7 @@ struct lm_cuda_graphs {
     /* graph staging buffer: host arrays of the current pass */
     unsigned char *stage_host, *stage_dev;
     size_t stage_cap, stage_used, stage_want;
+    bool stage_short; /* this pass outgrew the staging buffer: not the key's fault */
     cudaEvent_t staged; /* after the last copy out of stage_host */
     lm_graph_read *reads;
     int n_reads, cap_reads;
@@ -143,7 +144,10 @@ void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes) {
     size_t off = (g->stage_used + LM_GRAPH_ALIGN - 1) / LM_GRAPH_ALIGN * LM_GRAPH_ALIGN;
     if (c->gmode == LM_G_DRY || off + bytes > g->stage_cap) {
         /* too small: this pass cannot be a graph; the next one gets room */
-        if (off + bytes > g->stage_cap) g->stage_want = LM_MAX(g->stage_want, 2 * (off + bytes));
+        if (off + bytes > g->stage_cap) {
+            g->stage_want = LM_MAX(g->stage_want, 2 * (off + bytes));
+            g->stage_short = true;
+        }
         lm_cuda_graph_abandon(c);
         return g->stage_dev; /* never read: nothing is issued in DRY */
     }
@@ -199,6 +203,7 @@ static void lm_graph_start(lm_cuda *c, int mode) {
         g->stage_cap = cap;
     }
     g->stage_used = 0;
+    g->stage_short = false;
     g->n_reads = 0;
     c->ghash = LM_GRAPH_SEED;
     c->gmode = mode;
@@ -255,7 +260,7 @@ int lm_cuda_graph_end(lm_backend *be, bool ok) {
     if (c->gmode == LM_G_DRY) {
         c->gmode = LM_G_OFF;
         g->n_abandon++;
-        e->abandons++;
+        if (!g->stage_short) e->abandons++; /* a bigger buffer comes with the next pass */
         lm_graph_maybe_off(e);
         return 1;
     }
