@@ -121,6 +121,19 @@ LM_TEST(cli_bad_input_one_line_errors) {
     LM_CHECK(rc == 2);
     free(out);
     free(err);
+    static const char *const bad_mem[] = { "run -p x --gpu-memory lots", "run -p x --gpu-memory 0",
+                                           "serve --gpu-memory 1.5G" };
+    for (size_t i = 0; i < LM_COUNT(bad_mem); i++) {
+        rc = lumen(bad_mem[i], &out, &err);
+        LM_CHECK_MSG(rc == 2 && err && strstr(err, "--gpu-memory"), "%s: exit %d: %s", bad_mem[i], rc, err);
+        free(out);
+        free(err);
+    }
+    /* on the CPU the limit has nothing to limit */
+    rc = lumen("run -p 'def f(' -n 4 --device cpu --gpu-memory 1G", &out, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
     rc = lumen("--help", &out, &err);
     LM_CHECK(rc == 0 && out && strstr(out, "parity") && strstr(out, "bench"));
     free(out);

@@ -174,3 +174,48 @@ LM_TEST(cuda_engine_kv_that_does_not_fit_is_an_error) {
     lm_model_free(m);
     lm_backend_destroy(be);
 }
+
+/* --gpu-memory: a limit on what the backend reports. A model whose weights
+ * exceed it is refused at load with the numbers; under a limit that fits,
+ * the engine sizes its default KV cache inside it; and the CLI takes the
+ * option (and refuses a model that does not fit, before the first copy). */
+LM_TEST(cuda_memory_limit_load_and_engine) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cuda_backend_create(0, &e);
+    LM_REQUIRE(be != NULL);
+    size_t free0, total0;
+    lm_backend_mem_info(be, &free0, &total0);
+    lm_backend_set_memory_limit(be, (size_t)64 << 10); /* 64 KiB: no model fits */
+    size_t f1, t1;
+    lm_backend_mem_info(be, &f1, &t1);
+    LM_CHECK(t1 == (size_t)64 << 10 && f1 <= t1);
+    lm_model *m = NULL;
+    LM_CHECK(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) != 0);
+    printf("  64 KiB limit: %s\n", e.msg);
+    LM_CHECK(strstr(e.msg, "GiB free") != NULL && strstr(e.msg, "--device cpu") != NULL);
+    /* 512 MiB: the demo model loads and the engine's default cache fits inside */
+    const size_t lim = (size_t)512 << 20;
+    lm_backend_set_memory_limit(be, lim);
+    LM_REQUIRE(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) == 0);
+    lm_engine *en = NULL;
+    lm_engine_opts o = { .parallel = 2 };
+    LM_CHECK_MSG(lm_engine_create(&en, m, &o, &e) == 0, "%s", e.msg);
+    size_t f2, t2;
+    lm_backend_set_memory_limit(be, 0);
+    lm_backend_mem_info(be, &f2, &t2);
+    printf("  512 MiB limit: engine created; the process took %.1f MiB of the GPU\n",
+           (double)(free0 > f2 ? free0 - f2 : 0) / 1048576.0);
+    LM_CHECK(free0 - f2 <= lim);
+    lm_engine_free(en);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    char *out = NULL, *err = NULL;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' run -m '%s/models/demo' --device cuda --gpu-memory 64K -p hi -n 2",
+             lm_test_lumen_bin(), LUMEN_SOURCE_DIR);
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 1 && err && strstr(err, "GiB free"), "exit %d: %s", rc, err ? err : "");
+    free(out), free(err);
+}

@@ -27,3 +27,8 @@ void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured) {
     (void)be;
     *replayed = *captured = 0;
 }
+
+void lm_backend_set_memory_limit(lm_backend *be, size_t bytes) {
+    (void)be;
+    (void)bytes;
+}

@@ -273,8 +273,15 @@ int lm_cpu_backend_threads(const lm_backend *be);
 lm_backend *lm_cuda_backend_create(int device, lm_err *e);
 /* Whether a usable GPU is present; if not, why (for skips and --device auto). */
 bool lm_cuda_available(char *why, size_t n);
-/* Bytes of device memory free now and in all (0, 0 on non-GPU backends). */
+/* Bytes of device memory free now and in all (0, 0 on non-GPU backends),
+ * within the limit set below. */
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* Caps the device memory this backend reports: total at most `bytes`, free
+ * at most `bytes` minus the device memory taken since the backend was
+ * created (by this process, or by others meanwhile), so that model loading
+ * and the engine's KV sizing stay inside it (sharing a GPU). 0 removes the
+ * cap; no-op on the CPU. */
+void lm_backend_set_memory_limit(lm_backend *be, size_t bytes);
 /* Forwards run as replayed CUDA graphs so far, and graphs captured (0, 0 on
  * backends without graphs). */
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured);

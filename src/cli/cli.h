@@ -23,6 +23,7 @@ typedef struct lm_common_opts {
     lm_cpu_isa isa;
     lm_device_choice device;
     int gpu;         /* CUDA device index */
+    size_t gpu_memory; /* --gpu-memory: most GPU memory to use, 0 = all there is */
 } lm_common_opts;
 
 /* Parses "--threads N" / "--isa NAME" at argv[*i] (advancing *i); returns 1
@@ -35,6 +36,9 @@ int lm_cli_sampling(lm_sampler_params *p, int argc, char **argv, int *i);
 const char *lm_cli_value(int argc, char **argv, int *i);
 bool lm_cli_int(const char *s, long lo, long hi, long *out);
 bool lm_cli_float(const char *s, double *out);
+/* A byte size: a whole number with an optional K, M, G or T suffix (powers of
+ * 1024; "512M", "4G", "1536KiB"); false for anything else. */
+bool lm_cli_size(const char *s, size_t *out);
 /* The backend the options ask for. auto: CUDA when a GPU is present and the
  * model at model_path (NULL: not checked) fits in its free memory, else the
  * CPU, saying why on stderr. */
@@ -57,6 +61,8 @@ int lm_cmd_chat(int argc, char **argv);
     "  --threads N       worker threads (default: every core)\n"             \
     "  --isa NAME        CPU code path: auto, scalar, avx2, avx512 (default auto)\n"      \
     "  --device NAME     auto, cpu, cuda or cuda:N (default auto: the GPU when one\n"   \
-    "                    is present and the model fits in its free memory)\n"
+    "                    is present and the model fits in its free memory)\n"   \
+    "  --gpu-memory SIZE most GPU memory to use, e.g. 20G (default: all that is\n" \
+    "                    free); weights, KV cache and prefix cache fit inside it\n"
 
 #endif

@@ -43,30 +43,6 @@ static const char *const k_help =
     "other characters are dropped, the rest cut to 64); otherwise the server makes\n"
     "one. The response echoes it in X-Request-Id; the log and trace lines carry it.\n";
 
-/* A byte size: a whole number with an optional suffix K, M, G or T (powers
- * of 1024, then an optional 'B' or 'iB', any case): "0", "512M", "4G",
- * "1536KiB". False for anything else, a fraction, or more than 2^60 bytes. */
-static bool parse_size(const char *s, size_t *out) {
-    char *end;
-    if (*s < '0' || *s > '9') return false; /* no sign, no space */
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno) return false;
-    int shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end || v > (1ull << (60 - shift))) return false;
-    *out = (size_t)(v << shift);
-    return true;
-}
-
 /* The default prefix-cache budget: a quarter of MemAvailable, at most 1 GiB
  * (the cache is an optimisation; it must not push the machine into swap). */
 static size_t default_cache_ram(void) {
@@ -136,7 +112,7 @@ int lm_cmd_serve(int argc, char **argv) {
             so.max_connections = (int)n;
         } else if (!strcmp(a, "--cache-ram")) {
             if (!(v = lm_cli_value(argc, argv, &i))) return 2;
-            if (!parse_size(v, &so.engine.cache_ram)) {
+            if (!lm_cli_size(v, &so.engine.cache_ram)) {
                 fprintf(stderr,
                         "lumen serve: --cache-ram '%s' is not a size: give bytes or a whole number with K, M, G "
                         "or T (e.g. 512M, 4G; 0 turns the prefix cache off)\n", v);

@@ -34,6 +34,30 @@ bool lm_cli_float(const char *s, double *out) {
     return true;
 }
 
+/* A byte size: a whole number with an optional suffix K, M, G or T (powers
+ * of 1024, then an optional 'B' or 'iB', any case): "0", "512M", "4G",
+ * "1536KiB". False for anything else, a fraction, or more than 2^60 bytes. */
+bool lm_cli_size(const char *s, size_t *out) {
+    char *end;
+    if (*s < '0' || *s > '9') return false; /* no sign, no space */
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno) return false;
+    int shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end || v > (1ull << (60 - shift))) return false;
+    *out = (size_t)(v << shift);
+    return true;
+}
+
 int lm_cli_sampling(lm_sampler_params *p, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
     long n;
@@ -84,6 +108,16 @@ int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i) {
         else if (!strcmp(v, "avx512")) o->isa = LM_ISA_AVX512;
         else {
             fprintf(stderr, "lumen: --isa must be auto, scalar, avx2 or avx512\n");
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--gpu-memory")) {
+        const char *v = lm_cli_value(argc, argv, i);
+        if (!v) return -1;
+        if (!lm_cli_size(v, &o->gpu_memory) || o->gpu_memory == 0) {
+            fprintf(stderr, "lumen: --gpu-memory '%s' is not a size: give bytes or a whole number with K, M, G or T "
+                            "(e.g. 20G)\n", v);
             return -1;
         }
         return 1;
@@ -149,6 +183,7 @@ static lm_backend *choose_backend(const lm_common_opts *o, const char *model_pat
     if (o->device == LM_DEVICE_CUDA) {
         lm_backend *be = lm_cuda_backend_create(o->gpu, &e);
         if (!be) fprintf(stderr, "lumen: --device cuda: %s\n", e.msg);
+        else if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
         return be;
     }
     char why[256];
@@ -158,6 +193,7 @@ static lm_backend *choose_backend(const lm_common_opts *o, const char *model_pat
         fprintf(stderr, "lumen: GPU present but not usable (%s); running on the CPU\n", e.msg);
         return cpu_backend(o);
     }
+    if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
     size_t free_b, total_b, need = model_path ? model_file_bytes(model_path) : 0;
     lm_backend_mem_info(be, &free_b, &total_b);
     /* weights plus a working margin for activations and the KV cache */

@@ -568,6 +568,19 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     LM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    if (c->mem_limit) {
+        /* what this process took since creation counts against the limit */
+        const size_t used = c->free_mem_at_start > *free_bytes ? c->free_mem_at_start - *free_bytes : 0;
+        const size_t room = c->mem_limit > used ? c->mem_limit - used : 0;
+        *free_bytes = LM_MIN(*free_bytes, room);
+        *total_bytes = LM_MIN(*total_bytes, c->mem_limit);
+    }
+}
+
+void lm_backend_set_memory_limit(lm_backend *be, size_t bytes) {
+    be = lm_backend_base(be);
+    if (!be || be->ops != &lm_cuda_ops) return;
+    lm_cuda_of(be)->mem_limit = bytes;
 }
 
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured) {

@@ -40,6 +40,7 @@ typedef struct lm_cuda {
     void *scratch;
     size_t scratch_cap;
     size_t total_mem, free_mem_at_start;
+    size_t mem_limit; /* lm_backend_set_memory_limit; 0 = none */
     /* ---- added with cuda_backend.cu (fields appended, nothing above moved) ---- */
     int n_sms;      /* streaming multiprocessors, for grid sizing */
     /* rope frequencies on the device, by host array and content (every
