@@ -7,11 +7,17 @@
  * host ring plus a device ring, both sized for one forward, copied with
  * cudaMemcpyAsync on the stream so no op waits for the host.
  *
+ * Within a forward of few tokens the ops may instead be recorded and the
+ * forward replayed as a CUDA graph (cuda_graph.cu): every launch goes
+ * through lm_cuda_launch, every other stream call through lm_cuda_gate.
+ *
  * Files: cuda_backend.cu (lifetime, memory, staging, weights, the op table),
- * cuda_matmul.cu (GEMV kernels for small T, cuBLAS for large T),
- * cuda_elementwise.cu (norms, rope, activations, rows), cuda_attention.cu
- * (kv_write, paged attention), cuda_delta.cu (conv1d_state, delta_gates,
- * gated_delta, rms_norm_gated), cuda_moe.cu (moe). */
+ * cuda_graph.cu (graph passes), cuda_matmul.cu (GEMV kernels for small T,
+ * fused q/k/v, gate/up and residual forms, cuBLAS for large T),
+ * cuda_elementwise.cu (norms, rope, activations, rows, argmax),
+ * cuda_attention.cu (kv_write, fused rope + KV write, paged attention),
+ * cuda_delta.cu (conv1d_state, delta_gates, gated_delta, rms_norm_gated),
+ * cuda_moe.cu (moe). */
 #ifndef LM_CUDA_INTERNAL_H
 #define LM_CUDA_INTERNAL_H
 
