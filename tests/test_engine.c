@@ -245,3 +245,39 @@ LM_TEST(engine_seeded_sampling_repeats) {
     lm_engine_free(en);
     fixture_close(&f);
 }
+
+/* lm_engine_opts.warmup (on by default only on GPUs): the warm-up forward
+ * runs on a scratch sequence of the hybrid demo model (KV blocks and a
+ * state slot), leaves the pool whole, and changes no request's tokens. */
+LM_TEST(engine_warmup_changes_nothing) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    LM_REQUIRE(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) == 0);
+    int32_t prompt[20], got[2][16];
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 97 + 13) % m->cfg.vocab;
+    for (int w = 0; w < 2; w++) {
+        lm_engine *en = NULL;
+        lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 64, .warmup = w ? 1 : -1 };
+        LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
+        lm_engine_stats st;
+        wait_idle(en, &st);
+        LM_CHECK_MSG(st.kv_blocks_free == st.kv_blocks_total, "warmup %d: %d of %d blocks free", o.warmup,
+                     st.kv_blocks_free, st.kv_blocks_total);
+        collect c;
+        collect_init(&c);
+        lm_request *r;
+        lm_gen_params p = greedy(16);
+        LM_REQUIRE(lm_engine_submit(en, prompt, 20, &p, on_token, &c, &r, NULL) == LM_ENGINE_OK);
+        collect_wait(&c, 1 << 30);
+        LM_CHECK(c.n == 16);
+        memcpy(got[w], c.toks, sizeof got[w]);
+        lm_request_release(r);
+        collect_destroy(&c);
+        lm_engine_free(en);
+    }
+    LM_CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}

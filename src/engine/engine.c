@@ -585,6 +585,39 @@ static int fit_device_memory(lm_engine *en, const lm_model *m, const lm_engine_o
     return 0;
 }
 
+/* lm_engine_opts.warmup: a prefill of the step budget (capped by the
+ * context and the pool) on a scratch sequence, with as many output rows as
+ * a decode step of every running sequence asks for; then the sequence is
+ * released. The prefix cache never sees it. */
+static int warm_up(lm_engine *en, lm_err *e) {
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(en->m->be, &free_b, &total_b);
+    if (en->o.warmup < 0 || (en->o.warmup == 0 && total_b == 0)) return 0;
+    const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
+    const int n_out = LM_MIN(en->o.parallel, T);
+    lm_kv_seq seq = { 0 };
+    if (lm_kv_seq_reserve(en->kv, &seq, T, e)) return -1;
+    int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
+    int32_t *tok = lm_xcalloc((size_t)T, sizeof *tok), *pos = lm_xmalloc((size_t)T * sizeof *pos);
+    int32_t *sq = lm_xcalloc((size_t)T, sizeof *sq), *rows = lm_xmalloc((size_t)n_out * sizeof *rows);
+    int32_t *ids = lm_xmalloc((size_t)n_out * sizeof *ids);
+    for (int t = 0; t < T; t++) pos[t] = t;
+    for (int i = 0; i < n_out; i++) rows[i] = T - n_out + i;
+    const int32_t *table = seq.blocks;
+    lm_batch b = { .n_tokens = T, .tokens = tok, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = &table,
+                   .state_slot = slot >= 0 ? &slot : NULL, .n_out = n_out, .out_rows = rows, .out_argmax = ids };
+    int rc = lm_model_forward(en->m, &en->kv->pool, &b, NULL, e);
+    free(tok), free(pos), free(sq), free(rows), free(ids);
+    if (slot >= 0) lm_kv_state_release(en->kv, slot);
+    lm_kv_seq_release(en->kv, &seq);
+    if (rc && e) {
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg);
+        lm_errf(e, "warm-up forward of %d tokens failed: %s", T, why);
+    }
+    return rc;
+}
+
 int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, lm_err *e) {
     *out = NULL;
     lm_engine *en = lm_xcalloc(1, sizeof *en);
@@ -631,6 +664,12 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
             m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos };
         uint64_t seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
         en->pc = lm_pcache_create(en->kv, en->o.cache_ram, ckpts, seed);
+    }
+    if (warm_up(en, e)) {
+        lm_pcache_free(en->pc);
+        lm_kv_cache_free(en->kv);
+        free(en);
+        return -1;
     }
     en->hist = lm_hist_create(HIST_REQUESTS, HIST_TOKENS);
     en->hit_blocks = lm_xmalloc(((size_t)en->o.ctx / (size_t)block + 2) * sizeof(int32_t));

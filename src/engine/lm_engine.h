@@ -117,6 +117,11 @@ typedef struct lm_engine_opts {
                        * hybrids, by checkpoint slots for up to half of it, on top
                        * of kv_tokens; admission evicts cache-only blocks (least
                        * recently used first) before a request has to wait. */
+    int warmup;       /* one forward of the largest batch at creation, so that
+                       * every activation and workspace buffer is allocated
+                       * before the first request (a GPU that cannot hold them
+                       * fails here, not mid-request): 0 = on backends with
+                       * their own memory (GPUs), 1 = always, -1 = never */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
