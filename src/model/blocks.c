@@ -148,11 +148,11 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     }
     lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
-    if (residual && !L->bo.data) {
+    if (!L->bo.data) {
         lm_op_matmul_add(be, residual, &attn, &L->wo, &o);
     } else {
-        op->matmul(be, &o, &attn, &L->wo, opt(&L->bo));
-        if (residual) op->add(be, residual, &o);
+        op->matmul(be, &o, &attn, &L->wo, &L->bo);
+        op->add(be, residual, &o);
     }
 }
 
@@ -167,20 +167,15 @@ void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up
     lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
 }
 
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
-                    bool add) {
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h) {
     const int64_t T = h->rows, F = L->gate.rows;
     LM_ASSERT(F <= s->ff && T <= s->cap_tokens);
     lm_tensor gate = { LM_F32, T, F, s->gate.data }, up = { LM_F32, T, F, s->up.data };
     lm_tensor act = { LM_F32, T, F, s->act.data };
     lm_op_matmul_glu(m->be, &act, h, &L->gate, &L->up, LM_GLU_SILU, &gate, &up);
-    if (add) {
-        lm_tensor ws = lm_tensor_rows(&s->o, 0, T);
-        LM_ASSERT(ws.data != out->data);
-        lm_op_matmul_add(m->be, out, &act, &L->down, &ws);
-    } else {
-        m->be->ops->matmul(m->be, out, &act, &L->down, NULL);
-    }
+    lm_tensor ws = lm_tensor_rows(&s->o, 0, T);
+    LM_ASSERT(ws.data != out->data);
+    lm_op_matmul_add(m->be, out, &act, &L->down, &ws);
 }
 
 /* ---- output ---- */

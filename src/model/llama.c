@@ -42,7 +42,7 @@ static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
         op->rms_norm(be, &h, &x, &L->attn_norm, c->norm_eps, 0);
         lm_attn_forward(m, s, &L->attn, l, kv, b, &x);
         op->rms_norm(be, &h, &x, &L->ffn_norm, c->norm_eps, 0);
-        lm_mlp_forward(m, s, &L->mlp, &x, &h, true);
+        lm_mlp_forward(m, s, &L->mlp, &x, &h);
     }
     lm_head_forward(m, s, b, logits);
     return 0;

@@ -43,10 +43,9 @@ extern const lm_attn_names lm_attn_hf_names, lm_attn_gguf_names;
 /* Binds one layer's attention (biases and q/k norms as the config says). */
 void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *n, int layer);
 
-/* s->o[T][D] = Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h) for the
- * batch, h = s->h (the normed input); writes the layer's keys and values.
- * With residual (e.g. s->x), adds the output there instead (s->o is then
- * scratch). */
+/* residual[T][D] += Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h)
+ * for the batch, h = s->h (the normed input), s->o scratch; writes the
+ * layer's keys and values. */
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
                      const lm_batch *b, lm_tensor *residual);
 
@@ -58,10 +57,9 @@ typedef struct lm_mlp_layer {
 
 void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int layer,
                  int64_t F);
-/* out[T][D] = Wdown (silu(Wgate h) * Wup h), or out += that when add (out
- * not s->o, which is then scratch); uses s->gate/up/act (F <= s->ff). */
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
-                    bool add);
+/* out[T][D] += Wdown (silu(Wgate h) * Wup h) (the residual add; out is not
+ * s->o, which is scratch); uses s->gate/up/act (F <= s->ff). */
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h);
 
 /* ---- fused forms ---- */
 

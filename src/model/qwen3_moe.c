@@ -59,7 +59,7 @@ static int qmoe_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *l
             lm_moe_forward(m, &L->moe, &o, &h, &q->router_logits);
             op->add(be, &x, &o);
         } else {
-            lm_mlp_forward(m, s, &L->mlp, &x, &h, true);
+            lm_mlp_forward(m, s, &L->mlp, &x, &h);
         }
     }
     lm_head_forward(m, s, b, logits);
