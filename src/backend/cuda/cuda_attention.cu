@@ -147,9 +147,9 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
     att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
-    lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0, kv->k[layer], kv->v[layer], (const float *)k->data,
-                                                             (const float *)v->data, k->cols, kv->kv_width,
-                                                             kv->block_size, d);
+    lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0,
+                       kv->k[layer], kv->v[layer], (const float *)k->data, (const float *)v->data, k->cols,
+                       kv->kv_width, kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
 }
 
@@ -457,8 +457,8 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
 /* Merges the ns > 1 splits into out. */
 static void att_combine(lm_cuda *c, const att_args *a, int T) {
     if (a->n_splits <= 1) return;
-    lm_cuda_launch_pdl(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm, a->pl,
-                                                                               a->pacc, a->H, a->Dh, a->n_splits);
+    lm_cuda_launch_pdl(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm,
+                       a->pl, a->pacc, a->H, a->Dh, a->n_splits);
     LM_CUDA_LAUNCHED("att_combine_kernel");
 }
 

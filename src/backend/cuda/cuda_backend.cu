@@ -548,8 +548,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         {
             int major = 0;
             LM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-            const char *pdl = getenv("LUMEN_CUDA_PDL");
-            c->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+            c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
         }
     }
     return &x->be;

@@ -130,9 +130,8 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
     delta_seqs q = delta_stage(c, kv, b);
     dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
-    lm_cuda_launch(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data,
-                                                   (const float *)w->data, kv->state[state.index],
-                                                   kv->state_floats[state.index], state.offset, q, C, K, silu);
+    lm_cuda_launch(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
+                   kv->state[state.index], kv->state_floats[state.index], state.offset, q, C, K, silu);
     LM_CUDA_LAUNCHED("delta_conv_kernel");
 }
 
@@ -159,8 +158,8 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
     LM_ASSERT(a_log->rows * a_log->cols == g->cols && dt_bias->rows * dt_bias->cols == g->cols);
     const int64_t n = g->rows * g->cols;
     if (n == 0) return;
-    lm_cuda_launch(c, delta_gates_kernel, (unsigned)((n + 255) / 256), 256, 0,
-        (float *)g->data, (float *)beta->data, (const float *)a_log->data, (const float *)dt_bias->data, n, g->cols);
+    lm_cuda_launch(c, delta_gates_kernel, (unsigned)((n + 255) / 256), 256, 0, (float *)g->data, (float *)beta->data,
+                   (const float *)a_log->data, (const float *)dt_bias->data, n, g->cols);
     LM_CUDA_LAUNCHED("delta_gates_kernel");
 }
 
@@ -339,7 +338,6 @@ void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, co
     if (rows == 0) return;
     LM_ASSERT(rows <= INT32_MAX);
     lm_cuda_launch(c, delta_gnorm_kernel, (unsigned)rows, 128, 0, (float *)y->data, (const float *)x->data,
-                                                              (const float *)z->data, (const float *)w->data,
-                                                              w->cols, (double)eps);
+                   (const float *)z->data, (const float *)w->data, w->cols, (double)eps);
     LM_CUDA_LAUNCHED("delta_gnorm_kernel");
 }

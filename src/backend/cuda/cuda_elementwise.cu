@@ -115,12 +115,12 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
         const int64_t per_block = LM_EW_THREADS / 32;
         int64_t blocks = (rows + per_block - 1) / per_block;
         LM_ASSERT(blocks <= 0x7fffffff);
-        lm_cuda_launch_pdl(c, lm_rms_norm_warp_kernel, (unsigned)blocks, LM_EW_THREADS, 0,
-            (float *)y->data, (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
+        lm_cuda_launch_pdl(c, lm_rms_norm_warp_kernel, (unsigned)blocks, LM_EW_THREADS, 0, (float *)y->data,
+                           (const float *)x->data, (const float *)w->data, rows, n, eps, w_offset);
     } else {
         LM_ASSERT(rows <= 0x7fffffff);
-        lm_cuda_launch_pdl(c, lm_rms_norm_block_kernel, (unsigned)rows, LM_NORM_BLOCK, 0,
-            (float *)y->data, (const float *)x->data, (const float *)w->data, n, eps, w_offset);
+        lm_cuda_launch_pdl(c, lm_rms_norm_block_kernel, (unsigned)rows, LM_NORM_BLOCK, 0, (float *)y->data,
+                           (const float *)x->data, (const float *)w->data, n, eps, w_offset);
     }
     LM_CUDA_LAUNCHED("rms_norm");
 }
@@ -183,9 +183,8 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
     const int32_t *dpos = (const int32_t *)lm_cuda_stage(c, pos, (size_t)x->rows * sizeof *pos);
     const float *dfreq = lm_cuda_freq(c, p->inv_freq, half);
     const int64_t n = x->rows * p->n_heads * half;
-    lm_cuda_launch_pdl(c, lm_rope_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)x->data, x->rows, x->cols, dpos, dfreq,
-                                                                       p->n_heads, p->head_dim, half, p->interleaved,
-                                                                       (double)p->attn_factor);
+    lm_cuda_launch_pdl(c, lm_rope_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)x->data, x->rows, x->cols, dpos,
+                       dfreq, p->n_heads, p->head_dim, half, p->interleaved, (double)p->attn_factor);
     LM_CUDA_LAUNCHED("rope");
 }
 
@@ -194,10 +193,7 @@ void lm_cuda_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rop
 __global__ void lm_silu_mul_kernel(float *y, const float *g, const float *u, int64_t n) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    LM_GRID_LOOP(i, n) {
-        float a = g[i];
-        y[i] = a / (1.0f + expf(-a)) * u[i];
-    }
+    LM_GRID_LOOP(i, n) y[i] = lm_silu_mul1(g[i], u[i]);
 }
 
 __global__ void lm_add_kernel(float *y, const float *x, int64_t n) {
@@ -213,12 +209,7 @@ __global__ void lm_scale_kernel(float *y, float s, int64_t n) {
 __global__ void lm_gelu_mul_kernel(float *y, const float *g, const float *u, int64_t n, bool tanh_approx) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    LM_GRID_LOOP(i, n) {
-        double a = g[i], r;
-        if (tanh_approx) r = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
-        else r = 0.5 * a * (1.0 + erf(a * 0.7071067811865476));
-        y[i] = (float)(r * u[i]);
-    }
+    LM_GRID_LOOP(i, n) y[i] = lm_gelu_mul1(g[i], u[i], tanh_approx);
 }
 
 __global__ void lm_softcap_kernel(float *y, double cap, int64_t n) {
@@ -243,8 +234,8 @@ void lm_cuda_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch_pdl(c, lm_silu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
-                                                                           (const float *)up->data, n);
+    lm_cuda_launch_pdl(c, lm_silu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data,
+                       (const float *)gate->data, (const float *)up->data, n);
     LM_CUDA_LAUNCHED("silu_mul");
 }
 
@@ -254,7 +245,8 @@ void lm_cuda_add(lm_backend *be, lm_tensor *y, const lm_tensor *x) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch_pdl(c, lm_add_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)x->data, n);
+    lm_cuda_launch_pdl(c, lm_add_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)x->data,
+                       n);
     LM_CUDA_LAUNCHED("add");
 }
 
@@ -274,8 +266,8 @@ void lm_cuda_gelu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch_pdl(c, lm_gelu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (const float *)gate->data,
-                                                                           (const float *)up->data, n, tanh_approx);
+    lm_cuda_launch_pdl(c, lm_gelu_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data,
+                       (const float *)gate->data, (const float *)up->data, n, tanh_approx);
     LM_CUDA_LAUNCHED("gelu_mul");
 }
 
@@ -297,8 +289,8 @@ void lm_cuda_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     const int64_t n = x->rows * x->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_sigmoid_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0,
-        (float *)y->data, (const float *)x->data, (const float *)gate->data, n, x->cols, gate->cols == 1);
+    lm_cuda_launch(c, lm_sigmoid_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data,
+                   (const float *)x->data, (const float *)gate->data, n, x->cols, gate->cols == 1);
     LM_CUDA_LAUNCHED("sigmoid_mul");
 }
 
@@ -352,8 +344,8 @@ void lm_cuda_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int32_t *drows = (const int32_t *)lm_cuda_stage(c, rows, (size_t)n * sizeof *rows);
-    lm_cuda_launch(c, lm_get_rows_kernel<LM_F32>, lm_ew_grid(c, total), LM_EW_THREADS, 0, (float *)y->data, x->data, drows,
-                                                                                       n, x->cols);
+    lm_cuda_launch(c, lm_get_rows_kernel<LM_F32>, lm_ew_grid(c, total), LM_EW_THREADS, 0, (float *)y->data, x->data,
+                   drows, n, x->cols);
     LM_CUDA_LAUNCHED("gather_rows");
 }
 
@@ -447,8 +439,8 @@ void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) 
     unsigned char *sc = (unsigned char *)lm_cuda_scratch(c, 256 + np * 8 + (size_t)x->rows * 4);
     float *pv = (float *)(sc + 256);
     int32_t *pi = (int32_t *)(pv + np), *d = pi + np;
-    lm_cuda_launch_pdl(c, lm_argmax_part_kernel, dim3((unsigned)x->rows, (unsigned)parts), LM_ARGMAX_THREADS, 0, pv,
-                       pi, (const float *)x->data, x->cols);
+    lm_cuda_launch_pdl(c, lm_argmax_part_kernel, dim3((unsigned)x->rows, (unsigned)parts), LM_ARGMAX_THREADS, 0, pv, pi,
+                       (const float *)x->data, x->cols);
     lm_cuda_launch_pdl(c, lm_argmax_merge_kernel, (unsigned)x->rows, LM_ARGMAX_THREADS, 0, d, (const float *)pv,
                        (const int32_t *)pi, parts, (const float *)x->data, x->cols);
     LM_CUDA_LAUNCHED("argmax_rows");

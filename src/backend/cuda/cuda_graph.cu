@@ -77,7 +77,7 @@ struct lm_cuda_graphs {
     long n_replay, n_capture, n_update, n_instantiate, n_miss, n_abandon, n_eager;
 };
 
-static bool lm_env_flag(const char *name, bool dflt) {
+bool lm_cuda_env_flag(const char *name, bool dflt) {
     const char *v = getenv(name);
     if (!v || !*v) return dflt;
     return strcmp(v, "0") != 0 && strcmp(v, "off") != 0 && strcmp(v, "no") != 0;
@@ -85,8 +85,8 @@ static bool lm_env_flag(const char *name, bool dflt) {
 
 void lm_cuda_graphs_init(lm_cuda *c) {
     lm_cuda_graphs *g = (lm_cuda_graphs *)lm_xcalloc(1, sizeof *g);
-    g->enabled = lm_env_flag("LUMEN_CUDA_GRAPHS", true);
-    g->stats = lm_env_flag("LUMEN_CUDA_GRAPH_STATS", false);
+    g->enabled = lm_cuda_env_flag("LUMEN_CUDA_GRAPHS", true);
+    g->stats = lm_cuda_env_flag("LUMEN_CUDA_GRAPH_STATS", false);
     LM_CUDA_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming));
     c->graphs = g;
     c->gmode = LM_G_OFF;

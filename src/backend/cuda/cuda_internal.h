@@ -95,6 +95,9 @@ void lm_cuda_blas_fail(int status, const char *what, const char *file, int line)
 void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes);
 #define LM_CUDA_CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) lm_cuda_check_fail(err_, #x, __FILE__, __LINE__); } while (0)
 #define LM_CUDA_LAUNCHED(name) LM_CUDA_CHECK(cudaGetLastError())
+/* An on/off environment switch: unset or empty gives dflt; "0", "off" and
+ * "no" are off, anything else on (LUMEN_CUDA_GRAPHS, LUMEN_CUDA_PDL, ...). */
+bool lm_cuda_env_flag(const char *name, bool dflt);
 /* Makes c's device current on the calling thread (a stream of another device
  * cannot be launched on): the engine may call ops from a thread other than
  * the one that created the backend. Cheap when already current. */
@@ -125,6 +128,17 @@ static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t 
     const double x = *a, y = *b;
     *a = (float)(x * cs - y * sn);
     *b = (float)(x * sn + y * cs);
+}
+
+/* silu(g) * u and gelu(g) * u as the CPU computes them (silu in f32, gelu in
+ * double; tanh_approx: gelu_pytorch_tanh), shared by the element-wise
+ * kernels and the fused gate/up GEMV so that both give the same bits. */
+static __device__ __forceinline__ float lm_silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+static __device__ __forceinline__ float lm_gelu_mul1(float g, float u, bool tanh_approx) {
+    const double a = g;
+    const double r = tanh_approx ? 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+                                 : 0.5 * a * (1.0 + erf(a * 0.7071067811865476));
+    return (float)(r * u);
 }
 
 /* Op entry points, one definition each in the files above. */

@@ -110,17 +110,11 @@ typedef struct lm_gemv_args {
     int64_t first_block[LM_GEMV_MAXM + 1];
 } lm_gemv_args;
 
-/* The activations of the glu modes, as the element-wise kernels compute them
- * (cuda_elementwise.cu: silu_mul, gelu_mul), so fused and unfused agree. */
+/* The activations of the glu modes: the element-wise kernels' own
+ * (cuda_internal.h), so fused and unfused agree. */
 template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u) {
-    if constexpr (MODE == LM_GEMV_GLU_SILU) {
-        return g / (1.0f + expf(-g)) * u;
-    } else {
-        double a = g, r;
-        if constexpr (MODE == LM_GEMV_GLU_GELU_TANH) r = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
-        else r = 0.5 * a * (1.0 + erf(a * 0.7071067811865476));
-        return (float)(r * u);
-    }
+    if constexpr (MODE == LM_GEMV_GLU_SILU) return lm_silu_mul1(g, u);
+    else return lm_gelu_mul1(g, u, MODE == LM_GEMV_GLU_GELU_TANH);
 }
 
 /* VEC: chunks of 16 bytes (rows and x rows 16-byte aligned); else chunks of
@@ -475,7 +469,7 @@ static void lm_gemm(lm_cuda *c, int64_t T, float *y, const float *x, const void 
          * (GEMM) logits of hybrid and Gemma 4 fixtures on the H200 */
         void *lo3 = split ? ws + 256 + 2 * part : NULL;
         lm_cuda_launch(c, lm_split_bf16_kernel, grid, th, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo,
-                                                         (__nv_bfloat16 *)lo3, x, nx);
+                       (__nv_bfloat16 *)lo3, x, nx);
         LM_CUDA_LAUNCHED("split_bf16");
         if (split && (size_t)3 * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES && part == (size_t)nx * 2) {
             /* few rows: one GEMM over [hi; mid; lo] as 3T rows reads W once

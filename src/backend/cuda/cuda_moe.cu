@@ -135,7 +135,7 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
         lm_cuda_matmul(be, &ot, &gt, &p->down[e], NULL);
     }
     lm_cuda_launch(c, moe_combine_kernel, (unsigned)T, 128, 0, (float *)y->data, oe, dh + TK,
-                                                           (const float *)(dh + 2 * TK), k, D);
+                   (const float *)(dh + 2 * TK), k, D);
     LM_CUDA_LAUNCHED("moe_combine_kernel");
     free(start);
 }
