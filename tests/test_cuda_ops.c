@@ -598,11 +598,43 @@ static lm_tensor cu_gpu_weight(cu_pair *p, lm_dtype wt, int64_t O, int64_t I, ui
     return w;
 }
 
-/* matmul_n (q, k, v sharing x; a bias on one), matmul_glu (silu and both
- * gelus) and matmul_add against the plain ops they stand for, on the GPU:
- * the fused GEMV (T <= 8, bf16/f16 with 16-byte rows) and the fallbacks
- * (larger T, f32 weights, I not a multiple of 8). Rows per block are 4, so
- * the odd widths leave partial blocks. */
+/* matmul_add of x by w into a copy of y0, with the norm of the new rows
+ * (weights nw + off) when nw, against matmul + add + rms_norm. Returns the
+ * worst relative difference; *same: every output bitwise equal. */
+static double cu_matmul_add_vs_composed(lm_backend *g, const lm_tensor *x, const lm_tensor *w, const float *y0,
+                                        const lm_tensor *nw, float off, bool *same) {
+    const struct lm_backend_ops *op = g->ops;
+    const int64_t T = x->rows, O = w->rows;
+    lm_tensor yf = cu_put(g, y0, T, O), yc = cu_put(g, y0, T, O), ws = cu_put(g, NULL, T, O);
+    lm_tensor nf = cu_put(g, NULL, T, O), nc = cu_put(g, NULL, T, O);
+    const lm_norm_out norm = { &nf, nw, 1e-6f, off };
+    op->matmul_add(g, &yf, x, w, &ws, nw ? &norm : NULL);
+    op->matmul(g, &ws, x, w, NULL);
+    op->add(g, &yc, &ws);
+    if (nw) op->rms_norm(g, &nc, &yc, nw, 1e-6f, off);
+    double worst = 0;
+    *same = true;
+    for (int k = 0; k < (nw ? 2 : 1); k++) {
+        float *f = cu_get(g, k ? &nf : &yf), *u = cu_get(g, k ? &nc : &yc);
+        bool sm;
+        double r = cu_relmax(f, u, T * O, &sm);
+        worst = r > worst ? r : worst;
+        *same = *same && sm;
+        free(f), free(u);
+    }
+    lm_tensor *all[] = { &yf, &yc, &ws, &nf, &nc };
+    for (size_t i = 0; i < LM_COUNT(all); i++) lm_tensor_release(g, all[i]);
+    return worst;
+}
+
+/* matmul_n (q, k, v and a gate sharing x; a bias on one), matmul_glu (silu
+ * and both gelus) and matmul_add (alone and with the norm that follows it)
+ * against the plain ops they stand for, on the GPU: the fused GEMV (T <= 8,
+ * bf16/f16 with 16-byte rows) and the fallbacks (larger T, f32 weights, I not
+ * a multiple of 8). Rows per block are 4, so the odd widths leave partial
+ * blocks. The fused norm sums in the rms_norm kernel's order for rows over
+ * 1024 wide (bitwise equal there); narrower rows take that op's one-warp
+ * kernel, whose order differs. */
 LM_TEST(cuda_fused_matmuls_equal_composed) {
     CU_SETUP(p);
     lm_backend *g = p.gpu;
@@ -615,22 +647,27 @@ LM_TEST(cuda_fused_matmuls_equal_composed) {
     for (size_t ti = 0; ti < LM_COUNT(Ts); ti++)
         for (size_t ii = 0; ii < LM_COUNT(Is); ii++)
             for (size_t wi = 0; wi < LM_COUNT(cu_wtypes); wi++) {
-                const int64_t T = Ts[ti], I = Is[ii], Oq = 96, Ok = 33, F = 201;
+                const int64_t T = Ts[ti], I = Is[ii], Oq = 96, Ok = 33, F = 201, Ow = 1536;
                 const lm_dtype wt = cu_wtypes[wi];
                 lm_tensor wq = cu_gpu_weight(&p, wt, Oq, I, &s), wk = cu_gpu_weight(&p, wt, Ok, I, &s);
                 lm_tensor wv = cu_gpu_weight(&p, wt, Ok, I, &s), wg = cu_gpu_weight(&p, wt, F, I, &s);
                 lm_tensor wu = cu_gpu_weight(&p, wt, F, I, &s), wd = cu_gpu_weight(&p, wt, Oq, F, &s);
+                lm_tensor wz = cu_gpu_weight(&p, wt, Oq, I, &s), wo = cu_gpu_weight(&p, wt, Ow, I, &s);
                 float *xh = cu_randv(&s, T * I, 1.0f), *bh = cu_randv(&s, Ok, 0.5f), *rh = cu_randv(&s, T * Oq, 1.0f);
-                float *ah = cu_randv(&s, T * F, 1.0f);
+                float *ah = cu_randv(&s, T * F, 1.0f), *rwh = cu_randv(&s, T * Ow, 1.0f);
+                float *nqh = cu_randv(&s, Oq, 1.0f), *nwh = cu_randv(&s, Ow, 1.0f);
                 lm_tensor x = cu_put(g, xh, T, I), bk = cu_put(g, bh, 1, Ok), a = cu_put(g, ah, T, F);
-                /* matmul_n vs three matmuls */
-                lm_tensor y1[3] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok) };
-                lm_tensor y2[3] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok) };
-                lm_tensor *ys[3] = { &y1[0], &y1[1], &y1[2] };
-                const lm_tensor *ws[3] = { &wq, &wk, &wv }, *bs[3] = { NULL, &bk, NULL };
-                op->matmul_n(g, 3, ys, &x, ws, bs);
-                for (int i = 0; i < 3; i++) op->matmul(g, &y2[i], &x, ws[i], bs[i]);
-                for (int i = 0; i < 3; i++) {
+                lm_tensor nq = cu_put(g, nqh, 1, Oq), nw = cu_put(g, nwh, 1, Ow);
+                /* matmul_n vs four matmuls */
+                lm_tensor y1[4] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok),
+                                    cu_put(g, NULL, T, Oq) };
+                lm_tensor y2[4] = { cu_put(g, NULL, T, Oq), cu_put(g, NULL, T, Ok), cu_put(g, NULL, T, Ok),
+                                    cu_put(g, NULL, T, Oq) };
+                lm_tensor *ys[4] = { &y1[0], &y1[1], &y1[2], &y1[3] };
+                const lm_tensor *ws[4] = { &wq, &wk, &wv, &wz }, *bs[4] = { NULL, &bk, NULL, NULL };
+                op->matmul_n(g, 4, ys, &x, ws, bs);
+                for (int i = 0; i < 4; i++) op->matmul(g, &y2[i], &x, ws[i], bs[i]);
+                for (int i = 0; i < 4; i++) {
                     float *f = cu_get(g, &y1[i]), *u = cu_get(g, &y2[i]);
                     bool same;
                     double r = cu_relmax(f, u, y1[i].rows * y1[i].cols, &same);
@@ -660,26 +697,27 @@ LM_TEST(cuda_fused_matmuls_equal_composed) {
                     lm_tensor_release(g, &yf), lm_tensor_release(g, &yc), lm_tensor_release(g, &gw),
                         lm_tensor_release(g, &uw);
                 }
-                /* matmul_add vs matmul + add, on a down projection */
-                {
-                    lm_tensor yf = cu_put(g, rh, T, Oq), yc = cu_put(g, rh, T, Oq), ws1 = cu_put(g, NULL, T, Oq);
-                    op->matmul_add(g, &yf, &a, &wd, &ws1);
-                    op->matmul(g, &ws1, &a, &wd, NULL);
-                    op->add(g, &yc, &ws1);
-                    float *f = cu_get(g, &yf), *u = cu_get(g, &yc);
+                /* matmul_add vs matmul + add (+ rms_norm): a down projection
+                 * (narrow rows, Qwen3.5's w + 1 norm) and a wide one */
+                for (int k = 0; k < 4; k++) {
+                    const bool wide = k >= 2, with_norm = k != 0;
                     bool same;
-                    double r = cu_relmax(f, u, T * Oq, &same);
+                    double r = cu_matmul_add_vs_composed(g, wide ? &x : &a, wide ? &wo : &wd, wide ? rwh : rh,
+                                                         !with_norm ? NULL : wide ? &nw : &nq, k == 1 ? 1.0f : 0.0f,
+                                                         &same);
                     worst = r > worst ? r : worst;
                     bitwise += same, cases++;
-                    LM_CHECK_MSG(r <= 1e-6, "matmul_add %s T=%lld: rel %.3g", lm_dtype_name(wt), (long long)T, r);
-                    free(f), free(u);
-                    lm_tensor_release(g, &yf), lm_tensor_release(g, &yc), lm_tensor_release(g, &ws1);
+                    LM_CHECK_MSG(r <= 1e-6, "matmul_add case %d %s T=%lld I=%lld: rel %.3g", k, lm_dtype_name(wt),
+                                 (long long)T, (long long)I, r);
+                    if (wide) LM_CHECK_MSG(same, "matmul_add case %d %s T=%lld I=%lld: not bitwise equal", k,
+                                           lm_dtype_name(wt), (long long)T, (long long)I);
                 }
-                for (int i = 0; i < 3; i++) lm_tensor_release(g, &y1[i]), lm_tensor_release(g, &y2[i]);
+                for (int i = 0; i < 4; i++) lm_tensor_release(g, &y1[i]), lm_tensor_release(g, &y2[i]);
                 lm_tensor_release(g, &x), lm_tensor_release(g, &bk), lm_tensor_release(g, &a);
-                lm_tensor *wall[] = { &wq, &wk, &wv, &wg, &wu, &wd };
+                lm_tensor_release(g, &nq), lm_tensor_release(g, &nw);
+                lm_tensor *wall[] = { &wq, &wk, &wv, &wg, &wu, &wd, &wz, &wo };
                 for (size_t i = 0; i < LM_COUNT(wall); i++) g->ops->free(g, wall[i]->data);
-                free(xh), free(bh), free(rh), free(ah);
+                free(xh), free(bh), free(rh), free(ah), free(rwh), free(nqh), free(nwh);
             }
     printf("  fused vs composed: %d cases, %d bitwise equal, worst relative difference %.3g\n", cases, bitwise, worst);
     cu_close(&p);

@@ -124,6 +124,15 @@ void lm_check_moe(const lm_tensor *y, const lm_tensor *x, const lm_tensor *route
 /* The activation of a gated MLP (matmul_glu). */
 typedef enum lm_glu { LM_GLU_SILU = 0, LM_GLU_GELU_TANH, LM_GLU_GELU } lm_glu;
 
+/* The RMSNorm that follows a residual add (matmul_add): y = rms_norm(the
+ * updated residual) * (w + w_offset), as the rms_norm op computes it; the
+ * input of the next sub-block. */
+typedef struct lm_norm_out {
+    lm_tensor *y;
+    const lm_tensor *w;
+    float eps, w_offset;
+} lm_norm_out;
+
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {
@@ -207,7 +216,7 @@ struct lm_backend_ops {
      * lm_op_matmul_glu and lm_op_matmul_add compose them from the ops
      * above; lm_op_rope_kv_write likewise). Results equal the composed ops'
      * up to rounding. */
-    /* y[i] = x W[i]^T (+ bias[i]) for n <= 3 weights sharing x (q, k, v);
+    /* y[i] = x W[i]^T (+ bias[i]) for n <= 4 weights sharing x (q, k, v, gate);
      * bias NULL or [n] of optional tensors. */
     void (*matmul_n)(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                      const lm_tensor *const *bias);
@@ -215,8 +224,10 @@ struct lm_backend_ops {
      * workspace the backend may use. */
     void (*matmul_glu)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg,
                        const lm_tensor *wu, lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
-    /* y += x W^T (the residual add fused); ws [T][O] is workspace. */
-    void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+    /* y += x W^T (the residual add fused); ws [T][O] is workspace. Then,
+     * when norm is not NULL, the RMSNorm of the new y into norm->y. */
+    void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
+                       const lm_norm_out *norm);
     /* rope(q, rq), rope(k, rk), then kv_write(k, v) at the batch's positions. */
     void (*rope_kv_write)(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);

@@ -96,13 +96,19 @@ void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
     else be->ops->gelu_mul(be, y, gate_ws, up_ws, act == LM_GLU_GELU_TANH);
 }
 
-void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws) {
+void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
+                      const lm_norm_out *norm) {
     if (be->ops->matmul_add) {
-        be->ops->matmul_add(be, y, x, w, ws);
+        be->ops->matmul_add(be, y, x, w, ws, norm);
         return;
     }
     be->ops->matmul(be, ws, x, w, NULL);
-    be->ops->add(be, y, ws);
+    lm_op_add_norm(be, y, ws, norm);
+}
+
+void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm) {
+    be->ops->add(be, y, x);
+    if (norm) be->ops->rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
 }
 
 void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
@@ -117,7 +123,7 @@ void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_te
 }
 
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
-                     const lm_batch *b, lm_tensor *residual) {
+                     const lm_batch *b, lm_tensor *residual, const lm_norm_out *post) {
     const int T = b->n_tokens;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
@@ -149,10 +155,10 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
     if (!L->bo.data) {
-        lm_op_matmul_add(be, residual, &attn, &L->wo, &o);
+        lm_op_matmul_add(be, residual, &attn, &L->wo, &o, post);
     } else {
         op->matmul(be, &o, &attn, &L->wo, &L->bo);
-        op->add(be, residual, &o);
+        lm_op_add_norm(be, residual, &o, post);
     }
 }
 
@@ -167,7 +173,8 @@ void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up
     lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
 }
 
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h) {
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
+                    const lm_norm_out *post) {
     const int64_t T = h->rows, F = L->gate.rows;
     LM_ASSERT(F <= s->ff && T <= s->cap_tokens);
     lm_tensor gate = { LM_F32, T, F, s->gate.data }, up = { LM_F32, T, F, s->up.data };
@@ -175,7 +182,7 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
     lm_op_matmul_glu(m->be, &act, h, &L->gate, &L->up, LM_GLU_SILU, &gate, &up);
     lm_tensor ws = lm_tensor_rows(&s->o, 0, T);
     LM_ASSERT(ws.data != out->data);
-    lm_op_matmul_add(m->be, out, &act, &L->down, &ws);
+    lm_op_matmul_add(m->be, out, &act, &L->down, &ws, post);
 }
 
 /* ---- output ---- */

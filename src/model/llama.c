@@ -37,12 +37,13 @@ static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     lm_tensor x = lm_tensor_rows(&s->x, 0, T), h = lm_tensor_rows(&s->h, 0, T);
 
     op->get_rows(be, &x, &m->embed, b->tokens);
-    for (int l = 0; l < c->n_layers; l++) {
+    if (c->n_layers > 0) op->rms_norm(be, &h, &x, &L0->layers[0].attn_norm, c->norm_eps, 0);
+    for (int l = 0; l < c->n_layers; l++) { /* each residual add also norms for the next sub-block */
         const llama_layer *L = &L0->layers[l];
-        op->rms_norm(be, &h, &x, &L->attn_norm, c->norm_eps, 0);
-        lm_attn_forward(m, s, &L->attn, l, kv, b, &x);
-        op->rms_norm(be, &h, &x, &L->ffn_norm, c->norm_eps, 0);
-        lm_mlp_forward(m, s, &L->mlp, &x, &h);
+        const lm_norm_out ffn_in = { &h, &L->ffn_norm, c->norm_eps, 0 };
+        lm_attn_forward(m, s, &L->attn, l, kv, b, &x, &ffn_in);
+        const lm_norm_out next_in = { &h, l + 1 < c->n_layers ? &L0->layers[l + 1].attn_norm : NULL, c->norm_eps, 0 };
+        lm_mlp_forward(m, s, &L->mlp, &x, &h, next_in.w ? &next_in : NULL);
     }
     lm_head_forward(m, s, b, logits);
     return 0;

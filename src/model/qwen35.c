@@ -445,8 +445,9 @@ typedef struct q35_step {
 
 static lm_tensor rows(const lm_tensor *t, int T) { return lm_tensor_rows(t, 0, T); }
 
-/* o = gated full attention of h. */
-static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+/* x += gated full attention of h, then post (the norm of the new x). */
+static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                       const lm_norm_out *post) {
     lm_model *m = st->m;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
@@ -456,28 +457,28 @@ static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, 
     lm_tensor q = rows(&s->q, T), gate = rows(&s->gate, T), qn = rows(&s->qn, T), attn = rows(&s->attn, T);
     lm_tensor k = rows(&s->k, T), kn = rows(&s->kn, T), v = rows(&s->v, T);
     const lm_q35_attn *A = &L->attn;
-    op->matmul(be, &q, h, &A->wq, NULL);
-    op->matmul(be, &k, h, &A->wk, NULL);
-    op->matmul(be, &v, h, &A->wv, NULL);
+    const bool gated = c->hybrid->attn_out_gate;
+    {
+        lm_tensor *ys[4] = { &q, &k, &v, &gate };
+        const lm_tensor *ws[4] = { &A->wq, &A->wk, &A->wv, &A->wgate };
+        lm_op_matmul_n(be, gated ? 4 : 3, ys, h, ws, NULL);
+    }
     op->rms_norm(be, &qn, &q, &A->q_norm, c->norm_eps, 1.0f);
     op->rms_norm(be, &kn, &k, &A->k_norm, c->norm_eps, 1.0f);
     lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
     lm_rope_params rk = rq;
     rk.n_heads = c->n_kv_heads;
-    op->rope(be, &qn, st->pos, &rq);
-    op->rope(be, &kn, st->pos, &rk);
-    op->kv_write(be, st->kv, L->kv_layer, &kn, &v, st->ab);
+    lm_op_rope_kv_write(be, &qn, &kn, &v, &rq, &rk, st->kv, L->kv_layer, st->ab);
     lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
     op->attention(be, &attn, &qn, st->kv, L->kv_layer, st->ab, &ap);
-    if (c->hybrid->attn_out_gate) {
-        op->matmul(be, &gate, h, &A->wgate, NULL);
-        op->sigmoid_mul(be, &attn, &attn, &gate);
-    }
-    op->matmul(be, o, &attn, &A->wo, NULL);
+    if (gated) op->sigmoid_mul(be, &attn, &attn, &gate);
+    lm_tensor ws = rows(&s->o, T);
+    lm_op_matmul_add(be, x, &attn, &A->wo, &ws, post);
 }
 
-/* o = Gated DeltaNet of h; updates the layer's recurrent state. */
-static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
+/* x += Gated DeltaNet of h, then post; updates the layer's recurrent state. */
+static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                        const lm_norm_out *post) {
     const lm_model_config *c = &st->m->cfg;
     const lm_hybrid_config *hc = c->hybrid;
     lm_backend *be = st->m->be;
@@ -488,47 +489,55 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o,
     lm_tensor core = rows(&s->core, T), gated = rows(&s->gated, T), ga = rows(&s->ga, T), gb = rows(&s->gb, T);
     const lm_q35_delta *Dl = &L->delta;
     const int64_t C = qkv.cols;
-    op->matmul(be, &qkv, h, &Dl->w_qkv, NULL);
-    op->matmul(be, &z, h, &Dl->w_z, NULL);
-    op->matmul(be, &gb, h, &Dl->w_b, NULL);
-    op->matmul(be, &ga, h, &Dl->w_a, NULL);
+    {
+        lm_tensor *ys[4] = { &qkv, &z, &gb, &ga };
+        const lm_tensor *ws[4] = { &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a };
+        lm_op_matmul_n(be, 4, ys, h, ws, NULL);
+    }
     op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
     op->delta_gates(be, &ga, &gb, &Dl->a_log, &Dl->dt_bias);
     lm_delta_params dp = { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
                            { L->state, (int64_t)(hc->conv_kernel - 1) * C } };
     op->gated_delta(be, &core, &conv, &ga, &gb, st->kv, st->ab, &dp);
     op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
-    op->matmul(be, o, &gated, &Dl->w_out, NULL);
+    lm_tensor ws = rows(&s->o, T);
+    lm_op_matmul_add(be, x, &gated, &Dl->w_out, &ws, post);
 }
 
-/* out = SwiGLU MLP of h with gate/up/down (the layer's MLP or shared expert). */
-static void mlp(const q35_step *st, const lm_q35_ffn *f, lm_tensor *out, const lm_tensor *h) {
-    lm_backend *be = st->m->be;
-    const struct lm_backend_ops *op = be->ops;
+/* The SwiGLU activations of f (the layer's MLP or shared expert) for h:
+ * the input of its down projection. */
+static lm_tensor mlp_act(const q35_step *st, const lm_q35_ffn *f, const lm_tensor *h) {
     q35_scratch *s = st->s;
     const int64_t F = f->gate.rows;
     lm_tensor fg = rows(&s->fg, st->T), fu = rows(&s->fu, st->T), fa = rows(&s->fa, st->T);
     fg.cols = fu.cols = fa.cols = F; /* views of the widest buffers: rows of F */
-    lm_op_matmul_glu(be, &fa, h, &f->gate, &f->up, LM_GLU_SILU, &fg, &fu);
-    op->matmul(be, out, &fa, &f->down, NULL);
+    lm_op_matmul_glu(st->m->be, &fa, h, &f->gate, &f->up, LM_GLU_SILU, &fg, &fu);
+    return fa;
 }
 
-/* o = feed-forward of h: the MLP, or routed experts + sigmoid-gated shared expert. */
-static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *o, const lm_tensor *h) {
-    if (!L->moe) {
-        mlp(st, &L->ffn, o, h);
-        return;
-    }
+/* x += feed-forward of h (the MLP, or routed experts + sigmoid-gated shared
+ * expert), then post (may be NULL). */
+static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                      const lm_norm_out *post) {
     lm_backend *be = st->m->be;
     const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = st->s;
-    lm_moe_forward(st->m, &L->ffn.moe, o, h, &s->router);
-    if (!L->ffn.gate.data) return;
-    lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
-    mlp(st, &L->ffn, &o2, h);
-    op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
-    op->sigmoid_mul(be, &o2, &o2, &sg);
-    op->add(be, o, &o2);
+    lm_tensor o = rows(&s->o, st->T);
+    if (!L->moe) {
+        lm_tensor fa = mlp_act(st, &L->ffn, h);
+        lm_op_matmul_add(be, x, &fa, &L->ffn.down, &o, post);
+        return;
+    }
+    lm_moe_forward(st->m, &L->ffn.moe, &o, h, &s->router);
+    if (L->ffn.gate.data) {
+        lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
+        lm_tensor fa = mlp_act(st, &L->ffn, h);
+        op->matmul(be, &o2, &fa, &L->ffn.down, NULL);
+        op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
+        op->sigmoid_mul(be, &o2, &o2, &sg);
+        op->add(be, &o, &o2);
+    }
+    lm_op_add_norm(be, x, &o, post);
 }
 
 /* The recurrent layers read each sequence's tokens in batch order as
@@ -549,18 +558,20 @@ static int check_batch(q35 *q, const lm_batch *b, lm_err *e) {
     return 0;
 }
 
-/* x += mixer(n(x)); x += ffn(n(x)), with h and o as scratch. */
-static void layer_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, lm_tensor *h, lm_tensor *o) {
+/* x += mixer(n(x)); x += ffn(n(x)) for each of the n layers, h = n(x) as
+ * scratch: each residual add also norms x for the next sub-block. */
+static void layers_run(const q35_step *st, const lm_q35_layer *layers, int n, lm_tensor *x, lm_tensor *h) {
     const lm_model_config *c = &st->m->cfg;
     lm_backend *be = st->m->be;
-    const struct lm_backend_ops *op = be->ops;
-    op->rms_norm(be, h, x, &L->in_norm, c->norm_eps, 1.0f);
-    if (L->linear) delta_block(st, L, o, h);
-    else attn_block(st, L, o, h);
-    op->add(be, x, o);
-    op->rms_norm(be, h, x, &L->post_norm, c->norm_eps, 1.0f);
-    ffn_block(st, L, o, h);
-    op->add(be, x, o);
+    if (n > 0) be->ops->rms_norm(be, h, x, &layers[0].in_norm, c->norm_eps, 1.0f);
+    for (int l = 0; l < n; l++) {
+        const lm_q35_layer *L = &layers[l];
+        const lm_norm_out post = { h, &L->post_norm, c->norm_eps, 1.0f };
+        if (L->linear) delta_block(st, L, x, h, &post);
+        else attn_block(st, L, x, h, &post);
+        const lm_norm_out next = { h, l + 1 < n ? &layers[l + 1].in_norm : NULL, c->norm_eps, 1.0f };
+        ffn_block(st, L, x, h, next.w ? &next : NULL);
+    }
 }
 
 /* The batch's logit rows of x: norm(x) into hidden_out [n_out][D] (host, may
@@ -589,9 +600,9 @@ static int q35_run(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits
     q35_scratch *s = &q->s;
     lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
     q35_step st = { m, s, kv, &ab, b->pos, T };
-    lm_tensor x = rows(&s->x, T), h = rows(&s->h, T), o = rows(&s->o, T);
+    lm_tensor x = rows(&s->x, T), h = rows(&s->h, T);
     m->be->ops->get_rows(m->be, &x, &m->embed, b->tokens);
-    for (int l = 0; l < c->n_layers; l++) layer_block(&st, &q->layers[l], &x, &h, &o);
+    layers_run(&st, q->layers, c->n_layers, &x, &h);
     head(m, s, &x, &m->out_norm, b, logits, hidden_out);
     return 0;
 }
@@ -635,7 +646,7 @@ int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, co
     op->matmul(be, &o, &x, &M->fc_hidden, NULL);
     op->matmul(be, &x, &h, &M->fc_emb, NULL);
     op->add(be, &x, &o);
-    for (int l = 0; l < M->n_layers; l++) layer_block(&st, &M->layers[l], &x, &h, &o);
+    layers_run(&st, M->layers, M->n_layers, &x, &h);
     head(m, s, &x, &M->norm, b, logits, NULL);
     return 0;
 }

@@ -257,6 +257,7 @@ typedef struct att_args {
     int bs, H, gsz, hb, n_sub, Dh, window, n_splits;
     float scale, softcap;
     float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
+    int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
 } att_args;
 
 __device__ __forceinline__ float att_warp_max(float x) {
@@ -409,26 +410,37 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
     }
 }
 
-/* grid (H, T): merges the splits of one (token, head). A split that saw no
- * key of the row has m = -inf and l = 0 and weighs nothing. */
-__global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
-                                   int H, int Dh, int ns) {
-    lm_pdl_wait(); /* PDL: see cuda_internal.h */
-    lm_pdl_trigger();
-    const int h = blockIdx.x, t = blockIdx.y;
+/* Merges the ns splits of (token t, head h) into out, the block's threads
+ * over the columns. A split that saw no key of the row has m = -inf and
+ * l = 0 and weighs nothing. Partials are read through L2: in the decode
+ * kernel other blocks wrote them during the same launch. */
+__device__ void att_combine_head(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
+                                 int H, int Dh, int ns, int t, int h) {
     const int64_t base = ((int64_t)t * H + h) * ns;
     float M = -INFINITY, L = 0.0f;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, pm[base + s]);
-    for (int s = 0; s < ns; s++)
-        if (pm[base + s] != -INFINITY) L += pl[base + s] * expf(pm[base + s] - M);
+    for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pm + base + s));
+    for (int s = 0; s < ns; s++) {
+        const float ms = __ldcg(pm + base + s);
+        if (ms != -INFINITY) L += __ldcg(pl + base + s) * expf(ms - M);
+    }
     const float inv = 1.0f / L;
     float *o = out + (int64_t)t * out_ld + (int64_t)h * Dh;
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
         float x = 0.0f;
-        for (int s = 0; s < ns; s++)
-            if (pm[base + s] != -INFINITY) x += pacc[(base + s) * Dh + d] * expf(pm[base + s] - M);
+        for (int s = 0; s < ns; s++) {
+            const float ms = __ldcg(pm + base + s);
+            if (ms != -INFINITY) x += __ldcg(pacc + (base + s) * Dh + d) * expf(ms - M);
+        }
         o[d] = x * inv;
     }
+}
+
+/* grid (H, T): the merge as a kernel of its own (the tiled kernel's splits). */
+__global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
+                                   int H, int Dh, int ns) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    att_combine_head(out, out_ld, pm, pl, pacc, H, Dh, ns, blockIdx.y, blockIdx.x);
 }
 
 
@@ -454,9 +466,9 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
     return a;
 }
 
-/* Merges the ns > 1 splits into out. */
+/* Merges the ns > 1 splits into out (unless the kernel did). */
 static void att_combine(lm_cuda *c, const att_args *a, int T) {
-    if (a->n_splits <= 1) return;
+    if (a->n_splits <= 1 || a->cnt) return;
     lm_cuda_launch_pdl(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm,
                        a->pl, a->pacc, a->H, a->Dh, a->n_splits);
     LM_CUDA_LAUNCHED("att_combine_kernel");
@@ -557,6 +569,11 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
             a.pacc[idx * Dh + d] = x;
         }
     }
+    /* the last split of (t, blockIdx.y) to finish merges its heads: saves
+     * the combine kernel's launch */
+    if (a.n_splits == 1 || !a.cnt || !lm_last_block(a.cnt + (int64_t)t * gridDim.y + blockIdx.y, a.n_splits))
+        return;
+    for (int i = 0; i < G; i++) att_combine_head(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0 + i);
 }
 
 /* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
@@ -564,6 +581,7 @@ template <int DPL, int GM>
 static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
     a->n_sub = (a->gsz + GM - 1) / GM;
     grid.y *= (unsigned)a->n_sub;
+    if (a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
     const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
     if (smem > 48 * 1024)
         LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,

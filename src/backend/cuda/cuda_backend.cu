@@ -430,6 +430,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (c->stage_host) (void)cudaFreeHost(c->stage_host);
     if (c->stage_dev) (void)cudaFree(c->stage_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
+    if (c->counters) (void)cudaFree(c->counters);
     for (int i = 0; i < LM_CUDA_FREQ_SLOTS; i++) {
         if (c->freq[i].dev) (void)cudaFree(c->freq[i].dev);
         free(c->freq[i].host);
@@ -487,6 +488,22 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .destroy = */ lm_cuda_destroy,
 };
 
+/* The table without the optional fused forms (LUMEN_CUDA_FUSED=0): the
+ * models then compose them from the plain ops, for measuring what fusion
+ * gains and for telling a fused kernel's fault from the rest. */
+static const struct lm_backend_ops *lm_cuda_ops_unfused(void) {
+    static const struct lm_backend_ops t = [] {
+        struct lm_backend_ops o = lm_cuda_ops;
+        o.matmul_n = NULL, o.matmul_glu = NULL, o.matmul_add = NULL, o.rope_kv_write = NULL;
+        return o;
+    }();
+    return &t;
+}
+
+static bool lm_is_cuda(const lm_backend *be) {
+    return be && (be->ops == &lm_cuda_ops || be->ops == lm_cuda_ops_unfused());
+}
+
 #define LM_CUDA_TRY(call)                                                                                  \
     do {                                                                                                   \
         cudaError_t err_ = (call);                                                                         \
@@ -509,7 +526,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     lm_cuda *c = &x->c;
     snprintf(x->dev_name, sizeof x->dev_name, "%s", name);
     c->device = device;
-    x->be.ops = &lm_cuda_ops;
+    x->be.ops = lm_cuda_env_flag("LUMEN_CUDA_FUSED", true) ? &lm_cuda_ops : lm_cuda_ops_unfused();
     x->be.name = "cuda";
     x->be.impl = c;
     {
@@ -539,6 +556,8 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         LM_CUDA_TRY(cudaMallocHost((void **)&c->stage_host, LM_CUDA_STAGE_BYTES));
         LM_CUDA_TRY(cudaMalloc((void **)&c->stage_dev, LM_CUDA_STAGE_BYTES));
         c->stage_cap = LM_CUDA_STAGE_BYTES;
+        LM_CUDA_TRY(cudaMalloc((void **)&c->counters, LM_CUDA_COUNTERS * sizeof(int)));
+        LM_CUDA_TRY(cudaMemsetAsync(c->counters, 0, LM_CUDA_COUNTERS * sizeof(int), c->stream));
         c->stage_used = 0;
         LM_CUDA_TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
         LM_CUDA_TRY(cudaMemGetInfo(&c->free_mem_at_start, &c->total_mem));
@@ -563,7 +582,7 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
     *free_bytes = 0;
     *total_bytes = 0;
     be = lm_backend_base(be);
-    if (!be || be->ops != &lm_cuda_ops) return;
+    if (!lm_is_cuda(be)) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     LM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
@@ -578,20 +597,20 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
 
 void lm_backend_set_memory_limit(lm_backend *be, size_t bytes) {
     be = lm_backend_base(be);
-    if (!be || be->ops != &lm_cuda_ops) return;
+    if (!lm_is_cuda(be)) return;
     lm_cuda_of(be)->mem_limit = bytes;
 }
 
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured) {
     *replayed = *captured = 0;
     be = lm_backend_base(be);
-    if (!be || be->ops != &lm_cuda_ops) return;
+    if (!lm_is_cuda(be)) return;
     lm_cuda_graph_counts(lm_cuda_of(be), replayed, captured);
 }
 
 void lm_backend_sync(lm_backend *be) {
     be = lm_backend_base(be);
-    if (!be || be->ops != &lm_cuda_ops) return;
+    if (!lm_is_cuda(be)) return;
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     LM_ASSERT(c->gmode == LM_G_OFF); /* not inside a forward */
@@ -601,6 +620,6 @@ void lm_backend_sync(lm_backend *be) {
 /* The backend's stream, for tools that time ops with CUDA events
  * (tools/bench_cuda_gemv.c declares it itself; not part of lm_backend.h). */
 extern "C" cudaStream_t lm_cuda_backend_stream(lm_backend *be) {
-    LM_ASSERT(be && be->ops == &lm_cuda_ops);
+    LM_ASSERT(lm_is_cuda(be));
     return lm_cuda_of(be)->stream;
 }

@@ -31,12 +31,6 @@ static bool lm_same_shape(const lm_tensor *a, const lm_tensor *b) {
 
 /* ---- rms_norm ---------------------------------------------------------------------- */
 
-__device__ __forceinline__ double lm_warp_sum(double v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
 /* Narrow rows (n <= 1024, e.g. per-head norms): one warp per row. */
 __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w, int64_t rows, int64_t n, double eps,
                                         double off) {
@@ -49,57 +43,21 @@ __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w
     float *yr = y + r * n;
     double ss = 0.0;
     for (int64_t i = lane; i < n; i += 32) ss += (double)xr[i] * xr[i];
-    ss = lm_warp_sum(ss);
+    ss = lm_warp_sum_d(ss);
     const double s = 1.0 / sqrt(ss / (double)n + eps);
     for (int64_t i = lane; i < n; i += 32) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
 }
 
-/* Wide rows: one block per row. x and w are read once, into registers
- * (LM_NORM_REGS values each per thread, rows up to 8192 wide), both before
- * the reduction, so the kernel waits for memory once; wider rows read the
- * rest again. The warps' sums are reduced by one warp. */
-#define LM_NORM_BLOCK 1024 /* threads per row for rows over 1024 wide: few loads each, so latency hides */
-#define LM_NORM_REGS 8
+/* Wide rows: one block per row (lm_norm_row, shared with the GEMV's fused
+ * norm). */
+#define LM_NORM_BLOCK LM_NORM_VT
 
 __global__ void __launch_bounds__(LM_NORM_BLOCK) lm_rms_norm_block_kernel(float *y, const float *x, const float *w,
                                                                           int64_t n, double eps, double off) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    __shared__ double part[LM_NORM_BLOCK / 32];
-    __shared__ double scale;
     const int64_t r = blockIdx.x;
-    const float *xr = x + r * n;
-    float *yr = y + r * n;
-    const int64_t nt = blockDim.x;
-    float xv[LM_NORM_REGS], wv[LM_NORM_REGS];
-#pragma unroll
-    for (int k = 0; k < LM_NORM_REGS; k++) {
-        const int64_t i = threadIdx.x + k * nt;
-        xv[k] = i < n ? xr[i] : 0.0f;
-        wv[k] = i < n ? w[i] : 0.0f;
-    }
-    double ss = 0.0;
-#pragma unroll
-    for (int k = 0; k < LM_NORM_REGS; k++) ss += (double)xv[k] * xv[k];
-    for (int64_t i = threadIdx.x + LM_NORM_REGS * nt; i < n; i += nt) ss += (double)xr[i] * xr[i];
-    ss = lm_warp_sum(ss);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        double v = lane < (int)(nt >> 5) ? part[lane] : 0.0;
-        v = lm_warp_sum(v);
-        if (lane == 0) scale = 1.0 / sqrt(v / (double)n + eps);
-    }
-    __syncthreads();
-    const double s = scale;
-#pragma unroll
-    for (int k = 0; k < LM_NORM_REGS; k++) {
-        const int64_t i = threadIdx.x + k * nt;
-        if (i < n) yr[i] = (float)((double)xv[k] * s * ((double)wv[k] + off));
-    }
-    for (int64_t i = threadIdx.x + LM_NORM_REGS * nt; i < n; i += nt)
-        yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
+    lm_norm_row(y + r * n, x + r * n, w, n, eps, off);
 }
 
 void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps,

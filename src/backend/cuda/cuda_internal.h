@@ -65,7 +65,15 @@ typedef struct lm_cuda {
     uint64_t ghash;
     bool pdl; /* programmatic dependent launch: sm_90+, LUMEN_CUDA_PDL != 0 */
     struct lm_cuda_graphs *graphs;
+    /* LM_CUDA_COUNTERS ints, zero between kernels: a kernel whose last block
+     * finishes the work of all (the GEMV's fused norm, the decode
+     * attention's split merge) counts its blocks here and the last one resets
+     * its counter. Kernels of one stream never overlap past lm_pdl_wait, so
+     * they share: counter 0 is the GEMV's, 1.. the attention's. */
+    int *counters;
 } lm_cuda;
+
+#define LM_CUDA_COUNTERS 4096
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
  * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
@@ -130,6 +138,62 @@ static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t 
     *b = (float)(x * sn + y * cs);
 }
 
+/* Sums v over the warp (xor tree: every lane gets the same bits). */
+static __device__ __forceinline__ double lm_warp_sum_d(double v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* One row's RMSNorm by a whole block: y = x / rms(x) * (w + off), sums in
+ * double as on the CPU. The squares are summed over LM_NORM_VT virtual
+ * threads in a fixed order whatever the block size (a multiple of 32 that
+ * divides LM_NORM_VT), so the rms_norm op's kernel and the GEMV's fused norm
+ * give the same bits. x is read through L2 (__ldcg): in the fused GEMV other
+ * blocks wrote it during this kernel, and L1 is not coherent. */
+#define LM_NORM_VT 256
+static __device__ void lm_norm_row(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
+    __shared__ double part[LM_NORM_VT / 32];
+    __shared__ double scale;
+    const int nt = blockDim.x, lane = threadIdx.x & 31;
+    __syncthreads(); /* the previous row's part and scale have been read */
+    for (int v = threadIdx.x; v < LM_NORM_VT; v += nt) { /* warp-uniform: a warp's lanes share v >> 5 */
+        double ss = 0.0;
+#pragma unroll 8
+        for (int64_t i = v; i < n; i += LM_NORM_VT) {
+            const double xi = __ldcg(x + i);
+            ss += xi * xi;
+        }
+        ss = lm_warp_sum_d(ss);
+        if (lane == 0) part[v >> 5] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double v = lane < LM_NORM_VT / 32 ? part[lane] : 0.0;
+        v = lm_warp_sum_d(v);
+        if (lane == 0) scale = 1.0 / sqrt(v / (double)n + eps);
+    }
+    __syncthreads();
+    const double s = scale;
+    for (int64_t i = threadIdx.x; i < n; i += nt) y[i] = (float)((double)__ldcg(x + i) * s * ((double)w[i] + off));
+}
+
+/* Whether this block is the last of `total` to arrive at *counter (after
+ * its own global writes, which the last block may then read through L2);
+ * the last one resets the counter. Every thread of the block must call it. */
+static __device__ __forceinline__ bool lm_last_block(int *counter, int total) {
+    __shared__ int last;
+    __threadfence(); /* this block's writes, before it is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == total - 1;
+        if (last) *counter = 0; /* every other block has counted */
+    }
+    __syncthreads();
+    if (last) __threadfence(); /* the other blocks' writes, before they are read */
+    return last;
+}
+
 /* silu(g) * u and gelu(g) * u as the CPU computes them (silu in f32, gelu in
  * double; tanh_approx: gelu_pytorch_tanh), shared by the element-wise
  * kernels and the fused gate/up GEMV so that both give the same bits. */
@@ -171,7 +235,8 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
                       const lm_tensor *const *bias);
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
                         lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
-void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws);
+void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
+                        const lm_norm_out *norm);
 void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                            const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,

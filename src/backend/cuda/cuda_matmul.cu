@@ -47,6 +47,7 @@
 #endif
 #define LM_GEMV_R 4       /* output rows per block */
 #define LM_GEMV_THREADS 256
+static_assert(LM_NORM_VT % LM_GEMV_THREADS == 0, "the fused norm runs on the GEMV's block");
 
 /* ---- GEMV ------------------------------------------------------------------------ */
 
@@ -93,12 +94,14 @@ template <lm_dtype WT> __device__ __forceinline__ float lm_widen1(const unsigned
 }
 
 /* What one GEMV launch computes. Plain and ADD modes: up to LM_GEMV_MAXM
- * matrices sharing x (q, k and v in one launch), block b working on matrix
- * m with first_block[m] <= b < first_block[m + 1]. GLU modes: w[0] = gate,
- * w[1] = up (both [F][I]), y[0] = act(x gate^T) * (x up^T): each block takes
- * R / 2 rows of both, so the product needs no second pass. */
-#define LM_GEMV_MAXM 3
-enum { LM_GEMV_STORE = 0, LM_GEMV_ADD, LM_GEMV_GLU_SILU, LM_GEMV_GLU_GELU_TANH, LM_GEMV_GLU_GELU };
+ * matrices sharing x (q, k, v and a gate in one launch), block b working on
+ * matrix m with first_block[m] <= b < first_block[m + 1]. GLU modes: w[0] =
+ * gate, w[1] = up (both [F][I]), y[0] = act(x gate^T) * (x up^T): each block
+ * takes R / 2 rows of both, so the product needs no second pass. ADD_NORM:
+ * ADD of one matrix, then the last block to finish norms every row of the
+ * new y into norm_y (lm_norm_row), which saves the norm's own launch. */
+#define LM_GEMV_MAXM 4
+enum { LM_GEMV_STORE = 0, LM_GEMV_ADD, LM_GEMV_ADD_NORM, LM_GEMV_GLU_SILU, LM_GEMV_GLU_GELU_TANH, LM_GEMV_GLU_GELU };
 
 typedef struct lm_gemv_args {
     const float *x;
@@ -108,6 +111,11 @@ typedef struct lm_gemv_args {
     float *y[LM_GEMV_MAXM];
     int64_t O[LM_GEMV_MAXM];
     int64_t first_block[LM_GEMV_MAXM + 1];
+    /* ADD_NORM */
+    float *norm_y;
+    const float *norm_w;
+    double eps, w_offset;
+    int *counter;
 } lm_gemv_args;
 
 /* The activations of the glu modes: the element-wise kernels' own
@@ -254,11 +262,15 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
             float u = 0.0f;
             for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
             *yo = lm_glu_act<MODE>(s, u);
-        } else if constexpr (MODE == LM_GEMV_ADD) {
+        } else if constexpr (MODE == LM_GEMV_ADD || MODE == LM_GEMV_ADD_NORM) {
             *yo += s;
         } else {
             *yo = s + (a.bias[m] ? a.bias[m][o] : 0.0f);
         }
+    }
+    if constexpr (MODE == LM_GEMV_ADD_NORM) {
+        if (!lm_last_block(a.counter, (int)gridDim.x)) return;
+        for (int t = 0; t < T; t++) lm_norm_row(a.norm_y + (size_t)t * O, a.y[0] + (size_t)t * O, a.norm_w, O, a.eps, a.w_offset);
     }
 }
 
@@ -272,7 +284,9 @@ static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int t
 template <int T, lm_dtype WT>
 static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec) {
     int64_t chunks = vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I;
-    int threads = (int)LM_MIN((int64_t)LM_GEMV_THREADS, LM_MAX((int64_t)32, (chunks + 31) / 32 * 32));
+    /* a power of two: the fused norm's block size must divide LM_NORM_VT */
+    int threads = 32;
+    while (threads < LM_GEMV_THREADS && threads < chunks) threads *= 2;
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
@@ -286,6 +300,7 @@ static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec
         switch (mode) {
         case LM_GEMV_STORE: lm_gemv_go<T, WT, true, LM_GEMV_STORE>(c, a, nb, threads); break;
         case LM_GEMV_ADD: lm_gemv_go<T, WT, true, LM_GEMV_ADD>(c, a, nb, threads); break;
+        case LM_GEMV_ADD_NORM: lm_gemv_go<T, WT, true, LM_GEMV_ADD_NORM>(c, a, nb, threads); break;
         case LM_GEMV_GLU_SILU: lm_gemv_go<T, WT, true, LM_GEMV_GLU_SILU>(c, a, nb, threads); break;
         case LM_GEMV_GLU_GELU_TANH: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU_TANH>(c, a, nb, threads); break;
         default: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU>(c, a, nb, threads); break;
@@ -598,16 +613,32 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
     lm_gemv_run(c, (int)x->rows, &a, wg->type, mode, true);
 }
 
-void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws) {
+/* The fused norm takes whole rows of y with one norm vector ([T][O],
+ * contiguous, into a distinct [T][O]); the GEMV's blocks must fit one
+ * counter's range. */
+static bool lm_norm_fusable(const lm_tensor *y, const lm_norm_out *n, int64_t blocks) {
+    return n->w->type == LM_F32 && n->w->rows * n->w->cols == y->cols && n->y->type == LM_F32 &&
+           n->y->rows == y->rows && n->y->cols == y->cols && n->y->data != y->data && blocks < INT32_MAX;
+}
+
+void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
+                        const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    if (!lm_gemv_fusable(x, &w, 1)) {
-        lm_cuda_matmul(be, ws, x, w, NULL);
-        lm_cuda_add(be, y, ws);
-        return;
-    }
-    lm_cuda_use(c);
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
     lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
-    lm_gemv_run(c, (int)x->rows, &a, w->type, LM_GEMV_ADD, true);
+    const bool fuse = lm_gemv_fusable(x, &w, 1);
+    const bool fuse_norm = fuse && norm && lm_norm_fusable(y, norm, a.first_block[LM_GEMV_MAXM]);
+    if (!fuse) {
+        lm_cuda_matmul(be, ws, x, w, NULL);
+        lm_cuda_add(be, y, ws);
+    } else {
+        lm_cuda_use(c);
+        if (fuse_norm) {
+            a.norm_y = (float *)norm->y->data, a.norm_w = (const float *)norm->w->data;
+            a.eps = norm->eps, a.w_offset = norm->w_offset, a.counter = c->counters;
+        }
+        lm_gemv_run(c, (int)x->rows, &a, w->type, fuse_norm ? LM_GEMV_ADD_NORM : LM_GEMV_ADD, true);
+    }
+    if (norm && !fuse_norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
 }
