@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --form
 case "${1:-}" in
 check)
   ldd "$L" | grep -E "not found|cublas" || true
-  "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
+  timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
   LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed|Abort|assert" | tail -n 40
   for d in "$C"/fixtures/models/*/ "$root"/tests/data/{hybrid,moe,gemma}/*/ "$root/models/demo"; do
     [[ -f "$d/reference.safetensors" ]] || continue

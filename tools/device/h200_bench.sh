@@ -31,6 +31,17 @@ for set in "$@"; do
       LUMEN_CUDA_PDL=0 "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64 --no-membw
       LUMEN_CUDA_GRAPHS=0 "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 128 --gen 64 --no-membw
     done ;;
+  fused) # Llama-8B: batch-1 decode with the fused kernels and without (LUMEN_CUDA_FUSED=0); batch 128 also with bf16 activations
+    model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128
+    LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3 --no-membw
+    "$L" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw ;;
+  fused-qwen27) # the same at batch 1 for the Qwen3.5-27B shape
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64
+    LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw ;;
   ncu) # kernel time of one Llama-8B decode step (graphs off: ncu times kernels alone either way)
     model /dev/shm/l8 llama-3.1-8b
     LUMEN_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
