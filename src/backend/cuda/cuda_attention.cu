@@ -410,28 +410,45 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
     }
 }
 
-/* Merges the ns splits of (token t, head h) into out, the block's threads
- * over the columns. A split that saw no key of the row has m = -inf and
- * l = 0 and weighs nothing. Partials are read through L2: in the decode
- * kernel other blocks wrote them during the same launch. */
-__device__ void att_combine_head(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
-                                 int H, int Dh, int ns, int t, int h) {
-    const int64_t base = ((int64_t)t * H + h) * ns;
-    float M = -INFINITY, L = 0.0f;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pm + base + s));
-    for (int s = 0; s < ns; s++) {
-        const float ms = __ldcg(pm + base + s);
-        if (ms != -INFINITY) L += __ldcg(pl + base + s) * expf(ms - M);
-    }
-    const float inv = 1.0f / L;
-    float *o = out + (int64_t)t * out_ld + (int64_t)h * Dh;
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        float x = 0.0f;
-        for (int s = 0; s < ns; s++) {
+/* Merges the ns splits of heads h0 .. h0 + G - 1 (G <= ATT_COMB_HEADS) of
+ * token t into out, with the whole block: each head's split weights
+ * e^{m_s - M} and 1 / L first (one warp a head, into shared memory), then
+ * the columns, every thread summing over the splits in split order, so the
+ * bits do not depend on G or the block size. A split that saw no key of the
+ * row has m = -inf and l = 0 and weighs nothing. Partials are read through
+ * L2: in the decode kernel other blocks wrote them during the same launch. */
+#define ATT_COMB_HEADS 8
+__device__ void att_combine_heads(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
+                                  int H, int Dh, int ns, int t, int h0, int G) {
+    __shared__ float f[ATT_COMB_HEADS][ATT_MAX_SPLITS], inv[ATT_COMB_HEADS];
+    __shared__ bool used[ATT_COMB_HEADS][ATT_MAX_SPLITS];
+    const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    for (int i = threadIdx.x >> 5; i < G; i += n_warps) {
+        const int64_t base = ((int64_t)t * H + h0 + i) * ns;
+        float M = -INFINITY;
+        for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pm + base + s));
+        for (int s = lane; s < ns; s += 32) {
             const float ms = __ldcg(pm + base + s);
-            if (ms != -INFINITY) x += __ldcg(pacc + (base + s) * Dh + d) * expf(ms - M);
+            used[i][s] = ms != -INFINITY;
+            f[i][s] = used[i][s] ? expf(ms - M) : 0.0f;
         }
-        o[d] = x * inv;
+        __syncwarp();
+        if (lane == 0) {
+            float L = 0.0f;
+            for (int s = 0; s < ns; s++)
+                if (used[i][s]) L += __ldcg(pl + base + s) * f[i][s];
+            inv[i] = 1.0f / L;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * Dh; e += blockDim.x) {
+        const int i = e / Dh, d = e % Dh;
+        const float *pa = pacc + ((int64_t)t * H + h0 + i) * ns * Dh + d;
+        float x = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < ns; s++)
+            if (used[i][s]) x += __ldcg(pa + (int64_t)s * Dh) * f[i][s];
+        out[(int64_t)t * out_ld + (int64_t)(h0 + i) * Dh + d] = x * inv[i];
     }
 }
 
@@ -440,9 +457,8 @@ __global__ void att_combine_kernel(float *out, int64_t out_ld, const float *pm, 
                                    int H, int Dh, int ns) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    att_combine_head(out, out_ld, pm, pl, pacc, H, Dh, ns, blockIdx.y, blockIdx.x);
+    att_combine_heads(out, out_ld, pm, pl, pacc, H, Dh, ns, blockIdx.y, blockIdx.x, 1);
 }
-
 
 /* The arguments both attention kernels share, with split partials in
  * scratch when ns > 1. */
@@ -488,6 +504,7 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
  * groups span gridDim.y = Hkv * ceil(G / GM) blocks. */
 #define ATT_DEC_WARPS 4
 #define ATT_DEC_MIN_KEYS 16 /* keys per split, at least: short contexts still spread over blocks */
+static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
 template <int DPL, int GM>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
@@ -573,7 +590,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
      * the combine kernel's launch */
     if (a.n_splits == 1 || !a.cnt || !lm_last_block(a.cnt + (int64_t)t * gridDim.y + blockIdx.y, a.n_splits))
         return;
-    for (int i = 0; i < G; i++) att_combine_head(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0 + i);
+    att_combine_heads(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0, G);
 }
 
 /* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */

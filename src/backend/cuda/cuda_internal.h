@@ -149,33 +149,63 @@ static __device__ __forceinline__ double lm_warp_sum_d(double v) {
  * double as on the CPU. The squares are summed over LM_NORM_VT virtual
  * threads in a fixed order whatever the block size (a multiple of 32 that
  * divides LM_NORM_VT), so the rms_norm op's kernel and the GEMV's fused norm
- * give the same bits. x is read through L2 (__ldcg): in the fused GEMV other
- * blocks wrote it during this kernel, and L1 is not coherent. */
+ * give the same bits. A block of LM_NORM_VT threads holds the row in
+ * registers (LM_NORM_REGS values a thread; wider rows read the rest twice)
+ * and so waits for memory once. x is read through L2 (__ldcg): in the fused
+ * GEMV other blocks wrote it during this kernel, and L1 is not coherent. */
 #define LM_NORM_VT 256
+#define LM_NORM_REGS 24 /* rows up to 6144 wide in registers */
 static __device__ void lm_norm_row(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
     __shared__ double part[LM_NORM_VT / 32];
     __shared__ double scale;
-    const int nt = blockDim.x, lane = threadIdx.x & 31;
+    const int nt = blockDim.x, lane = threadIdx.x & 31, tid = threadIdx.x;
     __syncthreads(); /* the previous row's part and scale have been read */
-    for (int v = threadIdx.x; v < LM_NORM_VT; v += nt) { /* warp-uniform: a warp's lanes share v >> 5 */
+    float xv[LM_NORM_REGS], wv[LM_NORM_REGS];
+    if (nt == LM_NORM_VT) {
+#pragma unroll
+        for (int k = 0; k < LM_NORM_REGS; k++) {
+            const int64_t i = tid + (int64_t)k * LM_NORM_VT;
+            xv[k] = i < n ? __ldcg(x + i) : 0.0f;
+            wv[k] = i < n ? w[i] : 0.0f;
+        }
         double ss = 0.0;
-#pragma unroll 8
-        for (int64_t i = v; i < n; i += LM_NORM_VT) {
+#pragma unroll
+        for (int k = 0; k < LM_NORM_REGS; k++) ss += (double)xv[k] * xv[k];
+        for (int64_t i = tid + (int64_t)LM_NORM_REGS * LM_NORM_VT; i < n; i += LM_NORM_VT) {
             const double xi = __ldcg(x + i);
             ss += xi * xi;
         }
         ss = lm_warp_sum_d(ss);
-        if (lane == 0) part[v >> 5] = ss;
+        if (lane == 0) part[tid >> 5] = ss;
+    } else {
+        for (int v = tid; v < LM_NORM_VT; v += nt) { /* warp-uniform: a warp's lanes share v >> 5 */
+            double ss = 0.0;
+            for (int64_t i = v; i < n; i += LM_NORM_VT) {
+                const double xi = __ldcg(x + i);
+                ss += xi * xi;
+            }
+            ss = lm_warp_sum_d(ss);
+            if (lane == 0) part[v >> 5] = ss;
+        }
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (tid < 32) {
         double v = lane < LM_NORM_VT / 32 ? part[lane] : 0.0;
         v = lm_warp_sum_d(v);
         if (lane == 0) scale = 1.0 / sqrt(v / (double)n + eps);
     }
     __syncthreads();
     const double s = scale;
-    for (int64_t i = threadIdx.x; i < n; i += nt) y[i] = (float)((double)__ldcg(x + i) * s * ((double)w[i] + off));
+    int64_t i0 = tid;
+    if (nt == LM_NORM_VT) {
+#pragma unroll
+        for (int k = 0; k < LM_NORM_REGS; k++) {
+            const int64_t i = tid + (int64_t)k * LM_NORM_VT;
+            if (i < n) y[i] = (float)((double)xv[k] * s * ((double)wv[k] + off));
+        }
+        i0 = tid + (int64_t)LM_NORM_REGS * LM_NORM_VT;
+    }
+    for (int64_t i = i0; i < n; i += nt) y[i] = (float)((double)__ldcg(x + i) * s * ((double)w[i] + off));
 }
 
 /* Whether this block is the last of `total` to arrive at *counter (after
