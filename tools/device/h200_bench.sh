@@ -42,6 +42,19 @@ for set in "$@"; do
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64
     LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw ;;
+  ab) # batch-1 decode of this build against bin/lumen_base (pack.sh LUMEN_DEVICE_BASE_BIN), alternating
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do
+      for b in lumen_base lumen; do
+        echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
+      done
+    done ;;
+  ncu-qwen27) # kernel time of Qwen3.5-27B decode steps, by kernel
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    LUMEN_CUDA_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-skip 4000 --launch-count 1000 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 16 \
+      --gen 12 --no-membw > "${OUT:-/tmp}/ncu_q27.csv" 2>/dev/null
+    python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu_q27.csv" 30 ;;
   ncu) # kernel time of one Llama-8B decode step (graphs off: ncu times kernels alone either way)
     model /dev/shm/l8 llama-3.1-8b
     LUMEN_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \

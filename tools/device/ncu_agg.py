@@ -13,4 +13,4 @@ for r in rows:
     agg[k][0]+=1; agg[k][1]+=us
 tot=sum(a[1] for a in agg.values())
 print('total us', round(tot,1), 'kernels', sum(a[0] for a in agg.values()))
-for k,(n,t) in sorted(agg.items(), key=lambda x:-x[1][1])[:14]: print(f'{t:9.1f} {n:5d} {t/n:8.2f}  {k}')
+for k,(n,t) in sorted(agg.items(), key=lambda x:-x[1][1])[:int(sys.argv[2]) if len(sys.argv) > 2 else 14]: print(f'{t:9.1f} {n:5d} {t/n:8.2f}  {k}')

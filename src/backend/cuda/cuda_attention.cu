@@ -120,6 +120,42 @@ static att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *
     return r;
 }
 
+/* Within one graph pass (one forward) every layer stages the same batch:
+ * the first staging is remembered by what it was built from and reused, so
+ * a decode step builds and uploads its tables a few times, not twice per
+ * layer. Eager forwards stage each time (nothing marks where they end). */
+#define ATT_MEMO_SLOTS 4
+typedef struct att_memo_key {
+    uint64_t pass;
+    const lm_kv_pool *kv;
+    const int32_t *pos, *seq;
+    const int32_t *const *tables;
+    int T, S, window;
+    bool write_only;
+} att_memo_key;
+struct att_memo {
+    att_memo_key key[ATT_MEMO_SLOTS];
+    att_dev d[ATT_MEMO_SLOTS];
+    int next;
+};
+
+static att_dev att_stage_memo(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int window, bool write_only) {
+    if (c->gmode != LM_G_REPLAY && c->gmode != LM_G_CAPTURE) return att_stage(c, kv, b, window, write_only, NULL, 0);
+    if (!c->att_memo) c->att_memo = (struct att_memo *)lm_xcalloc(1, sizeof *c->att_memo);
+    struct att_memo *m = c->att_memo;
+    att_memo_key k;
+    memset(&k, 0, sizeof k);
+    k.pass = c->gpass, k.kv = kv, k.pos = b->pos, k.seq = b->seq, k.tables = b->block_tables;
+    k.T = b->n_tokens, k.S = b->n_seqs, k.window = write_only ? 0 : window, k.write_only = write_only;
+    for (int i = 0; i < ATT_MEMO_SLOTS; i++)
+        if (!memcmp(&m->key[i], &k, sizeof k)) return m->d[i];
+    const int i = m->next;
+    m->next = (m->next + 1) % ATT_MEMO_SLOTS;
+    m->key[i] = k;
+    m->d[i] = att_stage(c, kv, b, window, write_only, NULL, 0);
+    return m->d[i];
+}
+
 /* ---- kv_write ---------------------------------------------------------------- */
 
 /* Blocks (token, column chunk): the token's K and V rows into the slot its
@@ -146,7 +182,7 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->type == LM_F32 && v->type == LM_F32 && k->rows == b->n_tokens && v->rows == b->n_tokens);
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
-    att_dev d = att_stage(c, kv, b, 0, true, NULL, 0);
+    att_dev d = att_stage_memo(c, kv, b, 0, true);
     lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0,
                        kv->k[layer], kv->v[layer], (const float *)k->data, (const float *)v->data, k->cols,
                        kv->kv_width, kv->block_size, d);
@@ -230,7 +266,7 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
     if (T == 0) return;
     att_rkv_args a;
     memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
-    a.d = att_stage(c, kv, b, 0, true, NULL, 0);
+    a.d = att_stage_memo(c, kv, b, 0, true);
     a.freq = lm_cuda_freq(c, rq->inv_freq, rq->rot_dim / 2);
     a.q = (float *)q->data, a.k = (float *)k->data, a.v = (const float *)v->data;
     a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.kv_ld = kv->kv_width;
@@ -411,44 +447,74 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
 }
 
 /* Merges the ns splits of heads h0 .. h0 + G - 1 (G <= ATT_COMB_HEADS) of
- * token t into out, with the whole block: each head's split weights
- * e^{m_s - M} and 1 / L first (one warp a head, into shared memory), then
- * the columns, every thread summing over the splits in split order, so the
- * bits do not depend on G or the block size. A split that saw no key of the
- * row has m = -inf and l = 0 and weighs nothing. Partials are read through
- * L2: in the decode kernel other blocks wrote them during the same launch. */
+ * token t into out, with the whole block. First each head's split weights
+ * e^{m_s - M} and 1 / L, one warp a head, a lane a split (warp max and a
+ * fixed-order warp sum, into shared memory); then the columns, a thread
+ * ATT_COMB_COLS of them with ATT_COMB_SPLITS splits' loads in flight, each
+ * summed over the splits in split order. The bits depend on neither G nor
+ * the block size. A split that saw no key of the row has m = -inf and l = 0
+ * and weighs nothing. Partials are read through L2: in the decode kernel
+ * other blocks wrote them during the same launch. Latency is what this
+ * costs (a few KB), hence the batched loads. */
 #define ATT_COMB_HEADS 8
+#define ATT_COMB_COLS 4
+#define ATT_COMB_SPLITS 8
 __device__ void att_combine_heads(float *out, int64_t out_ld, const float *pm, const float *pl, const float *pacc,
                                   int H, int Dh, int ns, int t, int h0, int G) {
     __shared__ float f[ATT_COMB_HEADS][ATT_MAX_SPLITS], inv[ATT_COMB_HEADS];
-    __shared__ bool used[ATT_COMB_HEADS][ATT_MAX_SPLITS];
     const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
     for (int i = threadIdx.x >> 5; i < G; i += n_warps) {
         const int64_t base = ((int64_t)t * H + h0 + i) * ns;
-        float M = -INFINITY;
-        for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pm + base + s));
-        for (int s = lane; s < ns; s += 32) {
-            const float ms = __ldcg(pm + base + s);
-            used[i][s] = ms != -INFINITY;
-            f[i][s] = used[i][s] ? expf(ms - M) : 0.0f;
+        float ms[ATT_MAX_SPLITS / 32], ls[ATT_MAX_SPLITS / 32], M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_SPLITS / 32; k++) {
+            const int s = lane + 32 * k;
+            ms[k] = s < ns ? __ldcg(pm + base + s) : -INFINITY;
+            ls[k] = s < ns ? __ldcg(pl + base + s) : 0.0f;
+            M = fmaxf(M, ms[k]);
         }
-        __syncwarp();
-        if (lane == 0) {
-            float L = 0.0f;
-            for (int s = 0; s < ns; s++)
-                if (used[i][s]) L += __ldcg(pl + base + s) * f[i][s];
-            inv[i] = 1.0f / L;
+        M = att_warp_max(M);
+        float L = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_SPLITS / 32; k++) {
+            const float fk = ms[k] != -INFINITY ? expf(ms[k] - M) : 0.0f;
+            if (lane + 32 * k < ns) f[i][lane + 32 * k] = fk;
+            L += ls[k] * fk;
         }
+        L = att_warp_sum(L);
+        if (lane == 0) inv[i] = 1.0f / L;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < G * Dh; e += blockDim.x) {
-        const int i = e / Dh, d = e % Dh;
-        const float *pa = pacc + ((int64_t)t * H + h0 + i) * ns * Dh + d;
-        float x = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < ns; s++)
-            if (used[i][s]) x += __ldcg(pa + (int64_t)s * Dh) * f[i][s];
-        out[(int64_t)t * out_ld + (int64_t)(h0 + i) * Dh + d] = x * inv[i];
+    const int n = G * Dh;
+    for (int e0 = threadIdx.x; e0 < n; e0 += ATT_COMB_COLS * blockDim.x) {
+        float x[ATT_COMB_COLS];
+        const float *pa[ATT_COMB_COLS];
+#pragma unroll
+        for (int j = 0; j < ATT_COMB_COLS; j++) {
+            const int e = min(e0 + j * (int)blockDim.x, n - 1);
+            x[j] = 0.0f;
+            pa[j] = pacc + (((int64_t)t * H + h0 + e / Dh) * ns) * Dh + e % Dh;
+        }
+        for (int s0 = 0; s0 < ns; s0 += ATT_COMB_SPLITS) {
+            float v[ATT_COMB_COLS][ATT_COMB_SPLITS];
+#pragma unroll
+            for (int j = 0; j < ATT_COMB_COLS; j++)
+#pragma unroll
+                for (int k = 0; k < ATT_COMB_SPLITS; k++)
+                    v[j][k] = s0 + k < ns ? __ldcg(pa[j] + (int64_t)(s0 + k) * Dh) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_COMB_COLS; j++) {
+                const int i = min(e0 + j * (int)blockDim.x, n - 1) / Dh;
+#pragma unroll
+                for (int k = 0; k < ATT_COMB_SPLITS; k++)
+                    if (s0 + k < ns) x[j] += v[j][k] * f[i][s0 + k];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_COMB_COLS; j++) {
+            const int e = e0 + j * (int)blockDim.x;
+            if (e < n) out[(int64_t)t * out_ld + (int64_t)(h0 + e / Dh) * Dh + e % Dh] = x[j] * inv[e / Dh];
+        }
     }
 }
 
@@ -598,7 +664,7 @@ template <int DPL, int GM>
 static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
     a->n_sub = (a->gsz + GM - 1) / GM;
     grid.y *= (unsigned)a->n_sub;
-    if (a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
+    if (c->fused && a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
     const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
     if (smem > 48 * 1024)
         LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -617,7 +683,7 @@ static bool att_use_decode(int T, int S, int Dh) {
 static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
                        const lm_attn_batch *b, const lm_attn_params *p) {
     const int Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
-    att_dev d = att_stage(c, kv, b, p->window, false, NULL, 0);
+    att_dev d = att_stage_memo(c, kv, b, p->window, false);
     int max_range = 1;
     for (int t = 0; t < T; t++)
         max_range = LM_MAX(max_range, p->window > 0 ? LM_MIN(b->pos[t] + 1, p->window) : b->pos[t] + 1);

@@ -420,6 +420,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (cudaSetDevice(c->device) == cudaSuccess) lm_cuda_current_device = c->device;
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
     lm_cuda_graphs_free(c);
+    free(c->att_memo);
     for (size_t i = 0; i < x->n_weights; i++) (void)cudaFree(x->weights[i]);
     free(x->weights);
     for (int i = 0; i < x->n_retired; i += 2) {
@@ -488,7 +489,8 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .destroy = */ lm_cuda_destroy,
 };
 
-/* The table without the optional fused forms (LUMEN_CUDA_FUSED=0): the
+/* The table without the optional fused forms (LUMEN_CUDA_FUSED=0, which
+ * also keeps the decode attention's split merge a kernel of its own): the
  * models then compose them from the plain ops, for measuring what fusion
  * gains and for telling a fused kernel's fault from the rest. */
 static const struct lm_backend_ops *lm_cuda_ops_unfused(void) {
@@ -526,7 +528,8 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     lm_cuda *c = &x->c;
     snprintf(x->dev_name, sizeof x->dev_name, "%s", name);
     c->device = device;
-    x->be.ops = lm_cuda_env_flag("LUMEN_CUDA_FUSED", true) ? &lm_cuda_ops : lm_cuda_ops_unfused();
+    c->fused = lm_cuda_env_flag("LUMEN_CUDA_FUSED", true);
+    x->be.ops = c->fused ? &lm_cuda_ops : lm_cuda_ops_unfused();
     x->be.name = "cuda";
     x->be.impl = c;
     {

@@ -207,6 +207,7 @@ static void lm_graph_start(lm_cuda *c, int mode) {
     g->n_reads = 0;
     c->ghash = LM_GRAPH_SEED;
     c->gmode = mode;
+    c->gpass++;
     if (mode == LM_G_CAPTURE) LM_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
 }
 

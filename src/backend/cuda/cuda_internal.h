@@ -60,9 +60,10 @@ typedef struct lm_cuda {
     } freq[LM_CUDA_FREQ_SLOTS];
     int freq_next; /* slot replaced next */
     int gemm_mode; /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
-    /* graph passes (cuda_graph.cu): mode, running hash of the pass's launches */
+    /* graph passes (cuda_graph.cu): mode, running hash of the pass's launches,
+     * number of the pass (a new one at each start) */
     int gmode;
-    uint64_t ghash;
+    uint64_t ghash, gpass;
     bool pdl; /* programmatic dependent launch: sm_90+, LUMEN_CUDA_PDL != 0 */
     struct lm_cuda_graphs *graphs;
     /* LM_CUDA_COUNTERS ints, zero between kernels: a kernel whose last block
@@ -71,6 +72,8 @@ typedef struct lm_cuda {
      * its counter. Kernels of one stream never overlap past lm_pdl_wait, so
      * they share: counter 0 is the GEMV's, 1.. the attention's. */
     int *counters;
+    bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
+    struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096
