@@ -3,6 +3,7 @@
 # carried (tools/device/pack.sh made it here):
 #   bash tools/device/gpu_run.sh check   GPU op tests, then the whole suite with
 #                                         models on the GPU, then lumen parity
+#   bash tools/device/gpu_run.sh cuda    the GPU op tests alone
 #   bash tools/device/gpu_run.sh bench   the H200 benchmarks of docs/benchmarks.md
 # Logs go to $OUT (what comes back) as well as stdout.
 set -uo pipefail
@@ -30,9 +31,12 @@ check)
     "$L" parity "$d" --device cuda 2>&1 | tail -n 1
   done | tee "$OUT/parity_gpu.jsonl" | cut -c1-220
   ;;
+cuda) # the GPU op tests alone
+  timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
+  ;;
 bench)
   shift
   bash "$root/tools/device/h200_bench.sh" "$@" 2>&1 | tee "$OUT/bench.log"
   ;;
-*) echo "usage: $0 check|bench" >&2; exit 2 ;;
+*) echo "usage: $0 check|cuda|bench SET..." >&2; exit 2 ;;
 esac
