@@ -49,6 +49,13 @@ for set in "$@"; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
       done
     done ;;
+  ab-qwen27) # the same on the Qwen3.5-27B shape
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2; do
+      for b in lumen_base lumen; do
+        echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw
+      done
+    done ;;
   ncu-qwen27) # kernel time of Qwen3.5-27B decode steps, by kernel
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     LUMEN_CUDA_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \

@@ -3,12 +3,13 @@
  * x and y are f32; W is bf16, f16 or f32 in its stored layout [O][I].
  *
  * Small T (decode, T <= LM_GEMV_MAX_T): a hand-written GEMV that streams the
- * weight once for all T tokens. A block of up to 256 threads owns R = 4
- * consecutive output rows; its threads stride together along the inner
- * dimension in 16-byte chunks (8 bf16/f16 or 4 f32 per chunk), so each
- * warp-wide load is 512 contiguous bytes of one row (fully coalesced) and
- * the four rows give four independent loads per step; the loop takes two
- * steps at a time, so a thread has 8 x 16 B in flight before it waits.
+ * weight once for all T tokens. A block of up to 256 threads owns R
+ * consecutive output rows (lm_gemv_rows: 8 at T = 1, else 4); its threads
+ * stride together along the inner dimension in 16-byte chunks (8 bf16/f16 or
+ * 4 f32 per chunk), so each warp-wide load is 512 contiguous bytes of one row
+ * (fully coalesced) and the R rows give R independent loads per step; the
+ * loop takes two steps at a time, so a thread has 2R x 16 B in flight before
+ * it waits.
  * Weight loads use the evict-first cache hint (__ldcs): they are read once
  * and should not push x out of L2. Each weight chunk is widened to f32 once
  * and used for all T tokens; x is read through the read-only path (it is
@@ -45,8 +46,12 @@
 #ifndef LM_GEMV_MAX_T
 #define LM_GEMV_MAX_T 8 /* tokens up to which the GEMV beats cuBLAS (to be measured on the H200) */
 #endif
-#define LM_GEMV_R 4       /* output rows per block */
 #define LM_GEMV_THREADS 256
+/* Output rows per block: 8 for one token (16 loads of 16 bytes in
+ * flight per thread, so that enough bytes are in flight to cover the memory
+ * latency), 4 above (the accumulators of more tokens take the registers:
+ * 8 rows spill at T = 2). */
+__host__ __device__ constexpr int lm_gemv_rows(int T) { return T == 1 ? 8 : 4; }
 static_assert(LM_NORM_VT % LM_GEMV_THREADS == 0, "the fused norm runs on the GEMV's block");
 
 /* ---- GEMV ------------------------------------------------------------------------ */
@@ -116,6 +121,7 @@ typedef struct lm_gemv_args {
     const float *norm_w;
     double eps, w_offset;
     int *counter;
+    int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
 } lm_gemv_args;
 
 /* The activations of the glu modes: the element-wise kernels' own
@@ -134,7 +140,7 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
  * would spill at 128 and keeps the compiler's choice. */
 template <int T, lm_dtype WT, bool VEC, int MODE>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
-    constexpr int R = LM_GEMV_R;
+    constexpr int R = lm_gemv_rows(T);
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
     lm_pdl_trigger();
     /* launched early (PDL): weights are constant and may be fetched at once;
@@ -191,49 +197,76 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
                 for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
         }
     };
-    auto load = [&](float (&wf)[R][EPC], int64_t k) {
-        if constexpr (VEC) {
-            uint4 v[R];
+    /* the same from raw 16-byte chunks: one or two tokens widen each row's
+     * chunk as they use it (fewer live registers; the same FMAs in the same
+     * order), more tokens widen all rows first and share them */
+    auto step16 = [&](const uint4 (&v)[R], int64_t k) {
+        if constexpr (T <= 2) {
+            float xv[T][EPC];
 #pragma unroll
-            for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
+            for (int t = 0; t < T; t++)
+#pragma unroll
+                for (int j = 0; j < EPC; j += 4) {
+                    float4 q = __ldg((const float4 *)(x + (size_t)t * I + k * EPC + j));
+                    xv[t][j] = q.x, xv[t][j + 1] = q.y, xv[t][j + 2] = q.z, xv[t][j + 3] = q.w;
+                }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wf[EPC];
+                lm_widen16<WT>(v[r], wf);
+#pragma unroll
+                for (int t = 0; t < T; t++)
+#pragma unroll
+                    for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[j], xv[t][j], acc[r][t]);
+            }
+        } else {
+            float wf[R][EPC];
 #pragma unroll
             for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
-        } else {
-#pragma unroll
-            for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
+            step(wf, k);
         }
+    };
+    auto load16 = [&](uint4 (&v)[R], int64_t k) {
+#pragma unroll
+        for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
+    };
+    auto load1 = [&](float (&wf)[R][EPC], int64_t k) {
+#pragma unroll
+        for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
     };
 
     const int64_t stride = blockDim.x;
     int64_t k = threadIdx.x;
     /* two chunks per trip: 2 * R loads issued before the first FMA */
     for (; k + stride < n_chunks; k += 2 * stride) {
-        float wa[R][EPC], wb[R][EPC];
         if constexpr (VEC) {
             uint4 va[R], vb[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) va[r] = __ldcs((const uint4 *)wr[r] + k);
-#pragma unroll
-            for (int r = 0; r < R; r++) vb[r] = __ldcs((const uint4 *)wr[r] + k + stride);
+            load16(va, k);
+            load16(vb, k + stride);
             sync_in();
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                lm_widen16<WT>(va[r], wa[r]);
-                lm_widen16<WT>(vb[r], wb[r]);
-            }
+            step16(va, k);
+            step16(vb, k + stride);
         } else {
-            load(wa, k);
-            load(wb, k + stride);
+            float wa[R][EPC], wb[R][EPC];
+            load1(wa, k);
+            load1(wb, k + stride);
             sync_in();
+            step(wa, k);
+            step(wb, k + stride);
         }
-        step(wa, k);
-        step(wb, k + stride);
     }
     if (k < n_chunks) {
-        float wa[R][EPC];
-        load(wa, k);
-        sync_in();
-        step(wa, k);
+        if constexpr (VEC) {
+            uint4 va[R];
+            load16(va, k);
+            sync_in();
+            step16(va, k);
+        } else {
+            float wa[R][EPC];
+            load1(wa, k);
+            sync_in();
+            step(wa, k);
+        }
     }
     sync_in(); /* before y is written (and read, in ADD mode) */
 
@@ -343,24 +376,24 @@ static void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, i
 }
 
 /* A plain args block: no matrices yet (first_block past every block). */
-static lm_gemv_args lm_gemv_args0(const float *x, int64_t I) {
+static lm_gemv_args lm_gemv_args0(const float *x, int64_t I, int64_t T) {
     lm_gemv_args a;
     memset(&a, 0, sizeof a); /* every byte set: a graph pass hashes them */
-    a.x = x, a.I = I;
+    a.x = x, a.I = I, a.rows = lm_gemv_rows((int)T);
     for (int i = 0; i <= LM_GEMV_MAXM; i++) a.first_block[i] = 0;
     return a;
 }
 
-/* Appends matrix i (rows of R per block) to a. */
+/* Appends matrix i (a->rows rows per block) to a. */
 static void lm_gemv_add(lm_gemv_args *a, int i, float *y, const void *w, const float *bias, int64_t O) {
     a->y[i] = y, a->w[i] = (const unsigned char *)w, a->bias[i] = bias, a->O[i] = O;
-    const int64_t end = a->first_block[i] + (O + LM_GEMV_R - 1) / LM_GEMV_R;
+    const int64_t end = a->first_block[i] + (O + a->rows - 1) / a->rows;
     for (int j = i + 1; j <= LM_GEMV_MAXM; j++) a->first_block[j] = end;
 }
 
 static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
                     int64_t O, int64_t I) {
-    lm_gemv_args a = lm_gemv_args0(x, I);
+    lm_gemv_args a = lm_gemv_args0(x, I, T);
     lm_gemv_add(&a, 0, y, w, bias, O);
     lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, lm_gemv_vec(&a, 1, wt));
 }
@@ -562,7 +595,7 @@ void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
 /* The fused GEMV takes: few tokens, 16-byte chunks of bf16/f16 weights. */
 static bool lm_gemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n) {
     if (x->rows < 1 || x->rows > LM_GEMV_MAX_T || x->type != LM_F32) return false;
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
     for (int i = 0; i < n; i++) {
         if ((w[i]->type != LM_BF16 && w[i]->type != LM_F16) || w[i]->type != w[0]->type || w[i]->cols != x->cols)
             return false;
@@ -580,7 +613,7 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
         return;
     }
     lm_cuda_use(c);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
     for (int i = 0; i < n; i++) {
         const lm_tensor *b = bias ? bias[i] : NULL;
         LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
@@ -603,11 +636,11 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
         return;
     }
     lm_cuda_use(c);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
     const int64_t F = wg->rows;
     a.y[0] = (float *)y->data, a.w[0] = (const unsigned char *)wg->data, a.w[1] = (const unsigned char *)wu->data;
     a.O[0] = F;
-    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = (F + LM_GEMV_R / 2 - 1) / (LM_GEMV_R / 2);
+    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = (F + a.rows / 2 - 1) / (a.rows / 2);
     const int mode = act == LM_GLU_SILU ? LM_GEMV_GLU_SILU : act == LM_GLU_GELU_TANH ? LM_GEMV_GLU_GELU_TANH
                                                                                       : LM_GEMV_GLU_GELU;
     lm_gemv_run(c, (int)x->rows, &a, wg->type, mode, true);
@@ -625,7 +658,7 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
     lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
     const bool fuse = lm_gemv_fusable(x, &w, 1);
     const bool fuse_norm = fuse && norm && lm_norm_fusable(y, norm, a.first_block[LM_GEMV_MAXM]);
