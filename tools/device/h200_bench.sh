@@ -48,7 +48,8 @@ for set in "$@"; do
       for b in lumen_base lumen; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
       done
-    done ;;
+    done
+    echo -n "lumen 128 threads "; LUMEN_CUDA_GEMV_THREADS=128 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw ;;
   ab-qwen27) # the same on the Qwen3.5-27B shape
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for i in 1 2; do

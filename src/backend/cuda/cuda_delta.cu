@@ -13,8 +13,10 @@
  *   The K-1 previous inputs and the K taps sit in registers (K <= 16,
  *   unrolled loops with guards so that nothing is indexed dynamically); the
  *   window is written back to the slot oldest first after the last token.
- * gated_delta: one block per (value head, sequence), grid (Hv, S), the
- *   recurrent form token by token. Thread (v, part) of Dv * P threads
+ * gated_delta: one block per (value head, sequence, group of state
+ *   columns), grid (Hv, S, Dv / Dvb), the recurrent form token by token;
+ *   columns split while there are fewer than ~2 blocks per multiprocessor
+ *   (a decode step). Thread (v, part) of Dvb * P threads
  *   (P = ceil(Dk / 32)) holds column v of the state for rows
  *   d = part + P*i in registers (at most 32), so the state [Dk][Dv] (64 KiB
  *   at 128 x 128) never leaves the register file between tokens. Per token:
@@ -83,6 +85,8 @@ __device__ __forceinline__ float delta_silu(float x) {
 
 __global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
                                   int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int s = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -130,7 +134,7 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
     delta_seqs q = delta_stage(c, kv, b);
     dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
-    lm_cuda_launch(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
+    lm_cuda_launch_pdl(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
                    kv->state[state.index], kv->state_floats[state.index], state.offset, q, C, K, silu);
     LM_CUDA_LAUNCHED("delta_conv_kernel");
 }
@@ -142,6 +146,8 @@ __device__ __forceinline__ double delta_softplus(double x) { return x > 20.0 ? x
 
 __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, const float *dt_bias, int64_t n,
                                    int64_t H) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t h = i % H;
@@ -158,7 +164,7 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
     LM_ASSERT(a_log->rows * a_log->cols == g->cols && dt_bias->rows * dt_bias->cols == g->cols);
     const int64_t n = g->rows * g->cols;
     if (n == 0) return;
-    lm_cuda_launch(c, delta_gates_kernel, (unsigned)((n + 255) / 256), 256, 0, (float *)g->data, (float *)beta->data,
+    lm_cuda_launch_pdl(c, delta_gates_kernel, (unsigned)((n + 255) / 256), 256, 0, (float *)g->data, (float *)beta->data,
                    (const float *)a_log->data, (const float *)dt_bias->data, n, g->cols);
     LM_CUDA_LAUNCHED("delta_gates_kernel");
 }
@@ -173,19 +179,26 @@ typedef struct delta_args {
     int64_t slot_floats, st_off;
     delta_seqs q;
     int Hk, Hv, Dk, Dv, P;
+    int Dvb; /* state columns per block: Dv / gridDim.z */
 } delta_args;
 
-/* grid (Hv, S), Dv * P threads. Shared: q, k [Dk]; partials [2][P][Dv]; u [Dv]. */
+/* grid (Hv, S, Dv / Dvb), Dvb * P threads: the state's columns are
+ * independent (each needs q, k, its own v column and the scalars q.k,
+ * alpha, beta), so a head's columns spread over gridDim.z blocks, which
+ * puts more multiprocessors on a decode step's state. Shared: q, k [Dk];
+ * partials [2][P][Dvb]; u [Dvb]. */
 __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_args a) {
     extern __shared__ float delta_smem[];
+    lm_pdl_trigger();
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
     const int h = blockIdx.x, s = blockIdx.y;
     const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
     if (i0 == i1) return; /* block-uniform */
-    const int Dk = a.Dk, Dv = a.Dv, P = a.P, nth = blockDim.x;
-    const int tid = threadIdx.x, v = tid % Dv, lane = tid & 31;
-    /* threads past Dv * P (the block is a whole number of warps) own no state */
-    const int part = tid < Dv * P ? tid / Dv : DELTA_MAX_ROWS * P + Dk;
-    float *sq = delta_smem, *sk = sq + Dk, *rk = sk + Dk, *rq = rk + P * Dv, *su = rq + P * Dv;
+    const int Dk = a.Dk, Dv = a.Dv, Dvb = a.Dvb, P = a.P, nth = blockDim.x;
+    const int tid = threadIdx.x, vb = tid % Dvb, v = blockIdx.z * Dvb + vb, lane = tid & 31;
+    /* threads past Dvb * P (the block is a whole number of warps) own no state */
+    const int part = tid < Dvb * P ? tid / Dvb : DELTA_MAX_ROWS * P + Dk;
+    float *sq = delta_smem, *sk = sq + Dk, *rk = sk + Dk, *rq = rk + P * Dvb, *su = rq + P * Dvb;
     __shared__ float fac[3]; /* q factor, k factor, q.k */
 
     const int hk = h / (a.Hv / a.Hk);
@@ -241,8 +254,8 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
             }
         }
         if (part < P) {
-            rk[part * Dv + v] = pk;
-            rq[part * Dv + v] = pq;
+            rk[part * Dvb + vb] = pk;
+            rq[part * Dvb + vb] = pq;
         }
         if (tid < 32) {
             float qk = 0.0f;
@@ -256,15 +269,15 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
         if (part == 0) {
             float skv = 0.0f, sqv = 0.0f;
             for (int pp = 0; pp < P; pp++) {
-                skv += rk[pp * Dv + v];
-                sqv += rq[pp * Dv + v];
+                skv += rk[pp * Dvb + vb];
+                sqv += rq[pp * Dvb + vb];
             }
             const float u = beta * (row[vo + v] - alpha * skv);
-            su[v] = u;
+            su[vb] = u;
             a.out[t * a.out_ld + (int64_t)h * Dv + v] = alpha * sqv + fac[2] * u;
         }
         __syncthreads();
-        const float uv = su[v];
+        const float uv = su[vb];
 #pragma unroll
         for (int i = 0; i < DELTA_MAX_ROWS; i++) {
             const int d = part + P * i;
@@ -296,10 +309,16 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
     a.q = delta_stage(c, kv, b);
     a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P;
-    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * Dv + (size_t)Dv) * sizeof(float);
+    /* split the columns while there are fewer than ~2 blocks per
+     * multiprocessor, in whole warps' worth of columns */
+    int n_cg = 1;
+    while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
+    a.Dvb = Dv / n_cg;
+    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
     LM_ASSERT(smem <= 48 * 1024);
-    const unsigned threads = (unsigned)((Dv * P + 31) / 32 * 32);
-    lm_cuda_launch(c, delta_rule_kernel, dim3((unsigned)Hv, (unsigned)b->n_seqs), threads, smem, a);
+    const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
+    lm_cuda_launch_pdl(c, delta_rule_kernel, dim3((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg), threads, smem,
+                       a);
     LM_CUDA_LAUNCHED("delta_rule_kernel");
 }
 
@@ -307,6 +326,8 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
 
 /* One block per row of n: y = (float)(x * s * w) * silu(z), s = 1/sqrt(mean x^2 + eps). */
 __global__ void delta_gnorm_kernel(float *y, const float *x, const float *z, const float *w, int64_t n, double eps) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     __shared__ double red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n, *zr = z + r * n;
@@ -337,7 +358,7 @@ void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, co
     const int64_t rows = x->rows * (x->cols / w->cols);
     if (rows == 0) return;
     LM_ASSERT(rows <= INT32_MAX);
-    lm_cuda_launch(c, delta_gnorm_kernel, (unsigned)rows, 128, 0, (float *)y->data, (const float *)x->data,
+    lm_cuda_launch_pdl(c, delta_gnorm_kernel, (unsigned)rows, 128, 0, (float *)y->data, (const float *)x->data,
                    (const float *)z->data, (const float *)w->data, w->cols, (double)eps);
     LM_CUDA_LAUNCHED("delta_gnorm_kernel");
 }

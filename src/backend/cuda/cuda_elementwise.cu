@@ -161,6 +161,8 @@ __global__ void lm_add_kernel(float *y, const float *x, int64_t n) {
 }
 
 __global__ void lm_scale_kernel(float *y, float s, int64_t n) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) y[i] *= s;
 }
 
@@ -171,11 +173,15 @@ __global__ void lm_gelu_mul_kernel(float *y, const float *g, const float *u, int
 }
 
 __global__ void lm_softcap_kernel(float *y, double cap, int64_t n) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) y[i] = (float)(cap * tanh((double)y[i] / cap));
 }
 
 __global__ void lm_sigmoid_mul_kernel(float *y, const float *x, const float *gate, int64_t n, int64_t cols,
                                       bool per_row) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     LM_GRID_LOOP(i, n) {
         if (per_row) {
             float s = 1.0f / (1.0f + expf(-gate[i / cols]));
@@ -214,7 +220,7 @@ void lm_cuda_scale(lm_backend *be, lm_tensor *y, float s) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_scale_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, s, n);
+    lm_cuda_launch_pdl(c, lm_scale_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, s, n);
     LM_CUDA_LAUNCHED("scale");
 }
 
@@ -235,7 +241,7 @@ void lm_cuda_softcap(lm_backend *be, lm_tensor *y, float cap) {
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_softcap_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (double)cap, n);
+    lm_cuda_launch_pdl(c, lm_softcap_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data, (double)cap, n);
     LM_CUDA_LAUNCHED("softcap");
 }
 
@@ -247,7 +253,7 @@ void lm_cuda_sigmoid_mul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const
     const int64_t n = x->rows * x->cols;
     if (n == 0) return;
     lm_cuda_use(c);
-    lm_cuda_launch(c, lm_sigmoid_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data,
+    lm_cuda_launch_pdl(c, lm_sigmoid_mul_kernel, lm_ew_grid(c, n), LM_EW_THREADS, 0, (float *)y->data,
                    (const float *)x->data, (const float *)gate->data, n, x->cols, gate->cols == 1);
     LM_CUDA_LAUNCHED("sigmoid_mul");
 }

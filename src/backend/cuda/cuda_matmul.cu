@@ -319,7 +319,7 @@ static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec
     int64_t chunks = vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I;
     /* a power of two: the fused norm's block size must divide LM_NORM_VT */
     int threads = 32;
-    while (threads < LM_GEMV_THREADS && threads < chunks) threads *= 2;
+    while (threads < c->gemv_threads && threads < chunks) threads *= 2;
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
