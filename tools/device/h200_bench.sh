@@ -48,8 +48,7 @@ for set in "$@"; do
       for b in lumen_base lumen; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
       done
-    done
-    echo -n "lumen 128 threads "; LUMEN_CUDA_GEMV_THREADS=128 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw ;;
+    done ;;
   ab-qwen27) # the same on the Qwen3.5-27B shape
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for i in 1 2; do
@@ -74,11 +73,14 @@ for set in "$@"; do
     model /dev/shm/l8 llama-3.1-8b
     "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3 | tee -a "$f"
     for B in 1 8 32 128; do "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 | tee -a "$f"; done
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw | tee -a "$f"
+    LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw | tee -a "$f"
     "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
     LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 32 --gen 64 --reps 2 | tee -a "$f"
-    for B in 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
+    LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw | tee -a "$f"
+    for B in 1 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
     "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;

@@ -529,7 +529,6 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     snprintf(x->dev_name, sizeof x->dev_name, "%s", name);
     c->device = device;
     c->fused = lm_cuda_env_flag("LUMEN_CUDA_FUSED", true);
-    c->gemv_threads = getenv("LUMEN_CUDA_GEMV_THREADS") && atoi(getenv("LUMEN_CUDA_GEMV_THREADS")) == 128 ? 128 : 256;
     x->be.ops = c->fused ? &lm_cuda_ops : lm_cuda_ops_unfused();
     x->be.name = "cuda";
     x->be.impl = c;

@@ -74,7 +74,6 @@ typedef struct lm_cuda {
     int *counters;
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
-    int gemv_threads; /* most threads per GEMV block (EXPERIMENT: LUMEN_CUDA_GEMV_THREADS) */
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096
