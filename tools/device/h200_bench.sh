@@ -56,6 +56,11 @@ for set in "$@"; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw
       done
     done ;;
+  small-batch) # batch 2 and 8 decode (the GEMV path above one token) on both shapes
+    model /dev/shm/l8 llama-3.1-8b
+    for B in 2 8; do "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --batch 8 --prompt-len 32 --gen 32 --no-membw ;;
   ncu-qwen27) # kernel time of Qwen3.5-27B decode steps, by kernel
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     LUMEN_CUDA_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
