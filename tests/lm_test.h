@@ -13,6 +13,11 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+
+/* a equals b, false when a is NULL (a missing JSON field: the check fails
+ * instead of the test crashing). */
+static inline bool lm_streq(const char *a, const char *b) { return a && b && !strcmp(a, b); }
 
 typedef struct lm_test_ctx {
     int failed;

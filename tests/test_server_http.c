@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -63,11 +64,14 @@ static int server_start(server *s, const char *extra) {
     static int counter;
     snprintf(s->log, sizeof s->log, "%s/serve%d.log", lm_test_tmpdir(), counter++);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --port 0 --threads 1 %s 2>'%s'", lm_test_lumen_bin(), dir,
+    /* stdout into the log too: a server left running by a crashed test must
+     * not hold the test runner's output pipe open */
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --port 0 --threads 1 %s 2>'%s' 1>&2", lm_test_lumen_bin(), dir,
              extra ? extra : "", s->log);
     free(dir);
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the test binary, even when that crashes */
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -300,8 +304,9 @@ LM_TEST(server_http_basic_routes) {
     resp_free(&r);
     LM_REQUIRE(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
     json_t *j = body_json(&r);
-    LM_CHECK(r.status == 200 && !strcmp(json_string_value(json_object_get(j, "object")), "list"));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "qwen3"));
+    LM_CHECK_MSG(r.status == 200 && lm_streq(json_string_value(json_object_get(j, "object")), "list"),
+                 "status %d body %s", r.status, r.body);
+    LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "qwen3"));
     json_decref(j);
     resp_free(&r);
     LM_REQUIRE(http(s.port, "GET", "/v1/models/qwen3", NULL, NULL, &r) == 0);
@@ -320,7 +325,7 @@ LM_TEST(server_http_basic_routes) {
     LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
     LM_CHECK_MSG(r.status == 200, "status %d body %s", r.status, r.body);
     j = body_json(&r);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "chat.completion"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(j, "object")), "chat.completion"));
     json_t *u = json_object_get(j, "usage");
     LM_CHECK(json_integer_value(json_object_get(u, "prompt_tokens")) > 0);
     LM_CHECK(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
@@ -372,8 +377,8 @@ LM_TEST(server_http_stream_and_completions) {
     LM_CHECK_MSG(r.status == 200, "%s", r.body);
     json_t *j = body_json(&r);
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "text_completion"));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "length"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(j, "object")), "text_completion"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(ch, "finish_reason")), "length"));
     LM_CHECK(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")) == 5);
     LM_CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 5);
     json_decref(j);
@@ -454,7 +459,7 @@ static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const 
     LM_CHECK_MSG(json_is_string(json_object_get(e, "message")) && json_is_string(json_object_get(e, "type")) &&
                      json_object_get(e, "param") && json_object_get(e, "code"),
                  "error shape: %s", r.body);
-    if (code) LM_CHECK_MSG(!strcmp(json_string_value(json_object_get(e, "code")) ?: "", code), "code: %s", r.body);
+    if (code) LM_CHECK_MSG(lm_streq(json_string_value(json_object_get(e, "code")) ?: "", code), "code: %s", r.body);
     json_decref(j);
     resp_free(&r);
 }
@@ -676,7 +681,7 @@ static json_t *trace_lines(lm_test_ctx *lm_t_, const char *path) {
 static json_t *trace_find(json_t *lines, const char *id) {
     size_t i;
     json_t *j;
-    json_array_foreach(lines, i, j) if (!strcmp(json_string_value(json_object_get(j, "id")) ?: "", id)) return j;
+    json_array_foreach(lines, i, j) if (lm_streq(json_string_value(json_object_get(j, "id")) ?: "", id)) return j;
     return NULL;
 }
 
@@ -752,9 +757,9 @@ LM_TEST(server_http_request_id_and_trace) {
                  json_array_size(lines));
     json_t *t = trace_find(lines, "agent-7.turn:3_x");
     LM_REQUIRE(t != NULL);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(t, "route")) ?: "", "/v1/chat/completions"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(t, "route")) ?: "", "/v1/chat/completions"));
     LM_CHECK(json_integer_value(json_object_get(t, "status")) == 200);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(t, "finish")) ?: "", "length"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(t, "finish")) ?: "", "length"));
     LM_CHECK(json_integer_value(json_object_get(t, "n_prompt")) > 0);
     LM_CHECK(json_integer_value(json_object_get(t, "n_generated")) == 12);
     LM_CHECK(json_is_integer(json_object_get(t, "n_cached")));

@@ -115,20 +115,20 @@ LM_TEST(server_out_chat_reasoning_and_tool_call) {
     json_t *res = srv_out_response(&o);
     json_t *choice = json_array_get(json_object_get(res, "choices"), 0);
     json_t *msg = json_object_get(choice, "message");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(res, "object")), "chat.completion"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(res, "object")), "chat.completion"));
     LM_CHECK(!strncmp(json_string_value(json_object_get(res, "id")), "chatcmpl-", 9));
     LM_CHECK_MSG(json_string_value(json_object_get(msg, "content")) &&
-                     !strcmp(json_string_value(json_object_get(msg, "content")), "Let me check."),
+                     lm_streq(json_string_value(json_object_get(msg, "content")), "Let me check."),
                  "content %s", json_dumps(msg, 0));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "The user wants weather."));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(msg, "reasoning_content")), "The user wants weather."));
     json_t *calls = json_object_get(msg, "tool_calls");
     LM_CHECK(json_array_size(calls) == 1);
     json_t *fn = json_object_get(json_array_get(calls, 0), "function");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(fn, "name")), "get_weather"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(fn, "name")), "get_weather"));
     json_t *args = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(args, "city")), "Paris"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(args, "city")), "Paris"));
     json_decref(args);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
     json_t *usage = json_object_get(res, "usage");
     LM_CHECK(json_integer_value(json_object_get(usage, "prompt_tokens")) == 10);
     LM_CHECK(json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens")) == 3);
@@ -160,13 +160,13 @@ LM_TEST(server_out_chat_stream_matches_non_stream) {
     LM_REQUIRE(json_array_size(ev) >= 4);
     /* first chunk: the role */
     json_t *d0 = json_object_get(json_array_get(json_object_get(json_array_get(ev, 0), "choices"), 0), "delta");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(d0, "role")), "assistant"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(d0, "role")), "assistant"));
     char content[256] = "", reasoning[256] = "", args[256] = "", name[64] = "";
     const char *finish = NULL;
     size_t n = json_array_size(ev);
     for (size_t i = 0; i < n; i++) {
         json_t *c = json_array_get(ev, i);
-        LM_CHECK(!strcmp(json_string_value(json_object_get(c, "object")), "chat.completion.chunk"));
+        LM_CHECK(lm_streq(json_string_value(json_object_get(c, "object")), "chat.completion.chunk"));
         LM_CHECK(json_object_get(c, "usage") != NULL); /* null on all but the last */
         json_t *choices = json_object_get(c, "choices");
         if (i == n - 1) {
@@ -192,7 +192,7 @@ LM_TEST(server_out_chat_stream_matches_non_stream) {
     LM_CHECK(!strcmp(reasoning, "The user wants weather."));
     LM_CHECK(!strcmp(name, "get_weather"));
     json_t *a = json_loads(args, 0, NULL);
-    LM_CHECK_MSG(a && !strcmp(json_string_value(json_object_get(a, "city")), "Paris"), "args '%s'", args);
+    LM_CHECK_MSG(a && lm_streq(json_string_value(json_object_get(a, "city")), "Paris"), "args '%s'", args);
     json_decref(a);
     LM_CHECK(finish && !strcmp(finish, "tool_calls"));
     json_decref(ev);
@@ -219,10 +219,10 @@ LM_TEST(server_out_stop_string_across_tokens) {
         if (!stream) {
             json_t *res = srv_out_response(&o);
             json_t *ch = json_array_get(json_object_get(res, "choices"), 0);
-            LM_CHECK_MSG(!strcmp(json_string_value(json_object_get(ch, "text")), want), "text '%s'",
+            LM_CHECK_MSG(lm_streq(json_string_value(json_object_get(ch, "text")), want), "text '%s'",
                          json_string_value(json_object_get(ch, "text")));
-            LM_CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "stop"));
-            LM_CHECK(!strcmp(json_string_value(json_object_get(res, "object")), "text_completion"));
+            LM_CHECK(lm_streq(json_string_value(json_object_get(ch, "finish_reason")), "stop"));
+            LM_CHECK(lm_streq(json_string_value(json_object_get(res, "object")), "text_completion"));
             json_decref(res);
         } else {
             int n_done;
@@ -276,7 +276,7 @@ LM_TEST(server_out_completion_echo_and_logprobs) {
     LM_CHECK(json_array_size(json_object_get(lp, "token_logprobs")) == n);
     LM_CHECK(json_array_size(json_object_get(lp, "text_offset")) == n);
     LM_CHECK(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)) == 2);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "length"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(ch, "finish_reason")), "length"));
     json_decref(res);
     srv_out_free(&o);
     srv_req_free(&r);
@@ -414,15 +414,15 @@ LM_TEST(server_chat_render_context) {
     LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
     json_t *ctx = srv_chat_context(&f.s, &r, &e);
     json_t *msgs = json_object_get(ctx, "messages");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(msgs, 0), "role")), "system"));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(msgs, 1), "content")), "a\nb"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(msgs, 0), "role")), "system"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(msgs, 1), "content")), "a\nb"));
     json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(json_array_get(msgs, 2), "tool_calls"), 0), "function"), "arguments");
-    LM_CHECK(json_is_object(args) && !strcmp(json_string_value(json_object_get(args, "city")), "Oslo"));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(msgs, 2), "reasoning_content")), "hm"));
+    LM_CHECK(json_is_object(args) && lm_streq(json_string_value(json_object_get(args, "city")), "Oslo"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(msgs, 2), "reasoning_content")), "hm"));
     LM_CHECK(json_is_true(json_object_get(ctx, "add_generation_prompt")));
     LM_CHECK(json_is_false(json_object_get(ctx, "enable_thinking")));
     LM_CHECK(json_is_array(json_object_get(ctx, "tools")));
-    LM_CHECK(!strcmp(json_string_value(json_object_get(ctx, "eos_token")), "<|im_end|>"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(ctx, "eos_token")), "<|im_end|>"));
     json_decref(ctx);
     srv_prompt p;
     LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
@@ -452,7 +452,7 @@ LM_TEST(server_chat_render_context) {
     json_t *res = srv_out_response(&o);
     json_t *calls = json_object_get(json_object_get(json_array_get(json_object_get(res, "choices"), 0), "message"), "tool_calls");
     LM_CHECK(json_array_size(calls) == 1);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+    LM_CHECK(lm_streq(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")),
                      "{\"city\": \"Rome\"}"));
     json_decref(res);
     srv_out_free(&o);
@@ -531,16 +531,16 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     json_t *res = srv_out_response(&o);
     json_t *choice = json_array_get(json_object_get(res, "choices"), 0);
     json_t *msg = json_object_get(choice, "message");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")) ?: "", "The user asks about Paris."));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(msg, "reasoning_content")) ?: "", "The user asks about Paris."));
     LM_CHECK(json_is_null(json_object_get(msg, "content")));
     json_t *calls = json_object_get(msg, "tool_calls");
     LM_CHECK(json_array_size(calls) == 1);
     json_t *args = json_loads(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")) ?: "",
                               0, NULL);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(args, "city")) ?: "", "Paris"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(args, "city")) ?: "", "Paris"));
     LM_CHECK(json_integer_value(json_object_get(args, "days")) == 3); /* converted by the schema's type */
     json_decref(args);
-    LM_CHECK(!strcmp(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
     json_decref(res);
     srv_out_free(&o);
     srv_prompt_free(&p);
@@ -618,7 +618,7 @@ LM_TEST(server_trace_line_divergence_text) {
              json_integer_value(json_object_get(d, "max")) == 4 && json_real_value(json_object_get(d, "mean")) == 2.5);
     LM_CHECK(json_object_get(d, "sizes") == NULL); /* 40 steps: summarised only */
     json_t *c = json_object_get(j, "cache");
-    LM_CHECK(!strcmp(json_string_value(json_object_get(c, "miss")), "diverged"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(c, "miss")), "diverged"));
     LM_CHECK(json_integer_value(json_object_get(c, "diverge_pos")) == dp);
     const char *before = json_string_value(json_object_get(c, "before"));
     const char *p = json_string_value(json_object_get(c, "prompt"));

@@ -312,7 +312,7 @@ static void check_expected(pp_run *r, bool atomic) {
             const char *name = json_string_value(json_object_get(fn, "name"));
             const char *args = json_string_value(json_object_get(fn, "arguments"));
             const char *id = json_string_value(json_object_get(g, "id"));
-            if (!name || !args || !id || strcmp(json_string_value(json_object_get(g, "type")), "function") != 0) {
+            if (!name || !args || !id || !lm_streq(json_string_value(json_object_get(g, "type")), "function")) {
                 RUN_FAIL(r, "call %zu is not OpenAI-shaped: %s", i, r->committed);
                 continue;
             }

@@ -570,8 +570,8 @@ LM_TEST(parse_toolcall_atomic_and_ids) {
     json_t *j = lm_toolcall_out_json(&out);
     json_t *e = json_array_get(j, 0);
     LM_CHECK(json_integer_value(json_object_get(e, "index")) == 0);
-    LM_CHECK(strcmp(json_string_value(json_object_get(e, "type")), "function") == 0);
-    LM_CHECK(strcmp(json_string_value(json_object_get(e, "id")), id0) == 0);
+    LM_CHECK(lm_streq(json_string_value(json_object_get(e, "type")), "function"));
+    LM_CHECK(lm_streq(json_string_value(json_object_get(e, "id")), id0));
     json_decref(j);
     LM_CHECK(lm_toolcall_parser_finish(p, &out) == 2);
     lm_toolcall_parser_free(p);
@@ -798,7 +798,7 @@ LM_TEST(parse_long_inputs_are_linear) {
     LM_CHECK(streamed > big); /* the value streamed while it was generated */
     json_t *calls = lm_toolcall_parser_calls_json(p);
     json_t *args = json_loads(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")), 0, NULL);
-    LM_CHECK(args && strcmp(json_string_value(json_object_get(args, "content")), code) == 0);
+    LM_CHECK(args && lm_streq(json_string_value(json_object_get(args, "content")), code));
     json_decref(args);
     json_decref(calls);
     lm_toolcall_parser_free(p);
