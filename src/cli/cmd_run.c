@@ -156,12 +156,12 @@ int lm_cmd_run(int argc, char **argv) {
     logits = lm_xmalloc((size_t)m->cfg.vocab * sizeof(float));
 
     double t1 = lm_now();
-    if (lm_runner_eval(r, prompt, n_prompt, false, logits, &e)) goto fail;
+    int32_t tok = 0;
+    if (lm_runner_next(r, prompt, n_prompt, s, logits, &tok, &e)) goto fail;
     double t_prefill = lm_now() - t1;
     int n_done = 0;
     double t2 = lm_now();
     for (; n_done < n_gen; n_done++) {
-        int32_t tok = lm_sample(s, logits);
         printf(n_done ? " %d" : "%d", tok);
         fflush(stdout);
         bool eos = false;
@@ -170,7 +170,8 @@ int lm_cmd_run(int argc, char **argv) {
             n_done++;
             break;
         }
-        if (lm_runner_eval(r, &tok, 1, false, logits, &e)) goto fail;
+        const int32_t cur = tok;
+        if (lm_runner_next(r, &cur, 1, s, logits, &tok, &e)) goto fail;
     }
     double t_decode = lm_now() - t2;
     printf("\n");

@@ -66,7 +66,8 @@ int lm_textgen_run(lm_textgen *g, const int32_t *ids, int n, int max_new, bool i
         max_new = room;
     }
     double t0 = lm_now();
-    if (lm_runner_eval(g->runner, ids + reuse, n - reuse, false, g->logits, e)) {
+    int32_t tok = 0;
+    if (lm_runner_next(g->runner, ids + reuse, n - reuse, g->sampler, g->logits, &tok, e)) {
         g->held.n = 0;
         return -1;
     }
@@ -77,7 +78,6 @@ int lm_textgen_run(lm_textgen *g, const int32_t *ids, int n, int max_new, bool i
     double t1 = lm_now();
     int rc = 0;
     for (int i = 0; i < max_new; i++) {
-        int32_t tok = lm_sample(g->sampler, g->logits);
         st->generated++;
         if (is_eos(g, tok) && !ignore_eos) {
             st->hit_eos = true;
@@ -87,11 +87,12 @@ int lm_textgen_run(lm_textgen *g, const int32_t *ids, int n, int max_new, bool i
         lm_detok_push(d, tok, &piece);
         if (piece.len) cb(user, piece.s, piece.len);
         if (i + 1 == max_new) break;
-        if (lm_runner_eval(g->runner, &tok, 1, false, g->logits, e)) {
+        const int32_t cur = tok;
+        if (lm_runner_next(g->runner, &cur, 1, g->sampler, g->logits, &tok, e)) {
             rc = -1;
             break;
         }
-        hold(g, &tok, 1);
+        hold(g, &cur, 1);
     }
     piece.len = 0;
     lm_detok_finish(d, &piece);

@@ -7,6 +7,7 @@
 
 #include "../model/lm_model.h"
 #include "lm_kv_cache.h"
+#include "lm_sampler.h"
 
 typedef struct lm_runner {
     lm_model *model;     /* not owned */
@@ -27,5 +28,14 @@ void lm_runner_reset(lm_runner *r);
 /* Appends n tokens. logits (host) receives [n][V] when all_logits, else the
  * last token's [V]; NULL for none. */
 int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, float *logits, lm_err *e);
+/* Appends n tokens; *next = the greedy next token (lm_argmax of the last
+ * token's logits, taken on the backend: on a GPU the logits never cross to
+ * the host). */
+int lm_runner_eval_greedy(lm_runner *r, const int32_t *tokens, int n, int32_t *next, lm_err *e);
+/* Appends n tokens and picks the next one with s: a greedy sampler's pick
+ * comes from lm_runner_eval_greedy, any other sampler draws from the last
+ * token's logits, copied into logits (host [V], the caller's). */
+int lm_runner_next(lm_runner *r, const int32_t *tokens, int n, lm_sampler *s, float *logits, int32_t *next,
+                   lm_err *e);
 
 #endif

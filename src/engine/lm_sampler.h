@@ -22,6 +22,8 @@ typedef struct lm_sampler lm_sampler;
 lm_sampler *lm_sampler_create(const lm_sampler_params *p, int vocab);
 void lm_sampler_free(lm_sampler *s);
 int lm_sample(lm_sampler *s, const float *logits);
+/* Whether s always takes the largest logit (temperature 0): lm_argmax. */
+bool lm_sampler_greedy(const lm_sampler *s);
 
 /* Index of the largest value (first one on ties). */
 

@@ -43,7 +43,11 @@ void lm_runner_reset(lm_runner *r) {
     r->n_past = 0;
 }
 
-int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, float *logits, lm_err *e) {
+/* Appends n tokens; the last token's logits into logits (all of them when
+ * all_logits) and/or its greedy id into next (argmax on the backend: no
+ * logits cross to the host). */
+static int runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, float *logits, int32_t *next,
+                       lm_err *e) {
     if (n <= 0) return lm_errf(e, "no tokens to evaluate");
     if (r->n_past + n > r->ctx)
         return lm_errf(e, "%d tokens exceed the context of %d (%d already used)", n, r->ctx, r->n_past);
@@ -66,14 +70,34 @@ int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, 
             b.n_out = t;
             b.out_rows = r->rows;
             dst = logits + (size_t)done * V;
-        } else if (logits && last_chunk) {
+        } else if ((logits || next) && last_chunk) {
             b.n_out = 1;
             b.out_rows = &r->rows[t - 1];
             dst = logits;
+        }
+        if (next && last_chunk) {
+            LM_ASSERT(!all_logits);
+            b.out_argmax = next;
         }
         if (lm_model_forward(r->model, &r->kv->pool, &b, dst, e)) return -1;
         r->n_past += t;
         done += t;
     }
+    return 0;
+}
+
+int lm_runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logits, float *logits, lm_err *e) {
+    return runner_eval(r, tokens, n, all_logits, logits, NULL, e);
+}
+
+int lm_runner_eval_greedy(lm_runner *r, const int32_t *tokens, int n, int32_t *next, lm_err *e) {
+    return runner_eval(r, tokens, n, false, NULL, next, e);
+}
+
+int lm_runner_next(lm_runner *r, const int32_t *tokens, int n, lm_sampler *s, float *logits, int32_t *next,
+                   lm_err *e) {
+    if (lm_sampler_greedy(s)) return lm_runner_eval_greedy(r, tokens, n, next, e);
+    if (lm_runner_eval(r, tokens, n, false, logits, e)) return -1;
+    *next = lm_sample(s, logits);
     return 0;
 }

@@ -47,6 +47,8 @@ static int by_prob_desc(const void *a, const void *b, void *ctx) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
+bool lm_sampler_greedy(const lm_sampler *s) { return s->p.temperature <= 0; }
+
 int lm_sample(lm_sampler *s, const float *logits) {
     if (s->p.temperature <= 0) return lm_argmax(logits, s->vocab);
     int n = s->vocab;
