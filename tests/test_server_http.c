@@ -80,7 +80,9 @@ static int server_start(server *s, const char *extra) {
     for (int i = 0; i < 600; i++) { /* up to 30 s (sanitizer builds start slower) */
         char *log = lm_tu_read(s->log, NULL);
         const char *p = log ? strstr(log, "http://127.0.0.1:") : NULL;
-        if (p) s->port = atoi(p + strlen("http://127.0.0.1:"));
+        char *end = NULL;
+        long port = p ? strtol(p + strlen("http://127.0.0.1:"), &end, 10) : 0;
+        if (end && *end == ' ') s->port = (int)port; /* the whole number: the line may be half written */
         free(log);
         if (s->port > 0) return 0;
         int st;
