@@ -84,7 +84,7 @@ static json_t *sse_events(const char *sse, size_t n, int *n_done) {
         const char *nl = strstr(p, "\n\n");
         if (!nl) break;
         if (!strncmp(p, "data: [DONE]", 12)) (*n_done)++;
-        else if (!strncmp(p, "data: ", 6)) json_array_append_new(arr, json_loadb(p + 6, (size_t)(nl - p - 6), 0, NULL));
+        else if (!strncmp(p, "data: ", 6)) json_array_append_new(arr, json_loadb(p + 6, (size_t)(nl - p - 6), JSON_ALLOW_NUL, NULL));
         p = nl + 2;
     }
     return arr;
