@@ -336,6 +336,13 @@ LM_TEST(server_request_validation) {
     char b[512];
     expect_error(lm_t_, &f, SRV_CHAT, "{not json", 400, NULL);
     expect_error(lm_t_, &f, SRV_CHAT, "[1,2]", 400, NULL);
+    {
+        srv_req r;
+        srv_err e;
+        LM_CHECK(parse(&f, SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", &r, &e) == -1);
+        LM_CHECK_MSG(e.status == 400 && strstr(e.msg, "NUL character"), "%d %s", e.status, e.msg);
+        srv_req_free(&r);
+    }
     expect_error(lm_t_, &f, SRV_CHAT, "{}", 400, "messages");
     expect_error(lm_t_, &f, SRV_CHAT, "{\"messages\":[]}", 400, "messages");
     expect_error(lm_t_, &f, SRV_CHAT, "{\"messages\":\"hi\"}", 400, "messages");

@@ -394,6 +394,11 @@ int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv
     r->kind = kind;
     json_error_t je;
     r->body = json_loadb(body, len, 0, &je); /* a repeated key: the last wins, as in Python */
+    /* \u0000 is valid JSON, but prompts are C strings here (templates,
+     * tokenizer), so a NUL would cut the text: refused, saying so */
+    if (!r->body && json_error_code(&je) == json_error_null_character)
+        return srv_bad(e, NULL, "Text containing the NUL character (\\u0000) is not supported (line %d, column %d).",
+                       je.line, je.column);
     if (!r->body)
         return srv_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
                        je.line, je.column);
