@@ -173,24 +173,28 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
 #pragma unroll
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
 
+    /* chunk k of token t's x */
+    auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
+        const float *xp = x + (size_t)t * I + k * EPC;
+        if constexpr (VEC) {
+#pragma unroll
+            for (int j = 0; j < EPC; j += 4) {
+                float4 q = __ldg((const float4 *)(xp + j));
+                xv[j] = q.x;
+                xv[j + 1] = q.y;
+                xv[j + 2] = q.z;
+                xv[j + 3] = q.w;
+            }
+        } else {
+            xv[0] = __ldg(xp);
+        }
+    };
     /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
     auto step = [&](const float (&wf)[R][EPC], int64_t k) {
 #pragma unroll
         for (int t = 0; t < T; t++) {
             float xv[EPC];
-            const float *xp = x + (size_t)t * I + k * EPC;
-            if constexpr (VEC) {
-#pragma unroll
-                for (int j = 0; j < EPC; j += 4) {
-                    float4 q = __ldg((const float4 *)(xp + j));
-                    xv[j] = q.x;
-                    xv[j + 1] = q.y;
-                    xv[j + 2] = q.z;
-                    xv[j + 3] = q.w;
-                }
-            } else {
-                xv[0] = __ldg(xp);
-            }
+            load_x(xv, t, k);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
@@ -204,12 +208,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
         if constexpr (T <= 2) {
             float xv[T][EPC];
 #pragma unroll
-            for (int t = 0; t < T; t++)
-#pragma unroll
-                for (int j = 0; j < EPC; j += 4) {
-                    float4 q = __ldg((const float4 *)(x + (size_t)t * I + k * EPC + j));
-                    xv[t][j] = q.x, xv[t][j + 1] = q.y, xv[t][j + 2] = q.z, xv[t][j + 3] = q.w;
-                }
+            for (int t = 0; t < T; t++) load_x(xv[t], t, k);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float wf[EPC];
@@ -647,15 +646,14 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
 }
 
 /* The fused norm takes whole rows of y with one norm vector ([T][O],
- * contiguous, into a distinct [T][O]); the GEMV's blocks must fit one
- * counter's range. One block norms the rows one after another, so only for
- * one or two tokens: at 8 that tail cut a Llama-8B batch-8 decode from
- * 842 to 721 tok/s against the norm kernel's block per row (H200). */
+ * contiguous, into a distinct [T][O]). One block norms the rows one after
+ * another, so only for one or two tokens: at 8 that tail cut a Llama-8B
+ * batch-8 decode from 842 to 721 tok/s against the norm kernel's block per
+ * row (H200). */
 #define LM_NORM_FUSE_MAX_T 2
-static bool lm_norm_fusable(const lm_tensor *y, const lm_norm_out *n, int64_t blocks) {
+static bool lm_norm_fusable(const lm_tensor *y, const lm_norm_out *n) {
     return y->rows <= LM_NORM_FUSE_MAX_T && n->w->type == LM_F32 && n->w->rows * n->w->cols == y->cols &&
-           n->y->type == LM_F32 &&
-           n->y->rows == y->rows && n->y->cols == y->cols && n->y->data != y->data && blocks < INT32_MAX;
+           n->y->type == LM_F32 && n->y->rows == y->rows && n->y->cols == y->cols && n->y->data != y->data;
 }
 
 void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
@@ -665,7 +663,7 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
     lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
     const bool fuse = lm_gemv_fusable(x, &w, 1);
-    const bool fuse_norm = fuse && norm && lm_norm_fusable(y, norm, a.first_block[LM_GEMV_MAXM]);
+    const bool fuse_norm = fuse && norm && lm_norm_fusable(y, norm);
     if (!fuse) {
         lm_cuda_matmul(be, ws, x, w, NULL);
         lm_cuda_add(be, y, ws);
