@@ -229,10 +229,8 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
                 ssq += (double)sq[d] * sq[d];
                 ssk += (double)sk[d] * sk[d];
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                ssq += __shfl_xor_sync(DELTA_FULL, ssq, o);
-                ssk += __shfl_xor_sync(DELTA_FULL, ssk, o);
-            }
+            ssq = lm_warp_sum_d(ssq);
+            ssk = lm_warp_sum_d(ssk);
             if (lane == 0) {
                 fac[0] = (float)(qscale / sqrt(ssq + 1e-6));
                 fac[1] = (float)(1.0 / sqrt(ssk + 1e-6));
@@ -334,7 +332,7 @@ __global__ void delta_gnorm_kernel(float *y, const float *x, const float *z, con
     float *yr = y + r * n;
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(DELTA_FULL, ss, o);
+    ss = lm_warp_sum_d(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {
