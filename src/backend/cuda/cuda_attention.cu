@@ -586,17 +586,30 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
 #define ATT_DEC_MIN_KEYS 16 /* keys per split, at least: short contexts still spread over blocks */
 static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
+/* The rope factors of position p for every dim of a head (cs, sn [Dh],
+ * zero past the rotated dims), by the whole block: one sincos a dim, not one
+ * per head and split. */
+__device__ __forceinline__ void att_rope_factors(double *cs, double *sn, int Dh, int32_t p, const att_rope_in &r) {
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        const int fi = r.interleaved ? (d < r.rot ? d / 2 : -1) : d < r.half ? d : d < r.rot ? d - r.half : -1;
+        cs[d] = sn[d] = 0.0;
+        if (fi >= 0) lm_rope_cs(p, r.freq[fi], r.attn_factor, &cs[d], &sn[d]);
+    }
+}
+
 /* Ropes the DPL dims [lane * DPL, +DPL) that a lane holds of one head, as
  * the rope op does (lm_rope_pair's arithmetic, so the bits agree): pairs
  * (2i, 2i+1) sit in one lane; pairs (i, i + half) in lanes half / DPL apart
  * (the caller checks half % DPL == 0), exchanged by shuffle. Every lane of
  * the warp must call it. */
-template <int DPL> __device__ __forceinline__ void att_rope_lane(float (&x)[DPL], int lane, int32_t p, const att_rope_in &r) {
+template <int DPL>
+__device__ __forceinline__ void att_rope_lane(float (&x)[DPL], int lane, const double *cs, const double *sn,
+                                              const att_rope_in &r) {
     const int d0 = lane * DPL;
     if (r.interleaved) {
 #pragma unroll
         for (int d = 0; d < DPL; d += 2)
-            if (d0 + d < r.rot) lm_rope_pair(&x[d], &x[d + 1], p, r.freq[(d0 + d) / 2], r.attn_factor);
+            if (d0 + d < r.rot) lm_rope_rot(&x[d], &x[d + 1], cs[d0 + d], sn[d0 + d]);
         return;
     }
     const bool first = d0 < r.half, second = !first && d0 < r.rot;
@@ -606,7 +619,7 @@ template <int DPL> __device__ __forceinline__ void att_rope_lane(float (&x)[DPL]
         const float other = __shfl_sync(ATT_FULL, x[d], src);
         if (!first && !second) continue;
         float xa = first ? x[d] : other, xb = first ? other : x[d];
-        lm_rope_pair(&xa, &xb, p, r.freq[first ? d0 + d : d0 + d - r.half], r.attn_factor);
+        lm_rope_rot(&xa, &xb, cs[d0 + d], sn[d0 + d]);
         x[d] = first ? xa : xb;
     }
 }
@@ -633,7 +646,16 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
         const float *qh = a.q + (int64_t)t * a.q_ld + (int64_t)(h0 + (i < G ? i : 0)) * Dh + lane * DPL;
 #pragma unroll
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
-        if constexpr (ROPE) att_rope_lane<DPL>(q[i], lane, p, a.r);
+    }
+    __shared__ double s_cs[ROPE ? DPL * 32 : 1], s_sn[ROPE ? DPL * 32 : 1];
+    if constexpr (ROPE) {
+        att_rope_factors(s_cs, s_sn, Dh, p, a.r);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < GM; i++) {
+            if (i >= G) break; /* block-uniform */
+            att_rope_lane<DPL>(q[i], lane, s_cs, s_sn, a.r);
+        }
     }
     const int64_t goff = (int64_t)g * Dh + lane * DPL;
     /* ROPE: this token's own key and value (position p) come from k and v,
@@ -648,7 +670,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
                 kp[d] = a.r.k[(int64_t)t * a.r.k_ld + goff + d];
                 vp[d] = a.r.v[(int64_t)t * a.r.v_ld + goff + d];
             }
-            att_rope_lane<DPL>(kp, lane, p, a.r);
+            att_rope_lane<DPL>(kp, lane, s_cs, s_sn, a.r);
             if (sub == 0 && warp == 0) {
                 const int64_t o = ((int64_t)table[p / a.bs] * a.bs + p % a.bs) * a.kv_ld + goff;
 #pragma unroll

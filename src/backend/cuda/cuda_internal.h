@@ -130,15 +130,24 @@ const float *lm_cuda_freq(lm_cuda *c, const float *host, int n);
 /* Rotates the pair (a, b) of a head by angle pos * inv_freq: the rope op's
  * arithmetic (angle rounded to f32 as transformers does, cos/sin in double),
  * shared by the rope kernel and the fused rope + KV write. */
-static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t pos, float inv_freq, double attn_factor) {
+static __device__ __forceinline__ void lm_rope_cs(int32_t pos, float inv_freq, double attn_factor, double *cs,
+                                                  double *sn) {
     const float af = (float)pos * inv_freq;
-    double sn, cs;
-    sincos((double)af, &sn, &cs);
-    cs *= attn_factor;
-    sn *= attn_factor;
+    sincos((double)af, sn, cs);
+    *cs *= attn_factor;
+    *sn *= attn_factor;
+}
+/* The rotation itself, by lm_rope_cs's factors (kernels that rotate many
+ * pairs by one angle compute the factors once). */
+static __device__ __forceinline__ void lm_rope_rot(float *a, float *b, double cs, double sn) {
     const double x = *a, y = *b;
     *a = (float)(x * cs - y * sn);
     *b = (float)(x * sn + y * cs);
+}
+static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t pos, float inv_freq, double attn_factor) {
+    double cs, sn;
+    lm_rope_cs(pos, inv_freq, attn_factor, &cs, &sn);
+    lm_rope_rot(a, b, cs, sn);
 }
 
 /* Sums v over the warp (xor tree: every lane gets the same bits). */
