@@ -360,97 +360,58 @@ LM_TEST(cuda_kv_write) {
     ca_close(&be);
 }
 
-/* rope_attention (rope of q and k, KV write, attention) on the GPU against
- * rope, rope, kv_write, attention on the CPU, and bitwise against the same
- * plain ops on the GPU: full and partial rotary, both pair layouts, a
- * yarn-like attention factor, a window, head widths 64 to 512. The decode
- * batch (one token a sequence, one at ~3000 positions so that splits run)
- * takes the fused decode kernel where the rope allows it; the mixed batch,
- * different q and k frequencies, a width the decode kernel lacks (80) and
- * pairs that straddle lanes (rot 36 at Dh 128) take the fallback. */
-typedef struct ca_rope_cfg {
-    int Hq, Hkv, Dh, rot;
-    bool inter;
-    float factor;
-    bool split_freq;
-    int window;
-} ca_rope_cfg;
-
-static void ca_rope_attn_case(lm_test_ctx *lm_t_, const ca_be *be, const ca_rope_cfg *cf, int S, const int *n,
-                              const int *pos0, uint64_t seed) {
-    const int Hq = cf->Hq, Hkv = cf->Hkv, Dh = cf->Dh, half = cf->rot / 2;
-    const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
-    ca_pool pool, pool2; /* pool2: the same contents, for the GPU's plain ops */
-    uint64_t seed2 = seed;
-    LM_REQUIRE(ca_pool_make(&pool, be, kvw, S, n, pos0, &seed) && ca_pool_make(&pool2, be, kvw, S, n, pos0, &seed2));
-    ca_batch d = ca_batch_make(S, n, pos0);
-    lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
-                         .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
-    lm_attn_params ap = { .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh, .scale = 1.0f / sqrtf((float)Dh),
-                          .window = cf->window, .softcap = 0 };
-    float fq[256], fk[256];
-    for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cf->rot);
-    lm_rope_params rq = { Hq, Dh, cf->rot, cf->inter, fq, cf->factor };
-    lm_rope_params rk = rq;
-    rk.n_heads = Hkv;
-    if (cf->split_freq) rk.inv_freq = fk;
-    float *qh = ca_host((size_t)d.T * qc, &seed, -3, 3), *kh = ca_host((size_t)d.T * kc, &seed, -1, 1);
-    float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
-    lm_tensor q[3], k[3], v[3], out[3]; /* CPU, GPU fused, GPU plain */
-    lm_backend *bk[3] = { be->b[0], be->b[1], be->b[1] };
-    lm_kv_pool *kv[3] = { &pool.kc[0]->pool, &pool.kc[1]->pool, &pool2.kc[1]->pool };
-    for (int b = 0; b < 3; b++) {
-        lm_backend *x = bk[b];
-        q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
-        out[b] = ca_poisoned(x, d.T, qc);
-        if (b == 1) {
-            x->ops->rope_attention(x, &out[b], &q[b], &k[b], &v[b], &rq, &rk, kv[b], CA_LAYER, &ab, &ap);
-        } else {
-            x->ops->rope(x, &q[b], d.pos, &rq);
-            x->ops->rope(x, &k[b], d.pos, &rk);
-            x->ops->kv_write(x, kv[b], CA_LAYER, &k[b], &v[b], &ab);
-            x->ops->attention(x, &out[b], &q[b], kv[b], CA_LAYER, &ab, &ap);
-        }
-    }
-    const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw, no = (size_t)d.T * (size_t)qc;
-    void *po[2] = { out[0].data, out[1].data };
-    void *pK[2] = { kv[0]->k[CA_LAYER], kv[1]->k[CA_LAYER] }, *pV[2] = { kv[0]->v[CA_LAYER], kv[1]->v[CA_LAYER] };
-    double eo = ca_cmp(be, po, no, 0.05), eK = ca_cmp(be, pK, nf, 1.0), eV = ca_cmp(be, pV, nf, 1.0);
-    /* fused against plain on the GPU: the same bits */
-    float *fo = ca_read(be->b[1], out[1].data, no), *uo = ca_read(be->b[1], out[2].data, no);
-    float *fK = ca_read(be->b[1], kv[1]->k[CA_LAYER], nf), *uK = ca_read(be->b[1], kv[2]->k[CA_LAYER], nf);
-    float *fV = ca_read(be->b[1], kv[1]->v[CA_LAYER], nf), *uV = ca_read(be->b[1], kv[2]->v[CA_LAYER], nf);
-    const bool same = !memcmp(fo, uo, no * sizeof(float)) && !memcmp(fK, uK, nf * sizeof(float)) &&
-                      !memcmp(fV, uV, nf * sizeof(float));
-    printf("  Hq %d Hkv %d Dh %d rot %d%s T %d: out %.2g, K pool %.2g, V pool %.2g vs CPU; %s the GPU's plain ops\n",
-           Hq, Hkv, Dh, cf->rot, cf->inter ? " interleaved" : "", d.T, eo, eK, eV, same ? "bitwise equal to" : "DIFFERS from");
-    LM_CHECK(eo <= 1e-4 && eK <= 1e-6 && eV == 0 && same);
-    free(fo), free(uo), free(fK), free(uK), free(fV), free(uV);
-    for (int b = 0; b < 3; b++) {
-        lm_tensor_release(bk[b], &q[b]), lm_tensor_release(bk[b], &k[b]), lm_tensor_release(bk[b], &v[b]);
-        lm_tensor_release(bk[b], &out[b]);
-    }
-    free(qh), free(kh), free(vh);
-    ca_batch_free(&d);
-    ca_pool_free(&pool);
-    ca_pool_free(&pool2);
-}
-
-LM_TEST(cuda_rope_attention) {
+/* The fused rope of q and k + KV write against rope, rope, kv_write on the
+ * CPU: full and partial rotary, both pair layouts, a yarn-like attention
+ * factor, and q and k with different frequency arrays (the fallback). */
+LM_TEST(cuda_rope_kv_write_fused) {
     CA_OPEN(be);
-    LM_REQUIRE(be.b[1]->ops->rope_attention != NULL);
-    static const ca_rope_cfg cfgs[] = {
-        { 4, 2, 64, 64, false, 1.0f, false, 0 },   { 4, 1, 128, 32, true, 0.8f, false, 0 },
-        { 16, 4, 128, 128, false, 1.0f, false, 0 }, { 8, 2, 256, 64, false, 1.0f, false, 0 },
-        { 8, 1, 256, 256, false, 1.0f, false, 50 }, { 8, 2, 512, 128, false, 1.0f, false, 0 },
-        { 6, 2, 128, 36, false, 1.0f, false, 0 },  { 4, 2, 64, 64, false, 1.0f, true, 0 },
-        { 6, 2, 80, 80, false, 1.0f, false, 0 },
+    LM_REQUIRE(be.b[1]->ops->rope_kv_write != NULL);
+    static const struct { int Hq, Hkv, Dh, rot; bool inter; float factor; bool split_freq; } cfgs[] = {
+        { 4, 2, 64, 64, false, 1.0f, false }, { 4, 1, 128, 32, true, 0.8f, false },
+        { 6, 2, 128, 64, false, 1.0f, false }, { 4, 2, 64, 64, false, 1.0f, true },
     };
-    const int dn[] = { 1, 1, 1, 1, 1 }, dpos[] = { 0, 37, 700, 3001, 16 };
-    const int mn[] = { 20, 1, 33 }, mpos[] = { 0, 47, 14 };
+    uint64_t seed = 4242;
+    const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
     for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
-        ca_rope_attn_case(lm_t_, &be, &cfgs[ci], 5, dn, dpos, 4242 + ci);
-        ca_rope_attn_case(lm_t_, &be, &cfgs[ci], 3, mn, mpos, 5252 + ci);
+        const int Hq = cfgs[ci].Hq, Hkv = cfgs[ci].Hkv, Dh = cfgs[ci].Dh, half = cfgs[ci].rot / 2;
+        const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
+        ca_pool pool;
+        LM_REQUIRE(ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed));
+        ca_batch d = ca_batch_make(S, n, pos0);
+        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
+                             .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
+        float fq[64], fk[64];
+        for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cfgs[ci].rot);
+        lm_rope_params rq = { Hq, Dh, cfgs[ci].rot, cfgs[ci].inter, fq, cfgs[ci].factor };
+        lm_rope_params rk = rq;
+        rk.n_heads = Hkv;
+        if (cfgs[ci].split_freq) rk.inv_freq = fk;
+        float *qh = ca_host((size_t)d.T * qc, &seed, -1, 1), *kh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        lm_tensor q[2], k[2], v[2];
+        for (int b = 0; b < 2; b++) {
+            lm_backend *x = be.b[b];
+            q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
+            if (b == 1) {
+                x->ops->rope_kv_write(x, &q[b], &k[b], &v[b], &rq, &rk, &pool.kc[b]->pool, CA_LAYER, &ab);
+            } else {
+                x->ops->rope(x, &q[b], d.pos, &rq);
+                x->ops->rope(x, &k[b], d.pos, &rk);
+                x->ops->kv_write(x, &pool.kc[b]->pool, CA_LAYER, &k[b], &v[b], &ab);
+            }
+        }
+        void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
+        void *pK[2] = { pool.kc[0]->pool.k[CA_LAYER], pool.kc[1]->pool.k[CA_LAYER] };
+        void *pV[2] = { pool.kc[0]->pool.v[CA_LAYER], pool.kc[1]->pool.v[CA_LAYER] };
+        const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw;
+        double eq = ca_cmp(&be, pq, (size_t)d.T * qc, 1.0), ek = ca_cmp(&be, pk, (size_t)d.T * kc, 1.0);
+        double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0); /* absolute */
+        printf("  config %zu: q %.2g, k %.2g, K pool %.2g, V pool %.2g\n", ci, eq, ek, eK, eV);
+        LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
+        ca_release(&be, q), ca_release(&be, k), ca_release(&be, v);
+        free(qh), free(kh), free(vh);
+        ca_batch_free(&d);
+        ca_pool_free(&pool);
     }
     ca_close(&be);
 }
@@ -576,83 +537,6 @@ LM_TEST(cuda_gated_delta_ops) {
     CA_OPEN(be);
     ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 7);  /* Qwen3.5 head shape */
     ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 11);   /* odd widths: a partial warp */
-    ca_close(&be);
-}
-
-/* gated_delta_layer against conv1d_state, delta_gates, gated_delta and
- * rms_norm_gated on the GPU: the output and every state slot, over the two
- * calls of ca_delta_config (state carried, a garbage slot, restarts, a
- * 70-token run), bitwise. */
-static void ca_delta_layer_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K,
-                                  uint64_t seed) {
-    lm_backend *g = be->b[1];
-    const int n_slots = 4;
-    const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv, O = (int64_t)Hv * Dv;
-    int64_t floats = (int64_t)(K - 1) * C + (int64_t)Hv * Dk * Dv;
-    const size_t nf = (size_t)n_slots * (size_t)floats;
-    float *garbage = ca_host(nf, &seed, -1, 1), *st[2];
-    lm_kv_pool kv[2];
-    for (int i = 0; i < 2; i++) {
-        st[i] = g->ops->alloc(g, nf * sizeof(float));
-        LM_ASSERT(st[i]);
-        g->ops->write(g, st[i], garbage, nf * sizeof(float));
-        kv[i] = (lm_kv_pool){ .n_state = 1, .n_state_slots = n_slots, .state_floats = &floats, .state = &st[i] };
-    }
-    free(garbage);
-    const int32_t slot[] = { 2, 0, 3 };
-    const int n1[] = { 5, 7, 1 }, p1[] = { 0, 10, 3 }, n2[] = { 1, 70, 3 }, p2[] = { 5, 17, 0 };
-    const lm_delta_params dp = { Hk, Hv, Dk, Dv, { 0, (int64_t)(K - 1) * C } };
-    double worst = 0;
-    bool same = true;
-    for (int call = 0; call < 2; call++) {
-        ca_batch d = ca_batch_make(3, call ? n2 : n1, call ? p2 : p1);
-        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = 3, .block_tables = NULL,
-                             .state_slot = slot };
-        const int T = d.T;
-        float *xh = ca_host((size_t)T * C, &seed, -1, 1), *wh = ca_host((size_t)C * K, &seed, -0.6f, 0.6f);
-        float *gh = ca_host((size_t)T * Hv, &seed, -2, 2), *bh = ca_host((size_t)T * Hv, &seed, -3, 3);
-        float *alh = ca_host((size_t)Hv, &seed, -3, -1), *dth = ca_host((size_t)Hv, &seed, -1, 1);
-        float *zh = ca_host((size_t)T * O, &seed, -2, 2), *nwh = ca_host((size_t)Dv, &seed, 0.5f, 1.5f);
-        lm_tensor x = ca_tensor(g, T, C, xh), w = ca_tensor(g, C, K, wh), al = ca_tensor(g, 1, Hv, alh);
-        lm_tensor dt = ca_tensor(g, 1, Hv, dth), z = ca_tensor(g, T, O, zh), nw = ca_tensor(g, 1, Dv, nwh);
-        lm_tensor ga[2], gb[2], conv[2], core[2], y[2];
-        for (int i = 0; i < 2; i++) {
-            ga[i] = ca_tensor(g, T, Hv, gh), gb[i] = ca_tensor(g, T, Hv, bh);
-            conv[i] = ca_poisoned(g, T, C), core[i] = ca_poisoned(g, T, O), y[i] = ca_poisoned(g, T, O);
-        }
-        g->ops->conv1d_state(g, &conv[0], &x, &w, &kv[0], (lm_state_ref){ 0, 0 }, &ab, true);
-        g->ops->delta_gates(g, &ga[0], &gb[0], &al, &dt);
-        g->ops->gated_delta(g, &core[0], &conv[0], &ga[0], &gb[0], &kv[0], &ab, &dp);
-        g->ops->rms_norm_gated(g, &y[0], &core[0], &z, &nw, 1e-6f);
-        const lm_delta_layer dl = { &w, { 0, 0 }, &al, &dt, dp, &nw, 1e-6f };
-        g->ops->gated_delta_layer(g, &y[1], &x, &z, &ga[1], &gb[1], &conv[1], &core[1], &kv[1], &ab, &dl);
-        float *yc = ca_read(g, y[0].data, (size_t)T * O), *yf = ca_read(g, y[1].data, (size_t)T * O);
-        float *sc = ca_read(g, st[0], nf), *sf = ca_read(g, st[1], nf);
-        const double ey = ca_err(yf, yc, (size_t)T * O, 1.0), es = ca_err(sf, sc, nf, 1.0);
-        worst = fmax(worst, fmax(ey, es));
-        same = same && !memcmp(yc, yf, (size_t)T * O * sizeof(float)) && !memcmp(sc, sf, nf * sizeof(float));
-        free(yc), free(yf), free(sc), free(sf);
-        lm_tensor *all[] = { &x, &w, &al, &dt, &z, &nw, &ga[0], &ga[1], &gb[0], &gb[1], &conv[0], &conv[1],
-                             &core[0], &core[1], &y[0], &y[1] };
-        for (size_t i = 0; i < LM_COUNT(all); i++) lm_tensor_release(g, all[i]);
-        float *hs[] = { xh, wh, gh, bh, alh, dth, zh, nwh };
-        for (size_t i = 0; i < LM_COUNT(hs); i++) free(hs[i]);
-        ca_batch_free(&d);
-    }
-    printf("  Hk %d Hv %d Dk %d Dv %d K %d: fused layer vs the four ops: %s (worst %.3g)\n", Hk, Hv, Dk, Dv, K,
-           same ? "bitwise equal" : "DIFFERENT", worst);
-    LM_CHECK(same && worst <= 1e-6);
-    for (int i = 0; i < 2; i++) g->ops->free(g, st[i]);
-}
-
-LM_TEST(cuda_gated_delta_layer_fused) {
-    CA_OPEN(be);
-    LM_REQUIRE(be.b[1]->ops->gated_delta_layer != NULL);
-    ca_delta_layer_config(lm_t_, &be, 2, 4, 128, 128, 4, 21);  /* Qwen3.5 heads: columns split over blocks */
-    ca_delta_layer_config(lm_t_, &be, 16, 48, 128, 128, 4, 22); /* Qwen3.5-27B's layer */
-    ca_delta_layer_config(lm_t_, &be, 1, 3, 48, 40, 3, 23);    /* odd widths: a partial norm warp */
-    ca_delta_layer_config(lm_t_, &be, 2, 4, 16, 16, 4, 24);    /* the fixtures' */
-    ca_delta_layer_config(lm_t_, &be, 1, 2, 64, 256, 2, 25);   /* Dv > 128: the four kernels */
     ca_close(&be);
 }
 

@@ -110,17 +110,6 @@ typedef struct lm_delta_params {
     lm_state_ref state;
 } lm_delta_params;
 
-/* One Gated DeltaNet layer's core (gated_delta_layer): the conv of the
- * qkv projection (silu), the gates, the recurrence and the gated norm. */
-typedef struct lm_delta_layer {
-    const lm_tensor *conv_w;           /* [C][K] */
-    lm_state_ref conv_state;           /* the windows, [K-1][C] floats */
-    const lm_tensor *a_log, *dt_bias;  /* [Hv] */
-    lm_delta_params p;
-    const lm_tensor *norm_w;           /* [1][Dv] */
-    float norm_eps;
-} lm_delta_layer;
-
 /* The routing of one token (host memory): sel [k] the chosen experts by
  * descending logit, w [k] their weights, as lm_moe_params says; every
  * backend's moe op routes through it. scale: [E] or NULL. */
@@ -225,7 +214,7 @@ struct lm_backend_ops {
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
      * lm_op_matmul_glu and lm_op_matmul_add compose them from the ops
-     * above; lm_op_rope_attention likewise). Results equal the composed ops'
+     * above; lm_op_rope_kv_write likewise). Results equal the composed ops'
      * up to rounding. */
     /* y[i] = x W[i]^T (+ bias[i]) for n <= 4 weights sharing x (q, k, v, gate);
      * bias NULL or [n] of optional tensors. */
@@ -239,18 +228,9 @@ struct lm_backend_ops {
      * when norm is not NULL, the RMSNorm of the new y into norm->y. */
     void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
                        const lm_norm_out *norm);
-    /* conv1d_state(conv, qkv, silu), delta_gates(g, beta), gated_delta(core,
-     * conv, g, beta), rms_norm_gated(y, core, z) with d's weights and state:
-     * g and beta hold the raw gate projections; conv, g, beta and core are
-     * workspace, unspecified after the call. */
-    void (*gated_delta_layer)(lm_backend *be, lm_tensor *y, const lm_tensor *qkv, const lm_tensor *z, lm_tensor *g,
-                              lm_tensor *beta, lm_tensor *conv, lm_tensor *core, lm_kv_pool *kv,
-                              const lm_attn_batch *b, const lm_delta_layer *d);
-    /* rope(q, rq), rope(k, rk), kv_write(k, v) at the batch's positions,
-     * then attention(out, the roped q, p); q and k are left roped or not. */
-    void (*rope_attention)(lm_backend *be, lm_tensor *out, lm_tensor *q, lm_tensor *k, const lm_tensor *v,
-                           const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
-                           const lm_attn_batch *b, const lm_attn_params *p);
+    /* rope(q, rq), rope(k, rk), then kv_write(k, v) at the batch's positions. */
+    void (*rope_kv_write)(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                          const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
     /* Optional (NULL: not offered): replaying a forward as one recorded
      * launch (CUDA graphs). lm_model_forward calls graph_begin(key), with
      * key naming the batch's shape, not its data; a nonzero answer starts a

@@ -111,31 +111,15 @@ void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_n
     if (norm) be->ops->rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
 }
 
-void lm_op_gated_delta_layer(lm_backend *be, lm_tensor *y, const lm_tensor *qkv, const lm_tensor *z, lm_tensor *g,
-                             lm_tensor *beta, lm_tensor *conv, lm_tensor *core, lm_kv_pool *kv,
-                             const lm_attn_batch *b, const lm_delta_layer *d) {
-    const struct lm_backend_ops *op = be->ops;
-    if (op->gated_delta_layer) {
-        op->gated_delta_layer(be, y, qkv, z, g, beta, conv, core, kv, b, d);
-        return;
-    }
-    op->conv1d_state(be, conv, qkv, d->conv_w, kv, d->conv_state, b, true);
-    op->delta_gates(be, g, beta, d->a_log, d->dt_bias);
-    op->gated_delta(be, core, conv, g, beta, kv, b, &d->p);
-    op->rms_norm_gated(be, y, core, z, d->norm_w, d->norm_eps);
-}
-
-void lm_op_rope_attention(lm_backend *be, lm_tensor *out, lm_tensor *q, lm_tensor *k, const lm_tensor *v,
-                          const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
-                          const lm_attn_batch *b, const lm_attn_params *p) {
-    if (be->ops->rope_attention) {
-        be->ops->rope_attention(be, out, q, k, v, rq, rk, kv, layer, b, p);
+void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                         const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
+    if (be->ops->rope_kv_write) {
+        be->ops->rope_kv_write(be, q, k, v, rq, rk, kv, layer, b);
         return;
     }
     be->ops->rope(be, q, b->pos, rq);
     be->ops->rope(be, k, b->pos, rk);
     be->ops->kv_write(be, kv, layer, k, v, b);
-    be->ops->attention(be, out, q, kv, layer, b, p);
 }
 
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
@@ -168,7 +152,8 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
         qr = &qn;
         kr = &kn;
     }
-    lm_op_rope_attention(be, &attn, qr, kr, &v, &rq, &rk, kv, layer, &ab, &ap);
+    lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
+    op->attention(be, &attn, qr, kv, layer, &ab, &ap);
     if (!L->bo.data) {
         lm_op_matmul_add(be, residual, &attn, &L->wo, &o, post);
     } else {

@@ -67,10 +67,8 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
 /* ---- fused forms ---- */
 
 /* The backend's fused op when it has one, else the plain ops it stands for
- * (lm_backend.h: matmul_n, matmul_glu, matmul_add, rope_attention,
- * gated_delta_layer). Fusing the norm into the residual add, the rope and
- * KV write into a decode step's attention, or a DeltaNet layer's conv,
- * gates and norm into its recurrence, saves kernel launches on a GPU. */
+ * (lm_backend.h: matmul_n, matmul_glu, matmul_add). Fusing the norm into the
+ * residual add saves a kernel launch per sub-block on a GPU. */
 void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                     const lm_tensor *const *bias);
 void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
@@ -79,12 +77,8 @@ void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
                       const lm_norm_out *norm);
 /* y += x, then norm (may be NULL) of the new y: the unfused residual add. */
 void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm);
-void lm_op_gated_delta_layer(lm_backend *be, lm_tensor *y, const lm_tensor *qkv, const lm_tensor *z, lm_tensor *g,
-                             lm_tensor *beta, lm_tensor *conv, lm_tensor *core, lm_kv_pool *kv,
-                             const lm_attn_batch *b, const lm_delta_layer *d);
-void lm_op_rope_attention(lm_backend *be, lm_tensor *out, lm_tensor *q, lm_tensor *k, const lm_tensor *v,
-                          const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
-                          const lm_attn_batch *b, const lm_attn_params *p);
+void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                         const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
 
 /* ---- output ---- */
 

@@ -468,8 +468,9 @@ static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, 
     lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
     lm_rope_params rk = rq;
     rk.n_heads = c->n_kv_heads;
+    lm_op_rope_kv_write(be, &qn, &kn, &v, &rq, &rk, st->kv, L->kv_layer, st->ab);
     lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
-    lm_op_rope_attention(be, &attn, &qn, &kn, &v, &rq, &rk, st->kv, L->kv_layer, st->ab, &ap);
+    op->attention(be, &attn, &qn, st->kv, L->kv_layer, st->ab, &ap);
     if (gated) op->sigmoid_mul(be, &attn, &attn, &gate);
     lm_tensor ws = rows(&s->o, T);
     lm_op_matmul_add(be, x, &attn, &A->wo, &ws, post);
@@ -481,6 +482,7 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
     const lm_model_config *c = &st->m->cfg;
     const lm_hybrid_config *hc = c->hybrid;
     lm_backend *be = st->m->be;
+    const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = st->s;
     const int T = st->T;
     lm_tensor qkv = rows(&s->qkv, T), conv = rows(&s->conv, T), z = rows(&s->z, T);
@@ -492,11 +494,12 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
         const lm_tensor *ws[4] = { &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a };
         lm_op_matmul_n(be, 4, ys, h, ws, NULL);
     }
-    const lm_delta_layer dl = { &Dl->conv, { L->state, 0 }, &Dl->a_log, &Dl->dt_bias,
-                                { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
-                                  { L->state, (int64_t)(hc->conv_kernel - 1) * C } },
-                                &Dl->norm, c->norm_eps };
-    lm_op_gated_delta_layer(be, &gated, &qkv, &z, &ga, &gb, &conv, &core, st->kv, st->ab, &dl);
+    op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
+    op->delta_gates(be, &ga, &gb, &Dl->a_log, &Dl->dt_bias);
+    lm_delta_params dp = { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
+                           { L->state, (int64_t)(hc->conv_kernel - 1) * C } };
+    op->gated_delta(be, &core, &conv, &ga, &gb, st->kv, st->ab, &dp);
+    op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
     lm_tensor ws = rows(&s->o, T);
     lm_op_matmul_add(be, x, &gated, &Dl->w_out, &ws, post);
 }

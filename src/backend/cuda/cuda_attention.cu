@@ -243,7 +243,7 @@ __global__ void att_rope_kv_kernel(att_rkv_args a, int64_t T) {
     }
 }
 
-static void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                            const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
     lm_cuda *c = lm_cuda_of(be);
     /* one launch needs one rope for both (and whole heads in k and v) */
@@ -283,22 +283,9 @@ static void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, co
 
 /* ---- attention ------------------------------------------------------------------ */
 
-/* rope_attention's extra inputs: q (att_args.q) and k unroped, v, and the
- * one rope both take; the decode kernel's ROPE form ropes them itself and
- * writes each token's k and v to the cache. */
-typedef struct att_rope_in {
-    const float *k, *v;
-    int64_t k_ld, v_ld;
-    const float *freq;
-    double attn_factor;
-    int half, rot;
-    bool interleaved;
-} att_rope_in;
-
 typedef struct att_args {
     float *out;
-    const float *q;
-    float *kl, *vl; /* written by the decode kernel's ROPE form only */
+    const float *q, *kl, *vl;
     int64_t q_ld, out_ld, kv_ld;
     att_dev d;
     const int32_t *tok;  /* token ids grouped by sequence */
@@ -307,7 +294,6 @@ typedef struct att_args {
     float scale, softcap;
     float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
     int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
-    att_rope_in r; /* the decode kernel's ROPE form only */
 } att_args;
 
 __device__ __forceinline__ float att_warp_max(float x) {
@@ -586,45 +572,7 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
 #define ATT_DEC_MIN_KEYS 16 /* keys per split, at least: short contexts still spread over blocks */
 static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
-/* The rope factors of position p for every dim of a head (cs, sn [Dh],
- * zero past the rotated dims), by the whole block: one sincos a dim, not one
- * per head and split. */
-__device__ __forceinline__ void att_rope_factors(double *cs, double *sn, int Dh, int32_t p, const att_rope_in &r) {
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        const int fi = r.interleaved ? (d < r.rot ? d / 2 : -1) : d < r.half ? d : d < r.rot ? d - r.half : -1;
-        cs[d] = sn[d] = 0.0;
-        if (fi >= 0) lm_rope_cs(p, r.freq[fi], r.attn_factor, &cs[d], &sn[d]);
-    }
-}
-
-/* Ropes the DPL dims [lane * DPL, +DPL) that a lane holds of one head, as
- * the rope op does (lm_rope_pair's arithmetic, so the bits agree): pairs
- * (2i, 2i+1) sit in one lane; pairs (i, i + half) in lanes half / DPL apart
- * (the caller checks half % DPL == 0), exchanged by shuffle. Every lane of
- * the warp must call it. */
-template <int DPL>
-__device__ __forceinline__ void att_rope_lane(float (&x)[DPL], int lane, const double *cs, const double *sn,
-                                              const att_rope_in &r) {
-    const int d0 = lane * DPL;
-    if (r.interleaved) {
-#pragma unroll
-        for (int d = 0; d < DPL; d += 2)
-            if (d0 + d < r.rot) lm_rope_rot(&x[d], &x[d + 1], cs[d0 + d], sn[d0 + d]);
-        return;
-    }
-    const bool first = d0 < r.half, second = !first && d0 < r.rot;
-    const int src = first ? lane + r.half / DPL : second ? lane - r.half / DPL : lane;
-#pragma unroll
-    for (int d = 0; d < DPL; d++) {
-        const float other = __shfl_sync(ATT_FULL, x[d], src);
-        if (!first && !second) continue;
-        float xa = first ? x[d] : other, xb = first ? other : x[d];
-        lm_rope_rot(&xa, &xb, cs[d0 + d], sn[d0 + d]);
-        x[d] = first ? xa : xb;
-    }
-}
-
-template <int DPL, int GM, bool ROPE>
+template <int DPL, int GM>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
@@ -647,45 +595,10 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
 #pragma unroll
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
     }
-    __shared__ double s_cs[ROPE ? DPL * 32 : 1], s_sn[ROPE ? DPL * 32 : 1];
-    if constexpr (ROPE) {
-        att_rope_factors(s_cs, s_sn, Dh, p, a.r);
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < GM; i++) {
-            if (i >= G) break; /* block-uniform */
-            att_rope_lane<DPL>(q[i], lane, s_cs, s_sn, a.r);
-        }
-    }
     const int64_t goff = (int64_t)g * Dh + lane * DPL;
-    /* ROPE: this token's own key and value (position p) come from k and v,
-     * roped here, not from the cache: the block of the split that holds p
-     * writes them there (the first head subgroup's), and every block that
-     * reads p uses its registers, so no block reads what another writes. */
-    float kp[DPL] = {}, vp[DPL] = {};
-    if constexpr (ROPE) {
-        if (k_lo <= p && p <= k_hi) {
-#pragma unroll
-            for (int d = 0; d < DPL; d++) {
-                kp[d] = a.r.k[(int64_t)t * a.r.k_ld + goff + d];
-                vp[d] = a.r.v[(int64_t)t * a.r.v_ld + goff + d];
-            }
-            att_rope_lane<DPL>(kp, lane, s_cs, s_sn, a.r);
-            if (sub == 0 && warp == 0) {
-                const int64_t o = ((int64_t)table[p / a.bs] * a.bs + p % a.bs) * a.kv_ld + goff;
-#pragma unroll
-                for (int d = 0; d < DPL; d++) a.kl[o + d] = kp[d], a.vl[o + d] = vp[d];
-            }
-        }
-    }
     /* key j's rows; the next key's are loaded before this one is used, so a
      * warp always has a load in flight (the loop is latency-bound) */
     auto load = [&](int j, float (&kx)[DPL], float (&vx)[DPL]) {
-        if (ROPE && j == p) {
-#pragma unroll
-            for (int d = 0; d < DPL; d++) kx[d] = kp[d], vx[d] = vp[d];
-            return;
-        }
         const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
 #pragma unroll
         for (int d = 0; d < DPL; d++) kx[d] = a.kl[o + d], vx[d] = a.vl[o + d];
@@ -746,24 +659,18 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     att_combine_heads(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0, G);
 }
 
-/* grid.y = Hkv * ceil(G / GM): a->n_sub set here. ROPE when a->r.k is set. */
-template <int DPL, int GM, bool ROPE>
-static void att_decode_go(lm_cuda *c, dim3 grid, const att_args *a, size_t smem) {
-    if (smem > 48 * 1024)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM, ROPE>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM, ROPE>, grid, ATT_DEC_WARPS * 32, smem, *a);
-    LM_CUDA_LAUNCHED("att_decode_kernel");
-}
-
+/* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
 template <int DPL, int GM>
 static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
     a->n_sub = (a->gsz + GM - 1) / GM;
     grid.y *= (unsigned)a->n_sub;
     if (c->fused && a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
     const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
-    if (a->r.k) att_decode_go<DPL, GM, true>(c, grid, a, smem);
-    else att_decode_go<DPL, GM, false>(c, grid, a, smem);
+    if (smem > 48 * 1024)
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM>, grid, ATT_DEC_WARPS * 32, smem, *a);
+    LM_CUDA_LAUNCHED("att_decode_kernel");
 }
 
 /* Few query tokens per sequence (decode, short drafts): one block per token.
@@ -773,12 +680,8 @@ static bool att_use_decode(int T, int S, int Dh) {
     return (T <= 2 * S && (Dh == 64 || Dh == 128 || Dh == 256)) || Dh == 512;
 }
 
-/* Decode lanes: dims per lane of a Dh-wide head. */
-static int att_dec_dpl(int Dh) { return Dh / 32; }
-
-/* r: rope q and this step's k (and write k, v) in the kernel, or NULL. */
 static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
-                       const lm_attn_batch *b, const lm_attn_params *p, const att_rope_in *r) {
+                       const lm_attn_batch *b, const lm_attn_params *p) {
     const int Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
     att_dev d = att_stage_memo(c, kv, b, p->window, false);
     int max_range = 1;
@@ -793,7 +696,6 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     int ns = (int)LM_MAX((int64_t)1, (target + base - 1) / base);
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (range2 + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
-    if (r) a.r = *r;
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
     if (Dh == 64) att_decode_launch<2, 8>(c, grid, &a);
     else if (Dh == 128) att_decode_launch<4, 8>(c, grid, &a);
@@ -824,7 +726,7 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
     if (T == 0) return;
     if (att_use_decode(T, S, Dh)) {
-        att_decode(c, out, q, kv, layer, b, p, NULL);
+        att_decode(c, out, q, kv, layer, b, p);
         return;
     }
     const int gsz = H / Hkv, hb = LM_MIN(gsz, ATT_ROWS), n_sub = (gsz + hb - 1) / hb, tpb = ATT_ROWS / hb;
@@ -887,48 +789,4 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     else if (Dh <= 128) att_launch<4>(c, grid, &a);
     else att_launch<8>(c, grid, &a);
     att_combine(c, &a, T);
-}
-
-/* rope_kv_write + attention in the decode kernel when every sequence has one
- * token in the batch (so no token reads a key another writes) and q and k
- * take one rope whose pairs the kernel's lanes can reach; else the two ops.
- * The bits are the two ops' (the same rope arithmetic, the same kernel). */
-void lm_cuda_rope_attention(lm_backend *be, lm_tensor *out, lm_tensor *q, lm_tensor *k, const lm_tensor *v,
-                            const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
-                            const lm_attn_batch *b, const lm_attn_params *p) {
-    lm_cuda *c = lm_cuda_of(be);
-    const int T = b->n_tokens, S = b->n_seqs, Dh = p->head_dim;
-    bool fuse = c->fused && T > 0 && T == S && att_use_decode(T, S, Dh) && rq->head_dim == Dh &&
-                rk->head_dim == Dh && rq->n_heads == p->n_heads && rk->n_heads == p->n_kv_heads &&
-                rq->rot_dim == rk->rot_dim && rq->rot_dim > 0 && rq->rot_dim <= Dh && rq->rot_dim % 2 == 0 &&
-                rq->interleaved == rk->interleaved && rq->inv_freq == rk->inv_freq &&
-                rq->attn_factor == rk->attn_factor && (rq->interleaved || (rq->rot_dim / 2) % att_dec_dpl(Dh) == 0) &&
-                k->cols >= (int64_t)p->n_kv_heads * Dh && v->cols >= (int64_t)p->n_kv_heads * Dh;
-    if (fuse) { /* one token per sequence */
-        bool *seen = (bool *)lm_xcalloc((size_t)S, sizeof(bool));
-        for (int t = 0; t < T && fuse; t++) {
-            LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S);
-            fuse = !seen[b->seq[t]];
-            seen[b->seq[t]] = true;
-        }
-        free(seen);
-    }
-    if (!fuse) {
-        lm_cuda_rope_kv_write(be, q, k, v, rq, rk, kv, layer, b);
-        lm_cuda_attention(be, out, q, kv, layer, b, p);
-        return;
-    }
-    lm_cuda_use(c);
-    LM_ASSERT(p->n_heads % p->n_kv_heads == 0 && (int64_t)p->n_kv_heads * Dh <= kv->kv_width);
-    LM_ASSERT(layer >= 0 && layer < kv->n_layers);
-    LM_ASSERT(q->type == LM_F32 && k->type == LM_F32 && v->type == LM_F32 && out->type == LM_F32);
-    LM_ASSERT(q->rows == T && k->rows == T && v->rows == T && out->rows == T && out->data != q->data);
-    LM_ASSERT(q->cols >= (int64_t)p->n_heads * Dh && out->cols >= (int64_t)p->n_heads * Dh);
-    att_rope_in r;
-    memset(&r, 0, sizeof r); /* padding too: a graph pass hashes the bytes */
-    r.k = (const float *)k->data, r.v = (const float *)v->data, r.k_ld = k->cols, r.v_ld = v->cols;
-    r.freq = lm_cuda_freq(c, rq->inv_freq, rq->rot_dim / 2);
-    r.attn_factor = rq->attn_factor;
-    r.half = rq->rot_dim / 2, r.rot = rq->rot_dim, r.interleaved = rq->interleaved;
-    att_decode(c, out, q, kv, layer, b, p, &r);
 }

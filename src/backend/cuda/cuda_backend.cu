@@ -483,8 +483,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .matmul_n = */ lm_cuda_matmul_n,
     /* .matmul_glu = */ lm_cuda_matmul_glu,
     /* .matmul_add = */ lm_cuda_matmul_add,
-    /* .gated_delta_layer = */ lm_cuda_gated_delta_layer,
-    /* .rope_attention = */ lm_cuda_rope_attention,
+    /* .rope_kv_write = */ lm_cuda_rope_kv_write,
     /* .graph_begin = */ lm_cuda_graph_begin,
     /* .graph_end = */ lm_cuda_graph_end,
     /* .destroy = */ lm_cuda_destroy,
@@ -497,8 +496,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
 static const struct lm_backend_ops *lm_cuda_ops_unfused(void) {
     static const struct lm_backend_ops t = [] {
         struct lm_backend_ops o = lm_cuda_ops;
-        o.matmul_n = NULL, o.matmul_glu = NULL, o.matmul_add = NULL, o.rope_attention = NULL;
-        o.gated_delta_layer = NULL;
+        o.matmul_n = NULL, o.matmul_glu = NULL, o.matmul_add = NULL, o.rope_kv_write = NULL;
         return o;
     }();
     return &t;

@@ -83,11 +83,6 @@ __device__ __forceinline__ float delta_silu(float x) {
 
 /* ---- conv1d_state ---------------------------------------------------------------- */
 
-/* One conv output before the activation: tap W (the last) on x, then taps
- * 0 .. W-1 on the window, oldest first; the conv kernel and the fused layer
- * kernel both sum this way, so their bits agree. */
-__device__ __forceinline__ float delta_conv_acc(float acc, float wt, float win) { return fmaf(wt, win, acc); }
-
 __global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
                                   int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -113,7 +108,7 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
         float acc = wlast * xv;
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; j++)
-            if (j < W) acc = delta_conv_acc(acc, wt[j], win[j]);
+            if (j < W) acc += wt[j] * win[j];
         y[t * C + c] = silu ? delta_silu(acc) : acc;
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; j++) {
@@ -149,12 +144,6 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
 /* softplus as torch computes it (threshold 20: linear above). */
 __device__ __forceinline__ double delta_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
-/* The log decay and the write strength of one (token, head). */
-__device__ __forceinline__ float delta_gate_g(float g, float a_log, float dt_bias) {
-    return (float)(-exp((double)a_log) * delta_softplus((double)g + dt_bias));
-}
-__device__ __forceinline__ float delta_gate_beta(float b) { return (float)(1.0 / (1.0 + exp(-(double)b))); }
-
 __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, const float *dt_bias, int64_t n,
                                    int64_t H) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -162,8 +151,8 @@ __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, co
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t h = i % H;
-    g[i] = delta_gate_g(g[i], a_log[h], dt_bias[h]);
-    beta[i] = delta_gate_beta(beta[i]);
+    g[i] = (float)(-exp((double)a_log[h]) * delta_softplus((double)g[i] + dt_bias[h]));
+    beta[i] = (float)(1.0 / (1.0 + exp(-(double)beta[i])));
 }
 
 void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
@@ -193,47 +182,12 @@ typedef struct delta_args {
     int Dvb; /* state columns per block: Dv / gridDim.z */
 } delta_args;
 
-/* The fused layer's extra inputs (gated_delta_layer): qkv, g and beta are
- * then the raw projections; the kernel convolves the q, k and v channels
- * it reads, computes the gates, and norms each finished output row. */
-typedef struct delta_fuse {
-    const float *conv_w; /* [C][K] */
-    float *conv_state;   /* slot s's window [K-1][C] at conv_state + slot * conv_slot_floats */
-    int64_t conv_slot_floats, C;
-    int K;
-    const float *a_log, *dt_bias;
-    float *y;            /* rms_norm_gated's output, [T][Hv * Dv] like out */
-    const float *z, *norm_w;
-    double eps;
-    double *pss;         /* [T][Hv][DELTA_NORM_WARPS] sums of squares, one per 32 columns */
-    int *cnt_norm;       /* [T][Hv]: the last block of a row norms it */
-    int *cnt_win;        /* [S][Hk]: the last block of a key head writes its q and k windows */
-} delta_fuse;
-
-/* rms_norm_gated's block: 128 threads, one column each at Dv <= 128, its
- * warps' sums of squares added in warp order. The fused kernel forms the
- * same four partial sums (zeros past Dv), so the norm's bits agree. */
-#define DELTA_NORM_THREADS 128
-#define DELTA_NORM_WARPS (DELTA_NORM_THREADS / 32)
-
-/* One gated-norm output: (float)(x * s * w) * silu(z). */
-__device__ __forceinline__ float delta_gnorm1(float x, double s, float w, float z) {
-    return (float)((double)x * s * w) * delta_silu(z);
-}
-
 /* grid (Hv, S, Dv / Dvb), Dvb * P threads: the state's columns are
  * independent (each needs q, k, its own v column and the scalars q.k,
  * alpha, beta), so a head's columns spread over gridDim.z blocks, which
  * puts more multiprocessors on a decode step's state. Shared: q, k [Dk];
- * partials [2][P][Dvb]; u [Dvb]; FUSED adds v [Dvb] and the conv windows
- * [K-1][2 Dk + Dvb] of the channels the block reads (q and k of its key
- * head, its own v columns).
- * FUSED: every block of a key head convolves that head's q and k itself
- * (the same sums, so the same bits), and only the last of them to finish
- * writes their windows back, after all have read the old ones; the v
- * windows and the state columns are each block's own. */
-template <bool FUSED>
-__global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_args a, delta_fuse f) {
+ * partials [2][P][Dvb]; u [Dvb]. */
+__global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_args a) {
     extern __shared__ float delta_smem[];
     lm_pdl_trigger();
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -245,28 +199,15 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
     /* threads past Dvb * P (the block is a whole number of warps) own no state */
     const int part = tid < Dvb * P ? tid / Dvb : DELTA_MAX_ROWS * P + Dk;
     float *sq = delta_smem, *sk = sq + Dk, *rk = sk + Dk, *rq = rk + P * Dvb, *su = rq + P * Dvb;
-    float *sv = su + Dvb, *win = sv + Dvb; /* FUSED only */
     __shared__ float fac[3]; /* q factor, k factor, q.k */
 
     const int hk = h / (a.Hv / a.Hk);
     const int64_t qo = (int64_t)hk * Dk, ko = (int64_t)a.Hk * Dk + qo, vo = 2 * (int64_t)a.Hk * Dk + (int64_t)h * Dv;
     const double qscale = 1.0 / sqrt((double)Dk);
     float *S = a.state + (int64_t)a.q.slot[s] * a.slot_floats + a.st_off + (int64_t)h * Dk * Dv;
-    const bool zero = a.q.pos[a.q.tok[i0]] == 0;
-
-    /* FUSED: channel ch of the block (q [0, Dk), k [Dk, 2 Dk), v [2 Dk, n_ch)) is qkv column col(ch) */
-    const int n_ch = 2 * Dk + Dvb, W = FUSED ? f.K - 1 : 0;
-    auto col = [&](int ch) -> int64_t {
-        return ch < Dk ? qo + ch : ch < 2 * Dk ? ko + (ch - Dk) : vo + (int64_t)blockIdx.z * Dvb + (ch - 2 * Dk);
-    };
-    float *cst = nullptr;
-    if constexpr (FUSED) {
-        cst = f.conv_state + (int64_t)a.q.slot[s] * f.conv_slot_floats;
-        for (int ch = tid; ch < n_ch; ch += nth)
-            for (int j = 0; j < W; j++) win[j * n_ch + ch] = zero ? 0.0f : cst[(int64_t)j * f.C + col(ch)];
-    }
 
     float st[DELTA_MAX_ROWS];
+    const bool zero = a.q.pos[a.q.tok[i0]] == 0;
 #pragma unroll
     for (int i = 0; i < DELTA_MAX_ROWS; i++) {
         const int d = part + P * i;
@@ -276,26 +217,10 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
     for (int it = i0; it < i1; it++) {
         const int64_t t = a.q.tok[it];
         const float *row = a.qkv + t * a.qkv_ld;
-        __syncthreads(); /* the previous token is done with sq, sk, su, sv */
-        if constexpr (FUSED) { /* conv1d_state of the block's channels, then silu */
-            for (int ch = tid; ch < n_ch; ch += nth) {
-                const int64_t cc = col(ch);
-                const float *wr = f.conv_w + cc * f.K;
-                const float xv = row[cc];
-                float acc = wr[W] * xv;
-                for (int j = 0; j < W; j++) acc = delta_conv_acc(acc, wr[j], win[j * n_ch + ch]);
-                for (int j = 0; j + 1 < W; j++) win[j * n_ch + ch] = win[(j + 1) * n_ch + ch];
-                if (W > 0) win[(W - 1) * n_ch + ch] = xv;
-                const float y = delta_silu(acc);
-                if (ch < Dk) sq[ch] = y;
-                else if (ch < 2 * Dk) sk[ch - Dk] = y;
-                else sv[ch - 2 * Dk] = y;
-            }
-        } else {
-            for (int d = tid; d < Dk; d += nth) {
-                sq[d] = row[qo + d];
-                sk[d] = row[ko + d];
-            }
+        __syncthreads(); /* the previous token is done with sq, sk, su */
+        for (int d = tid; d < Dk; d += nth) {
+            sq[d] = row[qo + d];
+            sk[d] = row[ko + d];
         }
         __syncthreads();
         if (tid < 32) { /* L2 norms in double, as lm_l2norm */
@@ -337,36 +262,17 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
             if (lane == 0) fac[2] = qk;
         }
         const int64_t gi = t * a.Hv + h;
-        float gl = a.g[gi], beta = a.beta[gi];
-        if constexpr (FUSED) gl = delta_gate_g(gl, f.a_log[h], f.dt_bias[h]), beta = delta_gate_beta(beta);
-        const float alpha = (float)exp((double)gl);
+        const float alpha = (float)exp((double)a.g[gi]), beta = a.beta[gi];
         __syncthreads();
-        float o = 0.0f;
         if (part == 0) {
             float skv = 0.0f, sqv = 0.0f;
             for (int pp = 0; pp < P; pp++) {
                 skv += rk[pp * Dvb + vb];
                 sqv += rq[pp * Dvb + vb];
             }
-            const float u = beta * ((FUSED ? sv[vb] : row[vo + v]) - alpha * skv);
+            const float u = beta * (row[vo + v] - alpha * skv);
             su[vb] = u;
-            o = alpha * sqv + fac[2] * u;
-            a.out[t * a.out_ld + (int64_t)h * Dv + v] = o;
-        }
-        if constexpr (FUSED) { /* rms_norm_gated of the row once all its columns are out */
-            const int64_t rix = t * a.Hv + h;
-            if (tid < (Dvb + 31) / 32 * 32) { /* the warps holding part 0 */
-                const double ss = lm_warp_sum_d(part == 0 ? (double)o * o : 0.0);
-                if (lane == 0) f.pss[rix * DELTA_NORM_WARPS + (blockIdx.z * Dvb) / 32 + tid / 32] = ss;
-            }
-            if (lm_last_block(f.cnt_norm + rix, (int)gridDim.z)) {
-                double tot = 0.0;
-                for (int w = 0; w < DELTA_NORM_WARPS; w++) tot += w * 32 < Dv ? __ldcg(f.pss + rix * DELTA_NORM_WARPS + w) : 0.0;
-                const double sc = 1.0 / sqrt(tot / (double)Dv + f.eps);
-                const int64_t ro = t * a.out_ld + (int64_t)h * Dv;
-                for (int i = tid; i < Dv; i += nth)
-                    f.y[ro + i] = delta_gnorm1(__ldcg(a.out + ro + i), sc, f.norm_w[i], f.z[ro + i]);
-            }
+            a.out[t * a.out_ld + (int64_t)h * Dv + v] = alpha * sqv + fac[2] * u;
         }
         __syncthreads();
         const float uv = su[vb];
@@ -381,22 +287,17 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_
         const int d = part + P * i;
         if (d < Dk) S[(int64_t)d * Dv + v] = st[i];
     }
-    if constexpr (FUSED) {
-        for (int ch = 2 * Dk + tid; ch < n_ch; ch += nth) /* own v columns */
-            for (int j = 0; j < W; j++) cst[(int64_t)j * f.C + col(ch)] = win[j * n_ch + ch];
-        if (lm_last_block(f.cnt_win + (int64_t)s * a.Hk + hk, (a.Hv / a.Hk) * (int)gridDim.z))
-            for (int ch = tid; ch < 2 * Dk; ch += nth)
-                for (int j = 0; j < W; j++) cst[(int64_t)j * f.C + col(ch)] = win[j * n_ch + ch];
-    }
 }
 
-/* The rule's arguments and launch shape (shared by the plain and fused forms). */
-static delta_args delta_rule_args(lm_cuda *c, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
-                                  const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b,
-                                  const lm_delta_params *p, delta_seqs q) {
+void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p) {
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
+    lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
     const int P = (Dk + DELTA_MAX_ROWS - 1) / DELTA_MAX_ROWS;
     LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
+    if (b->n_tokens == 0 || b->n_seqs == 0) return;
     delta_args a;
     memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
     a.out = (float *)out->data;
@@ -404,37 +305,19 @@ static delta_args delta_rule_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q
     a.qkv_ld = qkv->cols, a.out_ld = out->cols;
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
-    a.q = q;
+    a.q = delta_stage(c, kv, b);
     a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P;
     /* split the columns while there are fewer than ~2 blocks per
      * multiprocessor, in whole warps' worth of columns */
     int n_cg = 1;
     while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
     a.Dvb = Dv / n_cg;
-    return a;
-}
-
-template <bool FUSED>
-static void delta_rule_launch(lm_cuda *c, const delta_args *a, const delta_fuse *f, int n_seqs) {
-    size_t smem = (2 * (size_t)a->Dk + 2 * (size_t)a->P * a->Dvb + (size_t)a->Dvb) * sizeof(float);
-    if (FUSED) smem += ((size_t)a->Dvb + (size_t)(f->K - 1) * (2 * (size_t)a->Dk + a->Dvb)) * sizeof(float);
+    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
     LM_ASSERT(smem <= 48 * 1024);
-    const unsigned threads = (unsigned)((a->Dvb * a->P + 31) / 32 * 32);
-    lm_cuda_launch_pdl(c, delta_rule_kernel<FUSED>, dim3((unsigned)a->Hv, (unsigned)n_seqs, (unsigned)(a->Dv / a->Dvb)),
-                       threads, smem, *a, *f);
+    const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
+    lm_cuda_launch_pdl(c, delta_rule_kernel, dim3((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg), threads, smem,
+                       a);
     LM_CUDA_LAUNCHED("delta_rule_kernel");
-}
-
-void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
-                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p) {
-    lm_cuda *c = lm_cuda_of(be);
-    lm_cuda_use(c);
-    lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
-    if (b->n_tokens == 0 || b->n_seqs == 0) return;
-    const delta_args a = delta_rule_args(c, out, qkv, g, beta, kv, b, p, delta_stage(c, kv, b));
-    delta_fuse f;
-    memset(&f, 0, sizeof f);
-    delta_rule_launch<false>(c, &a, &f, b->n_seqs);
 }
 
 /* ---- rms_norm_gated ---------------------------------------------------------------- */
@@ -460,7 +343,7 @@ __global__ void delta_gnorm_kernel(float *y, const float *x, const float *z, con
     __syncthreads();
     const double s = 1.0 / sqrt(red[0] / (double)n + eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = delta_gnorm1(xr[i], s, w[i], zr[i]);
+        yr[i] = (float)((double)xr[i] * s * w[i]) * delta_silu(zr[i]);
 }
 
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
@@ -473,57 +356,7 @@ void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, co
     const int64_t rows = x->rows * (x->cols / w->cols);
     if (rows == 0) return;
     LM_ASSERT(rows <= INT32_MAX);
-    lm_cuda_launch_pdl(c, delta_gnorm_kernel, (unsigned)rows, DELTA_NORM_THREADS, 0, (float *)y->data, (const float *)x->data,
+    lm_cuda_launch_pdl(c, delta_gnorm_kernel, (unsigned)rows, 128, 0, (float *)y->data, (const float *)x->data,
                    (const float *)z->data, (const float *)w->data, w->cols, (double)eps);
     LM_CUDA_LAUNCHED("delta_gnorm_kernel");
-}
-
-/* ---- the layer, fused -------------------------------------------------------------- */
-
-/* conv1d_state + delta_gates + gated_delta + rms_norm_gated in one launch
- * (delta_rule_kernel<true>) when the norm's row fits its 128-thread order
- * (Dv <= 128) and the per-row and per-key-head counters fit; else the four
- * kernels. The bits are the four kernels' (shared arithmetic, the norm's
- * summation order). Saves three launches a layer, which at batch 1 cost
- * about as much as the recurrence itself. */
-void lm_cuda_gated_delta_layer(lm_backend *be, lm_tensor *y, const lm_tensor *qkv, const lm_tensor *z, lm_tensor *g,
-                               lm_tensor *beta, lm_tensor *conv, lm_tensor *core, lm_kv_pool *kv,
-                               const lm_attn_batch *b, const lm_delta_layer *d) {
-    lm_cuda *c = lm_cuda_of(be);
-    const lm_delta_params *p = &d->p;
-    const int T = b->n_tokens, S = b->n_seqs, K = (int)d->conv_w->cols;
-    const bool fuse = c->fused && p->v_dim <= DELTA_NORM_THREADS && d->norm_w->cols == p->v_dim && K >= 1 &&
-                      K <= CONV_MAX_K && (int64_t)T * p->n_v_heads + (int64_t)S * p->n_k_heads <= LM_CUDA_COUNTERS - 1;
-    if (!fuse) {
-        lm_cuda_conv1d_state(be, conv, qkv, d->conv_w, kv, d->conv_state, b, true);
-        lm_cuda_delta_gates(be, g, beta, d->a_log, d->dt_bias);
-        lm_cuda_gated_delta(be, core, conv, g, beta, kv, b, p);
-        lm_cuda_rms_norm_gated(be, y, core, z, d->norm_w, d->norm_eps);
-        return;
-    }
-    lm_cuda_use(c);
-    const int64_t C = qkv->cols, O = (int64_t)p->n_v_heads * p->v_dim;
-    /* the four ops' contracts */
-    LM_ASSERT(qkv->type == LM_F32 && d->conv_w->type == LM_F32 && d->conv_w->rows == C && qkv->rows == T);
-    LM_ASSERT(conv->rows == T && conv->cols == C && conv->type == LM_F32);
-    lm_check_state_ref(kv, d->conv_state, b, (int64_t)(K - 1) * C);
-    LM_ASSERT(d->a_log->type == LM_F32 && d->dt_bias->type == LM_F32);
-    LM_ASSERT(d->a_log->rows * d->a_log->cols == p->n_v_heads && d->dt_bias->rows * d->dt_bias->cols == p->n_v_heads);
-    LM_ASSERT(g->rows == T && g->cols == p->n_v_heads && beta->rows == T && beta->cols == g->cols);
-    lm_check_gated_delta(core, conv, g, beta, kv, b, p);
-    LM_ASSERT(y->type == LM_F32 && z->type == LM_F32 && d->norm_w->type == LM_F32 && d->norm_w->rows == 1);
-    LM_ASSERT(y->rows == T && y->cols == O && z->rows == T && z->cols == O && core->cols == O);
-    if (T == 0 || S == 0) return;
-    const delta_args a = delta_rule_args(c, core, qkv, g, beta, kv, b, p, delta_stage(c, kv, b));
-    delta_fuse f;
-    memset(&f, 0, sizeof f); /* padding too: a graph pass hashes the bytes */
-    f.conv_w = (const float *)d->conv_w->data;
-    f.conv_state = kv->state[d->conv_state.index] + d->conv_state.offset;
-    f.conv_slot_floats = kv->state_floats[d->conv_state.index], f.C = C, f.K = K;
-    f.a_log = (const float *)d->a_log->data, f.dt_bias = (const float *)d->dt_bias->data;
-    f.y = (float *)y->data, f.z = (const float *)z->data, f.norm_w = (const float *)d->norm_w->data;
-    f.eps = (double)d->norm_eps;
-    f.pss = (double *)lm_cuda_scratch(c, (size_t)T * p->n_v_heads * DELTA_NORM_WARPS * sizeof(double));
-    f.cnt_norm = c->counters + 1, f.cnt_win = f.cnt_norm + (int64_t)T * p->n_v_heads;
-    delta_rule_launch<true>(c, &a, &f, S);
 }

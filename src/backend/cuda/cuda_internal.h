@@ -76,7 +76,7 @@ typedef struct lm_cuda {
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
 } lm_cuda;
 
-#define LM_CUDA_COUNTERS 16384
+#define LM_CUDA_COUNTERS 4096
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
  * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
@@ -130,24 +130,15 @@ const float *lm_cuda_freq(lm_cuda *c, const float *host, int n);
 /* Rotates the pair (a, b) of a head by angle pos * inv_freq: the rope op's
  * arithmetic (angle rounded to f32 as transformers does, cos/sin in double),
  * shared by the rope kernel and the fused rope + KV write. */
-static __device__ __forceinline__ void lm_rope_cs(int32_t pos, float inv_freq, double attn_factor, double *cs,
-                                                  double *sn) {
+static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t pos, float inv_freq, double attn_factor) {
     const float af = (float)pos * inv_freq;
-    sincos((double)af, sn, cs);
-    *cs *= attn_factor;
-    *sn *= attn_factor;
-}
-/* The rotation itself, by lm_rope_cs's factors (kernels that rotate many
- * pairs by one angle compute the factors once). */
-static __device__ __forceinline__ void lm_rope_rot(float *a, float *b, double cs, double sn) {
+    double sn, cs;
+    sincos((double)af, &sn, &cs);
+    cs *= attn_factor;
+    sn *= attn_factor;
     const double x = *a, y = *b;
     *a = (float)(x * cs - y * sn);
     *b = (float)(x * sn + y * cs);
-}
-static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t pos, float inv_freq, double attn_factor) {
-    double cs, sn;
-    lm_rope_cs(pos, inv_freq, attn_factor, &cs, &sn);
-    lm_rope_rot(a, b, cs, sn);
 }
 
 /* Sums v over the warp (xor tree: every lane gets the same bits). */
@@ -279,12 +270,8 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
                         const lm_norm_out *norm);
-void lm_cuda_gated_delta_layer(lm_backend *be, lm_tensor *y, const lm_tensor *qkv, const lm_tensor *z, lm_tensor *g,
-                               lm_tensor *beta, lm_tensor *conv, lm_tensor *core, lm_kv_pool *kv,
-                               const lm_attn_batch *b, const lm_delta_layer *d);
-void lm_cuda_rope_attention(lm_backend *be, lm_tensor *out, lm_tensor *q, lm_tensor *k, const lm_tensor *v,
-                            const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
-                            const lm_attn_batch *b, const lm_attn_params *p);
+void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
+                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
 void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *z,
                             const lm_tensor *w, float eps);
 
