@@ -133,16 +133,6 @@ typedef struct lm_norm_out {
     float eps, w_offset;
 } lm_norm_out;
 
-/* The RMSNorm a projection takes of its input (matmul_n, matmul_glu): x
- * is then the raw residual stream and the op projects rms_norm(x) * (w +
- * w_offset), as the rms_norm op computes it; ws ([T][I] f32) is workspace
- * the backend may write that norm to. */
-typedef struct lm_norm_in {
-    const lm_tensor *w;
-    float eps, w_offset;
-    lm_tensor *ws;
-} lm_norm_in;
-
 typedef struct lm_backend lm_backend;
 
 struct lm_backend_ops {
@@ -227,15 +217,13 @@ struct lm_backend_ops {
      * above; lm_op_rope_kv_write likewise). Results equal the composed ops'
      * up to rounding. */
     /* y[i] = x W[i]^T (+ bias[i]) for n <= 4 weights sharing x (q, k, v, gate);
-     * bias NULL or [n] of optional tensors; pre (may be NULL): x is first
-     * normed (lm_norm_in). */
+     * bias NULL or [n] of optional tensors. */
     void (*matmul_n)(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
-                     const lm_tensor *const *bias, const lm_norm_in *pre);
+                     const lm_tensor *const *bias);
     /* y[T][F] = act(x Wg^T) * (x Wu^T); gate_ws and up_ws [T][F] are
-     * workspace the backend may use; pre as matmul_n's. */
+     * workspace the backend may use. */
     void (*matmul_glu)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg,
-                       const lm_tensor *wu, lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws,
-                       const lm_norm_in *pre);
+                       const lm_tensor *wu, lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
     /* y += x W^T (the residual add fused); ws [T][O] is workspace. Then,
      * when norm is not NULL, the RMSNorm of the new y into norm->y. */
     void (*matmul_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,

@@ -75,30 +75,21 @@ void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *nt, int l
 
 /* ---- fused matmul forms, composed from plain ops where a backend lacks them ---- */
 
-/* x, or its norm (into pre->ws) when pre is set: the unfused pre-norm. */
-static const lm_tensor *pre_normed(lm_backend *be, const lm_tensor *x, const lm_norm_in *pre) {
-    if (!pre) return x;
-    be->ops->rms_norm(be, pre->ws, x, pre->w, pre->eps, pre->w_offset);
-    return pre->ws;
-}
-
 void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
-                    const lm_tensor *const *bias, const lm_norm_in *pre) {
+                    const lm_tensor *const *bias) {
     if (be->ops->matmul_n) {
-        be->ops->matmul_n(be, n, y, x, w, bias, pre);
+        be->ops->matmul_n(be, n, y, x, w, bias);
         return;
     }
-    x = pre_normed(be, x, pre);
     for (int i = 0; i < n; i++) be->ops->matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
 }
 
 void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
-                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws, const lm_norm_in *pre) {
+                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws) {
     if (be->ops->matmul_glu) {
-        be->ops->matmul_glu(be, y, x, wg, wu, act, gate_ws, up_ws, pre);
+        be->ops->matmul_glu(be, y, x, wg, wu, act, gate_ws, up_ws);
         return;
     }
-    x = pre_normed(be, x, pre);
     be->ops->matmul(be, gate_ws, x, wg, NULL);
     be->ops->matmul(be, up_ws, x, wu, NULL);
     if (act == LM_GLU_SILU) be->ops->silu_mul(be, y, gate_ws, up_ws);
@@ -132,12 +123,12 @@ void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_te
 }
 
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
-                     const lm_batch *b, lm_tensor *x, const lm_norm_in *pre) {
+                     const lm_batch *b, lm_tensor *residual, const lm_norm_out *post) {
     const int T = b->n_tokens;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
     const struct lm_backend_ops *op = be->ops;
-    lm_tensor q = lm_tensor_rows(&s->q, 0, T), k = lm_tensor_rows(&s->k, 0, T);
+    lm_tensor h = lm_tensor_rows(&s->h, 0, T), q = lm_tensor_rows(&s->q, 0, T), k = lm_tensor_rows(&s->k, 0, T);
     lm_tensor v = lm_tensor_rows(&s->v, 0, T), qn = lm_tensor_rows(&s->qn, 0, T);
     lm_tensor kn = lm_tensor_rows(&s->kn, 0, T), attn = lm_tensor_rows(&s->attn, 0, T);
     lm_tensor o = lm_tensor_rows(&s->o, 0, T);
@@ -152,7 +143,7 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     {
         lm_tensor *ys[3] = { &q, &k, &v };
         const lm_tensor *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { opt(&L->bq), opt(&L->bk), opt(&L->bv) };
-        lm_op_matmul_n(be, 3, ys, x, ws, bs, pre);
+        lm_op_matmul_n(be, 3, ys, &h, ws, bs);
     }
     lm_tensor *qr = &q, *kr = &k;
     if (c->qk_norm) {
@@ -164,10 +155,10 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
     if (!L->bo.data) {
-        lm_op_matmul_add(be, x, &attn, &L->wo, &o, NULL);
+        lm_op_matmul_add(be, residual, &attn, &L->wo, &o, post);
     } else {
         op->matmul(be, &o, &attn, &L->wo, &L->bo);
-        op->add(be, x, &o);
+        lm_op_add_norm(be, residual, &o, post);
     }
 }
 
@@ -182,15 +173,16 @@ void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up
     lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
 }
 
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *x, const lm_norm_in *pre) {
-    const int64_t T = x->rows, F = L->gate.rows;
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
+                    const lm_norm_out *post) {
+    const int64_t T = h->rows, F = L->gate.rows;
     LM_ASSERT(F <= s->ff && T <= s->cap_tokens);
     lm_tensor gate = { LM_F32, T, F, s->gate.data }, up = { LM_F32, T, F, s->up.data };
     lm_tensor act = { LM_F32, T, F, s->act.data };
-    lm_op_matmul_glu(m->be, &act, x, &L->gate, &L->up, LM_GLU_SILU, &gate, &up, pre);
+    lm_op_matmul_glu(m->be, &act, h, &L->gate, &L->up, LM_GLU_SILU, &gate, &up);
     lm_tensor ws = lm_tensor_rows(&s->o, 0, T);
-    LM_ASSERT(ws.data != x->data);
-    lm_op_matmul_add(m->be, x, &act, &L->down, &ws, NULL);
+    LM_ASSERT(ws.data != out->data);
+    lm_op_matmul_add(m->be, out, &act, &L->down, &ws, post);
 }
 
 /* ---- output ---- */

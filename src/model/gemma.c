@@ -547,8 +547,7 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
 
         lm_tensor gate = view(&s->gate, T, lc->d_ff), up = view(&s->up, T, lc->d_ff), act = view(&s->act, T, lc->d_ff);
         op->rms_norm(be, &h, &x, &L->pre_ffn_norm, c->norm_eps, 0);
-        lm_op_matmul_glu(be, &act, &h, &L->w_gate, &L->w_up, tanh_gelu ? LM_GLU_GELU_TANH : LM_GLU_GELU, &gate, &up,
-                         NULL);
+        lm_op_matmul_glu(be, &act, &h, &L->w_gate, &L->w_up, tanh_gelu ? LM_GLU_GELU_TANH : LM_GLU_GELU, &gate, &up);
         op->matmul(be, &o, &act, &L->w_down, NULL);
         op->rms_norm(be, &h, &o, &L->post_ffn_norm, c->norm_eps, 0);
         op->add(be, &x, &h);

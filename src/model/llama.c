@@ -37,11 +37,13 @@ static int llama_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     lm_tensor x = lm_tensor_rows(&s->x, 0, T), h = lm_tensor_rows(&s->h, 0, T);
 
     op->get_rows(be, &x, &m->embed, b->tokens);
-    for (int l = 0; l < c->n_layers; l++) { /* the projections norm their input (lm_norm_in) */
+    if (c->n_layers > 0) op->rms_norm(be, &h, &x, &L0->layers[0].attn_norm, c->norm_eps, 0);
+    for (int l = 0; l < c->n_layers; l++) { /* each residual add also norms for the next sub-block */
         const llama_layer *L = &L0->layers[l];
-        const lm_norm_in attn_in = { &L->attn_norm, c->norm_eps, 0, &h }, ffn_in = { &L->ffn_norm, c->norm_eps, 0, &h };
-        lm_attn_forward(m, s, &L->attn, l, kv, b, &x, &attn_in);
-        lm_mlp_forward(m, s, &L->mlp, &x, &ffn_in);
+        const lm_norm_out ffn_in = { &h, &L->ffn_norm, c->norm_eps, 0 };
+        lm_attn_forward(m, s, &L->attn, l, kv, b, &x, &ffn_in);
+        const lm_norm_out next_in = { &h, l + 1 < c->n_layers ? &L0->layers[l + 1].attn_norm : NULL, c->norm_eps, 0 };
+        lm_mlp_forward(m, s, &L->mlp, &x, &h, next_in.w ? &next_in : NULL);
     }
     lm_head_forward(m, s, b, logits);
     return 0;

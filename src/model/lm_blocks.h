@@ -43,11 +43,12 @@ extern const lm_attn_names lm_attn_hf_names, lm_attn_gguf_names;
 /* Binds one layer's attention (biases and q/k norms as the config says). */
 void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *n, int layer);
 
-/* x[T][D] += Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h) for the
- * batch, h = pre's norm of x (pre->ws may be s->h), s->o scratch; writes
- * the layer's keys and values. */
+/* residual[T][D] += Wo attn(rope(norm_q(Wq h)), rope(norm_k(Wk h)), Wv h)
+ * for the batch, h = s->h (the normed input), s->o scratch; writes the
+ * layer's keys and values; then post (may be NULL): the norm of the new
+ * residual (the next sub-block's input; it may be s->h). */
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
-                     const lm_batch *b, lm_tensor *x, const lm_norm_in *pre);
+                     const lm_batch *b, lm_tensor *residual, const lm_norm_out *post);
 
 /* ---- dense SwiGLU MLP ---- */
 
@@ -57,9 +58,11 @@ typedef struct lm_mlp_layer {
 
 void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int layer,
                  int64_t F);
-/* x[T][D] += Wdown (silu(Wgate h) * Wup h), h = pre's norm of x (x is not
- * s->o, which is scratch); uses s->gate/up/act (F <= s->ff). */
-void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *x, const lm_norm_in *pre);
+/* out[T][D] += Wdown (silu(Wgate h) * Wup h) (the residual add; out is not
+ * s->o, which is scratch); uses s->gate/up/act (F <= s->ff); then post (may
+ * be NULL) as lm_attn_forward's. */
+void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_tensor *out, const lm_tensor *h,
+                    const lm_norm_out *post);
 
 /* ---- fused forms ---- */
 
@@ -67,9 +70,9 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
  * (lm_backend.h: matmul_n, matmul_glu, matmul_add). Fusing the norm into the
  * residual add saves a kernel launch per sub-block on a GPU. */
 void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
-                    const lm_tensor *const *bias, const lm_norm_in *pre);
+                    const lm_tensor *const *bias);
 void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
-                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws, const lm_norm_in *pre);
+                      lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
                       const lm_norm_out *norm);
 /* y += x, then norm (may be NULL) of the new y: the unfused residual add. */

@@ -445,8 +445,9 @@ typedef struct q35_step {
 
 static lm_tensor rows(const lm_tensor *t, int T) { return lm_tensor_rows(t, 0, T); }
 
-/* x += gated full attention of pre's norm of x. */
-static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_norm_in *pre) {
+/* x += gated full attention of h, then post (the norm of the new x). */
+static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                       const lm_norm_out *post) {
     lm_model *m = st->m;
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
@@ -460,7 +461,7 @@ static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, 
     {
         lm_tensor *ys[4] = { &q, &k, &v, &gate };
         const lm_tensor *ws[4] = { &A->wq, &A->wk, &A->wv, &A->wgate };
-        lm_op_matmul_n(be, gated ? 4 : 3, ys, x, ws, NULL, pre);
+        lm_op_matmul_n(be, gated ? 4 : 3, ys, h, ws, NULL);
     }
     op->rms_norm(be, &qn, &q, &A->q_norm, c->norm_eps, 1.0f);
     op->rms_norm(be, &kn, &k, &A->k_norm, c->norm_eps, 1.0f);
@@ -472,11 +473,12 @@ static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, 
     op->attention(be, &attn, &qn, st->kv, L->kv_layer, st->ab, &ap);
     if (gated) op->sigmoid_mul(be, &attn, &attn, &gate);
     lm_tensor ws = rows(&s->o, T);
-    lm_op_matmul_add(be, x, &attn, &A->wo, &ws, NULL);
+    lm_op_matmul_add(be, x, &attn, &A->wo, &ws, post);
 }
 
-/* x += Gated DeltaNet of pre's norm of x; updates the layer's recurrent state. */
-static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_norm_in *pre) {
+/* x += Gated DeltaNet of h, then post; updates the layer's recurrent state. */
+static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                        const lm_norm_out *post) {
     const lm_model_config *c = &st->m->cfg;
     const lm_hybrid_config *hc = c->hybrid;
     lm_backend *be = st->m->be;
@@ -490,7 +492,7 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
     {
         lm_tensor *ys[4] = { &qkv, &z, &gb, &ga };
         const lm_tensor *ws[4] = { &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a };
-        lm_op_matmul_n(be, 4, ys, x, ws, NULL, pre);
+        lm_op_matmul_n(be, 4, ys, h, ws, NULL);
     }
     op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
     op->delta_gates(be, &ga, &gb, &Dl->a_log, &Dl->dt_bias);
@@ -499,44 +501,43 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
     op->gated_delta(be, &core, &conv, &ga, &gb, st->kv, st->ab, &dp);
     op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
     lm_tensor ws = rows(&s->o, T);
-    lm_op_matmul_add(be, x, &gated, &Dl->w_out, &ws, NULL);
+    lm_op_matmul_add(be, x, &gated, &Dl->w_out, &ws, post);
 }
 
-/* The SwiGLU activations of f (the layer's MLP or shared expert) for h (or
- * pre's norm of h): the input of its down projection. */
-static lm_tensor mlp_act(const q35_step *st, const lm_q35_ffn *f, const lm_tensor *h, const lm_norm_in *pre) {
+/* The SwiGLU activations of f (the layer's MLP or shared expert) for h:
+ * the input of its down projection. */
+static lm_tensor mlp_act(const q35_step *st, const lm_q35_ffn *f, const lm_tensor *h) {
     q35_scratch *s = st->s;
     const int64_t F = f->gate.rows;
     lm_tensor fg = rows(&s->fg, st->T), fu = rows(&s->fu, st->T), fa = rows(&s->fa, st->T);
     fg.cols = fu.cols = fa.cols = F; /* views of the widest buffers: rows of F */
-    lm_op_matmul_glu(st->m->be, &fa, h, &f->gate, &f->up, LM_GLU_SILU, &fg, &fu, pre);
+    lm_op_matmul_glu(st->m->be, &fa, h, &f->gate, &f->up, LM_GLU_SILU, &fg, &fu);
     return fa;
 }
 
-/* x += feed-forward of pre's norm of x (the MLP, or routed experts +
- * sigmoid-gated shared expert). */
-static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_norm_in *pre) {
+/* x += feed-forward of h (the MLP, or routed experts + sigmoid-gated shared
+ * expert), then post (may be NULL). */
+static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, const lm_tensor *h,
+                      const lm_norm_out *post) {
     lm_backend *be = st->m->be;
     const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = st->s;
     lm_tensor o = rows(&s->o, st->T);
     if (!L->moe) {
-        lm_tensor fa = mlp_act(st, &L->ffn, x, pre);
-        lm_op_matmul_add(be, x, &fa, &L->ffn.down, &o, NULL);
+        lm_tensor fa = mlp_act(st, &L->ffn, h);
+        lm_op_matmul_add(be, x, &fa, &L->ffn.down, &o, post);
         return;
     }
-    const lm_tensor *h = pre->ws; /* the router and the experts share the norm */
-    op->rms_norm(be, pre->ws, x, pre->w, pre->eps, pre->w_offset);
     lm_moe_forward(st->m, &L->ffn.moe, &o, h, &s->router);
     if (L->ffn.gate.data) {
         lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
-        lm_tensor fa = mlp_act(st, &L->ffn, h, NULL);
+        lm_tensor fa = mlp_act(st, &L->ffn, h);
         op->matmul(be, &o2, &fa, &L->ffn.down, NULL);
         op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
         op->sigmoid_mul(be, &o2, &o2, &sg);
         op->add(be, &o, &o2);
     }
-    op->add(be, x, &o);
+    lm_op_add_norm(be, x, &o, post);
 }
 
 /* The recurrent layers read each sequence's tokens in batch order as
@@ -558,15 +559,18 @@ static int check_batch(q35 *q, const lm_batch *b, lm_err *e) {
 }
 
 /* x += mixer(n(x)); x += ffn(n(x)) for each of the n layers, h = n(x) as
- * scratch (the projections norm their input themselves: lm_norm_in). */
+ * scratch: each residual add also norms x for the next sub-block. */
 static void layers_run(const q35_step *st, const lm_q35_layer *layers, int n, lm_tensor *x, lm_tensor *h) {
     const lm_model_config *c = &st->m->cfg;
+    lm_backend *be = st->m->be;
+    if (n > 0) be->ops->rms_norm(be, h, x, &layers[0].in_norm, c->norm_eps, 1.0f);
     for (int l = 0; l < n; l++) {
         const lm_q35_layer *L = &layers[l];
-        const lm_norm_in in = { &L->in_norm, c->norm_eps, 1.0f, h }, post = { &L->post_norm, c->norm_eps, 1.0f, h };
-        if (L->linear) delta_block(st, L, x, &in);
-        else attn_block(st, L, x, &in);
-        ffn_block(st, L, x, &post);
+        const lm_norm_out post = { h, &L->post_norm, c->norm_eps, 1.0f };
+        if (L->linear) delta_block(st, L, x, h, &post);
+        else attn_block(st, L, x, h, &post);
+        const lm_norm_out next = { h, l + 1 < n ? &layers[l + 1].in_norm : NULL, c->norm_eps, 1.0f };
+        ffn_block(st, L, x, h, next.w ? &next : NULL);
     }
 }
 

@@ -49,16 +49,18 @@ static int qmoe_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *l
     lm_tensor o = lm_tensor_rows(&s->o, 0, T);
 
     op->get_rows(be, &x, &m->embed, b->tokens);
-    for (int l = 0; l < c->n_layers; l++) { /* the projections norm their input (lm_norm_in) */
+    if (c->n_layers > 0) op->rms_norm(be, &h, &x, &q->layers[0].attn_norm, c->norm_eps, 0);
+    for (int l = 0; l < c->n_layers; l++) { /* each residual add also norms for the next sub-block */
         const qmoe_layer *L = &q->layers[l];
-        const lm_norm_in attn_in = { &L->attn_norm, c->norm_eps, 0, &h }, ffn_in = { &L->ffn_norm, c->norm_eps, 0, &h };
-        lm_attn_forward(m, s, &L->attn, l, kv, b, &x, &attn_in);
-        if (c->layer_moe[l]) { /* the router and the experts share the norm */
-            op->rms_norm(be, &h, &x, &L->ffn_norm, c->norm_eps, 0);
+        const lm_norm_out ffn_in = { &h, &L->ffn_norm, c->norm_eps, 0 };
+        lm_attn_forward(m, s, &L->attn, l, kv, b, &x, &ffn_in);
+        const lm_norm_out next_in = { &h, l + 1 < c->n_layers ? &q->layers[l + 1].attn_norm : NULL, c->norm_eps, 0 };
+        const lm_norm_out *next = next_in.w ? &next_in : NULL;
+        if (c->layer_moe[l]) {
             lm_moe_forward(m, &L->moe, &o, &h, &q->router_logits);
-            op->add(be, &x, &o);
+            lm_op_add_norm(be, &x, &o, next);
         } else {
-            lm_mlp_forward(m, s, &L->mlp, &x, &ffn_in);
+            lm_mlp_forward(m, s, &L->mlp, &x, &h, next);
         }
     }
     lm_head_forward(m, s, b, logits);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | llama | qwen27 | lumen-final | final | ab-env (AB_ENV=NAME) |
+# (binaries from .device-carry). SET: kernels | diag | ncu | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -54,14 +54,6 @@ for set in "$@"; do
     for i in 1 2; do
       for b in lumen_base lumen; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw
-      done
-    done ;;
-  ab-env | ab-env-qwen27) # batch-1 decode with the switch AB_ENV (a LUMEN_CUDA_* name) at 0 and at 1, alternating
-    if [[ $set == ab-env ]]; then d=/dev/shm/l8 g=128; model $d llama-3.1-8b
-    else rm -rf /dev/shm/l8; d=/dev/shm/q27 g=64; model $d qwen3.5-27b; fi
-    for i in 1 2 3; do
-      for v in 0 1; do
-        echo -n "$AB_ENV=$v "; env "$AB_ENV=$v" "$L" bench -m $d --device cuda --batch 1 --prompt-len 32 --gen $g --no-membw
       done
     done ;;
   small-batch) # batch 2 and 8 decode (the GEMV path above one token) on both shapes

@@ -154,19 +154,17 @@ static __device__ __forceinline__ double lm_warp_sum_d(double v) {
  * divides LM_NORM_VT), so the rms_norm op's kernel and the GEMV's fused norm
  * give the same bits. A block of LM_NORM_VT threads holds the row in
  * registers (LM_NORM_REGS values a thread; wider rows read the rest twice)
- * and so waits for memory once (CACHE; else it reads x twice, for a caller
- * whose registers are taken). x is read through L2 (__ldcg): in the fused
+ * and so waits for memory once. x is read through L2 (__ldcg): in the fused
  * GEMV other blocks wrote it during this kernel, and L1 is not coherent. */
 #define LM_NORM_VT 256
 #define LM_NORM_REGS 24 /* rows up to 6144 wide in registers */
-template <bool CACHE = true>
 static __device__ void lm_norm_row(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
     __shared__ double part[LM_NORM_VT / 32];
     __shared__ double scale;
     const int nt = blockDim.x, lane = threadIdx.x & 31, tid = threadIdx.x;
     __syncthreads(); /* the previous row's part and scale have been read */
     float xv[LM_NORM_REGS], wv[LM_NORM_REGS];
-    if (CACHE && nt == LM_NORM_VT) {
+    if (nt == LM_NORM_VT) {
 #pragma unroll
         for (int k = 0; k < LM_NORM_REGS; k++) {
             const int64_t i = tid + (int64_t)k * LM_NORM_VT;
@@ -202,7 +200,7 @@ static __device__ void lm_norm_row(float *y, const float *x, const float *w, int
     __syncthreads();
     const double s = scale;
     int64_t i0 = tid;
-    if (CACHE && nt == LM_NORM_VT) {
+    if (nt == LM_NORM_VT) {
 #pragma unroll
         for (int k = 0; k < LM_NORM_REGS; k++) {
             const int64_t i = tid + (int64_t)k * LM_NORM_VT;
@@ -267,9 +265,9 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
                          const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
 void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
 void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
-                      const lm_tensor *const *bias, const lm_norm_in *pre);
+                      const lm_tensor *const *bias);
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
-                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws, const lm_norm_in *pre);
+                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
                         const lm_norm_out *norm);
 void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,

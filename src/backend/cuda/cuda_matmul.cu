@@ -47,10 +47,6 @@
 #define LM_GEMV_MAX_T 8 /* tokens up to which the GEMV beats cuBLAS (to be measured on the H200) */
 #endif
 #define LM_GEMV_THREADS 256 /* 128 measured 12 % slower on a Llama-8B decode step (H200) */
-/* Tokens up to which a GEMV norms its input itself (lm_norm_in), and the
- * shared memory the normed rows may take. */
-#define LM_GEMV_PRE_MAX_T 2
-#define LM_GEMV_PRE_SMEM (48 * 1024)
 /* Output rows per block: 8 for one token (16 loads of 16 bytes in
  * flight per thread, so that enough bytes are in flight to cover the memory
  * latency), 4 above (the accumulators of more tokens take the registers:
@@ -126,10 +122,6 @@ typedef struct lm_gemv_args {
     double eps, w_offset;
     int *counter;
     int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
-    /* PRE: x is the raw residual; every block norms its rows (weights
-     * pre_w + pre_off) into shared memory first, as the rms_norm op would */
-    const float *pre_w;
-    double pre_eps, pre_off;
 } lm_gemv_args;
 
 /* The activations of the glu modes: the element-wise kernels' own
@@ -146,7 +138,7 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
 /* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
  * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
  * would spill at 128 and keeps the compiler's choice. */
-template <int T, lm_dtype WT, bool VEC, int MODE, bool PRE = false>
+template <int T, lm_dtype WT, bool VEC, int MODE>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = lm_gemv_rows(T);
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
@@ -161,8 +153,6 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
     const int64_t I = a.I;
     const float *__restrict__ x = a.x;
-    extern __shared__ float4 lm_gemv_xs4[];
-    float *xs = (float *)lm_gemv_xs4; /* PRE: the normed rows of x, [T][I] */
     const int64_t n_chunks = I / EPC;
     int m = 0;
     if constexpr (!GLU)
@@ -185,18 +175,6 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
 
     /* chunk k of token t's x */
     auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
-        if constexpr (PRE) {
-            const float *xp = xs + (size_t)t * I + k * EPC;
-#pragma unroll
-            for (int j = 0; j < EPC; j += 4) {
-                float4 q = *(const float4 *)(xp + j);
-                xv[j] = q.x;
-                xv[j + 1] = q.y;
-                xv[j + 2] = q.z;
-                xv[j + 3] = q.w;
-            }
-            return;
-        }
         const float *xp = x + (size_t)t * I + k * EPC;
         if constexpr (VEC) {
 #pragma unroll
@@ -258,22 +236,6 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
 
     const int64_t stride = blockDim.x;
     int64_t k = threadIdx.x;
-    if constexpr (PRE) {
-        /* the first two steps' weights in flight, then (block-uniformly)
-         * the wait and the norm of x into shared memory */
-        uint4 va[R], vb[R];
-        const bool ha = k < n_chunks, hb = k + stride < n_chunks;
-        if (ha) load16(va, k);
-        if (hb) load16(vb, k + stride);
-        lm_pdl_wait();
-        waited = true;
-#pragma unroll
-        for (int t = 0; t < T; t++) lm_norm_row<false>(xs + (size_t)t * I, x + (size_t)t * I, a.pre_w, I, a.pre_eps, a.pre_off);
-        __syncthreads();
-        if (ha) step16(va, k);
-        if (hb) step16(vb, k + stride);
-        k += 2 * stride;
-    }
     /* two chunks per trip: 2 * R loads issued before the first FMA */
     for (; k + stride < n_chunks; k += 2 * stride) {
         if constexpr (VEC) {
@@ -344,10 +306,9 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     }
 }
 
-template <int T, lm_dtype WT, bool VEC, int MODE, bool PRE = false>
+template <int T, lm_dtype WT, bool VEC, int MODE>
 static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int threads) {
-    const size_t smem = PRE ? (size_t)T * (size_t)a->I * sizeof(float) : 0;
-    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE, PRE>, blocks, threads, smem, *a);
+    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
 }
 
 /* Fused modes exist for 16-byte chunks of bf16/f16 weights only (the
@@ -361,18 +322,7 @@ static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
-    if (a->pre_w) { /* lm_gemv_pre_fusable said yes */
-        LM_ASSERT(vec && T <= LM_GEMV_PRE_MAX_T && WT != LM_F32);
-        if constexpr (T <= LM_GEMV_PRE_MAX_T && WT != LM_F32) {
-            switch (mode) {
-            case LM_GEMV_STORE: lm_gemv_go<T, WT, true, LM_GEMV_STORE, true>(c, a, nb, threads); break;
-            case LM_GEMV_GLU_SILU: lm_gemv_go<T, WT, true, LM_GEMV_GLU_SILU, true>(c, a, nb, threads); break;
-            case LM_GEMV_GLU_GELU_TANH: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU_TANH, true>(c, a, nb, threads); break;
-            case LM_GEMV_GLU_GELU: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU, true>(c, a, nb, threads); break;
-            default: LM_ASSERT(!"gemv: a pre-norm with a residual mode");
-            }
-        }
-    } else if (!vec) {
+    if (!vec) {
         LM_ASSERT(mode == LM_GEMV_STORE);
         lm_gemv_go<T, WT, false, LM_GEMV_STORE>(c, a, nb, threads);
     } else if constexpr (WT == LM_F32) {
@@ -653,36 +603,16 @@ static bool lm_gemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n
     return lm_gemv_vec(&a, n, w[0]->type);
 }
 
-/* Whether the GEMV norms x itself (pre); if not and pre is set, x becomes
- * the norm kernel's output in pre->ws. */
-static bool lm_gemv_pre(lm_backend *be, const lm_tensor **x, const lm_norm_in *pre, bool fusable) {
-    if (!pre) return false;
-    const lm_tensor *xi = *x;
-    LM_ASSERT(pre->w->type == LM_F32 && pre->w->rows * pre->w->cols == xi->cols);
-    if (fusable && lm_cuda_of(be)->fused && xi->rows <= LM_GEMV_PRE_MAX_T &&
-        (size_t)xi->rows * (size_t)xi->cols * sizeof(float) <= LM_GEMV_PRE_SMEM)
-        return true;
-    lm_cuda_rms_norm(be, pre->ws, xi, pre->w, pre->eps, pre->w_offset);
-    *x = pre->ws;
-    return false;
-}
-
-static void lm_gemv_set_pre(lm_gemv_args *a, const lm_norm_in *pre) {
-    a->pre_w = (const float *)pre->w->data, a->pre_eps = pre->eps, a->pre_off = pre->w_offset;
-}
-
 void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
-                      const lm_tensor *const *bias, const lm_norm_in *pre) {
+                      const lm_tensor *const *bias) {
     LM_ASSERT(n >= 1 && n <= LM_GEMV_MAXM);
     lm_cuda *c = lm_cuda_of(be);
-    const bool fuse_pre = lm_gemv_pre(be, &x, pre, lm_gemv_fusable(x, w, n)), fusable = lm_gemv_fusable(x, w, n);
-    if (!fusable) {
+    if (!lm_gemv_fusable(x, w, n)) {
         for (int i = 0; i < n; i++) lm_cuda_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
         return;
     }
     lm_cuda_use(c);
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
-    if (fuse_pre) lm_gemv_set_pre(&a, pre);
     for (int i = 0; i < n; i++) {
         const lm_tensor *b = bias ? bias[i] : NULL;
         LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
@@ -693,12 +623,11 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
 }
 
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
-                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws, const lm_norm_in *pre) {
+                        lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws) {
     lm_cuda *c = lm_cuda_of(be);
     const lm_tensor *w[2] = { wg, wu };
     LM_ASSERT(wg->rows == wu->rows && y->rows == x->rows && y->cols == wg->rows && y->type == LM_F32);
-    const bool fuse_pre = lm_gemv_pre(be, &x, pre, lm_gemv_fusable(x, w, 2)), fusable = lm_gemv_fusable(x, w, 2);
-    if (!fusable) {
+    if (!lm_gemv_fusable(x, w, 2)) {
         lm_cuda_matmul(be, gate_ws, x, wg, NULL);
         lm_cuda_matmul(be, up_ws, x, wu, NULL);
         if (act == LM_GLU_SILU) lm_cuda_silu_mul(be, y, gate_ws, up_ws);
@@ -707,7 +636,6 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
     }
     lm_cuda_use(c);
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
-    if (fuse_pre) lm_gemv_set_pre(&a, pre);
     const int64_t F = wg->rows;
     a.y[0] = (float *)y->data, a.w[0] = (const unsigned char *)wg->data, a.w[1] = (const unsigned char *)wu->data;
     a.O[0] = F;
