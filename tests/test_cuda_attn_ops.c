@@ -26,6 +26,7 @@
 #include "lm_test.h"
 
 #include "backend/lm_backend.h"
+#include "backend/lm_dtype.h"
 #include "engine/lm_kv_cache.h"
 
 #include <stdint.h>
@@ -574,35 +575,74 @@ static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][
     free(sh);
 }
 
+/* The GPU's moe on the first n of T tokens' rows, for the bitwise check of
+ * its two paths (device-routed GEMVs for few tokens, host grouping above). */
+static float *ca_moe_gpu(const ca_be *be, lm_tensor ws[2][3][CA_E], const float *xh, const float *lh, int T) {
+    lm_backend *g = be->b[1];
+    lm_tensor x = ca_tensor(g, T, CA_D, xh), l = ca_tensor(g, T, CA_E, lh), y = ca_poisoned(g, T, CA_D);
+    lm_moe_params mp = { .n_experts = CA_E, .top_k = CA_K, .norm_topk = true, .gate = ws[1][0], .up = ws[1][1],
+                         .down = ws[1][2], .expert_scale = NULL };
+    g->ops->moe(g, &y, &x, &l, &mp);
+    float *r = ca_read(g, y.data, (size_t)T * CA_D);
+    lm_tensor_release(g, &x), lm_tensor_release(g, &l), lm_tensor_release(g, &y);
+    return r;
+}
+
+/* Experts in f32 (the grouped path only) and in bf16 (few tokens take the
+ * device-routed GEMVs: decode with no host round trip), against the CPU;
+ * in bf16 also 4 tokens alone against the same 4 inside 7 (grouped path,
+ * each expert under 8 tokens, so GEMVs on both sides): bitwise equal. */
 LM_TEST(cuda_moe) {
     CA_OPEN(be);
-    uint64_t seed = 5;
-    /* [backend][gate, up, down][expert]; the host data outlives both backends */
-    static lm_tensor ws[2][3][CA_E];
-    float *host[3][CA_E];
-    bool ok = true;
-    for (int m = 0; m < 3; m++)
-        for (int e = 0; e < CA_E; e++) {
-            int64_t rows = m == 2 ? CA_D : CA_F, cols = m == 2 ? CA_F : CA_D;
-            host[m][e] = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
-            for (int b = 0; b < 2; b++) {
-                lm_err err;
-                ws[b][m][e] = (lm_tensor){ .type = LM_F32, .rows = rows, .cols = cols, .data = NULL };
-                if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], host[m][e], &err) != 0) {
-                    fprintf(stderr, "  upload: %s\n", err.msg);
-                    ok = false;
+    for (int bf = 0; bf < 2; bf++) {
+        uint64_t seed = 5;
+        /* [backend][gate, up, down][expert]; the host data outlives both backends */
+        static lm_tensor ws[2][3][CA_E];
+        void *host[3][CA_E];
+        bool ok = true;
+        for (int m = 0; m < 3; m++)
+            for (int e = 0; e < CA_E; e++) {
+                int64_t rows = m == 2 ? CA_D : CA_F, cols = m == 2 ? CA_F : CA_D;
+                float *h = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
+                host[m][e] = h;
+                if (bf) {
+                    uint16_t *hb = malloc((size_t)(rows * cols) * sizeof *hb);
+                    for (int64_t i = 0; i < rows * cols; i++) hb[i] = lm_f32_to_bf16(h[i]);
+                    free(h);
+                    host[m][e] = hb;
+                }
+                for (int b = 0; b < 2; b++) {
+                    lm_err err;
+                    ws[b][m][e] = (lm_tensor){ .type = bf ? LM_BF16 : LM_F32, .rows = rows, .cols = cols, .data = NULL };
+                    if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], host[m][e], &err) != 0) {
+                        fprintf(stderr, "  upload: %s\n", err.msg);
+                        ok = false;
+                    }
                 }
             }
+        LM_CHECK(ok);
+        if (ok) {
+            ca_moe_case(lm_t_, &be, ws, 13, false, true, 21);
+            ca_moe_case(lm_t_, &be, ws, 13, true, true, 22);
+            ca_moe_case(lm_t_, &be, ws, 13, true, false, 23);
+            ca_moe_case(lm_t_, &be, ws, 1, true, true, 24);   /* decode */
+            ca_moe_case(lm_t_, &be, ws, 4, false, true, 26);  /* a few tokens */
+            ca_moe_case(lm_t_, &be, ws, 200, false, false, 25); /* prefill: GEMM-sized expert batches */
         }
-    LM_CHECK(ok);
-    if (ok) {
-        ca_moe_case(lm_t_, &be, ws, 13, false, true, 21);
-        ca_moe_case(lm_t_, &be, ws, 13, true, true, 22);
-        ca_moe_case(lm_t_, &be, ws, 13, true, false, 23);
-        ca_moe_case(lm_t_, &be, ws, 1, true, true, 24);   /* decode */
-        ca_moe_case(lm_t_, &be, ws, 200, false, false, 25); /* prefill: GEMM-sized expert batches */
+        if (ok && bf) {
+            uint64_t s2 = 77;
+            float *xh = ca_host(7 * CA_D, &s2, -1, 1), *lh = ca_host(7 * CA_E, &s2, -2, 2);
+            float *a = ca_moe_gpu(&be, ws, xh, lh, 4), *b = ca_moe_gpu(&be, ws, xh, lh, 7);
+            const bool same = !memcmp(a, b, 4 * CA_D * sizeof(float));
+            printf("  bf16 experts: 4 tokens on the device's routing vs the same 4 of 7 grouped on the host: %s\n",
+                   same ? "bitwise equal" : "DIFFERENT");
+            LM_CHECK(same);
+            free(xh), free(lh), free(a), free(b);
+        }
+        for (int m = 0; m < 3; m++) /* the GPU's copies (the CPU uses the host data in place) */
+            for (int e = 0; e < CA_E; e++) be.b[1]->ops->free(be.b[1], ws[1][m][e].data);
+        for (int m = 0; m < 3; m++)
+            for (int e = 0; e < CA_E; e++) free(host[m][e]);
     }
-    ca_close(&be); /* frees the uploaded copies */
-    for (int m = 0; m < 3; m++)
-        for (int e = 0; e < CA_E; e++) free(host[m][e]);
+    ca_close(&be);
 }

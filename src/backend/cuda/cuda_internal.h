@@ -89,6 +89,9 @@ static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; 
  * in stream order) and returns the device copy; valid until the ring wraps,
  * which is at least the rest of the current forward. */
 void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
+/* cuda_matmul.cu: the GEMVs of MoE pairs whose experts are on the device. */
+void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
+                      int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu);
 /* Device scratch of at least bytes, valid until the next call. */
 void *lm_cuda_scratch(lm_cuda *c, size_t bytes);
 /* Aborts with file:line and the CUDA error string: a failed launch or async

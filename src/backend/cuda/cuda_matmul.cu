@@ -122,6 +122,13 @@ typedef struct lm_gemv_args {
     double eps, w_offset;
     int *counter;
     int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
+    /* MOE (one token a pair; grid.y = pairs): pair p's expert is moe_sel[p];
+     * its matrix is moe_w[e] (GLU: gate moe_w[e], up moe_w[moe_E + e]); x is
+     * row p / moe_k of x (GLU: the token) or row p (down: the pair's
+     * activations); y is row p of y[0] */
+    const int32_t *moe_sel;
+    const unsigned char *const *moe_w;
+    int moe_k, moe_E;
 } lm_gemv_args;
 
 /* The activations of the glu modes: the element-wise kernels' own
@@ -138,10 +145,11 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
 /* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
  * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
  * would spill at 128 and keeps the compiler's choice. */
-template <int T, lm_dtype WT, bool VEC, int MODE>
+template <int T, lm_dtype WT, bool VEC, int MODE, bool MOE = false>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = lm_gemv_rows(T);
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
+    static_assert(!MOE || (T == 1 && (MODE == LM_GEMV_STORE || GLU)), "MoE pairs are single rows");
     lm_pdl_trigger();
     /* launched early (PDL): weights are constant and may be fetched at once;
      * x (and y) only after the kernels before have finished */
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     };
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
     const int64_t I = a.I;
-    const float *__restrict__ x = a.x;
+    const float *__restrict__ x = MOE ? a.x + (size_t)(GLU ? blockIdx.y / a.moe_k : blockIdx.y) * I : a.x;
     const int64_t n_chunks = I / EPC;
     int m = 0;
     if constexpr (!GLU)
@@ -160,11 +168,18 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     const int64_t O = a.O[m];
     const int64_t o0 = ((int64_t)blockIdx.x - a.first_block[m]) * (GLU ? R / 2 : R);
     const size_t ldw = (size_t)I * lm_wt<WT>::bytes;
+    const unsigned char *w0 = a.w[GLU ? 0 : m], *w1 = a.w[1];
+    if constexpr (MOE) { /* the routing is the kernel before's output: wait for it, then fetch */
+        sync_in();
+        const int e = a.moe_sel[blockIdx.y];
+        w0 = a.moe_w[e];
+        if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
+    }
     const unsigned char *wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
-        if constexpr (GLU) wr[r] = a.w[r < R / 2 ? 0 : 1] + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
-        else wr[r] = a.w[m] + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
+        if constexpr (GLU) wr[r] = (r < R / 2 ? w0 : w1) + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
+        else wr[r] = w0 + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
     }
 
     float acc[R][T];
@@ -289,7 +304,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
         if (o >= O) continue;
         float s = 0.0f;
         for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
-        float *yo = a.y[m] + (size_t)t * O + o;
+        float *yo = (MOE ? a.y[0] + (size_t)blockIdx.y * O : a.y[m]) + (size_t)t * O + o;
         if constexpr (GLU) {
             float u = 0.0f;
             for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
@@ -395,6 +410,31 @@ static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, 
     lm_gemv_args a = lm_gemv_args0(x, I, T);
     lm_gemv_add(&a, 0, y, w, bias, O);
     lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, lm_gemv_vec(&a, 1, wt));
+}
+
+/* The experts' GEMVs of a MoE layer for `pairs` (token, expert) pairs whose
+ * experts sit on the device (sel): glu: y[p] = silu(gate_e x[p / k]) * up_e
+ * x[p / k] (wtab = E gate then E up matrices [O][I]); else y[p] = W_e x[p]
+ * (wtab = E matrices). One launch, nothing read back: a graph records it. */
+void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
+                      int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu) {
+    LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && pairs >= 1 && pairs <= 65535);
+    lm_gemv_args a = lm_gemv_args0(x, I, 1);
+    a.y[0] = y, a.O[0] = O;
+    const int64_t nb = glu ? (O + a.rows / 2 - 1) / (a.rows / 2) : (O + a.rows - 1) / a.rows;
+    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = nb;
+    a.moe_sel = sel, a.moe_w = wtab, a.moe_k = k, a.moe_E = E;
+    int threads = 32;
+    while (threads < LM_GEMV_THREADS && threads < I / 8) threads *= 2;
+    const dim3 grid((unsigned)nb, (unsigned)pairs);
+    if (wt == LM_BF16) {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_GLU_SILU, true>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_STORE, true>, grid, threads, 0, a);
+    } else {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_GLU_SILU, true>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_STORE, true>, grid, threads, 0, a);
+    }
+    LM_CUDA_LAUNCHED("moe gemv");
 }
 
 /* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */

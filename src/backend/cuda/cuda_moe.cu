@@ -1,26 +1,32 @@
 /* cuda_moe.cu - mixture-of-experts feed-forward on the GPU (the moe op).
  * Semantics are lm_moe_params' (lm_backend.h) and cpu_moe.c's.
  *
- * 1. Route on the host: the router logits [T][E] (and expert_scale) are read
- *    back (one stream synchronisation), and each token's top-k experts and
- *    weights are computed exactly as cpu_moe.c does (ties: lowest index; the
- *    softmax over all E logits in double; optional renormalisation over the
- *    k chosen; times expert_scale).
- * 2. Group: the T*k (token, expert) pairs sorted by expert, tokens ascending
- *    within an expert, as rows of one [T*k][D] buffer; expert e owns rows
- *    [start[e], start[e+1]). Per token, the rows of its k pairs in ascending
- *    expert order, with their weights.
- * 3. Run: one gather kernel fills the grouped input rows; per expert with
- *    tokens, lm_cuda_matmul of its row block by gate and up; one silu_mul
- *    over all T*k rows; per expert, down; then one kernel writes
- *      y[t] = 0 + sum over its pairs, ascending expert, of w * out_row
- *    which is the CPU backend's order of summation, so the result does not
- *    depend on which tokens share the batch, and no atomics are needed.
+ * 1. Route on the device (moe_route_kernel, a block per token): each token's
+ *    top-k experts and weights as lm_moe_route computes them on the host
+ *    (ties: lowest index; the softmax over all E logits in double, summed in
+ *    expert order; optional renormalisation over the k chosen; times
+ *    expert_scale), listed in ascending expert order.
+ * 2a. Few tokens (decode, T <= LM_MOE_DEVICE_MAX_T) with bf16/f16 experts:
+ *    nothing comes back to the host. One GEMV launch computes silu(gate x) *
+ *    (up x) for every (token, expert) pair, reading each pair's expert from
+ *    the routing, one the down projections, and one kernel sums each token's
+ *    pairs in ascending expert order. So a decode step with MoE layers is
+ *    recorded in a CUDA graph like any other.
+ * 2b. More tokens: the routing is read back (one stream synchronisation) and
+ *    the T*k pairs are grouped by expert, tokens ascending within an expert,
+ *    as rows of one [T*k][D] buffer (expert e owns rows [start[e],
+ *    start[e+1])); a gather kernel fills them, lm_cuda_matmul runs each
+ *    expert's row block by gate and up (GEMV or GEMM by its row count), one
+ *    silu_mul covers all rows, then down per expert, and the same combine.
+ * Both sum a token's pairs in the CPU backend's order, so the result does
+ * not depend on which tokens share the batch, and no atomics are needed; an
+ * expert's GEMV output for one token does not depend on how many tokens
+ * share its launch (cuda_matmul.cu), so 2a and 2b agree bit for bit while
+ * an expert has at most LM_GEMV_MAX_T tokens in 2b.
  *
- * Memory: the grouped buffers ([T*k] rows of D, F, F and D floats) live in
- * lm_cuda_scratch (grow-only; lm_cuda_matmul and silu_mul never touch it).
- * The routing tables are staged with lm_cuda_stage. The one allocation per
- * call is the host routing arrays. */
+ * Memory: the pair buffers live in lm_cuda_scratch (grow-only; lm_cuda_matmul
+ * and silu_mul never touch it); the routing and the expert tables are
+ * staged with lm_cuda_stage. */
 #include "cuda_internal.h"
 
 #include <math.h>
@@ -38,6 +44,8 @@ __global__ void moe_gather_kernel(float *xe, const float *x, const int32_t *src,
 /* grid (T): y[t] = sum_j w[t][j] * oe[rows[t][j]], j in ascending expert order. */
 __global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *rows, const float *w, int k,
                                    int64_t D) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
     const int64_t t = blockIdx.x;
     float *yr = y + t * D;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -45,6 +53,73 @@ __global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *row
         for (int j = 0; j < k; j++) acc += w[t * k + j] * oe[(int64_t)rows[t * k + j] * D + d];
         yr[d] = acc;
     }
+}
+
+#define LM_MOE_MAX_K 64
+#define LM_MOE_DEVICE_MAX_T 4 /* tokens up to which the pairs run as GEMVs on the device's routing */
+
+/* a comes before b in the top-k order: larger logit, then lower index (lm_moe_route's). */
+__device__ __forceinline__ bool moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
+
+/* grid (T), block of 128, smem E doubles: token t's k experts in ascending
+ * order into sel[t*k ..], their weights into w, and rows[t*k + j] = t*k + j
+ * (the pair rows of the device path). The selection and the sums run as in
+ * lm_moe_route; only the exponentials spread over the block. */
+__global__ void moe_route_kernel(int32_t *sel_out, float *w_out, int32_t *rows_out, const float *logits,
+                                 const float *scale, int E, int k, bool norm) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    extern __shared__ double moe_ex[]; /* [E] */
+    __shared__ int32_t sel[LM_MOE_MAX_K];
+    const int64_t t = blockIdx.x;
+    const float *l = logits + t * E;
+    if (threadIdx.x == 0) {
+        int prev = -1;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                if (prev >= 0 && !moe_before(l[prev], prev, l[e], e)) continue;
+                if (best < 0 || moe_before(l[e], e, l[best], best)) best = e;
+            }
+            for (int e = 0; best < 0 && e < E; e++) { /* NaN logits: lowest expert not yet chosen */
+                bool used = false;
+                for (int i = 0; i < j; i++) used |= sel[i] == e;
+                if (!used) best = e;
+            }
+            sel[j] = best;
+            prev = best;
+        }
+    }
+    __syncthreads();
+    const double m = l[sel[0]];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) moe_ex[e] = exp((double)l[e] - m);
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double den = 0.0, chosen = 0.0;
+    for (int e = 0; e < E; e++) den += moe_ex[e];
+    for (int j = 0; j < k; j++) chosen += moe_ex[sel[j]];
+    int32_t *so = sel_out + t * k;
+    float *wo = w_out + t * k;
+    for (int j = 0; j < k; j++) { /* insertion by expert id: the combine's order */
+        double wj = moe_ex[sel[j]] / (norm ? chosen : den);
+        if (scale) wj *= scale[sel[j]];
+        int i = j;
+        for (; i > 0 && so[i - 1] > sel[j]; i--) so[i] = so[i - 1], wo[i] = wo[i - 1];
+        so[i] = sel[j], wo[i] = (float)wj;
+    }
+    for (int j = 0; j < k; j++) rows_out[t * k + j] = (int32_t)(t * k + j);
+}
+
+/* Whether every expert matrix is a bf16/f16 GEMV operand of one type. */
+static bool moe_gemv_ok(const lm_moe_params *p, int64_t D, int64_t F) {
+    const lm_dtype wt = p->gate[0].type;
+    if ((wt != LM_BF16 && wt != LM_F16) || D % 8 || F % 8) return false;
+    for (int e = 0; e < p->n_experts; e++) {
+        const lm_tensor *ts[3] = { &p->gate[e], &p->up[e], &p->down[e] };
+        for (int i = 0; i < 3; i++)
+            if (ts[i]->type != wt || ((uintptr_t)ts[i]->data & 15u)) return false;
+    }
+    return true;
 }
 
 void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
@@ -59,23 +134,41 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     LM_ASSERT(T * k <= INT32_MAX);
     const size_t TK = (size_t)T * (size_t)k;
 
-    /* routing waits for the device: not in a graph */
+    LM_ASSERT(k <= LM_MOE_MAX_K);
+    /* 1. route on the device: [TK] experts, [TK] weights, [TK] pair rows */
+    int32_t *route = (int32_t *)lm_cuda_scratch(c, 3 * TK * sizeof(int32_t) + TK * (2 * (size_t)D + 2 * (size_t)F) * sizeof(float));
+    int32_t *dsel = route, *drows = route + 2 * TK;
+    float *dw = (float *)(route + TK);
+    lm_cuda_launch_pdl(c, moe_route_kernel, (unsigned)T, 128, (size_t)E * sizeof(double), dsel, dw, drows,
+                       (const float *)router_logits->data, p->expert_scale ? (const float *)p->expert_scale->data : NULL,
+                       E, k, p->norm_topk);
+    LM_CUDA_LAUNCHED("moe_route_kernel");
+    float *buf = (float *)(route + 3 * TK);
+    float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
+
+    if (T <= LM_MOE_DEVICE_MAX_T && moe_gemv_ok(p, D, F)) { /* 2a */
+        const unsigned char **tab = (const unsigned char **)lm_xmalloc(3 * (size_t)E * sizeof *tab);
+        for (int e = 0; e < E; e++)
+            tab[e] = (const unsigned char *)p->gate[e].data, tab[E + e] = (const unsigned char *)p->up[e].data,
+            tab[2 * E + e] = (const unsigned char *)p->down[e].data;
+        const unsigned char *const *dtab = (const unsigned char *const *)lm_cuda_stage(c, tab, 3 * (size_t)E * sizeof *tab);
+        free(tab);
+        lm_cuda_moe_gemv(c, ge, (const float *)x->data, dsel, dtab, E, k, (int)TK, F, D, p->gate[0].type, true);
+        lm_cuda_moe_gemv(c, oe, ge, dsel, dtab + 2 * E, E, k, (int)TK, D, F, p->gate[0].type, false);
+        lm_cuda_launch_pdl(c, moe_combine_kernel, (unsigned)T, 128, 0, (float *)y->data, (const float *)oe,
+                           (const int32_t *)drows, (const float *)dw, k, D);
+        LM_CUDA_LAUNCHED("moe_combine_kernel");
+        return;
+    }
+
+    /* 2b: the grouping needs the routing on the host: not in a graph */
     lm_cuda_graph_abandon(c);
     if (c->gmode != LM_G_OFF) return;
-    /* 1. route on the host */
-    float *logits = (float *)lm_xmalloc(((size_t)T * (size_t)E + (size_t)E) * sizeof(float));
-    float *scale = p->expert_scale ? logits + (size_t)T * (size_t)E : NULL;
-    LM_CUDA_CHECK(cudaMemcpyAsync(logits, router_logits->data, (size_t)T * (size_t)E * sizeof(float),
-                                  cudaMemcpyDeviceToHost, c->stream));
-    if (scale)
-        LM_CUDA_CHECK(cudaMemcpyAsync(scale, p->expert_scale->data, (size_t)E * sizeof(float),
-                                      cudaMemcpyDeviceToHost, c->stream));
-    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     int32_t *sel = (int32_t *)lm_xmalloc(TK * sizeof(int32_t));
     float *wsel = (float *)lm_xmalloc(TK * sizeof(float));
-    for (int64_t t = 0; t < T; t++)
-        lm_moe_route(logits + t * E, scale, E, k, p->norm_topk, sel + t * k, wsel + t * k);
-    free(logits);
+    LM_CUDA_CHECK(cudaMemcpyAsync(sel, dsel, TK * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaMemcpyAsync(wsel, dw, TK * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 
     /* 2. group: staged as [TK] src token per grouped row, [TK] grouped row per
      * (token, j), [TK] weight per (token, j) (floats as bits) */
@@ -111,9 +204,6 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     free(h);
 
     /* 3. run */
-    const size_t per_row = 2 * (size_t)D + 2 * (size_t)F;
-    float *buf = (float *)lm_cuda_scratch(c, TK * per_row * sizeof(float));
-    float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
     lm_cuda_launch(c, moe_gather_kernel, (unsigned)TK, 128, 0, xe, (const float *)x->data, dh, D);
     LM_CUDA_LAUNCHED("moe_gather_kernel");
     for (int e = 0; e < E; e++) {
