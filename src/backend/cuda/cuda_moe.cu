@@ -135,15 +135,18 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
     const size_t TK = (size_t)T * (size_t)k;
 
     LM_ASSERT(k <= LM_MOE_MAX_K);
-    /* 1. route on the device: [TK] experts, [TK] weights, [TK] pair rows */
-    int32_t *route = (int32_t *)lm_cuda_scratch(c, 3 * TK * sizeof(int32_t) + TK * (2 * (size_t)D + 2 * (size_t)F) * sizeof(float));
+    /* 1. route on the device: [TK] experts, [TK] weights, [TK] pair rows,
+     * behind the pair buffers (which start at the scratch's alignment: the
+     * GEMVs read them in 16-byte chunks) */
+    const size_t n_buf = TK * (2 * (size_t)D + 2 * (size_t)F);
+    float *buf = (float *)lm_cuda_scratch(c, n_buf * sizeof(float) + 3 * TK * sizeof(int32_t));
+    int32_t *route = (int32_t *)(buf + n_buf);
     int32_t *dsel = route, *drows = route + 2 * TK;
     float *dw = (float *)(route + TK);
     lm_cuda_launch_pdl(c, moe_route_kernel, (unsigned)T, 128, (size_t)E * sizeof(double), dsel, dw, drows,
                        (const float *)router_logits->data, p->expert_scale ? (const float *)p->expert_scale->data : NULL,
                        E, k, p->norm_topk);
     LM_CUDA_LAUNCHED("moe_route_kernel");
-    float *buf = (float *)(route + 3 * TK);
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
 
     if (T <= LM_MOE_DEVICE_MAX_T && moe_gemv_ok(p, D, F)) { /* 2a */
