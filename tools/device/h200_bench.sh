@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -55,6 +55,14 @@ for set in "$@"; do
       for b in lumen_base lumen; do
         echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw
       done
+    done ;;
+  ablate | ablate-qwen27) # batch-1 decode with each kind of kernel left out (LUMEN_CUDA_SKIP): what each costs in the step
+    if [[ $set == ablate ]]; then d=/dev/shm/l8 g=64; model $d llama-3.1-8b
+      kinds="none attention rope_kv norm gemv_n gemv_glu gemv_add gemv_down norm_tail none"
+    else rm -rf /dev/shm/l8; d=/dev/shm/q27 g=32; model $d qwen3.5-27b
+      kinds="none conv gates delta_rule gnorm conv,gates,delta_rule,gnorm attention norm gemv_n gemv_glu gemv_add gemv_down norm_tail none"; fi
+    for k in $kinds; do
+      echo -n "skip $k "; LUMEN_CUDA_SKIP=${k/none/} "$L" bench -m $d --device cuda --batch 1 --prompt-len 32 --gen $g --no-membw 2>/dev/null
     done ;;
   small-batch) # batch 2 and 8 decode (the GEMV path above one token) on both shapes
     model /dev/shm/l8 llama-3.1-8b

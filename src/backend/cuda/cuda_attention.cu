@@ -277,6 +277,7 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
     const int64_t per = (int64_t)a.Hq * a.half + (int64_t)a.Hkv * (a.half + a.Dh - a.rot) + (int64_t)a.Hkv * a.Dh;
     const int64_t n = T * per, cap = (int64_t)LM_MAX(c->n_sms, 1) * 8;
     const unsigned blocks = (unsigned)LM_MAX((int64_t)1, LM_MIN((n + 255) / 256, cap));
+    if (lm_cuda_skip(c, LM_SKIP_ROPE_KV)) return;
     lm_cuda_launch_pdl(c, att_rope_kv_kernel, blocks, 256, 0, a, T);
     LM_CUDA_LAUNCHED("att_rope_kv_kernel");
 }
@@ -724,7 +725,7 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
-    if (T == 0) return;
+    if (T == 0 || lm_cuda_skip(c, LM_SKIP_ATTENTION)) return;
     if (att_use_decode(T, S, Dh)) {
         att_decode(c, out, q, kv, layer, b, p);
         return;

@@ -517,6 +517,25 @@ static bool lm_is_cuda(const lm_backend *be) {
         }                                                                                                  \
     } while (0)
 
+/* LUMEN_CUDA_SKIP's names, in LM_SKIP_* bit order. */
+static const char *const lm_cuda_skip_names[] = { "attention", "rope_kv", "norm", "gemv_n", "gemv_glu", "gemv_add",
+                                                  "gemv_down", "norm_tail", "conv", "gates", "delta_rule", "gnorm" };
+
+static unsigned lm_cuda_skip_parse(const char *v) {
+    unsigned m = 0;
+    for (const char *p = v; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        bool known = false;
+        for (size_t i = 0; i < sizeof lm_cuda_skip_names / sizeof *lm_cuda_skip_names; i++)
+            if (strlen(lm_cuda_skip_names[i]) == n && !strncmp(p, lm_cuda_skip_names[i], n)) m |= 1u << i, known = true;
+        if (!known && n) fprintf(stderr, "lumen: LUMEN_CUDA_SKIP: unknown kind '%.*s' ignored\n", (int)n, p);
+        p = end ? end + 1 : NULL;
+    }
+    if (m) fprintf(stderr, "lumen: LUMEN_CUDA_SKIP=%s: those kernels are left out, every output is wrong (timing only)\n", v);
+    return m;
+}
+
 lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     char why[512];
     char name[256] = "";
@@ -529,6 +548,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
     snprintf(x->dev_name, sizeof x->dev_name, "%s", name);
     c->device = device;
     c->fused = lm_cuda_env_flag("LUMEN_CUDA_FUSED", true);
+    c->skip = lm_cuda_skip_parse(getenv("LUMEN_CUDA_SKIP"));
     x->be.ops = c->fused ? &lm_cuda_ops : lm_cuda_ops_unfused();
     x->be.name = "cuda";
     x->be.impl = c;

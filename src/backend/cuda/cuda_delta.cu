@@ -134,6 +134,7 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
     delta_seqs q = delta_stage(c, kv, b);
     dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
+    if (lm_cuda_skip(c, LM_SKIP_CONV)) return;
     lm_cuda_launch_pdl(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
                    kv->state[state.index], kv->state_floats[state.index], state.offset, q, C, K, silu);
     LM_CUDA_LAUNCHED("delta_conv_kernel");
@@ -164,6 +165,7 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
     LM_ASSERT(a_log->rows * a_log->cols == g->cols && dt_bias->rows * dt_bias->cols == g->cols);
     const int64_t n = g->rows * g->cols;
     if (n == 0) return;
+    if (lm_cuda_skip(c, LM_SKIP_GATES)) return;
     lm_cuda_launch_pdl(c, delta_gates_kernel, (unsigned)((n + 255) / 256), 256, 0, (float *)g->data, (float *)beta->data,
                    (const float *)a_log->data, (const float *)dt_bias->data, n, g->cols);
     LM_CUDA_LAUNCHED("delta_gates_kernel");
@@ -315,6 +317,7 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
     const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
     LM_ASSERT(smem <= 48 * 1024);
     const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
+    if (lm_cuda_skip(c, LM_SKIP_DELTA_RULE)) return;
     lm_cuda_launch_pdl(c, delta_rule_kernel, dim3((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg), threads, smem,
                        a);
     LM_CUDA_LAUNCHED("delta_rule_kernel");
@@ -356,6 +359,7 @@ void lm_cuda_rms_norm_gated(lm_backend *be, lm_tensor *y, const lm_tensor *x, co
     const int64_t rows = x->rows * (x->cols / w->cols);
     if (rows == 0) return;
     LM_ASSERT(rows <= INT32_MAX);
+    if (lm_cuda_skip(c, LM_SKIP_GNORM)) return;
     lm_cuda_launch_pdl(c, delta_gnorm_kernel, (unsigned)rows, 128, 0, (float *)y->data, (const float *)x->data,
                    (const float *)z->data, (const float *)w->data, w->cols, (double)eps);
     LM_CUDA_LAUNCHED("delta_gnorm_kernel");

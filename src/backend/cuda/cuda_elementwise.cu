@@ -67,7 +67,7 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
     LM_ASSERT(y->rows == x->rows && y->cols == x->cols);
     lm_cuda *c = lm_cuda_of(be);
     const int64_t n = w->cols, rows = x->rows * (x->cols / w->cols);
-    if (rows == 0) return;
+    if (rows == 0 || lm_cuda_skip(c, LM_SKIP_NORM)) return;
     lm_cuda_use(c);
     if (n <= 1024) {
         const int64_t per_block = LM_EW_THREADS / 32;

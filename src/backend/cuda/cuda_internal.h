@@ -73,10 +73,32 @@ typedef struct lm_cuda {
      * they share: counter 0 is the GEMV's, 1.. the attention's. */
     int *counters;
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
+    unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096
+
+/* LUMEN_CUDA_SKIP=kind,...: the launches of these kinds are left out, for
+ * timing only (every value computed after them is wrong; the backend says so
+ * at creation). A step's time with and without a kind is what that kind
+ * costs inside the pipelined, graph-replayed step, which kernels timed
+ * alone (ncu) do not show. Names in lm_cuda_skip_names (cuda_backend.cu). */
+enum {
+    LM_SKIP_ATTENTION = 1u << 0,  /* attention (and its split merge) */
+    LM_SKIP_ROPE_KV = 1u << 1,    /* fused rope of q and k + KV write */
+    LM_SKIP_NORM = 1u << 2,       /* rms_norm kernels */
+    LM_SKIP_GEMV_N = 1u << 3,     /* GEMVs of several matrices (q/k/v, delta projections) */
+    LM_SKIP_GEMV_GLU = 1u << 4,   /* gate + up GEMVs */
+    LM_SKIP_GEMV_ADD = 1u << 5,   /* residual GEMVs no wider in than out (o, delta out) */
+    LM_SKIP_GEMV_DOWN = 1u << 6,  /* residual GEMVs wider in than out (down) */
+    LM_SKIP_NORM_TAIL = 1u << 7,  /* the residual GEMV's fused norm (the GEMV stays) */
+    LM_SKIP_CONV = 1u << 8,       /* delta-net conv1d_state */
+    LM_SKIP_GATES = 1u << 9,      /* delta-net gates */
+    LM_SKIP_DELTA_RULE = 1u << 10, /* the gated delta rule */
+    LM_SKIP_GNORM = 1u << 11,     /* delta-net gated norm */
+};
+static inline bool lm_cuda_skip(const lm_cuda *c, unsigned kind) { return (c->skip & kind) != 0; }
 
 /* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
  * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds

@@ -337,6 +337,14 @@ static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
+    if (c->skip) { /* LUMEN_CUDA_SKIP (timing only) */
+        const bool several = a->first_block[1] < blocks, add = mode == LM_GEMV_ADD || mode == LM_GEMV_ADD_NORM;
+        if ((mode == LM_GEMV_STORE && several && lm_cuda_skip(c, LM_SKIP_GEMV_N)) ||
+            (mode >= LM_GEMV_GLU_SILU && lm_cuda_skip(c, LM_SKIP_GEMV_GLU)) ||
+            (add && lm_cuda_skip(c, a->I > a->O[0] ? LM_SKIP_GEMV_DOWN : LM_SKIP_GEMV_ADD)))
+            return;
+        if (mode == LM_GEMV_ADD_NORM && lm_cuda_skip(c, LM_SKIP_NORM_TAIL)) mode = LM_GEMV_ADD;
+    }
     if (!vec) {
         LM_ASSERT(mode == LM_GEMV_STORE);
         lm_gemv_go<T, WT, false, LM_GEMV_STORE>(c, a, nb, threads);
