@@ -28,6 +28,7 @@
  * and silu_mul never touch it); the routing and the expert tables are
  * staged with lm_cuda_stage. */
 #include "cuda_internal.h"
+#include "../moe_topk.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -58,9 +59,6 @@ __global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *row
 #define LM_MOE_MAX_K 64
 #define LM_MOE_DEVICE_MAX_T 4 /* tokens up to which the pairs run as GEMVs on the device's routing */
 
-/* a comes before b in the top-k order: larger logit, then lower index (lm_moe_route's). */
-__device__ __forceinline__ bool moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
-
 /* grid (T), block of 128, smem E doubles: token t's k experts in ascending
  * order into sel[t*k ..], their weights into w, and rows[t*k + j] = t*k + j
  * (the pair rows of the device path). The selection and the sums run as in
@@ -73,23 +71,7 @@ __global__ void moe_route_kernel(int32_t *sel_out, float *w_out, int32_t *rows_o
     __shared__ int32_t sel[LM_MOE_MAX_K];
     const int64_t t = blockIdx.x;
     const float *l = logits + t * E;
-    if (threadIdx.x == 0) {
-        int prev = -1;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                if (prev >= 0 && !moe_before(l[prev], prev, l[e], e)) continue;
-                if (best < 0 || moe_before(l[e], e, l[best], best)) best = e;
-            }
-            for (int e = 0; best < 0 && e < E; e++) { /* NaN logits: lowest expert not yet chosen */
-                bool used = false;
-                for (int i = 0; i < j; i++) used |= sel[i] == e;
-                if (!used) best = e;
-            }
-            sel[j] = best;
-            prev = best;
-        }
-    }
+    if (threadIdx.x == 0) lm_moe_topk(l, E, k, sel);
     __syncthreads();
     const double m = l[sel[0]];
     for (int e = threadIdx.x; e < E; e += blockDim.x) moe_ex[e] = exp((double)l[e] - m);
