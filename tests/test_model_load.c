@@ -89,6 +89,37 @@ LM_TEST(model_load_llama_fixture) {
     free(dir);
 }
 
+/* The bytes the CLI weighs against free GPU memory are the loader's: every
+ * tensor of the weights it opens, not other .safetensors beside them (the
+ * fixture folder holds reference.safetensors; a stray copy counts nothing),
+ * and the fit test is the loader's. */
+LM_TEST(model_file_tensor_bytes_match_the_loader) {
+    char *dir = lm_test_fixture_path("models/llama");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_backend *be = backend();
+    lm_model *m = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
+    size_t bytes = 0;
+    LM_CHECK(lm_model_file_tensor_bytes(dir, &bytes, &e) == 0);
+    LM_CHECK_MSG(bytes == lm_weights_bytes(&m->src), "%zu vs the loader's %zu", bytes, lm_weights_bytes(&m->src));
+    char *w = lm_path_join(dir, "model.safetensors");
+    size_t file_len = 0;
+    char *blob = lm_tu_read(w, &file_len);
+    LM_CHECK(bytes > 0 && bytes < file_len); /* the file adds its header */
+    /* a copy of the weights beside them changes nothing */
+    char *copy = fake_model("tensorbytes", NULL, NULL, 0), *stray = lm_path_join(copy, "consolidated.safetensors");
+    lm_tu_write(stray, blob, file_len);
+    size_t b2 = 0;
+    LM_CHECK(lm_model_file_tensor_bytes(copy, &b2, &e) == 0 && b2 == bytes);
+    LM_CHECK(lm_model_file_tensor_bytes("/nonexistent/model-dir", &b2, &e) == -1 && b2 == 0);
+    LM_CHECK(lm_model_fits(95, 100) && !lm_model_fits(96, 100) && lm_model_fits(0, 0));
+    free(stray), free(copy), free(blob), free(w);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    free(dir);
+}
+
 LM_TEST(model_load_missing_path) {
     expect_load_error(lm_t_, "/nonexistent/model-dir", "/nonexistent/model-dir", "no such file");
 }

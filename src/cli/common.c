@@ -1,11 +1,10 @@
 /* common.c - option parsing shared by the subcommands. */
-#include <dirent.h>
 #include <errno.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/lm_model.h"
 #include "cli.h"
 
 const char *lm_cli_value(int argc, char **argv, int *i) {
@@ -139,28 +138,6 @@ int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i) {
     return 0;
 }
 
-/* Bytes of weight files a model path holds: the file itself, or the
- * *.safetensors / *.gguf files of a folder. */
-static size_t model_file_bytes(const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0) return 0;
-    if (!S_ISDIR(st.st_mode)) return (size_t)st.st_size;
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    size_t total = 0;
-    for (struct dirent *de; (de = readdir(d));) {
-        size_t n = strlen(de->d_name);
-        bool weights = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
-                       (n > 5 && !strcmp(de->d_name + n - 5, ".gguf"));
-        char full[4096];
-        if (weights && snprintf(full, sizeof full, "%s/%s", path, de->d_name) < (int)sizeof full &&
-            stat(full, &st) == 0)
-            total += (size_t)st.st_size;
-    }
-    closedir(d);
-    return total;
-}
-
 static lm_backend *cpu_backend(const lm_common_opts *o) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_cpu_backend_create(o->threads, o->isa, &e);
@@ -194,10 +171,13 @@ static lm_backend *choose_backend(const lm_common_opts *o, const char *model_pat
         return cpu_backend(o);
     }
     if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
-    size_t free_b, total_b, need = model_path ? model_file_bytes(model_path) : 0;
+    /* the loader's measure (a model it would refuse runs on the CPU); a
+     * model that cannot be opened is left for the load to report */
+    size_t free_b, total_b, need = 0;
+    lm_err ignored = { { 0 } };
+    if (model_path && lm_model_file_tensor_bytes(model_path, &need, &ignored)) need = 0;
     lm_backend_mem_info(be, &free_b, &total_b);
-    /* weights plus a working margin for activations and the KV cache */
-    if (need > 0 && (double)need > 0.9 * (double)free_b) {
+    if (need > 0 && !lm_model_fits(need, free_b)) {
         fprintf(stderr, "lumen: the model's %.1f GiB of weights do not fit in the GPU's %.1f GiB free; running on the CPU\n",
                 need / 1073741824.0, free_b / 1073741824.0);
         lm_backend_destroy(be);

@@ -52,8 +52,19 @@ typedef struct lm_model {
     int n_owned;
 } lm_model;
 
-/* Loads a Hugging Face folder or a .gguf file onto backend be. */
+/* Loads a Hugging Face folder or a .gguf file onto backend be. A backend
+ * with its own memory (a GPU) refuses a model whose tensors do not pass
+ * lm_model_fits, with the numbers. */
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
+
+/* The bytes of every tensor of the model at path, as lm_model_load opens it
+ * (the GGUF file, or the folder's model.safetensors or its index's shards:
+ * not other files beside them), without loading it. */
+int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e);
+/* Whether tensors of `need` bytes fit a device with `free_b` bytes free
+ * (95 %: the rest for the KV cache and activations, which the engine sizes
+ * to what is left). */
+bool lm_model_fits(size_t need, size_t free_b);
 void lm_model_free(lm_model *m);
 
 /* Runs the batch; writes logits [n_out][V] (host memory) for the requested rows.

@@ -48,13 +48,33 @@ static bool is_gguf_file(const char *path) {
 /* A backend with its own memory (a GPU) copies every weight: a model that
  * cannot fit is refused before the first copy, with the numbers (the
  * backend's own upload error covers what this estimate misses). */
+bool lm_model_fits(size_t need, size_t free_b) { return need <= free_b / 100 * 95; }
+
 static int check_device_memory(const lm_model *m, lm_err *e) {
     size_t free_b = 0, total_b = 0, need = lm_weights_bytes(&m->src);
     lm_backend_mem_info(m->be, &free_b, &total_b);
-    if (total_b == 0 || need <= free_b / 100 * 95) return 0;
+    if (total_b == 0 || lm_model_fits(need, free_b)) return 0;
     const double gib = 1024.0 * 1024.0 * 1024.0;
     return lm_errf(e, "%s: the model's weights need %.2f GiB; the GPU has %.2f GiB free of %.2f (try --device cpu)",
                    m->path, need / gib, free_b / gib, total_b / gib);
+}
+
+/* Opens the weights of the model at path (HF folder or GGUF file). */
+static int open_source(lm_weight_source *src, const char *path, lm_err *e) {
+    if (lm_is_dir(path)) return lm_weights_open_hf(src, path, e);
+    if (!lm_file_exists(path)) return lm_errf(e, "%s: no such file or directory", path);
+    if (is_gguf_file(path)) return lm_weights_open_gguf(src, path, e);
+    return lm_errf(e, "%s: not a model folder or a GGUF file", path);
+}
+
+int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e) {
+    lm_weight_source src;
+    memset(&src, 0, sizeof src);
+    *bytes = 0;
+    if (open_source(&src, path, e)) return -1;
+    *bytes = lm_weights_bytes(&src);
+    lm_weights_close(&src);
+    return 0;
 }
 
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
@@ -62,18 +82,9 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
     lm_model *m = lm_xcalloc(1, sizeof *m);
     m->be = be;
     m->path = lm_xstrdup(path);
-    int rc;
-    if (lm_is_dir(path)) {
-        rc = lm_config_load_hf(&m->cfg, path, e);
-        if (!rc) rc = lm_weights_open_hf(&m->src, path, e);
-    } else if (!lm_file_exists(path)) {
-        rc = lm_errf(e, "%s: no such file or directory", path);
-    } else if (is_gguf_file(path)) {
-        rc = lm_weights_open_gguf(&m->src, path, e);
-        if (!rc) rc = lm_config_from_gguf(&m->cfg, m->src.gguf, e);
-    } else {
-        rc = lm_errf(e, "%s: not a model folder or a GGUF file", path);
-    }
+    int rc = lm_is_dir(path) ? lm_config_load_hf(&m->cfg, path, e) : 0;
+    if (!rc) rc = open_source(&m->src, path, e);
+    if (!rc && m->src.gguf) rc = lm_config_from_gguf(&m->cfg, m->src.gguf, e);
     if (!rc) rc = check_device_memory(m, e);
     if (!rc) {
         m->arch = lm_arch_find(m->cfg.model_type);
