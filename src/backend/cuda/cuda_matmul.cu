@@ -326,14 +326,19 @@ static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int t
     lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
 }
 
+/* Threads of a GEMV block over rows of `chunks` chunks: a power of two (the
+ * fused norm's block size must divide LM_NORM_VT), up to LM_GEMV_THREADS. */
+static int lm_gemv_threads(int64_t chunks) {
+    int threads = 32;
+    while (threads < LM_GEMV_THREADS && threads < chunks) threads *= 2;
+    return threads;
+}
+
 /* Fused modes exist for 16-byte chunks of bf16/f16 weights only (the
  * callers fall back to separate ops otherwise): fewer kernels to build. */
 template <int T, lm_dtype WT>
 static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec) {
-    int64_t chunks = vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I;
-    /* a power of two: the fused norm's block size must divide LM_NORM_VT */
-    int threads = 32;
-    while (threads < LM_GEMV_THREADS && threads < chunks) threads *= 2;
+    const int threads = lm_gemv_threads(vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I);
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
@@ -413,6 +418,12 @@ static void lm_gemv_add(lm_gemv_args *a, int i, float *y, const void *w, const f
     for (int j = i + 1; j <= LM_GEMV_MAXM; j++) a->first_block[j] = end;
 }
 
+/* The GLU modes' one output y [T][F] from gate wg and up wu: R / 2 rows of each a block. */
+static void lm_gemv_set_glu(lm_gemv_args *a, float *y, const void *wg, const void *wu, int64_t F) {
+    a->y[0] = y, a->w[0] = (const unsigned char *)wg, a->w[1] = (const unsigned char *)wu, a->O[0] = F;
+    for (int j = 1; j <= LM_GEMV_MAXM; j++) a->first_block[j] = (F + a->rows / 2 - 1) / (a->rows / 2);
+}
+
 static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
                     int64_t O, int64_t I) {
     lm_gemv_args a = lm_gemv_args0(x, I, T);
@@ -428,13 +439,11 @@ void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, 
                       int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu) {
     LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && pairs >= 1 && pairs <= 65535);
     lm_gemv_args a = lm_gemv_args0(x, I, 1);
-    a.y[0] = y, a.O[0] = O;
-    const int64_t nb = glu ? (O + a.rows / 2 - 1) / (a.rows / 2) : (O + a.rows - 1) / a.rows;
-    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = nb;
+    if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wtab */
+    else lm_gemv_add(&a, 0, y, NULL, NULL, O);
     a.moe_sel = sel, a.moe_w = wtab, a.moe_k = k, a.moe_E = E;
-    int threads = 32;
-    while (threads < LM_GEMV_THREADS && threads < I / 8) threads *= 2;
-    const dim3 grid((unsigned)nb, (unsigned)pairs);
+    const int threads = lm_gemv_threads(I / 8);
+    const dim3 grid((unsigned)a.first_block[LM_GEMV_MAXM], (unsigned)pairs);
     if (wt == LM_BF16) {
         if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_GLU_SILU, true>, grid, threads, 0, a);
         else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_STORE, true>, grid, threads, 0, a);
@@ -684,10 +693,7 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
     }
     lm_cuda_use(c);
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
-    const int64_t F = wg->rows;
-    a.y[0] = (float *)y->data, a.w[0] = (const unsigned char *)wg->data, a.w[1] = (const unsigned char *)wu->data;
-    a.O[0] = F;
-    for (int j = 1; j <= LM_GEMV_MAXM; j++) a.first_block[j] = (F + a.rows / 2 - 1) / (a.rows / 2);
+    lm_gemv_set_glu(&a, (float *)y->data, wg->data, wu->data, wg->rows);
     const int mode = act == LM_GLU_SILU ? LM_GEMV_GLU_SILU : act == LM_GLU_GELU_TANH ? LM_GEMV_GLU_GELU_TANH
                                                                                       : LM_GEMV_GLU_GELU;
     lm_gemv_run(c, (int)x->rows, &a, wg->type, mode, true);
