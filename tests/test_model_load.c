@@ -66,13 +66,20 @@ static char *replace(const char *s, const char *from, const char *to) {
     return r;
 }
 
+/* The llama fixture on a CPU backend; NULL (e says why) when it fails. */
+static lm_model *load_llama(const char *dir, lm_backend **be, lm_err *e) {
+    lm_model *m = NULL;
+    *be = backend();
+    return lm_model_load(&m, dir, *be, e) == 0 ? m : NULL;
+}
+
 LM_TEST(model_load_llama_fixture) {
     char *dir = lm_test_fixture_path("models/llama");
     if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    lm_backend *be = backend();
-    lm_model *m = NULL;
+    lm_backend *be;
     lm_err e = { { 0 } };
-    LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
+    lm_model *m = load_llama(dir, &be, &e);
+    LM_REQUIRE(m);
     LM_CHECK(m->cfg.n_layers == 2 && m->cfg.n_heads == 4 && m->cfg.n_kv_heads == 2);
     LM_CHECK(m->cfg.head_dim == 16 && m->cfg.vocab == 1024 && !m->cfg.tie_embeddings);
     LM_CHECK(m->embed.type == LM_BF16);
@@ -96,10 +103,10 @@ LM_TEST(model_load_llama_fixture) {
 LM_TEST(model_file_tensor_bytes_match_the_loader) {
     char *dir = lm_test_fixture_path("models/llama");
     if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    lm_backend *be = backend();
-    lm_model *m = NULL;
+    lm_backend *be;
     lm_err e = { { 0 } };
-    LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
+    lm_model *m = load_llama(dir, &be, &e);
+    LM_REQUIRE(m);
     size_t bytes = 0;
     LM_CHECK(lm_model_file_tensor_bytes(dir, &bytes, &e) == 0);
     LM_CHECK_MSG(bytes == lm_weights_bytes(&m->src), "%zu vs the loader's %zu", bytes, lm_weights_bytes(&m->src));
