@@ -305,6 +305,30 @@ LM_TEST(cuda_attention_chunk) {
     ca_attn_all(lm_t_, "chunk+prefill", 2, n2, p2);
 }
 
+LM_TEST(cuda_attention_long_prefill) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    /* many key tiles a block, splits over one sequence's keys, a chunk
+     * reading 700 cached keys */
+    const int n1[] = { 1000 }, p1[] = { 0 };
+    ca_attn_all(lm_t_, "long prefill", 1, n1, p1);
+    const int n2[] = { 300, 5 }, p2[] = { 700, 0 };
+    ca_attn_all(lm_t_, "long chunk", 2, n2, p2);
+}
+
+/* The tiled attention on CUDA cores (LUMEN_CUDA_ATT_TC=0, read at backend
+ * creation): the fallback for rows 16-byte loads cannot read. */
+LM_TEST(cuda_attention_cuda_cores) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    setenv("LUMEN_CUDA_ATT_TC", "0", 1);
+    const int n[] = { 70, 19, 1 }, pos0[] = { 0, 0, 0 };
+    ca_attn_all(lm_t_, "prefill (cuda cores)", 3, n, pos0);
+    const int n2[] = { 1, 40, 100, 1, 2 }, p2[] = { 2990, 37, 0, 10, 500 };
+    ca_attn_all(lm_t_, "mixed (cuda cores)", 5, n2, p2);
+    unsetenv("LUMEN_CUDA_ATT_TC");
+}
+
 LM_TEST(cuda_attention_mixed) {
     char why[256];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);

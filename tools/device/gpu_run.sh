@@ -4,7 +4,9 @@
 #   bash tools/device/gpu_run.sh check   GPU op tests, then the whole suite with
 #                                         models on the GPU, then lumen parity
 #   bash tools/device/gpu_run.sh cuda    the GPU op tests alone
+#   bash tools/device/gpu_run.sh parity  lumen parity --device cuda alone
 #   bash tools/device/gpu_run.sh bench   the H200 benchmarks of docs/benchmarks.md
+# Modes run in the order given (bench SET... last): `cuda parity bench prefill`.
 # Logs go to $OUT (what comes back) as well as stdout.
 set -uo pipefail
 root=$PWD
@@ -21,22 +23,25 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 L=$C/bin/lumen
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
-case "${1:-}" in
-check)
-  ldd "$L" | grep -E "not found|cublas" || true
-  timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
-  LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed|Abort|assert" | tail -n 40
+cuda_tests() { timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60; }
+parity() {
   for d in "$C"/fixtures/models/*/ "$root"/tests/data/{hybrid,moe,gemma}/*/ "$root/models/demo"; do
     [[ -f "$d/reference.safetensors" ]] || continue
     "$L" parity "$d" --device cuda 2>&1 | tail -n 1
   done | tee "$OUT/parity_gpu.jsonl" | cut -c1-220
-  ;;
-cuda) # the GPU op tests alone
-  timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60
-  ;;
-bench)
-  shift
-  bash "$root/tools/device/h200_bench.sh" "$@" 2>&1 | tee "$OUT/bench.log"
-  ;;
-*) echo "usage: $0 check|cuda|bench SET..." >&2; exit 2 ;;
-esac
+}
+[[ $# -gt 0 ]] || set -- usage
+while [[ $# -gt 0 ]]; do
+  mode=$1; shift
+  case "$mode" in
+  check)
+    ldd "$L" | grep -E "not found|cublas" || true
+    cuda_tests
+    LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" 2>&1 | tee "$OUT/suite_on_gpu.log" | grep -E "FAIL|fail|passed|Abort|assert" | tail -n 40
+    parity ;;
+  cuda) cuda_tests ;; # the GPU op tests alone
+  parity) parity ;;   # lumen parity --device cuda on every carried fixture and tests/data model
+  bench) bash "$root/tools/device/h200_bench.sh" "$@" 2>&1 | tee "$OUT/bench.log"; break ;;
+  *) echo "usage: $0 MODE... (check | cuda | parity | bench SET..., bench last)" >&2; exit 2 ;;
+  esac
+done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -95,6 +95,22 @@ for set in "$@"; do
     LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw | tee -a "$f"
     for B in 1 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
     "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
+  prefill | prefill-qwen27) # 4k prefill, tiled attention on tensor cores and on CUDA cores (LUMEN_CUDA_ATT_TC=0), f32-exact and bf16 GEMM, alternating
+    if [[ $set == prefill ]]; then d=/dev/shm/l8; model $d llama-3.1-8b; else rm -rf /dev/shm/l8; d=/dev/shm/q27; model $d qwen3.5-27b; fi
+    for i in 1 2; do
+      for tc in 1 0; do
+        for gm in split bf16; do
+          echo -n "att_tc=$tc gemm=$gm "
+          LUMEN_CUDA_ATT_TC=$tc LUMEN_CUDA_GEMM=$gm "$L" bench -m $d --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
+        done
+      done
+    done
+    if [[ $set == prefill ]]; then # 16k in 4k chunks: later chunks read the cached keys
+      for tc in 1 0; do
+        echo -n "16k att_tc=$tc gemm=bf16 "
+        LUMEN_CUDA_ATT_TC=$tc LUMEN_CUDA_GEMM=bf16 "$L" bench -m $d --device cuda --prompt-len 16384 --chunk 4096 --gen 4 --reps 1 --no-membw
+      done
+    fi ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   final) # lumen and the transformers peer on the same machine in one run

@@ -42,29 +42,20 @@
  * CPU backend, which keeps its denominator in double; agreement is ~1e-6
  * relative. Shared memory: (64*DP + 32*(DP+1) + 32*DP) floats, 131 KB at
  * Dh = 256 (opted in above 48 KB). */
-#include "cuda_internal.h"
+#include "cuda_attention.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define ATT_ROWS 64            /* query rows (token, head) per block */
 #define ATT_RPW 8              /* rows per warp */
 #define ATT_BK 32              /* keys per shared-memory tile (= warp width) */
 #define ATT_THREADS 256        /* ATT_ROWS / ATT_RPW warps */
 #define ATT_MAX_DH 256
-#define ATT_MAX_SPLITS 64
 #define ATT_MIN_SPLIT_KEYS 256 /* keys per split, at least */
 #define ATT_FULL 0xffffffffu
 
 /* ---- staging the batch ------------------------------------------------------- */
-
-/* The batch on the device: positions, sequences, the flattened block tables
- * (sequence s's at tab + tab_off[s]), plus whatever extra ints the caller
- * packed behind them (att_stage's `extra`). */
-typedef struct att_dev {
-    const int32_t *pos, *seq, *tab, *tab_off, *extra;
-} att_dev;
 
 /* Checks every token's slot and every block a token reads ([lo, pos]; lo =
  * pos for kv_write, window > 0 narrows it for attention), then stages pos,
@@ -283,19 +274,6 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
 }
 
 /* ---- attention ------------------------------------------------------------------ */
-
-typedef struct att_args {
-    float *out;
-    const float *q, *kl, *vl;
-    int64_t q_ld, out_ld, kv_ld;
-    att_dev d;
-    const int32_t *tok;  /* token ids grouped by sequence */
-    const int32_t *tiles; /* [n_tiles][4]: first index into tok, count, key lo, key hi */
-    int bs, H, gsz, hb, n_sub, Dh, window, n_splits;
-    float scale, softcap;
-    float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
-    int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
-} att_args;
 
 __device__ __forceinline__ float att_warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, o));
@@ -786,8 +764,10 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     a.tiles = d.extra + T;
     a.hb = hb, a.n_sub = n_sub;
     dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
-    if (Dh <= 64) att_launch<2>(c, grid, &a);
-    else if (Dh <= 128) att_launch<4>(c, grid, &a);
-    else att_launch<8>(c, grid, &a);
+    if (!lm_att_tc_launch(c, grid, &a)) { /* CUDA cores */
+        if (Dh <= 64) att_launch<2>(c, grid, &a);
+        else if (Dh <= 128) att_launch<4>(c, grid, &a);
+        else att_launch<8>(c, grid, &a);
+    }
     att_combine(c, &a, T);
 }

@@ -73,6 +73,7 @@ typedef struct lm_cuda {
      * they share: counter 0 is the GEMV's, 1.. the attention's. */
     int *counters;
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
+    bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
 } lm_cuda;

@@ -1,0 +1,37 @@
+/* cuda_attention.h - what the attention kernels of cuda_attention.cu and
+ * cuda_attention_tc.cu share: the staged batch and the launch arguments. */
+#ifndef LUMEN_CUDA_ATTENTION_H
+#define LUMEN_CUDA_ATTENTION_H
+
+#include "cuda_internal.h"
+
+#define ATT_ROWS 64 /* query rows (token, head) per block of the tiled kernels */
+#define ATT_MAX_SPLITS 64
+
+/* The batch on the device: positions, sequences, the flattened block tables
+ * (sequence s's at tab + tab_off[s]), plus whatever extra ints the caller
+ * packed behind them (att_stage's `extra`). */
+typedef struct att_dev {
+    const int32_t *pos, *seq, *tab, *tab_off, *extra;
+} att_dev;
+
+typedef struct att_args {
+    float *out;
+    const float *q, *kl, *vl;
+    int64_t q_ld, out_ld, kv_ld;
+    att_dev d;
+    const int32_t *tok;  /* token ids grouped by sequence */
+    const int32_t *tiles; /* [n_tiles][4]: first index into tok, count, key lo, key hi */
+    int bs, H, gsz, hb, n_sub, Dh, window, n_splits;
+    float scale, softcap;
+    float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
+    int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
+} att_args;
+
+/* The tiled attention on tensor cores (cuda_attention_tc.cu), same grid and
+ * results (to ~1e-6) as the CUDA-core kernel. False, launching nothing,
+ * where it does not apply: tensor cores off or absent, a head wider than
+ * 256, or rows that 16-byte loads cannot read. */
+bool lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);
+
+#endif

@@ -1,0 +1,272 @@
+/* cuda_attention_tc.cu - the tiled (prefill, chunk, mixed batch) attention
+ * of cuda_attention.cu on tensor cores.
+ *
+ * Same work items, masking, online softmax and split partials as the
+ * CUDA-core att_kernel: a block per (tile of 64 query rows, kv head and head
+ * subgroup, split), a row being a (token, query head) pair that reads the
+ * block's kv head. 4 warps; warp w owns rows 16w .. 16w+15, one m16 tile of
+ * the mma shapes. Per tile of BK keys: S = Q K^T (16 x BK a warp), masked,
+ * scaled and soft-capped as att_kernel does, the running max m, denominator
+ * l and accumulator rescaled, then O += P V.
+ *
+ * Both products are mma.sync m16n8k8 on TF32 operands with f32 accumulation.
+ * TF32 keeps 10 of f32's 23 mantissa bits, so each operand x is split as
+ * big = tf32(x), small = tf32(x - big) (x = big + small to ~2^-22) and a
+ * product taken as small*big + big*small + big*big (small*small, ~2^-22
+ * relative, dropped): three mma where one would do, the price of agreeing
+ * with the CPU backend and the decode kernel to ~1e-6 as the f32 kernel does.
+ *
+ * Fragments (PTX ISA, m16n8k8 .tf32; g = lane / 4, t = lane % 4):
+ *   A 16x8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+ *   B 8x8:  b0 (k t, n g), b1 (k t+4, n g)
+ *   C 16x8: c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1)
+ * P V takes the scores' C fragments as its A operand without moving them:
+ * the sum over keys does not care in which order the 8 keys of a k-step
+ * pair up, so A's column t is read as key 2t and column t+4 as key 2t+1
+ * (a0 = c0, a1 = c2, a2 = c1, a3 = c3) and B's rows likewise (b0 = V[2t],
+ * b1 = V[2t+1]).
+ *
+ * Shared memory: Q [64][SP], K and V [BK][SP] f32 with SP = DP + 4, which
+ * puts the 32 lanes of every fragment load on 32 different banks
+ * (4g + t for Q and K, 8t + g for V). Keys come in with cp.async (16 bytes,
+ * zero-filled past the range or the head width), so the loads of a tile are
+ * all in flight at once without passing through registers. DP = 128, BK =
+ * 64: 101 KB, two blocks a multiprocessor; DP = 256, BK = 32: 133 KB, one. */
+#include "cuda_attention.h"
+
+#include <math.h>
+
+#define ATT_TC_WARPS 4
+#define ATT_TC_THREADS (ATT_TC_WARPS * 32)
+#define ATT_TC_FULL 0xffffffffu
+
+static_assert(ATT_TC_WARPS * 16 == ATT_ROWS, "a warp takes 16 of the tile's rows");
+
+/* x as a TF32 pair: x = big + small to ~2^-22 relative. */
+__device__ __forceinline__ void att_tc_split(float x, uint32_t &big, uint32_t &small) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+    const float r = x - __uint_as_float(big);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(r));
+}
+
+__device__ __forceinline__ void att_tc_mma(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* d += A B in three TF32 products. */
+__device__ __forceinline__ void att_tc_mma3(float *d, const uint32_t *ab, const uint32_t *as, const uint32_t *bb,
+                                            const uint32_t *bs) {
+    att_tc_mma(d, as, bb);
+    att_tc_mma(d, ab, bs);
+    att_tc_mma(d, ab, bb);
+}
+
+/* 16 bytes global -> shared, zeros when !ok (then nothing is read; base,
+ * a valid global address, stands in for src). */
+__device__ __forceinline__ void att_tc_cp16(float *dst, const float *src, const float *base, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(ok ? src : base), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ float att_tc_max4(float x) {
+    x = fmaxf(x, __shfl_xor_sync(ATT_TC_FULL, x, 1));
+    return fmaxf(x, __shfl_xor_sync(ATT_TC_FULL, x, 2));
+}
+
+__device__ __forceinline__ float att_tc_sum4(float x) {
+    x += __shfl_xor_sync(ATT_TC_FULL, x, 1);
+    return x + __shfl_xor_sync(ATT_TC_FULL, x, 2);
+}
+
+/* DP: head width padded (a multiple of 32, zeros past Dh); BK keys a tile.
+ * grid (tiles, Hkv * n_sub, n_splits). */
+template <int DP, int BK>
+__global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
+    constexpr int SP = DP + 4, NT = BK / 8, ND = DP / 8;
+    extern __shared__ float4 att_tc_smem4[];
+    float *sQ = (float *)att_tc_smem4; /* [ATT_ROWS][SP] */
+    float *sK = sQ + ATT_ROWS * SP;    /* [BK][SP] */
+    float *sV = sK + BK * SP;          /* [BK][SP] */
+    __shared__ int r_tok[ATT_ROWS], r_head[ATT_ROWS], r_pos[ATT_ROWS], r_lo[ATT_ROWS];
+
+    const int32_t *tr = a.tiles + 4 * (int64_t)blockIdx.x;
+    const int4 tile = make_int4(tr[0], tr[1], tr[2], tr[3]);
+    const int hg = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[a.tok[tile.x]]];
+
+    if (tid < ATT_ROWS) {
+        const int ti = tid / a.hb, hh = sub * a.hb + tid % a.hb;
+        int tk = -1, h = -1, p = -1, lo = 0;
+        if (ti < tile.y && hh < a.gsz) {
+            tk = a.tok[tile.x + ti];
+            h = hg * a.gsz + hh;
+            p = a.d.pos[tk];
+            lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+        }
+        r_tok[tid] = tk, r_head[tid] = h, r_pos[tid] = p, r_lo[tid] = lo;
+    }
+    __syncthreads();
+    for (int i = tid; i < ATT_ROWS * (DP / 4); i += ATT_TC_THREADS) {
+        const int r = i / (DP / 4), c4 = 4 * (i % (DP / 4));
+        const bool ok = r_tok[r] >= 0 && c4 < a.Dh;
+        att_tc_cp16(sQ + r * SP + c4, a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + c4, a.q, ok);
+    }
+
+    /* this split's keys (as att_kernel cuts them: whole multiples of 32) */
+    const int range = tile.w - tile.z + 1;
+    const int chunk = ((range + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
+    const int k_lo = tile.z + (int)blockIdx.z * chunk, k_hi = min(tile.w, k_lo + chunk - 1);
+
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    const int pos0 = r_pos[r0], pos1 = r_pos[r1], lo0 = r_lo[r0], lo1 = r_lo[r1];
+    const bool active = __any_sync(ATT_TC_FULL, pos0 >= 0 || pos1 >= 0);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const int64_t goff = (int64_t)hg * a.Dh;
+
+    for (int j0 = k_lo; j0 <= k_hi; j0 += BK) {
+        __syncthreads(); /* the previous tile consumed */
+        for (int i = tid; i < BK * (DP / 4); i += ATT_TC_THREADS) {
+            const int jj = i / (DP / 4), c4 = 4 * (i % (DP / 4)), j = j0 + jj;
+            const bool ok = j <= k_hi && c4 < a.Dh;
+            const int64_t row = ok ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : 0;
+            const int64_t off = row * a.kv_ld + goff + c4;
+            att_tc_cp16(sK + jj * SP + c4, a.kl + off, a.kl, ok);
+            att_tc_cp16(sV + jj * SP + c4, a.vl + off, a.vl, ok);
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        if (!active) continue; /* warp-uniform */
+
+        /* S = Q K^T: NT n-tiles of 8 keys */
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 2
+        for (int kk = 0; kk < DP; kk += 8) {
+            uint32_t qb[4], qs[4];
+            att_tc_split(sQ[r0 * SP + kk + t], qb[0], qs[0]);
+            att_tc_split(sQ[r1 * SP + kk + t], qb[1], qs[1]);
+            att_tc_split(sQ[r0 * SP + kk + t + 4], qb[2], qs[2]);
+            att_tc_split(sQ[r1 * SP + kk + t + 4], qb[3], qs[3]);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                uint32_t kb[2], ks[2];
+                att_tc_split(sK[(n * 8 + g) * SP + kk + t], kb[0], ks[0]);
+                att_tc_split(sK[(n * 8 + g) * SP + kk + t + 4], kb[1], ks[1]);
+                att_tc_mma3(s[n], qb, qs, kb, ks);
+            }
+        }
+
+        /* online softmax: rows r0 (c0, c1) and r1 (c2, c3); a row's 4 lanes
+         * (same g) hold its BK scores between them */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + n * 8 + 2 * t + (e & 1);
+                const int pos = e < 2 ? pos0 : pos1, lo = e < 2 ? lo0 : lo1;
+                float x = s[n][e] * a.scale;
+                if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+                const bool ok = j <= k_hi && pos >= 0 && j <= pos && j >= lo;
+                x = ok ? x : -INFINITY;
+                s[n][e] = x;
+                if (e < 2) mx0 = fmaxf(mx0, x);
+                else mx1 = fmaxf(mx1, x);
+            }
+        const float mn0 = fmaxf(m0, att_tc_max4(mx0)), mn1 = fmaxf(m1, att_tc_max4(mx1));
+        const float al0 = mn0 != -INFINITY ? expf(m0 - mn0) : 1.0f; /* 0 when m was -inf */
+        const float al1 = mn1 != -INFINITY ? expf(m1 - mn1) : 1.0f;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mn = e < 2 ? mn0 : mn1, x = s[n][e];
+                const float p = x != -INFINITY ? expf(x - mn) : 0.0f;
+                s[n][e] = p;
+                if (e < 2) ps0 += p;
+                else ps1 += p;
+            }
+        l0 = l0 * al0 + att_tc_sum4(ps0);
+        l1 = l1 * al1 + att_tc_sum4(ps1);
+        m0 = mn0, m1 = mn1;
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+
+        /* O += P V: k-step n covers keys n*8 .. n*8+7 */
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            uint32_t pb[4], pq[4];
+            att_tc_split(s[n][0], pb[0], pq[0]);
+            att_tc_split(s[n][2], pb[1], pq[1]);
+            att_tc_split(s[n][1], pb[2], pq[2]);
+            att_tc_split(s[n][3], pb[3], pq[3]);
+            const float *v0 = sV + (n * 8 + 2 * t) * SP + g, *v1 = v0 + SP;
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                uint32_t vb[2], vs[2];
+                att_tc_split(v0[d * 8], vb[0], vs[0]);
+                att_tc_split(v1[d * 8], vb[1], vs[1]);
+                att_tc_mma3(o[d], pb, pq, vb, vs);
+            }
+        }
+    }
+
+    asm volatile("cp.async.wait_all;" ::: "memory"); /* an empty split still loaded Q */
+
+    /* out (one split) or the split's partials; columns d*8 + 2t, +1 */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = half ? r1 : r0, tk = r_tok[r], h = r_head[r];
+        if (tk < 0) continue;
+        const float m = half ? m1 : m0, l = half ? l1 : l0;
+        float *dst;
+        float f = 1.0f;
+        if (a.n_splits == 1) {
+            dst = a.out + (int64_t)tk * a.out_ld + (int64_t)h * a.Dh;
+            f = 1.0f / l;
+        } else {
+            const int64_t idx = ((int64_t)tk * a.H + h) * a.n_splits + blockIdx.z;
+            if (t == 0) a.pm[idx] = m, a.pl[idx] = l;
+            dst = a.pacc + idx * a.Dh;
+        }
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            const int col = d * 8 + 2 * t;
+            if (col < a.Dh) dst[col] = o[d][2 * half] * f;
+            if (col + 1 < a.Dh) dst[col + 1] = o[d][2 * half + 1] * f;
+        }
+    }
+}
+
+template <int DP, int BK>
+static void att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+    const size_t smem = (size_t)(ATT_ROWS + 2 * BK) * (DP + 4) * sizeof(float);
+    static bool opted; /* per instantiation; the limit is a property of the kernel */
+    if (!opted)
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_tc_kernel<DP, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = true;
+    lm_cuda_launch(c, att_tc_kernel<DP, BK>, grid, ATT_TC_THREADS, smem, *a);
+    LM_CUDA_LAUNCHED("att_tc_kernel");
+}
+
+bool lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+    /* cp.async moves 16 bytes: rows of q and of the pool, and the head's
+     * columns, must start on 16-byte boundaries */
+    const bool aligned = a->Dh % 4 == 0 && a->q_ld % 4 == 0 && a->kv_ld % 4 == 0 &&
+                         ((uintptr_t)a->q | (uintptr_t)a->kl | (uintptr_t)a->vl) % 16 == 0;
+    if (!c->att_tc || !aligned || a->Dh > 256) return false;
+    if (a->Dh <= 64) att_tc_launch<64, 64>(c, grid, a);
+    else if (a->Dh <= 128) att_tc_launch<128, 64>(c, grid, a);
+    else att_tc_launch<256, 32>(c, grid, a);
+    return true;
+}
