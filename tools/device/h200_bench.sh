@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -96,8 +96,8 @@ for set in "$@"; do
     for B in 1 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
     "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
   prefill | prefill-qwen27) # 4k prefill, tiled attention on tensor cores and on CUDA cores (LUMEN_CUDA_ATT_TC=0), f32-exact and bf16 GEMM, alternating
-    if [[ $set == prefill ]]; then d=/dev/shm/l8; model $d llama-3.1-8b; else rm -rf /dev/shm/l8; d=/dev/shm/q27; model $d qwen3.5-27b; fi
-    for i in 1 2; do
+    if [[ $set == prefill ]]; then d=/dev/shm/l8 n=2; model $d llama-3.1-8b; else rm -rf /dev/shm/l8; d=/dev/shm/q27 n=1; model $d qwen3.5-27b; fi
+    for i in $(seq $n); do
       for tc in 1 0; do
         for gm in split bf16; do
           echo -n "att_tc=$tc gemm=$gm "
@@ -111,6 +111,13 @@ for set in "$@"; do
         LUMEN_CUDA_ATT_TC=$tc LUMEN_CUDA_GEMM=bf16 "$L" bench -m $d --device cuda --prompt-len 16384 --chunk 4096 --gen 4 --reps 1 --no-membw
       done
     fi ;;
+  ncu-att) # the tensor-core attention of a 4k Llama-8B prefill under ncu (throughput, warp stalls, occupancy); op shares (LUMEN_PROFILE)
+    model /dev/shm/l8 llama-3.1-8b
+    LUMEN_PROFILE=1 LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 1 --reps 1 --no-membw 2>&1 | tail -n 30
+    LUMEN_CUDA_GEMM=bf16 timeout 200 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section Occupancy -k regex:att_tc_kernel --launch-skip 20 --launch-count 1 "$L" bench -m /dev/shm/l8 --device cuda \
+      --prompt-len 4096 --chunk 4096 --gen 1 --reps 1 --no-membw > "${OUT:-/tmp}/ncu_att.txt" 2>&1
+    grep -E "Duration|Throughput|Stall|Pipe|Issue|Occupancy|Registers|Warp Cycles|Executed Ipc" "${OUT:-/tmp}/ncu_att.txt" | head -n 40 ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   final) # lumen and the transformers peer on the same machine in one run

@@ -708,7 +708,10 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
         att_decode(c, out, q, kv, layer, b, p);
         return;
     }
-    const int gsz = H / Hkv, hb = LM_MIN(gsz, ATT_ROWS), n_sub = (gsz + hb - 1) / hb, tpb = ATT_ROWS / hb;
+    /* query rows a block: the tensor-core kernel's 64 or 128, else 64 */
+    const int tc_rows = lm_att_tc_rows(c, Dh, q->cols, kv->kv_width, q->data, kv->k[layer], kv->v[layer]);
+    const int rows = tc_rows ? tc_rows : ATT_ROWS;
+    const int gsz = H / Hkv, hb = LM_MIN(gsz, rows), n_sub = (gsz + hb - 1) / hb, tpb = rows / hb;
 
     /* Work list: tokens grouped by sequence (batch order inside one), cut
      * into tiles of tpb tokens; appended to the staged batch as
@@ -764,10 +767,9 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     a.tiles = d.extra + T;
     a.hb = hb, a.n_sub = n_sub;
     dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
-    if (!lm_att_tc_launch(c, grid, &a)) { /* CUDA cores */
-        if (Dh <= 64) att_launch<2>(c, grid, &a);
-        else if (Dh <= 128) att_launch<4>(c, grid, &a);
-        else att_launch<8>(c, grid, &a);
-    }
+    if (tc_rows) lm_att_tc_launch(c, grid, &a, tc_rows);
+    else if (Dh <= 64) att_launch<2>(c, grid, &a);
+    else if (Dh <= 128) att_launch<4>(c, grid, &a);
+    else att_launch<8>(c, grid, &a);
     att_combine(c, &a, T);
 }

@@ -28,10 +28,13 @@ typedef struct att_args {
     int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
 } att_args;
 
-/* The tiled attention on tensor cores (cuda_attention_tc.cu), same grid and
- * results (to ~1e-6) as the CUDA-core kernel. False, launching nothing,
- * where it does not apply: tensor cores off or absent, a head wider than
- * 256, or rows that 16-byte loads cannot read. */
-bool lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);
+/* The tiled attention on tensor cores (cuda_attention_tc.cu), results as
+ * the CUDA-core kernel's (to ~1e-6). lm_att_tc_rows: the query rows a block
+ * takes (64 or 128; the host cuts its tiles so), or 0 where the kernel does
+ * not apply: tensor cores off or absent, a head wider than 256, or rows that
+ * 16-byte loads cannot read. lm_att_tc_launch then runs it on that grid. */
+int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
+                   const void *vl);
+void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a, int rows);
 
 #endif

@@ -4,17 +4,18 @@
  * Same work items, masking, online softmax and split partials as the
  * CUDA-core att_kernel: a block per (tile of 64 query rows, kv head and head
  * subgroup, split), a row being a (token, query head) pair that reads the
- * block's kv head. 4 warps; warp w owns rows 16w .. 16w+15, one m16 tile of
- * the mma shapes. Per tile of BK keys: S = Q K^T (16 x BK a warp), masked,
+ * block's kv head. 4 warps, each owning MT m16 tiles of rows (the mma
+ * shapes): two for heads up to 128 wide (128 rows a block), one above. Per tile of BK keys: S = Q K^T (16 x BK a warp), masked,
  * scaled and soft-capped as att_kernel does, the running max m, denominator
  * l and accumulator rescaled, then O += P V.
  *
  * Both products are mma.sync m16n8k8 on TF32 operands with f32 accumulation.
  * TF32 keeps 10 of f32's 23 mantissa bits, so each operand x is split as
- * big = tf32(x), small = tf32(x - big) (x = big + small to ~2^-22) and a
- * product taken as small*big + big*small + big*big (small*small, ~2^-22
- * relative, dropped): three mma where one would do, the price of agreeing
- * with the CPU backend and the decode kernel to ~1e-6 as the f32 kernel does.
+ * big = tf32(x), small = x - big (to ~2^-22 of x as the tensor cores read
+ * it) and a product taken as small*big + big*small + big*big (small*small,
+ * ~2^-22 relative, dropped): three mma where one would do, the price of
+ * agreeing with the CPU backend and the decode kernel to ~1e-6 as the f32
+ * kernel does.
  *
  * Fragments (PTX ISA, m16n8k8 .tf32; g = lane / 4, t = lane % 4):
  *   A 16x8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
@@ -30,8 +31,15 @@
  * puts the 32 lanes of every fragment load on 32 different banks
  * (4g + t for Q and K, 8t + g for V). Keys come in with cp.async (16 bytes,
  * zero-filled past the range or the head width), so the loads of a tile are
- * all in flight at once without passing through registers. DP = 128, BK =
- * 64: 101 KB, two blocks a multiprocessor; DP = 256, BK = 32: 133 KB, one. */
+ * all in flight at once without passing through registers. DP = 128, MT =
+ * 2, BK = 32: 101 KB (and 249 registers), two blocks a multiprocessor;
+ * DP = 256, MT = 1, BK = 32: 133 KB, one.
+ *
+ * Measured on the H200 (Llama-8B shape, 4k prefill, bf16 GEMM): 15.7k tok/s
+ * with one m16 tile a warp, 16.9k with two, 9.8k on CUDA cores; ncu on one
+ * layer's attention: 38 % of issue slots busy at 8 warps a multiprocessor
+ * (registers and shared memory both limit it to two blocks), the ALU pipe
+ * (the TF32 conversions) the busiest at 32 %. */
 #include "cuda_attention.h"
 
 #include <math.h>
@@ -40,13 +48,14 @@
 #define ATT_TC_THREADS (ATT_TC_WARPS * 32)
 #define ATT_TC_FULL 0xffffffffu
 
-static_assert(ATT_TC_WARPS * 16 == ATT_ROWS, "a warp takes 16 of the tile's rows");
 
-/* x as a TF32 pair: x = big + small to ~2^-22 relative. */
+/* x as a TF32 pair: big = tf32(x), small = x - big (exact in f32). small
+ * goes to the tensor cores as it is: they read the top 19 bits of an f32
+ * operand (truncating small costs ~2^-11 of it, ~2^-22 of x), which saves
+ * a second conversion on the kernel's busiest pipe. */
 __device__ __forceinline__ void att_tc_split(float x, uint32_t &big, uint32_t &small) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
-    const float r = x - __uint_as_float(big);
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(r));
+    small = __float_as_uint(x - __uint_as_float(big));
 }
 
 __device__ __forceinline__ void att_tc_mma(float *d, const uint32_t *a, const uint32_t *b) {
@@ -82,16 +91,18 @@ __device__ __forceinline__ float att_tc_sum4(float x) {
     return x + __shfl_xor_sync(ATT_TC_FULL, x, 2);
 }
 
-/* DP: head width padded (a multiple of 32, zeros past Dh); BK keys a tile.
+/* DP: head width padded (a multiple of 32, zeros past Dh); BK keys a tile;
+ * MT m16 tiles of rows a warp (ROWS = 64 MT rows a block): with two, each
+ * K and V fragment loaded and split serves two mma, not one.
  * grid (tiles, Hkv * n_sub, n_splits). */
-template <int DP, int BK>
+template <int DP, int BK, int MT>
 __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
-    constexpr int SP = DP + 4, NT = BK / 8, ND = DP / 8;
+    constexpr int SP = DP + 4, NT = BK / 8, ND = DP / 8, ROWS = ATT_TC_WARPS * 16 * MT;
     extern __shared__ float4 att_tc_smem4[];
-    float *sQ = (float *)att_tc_smem4; /* [ATT_ROWS][SP] */
-    float *sK = sQ + ATT_ROWS * SP;    /* [BK][SP] */
+    float *sQ = (float *)att_tc_smem4; /* [ROWS][SP] */
+    float *sK = sQ + ROWS * SP;        /* [BK][SP] */
     float *sV = sK + BK * SP;          /* [BK][SP] */
-    __shared__ int r_tok[ATT_ROWS], r_head[ATT_ROWS], r_pos[ATT_ROWS], r_lo[ATT_ROWS];
+    __shared__ int r_tok[ROWS], r_head[ROWS], r_pos[ROWS], r_lo[ROWS];
 
     const int32_t *tr = a.tiles + 4 * (int64_t)blockIdx.x;
     const int4 tile = make_int4(tr[0], tr[1], tr[2], tr[3]);
@@ -99,8 +110,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[a.tok[tile.x]]];
 
-    if (tid < ATT_ROWS) {
-        const int ti = tid / a.hb, hh = sub * a.hb + tid % a.hb;
+    for (int r = tid; r < ROWS; r += ATT_TC_THREADS) {
+        const int ti = r / a.hb, hh = sub * a.hb + r % a.hb;
         int tk = -1, h = -1, p = -1, lo = 0;
         if (ti < tile.y && hh < a.gsz) {
             tk = a.tok[tile.x + ti];
@@ -108,10 +119,10 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
             p = a.d.pos[tk];
             lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
         }
-        r_tok[tid] = tk, r_head[tid] = h, r_pos[tid] = p, r_lo[tid] = lo;
+        r_tok[r] = tk, r_head[r] = h, r_pos[r] = p, r_lo[r] = lo;
     }
     __syncthreads();
-    for (int i = tid; i < ATT_ROWS * (DP / 4); i += ATT_TC_THREADS) {
+    for (int i = tid; i < ROWS * (DP / 4); i += ATT_TC_THREADS) {
         const int r = i / (DP / 4), c4 = 4 * (i % (DP / 4));
         const bool ok = r_tok[r] >= 0 && c4 < a.Dh;
         att_tc_cp16(sQ + r * SP + c4, a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + c4, a.q, ok);
@@ -122,13 +133,24 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     const int chunk = ((range + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
     const int k_lo = tile.z + (int)blockIdx.z * chunk, k_hi = min(tile.w, k_lo + chunk - 1);
 
-    const int r0 = warp * 16 + g, r1 = r0 + 8;
-    const int pos0 = r_pos[r0], pos1 = r_pos[r1], lo0 = r_lo[r0], lo1 = r_lo[r1];
-    const bool active = __any_sync(ATT_TC_FULL, pos0 >= 0 || pos1 >= 0);
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float o[ND][4];
+    /* rows of this lane: tile mt's g and g + 8 (C fragment halves 0 and 1) */
+    int row[MT][2], pos[MT][2], lo[MT][2];
+    float m[MT][2], l[MT][2], o[MT][ND][4];
+    bool any = false;
 #pragma unroll
-    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            row[mt][hf] = warp * 16 * MT + mt * 16 + g + 8 * hf;
+            pos[mt][hf] = r_pos[row[mt][hf]], lo[mt][hf] = r_lo[row[mt][hf]];
+            m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
+            any |= pos[mt][hf] >= 0;
+        }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    const bool active = __any_sync(ATT_TC_FULL, any);
     const int64_t goff = (int64_t)hg * a.Dh;
 
     for (int j0 = k_lo; j0 <= k_hi; j0 += BK) {
@@ -136,8 +158,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
         for (int i = tid; i < BK * (DP / 4); i += ATT_TC_THREADS) {
             const int jj = i / (DP / 4), c4 = 4 * (i % (DP / 4)), j = j0 + jj;
             const bool ok = j <= k_hi && c4 < a.Dh;
-            const int64_t row = ok ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : 0;
-            const int64_t off = row * a.kv_ld + goff + c4;
+            const int64_t kr = ok ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : 0;
+            const int64_t off = kr * a.kv_ld + goff + c4;
             att_tc_cp16(sK + jj * SP + c4, a.kl + off, a.kl, ok);
             att_tc_cp16(sV + jj * SP + c4, a.vl + off, a.vl, ok);
         }
@@ -146,127 +168,148 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
         if (!active) continue; /* warp-uniform */
 
         /* S = Q K^T: NT n-tiles of 8 keys */
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll 2
         for (int kk = 0; kk < DP; kk += 8) {
-            uint32_t qb[4], qs[4];
-            att_tc_split(sQ[r0 * SP + kk + t], qb[0], qs[0]);
-            att_tc_split(sQ[r1 * SP + kk + t], qb[1], qs[1]);
-            att_tc_split(sQ[r0 * SP + kk + t + 4], qb[2], qs[2]);
-            att_tc_split(sQ[r1 * SP + kk + t + 4], qb[3], qs[3]);
+            uint32_t qb[MT][4], qs[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const float *q0 = sQ + row[mt][0] * SP + kk + t, *q1 = sQ + row[mt][1] * SP + kk + t;
+                att_tc_split(q0[0], qb[mt][0], qs[mt][0]);
+                att_tc_split(q1[0], qb[mt][1], qs[mt][1]);
+                att_tc_split(q0[4], qb[mt][2], qs[mt][2]);
+                att_tc_split(q1[4], qb[mt][3], qs[mt][3]);
+            }
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 uint32_t kb[2], ks[2];
                 att_tc_split(sK[(n * 8 + g) * SP + kk + t], kb[0], ks[0]);
                 att_tc_split(sK[(n * 8 + g) * SP + kk + t + 4], kb[1], ks[1]);
-                att_tc_mma3(s[n], qb, qs, kb, ks);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) att_tc_mma3(s[mt][n], qb[mt], qs[mt], kb, ks);
             }
         }
 
-        /* online softmax: rows r0 (c0, c1) and r1 (c2, c3); a row's 4 lanes
-         * (same g) hold its BK scores between them */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        /* online softmax per row; a row's 4 lanes (same g) hold its BK
+         * scores between them */
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+        for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = j0 + n * 8 + 2 * t + (e & 1);
-                const int pos = e < 2 ? pos0 : pos1, lo = e < 2 ? lo0 : lo1;
-                float x = s[n][e] * a.scale;
-                if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-                const bool ok = j <= k_hi && pos >= 0 && j <= pos && j >= lo;
-                x = ok ? x : -INFINITY;
-                s[n][e] = x;
-                if (e < 2) mx0 = fmaxf(mx0, x);
-                else mx1 = fmaxf(mx1, x);
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = j0 + n * 8 + 2 * t + (e & 1), hf = e >> 1;
+                    float x = s[mt][n][e] * a.scale;
+                    if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+                    const bool ok = j <= k_hi && pos[mt][hf] >= 0 && j <= pos[mt][hf] && j >= lo[mt][hf];
+                    x = ok ? x : -INFINITY;
+                    s[mt][n][e] = x;
+                    mx[hf] = fmaxf(mx[hf], x);
+                }
+            float al[2], ps[2] = { 0.0f, 0.0f };
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float mn = fmaxf(m[mt][hf], att_tc_max4(mx[hf]));
+                al[hf] = mn != -INFINITY ? expf(m[mt][hf] - mn) : 1.0f; /* 0 when m was -inf */
+                m[mt][hf] = mn;
             }
-        const float mn0 = fmaxf(m0, att_tc_max4(mx0)), mn1 = fmaxf(m1, att_tc_max4(mx1));
-        const float al0 = mn0 != -INFINITY ? expf(m0 - mn0) : 1.0f; /* 0 when m was -inf */
-        const float al1 = mn1 != -INFINITY ? expf(m1 - mn1) : 1.0f;
-        float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float mn = e < 2 ? mn0 : mn1, x = s[n][e];
-                const float p = x != -INFINITY ? expf(x - mn) : 0.0f;
-                s[n][e] = p;
-                if (e < 2) ps0 += p;
-                else ps1 += p;
-            }
-        l0 = l0 * al0 + att_tc_sum4(ps0);
-        l1 = l1 * al1 + att_tc_sum4(ps1);
-        m0 = mn0, m1 = mn1;
+                for (int e = 0; e < 4; e++) {
+                    const float x = s[mt][n][e];
+                    const float p = x != -INFINITY ? expf(x - m[mt][e >> 1]) : 0.0f;
+                    s[mt][n][e] = p;
+                    ps[e >> 1] += p;
+                }
 #pragma unroll
-        for (int n = 0; n < ND; n++) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+            for (int hf = 0; hf < 2; hf++) l[mt][hf] = l[mt][hf] * al[hf] + att_tc_sum4(ps[hf]);
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                o[mt][n][0] *= al[0], o[mt][n][1] *= al[0], o[mt][n][2] *= al[1], o[mt][n][3] *= al[1];
+        }
 
         /* O += P V: k-step n covers keys n*8 .. n*8+7 */
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            uint32_t pb[4], pq[4];
-            att_tc_split(s[n][0], pb[0], pq[0]);
-            att_tc_split(s[n][2], pb[1], pq[1]);
-            att_tc_split(s[n][1], pb[2], pq[2]);
-            att_tc_split(s[n][3], pb[3], pq[3]);
+            uint32_t pb[MT][4], pq[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                att_tc_split(s[mt][n][0], pb[mt][0], pq[mt][0]);
+                att_tc_split(s[mt][n][2], pb[mt][1], pq[mt][1]);
+                att_tc_split(s[mt][n][1], pb[mt][2], pq[mt][2]);
+                att_tc_split(s[mt][n][3], pb[mt][3], pq[mt][3]);
+            }
             const float *v0 = sV + (n * 8 + 2 * t) * SP + g, *v1 = v0 + SP;
 #pragma unroll
             for (int d = 0; d < ND; d++) {
                 uint32_t vb[2], vs[2];
                 att_tc_split(v0[d * 8], vb[0], vs[0]);
                 att_tc_split(v1[d * 8], vb[1], vs[1]);
-                att_tc_mma3(o[d], pb, pq, vb, vs);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) att_tc_mma3(o[mt][d], pb[mt], pq[mt], vb, vs);
             }
         }
     }
-
     asm volatile("cp.async.wait_all;" ::: "memory"); /* an empty split still loaded Q */
 
     /* out (one split) or the split's partials; columns d*8 + 2t, +1 */
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? r1 : r0, tk = r_tok[r], h = r_head[r];
-        if (tk < 0) continue;
-        const float m = half ? m1 : m0, l = half ? l1 : l0;
-        float *dst;
-        float f = 1.0f;
-        if (a.n_splits == 1) {
-            dst = a.out + (int64_t)tk * a.out_ld + (int64_t)h * a.Dh;
-            f = 1.0f / l;
-        } else {
-            const int64_t idx = ((int64_t)tk * a.H + h) * a.n_splits + blockIdx.z;
-            if (t == 0) a.pm[idx] = m, a.pl[idx] = l;
-            dst = a.pacc + idx * a.Dh;
-        }
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int d = 0; d < ND; d++) {
-            const int col = d * 8 + 2 * t;
-            if (col < a.Dh) dst[col] = o[d][2 * half] * f;
-            if (col + 1 < a.Dh) dst[col + 1] = o[d][2 * half + 1] * f;
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = row[mt][hf], tk = r_tok[r], h = r_head[r];
+            if (tk < 0) continue;
+            float *dst;
+            float f = 1.0f;
+            if (a.n_splits == 1) {
+                dst = a.out + (int64_t)tk * a.out_ld + (int64_t)h * a.Dh;
+                f = 1.0f / l[mt][hf];
+            } else {
+                const int64_t idx = ((int64_t)tk * a.H + h) * a.n_splits + blockIdx.z;
+                if (t == 0) a.pm[idx] = m[mt][hf], a.pl[idx] = l[mt][hf];
+                dst = a.pacc + idx * a.Dh;
+            }
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                const int col = d * 8 + 2 * t;
+                if (col < a.Dh) dst[col] = o[mt][d][2 * hf] * f;
+                if (col + 1 < a.Dh) dst[col + 1] = o[mt][d][2 * hf + 1] * f;
+            }
         }
-    }
 }
 
-template <int DP, int BK>
+template <int DP, int BK, int MT>
 static void att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
-    const size_t smem = (size_t)(ATT_ROWS + 2 * BK) * (DP + 4) * sizeof(float);
+    const size_t smem = (size_t)(ATT_TC_WARPS * 16 * MT + 2 * BK) * (DP + 4) * sizeof(float);
     static bool opted; /* per instantiation; the limit is a property of the kernel */
     if (!opted)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_tc_kernel<DP, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_tc_kernel<DP, BK, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
     opted = true;
-    lm_cuda_launch(c, att_tc_kernel<DP, BK>, grid, ATT_TC_THREADS, smem, *a);
+    lm_cuda_launch(c, att_tc_kernel<DP, BK, MT>, grid, ATT_TC_THREADS, smem, *a);
     LM_CUDA_LAUNCHED("att_tc_kernel");
 }
 
-bool lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
+                   const void *vl) {
     /* cp.async moves 16 bytes: rows of q and of the pool, and the head's
      * columns, must start on 16-byte boundaries */
-    const bool aligned = a->Dh % 4 == 0 && a->q_ld % 4 == 0 && a->kv_ld % 4 == 0 &&
-                         ((uintptr_t)a->q | (uintptr_t)a->kl | (uintptr_t)a->vl) % 16 == 0;
-    if (!c->att_tc || !aligned || a->Dh > 256) return false;
-    if (a->Dh <= 64) att_tc_launch<64, 64>(c, grid, a);
-    else if (a->Dh <= 128) att_tc_launch<128, 64>(c, grid, a);
-    else att_tc_launch<256, 32>(c, grid, a);
-    return true;
+    const bool aligned = Dh % 4 == 0 && q_ld % 4 == 0 && kv_ld % 4 == 0 &&
+                         ((uintptr_t)q | (uintptr_t)kl | (uintptr_t)vl) % 16 == 0;
+    if (!c->att_tc || !aligned || Dh > 256) return 0;
+    return Dh <= 128 ? 128 : 64; /* two m16 tiles a warp stay in registers up to 128 wide */
+}
+
+void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a, int rows) {
+    if (rows == 128 && a->Dh <= 64) att_tc_launch<64, 64, 2>(c, grid, a);
+    else if (rows == 128) att_tc_launch<128, 32, 2>(c, grid, a);
+    else if (a->Dh <= 64) att_tc_launch<64, 64, 1>(c, grid, a);
+    else if (a->Dh <= 128) att_tc_launch<128, 64, 1>(c, grid, a);
+    else att_tc_launch<256, 32, 1>(c, grid, a);
 }
