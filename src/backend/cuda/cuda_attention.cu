@@ -549,6 +549,9 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
  * groups span gridDim.y = Hkv * ceil(G / GM) blocks. */
 #define ATT_DEC_WARPS 4
 #define ATT_DEC_MIN_KEYS 16 /* keys per split, at least: short contexts still spread over blocks */
+/* keys a warp takes at a time: 4, fewer for wide heads (the current and
+ * the next group's K and V rows, 4 * KB * DPL floats, stay in registers) */
+#define ATT_DEC_KB(DPL) ((DPL) <= 4 ? 4 : 16 / (DPL) < 1 ? 1 : 16 / (DPL))
 static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
 template <int DPL, int GM>
@@ -575,34 +578,63 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
     }
     const int64_t goff = (int64_t)g * Dh + lane * DPL;
-    /* key j's rows; the next key's are loaded before this one is used, so a
-     * warp always has a load in flight (the loop is latency-bound) */
-    auto load = [&](int j, float (&kx)[DPL], float (&vx)[DPL]) {
-        const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
+    /* Keys go KB at a time: a warp takes groups of KB consecutive keys
+     * (group w, w + ATT_DEC_WARPS, ...) and loads the next group's rows
+     * before it uses this one's, so 2 KB keys' loads are in flight per warp:
+     * the loop waits on memory latency, not bandwidth, and a long context is
+     * a few hundred keys per warp. The group's scores then update the online
+     * softmax together (one rescale per group). */
+    constexpr int KB = ATT_DEC_KB(DPL);
+    auto load = [&](int j0, float (&kx)[KB][DPL], float (&vx)[KB][DPL]) {
 #pragma unroll
-        for (int d = 0; d < DPL; d++) kx[d] = a.kl[o + d], vx[d] = a.vl[o + d];
+        for (int b = 0; b < KB; b++) {
+            const int j = min(j0 + b, k_hi); /* past k_hi: a valid row, masked below */
+            const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) kx[b][d] = a.kl[o + d], vx[b][d] = a.vl[o + d];
+        }
     };
-    float kx[DPL], vx[DPL];
-    if (k_lo + warp <= k_hi) load(k_lo + warp, kx, vx);
-    for (int j = k_lo + warp; j <= k_hi; j += ATT_DEC_WARPS) {
-        float kn[DPL] = {}, vn[DPL] = {};
-        if (j + ATT_DEC_WARPS <= k_hi) load(j + ATT_DEC_WARPS, kn, vn);
+    float kx[KB][DPL], vx[KB][DPL];
+    constexpr int STEP = ATT_DEC_WARPS * KB;
+    if (k_lo + warp * KB <= k_hi) load(k_lo + warp * KB, kx, vx);
+    for (int j0 = k_lo + warp * KB; j0 <= k_hi; j0 += STEP) {
+        float kn[KB][DPL] = {}, vn[KB][DPL] = {};
+        if (j0 + STEP <= k_hi) load(j0 + STEP, kn, vn);
 #pragma unroll
         for (int i = 0; i < GM; i++) {
             if (i >= G) break;
-            float sc = 0.0f;
+            float sc[KB], mx = m[i];
 #pragma unroll
-            for (int d = 0; d < DPL; d++) sc += q[i][d] * kx[d];
-            sc = att_warp_sum(sc) * a.scale;
-            if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
-            const float mn = fmaxf(m[i], sc), alpha = expf(m[i] - mn), pr = expf(sc - mn);
-            l[i] = l[i] * alpha + pr;
-            m[i] = mn;
+            for (int b = 0; b < KB; b++) {
+                float s = 0.0f;
 #pragma unroll
-            for (int d = 0; d < DPL; d++) acc[i][d] = acc[i][d] * alpha + pr * vx[d];
+                for (int d = 0; d < DPL; d++) s += q[i][d] * kx[b][d];
+                sc[b] = s;
+            }
+#pragma unroll
+            for (int b = 0; b < KB; b++) {
+                float s = att_warp_sum(sc[b]) * a.scale;
+                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+                sc[b] = j0 + b <= k_hi ? s : -INFINITY;
+                mx = fmaxf(mx, sc[b]);
+            }
+            const float alpha = expf(m[i] - mx); /* key j0 is valid: mx is finite */
+            l[i] *= alpha;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] *= alpha;
+#pragma unroll
+            for (int b = 0; b < KB; b++) {
+                const float pr = expf(sc[b] - mx); /* 0 past k_hi */
+                l[i] += pr;
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[i][d] += pr * vx[b][d];
+            }
+            m[i] = mx;
         }
 #pragma unroll
-        for (int d = 0; d < DPL; d++) kx[d] = kn[d], vx[d] = vn[d];
+        for (int b = 0; b < KB; b++)
+#pragma unroll
+            for (int d = 0; d < DPL; d++) kx[b][d] = kn[b][d], vx[b][d] = vn[b][d];
     }
     /* merge the warps: every lane of a warp holds the same m and l */
 #pragma unroll
