@@ -554,6 +554,34 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
 #define ATT_DEC_KB(DPL) ((DPL) <= 4 ? 4 : 16 / (DPL) < 1 ? 1 : 16 / (DPL))
 static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
+__host__ __device__ constexpr int lm_log2_const(int n) { return n <= 1 ? 0 : 1 + lm_log2_const(n / 2); }
+
+/* The warp sums of NP values (each lane holds its part of every one) with
+ * the work split: at each xor step a lane keeps half of its values and adds
+ * its partner's part of them. After log2 NP steps lane l holds a sum over
+ * the lanes that differ from it in the top log2 NP bits, of value
+ * l >> (5 - log2 NP); the remaining low bits are an ordinary butterfly.
+ * Every lane ends with the whole sum of its value. */
+template <int NP>
+__device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
+    constexpr int LOG = lm_log2_const(NP);
+#pragma unroll
+    for (int st = 0; st < LOG; st++) {
+        const int half = (NP >> st) / 2, o = 16 >> st;
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int k = 0; k < NP / 2; k++) {
+            if (k >= half) break;
+            const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
+            v[k] = keep + __shfl_xor_sync(ATT_FULL, send, o);
+        }
+    }
+    float x = v[0];
+#pragma unroll
+    for (int st = LOG; st < 5; st++) x += __shfl_xor_sync(ATT_FULL, x, 16 >> st);
+    return x;
+}
+
 template <int DPL, int GM>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -569,10 +597,9 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     const int chunk = (range + a.n_splits - 1) / a.n_splits;
     const int k_lo = lo + z * chunk, k_hi = min(p, k_lo + chunk - 1);
 
-    float q[GM][DPL], acc[GM][DPL], m[GM], l[GM];
+    float q[GM][DPL], acc[GM][DPL];
 #pragma unroll
     for (int i = 0; i < GM; i++) {
-        m[i] = -INFINITY, l[i] = 0.0f;
         const float *qh = a.q + (int64_t)t * a.q_ld + (int64_t)(h0 + (i < G ? i : 0)) * Dh + lane * DPL;
 #pragma unroll
         for (int d = 0; d < DPL; d++) q[i][d] = i < G ? qh[d] : 0.0f, acc[i][d] = 0.0f;
@@ -582,9 +609,20 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
      * (group w, w + ATT_DEC_WARPS, ...) and loads the next group's rows
      * before it uses this one's, so 2 KB keys' loads are in flight per warp:
      * the loop waits on memory latency, not bandwidth, and a long context is
-     * a few hundred keys per warp. The group's scores then update the online
-     * softmax together (one rescale per group). */
-    constexpr int KB = ATT_DEC_KB(DPL);
+     * a few hundred keys per warp.
+     *
+     * A group's NP = GM * KB (head, key) dot products are reduced together
+     * (att_reduce_scatter: NP - 1 + 5 - log2 NP shuffles instead of 5 NP),
+     * which leaves lane l with pair (l >> SH) whole: its lane scores, masks
+     * and exponentiates that one pair, and keeps the running max and
+     * denominator of its head (lanes of one head meet by xor over the key
+     * bits [SH, SH + log2 KB)). The accumulators, a head's dims across the
+     * warp, take each pair's probability and each head's rescale factor by
+     * shuffle from the lane that owns it. */
+    constexpr int KB = ATT_DEC_KB(DPL), NP = GM * KB, SH = 5 - lm_log2_const(NP);
+    static_assert((NP & (NP - 1)) == 0 && NP <= 32, "pairs a lane: a power of two up to the warp");
+    const int pi = lane >> SH, own_h = pi / KB, own_b = pi % KB; /* this lane's pair */
+    float m_own = -INFINITY, l_own = 0.0f;
     auto load = [&](int j0, float (&kx)[KB][DPL], float (&vx)[KB][DPL]) {
 #pragma unroll
         for (int b = 0; b < KB; b++) {
@@ -600,47 +638,54 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args
     for (int j0 = k_lo + warp * KB; j0 <= k_hi; j0 += STEP) {
         float kn[KB][DPL] = {}, vn[KB][DPL] = {};
         if (j0 + STEP <= k_hi) load(j0 + STEP, kn, vn);
+        float sc[NP];
 #pragma unroll
-        for (int i = 0; i < GM; i++) {
-            if (i >= G) break;
-            float sc[KB], mx = m[i];
+        for (int i = 0; i < GM; i++)
 #pragma unroll
             for (int b = 0; b < KB; b++) {
                 float s = 0.0f;
 #pragma unroll
                 for (int d = 0; d < DPL; d++) s += q[i][d] * kx[b][d];
-                sc[b] = s;
+                sc[i * KB + b] = s;
             }
+        float x = att_reduce_scatter<NP>(sc, lane) * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+        x = own_h < G && j0 + own_b <= k_hi ? x : -INFINITY;
+        float mx = x;
+#pragma unroll
+        for (int o = 1 << SH; o < (KB << SH); o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(ATT_FULL, mx, o));
+        const float mn = fmaxf(m_own, mx);
+        /* a head past G sees no key: nothing rescales, nothing adds */
+        const float alpha = mn != -INFINITY ? expf(m_own - mn) : 1.0f, pr = mn != -INFINITY ? expf(x - mn) : 0.0f;
+        float ps = pr;
+#pragma unroll
+        for (int o = 1 << SH; o < (KB << SH); o <<= 1) ps += __shfl_xor_sync(ATT_FULL, ps, o);
+        l_own = l_own * alpha + ps;
+        m_own = mn;
+#pragma unroll
+        for (int i = 0; i < GM; i++) {
+            if (i >= G) break;
+            const float al = __shfl_sync(ATT_FULL, alpha, (i * KB) << SH);
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] *= al;
 #pragma unroll
             for (int b = 0; b < KB; b++) {
-                float s = att_warp_sum(sc[b]) * a.scale;
-                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-                sc[b] = j0 + b <= k_hi ? s : -INFINITY;
-                mx = fmaxf(mx, sc[b]);
+                const float p = __shfl_sync(ATT_FULL, pr, (i * KB + b) << SH);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[i][d] += p * vx[b][d];
             }
-            const float alpha = expf(m[i] - mx); /* key j0 is valid: mx is finite */
-            l[i] *= alpha;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) acc[i][d] *= alpha;
-#pragma unroll
-            for (int b = 0; b < KB; b++) {
-                const float pr = expf(sc[b] - mx); /* 0 past k_hi */
-                l[i] += pr;
-#pragma unroll
-                for (int d = 0; d < DPL; d++) acc[i][d] += pr * vx[b][d];
-            }
-            m[i] = mx;
         }
 #pragma unroll
         for (int b = 0; b < KB; b++)
 #pragma unroll
             for (int d = 0; d < DPL; d++) kx[b][d] = kn[b][d], vx[b][d] = vn[b][d];
     }
-    /* merge the warps: every lane of a warp holds the same m and l */
+    /* merge the warps: head i's m and l from the first lane of its pairs */
 #pragma unroll
     for (int i = 0; i < GM; i++) {
         if (i >= G) break;
-        if (lane == 0) s_m[warp][i] = m[i], s_l[warp][i] = l[i];
+        const float mi = __shfl_sync(ATT_FULL, m_own, (i * KB) << SH), li = __shfl_sync(ATT_FULL, l_own, (i * KB) << SH);
+        if (lane == 0) s_m[warp][i] = mi, s_l[warp][i] = li;
 #pragma unroll
         for (int d = 0; d < DPL; d++) s_acc[((int64_t)warp * G + i) * Dh + lane * DPL + d] = acc[i][d];
     }
