@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -56,6 +56,14 @@ for set in "$@"; do
         echo -n "$b ctx16k b1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 16384 --chunk 4096 --gen 64 --no-membw
         echo -n "$b ctx32 b1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
         echo -n "$b ctx4k b8 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 8 --prompt-len 4096 --chunk 4096 --gen 64 --no-membw
+      done
+    done ;;
+  ab-long-qwen27) # the same on the Qwen3.5-27B shape: batch 1 at a 16k context and short
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2; do
+      for b in lumen_base lumen; do
+        echo -n "$b ctx16k b1 "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 16384 --chunk 4096 --gen 32 --no-membw
+        echo -n "$b ctx32 b1 "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw
       done
     done ;;
   ab-qwen27) # the same on the Qwen3.5-27B shape
