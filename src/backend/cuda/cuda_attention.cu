@@ -11,14 +11,19 @@
  * up to the entry of its largest position in this batch, which is all the
  * interface promises to exist.
  *
- * One kernel serves decode, prefill and mixed batches. Its work item is a
- * tile of ATT_ROWS = 64 query rows, a row being a (token, query head) pair:
- * up to 64 / hb tokens of one sequence times hb query heads that read the
- * same kv head (GQA), so every K/V row brought into shared memory serves all
- * of them. The host groups each sequence's tokens (batch order) into tiles
- * and records each tile's key range [min lo, max pos].
+ * Batches of a few tokens per sequence (decode, short drafts) take the
+ * decode kernel below. Prefill, chunks and mixed batches take a tiled
+ * kernel: on tensor cores (cuda_attention_tc.cu) where the rows allow
+ * 16-byte loads and heads are at most 256 wide, else the CUDA-core
+ * att_kernel here (LUMEN_CUDA_ATT_TC=0 forces it). The work item of both is
+ * a tile of query rows (64 here; 128 or 64 on tensor cores), a row being a
+ * (token, query head) pair: up to rows / hb tokens of one sequence times hb
+ * query heads that read the same kv head (GQA), so every K/V row brought
+ * into shared memory serves all of them. The host groups each sequence's
+ * tokens (batch order) into tiles and records each tile's key range
+ * [min lo, max pos].
  *
- * Block (tile, kv head and head subgroup, split): 256 threads = 8 warps,
+ * att_kernel's block (tile, kv head and head subgroup, split): 256 threads = 8 warps,
  * warp w owning rows 8w .. 8w+7. Q of the tile sits in shared memory
  * [64][DP] (DP = head width padded to a multiple of 32, zeros beyond Dh);
  * keys come in tiles of 32 ([32][DP+1] K, padded against bank conflicts, and
@@ -540,11 +545,11 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
 /* For batches of one or a few tokens per sequence the tiled kernel wastes
  * most of its 64 rows and walks the keys in one block; this one spreads
  * them. Block (token t, kv head g, split z), ATT_DEC_WARPS warps; warp w
- * takes keys lo + w, lo + w + ATT_DEC_WARPS, ... of the split. Lane l holds
- * dims [l*DPL, l*DPL + DPL) of the G query heads of g (q in registers) and of
- * the key and value rows, so a key's score is DPL FMAs per head and a warp
- * all-reduce. Online softmax per head in registers, then the warps merge
- * through shared memory. Needs Dh = 32 * DPL. A block takes up to GM of the
+ * takes groups of KB keys of the split (groups w, w + ATT_DEC_WARPS, ...).
+ * Lane l holds dims [l*DPL, l*DPL + DPL) of the G query heads of g (q in
+ * registers) and of the key and value rows, so a key's score is DPL FMAs
+ * per head and a share of a warp reduction. Online softmax per head, then
+ * the warps merge through shared memory. Needs Dh = 32 * DPL. A block takes up to GM of the
  * group's heads (GM = 8, or 2 at Dh = 512 to stay in registers); larger
  * groups span gridDim.y = Hkv * ceil(G / GM) blocks. */
 #define ATT_DEC_WARPS 4
