@@ -306,17 +306,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[a.tok[tile.x]]];
 
-    if (tid < ATT_ROWS) {
-        const int ti = tid / a.hb, hh = sub * a.hb + tid % a.hb;
-        int t = -1, h = -1, p = -1, lo = 0;
-        if (ti < tile.y && hh < a.gsz) {
-            t = a.tok[tile.x + ti];
-            h = g * a.gsz + hh;
-            p = a.d.pos[t];
-            lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-        }
-        r_tok[tid] = t, r_head[tid] = h, r_pos[tid] = p, r_lo[tid] = lo;
-    }
+    if (tid < ATT_ROWS) att_tile_row(a, tile, g, sub, tid, &r_tok[tid], &r_head[tid], &r_pos[tid], &r_lo[tid]);
     __syncthreads();
     for (int i = tid; i < ATT_ROWS * DP; i += ATT_THREADS) {
         const int r = i / DP, dd = i % DP;

@@ -28,6 +28,21 @@ typedef struct att_args {
     int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
 } att_args;
 
+/* Row r of a tiled-attention block (tile = its record, hg its kv head, sub
+ * its head subgroup): the token, query head, position and lowest key it
+ * reads; token -1 for a row past the tile's tokens or the group's heads. */
+__device__ __forceinline__ void att_tile_row(const att_args &a, int4 tile, int hg, int sub, int r, int *tok,
+                                             int *head, int *pos, int *lo) {
+    const int ti = r / a.hb, hh = sub * a.hb + r % a.hb;
+    *tok = -1, *head = -1, *pos = -1, *lo = 0;
+    if (ti < tile.y && hh < a.gsz) {
+        *tok = a.tok[tile.x + ti];
+        *head = hg * a.gsz + hh;
+        *pos = a.d.pos[*tok];
+        *lo = a.window > 0 ? max(0, *pos - a.window + 1) : 0;
+    }
+}
+
 /* The tiled attention on tensor cores (cuda_attention_tc.cu), results as
  * the CUDA-core kernel's (to ~1e-6). lm_att_tc_rows: the query rows a block
  * takes (64 or 128; the host cuts its tiles so), or 0 where the kernel does

@@ -110,17 +110,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[a.tok[tile.x]]];
 
-    for (int r = tid; r < ROWS; r += ATT_TC_THREADS) {
-        const int ti = r / a.hb, hh = sub * a.hb + r % a.hb;
-        int tk = -1, h = -1, p = -1, lo = 0;
-        if (ti < tile.y && hh < a.gsz) {
-            tk = a.tok[tile.x + ti];
-            h = hg * a.gsz + hh;
-            p = a.d.pos[tk];
-            lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-        }
-        r_tok[r] = tk, r_head[r] = h, r_pos[r] = p, r_lo[r] = lo;
-    }
+    for (int r = tid; r < ROWS; r += ATT_TC_THREADS)
+        att_tile_row(a, tile, hg, sub, r, &r_tok[r], &r_head[r], &r_pos[r], &r_lo[r]);
     __syncthreads();
     for (int i = tid; i < ROWS * (DP / 4); i += ATT_TC_THREADS) {
         const int r = i / (DP / 4), c4 = 4 * (i % (DP / 4));
