@@ -32,14 +32,15 @@
  * (4g + t for Q and K, 8t + g for V). Keys come in with cp.async (16 bytes,
  * zero-filled past the range or the head width), so the loads of a tile are
  * all in flight at once without passing through registers. DP = 128, MT =
- * 2, BK = 32: 101 KB (and 249 registers), two blocks a multiprocessor;
+ * 2, BK = 32: 101 KB (and 254 registers), two blocks a multiprocessor;
  * DP = 256, MT = 1, BK = 32: 133 KB, one.
  *
  * Measured on the H200 (Llama-8B shape, 4k prefill, bf16 GEMM): 15.7k tok/s
- * with one m16 tile a warp, 16.9k with two, 9.8k on CUDA cores; ncu on one
- * layer's attention: 38 % of issue slots busy at 8 warps a multiprocessor
- * (registers and shared memory both limit it to two blocks), the ALU pipe
- * (the TF32 conversions) the busiest at 32 %. */
+ * with one m16 tile a warp, 16.9k with two, 17.6k with the small term
+ * unrounded, 9.8k on CUDA cores. ncu on one layer's attention (two tiles,
+ * small term rounded): 38 % of issue slots busy at 8 warps a
+ * multiprocessor (registers and shared memory both limit it to two
+ * blocks), the ALU pipe (the TF32 conversions) the busiest at 32 %. */
 #include "cuda_attention.h"
 
 #include <math.h>
@@ -298,9 +299,8 @@ int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const 
 }
 
 void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a, int rows) {
-    if (rows == 128 && a->Dh <= 64) att_tc_launch<64, 64, 2>(c, grid, a);
-    else if (rows == 128) att_tc_launch<128, 32, 2>(c, grid, a);
-    else if (a->Dh <= 64) att_tc_launch<64, 64, 1>(c, grid, a);
-    else if (a->Dh <= 128) att_tc_launch<128, 64, 1>(c, grid, a);
+    LM_ASSERT(rows == (a->Dh <= 128 ? 128 : 64));
+    if (a->Dh <= 64) att_tc_launch<64, 64, 2>(c, grid, a);
+    else if (a->Dh <= 128) att_tc_launch<128, 32, 2>(c, grid, a);
     else att_tc_launch<256, 32, 1>(c, grid, a);
 }
