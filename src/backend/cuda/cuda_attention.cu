@@ -316,9 +316,9 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
     }
 
     /* this split's keys */
-    const int range = tile.w - tile.z + 1;
-    const int chunk = ((range + a.n_splits - 1) / a.n_splits + ATT_BK - 1) / ATT_BK * ATT_BK;
-    const int k_lo = tile.z + (int)blockIdx.z * chunk, k_hi = min(tile.w, k_lo + chunk - 1);
+    int k_lo, k_hi;
+    static_assert(ATT_BK == 32, "splits are whole key tiles");
+    att_tile_split(a, tile, &k_lo, &k_hi);
 
     float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][ND];
     int rpos[ATT_RPW], rlo[ATT_RPW];
@@ -839,7 +839,7 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     a.tiles = d.extra + T;
     a.hb = hb, a.n_sub = n_sub;
     dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
-    if (tc_rows) lm_att_tc_launch(c, grid, &a, tc_rows);
+    if (tc_rows) lm_att_tc_launch(c, grid, &a);
     else if (Dh <= 64) att_launch<2>(c, grid, &a);
     else if (Dh <= 128) att_launch<4>(c, grid, &a);
     else att_launch<8>(c, grid, &a);

@@ -43,13 +43,24 @@ __device__ __forceinline__ void att_tile_row(const att_args &a, int4 tile, int h
     }
 }
 
+/* Split blockIdx.z's keys of a tile [k_lo, k_hi]: the tile's key range
+ * cut into n_splits runs of a whole multiple of 32 keys (the last shorter,
+ * or empty). */
+__device__ __forceinline__ void att_tile_split(const att_args &a, int4 tile, int *k_lo, int *k_hi) {
+    const int range = tile.w - tile.z + 1;
+    const int chunk = ((range + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
+    *k_lo = tile.z + (int)blockIdx.z * chunk;
+    *k_hi = min(tile.w, *k_lo + chunk - 1);
+}
+
 /* The tiled attention on tensor cores (cuda_attention_tc.cu), results as
  * the CUDA-core kernel's (to ~1e-6). lm_att_tc_rows: the query rows a block
  * takes (64 or 128; the host cuts its tiles so), or 0 where the kernel does
  * not apply: tensor cores off or absent, a head wider than 256, or rows that
- * 16-byte loads cannot read. lm_att_tc_launch then runs it on that grid. */
+ * 16-byte loads cannot read. lm_att_tc_launch then runs it on a grid of
+ * tiles cut so. */
 int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
                    const void *vl);
-void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a, int rows);
+void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);
 
 #endif

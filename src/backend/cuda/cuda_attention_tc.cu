@@ -32,7 +32,8 @@
  * (4g + t for Q and K, 8t + g for V). Keys come in with cp.async (16 bytes,
  * zero-filled past the range or the head width), so the loads of a tile are
  * all in flight at once without passing through registers. DP = 128, MT =
- * 2, BK = 32: 101 KB (and 254 registers), two blocks a multiprocessor;
+ * 2, BK = 32: 101 KB (and 254 registers, 8 bytes spilled), two blocks a
+ * multiprocessor;
  * DP = 256, MT = 1, BK = 32: 133 KB, one.
  *
  * Measured on the H200 (Llama-8B shape, 4k prefill, bf16 GEMM): 15.7k tok/s
@@ -120,10 +121,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
         att_tc_cp16(sQ + r * SP + c4, a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + c4, a.q, ok);
     }
 
-    /* this split's keys (as att_kernel cuts them: whole multiples of 32) */
-    const int range = tile.w - tile.z + 1;
-    const int chunk = ((range + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
-    const int k_lo = tile.z + (int)blockIdx.z * chunk, k_hi = min(tile.w, k_lo + chunk - 1);
+    int k_lo, k_hi;
+    att_tile_split(a, tile, &k_lo, &k_hi);
 
     /* rows of this lane: tile mt's g and g + 8 (C fragment halves 0 and 1) */
     int row[MT][2], pos[MT][2], lo[MT][2];
@@ -298,8 +297,8 @@ int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const 
     return Dh <= 128 ? 128 : 64; /* two m16 tiles a warp stay in registers up to 128 wide */
 }
 
-void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a, int rows) {
-    LM_ASSERT(rows == (a->Dh <= 128 ? 128 : 64));
+void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+    /* the row counts lm_att_tc_rows promised: 128 up to 128 wide, else 64 */
     if (a->Dh <= 64) att_tc_launch<64, 64, 2>(c, grid, a);
     else if (a->Dh <= 128) att_tc_launch<128, 32, 2>(c, grid, a);
     else att_tc_launch<256, 32, 1>(c, grid, a);
