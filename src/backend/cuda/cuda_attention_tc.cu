@@ -27,14 +27,13 @@
  * (a0 = c0, a1 = c2, a2 = c1, a3 = c3) and B's rows likewise (b0 = V[2t],
  * b1 = V[2t+1]).
  *
- * Shared memory: Q [64][SP], K and V [BK][SP] f32 with SP = DP + 4, which
+ * Shared memory: Q [64 MT][SP], K and V [BK][SP] f32 with SP = DP + 4, which
  * puts the 32 lanes of every fragment load on 32 different banks
  * (4g + t for Q and K, 8t + g for V). Keys come in with cp.async (16 bytes,
  * zero-filled past the range or the head width), so the loads of a tile are
  * all in flight at once without passing through registers. DP = 128, MT =
  * 2, BK = 32: 101 KB (and 254 registers, 8 bytes spilled), two blocks a
- * multiprocessor;
- * DP = 256, MT = 1, BK = 32: 133 KB, one.
+ * multiprocessor; DP = 256, MT = 1, BK = 32: 133 KB, one.
  *
  * Measured on the H200 (Llama-8B shape, 4k prefill, bf16 GEMM): 15.7k tok/s
  * with one m16 tile a warp, 16.9k with two, 17.6k with the small term
