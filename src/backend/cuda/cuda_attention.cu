@@ -58,7 +58,6 @@
 #define ATT_THREADS 256        /* ATT_ROWS / ATT_RPW warps */
 #define ATT_MAX_DH 256
 #define ATT_MIN_SPLIT_KEYS 256 /* keys per split, at least */
-#define ATT_FULL 0xffffffffu
 
 /* ---- staging the batch ------------------------------------------------------- */
 

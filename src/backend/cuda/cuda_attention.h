@@ -7,6 +7,7 @@
 
 #define ATT_ROWS 64 /* query rows (token, head) per block of the tiled kernels */
 #define ATT_MAX_SPLITS 64
+#define ATT_FULL 0xffffffffu /* every lane of a warp (shuffle masks) */
 
 /* The batch on the device: positions, sequences, the flattened block tables
  * (sequence s's at tab + tab_off[s]), plus whatever extra ints the caller

@@ -47,7 +47,6 @@
 
 #define ATT_TC_WARPS 4
 #define ATT_TC_THREADS (ATT_TC_WARPS * 32)
-#define ATT_TC_FULL 0xffffffffu
 
 
 /* x as a TF32 pair: big = tf32(x), small = x - big (exact in f32). small
@@ -83,13 +82,13 @@ __device__ __forceinline__ void att_tc_cp16(float *dst, const float *src, const 
 }
 
 __device__ __forceinline__ float att_tc_max4(float x) {
-    x = fmaxf(x, __shfl_xor_sync(ATT_TC_FULL, x, 1));
-    return fmaxf(x, __shfl_xor_sync(ATT_TC_FULL, x, 2));
+    x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 1));
+    return fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 2));
 }
 
 __device__ __forceinline__ float att_tc_sum4(float x) {
-    x += __shfl_xor_sync(ATT_TC_FULL, x, 1);
-    return x + __shfl_xor_sync(ATT_TC_FULL, x, 2);
+    x += __shfl_xor_sync(ATT_FULL, x, 1);
+    return x + __shfl_xor_sync(ATT_FULL, x, 2);
 }
 
 /* DP: head width padded (a multiple of 32, zeros past Dh); BK keys a tile;
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-    const bool active = __any_sync(ATT_TC_FULL, any);
+    const bool active = __any_sync(ATT_FULL, any);
     const int64_t goff = (int64_t)hg * a.Dh;
 
     for (int j0 = k_lo; j0 <= k_hi; j0 += BK) {
