@@ -723,3 +723,67 @@ LM_TEST(cuda_fused_matmuls_equal_composed) {
     cu_close(&p);
 }
 
+/* LUMEN_CUDA_GEMV_TC=1: GEMVs of 5-8 tokens over bf16 rows on tensor cores
+ * (16-row tiles, x in three bf16 terms), against the CPU at the CUDA-core
+ * GEMV's tolerance, and the fused forms against the plain ops bitwise
+ * (fewer tokens stay on CUDA cores: 2 is checked too). */
+LM_TEST(cuda_gemv_tensor_cores) {
+    char why_[512];
+    if (!lm_cuda_available(why_, sizeof why_)) LM_SKIP("%s", why_);
+    const char *saved = getenv("LUMEN_CUDA_GEMV_TC");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", saved ? saved : "");
+    setenv("LUMEN_CUDA_GEMV_TC", "1", 1);
+    cu_pair p;
+    const bool opened = cu_open(&p, why_, sizeof why_);
+    if (saved) setenv("LUMEN_CUDA_GEMV_TC", keep, 1);
+    else unsetenv("LUMEN_CUDA_GEMV_TC");
+    LM_REQUIRE(opened);
+    static const int64_t Ts[] = { 2, 5, 6, 8 };
+    static const int64_t shapes[][2] = { { 67, 264 }, { 130, 1000 }, { 257, 2056 }, { 512, 4096 } };
+    uint64_t seed = 501;
+    for (size_t ti = 0; ti < LM_COUNT(Ts); ti++)
+        for (size_t si = 0; si < LM_COUNT(shapes); si++)
+            for (int bias = 0; bias < 2; bias++) {
+                const int64_t T = Ts[ti], O = shapes[si][0], I = shapes[si][1];
+                int bad = cu_matmul_case(&p, LM_BF16, T, O, I, bias, 2e-5, seed++);
+                LM_CHECK_MSG(bad == 0, "%d bad outputs: T=%lld O=%lld I=%lld bias=%d", bad, (long long)T, (long long)O,
+                             (long long)I, bias);
+            }
+    /* fused q/k/v-like and gate/up forms against the plain matmul on the same tiles */
+    lm_backend *g = p.gpu;
+    for (size_t ti = 0; ti < LM_COUNT(Ts); ti++) {
+        const int64_t T = Ts[ti], I = 512, Oq = 96, Ok = 33, F = 201;
+        lm_tensor wq = cu_gpu_weight(&p, LM_BF16, Oq, I, &seed), wk = cu_gpu_weight(&p, LM_BF16, Ok, I, &seed);
+        lm_tensor wu = cu_gpu_weight(&p, LM_BF16, F, I, &seed), wg = cu_gpu_weight(&p, LM_BF16, F, I, &seed);
+        float *xh = cu_randv(&seed, T * I, 1.0f);
+        lm_tensor x = cu_put(g, xh, T, I);
+        lm_tensor yq = cu_put(g, NULL, T, Oq), yk = cu_put(g, NULL, T, Ok), zq = cu_put(g, NULL, T, Oq),
+                  zk = cu_put(g, NULL, T, Ok);
+        lm_tensor *ys[2] = { &yq, &yk };
+        const lm_tensor *ws[2] = { &wq, &wk };
+        g->ops->matmul_n(g, 2, ys, &x, ws, NULL);
+        g->ops->matmul(g, &zq, &x, &wq, NULL);
+        g->ops->matmul(g, &zk, &x, &wk, NULL);
+        lm_tensor yf = cu_put(g, NULL, T, F), yc = cu_put(g, NULL, T, F), gw = cu_put(g, NULL, T, F),
+                  uw = cu_put(g, NULL, T, F);
+        g->ops->matmul_glu(g, &yf, &x, &wg, &wu, LM_GLU_SILU, &gw, &uw);
+        g->ops->matmul(g, &gw, &x, &wg, NULL);
+        g->ops->matmul(g, &uw, &x, &wu, NULL);
+        g->ops->silu_mul(g, &yc, &gw, &uw);
+        const lm_tensor *got[] = { &yq, &yk, &yf }, *want[] = { &zq, &zk, &yc };
+        for (int i = 0; i < 3; i++) {
+            float *a = cu_get(g, got[i]), *b = cu_get(g, want[i]);
+            LM_CHECK_MSG(memcmp(a, b, (size_t)(got[i]->rows * got[i]->cols) * sizeof(float)) == 0,
+                         "fused form %d T=%lld: not bitwise equal to the plain ops", i, (long long)T);
+            free(a), free(b);
+        }
+        lm_tensor *all[] = { &x, &yq, &yk, &zq, &zk, &yf, &yc, &gw, &uw };
+        for (size_t i = 0; i < LM_COUNT(all); i++) lm_tensor_release(g, all[i]);
+        lm_tensor *wall[] = { &wq, &wk, &wu, &wg };
+        for (size_t i = 0; i < LM_COUNT(wall); i++) g->ops->free(g, wall[i]->data);
+        free(xh);
+    }
+    cu_close(&p);
+}
+

@@ -592,6 +592,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             LM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
+            c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
         }
     }
     return &x->be;

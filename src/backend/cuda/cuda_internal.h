@@ -76,6 +76,7 @@ typedef struct lm_cuda {
     bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
+    bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_matmul.cu) */
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096

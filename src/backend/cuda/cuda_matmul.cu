@@ -24,7 +24,9 @@
  * copy rate; [14336][4096] is 117 MB (~28 us), the [128256][4096] output
  * head 1.05 GB (~250 us). At T = 8 the kernel does 8 FMAs per 2 weight
  * bytes: 19 TFMA/s at full bandwidth, ~60% of the f32 FMA peak, which is why
- * GEMV stops at T = 8 and cuBLAS takes over.
+ * GEMV stops at T = 8 and cuBLAS takes over. With LUMEN_CUDA_GEMV_TC=1 the
+ * GEMVs of 5-8 tokens over bf16 rows run the FMAs on tensor cores instead
+ * (16-row blocks, see TC in lm_gemv_kernel).
  *
  * Large T: cuBLAS on tensor cores. To keep f32 parity with the CPU the
  * activations are split as hi = bf16(x), mid, lo (x = hi + mid + lo to
@@ -51,7 +53,11 @@
  * flight per thread, so that enough bytes are in flight to cover the memory
  * latency), 4 above (the accumulators of more tokens take the registers:
  * 8 rows spill at T = 2). */
-__host__ __device__ constexpr int lm_gemv_rows(int T) { return T == 1 ? 8 : 4; }
+__host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) { return tc ? 16 : T == 1 ? 8 : 4; }
+/* Fewest tokens for tensor-core tiles (lm_gemv_tc): Llama-8B shape on the
+ * H200, batch 2 / 4 / 8 decode 313 / 629 / 1,145 tok/s on tiles against 395
+ * / 668 / 843 on CUDA cores. */
+#define LM_GEMV_TC_MIN_T 5
 static_assert(LM_NORM_VT % LM_GEMV_THREADS == 0, "the fused norm runs on the GEMV's block");
 
 /* ---- GEMV ------------------------------------------------------------------------ */
@@ -145,11 +151,12 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
 /* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
  * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
  * would spill at 128 and keeps the compiler's choice. */
-template <int T, lm_dtype WT, bool VEC, int MODE, bool MOE = false>
-__global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
-    constexpr int R = lm_gemv_rows(T);
+template <int T, lm_dtype WT, bool VEC, int MODE, bool MOE = false, bool TC = false>
+__global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
+    constexpr int R = lm_gemv_rows(T, TC);
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
     static_assert(!MOE || (T == 1 && (MODE == LM_GEMV_STORE || GLU)), "MoE pairs are single rows");
+    static_assert(!TC || (WT == LM_BF16 && VEC && !MOE && T <= 8), "tensor-core tiles: bf16 rows, up to 8 tokens");
     lm_pdl_trigger();
     /* launched early (PDL): weights are constant and may be fetched at once;
      * x (and y) only after the kernels before have finished */
@@ -175,127 +182,213 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
         w0 = a.moe_w[e];
         if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
     }
-    const unsigned char *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
-        if constexpr (GLU) wr[r] = (r < R / 2 ? w0 : w1) + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
-        else wr[r] = w0 + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
-    }
-
-    float acc[R][T];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
-
-    /* chunk k of token t's x */
-    auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
-        const float *xp = x + (size_t)t * I + k * EPC;
-        if constexpr (VEC) {
-#pragma unroll
-            for (int j = 0; j < EPC; j += 4) {
-                float4 q = __ldg((const float4 *)(xp + j));
-                xv[j] = q.x;
-                xv[j + 1] = q.y;
-                xv[j + 2] = q.z;
-                xv[j + 3] = q.w;
-            }
-        } else {
-            xv[0] = __ldg(xp);
-        }
-    };
-    /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
-    auto step = [&](const float (&wf)[R][EPC], int64_t k) {
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            float xv[EPC];
-            load_x(xv, t, k);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
-        }
-    };
-    /* the same from raw 16-byte chunks: one or two tokens widen each row's
-     * chunk as they use it (fewer live registers; the same FMAs in the same
-     * order), more tokens widen all rows first and share them */
-    auto step16 = [&](const uint4 (&v)[R], int64_t k) {
-        if constexpr (T <= 2) {
-            float xv[T][EPC];
-#pragma unroll
-            for (int t = 0; t < T; t++) load_x(xv[t], t, k);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float wf[EPC];
-                lm_widen16<WT>(v[r], wf);
-#pragma unroll
-                for (int t = 0; t < T; t++)
-#pragma unroll
-                    for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[j], xv[t][j], acc[r][t]);
-            }
-        } else {
-            float wf[R][EPC];
-#pragma unroll
-            for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
-            step(wf, k);
-        }
-    };
-    auto load16 = [&](uint4 (&v)[R], int64_t k) {
-#pragma unroll
-        for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
-    };
-    auto load1 = [&](float (&wf)[R][EPC], int64_t k) {
-#pragma unroll
-        for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
-    };
-
-    const int64_t stride = blockDim.x;
-    int64_t k = threadIdx.x;
-    /* two chunks per trip: 2 * R loads issued before the first FMA */
-    for (; k + stride < n_chunks; k += 2 * stride) {
-        if constexpr (VEC) {
-            uint4 va[R], vb[R];
-            load16(va, k);
-            load16(vb, k + stride);
-            sync_in();
-            step16(va, k);
-            step16(vb, k + stride);
-        } else {
-            float wa[R][EPC], wb[R][EPC];
-            load1(wa, k);
-            load1(wb, k + stride);
-            sync_in();
-            step(wa, k);
-            step(wb, k + stride);
-        }
-    }
-    if (k < n_chunks) {
-        if constexpr (VEC) {
-            uint4 va[R];
-            load16(va, k);
-            sync_in();
-            step16(va, k);
-        } else {
-            float wa[R][EPC];
-            load1(wa, k);
-            sync_in();
-            step(wa, k);
-        }
-    }
-    sync_in(); /* before y is written (and read, in ADD mode) */
-
-    /* reduce: within each warp by shuffles, then across warps in shared memory */
+    /* Tensor cores (TC): the block's 16 rows are one m16 tile against the
+     * tokens as one n8 tile (mma m16n8k16, bf16 in, f32 accumulation). x is
+     * split into three bf16 terms (hi, mid, lo as lm_split_bf16_kernel) and
+     * the tile multiplied by each, so products are exact and the sum is f32
+     * as on CUDA cores (not the same bits: LUMEN_CUDA_GEMV_TC is opt-in).
+     * Warp w takes a contiguous run of 32-element chunks; lane (g, c) =
+     * (lane / 4, lane % 4) loads 16 bytes of tile rows g and g + 8 at
+     * element 8c of the chunk and token g's 8 x values there. The mma's k
+     * slots are a permutation of the chunk's elements, the same for W and x,
+     * so the dot product is unchanged: elements 8c..8c+3 fill slots {2c,
+     * 2c+1, 2c+8, 2c+9} of the first k16 step, 8c+4..8c+7 those of the
+     * second. The tensor cores idle while the loads stream, where 8 tokens
+     * take 8 f32 FMAs a weight on CUDA cores (Llama-8B batch 8: 1,147 tok/s
+     * against 845 on the H200). */
     __shared__ float part[LM_GEMV_THREADS / 32][R * T];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    if constexpr (TC) {
+        const int g = lane >> 2, c = lane & 3;
+        /* tile rows g and g + 8 (GLU: gate row g and up row g) */
+        const unsigned char *pa = w0 + (size_t)LM_MIN(o0 + g, O - 1) * ldw;
+        const unsigned char *pb = (GLU ? w1 : w0) + (size_t)LM_MIN(o0 + g + (GLU ? 0 : 8), O - 1) * ldw;
+        const float *xr = x + (size_t)LM_MIN(g, T - 1) * I; /* token g (past T: zeros) */
+        const int64_t n32 = (I + 31) / 32;
+        float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+        auto mma = [&](const uint4 &va, const uint4 &vb, bool second, unsigned b0, unsigned b1) {
+            const unsigned a0 = second ? va.z : va.x, a1 = second ? vb.z : vb.x;
+            const unsigned a2 = second ? va.w : va.y, a3 = second ? vb.w : vb.y;
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        };
+        auto pack = [](__nv_bfloat16 lo_k, __nv_bfloat16 hi_k) {
+            return (unsigned)__bfloat16_as_ushort(lo_k) | ((unsigned)__bfloat16_as_ushort(hi_k) << 16);
+        };
+        auto step = [&](const uint4 &va, const uint4 &vb, int64_t kc) {
+            const int64_t e = kc * 32 + c * 8;
+            float xv[8];
+            if (g < T && e < I) {
+                const float4 p = __ldg((const float4 *)(xr + e)), q = __ldg((const float4 *)(xr + e + 4));
+                xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
+            } else {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+                for (int j = 0; j < 8; j++) xv[j] = 0.0f;
+            }
+            unsigned th[4], tm[4], tl[4]; /* pairs (2j, 2j + 1) of each term */
 #pragma unroll
-        for (int t = 0; t < T; t++) {
-            float v = acc[r][t];
+            for (int j = 0; j < 4; j++) {
+                __nv_bfloat16 h[2], md[2], l[2];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) part[warp][r * T + t] = v;
+                for (int u = 0; u < 2; u++) {
+                    const float v = xv[2 * j + u];
+                    h[u] = __float2bfloat16_rn(v);
+                    const float r = v - __bfloat162float(h[u]);
+                    md[u] = __float2bfloat16_rn(r);
+                    l[u] = __float2bfloat16_rn(r - __bfloat162float(md[u]));
+                }
+                th[j] = pack(h[0], h[1]), tm[j] = pack(md[0], md[1]), tl[j] = pack(l[0], l[1]);
+            }
+            /* small terms first */
+            mma(va, vb, false, tl[0], tl[1]), mma(va, vb, false, tm[0], tm[1]), mma(va, vb, false, th[0], th[1]);
+            mma(va, vb, true, tl[2], tl[3]), mma(va, vb, true, tm[2], tm[3]), mma(va, vb, true, th[2], th[3]);
+        };
+        auto ld = [&](const unsigned char *p, int64_t kc) {
+            const int64_t e = kc * 32 + c * 8;
+            return e < I ? __ldcs((const uint4 *)(p + e * 2)) : make_uint4(0u, 0u, 0u, 0u); /* a partial last chunk */
+        };
+        constexpr int U = 8; /* chunks a warp has in flight: 2 x 8 loads of 16 bytes a lane */
+        const int64_t per = (n32 + n_warps - 1) / n_warps, k_end = LM_MIN(n32, (warp + 1) * per);
+        for (int64_t k0 = warp * per; k0 < k_end; k0 += U) {
+            uint4 va[U], vb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const bool in = k0 + u < k_end;
+                va[u] = in ? ld(pa, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
+                vb[u] = in ? ld(pb, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
+            }
+            sync_in();
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (k0 + u < k_end) step(va[u], vb[u], k0 + u); /* warp-uniform */
         }
+        sync_in(); /* before y is written (and read, in ADD mode) */
+        const int t0 = 2 * c; /* d: rows g, g + 8 x tokens 2c, 2c + 1 */
+        if (t0 < T) part[warp][g * T + t0] = d[0], part[warp][(g + 8) * T + t0] = d[2];
+        if (t0 + 1 < T) part[warp][g * T + t0 + 1] = d[1], part[warp][(g + 8) * T + t0 + 1] = d[3];
+    } else {
+        const unsigned char *wr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
+            if constexpr (GLU) wr[r] = (r < R / 2 ? w0 : w1) + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
+            else wr[r] = w0 + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
+        }
+
+        float acc[R][T];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+        /* chunk k of token t's x */
+        auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
+            const float *xp = x + (size_t)t * I + k * EPC;
+            if constexpr (VEC) {
+#pragma unroll
+                for (int j = 0; j < EPC; j += 4) {
+                    float4 q = __ldg((const float4 *)(xp + j));
+                    xv[j] = q.x;
+                    xv[j + 1] = q.y;
+                    xv[j + 2] = q.z;
+                    xv[j + 3] = q.w;
+                }
+            } else {
+                xv[0] = __ldg(xp);
+            }
+        };
+        /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
+        auto step = [&](const float (&wf)[R][EPC], int64_t k) {
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                float xv[EPC];
+                load_x(xv, t, k);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
+            }
+        };
+        /* the same from raw 16-byte chunks: one or two tokens widen each row's
+         * chunk as they use it (fewer live registers; the same FMAs in the same
+         * order), more tokens widen all rows first and share them */
+        auto step16 = [&](const uint4 (&v)[R], int64_t k) {
+            if constexpr (T <= 2) {
+                float xv[T][EPC];
+#pragma unroll
+                for (int t = 0; t < T; t++) load_x(xv[t], t, k);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float wf[EPC];
+                    lm_widen16<WT>(v[r], wf);
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+#pragma unroll
+                        for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[j], xv[t][j], acc[r][t]);
+                }
+            } else {
+                float wf[R][EPC];
+#pragma unroll
+                for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
+                step(wf, k);
+            }
+        };
+        auto load16 = [&](uint4 (&v)[R], int64_t k) {
+#pragma unroll
+            for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
+        };
+        auto load1 = [&](float (&wf)[R][EPC], int64_t k) {
+#pragma unroll
+            for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
+        };
+
+        const int64_t stride = blockDim.x;
+        int64_t k = threadIdx.x;
+        /* two chunks per trip: 2 * R loads issued before the first FMA */
+        for (; k + stride < n_chunks; k += 2 * stride) {
+            if constexpr (VEC) {
+                uint4 va[R], vb[R];
+                load16(va, k);
+                load16(vb, k + stride);
+                sync_in();
+                step16(va, k);
+                step16(vb, k + stride);
+            } else {
+                float wa[R][EPC], wb[R][EPC];
+                load1(wa, k);
+                load1(wb, k + stride);
+                sync_in();
+                step(wa, k);
+                step(wb, k + stride);
+            }
+        }
+        if (k < n_chunks) {
+            if constexpr (VEC) {
+                uint4 va[R];
+                load16(va, k);
+                sync_in();
+                step16(va, k);
+            } else {
+                float wa[R][EPC];
+                load1(wa, k);
+                sync_in();
+                step(wa, k);
+            }
+        }
+        sync_in(); /* before y is written (and read, in ADD mode) */
+
+        /* reduce: within each warp by shuffles, then across warps in shared memory */
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                float v = acc[r][t];
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                if (lane == 0) part[warp][r * T + t] = v;
+            }
+    }
     __syncthreads();
     constexpr int n_out = GLU ? R / 2 * T : R * T;
     for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
@@ -321,9 +414,9 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 ? 1 : 2)) lm_gemv_ker
     }
 }
 
-template <int T, lm_dtype WT, bool VEC, int MODE>
+template <int T, lm_dtype WT, bool VEC, int MODE, bool TC = false>
 static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int threads) {
-    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE>, blocks, threads, 0, *a);
+    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE, false, TC>, blocks, threads, 0, *a);
 }
 
 /* Threads of a GEMV block over rows of `chunks` chunks: a power of two (the
@@ -338,7 +431,9 @@ static int lm_gemv_threads(int64_t chunks) {
  * callers fall back to separate ops otherwise): fewer kernels to build. */
 template <int T, lm_dtype WT>
 static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec) {
-    const int threads = lm_gemv_threads(vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I);
+    const bool tc = a->rows == lm_gemv_rows(T, true); /* lm_gemv_args0 chose tensor-core tiles */
+    const int threads = tc ? lm_gemv_threads((a->I + 31) / 32 * 32) /* a warp a 32-element chunk */
+                           : lm_gemv_threads(vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I);
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
@@ -350,6 +445,22 @@ static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec
             return;
         if (mode == LM_GEMV_ADD_NORM && lm_cuda_skip(c, LM_SKIP_NORM_TAIL)) mode = LM_GEMV_ADD;
     }
+    if constexpr (WT == LM_BF16 && T >= LM_GEMV_TC_MIN_T) {
+        if (tc) {
+            LM_ASSERT(vec);
+            switch (mode) {
+            case LM_GEMV_STORE: lm_gemv_go<T, WT, true, LM_GEMV_STORE, true>(c, a, nb, threads); break;
+            case LM_GEMV_ADD: lm_gemv_go<T, WT, true, LM_GEMV_ADD, true>(c, a, nb, threads); break;
+            case LM_GEMV_ADD_NORM: lm_gemv_go<T, WT, true, LM_GEMV_ADD_NORM, true>(c, a, nb, threads); break;
+            case LM_GEMV_GLU_SILU: lm_gemv_go<T, WT, true, LM_GEMV_GLU_SILU, true>(c, a, nb, threads); break;
+            case LM_GEMV_GLU_GELU_TANH: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU_TANH, true>(c, a, nb, threads); break;
+            default: lm_gemv_go<T, WT, true, LM_GEMV_GLU_GELU, true>(c, a, nb, threads); break;
+            }
+            LM_CUDA_LAUNCHED("gemv");
+            return;
+        }
+    }
+    LM_ASSERT(!tc);
     if (!vec) {
         LM_ASSERT(mode == LM_GEMV_STORE);
         lm_gemv_go<T, WT, false, LM_GEMV_STORE>(c, a, nb, threads);
@@ -402,11 +513,21 @@ static void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, i
     }
 }
 
+/* Whether a GEMV of T tokens over bf16 rows takes tensor-core tiles (16
+ * rows a block): from LM_GEMV_TC_MIN_T tokens, where the CUDA-core form is
+ * bound by its FMAs, when LUMEN_CUDA_GEMV_TC=1 (sm_80+). Opt-in: a token's
+ * bits then depend on how many share its batch (the CUDA-core GEMV gives
+ * the same bits for 1 to 8), which the exactness tests forbid by default.
+ * The caller has checked 16-byte chunks. */
+static bool lm_gemv_tc(const lm_cuda *c, int64_t T, lm_dtype wt) {
+    return c->gemv_tc && wt == LM_BF16 && T >= LM_GEMV_TC_MIN_T;
+}
+
 /* A plain args block: no matrices yet (first_block past every block). */
-static lm_gemv_args lm_gemv_args0(const float *x, int64_t I, int64_t T) {
+static lm_gemv_args lm_gemv_args0(const float *x, int64_t I, int64_t T, bool tc) {
     lm_gemv_args a;
     memset(&a, 0, sizeof a); /* every byte set: a graph pass hashes them */
-    a.x = x, a.I = I, a.rows = lm_gemv_rows((int)T);
+    a.x = x, a.I = I, a.rows = lm_gemv_rows((int)T, tc);
     for (int i = 0; i <= LM_GEMV_MAXM; i++) a.first_block[i] = 0;
     return a;
 }
@@ -426,9 +547,14 @@ static void lm_gemv_set_glu(lm_gemv_args *a, float *y, const void *wg, const voi
 
 static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
                     int64_t O, int64_t I) {
-    lm_gemv_args a = lm_gemv_args0(x, I, T);
+    lm_gemv_args a = lm_gemv_args0(x, I, T, false);
     lm_gemv_add(&a, 0, y, w, bias, O);
-    lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, lm_gemv_vec(&a, 1, wt));
+    const bool vec = lm_gemv_vec(&a, 1, wt);
+    if (vec && lm_gemv_tc(c, T, wt)) { /* the same matrix in 16-row blocks */
+        a = lm_gemv_args0(x, I, T, true);
+        lm_gemv_add(&a, 0, y, w, bias, O);
+    }
+    lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, vec);
 }
 
 /* The experts' GEMVs of a MoE layer for `pairs` (token, expert) pairs whose
@@ -438,7 +564,7 @@ static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, 
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
                       int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu) {
     LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && pairs >= 1 && pairs <= 65535);
-    lm_gemv_args a = lm_gemv_args0(x, I, 1);
+    lm_gemv_args a = lm_gemv_args0(x, I, 1, false);
     if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wtab */
     else lm_gemv_add(&a, 0, y, NULL, NULL, O);
     a.moe_sel = sel, a.moe_w = wtab, a.moe_k = k, a.moe_E = E;
@@ -651,7 +777,7 @@ void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
 /* The fused GEMV takes: few tokens, 16-byte chunks of bf16/f16 weights. */
 static bool lm_gemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n) {
     if (x->rows < 1 || x->rows > LM_GEMV_MAX_T || x->type != LM_F32) return false;
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, false);
     for (int i = 0; i < n; i++) {
         if ((w[i]->type != LM_BF16 && w[i]->type != LM_F16) || w[i]->type != w[0]->type || w[i]->cols != x->cols)
             return false;
@@ -669,7 +795,7 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
         return;
     }
     lm_cuda_use(c);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, w[0]->type));
     for (int i = 0; i < n; i++) {
         const lm_tensor *b = bias ? bias[i] : NULL;
         LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
@@ -692,7 +818,7 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
         return;
     }
     lm_cuda_use(c);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, wg->type));
     lm_gemv_set_glu(&a, (float *)y->data, wg->data, wu->data, wg->rows);
     const int mode = act == LM_GLU_SILU ? LM_GEMV_GLU_SILU : act == LM_GLU_GELU_TANH ? LM_GEMV_GLU_GELU_TANH
                                                                                       : LM_GEMV_GLU_GELU;
@@ -714,7 +840,7 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows);
+    lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, w->type));
     lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
     const bool fuse = lm_gemv_fusable(x, &w, 1);
     const bool fuse_norm = fuse && norm && lm_norm_fusable(y, norm);
