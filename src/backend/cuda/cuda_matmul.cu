@@ -55,8 +55,8 @@
  * 8 rows spill at T = 2). */
 __host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) { return tc ? 16 : T == 1 ? 8 : 4; }
 /* Fewest tokens for tensor-core tiles (lm_gemv_tc): Llama-8B shape on the
- * H200, batch 2 / 4 / 8 decode 313 / 629 / 1,145 tok/s on tiles against 395
- * / 668 / 843 on CUDA cores. */
+ * H200, batch 1 / 2 / 4 / 8 decode 169 / 319 / 629 / 1,169 tok/s on tiles
+ * against 240 / 396 / 668 / 842 on CUDA cores. */
 #define LM_GEMV_TC_MIN_T 5
 static_assert(LM_NORM_VT % LM_GEMV_THREADS == 0, "the fused norm runs on the GEMV's block");
 
@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
         const unsigned char *pb = (GLU ? w1 : w0) + (size_t)LM_MIN(o0 + g + (GLU ? 0 : 8), O - 1) * ldw;
         const float *xr = x + (size_t)LM_MIN(g, T - 1) * I; /* token g (past T: zeros) */
         const int64_t n32 = (I + 31) / 32;
-        float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-        auto mma = [&](const uint4 &va, const uint4 &vb, bool second, unsigned b0, unsigned b1) {
+        float dt[3][4] = {}; /* one accumulator a term: three mma chains instead of one */
+        auto mma = [&](float (&d)[4], const uint4 &va, const uint4 &vb, bool second, unsigned b0, unsigned b1) {
             const unsigned a0 = second ? va.z : va.x, a1 = second ? vb.z : vb.x;
             const unsigned a2 = second ? va.w : va.y, a3 = second ? vb.w : vb.y;
             asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -241,9 +241,10 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                 }
                 th[j] = pack(h[0], h[1]), tm[j] = pack(md[0], md[1]), tl[j] = pack(l[0], l[1]);
             }
-            /* small terms first */
-            mma(va, vb, false, tl[0], tl[1]), mma(va, vb, false, tm[0], tm[1]), mma(va, vb, false, th[0], th[1]);
-            mma(va, vb, true, tl[2], tl[3]), mma(va, vb, true, tm[2], tm[3]), mma(va, vb, true, th[2], th[3]);
+            mma(dt[0], va, vb, false, tl[0], tl[1]), mma(dt[1], va, vb, false, tm[0], tm[1]);
+            mma(dt[2], va, vb, false, th[0], th[1]);
+            mma(dt[0], va, vb, true, tl[2], tl[3]), mma(dt[1], va, vb, true, tm[2], tm[3]);
+            mma(dt[2], va, vb, true, th[2], th[3]);
         };
         auto ld = [&](const unsigned char *p, int64_t kc) {
             const int64_t e = kc * 32 + c * 8;
@@ -265,6 +266,9 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                 if (k0 + u < k_end) step(va[u], vb[u], k0 + u); /* warp-uniform */
         }
         sync_in(); /* before y is written (and read, in ADD mode) */
+        float d[4]; /* small terms first */
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[i] = (dt[0][i] + dt[1][i]) + dt[2][i];
         const int t0 = 2 * c; /* d: rows g, g + 8 x tokens 2c, 2c + 1 */
         if (t0 < T) part[warp][g * T + t0] = d[0], part[warp][(g + 8) * T + t0] = d[2];
         if (t0 + 1 < T) part[warp][g * T + t0 + 1] = d[1], part[warp][(g + 8) * T + t0 + 1] = d[3];
