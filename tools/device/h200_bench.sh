@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -80,6 +80,17 @@ for set in "$@"; do
       kinds="none conv gates delta_rule gnorm conv,gates,delta_rule,gnorm attention norm gemv_n gemv_glu gemv_add gemv_down norm_tail none"; fi
     for k in $kinds; do
       echo -n "skip $k "; LUMEN_CUDA_SKIP=${k/none/} "$L" bench -m $d --device cuda --batch 1 --prompt-len 32 --gen $g --no-membw 2>/dev/null
+    done ;;
+  gemv-tc) # decode GEMVs of 5-8 tokens on tensor cores (LUMEN_CUDA_GEMV_TC=1) against CUDA cores, alternating
+    model /dev/shm/l8 llama-3.1-8b
+    for B in 4 5 6 8; do
+      for tc in 0 1; do
+        echo -n "gemv_tc=$tc batch $B "; LUMEN_CUDA_GEMV_TC=$tc "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw
+      done
+    done
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for tc in 0 1; do
+      echo -n "gemv_tc=$tc batch 8 "; LUMEN_CUDA_GEMV_TC=$tc "$L" bench -m /dev/shm/q27 --device cuda --batch 8 --prompt-len 32 --gen 32 --no-membw
     done ;;
   small-batch) # batch 2 and 8 decode (the GEMV path above one token) on both shapes
     model /dev/shm/l8 llama-3.1-8b
