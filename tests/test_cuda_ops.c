@@ -64,6 +64,19 @@ static bool cu_open(cu_pair *p, char *why, size_t n) {
     return true;
 }
 
+/* cu_open with the environment variable var set to value while the GPU
+ * backend is created (switches it reads then), and restored after. */
+static bool cu_open_with(cu_pair *p, const char *var, const char *value, char *why, size_t n) {
+    const char *old = getenv(var);
+    char *saved = old ? strdup(old) : NULL;
+    setenv(var, value, 1);
+    const bool ok = cu_open(p, why, n);
+    if (saved) setenv(var, saved, 1);
+    else unsetenv(var);
+    free(saved);
+    return ok;
+}
+
 static void cu_close(cu_pair *p) {
     lm_backend_destroy(p->gpu);
     lm_backend_destroy(p->cpu);
@@ -308,15 +321,8 @@ LM_TEST(cuda_matmul_views_and_range) {
 LM_TEST(cuda_matmul_bf16_mode) {
     char why[512];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    const char *old = getenv("LUMEN_CUDA_GEMM");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("LUMEN_CUDA_GEMM", "bf16", 1);
     cu_pair p;
-    bool ok = cu_open(&p, why, sizeof why);
-    if (saved) setenv("LUMEN_CUDA_GEMM", saved, 1);
-    else unsetenv("LUMEN_CUDA_GEMM");
-    free(saved);
-    LM_REQUIRE(ok);
+    LM_REQUIRE(cu_open_with(&p, "LUMEN_CUDA_GEMM", "bf16", why, sizeof why));
     uint64_t seed = 7;
     for (size_t wi = 0; wi < 2; wi++) {
         int bad = cu_matmul_case(&p, cu_wtypes[wi], 64, 130, 1000, true, 1e-2, seed++);
@@ -730,15 +736,8 @@ LM_TEST(cuda_fused_matmuls_equal_composed) {
 LM_TEST(cuda_gemv_tensor_cores) {
     char why_[512];
     if (!lm_cuda_available(why_, sizeof why_)) LM_SKIP("%s", why_);
-    const char *saved = getenv("LUMEN_CUDA_GEMV_TC");
-    char keep[16];
-    snprintf(keep, sizeof keep, "%s", saved ? saved : "");
-    setenv("LUMEN_CUDA_GEMV_TC", "1", 1);
     cu_pair p;
-    const bool opened = cu_open(&p, why_, sizeof why_);
-    if (saved) setenv("LUMEN_CUDA_GEMV_TC", keep, 1);
-    else unsetenv("LUMEN_CUDA_GEMV_TC");
-    LM_REQUIRE(opened);
+    LM_REQUIRE(cu_open_with(&p, "LUMEN_CUDA_GEMV_TC", "1", why_, sizeof why_));
     static const int64_t Ts[] = { 2, 5, 6, 8 };
     static const int64_t shapes[][2] = { { 67, 264 }, { 130, 1000 }, { 257, 2056 }, { 512, 4096 } };
     uint64_t seed = 501;

@@ -552,12 +552,10 @@ static void lm_gemv_set_glu(lm_gemv_args *a, float *y, const void *wg, const voi
 static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
                     int64_t O, int64_t I) {
     lm_gemv_args a = lm_gemv_args0(x, I, T, false);
-    lm_gemv_add(&a, 0, y, w, bias, O);
+    a.w[0] = (const unsigned char *)w;
     const bool vec = lm_gemv_vec(&a, 1, wt);
-    if (vec && lm_gemv_tc(c, T, wt)) { /* the same matrix in 16-row blocks */
-        a = lm_gemv_args0(x, I, T, true);
-        lm_gemv_add(&a, 0, y, w, bias, O);
-    }
+    a.rows = lm_gemv_rows(T, vec && lm_gemv_tc(c, T, wt)); /* before the blocks are counted */
+    lm_gemv_add(&a, 0, y, w, bias, O);
     lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, vec);
 }
 
