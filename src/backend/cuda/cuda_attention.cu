@@ -577,7 +577,7 @@ __device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
 }
 
 template <int DPL, int GM>
-__global__ void __launch_bounds__(ATT_DEC_WARPS * 32) att_decode_kernel(att_args a) {
+__global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 1) att_decode_kernel(att_args a) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
     const int t = blockIdx.x, z = blockIdx.z, g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
@@ -732,7 +732,7 @@ static bool att_use_decode(int T, int S, int Dh) {
 
 static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
                        const lm_attn_batch *b, const lm_attn_params *p) {
-    const int Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
+    const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens;
     att_dev d = att_stage_memo(c, kv, b, p->window, false);
     int max_range = 1;
     for (int t = 0; t < T; t++)
@@ -747,9 +747,12 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (range2 + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
-    if (Dh == 64) att_decode_launch<2, 8>(c, grid, &a);
-    else if (Dh == 128) att_decode_launch<4, 8>(c, grid, &a);
-    else if (Dh == 256) att_decode_launch<8, 8>(c, grid, &a);
+    /* groups of up to 4 query heads (Llama-3, Qwen3, Qwen3.5-9B) on blocks
+     * of 4: the registers and dot products of 8 would be half empty */
+    const bool g4 = H / Hkv <= 4;
+    if (Dh == 64) g4 ? att_decode_launch<2, 4>(c, grid, &a) : att_decode_launch<2, 8>(c, grid, &a);
+    else if (Dh == 128) g4 ? att_decode_launch<4, 4>(c, grid, &a) : att_decode_launch<4, 8>(c, grid, &a);
+    else if (Dh == 256) g4 ? att_decode_launch<8, 4>(c, grid, &a) : att_decode_launch<8, 8>(c, grid, &a);
     else att_decode_launch<16, 2>(c, grid, &a);
     att_combine(c, &a, T);
 }
