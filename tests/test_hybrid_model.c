@@ -279,7 +279,7 @@ static void mtp_case(lm_test_ctx *lm_t_, const char *fixture, bool sparse) {
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0 && lm_model_load(&p, plain, be, &e) == 0);
     const lm_qwen35_mtp *h = lm_qwen35_mtp_head(m);
-    LM_CHECK(h && h->n_layers == 1 && h->fc.rows == 64 && h->fc.cols == 128);
+    LM_CHECK(h && h->n_layers == 1 && h->fc_emb.rows == 64 && h->fc_emb.cols == 64 && h->fc_hidden.cols == 64);
     LM_CHECK(h && !h->layers[0].linear && h->layers[0].moe == sparse && h->layers[0].attn.wgate.data);
     LM_CHECK(lm_qwen35_mtp_head(p) == NULL);
     /* a decode step does not read the MTP weights */

@@ -2,7 +2,7 @@
  * Llama, or a Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
  *
  *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|
- *                                     qwen3.5-0.8b|qwen3.5-2b|qwen3.5-27b|qwen3.5-tiny
+ *                                     qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny
  *                     [--seed N] [--layers N] [--dtype bf16|f32]
  *                     [--config-style hub|v5] [--threads N]
  *
@@ -87,6 +87,10 @@ static const shape SHAPES[] = {
      * parameters, 53.8 GB in bf16 */
     { "qwen3.5-27b", 5120, 17408, 64, 24, 4, 256, 248320, 10000000.0,
       0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 48, 128, 128, 4, 4, 0.25 },
+    /* Qwen3.5-9B: 24 DeltaNet layers of 16 key / 32 value heads, 8 gated
+     * attention layers of 16 / 4 heads, untied head; 8.95B parameters */
+    { "qwen3.5-9b", 4096, 12288, 32, 16, 4, 256, 248320, 10000000.0,
+      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 32, 128, 128, 4, 4, 0.25 },
     { "qwen3.5-tiny", 64, 128, 4, 4, 2, 32, 1024, 10000000.0,
       0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25 },
 };
@@ -540,7 +544,7 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
 static void usage(FILE *f) {
     fprintf(f,
             "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|\n"
-            "                                          qwen3.5-0.8b|qwen3.5-2b|qwen3.5-27b|qwen3.5-tiny\n"
+            "                                          qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny\n"
             "                         [--seed N] [--layers N] [--dtype bf16|f32]\n"
             "                         [--config-style hub|v5] [--threads N]\n"
             "Writes config.json, generation_config.json and model.safetensors with\n"

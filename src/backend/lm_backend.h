@@ -142,6 +142,11 @@ struct lm_backend_ops {
     /* Makes a weight usable on this backend; host_data stays valid for the
      * backend's lifetime (mmapped). CPU uses it in place. */
     int (*upload_weight)(lm_backend *be, lm_tensor *t, const void *host_data, lm_err *e);
+    /* Optional (NULL: upload_weight one by one): n weights of the same
+     * width that the model multiplies by the same input (q, k, v; gate, up),
+     * which a backend may place back to back to cover them with one product
+     * (matmul_n, matmul_glu). lm_backend_upload_weights calls either. */
+    int (*upload_weights)(lm_backend *be, int n, lm_tensor *const *t, const void *const *host_data, lm_err *e);
     void (*read)(lm_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*write)(lm_backend *be, void *dst, const void *host_src, size_t bytes);
     /* Backend-to-backend: zero bytes at dst; copy bytes from src to dst. */
@@ -260,6 +265,8 @@ static inline lm_backend *lm_backend_base(lm_backend *be) {
  * destroy (LUMEN_PROFILE=1 in the CLI). Destroying it destroys inner. */
 lm_backend *lm_backend_profiled(lm_backend *inner);
 
+/* be's upload_weights, or upload_weight for each of the n weights. */
+int lm_backend_upload_weights(lm_backend *be, int n, lm_tensor *const *t, const void *const *host_data, lm_err *e);
 /* Convenience: allocate an f32 activation tensor [rows][cols] on be. */
 int lm_tensor_alloc(lm_backend *be, lm_tensor *t, int64_t rows, int64_t cols);
 void lm_tensor_release(lm_backend *be, lm_tensor *t);

@@ -1,10 +1,17 @@
-/* tensor.c - backend-independent helpers for f32 activation tensors.
+/* tensor.c - backend-independent helpers: f32 activation tensors, weight uploads.
  *
  * Activations are dense row-major f32 in backend memory, so a run of rows is
  * just an offset pointer: lm_tensor_rows makes such views (no copy, no
  * ownership) which is how models run a batch of T tokens on buffers sized for
  * the largest batch. */
 #include "lm_backend.h"
+
+int lm_backend_upload_weights(lm_backend *be, int n, lm_tensor *const *t, const void *const *host_data, lm_err *e) {
+    if (be->ops->upload_weights) return be->ops->upload_weights(be, n, t, host_data, e);
+    for (int i = 0; i < n; i++)
+        if (be->ops->upload_weight(be, t[i], host_data[i], e)) return -1;
+    return 0;
+}
 
 int lm_tensor_alloc(lm_backend *be, lm_tensor *t, int64_t rows, int64_t cols) {
     *t = (lm_tensor){ .type = LM_F32, .rows = rows, .cols = cols, .data = NULL };

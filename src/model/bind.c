@@ -73,6 +73,33 @@ void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows
     b->m->weight_bytes += counted ? t->nbytes : lm_dtype_row_bytes(t->type, cols);
 }
 
+const lm_file_tensor *lm_bind_find_matrix(lm_binder *b, const char *name, int64_t rows, int64_t cols) {
+    const lm_file_tensor *t = find_checked(b, name, rows, cols, true);
+    if (t) b->m->weight_bytes += t->nbytes;
+    return t;
+}
+
+void lm_bind_upload_group(lm_binder *b, int n, lm_tensor *const *dst, const void *const *host, const char *what) {
+    if (b->failed) return;
+    if (lm_backend_upload_weights(b->m->be, n, dst, host, b->e)) {
+        lm_err_prefix(b->e, "%s", what);
+        b->failed = 1;
+    }
+}
+
+void lm_bind_matrix_group(lm_binder *b, int n, lm_tensor *const *dst, const char *const *names, const int64_t *rows,
+                          int64_t cols) {
+    LM_ASSERT(n >= 1 && n <= LM_BIND_GROUP_MAX);
+    const void *host[LM_BIND_GROUP_MAX];
+    for (int i = 0; i < n; i++) {
+        const lm_file_tensor *t = lm_bind_find_matrix(b, names[i], rows[i], cols);
+        if (!t) return;
+        *dst[i] = (lm_tensor){ .type = t->type, .rows = rows[i], .cols = cols };
+        host[i] = t->data;
+    }
+    lm_bind_upload_group(b, n, dst, host, names[0]);
+}
+
 void lm_bind_f32(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t n, bool required,
                  float offset) {
     const lm_file_tensor *t = find_checked(b, name, n, 0, required);

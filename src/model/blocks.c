@@ -60,10 +60,12 @@ const lm_attn_names lm_attn_gguf_names = {
 void lm_attn_bind(lm_binder *b, lm_attn_layer *L, const lm_attn_names *nt, int l) {
     const lm_model_config *c = &b->m->cfg;
     int64_t D = c->d_model, QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
-    char n[160];
-    lm_bind_matrix(b, &L->wq, lm_bind_name(n, sizeof n, nt->wq, l), QD, D, true, true);
-    lm_bind_matrix(b, &L->wk, lm_bind_name(n, sizeof n, nt->wk, l), KD, D, true, true);
-    lm_bind_matrix(b, &L->wv, lm_bind_name(n, sizeof n, nt->wv, l), KD, D, true, true);
+    char n[160], nq[160], nk[160], nv[160];
+    lm_bind_matrix_group(b, 3, (lm_tensor *const[]){ &L->wq, &L->wk, &L->wv },
+                         (const char *const[]){ lm_bind_name(nq, sizeof nq, nt->wq, l),
+                                                lm_bind_name(nk, sizeof nk, nt->wk, l),
+                                                lm_bind_name(nv, sizeof nv, nt->wv, l) },
+                         (const int64_t[]){ QD, KD, KD }, D);
     lm_bind_matrix(b, &L->wo, lm_bind_name(n, sizeof n, nt->wo, l), D, QD, true, true);
     lm_bind_vector(b, &L->bq, lm_bind_name(n, sizeof n, nt->bq, l), QD, c->qkv_bias);
     lm_bind_vector(b, &L->bk, lm_bind_name(n, sizeof n, nt->bk, l), KD, c->qkv_bias);
@@ -167,9 +169,10 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
 void lm_mlp_bind(lm_binder *b, lm_mlp_layer *L, const char *gate, const char *up, const char *down, int l,
                  int64_t F) {
     int64_t D = b->m->cfg.d_model;
-    char n[160];
-    lm_bind_matrix(b, &L->gate, lm_bind_name(n, sizeof n, gate, l), F, D, true, true);
-    lm_bind_matrix(b, &L->up, lm_bind_name(n, sizeof n, up, l), F, D, true, true);
+    char n[160], ng[160], nu[160];
+    lm_bind_matrix_group(b, 2, (lm_tensor *const[]){ &L->gate, &L->up },
+                         (const char *const[]){ lm_bind_name(ng, sizeof ng, gate, l), lm_bind_name(nu, sizeof nu, up, l) },
+                         (const int64_t[]){ F, F }, D);
     lm_bind_matrix(b, &L->down, lm_bind_name(n, sizeof n, down, l), D, F, true, true);
 }
 

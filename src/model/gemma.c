@@ -339,8 +339,11 @@ static void bind_layer(lm_binder *b, namer *n, gemma_layer *L, const gemma_layer
         }
         lm_bind_f32(b, &L->k_norm, nm(n, "layers.%d.self_attn.k_norm.weight", l), 1, lc->head_dim, true, norm_off);
     }
-    lm_bind_matrix(b, &L->w_gate, nm(n, "layers.%d.mlp.gate_proj.weight", l), F, D, true, true);
-    lm_bind_matrix(b, &L->w_up, nm(n, "layers.%d.mlp.up_proj.weight", l), F, D, true, true);
+    namer nu = *n;
+    lm_bind_matrix_group(b, 2, (lm_tensor *const[]){ &L->w_gate, &L->w_up },
+                         (const char *const[]){ nm(n, "layers.%d.mlp.gate_proj.weight", l),
+                                                nm(&nu, "layers.%d.mlp.up_proj.weight", l) },
+                         (const int64_t[]){ F, F }, D);
     lm_bind_matrix(b, &L->w_down, nm(n, "layers.%d.mlp.down_proj.weight", l), D, F, true, true);
     L->layer_scalar = 1.0f;
     if (g->version == 4) {

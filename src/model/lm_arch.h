@@ -49,6 +49,19 @@ typedef struct lm_binder {
  * multiplied (embedding tables: pass counted = false). */
 void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t cols, bool required,
                     bool counted);
+/* Matrices the model multiplies by the same input (q, k, v; gate, up) go to
+ * the backend together (lm_backend_upload_weights), which may place them
+ * back to back for one product. lm_bind_matrix_group binds n such matrices
+ * of `cols` columns as lm_bind_matrix(required, counted) would. */
+#define LM_BIND_GROUP_MAX 4
+void lm_bind_matrix_group(lm_binder *b, int n, lm_tensor *const *dst, const char *const *names, const int64_t *rows,
+                          int64_t cols);
+/* For matrices a model re-lays out in host memory first: finds `name`
+ * (checked as lm_bind_matrix does) and counts its bytes, NULL after a
+ * failure; lm_bind_upload_group then uploads the n laid-out parts (dst
+ * shaped, data at host[i]) together, `what` naming them in an error. */
+const lm_file_tensor *lm_bind_find_matrix(lm_binder *b, const char *name, int64_t rows, int64_t cols);
+void lm_bind_upload_group(lm_binder *b, int n, lm_tensor *const *dst, const void *const *host, const char *what);
 /* A tensor of n elements (any shape with that element count) converted to an
  * f32 backend copy [rows][n / rows], plus `offset` added to every element. */
 void lm_bind_f32(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t n, bool required,

@@ -71,8 +71,7 @@ typedef struct lm_q35_layer {
  * of their own when it runs: layer l uses layer l (kv_layer) of the MTP pool. */
 typedef struct lm_qwen35_mtp {
     int n_layers;
-    lm_tensor fc;                      /* [D][2D] */
-    lm_tensor fc_emb, fc_hidden;       /* [D][D] each: fc's column halves (host copies) */
+    lm_tensor fc_emb, fc_hidden;       /* [D][D] each: the column halves of mtp.fc [D][2D] */
     lm_tensor pre_fc_norm_embedding;   /* [D] f32, (1 + w) */
     lm_tensor pre_fc_norm_hidden;      /* [D] f32, (1 + w) */
     lm_tensor norm;                    /* [D] f32, (1 + w) */

@@ -140,45 +140,41 @@ static const char *lname(char *buf, size_t n, const char *pfx, int layer, const 
     return buf;
 }
 
-/* Binds checkpoint matrix `name` [rows][cols] re-ordered: part i is rows
- * map[r_i .. r_i + part_rows[i]) (r_i the sum of the parts before), copied in
- * the stored type into host memory the model owns. The whole matrix is
- * checked (shape, type) and its bytes counted once. */
-static void bind_split(lm_binder *b, q35 *q, const char *name, int64_t rows, int64_t cols, const int32_t *map,
-                       int n_parts, const int64_t *part_rows, lm_tensor *const *parts) {
-    lm_tensor whole = { 0 };
-    lm_bind_matrix(b, &whole, name, rows, cols, true, true);
-    if (b->failed) return;
-    lm_model *m = b->m;
-    const lm_file_tensor *t = lm_weights_find(&m->src, name, NULL);
+/* A host buffer (stored type) the model owns until it is freed. */
+static uint8_t *host_part(q35 *q, size_t bytes) {
+    uint8_t *host = lm_xaligned(bytes);
+    q->host = lm_xrealloc(q->host, (size_t)(q->n_host + 1) * sizeof *q->host);
+    q->host[q->n_host++] = host;
+    return host;
+}
+
+/* Row blocks of checkpoint matrix t [rows][cols] re-ordered: part i is rows
+ * map[r_i .. r_i + part_rows[i]) (r_i the sum of the parts before), copied
+ * in the stored type into host memory the model owns (host[i]), parts[i]
+ * shaped to match, for lm_bind_upload_group. */
+static void split_rows(const lm_file_tensor *t, q35 *q, int64_t rows, int64_t cols, const int32_t *map, int n_parts,
+                       const int64_t *part_rows, lm_tensor *const *parts, const void **host) {
     const size_t rb = lm_dtype_row_bytes(t->type, cols);
     int64_t r = 0;
     for (int i = 0; i < n_parts; i++) {
-        uint8_t *host = lm_xaligned((size_t)part_rows[i] * rb);
+        uint8_t *h = host_part(q, (size_t)part_rows[i] * rb);
         for (int64_t j = 0; j < part_rows[i]; j++) {
             LM_ASSERT(map[r + j] >= 0 && map[r + j] < rows);
-            memcpy(host + (size_t)j * rb, t->data + (size_t)map[r + j] * rb, rb);
+            memcpy(h + (size_t)j * rb, t->data + (size_t)map[r + j] * rb, rb);
         }
         r += part_rows[i];
-        q->host = lm_xrealloc(q->host, (size_t)(q->n_host + 1) * sizeof *q->host);
-        q->host[q->n_host++] = host;
         *parts[i] = (lm_tensor){ .type = t->type, .rows = part_rows[i], .cols = cols };
-        if (m->be->ops->upload_weight(m->be, parts[i], host, b->e)) {
-            lm_err_prefix(b->e, "%s", name);
-            b->failed = 1;
-            return;
-        }
+        host[i] = h;
     }
 }
 
-/* Host copies (stored type, owned by the model) of the column blocks of an
- * already bound matrix `name` [rows][n_parts * cols]: part i is columns
- * [i * cols, (i + 1) * cols) of every row. */
-static void bind_split_cols(lm_binder *b, q35 *q, const char *name, int n_parts, lm_tensor *const *parts) {
-    if (b->failed) return;
-    lm_model *m = b->m;
-    const lm_file_tensor *t = lm_weights_find(&m->src, name, NULL);
-    const int64_t rows = t->shape[0], cols = t->shape[1] / n_parts;
+/* Host copies (stored type, owned by the model) of the column blocks of
+ * checkpoint matrix `name` [rows][n_parts * cols], each uploaded on its own:
+ * part i is columns [i * cols, (i + 1) * cols) of every row. */
+static void bind_split_cols(lm_binder *b, q35 *q, const char *name, int64_t rows, int n_parts, int64_t cols,
+                            lm_tensor *const *parts) {
+    const lm_file_tensor *t = lm_bind_find_matrix(b, name, rows, n_parts * cols);
+    if (!t) return;
     const size_t rb = lm_dtype_row_bytes(t->type, t->shape[1]), pb = lm_dtype_row_bytes(t->type, cols);
     if (pb * (size_t)n_parts != rb) {
         lm_errf(b->e, "%s: %s rows cannot be split into %d column blocks", name, t->type_name, n_parts);
@@ -186,40 +182,47 @@ static void bind_split_cols(lm_binder *b, q35 *q, const char *name, int n_parts,
         return;
     }
     for (int i = 0; i < n_parts; i++) {
-        uint8_t *host = lm_xaligned((size_t)rows * pb);
-        for (int64_t r = 0; r < rows; r++) memcpy(host + (size_t)r * pb, t->data + (size_t)r * rb + (size_t)i * pb, pb);
-        q->host = lm_xrealloc(q->host, (size_t)(q->n_host + 1) * sizeof *q->host);
-        q->host[q->n_host++] = host;
+        uint8_t *h = host_part(q, (size_t)rows * pb);
+        for (int64_t r = 0; r < rows; r++) memcpy(h + (size_t)r * pb, t->data + (size_t)r * rb + (size_t)i * pb, pb);
         *parts[i] = (lm_tensor){ .type = t->type, .rows = rows, .cols = cols };
-        if (m->be->ops->upload_weight(m->be, parts[i], host, b->e)) {
-            lm_err_prefix(b->e, "%s", name);
-            b->failed = 1;
-            return;
-        }
+        lm_bind_upload_group(b, 1, &parts[i], (const void *const[]){ h }, name);
     }
 }
 
+/* q (and the output gate), k and v go up as one group, in the order
+ * attn_block multiplies them (matmul_n). */
 static void bind_attn(lm_binder *b, q35 *q, lm_q35_attn *A, const char *pfx, int l) {
     const lm_model_config *c = &b->m->cfg;
     const int64_t D = c->d_model, Dh = c->head_dim, QD = (int64_t)c->n_heads * Dh, KD = (int64_t)c->n_kv_heads * Dh;
-    char n[192];
+    char n[192], nq[192], nk[192], nv[192];
+    lname(nq, sizeof nq, pfx, l, "self_attn.q_proj.weight");
+    lname(nk, sizeof nk, pfx, l, "self_attn.k_proj.weight");
+    lname(nv, sizeof nv, pfx, l, "self_attn.v_proj.weight");
     if (c->hybrid->attn_out_gate) {
         /* q_proj rows are [H][q (Dh); gate (Dh)] */
-        int32_t *map = lm_xmalloc((size_t)(2 * QD) * sizeof(int32_t));
-        for (int64_t h = 0; h < c->n_heads; h++)
-            for (int64_t i = 0; i < Dh; i++) {
-                map[h * Dh + i] = (int32_t)(h * 2 * Dh + i);
-                map[QD + h * Dh + i] = (int32_t)(h * 2 * Dh + Dh + i);
-            }
-        const int64_t parts[2] = { QD, QD };
-        bind_split(b, q, lname(n, sizeof n, pfx, l, "self_attn.q_proj.weight"), 2 * QD, D, map, 2, parts,
-                   (lm_tensor *const[]){ &A->wq, &A->wgate });
-        free(map);
+        const lm_file_tensor *tq = lm_bind_find_matrix(b, nq, 2 * QD, D);
+        const lm_file_tensor *tk = tq ? lm_bind_find_matrix(b, nk, KD, D) : NULL;
+        const lm_file_tensor *tv = tk ? lm_bind_find_matrix(b, nv, KD, D) : NULL;
+        if (tv) {
+            int32_t *map = lm_xmalloc((size_t)(2 * QD) * sizeof(int32_t));
+            for (int64_t h = 0; h < c->n_heads; h++)
+                for (int64_t i = 0; i < Dh; i++) {
+                    map[h * Dh + i] = (int32_t)(h * 2 * Dh + i);
+                    map[QD + h * Dh + i] = (int32_t)(h * 2 * Dh + Dh + i);
+                }
+            const void *host[4];
+            split_rows(tq, q, 2 * QD, D, map, 2, (const int64_t[]){ QD, QD }, (lm_tensor *const[]){ &A->wq, &A->wgate },
+                       host);
+            free(map);
+            A->wk = (lm_tensor){ .type = tk->type, .rows = KD, .cols = D };
+            A->wv = (lm_tensor){ .type = tv->type, .rows = KD, .cols = D };
+            lm_bind_upload_group(b, 4, (lm_tensor *const[]){ &A->wq, &A->wk, &A->wv, &A->wgate },
+                                 (const void *const[]){ host[0], tk->data, tv->data, host[1] }, nq);
+        }
     } else {
-        lm_bind_matrix(b, &A->wq, lname(n, sizeof n, pfx, l, "self_attn.q_proj.weight"), QD, D, true, true);
+        lm_bind_matrix_group(b, 3, (lm_tensor *const[]){ &A->wq, &A->wk, &A->wv },
+                             (const char *const[]){ nq, nk, nv }, (const int64_t[]){ QD, KD, KD }, D);
     }
-    lm_bind_matrix(b, &A->wk, lname(n, sizeof n, pfx, l, "self_attn.k_proj.weight"), KD, D, true, true);
-    lm_bind_matrix(b, &A->wv, lname(n, sizeof n, pfx, l, "self_attn.v_proj.weight"), KD, D, true, true);
     lm_bind_matrix(b, &A->wo, lname(n, sizeof n, pfx, l, "self_attn.o_proj.weight"), D, QD, true, true);
     lm_bind_vector(b, &A->q_norm, lname(n, sizeof n, pfx, l, "self_attn.q_norm.weight"), Dh, true);
     lm_bind_vector(b, &A->k_norm, lname(n, sizeof n, pfx, l, "self_attn.k_norm.weight"), Dh, true);
@@ -245,22 +248,35 @@ static void bind_delta(lm_binder *b, q35 *q, lm_q35_delta *Dl, const char *pfx, 
                 map[C + g * r * Dv + i] = (int32_t)(g * G + 2 * Dk + r * Dv + i);
             }
         }
-        bind_split(b, q, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"), C + VD, D, map, 2,
-                   (const int64_t[]){ C, VD }, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z });
+        const void *host[4];
+        const lm_file_tensor *t = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"),
+                                                      C + VD, D);
+        if (t)
+            split_rows(t, q, C + VD, D, map, 2, (const int64_t[]){ C, VD },
+                       (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z }, host);
         /* in_proj_ba rows are [Hk][b (r); a (r)] */
         for (int64_t g = 0; g < Hk; g++)
             for (int64_t i = 0; i < r; i++) {
                 map[g * r + i] = (int32_t)(g * 2 * r + i);
                 map[Hv + g * r + i] = (int32_t)(g * 2 * r + r + i);
             }
-        bind_split(b, q, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_ba.weight"), 2 * Hv, D, map, 2,
-                   (const int64_t[]){ Hv, Hv }, (lm_tensor *const[]){ &Dl->w_b, &Dl->w_a });
+        t = t ? lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_ba.weight"), 2 * Hv, D) : NULL;
+        if (t)
+            split_rows(t, q, 2 * Hv, D, map, 2, (const int64_t[]){ Hv, Hv }, (lm_tensor *const[]){ &Dl->w_b, &Dl->w_a },
+                       host + 2);
         free(map);
+        if (t)
+            lm_bind_upload_group(b, 4, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a }, host,
+                                 lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"));
     } else {
-        lm_bind_matrix(b, &Dl->w_qkv, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkv.weight"), C, D, true, true);
-        lm_bind_matrix(b, &Dl->w_z, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_z.weight"), VD, D, true, true);
-        lm_bind_matrix(b, &Dl->w_b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_b.weight"), Hv, D, true, true);
-        lm_bind_matrix(b, &Dl->w_a, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_a.weight"), Hv, D, true, true);
+        /* one group, in the order delta_block multiplies them (matmul_n) */
+        char nq[192], nz[192], nb[192], na[192];
+        lm_bind_matrix_group(b, 4, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a },
+                             (const char *const[]){ lname(nq, sizeof nq, pfx, l, "linear_attn.in_proj_qkv.weight"),
+                                                    lname(nz, sizeof nz, pfx, l, "linear_attn.in_proj_z.weight"),
+                                                    lname(nb, sizeof nb, pfx, l, "linear_attn.in_proj_b.weight"),
+                                                    lname(na, sizeof na, pfx, l, "linear_attn.in_proj_a.weight") },
+                             (const int64_t[]){ C, VD, Hv, Hv }, D);
     }
     lm_bind_f32(b, &Dl->conv, lname(n, sizeof n, pfx, l, "linear_attn.conv1d.weight"), C, C * K, true, 0.0f);
     lm_bind_vector(b, &Dl->a_log, lname(n, sizeof n, pfx, l, "linear_attn.A_log"), Hv, true);
@@ -292,10 +308,13 @@ static void bind_ffn(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int
         lm_bind_matrix(b, &L->ffn.shared_gate, lname(n, sizeof n, pfx, l, "mlp.shared_expert_gate.weight"), 1, D,
                        true, true);
     }
+    char ng[192], nu[192];
     snprintf(sfx, sizeof sfx, "%sgate_proj.weight", mlp);
-    lm_bind_matrix(b, &L->ffn.gate, lname(n, sizeof n, pfx, l, sfx), F, D, true, true);
+    lname(ng, sizeof ng, pfx, l, sfx);
     snprintf(sfx, sizeof sfx, "%sup_proj.weight", mlp);
-    lm_bind_matrix(b, &L->ffn.up, lname(n, sizeof n, pfx, l, sfx), F, D, true, true);
+    lname(nu, sizeof nu, pfx, l, sfx);
+    lm_bind_matrix_group(b, 2, (lm_tensor *const[]){ &L->ffn.gate, &L->ffn.up }, (const char *const[]){ ng, nu },
+                         (const int64_t[]){ F, F }, D);
     snprintf(sfx, sizeof sfx, "%sdown_proj.weight", mlp);
     lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, sfx), D, F, true, true);
 }
@@ -324,8 +343,7 @@ static void bind_mtp(lm_binder *b, q35 *q) {
     size_t bytes = b->m->weight_bytes;
     M->n_layers = n;
     M->layers = lm_xcalloc((size_t)LM_MAX(n, 1), sizeof *M->layers);
-    lm_bind_matrix(b, &M->fc, "mtp.fc.weight", D, 2 * D, true, true);
-    bind_split_cols(b, q, "mtp.fc.weight", 2, (lm_tensor *const[]){ &M->fc_emb, &M->fc_hidden });
+    bind_split_cols(b, q, "mtp.fc.weight", D, 2, D, (lm_tensor *const[]){ &M->fc_emb, &M->fc_hidden });
     lm_bind_vector(b, &M->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding.weight", D, true);
     lm_bind_vector(b, &M->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden.weight", D, true);
     lm_bind_vector(b, &M->norm, "mtp.norm.weight", D, true);

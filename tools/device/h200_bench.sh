@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | b128-qwen9 | qwen9 | llama | qwen27 | lumen-final | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -146,6 +146,41 @@ for set in "$@"; do
       --section Occupancy -k regex:att_tc_kernel --launch-skip 20 --launch-count 1 "$L" bench -m /dev/shm/l8 --device cuda \
       --prompt-len 4096 --chunk 4096 --gen 1 --reps 1 --no-membw > "${OUT:-/tmp}/ncu_att.txt" 2>&1
     grep -E "Duration|Throughput|Stall|Pipe|Issue|Occupancy|Registers|Warp Cycles|Executed Ipc" "${OUT:-/tmp}/ncu_att.txt" | head -n 40 ;;
+  b128 | b128-qwen9) # where a batch-128 decode step goes: each kind of kernel left out (LUMEN_CUDA_SKIP), f32-exact and bf16 products
+    if [[ $set == b128 ]]; then d=/dev/shm/l8; model $d llama-3.1-8b; kinds="none gemm gemm_split attention norm rope_kv"
+    else rm -rf /dev/shm/l8; d=/dev/shm/q9; model $d qwen3.5-9b; kinds="none gemm gemm_split conv gates delta_rule gnorm attention norm"; fi
+    for gm in split bf16; do
+      for k in $kinds; do
+        echo -n "gemm=$gm skip $k "; LUMEN_CUDA_GEMM=$gm LUMEN_CUDA_SKIP=${k/none/} "$L" bench -m $d --device cuda --batch 128 --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+      done
+      kinds="none gemm gemm_split"
+    done
+    LUMEN_PROFILE=1 LUMEN_CUDA_GEMM=bf16 "$L" bench -m $d --device cuda --batch 128 --prompt-len 32 --gen 16 --no-membw 2>&1 | tail -n 28 ;;
+  b128-ab) # batch-128 decode of this build against bin/lumen_base, alternating, f32-exact and bf16 products; then the kernel times of two steps (ncu, bf16; NCU_BINS="lumen_base lumen" for both)
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do for gm in split bf16; do for b in lumen_base lumen; do
+      echo -n "$b gemm=$gm "; LUMEN_CUDA_GEMM=$gm "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 32 --no-membw
+    done; done; done
+    for b in ${NCU_BINS:-lumen}; do # 128 one-token prefills (~40k launches), then steps of ~600
+      LUMEN_CUDA_GEMM=bf16 LUMEN_CUDA_GRAPHS=0 timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        --launch-skip 45000 --launch-count 1200 "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 1 \
+        --gen 200 --no-membw > "${OUT:-/tmp}/ncu_$b.csv" 2>/dev/null
+      echo "ncu $b"; python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu_$b.csv" 24
+    done ;;
+  b128-ab-qwen9) # the same A/B on the Qwen3.5-9B shape at batch 128, and at batch 1
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    for gm in split bf16; do for b in lumen_base lumen; do
+      echo -n "$b gemm=$gm "; LUMEN_CUDA_GEMM=$gm "$C/bin/$b" bench -m /dev/shm/q9 --device cuda --batch 128 --prompt-len 32 --gen 32 --no-membw
+    done; done
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b batch 1 "; "$C/bin/$b" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
+    done ;;
+  qwen9) # the Qwen3.5-9B shape (llama.cpp's hybrid figures are for it): batch 1 against the copy roofline, batch 8 / 32 / 128, 4k prefill
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 32 --gen 128 --reps 3
+    for B in 1 8 32 128; do "$L" bench -m /dev/shm/q9 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/q9 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw
+    "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
   qwen27) rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b; bench_model /dev/shm/q27 ;;
   final) # lumen and the transformers peer on the same machine in one run

@@ -99,12 +99,14 @@ enum {
     LM_SKIP_GATES = 1u << 9,      /* delta-net gates */
     LM_SKIP_DELTA_RULE = 1u << 10, /* the gated delta rule */
     LM_SKIP_GNORM = 1u << 11,     /* delta-net gated norm */
+    LM_SKIP_GEMM = 1u << 12,      /* cuBLAS products of more than 8 tokens (their splits and sums stay) */
+    LM_SKIP_GEMM_SPLIT = 1u << 13, /* the splits, bias fills and term sums around those products */
 };
 static inline bool lm_cuda_skip(const lm_cuda *c, unsigned kind) { return (c->skip & kind) != 0; }
 
-/* Large-T matmul precision: SPLIT (default) runs activations as bf16 hi + lo
- * parts (two tensor-core GEMMs, ~1e-5 relative, CPU parity); BF16 rounds
- * activations to bf16 (one GEMM; for benchmarks). */
+/* Large-T matmul precision: SPLIT (default) runs activations as three bf16
+ * terms (hi + mid + lo, f32 accumulation: CPU parity); BF16 rounds
+ * activations to bf16 (one product; for benchmarks). */
 enum { LM_CUDA_GEMM_SPLIT = 0, LM_CUDA_GEMM_BF16 = 1 };
 
 static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; }
