@@ -529,9 +529,10 @@ static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int
     ca_batch_free(&d);
 }
 
-static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K,
+/* Calls 1 and 2 below; with n_slots > 4 a third: every slot's sequence
+ * decoding one token (batched decode, some of them fresh). */
+static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K, int n_slots,
                             uint64_t seed) {
-    const int n_slots = 4;
     const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv;
     ca_state ps;
     memset(&ps, 0, sizeof ps);
@@ -555,13 +556,24 @@ static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv,
      * 64-token chunk), the third starts over at 0 */
     const int n2[] = { 1, 70, 3 }, p2[] = { 5, 17, 0 };
     ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, 3, n2, p2, slot1, seed + 2, 2);
+    if (n_slots > 4) {
+        int32_t *slot3 = malloc((size_t)n_slots * sizeof *slot3);
+        int *n3 = malloc((size_t)n_slots * sizeof *n3), *p3 = malloc((size_t)n_slots * sizeof *p3);
+        for (int i = 0; i < n_slots; i++) slot3[i] = n_slots - 1 - i, n3[i] = 1, p3[i] = i % 5 ? 20 + i : 0;
+        ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, n_slots, n3, p3, slot3, seed + 3, 3);
+        free(slot3), free(n3), free(p3);
+    }
     for (int b = 0; b < 2; b++) be->b[b]->ops->free(be->b[b], ps.st[b]);
 }
 
 LM_TEST(cuda_gated_delta_ops) {
     CA_OPEN(be);
-    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 7);  /* Qwen3.5 head shape */
-    ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 11);   /* odd widths: a partial warp */
+    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 4, 7);  /* Qwen3.5 head shape */
+    ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 4, 11);   /* odd widths: a partial warp */
+    /* Qwen3.5-27B's 48 value heads for 12 sequences: 576 blocks, the
+     * many-blocks form of the delta-rule kernel on an H200 (>= 4 a
+     * multiprocessor) */
+    ca_delta_config(lm_t_, &be, 16, 48, 128, 128, 4, 12, 13);
     ca_close(&be);
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | b128-qwen9 | qwen9 | llama | qwen27 | lumen-final | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b128-qwen9 | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -123,6 +123,19 @@ for set in "$@"; do
     LUMEN_CUDA_FUSED=0 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw | tee -a "$f"
     for B in 1 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 | tee -a "$f"; done
     "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
+  final7) # the seventh pass's figures, results in $OUT/final.jsonl: batch 1 against the copy, batch 8 / 32 / 128 (f32-exact; 128 also bf16), 4k prefill, both shapes
+    f=${OUT:-/tmp}/final.jsonl
+    model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3 | tee -a "$f"
+    for B in 1 8 32 128; do "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw | tee -a "$f"; done
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw | tee -a "$f"
+    "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw | tee -a "$f"
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 32 --gen 64 --reps 2 | tee -a "$f"
+    for B in 1 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw | tee -a "$f"; done
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/q27 --device cuda --batch 128 --prompt-len 32 --gen 32 --no-membw | tee -a "$f"
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw | tee -a "$f" ;;
   prefill | prefill-qwen27) # 4k prefill, tiled attention on tensor cores and on CUDA cores (LUMEN_CUDA_ATT_TC=0), f32-exact and bf16 GEMM, alternating
     if [[ $set == prefill ]]; then d=/dev/shm/l8 n=2; model $d llama-3.1-8b; else rm -rf /dev/shm/l8; d=/dev/shm/q27 n=1; model $d qwen3.5-27b; fi
     for i in $(seq $n); do
@@ -175,6 +188,11 @@ for set in "$@"; do
     for b in lumen_base lumen lumen_base lumen; do
       echo -n "$b batch 1 "; "$C/bin/$b" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw
     done ;;
+  ab-delta-qwen9) # Qwen3.5-9B decode of this build against bin/lumen_base at batch 128 (twice), 32 and 1, alternating
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    for B in 128 32 128 1; do for b in lumen_base lumen; do
+      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/q9 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw
+    done; done ;;
   qwen9) # the Qwen3.5-9B shape (llama.cpp's hybrid figures are for it): batch 1 against the copy roofline, batch 8 / 32 / 128, 4k prefill
     rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
     "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 32 --gen 128 --reps 3

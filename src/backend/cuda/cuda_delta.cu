@@ -189,7 +189,8 @@ typedef struct delta_args {
  * alpha, beta), so a head's columns spread over gridDim.z blocks, which
  * puts more multiprocessors on a decode step's state. Shared: q, k [Dk];
  * partials [2][P][Dvb]; u [Dvb]. */
-__global__ void __launch_bounds__(DELTA_MAX_THREADS, 1) delta_rule_kernel(delta_args a) {
+template <int MINB>
+__global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(delta_args a) {
     extern __shared__ float delta_smem[];
     lm_pdl_trigger();
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -318,8 +319,14 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
     LM_ASSERT(smem <= 48 * 1024);
     const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
     if (lm_cuda_skip(c, LM_SKIP_DELTA_RULE)) return;
-    lm_cuda_launch_pdl(c, delta_rule_kernel, dim3((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg), threads, smem,
-                       a);
+    /* Many blocks (batched decode): two a multiprocessor, on half the
+     * registers (a few state rows spill to local memory) for twice the
+     * warps in flight; few (one sequence): one, all rows in registers, the
+     * shorter chain */
+    const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
+    if ((int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1))
+        lm_cuda_launch_pdl(c, delta_rule_kernel<2>, grid, threads, smem, a);
+    else lm_cuda_launch_pdl(c, delta_rule_kernel<1>, grid, threads, smem, a);
     LM_CUDA_LAUNCHED("delta_rule_kernel");
 }
 
