@@ -788,12 +788,12 @@ static void lm_gemm_glu_launch(lm_cuda *c, const lm_gemm_out *o, const float *pr
 static int lm_gemm_terms(const lm_cuda *c) { return c->gemm_mode == LM_CUDA_GEMM_SPLIT ? 3 : 1; }
 
 /* Whether one product can take the stacked bf16 weights of o: its terms
- * side by side in the scratch (a single part without glu can always go in
- * row chunks or straight into y). */
+ * side by side in the scratch, and a token a row of blocks (lm_row_grid; a
+ * single part without glu can always go in row chunks or straight into y). */
 static bool lm_gemm_stackable(const lm_cuda *c, int64_t T, const lm_gemm_out *o) {
     int64_t O = 0;
     for (int i = 0; i < o->n; i++) O += o->O[i];
-    return (size_t)lm_gemm_terms(c) * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES;
+    return T <= 65535 && (size_t)lm_gemm_terms(c) * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES;
 }
 
 /* y = x W^T for more than LM_GEMV_MAX_T tokens, out as o says; W is [sum
