@@ -203,7 +203,9 @@ LM_TEST(cli_sampling_options_shared) {
 }
 
 /* `lumen bench --batch`: B sequences prefilled in chunks, then decoding
- * together with greedy ids from the backend; one JSON line with the rate. */
+ * together with greedy ids from the backend; one JSON line with the rate
+ * and, the bandwidth measured, the share of a step its weights take at the
+ * copy rate. */
 LM_TEST(cli_bench_batched_decode_on_demo_model) {
     char *out = NULL, *err = NULL;
     int rc = lumen("bench -m '" LUMEN_SOURCE_DIR "/models/demo' --device cpu --batch 3 --prompt-len 40 --chunk 16 --gen 8",
@@ -217,6 +219,11 @@ LM_TEST(cli_bench_batched_decode_on_demo_model) {
         LM_CHECK(json_real_value(json_object_get(j, "decode_tok_s")) > 0);
         double issue = json_real_value(json_object_get(j, "body_issue_ms")), body = json_real_value(json_object_get(j, "body_ms"));
         LM_CHECK_MSG(issue > 0 && body >= issue, "body_issue_ms %g, body_ms %g", issue, body);
+        double step = json_real_value(json_object_get(j, "decode_step_ms"));
+        double w = json_real_value(json_object_get(j, "weights_at_copy_ms"));
+        double pct = json_real_value(json_object_get(j, "decode_pct_of_copy"));
+        LM_CHECK(json_real_value(json_object_get(j, "copy_GB_s")) > 0 && w > 0);
+        LM_CHECK_MSG(fabs(pct - 100 * w / step) <= 0.2 + 2e-3 * pct, "pct %g, weights %g ms, step %g ms", pct, w, step);
         json_decref(j);
     }
     free(out);

@@ -32,7 +32,11 @@ static const char *const k_help =
     "                    (each prefilled with --prompt-len random ids; greedy ids\n"
     "                    from the backend), and for one step without the output\n"
     "                    head the host time to enqueue it (body_issue_ms) against\n"
-    "                    its whole time (body_ms)\n"
+    "                    its whole time (body_ms); with the bandwidth measured, the\n"
+    "                    time one step's weights take at the copy rate\n"
+    "                    (weights_at_copy_ms) as a share of the step\n"
+    "                    (decode_pct_of_copy: at batch 1 the same figure as without\n"
+    "                    --batch, for decoding as the engine does it)\n"
     "  --no-membw        skip the bandwidth measurement\n"
     LM_COMMON_HELP;
 
@@ -194,8 +198,16 @@ int lm_cmd_bench(int argc, char **argv) {
         lm_backend_graph_counts(be, &replayed, &captured);
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen\":%ld,"
                "\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,\"body_ms\":%.3f,"
-               "\"graphs_replayed\":%ld}\n",
+               "\"graphs_replayed\":%ld",
                model_path, be->name, batch, prompt_len, gen, tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
+        const bool gpu = !strcmp(be->name, "cuda");
+        double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;
+        if (bw > 0) { /* a step reads every weight once, whatever the batch */
+            const double w_s = (double)lm_model_weight_bytes(m) / bw;
+            printf(",\"copy_GB_s\":%.3f,\"weights_at_copy_ms\":%.3f,\"decode_pct_of_copy\":%.1f", bw * 1e-9,
+                   1e3 * w_s, 100 * w_s * tps / (double)batch);
+        }
+        printf("}\n");
         rc = 0;
         goto done;
     }

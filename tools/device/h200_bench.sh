@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b128-qwen9 | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | b128-qwen9 | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -193,6 +193,13 @@ for set in "$@"; do
     for B in 128 32 128 1; do for b in lumen_base lumen; do
       echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/q9 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw
     done; done ;;
+  b1-copy) # batch-1 decode as the engine runs it (greedy ids on the GPU) with the copy measured in the same process, three shapes
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128; done
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    "$L" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128
+    rm -rf /dev/shm/q9; model /dev/shm/q27 qwen3.5-27b
+    "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 ;;
   qwen9) # the Qwen3.5-9B shape (llama.cpp's hybrid figures are for it): batch 1 against the copy roofline, batch 8 / 32 / 128, 4k prefill
     rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
     "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 32 --gen 128 --reps 3
