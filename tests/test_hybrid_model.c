@@ -291,6 +291,70 @@ static void mtp_case(lm_test_ctx *lm_t_, const char *fixture, bool sparse) {
     free(extra), free(with_n), free(dir), free(plain), free(cfg);
 }
 
+/* A CPU backend whose weight uploads are counted (bytes a backend is asked
+ * to hold: on the GPU, device memory). */
+typedef struct hv_counting {
+    lm_backend be;
+    struct lm_backend_ops ops;
+    lm_backend *cpu;
+    size_t bytes;
+} hv_counting;
+
+static size_t hv_matrix_bytes(const lm_tensor *t) { return lm_dtype_row_bytes(t->type, t->cols) * (size_t)t->rows; }
+
+static int hv_count_one(lm_backend *be, lm_tensor *t, const void *host, lm_err *e) {
+    hv_counting *c = (hv_counting *)be;
+    c->bytes += hv_matrix_bytes(t);
+    return c->cpu->ops->upload_weight(be, t, host, e);
+}
+
+static int hv_count_group(lm_backend *be, int n, lm_tensor *const *t, const void *const *host, lm_err *e) {
+    for (int i = 0; i < n; i++)
+        if (hv_count_one(be, t[i], host[i], e)) return -1;
+    return 0;
+}
+
+/* Every stored matrix reaches the backend exactly once: the re-laid-out
+ * ones (the gated q_proj, Qwen3-Next's in_proj_qkvz / in_proj_ba, the MTP
+ * fc) only as their parts, not also whole (they once went up both ways:
+ * 2 GB of GPU memory on a Qwen3.5-27B). Uploads are counted against the
+ * bytes of the checkpoint's 2-D tensors (the conv weights are 3-D and go
+ * up as f32 copies, like the norms). */
+static void uploads_case(lm_test_ctx *lm_t_, const char *fixture) {
+    char *cfg = hv_config(fixture);
+    if (!cfg) LM_SKIP("%s", lm_test_fixtures_why());
+    /* an MTP head copied from layer 3, as mtp_case does, for its fc */
+    hv_edit ed = { .extra = (const char *const[][2]){ { "mtp.fc.weight", "model.layers.3.self_attn.o_proj.weight" },
+                                                      { "mtp.pre_fc_norm_embedding.weight", "model.norm.weight" },
+                                                      { "mtp.pre_fc_norm_hidden.weight", "model.norm.weight" },
+                                                      { "mtp.norm.weight", "model.norm.weight" } },
+                   .n_extra = 4 };
+    char *dir = hv_variant(fixture, "hyb-uploads", NULL, &ed);
+    lm_err e = { { 0 } };
+    hv_counting c = { 0 };
+    c.cpu = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    LM_REQUIRE(c.cpu);
+    c.ops = *c.cpu->ops;
+    c.ops.upload_weight = hv_count_one, c.ops.upload_weights = hv_count_group;
+    c.be = *c.cpu;
+    c.be.ops = &c.ops;
+    lm_model *m = NULL;
+    LM_REQUIRE(lm_model_load(&m, dir, &c.be, &e) == 0);
+    size_t matrices = 0;
+    for (int f = 0; f < m->src.n_files; f++)
+        for (int i = 0; i < m->src.st[f].n_tensors; i++)
+            if (m->src.st[f].tensors[i].n_dims == 2) matrices += m->src.st[f].tensors[i].nbytes;
+    printf("  %s: %zu bytes uploaded, %zu bytes of 2-D tensors stored\n", fixture, c.bytes, matrices);
+    LM_CHECK_MSG(c.bytes > 0 && c.bytes == matrices, "%zu bytes uploaded for %zu stored", c.bytes, matrices);
+    LM_CHECK(lm_qwen35_mtp_head(m) != NULL);
+    lm_model_free(m);
+    lm_backend_destroy(c.cpu);
+    free(dir), free(cfg);
+}
+
+LM_TEST(hybrid_uploads_each_matrix_once_qwen35) { uploads_case(lm_t_, "qwen3.5"); }
+LM_TEST(hybrid_uploads_each_matrix_once_qwen3_next) { uploads_case(lm_t_, "qwen3-next"); }
+
 LM_TEST(hybrid_mtp_head_qwen35) { mtp_case(lm_t_, "qwen3.5", false); }
 LM_TEST(hybrid_mtp_head_qwen3_next) { mtp_case(lm_t_, "qwen3-next", true); }
 
