@@ -194,6 +194,30 @@ static void *cu_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s, float **de
     return w;
 }
 
+/* |y - ref| <= tol * cond + 1e-6 over [T][O], cond[t][o] given; returns the
+ * count of outputs outside. */
+static int cu_cmp_cond(const char *what, const float *y, const float *ref, const double *cond, int64_t n, double tol) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)y[i] - ref[i]) <= tol * cond[i] + 1e-6)) {
+            if (bad < 3) fprintf(stderr, "  %s[%lld]: cuda %.9g cpu %.9g\n", what, (long long)i, y[i], ref[i]);
+            bad++;
+        }
+    return bad;
+}
+
+/* sum_i |x[t][i] w[o][i]| for every (t, o). */
+static double *cu_cond(const float *x, const float *w, int64_t T, int64_t O, int64_t I) {
+    double *c = malloc((size_t)(T * O) * sizeof *c);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < O; o++) {
+            double s = 0;
+            for (int64_t i = 0; i < I; i++) s += fabs((double)x[t * I + i] * w[o * I + i]);
+            c[t * O + o] = s;
+        }
+    return c;
+}
+
 /* Runs one matmul shape on both backends; returns the number of bad outputs. */
 static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t I, bool with_bias, double tol,
                           uint64_t seed) {
@@ -215,22 +239,14 @@ static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t
     p->cpu->ops->matmul(p->cpu, &yc, &xc, &wc, with_bias ? &bc : NULL);
     p->gpu->ops->matmul(p->gpu, &yg, &xg, &wg, with_bias ? &bg : NULL);
     float *a = cu_get(p->gpu, &yg), *b = cu_get(p->cpu, &yc);
-    int bad = 0;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t o = 0; o < O; o++) {
-            double cond = 0;
-            for (int64_t i = 0; i < I; i++) cond += fabs((double)xh[t * I + i] * wdeq[o * I + i]);
-            double d = fabs((double)a[t * O + o] - b[t * O + o]);
-            if (!(d <= tol * cond + 1e-6)) {
-                if (bad < 3)
-                    fprintf(stderr, "  matmul %s T=%lld O=%lld I=%lld bias=%d y[%lld][%lld]: cuda %.9g cpu %.9g\n",
-                            lm_dtype_name(wt), (long long)T, (long long)O, (long long)I, with_bias, (long long)t,
-                            (long long)o, a[t * O + o], b[t * O + o]);
-                bad++;
-            }
-        }
+    double *cond = cu_cond(xh, wdeq, T, O, I);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s T=%lld O=%lld I=%lld bias=%d y", lm_dtype_name(wt), (long long)T,
+             (long long)O, (long long)I, with_bias);
+    int bad = cu_cmp_cond(what, a, b, cond, T * O, tol);
     free(a);
     free(b);
+    free(cond);
     lm_tensor_release(p->cpu, &xc);
     lm_tensor_release(p->gpu, &xg);
     lm_tensor_release(p->cpu, &bc);
@@ -294,17 +310,12 @@ LM_TEST(cuda_matmul_views_and_range) {
                 p.cpu->ops->matmul(p.cpu, &yc, &xc, &wc, NULL);
                 p.gpu->ops->matmul(p.gpu, &yg, &xg, &wg, NULL);
                 float *a = cu_get(p.gpu, &yg), *b = cu_get(p.cpu, &yc);
-                int bad = 0;
-                for (int64_t r = 0; r < t; r++)
-                    for (int64_t o = 0; o < O - 1; o++) {
-                        double cond = 0;
-                        for (int64_t i = 0; i < I; i++) cond += fabs((double)xh[r * I + i] * wdeq[(o + 1) * I + i]);
-                        double d = fabs((double)a[r * (O - 1) + o] - b[r * (O - 1) + o]);
-                        if (!(d <= 1e-4 * cond + 1e-6)) bad++;
-                    }
+                double *cond = cu_cond(xh, wdeq + I, t, O - 1, I); /* rows [1, O) */
+                int bad = cu_cmp_cond("matmul view", a, b, cond, t * (O - 1), 1e-4);
                 LM_CHECK_MSG(bad == 0, "%d bad: %s T=%lld big=%d", bad, lm_dtype_name(wt), (long long)t, big);
                 free(a);
                 free(b);
+                free(cond);
                 free(xh);
                 lm_tensor_release(p.cpu, &xc);
                 lm_tensor_release(p.gpu, &xg);
@@ -341,30 +352,6 @@ LM_TEST(cuda_matmul_row_chunks) {
     int bad = cu_matmul_case(&p, LM_BF16, 201, 30000, 64, true, 1e-4, 5);
     LM_CHECK_MSG(bad == 0, "%d bad outputs", bad);
     cu_close(&p);
-}
-
-/* |y - ref| <= tol * cond + 1e-6 over [T][O], cond[t][o] given; returns the
- * count of outputs outside. */
-static int cu_cmp_cond(const char *what, const float *y, const float *ref, const double *cond, int64_t n, double tol) {
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (!(fabs((double)y[i] - ref[i]) <= tol * cond[i] + 1e-6)) {
-            if (bad < 3) fprintf(stderr, "  %s[%lld]: cuda %.9g cpu %.9g\n", what, (long long)i, y[i], ref[i]);
-            bad++;
-        }
-    return bad;
-}
-
-/* sum_i |x[t][i] w[o][i]| for every (t, o). */
-static double *cu_cond(const float *x, const float *w, int64_t T, int64_t O, int64_t I) {
-    double *c = malloc((size_t)(T * O) * sizeof *c);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t o = 0; o < O; o++) {
-            double s = 0;
-            for (int64_t i = 0; i < I; i++) s += fabs((double)x[t * I + i] * w[o * I + i]);
-            c[t * O + o] = s;
-        }
-    return c;
 }
 
 /* Weights uploaded as one group (lm_backend_upload_weights) lie back to back

@@ -787,20 +787,24 @@ static void lm_gemm_glu_launch(lm_cuda *c, const lm_gemm_out *o, const float *pr
 
 static int lm_gemm_terms(const lm_cuda *c) { return c->gemm_mode == LM_CUDA_GEMM_SPLIT ? 3 : 1; }
 
+/* Columns of o's product: the rows of its stacked weights. */
+static int64_t lm_gemm_cols(const lm_gemm_out *o) {
+    int64_t O = 0;
+    for (int i = 0; i < o->n; i++) O += o->O[i];
+    return O;
+}
+
 /* Whether one product can take the stacked bf16 weights of o: its terms
  * side by side in the scratch, and a token a row of blocks (lm_row_grid; a
  * single part without glu can always go in row chunks or straight into y). */
 static bool lm_gemm_stackable(const lm_cuda *c, int64_t T, const lm_gemm_out *o) {
-    int64_t O = 0;
-    for (int i = 0; i < o->n; i++) O += o->O[i];
-    return T <= 65535 && (size_t)lm_gemm_terms(c) * T * O * sizeof(float) <= LM_GEMM_STACK_BYTES;
+    return T <= 65535 && (size_t)lm_gemm_terms(c) * T * lm_gemm_cols(o) * sizeof(float) <= LM_GEMM_STACK_BYTES;
 }
 
 /* y = x W^T for more than LM_GEMV_MAX_T tokens, out as o says; W is [sum
  * O][I] (o->n > 1 or glu: bf16 only, lm_gemm_stackable). */
 static void lm_gemm(lm_cuda *c, int64_t T, const float *x, const void *w, lm_dtype wt, int64_t I, const lm_gemm_out *o) {
-    int64_t O = 0;
-    for (int i = 0; i < o->n; i++) O += o->O[i];
+    const int64_t O = lm_gemm_cols(o);
     LM_ASSERT(T <= 0x7fffffff && O <= 0x7fffffff && I <= 0x7fffffff && (T * 3) <= 0x7fffffff);
     const bool single = o->n == 1 && !o->glu;
     LM_ASSERT(single || (wt == LM_BF16 && lm_gemm_stackable(c, T, o)));
@@ -922,7 +926,8 @@ static void lm_gemm(lm_cuda *c, int64_t T, const float *x, const void *w, lm_dty
     LM_CUBLAS_CHECK(st);
 }
 
-/* One output, no glu: lm_gemm's common case. */
+/* An lm_gemm_out of n parts, every other field zero (padding too: a graph
+ * pass hashes kernel arguments as bytes). */
 static lm_gemm_out lm_gemm_out0(int n) {
     lm_gemm_out o;
     memset(&o, 0, sizeof o);
