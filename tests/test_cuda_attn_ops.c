@@ -451,6 +451,33 @@ typedef struct ca_state {
     float *st[2];
 } ca_state;
 
+/* gated_delta_gates on the GPU against delta_gates + gated_delta there,
+ * bit for bit (output and every state slot), from the pool's current
+ * state, which is put back afterwards; gh and bh are the raw gates. */
+static void ca_delta_fused_check(lm_test_ctx *lm_t_, lm_backend *bk, ca_state *ps, const lm_tensor *y,
+                                 const float *gh, const float *bh, const lm_tensor *al, const lm_tensor *dt,
+                                 const lm_attn_batch *ab, const lm_delta_params *dp, int call) {
+    LM_REQUIRE(bk->ops->gated_delta_gates != NULL);
+    const int T = ab->n_tokens, Hv = dp->n_v_heads;
+    const size_t O = (size_t)T * Hv * dp->v_dim, nst = (size_t)ps->kv[1].n_state_slots * (size_t)ps->floats;
+    float *st0 = ca_read(bk, ps->st[1], nst);
+    lm_tensor g = ca_tensor(bk, T, Hv, gh), beta = ca_tensor(bk, T, Hv, bh), out = ca_poisoned(bk, T, (int64_t)O / T);
+    bk->ops->delta_gates(bk, &g, &beta, al, dt);
+    bk->ops->gated_delta(bk, &out, y, &g, &beta, &ps->kv[1], ab, dp);
+    float *o_composed = ca_read(bk, out.data, O), *st_composed = ca_read(bk, ps->st[1], nst);
+    bk->ops->write(bk, ps->st[1], st0, nst * sizeof(float));
+    bk->ops->write(bk, g.data, gh, (size_t)T * Hv * sizeof(float));
+    bk->ops->write(bk, beta.data, bh, (size_t)T * Hv * sizeof(float));
+    bk->ops->gated_delta_gates(bk, &out, y, &g, &beta, al, dt, &ps->kv[1], ab, dp);
+    float *o_fused = ca_read(bk, out.data, O), *st_fused = ca_read(bk, ps->st[1], nst);
+    LM_CHECK_MSG(memcmp(o_fused, o_composed, O * sizeof(float)) == 0, "call %d: gated_delta_gates output differs", call);
+    LM_CHECK_MSG(memcmp(st_fused, st_composed, nst * sizeof(float)) == 0, "call %d: gated_delta_gates state differs",
+                 call);
+    bk->ops->write(bk, ps->st[1], st0, nst * sizeof(float));
+    free(st0), free(o_composed), free(st_composed), free(o_fused), free(st_fused);
+    lm_tensor_release(bk, &g), lm_tensor_release(bk, &beta), lm_tensor_release(bk, &out);
+}
+
 /* Both ops over one batch, compared; the state is carried in the pool. */
 static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int Hk, int Hv, int Dk, int Dv, int K,
                           int S, const int *n, const int *pos0, const int32_t *slot, uint64_t seed, int call) {
@@ -521,6 +548,7 @@ static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int
     p[0] = ps->st[0], p[1] = ps->st[1];
     e = ca_cmp(be, p, (size_t)ps->kv[0].n_state_slots * (size_t)ps->floats, 1.0);
     LM_CHECK_MSG(e <= 1e-4, "call %d: state err %.3g", call, e);
+    ca_delta_fused_check(lm_t_, be->b[1], ps, &y[1], gh, bh, &al[1], &dt[1], &ab, &dp, call);
 
     lm_tensor *all[] = { x, w, y, g, beta, al, dt, out, z, nw, yn };
     for (size_t i = 0; i < LM_COUNT(all); i++) ca_release(be, all[i]);

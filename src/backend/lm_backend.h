@@ -236,6 +236,11 @@ struct lm_backend_ops {
     /* rope(q, rq), rope(k, rk), then kv_write(k, v) at the batch's positions. */
     void (*rope_kv_write)(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
+    /* delta_gates(g, beta, a_log, dt_bias), then gated_delta: g and beta
+     * come in as the raw projections and are scratch afterwards. */
+    void (*gated_delta_gates)(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,
+                              const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
+                              const lm_attn_batch *b, const lm_delta_params *p);
     /* Optional (NULL: not offered): replaying a forward as one recorded
      * launch (CUDA graphs). lm_model_forward calls graph_begin(key), with
      * key naming the batch's shape, not its data; a nonzero answer starts a

@@ -124,6 +124,17 @@ void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_te
     be->ops->kv_write(be, kv, layer, k, v, b);
 }
 
+void lm_op_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,
+                             const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
+                             const lm_attn_batch *b, const lm_delta_params *p) {
+    if (be->ops->gated_delta_gates) {
+        be->ops->gated_delta_gates(be, out, qkv, g, beta, a_log, dt_bias, kv, b, p);
+        return;
+    }
+    be->ops->delta_gates(be, g, beta, a_log, dt_bias);
+    be->ops->gated_delta(be, out, qkv, g, beta, kv, b, p);
+}
+
 void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int layer, lm_kv_pool *kv,
                      const lm_batch *b, lm_tensor *residual, const lm_norm_out *post) {
     const int T = b->n_tokens;

@@ -79,6 +79,11 @@ void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
 void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm);
 void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                          const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
+/* delta_gates then gated_delta (g and beta: the raw projections in,
+ * scratch out). */
+void lm_op_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,
+                             const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
+                             const lm_attn_batch *b, const lm_delta_params *p);
 
 /* ---- output ---- */
 

@@ -513,10 +513,9 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
         lm_op_matmul_n(be, 4, ys, h, ws, NULL);
     }
     op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
-    op->delta_gates(be, &ga, &gb, &Dl->a_log, &Dl->dt_bias);
     lm_delta_params dp = { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
                            { L->state, (int64_t)(hc->conv_kernel - 1) * C } };
-    op->gated_delta(be, &core, &conv, &ga, &gb, st->kv, st->ab, &dp);
+    lm_op_gated_delta_gates(be, &core, &conv, &ga, &gb, &Dl->a_log, &Dl->dt_bias, st->kv, st->ab, &dp);
     op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
     lm_tensor ws = rows(&s->o, T);
     lm_op_matmul_add(be, x, &gated, &Dl->w_out, &ws, post);

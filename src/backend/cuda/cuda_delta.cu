@@ -18,13 +18,20 @@
  *   columns split while there are fewer than ~2 blocks per multiprocessor
  *   (a decode step). Thread (v, part) of Dvb * P threads
  *   (P = ceil(Dk / 32)) holds column v of the state for rows
- *   d = part + P*i in registers (at most 32), so the state [Dk][Dv] (64 KiB
- *   at 128 x 128) never leaves the register file between tokens. Per token:
+ *   32 part .. 32 part + 31 in registers, so the state [Dk][Dv] (64 KiB
+ *   at 128 x 128) never leaves the register file between tokens; with
+ *   Dk = 128 known at compile time the row loops have no bounds checks and
+ *   read q and k from shared memory four floats at a time (ncu, a
+ *   Qwen3.5-27B decode step: 10.1 -> 7 us a layer). Per token:
  *   q and k to shared memory, their sums of squares in double (warp 0),
  *   normalised; S^T k and S^T q as per-part partial sums reduced through
  *   shared memory; u = beta (v - alpha S^T k), o = alpha S^T q + (q.k) u;
  *   S = alpha S + k u^T. The CPU backend runs several tokens in the chunked
  *   form; both are the same sums in another order (agreement ~1e-6).
+ *   gated_delta_gates is the same kernel computing delta_gates' two values
+ *   per (token, head) itself (one launch less in the chain of a step).
+ * Both recurrent kernels read their state and staged ids before the PDL
+ *   wait, so those loads overlap the kernel before.
  * delta_gates: elementwise, in double as the CPU backend.
  * rms_norm_gated: one block per row of w->cols, sum of squares in double. */
 #include "cuda_internal.h"
@@ -85,13 +92,16 @@ __device__ __forceinline__ float delta_silu(float x) {
 
 __global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
                                   int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
-    lm_pdl_wait(); /* PDL: see cuda_internal.h */
-    lm_pdl_trigger();
     const int s = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int i0 = q.start[s], i1 = q.start[s + 1];
     if (i0 == i1) return;
+    /* Before the PDL wait (cuda_internal.h): the staged ids, the taps and
+     * the window. No kernel that may still run writes them: the window is
+     * this op's own state, last written by this layer a forward ago, and
+     * the kernels that can overlap this one (the GEMVs launched before it,
+     * which start before their own waits) write only their outputs. */
     const int W = K - 1;
     float *st = state + (int64_t)q.slot[s] * slot_floats + st_off + c;
     const bool zero = q.pos[q.tok[i0]] == 0;
@@ -100,8 +110,11 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; j++) {
         wt[j] = j < W ? w[c * K + j] : 0.0f;
-        win[j] = (j < W && !zero) ? st[(int64_t)j * C] : 0.0f;
+        const float old = j < W ? st[(int64_t)j * C] : 0.0f; /* read whatever the slot holds: no wait on zero */
+        win[j] = zero ? 0.0f : old;
     }
+    lm_pdl_wait();
+    lm_pdl_trigger();
     for (int i = i0; i < i1; i++) {
         const int64_t t = q.tok[i];
         const float xv = x[t * C + c];
@@ -145,6 +158,13 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
 /* softplus as torch computes it (threshold 20: linear above). */
 __device__ __forceinline__ double delta_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
+/* g and beta of one (token, head); the fused form (gated_delta_gates) calls
+ * it too, so both give the same bits. */
+__device__ __forceinline__ void delta_gate_pair(double a, double b, double a_log, double dt_bias, float *g, float *beta) {
+    *g = (float)(-exp(a_log) * delta_softplus(a + dt_bias));
+    *beta = (float)(1.0 / (1.0 + exp(-b)));
+}
+
 __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, const float *dt_bias, int64_t n,
                                    int64_t H) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
@@ -152,8 +172,7 @@ __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, co
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t h = i % H;
-    g[i] = (float)(-exp((double)a_log[h]) * delta_softplus((double)g[i] + dt_bias[h]));
-    beta[i] = (float)(1.0 / (1.0 + exp(-(double)beta[i])));
+    delta_gate_pair(g[i], beta[i], a_log[h], dt_bias[h], &g[i], &beta[i]);
 }
 
 void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,
@@ -176,6 +195,7 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
 typedef struct delta_args {
     float *out;
     const float *qkv, *g, *beta;
+    const float *a_log, *dt_bias; /* not NULL: g and beta are the raw projections (the gates fused) */
     int64_t qkv_ld, out_ld;
     float *state;
     int64_t slot_floats, st_off;
@@ -187,43 +207,64 @@ typedef struct delta_args {
 /* grid (Hv, S, Dv / Dvb), Dvb * P threads: the state's columns are
  * independent (each needs q, k, its own v column and the scalars q.k,
  * alpha, beta), so a head's columns spread over gridDim.z blocks, which
- * puts more multiprocessors on a decode step's state. Shared: q, k [Dk];
+ * puts more multiprocessors on a decode step's state. Thread (v, part)
+ * holds rows part * 32 .. part * 32 + 31 of column v. DK: Dk when known at
+ * compile time (128, every Qwen3.5 / Qwen3-Next size; Dvb a multiple of 32,
+ * so no thread idles): the row loops then carry no bounds checks and read q
+ * and k four floats at a time; 0 for any Dk. Shared: q, k [Dk];
  * partials [2][P][Dvb]; u [Dvb]. */
-template <int MINB>
+template <int MINB, int DK>
 __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(delta_args a) {
-    extern __shared__ float delta_smem[];
+    extern __shared__ __align__(16) float delta_smem[];
     lm_pdl_trigger();
-    lm_pdl_wait(); /* PDL: see cuda_internal.h */
     const int h = blockIdx.x, s = blockIdx.y;
     const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
     if (i0 == i1) return; /* block-uniform */
-    const int Dk = a.Dk, Dv = a.Dv, Dvb = a.Dvb, P = a.P, nth = blockDim.x;
+    constexpr int R = DELTA_MAX_ROWS;
+    const int Dk = DK > 0 ? DK : a.Dk, P = DK > 0 ? DK / R : a.P;
+    const int Dv = a.Dv, Dvb = a.Dvb, nth = blockDim.x;
     const int tid = threadIdx.x, vb = tid % Dvb, v = blockIdx.z * Dvb + vb, lane = tid & 31;
     /* threads past Dvb * P (the block is a whole number of warps) own no state */
-    const int part = tid < Dvb * P ? tid / Dvb : DELTA_MAX_ROWS * P + Dk;
+    const int part = tid < Dvb * P ? tid / Dvb : P, r0 = part * R;
     float *sq = delta_smem, *sk = sq + Dk, *rk = sk + Dk, *rq = rk + P * Dvb, *su = rq + P * Dvb;
-    __shared__ float fac[3]; /* q factor, k factor, q.k */
+    __shared__ float fac[5]; /* q factor, k factor, q.k, alpha, beta */
+    /* the gates' thread: warp 1 when there is one, away from warp 0's norms */
+    const int gate_tid = nth > 32 ? 32 : 0;
 
     const int hk = h / (a.Hv / a.Hk);
     const int64_t qo = (int64_t)hk * Dk, ko = (int64_t)a.Hk * Dk + qo, vo = 2 * (int64_t)a.Hk * Dk + (int64_t)h * Dv;
     const double qscale = 1.0 / sqrt((double)Dk);
     float *S = a.state + (int64_t)a.q.slot[s] * a.slot_floats + a.st_off + (int64_t)h * Dk * Dv;
 
-    float st[DELTA_MAX_ROWS];
+    /* The state and the staged ids before the PDL wait (cuda_internal.h):
+     * the state is this op's own, last written by this layer a forward ago
+     * (or by a copy, which no kernel overlaps), and the kernels that may
+     * still run (the convolution, or GEMVs that start before their waits)
+     * write only their outputs. */
+    float st[R];
     const bool zero = a.q.pos[a.q.tok[i0]] == 0;
 #pragma unroll
-    for (int i = 0; i < DELTA_MAX_ROWS; i++) {
-        const int d = part + P * i;
-        st[i] = (d < Dk && !zero) ? S[(int64_t)d * Dv + v] : 0.0f;
+    for (int i = 0; i < R; i++) {
+        const int d = r0 + i;
+        st[i] = ((DK > 0 || d < Dk) && !zero) ? S[(int64_t)d * Dv + v] : 0.0f;
     }
+    lm_pdl_wait();
 
     for (int it = i0; it < i1; it++) {
         const int64_t t = a.q.tok[it];
         const float *row = a.qkv + t * a.qkv_ld;
-        __syncthreads(); /* the previous token is done with sq, sk, su */
+        const int64_t gi = t * a.Hv + h;
+        const float vv = part == 0 ? row[vo + v] : 0.0f; /* loaded now, used after three barriers */
+        __syncthreads(); /* the previous token is done with sq, sk, su, fac */
         for (int d = tid; d < Dk; d += nth) {
             sq[d] = row[qo + d];
             sk[d] = row[ko + d];
+        }
+        if (tid == gate_tid) {
+            float g = a.g[gi], beta = a.beta[gi];
+            if (a.a_log) delta_gate_pair(g, beta, a.a_log[h], a.dt_bias[h], &g, &beta);
+            fac[3] = (float)exp((double)g);
+            fac[4] = beta;
         }
         __syncthreads();
         if (tid < 32) { /* L2 norms in double, as lm_l2norm */
@@ -246,12 +287,24 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
         }
         __syncthreads();
         float pk = 0.0f, pq = 0.0f;
+        if constexpr (DK > 0) {
+            const float4 *k4 = reinterpret_cast<const float4 *>(sk + r0), *q4 = reinterpret_cast<const float4 *>(sq + r0);
 #pragma unroll
-        for (int i = 0; i < DELTA_MAX_ROWS; i++) {
-            const int d = part + P * i;
-            if (d < Dk) {
-                pk += st[i] * sk[d];
-                pq += st[i] * sq[d];
+            for (int j = 0; j < R / 4; j++) {
+                const float4 kk = k4[j], qq = q4[j];
+                pk += st[4 * j] * kk.x, pq += st[4 * j] * qq.x;
+                pk += st[4 * j + 1] * kk.y, pq += st[4 * j + 1] * qq.y;
+                pk += st[4 * j + 2] * kk.z, pq += st[4 * j + 2] * qq.z;
+                pk += st[4 * j + 3] * kk.w, pq += st[4 * j + 3] * qq.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int d = r0 + i;
+                if (d < Dk) {
+                    pk += st[i] * sk[d];
+                    pq += st[i] * sq[d];
+                }
             }
         }
         if (part < P) {
@@ -264,36 +317,51 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
             for (int o = 16; o > 0; o >>= 1) qk += __shfl_xor_sync(DELTA_FULL, qk, o);
             if (lane == 0) fac[2] = qk;
         }
-        const int64_t gi = t * a.Hv + h;
-        const float alpha = (float)exp((double)a.g[gi]), beta = a.beta[gi];
         __syncthreads();
+        const float alpha = fac[3];
         if (part == 0) {
             float skv = 0.0f, sqv = 0.0f;
             for (int pp = 0; pp < P; pp++) {
                 skv += rk[pp * Dvb + vb];
                 sqv += rq[pp * Dvb + vb];
             }
-            const float u = beta * (row[vo + v] - alpha * skv);
+            const float u = fac[4] * (vv - alpha * skv);
             su[vb] = u;
             a.out[t * a.out_ld + (int64_t)h * Dv + v] = alpha * sqv + fac[2] * u;
         }
         __syncthreads();
         const float uv = su[vb];
+        if constexpr (DK > 0) {
+            const float4 *k4 = reinterpret_cast<const float4 *>(sk + r0);
 #pragma unroll
-        for (int i = 0; i < DELTA_MAX_ROWS; i++) {
-            const int d = part + P * i;
-            if (d < Dk) st[i] = alpha * st[i] + sk[d] * uv;
+            for (int j = 0; j < R / 4; j++) {
+                const float4 kk = k4[j];
+                st[4 * j] = alpha * st[4 * j] + kk.x * uv;
+                st[4 * j + 1] = alpha * st[4 * j + 1] + kk.y * uv;
+                st[4 * j + 2] = alpha * st[4 * j + 2] + kk.z * uv;
+                st[4 * j + 3] = alpha * st[4 * j + 3] + kk.w * uv;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int d = r0 + i;
+                if (d < Dk) st[i] = alpha * st[i] + sk[d] * uv;
+            }
         }
     }
 #pragma unroll
-    for (int i = 0; i < DELTA_MAX_ROWS; i++) {
-        const int d = part + P * i;
-        if (d < Dk) S[(int64_t)d * Dv + v] = st[i];
+    for (int i = 0; i < R; i++) {
+        const int d = r0 + i;
+        if (DK > 0 || d < Dk) S[(int64_t)d * Dv + v] = st[i];
     }
 }
 
-void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
-                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p) {
+/* gated_delta; with a_log and dt_bias, g and beta are the raw projections
+ * and the kernel applies delta_gates itself (g and beta are left as they
+ * were). */
+static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                       const lm_tensor *beta, const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
+                       const lm_attn_batch *b, const lm_delta_params *p) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
@@ -305,6 +373,7 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
     memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
     a.out = (float *)out->data;
     a.qkv = (const float *)qkv->data, a.g = (const float *)g->data, a.beta = (const float *)beta->data;
+    if (a_log) a.a_log = (const float *)a_log->data, a.dt_bias = (const float *)dt_bias->data;
     a.qkv_ld = qkv->cols, a.out_ld = out->cols;
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
@@ -324,10 +393,26 @@ void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, c
      * warps in flight; few (one sequence): one, all rows in registers, the
      * shorter chain */
     const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
-    if ((int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1))
-        lm_cuda_launch_pdl(c, delta_rule_kernel<2>, grid, threads, smem, a);
-    else lm_cuda_launch_pdl(c, delta_rule_kernel<1>, grid, threads, smem, a);
+    const bool many = (int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1);
+    if (Dk == 128 && a.Dvb % 32 == 0) {
+        if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 128>, grid, threads, smem, a);
+        else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 128>, grid, threads, smem, a);
+    } else if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 0>, grid, threads, smem, a);
+    else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 0>, grid, threads, smem, a);
     LM_CUDA_LAUNCHED("delta_rule_kernel");
+}
+
+void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
+                         const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p) {
+    delta_rule(be, out, qkv, g, beta, NULL, NULL, kv, b, p);
+}
+
+void lm_cuda_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *a, lm_tensor *b_raw,
+                               const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
+                               const lm_attn_batch *b, const lm_delta_params *p) {
+    LM_ASSERT(a_log->type == LM_F32 && dt_bias->type == LM_F32);
+    LM_ASSERT(a_log->rows * a_log->cols == p->n_v_heads && dt_bias->rows * dt_bias->cols == p->n_v_heads);
+    delta_rule(be, out, qkv, a, b_raw, a_log, dt_bias, kv, b, p);
 }
 
 /* ---- rms_norm_gated ---------------------------------------------------------------- */
