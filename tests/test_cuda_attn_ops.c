@@ -441,6 +441,84 @@ LM_TEST(cuda_rope_kv_write_fused) {
     ca_close(&be);
 }
 
+/* The fused per-head norms + rope + KV write on the GPU against the same
+ * three steps on the GPU (bit for bit: qn, kn and the whole pool) and on
+ * the CPU (1e-6): head widths 64, 80, 128 and 256, full and partial
+ * rotary, both pair layouts, norm weight offsets 0 and 1 (Qwen3.5's 1 + w),
+ * and different frequency arrays for q and k (the composed fallback). */
+LM_TEST(cuda_norm_rope_kv_write_fused) {
+    CA_OPEN(be);
+    LM_REQUIRE(be.b[1]->ops->norm_rope_kv_write != NULL);
+    static const struct { int Hq, Hkv, Dh, rot; bool inter; float off; bool split_freq; } cfgs[] = {
+        { 4, 2, 64, 64, false, 0.0f, false }, { 6, 2, 80, 80, false, 0.0f, false },
+        { 8, 2, 128, 128, true, 0.0f, false }, { 6, 2, 256, 64, false, 1.0f, false },
+        { 4, 2, 64, 64, false, 1.0f, true },
+    };
+    uint64_t seed = 5151;
+    const int S = 3, n[] = { 9, 1, 17 }, pos0[] = { 0, 47, 14 };
+    for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
+        const int Hq = cfgs[ci].Hq, Hkv = cfgs[ci].Hkv, Dh = cfgs[ci].Dh, half = cfgs[ci].rot / 2;
+        const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
+        ca_pool pool;
+        LM_REQUIRE(ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed));
+        ca_batch d = ca_batch_make(S, n, pos0);
+        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
+                             .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
+        float fq[128], fk[128];
+        for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cfgs[ci].rot);
+        lm_rope_params rq = { Hq, Dh, cfgs[ci].rot, cfgs[ci].inter, fq, 1.0f };
+        lm_rope_params rk = rq;
+        rk.n_heads = Hkv;
+        if (cfgs[ci].split_freq) rk.inv_freq = fk;
+        float *qh = ca_host((size_t)d.T * qc, &seed, -2, 2), *kh = ca_host((size_t)d.T * kc, &seed, -2, 2);
+        float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        float *wqh = ca_host((size_t)Dh, &seed, 0.5f, 1.5f), *wkh = ca_host((size_t)Dh, &seed, -0.5f, 0.5f);
+        lm_tensor q[2], k[2], v[2], qn[2], kn[2], wq[2], wk[2];
+        for (int b = 0; b < 2; b++) {
+            lm_backend *x = be.b[b];
+            q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
+            qn[b] = ca_poisoned(x, d.T, qc), kn[b] = ca_poisoned(x, d.T, kc);
+            wq[b] = ca_tensor(x, 1, Dh, wqh), wk[b] = ca_tensor(x, 1, Dh, wkh);
+            x->ops->rms_norm(x, &qn[b], &q[b], &wq[b], 1e-6f, cfgs[ci].off);
+            x->ops->rms_norm(x, &kn[b], &k[b], &wk[b], 1e-6f, cfgs[ci].off);
+            if (b == 1) {
+                x->ops->rope_kv_write(x, &qn[b], &kn[b], &v[b], &rq, &rk, &pool.kc[b]->pool, CA_LAYER, &ab);
+            } else {
+                x->ops->rope(x, &qn[b], d.pos, &rq);
+                x->ops->rope(x, &kn[b], d.pos, &rk);
+                x->ops->kv_write(x, &pool.kc[b]->pool, CA_LAYER, &kn[b], &v[b], &ab);
+            }
+        }
+        lm_backend *g = be.b[1];
+        const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw, nq = (size_t)d.T * qc, nk = (size_t)d.T * kc;
+        lm_kv_pool *gp = &pool.kc[1]->pool;
+        float *cq = ca_read(g, qn[1].data, nq), *ck = ca_read(g, kn[1].data, nk);
+        float *cK = ca_read(g, gp->k[CA_LAYER], nf), *cV = ca_read(g, gp->v[CA_LAYER], nf);
+        g->ops->norm_rope_kv_write(g, &qn[1], &q[1], &kn[1], &k[1], &v[1], &wq[1], &wk[1], 1e-6f, cfgs[ci].off, &rq, &rk,
+                                   gp, CA_LAYER, &ab);
+        float *fq2 = ca_read(g, qn[1].data, nq), *fk2 = ca_read(g, kn[1].data, nk);
+        float *fK = ca_read(g, gp->k[CA_LAYER], nf), *fV = ca_read(g, gp->v[CA_LAYER], nf);
+        const bool same = memcmp(cq, fq2, nq * sizeof(float)) == 0 && memcmp(ck, fk2, nk * sizeof(float)) == 0 &&
+                          memcmp(cK, fK, nf * sizeof(float)) == 0 && memcmp(cV, fV, nf * sizeof(float)) == 0;
+        void *pq[2] = { qn[0].data, qn[1].data }, *pk[2] = { kn[0].data, kn[1].data };
+        void *pK[2] = { pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
+        void *pV[2] = { pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
+        double eq = ca_cmp(&be, pq, nq, 1.0), ek = ca_cmp(&be, pk, nk, 1.0);
+        double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0);
+        printf("  config %zu: fused %s the composed GPU ops; against the CPU: qn %.2g, kn %.2g, K %.2g, V %.2g\n", ci,
+               same ? "bitwise equal to" : "DIFFERS from", eq, ek, eK, eV);
+        LM_CHECK(same);
+        LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
+        free(cq), free(ck), free(cK), free(cV), free(fq2), free(fk2), free(fK), free(fV);
+        ca_release(&be, q), ca_release(&be, k), ca_release(&be, v), ca_release(&be, qn), ca_release(&be, kn);
+        ca_release(&be, wq), ca_release(&be, wk);
+        free(qh), free(kh), free(vh), free(wqh), free(wkh);
+        ca_batch_free(&d);
+        ca_pool_free(&pool);
+    }
+    ca_close(&be);
+}
+
 /* ---- Gated DeltaNet ------------------------------------------------------------------ */
 
 /* One state tensor per backend with n_slots slots: the conv window

@@ -1,7 +1,8 @@
 /* make_random_model.c - writes a Hugging Face checkpoint with random weights:
- * Llama, or a Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
+ * Llama, Qwen3 (Llama with q/k norms), or a Qwen3.5 hybrid (Gated DeltaNet +
+ * gated full attention).
  *
- *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|
+ *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|qwen3-8b|tiny|
  *                                     qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny
  *                     [--seed N] [--layers N] [--dtype bf16|f32]
  *                     [--config-style hub|v5] [--threads N]
@@ -67,32 +68,36 @@ typedef struct shape {
      * conv kernel, every full_every-th layer full attention, partial rope */
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel, full_every;
     double partial_rotary;
+    bool qk_norm; /* Qwen3: per-head RMSNorm of q and k (Qwen3ForCausalLM) */
 } shape;
 
 static const shape SHAPES[] = {
     { "llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, 128256, 500000.0,
-      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0 },
+      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false },
     { "llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, 500000.0,
-      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0 },
+      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false },
+    /* Qwen3-8B: Llama's layout plus q/k norms, untied head */
+    { "qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 1000000.0,
+      0.0, 0.0, 0.0, 0, 40960, false, 1e-6, -1, 151645, -1, 0, 0, 0, 0, 0, 0, 0.0, true },
     /* the fixtures' tokenizer: vocab 1024, eos 2, pad 0, no bos */
     { "tiny", 64, 176, 2, 4, 2, 16, 1024, 10000.0,
-      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0 },
+      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, false },
     /* Qwen3.5 text models (Qwen/Qwen3.5-0.8B, -2B): 3 DeltaNet : 1 attention */
     { "qwen3.5-0.8b", 1024, 3584, 24, 8, 2, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25 },
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false },
     { "qwen3.5-2b", 2048, 6144, 24, 8, 2, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25 },
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false },
     /* Qwen3.5-27B (dense hybrid): 48 DeltaNet layers of 16 key / 48 value
      * heads, 16 gated attention layers of 24 / 4 heads, untied head; 26.9B
      * parameters, 53.8 GB in bf16 */
     { "qwen3.5-27b", 5120, 17408, 64, 24, 4, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 48, 128, 128, 4, 4, 0.25 },
+      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 48, 128, 128, 4, 4, 0.25, false },
     /* Qwen3.5-9B: 24 DeltaNet layers of 16 key / 32 value heads, 8 gated
      * attention layers of 16 / 4 heads, untied head; 8.95B parameters */
     { "qwen3.5-9b", 4096, 12288, 32, 16, 4, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 32, 128, 128, 4, 4, 0.25 },
+      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 32, 128, 128, 4, 4, 0.25, false },
     { "qwen3.5-tiny", 64, 128, 4, 4, 2, 32, 1024, 10000000.0,
-      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25 },
+      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25, false },
 };
 
 static bool is_hybrid(const shape *s) { return s->lin_k_heads > 0; }
@@ -189,6 +194,10 @@ static void build_tensors(tensor_list *l, const shape *s) {
         T("self_attn.k_proj.weight", kv, h, false);
         T("self_attn.v_proj.weight", kv, h, false);
         T("self_attn.o_proj.weight", h, q, false);
+        if (s->qk_norm) {
+            T("self_attn.q_norm.weight", s->head_dim, 0, true);
+            T("self_attn.k_norm.weight", s->head_dim, 0, true);
+        }
         T("mlp.gate_proj.weight", s->intermediate, h, false);
         T("mlp.up_proj.weight", s->intermediate, h, false);
         T("mlp.down_proj.weight", h, s->intermediate, false);
@@ -381,7 +390,7 @@ static void make_config(sbuf *b, const shape *s, bool bf16, bool v5) {
         return;
     }
     const char *dt = bf16 ? "bfloat16" : "float32";
-    sb_printf(b, "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n");
+    sb_printf(b, "{\n  \"architectures\": [\n    \"%s\"\n  ],\n", s->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
     sb_printf(b, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
     json_token_id(b, "bos_token_id", s->bos);
     if (v5) sb_printf(b, "  \"dtype\": \"%s\",\n", dt);
@@ -389,7 +398,7 @@ static void make_config(sbuf *b, const shape *s, bool bf16, bool v5) {
     sb_printf(b, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": %d,\n", s->head_dim, s->hidden);
     sb_printf(b, "  \"initializer_range\": 0.02,\n  \"intermediate_size\": %d,\n", s->intermediate);
     sb_printf(b, "  \"max_position_embeddings\": %d,\n  \"mlp_bias\": false,\n", s->max_pos);
-    sb_printf(b, "  \"model_type\": \"llama\",\n  \"num_attention_heads\": %d,\n", s->heads);
+    sb_printf(b, "  \"model_type\": \"%s\",\n  \"num_attention_heads\": %d,\n", s->qk_norm ? "qwen3" : "llama", s->heads);
     sb_printf(b, "  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n", s->layers, s->kv_heads);
     if (s->pad >= 0) sb_printf(b, "  \"pad_token_id\": %d,\n", s->pad);
     sb_printf(b, "  \"pretraining_tp\": 1,\n  \"rms_norm_eps\": %g,\n", s->rms_eps);
@@ -543,7 +552,7 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|tiny|\n"
+            "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|qwen3-8b|tiny|\n"
             "                                          qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny\n"
             "                         [--seed N] [--layers N] [--dtype bf16|f32]\n"
             "                         [--config-style hub|v5] [--threads N]\n"

@@ -236,6 +236,13 @@ struct lm_backend_ops {
     /* rope(q, rq), rope(k, rk), then kv_write(k, v) at the batch's positions. */
     void (*rope_kv_write)(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                           const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
+    /* rms_norm(qn, q, wq), rms_norm(kn, k, wk) (per-head norms: wq and wk
+     * are head_dim wide; eps and w_offset as rms_norm), then
+     * rope_kv_write(qn, kn, v). */
+    void (*norm_rope_kv_write)(lm_backend *be, lm_tensor *qn, const lm_tensor *q, lm_tensor *kn, const lm_tensor *k,
+                               const lm_tensor *v, const lm_tensor *wq, const lm_tensor *wk, float eps,
+                               float w_offset, const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv,
+                               int layer, const lm_attn_batch *b);
     /* delta_gates(g, beta, a_log, dt_bias), then gated_delta: g and beta
      * come in as the raw projections and are scratch afterwards. */
     void (*gated_delta_gates)(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,

@@ -124,6 +124,19 @@ void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_te
     be->ops->kv_write(be, kv, layer, k, v, b);
 }
 
+void lm_op_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *q, lm_tensor *kn, const lm_tensor *k,
+                              const lm_tensor *v, const lm_tensor *wq, const lm_tensor *wk, float eps, float w_offset,
+                              const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
+                              const lm_attn_batch *b) {
+    if (be->ops->norm_rope_kv_write) {
+        be->ops->norm_rope_kv_write(be, qn, q, kn, k, v, wq, wk, eps, w_offset, rq, rk, kv, layer, b);
+        return;
+    }
+    be->ops->rms_norm(be, qn, q, wq, eps, w_offset);
+    be->ops->rms_norm(be, kn, k, wk, eps, w_offset);
+    lm_op_rope_kv_write(be, qn, kn, v, rq, rk, kv, layer, b);
+}
+
 void lm_op_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,
                              const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                              const lm_attn_batch *b, const lm_delta_params *p) {
@@ -158,14 +171,14 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
         const lm_tensor *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { opt(&L->bq), opt(&L->bk), opt(&L->bv) };
         lm_op_matmul_n(be, 3, ys, &h, ws, bs);
     }
-    lm_tensor *qr = &q, *kr = &k;
+    lm_tensor *qr = &q;
     if (c->qk_norm) {
-        op->rms_norm(be, &qn, &q, &L->q_norm, c->norm_eps, 0);
-        op->rms_norm(be, &kn, &k, &L->k_norm, c->norm_eps, 0);
+        lm_op_norm_rope_kv_write(be, &qn, &q, &kn, &k, &v, &L->q_norm, &L->k_norm, c->norm_eps, 0, &rq, &rk, kv, layer,
+                                 &ab);
         qr = &qn;
-        kr = &kn;
+    } else {
+        lm_op_rope_kv_write(be, &q, &k, &v, &rq, &rk, kv, layer, &ab);
     }
-    lm_op_rope_kv_write(be, qr, kr, &v, &rq, &rk, kv, layer, &ab);
     op->attention(be, &attn, qr, kv, layer, &ab, &ap);
     if (!L->bo.data) {
         lm_op_matmul_add(be, residual, &attn, &L->wo, &o, post);

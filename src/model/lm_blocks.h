@@ -79,6 +79,11 @@ void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
 void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm);
 void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                          const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
+/* Per-head norms of q and k into qn and kn, then lm_op_rope_kv_write(qn, kn, v). */
+void lm_op_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *q, lm_tensor *kn, const lm_tensor *k,
+                              const lm_tensor *v, const lm_tensor *wq, const lm_tensor *wk, float eps, float w_offset,
+                              const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv, int layer,
+                              const lm_attn_batch *b);
 /* delta_gates then gated_delta (g and beta: the raw projections in,
  * scratch out). */
 void lm_op_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,

@@ -481,12 +481,11 @@ static void attn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, 
         const lm_tensor *ws[4] = { &A->wq, &A->wk, &A->wv, &A->wgate };
         lm_op_matmul_n(be, gated ? 4 : 3, ys, h, ws, NULL);
     }
-    op->rms_norm(be, &qn, &q, &A->q_norm, c->norm_eps, 1.0f);
-    op->rms_norm(be, &kn, &k, &A->k_norm, c->norm_eps, 1.0f);
     lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
     lm_rope_params rk = rq;
     rk.n_heads = c->n_kv_heads;
-    lm_op_rope_kv_write(be, &qn, &kn, &v, &rq, &rk, st->kv, L->kv_layer, st->ab);
+    lm_op_norm_rope_kv_write(be, &qn, &q, &kn, &k, &v, &A->q_norm, &A->k_norm, c->norm_eps, 1.0f, &rq, &rk, st->kv,
+                             L->kv_layer, st->ab);
     lm_attn_params ap = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 0, 0 };
     op->attention(be, &attn, &qn, st->kv, L->kv_layer, st->ab, &ap);
     if (gated) op->sigmoid_mul(be, &attn, &attn, &gate);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | b128-qwen9 | ab-q27 | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | b128-qwen9 | ab-q27 | ab-qk | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -113,6 +113,15 @@ for set in "$@"; do
     for r in 1 2 3; do for b in lumen_base lumen; do
       echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw 2>/dev/null
     done; done ;;
+  ab-qk) # batch-1 decode, lumen_base and lumen alternating: the Qwen3-8B shape (q/k norms on every layer), then Qwen3.5-27B
+    rm -rf /dev/shm/l8 /dev/shm/q9; model /dev/shm/q3 qwen3-8b
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q3 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
+    done
+    rm -rf /dev/shm/q3; model /dev/shm/q27 qwen3.5-27b
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+    done ;;
   ncu) # kernel time of one Llama-8B decode step (graphs off: ncu times kernels alone either way)
     model /dev/shm/l8 llama-3.1-8b
     LUMEN_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \

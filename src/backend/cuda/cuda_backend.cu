@@ -541,6 +541,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .matmul_glu = */ lm_cuda_matmul_glu,
     /* .matmul_add = */ lm_cuda_matmul_add,
     /* .rope_kv_write = */ lm_cuda_rope_kv_write,
+    /* .norm_rope_kv_write = */ lm_cuda_norm_rope_kv_write,
     /* .gated_delta_gates = */ lm_cuda_gated_delta_gates,
     /* .graph_begin = */ lm_cuda_graph_begin,
     /* .graph_end = */ lm_cuda_graph_end,
@@ -555,7 +556,7 @@ static const struct lm_backend_ops *lm_cuda_ops_unfused(void) {
     static const struct lm_backend_ops t = [] {
         struct lm_backend_ops o = lm_cuda_ops;
         o.matmul_n = NULL, o.matmul_glu = NULL, o.matmul_add = NULL, o.rope_kv_write = NULL;
-        o.gated_delta_gates = NULL;
+        o.norm_rope_kv_write = NULL, o.gated_delta_gates = NULL;
         return o;
     }();
     return &t;

@@ -301,6 +301,10 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm);
 void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                            const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b);
+void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *q, lm_tensor *kn, const lm_tensor *k,
+                                const lm_tensor *v, const lm_tensor *wq, const lm_tensor *wk, float eps,
+                                float w_offset, const lm_rope_params *rq, const lm_rope_params *rk, lm_kv_pool *kv,
+                                int layer, const lm_attn_batch *b);
 void lm_cuda_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *a, lm_tensor *b_raw,
                                const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                                const lm_attn_batch *b, const lm_delta_params *p);
