@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | b128-qwen9 | ab-q27 | ab-qk | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -219,6 +219,22 @@ for set in "$@"; do
     "$L" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128
     rm -rf /dev/shm/q9; model /dev/shm/q27 qwen3.5-27b
     "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 ;;
+  final8) # the eighth pass's figures: b1-copy's batch-1 runs (27B twice), then batched decode of both hybrid shapes
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128; done
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    "$L" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128
+    for B in 8 32 128; do "$L" bench -m /dev/shm/q9 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/q9 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw
+    rm -rf /dev/shm/q9; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64; done
+    for B in 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw; done ;;
+  final8b) # more batch-1 runs of the Qwen3.5-27B shape with the copy, and the 4k prefill of both hybrid shapes
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2 3; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64; done
+    "$L" bench -m /dev/shm/q27 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 1 --no-membw
+    rm -rf /dev/shm/q27; model /dev/shm/q9 qwen3.5-9b
+    "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw ;;
   qwen9) # the Qwen3.5-9B shape (llama.cpp's hybrid figures are for it): batch 1 against the copy roofline, batch 8 / 32 / 128, 4k prefill
     rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
     "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 32 --gen 128 --reps 3
