@@ -385,6 +385,39 @@ LM_TEST(cuda_kv_write) {
     ca_close(&be);
 }
 
+/* A paged pool and batch of S sequences for the rope + KV write tests, with
+ * rope parameters over rot dims (q and k share one frequency array unless
+ * split_freq; rq and rk point into the struct, which must stay put). */
+typedef struct ca_rope_case {
+    ca_pool pool;
+    ca_batch d;
+    lm_attn_batch ab;
+    float fq[128], fk[128];
+    lm_rope_params rq, rk;
+    int64_t kvw, qc, kc; /* pool width, q and k columns */
+} ca_rope_case;
+
+static bool ca_rope_case_make(ca_rope_case *r, const ca_be *be, int Hq, int Hkv, int Dh, int rot, bool inter,
+                              float factor, bool split_freq, int S, const int *n, const int *pos0, uint64_t *seed) {
+    LM_ASSERT(rot / 2 <= 128);
+    r->kvw = (int64_t)Hkv * Dh + 32, r->qc = (int64_t)Hq * Dh, r->kc = (int64_t)Hkv * Dh;
+    if (!ca_pool_make(&r->pool, be, r->kvw, S, n, pos0, seed)) return false;
+    r->d = ca_batch_make(S, n, pos0);
+    r->ab = (lm_attn_batch){ .n_tokens = r->d.T, .pos = r->d.pos, .seq = r->d.seq, .n_seqs = S,
+                             .block_tables = (const int32_t *const *)r->pool.tables, .state_slot = NULL };
+    for (int i = 0; i < rot / 2; i++) r->fq[i] = r->fk[i] = powf(10000.0f, -2.0f * (float)i / (float)rot);
+    r->rq = (lm_rope_params){ Hq, Dh, rot, inter, r->fq, factor };
+    r->rk = r->rq;
+    r->rk.n_heads = Hkv;
+    if (split_freq) r->rk.inv_freq = r->fk;
+    return true;
+}
+
+static void ca_rope_case_free(ca_rope_case *r) {
+    ca_batch_free(&r->d);
+    ca_pool_free(&r->pool);
+}
+
 /* The fused rope of q and k + KV write against rope, rope, kv_write on the
  * CPU: full and partial rotary, both pair layouts, a yarn-like attention
  * factor, and q and k with different frequency arrays (the fallback). */
@@ -398,19 +431,14 @@ LM_TEST(cuda_rope_kv_write_fused) {
     uint64_t seed = 4242;
     const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
     for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
-        const int Hq = cfgs[ci].Hq, Hkv = cfgs[ci].Hkv, Dh = cfgs[ci].Dh, half = cfgs[ci].rot / 2;
-        const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
-        ca_pool pool;
-        LM_REQUIRE(ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed));
-        ca_batch d = ca_batch_make(S, n, pos0);
-        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
-                             .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
-        float fq[64], fk[64];
-        for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cfgs[ci].rot);
-        lm_rope_params rq = { Hq, Dh, cfgs[ci].rot, cfgs[ci].inter, fq, cfgs[ci].factor };
-        lm_rope_params rk = rq;
-        rk.n_heads = Hkv;
-        if (cfgs[ci].split_freq) rk.inv_freq = fk;
+        ca_rope_case rc;
+        LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, cfgs[ci].Dh, cfgs[ci].rot, cfgs[ci].inter,
+                                     cfgs[ci].factor, cfgs[ci].split_freq, S, n, pos0, &seed));
+        ca_pool pool = rc.pool;
+        ca_batch d = rc.d;
+        const lm_attn_batch ab = rc.ab;
+        const lm_rope_params rq = rc.rq, rk = rc.rk;
+        const int64_t kvw = rc.kvw, qc = rc.qc, kc = rc.kc;
         float *qh = ca_host((size_t)d.T * qc, &seed, -1, 1), *kh = ca_host((size_t)d.T * kc, &seed, -1, 1);
         float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
         lm_tensor q[2], k[2], v[2];
@@ -435,8 +463,7 @@ LM_TEST(cuda_rope_kv_write_fused) {
         LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
         ca_release(&be, q), ca_release(&be, k), ca_release(&be, v);
         free(qh), free(kh), free(vh);
-        ca_batch_free(&d);
-        ca_pool_free(&pool);
+        ca_rope_case_free(&rc);
     }
     ca_close(&be);
 }
@@ -457,19 +484,15 @@ LM_TEST(cuda_norm_rope_kv_write_fused) {
     uint64_t seed = 5151;
     const int S = 3, n[] = { 9, 1, 17 }, pos0[] = { 0, 47, 14 };
     for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
-        const int Hq = cfgs[ci].Hq, Hkv = cfgs[ci].Hkv, Dh = cfgs[ci].Dh, half = cfgs[ci].rot / 2;
-        const int64_t kvw = (int64_t)Hkv * Dh + 32, qc = (int64_t)Hq * Dh, kc = (int64_t)Hkv * Dh;
-        ca_pool pool;
-        LM_REQUIRE(ca_pool_make(&pool, &be, kvw, S, n, pos0, &seed));
-        ca_batch d = ca_batch_make(S, n, pos0);
-        lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S,
-                             .block_tables = (const int32_t *const *)pool.tables, .state_slot = NULL };
-        float fq[128], fk[128];
-        for (int i = 0; i < half; i++) fq[i] = fk[i] = powf(10000.0f, -2.0f * (float)i / (float)cfgs[ci].rot);
-        lm_rope_params rq = { Hq, Dh, cfgs[ci].rot, cfgs[ci].inter, fq, 1.0f };
-        lm_rope_params rk = rq;
-        rk.n_heads = Hkv;
-        if (cfgs[ci].split_freq) rk.inv_freq = fk;
+        const int Dh = cfgs[ci].Dh;
+        ca_rope_case rc;
+        LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, Dh, cfgs[ci].rot, cfgs[ci].inter, 1.0f,
+                                     cfgs[ci].split_freq, S, n, pos0, &seed));
+        ca_pool pool = rc.pool;
+        ca_batch d = rc.d;
+        const lm_attn_batch ab = rc.ab;
+        const lm_rope_params rq = rc.rq, rk = rc.rk;
+        const int64_t kvw = rc.kvw, qc = rc.qc, kc = rc.kc;
         float *qh = ca_host((size_t)d.T * qc, &seed, -2, 2), *kh = ca_host((size_t)d.T * kc, &seed, -2, 2);
         float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
         float *wqh = ca_host((size_t)Dh, &seed, 0.5f, 1.5f), *wkh = ca_host((size_t)Dh, &seed, -0.5f, 0.5f);
@@ -513,8 +536,7 @@ LM_TEST(cuda_norm_rope_kv_write_fused) {
         ca_release(&be, q), ca_release(&be, k), ca_release(&be, v), ca_release(&be, qn), ca_release(&be, kn);
         ca_release(&be, wq), ca_release(&be, wk);
         free(qh), free(kh), free(vh), free(wqh), free(wkh);
-        ca_batch_free(&d);
-        ca_pool_free(&pool);
+        ca_rope_case_free(&rc);
     }
     ca_close(&be);
 }
