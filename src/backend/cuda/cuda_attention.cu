@@ -238,15 +238,18 @@ __global__ void att_rope_kv_kernel(att_rkv_args a, int64_t T) {
     }
 }
 
+/* Whether q and k can be rotated in one launch with the KV write: one rope
+ * for both, and whole heads in k and v. */
+static bool att_one_rope(const lm_rope_params *rq, const lm_rope_params *rk, const lm_tensor *k, const lm_tensor *v) {
+    return rq->head_dim == rk->head_dim && rq->rot_dim == rk->rot_dim && rq->interleaved == rk->interleaved &&
+           rq->inv_freq == rk->inv_freq && rq->attn_factor == rk->attn_factor && rq->rot_dim > 0 &&
+           k->cols == (int64_t)rk->n_heads * rk->head_dim && v->cols == k->cols;
+}
+
 void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                            const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
     lm_cuda *c = lm_cuda_of(be);
-    /* one launch needs one rope for both (and whole heads in k and v) */
-    const bool same = rq->head_dim == rk->head_dim && rq->rot_dim == rk->rot_dim &&
-                      rq->interleaved == rk->interleaved && rq->inv_freq == rk->inv_freq &&
-                      rq->attn_factor == rk->attn_factor && rq->rot_dim > 0 &&
-                      k->cols == (int64_t)rk->n_heads * rk->head_dim && v->cols == k->cols;
-    if (!same) {
+    if (!att_one_rope(rq, rk, k, v)) {
         lm_cuda_rope(be, q, b->pos, rq);
         lm_cuda_rope(be, k, b->pos, rk);
         lm_cuda_kv_write(be, kv, layer, k, v, b);
@@ -280,8 +283,8 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
 /* ---- per-head norms of q and k, their rope, then the KV write ------------------- */
 
 /* One warp per (token, head): q heads, then KV heads (each also copies its
- * v head to the cache). The warp norms the head as lm_rms_norm_warp_kernel
- * does (same sums, same order: the same bits), rotates the pairs in shared
+ * v head to the cache). The warp norms the head with lm_norm_row_warp, as
+ * lm_rms_norm_warp_kernel does (the same bits), rotates the pairs in shared
  * memory with lm_rope_pair as att_rope_kv_kernel does, and writes qn (or kn
  * and the K row). Two launches fewer than rms_norm, rms_norm,
  * rope_kv_write on a decode step of every layer with q/k norms. */
@@ -312,13 +315,8 @@ __global__ void __launch_bounds__(ATT_NRKV_THREADS) att_norm_rope_kv_kernel(att_
         const bool is_q = h < a.Hq;
         if (!is_q) h -= a.Hq;
         const float *x = is_q ? a.q + t * a.q_ld + (int64_t)h * Dh : a.k + t * a.k_ld + (int64_t)h * Dh;
-        const float *w = is_q ? a.wq : a.wk;
         float *y = is_q ? a.qn + t * a.qn_ld + (int64_t)h * Dh : a.kn + t * a.kn_ld + (int64_t)h * Dh;
-        double ss = 0.0;
-        for (int i = lane; i < Dh; i += 32) ss += (double)x[i] * x[i];
-        ss = lm_warp_sum_d(ss);
-        const double sc = 1.0 / sqrt(ss / (double)Dh + a.eps);
-        for (int i = lane; i < Dh; i += 32) sh[i] = (float)((double)x[i] * sc * ((double)w[i] + a.w_off));
+        lm_norm_row_warp(sh, x, is_q ? a.wq : a.wk, Dh, a.eps, a.w_off);
         __syncwarp();
         const int32_t p = a.d.pos[t];
         for (int i = lane; i < a.half; i += 32) {
@@ -348,12 +346,10 @@ void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *
                                 int layer, const lm_attn_batch *b) {
     lm_cuda *c = lm_cuda_of(be);
     const int Dh = rq->head_dim;
-    /* one kernel: one rope for both, whole heads, per-head norm weights */
-    const bool one = rk->head_dim == Dh && rq->rot_dim == rk->rot_dim && rq->interleaved == rk->interleaved &&
-                     rq->inv_freq == rk->inv_freq && rq->attn_factor == rk->attn_factor && rq->rot_dim > 0 &&
-                     Dh <= 1024 && wq->rows == 1 && wq->cols == Dh && wk->rows == 1 && wk->cols == Dh &&
-                     q->cols == (int64_t)rq->n_heads * Dh && k->cols == (int64_t)rk->n_heads * Dh &&
-                     v->cols == k->cols && qn->cols == q->cols && kn->cols == k->cols;
+    /* one kernel: as rope_kv_write's, plus whole heads in q and per-head norm weights */
+    const bool one = att_one_rope(rq, rk, k, v) && Dh <= 1024 && wq->rows == 1 && wq->cols == Dh && wk->rows == 1 &&
+                     wk->cols == Dh && q->cols == (int64_t)rq->n_heads * Dh && qn->cols == q->cols &&
+                     kn->cols == k->cols;
     if (!one || lm_cuda_skip(c, LM_SKIP_NORM) || lm_cuda_skip(c, LM_SKIP_ROPE_KV)) {
         lm_cuda_rms_norm(be, qn, q, wq, eps, w_offset);
         lm_cuda_rms_norm(be, kn, k, wk, eps, w_offset);

@@ -22,7 +22,7 @@
  *   at 128 x 128) never leaves the register file between tokens; with
  *   Dk = 128 known at compile time the row loops have no bounds checks and
  *   read q and k from shared memory four floats at a time (ncu, a
- *   Qwen3.5-27B decode step: 10.1 -> 7 us a layer). Per token:
+ *   Qwen3.5-27B decode step: 9-11 -> 6-8 us a layer). Per token:
  *   q and k to shared memory, their sums of squares in double (warp 0),
  *   normalised; S^T k and S^T q as per-part partial sums reduced through
  *   shared memory; u = beta (v - alpha S^T k), o = alpha S^T q + (q.k) u;

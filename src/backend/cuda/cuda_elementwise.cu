@@ -36,16 +36,9 @@ __global__ void lm_rms_norm_warp_kernel(float *y, const float *x, const float *w
                                         double off) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    const int lane = threadIdx.x & 31;
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;
-    const float *xr = x + r * n;
-    float *yr = y + r * n;
-    double ss = 0.0;
-    for (int64_t i = lane; i < n; i += 32) ss += (double)xr[i] * xr[i];
-    ss = lm_warp_sum_d(ss);
-    const double s = 1.0 / sqrt(ss / (double)n + eps);
-    for (int64_t i = lane; i < n; i += 32) yr[i] = (float)((double)xr[i] * s * ((double)w[i] + off));
+    lm_norm_row_warp(y + r * n, x + r * n, w, n, eps, off);
 }
 
 /* Wide rows: one block per row (lm_norm_row, shared with the GEMV's fused

@@ -177,6 +177,20 @@ static __device__ __forceinline__ double lm_warp_sum_d(double v) {
     return v;
 }
 
+/* One row's RMSNorm by one warp (all 32 lanes call it): y = x / rms(x) *
+ * (w + off), the squares summed in double over lanes l, l + 32, ... and
+ * then across the warp. lm_rms_norm_warp_kernel and the fused q/k norm of
+ * att_norm_rope_kv_kernel both use it, so they give the same bits. */
+static __device__ __forceinline__ void lm_norm_row_warp(float *y, const float *x, const float *w, int64_t n,
+                                                        double eps, double off) {
+    const int lane = threadIdx.x & 31;
+    double ss = 0.0;
+    for (int64_t i = lane; i < n; i += 32) ss += (double)x[i] * x[i];
+    ss = lm_warp_sum_d(ss);
+    const double s = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = lane; i < n; i += 32) y[i] = (float)((double)x[i] * s * ((double)w[i] + off));
+}
+
 /* One row's RMSNorm by a whole block: y = x / rms(x) * (w + off), sums in
  * double as on the CPU. The squares are summed over LM_NORM_VT virtual
  * threads in a fixed order whatever the block size (a multiple of 32 that
