@@ -106,9 +106,11 @@ for set in "$@"; do
   ab-q27) # batch-1 decode of the Qwen3.5-27B shape, lumen_base and lumen alternating; the delta rule alone under ncu
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for b in lumen_base lumen; do
-      echo -n "ncu $b "; LUMEN_CUDA_GRAPHS=0 timeout 120 ncu --clock-control none -k regex:delta_rule --metrics gpu__time_duration.sum \
+      # the csv's last three fields: "gpu__time_duration.sum","ns","10,144" (a thousands comma)
+      echo -n "ncu $b (ns) "; LUMEN_CUDA_GRAPHS=0 timeout 120 ncu --clock-control none -k regex:delta_rule --metrics gpu__time_duration.sum \
         --csv --launch-skip 200 --launch-count 5 "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 16 \
-        --gen 8 --no-membw 2>/dev/null | grep -o '"gpu__time_duration.sum","[a-z]*","[0-9.,]*"' | cut -d, -f3 | tr '\n' ' '; echo
+        --gen 8 --no-membw 2>/dev/null | grep -o '"gpu__time_duration.sum","[a-z]*","[0-9.,]*"' | awk -F'","' '{print $3}' |
+        tr -d '",' | tr '\n' ' '; echo
     done
     for r in 1 2 3; do for b in lumen_base lumen; do
       echo -n "$b "; "$C/bin/$b" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 32 --no-membw 2>/dev/null
