@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -103,6 +103,11 @@ for set in "$@"; do
       --launch-skip 4000 --launch-count 1000 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 16 \
       --gen 12 --no-membw > "${OUT:-/tmp}/ncu_q27.csv" 2>/dev/null
     python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu_q27.csv" 30 ;;
+  gap) # batch 1: the host pass and the graph's device time of a step (LUMEN_CUDA_GRAPH_STATS) against its wall time, Llama-8B and Qwen3.5-27B
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do LUMEN_CUDA_GRAPH_STATS=1 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw; done
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2; do LUMEN_CUDA_GRAPH_STATS=1 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw; done ;;
   ab-q27) # batch-1 decode of the Qwen3.5-27B shape, lumen_base and lumen alternating; the delta rule alone under ncu
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for b in lumen_base lumen; do

@@ -75,6 +75,17 @@ struct lm_cuda_graphs {
     int n_reads, cap_reads;
     /* counts for LUMEN_CUDA_GRAPH_STATS */
     long n_replay, n_capture, n_update, n_instantiate, n_miss, n_abandon, n_eager;
+    /* and, for the replays that end with a read (decode steps), where a
+     * step's wall time goes: on the host the pass (graph_begin to launch),
+     * the launch calls, the wait for the reads and the time from the reads
+     * to the next graph_begin; on the device (events, two sets in turn) the
+     * staged copy in, the graph, the reads, and the idle time from the
+     * previous step's reads to this one's copy */
+    cudaEvent_t ev[2][4];
+    int ev_set;
+    bool ev_prev; /* ev[ev_set ^ 1] holds the previous timed step */
+    double t_begin, t_synced, h_pass, h_launch, h_wait, h_between, d_in, d_graph, d_out, d_idle;
+    long n_timed, n_between;
 };
 
 bool lm_cuda_env_flag(const char *name, bool dflt) {
@@ -87,6 +98,7 @@ void lm_cuda_graphs_init(lm_cuda *c) {
     lm_cuda_graphs *g = (lm_cuda_graphs *)lm_xcalloc(1, sizeof *g);
     g->enabled = lm_cuda_env_flag("LUMEN_CUDA_GRAPHS", true);
     g->stats = lm_cuda_env_flag("LUMEN_CUDA_GRAPH_STATS", false);
+    for (int i = 0; g->stats && i < 8; i++) LM_CUDA_CHECK(cudaEventCreate(&g->ev[i / 4][i % 4]));
     LM_CUDA_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming));
     c->graphs = g;
     c->gmode = LM_G_OFF;
@@ -100,6 +112,16 @@ void lm_cuda_graphs_free(lm_cuda *c) {
                 "lumen: cuda graphs: %ld replayed, %ld captured (%ld updated in place, %ld instantiated), "
                 "%ld hash misses, %ld abandoned, %ld eager forwards of graphable batches\n",
                 g->n_replay, g->n_capture, g->n_update, g->n_instantiate, g->n_miss, g->n_abandon, g->n_eager);
+    if (g->stats && g->n_timed) {
+        const double n = (double)g->n_timed, nb = (double)LM_MAX(g->n_between, 1);
+        fprintf(stderr,
+                "lumen: cuda graphs: %ld replays with reads, mean us: host pass %.1f, launch calls %.1f, wait %.1f, "
+                "reads to the next pass %.1f; device copy in %.1f, graph %.1f, reads %.1f, idle before the copy in %.1f\n",
+                g->n_timed, 1e6 * g->h_pass / n, 1e6 * g->h_launch / n, 1e6 * g->h_wait / n, 1e6 * g->h_between / nb,
+                1e3 * g->d_in / n, 1e3 * g->d_graph / n, 1e3 * g->d_out / n, 1e3 * g->d_idle / nb);
+    }
+    for (int i = 0; i < 8; i++)
+        if (g->ev[i / 4][i % 4]) (void)cudaEventDestroy(g->ev[i / 4][i % 4]);
     for (int i = 0; i < LM_GRAPH_KEYS; i++)
         if (g->keys[i].exec) (void)cudaGraphExecDestroy(g->keys[i].exec);
     if (g->stage_host) (void)cudaFreeHost(g->stage_host);
@@ -225,21 +247,56 @@ int lm_cuda_graph_begin(lm_backend *be, uint64_t key) {
         return 0;
     }
     g->cur = e;
+    if (g->stats) g->t_begin = lm_now();
     lm_graph_start(c, e->exec ? LM_G_REPLAY : LM_G_CAPTURE);
     return 1;
 }
 
 /* Copies the staged bytes in, runs e's graph, then the deferred reads. */
-static void lm_graph_launch(lm_cuda *c, lm_graph_entry *e) {
+static void lm_graph_launch(lm_cuda *c, lm_graph_entry *e, bool replay) {
     lm_cuda_graphs *g = c->graphs;
+    const bool timed = g->stats && replay && g->n_reads;
+    cudaEvent_t *ev = g->ev[g->ev_set];
+    double t0 = 0, t1 = 0;
+    if (timed) {
+        t0 = lm_now();
+        g->h_pass += t0 - g->t_begin;
+        LM_CUDA_CHECK(cudaEventRecord(ev[0], c->stream));
+    }
     if (g->stage_used)
         LM_CUDA_CHECK(cudaMemcpyAsync(g->stage_dev, g->stage_host, g->stage_used, cudaMemcpyHostToDevice, c->stream));
     LM_CUDA_CHECK(cudaEventRecord(g->staged, c->stream));
+    if (timed) LM_CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
     LM_CUDA_CHECK(cudaGraphLaunch(e->exec, c->stream));
+    if (timed) LM_CUDA_CHECK(cudaEventRecord(ev[2], c->stream));
     for (int i = 0; i < g->n_reads; i++)
         LM_CUDA_CHECK(cudaMemcpyAsync(g->reads[i].host, g->reads[i].dev, g->reads[i].bytes, cudaMemcpyDeviceToHost,
                                       c->stream));
+    if (timed) {
+        LM_CUDA_CHECK(cudaEventRecord(ev[3], c->stream));
+        t1 = lm_now();
+        g->h_launch += t1 - t0;
+    }
     if (g->n_reads) LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (timed) {
+        const double t2 = lm_now();
+        g->h_wait += t2 - t1;
+        float ms[4] = { 0, 0, 0, 0 };
+        LM_CUDA_CHECK(cudaEventElapsedTime(&ms[0], ev[0], ev[1]));
+        LM_CUDA_CHECK(cudaEventElapsedTime(&ms[1], ev[1], ev[2]));
+        LM_CUDA_CHECK(cudaEventElapsedTime(&ms[2], ev[2], ev[3]));
+        g->d_in += ms[0], g->d_graph += ms[1], g->d_out += ms[2];
+        if (g->ev_prev) { /* consecutive timed steps: the gap between them */
+            LM_CUDA_CHECK(cudaEventElapsedTime(&ms[3], g->ev[g->ev_set ^ 1][3], ev[0]));
+            g->d_idle += ms[3];
+            g->h_between += g->t_begin - g->t_synced;
+            g->n_between++;
+        }
+        g->t_synced = t2;
+        g->n_timed++;
+        g->ev_set ^= 1;
+    }
+    g->ev_prev = timed;
     g->n_reads = 0;
 }
 
@@ -268,7 +325,7 @@ int lm_cuda_graph_end(lm_backend *be, bool ok) {
     if (c->gmode == LM_G_REPLAY) {
         if (c->ghash == e->hash) {
             c->gmode = LM_G_OFF;
-            lm_graph_launch(c, e);
+            lm_graph_launch(c, e, true);
             g->n_replay++;
             return 0;
         }
@@ -314,6 +371,6 @@ int lm_cuda_graph_end(lm_backend *be, bool ok) {
     LM_CUDA_CHECK(cudaGraphDestroy(graph));
     e->hash = c->ghash;
     g->n_capture++;
-    lm_graph_launch(c, e);
+    lm_graph_launch(c, e, false);
     return 0;
 }
