@@ -1,8 +1,10 @@
 /* make_random_model.c - writes a Hugging Face checkpoint with random weights:
- * Llama, Qwen3 (Llama with q/k norms), or a Qwen3.5 hybrid (Gated DeltaNet +
+ * Llama, Qwen3 (Llama with q/k norms), Qwen3-MoE (Qwen3 attention with a
+ * sparse expert FFN in every layer), or a Qwen3.5 hybrid (Gated DeltaNet +
  * gated full attention).
  *
  *   make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|qwen3-8b|tiny|
+ *                                     qwen3-30b-a3b|qwen3-moe-tiny|
  *                                     qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny
  *                     [--seed N] [--layers N] [--dtype bf16|f32]
  *                     [--config-style hub|v5] [--threads N]
@@ -32,7 +34,14 @@
  * - config.json follows the layout of the real checkpoints on the Hub
  *   (rope_theta + rope_scaling, torch_dtype) by default; --config-style v5
  *   writes what transformers 5 saves instead (rope_parameters, dtype), as in
- *   the fixtures under shared/fixtures/models.
+ *   the fixtures under shared/fixtures/models. Qwen3-MoE and Qwen3.5 shapes
+ *   always write the transformers 5 layout (the MoE one with the keys of
+ *   tests/data/moe/qwen3-moe-e32-k8/config.json).
+ * - Qwen3-MoE layers have no dense MLP: a router mlp.gate.weight
+ *   [experts, hidden] and per expert mlp.experts.E.{gate,up}_proj.weight
+ *   [moe_intermediate, hidden] and down_proj.weight [hidden, moe_intermediate]
+ *   (the per-expert layout of the Hub checkpoints); all random like the other
+ *   matrices. Qwen3-30B-A3B is 30.5B parameters, 61.1 GB in bf16.
  *
  * Errors (bad arguments, I/O) are reported on stderr and exit with status 1
  * (2 for usage errors). */
@@ -69,38 +78,52 @@ typedef struct shape {
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel, full_every;
     double partial_rotary;
     bool qk_norm; /* Qwen3: per-head RMSNorm of q and k (Qwen3ForCausalLM) */
+    /* Qwen3-MoE (experts > 0, Qwen3MoeForCausalLM): every layer's MLP is
+     * experts routed experts of width moe_inter, experts_per_tok active per
+     * token (norm_topk_prob true); intermediate is only written to config.json.
+     * 0 experts = dense. */
+    int experts, experts_per_tok, moe_inter;
 } shape;
 
 static const shape SHAPES[] = {
     { "llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, 128256, 500000.0,
-      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false },
+      32.0, 1.0, 4.0, 8192, 131072, true, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false, 0, 0, 0 },
     { "llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, 500000.0,
-      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false },
+      8.0, 1.0, 4.0, 8192, 131072, false, 1e-5, 128000, 128001, -1, 0, 0, 0, 0, 0, 0, 0.0, false, 0, 0, 0 },
     /* Qwen3-8B: Llama's layout plus q/k norms, untied head */
     { "qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 1000000.0,
-      0.0, 0.0, 0.0, 0, 40960, false, 1e-6, -1, 151645, -1, 0, 0, 0, 0, 0, 0, 0.0, true },
+      0.0, 0.0, 0.0, 0, 40960, false, 1e-6, -1, 151645, -1, 0, 0, 0, 0, 0, 0, 0.0, true, 0, 0, 0 },
     /* the fixtures' tokenizer: vocab 1024, eos 2, pad 0, no bos */
     { "tiny", 64, 176, 2, 4, 2, 16, 1024, 10000.0,
-      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, false },
+      0.0, 0.0, 0.0, 0, 4096, false, 1e-5, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, false, 0, 0, 0 },
+    /* Qwen3-30B-A3B: Qwen3 attention (32 / 4 heads of 128, q/k norms), 128
+     * experts of width 768 per layer, 8 active, untied head; 30.5B parameters
+     * (3.3B active), 61.1 GB in bf16 */
+    { "qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, 1000000.0,
+      0.0, 0.0, 0.0, 0, 40960, false, 1e-6, -1, 151645, -1, 0, 0, 0, 0, 0, 0, 0.0, true, 128, 8, 768 },
+    /* as tests/data/moe/qwen3-moe-e32-k8 (the fixtures' tokenizer) */
+    { "qwen3-moe-tiny", 64, 128, 2, 4, 2, 16, 1024, 1000000.0,
+      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, true, 32, 8, 16 },
     /* Qwen3.5 text models (Qwen/Qwen3.5-0.8B, -2B): 3 DeltaNet : 1 attention */
     { "qwen3.5-0.8b", 1024, 3584, 24, 8, 2, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false },
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false, 0, 0, 0 },
     { "qwen3.5-2b", 2048, 6144, 24, 8, 2, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false },
+      0.0, 0.0, 0.0, 0, 262144, true, 1e-6, -1, 248046, -1, 16, 16, 128, 128, 4, 4, 0.25, false, 0, 0, 0 },
     /* Qwen3.5-27B (dense hybrid): 48 DeltaNet layers of 16 key / 48 value
      * heads, 16 gated attention layers of 24 / 4 heads, untied head; 26.9B
      * parameters, 53.8 GB in bf16 */
     { "qwen3.5-27b", 5120, 17408, 64, 24, 4, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 48, 128, 128, 4, 4, 0.25, false },
+      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 48, 128, 128, 4, 4, 0.25, false, 0, 0, 0 },
     /* Qwen3.5-9B: 24 DeltaNet layers of 16 key / 32 value heads, 8 gated
      * attention layers of 16 / 4 heads, untied head; 8.95B parameters */
     { "qwen3.5-9b", 4096, 12288, 32, 16, 4, 256, 248320, 10000000.0,
-      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 32, 128, 128, 4, 4, 0.25, false },
+      0.0, 0.0, 0.0, 0, 262144, false, 1e-6, -1, 248046, -1, 16, 32, 128, 128, 4, 4, 0.25, false, 0, 0, 0 },
     { "qwen3.5-tiny", 64, 128, 4, 4, 2, 32, 1024, 10000000.0,
-      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25, false },
+      0.0, 0.0, 0.0, 0, 32768, false, 1e-6, -1, 2, 0, 2, 4, 16, 16, 4, 4, 0.25, false, 0, 0, 0 },
 };
 
 static bool is_hybrid(const shape *s) { return s->lin_k_heads > 0; }
+static bool is_moe(const shape *s) { return s->experts > 0; }
 static bool layer_is_linear(const shape *s, int l) { return (l + 1) % s->full_every != 0; }
 
 /* ---- tensors ------------------------------------------------------------- */
@@ -198,9 +221,21 @@ static void build_tensors(tensor_list *l, const shape *s) {
             T("self_attn.q_norm.weight", s->head_dim, 0, true);
             T("self_attn.k_norm.weight", s->head_dim, 0, true);
         }
-        T("mlp.gate_proj.weight", s->intermediate, h, false);
-        T("mlp.up_proj.weight", s->intermediate, h, false);
-        T("mlp.down_proj.weight", h, s->intermediate, false);
+        if (is_moe(s)) {
+            T("mlp.gate.weight", s->experts, h, false);
+            for (int e = 0; e < s->experts; e++) {
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.gate_proj.weight", i, e);
+                add_tensor(l, nm, s->moe_inter, h, false);
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.up_proj.weight", i, e);
+                add_tensor(l, nm, s->moe_inter, h, false);
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.down_proj.weight", i, e);
+                add_tensor(l, nm, h, s->moe_inter, false);
+            }
+        } else {
+            T("mlp.gate_proj.weight", s->intermediate, h, false);
+            T("mlp.up_proj.weight", s->intermediate, h, false);
+            T("mlp.down_proj.weight", h, s->intermediate, false);
+        }
 #undef T
     }
     add_tensor(l, "model.norm.weight", h, 0, !is_hybrid(s))->zeros = is_hybrid(s);
@@ -384,9 +419,42 @@ static void make_hybrid_config(sbuf *b, const shape *s, bool bf16) {
     sb_printf(b, "  \"use_cache\": true,\n  \"vocab_size\": %d\n}\n", s->vocab);
 }
 
+/* config.json of a Qwen3-MoE model as transformers 5 saves it (the keys of
+ * tests/data/moe/qwen3-moe-e32-k8/config.json; lumen reads num_experts or
+ * num_local_experts). Every layer sparse: decoder_sparse_step 1, no
+ * mlp_only_layers. */
+static void make_moe_config(sbuf *b, const shape *s, bool bf16) {
+    sb_printf(b, "{\n  \"architectures\": [\n    \"Qwen3MoeForCausalLM\"\n  ],\n");
+    sb_printf(b, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
+    json_token_id(b, "bos_token_id", s->bos);
+    sb_printf(b, "  \"decoder_sparse_step\": 1,\n");
+    sb_printf(b, "  \"dtype\": \"%s\",\n", bf16 ? "bfloat16" : "float32");
+    json_token_id(b, "eos_token_id", s->eos);
+    sb_printf(b, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": %d,\n", s->head_dim, s->hidden);
+    sb_printf(b, "  \"initializer_range\": 0.02,\n  \"intermediate_size\": %d,\n", s->intermediate);
+    sb_printf(b, "  \"max_position_embeddings\": %d,\n  \"mlp_only_layers\": [],\n", s->max_pos);
+    sb_printf(b, "  \"model_type\": \"qwen3_moe\",\n  \"moe_intermediate_size\": %d,\n", s->moe_inter);
+    sb_printf(b, "  \"norm_topk_prob\": true,\n  \"num_attention_heads\": %d,\n", s->heads);
+    sb_printf(b, "  \"num_experts_per_tok\": %d,\n  \"num_hidden_layers\": %d,\n", s->experts_per_tok, s->layers);
+    sb_printf(b, "  \"num_key_value_heads\": %d,\n  \"num_local_experts\": %d,\n", s->kv_heads, s->experts);
+    sb_printf(b, "  \"output_router_logits\": false,\n");
+    json_token_id(b, "pad_token_id", s->pad);
+    sb_printf(b, "  \"rms_norm_eps\": %g,\n", s->rms_eps);
+    sb_printf(b, "  \"rope_parameters\": {\n    \"rope_theta\": %.1f,\n    \"rope_type\": \"default\"\n  },\n",
+              s->rope_theta);
+    sb_printf(b, "  \"router_aux_loss_coef\": 0.001,\n  \"sliding_window\": null,\n");
+    sb_printf(b, "  \"tie_word_embeddings\": %s,\n", s->tied ? "true" : "false");
+    sb_printf(b, "  \"transformers_version\": \"5.17.0\",\n");
+    sb_printf(b, "  \"use_cache\": true,\n  \"use_sliding_window\": false,\n  \"vocab_size\": %d\n}\n", s->vocab);
+}
+
 static void make_config(sbuf *b, const shape *s, bool bf16, bool v5) {
     if (is_hybrid(s)) {
         make_hybrid_config(b, s, bf16);
+        return;
+    }
+    if (is_moe(s)) {
+        make_moe_config(b, s, bf16);
         return;
     }
     const char *dt = bf16 ? "bfloat16" : "float32";
@@ -553,12 +621,14 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
 static void usage(FILE *f) {
     fprintf(f,
             "usage: make_random_model OUT_DIR --shape llama-3.2-1b|llama-3.1-8b|qwen3-8b|tiny|\n"
+            "                                          qwen3-30b-a3b|qwen3-moe-tiny|\n"
             "                                          qwen3.5-0.8b|qwen3.5-2b|qwen3.5-9b|qwen3.5-27b|qwen3.5-tiny\n"
             "                         [--seed N] [--layers N] [--dtype bf16|f32]\n"
             "                         [--config-style hub|v5] [--threads N]\n"
             "Writes config.json, generation_config.json and model.safetensors with\n"
             "normal(0, 0.02) weights and unit norms, deterministic in --seed (default 0).\n"
-            "Qwen3.5 shapes always write the transformers 5 config (layer_types, rope_parameters).\n");
+            "Qwen3.5 shapes always write the transformers 5 config (layer_types, rope_parameters),\n"
+            "and so do the Qwen3-MoE shapes (qwen3-30b-a3b, qwen3-moe-tiny: experts per layer).\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out) {
