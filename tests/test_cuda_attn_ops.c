@@ -739,8 +739,9 @@ static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][
     free(sh);
 }
 
-/* The GPU's moe on the first n of T tokens' rows, for the bitwise check of
- * its two paths (device-routed GEMVs for few tokens, host grouping above). */
+/* The GPU's moe on T tokens' rows, for the bitwise check of its paths
+ * (pairs for up to 8 tokens, grouped on the device up to 64, on the host
+ * above). */
 static float *ca_moe_gpu(const ca_be *be, lm_tensor ws[2][3][CA_E], const float *xh, const float *lh, int T) {
     lm_backend *g = be->b[1];
     lm_tensor x = ca_tensor(g, T, CA_D, xh), l = ca_tensor(g, T, CA_E, lh), y = ca_poisoned(g, T, CA_D);
@@ -752,10 +753,12 @@ static float *ca_moe_gpu(const ca_be *be, lm_tensor ws[2][3][CA_E], const float 
     return r;
 }
 
-/* Experts in f32 (the grouped path only) and in bf16 (few tokens take the
- * device-routed GEMVs: decode with no host round trip), against the CPU;
- * in bf16 also 4 tokens alone against the same 4 inside 7 (grouped path,
- * each expert under 8 tokens, so GEMVs on both sides): bitwise equal. */
+/* Experts in f32 (the host-grouped path only) and in bf16 (up to 8 tokens
+ * take a GEMV a pair, up to 64 the grouping on the device, more the host's:
+ * decode batches with no host round trip), against the CPU; in bf16 also 4
+ * tokens alone against the same 4 inside 7 (pairs), 13 and 40 (grouped on
+ * the device; at 40 an expert has about 10 tokens, two chunks): bitwise
+ * equal. */
 LM_TEST(cuda_moe) {
     CA_OPEN(be);
     for (int bf = 0; bf < 2; bf++) {
@@ -791,22 +794,101 @@ LM_TEST(cuda_moe) {
             ca_moe_case(lm_t_, &be, ws, 13, true, false, 23);
             ca_moe_case(lm_t_, &be, ws, 1, true, true, 24);   /* decode */
             ca_moe_case(lm_t_, &be, ws, 4, false, true, 26);  /* a few tokens */
+            ca_moe_case(lm_t_, &be, ws, 40, true, true, 27);  /* a decode batch: several chunks an expert */
             ca_moe_case(lm_t_, &be, ws, 200, false, false, 25); /* prefill: GEMM-sized expert batches */
         }
         if (ok && bf) {
             uint64_t s2 = 77;
-            float *xh = ca_host(7 * CA_D, &s2, -1, 1), *lh = ca_host(7 * CA_E, &s2, -2, 2);
-            float *a = ca_moe_gpu(&be, ws, xh, lh, 4), *b = ca_moe_gpu(&be, ws, xh, lh, 7);
-            const bool same = !memcmp(a, b, 4 * CA_D * sizeof(float));
-            printf("  bf16 experts: 4 tokens on the device's routing vs the same 4 of 7 grouped on the host: %s\n",
-                   same ? "bitwise equal" : "DIFFERENT");
-            LM_CHECK(same);
-            free(xh), free(lh), free(a), free(b);
+            float *xh = ca_host(40 * CA_D, &s2, -1, 1), *lh = ca_host(40 * CA_E, &s2, -2, 2);
+            float *a = ca_moe_gpu(&be, ws, xh, lh, 4);
+            static const int Ts[] = { 7, 13, 40 };
+            for (size_t c = 0; c < sizeof Ts / sizeof Ts[0]; c++) {
+                const int T = Ts[c];
+                float *b = ca_moe_gpu(&be, ws, xh, lh, T);
+                const bool same = !memcmp(a, b, 4 * CA_D * sizeof(float));
+                printf("  bf16 experts: 4 tokens (a GEMV a pair) vs the same 4 of %d: %s\n", T,
+                       same ? "bitwise equal" : "DIFFERENT");
+                LM_CHECK(same);
+                free(b);
+            }
+            free(xh), free(lh), free(a);
         }
         for (int m = 0; m < 3; m++) /* the GPU's copies (the CPU uses the host data in place) */
             for (int e = 0; e < CA_E; e++) be.b[1]->ops->free(be.b[1], ws[1][m][e].data);
         for (int m = 0; m < 3; m++)
             for (int e = 0; e < CA_E; e++) free(host[m][e]);
     }
+    ca_close(&be);
+}
+
+/* The device grouping with more experts than a warp (its scans cross
+ * warps) and up to its 64-token limit: 72 bf16 experts, 4 a token, against
+ * the CPU at 33 and 64 tokens (and 65, grouped on the host), and 4 tokens
+ * alone bitwise equal to the same 4 inside 33 and 64. */
+LM_TEST(cuda_moe_device_grouping_many_experts) {
+    CA_OPEN(be);
+    enum { E = 72, K = 4, D = 64, F = 32 };
+    uint64_t seed = 9;
+    lm_tensor *ws[2][3];
+    void *host[3][E];
+    bool ok = true;
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 3; m++) ws[b][m] = calloc(E, sizeof(lm_tensor));
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < E; e++) {
+            const int64_t rows = m == 2 ? D : F, cols = m == 2 ? F : D;
+            float *h = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
+            uint16_t *hb = malloc((size_t)(rows * cols) * sizeof *hb);
+            for (int64_t i = 0; i < rows * cols; i++) hb[i] = lm_f32_to_bf16(h[i]);
+            free(h);
+            host[m][e] = hb;
+            for (int b = 0; b < 2; b++) {
+                lm_err err;
+                ws[b][m][e] = (lm_tensor){ .type = LM_BF16, .rows = rows, .cols = cols, .data = NULL };
+                if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], hb, &err) != 0) ok = false;
+            }
+        }
+    LM_CHECK(ok);
+    float *xh = ca_host(65 * D, &seed, -1, 1), *lh = ca_host(65 * E, &seed, -2, 2);
+    float *four = NULL;
+    static const int Ts[] = { 4, 33, 64, 65 };
+    for (size_t c = 0; ok && c < sizeof Ts / sizeof Ts[0]; c++) {
+        const int T = Ts[c];
+        lm_tensor x[2], l[2], y[2];
+        for (int b = 0; b < 2; b++) {
+            x[b] = ca_tensor(be.b[b], T, D, xh);
+            l[b] = ca_tensor(be.b[b], T, E, lh);
+            y[b] = ca_poisoned(be.b[b], T, D);
+            lm_moe_params mp = { .n_experts = E, .top_k = K, .norm_topk = true, .gate = ws[b][0], .up = ws[b][1],
+                                 .down = ws[b][2], .expert_scale = NULL };
+            be.b[b]->ops->moe(be.b[b], &y[b], &x[b], &l[b], &mp);
+        }
+        void *p[2] = { y[0].data, y[1].data };
+        const double err = ca_cmp(&be, p, (size_t)T * D, 1.0);
+        LM_CHECK_MSG(err <= 1e-4, "moe %d experts, T %d: err %.3g", E, T, err);
+        float *got = ca_read(be.b[1], y[1].data, (size_t)T * D);
+        if (T == 4) {
+            four = got;
+        } else {
+            if (T <= 64) {
+                const bool same = !memcmp(four, got, 4 * D * sizeof(float));
+                printf("  %d experts: 4 tokens a GEMV a pair vs the same 4 of %d grouped on the device: %s\n", E, T,
+                       same ? "bitwise equal" : "DIFFERENT");
+                LM_CHECK(same);
+            }
+            free(got);
+        }
+        ca_release(&be, x);
+        ca_release(&be, l);
+        ca_release(&be, y);
+    }
+    free(four), free(xh), free(lh);
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < E; e++) {
+            be.b[1]->ops->free(be.b[1], ws[1][m][e].data);
+            free(host[m][e]);
+        }
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 3; m++) free(ws[b][m]);
     ca_close(&be);
 }

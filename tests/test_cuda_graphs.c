@@ -6,9 +6,8 @@
  * between (another shape), and alternate steps that ask for logits and for
  * greedy ids only. Every logit and id must be bitwise equal, and the graph
  * backend must really have replayed graphs (else the test proves nothing).
- * A MoE model's decode steps (up to 4 tokens: routing on the device) are
- * recorded too; its prefills read the routing back, fall back to eager and
- * must still agree. Skips without a GPU. */
+ * A MoE model's forwards of up to 64 tokens (routing and grouping on the
+ * device) are recorded too. Skips without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

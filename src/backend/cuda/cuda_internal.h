@@ -118,6 +118,11 @@ void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
 /* cuda_matmul.cu: the GEMVs of MoE pairs whose experts are on the device. */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
                       int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu);
+/* Grouped experts' GEMVs (cuda_matmul.cu): chunks of up to LM_MOE_CHUNK tokens of one expert. */
+#define LM_MOE_CHUNK 8
+void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
+                            const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
+                            bool glu);
 /* Device scratch of at least bytes, valid until the next call. */
 void *lm_cuda_scratch(lm_cuda *c, size_t bytes);
 /* Aborts with file:line and the CUDA error string: a failed launch or async

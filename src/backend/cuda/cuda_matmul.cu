@@ -128,14 +128,21 @@ typedef struct lm_gemv_args {
     double eps, w_offset;
     int *counter;
     int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
-    /* MOE (one token a pair; grid.y = pairs): pair p's expert is moe_sel[p];
-     * its matrix is moe_w[e] (GLU: gate moe_w[e], up moe_w[moe_E + e]); x is
-     * row p / moe_k of x (GLU: the token) or row p (down: the pair's
-     * activations); y is row p of y[0] */
-    const int32_t *moe_sel;
+    /* MOE == LM_MOE_PAIRS (one token a pair; grid.y = pairs): pair p's
+     * expert is moe_sel[p]; its matrix is moe_w[e] (GLU: gate moe_w[e], up
+     * moe_w[moe_E + e]); x is row p / moe_k of x (GLU: the token) or row p
+     * (down: the pair's activations); y is row p of y[0].
+     * MOE == LM_MOE_GROUPS (grid.y = chunk slots): slot c is moe_chunk[3c ..]
+     * = (expert, first grouped row r0, tokens n <= T; n = 0: an unused slot);
+     * token i of the chunk is grouped row r0 + i, whose x is row
+     * moe_src[r0 + i] of x (GLU) or row r0 + i (down, moe_src NULL); y is
+     * row r0 + i of y[0]. */
+    const int32_t *moe_sel, *moe_chunk, *moe_src;
     const unsigned char *const *moe_w;
     int moe_k, moe_E;
 } lm_gemv_args;
+
+enum { LM_MOE_NONE = 0, LM_MOE_PAIRS, LM_MOE_GROUPS };
 
 /* The activations of the glu modes: the element-wise kernels' own
  * (cuda_internal.h), so fused and unfused agree. */
@@ -151,11 +158,12 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
 /* Two blocks per SM (<= 128 registers): at T >= 5 the compiler would take
  * ~150 and leave one block of 8 warps per SM, too few loads in flight. T = 7
  * would spill at 128 and keeps the compiler's choice. */
-template <int T, lm_dtype WT, bool VEC, int MODE, bool MOE = false, bool TC = false>
+template <int T, lm_dtype WT, bool VEC, int MODE, int MOE = LM_MOE_NONE, bool TC = false>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = lm_gemv_rows(T, TC);
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
-    static_assert(!MOE || (T == 1 && (MODE == LM_GEMV_STORE || GLU)), "MoE pairs are single rows");
+    static_assert(MOE != LM_MOE_PAIRS || (T == 1 && (MODE == LM_GEMV_STORE || GLU)), "MoE pairs are single rows");
+    static_assert(MOE != LM_MOE_GROUPS || (VEC && (MODE == LM_GEMV_STORE || GLU)), "MoE groups: 16-byte chunks");
     static_assert(!TC || (WT == LM_BF16 && VEC && !MOE && T <= 8), "tensor-core tiles: bf16 rows, up to 8 tokens");
     lm_pdl_trigger();
     /* launched early (PDL): weights are constant and may be fetched at once;
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     };
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
     const int64_t I = a.I;
-    const float *__restrict__ x = MOE ? a.x + (size_t)(GLU ? blockIdx.y / a.moe_k : blockIdx.y) * I : a.x;
+    const float *__restrict__ x = MOE == LM_MOE_PAIRS ? a.x + (size_t)(GLU ? blockIdx.y / a.moe_k : blockIdx.y) * I : a.x;
     const int64_t n_chunks = I / EPC;
     int m = 0;
     if constexpr (!GLU)
@@ -176,11 +184,32 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     const int64_t o0 = ((int64_t)blockIdx.x - a.first_block[m]) * (GLU ? R / 2 : R);
     const size_t ldw = (size_t)I * lm_wt<WT>::bytes;
     const unsigned char *w0 = a.w[GLU ? 0 : m], *w1 = a.w[1];
-    if constexpr (MOE) { /* the routing is the kernel before's output: wait for it, then fetch */
+    if constexpr (MOE == LM_MOE_PAIRS) { /* the routing is the kernel before's output: wait for it, then fetch */
         sync_in();
         const int e = a.moe_sel[blockIdx.y];
         w0 = a.moe_w[e];
         if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
+    }
+    /* MoE groups: the chunk's expert, first row and token count (n_tok),
+     * and each token's x row (past n_tok: the last token's, computed and
+     * not stored) */
+    int64_t r0 = 0;
+    int n_tok = T;
+    const float *xrow[MOE == LM_MOE_GROUPS ? T : 1];
+    if constexpr (MOE == LM_MOE_GROUPS) {
+        sync_in();
+        const int32_t *ch = a.moe_chunk + 3 * (size_t)blockIdx.y;
+        n_tok = ch[2];
+        if (n_tok == 0) return; /* an unused slot: the whole block */
+        const int e = ch[0];
+        r0 = ch[1];
+        w0 = a.moe_w[e];
+        if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const int64_t g = r0 + LM_MIN(t, n_tok - 1);
+            xrow[t] = a.x + (size_t)(a.moe_src ? a.moe_src[g] : g) * I;
+        }
     }
     /* Tensor cores (TC): the block's 16 rows are one m16 tile against the
      * tokens as one n8 tile (mma m16n8k16, bf16 in, f32 accumulation). x is
@@ -288,7 +317,9 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
 
         /* chunk k of token t's x */
         auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
-            const float *xp = x + (size_t)t * I + k * EPC;
+            const float *xp;
+            if constexpr (MOE == LM_MOE_GROUPS) xp = xrow[t] + k * EPC;
+            else xp = x + (size_t)t * I + k * EPC;
             if constexpr (VEC) {
 #pragma unroll
                 for (int j = 0; j < EPC; j += 4) {
@@ -306,6 +337,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
         auto step = [&](const float (&wf)[R][EPC], int64_t k) {
 #pragma unroll
             for (int t = 0; t < T; t++) {
+                if (MOE == LM_MOE_GROUPS && t >= n_tok) break; /* a chunk's absent tokens: no work (block-uniform) */
                 float xv[EPC];
                 load_x(xv, t, k);
 #pragma unroll
@@ -387,6 +419,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < T; t++) {
+                if (MOE == LM_MOE_GROUPS && t >= n_tok) break;
                 float v = acc[r][t];
 #pragma unroll
                 for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -398,10 +431,13 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
         int r = i / T, t = i % T;
         int64_t o = o0 + r;
-        if (o >= O) continue;
+        if (o >= O || t >= n_tok) continue;
         float s = 0.0f;
         for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
-        float *yo = (MOE ? a.y[0] + (size_t)blockIdx.y * O : a.y[m]) + (size_t)t * O + o;
+        float *yo = (MOE == LM_MOE_PAIRS  ? a.y[0] + (size_t)blockIdx.y * O
+                     : MOE == LM_MOE_GROUPS ? a.y[0] + (size_t)r0 * O
+                                            : a.y[m]) +
+                    (size_t)t * O + o;
         if constexpr (GLU) {
             float u = 0.0f;
             for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
@@ -420,7 +456,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
 
 template <int T, lm_dtype WT, bool VEC, int MODE, bool TC = false>
 static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int threads) {
-    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE, false, TC>, blocks, threads, 0, *a);
+    lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE, LM_MOE_NONE, TC>, blocks, threads, 0, *a);
 }
 
 /* Threads of a GEMV block over rows of `chunks` chunks: a power of two (the
@@ -573,13 +609,40 @@ void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, 
     const int threads = lm_gemv_threads(I / 8);
     const dim3 grid((unsigned)a.first_block[LM_GEMV_MAXM], (unsigned)pairs);
     if (wt == LM_BF16) {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_GLU_SILU, true>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_STORE, true>, grid, threads, 0, a);
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_GLU_SILU, LM_MOE_PAIRS>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_STORE, LM_MOE_PAIRS>, grid, threads, 0, a);
     } else {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_GLU_SILU, true>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_STORE, true>, grid, threads, 0, a);
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_GLU_SILU, LM_MOE_PAIRS>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_STORE, LM_MOE_PAIRS>, grid, threads, 0, a);
     }
     LM_CUDA_LAUNCHED("moe gemv");
+}
+
+/* The experts' GEMVs of a MoE layer on pairs grouped by expert on the
+ * device (cuda_moe.cu): grid.y = `slots` chunks of up to LM_MOE_CHUNK
+ * tokens of one expert, each (expert, first row, tokens) in chunk; glu: y
+ * row r = silu(gate_e x[src[r]]) * up_e x[src[r]]; else y row r = W_e x row
+ * r. A token's dot products are those of the one-token GEMV (same chunks,
+ * same order), so the grouping gives the pairs' bits. */
+void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
+                            const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
+                            bool glu) {
+    LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && slots >= 1 && slots <= 65535);
+    lm_gemv_args a = lm_gemv_args0(x, I, LM_MOE_CHUNK, false);
+    if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wtab */
+    else lm_gemv_add(&a, 0, y, NULL, NULL, O);
+    a.moe_chunk = chunk, a.moe_src = src, a.moe_w = wtab, a.moe_E = E;
+    const int threads = lm_gemv_threads(I / 8);
+    const dim3 grid((unsigned)a.first_block[LM_GEMV_MAXM], (unsigned)slots);
+    constexpr int T = LM_MOE_CHUNK, G = LM_MOE_GROUPS;
+    if (wt == LM_BF16) {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, G>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_STORE, G>, grid, threads, 0, a);
+    } else {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_GLU_SILU, G>, grid, threads, 0, a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_STORE, G>, grid, threads, 0, a);
+    }
+    LM_CUDA_LAUNCHED("moe group gemv");
 }
 
 /* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */
