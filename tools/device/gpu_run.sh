@@ -5,6 +5,7 @@
 #                                         models on the GPU, then lumen parity
 #   bash tools/device/gpu_run.sh cuda    the GPU op tests alone
 #   bash tools/device/gpu_run.sh parity  lumen parity --device cuda alone
+#   bash tools/device/gpu_run.sh suite F  the tests whose names contain F, models on the GPU
 #   bash tools/device/gpu_run.sh bench   the H200 benchmarks of docs/benchmarks.md
 # Modes run in the order given (bench SET... last): `cuda parity bench prefill`.
 # Logs go to $OUT (what comes back) as well as stdout.
@@ -41,7 +42,10 @@ while [[ $# -gt 0 ]]; do
     parity ;;
   cuda) cuda_tests ;; # the GPU op tests alone
   parity) parity ;;   # lumen parity --device cuda on every carried fixture and tests/data model
+  suite) # the tests whose names contain $1 with models on the GPU
+    LUMEN_TEST_DEVICE=cuda timeout 300 "$C/bin/lumen_tests" "$1" 2>&1 | tee "$OUT/suite_$1.log" | grep -v "^  ok\|^ok " | tail -n 40
+    shift ;;
   bench) bash "$root/tools/device/h200_bench.sh" "$@" 2>&1 | tee "$OUT/bench.log"; break ;;
-  *) echo "usage: $0 MODE... (check | cuda | parity | bench SET..., bench last)" >&2; exit 2 ;;
+  *) echo "usage: $0 MODE... (check | cuda | parity | suite FILTER | bench SET..., bench last)" >&2; exit 2 ;;
   esac
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -108,6 +108,20 @@ for set in "$@"; do
     for i in 1 2; do LUMEN_CUDA_GRAPH_STATS=1 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw; done
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for i in 1 2; do LUMEN_CUDA_GRAPH_STATS=1 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw; done ;;
+  moe) # the Qwen3-30B-A3B shape (128 experts, 8 a token): decode of lumen_base and lumen alternating at batch 8 / 32 / 64 / 1, then batch 128 of lumen
+    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+    for B in 8 32 64 1; do for b in lumen_base lumen; do
+      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+    done; done
+    "$L" bench -m /dev/shm/m30 --device cuda --batch 128 --prompt-len 32 --gen 16 --no-membw ;;
+  ncu-moe) # kernel times of Qwen3-30B-A3B decode steps at batch 1 and 8 (ncu, graphs off)
+    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+    for B in 1 8; do
+      LUMEN_CUDA_GRAPHS=0 timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        --launch-skip $((B == 1 ? 3000 : 9000)) --launch-count 1300 "$L" bench -m /dev/shm/m30 --device cuda --batch $B \
+        --prompt-len 16 --gen 8 --no-membw > "${OUT:-/tmp}/ncu_moe$B.csv" 2>/dev/null
+      echo "batch $B"; python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu_moe$B.csv" 16
+    done ;;
   ab-q27) # batch-1 decode of the Qwen3.5-27B shape, lumen_base and lumen alternating; the delta rule alone under ncu
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for b in lumen_base lumen; do
