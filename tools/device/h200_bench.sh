@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -120,6 +120,11 @@ for set in "$@"; do
       echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
     done; done
     for B in 32 64; do echo -n "lumen batch $B "; "$L" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw; done ;;
+  moe-groups) # the Qwen3-30B-A3B shape at batch 32 and 64 (experts grouped on the device): lumen_base and lumen alternating
+    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+    for B in 32 64; do for b in lumen_base lumen; do
+      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+    done; done ;;
   ncu-moe) # kernel times of Qwen3-30B-A3B decode steps at batch 1 and 8 (ncu, graphs off)
     rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
     for B in 1 8; do

@@ -118,8 +118,10 @@ void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
 /* cuda_matmul.cu: the GEMVs of MoE pairs whose experts are on the device. */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
                       int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu);
-/* Grouped experts' GEMVs (cuda_matmul.cu): chunks of up to LM_MOE_CHUNK tokens of one expert. */
+/* Grouped experts' GEMVs (cuda_matmul.cu): chunks of up to LM_MOE_CHUNK
+ * tokens of one expert; a block takes LM_MOE_ROW_GROUPS groups of rows. */
 #define LM_MOE_CHUNK 8
+#define LM_MOE_ROW_GROUPS 8
 void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
                             const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
                             bool glu);

@@ -181,7 +181,10 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     if constexpr (!GLU)
         while (m + 1 < LM_GEMV_MAXM && (int64_t)blockIdx.x >= a.first_block[m + 1]) m++;
     const int64_t O = a.O[m];
-    const int64_t o0 = ((int64_t)blockIdx.x - a.first_block[m]) * (GLU ? R / 2 : R);
+    /* row groups a block takes one after another (MoE groups: the chunk's
+     * setup, three dependent loads, is paid once for RB of them) */
+    constexpr int RB = MOE == LM_MOE_GROUPS ? LM_MOE_ROW_GROUPS : 1, RG = GLU ? R / 2 : R;
+    const int64_t o_first = ((int64_t)blockIdx.x - a.first_block[m]) * RB * RG;
     const size_t ldw = (size_t)I * lm_wt<WT>::bytes;
     const unsigned char *w0 = a.w[GLU ? 0 : m], *w1 = a.w[1];
     if constexpr (MOE == LM_MOE_PAIRS) { /* the routing is the kernel before's output: wait for it, then fetch */
@@ -225,228 +228,233 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
      * second. The tensor cores idle while the loads stream, where 8 tokens
      * take 8 f32 FMAs a weight on CUDA cores (Llama-8B batch 8: 1,147 tok/s
      * against 845 on the H200). */
-    __shared__ float part[LM_GEMV_THREADS / 32][R * T];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    if constexpr (TC) {
-        const int g = lane >> 2, c = lane & 3;
-        /* tile rows g and g + 8 (GLU: gate row g and up row g) */
-        const unsigned char *pa = w0 + (size_t)LM_MIN(o0 + g, O - 1) * ldw;
-        const unsigned char *pb = (GLU ? w1 : w0) + (size_t)LM_MIN(o0 + g + (GLU ? 0 : 8), O - 1) * ldw;
-        const float *xr = x + (size_t)LM_MIN(g, T - 1) * I; /* token g (past T: zeros) */
-        const int64_t n32 = (I + 31) / 32;
-        float dt[3][4] = {}; /* one accumulator a term: three mma chains instead of one */
-        auto mma = [&](float (&d)[4], const uint4 &va, const uint4 &vb, bool second, unsigned b0, unsigned b1) {
-            const unsigned a0 = second ? va.z : va.x, a1 = second ? vb.z : vb.x;
-            const unsigned a2 = second ? va.w : va.y, a3 = second ? vb.w : vb.y;
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-        };
-        auto pack = [](__nv_bfloat16 lo_k, __nv_bfloat16 hi_k) {
-            return (unsigned)__bfloat16_as_ushort(lo_k) | ((unsigned)__bfloat16_as_ushort(hi_k) << 16);
-        };
-        auto step = [&](const uint4 &va, const uint4 &vb, int64_t kc) {
-            const int64_t e = kc * 32 + c * 8;
-            float xv[8];
-            if (g < T && e < I) {
-                const float4 p = __ldg((const float4 *)(xr + e)), q = __ldg((const float4 *)(xr + e + 4));
-                xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) xv[j] = 0.0f;
-            }
-            unsigned th[4], tm[4], tl[4]; /* pairs (2j, 2j + 1) of each term */
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                __nv_bfloat16 h[2], md[2], l[2];
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const float v = xv[2 * j + u];
-                    h[u] = __float2bfloat16_rn(v);
-                    const float r = v - __bfloat162float(h[u]);
-                    md[u] = __float2bfloat16_rn(r);
-                    l[u] = __float2bfloat16_rn(r - __bfloat162float(md[u]));
+    for (int rg = 0; rg < RB; rg++) {
+        const int64_t o0 = o_first + (int64_t)rg * RG;
+        if (RB > 1 && o0 >= O) break; /* block-uniform */
+        __shared__ float part[LM_GEMV_THREADS / 32][R * T];
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+        if constexpr (TC) {
+            const int g = lane >> 2, c = lane & 3;
+            /* tile rows g and g + 8 (GLU: gate row g and up row g) */
+            const unsigned char *pa = w0 + (size_t)LM_MIN(o0 + g, O - 1) * ldw;
+            const unsigned char *pb = (GLU ? w1 : w0) + (size_t)LM_MIN(o0 + g + (GLU ? 0 : 8), O - 1) * ldw;
+            const float *xr = x + (size_t)LM_MIN(g, T - 1) * I; /* token g (past T: zeros) */
+            const int64_t n32 = (I + 31) / 32;
+            float dt[3][4] = {}; /* one accumulator a term: three mma chains instead of one */
+            auto mma = [&](float (&d)[4], const uint4 &va, const uint4 &vb, bool second, unsigned b0, unsigned b1) {
+                const unsigned a0 = second ? va.z : va.x, a1 = second ? vb.z : vb.x;
+                const unsigned a2 = second ? va.w : va.y, a3 = second ? vb.w : vb.y;
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            };
+            auto pack = [](__nv_bfloat16 lo_k, __nv_bfloat16 hi_k) {
+                return (unsigned)__bfloat16_as_ushort(lo_k) | ((unsigned)__bfloat16_as_ushort(hi_k) << 16);
+            };
+            auto step = [&](const uint4 &va, const uint4 &vb, int64_t kc) {
+                const int64_t e = kc * 32 + c * 8;
+                float xv[8];
+                if (g < T && e < I) {
+                    const float4 p = __ldg((const float4 *)(xr + e)), q = __ldg((const float4 *)(xr + e + 4));
+                    xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
+                } else {
+    #pragma unroll
+                    for (int j = 0; j < 8; j++) xv[j] = 0.0f;
                 }
-                th[j] = pack(h[0], h[1]), tm[j] = pack(md[0], md[1]), tl[j] = pack(l[0], l[1]);
-            }
-            mma(dt[0], va, vb, false, tl[0], tl[1]), mma(dt[1], va, vb, false, tm[0], tm[1]);
-            mma(dt[2], va, vb, false, th[0], th[1]);
-            mma(dt[0], va, vb, true, tl[2], tl[3]), mma(dt[1], va, vb, true, tm[2], tm[3]);
-            mma(dt[2], va, vb, true, th[2], th[3]);
-        };
-        auto ld = [&](const unsigned char *p, int64_t kc) {
-            const int64_t e = kc * 32 + c * 8;
-            return e < I ? __ldcs((const uint4 *)(p + e * 2)) : make_uint4(0u, 0u, 0u, 0u); /* a partial last chunk */
-        };
-        constexpr int U = 8; /* chunks a warp has in flight: 2 x 8 loads of 16 bytes a lane */
-        const int64_t per = (n32 + n_warps - 1) / n_warps, k_end = LM_MIN(n32, (warp + 1) * per);
-        for (int64_t k0 = warp * per; k0 < k_end; k0 += U) {
-            uint4 va[U], vb[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const bool in = k0 + u < k_end;
-                va[u] = in ? ld(pa, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
-                vb[u] = in ? ld(pb, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
-            }
-            sync_in();
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (k0 + u < k_end) step(va[u], vb[u], k0 + u); /* warp-uniform */
-        }
-        sync_in(); /* before y is written (and read, in ADD mode) */
-        float d[4]; /* small terms first */
-#pragma unroll
-        for (int i = 0; i < 4; i++) d[i] = (dt[0][i] + dt[1][i]) + dt[2][i];
-        const int t0 = 2 * c; /* d: rows g, g + 8 x tokens 2c, 2c + 1 */
-        if (t0 < T) part[warp][g * T + t0] = d[0], part[warp][(g + 8) * T + t0] = d[2];
-        if (t0 + 1 < T) part[warp][g * T + t0 + 1] = d[1], part[warp][(g + 8) * T + t0 + 1] = d[3];
-    } else {
-        const unsigned char *wr[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
-            if constexpr (GLU) wr[r] = (r < R / 2 ? w0 : w1) + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
-            else wr[r] = w0 + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
-        }
-
-        float acc[R][T];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
-
-        /* chunk k of token t's x */
-        auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
-            const float *xp;
-            if constexpr (MOE == LM_MOE_GROUPS) xp = xrow[t] + k * EPC;
-            else xp = x + (size_t)t * I + k * EPC;
-            if constexpr (VEC) {
-#pragma unroll
-                for (int j = 0; j < EPC; j += 4) {
-                    float4 q = __ldg((const float4 *)(xp + j));
-                    xv[j] = q.x;
-                    xv[j + 1] = q.y;
-                    xv[j + 2] = q.z;
-                    xv[j + 3] = q.w;
+                unsigned th[4], tm[4], tl[4]; /* pairs (2j, 2j + 1) of each term */
+    #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    __nv_bfloat16 h[2], md[2], l[2];
+    #pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const float v = xv[2 * j + u];
+                        h[u] = __float2bfloat16_rn(v);
+                        const float r = v - __bfloat162float(h[u]);
+                        md[u] = __float2bfloat16_rn(r);
+                        l[u] = __float2bfloat16_rn(r - __bfloat162float(md[u]));
+                    }
+                    th[j] = pack(h[0], h[1]), tm[j] = pack(md[0], md[1]), tl[j] = pack(l[0], l[1]);
                 }
-            } else {
-                xv[0] = __ldg(xp);
-            }
-        };
-        /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
-        auto step = [&](const float (&wf)[R][EPC], int64_t k) {
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                if (MOE == LM_MOE_GROUPS && t >= n_tok) break; /* a chunk's absent tokens: no work (block-uniform) */
-                float xv[EPC];
-                load_x(xv, t, k);
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
-            }
-        };
-        /* the same from raw 16-byte chunks: one or two tokens widen each row's
-         * chunk as they use it (fewer live registers; the same FMAs in the same
-         * order), more tokens widen all rows first and share them */
-        auto step16 = [&](const uint4 (&v)[R], int64_t k) {
-            if constexpr (T <= 2) {
-                float xv[T][EPC];
-#pragma unroll
-                for (int t = 0; t < T; t++) load_x(xv[t], t, k);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float wf[EPC];
-                    lm_widen16<WT>(v[r], wf);
-#pragma unroll
-                    for (int t = 0; t < T; t++)
-#pragma unroll
-                        for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[j], xv[t][j], acc[r][t]);
+                mma(dt[0], va, vb, false, tl[0], tl[1]), mma(dt[1], va, vb, false, tm[0], tm[1]);
+                mma(dt[2], va, vb, false, th[0], th[1]);
+                mma(dt[0], va, vb, true, tl[2], tl[3]), mma(dt[1], va, vb, true, tm[2], tm[3]);
+                mma(dt[2], va, vb, true, th[2], th[3]);
+            };
+            auto ld = [&](const unsigned char *p, int64_t kc) {
+                const int64_t e = kc * 32 + c * 8;
+                return e < I ? __ldcs((const uint4 *)(p + e * 2)) : make_uint4(0u, 0u, 0u, 0u); /* a partial last chunk */
+            };
+            constexpr int U = 8; /* chunks a warp has in flight: 2 x 8 loads of 16 bytes a lane */
+            const int64_t per = (n32 + n_warps - 1) / n_warps, k_end = LM_MIN(n32, (warp + 1) * per);
+            for (int64_t k0 = warp * per; k0 < k_end; k0 += U) {
+                uint4 va[U], vb[U];
+    #pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const bool in = k0 + u < k_end;
+                    va[u] = in ? ld(pa, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
+                    vb[u] = in ? ld(pb, k0 + u) : make_uint4(0u, 0u, 0u, 0u);
                 }
-            } else {
-                float wf[R][EPC];
-#pragma unroll
-                for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
-                step(wf, k);
-            }
-        };
-        auto load16 = [&](uint4 (&v)[R], int64_t k) {
-#pragma unroll
-            for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
-        };
-        auto load1 = [&](float (&wf)[R][EPC], int64_t k) {
-#pragma unroll
-            for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
-        };
-
-        const int64_t stride = blockDim.x;
-        int64_t k = threadIdx.x;
-        /* two chunks per trip: 2 * R loads issued before the first FMA */
-        for (; k + stride < n_chunks; k += 2 * stride) {
-            if constexpr (VEC) {
-                uint4 va[R], vb[R];
-                load16(va, k);
-                load16(vb, k + stride);
                 sync_in();
-                step16(va, k);
-                step16(vb, k + stride);
-            } else {
-                float wa[R][EPC], wb[R][EPC];
-                load1(wa, k);
-                load1(wb, k + stride);
-                sync_in();
-                step(wa, k);
-                step(wb, k + stride);
+    #pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (k0 + u < k_end) step(va[u], vb[u], k0 + u); /* warp-uniform */
             }
-        }
-        if (k < n_chunks) {
-            if constexpr (VEC) {
-                uint4 va[R];
-                load16(va, k);
-                sync_in();
-                step16(va, k);
-            } else {
-                float wa[R][EPC];
-                load1(wa, k);
-                sync_in();
-                step(wa, k);
-            }
-        }
-        sync_in(); /* before y is written (and read, in ADD mode) */
-
-        /* reduce: within each warp by shuffles, then across warps in shared memory */
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                if (MOE == LM_MOE_GROUPS && t >= n_tok) break;
-                float v = acc[r][t];
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-                if (lane == 0) part[warp][r * T + t] = v;
-            }
-    }
-    __syncthreads();
-    constexpr int n_out = GLU ? R / 2 * T : R * T;
-    for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
-        int r = i / T, t = i % T;
-        int64_t o = o0 + r;
-        if (o >= O || t >= n_tok) continue;
-        float s = 0.0f;
-        for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
-        float *yo = (MOE == LM_MOE_PAIRS  ? a.y[0] + (size_t)blockIdx.y * O
-                     : MOE == LM_MOE_GROUPS ? a.y[0] + (size_t)r0 * O
-                                            : a.y[m]) +
-                    (size_t)t * O + o;
-        if constexpr (GLU) {
-            float u = 0.0f;
-            for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
-            *yo = lm_glu_act<MODE>(s, u);
-        } else if constexpr (MODE == LM_GEMV_ADD || MODE == LM_GEMV_ADD_NORM) {
-            *yo += s;
+            sync_in(); /* before y is written (and read, in ADD mode) */
+            float d[4]; /* small terms first */
+    #pragma unroll
+            for (int i = 0; i < 4; i++) d[i] = (dt[0][i] + dt[1][i]) + dt[2][i];
+            const int t0 = 2 * c; /* d: rows g, g + 8 x tokens 2c, 2c + 1 */
+            if (t0 < T) part[warp][g * T + t0] = d[0], part[warp][(g + 8) * T + t0] = d[2];
+            if (t0 + 1 < T) part[warp][g * T + t0 + 1] = d[1], part[warp][(g + 8) * T + t0 + 1] = d[3];
         } else {
-            *yo = s + (a.bias[m] ? a.bias[m][o] : 0.0f);
+            const unsigned char *wr[R];
+    #pragma unroll
+            for (int r = 0; r < R; r++) { /* tail rows: read, not stored */
+                if constexpr (GLU) wr[r] = (r < R / 2 ? w0 : w1) + (size_t)LM_MIN(o0 + r % (R / 2), O - 1) * ldw;
+                else wr[r] = w0 + (size_t)LM_MIN(o0 + r, O - 1) * ldw;
+            }
+
+            float acc[R][T];
+    #pragma unroll
+            for (int r = 0; r < R; r++)
+    #pragma unroll
+                for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+            /* chunk k of token t's x */
+            auto load_x = [&](float (&xv)[EPC], int t, int64_t k) {
+                const float *xp;
+                if constexpr (MOE == LM_MOE_GROUPS) xp = xrow[t] + k * EPC;
+                else xp = x + (size_t)t * I + k * EPC;
+                if constexpr (VEC) {
+    #pragma unroll
+                    for (int j = 0; j < EPC; j += 4) {
+                        float4 q = __ldg((const float4 *)(xp + j));
+                        xv[j] = q.x;
+                        xv[j + 1] = q.y;
+                        xv[j + 2] = q.z;
+                        xv[j + 3] = q.w;
+                    }
+                } else {
+                    xv[0] = __ldg(xp);
+                }
+            };
+            /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
+            auto step = [&](const float (&wf)[R][EPC], int64_t k) {
+    #pragma unroll
+                for (int t = 0; t < T; t++) {
+                    if (MOE == LM_MOE_GROUPS && t >= n_tok) break; /* a chunk's absent tokens: no work (block-uniform) */
+                    float xv[EPC];
+                    load_x(xv, t, k);
+    #pragma unroll
+                    for (int r = 0; r < R; r++)
+    #pragma unroll
+                        for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
+                }
+            };
+            /* the same from raw 16-byte chunks: one or two tokens widen each row's
+             * chunk as they use it (fewer live registers; the same FMAs in the same
+             * order), more tokens widen all rows first and share them */
+            auto step16 = [&](const uint4 (&v)[R], int64_t k) {
+                if constexpr (T <= 2) {
+                    float xv[T][EPC];
+    #pragma unroll
+                    for (int t = 0; t < T; t++) load_x(xv[t], t, k);
+    #pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float wf[EPC];
+                        lm_widen16<WT>(v[r], wf);
+    #pragma unroll
+                        for (int t = 0; t < T; t++)
+    #pragma unroll
+                            for (int j = 0; j < EPC; j++) acc[r][t] = fmaf(wf[j], xv[t][j], acc[r][t]);
+                    }
+                } else {
+                    float wf[R][EPC];
+    #pragma unroll
+                    for (int r = 0; r < R; r++) lm_widen16<WT>(v[r], wf[r]);
+                    step(wf, k);
+                }
+            };
+            auto load16 = [&](uint4 (&v)[R], int64_t k) {
+    #pragma unroll
+                for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
+            };
+            auto load1 = [&](float (&wf)[R][EPC], int64_t k) {
+    #pragma unroll
+                for (int r = 0; r < R; r++) wf[r][0] = lm_widen1<WT>(wr[r], k);
+            };
+
+            const int64_t stride = blockDim.x;
+            int64_t k = threadIdx.x;
+            /* two chunks per trip: 2 * R loads issued before the first FMA */
+            for (; k + stride < n_chunks; k += 2 * stride) {
+                if constexpr (VEC) {
+                    uint4 va[R], vb[R];
+                    load16(va, k);
+                    load16(vb, k + stride);
+                    sync_in();
+                    step16(va, k);
+                    step16(vb, k + stride);
+                } else {
+                    float wa[R][EPC], wb[R][EPC];
+                    load1(wa, k);
+                    load1(wb, k + stride);
+                    sync_in();
+                    step(wa, k);
+                    step(wb, k + stride);
+                }
+            }
+            if (k < n_chunks) {
+                if constexpr (VEC) {
+                    uint4 va[R];
+                    load16(va, k);
+                    sync_in();
+                    step16(va, k);
+                } else {
+                    float wa[R][EPC];
+                    load1(wa, k);
+                    sync_in();
+                    step(wa, k);
+                }
+            }
+            sync_in(); /* before y is written (and read, in ADD mode) */
+
+            /* reduce: within each warp by shuffles, then across warps in shared memory */
+    #pragma unroll
+            for (int r = 0; r < R; r++)
+    #pragma unroll
+                for (int t = 0; t < T; t++) {
+                    if (MOE == LM_MOE_GROUPS && t >= n_tok) break;
+                    float v = acc[r][t];
+    #pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                    if (lane == 0) part[warp][r * T + t] = v;
+                }
         }
+        __syncthreads();
+        constexpr int n_out = GLU ? R / 2 * T : R * T;
+        for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
+            int r = i / T, t = i % T;
+            int64_t o = o0 + r;
+            if (o >= O || t >= n_tok) continue;
+            float s = 0.0f;
+            for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
+            float *yo = (MOE == LM_MOE_PAIRS  ? a.y[0] + (size_t)blockIdx.y * O
+                         : MOE == LM_MOE_GROUPS ? a.y[0] + (size_t)r0 * O
+                                                : a.y[m]) +
+                        (size_t)t * O + o;
+            if constexpr (GLU) {
+                float u = 0.0f;
+                for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
+                *yo = lm_glu_act<MODE>(s, u);
+            } else if constexpr (MODE == LM_GEMV_ADD || MODE == LM_GEMV_ADD_NORM) {
+                *yo += s;
+            } else {
+                *yo = s + (a.bias[m] ? a.bias[m][o] : 0.0f);
+            }
+        }
+        if (RB > 1) __syncthreads(); /* the next row group rewrites part */
     }
     if constexpr (MODE == LM_GEMV_ADD_NORM) {
         if (!lm_last_block(a.counter, (int)gridDim.x)) return;
@@ -633,7 +641,8 @@ void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t 
     else lm_gemv_add(&a, 0, y, NULL, NULL, O);
     a.moe_chunk = chunk, a.moe_src = src, a.moe_w = wtab, a.moe_E = E;
     const int threads = lm_gemv_threads(I / 8);
-    const dim3 grid((unsigned)a.first_block[LM_GEMV_MAXM], (unsigned)slots);
+    const int64_t row_groups = a.first_block[LM_GEMV_MAXM]; /* a block takes LM_MOE_ROW_GROUPS of them */
+    const dim3 grid((unsigned)((row_groups + LM_MOE_ROW_GROUPS - 1) / LM_MOE_ROW_GROUPS), (unsigned)slots);
     constexpr int T = LM_MOE_CHUNK, G = LM_MOE_GROUPS;
     if (wt == LM_BF16) {
         if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, G>, grid, threads, 0, a);
