@@ -709,6 +709,31 @@ LM_TEST(cuda_gated_delta_ops) {
 
 enum { CA_E = 8, CA_K = 2, CA_D = 64, CA_F = 96 };
 
+/* One expert matrix [rows][cols] of random values in f32 or bf16, uploaded
+ * to both backends as w[0] (CPU) and w[1] (GPU); returns its host data
+ * (the CPU uses it in place: free it after both backends are done). */
+static void *ca_expert(const ca_be *be, lm_tensor *w0, lm_tensor *w1, int64_t rows, int64_t cols, bool bf,
+                       uint64_t *seed, bool *ok) {
+    float *h = ca_host((size_t)(rows * cols), seed, -0.3f, 0.3f);
+    void *data = h;
+    if (bf) {
+        uint16_t *hb = malloc((size_t)(rows * cols) * sizeof *hb);
+        for (int64_t i = 0; i < rows * cols; i++) hb[i] = lm_f32_to_bf16(h[i]);
+        free(h);
+        data = hb;
+    }
+    lm_tensor *w[2] = { w0, w1 };
+    for (int b = 0; b < 2; b++) {
+        lm_err err;
+        *w[b] = (lm_tensor){ .type = bf ? LM_BF16 : LM_F32, .rows = rows, .cols = cols, .data = NULL };
+        if (be->b[b]->ops->upload_weight(be->b[b], w[b], data, &err) != 0) {
+            fprintf(stderr, "  upload: %s\n", err.msg);
+            *ok = false;
+        }
+    }
+    return data;
+}
+
 static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][CA_E], int T, bool norm,
                         bool scaled, uint64_t seed) {
     float *xh = ca_host((size_t)T * CA_D, &seed, -1, 1), *lh = ca_host((size_t)T * CA_E, &seed, -2, 2);
@@ -768,25 +793,9 @@ LM_TEST(cuda_moe) {
         void *host[3][CA_E];
         bool ok = true;
         for (int m = 0; m < 3; m++)
-            for (int e = 0; e < CA_E; e++) {
-                int64_t rows = m == 2 ? CA_D : CA_F, cols = m == 2 ? CA_F : CA_D;
-                float *h = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
-                host[m][e] = h;
-                if (bf) {
-                    uint16_t *hb = malloc((size_t)(rows * cols) * sizeof *hb);
-                    for (int64_t i = 0; i < rows * cols; i++) hb[i] = lm_f32_to_bf16(h[i]);
-                    free(h);
-                    host[m][e] = hb;
-                }
-                for (int b = 0; b < 2; b++) {
-                    lm_err err;
-                    ws[b][m][e] = (lm_tensor){ .type = bf ? LM_BF16 : LM_F32, .rows = rows, .cols = cols, .data = NULL };
-                    if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], host[m][e], &err) != 0) {
-                        fprintf(stderr, "  upload: %s\n", err.msg);
-                        ok = false;
-                    }
-                }
-            }
+            for (int e = 0; e < CA_E; e++)
+                host[m][e] = ca_expert(&be, &ws[0][m][e], &ws[1][m][e], m == 2 ? CA_D : CA_F, m == 2 ? CA_F : CA_D,
+                                       bf, &seed, &ok);
         LM_CHECK(ok);
         if (ok) {
             ca_moe_case(lm_t_, &be, ws, 13, false, true, 21);
@@ -835,19 +844,8 @@ LM_TEST(cuda_moe_device_grouping_many_experts) {
     for (int b = 0; b < 2; b++)
         for (int m = 0; m < 3; m++) ws[b][m] = calloc(E, sizeof(lm_tensor));
     for (int m = 0; m < 3; m++)
-        for (int e = 0; e < E; e++) {
-            const int64_t rows = m == 2 ? D : F, cols = m == 2 ? F : D;
-            float *h = ca_host((size_t)(rows * cols), &seed, -0.3f, 0.3f);
-            uint16_t *hb = malloc((size_t)(rows * cols) * sizeof *hb);
-            for (int64_t i = 0; i < rows * cols; i++) hb[i] = lm_f32_to_bf16(h[i]);
-            free(h);
-            host[m][e] = hb;
-            for (int b = 0; b < 2; b++) {
-                lm_err err;
-                ws[b][m][e] = (lm_tensor){ .type = LM_BF16, .rows = rows, .cols = cols, .data = NULL };
-                if (be.b[b]->ops->upload_weight(be.b[b], &ws[b][m][e], hb, &err) != 0) ok = false;
-            }
-        }
+        for (int e = 0; e < E; e++)
+            host[m][e] = ca_expert(&be, &ws[0][m][e], &ws[1][m][e], m == 2 ? D : F, m == 2 ? F : D, true, &seed, &ok);
     LM_CHECK(ok);
     float *xh = ca_host(65 * D, &seed, -1, 1), *lh = ca_host(65 * E, &seed, -2, 2);
     float *four = NULL;
