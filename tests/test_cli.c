@@ -202,6 +202,31 @@ LM_TEST(cli_sampling_options_shared) {
     }
 }
 
+/* A MoE model's batched step reads an expert per distinct pick, not one
+ * token's experts: `lumen bench --batch 3` gives no share of the copy
+ * roofline for it, `--batch 1` does. */
+LM_TEST(cli_bench_batched_moe_has_no_dense_roofline) {
+    for (int B = 1; B <= 3; B += 2) {
+        char cmd[512], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd,
+                 "bench -m '" LUMEN_SOURCE_DIR "/tests/data/moe/qwen3-moe-e32-k8' --device cpu --batch %d "
+                 "--prompt-len 8 --gen 4",
+                 B);
+        int rc = lumen(cmd, &out, &err);
+        LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+        json_error_t je;
+        json_t *j = out ? json_loads(out, 0, &je) : NULL;
+        LM_CHECK_MSG(j != NULL, "not one JSON line: %s", out ? out : "(none)");
+        if (j) {
+            LM_CHECK(json_real_value(json_object_get(j, "copy_GB_s")) > 0);
+            LM_CHECK_MSG((json_object_get(j, "decode_pct_of_copy") != NULL) == (B == 1), "batch %d: %s", B, out);
+            json_decref(j);
+        }
+        free(out);
+        free(err);
+    }
+}
+
 /* `lumen bench --batch`: B sequences prefilled in chunks, then decoding
  * together with greedy ids from the backend; one JSON line with the rate
  * and, the bandwidth measured, the share of a step its weights take at the

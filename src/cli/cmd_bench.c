@@ -36,7 +36,9 @@ static const char *const k_help =
     "                    time one step's weights take at the copy rate\n"
     "                    (weights_at_copy_ms) as a share of the step\n"
     "                    (decode_pct_of_copy: at batch 1 the same figure as without\n"
-    "                    --batch, for decoding as the engine does it)\n"
+    "                    --batch, for decoding as the engine does it; not for a MoE\n"
+    "                    model above batch 1, whose steps read more experts than\n"
+    "                    one token's)\n"
     "  --no-membw        skip the bandwidth measurement\n"
     LM_COMMON_HELP;
 
@@ -202,10 +204,14 @@ int lm_cmd_bench(int argc, char **argv) {
                model_path, be->name, batch, prompt_len, gen, tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
         const bool gpu = !strcmp(be->name, "cuda");
         double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;
-        if (bw > 0) { /* a step reads every weight once, whatever the batch */
+        if (bw > 0) printf(",\"copy_GB_s\":%.3f", bw * 1e-9);
+        /* a dense step reads every weight once, whatever the batch; a MoE
+         * step of several tokens reads an expert per distinct pick, which
+         * the weight count (one token's experts) does not say */
+        if (bw > 0 && (batch == 1 || m->cfg.n_experts == 0)) {
             const double w_s = (double)lm_model_weight_bytes(m) / bw;
-            printf(",\"copy_GB_s\":%.3f,\"weights_at_copy_ms\":%.3f,\"decode_pct_of_copy\":%.1f", bw * 1e-9,
-                   1e3 * w_s, 100 * w_s * tps / (double)batch);
+            printf(",\"weights_at_copy_ms\":%.3f,\"decode_pct_of_copy\":%.1f", 1e3 * w_s,
+                   100 * w_s * tps / (double)batch);
         }
         printf("}\n");
         rc = 0;
