@@ -13,8 +13,9 @@
  *    pairs in ascending expert order. So a decode step with MoE layers is
  *    recorded in a CUDA graph like any other.
  * 2b. Up to LM_MOE_GROUP_MAX_T tokens (a decode step of a batch) with
- *    bf16/f16 experts and at most 1,024 experts: moe_group_kernel groups the pairs by expert on the
- *    device (tokens ascending within an expert, as 2c below) and cuts each
+ *    bf16/f16 experts, at most 1,024 of them and tokens x experts within
+ *    40 KB: moe_group_kernel groups the pairs by expert on the device
+ *    (tokens ascending within an expert, as 2c below) and cuts each
  *    expert's rows into chunks of up to LM_MOE_CHUNK tokens; one GEMV launch
  *    runs every chunk of gate and up (an expert's weights read once a chunk
  *    instead of once a pair), one the down projections, and the combine
