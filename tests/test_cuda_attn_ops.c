@@ -28,6 +28,7 @@
 #include "backend/lm_backend.h"
 #include "backend/lm_dtype.h"
 #include "engine/lm_kv_cache.h"
+#include "model/lm_blocks.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -434,30 +435,21 @@ LM_TEST(cuda_rope_kv_write_fused) {
         ca_rope_case rc;
         LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, cfgs[ci].Dh, cfgs[ci].rot, cfgs[ci].inter,
                                      cfgs[ci].factor, cfgs[ci].split_freq, S, n, pos0, &seed));
-        ca_pool pool = rc.pool;
-        ca_batch d = rc.d;
-        const lm_attn_batch ab = rc.ab;
-        const lm_rope_params rq = rc.rq, rk = rc.rk;
-        const int64_t kvw = rc.kvw, qc = rc.qc, kc = rc.kc;
-        float *qh = ca_host((size_t)d.T * qc, &seed, -1, 1), *kh = ca_host((size_t)d.T * kc, &seed, -1, 1);
-        float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        float *qh = ca_host((size_t)rc.d.T * rc.qc, &seed, -1, 1), *kh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
+        float *vh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
         lm_tensor q[2], k[2], v[2];
         for (int b = 0; b < 2; b++) {
             lm_backend *x = be.b[b];
-            q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
-            if (b == 1) {
-                x->ops->rope_kv_write(x, &q[b], &k[b], &v[b], &rq, &rk, &pool.kc[b]->pool, CA_LAYER, &ab);
-            } else {
-                x->ops->rope(x, &q[b], d.pos, &rq);
-                x->ops->rope(x, &k[b], d.pos, &rk);
-                x->ops->kv_write(x, &pool.kc[b]->pool, CA_LAYER, &k[b], &v[b], &ab);
-            }
+            q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
+            v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
+            /* the GPU's fused op; the CPU (no such op) composes rope, rope, kv_write */
+            lm_op_rope_kv_write(x, &q[b], &k[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
         }
         void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
-        void *pK[2] = { pool.kc[0]->pool.k[CA_LAYER], pool.kc[1]->pool.k[CA_LAYER] };
-        void *pV[2] = { pool.kc[0]->pool.v[CA_LAYER], pool.kc[1]->pool.v[CA_LAYER] };
-        const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw;
-        double eq = ca_cmp(&be, pq, (size_t)d.T * qc, 1.0), ek = ca_cmp(&be, pk, (size_t)d.T * kc, 1.0);
+        void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], rc.pool.kc[1]->pool.k[CA_LAYER] };
+        void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], rc.pool.kc[1]->pool.v[CA_LAYER] };
+        const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
+        double eq = ca_cmp(&be, pq, (size_t)rc.d.T * rc.qc, 1.0), ek = ca_cmp(&be, pk, (size_t)rc.d.T * rc.kc, 1.0);
         double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0); /* absolute */
         printf("  config %zu: q %.2g, k %.2g, K pool %.2g, V pool %.2g\n", ci, eq, ek, eK, eV);
         LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
@@ -488,44 +480,35 @@ LM_TEST(cuda_norm_rope_kv_write_fused) {
         ca_rope_case rc;
         LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, Dh, cfgs[ci].rot, cfgs[ci].inter, 1.0f,
                                      cfgs[ci].split_freq, S, n, pos0, &seed));
-        ca_pool pool = rc.pool;
-        ca_batch d = rc.d;
-        const lm_attn_batch ab = rc.ab;
-        const lm_rope_params rq = rc.rq, rk = rc.rk;
-        const int64_t kvw = rc.kvw, qc = rc.qc, kc = rc.kc;
-        float *qh = ca_host((size_t)d.T * qc, &seed, -2, 2), *kh = ca_host((size_t)d.T * kc, &seed, -2, 2);
-        float *vh = ca_host((size_t)d.T * kc, &seed, -1, 1);
+        float *qh = ca_host((size_t)rc.d.T * rc.qc, &seed, -2, 2), *kh = ca_host((size_t)rc.d.T * rc.kc, &seed, -2, 2);
+        float *vh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
         float *wqh = ca_host((size_t)Dh, &seed, 0.5f, 1.5f), *wkh = ca_host((size_t)Dh, &seed, -0.5f, 0.5f);
         lm_tensor q[2], k[2], v[2], qn[2], kn[2], wq[2], wk[2];
         for (int b = 0; b < 2; b++) {
             lm_backend *x = be.b[b];
-            q[b] = ca_tensor(x, d.T, qc, qh), k[b] = ca_tensor(x, d.T, kc, kh), v[b] = ca_tensor(x, d.T, kc, vh);
-            qn[b] = ca_poisoned(x, d.T, qc), kn[b] = ca_poisoned(x, d.T, kc);
+            q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
+            v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
+            qn[b] = ca_poisoned(x, rc.d.T, rc.qc), kn[b] = ca_poisoned(x, rc.d.T, rc.kc);
             wq[b] = ca_tensor(x, 1, Dh, wqh), wk[b] = ca_tensor(x, 1, Dh, wkh);
             x->ops->rms_norm(x, &qn[b], &q[b], &wq[b], 1e-6f, cfgs[ci].off);
             x->ops->rms_norm(x, &kn[b], &k[b], &wk[b], 1e-6f, cfgs[ci].off);
-            if (b == 1) {
-                x->ops->rope_kv_write(x, &qn[b], &kn[b], &v[b], &rq, &rk, &pool.kc[b]->pool, CA_LAYER, &ab);
-            } else {
-                x->ops->rope(x, &qn[b], d.pos, &rq);
-                x->ops->rope(x, &kn[b], d.pos, &rk);
-                x->ops->kv_write(x, &pool.kc[b]->pool, CA_LAYER, &kn[b], &v[b], &ab);
-            }
+            lm_op_rope_kv_write(x, &qn[b], &kn[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
         }
         lm_backend *g = be.b[1];
-        const size_t nf = (size_t)pool.n_blocks * CA_BS * (size_t)kvw, nq = (size_t)d.T * qc, nk = (size_t)d.T * kc;
-        lm_kv_pool *gp = &pool.kc[1]->pool;
+        const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
+        const size_t nq = (size_t)rc.d.T * rc.qc, nk = (size_t)rc.d.T * rc.kc;
+        lm_kv_pool *gp = &rc.pool.kc[1]->pool;
         float *cq = ca_read(g, qn[1].data, nq), *ck = ca_read(g, kn[1].data, nk);
         float *cK = ca_read(g, gp->k[CA_LAYER], nf), *cV = ca_read(g, gp->v[CA_LAYER], nf);
-        g->ops->norm_rope_kv_write(g, &qn[1], &q[1], &kn[1], &k[1], &v[1], &wq[1], &wk[1], 1e-6f, cfgs[ci].off, &rq, &rk,
-                                   gp, CA_LAYER, &ab);
+        g->ops->norm_rope_kv_write(g, &qn[1], &q[1], &kn[1], &k[1], &v[1], &wq[1], &wk[1], 1e-6f, cfgs[ci].off, &rc.rq,
+                                   &rc.rk, gp, CA_LAYER, &rc.ab);
         float *fq2 = ca_read(g, qn[1].data, nq), *fk2 = ca_read(g, kn[1].data, nk);
         float *fK = ca_read(g, gp->k[CA_LAYER], nf), *fV = ca_read(g, gp->v[CA_LAYER], nf);
         const bool same = memcmp(cq, fq2, nq * sizeof(float)) == 0 && memcmp(ck, fk2, nk * sizeof(float)) == 0 &&
                           memcmp(cK, fK, nf * sizeof(float)) == 0 && memcmp(cV, fV, nf * sizeof(float)) == 0;
         void *pq[2] = { qn[0].data, qn[1].data }, *pk[2] = { kn[0].data, kn[1].data };
-        void *pK[2] = { pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
-        void *pV[2] = { pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
+        void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
+        void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
         double eq = ca_cmp(&be, pq, nq, 1.0), ek = ca_cmp(&be, pk, nk, 1.0);
         double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0);
         printf("  config %zu: fused %s the composed GPU ops; against the CPU: qn %.2g, kn %.2g, K %.2g, V %.2g\n", ci,

@@ -20,6 +20,12 @@ bench_model() { # bench_model DIR [bf16]: batch-1 decode, prefill at 4k (also wi
   "$L" bench -m "$d" --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
   for B in 8 32 128; do "$L" bench -m "$d" --device cuda --batch $B --prompt-len 32 --gen 64; done
 }
+moe_ab() { # moe_ab "B...": the Qwen3-30B-A3B shape's decode at each batch B, lumen_base and lumen alternating
+  rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+  for B in $1; do for b in lumen_base lumen; do
+    echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+  done; done
+}
 for set in "$@"; do
   echo "== $set"
   case $set in
@@ -109,22 +115,13 @@ for set in "$@"; do
     rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
     for i in 1 2; do LUMEN_CUDA_GRAPH_STATS=1 "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 --no-membw; done ;;
   moe) # the Qwen3-30B-A3B shape (128 experts, 8 a token): decode of lumen_base and lumen alternating at batch 8 / 32 / 64 / 1, then batch 128 of lumen
-    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
-    for B in 8 32 64 1; do for b in lumen_base lumen; do
-      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
-    done; done
+    moe_ab "8 32 64 1"
     "$L" bench -m /dev/shm/m30 --device cuda --batch 128 --prompt-len 32 --gen 16 --no-membw ;;
   moe-final) # the Qwen3-30B-A3B shape: lumen_base and lumen alternating at batch 1 and 8, then lumen at 32 and 64
-    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
-    for B in 1 8; do for b in lumen_base lumen; do
-      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
-    done; done
+    moe_ab "1 8"
     for B in 32 64; do echo -n "lumen batch $B "; "$L" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw; done ;;
   moe-groups) # the Qwen3-30B-A3B shape at batch 32 and 64 (experts grouped on the device): lumen_base and lumen alternating
-    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
-    for B in 32 64; do for b in lumen_base lumen; do
-      echo -n "$b batch $B "; "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
-    done; done ;;
+    moe_ab "32 64" ;;
   ncu-moe) # kernel times of Qwen3-30B-A3B decode steps at batch 1 and 8 (ncu, graphs off)
     rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
     for B in 1 8; do
