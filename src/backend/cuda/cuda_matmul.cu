@@ -603,27 +603,39 @@ static void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, 
     lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, vec);
 }
 
+/* What both MoE forms launch: x, one output y [.][O] (GLU: silu(gate) *
+ * up), the experts' matrices from wtab (E of each kind); grid_y pairs or chunk
+ * slots. */
+template <int T, int MOE>
+static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned char *const *wtab, int E, int64_t O,
+                          lm_dtype wt, bool glu, unsigned grid_y) {
+    LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && a->I % 8 == 0 && grid_y >= 1 && grid_y <= 65535);
+    if (glu) lm_gemv_set_glu(a, y, NULL, NULL, O); /* the matrices come from wtab */
+    else lm_gemv_add(a, 0, y, NULL, NULL, O);
+    a->moe_w = wtab, a->moe_E = E;
+    const int threads = lm_gemv_threads(a->I / 8);
+    /* MoE groups: a block takes LM_MOE_ROW_GROUPS groups of rows */
+    const int64_t rb = MOE == LM_MOE_GROUPS ? LM_MOE_ROW_GROUPS : 1, row_groups = a->first_block[LM_GEMV_MAXM];
+    const dim3 grid((unsigned)((row_groups + rb - 1) / rb), grid_y);
+    if (wt == LM_BF16) {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
+    } else {
+        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
+        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
+    }
+    LM_CUDA_LAUNCHED(MOE == LM_MOE_GROUPS ? "moe group gemv" : "moe gemv");
+}
+
 /* The experts' GEMVs of a MoE layer for `pairs` (token, expert) pairs whose
  * experts sit on the device (sel): glu: y[p] = silu(gate_e x[p / k]) * up_e
  * x[p / k] (wtab = E gate then E up matrices [O][I]); else y[p] = W_e x[p]
  * (wtab = E matrices). One launch, nothing read back: a graph records it. */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
                       int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu) {
-    LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && pairs >= 1 && pairs <= 65535);
     lm_gemv_args a = lm_gemv_args0(x, I, 1, false);
-    if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wtab */
-    else lm_gemv_add(&a, 0, y, NULL, NULL, O);
-    a.moe_sel = sel, a.moe_w = wtab, a.moe_k = k, a.moe_E = E;
-    const int threads = lm_gemv_threads(I / 8);
-    const dim3 grid((unsigned)a.first_block[LM_GEMV_MAXM], (unsigned)pairs);
-    if (wt == LM_BF16) {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_GLU_SILU, LM_MOE_PAIRS>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_BF16, true, LM_GEMV_STORE, LM_MOE_PAIRS>, grid, threads, 0, a);
-    } else {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_GLU_SILU, LM_MOE_PAIRS>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<1, LM_F16, true, LM_GEMV_STORE, LM_MOE_PAIRS>, grid, threads, 0, a);
-    }
-    LM_CUDA_LAUNCHED("moe gemv");
+    a.moe_sel = sel, a.moe_k = k;
+    lm_moe_launch<1, LM_MOE_PAIRS>(c, &a, y, wtab, E, O, wt, glu, (unsigned)pairs);
 }
 
 /* The experts' GEMVs of a MoE layer on pairs grouped by expert on the
@@ -635,23 +647,9 @@ void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, 
 void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
                             const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
                             bool glu) {
-    LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && I % 8 == 0 && slots >= 1 && slots <= 65535);
     lm_gemv_args a = lm_gemv_args0(x, I, LM_MOE_CHUNK, false);
-    if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wtab */
-    else lm_gemv_add(&a, 0, y, NULL, NULL, O);
-    a.moe_chunk = chunk, a.moe_src = src, a.moe_w = wtab, a.moe_E = E;
-    const int threads = lm_gemv_threads(I / 8);
-    const int64_t row_groups = a.first_block[LM_GEMV_MAXM]; /* a block takes LM_MOE_ROW_GROUPS of them */
-    const dim3 grid((unsigned)((row_groups + LM_MOE_ROW_GROUPS - 1) / LM_MOE_ROW_GROUPS), (unsigned)slots);
-    constexpr int T = LM_MOE_CHUNK, G = LM_MOE_GROUPS;
-    if (wt == LM_BF16) {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, G>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_STORE, G>, grid, threads, 0, a);
-    } else {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_GLU_SILU, G>, grid, threads, 0, a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_STORE, G>, grid, threads, 0, a);
-    }
-    LM_CUDA_LAUNCHED("moe group gemv");
+    a.moe_chunk = chunk, a.moe_src = src;
+    lm_moe_launch<LM_MOE_CHUNK, LM_MOE_GROUPS>(c, &a, y, wtab, E, O, wt, glu, (unsigned)slots);
 }
 
 /* ---- GEMM (cuBLAS) ------------------------------------------------------------------ */
