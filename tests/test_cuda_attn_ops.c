@@ -748,7 +748,7 @@ static void ca_moe_case(lm_test_ctx *lm_t_, const ca_be *be, lm_tensor ws[2][3][
 }
 
 /* The GPU's moe on T tokens' rows, for the bitwise check of its paths
- * (pairs for up to 8 tokens, grouped on the device up to 64, on the host
+ * (pairs for up to 8 tokens, grouped on the device up to 128, on the host
  * above). */
 static float *ca_moe_gpu(const ca_be *be, lm_tensor ws[2][3][CA_E], const float *xh, const float *lh, int T) {
     lm_backend *g = be->b[1];
@@ -762,11 +762,11 @@ static float *ca_moe_gpu(const ca_be *be, lm_tensor ws[2][3][CA_E], const float 
 }
 
 /* Experts in f32 (the host-grouped path only) and in bf16 (up to 8 tokens
- * take a GEMV a pair, up to 64 the grouping on the device, more the host's:
+ * take a GEMV a pair, up to 128 the grouping on the device, more the host's:
  * decode batches with no host round trip), against the CPU; in bf16 also 4
- * tokens alone against the same 4 inside 7 (pairs), 13 and 40 (grouped on
- * the device; at 40 an expert has about 10 tokens, two chunks): bitwise
- * equal. */
+ * tokens alone against the same 4 inside 7 (pairs), 13, 40 and 100
+ * (grouped on the device; at 40 an expert has about 10 tokens, two chunks):
+ * bitwise equal. */
 LM_TEST(cuda_moe) {
     CA_OPEN(be);
     for (int bf = 0; bf < 2; bf++) {
@@ -791,9 +791,9 @@ LM_TEST(cuda_moe) {
         }
         if (ok && bf) {
             uint64_t s2 = 77;
-            float *xh = ca_host(40 * CA_D, &s2, -1, 1), *lh = ca_host(40 * CA_E, &s2, -2, 2);
+            float *xh = ca_host(100 * CA_D, &s2, -1, 1), *lh = ca_host(100 * CA_E, &s2, -2, 2);
             float *a = ca_moe_gpu(&be, ws, xh, lh, 4);
-            static const int Ts[] = { 7, 13, 40 };
+            static const int Ts[] = { 7, 13, 40, 100 };
             for (size_t c = 0; c < sizeof Ts / sizeof Ts[0]; c++) {
                 const int T = Ts[c];
                 float *b = ca_moe_gpu(&be, ws, xh, lh, T);
@@ -814,9 +814,9 @@ LM_TEST(cuda_moe) {
 }
 
 /* The device grouping with more experts than a warp (its scans cross
- * warps) and up to its 64-token limit: 72 bf16 experts, 4 a token, against
- * the CPU at 33 and 64 tokens (and 65, grouped on the host), and 4 tokens
- * alone bitwise equal to the same 4 inside 33 and 64. */
+ * warps) and up to its 128-token limit: 72 bf16 experts, 4 a token, against
+ * the CPU at 33 and 128 tokens (and 129, grouped on the host), and 4 tokens
+ * alone bitwise equal to the same 4 inside 33 and 128. */
 LM_TEST(cuda_moe_device_grouping_many_experts) {
     CA_OPEN(be);
     enum { E = 72, K = 4, D = 64, F = 32 };
@@ -830,9 +830,9 @@ LM_TEST(cuda_moe_device_grouping_many_experts) {
         for (int e = 0; e < E; e++)
             host[m][e] = ca_expert(&be, &ws[0][m][e], &ws[1][m][e], m == 2 ? D : F, m == 2 ? F : D, true, &seed, &ok);
     LM_CHECK(ok);
-    float *xh = ca_host(65 * D, &seed, -1, 1), *lh = ca_host(65 * E, &seed, -2, 2);
+    float *xh = ca_host(129 * D, &seed, -1, 1), *lh = ca_host(129 * E, &seed, -2, 2);
     float *four = NULL;
-    static const int Ts[] = { 4, 33, 64, 65 };
+    static const int Ts[] = { 4, 33, 128, 129 };
     for (size_t c = 0; ok && c < sizeof Ts / sizeof Ts[0]; c++) {
         const int T = Ts[c];
         lm_tensor x[2], l[2], y[2];
@@ -851,7 +851,7 @@ LM_TEST(cuda_moe_device_grouping_many_experts) {
         if (T == 4) {
             four = got;
         } else {
-            if (T <= 64) {
+            if (T <= 128) {
                 const bool same = !memcmp(four, got, 4 * D * sizeof(float));
                 printf("  %d experts: 4 tokens a GEMV a pair vs the same 4 of %d grouped on the device: %s\n", E, T,
                        same ? "bitwise equal" : "DIFFERENT");

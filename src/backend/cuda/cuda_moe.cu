@@ -77,7 +77,7 @@ static void moe_combine(lm_cuda *c, float *y, const float *oe, const int32_t *ro
  * tokens of Qwen3-30B-A3B (128 experts, 8 a token) most pairs have an
  * expert to themselves, and a GEMV a pair beats the chunks (H200). */
 #define LM_MOE_DEVICE_MAX_T 8
-#define LM_MOE_GROUP_MAX_T 64 /* tokens up to which the device groups the pairs (2b): decode batches */
+#define LM_MOE_GROUP_MAX_T 128 /* tokens up to which the device groups the pairs (2b): decode batches */
 #define LM_MOE_GROUP_MAX_E 1024 /* experts the grouping kernel's block covers, a thread each */
 
 /* lm_moe_topk's picks (moe_topk.h) by one warp, l in shared memory. A pass
