@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | final9 | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -270,6 +270,11 @@ for set in "$@"; do
     for B in 1 8 32 128; do "$L" bench -m /dev/shm/q9 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done
     LUMEN_CUDA_GEMM=bf16 "$L" bench -m /dev/shm/q9 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw
     "$L" bench -m /dev/shm/q9 --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw ;;
+  final9) # more batch-1 runs with the copy in the same process: Llama-8B once, Qwen3.5-27B three times (b1-copy has the rest)
+    model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128
+    rm -rf /dev/shm/l8 /dev/shm/m30; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2 3; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64; done ;;
   moe128) # the Qwen3-30B-A3B shape at batch 128 (grouped on the device up to 128 tokens) and 96: lumen_base and lumen alternating
     moe_ab "128 96" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
