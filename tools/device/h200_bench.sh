@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | final9 | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | moe-b1 | final9 | ncu-moe1 | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -122,9 +122,9 @@ for set in "$@"; do
     for B in 32 64; do echo -n "lumen batch $B "; "$L" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw; done ;;
   moe-groups) # the Qwen3-30B-A3B shape at batch 32 and 64 (experts grouped on the device): lumen_base and lumen alternating
     moe_ab "32 64" ;;
-  ncu-moe) # kernel times of Qwen3-30B-A3B decode steps at batch 1 and 8 (ncu, graphs off)
+  ncu-moe|ncu-moe1) # kernel times of Qwen3-30B-A3B decode steps at batch 1 and 8 (ncu-moe1: batch 1 only; ncu, graphs off)
     rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
-    for B in 1 8; do
+    for B in 1 $([[ $set == ncu-moe ]] && echo 8); do
       LUMEN_CUDA_GRAPHS=0 timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
         --launch-skip $((B == 1 ? 3000 : 9000)) --launch-count 1300 "$L" bench -m /dev/shm/m30 --device cuda --batch $B \
         --prompt-len 16 --gen 8 --no-membw > "${OUT:-/tmp}/ncu_moe$B.csv" 2>/dev/null
@@ -275,6 +275,8 @@ for set in "$@"; do
     "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128
     rm -rf /dev/shm/l8 /dev/shm/m30; model /dev/shm/q27 qwen3.5-27b
     for i in 1 2 3; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64; done ;;
+  moe-b1) # the Qwen3-30B-A3B shape at batch 1 and 8: lumen_base and lumen alternating
+    moe_ab "1 8" ;;
   moe128) # the Qwen3-30B-A3B shape at batch 128 (grouped on the device up to 128 tokens) and 96: lumen_base and lumen alternating
     moe_ab "128 96" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;

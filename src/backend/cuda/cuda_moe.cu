@@ -146,22 +146,27 @@ __global__ void moe_route_kernel(int32_t *sel_out, float *w_out, int32_t *rows_o
     if (threadIdx.x < 32) moe_topk_warp(ls, E, k, sel);
     __syncthreads();
     const double m = ls[sel[0]];
+    __shared__ float sc[LM_MOE_MAX_K]; /* the picks' scales, fetched in parallel */
     for (int e = threadIdx.x; e < E; e += blockDim.x) moe_ex[e] = exp((double)ls[e] - m);
+    if (threadIdx.x < k) sc[threadIdx.x] = scale ? scale[sel[threadIdx.x]] : 1.0f;
     __syncthreads();
     if (threadIdx.x != 0) return;
     double den = 0.0, chosen = 0.0;
     for (int e = 0; e < E; e++) den += moe_ex[e];
     for (int j = 0; j < k; j++) chosen += moe_ex[sel[j]];
-    int32_t *so = sel_out + t * k;
-    float *wo = w_out + t * k;
+    /* sorted in registers, written once (the insertion used to shift the
+     * picks in global memory, reading back what it had just written) */
+    int32_t so[LM_MOE_MAX_K];
+    float wo[LM_MOE_MAX_K];
     for (int j = 0; j < k; j++) { /* insertion by expert id: the combine's order */
         double wj = moe_ex[sel[j]] / (norm ? chosen : den);
-        if (scale) wj *= scale[sel[j]];
+        if (scale) wj *= sc[j];
         int i = j;
         for (; i > 0 && so[i - 1] > sel[j]; i--) so[i] = so[i - 1], wo[i] = wo[i - 1];
         so[i] = sel[j], wo[i] = (float)wj;
     }
-    for (int j = 0; j < k; j++) rows_out[t * k + j] = (int32_t)(t * k + j);
+    for (int j = 0; j < k; j++)
+        sel_out[t * k + j] = so[j], w_out[t * k + j] = wo[j], rows_out[t * k + j] = (int32_t)(t * k + j);
 }
 
 /* Exclusive prefix sum of v over the block (one value a thread, blockDim a
