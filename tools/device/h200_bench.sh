@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | moe-b1 | final9 | ncu-moe1 | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | moe-b1 | final9 | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -10,8 +10,8 @@ df -h /dev/shm | tail -n 1
 if (( $(df --output=size -BG /dev/shm | tail -n 1 | tr -dc 0-9) < shm_need_gb )); then
   mount -o remount,size=${shm_need_gb}G /dev/shm && df -h /dev/shm | tail -n 1
 fi
-model() { # model DIR SHAPE
-  [[ -f $1/model.safetensors ]] || { /usr/bin/time -f "make_random_model %e s" "$C/bin/make_random_model" "$1" --shape "$2" --threads 16 || exit 1; }
+model() { # model DIR SHAPE [make_random_model options]
+  [[ -f $1/model.safetensors ]] || { /usr/bin/time -f "make_random_model %e s" "$C/bin/make_random_model" "$1" --shape "$2" "${@:3}" --threads 16 || exit 1; }
 }
 bench_model() { # bench_model DIR [bf16]: batch-1 decode, prefill at 4k (also with bf16 activations), batched decode
   local d=$1
@@ -277,6 +277,11 @@ for set in "$@"; do
     for i in 1 2 3; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64; done ;;
   moe-b1) # the Qwen3-30B-A3B shape at batch 1 and 8: lumen_base and lumen alternating
     moe_ab "1 8" ;;
+  ncu-route) # the MoE routing kernel under ncu at batch 1 (warp stalls, scheduler, occupancy): the Qwen3-30B-A3B shape cut to 4 layers (same routing, quick to write)
+    model /dev/shm/m30x4 qwen3-30b-a3b --layers 4
+    LUMEN_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none -k regex:moe_route_kernel --launch-skip 20 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+      "$L" bench -m /dev/shm/m30x4 --device cuda --batch 1 --prompt-len 16 --gen 8 --no-membw 2>/dev/null | tail -n 80 ;;
   moe128) # the Qwen3-30B-A3B shape at batch 128 (grouped on the device up to 128 tokens) and 96: lumen_base and lumen alternating
     moe_ab "128 96" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
