@@ -6,7 +6,7 @@
  * between (another shape), and alternate steps that ask for logits and for
  * greedy ids only. Every logit and id must be bitwise equal, and the graph
  * backend must really have replayed graphs (else the test proves nothing).
- * A MoE model's forwards of up to 64 tokens (routing and grouping on the
+ * A MoE model's forwards of up to 128 tokens (routing and grouping on the
  * device) are recorded too. Skips without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>

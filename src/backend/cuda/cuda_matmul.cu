@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
         if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
     }
     /* MoE groups: the chunk's expert, first row and token count (n_tok),
-     * and each token's x row (past n_tok: the last token's, computed and
-     * not stored) */
+     * and each token's x row (past n_tok: the last token's, never read: the
+     * FMAs, reductions and stores stop at n_tok) */
     int64_t r0 = 0;
     int n_tok = T;
     const float *xrow[MOE == LM_MOE_GROUPS ? T : 1];
