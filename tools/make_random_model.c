@@ -26,7 +26,7 @@
  *   therefore a pure function of the seed and the shape, whatever the number
  *   of threads, and chunks can be filled in parallel.
  * - Writing streams through two fixed buffers of a few chunks: worker threads
- *   (pthreads, one slice of chunks each) fill one while the main thread
+ *   (pthreads, sharing its pieces: chunks of any tensors) fill one while the main thread
  *   writes the other with one large write(); nothing close to the model's size is ever held in memory
  *   (the 8B model is 16 GB in bf16). The file is written as
  *   model.safetensors.tmp and renamed when complete, so an interrupted run
@@ -305,30 +305,37 @@ static void fill_normal(float *out, int64_t n, uint64_t state, float stddev) {
 
 /* ---- parallel chunk filling ---------------------------------------------- */
 
-typedef struct fill_job {
+/* A piece: up to CHUNK elements of one tensor, starting at a chunk
+ * boundary (its values depend on the tensor and the chunk only). A buffer
+ * holds the pieces of many small tensors (a MoE model has ~18k experts'
+ * matrices of ~2 chunks each), so the workers share them at any size. */
+typedef struct piece {
     const tensor *t;
+    int64_t first_elem, n;
+    uint8_t *dst; /* bytes for element first_elem */
+} piece;
+
+typedef struct fill_job {
+    const piece *pieces; /* the worker's are pieces[k], k = first, first + stride, ... < n_pieces */
+    size_t n_pieces, first, stride;
     uint64_t seed;
     bool bf16;
-    int64_t first_elem, n_elem; /* range of the tensor; first_elem chunk-aligned */
-    uint8_t *dst;               /* bytes for element first_elem */
-    float *scratch;             /* CHUNK floats */
+    float *scratch; /* CHUNK floats */
 } fill_job;
 
 static void *fill_worker(void *arg) {
     fill_job *j = arg;
-    size_t esz = j->bf16 ? 2 : 4;
-    for (int64_t done = 0; done < j->n_elem; done += CHUNK) {
-        int64_t n = LM_MIN(CHUNK, j->n_elem - done);
-        int64_t e0 = j->first_elem + done;
-        float *f = j->bf16 ? j->scratch : (float *)(void *)(j->dst + (size_t)done * esz);
-        if (j->t->ones || j->t->zeros) {
-            for (int64_t i = 0; i < n; i++) f[i] = j->t->ones ? 1.0f : 0.0f;
+    for (size_t k = j->first; k < j->n_pieces; k += j->stride) {
+        const piece *p = &j->pieces[k];
+        float *f = j->bf16 ? j->scratch : (float *)(void *)p->dst;
+        if (p->t->ones || p->t->zeros) {
+            for (int64_t i = 0; i < p->n; i++) f[i] = p->t->ones ? 1.0f : 0.0f;
         } else {
-            fill_normal(f, n, chunk_state(j->seed, j->t->index, (uint64_t)(e0 >> CHUNK_LOG2)), 0.02f);
+            fill_normal(f, p->n, chunk_state(j->seed, p->t->index, (uint64_t)(p->first_elem >> CHUNK_LOG2)), 0.02f);
         }
         if (j->bf16) {
-            uint16_t *o = (uint16_t *)(void *)(j->dst + (size_t)done * esz);
-            for (int64_t i = 0; i < n; i++) o[i] = lm_f32_to_bf16(f[i]);
+            uint16_t *o = (uint16_t *)(void *)p->dst;
+            for (int64_t i = 0; i < p->n; i++) o[i] = lm_f32_to_bf16(f[i]);
         }
     }
     return NULL;
@@ -544,13 +551,16 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
     rc = write_all(fd, len8, 8, tmp);
     if (rc == 0) rc = write_all(fd, h.p, h.n, tmp);
 
-    /* Two buffers of chunks_per_buf chunks each: while the workers fill one
-     * (split among them by whole chunks), this thread writes the other. */
-    const int64_t chunks_per_buf = 8 * (int64_t)nthreads;
-    const size_t buf_bytes = (size_t)(chunks_per_buf * CHUNK) * esz;
+    /* Two buffers of buf_elems elements each: while the workers fill one
+     * (sharing its pieces), this thread writes the other. */
+    const int64_t buf_elems = 8 * (int64_t)nthreads * CHUNK;
+    const size_t buf_bytes = (size_t)buf_elems * esz;
     uint8_t *bufs[2] = { lm_xaligned(buf_bytes), lm_xaligned(buf_bytes) };
     float **scratch = lm_xcalloc((size_t)nthreads, sizeof *scratch);
     for (int i = 0; i < nthreads; i++) scratch[i] = lm_xaligned((size_t)CHUNK * sizeof(float));
+    /* a buffer's pieces: at most one a chunk, plus one a tensor that ends in it */
+    const size_t max_pieces = (size_t)(buf_elems / CHUNK) + l->n + 1;
+    piece *pieces = lm_xcalloc(max_pieces, sizeof *pieces);
     fill_job *jobs = lm_xcalloc((size_t)nthreads, sizeof *jobs);
     pthread_t *tids = lm_xcalloc((size_t)nthreads, sizeof *tids);
     bool *running = lm_xcalloc((size_t)nthreads, sizeof *running);
@@ -558,38 +568,42 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
     double t0 = lm_now();
     uint64_t written = 0;
     int last_pct = -1, cur = 0;
-    size_t pending = 0; /* bytes of bufs[cur ^ 1] still to write */
-    for (size_t ti = 0; ti <= l->n && rc == 0; ti++) {
-        const tensor *t = ti < l->n ? &l->t[ti] : NULL;
-        int64_t numel = t ? tensor_numel(t) : 0;
-        /* ti == l->n is one extra pass that only flushes the last buffer */
-        for (int64_t e = 0; (t ? e < numel : e == 0) && rc == 0; e += chunks_per_buf * CHUNK) {
-            int64_t n = t ? LM_MIN(chunks_per_buf * CHUNK, numel - e) : 0;
-            int64_t nchunks = (n + CHUNK - 1) / CHUNK;
-            int64_t per = (nchunks + nthreads - 1) / nthreads;
-            for (int k = 0; k < nthreads; k++) {
-                int64_t c0 = k * per, c1 = LM_MIN(nchunks, c0 + per);
-                running[k] = false;
-                if (c0 >= c1) continue;
-                jobs[k] = (fill_job){ .t = t, .seed = seed, .bf16 = bf16, .first_elem = e + c0 * CHUNK,
-                                      .n_elem = LM_MIN(n, c1 * CHUNK) - c0 * CHUNK,
-                                      .dst = bufs[cur] + (size_t)(c0 * CHUNK) * esz, .scratch = scratch[k] };
-                if (pthread_create(&tids[k], NULL, fill_worker, &jobs[k]) == 0) running[k] = true;
-                else fill_worker(&jobs[k]); /* no thread: do it here */
-            }
-            if (pending) {
-                rc = write_all(fd, bufs[cur ^ 1], pending, tmp);
-                written += pending;
-            }
-            for (int k = 0; k < nthreads; k++)
-                if (running[k]) pthread_join(tids[k], NULL);
-            pending = (size_t)n * esz;
-            cur ^= 1;
-            int pct = (int)(100.0 * (double)written / (double)(data_bytes ? data_bytes : 1));
-            if (data_bytes > ((uint64_t)256 << 20) && pct / 10 != last_pct / 10 && isatty(2)) {
-                fprintf(stderr, "\r  %3d%%  %.1f GB", pct, (double)written / 1e9);
-                last_pct = pct;
-            }
+    size_t pending = 0, ti = 0; /* bytes of bufs[cur ^ 1] still to write; the next tensor to fill */
+    int64_t te = 0;             /* its next element */
+    for (;;) {
+        /* the next buffer's pieces, in file order */
+        size_t np = 0;
+        int64_t used = 0;
+        while (ti < l->n) {
+            const tensor *t = &l->t[ti];
+            const int64_t n = LM_MIN(CHUNK, tensor_numel(t) - te); /* a whole chunk, or the tensor's last */
+            if (used + n > buf_elems) break;                       /* pieces are never cut: the next buffer */
+            LM_ASSERT(np < max_pieces);
+            pieces[np++] = (piece){ .t = t, .first_elem = te, .n = n, .dst = bufs[cur] + (size_t)used * esz };
+            used += n, te += n;
+            if (te == tensor_numel(t)) ti++, te = 0;
+        }
+        for (int k = 0; k < nthreads; k++) {
+            running[k] = false;
+            if ((size_t)k >= np) continue;
+            jobs[k] = (fill_job){ .pieces = pieces, .n_pieces = np, .first = (size_t)k, .stride = (size_t)nthreads,
+                                  .seed = seed, .bf16 = bf16, .scratch = scratch[k] };
+            if (pthread_create(&tids[k], NULL, fill_worker, &jobs[k]) == 0) running[k] = true;
+            else fill_worker(&jobs[k]); /* no thread: do it here */
+        }
+        if (pending) {
+            rc = write_all(fd, bufs[cur ^ 1], pending, tmp);
+            written += pending;
+        }
+        for (int k = 0; k < nthreads; k++)
+            if (running[k]) pthread_join(tids[k], NULL);
+        if (rc != 0 || np == 0) break;
+        pending = (size_t)used * esz;
+        cur ^= 1;
+        int pct = (int)(100.0 * (double)written / (double)(data_bytes ? data_bytes : 1));
+        if (data_bytes > ((uint64_t)256 << 20) && pct / 10 != last_pct / 10 && isatty(2)) {
+            fprintf(stderr, "\r  %3d%%  %.1f GB", pct, (double)written / 1e9);
+            last_pct = pct;
         }
     }
     LM_ASSERT(rc != 0 || written == data_bytes);
@@ -610,7 +624,7 @@ static int write_safetensors(const char *dir, const tensor_list *l, bool bf16, u
     }
 
     for (int i = 0; i < nthreads; i++) lm_afree(scratch[i]);
-    free(scratch), free(jobs), free(tids), free(running);
+    free(scratch), free(pieces), free(jobs), free(tids), free(running);
     lm_afree(bufs[0]), lm_afree(bufs[1]);
     free(path), free(tmp), free(h.p);
     return rc;
