@@ -30,6 +30,7 @@
 #include "engine/lm_kv_cache.h"
 #include "model/lm_blocks.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -871,5 +872,126 @@ LM_TEST(cuda_moe_device_grouping_many_experts) {
         }
     for (int b = 0; b < 2; b++)
         for (int m = 0; m < 3; m++) free(ws[b][m]);
+    ca_close(&be);
+}
+
+/* The routing kernel against lm_moe_route, bitwise: the picks (each
+ * token's k in ascending expert order on the GPU) and their weights, for
+ * expert counts around the warp size and up to 1,024 (the ranks), past it
+ * (one warp's passes), k from 1 to 64, normalised or not, with a scale,
+ * with exact ties, infinities and NaN logits (the passes' fallback). */
+LM_TEST(cuda_moe_route_bits) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    lm_err e;
+    lm_backend *g = lm_cuda_backend_create(0, &e);
+    LM_CHECK_MSG(g != NULL, "%s", e.msg);
+    if (!g) return;
+    static const int cases[][2] = { { 1, 1 },    { 3, 2 },    { 8, 2 },    { 31, 4 },   { 32, 8 },
+                                    { 33, 8 },   { 60, 4 },   { 64, 64 },  { 128, 8 },  { 128, 40 },
+                                    { 256, 8 },  { 512, 10 }, { 1024, 8 }, { 1100, 8 }, { 2048, 16 } };
+    enum { T = 12 };
+    uint64_t seed = 31;
+    int n_diff = 0, n_cases = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1];
+        float *l = ca_host((size_t)T * E, &seed, -3, 3), *sc = ca_host((size_t)E, &seed, 0.5f, 1.5f);
+        /* token 1: coarse values (many exact ties); 2: every logit equal;
+         * 3: +inf and -inf; 4: a NaN at expert 0; 5: a NaN elsewhere */
+        for (int i = 0; i < E; i++) l[1 * E + i] = (float)((i * 7) % 5), l[2 * E + i] = 0.5f;
+        l[3 * E + E / 2] = INFINITY, l[3 * E + E - 1] = -INFINITY;
+        l[4 * E] = NAN;
+        l[5 * E + E - 1] = NAN;
+        for (int v = 0; v < 4; v++) {
+            const bool norm = v & 1, scaled = v & 2;
+            int32_t *sg = malloc((size_t)T * k * sizeof *sg), *sh = malloc((size_t)k * sizeof *sh);
+            float *wg = malloc((size_t)T * k * sizeof *wg), *wh = malloc((size_t)k * sizeof *wh);
+            LM_CHECK(lm_cuda_moe_route(g, l, scaled ? sc : NULL, T, E, k, norm, sg, wg));
+            for (int t = 0; t < T; t++) {
+                lm_moe_route(l + (size_t)t * E, scaled ? sc : NULL, E, k, norm, sh, wh);
+                bool same = true;
+                for (int j = 0; j < k; j++) { /* the host's pick j sits at its rank by expert id */
+                    int pos = 0;
+                    for (int i = 0; i < k; i++) pos += sh[i] < sh[j];
+                    same &= sg[t * k + pos] == sh[j] && !memcmp(&wg[t * k + pos], &wh[j], sizeof(float));
+                }
+                if (!same && n_diff++ < 5)
+                    printf("  E %d k %d norm %d scale %d token %d: the GPU's routing differs\n", E, k, norm, scaled, t);
+                n_cases++;
+            }
+            free(sg), free(sh), free(wg), free(wh);
+        }
+        free(l), free(sc);
+    }
+    printf("  %d routings, %d differ from lm_moe_route\n", n_cases, n_diff);
+    LM_CHECK(n_diff == 0);
+    lm_backend_destroy(g);
+}
+
+/* moe_add (the combine adds into the residual and its last blocks norm the
+ * new rows) against moe, add and rms_norm on the GPU, bitwise, on every
+ * path (pairs at 1 and 4 tokens, the device grouping at 40, the host's at
+ * 200) and for both norm kernels (64 wide: a warp a row; 1,280: a block);
+ * and against the CPU, which composes the same ops. */
+LM_TEST(cuda_moe_add) {
+    CA_OPEN(be);
+    enum { E = 8, K = 2, F = 32 };
+    static const int Ds[] = { 64, 1280 }, Ts[] = { 1, 4, 40, 200 };
+    for (size_t di = 0; di < 2; di++) {
+        const int D = Ds[di];
+        uint64_t seed = 41 + di;
+        lm_tensor ws[2][3][E];
+        void *host[3][E];
+        bool ok = true;
+        for (int m = 0; m < 3; m++)
+            for (int x = 0; x < E; x++)
+                host[m][x] = ca_expert(&be, &ws[0][m][x], &ws[1][m][x], m == 2 ? D : F, m == 2 ? F : D, true, &seed,
+                                       &ok);
+        LM_CHECK(ok);
+        float *nw = ca_host((size_t)D, &seed, 0.5f, 1.5f);
+        for (size_t ti = 0; ok && ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            float *xh = ca_host((size_t)T * D, &seed, -1, 1), *rh = ca_host((size_t)T * D, &seed, -1, 1);
+            float *lh = ca_host((size_t)T * E, &seed, -2, 2);
+            lm_tensor x[2], l[2], r[2], o[2], n[2], w[2], r2, n2;
+            for (int b = 0; b < 2; b++) {
+                x[b] = ca_tensor(be.b[b], T, D, xh), l[b] = ca_tensor(be.b[b], T, E, lh);
+                r[b] = ca_tensor(be.b[b], T, D, rh), w[b] = ca_tensor(be.b[b], 1, D, nw);
+                o[b] = ca_poisoned(be.b[b], T, D), n[b] = ca_poisoned(be.b[b], T, D);
+                lm_moe_params mp = { .n_experts = E, .top_k = K, .norm_topk = true, .gate = ws[b][0], .up = ws[b][1],
+                                     .down = ws[b][2], .expert_scale = NULL };
+                const lm_norm_out no = { &n[b], &w[b], 1e-6f, 0.0f };
+                lm_op_moe_add(be.b[b], &r[b], &x[b], &l[b], &mp, &o[b], &no);
+            }
+            /* the GPU's unfused ops on the same inputs */
+            lm_backend *g = be.b[1];
+            r2 = ca_tensor(g, T, D, rh), n2 = ca_poisoned(g, T, D);
+            lm_moe_params mp = { .n_experts = E, .top_k = K, .norm_topk = true, .gate = ws[1][0], .up = ws[1][1],
+                                 .down = ws[1][2], .expert_scale = NULL };
+            g->ops->moe(g, &o[1], &x[1], &l[1], &mp);
+            g->ops->add(g, &r2, &o[1]);
+            g->ops->rms_norm(g, &n2, &r2, &w[1], 1e-6f, 0.0f);
+            float *fr = ca_read(g, r[1].data, (size_t)T * D), *fn = ca_read(g, n[1].data, (size_t)T * D);
+            float *ur = ca_read(g, r2.data, (size_t)T * D), *un = ca_read(g, n2.data, (size_t)T * D);
+            const bool same = !memcmp(fr, ur, (size_t)T * D * sizeof(float)) &&
+                              !memcmp(fn, un, (size_t)T * D * sizeof(float));
+            printf("  D %d, %d tokens: moe_add vs moe + add + rms_norm: %s\n", D, T, same ? "bitwise equal" : "DIFFERENT");
+            LM_CHECK(same);
+            void *pr[2] = { r[0].data, r[1].data }, *pn[2] = { n[0].data, n[1].data };
+            const double er = ca_cmp(&be, pr, (size_t)T * D, 1.0), en = ca_cmp(&be, pn, (size_t)T * D, 1.0);
+            LM_CHECK_MSG(er <= 1e-4 && en <= 1e-4, "moe_add D %d T %d against the CPU: residual %.3g, norm %.3g", D,
+                         T, er, en);
+            free(fr), free(fn), free(ur), free(un), free(xh), free(rh), free(lh);
+            ca_release(&be, x), ca_release(&be, l), ca_release(&be, r), ca_release(&be, o), ca_release(&be, n);
+            ca_release(&be, w);
+            lm_tensor_release(g, &r2), lm_tensor_release(g, &n2);
+        }
+        free(nw);
+        for (int m = 0; m < 3; m++)
+            for (int x = 0; x < E; x++) {
+                be.b[1]->ops->free(be.b[1], ws[1][m][x].data);
+                free(host[m][x]);
+            }
+    }
     ca_close(&be);
 }

@@ -32,3 +32,9 @@ void lm_backend_set_memory_limit(lm_backend *be, size_t bytes) {
     (void)be;
     (void)bytes;
 }
+
+bool lm_cuda_moe_route(lm_backend *be, const float *logits, const float *scale, int T, int E, int k, bool norm,
+                       int32_t *sel, float *w) {
+    (void)be, (void)logits, (void)scale, (void)T, (void)E, (void)k, (void)norm, (void)sel, (void)w;
+    return false;
+}

@@ -114,6 +114,10 @@ typedef struct lm_delta_params {
  * descending logit, w [k] their weights, as lm_moe_params says; every
  * backend's moe op routes through it. scale: [E] or NULL. */
 void lm_moe_route(const float *logits, const float *scale, int E, int k, bool norm, int32_t *sel, float *w);
+/* The softmax denominator of the routing, sum of ex[0..E), in the order a
+ * warp sums it (moe_topk.h, LM_MOE_DEN_LANES): so that the GPU's routing
+ * kernel gives the host's bits without a serial sum. */
+double lm_moe_softmax_den(const double *ex, int E);
 
 /* Argument contracts every backend checks the same way (op_check.c). */
 void lm_check_state_ref(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats);
@@ -218,8 +222,8 @@ struct lm_backend_ops {
      * decoding without copying logits to the host. Waits for the result. */
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
-     * lm_op_matmul_glu and lm_op_matmul_add compose them from the ops
-     * above; lm_op_rope_kv_write likewise). Results equal the composed ops'
+     * lm_op_matmul_glu, lm_op_matmul_add and lm_op_moe_add compose them
+     * from the ops above; lm_op_rope_kv_write likewise). Results equal the composed ops'
      * up to rounding. */
     /* y[i] = x W[i]^T (+ bias[i]) for n <= 4 weights sharing x (q, k, v, gate);
      * bias NULL or [n] of optional tensors. */
@@ -248,6 +252,10 @@ struct lm_backend_ops {
     void (*gated_delta_gates)(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, lm_tensor *g, lm_tensor *beta,
                               const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                               const lm_attn_batch *b, const lm_delta_params *p);
+    /* y += moe(x) (the residual add fused); ws [T][D] is workspace. Then,
+     * when norm is not NULL, the RMSNorm of the new y into norm->y. */
+    void (*moe_add)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                    const lm_moe_params *p, lm_tensor *ws, const lm_norm_out *norm);
     /* Optional (NULL: not offered): replaying a forward as one recorded
      * launch (CUDA graphs). lm_model_forward calls graph_begin(key), with
      * key naming the batch's shape, not its data; a nonzero answer starts a
@@ -317,5 +325,11 @@ void lm_backend_set_memory_limit(lm_backend *be, size_t bytes);
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured);
 /* Waits until every op enqueued on be has run (no-op on the CPU). */
 void lm_backend_sync(lm_backend *be);
+/* The CUDA backend's MoE routing of T tokens, on host arrays (for tests
+ * against lm_moe_route): logits [T][E], scale [E] or NULL; sel and w [T][k]
+ * get each token's experts in ascending order with their weights. Returns
+ * false on a backend that is not CUDA. */
+bool lm_cuda_moe_route(lm_backend *be, const float *logits, const float *scale, int T, int E, int k, bool norm,
+                       int32_t *sel, float *w);
 
 #endif

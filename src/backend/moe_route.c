@@ -2,20 +2,41 @@
  * backends so that CPU and GPU pick the same experts with the same weights
  * (semantics in lm_backend.h, lm_moe_params). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "lm_backend.h"
 #include "moe_topk.h"
 
+double lm_moe_softmax_den(const double *ex, int E) {
+    double s[LM_MOE_DEN_LANES];
+    for (int p = 0; p < LM_MOE_DEN_LANES; p++) {
+        s[p] = 0.0;
+        for (int e = p; e < E; e += LM_MOE_DEN_LANES) s[p] += ex[e];
+    }
+    for (int off = LM_MOE_DEN_LANES / 2; off > 0; off >>= 1) {
+        double t[LM_MOE_DEN_LANES];
+        for (int p = 0; p < LM_MOE_DEN_LANES; p++) t[p] = s[p] + s[p ^ off];
+        for (int p = 0; p < LM_MOE_DEN_LANES; p++) s[p] = t[p];
+    }
+    return s[0];
+}
+
 void lm_moe_route(const float *l, const float *scale, int E, int k, bool norm, int32_t *sel, float *w) {
     lm_moe_topk(l, E, k, sel);
-    /* softmax over all E logits in double, renormalised over the k chosen
-     * when norm, times the expert's scale */
-    double m = l[sel[0]], den = 0.0, chosen = 0.0;
-    for (int e = 0; e < E; e++) den += exp((double)l[e] - m);
-    for (int j = 0; j < k; j++) chosen += exp((double)l[sel[j]] - m);
+    /* softmax over all E logits in double (the denominator in
+     * lm_moe_softmax_den's order), renormalised over the k chosen when norm
+     * (summed in top-k order), times the expert's scale */
+    double ex_stack[256];
+    double *ex = E <= 256 ? ex_stack : lm_xmalloc((size_t)E * sizeof *ex);
+    const double m = l[sel[0]];
+    for (int e = 0; e < E; e++) ex[e] = exp((double)l[e] - m);
+    const double den = lm_moe_softmax_den(ex, E);
+    double chosen = 0.0;
+    for (int j = 0; j < k; j++) chosen += ex[sel[j]];
     for (int j = 0; j < k; j++) {
-        double wj = exp((double)l[sel[j]] - m) / (norm ? chosen : den);
+        double wj = ex[sel[j]] / (norm ? chosen : den);
         if (scale) wj *= scale[sel[j]];
         w[j] = (float)wj;
     }
+    if (ex != ex_stack) free(ex);
 }

@@ -13,6 +13,12 @@
 #define LM_MOE_HD
 #endif
 
+/* The routing's softmax denominator (lm_moe_softmax_den) is summed as
+ * LM_MOE_DEN_LANES partial sums (partial p over experts p, p + 32, ...
+ * ascending), then combined as a warp's xor butterfly combines its lanes:
+ * for off = 16, 8, .., 1 each partial p becomes s[p] + s[p ^ off]. */
+#define LM_MOE_DEN_LANES 32
+
 /* a comes before b in the top-k order: larger logit, then lower index. */
 static inline LM_MOE_HD bool lm_moe_before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
 

@@ -108,6 +108,16 @@ void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
     lm_op_add_norm(be, y, ws, norm);
 }
 
+void lm_op_moe_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                   const lm_moe_params *p, lm_tensor *ws, const lm_norm_out *norm) {
+    if (be->ops->moe_add) {
+        be->ops->moe_add(be, y, x, router_logits, p, ws, norm);
+        return;
+    }
+    be->ops->moe(be, ws, x, router_logits, p);
+    lm_op_add_norm(be, y, ws, norm);
+}
+
 void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm) {
     be->ops->add(be, y, x);
     if (norm) be->ops->rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);

@@ -67,7 +67,7 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
 /* ---- fused forms ---- */
 
 /* The backend's fused op when it has one, else the plain ops it stands for
- * (lm_backend.h: matmul_n, matmul_glu, matmul_add). Fusing the norm into the
+ * (lm_backend.h: matmul_n, matmul_glu, matmul_add, moe_add). Fusing the norm into the
  * residual add saves a kernel launch per sub-block on a GPU. */
 void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                     const lm_tensor *const *bias);
@@ -75,6 +75,9 @@ void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
                       lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_op_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,
                       const lm_norm_out *norm);
+/* y += moe(x), then norm (may be NULL) of the new y (lm_backend.h: moe_add). */
+void lm_op_moe_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                   const lm_moe_params *p, lm_tensor *ws, const lm_norm_out *norm);
 /* y += x, then norm (may be NULL) of the new y: the unfused residual add. */
 void lm_op_add_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_norm_out *norm);
 void lm_op_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,

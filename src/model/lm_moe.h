@@ -43,5 +43,9 @@ void lm_moe_layer_free(lm_moe_layer *L);
  * least T rows of E. */
 void lm_moe_forward(lm_model *m, const lm_moe_layer *L, lm_tensor *out, const lm_tensor *h,
                     const lm_tensor *logits);
+/* x += the sparse block on h, then norm (may be NULL) of the new x; ws
+ * [T][D] is workspace (lm_op_moe_add). */
+void lm_moe_forward_add(lm_model *m, const lm_moe_layer *L, lm_tensor *x, const lm_tensor *h,
+                        const lm_tensor *logits, lm_tensor *ws, const lm_norm_out *norm);
 
 #endif

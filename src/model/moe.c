@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lm_blocks.h"
 #include "lm_moe.h"
 
 /* ---- config ---- */
@@ -159,13 +160,27 @@ void lm_moe_layer_free(lm_moe_layer *L) {
 
 /* ---- forward ---- */
 
-void lm_moe_forward(lm_model *m, const lm_moe_layer *L, lm_tensor *out, const lm_tensor *h,
-                    const lm_tensor *logits) {
+/* The router's logits for h and the op's parameters. */
+static lm_moe_params moe_route_in(lm_model *m, const lm_moe_layer *L, const lm_tensor *h, const lm_tensor *logits,
+                                  lm_tensor *lg) {
     const lm_model_config *c = &m->cfg;
     LM_ASSERT(logits->rows >= h->rows && logits->cols == c->n_experts);
-    lm_tensor lg = lm_tensor_rows(logits, 0, h->rows);
-    m->be->ops->matmul(m->be, &lg, h, &L->router, NULL);
-    lm_moe_params p = { .n_experts = c->n_experts, .top_k = c->n_experts_per_tok, .norm_topk = c->norm_topk_prob,
-                        .gate = L->gate, .up = L->up, .down = L->down, .expert_scale = NULL };
+    *lg = lm_tensor_rows(logits, 0, h->rows);
+    m->be->ops->matmul(m->be, lg, h, &L->router, NULL);
+    return (lm_moe_params){ .n_experts = c->n_experts, .top_k = c->n_experts_per_tok, .norm_topk = c->norm_topk_prob,
+                            .gate = L->gate, .up = L->up, .down = L->down, .expert_scale = NULL };
+}
+
+void lm_moe_forward(lm_model *m, const lm_moe_layer *L, lm_tensor *out, const lm_tensor *h,
+                    const lm_tensor *logits) {
+    lm_tensor lg;
+    const lm_moe_params p = moe_route_in(m, L, h, logits, &lg);
     m->be->ops->moe(m->be, out, h, &lg, &p);
+}
+
+void lm_moe_forward_add(lm_model *m, const lm_moe_layer *L, lm_tensor *x, const lm_tensor *h,
+                        const lm_tensor *logits, lm_tensor *ws, const lm_norm_out *norm) {
+    lm_tensor lg;
+    const lm_moe_params p = moe_route_in(m, L, h, logits, &lg);
+    lm_op_moe_add(m->be, x, h, &lg, &p, ws, norm);
 }

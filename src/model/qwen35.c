@@ -544,15 +544,18 @@ static void ffn_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x, c
         lm_op_matmul_add(be, x, &fa, &L->ffn.down, &o, post);
         return;
     }
-    lm_moe_forward(st->m, &L->ffn.moe, &o, h, &s->router);
-    if (L->ffn.gate.data) {
-        lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
-        lm_tensor fa = mlp_act(st, &L->ffn, h);
-        op->matmul(be, &o2, &fa, &L->ffn.down, NULL);
-        op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
-        op->sigmoid_mul(be, &o2, &o2, &sg);
-        op->add(be, &o, &o2);
+    if (!L->ffn.gate.data) {
+        lm_moe_forward_add(st->m, &L->ffn.moe, x, h, &s->router, &o, post);
+        return;
     }
+    /* the shared expert's output joins the routed ones before the residual add */
+    lm_moe_forward(st->m, &L->ffn.moe, &o, h, &s->router);
+    lm_tensor o2 = rows(&s->o2, st->T), sg = rows(&s->sg, st->T);
+    lm_tensor fa = mlp_act(st, &L->ffn, h);
+    op->matmul(be, &o2, &fa, &L->ffn.down, NULL);
+    op->matmul(be, &sg, h, &L->ffn.shared_gate, NULL);
+    op->sigmoid_mul(be, &o2, &o2, &sg);
+    op->add(be, &o, &o2);
     lm_op_add_norm(be, x, &o, post);
 }
 

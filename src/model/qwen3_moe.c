@@ -57,8 +57,7 @@ static int qmoe_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *l
         const lm_norm_out next_in = { &h, l + 1 < c->n_layers ? &q->layers[l + 1].attn_norm : NULL, c->norm_eps, 0 };
         const lm_norm_out *next = next_in.w ? &next_in : NULL;
         if (c->layer_moe[l]) {
-            lm_moe_forward(m, &L->moe, &o, &h, &q->router_logits);
-            lm_op_add_norm(be, &x, &o, next);
+            lm_moe_forward_add(m, &L->moe, &x, &h, &q->router_logits, &o, next);
         } else {
             lm_mlp_forward(m, s, &L->mlp, &x, &h, next);
         }

@@ -543,6 +543,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .rope_kv_write = */ lm_cuda_rope_kv_write,
     /* .norm_rope_kv_write = */ lm_cuda_norm_rope_kv_write,
     /* .gated_delta_gates = */ lm_cuda_gated_delta_gates,
+    /* .moe_add = */ lm_cuda_moe_add,
     /* .graph_begin = */ lm_cuda_graph_begin,
     /* .graph_end = */ lm_cuda_graph_end,
     /* .destroy = */ lm_cuda_destroy,
@@ -556,7 +557,7 @@ static const struct lm_backend_ops *lm_cuda_ops_unfused(void) {
     static const struct lm_backend_ops t = [] {
         struct lm_backend_ops o = lm_cuda_ops;
         o.matmul_n = NULL, o.matmul_glu = NULL, o.matmul_add = NULL, o.rope_kv_write = NULL;
-        o.norm_rope_kv_write = NULL, o.gated_delta_gates = NULL;
+        o.norm_rope_kv_write = NULL, o.gated_delta_gates = NULL, o.moe_add = NULL;
         return o;
     }();
     return &t;
@@ -654,6 +655,10 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
+        }
+        { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_matmul.cu) */
+            const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");
+            c->gemv_chunks = v && atoi(v) > 0 ? atoi(v) : LM_GEMV_CHUNKS_MAX;
         }
     }
     return &x->be;

@@ -62,7 +62,7 @@ void lm_cuda_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm
     const int64_t n = w->cols, rows = x->rows * (x->cols / w->cols);
     if (rows == 0 || lm_cuda_skip(c, LM_SKIP_NORM)) return;
     lm_cuda_use(c);
-    if (n <= 1024) {
+    if (n <= LM_NORM_WARP_MAX) {
         const int64_t per_block = LM_EW_THREADS / 32;
         int64_t blocks = (rows + per_block - 1) / per_block;
         LM_ASSERT(blocks <= 0x7fffffff);

@@ -77,6 +77,7 @@ typedef struct lm_cuda {
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_matmul.cu) */
+    int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096
@@ -115,9 +116,11 @@ static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; 
  * in stream order) and returns the device copy; valid until the ring wraps,
  * which is at least the rest of the current forward. */
 void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
-/* cuda_matmul.cu: the GEMVs of MoE pairs whose experts are on the device. */
-void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
-                      int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu);
+/* A GEMV thread's most chunks of a row (cuda_matmul.cu, lm_gemv_threads). */
+#define LM_GEMV_CHUNKS_MAX 3
+/* cuda_matmul.cu: the GEMVs of MoE pairs whose matrices are listed on the device. */
+void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs,
+                      int64_t O, int64_t I, lm_dtype wt, bool glu);
 /* Grouped experts' GEMVs (cuda_matmul.cu): chunks of up to LM_MOE_CHUNK
  * tokens of one expert; a block takes LM_MOE_ROW_GROUPS groups of rows. */
 #define LM_MOE_CHUNK 8
@@ -192,10 +195,13 @@ static __device__ __forceinline__ void lm_norm_row_warp(float *y, const float *x
                                                         double eps, double off) {
     const int lane = threadIdx.x & 31;
     double ss = 0.0;
-    for (int64_t i = lane; i < n; i += 32) ss += (double)x[i] * x[i];
+    for (int64_t i = lane; i < n; i += 32) {
+        const double xi = __ldcg(x + i); /* through L2: a fused tail reads what other blocks wrote */
+        ss += xi * xi;
+    }
     ss = lm_warp_sum_d(ss);
     const double s = 1.0 / sqrt(ss / (double)n + eps);
-    for (int64_t i = lane; i < n; i += 32) y[i] = (float)((double)x[i] * s * ((double)w[i] + off));
+    for (int64_t i = lane; i < n; i += 32) y[i] = (float)((double)__ldcg(x + i) * s * ((double)w[i] + off));
 }
 
 /* One row's RMSNorm by a whole block: y = x / rms(x) * (w + off), sums in
@@ -261,6 +267,15 @@ static __device__ void lm_norm_row(float *y, const float *x, const float *w, int
     for (int64_t i = i0; i < n; i += nt) y[i] = (float)((double)__ldcg(x + i) * s * ((double)w[i] + off));
 }
 
+/* One row's RMSNorm with the rms_norm op's bits (lm_cuda_rms_norm: a warp
+ * a row up to LM_NORM_WARP_MAX wide, else lm_norm_row), for the fused norms
+ * that end a kernel in its last block; every thread of the block calls it. */
+#define LM_NORM_WARP_MAX 1024
+static __device__ void lm_norm_row_op(float *y, const float *x, const float *w, int64_t n, double eps, double off) {
+    if (n > LM_NORM_WARP_MAX) lm_norm_row(y, x, w, n, eps, off);
+    else if (threadIdx.x < 32) lm_norm_row_warp(y, x, w, n, eps, off);
+}
+
 /* Whether this block is the last of `total` to arrive at *counter (after
  * its own global writes, which the last block may then read through L2);
  * the last one resets the counter. Every thread of the block must call it. */
@@ -307,6 +322,8 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
                        const lm_attn_batch *b, const lm_attn_params *p);
 void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
                  const lm_moe_params *p);
+void lm_cuda_moe_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                     const lm_moe_params *p, lm_tensor *ws, const lm_norm_out *norm);
 void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_kv_pool *kv,
                           lm_state_ref state, const lm_attn_batch *b, bool silu);
 void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm_tensor *a_log,

@@ -12,8 +12,12 @@
  * it waits.
  * Weight loads use the evict-first cache hint (__ldcs): they are read once
  * and should not push x out of L2. Each weight chunk is widened to f32 once
- * and used for all T tokens; x is read through the read-only path (it is
- * small and shared by every block: L1/L2 hits). f32 accumulation, then a
+ * and used for all T tokens; x (small and shared by every block: L1/L2
+ * hits) takes plain loads, not the read-only path (__ldg): under PDL the
+ * kernel is alive while the kernel before writes x, which that path does
+ * not allow. It read stale x on the H200 (the demo hybrid's graph replays
+ * gave other logits than eager runs once its rows of 512 took 32-thread
+ * blocks); plain loads after the PDL wait see the writes it waited for. f32 accumulation, then a
  * warp-shuffle reduction and one pass over shared memory across warps. Rows
  * that are not 16-byte aligned (I not a multiple of the chunk, or a view at
  * an odd offset) take the same kernel with element-wise loads.
@@ -129,15 +133,16 @@ typedef struct lm_gemv_args {
     int *counter;
     int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
     /* MOE == LM_MOE_PAIRS (one token a pair; grid.y = pairs): pair p's
-     * expert is moe_sel[p]; its matrix is moe_w[e] (GLU: gate moe_w[e], up
-     * moe_w[moe_E + e]); x is row p / moe_k of x (GLU: the token) or row p
-     * (down: the pair's activations); y is row p of y[0].
+     * matrix is moe_w[p] (GLU: gate moe_w[p], up moe_w[moe_E + p], moe_E =
+     * the pairs), as the routing kernel wrote them; x is row p / moe_k of x
+     * (GLU: the token) or row p (down: the pair's activations); y is row p
+     * of y[0].
      * MOE == LM_MOE_GROUPS (grid.y = chunk slots): slot c is moe_chunk[3c ..]
      * = (expert, first grouped row r0, tokens n <= T; n = 0: an unused slot);
      * token i of the chunk is grouped row r0 + i, whose x is row
      * moe_src[r0 + i] of x (GLU) or row r0 + i (down, moe_src NULL); y is
      * row r0 + i of y[0]. */
-    const int32_t *moe_sel, *moe_chunk, *moe_src;
+    const int32_t *moe_chunk, *moe_src;
     const unsigned char *const *moe_w;
     int moe_k, moe_E;
 } lm_gemv_args;
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     };
     constexpr int EPC = VEC ? 16 / lm_wt<WT>::bytes : 1;
     const int64_t I = a.I;
-    const float *__restrict__ x = MOE == LM_MOE_PAIRS ? a.x + (size_t)(GLU ? blockIdx.y / a.moe_k : blockIdx.y) * I : a.x;
+    const float *x = MOE == LM_MOE_PAIRS ? a.x + (size_t)(GLU ? blockIdx.y / a.moe_k : blockIdx.y) * I : a.x;
     const int64_t n_chunks = I / EPC;
     int m = 0;
     if constexpr (!GLU)
@@ -189,9 +194,8 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     const unsigned char *w0 = a.w[GLU ? 0 : m], *w1 = a.w[1];
     if constexpr (MOE == LM_MOE_PAIRS) { /* the routing is the kernel before's output: wait for it, then fetch */
         sync_in();
-        const int e = a.moe_sel[blockIdx.y];
-        w0 = a.moe_w[e];
-        if constexpr (GLU) w1 = a.moe_w[a.moe_E + e];
+        w0 = a.moe_w[blockIdx.y];
+        if constexpr (GLU) w1 = a.moe_w[a.moe_E + blockIdx.y];
     }
     /* MoE groups: the chunk's expert, first row and token count (n_tok),
      * and each token's x row (past n_tok: the last token's, never read: the
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                 const int64_t e = kc * 32 + c * 8;
                 float xv[8];
                 if (g < T && e < I) {
-                    const float4 p = __ldg((const float4 *)(xr + e)), q = __ldg((const float4 *)(xr + e + 4));
+                    const float4 p = *(const float4 *)(xr + e), q = *(const float4 *)(xr + e + 4);
                     xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
                 } else {
     #pragma unroll
@@ -329,14 +333,14 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                 if constexpr (VEC) {
     #pragma unroll
                     for (int j = 0; j < EPC; j += 4) {
-                        float4 q = __ldg((const float4 *)(xp + j));
+                        float4 q = *(const float4 *)(xp + j);
                         xv[j] = q.x;
                         xv[j + 1] = q.y;
                         xv[j + 2] = q.z;
                         xv[j + 3] = q.w;
                     }
                 } else {
-                    xv[0] = __ldg(xp);
+                    xv[0] = *xp;
                 }
             };
             /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
     }
     if constexpr (MODE == LM_GEMV_ADD_NORM) {
         if (!lm_last_block(a.counter, (int)gridDim.x)) return;
-        for (int t = 0; t < T; t++) lm_norm_row(a.norm_y + (size_t)t * O, a.y[0] + (size_t)t * O, a.norm_w, O, a.eps, a.w_offset);
+        for (int t = 0; t < T; t++) lm_norm_row_op(a.norm_y + (size_t)t * O, a.y[0] + (size_t)t * O, a.norm_w, O, a.eps, a.w_offset);
     }
 }
 
@@ -467,11 +471,20 @@ static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int t
     lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, VEC, MODE, LM_MOE_NONE, TC>, blocks, threads, 0, *a);
 }
 
-/* Threads of a GEMV block over rows of `chunks` chunks: a power of two (the
- * fused norm's block size must divide LM_NORM_VT), up to LM_GEMV_THREADS. */
-static int lm_gemv_threads(int64_t chunks) {
+/* Threads of a GEMV block over rows of `chunks` chunks: the fewest, a power
+ * of two from 32 to LM_GEMV_THREADS (the fused norm's block size must
+ * divide LM_NORM_VT), that leave no thread more than c->gemv_chunks
+ * (LM_GEMV_CHUNKS_MAX) chunks a row. Rows of 4,096 bf16 and wider keep 256 threads. Narrower
+ * rows get fewer threads with more loads in flight each. The
+ * Qwen3-30B-A3B shape (rows of 2,048 and 768) at batch 1 / 8 / 32 on the
+ * H200, tok/s: a thread a chunk 273 / 717 / 888, at most 2 chunks 292 / 813
+ * / 1,306 (one run); at most 2, 3 and 4 in another: 297 / 817 / 1,311,
+ * 302 / 819 / 1,403 and 278 / 823 / 1,549 (the 4's 64 threads on rows of
+ * 2,048 lost at batch 1). A row's bits depend on this count, which depends
+ * on its width only, so every form of a GEMV (pairs, groups, plain) agrees. */
+static int lm_gemv_threads(const lm_cuda *c, int64_t chunks) {
     int threads = 32;
-    while (threads < LM_GEMV_THREADS && threads < chunks) threads *= 2;
+    while (threads < LM_GEMV_THREADS && threads * (int64_t)c->gemv_chunks < chunks) threads *= 2;
     return threads;
 }
 
@@ -480,8 +493,8 @@ static int lm_gemv_threads(int64_t chunks) {
 template <int T, lm_dtype WT>
 static void lm_gemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode, bool vec) {
     const bool tc = a->rows == lm_gemv_rows(T, true); /* lm_gemv_args0 chose tensor-core tiles */
-    const int threads = tc ? lm_gemv_threads((a->I + 31) / 32 * 32) /* a warp a 32-element chunk */
-                           : lm_gemv_threads(vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I);
+    const int threads = tc ? lm_gemv_threads(c, (a->I + 31) / 32 * 32) /* a warp a 32-element chunk */
+                           : lm_gemv_threads(c, vec ? a->I / (16 / lm_wt<WT>::bytes) : a->I);
     int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const unsigned nb = (unsigned)blocks;
@@ -613,7 +626,7 @@ static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned 
     if (glu) lm_gemv_set_glu(a, y, NULL, NULL, O); /* the matrices come from wtab */
     else lm_gemv_add(a, 0, y, NULL, NULL, O);
     a->moe_w = wtab, a->moe_E = E;
-    const int threads = lm_gemv_threads(a->I / 8);
+    const int threads = lm_gemv_threads(c, a->I / 8);
     /* MoE groups: a block takes LM_MOE_ROW_GROUPS groups of rows */
     const int64_t rb = MOE == LM_MOE_GROUPS ? LM_MOE_ROW_GROUPS : 1, row_groups = a->first_block[LM_GEMV_MAXM];
     const dim3 grid((unsigned)((row_groups + rb - 1) / rb), grid_y);
@@ -628,14 +641,15 @@ static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned 
 }
 
 /* The experts' GEMVs of a MoE layer for `pairs` (token, expert) pairs whose
- * experts sit on the device (sel): glu: y[p] = silu(gate_e x[p / k]) * up_e
- * x[p / k] (wtab = E gate then E up matrices [O][I]); else y[p] = W_e x[p]
- * (wtab = E matrices). One launch, nothing read back: a graph records it. */
-void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const int32_t *sel, const unsigned char *const *wtab, int E,
-                      int k, int pairs, int64_t O, int64_t I, lm_dtype wt, bool glu) {
+ * matrices the routing kernel listed on the device (wp): glu: y[p] =
+ * silu(gate_p x[p / k]) * up_p x[p / k] (wp = the pairs' gate then up
+ * matrices [O][I]); else y[p] = W_p x[p] (wp = the pairs' matrices). One
+ * launch, nothing read back: a graph records it. */
+void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs,
+                      int64_t O, int64_t I, lm_dtype wt, bool glu) {
     lm_gemv_args a = lm_gemv_args0(x, I, 1, false);
-    a.moe_sel = sel, a.moe_k = k;
-    lm_moe_launch<1, LM_MOE_PAIRS>(c, &a, y, wtab, E, O, wt, glu, (unsigned)pairs);
+    a.moe_k = k;
+    lm_moe_launch<1, LM_MOE_PAIRS>(c, &a, y, wp, pairs, O, wt, glu, (unsigned)pairs);
 }
 
 /* The experts' GEMVs of a MoE layer on pairs grouped by expert on the

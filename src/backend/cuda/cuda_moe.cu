@@ -8,10 +8,11 @@
  *    expert_scale), listed in ascending expert order.
  * 2a. Few tokens (decode, T <= LM_MOE_DEVICE_MAX_T) with bf16/f16 experts:
  *    nothing comes back to the host. One GEMV launch computes silu(gate x) *
- *    (up x) for every (token, expert) pair, reading each pair's expert from
- *    the routing, one the down projections, and one kernel sums each token's
- *    pairs in ascending expert order. So a decode step with MoE layers is
- *    recorded in a CUDA graph like any other.
+ *    (up x) for every (token, expert) pair, reading each pair's matrices
+ *    from the routing kernel's list, one the down projections, and one
+ *    kernel sums each token's pairs in ascending expert order (for moe_add
+ *    also the residual add and the next norm). So a decode step with MoE
+ *    layers is recorded in a CUDA graph like any other.
  * 2b. Up to LM_MOE_GROUP_MAX_T tokens (a decode step of a batch) with
  *    bf16/f16 experts, at most 1,024 of them and tokens x experts within
  *    40 KB: moe_group_kernel groups the pairs by expert on the device
@@ -52,24 +53,51 @@ __global__ void moe_gather_kernel(float *xe, const float *x, const int32_t *src,
 
 /* grid (T, D / 256): y[t] = sum_j w[t][j] * oe[rows[t][j]], j in ascending
  * expert order; a thread an element, so a token's k loads are in flight at
- * once (a block a token was ~30 us a layer on the H200, latency-bound). */
+ * once (a block a token was ~30 us a layer on the H200, latency-bound).
+ * add: y[t] += that sum instead (the add op's bits). norm_y: then the last
+ * of token t's blocks to finish norms row t of y into norm_y (the rms_norm
+ * op's bits; cnt[t] counts the blocks), which saves the add's and the
+ * norm's launches. */
 #define LM_MOE_COMBINE_THREADS 256
-__global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *rows, const float *w, int k,
-                                   int64_t D) {
+static_assert(LM_NORM_VT % LM_MOE_COMBINE_THREADS == 0, "the fused norm runs on the combine's block");
+__global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *rows, const float *w, int k, int64_t D,
+                                   bool add, float *norm_y, const float *norm_w, double eps, double w_offset,
+                                   int *cnt) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
     const int64_t t = blockIdx.x, d = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (d >= D) return;
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc += w[t * k + j] * oe[(int64_t)rows[t * k + j] * D + d];
-    y[t * D + d] = acc;
+    if (d < D) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += w[t * k + j] * oe[(int64_t)rows[t * k + j] * D + d];
+        if (add) y[t * D + d] += acc;
+        else y[t * D + d] = acc;
+    }
+    if (norm_y && lm_last_block(cnt + t, (int)gridDim.y))
+        lm_norm_row_op(norm_y + t * D, y + t * D, norm_w, D, eps, w_offset);
 }
 
-static void moe_combine(lm_cuda *c, float *y, const float *oe, const int32_t *rows, const float *w, int64_t T,
-                        int k, int64_t D, bool pdl) {
+/* Whether norm of y [T][D] can end a kernel (its last blocks, f32 rows of
+ * y's shape into another tensor). */
+static bool moe_norm_fits(const lm_norm_out *norm, const float *y, int64_t T, int64_t D) {
+    return norm && norm->w->type == LM_F32 && norm->w->rows * norm->w->cols == D && norm->y->type == LM_F32 &&
+           norm->y->rows == T && norm->y->cols == D && norm->y->data != (const void *)y;
+}
+
+/* y = the combine of oe, or y += it (add); then the norm of y when norm is
+ * not NULL: in the combine's last blocks when it fits, else the op. */
+static void moe_combine(lm_backend *be, float *y, const float *oe, const int32_t *rows, const float *w, int64_t T,
+                        int k, int64_t D, bool pdl, bool add, const lm_norm_out *norm) {
+    lm_cuda *c = lm_cuda_of(be);
     const dim3 grid((unsigned)T, (unsigned)((D + LM_MOE_COMBINE_THREADS - 1) / LM_MOE_COMBINE_THREADS));
-    lm_cuda_launch_ex(c, pdl, moe_combine_kernel, grid, LM_MOE_COMBINE_THREADS, 0, y, oe, rows, w, k, D);
+    const bool fuse = T <= LM_CUDA_COUNTERS - 1 && moe_norm_fits(norm, y, T, D);
+    lm_cuda_launch_ex(c, pdl, moe_combine_kernel, grid, LM_MOE_COMBINE_THREADS, 0, y, oe, rows, w, k, D, add,
+                      fuse ? (float *)norm->y->data : (float *)NULL, fuse ? (const float *)norm->w->data : NULL,
+                      fuse ? (double)norm->eps : 0.0, fuse ? (double)norm->w_offset : 0.0, c->counters + 1);
     LM_CUDA_LAUNCHED("moe_combine_kernel");
+    if (norm && !fuse) {
+        lm_tensor yt = { LM_F32, T, D, y };
+        lm_cuda_rms_norm(be, norm->y, &yt, norm->w, norm->eps, norm->w_offset);
+    }
 }
 
 #define LM_MOE_MAX_K 64
@@ -127,46 +155,95 @@ static __device__ void moe_topk_warp(const float *l, int E, int k, int32_t *sel)
     }
 }
 
-/* grid (T), block of 128, smem E doubles and E floats: token t's k experts
- * in ascending order into sel[t*k ..], their weights into w, and rows[t*k +
- * j] = t*k + j (the pair rows of the device path). The picks are
- * lm_moe_topk's (moe_topk_warp), the sums run as in lm_moe_route (in double,
- * in expert order); the exponentials spread over the block. */
-__global__ void moe_route_kernel(int32_t *sel_out, float *w_out, int32_t *rows_out, const float *logits,
-                                 const float *scale, int E, int k, bool norm) {
+/* Threads of the routing kernel's block: one an expert up to 1,024. */
+static unsigned moe_route_threads(int E) { return (unsigned)LM_MIN(1024, (E + 31) / 32 * 32); }
+
+/* grid (T), block of moe_route_threads(E), smem E doubles and E floats:
+ * token t's k experts in ascending order into sel[t*k ..], their weights
+ * into w, rows[t*k + j] = t*k + j (the pair rows of the device path), and
+ * with wtab (E gate, E up, E down matrices) each pair's three matrices into
+ * wp ([3][T*k], the pair GEMVs' operands, so that they need not look the
+ * expert up). The picks are lm_moe_topk's, the weights lm_moe_route's
+ * bits: the softmax denominator in lm_moe_softmax_den's order (a warp's
+ * butterfly), the renormalisation in top-k order, all in double.
+ * Without NaN logits and with an expert a thread the picks come from ranks:
+ * each warp's first min(k, 32) experts in top-k order are the candidates
+ * (a global pick is a pick of its warp), and a candidate's rank among them
+ * is its rank among all (everything before a pick is a pick). Else one
+ * warp runs lm_moe_topk's passes (moe_topk_warp). Under ncu on the H200
+ * (Qwen3-30B-A3B, one token) this kernel took 12.5 us with the passes and
+ * a serial denominator, 6.2-6.3 us with the ranks. */
+__global__ void moe_route_kernel(int32_t *sel_out, float *w_out, int32_t *rows_out, const unsigned char **wp,
+                                 const unsigned char *const *wtab, const float *logits, const float *scale, int E,
+                                 int k, bool norm) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
     extern __shared__ double moe_ex[]; /* [E] exponentials, then [E] logits as floats */
     float *ls = (float *)(moe_ex + E);
-    __shared__ int32_t sel[LM_MOE_MAX_K];
+    __shared__ int32_t sel[LM_MOE_MAX_K], cand[1024];
+    __shared__ double den_s, chosen_s;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
     const int64_t t = blockIdx.x;
     const float *l = logits + t * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) ls[e] = l[e];
-    __syncthreads();
-    if (threadIdx.x < 32) moe_topk_warp(ls, E, k, sel);
+    bool nan = false;
+    for (int e = tid; e < E; e += nt) {
+        const float v = l[e];
+        ls[e] = v;
+        nan |= v != v;
+    }
+    if (!__syncthreads_or(nan) && E <= nt) {
+        const int kk = LM_MIN(k, 32), wbase = warp * 32, wn = LM_MIN(32, E - wbase);
+        if (lane < wn) { /* rank in the warp */
+            const float v = ls[tid];
+            int r = 0;
+            for (int i = 0; i < wn; i++) r += lm_moe_before(ls[wbase + i], wbase + i, v, tid);
+            if (r < kk) cand[warp * kk + r] = tid;
+        } else if (lane < kk && wn > 0) {
+            cand[warp * kk + lane] = -1; /* a warp of fewer than kk experts */
+        }
+        __syncthreads();
+        const int nc = (E + 31) / 32 * kk;
+        for (int c = tid; c < nc; c += nt) {
+            const int e = cand[c];
+            if (e < 0) continue;
+            const float v = ls[e];
+            int r = 0;
+            for (int i = 0; i < nc; i++) {
+                const int o = cand[i];
+                r += o >= 0 && lm_moe_before(ls[o], o, v, e);
+            }
+            if (r < k) sel[r] = e;
+        }
+    } else if (tid < 32) {
+        moe_topk_warp(ls, E, k, sel);
+    }
     __syncthreads();
     const double m = ls[sel[0]];
-    __shared__ float sc[LM_MOE_MAX_K]; /* the picks' scales, fetched in parallel */
-    for (int e = threadIdx.x; e < E; e += blockDim.x) moe_ex[e] = exp((double)ls[e] - m);
-    if (threadIdx.x < k) sc[threadIdx.x] = scale ? scale[sel[threadIdx.x]] : 1.0f;
+    for (int e = tid; e < E; e += nt) moe_ex[e] = exp((double)ls[e] - m);
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    double den = 0.0, chosen = 0.0;
-    for (int e = 0; e < E; e++) den += moe_ex[e];
-    for (int j = 0; j < k; j++) chosen += moe_ex[sel[j]];
-    /* sorted in registers, written once (the insertion used to shift the
-     * picks in global memory, reading back what it had just written) */
-    int32_t so[LM_MOE_MAX_K];
-    float wo[LM_MOE_MAX_K];
-    for (int j = 0; j < k; j++) { /* insertion by expert id: the combine's order */
-        double wj = moe_ex[sel[j]] / (norm ? chosen : den);
-        if (scale) wj *= sc[j];
-        int i = j;
-        for (; i > 0 && so[i - 1] > sel[j]; i--) so[i] = so[i - 1], wo[i] = wo[i - 1];
-        so[i] = sel[j], wo[i] = (float)wj;
+    if (warp == 0) {
+        static_assert(LM_MOE_DEN_LANES == 32, "the denominator's partial sums are a warp's lanes");
+        double sum = 0.0;
+        for (int e = lane; e < E; e += 32) sum += moe_ex[e];
+        sum = lm_warp_sum_d(sum);
+        if (lane == 0) {
+            double ch = 0.0;
+            for (int j = 0; j < k; j++) ch += moe_ex[sel[j]];
+            den_s = sum, chosen_s = ch;
+        }
     }
-    for (int j = 0; j < k; j++)
-        sel_out[t * k + j] = so[j], w_out[t * k + j] = wo[j], rows_out[t * k + j] = (int32_t)(t * k + j);
+    __syncthreads();
+    const int64_t TK = (int64_t)gridDim.x * k;
+    for (int j = tid; j < k; j += nt) {
+        const int e = sel[j];
+        double wj = moe_ex[e] / (norm ? chosen_s : den_s);
+        if (scale) wj *= scale[e];
+        int pos = 0; /* the combine's order: ascending expert */
+        for (int i = 0; i < k; i++) pos += sel[i] < e;
+        const int64_t p = t * k + pos;
+        sel_out[p] = e, w_out[p] = (float)wj, rows_out[t * k + j] = (int32_t)(t * k + j);
+        if (wp) wp[p] = wtab[e], wp[TK + p] = wtab[E + e], wp[2 * TK + p] = wtab[2 * (int64_t)E + e];
+    }
 }
 
 /* Exclusive prefix sum of v over the block (one value a thread, blockDim a
@@ -264,8 +341,9 @@ static const unsigned char *const *moe_table(lm_cuda *c, const lm_moe_params *p)
     return dtab;
 }
 
-void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
-                 const lm_moe_params *p) {
+/* y = moe(x), or y += moe(x) (add); then the norm of y (norm not NULL). */
+static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                    const lm_moe_params *p, bool add, const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int64_t T = x->rows, D = x->cols;
@@ -278,41 +356,48 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
 
     LM_ASSERT(k <= LM_MOE_MAX_K);
     /* 1. route on the device: [TK] experts, [TK] weights, [TK] pair rows,
-     * behind the pair buffers (which start at the scratch's alignment: the
-     * GEMVs read them in 16-byte chunks) */
+     * (2b) [TK] sources and [TK] rows and the chunk slots, (2a) [3][TK]
+     * matrices, behind the pair buffers (which start at the scratch's
+     * alignment: the GEMVs read them in 16-byte chunks) */
     const size_t n_buf = TK * (2 * (size_t)D + 2 * (size_t)F);
     /* 2b's chunk slots: an expert's chunks are ceil(n / CHUNK) <= 1 + (n - 1) / CHUNK */
     const int used = (int)LM_MIN((int64_t)E, (int64_t)TK);
     const int slots = used + (int)((TK - (size_t)used + LM_MOE_CHUNK - 1) / LM_MOE_CHUNK);
-    float *buf = (float *)lm_cuda_scratch(c, n_buf * sizeof(float) + (5 * TK + 3 * (size_t)slots) * sizeof(int32_t));
+    const size_t n_int = (5 * TK + 3 * (size_t)slots + 1) / 2 * 2; /* keeps the pointers 8-byte aligned */
+    float *buf = (float *)lm_cuda_scratch(c, n_buf * sizeof(float) + n_int * sizeof(int32_t) +
+                                                 3 * TK * sizeof(const unsigned char *));
     int32_t *route = (int32_t *)(buf + n_buf);
     int32_t *dsel = route, *drows = route + 2 * TK;
     float *dw = (float *)(route + TK);
-    lm_cuda_launch_pdl(c, moe_route_kernel, (unsigned)T, 128, (size_t)E * (sizeof(double) + sizeof(float)), dsel, dw, drows,
-                       (const float *)router_logits->data, p->expert_scale ? (const float *)p->expert_scale->data : NULL,
-                       E, k, p->norm_topk);
-    LM_CUDA_LAUNCHED("moe_route_kernel");
+    const unsigned char **dwp = (const unsigned char **)(route + n_int);
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
+    const bool gemv = moe_gemv_ok(p, D, F), pairs = gemv && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
+    /* 2b: its rank table (T*E bytes) within the 48 KB a block may take unasked */
+    const bool groups = gemv && !pairs && T <= LM_MOE_GROUP_MAX_T && E <= LM_MOE_GROUP_MAX_E && T * E <= 40 * 1024;
+    const unsigned char *const *dtab = pairs || groups ? moe_table(c, p) : NULL;
+    lm_cuda_launch_pdl(c, moe_route_kernel, (unsigned)T, moe_route_threads(E),
+                       (size_t)E * (sizeof(double) + sizeof(float)), dsel, dw, drows,
+                       pairs ? dwp : (const unsigned char **)NULL, pairs ? dtab : NULL,
+                       (const float *)router_logits->data,
+                       p->expert_scale ? (const float *)p->expert_scale->data : NULL, E, k, p->norm_topk);
+    LM_CUDA_LAUNCHED("moe_route_kernel");
 
-    if (T <= LM_MOE_DEVICE_MAX_T && moe_gemv_ok(p, D, F)) { /* 2a */
-        const unsigned char *const *dtab = moe_table(c, p);
-        lm_cuda_moe_gemv(c, ge, (const float *)x->data, dsel, dtab, E, k, (int)TK, F, D, p->gate[0].type, true);
-        lm_cuda_moe_gemv(c, oe, ge, dsel, dtab + 2 * E, E, k, (int)TK, D, F, p->gate[0].type, false);
-        moe_combine(c, (float *)y->data, oe, drows, dw, T, k, D, true);
+    if (pairs) { /* 2a */
+        lm_cuda_moe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, true);
+        lm_cuda_moe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, false);
+        moe_combine(be, (float *)y->data, oe, drows, dw, T, k, D, true, add, norm);
         return;
     }
 
-    /* 2b's rank table (T*E bytes) within the 48 KB a block may take unasked */
-    if (T <= LM_MOE_GROUP_MAX_T && E <= LM_MOE_GROUP_MAX_E && T * E <= 40 * 1024 && moe_gemv_ok(p, D, F)) { /* 2b */
+    if (groups) { /* 2b */
         int32_t *gsrc = route + 3 * TK, *grows = gsrc + TK, *gchunk = grows + TK;
         const unsigned threads = (unsigned)((E + 31) / 32 * 32);
         lm_cuda_launch_pdl(c, moe_group_kernel, 1, threads, (size_t)T * (size_t)E, gsrc, grows, gchunk, slots,
                            (const int32_t *)dsel, (int)T, k, E);
         LM_CUDA_LAUNCHED("moe_group_kernel");
-        const unsigned char *const *dtab = moe_table(c, p);
         lm_cuda_moe_group_gemv(c, ge, (const float *)x->data, gchunk, gsrc, dtab, E, slots, F, D, p->gate[0].type, true);
         lm_cuda_moe_group_gemv(c, oe, ge, gchunk, NULL, dtab + 2 * E, E, slots, D, F, p->gate[0].type, false);
-        moe_combine(c, (float *)y->data, oe, grows, dw, T, k, D, true);
+        moe_combine(be, (float *)y->data, oe, grows, dw, T, k, D, true, add, norm);
         return;
     }
 
@@ -379,6 +464,45 @@ void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tens
         lm_tensor ot = { LM_F32, n, D, oe + (size_t)start[e] * D };
         lm_cuda_matmul(be, &ot, &gt, &p->down[e], NULL);
     }
-    moe_combine(c, (float *)y->data, oe, dh + TK, (const float *)(dh + 2 * TK), T, k, D, false);
+    moe_combine(be, (float *)y->data, oe, dh + TK, (const float *)(dh + 2 * TK), T, k, D, false, add, norm);
     free(start);
+}
+
+void lm_cuda_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                 const lm_moe_params *p) {
+    moe_run(be, y, x, router_logits, p, false, NULL);
+}
+
+void lm_cuda_moe_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
+                     const lm_moe_params *p, lm_tensor *ws, const lm_norm_out *norm) {
+    (void)ws; /* the experts' outputs stay in the backend's scratch */
+    moe_run(be, y, x, router_logits, p, true, norm);
+}
+
+bool lm_cuda_moe_route(lm_backend *be, const float *logits, const float *scale, int T, int E, int k, bool norm,
+                       int32_t *sel, float *w) {
+    be = lm_backend_base(be);
+    if (!be || be->ops->moe != lm_cuda_moe) return false; /* not the CUDA backend */
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    LM_ASSERT(T > 0 && E > 0 && k >= 1 && k <= E && k <= LM_MOE_MAX_K && c->gmode == LM_G_OFF);
+    const size_t TK = (size_t)T * (size_t)k, nl = (size_t)T * (size_t)E;
+    float *dl = NULL, *ds = NULL, *dw = NULL;
+    int32_t *dsel = NULL, *drows = NULL;
+    LM_CUDA_CHECK(cudaMalloc((void **)&dl, nl * sizeof(float)));
+    LM_CUDA_CHECK(cudaMalloc((void **)&ds, (size_t)E * sizeof(float)));
+    LM_CUDA_CHECK(cudaMalloc((void **)&dw, TK * sizeof(float)));
+    LM_CUDA_CHECK(cudaMalloc((void **)&dsel, TK * sizeof(int32_t)));
+    LM_CUDA_CHECK(cudaMalloc((void **)&drows, TK * sizeof(int32_t)));
+    LM_CUDA_CHECK(cudaMemcpy(dl, logits, nl * sizeof(float), cudaMemcpyHostToDevice));
+    if (scale) LM_CUDA_CHECK(cudaMemcpy(ds, scale, (size_t)E * sizeof(float), cudaMemcpyHostToDevice));
+    lm_cuda_launch(c, moe_route_kernel, (unsigned)T, moe_route_threads(E), (size_t)E * (sizeof(double) + sizeof(float)),
+                   dsel, dw, drows, (const unsigned char **)NULL, (const unsigned char *const *)NULL, (const float *)dl,
+                   scale ? (const float *)ds : NULL, E, k, norm);
+    LM_CUDA_LAUNCHED("moe_route_kernel");
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    LM_CUDA_CHECK(cudaMemcpy(sel, dsel, TK * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    LM_CUDA_CHECK(cudaMemcpy(w, dw, TK * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(dl), cudaFree(ds), cudaFree(dw), cudaFree(dsel), cudaFree(drows);
+    return true;
 }
