@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | moe-b1 | final9 | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -282,6 +282,42 @@ for set in "$@"; do
     LUMEN_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none -k regex:moe_route_kernel --launch-skip 20 --launch-count 1 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
       "$L" bench -m /dev/shm/m30x4 --device cuda --batch 1 --prompt-len 16 --gen 8 --no-membw 2>/dev/null | tail -n 80 ;;
+  moe-s20) # the Qwen3-30B-A3B shape at batch 1, 8 and 32: lumen_base, lumen, and lumen with LUMEN_CUDA_GEMV_PER=2 alternating
+    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+    for B in 1 8 32; do for v in base new per2; do
+      b=lumen; e=""; [[ $v == base ]] && b=lumen_base; [[ $v == per2 ]] && e="LUMEN_CUDA_GEMV_PER=2"
+      echo -n "$v batch $B "; env $e "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+    done; done ;;
+  moe-s20b) # the Qwen3-30B-A3B shape at batch 1, 8 and 32: lumen_base, and lumen with LUMEN_CUDA_GEMV_PER=2, 3, 4 alternating; Llama-8B batch 1 base / lumen
+    rm -rf /dev/shm/l8 /dev/shm/q27 /dev/shm/q9; model /dev/shm/m30 qwen3-30b-a3b
+    for B in 1 8 32; do for v in base 2 3 4; do
+      b=lumen; [[ $v == base ]] && b=lumen_base
+      echo -n "$v batch $B "; LUMEN_CUDA_GEMV_PER=$v "$C/bin/$b" bench -m /dev/shm/m30 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null
+    done; done
+    rm -rf /dev/shm/m30; model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2; do for b in lumen_base lumen; do
+      echo -n "$b llama batch 1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
+    done; done ;;
+  moe-s20c) # the Qwen3-30B-A3B shape at batch 1, 8, 32 and 1 again (lumen_base and lumen alternating), then Llama-8B batch 1 the same way
+    moe_ab "1 8 32 1"
+    rm -rf /dev/shm/m30; model /dev/shm/l8 llama-3.1-8b
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b llama batch 1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
+    done ;;
+  moe-s20d) # the Qwen3-30B-A3B shape at batch 1, 8, 32, 128 and 1 again: lumen_base and lumen alternating
+    moe_ab "1 8 32 128 1" ;;
+  final-s20) # Llama-8B batch 1 (lumen_base and lumen alternating, twice), then the Qwen3-30B-A3B shape at batch 1 and 8 the same way
+    rm -rf /dev/shm/m30 /dev/shm/q27 /dev/shm/q9; model /dev/shm/l8 llama-3.1-8b
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b llama batch 1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
+    done
+    moe_ab "1 8" ;;
+  final-s20b) # Llama-8B batch 1 (lumen_base and lumen alternating, twice), then the Qwen3-30B-A3B shape at batch 1 once each
+    rm -rf /dev/shm/m30 /dev/shm/q27 /dev/shm/q9; model /dev/shm/l8 llama-3.1-8b
+    for b in lumen_base lumen lumen_base lumen; do
+      echo -n "$b llama batch 1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
+    done
+    moe_ab "1" ;;
   moe128) # the Qwen3-30B-A3B shape at batch 128 (grouped on the device up to 128 tokens) and 96: lumen_base and lumen alternating
     moe_ab "128 96" ;;
   llama) model /dev/shm/l8 llama-3.1-8b; bench_model /dev/shm/l8 bf16 ;;
