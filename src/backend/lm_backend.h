@@ -114,10 +114,11 @@ typedef struct lm_delta_params {
  * descending logit, w [k] their weights, as lm_moe_params says; every
  * backend's moe op routes through it. scale: [E] or NULL. */
 void lm_moe_route(const float *logits, const float *scale, int E, int k, bool norm, int32_t *sel, float *w);
-/* The softmax denominator of the routing, sum of ex[0..E), in the order a
- * warp sums it (moe_topk.h, LM_MOE_DEN_LANES): so that the GPU's routing
- * kernel gives the host's bits without a serial sum. */
-double lm_moe_softmax_den(const double *ex, int E);
+/* The softmax denominator of the routing, the sum of exp(l[e] - m) over
+ * e < E in double, in the order a warp sums it (moe_topk.h,
+ * LM_MOE_DEN_LANES): so that the GPU's routing kernel gives the host's bits
+ * without a serial sum. */
+double lm_moe_softmax_den(const float *l, int E, double m);
 
 /* Argument contracts every backend checks the same way (op_check.c). */
 void lm_check_state_ref(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int64_t floats);
@@ -223,8 +224,8 @@ struct lm_backend_ops {
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
      * lm_op_matmul_glu, lm_op_matmul_add and lm_op_moe_add compose them
-     * from the ops above; lm_op_rope_kv_write likewise). Results equal the composed ops'
-     * up to rounding. */
+     * from the ops above; lm_op_rope_kv_write likewise). Results equal the
+     * composed ops' up to rounding. */
     /* y[i] = x W[i]^T (+ bias[i]) for n <= 4 weights sharing x (q, k, v, gate);
      * bias NULL or [n] of optional tensors. */
     void (*matmul_n)(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,

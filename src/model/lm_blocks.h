@@ -67,8 +67,8 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
 /* ---- fused forms ---- */
 
 /* The backend's fused op when it has one, else the plain ops it stands for
- * (lm_backend.h: matmul_n, matmul_glu, matmul_add, moe_add). Fusing the norm into the
- * residual add saves a kernel launch per sub-block on a GPU. */
+ * (lm_backend.h: matmul_n, matmul_glu, matmul_add, moe_add). Fusing the
+ * norm into the residual add saves a kernel launch per sub-block on a GPU. */
 void lm_op_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                     const lm_tensor *const *bias);
 void lm_op_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,

@@ -658,7 +658,8 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_matmul.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");
-            c->gemv_chunks = v && atoi(v) > 0 ? atoi(v) : LM_GEMV_CHUNKS_MAX;
+            const int n = v ? atoi(v) : 0;
+            c->gemv_chunks = n > 0 ? n : LM_GEMV_CHUNKS_MAX;
         }
     }
     return &x->be;

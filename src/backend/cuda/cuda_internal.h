@@ -276,6 +276,14 @@ static __device__ void lm_norm_row_op(float *y, const float *x, const float *w, 
     else if (threadIdx.x < 32) lm_norm_row_warp(y, x, w, n, eps, off);
 }
 
+/* Whether the norm of y's rows [T][D] (f32, contiguous) can end a kernel in
+ * its last blocks: one f32 norm vector of D, into a distinct [T][D] f32
+ * tensor (the GEMV's and the MoE combine's fused norms). */
+static inline bool lm_norm_out_fits(const lm_norm_out *n, const void *y, int64_t T, int64_t D) {
+    return n && n->w->type == LM_F32 && n->w->rows * n->w->cols == D && n->y->type == LM_F32 && n->y->rows == T &&
+           n->y->cols == D && n->y->data != y;
+}
+
 /* Whether this block is the last of `total` to arrive at *counter (after
  * its own global writes, which the last block may then read through L2);
  * the last one resets the counter. Every thread of the block must call it. */

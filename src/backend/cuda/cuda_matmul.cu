@@ -17,8 +17,8 @@
  * kernel is alive while the kernel before writes x, which that path does
  * not allow. It read stale x on the H200 (the demo hybrid's graph replays
  * gave other logits than eager runs once its rows of 512 took 32-thread
- * blocks); plain loads after the PDL wait see the writes it waited for. f32 accumulation, then a
- * warp-shuffle reduction and one pass over shared memory across warps. Rows
+ * blocks); plain loads after the PDL wait see the writes it waited for.
+ * f32 accumulation, then a warp-shuffle reduction and one pass over shared memory across warps. Rows
  * that are not 16-byte aligned (I not a multiple of the chunk, or a view at
  * an odd offset) take the same kernel with element-wise loads.
  *
@@ -474,8 +474,8 @@ static void lm_gemv_go(lm_cuda *c, const lm_gemv_args *a, unsigned blocks, int t
 /* Threads of a GEMV block over rows of `chunks` chunks: the fewest, a power
  * of two from 32 to LM_GEMV_THREADS (the fused norm's block size must
  * divide LM_NORM_VT), that leave no thread more than c->gemv_chunks
- * (LM_GEMV_CHUNKS_MAX) chunks a row. Rows of 4,096 bf16 and wider keep 256 threads. Narrower
- * rows get fewer threads with more loads in flight each. The
+ * (LM_GEMV_CHUNKS_MAX) chunks a row. Rows of 4,096 bf16 and wider keep 256
+ * threads; narrower rows get fewer threads with more loads in flight each. The
  * Qwen3-30B-A3B shape (rows of 2,048 and 768) at batch 1 / 8 / 32 on the
  * H200, tok/s: a thread a chunk 273 / 717 / 888, at most 2 chunks 292 / 813
  * / 1,306 (one run); at most 2, 3 and 4 in another: 297 / 817 / 1,311,
@@ -1147,8 +1147,7 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
  * row (H200). */
 #define LM_NORM_FUSE_MAX_T 2
 static bool lm_norm_fusable(const lm_tensor *y, const lm_norm_out *n) {
-    return y->rows <= LM_NORM_FUSE_MAX_T && n->w->type == LM_F32 && n->w->rows * n->w->cols == y->cols &&
-           n->y->type == LM_F32 && n->y->rows == y->rows && n->y->cols == y->cols && n->y->data != y->data;
+    return y->rows <= LM_NORM_FUSE_MAX_T && lm_norm_out_fits(n, y->data, y->rows, y->cols);
 }
 
 void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_tensor *ws,

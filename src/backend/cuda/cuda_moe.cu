@@ -76,20 +76,13 @@ __global__ void moe_combine_kernel(float *y, const float *oe, const int32_t *row
         lm_norm_row_op(norm_y + t * D, y + t * D, norm_w, D, eps, w_offset);
 }
 
-/* Whether norm of y [T][D] can end a kernel (its last blocks, f32 rows of
- * y's shape into another tensor). */
-static bool moe_norm_fits(const lm_norm_out *norm, const float *y, int64_t T, int64_t D) {
-    return norm && norm->w->type == LM_F32 && norm->w->rows * norm->w->cols == D && norm->y->type == LM_F32 &&
-           norm->y->rows == T && norm->y->cols == D && norm->y->data != (const void *)y;
-}
-
 /* y = the combine of oe, or y += it (add); then the norm of y when norm is
  * not NULL: in the combine's last blocks when it fits, else the op. */
 static void moe_combine(lm_backend *be, float *y, const float *oe, const int32_t *rows, const float *w, int64_t T,
                         int k, int64_t D, bool pdl, bool add, const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     const dim3 grid((unsigned)T, (unsigned)((D + LM_MOE_COMBINE_THREADS - 1) / LM_MOE_COMBINE_THREADS));
-    const bool fuse = T <= LM_CUDA_COUNTERS - 1 && moe_norm_fits(norm, y, T, D);
+    const bool fuse = T <= LM_CUDA_COUNTERS - 1 && lm_norm_out_fits(norm, y, T, D);
     lm_cuda_launch_ex(c, pdl, moe_combine_kernel, grid, LM_MOE_COMBINE_THREADS, 0, y, oe, rows, w, k, D, add,
                       fuse ? (float *)norm->y->data : (float *)NULL, fuse ? (const float *)norm->w->data : NULL,
                       fuse ? (double)norm->eps : 0.0, fuse ? (double)norm->w_offset : 0.0, c->counters + 1);
