@@ -21,6 +21,7 @@
 
 #include "backend/lm_backend.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,43 @@ LM_TEST(cuda_create_or_explain) {
     LM_CHECK(fr == 0 && tot == 0);
     lm_backend_sync(cpu);
     lm_backend_destroy(cpu);
+}
+
+/* Every kernel launches with programmatic dependent launch, so it is alive
+ * while the kernel before still writes its inputs. Loads through the
+ * read-only (non-coherent) path assume data constant for the kernel's whole
+ * life: ptxas then moved the GEMV's activation loads above the PDL wait
+ * (seen in its SASS on the H200), and the demo hybrid's graph replays read
+ * stale activations. No CUDA source may ask for that path: no __ldg, no
+ * non-coherent loads in inline PTX, no const __restrict__ kernel pointers
+ * (which let the compiler choose it). Runs everywhere: a source check. */
+LM_TEST(cuda_sources_no_readonly_loads) {
+    static const char *const banned[] = { "__ldg(", "ld.global.nc", "__restrict__" };
+    const char *dir_path = LUMEN_SOURCE_DIR "/src/backend/cuda";
+    DIR *dir = opendir(dir_path);
+    LM_REQUIRE(dir != NULL);
+    int checked = 0;
+    bool saw_matmul = false;
+    for (struct dirent *d; (d = readdir(dir));) {
+        const size_t len = strlen(d->d_name);
+        const bool src = (len > 3 && strcmp(d->d_name + len - 3, ".cu") == 0) ||
+                         (len > 2 && strcmp(d->d_name + len - 2, ".h") == 0);
+        if (!src) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir_path, d->d_name);
+        FILE *fp = fopen(path, "r");
+        LM_CHECK_MSG(fp != NULL, "cannot open %s", path);
+        if (!fp) continue;
+        char line[4096];
+        for (int n = 1; fgets(line, sizeof line, fp); n++)
+            for (size_t b = 0; b < sizeof banned / sizeof *banned; b++)
+                LM_CHECK_MSG(!strstr(line, banned[b]), "%s:%d uses %s", d->d_name, n, banned[b]);
+        fclose(fp);
+        checked++;
+        saw_matmul = saw_matmul || strcmp(d->d_name, "cuda_matmul.cu") == 0;
+    }
+    closedir(dir);
+    LM_CHECK(checked >= 2 && saw_matmul);
 }
 
 /* ---- weights -------------------------------------------------------------------- */

@@ -13,11 +13,12 @@
  * Weight loads use the evict-first cache hint (__ldcs): they are read once
  * and should not push x out of L2. Each weight chunk is widened to f32 once
  * and used for all T tokens; x (small and shared by every block: L1/L2
- * hits) takes plain loads, not the read-only path (__ldg): under PDL the
- * kernel is alive while the kernel before writes x, which that path does
- * not allow. It read stale x on the H200 (the demo hybrid's graph replays
- * gave other logits than eager runs once its rows of 512 took 32-thread
- * blocks); plain loads after the PDL wait see the writes it waited for.
+ * hits) takes plain loads, not the read-only path: under PDL the kernel
+ * is alive while the kernel before writes x, which that path does not
+ * allow, and ptxas moved such loads above the PDL wait (SASS on the H200;
+ * the demo hybrid's graph replays then gave other logits than eager runs).
+ * Plain loads stay after the wait and see the writes it waited for
+ * (cuda_sources_no_readonly_loads keeps the path out of this directory).
  * f32 accumulation, then a warp-shuffle reduction and one pass over shared memory across warps. Rows
  * that are not 16-byte aligned (I not a multiple of the chunk, or a view at
  * an odd offset) take the same kernel with element-wise loads.
