@@ -10,9 +10,9 @@ cd "$(dirname "$0")/../.."
 # Hopper machine code only: a fraction of the default fat binary (sm_90 +
 # PTX + sm_80), which leaves room for fixtures beside the checkout
 cmake -S . -B build/dev -DCMAKE_BUILD_TYPE=Release -DLUMEN_CUDA_ARCHS=90-real >/dev/null
-# bench_cuda_gemv (the `kernels` bench set) only when asked: each binary
-# carries every kernel, and the upload limit is tight
-bins="lumen lumen_tests make_random_model${LUMEN_DEVICE_KERNEL_BENCH:+ bench_cuda_gemv}"
+# bench_cuda_gemv (the `kernels` bench set) and bench_handoff only when
+# asked: each lumen binary carries every kernel, and the upload limit is tight
+bins="lumen lumen_tests make_random_model${LUMEN_DEVICE_KERNEL_BENCH:+ bench_cuda_gemv bench_handoff}"
 cmake --build build/dev -j2 --target $bins
 rm -rf .device-carry
 mkdir -p .device-carry/bin .device-carry/lib .device-carry/fixtures/models
