@@ -69,8 +69,7 @@ __global__ void step_kernel(const float *x, float *y, int step, unsigned *counte
 
 template <int MODE>
 static float run(int blocks, int kernels, float *buf, unsigned *counter, unsigned *flag, cudaStream_t st) {
-    CHECK(cudaMemset(flag, 0, sizeof *flag));
-    CHECK(cudaMemset(counter, 0, sizeof *counter));
+    CHECK(cudaMemset(counter, 0, sizeof *counter)); /* the flag is reset before each replay */
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -101,6 +100,8 @@ static float run(int blocks, int kernels, float *buf, unsigned *counter, unsigne
         CHECK(cudaEventElapsedTime(&ms, a, b));
         if (rep > 0 && ms < best) best = ms;
     }
+    CHECK(cudaEventDestroy(a));
+    CHECK(cudaEventDestroy(b));
     CHECK(cudaGraphExecDestroy(ge));
     CHECK(cudaGraphDestroy(g));
     return 1e3f * best / kernels;
