@@ -281,3 +281,138 @@ LM_TEST(engine_warmup_changes_nothing) {
     lm_model_free(m);
     lm_backend_destroy(be);
 }
+
+/* ---- greedy look-ahead ---- */
+
+enum { LA_N = 6, LA_MAX = 48 };
+
+typedef struct la_result {
+    int32_t toks[LA_N][LA_MAX];
+    int n[LA_N];
+    lm_finish finish[LA_N];
+    lm_engine_stats st;
+} la_result;
+
+/* Runs LA_N greedy requests through one engine (look_ahead as given, a
+ * prefix cache, 4 at a time, so the fifth waits): limits of 1, 2, 3, 17, 40
+ * and 40 tokens, stop tokens as given (stops[i] < 0: none), then the sixth -
+ * submitted after the rest are done - repeats request 4's prompt and its 40
+ * tokens and goes on: a prefix-cache hit at the block boundary that
+ * request 4 reached last while generating (on a hybrid, the recurrent-state
+ * checkpoint taken there). */
+static void la_run(lm_test_ctx *lm_t_, lm_model *m, int look_ahead, const int32_t *prompt, int n_prompt,
+                   const int32_t stops[LA_N], la_result *out) {
+    static const int max_tokens[LA_N] = { 1, 2, 3, 17, 40, 40 };
+    memset(out, 0, sizeof *out);
+    lm_err e = { { 0 } };
+    lm_engine *en = NULL;
+    lm_engine_opts o = { .ctx = 256, .parallel = 4, .step_tokens = 64, .cache_ram = (size_t)64 << 20,
+                         .look_ahead = look_ahead };
+    if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    collect c[LA_N];
+    lm_request *r[LA_N] = { 0 };
+    int32_t again[256];
+    for (int i = 0; i < LA_N; i++) {
+        collect_init(&c[i]);
+        lm_gen_params p = greedy(max_tokens[i]);
+        p.stop_tokens = &stops[i];
+        p.n_stop_tokens = stops[i] >= 0;
+        const int32_t *ids = prompt + i;
+        int n = n_prompt - 8 - i;
+        if (i == LA_N - 1) { /* request 4's prompt and answer, then a few more prompt tokens */
+            for (int k = 0; k < LA_N - 1; k++) collect_wait(&c[k], 1 << 30);
+            n = 0;
+            for (int k = 0; k < n_prompt - 8 - 4; k++) again[n++] = prompt[4 + k];
+            for (int k = 0; k < c[4].n; k++) again[n++] = c[4].toks[k];
+            for (int k = 0; k < 5; k++) again[n++] = prompt[k];
+            ids = again;
+        }
+        LM_REQUIRE(lm_engine_submit(en, ids, n, &p, on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
+    }
+    for (int i = 0; i < LA_N; i++) {
+        collect_wait(&c[i], 1 << 30);
+        out->n[i] = LM_MIN(c[i].n, LA_MAX);
+        memcpy(out->toks[i], c[i].toks, (size_t)out->n[i] * sizeof(int32_t));
+        out->finish[i] = c[i].finish;
+        lm_request_release(r[i]);
+        collect_destroy(&c[i]);
+    }
+    for (int i = 0; i < 2000; i++) { /* stats are published after each step */
+        lm_engine_get_stats(en, &out->st);
+        if (out->st.running == 0 && out->st.queued == 0) break;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    LM_CHECK(out->st.kv_blocks_free == out->st.kv_blocks_total - out->st.cache_blocks);
+    lm_engine_free(en);
+}
+
+/* Look-ahead on (each decode step queued before the last one's ids are
+ * read, its tokens fed forward by the backend) gives every request exactly
+ * the tokens and finish reasons it gets with look-ahead off: limits met
+ * exactly, stop tokens mid-stream (the step queued past them discarded),
+ * waiting requests joining, a prefix-cache hit with a hybrid's state
+ * checkpoint. On the CPU backend the look-ahead is offered but off by
+ * default; the test turns it on. */
+static void look_ahead_same(lm_test_ctx *lm_t_, const char *dir) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    if (!(be)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    lm_model *m = NULL;
+    if (!(lm_model_load(&m, dir, be, &e) == 0)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    LM_REQUIRE(lm_model_look_ahead(m));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    lm_safetensors ref = { 0 };
+    if (!(lm_safetensors_open(&ref, path, &e) == 0)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    const lm_file_tensor *t = lm_safetensors_find(&ref, "prompt1.ids");
+    LM_REQUIRE(t && t->shape[0] >= 40);
+    int32_t prompt[64];
+    const int n_prompt = (int)LM_MIN(t->shape[0], 64);
+    memcpy(prompt, t->data, (size_t)n_prompt * sizeof(int32_t));
+    lm_safetensors_close(&ref);
+    /* a first run learns the answers; a stop token is then taken from them:
+     * request 3's 6th (it stops at its first occurrence) */
+    int32_t none[LA_N] = { -1, -1, -1, -1, -1, -1 }, stops[LA_N] = { -1, -1, -1, -1, -1, -1 };
+    la_result *probe = malloc(sizeof *probe), *off = malloc(sizeof *off), *on = malloc(sizeof *on);
+    la_run(lm_t_, m, -1, prompt, n_prompt, none, probe);
+    LM_REQUIRE(probe->n[3] == 17 && probe->n[4] == 40);
+    stops[3] = probe->toks[3][5];
+    la_run(lm_t_, m, -1, prompt, n_prompt, stops, off);
+    la_run(lm_t_, m, 1, prompt, n_prompt, stops, on);
+    for (int i = 0; i < LA_N; i++) {
+        LM_CHECK_MSG(off->n[i] == on->n[i] && memcmp(off->toks[i], on->toks[i], (size_t)on->n[i] * sizeof(int32_t)) == 0,
+                     "request %d: %d tokens with look-ahead, %d without, or they differ", i, on->n[i], off->n[i]);
+        LM_CHECK_MSG(off->finish[i] == on->finish[i], "request %d: finish %d vs %d", i, on->finish[i], off->finish[i]);
+    }
+    LM_CHECK(on->finish[3] == LM_FINISH_STOP && on->n[3] <= 6 && on->n[4] == 40 && on->st.cache_hit_tokens > 0);
+    LM_CHECK(on->n[0] == 1 && on->n[1] == 2 && on->n[2] == 3);
+    printf("  %s: look-ahead steps %llu of %llu, discarded rows %llu; without: %llu steps\n", dir,
+           (unsigned long long)on->st.ahead_steps, (unsigned long long)on->st.steps,
+           (unsigned long long)on->st.ahead_discarded, (unsigned long long)off->st.steps);
+    LM_CHECK(off->st.ahead_steps == 0 && on->st.ahead_steps > 0 && on->st.ahead_discarded > 0);
+    free(probe), free(off), free(on);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}
+
+LM_TEST(engine_look_ahead_same_tokens_demo_hybrid) { look_ahead_same(lm_t_, LUMEN_SOURCE_DIR "/models/demo"); }
+
+LM_TEST(engine_look_ahead_same_tokens_llama) {
+    char *dir = lm_test_fixture_path("models/llama");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    look_ahead_same(lm_t_, dir);
+    free(dir);
+}

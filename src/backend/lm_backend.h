@@ -222,6 +222,20 @@ struct lm_backend_ops {
     /* host_ids[r] = lm_argmax of row r of x [rows][cols] (f32): greedy
      * decoding without copying logits to the host. Waits for the result. */
     void (*argmax_rows)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+    /* Greedy look-ahead (optional, all three or none; lm_model_look_ahead).
+     * The backend keeps the ids of its last argmax_rows or argmax_rows_later
+     * itself, so that the next forward can embed them without the host
+     * having seen them, and the host can queue that forward before the ids
+     * arrive. */
+    /* As argmax_rows, but may return before the ids are in host_ids: they
+     * are there once the matching argmax_wait returns (one argmax_wait per
+     * call, oldest first; at most 4 outstanding). */
+    void (*argmax_rows_later)(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+    /* Waits for the oldest outstanding argmax_rows_later and writes its ids. */
+    void (*argmax_wait)(lm_backend *be);
+    /* y[r] = table[ids[r]] (as get_rows) with ids the last argmax_rows(_later)
+     * results, which had y->rows rows. */
+    void (*get_rows_argmax)(lm_backend *be, lm_tensor *y, const lm_tensor *table);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
      * lm_op_matmul_glu, lm_op_matmul_add and lm_op_moe_add compose them
      * from the ops above; lm_op_rope_kv_write likewise). Results equal the

@@ -39,6 +39,11 @@ static const char *const k_help =
     "                    --batch, for decoding as the engine does it; not for a MoE\n"
     "                    model above batch 1, whose steps read more experts than\n"
     "                    one token's)\n"
+    "  --no-look-ahead   with --batch: wait for each step's ids before queuing the\n"
+    "                    next (by default, where the backend offers it, each step\n"
+    "                    is queued before the previous one's ids reach the host,\n"
+    "                    its tokens fed forward on the device, as the engine does;\n"
+    "                    \"look_ahead\" in the output says which ran)\n"
     "  --no-membw        skip the bandwidth measurement\n"
     LM_COMMON_HELP;
 
@@ -80,7 +85,7 @@ static double backend_copy_bandwidth(lm_backend *be, int threads) {
  * issue_ms / body_ms: for a step without the output head, the host time to
  * enqueue it and the time until the backend finished it (best of 8): when
  * they are close, the host, not the device, sets the pace. */
-static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int chunk, double *issue_ms,
+static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int chunk, bool ahead, double *issue_ms,
                              double *body_ms, lm_err *e) {
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
     lm_kv_cache *kv = NULL;
@@ -89,7 +94,7 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
     int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *pos = lm_xmalloc((size_t)(B + chunk) * sizeof *pos),
             *sq = lm_xcalloc((size_t)(B + chunk), sizeof *sq), *rows = lm_xmalloc((size_t)B * sizeof *rows),
-            *toks = lm_xmalloc((size_t)chunk * sizeof *toks), *next = lm_xmalloc((size_t)B * sizeof *next);
+            *toks = lm_xmalloc((size_t)chunk * sizeof *toks), *next = lm_xmalloc((size_t)2 * B * sizeof *next);
     const int32_t **tables = lm_xmalloc((size_t)B * sizeof *tables);
     uint64_t x = 0x9E3779B97F4A7C15ull;
     for (int s = 0; s < B; s++) {
@@ -113,13 +118,19 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
         }
     for (int s = 0; s < B; s++) sq[s] = s, rows[s] = s;
     double t0 = lm_now();
-    for (int g = 0; g < gen; g++) { /* greedy on the backend, as the engine does: ids back, not logits */
+    /* greedy on the backend, as the engine does: ids back, not logits; with
+     * the look-ahead, step g takes step g - 1's ids on the device and is
+     * queued before they reach the host (into the other half of next) */
+    for (int g = 0; g < gen; g++) {
         for (int s = 0; s < B; s++) pos[s] = prompt_len + g;
-        lm_batch b = { .n_tokens = B, .tokens = next, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
-                       .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B, .out_rows = rows,
-                       .out_argmax = next };
+        lm_batch b = { .n_tokens = B, .tokens = ahead && g > 0 ? NULL : next, .pos = pos, .seq = sq, .n_seqs = B,
+                       .block_tables = tables, .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B,
+                       .out_rows = rows, .out_argmax = next + (ahead ? (size_t)(g % 2) * B : 0),
+                       .argmax_later = ahead };
         if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
+        if (ahead && g > 0) lm_model_wait_argmax(m);
     }
+    if (ahead) lm_model_wait_argmax(m);
     tps = (double)B * gen / (lm_now() - t0);
     *issue_ms = *body_ms = 1e30;
     for (int rep = 0; rep < 8; rep++) { /* the last step again, its head left out */
@@ -146,7 +157,7 @@ int lm_cmd_bench(int argc, char **argv) {
     lm_common_opts co = { 0 };
     const char *model_path = NULL;
     long prompt_len = 512, gen = 64, reps = 3, chunk = 512, batch = 1;
-    bool membw = true, batched = false;
+    bool membw = true, batched = false, look_ahead = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int c = lm_cli_common(&co, argc, argv, &i);
@@ -170,6 +181,8 @@ int lm_cmd_bench(int argc, char **argv) {
             batched = true;
         } else if (!strcmp(a, "--no-membw")) {
             membw = false;
+        } else if (!strcmp(a, "--no-look-ahead")) {
+            look_ahead = false;
         } else {
             fprintf(stderr, "lumen bench: unknown option %s (see lumen bench --help)\n", a);
             return 2;
@@ -194,14 +207,17 @@ int lm_cmd_bench(int argc, char **argv) {
     if (lm_model_load(&m, model_path, be, &e)) goto fail;
     if (batched) {
         double issue_ms = 0, body_ms = 0;
-        double tps = batched_decode(m, (int)batch, (int)prompt_len, (int)gen, (int)chunk, &issue_ms, &body_ms, &e);
+        const bool ahead = look_ahead && lm_model_look_ahead(m);
+        double tps = batched_decode(m, (int)batch, (int)prompt_len, (int)gen, (int)chunk, ahead, &issue_ms, &body_ms,
+                                    &e);
         if (tps < 0) goto fail;
         long replayed = 0, captured = 0;
         lm_backend_graph_counts(be, &replayed, &captured);
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen\":%ld,"
-               "\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,\"body_ms\":%.3f,"
-               "\"graphs_replayed\":%ld",
-               model_path, be->name, batch, prompt_len, gen, tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
+               "\"look_ahead\":%s,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,"
+               "\"body_ms\":%.3f,\"graphs_replayed\":%ld",
+               model_path, be->name, batch, prompt_len, gen, ahead ? "true" : "false", tps, 1e3 * batch / tps,
+               issue_ms, body_ms, replayed);
         const bool gpu = !strcmp(be->name, "cuda");
         double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;
         if (bw > 0) printf(",\"copy_GB_s\":%.3f", bw * 1e-9);

@@ -36,6 +36,12 @@ static const char *const k_help =
     "                        ('-' = stderr): its id, token counts, time spans (queue,\n"
     "                        cache lookup and restore, prefill, decode), batch sizes\n"
     "                        and what the prefix cache missed\n"
+    "  --look-ahead on|off   greedy look-ahead: while every running request decodes\n"
+    "                        greedily, queue each step before the last one's token\n"
+    "                        ids reach the host (the GPU feeds them forward), so the\n"
+    "                        GPU does not wait for the server between tokens; the\n"
+    "                        tokens are the same either way (default: on with\n"
+    "                        --device cuda, off on the CPU, where it gains nothing)\n"
     "  --quiet               no line per request on stderr\n"
     LM_COMMON_HELP
     "\n"
@@ -122,6 +128,10 @@ int lm_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--trace")) {
             if (!(so.trace_path = lm_cli_value(argc, argv, &i))) return 2;
             if (!*so.trace_path) goto bad;
+        } else if (!strcmp(a, "--look-ahead")) {
+            if (!(v = lm_cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "on") && strcmp(v, "off")) goto bad;
+            so.engine.look_ahead = strcmp(v, "on") ? -1 : 1;
         } else if (!strcmp(a, "--quiet")) {
             so.log_requests = false;
         } else {

@@ -106,6 +106,15 @@ struct lm_engine {
     bool stateful;               /* the model has recurrent state */
     int bs;                      /* tokens per KV block */
     int32_t *hit_blocks;         /* [ctx / bs + 1] lookup scratch */
+    /* greedy look-ahead (opts.look_ahead): the decode forward queued before
+     * the last one's ids were read; its tokens came from the backend */
+    bool ahead_on;
+    int ahead_n;                 /* its sequences; 0: none in flight */
+    lm_request **ahead_req;      /* [parallel] their requests, a reference each */
+    int32_t *a_pos, *a_seq, *a_rows, *a_slots; /* [parallel] its batch */
+    const int32_t **a_tables;
+    int32_t *a_ids[2];           /* [parallel] where its ids land, alternating */
+    int a_cur;                   /* a_ids[a_cur]: the one in flight */
 };
 
 /* ---- request lifetime ---- */
@@ -450,7 +459,102 @@ static int add_tokens(lm_engine *en, int *T, int s, lm_request *r, int from, int
     return *T - 1;
 }
 
+/* Whether a decode forward for the requests of `reqs` may be queued before
+ * the ids of the one in flight for them (or just issued) are read: each
+ * decodes greedily with room for two more tokens, and for a hybrid with a
+ * prefix cache, reading those ids will not take a state checkpoint (it
+ * would be issued after the queued forward and see its state). */
+static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
+    if (!en->ahead_on || n == 0 || n != en->n_running) return false;
+    for (int i = 0; i < n; i++) {
+        const lm_request *r = reqs[i];
+        if (r->state != REQ_RUNNING || atomic_load(&r->cancelled) || !plain_greedy(r)) return false;
+        if (r->n_cached < r->n_prompt || r->n_generated + 2 > r->p.max_tokens || r->n_tokens + 2 > en->o.ctx)
+            return false;
+        if (en->stateful && en->pc && (r->n_cached + 1) % en->bs == 0) return false;
+    }
+    return true;
+}
+
+/* Queues the look-ahead forward for reqs: token i is the argmax row i of
+ * the forward just issued (for the same requests, in order), at the
+ * position after it (n_cached is still the one that forward fed). Returns false (nothing queued) on an error, which the
+ * caller's own forward will meet again. */
+static bool ahead_issue(lm_engine *en, lm_request *const *reqs, int n) {
+    for (int i = 0; i < n; i++) {
+        lm_request *r = reqs[i];
+        en->a_pos[i] = r->n_cached + 1;
+        en->a_seq[i] = i;
+        en->a_rows[i] = i;
+        en->a_tables[i] = r->seq.blocks;
+        en->a_slots[i] = r->slot;
+    }
+    const int next = en->ahead_n ? en->a_cur ^ 1 : 0;
+    lm_batch b = { .n_tokens = n, .tokens = NULL, .pos = en->a_pos, .seq = en->a_seq, .n_seqs = n,
+                   .block_tables = en->a_tables, .state_slot = en->kv->pool.n_state ? en->a_slots : NULL,
+                   .n_out = n, .out_rows = en->a_rows, .out_argmax = en->a_ids[next], .argmax_later = true };
+    lm_err e = { { 0 } };
+    if (lm_model_forward(en->m, &en->kv->pool, &b, NULL, &e)) return false;
+    return true;
+}
+
+/* The look-ahead forward in flight becomes this step: perhaps queue the
+ * next one behind it, then read its ids and hand them out. */
+static void step_ahead(lm_engine *en) {
+    const int n = en->ahead_n, cur = en->a_cur;
+    lm_request **reqs = lm_xmalloc((size_t)n * sizeof *reqs);
+    memcpy(reqs, en->ahead_req, (size_t)n * sizeof *reqs);
+    bool chained = ahead_ok(en, reqs, n) && ahead_issue(en, reqs, n);
+    lm_model_wait_argmax(en->m);
+    const int32_t *ids = en->a_ids[cur];
+    if (chained) {
+        en->a_cur = cur ^ 1;
+        for (int i = 0; i < n; i++) atomic_fetch_add(&reqs[i]->refs, 1);
+    }
+    en->ahead_n = chained ? n : 0;
+    pthread_mutex_lock(&en->mu);
+    en->st.steps++;
+    en->st.batch_tokens_total += (uint64_t)n;
+    int bucket = 0;
+    while (bucket < 7 && (2 << bucket) <= n) bucket++;
+    en->st.batch_hist[bucket]++;
+    en->st.ahead_steps++;
+    pthread_mutex_unlock(&en->mu);
+    uint64_t discarded = 0;
+    for (int i = 0; i < n; i++) {
+        lm_request *r = reqs[i];
+        if (r->state != REQ_RUNNING) { /* it stopped on the step before: this row is past its end */
+            discarded++;
+            continue;
+        }
+        r->step_batch[r->tr.n_steps++] = n;
+        r->n_cached++;
+        cache_progress(en, r);
+        take_token(en, r, NULL, ids[i]);
+    }
+    for (int i = 0; i < n; i++) req_unref(reqs[i]);
+    free(reqs);
+    if (discarded) {
+        pthread_mutex_lock(&en->mu);
+        en->st.ahead_discarded += discarded;
+        pthread_mutex_unlock(&en->mu);
+    }
+    drop_done(en);
+}
+
+/* Reads the ids of a look-ahead forward nobody will use (the engine stops). */
+static void ahead_drain(lm_engine *en) {
+    if (!en->ahead_n) return;
+    lm_model_wait_argmax(en->m);
+    for (int i = 0; i < en->ahead_n; i++) req_unref(en->ahead_req[i]);
+    en->ahead_n = 0;
+}
+
 static void step(lm_engine *en) {
+    if (en->ahead_n) {
+        step_ahead(en);
+        return;
+    }
     int T = 0, n_out = 0, S = 0, budget = en->o.step_tokens;
     /* decode tokens first: running streams never wait behind a prompt */
     for (int i = 0; i < en->n_running; i++) {
@@ -482,13 +586,26 @@ static void step(lm_engine *en) {
     }
     if (T == 0) return;
     for (int i = 0; i < n_out; i++) en->want_logits[i] = !plain_greedy(en->row_req[i]);
+    /* a decode step of every running request, all greedy: the next step can go ahead of its ids */
+    const bool ahead = T == S && n_out == S && ahead_ok(en, en->seq_req, S);
     lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables,
-                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows, en->greedy, en->want_logits };
+                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows, en->greedy, en->want_logits,
+                   ahead };
     lm_err e = { { 0 } };
     if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
         for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
         en->n_running = 0;
         return;
+    }
+    if (ahead) {
+        if (ahead_issue(en, en->seq_req, S)) {
+            en->ahead_n = S, en->a_cur = 0;
+            for (int i = 0; i < S; i++) {
+                en->ahead_req[i] = en->seq_req[i];
+                atomic_fetch_add(&en->seq_req[i]->refs, 1);
+            }
+        }
+        lm_model_wait_argmax(en->m);
     }
     int bucket = 0;
     while (bucket < 7 && (2 << bucket) <= S) bucket++;
@@ -522,14 +639,17 @@ static void *engine_main(void *arg) {
         lm_request *dead = NULL;
         pthread_mutex_lock(&en->mu);
         admit(en, &dead);
-        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead) {
+        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead && !en->ahead_n) {
             pthread_cond_wait(&en->cv, &en->mu);
             admit(en, &dead);
         }
         bool stop = en->stopping;
         pthread_mutex_unlock(&en->mu);
         finish_list(en, dead, LM_FINISH_CANCELLED);
-        if (stop) break;
+        if (stop) {
+            ahead_drain(en);
+            break;
+        }
         drop_cancelled(en);
         step(en);
         pthread_mutex_lock(&en->mu);
@@ -688,6 +808,18 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
     en->greedy = lm_xmalloc((size_t)P * sizeof(int32_t));
     en->want_logits = lm_xmalloc((size_t)P);
+    {
+        size_t free_b = 0, total_b = 0;
+        lm_backend_mem_info(m->be, &free_b, &total_b);
+        en->ahead_on = lm_model_look_ahead(m) && (en->o.look_ahead > 0 || (en->o.look_ahead == 0 && total_b > 0));
+    }
+    en->ahead_req = lm_xcalloc((size_t)P, sizeof *en->ahead_req);
+    en->a_pos = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->a_seq = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->a_rows = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->a_slots = lm_xmalloc((size_t)P * sizeof(int32_t));
+    en->a_tables = lm_xcalloc((size_t)P, sizeof *en->a_tables);
+    for (int i = 0; i < 2; i++) en->a_ids[i] = lm_xmalloc((size_t)P * sizeof(int32_t));
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
     en->st.kv_blocks_free = en->kv->n_free;
@@ -717,6 +849,8 @@ void lm_engine_free(lm_engine *en) {
     lm_hist_free(en->hist);
     free(en->hit_blocks);
     lm_kv_cache_free(en->kv);
+    free(en->ahead_req), free(en->a_pos), free(en->a_seq), free(en->a_rows), free(en->a_slots), free(en->a_tables);
+    free(en->a_ids[0]), free(en->a_ids[1]);
     free(en->running);
     free(en->b_tokens);
     free(en->b_pos);

@@ -122,12 +122,22 @@ typedef struct lm_engine_opts {
                        * before the first request (a GPU that cannot hold them
                        * fails here, not mid-request): 0 = on backends with
                        * their own memory (GPUs), 1 = always, -1 = never */
+    int look_ahead;   /* greedy look-ahead: while every running request
+                       * decodes greedily, each decode step is queued before
+                       * the previous one's ids reach the host (the backend
+                       * feeds them forward itself), so the device never waits
+                       * for the host; a step queued for a request that has
+                       * just stopped is discarded. Results are unchanged.
+                       * 0 = on backends with their own memory (GPUs) that
+                       * offer it, 1 = wherever offered, -1 = never */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
     int queued, running;
     uint64_t requests, prompt_tokens, generated_tokens, steps;
     uint64_t batch_tokens_total;  /* sum of tokens over steps, for the mean batch size */
+    uint64_t ahead_steps;         /* decode steps queued ahead (look_ahead) */
+    uint64_t ahead_discarded;     /* their rows for requests that had already stopped */
     int kv_blocks_free, kv_blocks_total;
     /* prefix cache */
     uint64_t cache_lookup_tokens;  /* prompt tokens looked up */

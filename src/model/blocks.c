@@ -222,6 +222,13 @@ void lm_mlp_forward(lm_model *m, lm_dec_scratch *s, const lm_mlp_layer *L, lm_te
     lm_op_matmul_add(m->be, out, &act, &L->down, &ws, post);
 }
 
+/* ---- input ---- */
+
+void lm_embed_tokens(lm_model *m, lm_tensor *x, const lm_tensor *table, const lm_batch *b) {
+    if (b->tokens) m->be->ops->get_rows(m->be, x, table, b->tokens);
+    else m->be->ops->get_rows_argmax(m->be, x, table);
+}
+
 /* ---- output ---- */
 
 void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits) {
@@ -240,7 +247,8 @@ void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *l
 void lm_logits_out(lm_model *m, const lm_batch *b, const lm_tensor *lg, float *logits) {
     const struct lm_backend_ops *op = m->be->ops;
     const size_t V = (size_t)m->cfg.vocab, row = V * sizeof(float);
-    if (b->out_argmax) op->argmax_rows(m->be, b->out_argmax, lg);
+    if (b->out_argmax && b->argmax_later) op->argmax_rows_later(m->be, b->out_argmax, lg);
+    else if (b->out_argmax) op->argmax_rows(m->be, b->out_argmax, lg);
     if (!logits) return;
     if (!b->out_argmax) {
         op->read(m->be, logits, lg->data, (size_t)b->n_out * row);

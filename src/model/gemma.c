@@ -416,6 +416,7 @@ static int gemma_bind(lm_model *m, lm_err *e) {
     /* sqrt(D) and sqrt(P) as the reference's f32 buffers hold them */
     G->embed_scale = (float)sqrt((double)D);
     G->ple_embed_scale = (float)sqrt((double)P);
+    m->host_tokens = P > 0; /* per_layer_inputs embeds and range-checks the ids on the host */
     G->final_softcap = g->final_softcap > 0 && !(g->version == 3 && multimodal);
     if (g->version == 4) {
         float *one = lm_xmalloc((size_t)G->max_dh * sizeof(float));
@@ -511,7 +512,7 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
     bool tanh_gelu = c->act == LM_ACT_GELU_TANH;
 
-    op->get_rows(be, &x, &m->embed, b->tokens);
+    lm_embed_tokens(m, &x, &m->embed, b);
     op->scale(be, &x, G->embed_scale);
     if (P > 0) per_layer_inputs(m, b, &x);
     for (int l = 0; l < c->n_layers; l++) {

@@ -93,6 +93,12 @@ void lm_op_gated_delta_gates(lm_backend *be, lm_tensor *out, const lm_tensor *qk
                              const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                              const lm_attn_batch *b, const lm_delta_params *p);
 
+/* ---- input ---- */
+
+/* x[T][D] = rows of table for the batch's tokens: its ids, or (tokens NULL)
+ * the previous forward's argmax ids on the backend. */
+void lm_embed_tokens(lm_model *m, lm_tensor *x, const lm_tensor *table, const lm_batch *b);
+
 /* ---- output ---- */
 
 /* logits[n_out][V] (host) = lm_head(norm(x[out_rows])), x = s->x. */

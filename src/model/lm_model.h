@@ -13,7 +13,11 @@
 
 typedef struct lm_batch {
     int n_tokens;                        /* T */
-    const int32_t *tokens;               /* [T] */
+    /* [T]; NULL: token t is row t of the previous forward's out_argmax, as
+     * the backend kept it (greedy look-ahead: the host queues this forward
+     * before those ids reach it; needs lm_model_look_ahead, and that forward
+     * on this model to have had T argmax rows). */
+    const int32_t *tokens;
     const int32_t *pos;                  /* [T] position within its sequence */
     const int32_t *seq;                  /* [T] index into block_tables */
     int n_seqs;                          /* S */
@@ -28,6 +32,10 @@ typedef struct lm_batch {
      * n_out * V floats. Without it every row's logits are copied. */
     int32_t *out_argmax;
     const uint8_t *out_logits;
+    /* With out_argmax (n_out > 0) on a look-ahead model: the forward may
+     * return before the ids are in out_argmax; lm_model_wait_argmax, once per
+     * such forward and in their order, waits for them. */
+    bool argmax_later;
 } lm_batch;
 
 struct lm_arch;
@@ -50,6 +58,7 @@ typedef struct lm_model {
     float rope_attn_factor;
     void **owned;            /* backend buffers this model allocated (f32 norm copies) */
     int n_owned;
+    bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
 } lm_model;
 
 /* Loads a Hugging Face folder or a .gguf file onto backend be. A backend
@@ -71,6 +80,13 @@ void lm_model_free(lm_model *m);
  * One forward at a time per model: activations live in the model's scratch.
  * Keys and values of every token are written to kv at their positions. */
 int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
+/* Whether forwards may take their tokens from the previous forward's
+ * argmax on the backend (lm_batch.tokens NULL) and return before their
+ * argmax arrives (argmax_later): the backend offers it and the model never
+ * needs the ids on the host. */
+bool lm_model_look_ahead(const lm_model *m);
+/* Waits for the oldest argmax_later forward's ids (in its out_argmax). */
+void lm_model_wait_argmax(lm_model *m);
 /* The checks lm_model_forward makes before running a batch (token ids,
  * positions, sequences, logit rows, state slots), for other entry points. */
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e);

@@ -105,8 +105,12 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e) {
     if (b->n_tokens <= 0) return lm_errf(e, "empty batch");
     if (b->n_out < 0 || b->n_out > b->n_tokens) return lm_errf(e, "%d logit rows for %d tokens", b->n_out, b->n_tokens);
+    if ((!b->tokens || b->argmax_later) && !lm_model_look_ahead(m))
+        return lm_errf(e, "%s: this model or backend cannot take tokens from the device or return before its argmax",
+                       m->path);
+    if (b->argmax_later && (!b->out_argmax || b->n_out == 0)) return lm_errf(e, "argmax_later without argmax rows");
     for (int t = 0; t < b->n_tokens; t++) {
-        if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.vocab)
+        if (b->tokens && (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.vocab))
             return lm_errf(e, "token id %d out of range [0, %d)", b->tokens[t], m->cfg.vocab);
         if (b->pos[t] < 0) return lm_errf(e, "negative position %d", b->pos[t]);
         if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
@@ -131,7 +135,8 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
 static uint64_t lm_batch_shape_key(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, const float *logits) {
     uint64_t h = XXH3_64bits_withSeed(&m, sizeof m, 0);
     int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL,
-                      b->out_argmax != NULL, b->out_logits != NULL, logits != NULL };
+                      b->out_argmax != NULL, b->out_logits != NULL, logits != NULL, b->tokens == NULL,
+                      b->argmax_later };
     h = XXH3_64bits_withSeed(hdr, sizeof hdr, h);
     h = XXH3_64bits_withSeed(b->seq, (size_t)b->n_tokens * sizeof *b->seq, h);
     if (b->n_out) h = XXH3_64bits_withSeed(b->out_rows, (size_t)b->n_out * sizeof *b->out_rows, h);
@@ -152,6 +157,13 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
     }
     return m->arch->forward(m, kv, b, logits, e);
 }
+
+bool lm_model_look_ahead(const lm_model *m) {
+    const struct lm_backend_ops *op = m->be->ops;
+    return op->argmax_rows_later && op->argmax_wait && op->get_rows_argmax && !m->host_tokens;
+}
+
+void lm_model_wait_argmax(lm_model *m) { m->be->ops->argmax_wait(m->be); }
 
 void lm_model_free(lm_model *m) {
     if (!m) return;

@@ -620,7 +620,7 @@ static int q35_run(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits
     lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
     q35_step st = { m, s, kv, &ab, b->pos, T };
     lm_tensor x = rows(&s->x, T), h = rows(&s->h, T);
-    m->be->ops->get_rows(m->be, &x, &m->embed, b->tokens);
+    lm_embed_tokens(m, &x, &m->embed, b);
     layers_run(&st, q->layers, c->n_layers, &x, &h);
     head(m, s, &x, &m->out_norm, b, logits, hidden_out);
     return 0;
@@ -647,6 +647,7 @@ int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, co
         return lm_errf(e, "MTP KV pool of %d layers of width %lld; the head needs %d of %lld", mtp_kv->n_layers,
                        (long long)mtp_kv->kv_width, M->n_layers, (long long)m->kv_width);
     if (lm_model_check_batch(m, mtp_kv, b, e)) return -1;
+    if (!b->tokens || b->argmax_later) return lm_errf(e, "the MTP head takes its tokens from the host");
     q35 *q = m->impl;
     const lm_model_config *c = &m->cfg;
     const int T = b->n_tokens;

@@ -48,7 +48,7 @@ static int qmoe_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *l
     lm_tensor x = lm_tensor_rows(&s->x, 0, T), h = lm_tensor_rows(&s->h, 0, T);
     lm_tensor o = lm_tensor_rows(&s->o, 0, T);
 
-    op->get_rows(be, &x, &m->embed, b->tokens);
+    lm_embed_tokens(m, &x, &m->embed, b);
     if (c->n_layers > 0) op->rms_norm(be, &h, &x, &q->layers[0].attn_norm, c->norm_eps, 0);
     for (int l = 0; l < c->n_layers; l++) { /* each residual add also norms for the next sub-block */
         const qmoe_layer *L = &q->layers[l];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | s21-final | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | s21-final | lookahead | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -318,6 +318,22 @@ for set in "$@"; do
       echo -n "$b llama batch 1 "; "$C/bin/$b" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>/dev/null
     done
     moe_ab "1" ;;
+  lookahead) # batch-1 decode with the greedy look-ahead (each step queued before the last one's ids reach the host; the default) and without (--no-look-ahead), alternating: Llama-8B and Qwen3.5-27B with the copy, Qwen3.5-9B, batch 8 and 32 of Llama-8B
+    model /dev/shm/l8 llama-3.1-8b
+    for r in 1 2 3; do for f in --no-look-ahead ""; do
+      "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 $f 2>/dev/null
+    done; done
+    for B in 8 32; do for f in --no-look-ahead ""; do
+      "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw $f 2>/dev/null
+    done; done
+    rm -rf /dev/shm/l8; model /dev/shm/q9 qwen3.5-9b
+    for f in --no-look-ahead ""; do
+      "$L" bench -m /dev/shm/q9 --device cuda --batch 1 --prompt-len 32 --gen 128 $f 2>/dev/null
+    done
+    rm -rf /dev/shm/q9; model /dev/shm/q27 qwen3.5-27b
+    for r in 1 2; do for f in --no-look-ahead ""; do
+      "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 $f 2>/dev/null
+    done; done ;;
   s21-final) # batched decode at the current code: Llama-8B batch 8 / 32 / 128, Qwen3.5-27B batch 8 / 32 / 128, the Qwen3-30B-A3B shape batch 1 / 8 / 32 / 128
     rm -rf /dev/shm/m30 /dev/shm/q27 /dev/shm/q9; model /dev/shm/l8 llama-3.1-8b
     for B in 8 32 128; do echo -n "llama batch $B "; "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw 2>/dev/null; done

@@ -138,6 +138,7 @@ static void lm_cpu_destroy(lm_backend *be) {
     for (int i = 0; i < c->n_threads; i++) lm_afree(c->scratch[i]);
     free(c->scratch);
     lm_afree(c->work);
+    free(c->last_ids);
     free(c);
 }
 
@@ -153,7 +154,23 @@ static void lm_cpu_copy(lm_backend *be, void *dst, const void *src, size_t bytes
 
 static void lm_cpu_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
     LM_ASSERT(x->type == LM_F32 && x->cols <= INT32_MAX);
-    for (int64_t r = 0; r < x->rows; r++) host_ids[r] = lm_argmax((const float *)x->data + r * x->cols, (int)x->cols);
+    lm_cpu *c = lm_cpu_get(be);
+    if (x->rows > c->cap_last_ids) {
+        c->cap_last_ids = LM_MAX(x->rows, 2 * c->cap_last_ids);
+        c->last_ids = lm_xrealloc(c->last_ids, (size_t)c->cap_last_ids * sizeof *c->last_ids);
+    }
+    for (int64_t r = 0; r < x->rows; r++)
+        host_ids[r] = c->last_ids[r] = lm_argmax((const float *)x->data + r * x->cols, (int)x->cols);
+    c->n_last_ids = x->rows;
+}
+
+/* The CPU computes in the caller's thread: the ids are there at once. */
+static void lm_cpu_argmax_wait(lm_backend *be) { (void)be; }
+
+static void lm_cpu_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table) {
+    const lm_cpu *c = lm_cpu_get(be);
+    LM_ASSERT(c->n_last_ids == y->rows);
+    lm_cpu_get_rows(be, y, table, c->last_ids);
 }
 
 static const struct lm_backend_ops lm_cpu_ops = {
@@ -184,6 +201,9 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .rms_norm_gated = lm_cpu_rms_norm_gated,
     .sigmoid_mul = lm_cpu_sigmoid_mul,
     .argmax_rows = lm_cpu_argmax_rows,
+    .argmax_rows_later = lm_cpu_argmax_rows,
+    .argmax_wait = lm_cpu_argmax_wait,
+    .get_rows_argmax = lm_cpu_get_rows_argmax,
     .destroy = lm_cpu_destroy,
 };
 

@@ -19,6 +19,8 @@ typedef struct lm_cpu {
     size_t scratch_bytes; /* per thread */
     void *work;           /* grow-only workspace of ops that call other ops (moe); caller thread only */
     size_t work_bytes;
+    int32_t *last_ids;    /* the last argmax_rows result (get_rows_argmax) */
+    int64_t n_last_ids, cap_last_ids;
 } lm_cpu;
 
 static inline lm_cpu *lm_cpu_get(lm_backend *be) { return (lm_cpu *)be->impl; }

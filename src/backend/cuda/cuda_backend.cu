@@ -192,7 +192,7 @@ static void lm_cuda_read(lm_backend *be, void *host_dst, const void *src, size_t
     lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     if (c->gmode != LM_G_OFF) { /* the forward's output: after the graph */
-        lm_cuda_graph_defer_read(c, host_dst, src, bytes);
+        lm_cuda_graph_defer_read(c, host_dst, src, bytes, -1);
         return;
     }
     if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
@@ -488,6 +488,11 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (c->stage_dev) (void)cudaFree(c->stage_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
     if (c->counters) (void)cudaFree(c->counters);
+    if (c->ids_dev) (void)cudaFree(c->ids_dev);
+    for (int i = 0; i < LM_CUDA_LATER; i++) {
+        if (c->later[i].pinned) (void)cudaFreeHost(c->later[i].pinned);
+        if (c->later[i].ev) (void)cudaEventDestroy(c->later[i].ev);
+    }
     for (int i = 0; i < LM_CUDA_FREQ_SLOTS; i++) {
         if (c->freq[i].dev) (void)cudaFree(c->freq[i].dev);
         free(c->freq[i].host);
@@ -537,6 +542,9 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .rms_norm_gated = */ lm_cuda_rms_norm_gated,
     /* .sigmoid_mul = */ lm_cuda_sigmoid_mul,
     /* .argmax_rows = */ lm_cuda_argmax_rows,
+    /* .argmax_rows_later = */ lm_cuda_argmax_rows_later,
+    /* .argmax_wait = */ lm_cuda_argmax_wait,
+    /* .get_rows_argmax = */ lm_cuda_get_rows_argmax,
     /* .matmul_n = */ lm_cuda_matmul_n,
     /* .matmul_glu = */ lm_cuda_matmul_glu,
     /* .matmul_add = */ lm_cuda_matmul_add,
@@ -643,6 +651,12 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         c->stage_cap = LM_CUDA_STAGE_BYTES;
         LM_CUDA_TRY(cudaMalloc((void **)&c->counters, LM_CUDA_COUNTERS * sizeof(int)));
         LM_CUDA_TRY(cudaMemsetAsync(c->counters, 0, LM_CUDA_COUNTERS * sizeof(int), c->stream));
+        LM_CUDA_TRY(cudaMalloc((void **)&c->ids_dev, LM_CUDA_IDS * sizeof(int32_t)));
+        c->ids_rows = -1;
+        for (int i = 0; i < LM_CUDA_LATER; i++) {
+            LM_CUDA_TRY(cudaMallocHost((void **)&c->later[i].pinned, LM_CUDA_IDS * sizeof(int32_t)));
+            LM_CUDA_TRY(cudaEventCreateWithFlags(&c->later[i].ev, cudaEventDisableTiming));
+        }
         c->stage_used = 0;
         LM_CUDA_TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
         LM_CUDA_TRY(cudaMemGetInfo(&c->free_mem_at_start, &c->total_mem));

@@ -267,15 +267,13 @@ __global__ void lm_get_rows_kernel(float *y, const void *table, const int32_t *i
     }
 }
 
-void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids) {
-    LM_ASSERT(y->type == LM_F32 && y->cols == table->cols && table->type != LM_I32);
+/* get_rows with the ids already on the device (dids). */
+static void lm_get_rows_dev(lm_cuda *c, lm_tensor *y, const lm_tensor *table, const int32_t *dids) {
+    LM_ASSERT(y->type == LM_F32 && y->cols == table->cols);
     LM_ASSERT(table->type == LM_F32 || table->type == LM_F16 || table->type == LM_BF16);
-    for (int64_t i = 0; i < y->rows; i++) LM_ASSERT(ids[i] >= 0 && ids[i] < table->rows);
     const int64_t n = y->rows * y->cols;
     if (n == 0) return;
-    lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
-    const int32_t *dids = (const int32_t *)lm_cuda_stage(c, ids, (size_t)y->rows * sizeof *ids);
     const unsigned g = lm_ew_grid(c, n);
     float *yp = (float *)y->data;
     switch (table->type) {
@@ -290,6 +288,14 @@ void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, cons
         break;
     }
     LM_CUDA_LAUNCHED("get_rows");
+}
+
+void lm_cuda_get_rows(lm_backend *be, lm_tensor *y, const lm_tensor *table, const int32_t *ids) {
+    for (int64_t i = 0; i < y->rows; i++) LM_ASSERT(ids[i] >= 0 && ids[i] < table->rows);
+    if (y->rows * y->cols == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda_use(c);
+    lm_get_rows_dev(c, y, table, (const int32_t *)lm_cuda_stage(c, ids, (size_t)y->rows * sizeof *ids));
 }
 
 void lm_cuda_gather_rows(lm_backend *be, lm_tensor *y, const lm_tensor *x, const int32_t *rows, int n) {
@@ -384,27 +390,78 @@ __global__ void __launch_bounds__(LM_ARGMAX_THREADS)
     }
 }
 
-void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+/* The argmax kernels over x's rows; the ids go to c->ids_dev when they fit
+ * (kept there for get_rows_argmax), else to scratch. Returns where. */
+static int32_t *lm_argmax_launch(lm_cuda *c, const lm_tensor *x) {
     LM_ASSERT(x->type == LM_F32 && x->cols > 0 && x->cols <= INT32_MAX && x->rows <= 0x7fffffff);
-    if (x->rows == 0) return;
-    lm_cuda *c = lm_cuda_of(be);
     lm_cuda_use(c);
     const int parts = (int)((x->cols + LM_ARGMAX_SLICE - 1) / LM_ARGMAX_SLICE);
     LM_ASSERT(parts <= 0xffff);
     const size_t np = (size_t)x->rows * (size_t)parts;
-    /* scratch: ids [rows], values [rows][parts], indices [rows][parts] */
+    /* scratch: ids [rows] (when ids_dev is too small), values [rows][parts], indices [rows][parts] */
     unsigned char *sc = (unsigned char *)lm_cuda_scratch(c, 256 + np * 8 + (size_t)x->rows * 4);
     float *pv = (float *)(sc + 256);
     int32_t *pi = (int32_t *)(pv + np), *d = pi + np;
+    c->ids_rows = -1;
+    if (x->rows <= LM_CUDA_IDS) d = c->ids_dev, c->ids_rows = x->rows;
     lm_cuda_launch_pdl(c, lm_argmax_part_kernel, dim3((unsigned)x->rows, (unsigned)parts), LM_ARGMAX_THREADS, 0, pv, pi,
                        (const float *)x->data, x->cols);
     lm_cuda_launch_pdl(c, lm_argmax_merge_kernel, (unsigned)x->rows, LM_ARGMAX_THREADS, 0, d, (const float *)pv,
                        (const int32_t *)pi, parts, (const float *)x->data, x->cols);
     LM_CUDA_LAUNCHED("argmax_rows");
+    return d;
+}
+
+void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+    if (x->rows == 0) return;
+    lm_cuda *c = lm_cuda_of(be);
+    const int32_t *d = lm_argmax_launch(c, x);
     if (c->gmode != LM_G_OFF) { /* the ids come back after the graph has run */
-        lm_cuda_graph_defer_read(c, host_ids, d, (size_t)x->rows * sizeof(int32_t));
+        lm_cuda_graph_defer_read(c, host_ids, d, (size_t)x->rows * sizeof(int32_t), -1);
         return;
     }
     LM_CUDA_CHECK(cudaMemcpyAsync(host_ids, d, (size_t)x->rows * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+void lm_cuda_later_commit(lm_cuda *c, int slot) {
+    LM_ASSERT(c->later_n < LM_CUDA_LATER && slot == (c->later_head + c->later_n) % LM_CUDA_LATER);
+    LM_CUDA_CHECK(cudaEventRecord(c->later[slot].ev, c->stream));
+    c->later_n++;
+}
+
+/* The ids go to the ring's next pinned buffer (in a graph pass: after the
+ * graph, committed at its launch; a pass that is run again eagerly fills
+ * the same entry), and reach host_ids at argmax_wait. */
+void lm_cuda_argmax_rows_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(c->later_n < LM_CUDA_LATER && x->rows <= LM_CUDA_IDS);
+    const int slot = (c->later_head + c->later_n) % LM_CUDA_LATER;
+    lm_cuda_later *l = &c->later[slot];
+    LM_ASSERT(x->rows > 0);
+    l->dst = host_ids, l->bytes = (size_t)x->rows * sizeof(int32_t);
+    const int32_t *d = lm_argmax_launch(c, x);
+    if (c->gmode != LM_G_OFF) {
+        lm_cuda_graph_defer_read(c, l->pinned, d, l->bytes, slot);
+        return;
+    }
+    LM_CUDA_CHECK(cudaMemcpyAsync(l->pinned, d, l->bytes, cudaMemcpyDeviceToHost, c->stream));
+    lm_cuda_later_commit(c, slot);
+}
+
+void lm_cuda_argmax_wait(lm_backend *be) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(c->gmode == LM_G_OFF && c->later_n > 0);
+    lm_cuda_use(c);
+    lm_cuda_later *l = &c->later[c->later_head];
+    LM_CUDA_CHECK(cudaEventSynchronize(l->ev));
+    if (l->bytes) memcpy(l->dst, l->pinned, l->bytes);
+    c->later_head = (c->later_head + 1) % LM_CUDA_LATER;
+    c->later_n--;
+}
+
+void lm_cuda_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(c->ids_rows == y->rows);
+    lm_get_rows_dev(c, y, table, c->ids_dev);
 }

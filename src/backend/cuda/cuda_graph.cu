@@ -60,6 +60,7 @@ typedef struct lm_graph_read {
     void *host;
     const void *dev;
     size_t bytes;
+    int later; /* >= 0: the look-ahead ring entry whose event follows this copy (not waited for) */
 } lm_graph_read;
 
 struct lm_cuda_graphs {
@@ -179,14 +180,14 @@ void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes) {
     return g->stage_dev + off;
 }
 
-void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes) {
+void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes, int later) {
     lm_cuda_graphs *g = c->graphs;
     if (c->gmode == LM_G_DRY || !bytes) return;
     if (g->n_reads == g->cap_reads) {
         g->cap_reads = g->cap_reads ? 2 * g->cap_reads : 8;
         g->reads = (lm_graph_read *)lm_xrealloc(g->reads, (size_t)g->cap_reads * sizeof *g->reads);
     }
-    g->reads[g->n_reads++] = (lm_graph_read){ host, dev, bytes };
+    g->reads[g->n_reads++] = (lm_graph_read){ host, dev, bytes, later };
     /* the copy is the graph's output, not a launch: its size is part of the shape */
     uint64_t d[2] = { (uint64_t)(uintptr_t)dev, (uint64_t)bytes };
     lm_cuda_graph_mix(c, d, sizeof d);
@@ -253,10 +254,13 @@ int lm_cuda_graph_begin(lm_backend *be, uint64_t key) {
     return 1;
 }
 
-/* Copies the staged bytes in, runs e's graph, then the deferred reads. */
+/* Copies the staged bytes in, runs e's graph, then the deferred reads;
+ * waits for them unless every one is a look-ahead read. */
 static void lm_graph_launch(lm_cuda *c, lm_graph_entry *e, bool replay) {
     lm_cuda_graphs *g = c->graphs;
-    const bool timed = g->stats && replay && g->n_reads;
+    bool wait = false;
+    for (int i = 0; i < g->n_reads; i++) wait |= g->reads[i].later < 0;
+    const bool timed = g->stats && replay && wait;
     cudaEvent_t *ev = g->ev[g->ev_set];
     double t0 = 0, t1 = 0;
     if (timed) {
@@ -270,15 +274,17 @@ static void lm_graph_launch(lm_cuda *c, lm_graph_entry *e, bool replay) {
     if (timed) LM_CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
     LM_CUDA_CHECK(cudaGraphLaunch(e->exec, c->stream));
     if (timed) LM_CUDA_CHECK(cudaEventRecord(ev[2], c->stream));
-    for (int i = 0; i < g->n_reads; i++)
+    for (int i = 0; i < g->n_reads; i++) {
         LM_CUDA_CHECK(cudaMemcpyAsync(g->reads[i].host, g->reads[i].dev, g->reads[i].bytes, cudaMemcpyDeviceToHost,
                                       c->stream));
+        if (g->reads[i].later >= 0) lm_cuda_later_commit(c, g->reads[i].later);
+    }
     if (timed) {
         LM_CUDA_CHECK(cudaEventRecord(ev[3], c->stream));
         t1 = lm_now();
         g->h_launch += t1 - t0;
     }
-    if (g->n_reads) LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (wait) LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (timed) {
         const double t2 = lm_now();
         g->h_wait += t2 - t1;

@@ -33,6 +33,17 @@ extern "C" {
 
 #define LM_CUDA_FREQ_SLOTS 8
 
+#define LM_CUDA_IDS 65536 /* argmax rows kept on the device for the look-ahead */
+#define LM_CUDA_LATER 4   /* outstanding argmax_rows_later, at most */
+
+/* One outstanding argmax_rows_later: its ids' copy into pinned, then ev. */
+typedef struct lm_cuda_later {
+    cudaEvent_t ev;
+    int32_t *pinned; /* [LM_CUDA_IDS] */
+    int32_t *dst;    /* where argmax_wait puts them */
+    size_t bytes;
+} lm_cuda_later;
+
 typedef struct lm_cuda {
     int device;
     cudaStream_t stream;
@@ -78,6 +89,15 @@ typedef struct lm_cuda {
     struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_matmul.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
+    /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
+     * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
+     * get_rows_argmax; argmax_rows_later's copies to the host queue in a ring
+     * of pinned buffers, each with an event, until argmax_wait (oldest
+     * first: later_head, later_n outstanding). */
+    int32_t *ids_dev;
+    int64_t ids_rows;
+    lm_cuda_later later[LM_CUDA_LATER];
+    int later_head, later_n;
 } lm_cuda;
 
 #define LM_CUDA_COUNTERS 4096
@@ -339,6 +359,9 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
 void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
                          const lm_tensor *beta, lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
 void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+void lm_cuda_argmax_rows_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
+void lm_cuda_argmax_wait(lm_backend *be);
+void lm_cuda_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table);
 void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                       const lm_tensor *const *bias);
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
@@ -376,8 +399,13 @@ bool lm_cuda_gate(lm_cuda *c, const void *desc, size_t n);
 void lm_cuda_graph_abandon(lm_cuda *c);
 /* lm_cuda_stage during a pass: the graph staging buffer. */
 void *lm_cuda_graph_stage(lm_cuda *c, const void *host, size_t bytes);
-/* A device-to-host copy during a pass, done after the graph has run. */
-void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes);
+/* A device-to-host copy during a pass, done after the graph has run; the
+ * launch waits for it, unless later >= 0: then it records the event of
+ * c->later[later] after it and counts that entry as outstanding (argmax_rows_later). */
+void lm_cuda_graph_defer_read(lm_cuda *c, void *host, const void *dev, size_t bytes, int later);
+/* Counts the look-ahead ring's entry `slot` as outstanding, its copy
+ * issued: records its event (cuda_elementwise.cu). */
+void lm_cuda_later_commit(lm_cuda *c, int slot);
 
 template <typename P, typename A>
 static inline void lm_cuda_mix_arg(lm_cuda *c, const A &a) {
