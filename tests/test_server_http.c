@@ -630,6 +630,77 @@ LM_TEST(server_http_concurrent_streams_and_shutdown) {
     close(fd);
 }
 
+/* One greedy chat stream: its text and finish reason. */
+typedef struct la_worker {
+    int port;
+    char body[512];
+    char *text;
+    char finish[32];
+} la_worker;
+
+static void *la_stream(void *arg) {
+    la_worker *w = arg;
+    resp r;
+    w->text = NULL;
+    w->finish[0] = 0;
+    if (http(w->port, "POST", "/v1/chat/completions", w->body, NULL, &r) == 0 && r.status == 200) {
+        int nc, nd;
+        w->text = sse_text(&r, &nc, &nd, NULL, w->finish, sizeof w->finish);
+    }
+    resp_free(&r);
+    return NULL;
+}
+
+/* Greedy streams through a server with the look-ahead on give the text and
+ * finish reason they get with it off: six at once (limits of 3 to 30
+ * tokens, four running, two waiting), then a stop string taken from the
+ * middle of one answer (the server cancels the request there, which the
+ * look-ahead must survive). The look-ahead counter says it ran. */
+LM_TEST(server_http_look_ahead_same_text) {
+    enum { N = 6 };
+    static const char *prompts[N] = { "Hi", "Hello there", "Tell me a story", "What is 2+2?", "Name a colour", "Bye" };
+    static const int limits[N] = { 3, 8, 17, 30, 30, 24 };
+    char *texts[2][N + 1] = { { 0 } }, fin[2][N + 1][32];
+    double ahead[2] = { -1, -1 };
+    char stop[8] = "";
+    for (int mode = 0; mode < 2; mode++) {
+        server s;
+        START(s, mode ? "--parallel 4 --look-ahead on" : "--parallel 4 --look-ahead off");
+        pthread_t th[N];
+        la_worker w[N + 1];
+        for (int i = 0; i < N; i++) {
+            w[i].port = s.port;
+            snprintf(w[i].body, sizeof w[i].body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,\"max_tokens\":%d,"
+                     "\"stream\":true}", prompts[i], limits[i]);
+            pthread_create(&th[i], NULL, la_stream, &w[i]);
+        }
+        for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+        if (mode == 0 && w[3].text && strlen(w[3].text) >= 8) memcpy(stop, w[3].text + strlen(w[3].text) / 2, 3);
+        w[N].port = s.port;
+        snprintf(w[N].body, sizeof w[N].body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,\"max_tokens\":30,"
+                 "\"stream\":true,\"stop\":\"%s\"}", prompts[3], stop);
+        la_stream(&w[N]);
+        for (int i = 0; i <= N; i++) {
+            texts[mode][i] = w[i].text;
+            memcpy(fin[mode][i], w[i].finish, sizeof fin[mode][i]);
+        }
+        ahead[mode] = metric(s.port, "lumen_engine_look_ahead_steps_total");
+        STOP(s);
+    }
+    for (int i = 0; i <= N; i++) {
+        LM_CHECK_MSG(texts[0][i] && texts[1][i] && !strcmp(texts[0][i], texts[1][i]),
+                     "request %d: '%s' with the look-ahead, '%s' without", i, texts[1][i] ? texts[1][i] : "(none)",
+                     texts[0][i] ? texts[0][i] : "(none)");
+        LM_CHECK_MSG(!strcmp(fin[0][i], fin[1][i]), "request %d: finish %s vs %s", i, fin[1][i], fin[0][i]);
+        free(texts[0][i]), free(texts[1][i]);
+    }
+    LM_CHECK(stop[0] != 0 && !strcmp(fin[1][N], "stop"));
+    printf("  look-ahead steps: %.0f with --look-ahead on, %.0f with off\n", ahead[1], ahead[0]);
+    LM_CHECK(ahead[0] == 0 && ahead[1] > 0);
+}
+
 LM_TEST(server_http_queue_full_is_503) {
     server s;
     START(s, "--parallel 1 --max-queue 1");

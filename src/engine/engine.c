@@ -20,7 +20,16 @@
  * end - 1 (prefill chunks are cut there), every 1024 prompt tokens when the
  * pool has 16 or more checkpoint slots, and at every block boundary reached
  * while generating (keeping only the latest), so that a next turn - prompt +
- * answer + new message - hits. */
+ * answer + new message - hits.
+ *
+ * Greedy look-ahead (opts.look_ahead, lm_model_look_ahead). While every
+ * running request decodes greedily, step N+1 is queued with its tokens taken
+ * from step N's argmax on the backend before step N's ids are read, so a
+ * GPU never waits for this thread between steps. Not when a request could
+ * reach its token or context limit within the two steps, when requests wait
+ * to prefill, or when handing out step N's ids would take a hybrid's state
+ * checkpoint (the copy would queue behind step N+1 and see its state). The
+ * queued step's row of a request that stopped on step N is discarded. */
 #include "lm_engine.h"
 
 #include <math.h>

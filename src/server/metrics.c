@@ -169,6 +169,11 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     gauge(&b, "lumen_requests_running", "Sequences being generated.", es.running);
     counter(&b, "lumen_engine_steps_total", "Forward steps run by the engine.", es.steps);
     counter(&b, "lumen_engine_batch_tokens_total", "Tokens over all engine steps.", es.batch_tokens_total);
+    counter(&b, "lumen_engine_look_ahead_steps_total",
+            "Decode steps queued before the previous step's token ids reached the host (--look-ahead).",
+            es.ahead_steps);
+    counter(&b, "lumen_engine_look_ahead_discarded_total",
+            "Rows of look-ahead steps for requests that had stopped on the step before.", es.ahead_discarded);
     gauge(&b, "lumen_kv_blocks_free", "Free KV cache blocks.", es.kv_blocks_free);
     gauge(&b, "lumen_kv_blocks_total", "KV cache blocks.", es.kv_blocks_total);
     batch_hist_text(&b, &es);
