@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
 # (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
-# moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | s21-final | lookahead | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
+# moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | s21-final | final-s22b | final-s22 | lookahead | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
 L=$C/bin/lumen
@@ -334,6 +334,19 @@ for set in "$@"; do
     for r in 1 2; do for f in --no-look-ahead ""; do
       "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 $f 2>/dev/null
     done; done ;;
+  final-s22) # batch 1 with the copy as the engine runs it (greedy look-ahead on): Llama-8B three times, Qwen3.5-27B twice; then the Qwen3-30B-A3B shape at batch 1
+    model /dev/shm/l8 llama-3.1-8b
+    for i in 1 2 3; do "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 32 --gen 128 2>/dev/null; done
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for i in 1 2; do "$L" bench -m /dev/shm/q27 --device cuda --batch 1 --prompt-len 32 --gen 64 2>/dev/null; done
+    rm -rf /dev/shm/q27; model /dev/shm/m30 qwen3-30b-a3b
+    "$L" bench -m /dev/shm/m30 --device cuda --batch 1 --prompt-len 32 --gen 64 2>/dev/null ;;
+  final-s22b) # final-s22 on another machine, then batched decode with the look-ahead: Llama-8B batch 128, Qwen3.5-27B batch 8 / 32 / 128
+    bash "$0" final-s22
+    rm -rf /dev/shm/m30; model /dev/shm/l8 llama-3.1-8b
+    "$L" bench -m /dev/shm/l8 --device cuda --batch 128 --prompt-len 32 --gen 64 --no-membw 2>/dev/null
+    rm -rf /dev/shm/l8; model /dev/shm/q27 qwen3.5-27b
+    for B in 8 32 128; do "$L" bench -m /dev/shm/q27 --device cuda --batch $B --prompt-len 32 --gen 32 --no-membw 2>/dev/null; done ;;
   s21-final) # batched decode at the current code: Llama-8B batch 8 / 32 / 128, Qwen3.5-27B batch 8 / 32 / 128, the Qwen3-30B-A3B shape batch 1 / 8 / 32 / 128
     rm -rf /dev/shm/m30 /dev/shm/q27 /dev/shm/q9; model /dev/shm/l8 llama-3.1-8b
     for B in 8 32 128; do echo -n "llama batch $B "; "$L" bench -m /dev/shm/l8 --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw 2>/dev/null; done
