@@ -487,8 +487,8 @@ static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
 
 /* Queues the look-ahead forward for reqs: token i is the argmax row i of
  * the forward just issued (for the same requests, in order), at the
- * position after it (n_cached is still the one that forward fed). Returns false (nothing queued) on an error, which the
- * caller's own forward will meet again. */
+ * position after it (n_cached is still the one that forward fed). Returns
+ * false (nothing queued) on an error, which the next step meets again. */
 static bool ahead_issue(lm_engine *en, lm_request *const *reqs, int n) {
     for (int i = 0; i < n; i++) {
         lm_request *r = reqs[i];
