@@ -33,7 +33,9 @@
  * Policy: a key's first forward runs eagerly (it warms every scratch
  * buffer); the second is captured; later ones replay. LUMEN_CUDA_GRAPHS=0
  * turns graphs off; LUMEN_CUDA_GRAPH_STATS=1 prints counts at destroy, and
- * where the wall time of the decode steps went (host pass, graph, idle). */
+ * where the wall time of the decode steps went (host pass, graph, idle):
+ * of the steps whose launch waits for its reads, so not of look-ahead steps
+ * (argmax_rows_later), whose reads it does not wait for. */
 #include "cuda_internal.h"
 
 #include <stdio.h>
