@@ -120,10 +120,8 @@ struct lm_engine {
     bool ahead_on;
     int ahead_n;                 /* its sequences; 0: none in flight */
     lm_request **ahead_req;      /* [parallel] their requests, a reference each */
-    int32_t *a_pos, *a_seq, *a_rows, *a_slots; /* [parallel] its batch */
-    const int32_t **a_tables;
     int32_t *a_ids[2];           /* [parallel] where its ids land, alternating */
-    int a_cur;                   /* a_ids[a_cur]: the one in flight */
+    int a_cur;                   /* a_ids[a_cur]: the last one queued */
 };
 
 /* ---- request lifetime ---- */
@@ -487,48 +485,55 @@ static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
 
 /* Queues the look-ahead forward for reqs: token i is the argmax row i of
  * the forward just issued (for the same requests, in order), at the
- * position after it (n_cached is still the one that forward fed). Returns
- * false (nothing queued) on an error, which the next step meets again. */
-static bool ahead_issue(lm_engine *en, lm_request *const *reqs, int n) {
+ * position after it (n_cached is still the one that forward fed), its ids
+ * into the other a_ids; it is then the one in flight, with a reference to
+ * each request. The batch arrays are free again: the forward just issued
+ * has taken what it needs from them. On an error nothing is queued; the
+ * next step meets it again. */
+static void ahead_issue(lm_engine *en, lm_request *const *reqs, int n) {
     for (int i = 0; i < n; i++) {
         lm_request *r = reqs[i];
-        en->a_pos[i] = r->n_cached + 1;
-        en->a_seq[i] = i;
-        en->a_rows[i] = i;
-        en->a_tables[i] = r->seq.blocks;
-        en->a_slots[i] = r->slot;
+        en->b_pos[i] = r->n_cached + 1;
+        en->b_seq[i] = i;
+        en->b_rows[i] = i;
+        en->b_tables[i] = r->seq.blocks;
+        en->b_slots[i] = r->slot;
     }
-    const int next = en->ahead_n ? en->a_cur ^ 1 : 0;
-    lm_batch b = { .n_tokens = n, .tokens = NULL, .pos = en->a_pos, .seq = en->a_seq, .n_seqs = n,
-                   .block_tables = en->a_tables, .state_slot = en->kv->pool.n_state ? en->a_slots : NULL,
-                   .n_out = n, .out_rows = en->a_rows, .out_argmax = en->a_ids[next], .argmax_later = true };
+    const int next = en->a_cur ^ 1;
+    lm_batch b = { .n_tokens = n, .tokens = NULL, .pos = en->b_pos, .seq = en->b_seq, .n_seqs = n,
+                   .block_tables = en->b_tables, .state_slot = en->kv->pool.n_state ? en->b_slots : NULL,
+                   .n_out = n, .out_rows = en->b_rows, .out_argmax = en->a_ids[next], .argmax_later = true };
     lm_err e = { { 0 } };
-    if (lm_model_forward(en->m, &en->kv->pool, &b, NULL, &e)) return false;
-    return true;
+    if (lm_model_forward(en->m, &en->kv->pool, &b, NULL, &e)) return;
+    for (int i = 0; i < n; i++) {
+        en->ahead_req[i] = reqs[i];
+        atomic_fetch_add(&reqs[i]->refs, 1);
+    }
+    en->ahead_n = n, en->a_cur = next;
+}
+
+/* A forward of T tokens over S sequences in the stats (under en->mu). */
+static void count_step(lm_engine *en, int T, int S, bool ahead, uint64_t discarded) {
+    int bucket = 0;
+    while (bucket < 7 && (2 << bucket) <= S) bucket++;
+    pthread_mutex_lock(&en->mu);
+    en->st.steps++;
+    en->st.batch_tokens_total += (uint64_t)T;
+    en->st.batch_hist[bucket]++;
+    en->st.ahead_steps += ahead;
+    en->st.ahead_discarded += discarded;
+    pthread_mutex_unlock(&en->mu);
 }
 
 /* The look-ahead forward in flight becomes this step: perhaps queue the
  * next one behind it, then read its ids and hand them out. */
 static void step_ahead(lm_engine *en) {
-    const int n = en->ahead_n, cur = en->a_cur;
-    lm_request **reqs = lm_xmalloc((size_t)n * sizeof *reqs);
-    memcpy(reqs, en->ahead_req, (size_t)n * sizeof *reqs);
-    bool chained = ahead_ok(en, reqs, n) && ahead_issue(en, reqs, n);
+    const int n = en->ahead_n;
+    const int32_t *ids = en->a_ids[en->a_cur];
+    lm_request **reqs = en->ahead_req; /* a chained forward is for the same requests */
+    en->ahead_n = 0;
+    if (ahead_ok(en, reqs, n)) ahead_issue(en, reqs, n);
     lm_model_wait_argmax(en->m);
-    const int32_t *ids = en->a_ids[cur];
-    if (chained) {
-        en->a_cur = cur ^ 1;
-        for (int i = 0; i < n; i++) atomic_fetch_add(&reqs[i]->refs, 1);
-    }
-    en->ahead_n = chained ? n : 0;
-    pthread_mutex_lock(&en->mu);
-    en->st.steps++;
-    en->st.batch_tokens_total += (uint64_t)n;
-    int bucket = 0;
-    while (bucket < 7 && (2 << bucket) <= n) bucket++;
-    en->st.batch_hist[bucket]++;
-    en->st.ahead_steps++;
-    pthread_mutex_unlock(&en->mu);
     uint64_t discarded = 0;
     for (int i = 0; i < n; i++) {
         lm_request *r = reqs[i];
@@ -542,12 +547,7 @@ static void step_ahead(lm_engine *en) {
         take_token(en, r, NULL, ids[i]);
     }
     for (int i = 0; i < n; i++) req_unref(reqs[i]);
-    free(reqs);
-    if (discarded) {
-        pthread_mutex_lock(&en->mu);
-        en->st.ahead_discarded += discarded;
-        pthread_mutex_unlock(&en->mu);
-    }
+    count_step(en, n, n, true, discarded);
     drop_done(en);
 }
 
@@ -607,22 +607,10 @@ static void step(lm_engine *en) {
         return;
     }
     if (ahead) {
-        if (ahead_issue(en, en->seq_req, S)) {
-            en->ahead_n = S, en->a_cur = 0;
-            for (int i = 0; i < S; i++) {
-                en->ahead_req[i] = en->seq_req[i];
-                atomic_fetch_add(&en->seq_req[i]->refs, 1);
-            }
-        }
+        ahead_issue(en, en->seq_req, S);
         lm_model_wait_argmax(en->m);
     }
-    int bucket = 0;
-    while (bucket < 7 && (2 << bucket) <= S) bucket++;
-    pthread_mutex_lock(&en->mu);
-    en->st.steps++;
-    en->st.batch_tokens_total += (uint64_t)T;
-    en->st.batch_hist[bucket]++;
-    pthread_mutex_unlock(&en->mu);
+    count_step(en, T, S, false, 0);
     for (int i = 0; i < S; i++) {
         lm_request *r = en->seq_req[i];
         if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = T; /* a decode step */
@@ -823,11 +811,6 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         en->ahead_on = lm_model_look_ahead(m) && (en->o.look_ahead > 0 || (en->o.look_ahead == 0 && total_b > 0));
     }
     en->ahead_req = lm_xcalloc((size_t)P, sizeof *en->ahead_req);
-    en->a_pos = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->a_seq = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->a_rows = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->a_slots = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->a_tables = lm_xcalloc((size_t)P, sizeof *en->a_tables);
     for (int i = 0; i < 2; i++) en->a_ids[i] = lm_xmalloc((size_t)P * sizeof(int32_t));
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
@@ -858,8 +841,7 @@ void lm_engine_free(lm_engine *en) {
     lm_hist_free(en->hist);
     free(en->hit_blocks);
     lm_kv_cache_free(en->kv);
-    free(en->ahead_req), free(en->a_pos), free(en->a_seq), free(en->a_rows), free(en->a_slots), free(en->a_tables);
-    free(en->a_ids[0]), free(en->a_ids[1]);
+    free(en->ahead_req), free(en->a_ids[0]), free(en->a_ids[1]);
     free(en->running);
     free(en->b_tokens);
     free(en->b_pos);

@@ -267,13 +267,11 @@ __global__ void lm_get_rows_kernel(float *y, const void *table, const int32_t *i
     }
 }
 
-/* get_rows with the ids already on the device (dids). */
+/* get_rows with the ids already on the device (dids); y not empty, c in use. */
 static void lm_get_rows_dev(lm_cuda *c, lm_tensor *y, const lm_tensor *table, const int32_t *dids) {
     LM_ASSERT(y->type == LM_F32 && y->cols == table->cols);
     LM_ASSERT(table->type == LM_F32 || table->type == LM_F16 || table->type == LM_BF16);
     const int64_t n = y->rows * y->cols;
-    if (n == 0) return;
-    lm_cuda_use(c);
     const unsigned g = lm_ew_grid(c, n);
     float *yp = (float *)y->data;
     switch (table->type) {
@@ -435,10 +433,9 @@ void lm_cuda_later_commit(lm_cuda *c, int slot) {
  * the same entry), and reach host_ids at argmax_wait. */
 void lm_cuda_argmax_rows_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
     lm_cuda *c = lm_cuda_of(be);
-    LM_ASSERT(c->later_n < LM_CUDA_LATER && x->rows <= LM_CUDA_IDS);
+    LM_ASSERT(c->later_n < LM_CUDA_LATER && x->rows > 0 && x->rows <= LM_CUDA_IDS);
     const int slot = (c->later_head + c->later_n) % LM_CUDA_LATER;
     lm_cuda_later *l = &c->later[slot];
-    LM_ASSERT(x->rows > 0);
     l->dst = host_ids, l->bytes = (size_t)x->rows * sizeof(int32_t);
     const int32_t *d = lm_argmax_launch(c, x);
     if (c->gmode != LM_G_OFF) {
@@ -455,13 +452,14 @@ void lm_cuda_argmax_wait(lm_backend *be) {
     lm_cuda_use(c);
     lm_cuda_later *l = &c->later[c->later_head];
     LM_CUDA_CHECK(cudaEventSynchronize(l->ev));
-    if (l->bytes) memcpy(l->dst, l->pinned, l->bytes);
+    memcpy(l->dst, l->pinned, l->bytes);
     c->later_head = (c->later_head + 1) % LM_CUDA_LATER;
     c->later_n--;
 }
 
 void lm_cuda_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table) {
     lm_cuda *c = lm_cuda_of(be);
-    LM_ASSERT(c->ids_rows == y->rows);
+    LM_ASSERT(c->ids_rows == y->rows && y->cols > 0);
+    lm_cuda_use(c);
     lm_get_rows_dev(c, y, table, c->ids_dev);
 }
