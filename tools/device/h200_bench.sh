@@ -157,7 +157,7 @@ for set in "$@"; do
       --launch-skip 1400 --launch-count 355 "$L" bench -m /dev/shm/l8 --device cuda --batch 1 --prompt-len 16 \
       --gen 2 --no-membw > "${OUT:-/tmp}/ncu.csv" 2>/dev/null
     python3 tools/device/ncu_agg.py "${OUT:-/tmp}/ncu.csv" ;;
-  lumen-final) # every lumen figure of docs/benchmarks.md, results as they come in $OUT/final.jsonl
+  lumen-final) # the sixth pass's figures (docs/history/08-cuda-pass06.md), results as they come in $OUT/final.jsonl
     f=${OUT:-/tmp}/final.jsonl
     model /dev/shm/l8 llama-3.1-8b
     "$L" bench -m /dev/shm/l8 --device cuda --prompt-len 32 --gen 128 --reps 3 | tee -a "$f"
