@@ -32,7 +32,6 @@
  * queued step's row of a request that stopped on step N is discarded. */
 #include "lm_engine.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -52,12 +51,9 @@ struct lm_request {
     int32_t *tokens;        /* prompt, then generated tokens */
     int n_prompt, n_tokens, cap;
     int n_cached;           /* tokens whose K/V are in the cache */
-    lm_gen_params p;        /* arrays below are owned copies */
+    lm_gen_params p;        /* stop_tokens: the owned copy below; logit_bias: the sampler's */
     int32_t *stop_tokens;
-    lm_logit_bias *bias;
-    lm_sampler *sampler;
-    int32_t *counts;        /* [V] generated-token counts, only with penalties */
-    uint8_t *seen;          /* [V] prompt+generated, only with repetition penalty */
+    lm_sampler *sampler;    /* with the request's bias and penalties */
     lm_token_cb cb;
     void *user;
     atomic_int refs;        /* caller + engine */
@@ -134,9 +130,6 @@ static void req_unref(lm_request *r) {
     free(r->hashes);
     free(r->step_batch);
     free(r->stop_tokens);
-    free(r->bias);
-    free(r->counts);
-    free(r->seen);
     free(r);
 }
 
@@ -286,50 +279,6 @@ void lm_request_release(lm_request *r) {
 
 /* ---- sampling ---- */
 
-static bool uses_penalties(const lm_gen_params *p) {
-    return p->presence_penalty != 0 || p->frequency_penalty != 0 || (p->repetition_penalty != 1 && p->repetition_penalty > 0);
-}
-
-/* logits -> en->work with logit_bias and penalties applied. */
-static const float *adjusted_logits(lm_engine *en, lm_request *r, const float *logits) {
-    if (r->p.n_logit_bias == 0 && !r->counts) return logits;
-    float *w = en->work;
-    memcpy(w, logits, (size_t)en->vocab * sizeof(float));
-    for (int i = 0; i < r->p.n_logit_bias; i++) w[r->bias[i].token] += r->bias[i].bias;
-    if (r->counts) {
-        float rp = r->p.repetition_penalty;
-        for (int v = 0; v < en->vocab; v++) {
-            if (r->seen[v] && rp > 0 && rp != 1) w[v] = w[v] > 0 ? w[v] / rp : w[v] * rp;
-            if (r->counts[v]) w[v] -= r->p.presence_penalty + r->p.frequency_penalty * (float)r->counts[v];
-        }
-    }
-    return w;
-}
-
-/* Log-softmax of the model's own logits for the chosen token and the top n. */
-static void fill_logprobs(lm_engine *en, const float *logits, int32_t tok, int n_top, lm_token_event *ev) {
-    const int V = en->vocab;
-    float mx = logits[0];
-    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
-    float lse = mx + (float)log(sum);
-    ev->logprob = logits[tok] - lse;
-    /* top n by repeated selection: n <= 20, so O(n V) is fine next to a forward */
-    ev->n_top = 0;
-    for (int k = 0; k < n_top && k < V; k++) {
-        int best = -1;
-        for (int v = 0; v < V; v++) {
-            bool taken = false;
-            for (int j = 0; j < k && !taken; j++) taken = ev->top_ids[j] == v;
-            if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
-        }
-        ev->top_ids[k] = best;
-        ev->top_logprobs[k] = logits[best] - lse;
-        ev->n_top++;
-    }
-}
-
 static bool is_stop_token(const lm_request *r, int32_t tok) {
     for (int i = 0; i < r->p.n_stop_tokens; i++)
         if (r->stop_tokens[i] == tok) return true;
@@ -340,13 +289,12 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
 /* A request whose next token is the argmax of the model's logits, which the
  * backend computes without copying the logits out. */
 static bool plain_greedy(const lm_request *r) {
-    return r->p.sampling.temperature <= 0 && r->p.n_logit_bias == 0 && !r->counts && !r->p.logprobs &&
-           r->p.top_logprobs == 0;
+    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0;
 }
 
 /* logits NULL: a plain-greedy request, whose token is `greedy`. */
 static void take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
-    int32_t tok = logits ? lm_sample(r->sampler, adjusted_logits(en, r, logits)) : greedy;
+    int32_t tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
     if (r->t_first == 0) r->t_first = lm_now();
     r->n_generated++;
     en->step_generated++;
@@ -355,13 +303,13 @@ static void take_token(lm_engine *en, lm_request *r, const float *logits, int32_
         return;
     }
     lm_token_event ev = { .token = tok, .has_token = true, .n_prompt = r->n_prompt, .n_generated = r->n_generated };
-    if (r->p.logprobs || r->p.top_logprobs > 0) fill_logprobs(en, logits, tok, r->p.top_logprobs, &ev);
+    if (r->p.logprobs || r->p.top_logprobs > 0) {
+        ev.n_top = LM_MIN(r->p.top_logprobs, en->vocab);
+        ev.logprob = lm_logprobs(logits, en->vocab, tok, ev.n_top, ev.top_ids, ev.top_logprobs);
+    }
     req_emit(r, &ev);
     r->tokens[r->n_tokens++] = tok;
-    if (r->counts) {
-        r->counts[tok]++;
-        r->seen[tok] = 1;
-    }
+    lm_sampler_accept(r->sampler, tok);
     if (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx) req_finish(en, r, LM_FINISH_LENGTH, NULL);
 }
 
@@ -888,16 +836,13 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     r->p = *p;
     r->stop_tokens = lm_xmalloc((size_t)(p->n_stop_tokens + 1) * sizeof(int32_t));
     if (p->n_stop_tokens) memcpy(r->stop_tokens, p->stop_tokens, (size_t)p->n_stop_tokens * sizeof(int32_t));
-    r->bias = lm_xmalloc((size_t)(p->n_logit_bias + 1) * sizeof(lm_logit_bias));
-    if (p->n_logit_bias) memcpy(r->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof(lm_logit_bias));
     r->p.stop_tokens = r->stop_tokens;
-    r->p.logit_bias = r->bias;
-    if (uses_penalties(p)) {
-        r->counts = lm_xcalloc((size_t)en->vocab, sizeof(int32_t));
-        r->seen = lm_xcalloc((size_t)en->vocab, 1);
-        for (int i = 0; i < n_prompt; i++) r->seen[prompt[i]] = 1;
-    }
     r->sampler = lm_sampler_create(&p->sampling, en->vocab);
+    lm_logit_adjust adj = { .presence_penalty = p->presence_penalty, .frequency_penalty = p->frequency_penalty,
+                            .repetition_penalty = p->repetition_penalty, .bias = p->logit_bias,
+                            .n_bias = p->n_logit_bias };
+    lm_sampler_adjust(r->sampler, &adj, prompt, n_prompt);
+    r->p.logit_bias = NULL, r->p.n_logit_bias = 0; /* the sampler has its own copy */
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
     r->step_batch = lm_xmalloc((size_t)p->max_tokens * sizeof(int32_t));
     r->tr.diverge_pos = -1;
