@@ -12,10 +12,12 @@
  * may have issued it already during the last step (the look-ahead queues
  * step N+1 before step N's ids are read): then the step takes that forward
  * as it is. Either way the step's policy (lm_step_policy) finishes it:
- * after_forward (the look-ahead queues the next step), then hand_out, which for a plain step advances
+ * after_forward (the look-ahead queues the next step; speculation, later,
+ * has nothing to do there), then hand_out, which for a plain step advances
  * every sequence by its tokens and gives each sequence whose last row came
  * out its next token. Which policy a built step gets is decided in one
- * place, step(): the look-ahead when lm_ahead_claim allows, else plain.
+ * place, step(): speculation when it drafted (never yet), the look-ahead
+ * when lm_ahead_claim allows, else plain.
  *
  * Callbacks run on this thread without en->mu: finished and cancelled
  * requests found under the lock are finished after it is dropped. */
@@ -236,15 +238,18 @@ static void step_out(lm_engine *en, lm_step *st, lm_request *r, int row) {
 static bool step_build(lm_engine *en, lm_step *st) {
     lm_batch_reset(en->bb);
     st->queued = false;
-    st->S = st->n_out = 0;
+    st->S = st->n_out = st->n_draft = 0;
     int budget = en->o.step_tokens, last;
     /* decode tokens first: running streams never wait behind a prompt */
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached < r->n_prompt) continue;
-        step_add(en, st, r, 1, &last);
+        int s = step_add(en, st, r, 1, &last);
         step_out(en, st, r, last);
         budget--;
+        /* speculation's proposer may follow r's token with a draft; never
+         * yet. Every later running request may still need its token. */
+        budget -= lm_spec_propose(en, st, s, r, budget - (en->n_running - 1 - i));
     }
     for (int i = 0; i < en->n_running && budget > 0; i++) {
         lm_request *r = en->running[i];
@@ -278,7 +283,7 @@ static void step(lm_engine *en) {
     if (!st) {
         st = &en->cur;
         if (!step_build(en, st)) return;
-        st->policy = lm_ahead_claim(en, st) ? &lm_ahead_policy : &plain_policy;
+        st->policy = st->n_draft ? &lm_spec_policy : lm_ahead_claim(en, st) ? &lm_ahead_policy : &plain_policy;
         if (!step_issue(en, st)) return;
     }
     if (st->policy->after_forward) st->policy->after_forward(en, st);
@@ -335,6 +340,7 @@ static void engine_destroy(lm_engine *en) {
     pthread_cond_destroy(&en->cv);
     lm_cache_policy_free(en);
     lm_kv_cache_free(en->kv);
+    lm_spec_free(en->spec);
     lm_ahead_free(en);
     lm_batch_builder_free(en->bb);
     free(en->running);
@@ -370,7 +376,9 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         return -1;
     }
     lm_cache_policy_create(en, cache_blocks);
-    const size_t P = (size_t)en->o.parallel, R = P; /* output rows: one per sequence */
+    en->spec = lm_spec_create(m);
+    /* output rows: one per sequence, and a draft's after it */
+    const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
     en->bb = lm_batch_builder_create(en->o.step_tokens, (int)P, (int)R, en->kv->pool.n_state > 0);
     en->running = lm_xcalloc(P, sizeof *en->running);
     en->cur.seq_req = lm_xcalloc(P, sizeof *en->cur.seq_req);

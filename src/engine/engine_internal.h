@@ -9,13 +9,15 @@
  *                   diagnosis; the seam of a lower (disk) tier
  *   lookahead.c     the greedy look-ahead: a step policy, and the chain of
  *                   device-fed forwards it shares with `lumen bench`
+ *   spec.c          speculative decoding's seam (lm_spec.h): a step policy
+ *                   with no proposer yet
  *   fit.c           KV sizing against device memory, the warm-up forward
  *   batch.c, sampler.c, prefix_cache.c, kv_cache.c: the parts they use.
  *
  * A step (engine.c's step()) is: take the forward a policy already queued
  * during the last step, or build one and issue it; then the step's policy
- * (lm_step_policy) runs: after_forward, then hand_out. Plain steps and the
- * look-ahead differ only in their policy.
+ * (lm_step_policy) runs: after_forward, then hand_out. Plain steps, the
+ * look-ahead and speculation differ only in their policy.
  *
  * Threads: the engine thread owns everything but the fields marked "under
  * mu", which submit, stats and cancel reach from other threads. Callbacks
@@ -32,6 +34,7 @@
 #include "lm_kv_cache.h"
 #include "lm_lookahead.h"
 #include "lm_prefix_cache.h"
+#include "lm_spec.h"
 
 typedef enum lm_req_state { LM_REQ_QUEUED, LM_REQ_RUNNING, LM_REQ_DONE } lm_req_state;
 
@@ -76,6 +79,7 @@ typedef struct lm_step {
     const lm_step_policy *policy;
     bool queued;             /* issued by the last step's policy (look-ahead), not built by this one */
     int T, S, n_out;         /* tokens, sequences, output rows */
+    int n_draft;             /* draft tokens among T (lm_spec.h); always 0 today */
     lm_request **seq_req;    /* [S] request of each batch sequence */
     int *seq_n;              /* [S] its tokens in this forward */
     lm_request **row_req;    /* [n_out] request of each output row */
@@ -85,7 +89,8 @@ typedef struct lm_step {
 } lm_step;
 
 /* What a step does once its forward is issued. step() picks one per built
- * step: the look-ahead when lm_ahead_claim allows, else plain. A policy may issue the next step's forward
+ * step, first that applies: speculation (when it drafted), the look-ahead
+ * (lm_ahead_claim), plain. A policy may issue the next step's forward
  * itself and leave it in en->queued; the next step then takes it as is and
  * runs that step's policy on it. */
 struct lm_step_policy {
@@ -132,6 +137,8 @@ struct lm_engine {
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
                                   * each holds a reference to its requests */
     int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
+    /* speculative decoding (spec.c): NULL, no proposer exists yet */
+    lm_spec *spec;
 };
 
 /* ---- engine.c: requests and the plain step ---- */
