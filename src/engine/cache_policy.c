@@ -174,7 +174,8 @@ static lm_cache_miss diagnose(lm_engine *en, lm_request *r, const lm_pcache_hit 
 
 void lm_cache_policy_restore(lm_engine *en, lm_request *r, const lm_cache_hit *hit) {
     const lm_pcache_hit *h = &hit->ram;
-    if (h->cow_block >= 0) lm_kv_block_copy_rows(en->kv, r->seq.blocks[h->n_blocks], h->cow_block, h->n_tokens % en->bs);
+    if (h->cow_block >= 0)
+        lm_kv_block_copy_rows(en->kv, r->seq.blocks[h->n_blocks], h->cow_block, h->n_tokens % en->bs);
     if (h->ckpt >= 0) lm_kv_state_copy(en->kv, r->slot, h->ckpt);
     lm_cache_policy_unpin(en);
     r->tr.lookup_s = hit->t_found - hit->t_lookup;

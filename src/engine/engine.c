@@ -277,6 +277,7 @@ static bool step_issue(lm_engine *en, lm_step *st) {
     return false;
 }
 
+/* One step (the design note above). */
 static void step(lm_engine *en) {
     lm_step *st = en->queued; /* issued by the last step's policy */
     en->queued = NULL;

@@ -20,9 +20,10 @@
  * look-ahead and speculation differ only in their policy.
  *
  * Threads: the engine thread owns everything but the fields marked "under
- * mu", which submit, stats and cancel reach from other threads. Callbacks
- * run on the engine thread with no engine lock held (only the request's
- * cb_mu). */
+ * mu", which submit, stats and cancel reach from other threads, and a
+ * request's refs and cancelled (atomics) and released (under its cb_mu).
+ * Callbacks run on the engine thread with no engine lock held, only the
+ * request's cb_mu. */
 #ifndef LM_ENGINE_INTERNAL_H
 #define LM_ENGINE_INTERNAL_H
 
@@ -74,7 +75,8 @@ typedef struct lm_step_policy lm_step_policy;
 
 /* One step's forward as the scheduler sees it: which request owns each
  * batch sequence and each output row, and where the outputs land. The
- * arrays are the engine's, sized at creation. */
+ * arrays are the engine's, sized at creation for parallel sequences and
+ * parallel * (1 + lm_spec_max_draft) rows. */
 typedef struct lm_step {
     const lm_step_policy *policy;
     bool queued;             /* issued by the last step's policy (look-ahead), not built by this one */
@@ -91,8 +93,8 @@ typedef struct lm_step {
 /* What a step does once its forward is issued. step() picks one per built
  * step, first that applies: speculation (when it drafted), the look-ahead
  * (lm_ahead_claim), plain. A policy may issue the next step's forward
- * itself and leave it in en->queued; the next step then takes it as is and
- * runs that step's policy on it. */
+ * itself and leave it in en->queued (with the policy that finishes it);
+ * the next step then takes that forward as it is. */
 struct lm_step_policy {
     const char *name;
     bool argmax_later;   /* the forward returns before its ids; after_forward waits for them */
@@ -123,7 +125,7 @@ struct lm_engine {
     /* the step */
     lm_batch_builder *bb;        /* every batch the engine sends, one at a time */
     lm_step cur;                 /* the step step() builds */
-    lm_step *queued;             /* a forward already issued for the next step, or NULL (read under mu too) */
+    lm_step *queued;             /* a forward already issued for the next step, or NULL */
     float *work;                 /* [V] biased/penalised copy for sampling */
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */
