@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../base/lm_membw.h"
+#include "../engine/lm_lookahead.h"
 #include "../engine/lm_runner.h"
 #include "../engine/lm_sampler.h"
 #include "cli.h"
@@ -84,7 +85,13 @@ static double backend_copy_bandwidth(lm_backend *be, int threads) {
  * batch each. Returns tokens/s over the decode steps, or -1 with e set.
  * issue_ms / body_ms: for a step without the output head, the host time to
  * enqueue it and the time until the backend finished it (best of 8): when
- * they are close, the host, not the device, sets the pace. */
+ * they are close, the host, not the device, sets the pace.
+ *
+ * The look-ahead is the engine's mechanism (lm_lookahead_queue) without the
+ * engine's policy: these sequences never stop, take only the argmax and
+ * have no prefix cache, so none of its conditions (room for two more
+ * tokens, checkpoints, discarded rows of stopped requests) apply and every
+ * step after the first chains. */
 static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int chunk, bool ahead, double *issue_ms,
                              double *body_ms, lm_err *e) {
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
@@ -92,52 +99,59 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
     double tps = -1;
     if (lm_kv_cache_create_for(&kv, m, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
-    int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *pos = lm_xmalloc((size_t)(B + chunk) * sizeof *pos),
-            *sq = lm_xcalloc((size_t)(B + chunk), sizeof *sq), *rows = lm_xmalloc((size_t)B * sizeof *rows),
-            *toks = lm_xmalloc((size_t)chunk * sizeof *toks), *next = lm_xmalloc((size_t)2 * B * sizeof *next);
-    const int32_t **tables = lm_xmalloc((size_t)B * sizeof *tables);
+    lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(B, chunk), B, B, kv->pool.n_state > 0);
+    int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *toks = lm_xmalloc((size_t)chunk * sizeof *toks),
+            *next = lm_xmalloc((size_t)2 * B * sizeof *next);
     uint64_t x = 0x9E3779B97F4A7C15ull;
     for (int s = 0; s < B; s++) {
         slots[s] = lm_kv_state_acquire(kv);
         if (lm_kv_seq_reserve(kv, &seqs[s], ctx, e)) goto done;
-        tables[s] = seqs[s].blocks;
     }
     for (int s = 0; s < B; s++) /* prefill one sequence at a time */
         for (int done = 0; done < prompt_len;) {
             int t = LM_MIN(chunk, prompt_len - done);
             for (int i = 0; i < t; i++) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                toks[i] = (int32_t)(x % (uint64_t)V), pos[i] = done + i, sq[i] = 0;
+                toks[i] = (int32_t)(x % (uint64_t)V);
             }
-            int32_t last = t - 1;
-            lm_batch b = { .n_tokens = t, .tokens = toks, .pos = pos, .seq = sq, .n_seqs = 1,
-                           .block_tables = &tables[s], .state_slot = slots[s] >= 0 ? &slots[s] : NULL,
-                           .n_out = done + t == prompt_len, .out_rows = &last, .out_argmax = &next[s] };
-            if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
+            lm_batch_reset(bb);
+            int last = lm_batch_add_tokens(bb, lm_batch_add_seq(bb, seqs[s].blocks, slots[s]), toks, done, t);
+            if (done + t == prompt_len) lm_batch_add_out(bb, last);
+            lm_batch_set_argmax(bb, &next[s], NULL, false);
+            if (lm_batch_forward(bb, m, &kv->pool, NULL, e)) goto done;
             done += t;
         }
-    for (int s = 0; s < B; s++) sq[s] = s, rows[s] = s;
     double t0 = lm_now();
     /* greedy on the backend, as the engine does: ids back, not logits; with
      * the look-ahead, step g takes step g - 1's ids on the device and is
      * queued before they reach the host (into the other half of next) */
     for (int g = 0; g < gen; g++) {
-        for (int s = 0; s < B; s++) pos[s] = prompt_len + g;
-        lm_batch b = { .n_tokens = B, .tokens = ahead && g > 0 ? NULL : next, .pos = pos, .seq = sq, .n_seqs = B,
-                       .block_tables = tables, .state_slot = slots[0] >= 0 ? slots : NULL, .n_out = B,
-                       .out_rows = rows, .out_argmax = next + (ahead ? (size_t)(g % 2) * B : 0),
-                       .argmax_later = ahead };
-        if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto done;
-        if (ahead && g > 0) lm_model_wait_argmax(m);
+        const bool chained = ahead && g > 0;
+        int32_t *ids = next + (ahead ? (size_t)(g % 2) * B : 0);
+        lm_batch_reset(bb);
+        for (int s = 0; s < B; s++) {
+            int q = lm_batch_add_seq(bb, seqs[s].blocks, slots[s]);
+            if (chained) lm_batch_add_from_argmax(bb, q, prompt_len + g);
+            else lm_batch_add_out(bb, lm_batch_add_tokens(bb, q, &next[s], prompt_len + g, 1));
+        }
+        if (chained) {
+            if (lm_lookahead_queue(m, &kv->pool, bb, ids, e)) goto done;
+            lm_model_wait_argmax(m);
+        } else {
+            lm_batch_set_argmax(bb, ids, NULL, ahead);
+            if (lm_batch_forward(bb, m, &kv->pool, NULL, e)) goto done;
+        }
     }
     if (ahead) lm_model_wait_argmax(m);
     tps = (double)B * gen / (lm_now() - t0);
     *issue_ms = *body_ms = 1e30;
-    for (int rep = 0; rep < 8; rep++) { /* the last step again, its head left out */
-        lm_batch b = { .n_tokens = B, .tokens = next, .pos = pos, .seq = sq, .n_seqs = B, .block_tables = tables,
-                       .state_slot = slots[0] >= 0 ? slots : NULL };
+    /* the last step again, its head left out */
+    lm_batch_reset(bb);
+    for (int s = 0; s < B; s++)
+        lm_batch_add_tokens(bb, lm_batch_add_seq(bb, seqs[s].blocks, slots[s]), &next[s], prompt_len + gen - 1, 1);
+    for (int rep = 0; rep < 8; rep++) {
         double t1 = lm_now();
-        if (lm_model_forward(m, &kv->pool, &b, NULL, e)) goto fail;
+        if (lm_batch_forward(bb, m, &kv->pool, NULL, e)) goto fail;
         double t2 = lm_now();
         lm_backend_sync(m->be);
         *issue_ms = LM_MIN(*issue_ms, 1e3 * (t2 - t1));
@@ -149,7 +163,8 @@ fail:
 done:
     for (int s = 0; s < B; s++) lm_kv_seq_release(kv, &seqs[s]);
     lm_kv_cache_free(kv);
-    free(seqs), free(slots), free(pos), free(sq), free(rows), free(toks), free(next), free(tables);
+    lm_batch_builder_free(bb);
+    free(seqs), free(slots), free(toks), free(next);
     return tps;
 }
 

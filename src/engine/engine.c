@@ -1,132 +1,34 @@
-/* engine.c - continuous batching over one model (see lm_engine.h).
+/* engine.c - continuous batching over one model (see lm_engine.h): the
+ * scheduler. engine_internal.h lists the files it shares the engine with.
  *
  * One scheduler thread loops: admit waiting requests (FIFO) while the KV
- * cache can hold prompt + max_tokens, drop cancelled ones, then build one
- * batch: a decode token for every running sequence first, then prefill
- * chunks of admitted prompts in arrival order until the step's token budget
- * is spent. One forward; then each sequence whose last row came out samples
- * its next token and reports it. Blocks for a request's whole budget are
- * reserved at admission, so an admitted request always completes.
+ * cache can hold prompt + max_tokens, drop cancelled ones, then run one
+ * step. Blocks for a request's whole budget are reserved at admission, so an
+ * admitted request always completes.
  *
- * Prefix cache (opts.cache_ram > 0, lm_prefix_cache.h). At admission the
- * prompt is looked up: the full blocks it shares with cached ones join its
- * block table by reference; a hit ending inside a block copies that block's
- * first rows into a fresh block (copy-on-write); a hybrid model also copies
- * the recurrent-state checkpoint at the hit into the sequence's slot. When
- * the pool is short, cache-only blocks are evicted before the request waits.
- * After every forward the blocks a sequence filled (prompt or generated) are
- * inserted, so concurrent and later requests can share them. Hybrids take
- * checkpoints at the last block boundary <= the prompt end and <= the prompt
- * end - 1 (prefill chunks are cut there), every 1024 prompt tokens when the
- * pool has 16 or more checkpoint slots, and at every block boundary reached
- * while generating (keeping only the latest), so that a next turn - prompt +
- * answer + new message - hits.
+ * A step is one forward. Usually it is built here: a decode token for every
+ * running sequence first, then prefill chunks of admitted prompts in arrival
+ * order until the step's token budget is spent; then issued. But a policy
+ * may have issued it already during the last step (the look-ahead queues
+ * step N+1 before step N's ids are read): then the step takes that forward
+ * as it is. Either way the step's policy (lm_step_policy) finishes it:
+ * after_forward (the look-ahead queues the next step; speculation, later,
+ * has nothing to do there), then hand_out, which for a plain step advances
+ * every sequence by its tokens and gives each sequence whose last row came
+ * out its next token. Which policy a built step gets is decided in one
+ * place, step(): speculation when it drafted (never yet), the look-ahead
+ * when lm_ahead_claim allows, else plain.
  *
- * Greedy look-ahead (opts.look_ahead, lm_model_look_ahead). While every
- * running request decodes greedily, step N+1 is queued with its tokens taken
- * from step N's argmax on the backend before step N's ids are read, so a
- * GPU never waits for this thread between steps. Not when a request could
- * reach its token or context limit within the two steps, when requests wait
- * to prefill, or when handing out step N's ids would take a hybrid's state
- * checkpoint (the copy would queue behind step N+1 and see its state). The
- * queued step's row of a request that stopped on step N is discarded. */
-#include "lm_engine.h"
+ * Callbacks run on this thread without en->mu: finished and cancelled
+ * requests found under the lock are finished after it is dropped. */
+#include "engine_internal.h"
 
-#include <math.h>
-#include <stdio.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "lm_kv_cache.h"
-#include "lm_prefix_cache.h"
-
-#define HIST_REQUESTS 64          /* requests the miss diagnostics remember */
-#define HIST_TOKENS (1u << 22)    /* and at most this many tokens of them */
-
-typedef enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state;
-
-struct lm_request {
-    lm_engine *en;
-    int32_t *tokens;        /* prompt, then generated tokens */
-    int n_prompt, n_tokens, cap;
-    int n_cached;           /* tokens whose K/V are in the cache */
-    lm_gen_params p;        /* arrays below are owned copies */
-    int32_t *stop_tokens;
-    lm_logit_bias *bias;
-    lm_sampler *sampler;
-    int32_t *counts;        /* [V] generated-token counts, only with penalties */
-    uint8_t *seen;          /* [V] prompt+generated, only with repetition penalty */
-    lm_token_cb cb;
-    void *user;
-    atomic_int refs;        /* caller + engine */
-    atomic_bool cancelled;
-    pthread_mutex_t cb_mu;  /* held while calling cb; guards released */
-    bool released;
-    req_state state;
-    lm_kv_seq seq;
-    int32_t slot;           /* recurrent-state slot, -1 when the model has none */
-    int n_generated;
-    double t_submit, t_admit, t_first;
-    struct lm_request *next; /* queue link */
-    /* prefix cache */
-    uint64_t *hashes;       /* [cap / 16 + 1] chain hash of each full block hashed so far */
-    int n_hashes;
-    int n_ins;              /* leading full blocks known to be in the cache */
-    int n_hit;              /* prompt tokens served from the cache */
-    bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
-    uint64_t gen_ckpt;
-    uint64_t hist_id;
-    lm_request_trace tr;
-    int32_t *step_batch;    /* [max_tokens] for tr.step_batch */
-};
-
-struct lm_engine {
-    lm_model *m;
-    lm_kv_cache *kv;
-    lm_engine_opts o;
-    int vocab;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stopping;
-    lm_request *q_head, *q_tail; /* waiting for admission */
-    int n_queued;
-    lm_request **running;        /* [parallel] */
-    int n_running;
-    /* batch scratch */
-    int32_t *b_tokens, *b_pos, *b_seq, *b_rows;
-    const int32_t **b_tables;
-    int32_t *b_slots;            /* [parallel] recurrent-state slot per batch sequence */
-    lm_request **row_req;        /* [parallel] which request owns logits row i */
-    lm_request **seq_req;        /* [parallel] request of batch sequence s */
-    int *seq_n;                  /* [parallel] its tokens in this batch */
-    float *logits;               /* [parallel][V] */
-    float *work;                 /* [V] biased/penalised copy for sampling */
-    int32_t *greedy;             /* [parallel] argmax of each logits row, from the backend */
-    int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
-    uint8_t *want_logits;        /* [parallel] rows whose request needs the full logits */
-    lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
-    uint64_t step_generated;     /* engine thread only */
-    /* prefix cache (engine thread only) */
-    lm_prefix_cache *pc;         /* NULL without one */
-    lm_req_history *hist;
-    bool stateful;               /* the model has recurrent state */
-    int bs;                      /* tokens per KV block */
-    int32_t *hit_blocks;         /* [ctx / bs + 1] lookup scratch */
-    /* greedy look-ahead (opts.look_ahead): the decode forward queued before
-     * the last one's ids were read; its tokens came from the backend */
-    bool ahead_on;
-    int ahead_n;                 /* its sequences; 0: none in flight */
-    lm_request **ahead_req;      /* [parallel] their requests, a reference each */
-    int32_t *a_ids[2];           /* [parallel] where its ids land, alternating */
-    int a_cur;                   /* a_ids[a_cur]: the last one queued */
-};
-
 /* ---- request lifetime ---- */
 
-static void req_unref(lm_request *r) {
+void lm_req_unref(lm_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     pthread_mutex_destroy(&r->cb_mu);
     lm_sampler_free(r->sampler);
@@ -134,9 +36,6 @@ static void req_unref(lm_request *r) {
     free(r->hashes);
     free(r->step_batch);
     free(r->stop_tokens);
-    free(r->bias);
-    free(r->counts);
-    free(r->seen);
     free(r);
 }
 
@@ -146,106 +45,11 @@ static void req_emit(lm_request *r, const lm_token_event *ev) {
     pthread_mutex_unlock(&r->cb_mu);
 }
 
-/* ---- prefix cache ---- */
-
-/* Chain hashes of r's full blocks among its first n tokens. */
-static void hash_blocks(lm_engine *en, lm_request *r, int n) {
-    for (int i = r->n_hashes; i < n / en->bs; i++) {
-        uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
-        r->hashes[i] = lm_pcache_hash(parent, r->tokens + (size_t)i * en->bs, en->bs);
-        r->n_hashes = i + 1;
-    }
-}
-
-static int insert_block(lm_engine *en, lm_request *r, int i) {
-    uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
-    return lm_pcache_insert(en->pc, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i]);
-}
-
-/* Prompt checkpoints every LM_CKPT_EVERY tokens as well, when the pool has
- * slots to spare (LM_CKPT_EVERY_MIN_SLOTS): a prompt that departs from a long
- * earlier one (a rewritten turn, dropped reasoning) then resumes from the
- * last multiple before the divergence instead of from nothing. */
-#define LM_CKPT_EVERY 1024
-#define LM_CKPT_EVERY_MIN_SLOTS 16
-
-/* The prompt checkpoint positions of a hybrid: the last block boundary
- * <= n_prompt - 1 (a repeat of the prompt hits it) and <= n_prompt (a prompt
- * that extends this one hits it), and the multiples of LM_CKPT_EVERY. */
-static bool is_prompt_ckpt(const lm_engine *en, const lm_request *r, int pos) {
-    if (pos <= 0) return false;
-    if (en->ckpt_slots >= LM_CKPT_EVERY_MIN_SLOTS && pos % LM_CKPT_EVERY == 0) return true;
-    return pos == (r->n_prompt - 1) / en->bs * en->bs || pos == r->n_prompt / en->bs * en->bs;
-}
-
-/* Cuts a prefill chunk of n tokens at the next checkpoint position. */
-static int ckpt_cut(const lm_engine *en, const lm_request *r, int n) {
-    if (!en->pc || !en->stateful) return n;
-    int cut = n;
-    for (int p = r->n_cached + 1; p < r->n_cached + n; p++)
-        if (p % en->bs == 0 && is_prompt_ckpt(en, r, p)) {
-            cut = p - r->n_cached;
-            break;
-        }
-    return cut;
-}
-
-/* After a forward: the blocks r filled go into the cache, and a hybrid
- * checkpoints its state when it stands on a checkpoint position. */
-static void cache_progress(lm_engine *en, lm_request *r) {
-    if (!en->pc) return;
-    int full = r->n_cached / en->bs;
-    hash_blocks(en, r, r->n_cached);
-    while (r->n_ins < full && insert_block(en, r, r->n_ins) == 0) r->n_ins++;
-    if (!en->stateful || r->n_cached % en->bs || r->n_cached == 0 || r->n_ins < full) return;
-    uint64_t h = r->hashes[full - 1];
-    if (r->n_cached <= r->n_prompt) {
-        if (is_prompt_ckpt(en, r, r->n_cached)) lm_pcache_checkpoint(en->pc, h, r->slot);
-        return;
-    }
-    /* generating: keep only the latest boundary's checkpoint */
-    if (lm_pcache_checkpoint(en->pc, h, r->slot) == 1) {
-        if (r->has_gen_ckpt) lm_pcache_drop_checkpoint(en->pc, r->gen_ckpt);
-        r->has_gen_ckpt = true;
-        r->gen_ckpt = h;
-    }
-}
-
-/* At the end of a request: its full blocks (prompt and generated tokens with
- * K/V) are kept, including any evicted while it ran, most recent first. */
-static void cache_finish(lm_engine *en, lm_request *r) {
-    if (!en->pc) return;
-    cache_progress(en, r);
-    int full = r->n_cached / en->bs, ok = 0;
-    while (ok < full && insert_block(en, r, ok) == 0) ok++;
-    if (ok > 0) lm_pcache_touch(en->pc, r->hashes[ok - 1]);
-}
-
-/* Miss diagnostics: the closest earlier request, and why the hit fell short. */
-static lm_cache_miss diagnose(lm_engine *en, lm_request *r, const lm_pcache_hit *hit) {
-    lm_hist_match hm;
-    lm_hist_closest(en->hist, r->tokens, r->n_prompt, &hm);
-    lm_request_trace *t = &r->tr;
-    t->n_shared = hm.n_shared;
-    t->diverge_pos = hm.diverge_pos;
-    t->prev_start = hm.prev_start;
-    t->n_prev = hm.n_prev;
-    memcpy(t->prev_window, hm.prev_window, sizeof t->prev_window);
-    int usable = LM_MIN(hm.n_shared, r->n_prompt - 1);
-    int aligned = usable / en->bs * en->bs;
-    if (en->pc && hit->n_tokens < aligned)
-        return en->stateful && hit->kv_blocks * en->bs >= aligned ? LM_MISS_STATE : LM_MISS_EVICTED;
-    return hm.diverge_pos >= 0 ? LM_MISS_DIVERGED : LM_MISS_NONE;
-}
-
 /* Final event and cache blocks back to the pool. The engine's reference is
  * dropped by whoever takes r out of the running set or queue (drop_done,
  * retire), never here: r must stay readable until then. */
 static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
-    if (r->state == REQ_RUNNING) {
-        if (why != LM_FINISH_ERROR) cache_finish(en, r);
-        lm_hist_update(en->hist, r->hist_id, r->tokens, r->n_tokens);
-    }
+    if (r->state == LM_REQ_RUNNING) lm_cache_policy_finish(en, r, why != LM_FINISH_ERROR);
     r->tr.t_submit = r->t_submit;
     r->tr.t_admit = r->t_admit;
     r->tr.t_first = r->t_first;
@@ -260,13 +64,13 @@ static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *
     lm_kv_seq_release(en->kv, &r->seq);
     lm_kv_state_release(en->kv, r->slot);
     r->slot = -1;
-    r->state = REQ_DONE;
+    r->state = LM_REQ_DONE;
 }
 
 /* Finishes r (if not yet) and drops the engine's reference. */
 static void retire(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
-    if (r->state != REQ_DONE) req_finish(en, r, why, error);
-    req_unref(r);
+    if (r->state != LM_REQ_DONE) req_finish(en, r, why, error);
+    lm_req_unref(r);
 }
 
 void lm_request_cancel(lm_request *r) {
@@ -281,54 +85,10 @@ void lm_request_release(lm_request *r) {
     r->released = true;
     pthread_mutex_unlock(&r->cb_mu);
     lm_request_cancel(r);
-    req_unref(r);
+    lm_req_unref(r);
 }
 
-/* ---- sampling ---- */
-
-static bool uses_penalties(const lm_gen_params *p) {
-    return p->presence_penalty != 0 || p->frequency_penalty != 0 || (p->repetition_penalty != 1 && p->repetition_penalty > 0);
-}
-
-/* logits -> en->work with logit_bias and penalties applied. */
-static const float *adjusted_logits(lm_engine *en, lm_request *r, const float *logits) {
-    if (r->p.n_logit_bias == 0 && !r->counts) return logits;
-    float *w = en->work;
-    memcpy(w, logits, (size_t)en->vocab * sizeof(float));
-    for (int i = 0; i < r->p.n_logit_bias; i++) w[r->bias[i].token] += r->bias[i].bias;
-    if (r->counts) {
-        float rp = r->p.repetition_penalty;
-        for (int v = 0; v < en->vocab; v++) {
-            if (r->seen[v] && rp > 0 && rp != 1) w[v] = w[v] > 0 ? w[v] / rp : w[v] * rp;
-            if (r->counts[v]) w[v] -= r->p.presence_penalty + r->p.frequency_penalty * (float)r->counts[v];
-        }
-    }
-    return w;
-}
-
-/* Log-softmax of the model's own logits for the chosen token and the top n. */
-static void fill_logprobs(lm_engine *en, const float *logits, int32_t tok, int n_top, lm_token_event *ev) {
-    const int V = en->vocab;
-    float mx = logits[0];
-    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
-    float lse = mx + (float)log(sum);
-    ev->logprob = logits[tok] - lse;
-    /* top n by repeated selection: n <= 20, so O(n V) is fine next to a forward */
-    ev->n_top = 0;
-    for (int k = 0; k < n_top && k < V; k++) {
-        int best = -1;
-        for (int v = 0; v < V; v++) {
-            bool taken = false;
-            for (int j = 0; j < k && !taken; j++) taken = ev->top_ids[j] == v;
-            if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
-        }
-        ev->top_ids[k] = best;
-        ev->top_logprobs[k] = logits[best] - lse;
-        ev->n_top++;
-    }
-}
+/* ---- tokens ---- */
 
 static bool is_stop_token(const lm_request *r, int32_t tok) {
     for (int i = 0; i < r->p.n_stop_tokens; i++)
@@ -336,17 +96,12 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
     return false;
 }
 
-/* One sampled token for r: report it, append it, finish when due. */
-/* A request whose next token is the argmax of the model's logits, which the
- * backend computes without copying the logits out. */
-static bool plain_greedy(const lm_request *r) {
-    return r->p.sampling.temperature <= 0 && r->p.n_logit_bias == 0 && !r->counts && !r->p.logprobs &&
-           r->p.top_logprobs == 0;
+bool lm_req_plain_greedy(const lm_request *r) {
+    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0;
 }
 
-/* logits NULL: a plain-greedy request, whose token is `greedy`. */
-static void take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
-    int32_t tok = logits ? lm_sample(r->sampler, adjusted_logits(en, r, logits)) : greedy;
+void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
+    int32_t tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
     if (r->t_first == 0) r->t_first = lm_now();
     r->n_generated++;
     en->step_generated++;
@@ -355,62 +110,41 @@ static void take_token(lm_engine *en, lm_request *r, const float *logits, int32_
         return;
     }
     lm_token_event ev = { .token = tok, .has_token = true, .n_prompt = r->n_prompt, .n_generated = r->n_generated };
-    if (r->p.logprobs || r->p.top_logprobs > 0) fill_logprobs(en, logits, tok, r->p.top_logprobs, &ev);
+    if (r->p.logprobs || r->p.top_logprobs > 0) {
+        ev.n_top = LM_MIN(r->p.top_logprobs, en->vocab);
+        ev.logprob = lm_logprobs(logits, en->vocab, tok, ev.n_top, ev.top_ids, ev.top_logprobs);
+    }
     req_emit(r, &ev);
     r->tokens[r->n_tokens++] = tok;
-    if (r->counts) {
-        r->counts[tok]++;
-        r->seen[tok] = 1;
-    }
+    lm_sampler_accept(r->sampler, tok);
     if (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx) req_finish(en, r, LM_FINISH_LENGTH, NULL);
 }
 
-/* ---- scheduling ---- */
+/* ---- admission ---- */
 
 static int blocks_for(const lm_engine *en, int tokens) {
     return (tokens + en->kv->pool.block_size - 1) / en->kv->pool.block_size;
 }
 
 /* Gives r its blocks and state (under en->mu): the prefix cache's hit by
- * reference, copy-on-write of a partly shared block, the state checkpoint,
- * fresh blocks for the rest of prompt + max_tokens. false (nothing taken)
- * when the pool cannot hold it even after evicting cache-only blocks. */
+ * reference (cache_policy.c restores the rest of it), fresh blocks for the
+ * rest of prompt + max_tokens, a state slot. false (nothing taken) when the
+ * pool cannot hold it even after evicting cache-only blocks. */
 static bool take_blocks(lm_engine *en, lm_request *r) {
-    int need = r->n_prompt + r->p.max_tokens;
-    lm_pcache_hit hit = { .cow_block = -1, .ckpt = -1 };
-    double t0 = lm_now();
-    if (en->pc) {
-        hash_blocks(en, r, r->n_prompt);
-        lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit, en->hit_blocks);
-    }
-    double t1 = lm_now();
-    int fresh = blocks_for(en, need) - hit.n_blocks;
-    if (fresh > en->kv->n_free && !(en->pc && lm_pcache_make_room(en->pc, fresh))) {
-        if (en->pc) lm_pcache_unpin(en->pc);
+    const int need = r->n_prompt + r->p.max_tokens;
+    lm_cache_hit hit;
+    lm_cache_policy_lookup(en, r, &hit);
+    int fresh = blocks_for(en, need) - hit.ram.n_blocks;
+    if (fresh > en->kv->n_free && !lm_cache_policy_make_room(en, fresh)) {
+        lm_cache_policy_unpin(en);
         return false;
     }
-    lm_kv_seq_share(en->kv, &r->seq, en->hit_blocks, hit.n_blocks);
+    lm_kv_seq_share(en->kv, &r->seq, hit.blocks, hit.ram.n_blocks);
     int rc = lm_kv_seq_reserve(en->kv, &r->seq, need, NULL);
     LM_ASSERT(rc == 0);
     /* running slots exist beyond the checkpoints': never -1 for a stateful model */
-    r->slot = hit.ckpt >= 0 ? lm_kv_state_take(en->kv) : lm_kv_state_acquire(en->kv);
-    if (hit.cow_block >= 0)
-        lm_kv_block_copy_rows(en->kv, r->seq.blocks[hit.n_blocks], hit.cow_block, hit.n_tokens % en->bs);
-    if (hit.ckpt >= 0) lm_kv_state_copy(en->kv, r->slot, hit.ckpt);
-    if (en->pc) lm_pcache_unpin(en->pc);
-    r->tr.lookup_s = t1 - t0;
-    r->tr.restore_s = lm_now() - t1;
-    r->n_cached = r->n_hit = hit.n_tokens;
-    r->n_ins = hit.n_blocks;
-    r->tr.miss = diagnose(en, r, &hit);
-    r->hist_id = lm_hist_add(en->hist, r->tokens, r->n_prompt);
-    if (en->pc) {
-        en->st.cache_lookup_tokens += (uint64_t)r->n_prompt;
-        en->st.cache_hit_tokens += (uint64_t)hit.n_tokens;
-    }
-    en->st.miss_diverged += r->tr.miss == LM_MISS_DIVERGED;
-    en->st.miss_evicted += r->tr.miss == LM_MISS_EVICTED;
-    en->st.miss_state += r->tr.miss == LM_MISS_STATE;
+    r->slot = hit.ram.ckpt >= 0 ? lm_kv_state_take(en->kv) : lm_kv_state_acquire(en->kv);
+    lm_cache_policy_restore(en, r, &hit);
     return true;
 }
 
@@ -431,7 +165,7 @@ static void admit(lm_engine *en, lm_request **dead) {
             continue;
         }
         r->t_admit = lm_now();
-        r->state = REQ_RUNNING;
+        r->state = LM_REQ_RUNNING;
         en->running[en->n_running++] = r;
     }
 }
@@ -449,71 +183,15 @@ static void drop_cancelled(lm_engine *en) {
 static void drop_done(lm_engine *en) {
     int k = 0;
     for (int i = 0; i < en->n_running; i++) {
-        if (en->running[i]->state == REQ_DONE) req_unref(en->running[i]);
+        if (en->running[i]->state == LM_REQ_DONE) lm_req_unref(en->running[i]);
         else en->running[k++] = en->running[i];
     }
     en->n_running = k;
 }
 
-/* Adds tokens [from, from + n) of r to the batch; returns the row of the last. */
-static int add_tokens(lm_engine *en, int *T, int s, lm_request *r, int from, int n) {
-    for (int i = 0; i < n; i++) {
-        en->b_tokens[*T] = r->tokens[from + i];
-        en->b_pos[*T] = from + i;
-        en->b_seq[*T] = s;
-        (*T)++;
-    }
-    return *T - 1;
-}
+/* ---- the step ---- */
 
-/* Whether a decode forward for the requests of `reqs` may be queued before
- * the ids of the one in flight for them (or just issued) are read: each
- * decodes greedily with room for two more tokens, and for a hybrid with a
- * prefix cache, reading those ids will not take a state checkpoint (it
- * would be issued after the queued forward and see its state). */
-static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
-    if (!en->ahead_on || n == 0 || n != en->n_running) return false;
-    for (int i = 0; i < n; i++) {
-        const lm_request *r = reqs[i];
-        if (r->state != REQ_RUNNING || atomic_load(&r->cancelled) || !plain_greedy(r)) return false;
-        if (r->n_cached < r->n_prompt || r->n_generated + 2 > r->p.max_tokens || r->n_tokens + 2 > en->o.ctx)
-            return false;
-        if (en->stateful && en->pc && (r->n_cached + 1) % en->bs == 0) return false;
-    }
-    return true;
-}
-
-/* Queues the look-ahead forward for reqs: token i is the argmax row i of
- * the forward just issued (for the same requests, in order), at the
- * position after it (n_cached is still the one that forward fed), its ids
- * into the other a_ids; it is then the one in flight, with a reference to
- * each request. The batch arrays are free again: the forward just issued
- * has taken what it needs from them. On an error nothing is queued; the
- * next step meets it again. */
-static void ahead_issue(lm_engine *en, lm_request *const *reqs, int n) {
-    for (int i = 0; i < n; i++) {
-        lm_request *r = reqs[i];
-        en->b_pos[i] = r->n_cached + 1;
-        en->b_seq[i] = i;
-        en->b_rows[i] = i;
-        en->b_tables[i] = r->seq.blocks;
-        en->b_slots[i] = r->slot;
-    }
-    const int next = en->a_cur ^ 1;
-    lm_batch b = { .n_tokens = n, .tokens = NULL, .pos = en->b_pos, .seq = en->b_seq, .n_seqs = n,
-                   .block_tables = en->b_tables, .state_slot = en->kv->pool.n_state ? en->b_slots : NULL,
-                   .n_out = n, .out_rows = en->b_rows, .out_argmax = en->a_ids[next], .argmax_later = true };
-    lm_err e = { { 0 } };
-    if (lm_model_forward(en->m, &en->kv->pool, &b, NULL, &e)) return;
-    for (int i = 0; i < n; i++) {
-        en->ahead_req[i] = reqs[i];
-        atomic_fetch_add(&reqs[i]->refs, 1);
-    }
-    en->ahead_n = n, en->a_cur = next;
-}
-
-/* A forward of T tokens over S sequences in the stats (under en->mu). */
-static void count_step(lm_engine *en, int T, int S, bool ahead, uint64_t discarded) {
+void lm_step_count(lm_engine *en, int T, int S, bool ahead, uint64_t discarded) {
     int bucket = 0;
     while (bucket < 7 && (2 << bucket) <= S) bucket++;
     pthread_mutex_lock(&en->mu);
@@ -525,102 +203,96 @@ static void count_step(lm_engine *en, int T, int S, bool ahead, uint64_t discard
     pthread_mutex_unlock(&en->mu);
 }
 
-/* The look-ahead forward in flight becomes this step: perhaps queue the
- * next one behind it, then read its ids and hand them out. */
-static void step_ahead(lm_engine *en) {
-    const int n = en->ahead_n;
-    const int32_t *ids = en->a_ids[en->a_cur];
-    lm_request **reqs = en->ahead_req; /* a chained forward is for the same requests */
-    en->ahead_n = 0;
-    if (ahead_ok(en, reqs, n)) ahead_issue(en, reqs, n);
-    lm_model_wait_argmax(en->m);
-    uint64_t discarded = 0;
-    for (int i = 0; i < n; i++) {
-        lm_request *r = reqs[i];
-        if (r->state != REQ_RUNNING) { /* it stopped on the step before: this row is past its end */
-            discarded++;
-            continue;
-        }
-        r->step_batch[r->tr.n_steps++] = n;
-        r->n_cached++;
-        cache_progress(en, r);
-        take_token(en, r, NULL, ids[i]);
+void lm_step_hand_out(lm_engine *en, lm_step *st) {
+    lm_step_count(en, st->T, st->S, false, 0);
+    for (int i = 0; i < st->S; i++) {
+        lm_request *r = st->seq_req[i];
+        if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
+        r->n_cached += st->seq_n[i];
+        lm_cache_policy_progress(en, r);
     }
-    for (int i = 0; i < n; i++) req_unref(reqs[i]);
-    count_step(en, n, n, true, discarded);
-    drop_done(en);
+    for (int i = 0; i < st->n_out; i++)
+        lm_req_take_token(en, st->row_req[i], st->want_logits[i] ? st->logits + (size_t)i * en->vocab : NULL,
+                          st->ids[i]);
 }
 
-/* Reads the ids of a look-ahead forward nobody will use (the engine stops). */
-static void ahead_drain(lm_engine *en) {
-    if (!en->ahead_n) return;
-    lm_model_wait_argmax(en->m);
-    for (int i = 0; i < en->ahead_n; i++) req_unref(en->ahead_req[i]);
-    en->ahead_n = 0;
+static const lm_step_policy plain_policy = { .name = "plain", .hand_out = lm_step_hand_out };
+
+/* Tokens [n_cached, n_cached + n) of r as a new sequence of the step. */
+static int step_add(lm_engine *en, lm_step *st, lm_request *r, int n, int *last) {
+    int s = lm_batch_add_seq(en->bb, r->seq.blocks, r->slot);
+    st->seq_req[s] = r;
+    st->seq_n[s] = n;
+    st->S = s + 1;
+    *last = lm_batch_add_tokens(en->bb, s, r->tokens + r->n_cached, r->n_cached, n);
+    return s;
 }
 
-static void step(lm_engine *en) {
-    if (en->ahead_n) {
-        step_ahead(en);
-        return;
-    }
-    int T = 0, n_out = 0, S = 0, budget = en->o.step_tokens;
+static void step_out(lm_engine *en, lm_step *st, lm_request *r, int row) {
+    int o = lm_batch_add_out(en->bb, row);
+    st->row_req[o] = r;
+    st->n_out = o + 1;
+}
+
+/* Builds a step into st and en->bb; false when there is nothing to run. */
+static bool step_build(lm_engine *en, lm_step *st) {
+    lm_batch_reset(en->bb);
+    st->queued = false;
+    st->S = st->n_out = st->n_draft = 0;
+    int budget = en->o.step_tokens, last;
     /* decode tokens first: running streams never wait behind a prompt */
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached < r->n_prompt) continue;
-        en->b_tables[S] = r->seq.blocks;
-        en->b_slots[S] = r->slot;
-        en->seq_req[S] = r;
-        en->seq_n[S] = 1;
-        en->b_rows[n_out] = add_tokens(en, &T, S++, r, r->n_cached, 1);
-        en->row_req[n_out++] = r;
+        int s = step_add(en, st, r, 1, &last);
+        step_out(en, st, r, last);
         budget--;
+        /* speculation's proposer may follow r's token with a draft; never
+         * yet. Every later running request may still need its token. */
+        budget -= lm_spec_propose(en, st, s, r, budget - (en->n_running - 1 - i));
     }
     for (int i = 0; i < en->n_running && budget > 0; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached >= r->n_prompt) continue;
-        int n = ckpt_cut(en, r, LM_MIN(budget, r->n_prompt - r->n_cached));
+        int n = lm_cache_policy_cut(en, r, LM_MIN(budget, r->n_prompt - r->n_cached));
         r->tr.n_prefill_chunks++;
-        en->b_tables[S] = r->seq.blocks;
-        en->b_slots[S] = r->slot;
-        en->seq_req[S] = r;
-        en->seq_n[S] = n;
-        int last = add_tokens(en, &T, S++, r, r->n_cached, n);
+        step_add(en, st, r, n, &last);
         budget -= n;
-        if (r->n_cached + n == r->n_prompt) {
-            en->b_rows[n_out] = last;
-            en->row_req[n_out++] = r;
-        }
+        if (r->n_cached + n == r->n_prompt) step_out(en, st, r, last);
     }
-    if (T == 0) return;
-    for (int i = 0; i < n_out; i++) en->want_logits[i] = !plain_greedy(en->row_req[i]);
-    /* a decode step of every running request, all greedy: the next step can go ahead of its ids */
-    const bool ahead = T == S && n_out == S && ahead_ok(en, en->seq_req, S);
-    lm_batch b = { T, en->b_tokens, en->b_pos, en->b_seq, S, en->b_tables,
-                   en->kv->pool.n_state ? en->b_slots : NULL, n_out, en->b_rows, en->greedy, en->want_logits,
-                   ahead };
+    st->T = lm_batch_n_tokens(en->bb);
+    if (st->T == 0) return false;
+    for (int i = 0; i < st->n_out; i++) st->want_logits[i] = !lm_req_plain_greedy(st->row_req[i]);
+    return true;
+}
+
+/* The built step's forward, as its policy wants its ids. On an error every
+ * running request ends with it. */
+static bool step_issue(lm_engine *en, lm_step *st) {
+    lm_batch_set_argmax(en->bb, st->ids, st->want_logits, st->policy->argmax_later);
     lm_err e = { { 0 } };
-    if (lm_model_forward(en->m, &en->kv->pool, &b, en->logits, &e)) {
-        for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
-        en->n_running = 0;
-        return;
+    if (lm_batch_forward(en->bb, en->m, &en->kv->pool, st->logits, &e) == 0) return true;
+    for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
+    en->n_running = 0;
+    return false;
+}
+
+/* One step (the design note above). */
+static void step(lm_engine *en) {
+    lm_step *st = en->queued; /* issued by the last step's policy */
+    en->queued = NULL;
+    if (!st) {
+        st = &en->cur;
+        if (!step_build(en, st)) return;
+        st->policy = st->n_draft ? &lm_spec_policy : lm_ahead_claim(en, st) ? &lm_ahead_policy : &plain_policy;
+        if (!step_issue(en, st)) return;
     }
-    if (ahead) {
-        ahead_issue(en, en->seq_req, S);
-        lm_model_wait_argmax(en->m);
-    }
-    count_step(en, T, S, false, 0);
-    for (int i = 0; i < S; i++) {
-        lm_request *r = en->seq_req[i];
-        if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = T; /* a decode step */
-        r->n_cached += en->seq_n[i];
-        cache_progress(en, r);
-    }
-    for (int i = 0; i < n_out; i++)
-        take_token(en, en->row_req[i], en->want_logits[i] ? en->logits + (size_t)i * en->vocab : NULL, en->greedy[i]);
+    if (st->policy->after_forward) st->policy->after_forward(en, st);
+    st->policy->hand_out(en, st);
     drop_done(en);
 }
+
+/* ---- the thread ---- */
 
 static void finish_list(lm_engine *en, lm_request *r, lm_finish why) {
     while (r) {
@@ -636,7 +308,7 @@ static void *engine_main(void *arg) {
         lm_request *dead = NULL;
         pthread_mutex_lock(&en->mu);
         admit(en, &dead);
-        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead && !en->ahead_n) {
+        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead && !en->queued) {
             pthread_cond_wait(&en->cv, &en->mu);
             admit(en, &dead);
         }
@@ -644,7 +316,8 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&en->mu);
         finish_list(en, dead, LM_FINISH_CANCELLED);
         if (stop) {
-            ahead_drain(en);
+            if (en->queued) en->queued->policy->abandon(en, en->queued);
+            en->queued = NULL;
             break;
         }
         drop_cancelled(en);
@@ -654,14 +327,7 @@ static void *engine_main(void *arg) {
         en->step_generated = 0;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
-        if (en->pc) {
-            lm_pcache_stats ps;
-            lm_pcache_get_stats(en->pc, &ps);
-            en->st.cache_blocks = ps.blocks;
-            en->st.cache_checkpoints = ps.checkpoints;
-            en->st.cache_bytes = ps.bytes;
-            en->st.cache_evicted_blocks = ps.evicted_blocks;
-        }
+        lm_cache_policy_stats(en);
         pthread_mutex_unlock(&en->mu);
     }
     return NULL;
@@ -669,70 +335,24 @@ static void *engine_main(void *arg) {
 
 /* ---- public API ---- */
 
-/* On a backend with its own memory (a GPU) the KV pool is allocated up
- * front, and the default (parallel * ctx tokens at the model's full context)
- * can be far beyond it. Shrinks the KV tokens, and the context if even one
- * sequence would not fit, to 90 % of the free memory (the rest is for
- * activations and workspaces), saying so; an explicit kv_tokens that does not
- * fit is an error with the numbers. Admission then keeps requests within it. */
-static int fit_device_memory(lm_engine *en, const lm_model *m, const lm_engine_opts *opts, size_t block_bytes,
-                             size_t state_bytes, size_t cache_blocks, int ckpts, int *n_blocks, lm_err *e) {
-    size_t free_b = 0, total_b = 0;
-    lm_backend_mem_info(m->be, &free_b, &total_b);
-    if (total_b == 0) return 0; /* host memory: pages are touched as they are used */
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const size_t budget = free_b / 10 * 9, block = (size_t)en->bs;
-    const size_t fixed = (size_t)(en->o.parallel + ckpts) * state_bytes + cache_blocks * block_bytes;
-    const size_t want = (size_t)*n_blocks * block_bytes + fixed;
-    if (want <= budget) return 0;
-    if (opts && opts->kv_tokens > 0)
-        return lm_errf(e, "a KV cache of %d tokens (plus the prefix cache) needs %.2f GiB; the GPU has %.2f GiB free of %.2f",
-                       en->o.kv_tokens, want / gib, free_b / gib, total_b / gib);
-    size_t fit_blocks = budget > fixed ? (budget - fixed) / block_bytes : 0;
-    fit_blocks = fit_blocks > (size_t)en->o.parallel ? fit_blocks - (size_t)en->o.parallel : 0;
-    if (fit_blocks * block < 256)
-        return lm_errf(e, "a KV cache of 256 tokens and the prefix cache and state slots (%.2f GiB) do not fit in the "
-                       "GPU's %.2f GiB free of %.2f (try a smaller --cache-ram)",
-                       (double)(fixed + 16 * block_bytes) / gib, free_b / gib, total_b / gib);
-    en->o.kv_tokens = (int)LM_MIN(fit_blocks * block, (size_t)INT32_MAX / 2);
-    if (en->o.ctx > en->o.kv_tokens) en->o.ctx = en->o.kv_tokens;
-    *n_blocks = (en->o.kv_tokens + (int)block - 1) / (int)block + en->o.parallel;
-    fprintf(stderr, "lumen: KV cache sized to %d tokens (context %d) to fit the GPU's %.2f GiB free\n",
-            en->o.kv_tokens, en->o.ctx, free_b / gib);
-    return 0;
-}
-
-/* lm_engine_opts.warmup: a prefill of the step budget (capped by the
- * context and the pool) on a scratch sequence, with as many output rows as
- * a decode step of every running sequence asks for; then the sequence is
- * released. The prefix cache never sees it. */
-static int warm_up(lm_engine *en, lm_err *e) {
-    size_t free_b = 0, total_b = 0;
-    lm_backend_mem_info(en->m->be, &free_b, &total_b);
-    if (en->o.warmup < 0 || (en->o.warmup == 0 && total_b == 0)) return 0;
-    const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
-    const int n_out = LM_MIN(en->o.parallel, T);
-    lm_kv_seq seq = { 0 };
-    if (lm_kv_seq_reserve(en->kv, &seq, T, e)) return -1;
-    int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
-    int32_t *tok = lm_xcalloc((size_t)T, sizeof *tok), *pos = lm_xmalloc((size_t)T * sizeof *pos);
-    int32_t *sq = lm_xcalloc((size_t)T, sizeof *sq), *rows = lm_xmalloc((size_t)n_out * sizeof *rows);
-    int32_t *ids = lm_xmalloc((size_t)n_out * sizeof *ids);
-    for (int t = 0; t < T; t++) pos[t] = t;
-    for (int i = 0; i < n_out; i++) rows[i] = T - n_out + i;
-    const int32_t *table = seq.blocks;
-    lm_batch b = { .n_tokens = T, .tokens = tok, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = &table,
-                   .state_slot = slot >= 0 ? &slot : NULL, .n_out = n_out, .out_rows = rows, .out_argmax = ids };
-    int rc = lm_model_forward(en->m, &en->kv->pool, &b, NULL, e);
-    free(tok), free(pos), free(sq), free(rows), free(ids);
-    if (slot >= 0) lm_kv_state_release(en->kv, slot);
-    lm_kv_seq_release(en->kv, &seq);
-    if (rc && e) {
-        char why[sizeof e->msg];
-        snprintf(why, sizeof why, "%s", e->msg);
-        lm_errf(e, "warm-up forward of %d tokens failed: %s", T, why);
-    }
-    return rc;
+/* Everything create made; the thread is gone and no request is left. */
+static void engine_destroy(lm_engine *en) {
+    pthread_mutex_destroy(&en->mu);
+    pthread_cond_destroy(&en->cv);
+    lm_cache_policy_free(en);
+    lm_kv_cache_free(en->kv);
+    lm_spec_free(en->spec);
+    lm_ahead_free(en);
+    lm_batch_builder_free(en->bb);
+    free(en->running);
+    free(en->cur.seq_req);
+    free(en->cur.seq_n);
+    free(en->cur.row_req);
+    free(en->cur.ids);
+    free(en->cur.want_logits);
+    free(en->cur.logits);
+    free(en->work);
+    free(en);
 }
 
 int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, lm_err *e) {
@@ -748,72 +368,34 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     if (en->o.kv_tokens <= 0) en->o.kv_tokens = en->o.parallel * en->o.ctx;
     if (en->o.kv_tokens < en->o.ctx) en->o.kv_tokens = en->o.ctx;
     en->vocab = m->cfg.vocab;
-    int block = 16;
-    en->bs = block;
-    /* one spare block per sequence: budgets rarely end on a block boundary */
-    int n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
-    /* the prefix cache's blocks and checkpoint slots come on top */
-    int64_t floats[64];
-    int n_state = lm_model_state_spec(m, floats, 64);
-    size_t state_bytes = 0, block_bytes = (size_t)2 * (size_t)m->n_kv_layers * (size_t)block * (size_t)m->kv_width * sizeof(float);
-    for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
-    en->stateful = n_state > 0;
-    size_t cache_blocks = en->o.cache_ram / block_bytes;
-    int ckpts = 0;
-    if (cache_blocks > (size_t)(INT32_MAX / 2 - n_blocks)) cache_blocks = (size_t)(INT32_MAX / 2 - n_blocks);
-    if (state_bytes && cache_blocks) {
-        /* checkpoint slots for up to half the budget (at least one when it fits next to a block) */
-        size_t c = en->o.cache_ram / 2 / state_bytes;
-        if (c == 0 && en->o.cache_ram >= state_bytes + block_bytes) c = 1;
-        ckpts = (int)LM_MIN(c, (size_t)4096);
-    }
-    en->ckpt_slots = ckpts;
-    if (fit_device_memory(en, m, opts, block_bytes, state_bytes, cache_blocks, ckpts, &n_blocks, e)) {
+    en->bs = 16;
+    int n_blocks = 0;
+    size_t cache_blocks = 0;
+    if (lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
+        lm_kv_cache_create_for(&en->kv, m, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
         free(en);
         return -1;
     }
-    if (lm_kv_cache_create_for(&en->kv, m, block, n_blocks + (int)cache_blocks, en->o.parallel + ckpts, e)) {
-        free(en);
-        return -1;
-    }
-    if (cache_blocks) {
-        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos; } id = {
-            m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos };
-        uint64_t seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
-        en->pc = lm_pcache_create(en->kv, en->o.cache_ram, ckpts, seed);
-    }
-    if (warm_up(en, e)) {
-        lm_pcache_free(en->pc);
-        lm_kv_cache_free(en->kv);
-        free(en);
-        return -1;
-    }
-    en->hist = lm_hist_create(HIST_REQUESTS, HIST_TOKENS);
-    en->hit_blocks = lm_xmalloc(((size_t)en->o.ctx / (size_t)block + 2) * sizeof(int32_t));
-    int P = en->o.parallel, B = en->o.step_tokens;
-    en->running = lm_xcalloc((size_t)P, sizeof *en->running);
-    en->b_tokens = lm_xmalloc((size_t)B * sizeof(int32_t));
-    en->b_pos = lm_xmalloc((size_t)B * sizeof(int32_t));
-    en->b_seq = lm_xmalloc((size_t)B * sizeof(int32_t));
-    en->b_rows = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->b_tables = lm_xcalloc((size_t)P, sizeof *en->b_tables);
-    en->b_slots = lm_xcalloc((size_t)P, sizeof *en->b_slots);
-    en->row_req = lm_xcalloc((size_t)P, sizeof *en->row_req);
-    en->seq_req = lm_xcalloc((size_t)P, sizeof *en->seq_req);
-    en->seq_n = lm_xcalloc((size_t)P, sizeof *en->seq_n);
-    en->logits = lm_xmalloc((size_t)P * (size_t)en->vocab * sizeof(float));
+    lm_cache_policy_create(en, cache_blocks);
+    en->spec = lm_spec_create(m);
+    /* output rows: one per sequence, and a draft's after it */
+    const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
+    en->bb = lm_batch_builder_create(en->o.step_tokens, (int)P, (int)R, en->kv->pool.n_state > 0);
+    en->running = lm_xcalloc(P, sizeof *en->running);
+    en->cur.seq_req = lm_xcalloc(P, sizeof *en->cur.seq_req);
+    en->cur.seq_n = lm_xcalloc(P, sizeof *en->cur.seq_n);
+    en->cur.row_req = lm_xcalloc(R, sizeof *en->cur.row_req);
+    en->cur.ids = lm_xmalloc(R * sizeof *en->cur.ids);
+    en->cur.want_logits = lm_xmalloc(R);
+    en->cur.logits = lm_xmalloc(R * (size_t)en->vocab * sizeof(float));
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
-    en->greedy = lm_xmalloc((size_t)P * sizeof(int32_t));
-    en->want_logits = lm_xmalloc((size_t)P);
-    {
-        size_t free_b = 0, total_b = 0;
-        lm_backend_mem_info(m->be, &free_b, &total_b);
-        en->ahead_on = lm_model_look_ahead(m) && (en->o.look_ahead > 0 || (en->o.look_ahead == 0 && total_b > 0));
-    }
-    en->ahead_req = lm_xcalloc((size_t)P, sizeof *en->ahead_req);
-    for (int i = 0; i < 2; i++) en->a_ids[i] = lm_xmalloc((size_t)P * sizeof(int32_t));
+    lm_ahead_create(en);
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
+    if (lm_fit_warm_up(en, e)) {
+        engine_destroy(en);
+        return -1;
+    }
     en->st.kv_blocks_free = en->kv->n_free;
     if (pthread_create(&en->thread, NULL, engine_main, en) != 0) {
         lm_engine_free(en);
@@ -835,28 +417,7 @@ void lm_engine_free(lm_engine *en) {
     /* the thread is gone: finish what it left */
     for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_CANCELLED, NULL);
     finish_list(en, en->q_head, LM_FINISH_CANCELLED);
-    pthread_mutex_destroy(&en->mu);
-    pthread_cond_destroy(&en->cv);
-    lm_pcache_free(en->pc);
-    lm_hist_free(en->hist);
-    free(en->hit_blocks);
-    lm_kv_cache_free(en->kv);
-    free(en->ahead_req), free(en->a_ids[0]), free(en->a_ids[1]);
-    free(en->running);
-    free(en->b_tokens);
-    free(en->b_pos);
-    free(en->b_seq);
-    free(en->b_rows);
-    free(en->b_tables);
-    free(en->b_slots);
-    free(en->row_req);
-    free(en->seq_req);
-    free(en->seq_n);
-    free(en->logits);
-    free(en->work);
-    free(en->greedy);
-    free(en->want_logits);
-    free(en);
+    engine_destroy(en);
 }
 
 int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
@@ -888,16 +449,13 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     r->p = *p;
     r->stop_tokens = lm_xmalloc((size_t)(p->n_stop_tokens + 1) * sizeof(int32_t));
     if (p->n_stop_tokens) memcpy(r->stop_tokens, p->stop_tokens, (size_t)p->n_stop_tokens * sizeof(int32_t));
-    r->bias = lm_xmalloc((size_t)(p->n_logit_bias + 1) * sizeof(lm_logit_bias));
-    if (p->n_logit_bias) memcpy(r->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof(lm_logit_bias));
     r->p.stop_tokens = r->stop_tokens;
-    r->p.logit_bias = r->bias;
-    if (uses_penalties(p)) {
-        r->counts = lm_xcalloc((size_t)en->vocab, sizeof(int32_t));
-        r->seen = lm_xcalloc((size_t)en->vocab, 1);
-        for (int i = 0; i < n_prompt; i++) r->seen[prompt[i]] = 1;
-    }
     r->sampler = lm_sampler_create(&p->sampling, en->vocab);
+    lm_logit_adjust adj = { .presence_penalty = p->presence_penalty, .frequency_penalty = p->frequency_penalty,
+                            .repetition_penalty = p->repetition_penalty, .bias = p->logit_bias,
+                            .n_bias = p->n_logit_bias };
+    lm_sampler_adjust(r->sampler, &adj, prompt, n_prompt);
+    r->p.logit_bias = NULL, r->p.n_logit_bias = 0; /* the sampler has its own copy */
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
     r->step_batch = lm_xmalloc((size_t)p->max_tokens * sizeof(int32_t));
     r->tr.diverge_pos = -1;
@@ -912,7 +470,7 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     if (en->n_queued >= en->o.max_queue) {
         pthread_mutex_unlock(&en->mu);
         atomic_store(&r->refs, 1);
-        req_unref(r);
+        lm_req_unref(r);
         return lm_errf(e, "server busy: %d requests already waiting", en->o.max_queue), LM_ENGINE_BUSY;
     }
     if (en->q_tail) en->q_tail->next = r;

@@ -36,11 +36,6 @@ typedef enum lm_finish {
     LM_FINISH_ERROR,
 } lm_finish;
 
-typedef struct lm_logit_bias {
-    int32_t token;
-    float bias;
-} lm_logit_bias;
-
 typedef struct lm_gen_params {
     lm_sampler_params sampling;   /* temperature, top_k, top_p, min_p, seed */
     float presence_penalty;       /* OpenAI: over generated tokens, 0 = off */

@@ -6,6 +6,7 @@
 #define LM_RUNNER_H
 
 #include "../model/lm_model.h"
+#include "lm_batch_builder.h"
 #include "lm_kv_cache.h"
 #include "lm_sampler.h"
 
@@ -17,7 +18,7 @@ typedef struct lm_runner {
     int ctx;             /* most tokens the sequence may hold */
     int chunk;           /* most tokens per forward */
     int32_t slot;        /* recurrent-state slot, -1 for attention-only models */
-    int32_t *pos, *seq_ids, *rows; /* [chunk] batch scratch */
+    lm_batch_builder *bb; /* one chunk's batch */
 } lm_runner;
 
 /* ctx <= 0: the model's max_position_embeddings. chunk <= 0: 512. */

@@ -20,9 +20,7 @@ int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e
         return -1;
     }
     r->slot = lm_kv_state_acquire(r->kv);
-    r->pos = lm_xmalloc((size_t)chunk * sizeof(int32_t));
-    r->seq_ids = lm_xcalloc((size_t)chunk, sizeof(int32_t));
-    r->rows = lm_xmalloc((size_t)chunk * sizeof(int32_t));
+    r->bb = lm_batch_builder_create(chunk, 1, chunk, r->kv->pool.n_state > 0);
     *out = r;
     return 0;
 }
@@ -31,9 +29,7 @@ void lm_runner_free(lm_runner *r) {
     if (!r) return;
     lm_kv_seq_release(r->kv, &r->seq);
     lm_kv_cache_free(r->kv);
-    free(r->pos);
-    free(r->seq_ids);
-    free(r->rows);
+    lm_batch_builder_free(r->bb);
     free(r);
 }
 
@@ -56,30 +52,23 @@ static int runner_eval(lm_runner *r, const int32_t *tokens, int n, bool all_logi
     const int32_t *table = r->seq.blocks;
     for (int done = 0; done < n;) {
         int t = LM_MIN(r->chunk, n - done);
-        for (int i = 0; i < t; i++) {
-            r->pos[i] = r->n_past + i;
-            r->rows[i] = i;
-        }
         bool last_chunk = done + t == n;
-        lm_batch b = {
-            .n_tokens = t, .tokens = tokens + done, .pos = r->pos, .seq = r->seq_ids,
-            .n_seqs = 1, .block_tables = &table, .state_slot = r->slot >= 0 ? &r->slot : NULL,
-        };
+        lm_batch_reset(r->bb);
+        int s = lm_batch_add_seq(r->bb, table, r->slot);
+        int last = lm_batch_add_tokens(r->bb, s, tokens + done, r->n_past, t);
         float *dst = NULL;
         if (logits && all_logits) {
-            b.n_out = t;
-            b.out_rows = r->rows;
+            for (int i = 0; i < t; i++) lm_batch_add_out(r->bb, i);
             dst = logits + (size_t)done * V;
         } else if ((logits || next) && last_chunk) {
-            b.n_out = 1;
-            b.out_rows = &r->rows[t - 1];
+            lm_batch_add_out(r->bb, last);
             dst = logits;
         }
         if (next && last_chunk) {
             LM_ASSERT(!all_logits);
-            b.out_argmax = next;
+            lm_batch_set_argmax(r->bb, next, NULL, false);
         }
-        if (lm_model_forward(r->model, &r->kv->pool, &b, dst, e)) return -1;
+        if (lm_batch_forward(r->bb, r->model, &r->kv->pool, dst, e)) return -1;
         r->n_past += t;
         done += t;
     }

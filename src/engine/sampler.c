@@ -1,9 +1,15 @@
-/* sampler.c - greedy, temperature, top-k, top-p and min-p sampling. */
+/* sampler.c - greedy, temperature, top-k, top-p and min-p sampling; a
+ * request's logit bias and penalties; logprobs.
+ *
+ * The bias and penalties are applied to a copy of the logits in scratch the
+ * caller owns (the engine has one [V] row for all its requests), so a
+ * request costs two [V] arrays only when it uses penalties. */
 #define _GNU_SOURCE /* qsort_r */
 #include "lm_sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct lm_sampler {
     lm_sampler_params p;
@@ -11,6 +17,11 @@ struct lm_sampler {
     uint64_t rng;
     int32_t *idx;  /* [vocab] candidate ids */
     float *prob;   /* [vocab] */
+    /* lm_sampler_adjust */
+    lm_logit_adjust adj;   /* adj.bias: the owned copy below */
+    lm_logit_bias *bias;   /* [n_bias] */
+    int32_t *counts;       /* [vocab] accepted-token counts, only with penalties */
+    uint8_t *seen;         /* [vocab] prompt + accepted tokens, only with penalties */
 };
 
 lm_sampler *lm_sampler_create(const lm_sampler_params *p, int vocab) {
@@ -27,6 +38,9 @@ void lm_sampler_free(lm_sampler *s) {
     if (!s) return;
     free(s->idx);
     free(s->prob);
+    free(s->bias);
+    free(s->counts);
+    free(s->seen);
     free(s);
 }
 
@@ -96,4 +110,76 @@ int lm_sample(lm_sampler *s, const float *logits) {
         if (r < c) return s->idx[i];
     }
     return s->idx[keep - 1];
+}
+
+/* ---- logit bias and penalties ---- */
+
+static bool uses_penalties(const lm_logit_adjust *a) {
+    return a->presence_penalty != 0 || a->frequency_penalty != 0 ||
+           (a->repetition_penalty != 1 && a->repetition_penalty > 0);
+}
+
+void lm_sampler_adjust(lm_sampler *s, const lm_logit_adjust *a, const int32_t *prompt, int n_prompt) {
+    LM_ASSERT(!s->bias && !s->counts);
+    s->adj = *a;
+    s->bias = lm_xmalloc((size_t)(a->n_bias + 1) * sizeof *s->bias);
+    if (a->n_bias) memcpy(s->bias, a->bias, (size_t)a->n_bias * sizeof *s->bias);
+    s->adj.bias = s->bias;
+    if (uses_penalties(a)) {
+        s->counts = lm_xcalloc((size_t)s->vocab, sizeof *s->counts);
+        s->seen = lm_xcalloc((size_t)s->vocab, 1);
+        for (int i = 0; i < n_prompt; i++) s->seen[prompt[i]] = 1;
+    }
+}
+
+bool lm_sampler_plain_greedy(const lm_sampler *s) {
+    return s->p.temperature <= 0 && s->adj.n_bias == 0 && !s->counts;
+}
+
+/* logits -> work with the bias and penalties applied; logits when none. */
+static const float *adjusted(const lm_sampler *s, const float *logits, float *work) {
+    if (s->adj.n_bias == 0 && !s->counts) return logits;
+    memcpy(work, logits, (size_t)s->vocab * sizeof(float));
+    for (int i = 0; i < s->adj.n_bias; i++) work[s->bias[i].token] += s->bias[i].bias;
+    if (s->counts) {
+        const float rp = s->adj.repetition_penalty;
+        for (int v = 0; v < s->vocab; v++) {
+            if (s->seen[v] && rp > 0 && rp != 1) work[v] = work[v] > 0 ? work[v] / rp : work[v] * rp;
+            if (s->counts[v]) work[v] -= s->adj.presence_penalty + s->adj.frequency_penalty * (float)s->counts[v];
+        }
+    }
+    return work;
+}
+
+int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work) {
+    return lm_sample(s, adjusted(s, logits, work));
+}
+
+void lm_sampler_accept(lm_sampler *s, int32_t tok) {
+    if (!s->counts) return;
+    s->counts[tok]++;
+    s->seen[tok] = 1;
+}
+
+/* ---- logprobs ---- */
+
+float lm_logprobs(const float *logits, int vocab, int32_t tok, int n_top, int32_t *top_ids, float *top_logprobs) {
+    const int V = vocab;
+    float mx = logits[0];
+    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
+    float lse = mx + (float)log(sum);
+    /* top n by repeated selection: n <= 20, so O(n V) is fine next to a forward */
+    for (int k = 0; k < n_top; k++) {
+        int best = -1;
+        for (int v = 0; v < V; v++) {
+            bool taken = false;
+            for (int j = 0; j < k && !taken; j++) taken = top_ids[j] == v;
+            if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
+        }
+        top_ids[k] = best;
+        top_logprobs[k] = logits[best] - lse;
+    }
+    return logits[tok] - lse;
 }

@@ -13,6 +13,21 @@
 
 #include "lm_model.h"
 
+/* A model's draft of its own next tokens, for speculative decoding (the
+ * contract is in engine/lm_spec.h): an MTP head such as Qwen3.5's
+ * (lm_qwen35.h) would be one. Optional: NULL for every architecture today,
+ * and nothing calls it yet. */
+typedef struct lm_draft {
+    int max_tokens; /* most tokens one proposal holds */
+    /* Up to max tokens likely to follow `last` at position pos of a
+     * sequence whose hidden state is output row `row` of the model's last
+     * forward, into draft; returns how many (0: no guess). May run forwards
+     * of its own on m's backend, with K/V under the sequence's block table
+     * in kv (layers of its own). */
+    int (*propose)(lm_model *m, lm_kv_pool *kv, const int32_t *block_table, int row, int32_t last, int pos,
+                   int32_t *draft, int max, lm_err *e);
+} lm_draft;
+
 typedef struct lm_arch {
     const char *name;
     const char *const *model_types; /* NULL-terminated HF model_type values */
@@ -29,6 +44,8 @@ typedef struct lm_arch {
     void (*free)(lm_model *m); /* frees m->impl and what forward allocated */
     /* Recurrent state per sequence (NULL: none); see lm_model_state_spec. */
     int (*state_spec)(const lm_model *m, int64_t *floats, int max);
+    /* Speculative decoding's draft from the model itself (NULL: none). */
+    const lm_draft *draft;
 } lm_arch;
 
 /* The architecture serving model_type, or NULL. */

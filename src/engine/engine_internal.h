@@ -1,0 +1,213 @@
+/* engine_internal.h - what the engine's files share; nothing outside
+ * src/engine includes it.
+ *
+ * The engine (lm_engine.h) is split by job:
+ *   engine.c        the scheduler: requests (submit, cancel, release),
+ *                   admission, the step and its plain policy, the thread
+ *   cache_policy.c  how the prefix cache is used: block hashes and inserts,
+ *                   hybrid checkpoints, the lookup at admission, miss
+ *                   diagnosis; the seam of a lower (disk) tier
+ *   lookahead.c     the greedy look-ahead: a step policy, and the chain of
+ *                   device-fed forwards it shares with `lumen bench`
+ *   spec.c          speculative decoding's seam (lm_spec.h): a step policy
+ *                   with no proposer yet
+ *   fit.c           KV sizing against device memory, the warm-up forward
+ *   batch.c, sampler.c, prefix_cache.c, kv_cache.c: the parts they use.
+ *
+ * A step (engine.c's step()) is: take the forward a policy already queued
+ * during the last step, or build one and issue it; then the step's policy
+ * (lm_step_policy) runs: after_forward, then hand_out. Plain steps, the
+ * look-ahead and speculation differ only in their policy.
+ *
+ * Threads: the engine thread owns everything but the fields marked "under
+ * mu", which submit, stats and cancel reach from other threads, and a
+ * request's refs and cancelled (atomics) and released (under its cb_mu).
+ * Callbacks run on the engine thread with no engine lock held, only the
+ * request's cb_mu. */
+#ifndef LM_ENGINE_INTERNAL_H
+#define LM_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "lm_batch_builder.h"
+#include "lm_engine.h"
+#include "lm_kv_cache.h"
+#include "lm_lookahead.h"
+#include "lm_prefix_cache.h"
+#include "lm_spec.h"
+
+typedef enum lm_req_state { LM_REQ_QUEUED, LM_REQ_RUNNING, LM_REQ_DONE } lm_req_state;
+
+struct lm_request {
+    lm_engine *en;
+    int32_t *tokens;        /* prompt, then generated tokens */
+    int n_prompt, n_tokens, cap;
+    int n_cached;           /* tokens whose K/V are in the cache */
+    lm_gen_params p;        /* stop_tokens: the owned copy below; logit_bias: the sampler's */
+    int32_t *stop_tokens;
+    lm_sampler *sampler;    /* with the request's bias and penalties */
+    lm_token_cb cb;
+    void *user;
+    atomic_int refs;        /* caller + engine (+ a queued look-ahead forward) */
+    atomic_bool cancelled;
+    pthread_mutex_t cb_mu;  /* held while calling cb; guards released */
+    bool released;
+    lm_req_state state;
+    lm_kv_seq seq;
+    int32_t slot;           /* recurrent-state slot, -1 when the model has none */
+    int n_generated;
+    double t_submit, t_admit, t_first;
+    struct lm_request *next; /* queue link */
+    /* prefix cache (cache_policy.c) */
+    uint64_t *hashes;       /* [cap / 16 + 1] chain hash of each full block hashed so far */
+    int n_hashes;
+    int n_ins;              /* leading full blocks known to be in the cache */
+    int n_hit;              /* prompt tokens served from the cache */
+    bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
+    uint64_t gen_ckpt;
+    uint64_t hist_id;
+    lm_request_trace tr;
+    int32_t *step_batch;    /* [max_tokens] for tr.step_batch */
+};
+
+typedef struct lm_step_policy lm_step_policy;
+
+/* One step's forward as the scheduler sees it: which request owns each
+ * batch sequence and each output row, and where the outputs land. The
+ * arrays are the engine's, sized at creation for parallel sequences and
+ * parallel * (1 + lm_spec_max_draft) rows. */
+typedef struct lm_step {
+    const lm_step_policy *policy;
+    bool queued;             /* issued by the last step's policy (look-ahead), not built by this one */
+    int T, S, n_out;         /* tokens, sequences, output rows */
+    int n_draft;             /* draft tokens among T (lm_spec.h); always 0 today */
+    lm_request **seq_req;    /* [S] request of each batch sequence */
+    int *seq_n;              /* [S] its tokens in this forward */
+    lm_request **row_req;    /* [n_out] request of each output row */
+    int32_t *ids;            /* [n_out] argmax of each row, from the backend */
+    uint8_t *want_logits;    /* [n_out] rows whose request needs the full logits */
+    float *logits;           /* [n_out][V] those rows' logits */
+} lm_step;
+
+/* What a step does once its forward is issued. step() picks one per built
+ * step, first that applies: speculation (when it drafted), the look-ahead
+ * (lm_ahead_claim), plain. A policy may issue the next step's forward
+ * itself and leave it in en->queued (with the policy that finishes it);
+ * the next step then takes that forward as it is. */
+struct lm_step_policy {
+    const char *name;
+    bool argmax_later;   /* the forward returns before its ids; after_forward waits for them */
+    /* The forward is issued, its ids not yet read (NULL: nothing to do). */
+    void (*after_forward)(lm_engine *en, lm_step *st);
+    /* Reads the ids and logits, advances the sequences, hands out tokens. */
+    void (*hand_out)(lm_engine *en, lm_step *st);
+    /* A queued step nobody will take, the engine stopping (NULL: the
+     * policy never queues). */
+    void (*abandon)(lm_engine *en, lm_step *st);
+};
+
+struct lm_engine {
+    lm_model *m;
+    lm_kv_cache *kv;
+    lm_engine_opts o;
+    int vocab;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stopping;               /* under mu */
+    lm_request *q_head, *q_tail; /* under mu: waiting for admission */
+    int n_queued;                /* under mu */
+    lm_request **running;        /* [parallel] */
+    int n_running;
+    lm_engine_stats st;          /* under mu; the engine thread publishes after each step */
+    uint64_t step_generated;
+    /* the step */
+    lm_batch_builder *bb;        /* every batch the engine sends, one at a time */
+    lm_step cur;                 /* the step step() builds */
+    lm_step *queued;             /* a forward already issued for the next step, or NULL */
+    float *work;                 /* [V] biased/penalised copy for sampling */
+    /* prefix cache (cache_policy.c) */
+    lm_prefix_cache *pc;         /* NULL without one */
+    lm_req_history *hist;
+    bool stateful;               /* the model has recurrent state */
+    int bs;                      /* tokens per KV block */
+    int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
+    int32_t *hit_blocks;         /* [ctx / bs + 2] lookup scratch */
+    /* greedy look-ahead (lookahead.c) */
+    bool ahead_on;
+    lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
+                                  * each holds a reference to its requests */
+    int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
+    /* speculative decoding (spec.c): NULL, no proposer exists yet */
+    lm_spec *spec;
+};
+
+/* ---- engine.c: requests and the plain step ---- */
+
+void lm_req_unref(lm_request *r);
+/* Whether r's next token is the backend's argmax of the model's logits
+ * (nothing needs the logits on the host). */
+bool lm_req_plain_greedy(const lm_request *r);
+/* One token for r (logits NULL: a plain-greedy request, whose token is
+ * `greedy`): report it, append it, finish r when due. */
+void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy);
+/* A forward of T tokens over S sequences into the stats (takes mu). */
+void lm_step_count(lm_engine *en, int T, int S, bool ahead, uint64_t discarded);
+/* The plain hand-out: count the step, advance every sequence by its
+ * tokens, then one token per output row. */
+void lm_step_hand_out(lm_engine *en, lm_step *st);
+
+/* ---- cache_policy.c ---- */
+
+/* What admission found of a prompt (lm_cache_policy_lookup). */
+typedef struct lm_cache_hit {
+    lm_pcache_hit ram;       /* the RAM cache's hit, its entries pinned */
+    const int32_t *blocks;   /* [ram.n_blocks] its blocks, shared by reference */
+    double t_lookup;         /* when the lookup began; restore_s counts from t_found */
+    double t_found;
+} lm_cache_hit;
+
+/* Sets up the prefix cache (cache_blocks > 0: en->pc, with en->ckpt_slots
+ * checkpoint slots), the request history and the lookup scratch. */
+void lm_cache_policy_create(lm_engine *en, size_t cache_blocks);
+void lm_cache_policy_free(lm_engine *en);
+/* At admission (under mu): what of r's prompt is cached. Every lookup is
+ * followed by lm_cache_policy_restore or lm_cache_policy_unpin. */
+void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit);
+/* Evicts cache-only blocks until the pool has `blocks` free; false when it cannot. */
+bool lm_cache_policy_make_room(lm_engine *en, int blocks);
+void lm_cache_policy_unpin(lm_engine *en);
+/* r holds the hit's blocks and its state slot: copy the partly shared
+ * block and the checkpoint in, record the trace, the diagnosis and stats. */
+void lm_cache_policy_restore(lm_engine *en, lm_request *r, const lm_cache_hit *hit);
+/* A prefill chunk of n tokens of r, cut at the next checkpoint position. */
+int lm_cache_policy_cut(const lm_engine *en, const lm_request *r, int n);
+/* After a forward: r's filled blocks into the cache, its checkpoint. */
+void lm_cache_policy_progress(lm_engine *en, lm_request *r);
+/* r ends (keep: not by an error): its blocks stay cached; the history learns its tokens. */
+void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep);
+/* Whether a sequence reaching n_cached tokens may take a state checkpoint. */
+bool lm_cache_policy_may_checkpoint(const lm_engine *en, int n_cached);
+/* The cache's figures into en->st (under mu). */
+void lm_cache_policy_stats(lm_engine *en);
+
+/* ---- lookahead.c ---- */
+
+void lm_ahead_create(lm_engine *en);
+void lm_ahead_free(lm_engine *en);
+/* Whether the built step st may run under the look-ahead policy. */
+bool lm_ahead_claim(const lm_engine *en, const lm_step *st);
+extern const lm_step_policy lm_ahead_policy;
+
+/* ---- fit.c ---- */
+
+/* The pool's size in en->bs-token blocks: n_blocks for sequences (KV tokens
+ * shrunk to fit a GPU's free memory unless opts named them), cache_blocks
+ * for the prefix cache; sets en->stateful and en->ckpt_slots, and en->o's
+ * kv_tokens and ctx as fitted. */
+int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size_t *cache_blocks, lm_err *e);
+/* lm_engine_opts.warmup's forward. */
+int lm_fit_warm_up(lm_engine *en, lm_err *e);
+
+#endif

@@ -1,0 +1,103 @@
+/* fit.c - the engine's memory: how big the KV pool is, and a warm-up
+ * forward that allocates everything a step will need.
+ *
+ * The pool holds blocks for the running sequences (kv_tokens, one spare
+ * block per sequence) plus the prefix cache's blocks and, for hybrids, its
+ * checkpoint slots; every running sequence also has a state slot. On a
+ * backend with its own memory (a GPU) all of it is allocated up front, so
+ * it must fit what the device has free: the default KV size shrinks to fit,
+ * an explicit one that does not fit is an error with the numbers. The
+ * warm-up then runs the largest forward a step can send, so a GPU that
+ * cannot hold the activations fails at creation, not mid-request. */
+#include "engine_internal.h"
+
+#include <stdio.h>
+
+/* On a backend with its own memory the default KV pool (parallel * ctx
+ * tokens at the model's full context) can be far beyond it. Shrinks the KV
+ * tokens, and the context if even one sequence would not fit, to 90 % of
+ * the free memory (the rest is for activations and workspaces), saying so;
+ * an explicit kv_tokens that does not fit is an error with the numbers.
+ * Admission then keeps requests within it. */
+static int fit_device_memory(lm_engine *en, const lm_engine_opts *opts, size_t block_bytes, size_t state_bytes,
+                             size_t cache_blocks, int ckpts, int *n_blocks, lm_err *e) {
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(en->m->be, &free_b, &total_b);
+    if (total_b == 0) return 0; /* host memory: pages are touched as they are used */
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const size_t budget = free_b / 10 * 9, block = (size_t)en->bs;
+    const size_t fixed = (size_t)(en->o.parallel + ckpts) * state_bytes + cache_blocks * block_bytes;
+    const size_t want = (size_t)*n_blocks * block_bytes + fixed;
+    if (want <= budget) return 0;
+    if (opts && opts->kv_tokens > 0)
+        return lm_errf(e, "a KV cache of %d tokens (plus the prefix cache) needs %.2f GiB; the GPU has %.2f GiB free of %.2f",
+                       en->o.kv_tokens, want / gib, free_b / gib, total_b / gib);
+    size_t fit_blocks = budget > fixed ? (budget - fixed) / block_bytes : 0;
+    fit_blocks = fit_blocks > (size_t)en->o.parallel ? fit_blocks - (size_t)en->o.parallel : 0;
+    if (fit_blocks * block < 256)
+        return lm_errf(e, "a KV cache of 256 tokens and the prefix cache and state slots (%.2f GiB) do not fit in the "
+                       "GPU's %.2f GiB free of %.2f (try a smaller --cache-ram)",
+                       (double)(fixed + 16 * block_bytes) / gib, free_b / gib, total_b / gib);
+    en->o.kv_tokens = (int)LM_MIN(fit_blocks * block, (size_t)INT32_MAX / 2);
+    if (en->o.ctx > en->o.kv_tokens) en->o.ctx = en->o.kv_tokens;
+    *n_blocks = (en->o.kv_tokens + (int)block - 1) / (int)block + en->o.parallel;
+    fprintf(stderr, "lumen: KV cache sized to %d tokens (context %d) to fit the GPU's %.2f GiB free\n",
+            en->o.kv_tokens, en->o.ctx, free_b / gib);
+    return 0;
+}
+
+int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size_t *cache_blocks, lm_err *e) {
+    const lm_model *m = en->m;
+    const int block = en->bs;
+    /* one spare block per sequence: budgets rarely end on a block boundary */
+    *n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
+    /* the prefix cache's blocks and checkpoint slots come on top */
+    int64_t floats[64];
+    int n_state = lm_model_state_spec(m, floats, 64);
+    size_t state_bytes = 0, block_bytes = (size_t)2 * (size_t)m->n_kv_layers * (size_t)block * (size_t)m->kv_width * sizeof(float);
+    for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
+    en->stateful = n_state > 0;
+    *cache_blocks = en->o.cache_ram / block_bytes;
+    int ckpts = 0;
+    if (*cache_blocks > (size_t)(INT32_MAX / 2 - *n_blocks)) *cache_blocks = (size_t)(INT32_MAX / 2 - *n_blocks);
+    if (state_bytes && *cache_blocks) {
+        /* checkpoint slots for up to half the budget (at least one when it fits next to a block) */
+        size_t c = en->o.cache_ram / 2 / state_bytes;
+        if (c == 0 && en->o.cache_ram >= state_bytes + block_bytes) c = 1;
+        ckpts = (int)LM_MIN(c, (size_t)4096);
+    }
+    en->ckpt_slots = ckpts;
+    return fit_device_memory(en, opts, block_bytes, state_bytes, *cache_blocks, ckpts, n_blocks, e);
+}
+
+/* lm_engine_opts.warmup: a prefill of the step budget (capped by the
+ * context and the pool) on a scratch sequence, with as many output rows as
+ * a decode step of every running sequence asks for; then the sequence is
+ * released. The prefix cache never sees it. Runs before the engine thread
+ * starts, so it borrows the step's builder. */
+int lm_fit_warm_up(lm_engine *en, lm_err *e) {
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(en->m->be, &free_b, &total_b);
+    if (en->o.warmup < 0 || (en->o.warmup == 0 && total_b == 0)) return 0;
+    const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
+    const int n_out = LM_MIN(en->o.parallel, T);
+    lm_kv_seq seq = { 0 };
+    if (lm_kv_seq_reserve(en->kv, &seq, T, e)) return -1;
+    int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
+    /* the step's builder and id rows: T <= step_tokens, n_out <= parallel */
+    lm_batch_builder *bb = en->bb;
+    lm_batch_reset(bb);
+    int s = lm_batch_add_seq(bb, seq.blocks, slot);
+    lm_batch_add_tokens(bb, s, NULL, 0, T);
+    for (int i = 0; i < n_out; i++) lm_batch_add_out(bb, T - n_out + i);
+    lm_batch_set_argmax(bb, en->cur.ids, NULL, false);
+    int rc = lm_batch_forward(bb, en->m, &en->kv->pool, NULL, e);
+    if (slot >= 0) lm_kv_state_release(en->kv, slot);
+    lm_kv_seq_release(en->kv, &seq);
+    if (rc && e) {
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg);
+        lm_errf(e, "warm-up forward of %d tokens failed: %s", T, why);
+    }
+    return rc;
+}

@@ -1,0 +1,57 @@
+/* lm_batch_builder.h - the one way to fill an lm_batch.
+ *
+ * A builder owns a batch's arrays, sized once at creation, and fills them
+ * sequence by sequence: lm_batch_add_seq names a sequence's block table and
+ * state slot, lm_batch_add_tokens appends its tokens at consecutive
+ * positions, lm_batch_add_out asks for a row's output. The engine's step and
+ * look-ahead, its warm-up, lm_runner and `lumen bench` all build their
+ * batches here, so a new kind of batch (a speculative draft's rows, ...) has
+ * one place to go and nothing allocates per step.
+ *
+ * Once lm_batch_forward returns, the arrays are free again: the forward has
+ * taken what it needs from them, even one that returns before its argmax
+ * (argmax_later), so the next batch may be built while it runs. */
+#ifndef LM_BATCH_BUILDER_H
+#define LM_BATCH_BUILDER_H
+
+#include "../model/lm_model.h"
+
+typedef struct lm_batch_builder lm_batch_builder;
+
+/* Room for max_tokens tokens over max_seqs sequences and max_out output rows.
+ * stateful: the model has recurrent state (lm_kv_pool.n_state > 0), so the
+ * batch names each sequence's slot; otherwise slots are ignored. */
+lm_batch_builder *lm_batch_builder_create(int max_tokens, int max_seqs, int max_out, bool stateful);
+void lm_batch_builder_free(lm_batch_builder *bb);
+
+/* Empties the batch and forgets its output options. */
+void lm_batch_reset(lm_batch_builder *bb);
+/* A new sequence: its KV block table (covering every position it will be
+ * given) and state slot. Returns its index in the batch. */
+int lm_batch_add_seq(lm_batch_builder *bb, const int32_t *block_table, int32_t state_slot);
+/* Appends n tokens of sequence s at positions pos0 .. pos0 + n - 1 (ids
+ * copied; NULL: token 0, for forwards whose output nobody reads). Returns
+ * the row of the last. */
+int lm_batch_add_tokens(lm_batch_builder *bb, int s, const int32_t *ids, int pos0, int n);
+/* Appends one token of sequence s at pos whose id is the argmax the previous
+ * forward left on the backend for the row this token takes (greedy
+ * look-ahead; needs lm_model_look_ahead). A batch holds only such tokens or
+ * none. Returns its row. */
+int lm_batch_add_from_argmax(lm_batch_builder *bb, int s, int pos);
+/* Asks for the output (logits or argmax) of token row `row`; returns the
+ * output index, the order of lm_batch.out_rows. */
+int lm_batch_add_out(lm_batch_builder *bb, int row);
+/* Greedy outputs (lm_batch.out_argmax): each output's argmax into ids (host
+ * [n_out]); only outputs i with want_logits[i] != 0 (none when NULL) copy
+ * their logits to the host. later: the forward may return before the ids
+ * are there (lm_model_wait_argmax). */
+void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later);
+
+/* Tokens in the batch so far. */
+int lm_batch_n_tokens(const lm_batch_builder *bb);
+
+/* lm_model_forward of the batch; logits (host) receives [n_out][V] for the
+ * outputs asked for (see lm_batch.out_argmax for which), NULL for none. */
+int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e);
+
+#endif
