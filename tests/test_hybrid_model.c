@@ -16,7 +16,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "model/lm_qwen35.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 /* ---- fixture variants --------------------------------------------------- */

@@ -7,7 +7,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 static lm_backend *backend(void) { return lm_cpu_backend_create(1, LM_ISA_AUTO, NULL); }

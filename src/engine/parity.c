@@ -9,7 +9,7 @@
 
 #include "../base/lm_file.h"
 #include "../model/lm_model.h"
-#include "../model/safetensors.h"
+#include "../format/safetensors.h"
 #include "lm_runner.h"
 #include "lm_sampler.h"
 

@@ -9,7 +9,7 @@
 
 #include "../backend/lm_backend.h"
 #include "lm_config.h"
-#include "lm_weights.h"
+#include "../format/lm_weights.h"
 
 typedef struct lm_batch {
     int n_tokens;                        /* T */

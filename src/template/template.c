@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "../base/lm_file.h"
-#include "../model/gguf.h"
+#include "../format/gguf.h"
 
 int lm_template_parse(const char *src, size_t len, const char *name, lm_template **out, lm_err *e) {
     *out = NULL;

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../model/gguf.h"
+#include "../format/gguf.h"
 #include "../base/lm_file.h"
 #include "tok_internal.h"
 
