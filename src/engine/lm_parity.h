@@ -41,7 +41,8 @@ typedef struct lm_parity_result {
     bool ok;
 } lm_parity_result;
 
-/* dir: the model folder, opened once as src (format/lm_source.h). */
+/* src: the model folder, opened once (format/lm_source.h); its
+ * reference.safetensors is read beside the model. */
 int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);
 /* The same on a source opened from dir and released after. */
 int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);

@@ -43,9 +43,14 @@ static lm_source_kind kind_of_path(const char *path) {
 }
 
 static char *folder_of(const char *path, lm_source_kind kind) {
-    if (kind == LM_SOURCE_HF) return lm_xstrdup(path);
     const char *slash = strrchr(path, '/');
-    return slash ? strndup(path, (size_t)(slash - path)) : lm_xstrdup(".");
+    if (kind == LM_SOURCE_HF) return lm_xstrdup(path);
+    if (!slash) return lm_xstrdup(".");
+    size_t n = (size_t)(slash - path);
+    char *dir = lm_xmalloc(n + 1);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    return dir;
 }
 
 int lm_source_open(lm_source **out, const char *path, lm_err *e) {
@@ -55,7 +60,6 @@ int lm_source_open(lm_source **out, const char *path, lm_err *e) {
     s->kind = kind_of_path(path);
     s->path = lm_xstrdup(path);
     s->folder = folder_of(path, s->kind);
-    LM_ASSERT(s->folder);
     if (s->kind == LM_SOURCE_GGUF) {
         int rc = lm_file_exists(path) ? lm_weights_open_gguf(&s->ws, path, e)
                                       : lm_errf(e, "%s: no such file or directory", path);

@@ -8,8 +8,8 @@
 #define LM_MODEL_H
 
 #include "../backend/lm_backend.h"
-#include "lm_config.h"
 #include "../format/lm_source.h"
+#include "lm_config.h"
 
 typedef struct lm_batch {
     int n_tokens;                        /* T */

@@ -16,7 +16,7 @@
 #include "../format/lm_source.h"
 
 typedef struct lm_server_opts {
-    const char *model_path;  /* Hugging Face folder or .gguf */
+    const char *model_path;  /* Hugging Face folder or .gguf, as opened for lm_server_run */
     const char *alias;       /* name in /v1/models and responses; NULL: the path's basename */
     const char *host;        /* IP literal or name to bind; NULL: 127.0.0.1 */
     int port;                /* 0: any free port (the chosen one is printed) */
