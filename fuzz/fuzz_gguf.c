@@ -10,7 +10,7 @@
  * checked with LM_ASSERT (an abort is a finding): failures carry one line
  * starting with the label and leave nothing allocated; accepted tensors lie
  * inside the buffer, are aligned, and their size agrees with shape and type. */
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 #include <stdlib.h>
 #include <string.h>

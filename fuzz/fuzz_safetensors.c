@@ -8,7 +8,7 @@
  * (a finding) when one breaks: failures carry a message starting with the
  * label, accepted tensors are sorted, findable, and their nbytes agrees with
  * the shape. */
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 #include <stdlib.h>
 #include <string.h>

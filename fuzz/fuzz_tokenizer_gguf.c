@@ -10,7 +10,7 @@
  * checks the decode invariants of fuzz_tokenizer_common.h. Rejections must
  * be one-line messages and leak nothing. */
 #include "fuzz_tokenizer_common.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

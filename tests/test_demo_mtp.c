@@ -11,7 +11,7 @@
 #include "lm_test.h"
 #include "test_util.h"
 #include "model/lm_qwen35.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 #define DEMO LUMEN_SOURCE_DIR "/models/demo"
 #define KV_BLOCK 16

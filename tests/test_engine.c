@@ -9,7 +9,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "test_util.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 typedef struct collect {
     pthread_mutex_t mu;

@@ -13,7 +13,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "test_util.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 enum { GEN = 24, WINDOW = 16 };
 

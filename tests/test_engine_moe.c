@@ -17,7 +17,7 @@
 #include "engine/lm_sampler.h"
 #include "lm_test.h"
 #include "test_util.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 LM_TEST(engine_moe_concurrent_equals_alone) {
     char *dir = lm_test_fixture_path("models/qwen3-moe");

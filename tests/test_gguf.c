@@ -8,7 +8,7 @@
  * past the end. */
 #include "lm_test.h"
 
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 #include <stdlib.h>
 #include <string.h>

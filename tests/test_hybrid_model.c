@@ -16,7 +16,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "model/lm_qwen35.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 /* ---- fixture variants --------------------------------------------------- */
@@ -341,9 +341,9 @@ static void uploads_case(lm_test_ctx *lm_t_, const char *fixture) {
     lm_model *m = NULL;
     LM_REQUIRE(lm_model_load(&m, dir, &c.be, &e) == 0);
     size_t matrices = 0;
-    for (int f = 0; f < m->src.n_files; f++)
-        for (int i = 0; i < m->src.st[f].n_tensors; i++)
-            if (m->src.st[f].tensors[i].n_dims == 2) matrices += m->src.st[f].tensors[i].nbytes;
+    for (int f = 0; f < m->weights->n_files; f++)
+        for (int i = 0; i < m->weights->st[f].n_tensors; i++)
+            if (m->weights->st[f].tensors[i].n_dims == 2) matrices += m->weights->st[f].tensors[i].nbytes;
     printf("  %s: %zu bytes uploaded, %zu bytes of 2-D tensors stored\n", fixture, c.bytes, matrices);
     LM_CHECK_MSG(c.bytes > 0 && c.bytes == matrices, "%zu bytes uploaded for %zu stored", c.bytes, matrices);
     LM_CHECK(lm_qwen35_mtp_head(m) != NULL);

@@ -7,7 +7,7 @@
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 static lm_backend *backend(void) { return lm_cpu_backend_create(1, LM_ISA_AUTO, NULL); }
@@ -84,9 +84,9 @@ LM_TEST(model_load_llama_fixture) {
     LM_CHECK(m->cfg.head_dim == 16 && m->cfg.vocab == 1024 && !m->cfg.tie_embeddings);
     LM_CHECK(m->embed.type == LM_BF16);
     /* weights are used in place from the mapping, not copied */
-    const lm_file_tensor *t = lm_weights_find(&m->src, "model.embed_tokens.weight", NULL);
+    const lm_file_tensor *t = lm_weights_find(m->weights, "model.embed_tokens.weight", NULL);
     LM_CHECK(t && m->embed.data == (const void *)t->data);
-    const lm_file_tensor *h = lm_weights_find(&m->src, "lm_head.weight", NULL);
+    const lm_file_tensor *h = lm_weights_find(m->weights, "lm_head.weight", NULL);
     LM_CHECK(h && m->lm_head.data == (const void *)h->data);
     /* bytes a decode step reads: every matrix but the embedding table, plus one embedding row */
     LM_CHECK(lm_model_weight_bytes(m) > h->nbytes && lm_model_weight_bytes(m) < h->nbytes + t->nbytes * 2);
@@ -109,7 +109,7 @@ LM_TEST(model_file_tensor_bytes_match_the_loader) {
     LM_REQUIRE(m);
     size_t bytes = 0;
     LM_CHECK(lm_model_file_tensor_bytes(dir, &bytes, &e) == 0);
-    LM_CHECK_MSG(bytes == lm_weights_bytes(&m->src), "%zu vs the loader's %zu", bytes, lm_weights_bytes(&m->src));
+    LM_CHECK_MSG(bytes == lm_weights_bytes(m->weights), "%zu vs the loader's %zu", bytes, lm_weights_bytes(m->weights));
     char *w = lm_path_join(dir, "model.safetensors");
     size_t file_len = 0;
     char *blob = lm_tu_read(w, &file_len);
@@ -275,7 +275,7 @@ LM_TEST(model_load_sharded) {
     LM_CHECK_MSG(lm_model_load(&a, src, be, &e) == 0, "%s", e.msg);
     LM_CHECK_MSG(lm_model_load(&b, dir, be, &e) == 0, "%s", e.msg);
     if (a && b) {
-        LM_CHECK(b->src.n_files == 2);
+        LM_CHECK(b->weights->n_files == 2);
         int32_t ids[5] = { 1, 17, 300, 42, 999 };
         float la[1024], lb[1024];
         lm_runner *ra = NULL, *rb = NULL;

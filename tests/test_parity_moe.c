@@ -20,7 +20,7 @@
 #include "engine/lm_parity.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 static void run_fixture(lm_test_ctx *lm_t_, lm_cpu_isa isa, int threads) {

@@ -8,7 +8,7 @@
  * with the reason, when that folder is absent. */
 #include "lm_test.h"
 
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@
 #include "engine/lm_engine.h"
 #include "engine/lm_runner.h"
 #include "lm_test.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 int lm_tu_write(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");

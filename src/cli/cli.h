@@ -4,6 +4,7 @@
 
 #include "../backend/lm_backend.h"
 #include "../engine/lm_sampler.h"
+#include "../format/lm_source.h"
 
 #define LM_VERSION "0.1.0"
 
@@ -40,13 +41,16 @@ bool lm_cli_float(const char *s, double *out);
  * 1024; "512M", "4G", "1536KiB"); false for anything else. */
 bool lm_cli_size(const char *s, size_t *out);
 /* The backend the options ask for. auto: CUDA when a GPU is present and the
- * model at model_path (NULL: not checked) fits in its free memory, else the
- * CPU, saying why on stderr. */
-lm_backend *lm_cli_backend_for(const lm_common_opts *o, const char *model_path);
+ * model (NULL: not checked) fits in its free memory, else the CPU, saying
+ * why on stderr. */
+lm_backend *lm_cli_backend_for(const lm_common_opts *o, lm_source *model);
 lm_backend *lm_cli_backend(const lm_common_opts *o);
 /* The bundled demo model's folder (models/demo of the source tree; LUMEN_MODEL
  * overrides), or NULL with a message when it is not there. */
 const char *lm_cli_default_model(void);
+/* Opens a command's model path once (format/lm_source.h), for the backend
+ * choice and every loader; NULL after printing "lumen: MESSAGE". */
+lm_source *lm_cli_open_model(const char *path);
 int lm_cmd_chat(int argc, char **argv);
 
 /* The sampling options' help, with a command's defaults (string literals). */

@@ -211,15 +211,20 @@ int lm_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lumen bench: -m MODEL is required (see lumen bench --help)\n");
         return 2;
     }
-    lm_backend *be = lm_cli_backend_for(&co, model_path);
-    if (!be) return 1;
+    lm_source *src = lm_cli_open_model(model_path);
+    if (!src) return 1;
+    lm_backend *be = lm_cli_backend_for(&co, src);
+    if (!be) {
+        lm_source_unref(src);
+        return 1;
+    }
     lm_err e = { { 0 } };
     lm_model *m = NULL;
     lm_runner *r = NULL;
     int32_t *prompt = NULL;
     float *logits = NULL;
     int rc = 1;
-    if (lm_model_load(&m, model_path, be, &e)) goto fail;
+    if (lm_model_load_from(&m, src, be, &e)) goto fail;
     if (batched) {
         double issue_ms = 0, body_ms = 0;
         const bool ahead = look_ahead && lm_model_look_ahead(m);
@@ -298,6 +303,7 @@ done:
     free(logits);
     lm_runner_free(r);
     lm_model_free(m);
+    lm_source_unref(src);
     lm_backend_destroy(be);
     return rc;
 }

@@ -94,14 +94,19 @@ int lm_cmd_chat(int argc, char **argv) {
         return 2;
     }
     if (!model_path && !(model_path = lm_cli_default_model())) return 2;
-    lm_backend *be = lm_cli_backend_for(&co, model_path);
-    if (!be) return 1;
+    lm_source *model = lm_cli_open_model(model_path);
+    if (!model) return 1;
+    lm_backend *be = lm_cli_backend_for(&co, model);
+    if (!be) {
+        lm_source_unref(model);
+        return 1;
+    }
     lm_err e = { { 0 } };
     lm_textgen g;
     lm_template *tpl = NULL;
     json_t *messages = json_array();
     int rc = 1;
-    if (lm_textgen_open(&g, model_path, be, (int)ctx, &sp, &e)) goto fail;
+    if (lm_textgen_open(&g, model, be, (int)ctx, &sp, &e)) goto fail;
     const char *src = lm_tokenizer_chat_template(g.tok);
     if (!src) {
         lm_errf(&e, "%s: the model has no chat template", model_path);
@@ -177,6 +182,7 @@ done:
     json_decref(messages);
     lm_template_free(tpl);
     lm_textgen_close(&g);
+    lm_source_unref(model);
     lm_backend_destroy(be);
     return rc;
 }

@@ -46,12 +46,17 @@ int lm_cmd_parity(int argc, char **argv) {
         fprintf(stderr, "lumen parity: a model folder is required (see lumen parity --help)\n");
         return 2;
     }
-    lm_backend *be = lm_cli_backend_for(&co, dir);
-    if (!be) return 1;
+    lm_source *model = lm_cli_open_model(dir);
+    if (!model) return 1;
+    lm_backend *be = lm_cli_backend_for(&co, model);
+    if (!be) {
+        lm_source_unref(model);
+        return 1;
+    }
     lm_err e = { { 0 } };
     lm_parity_result res;
     int rc = 1;
-    if (lm_parity_run(dir, be, tol, &res, &e)) {
+    if (lm_parity_run_from(model, be, tol, &res, &e)) {
         fprintf(stderr, "lumen: %s\n", e.msg);
     } else {
         char *js = lm_parity_json(dir, be, &res);
@@ -59,6 +64,7 @@ int lm_cmd_parity(int argc, char **argv) {
         free(js);
         rc = res.ok ? 0 : 1;
     }
+    lm_source_unref(model);
     lm_backend_destroy(be);
     return rc;
 }

@@ -54,16 +54,23 @@ static void print_text(void *user, const char *t, size_t n) {
 /* -p: text in, streamed text out. */
 static int run_text(const lm_common_opts *co, const char *model_path, const char *text, int n_gen, int ctx,
                     const lm_sampler_params *sp, bool ignore_eos) {
-    lm_backend *be = lm_cli_backend_for(co, model_path);
-    if (!be) return 1;
+    double t_open = lm_now(); /* a GGUF is parsed here: part of the load */
+    lm_source *src = lm_cli_open_model(model_path);
+    t_open = lm_now() - t_open;
+    if (!src) return 1;
+    lm_backend *be = lm_cli_backend_for(co, src);
+    if (!be) {
+        lm_source_unref(src);
+        return 1;
+    }
     lm_err e = { { 0 } };
     lm_textgen g;
     lm_tok_ids ids = { 0 };
     lm_textgen_stats st;
     int rc = 1;
     double t0 = lm_now();
-    if (lm_textgen_open(&g, model_path, be, ctx, sp, &e)) goto fail;
-    double t_load = lm_now() - t0;
+    if (lm_textgen_open(&g, src, be, ctx, sp, &e)) goto fail;
+    double t_load = lm_now() - t0 + t_open;
     if (lm_tokenizer_encode(g.tok, text, strlen(text), true, &ids, &e)) goto fail;
     if (ids.n == 0) {
         lm_errf(&e, "the prompt encodes to no tokens");
@@ -82,6 +89,7 @@ fail:
 done:
     lm_tok_ids_free(&ids);
     lm_textgen_close(&g);
+    lm_source_unref(src);
     lm_backend_destroy(be);
     return rc;
 }
@@ -137,15 +145,18 @@ int lm_cmd_run(int argc, char **argv) {
 
     int rc = 1;
     lm_err e = { { 0 } };
-    lm_backend *be = lm_cli_backend_for(&co, model_path);
+    double t_open = lm_now(); /* a GGUF is parsed here: part of the load */
+    lm_source *src = lm_cli_open_model(model_path);
+    t_open = lm_now() - t_open;
+    lm_backend *be = src ? lm_cli_backend_for(&co, src) : NULL;
     lm_model *m = NULL;
     lm_runner *r = NULL;
     lm_sampler *s = NULL;
     float *logits = NULL;
     if (!be) goto done;
     double t0 = lm_now();
-    if (lm_model_load(&m, model_path, be, &e)) goto fail;
-    double t_load = lm_now() - t0;
+    if (lm_model_load_from(&m, src, be, &e)) goto fail;
+    double t_load = lm_now() - t0 + t_open;
     int want_ctx = ctx ? (int)ctx : LM_MIN(m->cfg.max_pos, n_prompt + (int)n_gen);
     if (n_prompt + n_gen > want_ctx) {
         lm_errf(&e, "prompt (%d) + generation (%ld) exceed the context of %d tokens", n_prompt, n_gen, want_ctx);
@@ -196,6 +207,7 @@ done:
     lm_sampler_free(s);
     lm_runner_free(r);
     lm_model_free(m);
+    lm_source_unref(src);
     lm_backend_destroy(be);
     return rc;
 }

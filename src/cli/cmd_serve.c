@@ -145,11 +145,17 @@ int lm_cmd_serve(int argc, char **argv) {
     }
     if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
     if (!cache_set) so.engine.cache_ram = default_cache_ram();
-    lm_backend *be = lm_cli_backend_for(&co, so.model_path);
-    if (!be) return 1;
+    lm_source *model = lm_cli_open_model(so.model_path);
+    if (!model) return 1;
+    lm_backend *be = lm_cli_backend_for(&co, model);
+    if (!be) {
+        lm_source_unref(model);
+        return 1;
+    }
     lm_err e = { { 0 } };
-    int rc = lm_server_run(&so, be, &e);
+    int rc = lm_server_run(&so, model, be, &e);
     if (rc) fprintf(stderr, "lumen: %s\n", e.msg);
+    lm_source_unref(model);
     lm_backend_destroy(be);
     return rc ? 1 : 0;
 }

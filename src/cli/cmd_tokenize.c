@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "../base/lm_file.h"
+#include "../format/lm_source.h"
 #include "../tokenizer/lm_tokenizer.h"
 #include "cli.h"
 
@@ -85,7 +86,7 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int bench(lm_tokenizer *tok, const char *path, long reps, const char *model, double load_s,
+static int bench(lm_tokenizer *tok, const char *path, long reps, const lm_source *model, double load_s,
                  bool paras) {
     lm_err e = { { 0 } };
     size_t len;
@@ -100,7 +101,7 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const char *mod
     uint32_t fnv = 0x811c9dc5; /* FNV-1a over the ids' bytes, to compare with tools/tokbench */
     for (long r = 0; r < reps; r++) {
         lm_tokenizer *fresh = NULL;
-        if (r > 0 && lm_tokenizer_load(&fresh, model, &e)) { /* a cold cache every run */
+        if (r > 0 && lm_tokenizer_load_from(&fresh, model, &e)) { /* a cold cache every run */
             fprintf(stderr, "lumen tokenize: %s\n", e.msg);
             free(text);
             return 1;
@@ -185,15 +186,17 @@ int lm_cmd_tokenize(int argc, char **argv) {
     }
     lm_err e = { { 0 } };
     lm_tokenizer *tok;
+    lm_source *src = NULL;
     double t0 = lm_now();
-    if (lm_tokenizer_load(&tok, model, &e)) {
+    if (lm_source_open(&src, model, &e) || lm_tokenizer_load_from(&tok, src, &e)) {
         fprintf(stderr, "lumen tokenize: %s\n", e.msg);
+        lm_source_unref(src);
         return 1;
     }
     double load_s = lm_now() - t0;
     int rc = 0;
     if (dec) rc = decode_ids(tok, dec);
-    else if (bench_path) rc = bench(tok, bench_path, reps, model, load_s, paras);
+    else if (bench_path) rc = bench(tok, bench_path, reps, src, load_s, paras);
     else {
         size_t len;
         char *buf = NULL;
@@ -201,6 +204,7 @@ int lm_cmd_tokenize(int argc, char **argv) {
             if (!(buf = lm_read_file(file, &len, &e))) {
                 fprintf(stderr, "lumen tokenize: %s\n", e.msg);
                 lm_tokenizer_free(tok);
+                lm_source_unref(src);
                 return 1;
             }
             text = buf;
@@ -228,5 +232,6 @@ int lm_cmd_tokenize(int argc, char **argv) {
         free(buf);
     }
     lm_tokenizer_free(tok);
+    lm_source_unref(src);
     return rc;
 }

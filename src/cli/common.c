@@ -145,16 +145,16 @@ static lm_backend *cpu_backend(const lm_common_opts *o) {
     return be;
 }
 
-static lm_backend *choose_backend(const lm_common_opts *o, const char *model_path);
+static lm_backend *choose_backend(const lm_common_opts *o, lm_source *model);
 
 /* LUMEN_PROFILE=1 wraps the chosen backend in the op profiler. */
-lm_backend *lm_cli_backend_for(const lm_common_opts *o, const char *model_path) {
-    lm_backend *be = choose_backend(o, model_path);
+lm_backend *lm_cli_backend_for(const lm_common_opts *o, lm_source *model) {
+    lm_backend *be = choose_backend(o, model);
     const char *prof = getenv("LUMEN_PROFILE");
     return be && prof && *prof && strcmp(prof, "0") ? lm_backend_profiled(be) : be;
 }
 
-static lm_backend *choose_backend(const lm_common_opts *o, const char *model_path) {
+static lm_backend *choose_backend(const lm_common_opts *o, lm_source *model) {
     lm_err e = { { 0 } };
     if (o->device == LM_DEVICE_CPU) return cpu_backend(o);
     if (o->device == LM_DEVICE_CUDA) {
@@ -172,10 +172,11 @@ static lm_backend *choose_backend(const lm_common_opts *o, const char *model_pat
     }
     if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
     /* the loader's measure (a model it would refuse runs on the CPU); a
-     * model that cannot be opened is left for the load to report */
+     * model that cannot be opened is left for the load to report. The
+     * weight table stays open in the source for that load. */
     size_t free_b, total_b, need = 0;
     lm_err ignored = { { 0 } };
-    if (model_path && lm_model_file_tensor_bytes(model_path, &need, &ignored)) need = 0;
+    if (model && lm_model_tensor_bytes(model, &need, &ignored)) need = 0;
     lm_backend_mem_info(be, &free_b, &total_b);
     if (need > 0 && !lm_model_fits(need, free_b)) {
         fprintf(stderr, "lumen: the model's %.1f GiB of weights do not fit in the GPU's %.1f GiB free; running on the CPU\n",
@@ -187,6 +188,16 @@ static lm_backend *choose_backend(const lm_common_opts *o, const char *model_pat
 }
 
 lm_backend *lm_cli_backend(const lm_common_opts *o) { return lm_cli_backend_for(o, NULL); }
+
+lm_source *lm_cli_open_model(const char *path) {
+    lm_err e = { { 0 } };
+    lm_source *src;
+    if (lm_source_open(&src, path, &e)) {
+        fprintf(stderr, "lumen: %s\n", e.msg);
+        return NULL;
+    }
+    return src;
+}
 
 const char *lm_cli_default_model(void) {
     const char *env = getenv("LUMEN_MODEL");

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-int lm_textgen_open(lm_textgen *g, const char *path, lm_backend *be, int ctx, const lm_sampler_params *sp,
+int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, const lm_sampler_params *sp,
                     lm_err *e) {
     memset(g, 0, sizeof *g);
-    if (lm_model_load(&g->model, path, be, e)) return -1;
-    if (lm_tokenizer_load(&g->tok, path, e)) return -1;
+    if (lm_model_load_from(&g->model, src, be, e)) return -1;
+    if (lm_tokenizer_load_from(&g->tok, src, e)) return -1;
     /* a terminal session needs a modest context: the KV cache is sized by it */
     if (ctx <= 0) ctx = 4096;
     if (ctx > g->model->cfg.max_pos) ctx = g->model->cfg.max_pos;

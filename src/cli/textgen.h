@@ -7,6 +7,7 @@
 
 #include "../engine/lm_runner.h"
 #include "../engine/lm_sampler.h"
+#include "../format/lm_source.h"
 #include "../tokenizer/lm_tokenizer.h"
 
 typedef struct lm_textgen {
@@ -28,9 +29,9 @@ typedef struct lm_textgen_stats {
 
 typedef void (*lm_text_cb)(void *user, const char *text, size_t len);
 
-/* Loads model and tokenizer from path (a folder or .gguf) onto be; ctx <= 0
- * means 4096 (capped by the model's maximum). */
-int lm_textgen_open(lm_textgen *g, const char *path, lm_backend *be, int ctx, const lm_sampler_params *sp,
+/* Loads model and tokenizer from one opened source (a folder or .gguf) onto
+ * be; ctx <= 0 means 4096 (capped by the model's maximum). */
+int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, const lm_sampler_params *sp,
                     lm_err *e);
 void lm_textgen_close(lm_textgen *g);
 /* Feeds ids (reusing the held prefix when ids extend it), then generates up to

@@ -15,6 +15,7 @@
 #define LM_PARITY_H
 
 #include "../backend/lm_backend.h"
+#include "../format/lm_source.h"
 
 #define LM_PARITY_MAX_PROMPTS 16
 
@@ -40,6 +41,10 @@ typedef struct lm_parity_result {
     bool ok;
 } lm_parity_result;
 
+/* src: the model folder, opened once (format/lm_source.h); its
+ * reference.safetensors is read beside the model. */
+int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);
+/* The same on a source opened from dir and released after. */
 int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);
 /* One JSON line (caller frees). */
 char *lm_parity_json(const char *dir, const lm_backend *be, const lm_parity_result *res);

@@ -9,7 +9,7 @@
 
 #include "../base/lm_file.h"
 #include "../model/lm_model.h"
-#include "../model/safetensors.h"
+#include "../format/safetensors.h"
 #include "lm_runner.h"
 #include "lm_sampler.h"
 
@@ -122,7 +122,8 @@ done:
     return rc;
 }
 
-int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
+int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
+    const char *dir = lm_source_path(src);
     memset(res, 0, sizeof *res);
     res->tolerance = tolerance;
     res->cache_tolerance = LM_CACHE_TOLERANCE;
@@ -131,7 +132,7 @@ int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_r
     lm_safetensors ref = { 0 };
     char *ref_path = lm_path_join(dir, "reference.safetensors");
     int rc = -1;
-    if (lm_model_load(&m, dir, be, e)) goto done;
+    if (lm_model_load_from(&m, src, be, e)) goto done;
     snprintf(res->model_type, sizeof res->model_type, "%s", m->cfg.model_type);
     if (lm_safetensors_open(&ref, ref_path, e)) goto done;
     int max_len = 0;
@@ -166,6 +167,15 @@ done:
     lm_model_free(m);
     if (ref.tensors || ref.file.data) lm_safetensors_close(&ref);
     free(ref_path);
+    return rc;
+}
+
+int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
+    lm_source *src;
+    memset(res, 0, sizeof *res);
+    if (lm_source_open(&src, dir, e)) return -1;
+    int rc = lm_parity_run_from(src, be, tolerance, res, e);
+    lm_source_unref(src);
     return rc;
 }
 

@@ -14,8 +14,8 @@ static void shape_str(char *buf, size_t n, const lm_file_tensor *t) {
 
 /* The file a reader would look in for a missing tensor. */
 static const char *missing_where(const lm_model *m) {
-    if (m->src.gguf) return m->src.gguf->file.path;
-    if (m->src.n_files == 1) return m->src.st[0].file.path;
+    if (m->weights->gguf) return m->weights->gguf->file.path;
+    if (m->weights->n_files == 1) return m->weights->st[0].file.path;
     return m->path;
 }
 
@@ -25,7 +25,7 @@ static const lm_file_tensor *find_checked(lm_binder *b, const char *name, int64_
                                           bool required) {
     if (b->failed) return NULL;
     const char *file = NULL;
-    const lm_file_tensor *t = lm_weights_find(&b->m->src, name, &file);
+    const lm_file_tensor *t = lm_weights_find(b->m->weights, name, &file);
     if (!t) {
         if (required) {
             lm_errf(b->e, "%s: missing tensor \"%s\"", missing_where(b->m), name);
@@ -132,4 +132,4 @@ const char *lm_bind_name(char *buf, size_t n, const char *pattern, int layer) {
     return buf;
 }
 
-bool lm_bind_has(const lm_binder *b, const char *name) { return lm_weights_find(&b->m->src, name, NULL) != NULL; }
+bool lm_bind_has(const lm_binder *b, const char *name) { return lm_weights_find(b->m->weights, name, NULL) != NULL; }

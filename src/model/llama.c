@@ -91,7 +91,7 @@ static const name_table k_gguf_names = {
 
 static int llama_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
-    const name_table *nt = m->src.gguf ? &k_gguf_names : &k_hf_names;
+    const name_table *nt = m->weights->gguf ? &k_gguf_names : &k_hf_names;
     int64_t D = c->d_model, V = c->vocab;
     llama *ll = lm_xcalloc(1, sizeof *ll);
     m->impl = ll;

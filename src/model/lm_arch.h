@@ -38,7 +38,7 @@ typedef struct lm_arch {
     void (*config_defaults)(const char *model_type, json_t *root);
     /* Reads architecture-specific fields after the common ones (may be NULL). */
     int (*parse_config)(lm_model_config *c, json_t *root, const char *label, lm_err *e);
-    /* Binds the weights (m->src is open, m->cfg filled); sets m->impl. */
+    /* Binds the weights (m->weights is open, m->cfg filled); sets m->impl. */
     int (*bind)(lm_model *m, lm_err *e);
     int (*forward)(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e);
     void (*free)(lm_model *m); /* frees m->impl and what forward allocated */

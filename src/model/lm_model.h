@@ -8,8 +8,8 @@
 #define LM_MODEL_H
 
 #include "../backend/lm_backend.h"
+#include "../format/lm_source.h"
 #include "lm_config.h"
-#include "lm_weights.h"
 
 typedef struct lm_batch {
     int n_tokens;                        /* T */
@@ -44,7 +44,8 @@ typedef struct lm_model {
     lm_model_config cfg;
     const struct lm_arch *arch;
     lm_backend *be;          /* not owned */
-    lm_weight_source src;    /* owns the mapped files */
+    lm_source *source;       /* a reference: the source owns the mapped files */
+    const lm_weight_source *weights; /* the source's weight table */
     char *path;
     lm_tensor embed;         /* [V][D] */
     lm_tensor out_norm;      /* [D] f32 */
@@ -61,14 +62,21 @@ typedef struct lm_model {
     bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
 } lm_model;
 
-/* Loads a Hugging Face folder or a .gguf file onto backend be. A backend
- * with its own memory (a GPU) refuses a model whose tensors do not pass
- * lm_model_fits, with the numbers. */
+/* Loads the model of an opened source (a Hugging Face folder or a GGUF
+ * file) onto backend be. The model takes its own reference on src (its
+ * weights point into the source's mapped files), so the caller may drop its
+ * own as soon as this returns. A backend with its own memory (a GPU)
+ * refuses a model whose tensors do not pass lm_model_fits, with the numbers. */
+int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e);
+/* lm_model_load_from on a source opened from path and released after. */
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
 
-/* The bytes of every tensor of the model at path, as lm_model_load opens it
- * (the GGUF file, or the folder's model.safetensors or its index's shards:
- * not other files beside them), without loading it. */
+/* The bytes of every tensor of the model in src, as lm_model_load_from
+ * opens it (the GGUF file, or the folder's model.safetensors or its
+ * index's shards: not other files beside them), without loading it; the
+ * weight table stays open in src for the load. */
+int lm_model_tensor_bytes(lm_source *src, size_t *bytes, lm_err *e);
+/* The same for the model at path. */
 int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e);
 /* Whether tensors of `need` bytes fit a device with `free_b` bytes free
  * (95 %: the rest for the KV cache and activations, which the engine sizes

@@ -1,8 +1,10 @@
-/* load.c - build an lm_model from a Hugging Face folder or a GGUF file.
+/* load.c - build an lm_model from an opened source: a Hugging Face folder
+ * or a GGUF file (format/lm_source.h decides which).
  *
- * Generic steps: read the config (config.json or GGUF metadata), find the
- * architecture, open the weight files (mapped, used in place), let the
- * architecture bind its tensors, then compute the rope frequencies. */
+ * Generic steps: read the config (config.json or GGUF metadata), take the
+ * weight table from the source (files mapped once, used in place; the model
+ * holds a reference on the source), find the architecture, let it bind its
+ * tensors, then compute the rope frequencies. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,7 @@ static int setup_rope(lm_model *m, lm_err *e) {
     if (m->rot_dim <= 0) return lm_errf(e, "%s: rotary dimension is zero", m->path);
     m->inv_freq = lm_xmalloc((size_t)(m->rot_dim / 2) * sizeof(float));
     m->rope_attn_factor = lm_rope_inv_freq(&c->rope, m->rot_dim, m->inv_freq);
-    if (m->src.gguf && lm_weights_find(&m->src, "rope_freqs.weight", NULL)) {
+    if (m->weights->gguf && lm_weights_find(m->weights, "rope_freqs.weight", NULL)) {
         lm_binder b = { m, e, 0 };
         lm_tensor div = { 0 };
         lm_bind_vector(&b, &div, "rope_freqs.weight", m->rot_dim / 2, true);
@@ -36,22 +38,13 @@ static int setup_rope(lm_model *m, lm_err *e) {
     return 0;
 }
 
-static bool is_gguf_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char magic[4] = { 0 };
-    size_t n = fread(magic, 1, 4, f);
-    fclose(f);
-    return n == 4 && !memcmp(magic, "GGUF", 4);
-}
-
 /* A backend with its own memory (a GPU) copies every weight: a model that
  * cannot fit is refused before the first copy, with the numbers (the
  * backend's own upload error covers what this estimate misses). */
 bool lm_model_fits(size_t need, size_t free_b) { return need <= free_b / 100 * 95; }
 
 static int check_device_memory(const lm_model *m, lm_err *e) {
-    size_t free_b = 0, total_b = 0, need = lm_weights_bytes(&m->src);
+    size_t free_b = 0, total_b = 0, need = lm_weights_bytes(m->weights);
     lm_backend_mem_info(m->be, &free_b, &total_b);
     if (total_b == 0 || lm_model_fits(need, free_b)) return 0;
     const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -59,32 +52,34 @@ static int check_device_memory(const lm_model *m, lm_err *e) {
                    m->path, need / gib, free_b / gib, total_b / gib);
 }
 
-/* Opens the weights of the model at path (HF folder or GGUF file). */
-static int open_source(lm_weight_source *src, const char *path, lm_err *e) {
-    if (lm_is_dir(path)) return lm_weights_open_hf(src, path, e);
-    if (!lm_file_exists(path)) return lm_errf(e, "%s: no such file or directory", path);
-    if (is_gguf_file(path)) return lm_weights_open_gguf(src, path, e);
-    return lm_errf(e, "%s: not a model folder or a GGUF file", path);
-}
-
-int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e) {
-    lm_weight_source src;
-    memset(&src, 0, sizeof src);
+int lm_model_tensor_bytes(lm_source *src, size_t *bytes, lm_err *e) {
+    const lm_weight_source *ws;
     *bytes = 0;
-    if (open_source(&src, path, e)) return -1;
-    *bytes = lm_weights_bytes(&src);
-    lm_weights_close(&src);
+    if (lm_source_weights(src, &ws, e)) return -1;
+    *bytes = lm_weights_bytes(ws);
     return 0;
 }
 
-int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
+int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e) {
+    lm_source *src;
+    *bytes = 0;
+    if (lm_source_open(&src, path, e)) return -1;
+    int rc = lm_model_tensor_bytes(src, bytes, e);
+    lm_source_unref(src);
+    return rc;
+}
+
+int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e) {
     *out = NULL;
     lm_model *m = lm_xcalloc(1, sizeof *m);
     m->be = be;
-    m->path = lm_xstrdup(path);
-    int rc = lm_is_dir(path) ? lm_config_load_hf(&m->cfg, path, e) : 0;
-    if (!rc) rc = open_source(&m->src, path, e);
-    if (!rc && m->src.gguf) rc = lm_config_from_gguf(&m->cfg, m->src.gguf, e);
+    m->source = lm_source_ref(src);
+    m->path = lm_xstrdup(lm_source_path(src));
+    const lm_gguf *g = lm_source_gguf(src);
+    /* config.json before the weights: a folder without one is told so */
+    int rc = lm_source_kind_of(src) == LM_SOURCE_HF ? lm_config_load_hf(&m->cfg, m->path, e) : 0;
+    if (!rc) rc = lm_source_weights(src, &m->weights, e);
+    if (!rc && g) rc = lm_config_from_gguf(&m->cfg, g, e);
     if (!rc) rc = check_device_memory(m, e);
     if (!rc) {
         m->arch = lm_arch_find(m->cfg.model_type);
@@ -100,6 +95,15 @@ int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
     }
     *out = m;
     return 0;
+}
+
+int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e) {
+    lm_source *src;
+    *out = NULL;
+    if (lm_source_open(&src, path, e)) return -1;
+    int rc = lm_model_load_from(out, src, be, e);
+    lm_source_unref(src);
+    return rc;
 }
 
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e) {
@@ -172,7 +176,7 @@ void lm_model_free(lm_model *m) {
     free(m->owned);
     free(m->inv_freq);
     lm_config_free(&m->cfg);
-    lm_weights_close(&m->src);
+    lm_source_unref(m->source);
     free(m->path);
     free(m);
 }

@@ -73,7 +73,7 @@ static lm_tensor bind_stack(lm_binder *b, const char *name, int64_t E, int64_t R
     lm_tensor t = { 0 };
     if (b->failed) return t;
     const char *file = NULL;
-    const lm_file_tensor *ft = lm_weights_find(&b->m->src, name, &file);
+    const lm_file_tensor *ft = lm_weights_find(b->m->weights, name, &file);
     LM_ASSERT(ft); /* the caller checked presence */
     if (ft->n_dims != 3 || ft->shape[0] != E || ft->shape[1] != R || ft->shape[2] != C) {
         char got[128];
@@ -125,7 +125,7 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
     if (has_gu || has_dn) {
         if (!has_gu || !has_dn) {
             const char *file = NULL;
-            lm_weights_find(&m->src, has_gu ? n : n2, &file);
+            lm_weights_find(m->weights, has_gu ? n : n2, &file);
             lm_errf(b->e, "%s: fused experts \"%s\" without \"%s\"", file, has_gu ? n : n2, has_gu ? n2 : n);
             b->failed = 1;
             return;

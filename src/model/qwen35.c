@@ -360,7 +360,7 @@ static void bind_mtp(lm_binder *b, q35 *q) {
 static int q35_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
     const lm_hybrid_config *h = c->hybrid;
-    if (m->src.gguf) return lm_errf(e, "%s: %s models are read from Hugging Face folders only", m->path, c->model_type);
+    if (m->weights->gguf) return lm_errf(e, "%s: %s models are read from Hugging Face folders only", m->path, c->model_type);
     q35 *q = lm_xcalloc(1, sizeof *q);
     m->impl = q;
     q->layers = lm_xcalloc((size_t)c->n_layers, sizeof *q->layers);

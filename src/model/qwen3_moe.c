@@ -80,7 +80,7 @@ static int qmoe_parse_config(lm_model_config *c, json_t *root, const char *label
 
 static int qmoe_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
-    if (m->src.gguf) return lm_errf(e, "%s: GGUF %s models are not supported yet", m->path, c->model_type);
+    if (m->weights->gguf) return lm_errf(e, "%s: GGUF %s models are not supported yet", m->path, c->model_type);
     int64_t D = c->d_model, V = c->vocab;
     qmoe *q = lm_xcalloc(1, sizeof *q);
     m->impl = q;

@@ -13,9 +13,10 @@
 
 #include "../backend/lm_backend.h"
 #include "../engine/lm_engine.h"
+#include "../format/lm_source.h"
 
 typedef struct lm_server_opts {
-    const char *model_path;  /* Hugging Face folder or .gguf */
+    const char *model_path;  /* Hugging Face folder or .gguf, as opened for lm_server_run */
     const char *alias;       /* name in /v1/models and responses; NULL: the path's basename */
     const char *host;        /* IP literal or name to bind; NULL: 127.0.0.1 */
     int port;                /* 0: any free port (the chosen one is printed) */
@@ -28,11 +29,12 @@ typedef struct lm_server_opts {
     const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
 } lm_server_opts;
 
-/* Loads the model onto be (not owned), starts the engine and the HTTP daemon,
- * prints "lumen: serving NAME on http://HOST:PORT" on stderr, and serves until
- * SIGINT or SIGTERM; then stops accepting, lets running requests finish for a
- * few seconds, cancels the rest and frees everything. Returns 0, or -1 with e
- * set when startup fails. */
-int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e);
+/* Loads the model and its tokenizer from model (o->model_path opened once,
+ * format/lm_source.h; not owned) onto be (not owned), starts the engine and
+ * the HTTP daemon, prints "lumen: serving NAME on http://HOST:PORT" on
+ * stderr, and serves until SIGINT or SIGTERM; then stops accepting, lets
+ * running requests finish for a few seconds, cancels the rest and frees
+ * everything. Returns 0, or -1 with e set when startup fails. */
+int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_err *e);
 
 #endif

@@ -312,7 +312,7 @@ static int jobs_running(srv *s) {
     return n;
 }
 
-int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e) {
+int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_err *e) {
     srv *s = lm_xcalloc(1, sizeof *s);
     s->opts = *o;
     if (!s->opts.host) s->opts.host = "127.0.0.1";
@@ -342,9 +342,9 @@ int lm_server_run(const lm_server_opts *o, lm_backend *be, lm_err *e) {
     bool v6 = false;
     if (srv_trace_open(s, o->trace_path, e)) goto done;
     if (bind_addr(s->opts.host, o->port, &ss, &sslen, &v6, e)) goto done;
-    if (lm_model_load(&s->model, o->model_path, be, e)) goto done;
+    if (lm_model_load_from(&s->model, model, be, e)) goto done;
     lm_tokenizer *tok = NULL;
-    if (lm_tokenizer_load(&tok, o->model_path, e)) {
+    if (lm_tokenizer_load_from(&tok, model, e)) {
         lm_err_prefix(e, "tokenizer");
         goto done;
     }

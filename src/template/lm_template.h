@@ -28,6 +28,7 @@
 #include "../base/lm_base.h"
 
 typedef struct lm_template lm_template;
+struct lm_source;
 
 /* Parses Jinja source (UTF-8, need not be NUL-terminated). name labels error
  * messages (e.g. the file name). On error fills e with "NAME:LINE:COL: ..."
@@ -52,11 +53,14 @@ typedef struct lm_template_opts {
 int lm_template_render(const lm_template *t, const json_t *ctx, const lm_template_opts *opts,
                        char **out, size_t *out_len, lm_err *e);
 
-/* Reads a chat template's source from path: a .jinja/.jinja2 (or any text)
- * file; a tokenizer_config.json ("chat_template" as a string, or a list of
- * {name, template} from which "default" is taken); a .gguf file
- * (tokenizer.chat_template); or a model folder (chat_template.jinja, else
- * chat_template.json, else tokenizer_config.json). *src is malloc'd. */
+/* Reads a chat template's source from an opened source (format/lm_source.h):
+ * a .jinja/.jinja2 (or any text) file; a tokenizer_config.json
+ * ("chat_template" as a string, or a list of {name, template} from which
+ * "default" is taken); a GGUF file (tokenizer.chat_template); or a model
+ * folder (chat_template.jinja, else chat_template.json, else
+ * tokenizer_config.json). *src is malloc'd; the source may be released after. */
+int lm_template_load_from(const struct lm_source *source, char **src, size_t *len, lm_err *e);
+/* The same on a source opened from path and released after. */
 int lm_template_load_source(const char *path, char **src, size_t *len, lm_err *e);
 
 #endif

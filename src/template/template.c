@@ -1,7 +1,7 @@
 /* template.c - the public entry points around the interpreter: parsing a
  * template (UTF-8 check, jinja2's newline normalisation, lexing, parsing),
  * freeing it, and finding a model's chat template source in a .jinja file,
- * a tokenizer_config.json, a GGUF file or a model folder.
+ * a tokenizer_config.json, a GGUF file or a model folder (an lm_source).
  *
  * Part of lumen's Jinja interpreter, written by hand for lumen. */
 #include "tpl_internal.h"
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "../base/lm_file.h"
-#include "../model/gguf.h"
+#include "../format/lm_source.h"
 
 int lm_template_parse(const char *src, size_t len, const char *name, lm_template **out, lm_err *e) {
     *out = NULL;
@@ -120,44 +120,51 @@ static int from_json(const char *path, char **src, size_t *len, lm_err *e) {
     return 0;
 }
 
-static int from_gguf(const char *path, char **src, size_t *len, lm_err *e) {
-    lm_gguf g;
-    if (lm_gguf_open(&g, path, e)) return -1;
-    const lm_gguf_kv *kv = lm_gguf_find_kv(&g, "tokenizer.chat_template");
-    if (!kv || kv->type != LM_GGUF_STRING) {
-        lm_gguf_close(&g);
+static int from_gguf(const lm_gguf *g, const char *path, char **src, size_t *len, lm_err *e) {
+    const lm_gguf_kv *kv = lm_gguf_find_kv(g, "tokenizer.chat_template");
+    if (!kv || kv->type != LM_GGUF_STRING)
         return lm_errf(e, "%s: no tokenizer.chat_template string in the GGUF metadata", path);
-    }
     *len = (size_t)kv->str.len;
     *src = malloc(*len + 1);
-    if (!*src) {
-        lm_gguf_close(&g);
-        return lm_errf(e, "%s: out of memory", path);
-    }
+    if (!*src) return lm_errf(e, "%s: out of memory", path);
     memcpy(*src, kv->str.ptr, *len);
     (*src)[*len] = 0;
-    lm_gguf_close(&g);
     return 0;
 }
 
-int lm_template_load_source(const char *path, char **src, size_t *len, lm_err *e) {
-    *src = NULL;
-    *len = 0;
-    if (lm_is_dir(path)) {
-        static const char *const names[] = { "chat_template.jinja", "chat_template.json", "tokenizer_config.json" };
-        for (size_t i = 0; i < LM_COUNT(names); i++) {
-            char *p = lm_path_join(path, names[i]);
-            if (lm_file_exists(p)) {
-                int rc = lm_template_load_source(p, src, len, e);
-                free(p);
-                return rc;
-            }
-            free(p);
-        }
-        return lm_errf(e, "%s: no chat_template.jinja, chat_template.json or tokenizer_config.json", path);
-    }
-    if (ends_with(path, ".gguf")) return from_gguf(path, src, len, e);
+/* A single template file: a tokenizer_config.json / chat_template.json, or
+ * the template's text. */
+static int from_file(const char *path, char **src, size_t *len, lm_err *e) {
     if (ends_with(path, ".json")) return from_json(path, src, len, e);
     *src = lm_read_file(path, len, e);
     return *src ? 0 : -1;
+}
+
+int lm_template_load_from(const lm_source *source, char **src, size_t *len, lm_err *e) {
+    *src = NULL;
+    *len = 0;
+    const char *path = lm_source_path(source);
+    if (lm_source_gguf(source)) return from_gguf(lm_source_gguf(source), path, src, len, e);
+    if (lm_source_kind_of(source) != LM_SOURCE_HF) return from_file(path, src, len, e);
+    static const char *const names[] = { "chat_template.jinja", "chat_template.json", "tokenizer_config.json" };
+    for (size_t i = 0; i < LM_COUNT(names); i++) {
+        char *p = lm_path_join(path, names[i]);
+        if (lm_file_exists(p)) {
+            int rc = from_file(p, src, len, e);
+            free(p);
+            return rc;
+        }
+        free(p);
+    }
+    return lm_errf(e, "%s: no chat_template.jinja, chat_template.json or tokenizer_config.json", path);
+}
+
+int lm_template_load_source(const char *path, char **src, size_t *len, lm_err *e) {
+    lm_source *source;
+    *src = NULL;
+    *len = 0;
+    if (lm_source_open(&source, path, e)) return -1;
+    int rc = lm_template_load_from(source, src, len, e);
+    lm_source_unref(source);
+    return rc;
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/gguf.h"
+#include "../format/gguf.h"
 #include "tok_internal.h"
 
 static const char k_re_llama3[] =

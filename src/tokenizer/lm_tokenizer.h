@@ -36,6 +36,7 @@
 #include "../base/lm_base.h"
 
 struct lm_gguf;
+struct lm_source;
 typedef struct lm_tokenizer lm_tokenizer;
 
 /* A growable array of token ids (caller frees ids, or uses lm_tok_ids_free). */
@@ -55,8 +56,13 @@ void lm_tok_str_free(lm_tok_str *s);
 
 /* ---- loading ---- */
 
-/* path: a tokenizer.json file, a folder with tokenizer.json (and optionally
- * tokenizer_config.json, chat_template.jinja), or a .gguf file. */
+/* From an opened source (format/lm_source.h): a GGUF file's metadata, a
+ * folder's tokenizer.json, or a tokenizer.json file; beside the json,
+ * tokenizer_config.json and chat_template.jinja when present. Everything is
+ * copied: the source may be released after. */
+int lm_tokenizer_load_from(lm_tokenizer **out, const struct lm_source *src, lm_err *e);
+/* The same on a source opened from path (a tokenizer.json file, a folder
+ * with tokenizer.json, or a .gguf file) and released after. */
 int lm_tokenizer_load(lm_tokenizer **out, const char *path, lm_err *e);
 /* From memory: json is a tokenizer.json document; config (may be NULL) a
  * tokenizer_config.json one. label names the source in errors. */

@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../model/gguf.h"
 #include "../base/lm_file.h"
+#include "../format/lm_source.h"
 #include "tok_internal.h"
 
 static const char k_meta[] = "\xE2\x96\x81"; /* ▁ U+2581 */
@@ -188,29 +188,15 @@ int lm_tokenizer_load_gguf(lm_tokenizer **out, const lm_gguf *g, lm_err *e) {
     return 0;
 }
 
-static bool ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcmp(s + a - b, suf);
-}
-
-int lm_tokenizer_load(lm_tokenizer **out, const char *path, lm_err *e) {
+int lm_tokenizer_load_from(lm_tokenizer **out, const lm_source *src, lm_err *e) {
     *out = NULL;
-    if (!lm_is_dir(path) && (ends_with(path, ".gguf") || ends_with(path, ".GGUF"))) {
-        lm_gguf g;
-        if (lm_gguf_open(&g, path, e)) return -1;
-        int r = lm_tokenizer_load_gguf(out, &g, e);
-        lm_gguf_close(&g);
+    const char *path = lm_source_path(src);
+    if (lm_source_gguf(src)) {
+        int r = lm_tokenizer_load_gguf(out, lm_source_gguf(src), e);
         return r ? lm_err_prefix(e, "%s", path) : 0;
     }
-    char *dir, *json_path;
-    if (lm_is_dir(path)) {
-        dir = lm_xstrdup(path);
-        json_path = lm_path_join(path, "tokenizer.json");
-    } else {
-        json_path = lm_xstrdup(path);
-        const char *slash = strrchr(path, '/');
-        dir = slash ? strndup(path, (size_t)(slash - path)) : lm_xstrdup(".");
-    }
+    const char *dir = lm_source_folder(src);
+    char *json_path = lm_source_kind_of(src) == LM_SOURCE_HF ? lm_path_join(path, "tokenizer.json") : lm_xstrdup(path);
     char *cfg_path = lm_path_join(dir, "tokenizer_config.json");
     char *jinja_path = lm_path_join(dir, "chat_template.jinja");
     char *cfg = NULL, *jinja = NULL;
@@ -233,10 +219,18 @@ out:
     lm_mmap_close(&m);
     free(cfg);
     free(jinja);
-    free(dir);
     free(json_path);
     free(cfg_path);
     free(jinja_path);
+    return r;
+}
+
+int lm_tokenizer_load(lm_tokenizer **out, const char *path, lm_err *e) {
+    lm_source *src;
+    *out = NULL;
+    if (lm_source_open(&src, path, e)) return -1;
+    int r = lm_tokenizer_load_from(out, src, e);
+    lm_source_unref(src);
     return r;
 }
 

@@ -1,7 +1,8 @@
 /* lm_weights.h - where a model's tensors come from: one or more safetensors
  * files of a Hugging Face folder (single or sharded through
- * model.safetensors.index.json), or one GGUF file. Files stay mapped for the
- * model's lifetime so weights are used in place. */
+ * model.safetensors.index.json), or one GGUF file. An lm_source owns the
+ * table (lm_source.h) and a model holds a reference on the source, so the
+ * files stay mapped for the model's lifetime and weights are used in place. */
 #ifndef LM_WEIGHTS_H
 #define LM_WEIGHTS_H
 
