@@ -1,5 +1,7 @@
 /* test_cli_options.c - the option tables of src/cli/options.h: every kind of
- * value, both sides of every range, the error lines, --help from the table. */
+ * value, both sides of every range, the error lines, --help from the table;
+ * then every subcommand of the binary still takes every option it took
+ * before the tables, and lists it in its --help. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -224,4 +226,66 @@ LM_TEST(cli_options_help_lists_every_entry) {
         l += n + (nl != NULL);
     }
     parsed_free(&p);
+}
+
+/* The help spells the option as a word: " -m," or " --model ". */
+static bool names(const char *help, const char *opt) {
+    char a[64], b[64];
+    snprintf(a, sizeof a, " %s ", opt);
+    snprintf(b, sizeof b, " %s,", opt);
+    return help && (strstr(help, a) || strstr(help, b));
+}
+
+/* Every option each subcommand took before the tables (as of issue #24):
+ * --help names it, and the command still takes it. A value option given
+ * last asks for its value; a flag followed by an unknown option gets as far
+ * as that one. */
+LM_TEST(cli_options_every_command_keeps_its_options) {
+    static const char *const k_common[] = { "-t", "--threads", "--isa", "--device", "--gpu-memory", NULL };
+    static const char *const k_sampling[] = { "--temp", "--top-k", "--top-p", "--min-p", "--seed", NULL };
+    static const struct {
+        const char *cmd;
+        const char *values[20];
+        const char *flags[4];
+        bool common, sampling;
+    } k_cmds[] = {
+        { "run", { "-m", "--model", "-p", "--prompt", "--prompt-ids", "-n", "--ctx" }, { "--ignore-eos" }, true, true },
+        { "chat", { "-m", "--model", "--system", "-n", "--ctx" }, { "--no-think" }, true, true },
+        { "serve",
+          { "-m", "--model", "--alias", "--host", "--port", "--api-key", "--ctx", "--parallel", "--max-queue",
+            "--timeout", "--max-body-mb", "--max-connections", "--cache-ram", "--trace", "--look-ahead" },
+          { "--quiet" }, true, false },
+        { "parity", { "--tol" }, { NULL }, true, false },
+        { "bench", { "-m", "--model", "--prompt-len", "--gen", "--reps", "--chunk", "--batch" },
+          { "--no-look-ahead", "--no-membw" }, true, false },
+        { "tokenize", { "-m", "--model", "--file", "--decode", "--bench", "--reps" },
+          { "--no-special", "--paragraphs" }, false, false },
+        { "check-tokenizer", { NULL }, { NULL }, false, false },
+        { "check-template", { "--now" }, { "--verbose" }, false, false },
+    };
+    for (size_t c = 0; c < LM_COUNT(k_cmds); c++) {
+        char cmd[1024], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' %s --help", lm_test_lumen_bin(), k_cmds[c].cmd);
+        int rc = lm_tu_run(cmd, &out, &err);
+        char head[64];
+        snprintf(head, sizeof head, "usage: lumen %s", k_cmds[c].cmd);
+        LM_CHECK_MSG(rc == 0 && out && !strncmp(out, head, strlen(head)), "%s --help: exit %d", k_cmds[c].cmd, rc);
+        const char *const *lists[4] = { k_cmds[c].values, k_common, k_sampling, k_cmds[c].flags };
+        for (int l = 0; l < 4; l++) {
+            if ((l == 1 && !k_cmds[c].common) || (l == 2 && !k_cmds[c].sampling)) continue;
+            for (const char *const *o = lists[l]; *o; o++) {
+                LM_CHECK_MSG(names(out, *o), "%s --help has no %s", k_cmds[c].cmd, *o);
+                char *e2 = NULL;
+                snprintf(cmd, sizeof cmd, "'%s' %s %s%s", lm_test_lumen_bin(), k_cmds[c].cmd, *o,
+                         l == 3 ? " --zz-unknown" : "");
+                rc = lm_tu_run(cmd, NULL, &e2);
+                const char *want = l == 3 ? "unknown option --zz-unknown" : "needs a value";
+                LM_CHECK_MSG(rc == 2 && e2 && strstr(e2, want), "%s %s: exit %d, '%s'", k_cmds[c].cmd, *o, rc,
+                             e2 ? e2 : "");
+                free(e2);
+            }
+        }
+        free(out);
+        free(err);
+    }
 }

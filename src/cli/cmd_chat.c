@@ -14,19 +14,39 @@
 #include "cli.h"
 #include "textgen.h"
 
-static const char *const k_help =
-    "usage: lumen chat [-m MODEL] [options]\n"
-    "\n"
-    "Reads your messages from standard input, one per line, and streams the\n"
-    "model's answers. Commands: /reset starts over, /quit (or end of input) leaves.\n"
-    "\n"
-    "  -m, --model PATH  Hugging Face folder or .gguf file (default: the bundled demo model)\n"
-    "  --system TEXT     a system message\n"
-    "  -n N              most tokens per answer (default 512)\n"
-    LM_SAMPLING_HELP("0.7", "0.95")
-    "  --ctx N           context length (default 4096)\n"
-    "  --no-think        render with enable_thinking=false\n"
-    LM_COMMON_HELP;
+typedef struct chat_opts {
+    const char *model, *system;
+    int n_gen, ctx;
+    bool no_think;
+    lm_sampler_params sp;
+    lm_common_opts co;
+} chat_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(chat_opts, model), "PATH", "Hugging Face folder or .gguf file",
+      "the bundled demo model" },
+    { LM_OPT_STRING, "--system", NULL, LM_OPT_AT(chat_opts, system), "TEXT", "a system message" },
+    { LM_OPT_INT, "-n", NULL, LM_OPT_AT(chat_opts, n_gen), "N", "most tokens per answer", .ilo = 1, .ihi = 1 << 20 },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, sp), .group = lm_cli_sampling_opts },
+    { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(chat_opts, ctx), "N", "context length, at most the model's", .ilo = 16,
+      .ihi = 1 << 24 },
+    { LM_OPT_FLAG, "--no-think", NULL, LM_OPT_AT(chat_opts, no_think), NULL, "render with enable_thinking=false" },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, co), .group = lm_cli_common_opts },
+    { .kind = LM_OPT_END },
+};
+
+/* ctx 4096 is also what lm_textgen_open takes 0 for */
+static const chat_opts k_defaults = { .n_gen = 512, .ctx = 4096, .sp = { .temperature = 0.7f, .top_p = 0.95f } };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "chat",
+    .usage = "lumen chat [-m MODEL] [options]",
+    .about = "Reads your messages from standard input, one per line, and streams the\n"
+             "model's answers. Commands: /reset starts over, /quit (or end of input) leaves.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(chat_opts),
+};
 
 typedef struct chat_out {
     lm_reasoning_parser *rp;
@@ -60,39 +80,14 @@ static void on_text(void *user, const char *t, size_t n) {
 }
 
 int lm_cmd_chat(int argc, char **argv) {
-    lm_common_opts co = { 0 };
-    const char *model_path = NULL, *system = NULL;
-    long n_gen = 512, ctx = 0;
-    lm_sampler_params sp = { 0.7f, 0, 0.95f, 0.0f, 0 };
-    bool think = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int c = lm_cli_common(&co, argc, argv, &i);
-        if (!c) c = lm_cli_sampling(&sp, argc, argv, &i);
-        if (c < 0) return 2;
-        if (c) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--system")) {
-            if (!(system = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &n_gen)) goto bad;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 16, 1 << 24, &ctx)) goto bad;
-        } else if (!strcmp(a, "--no-think")) {
-            think = false;
-        } else {
-            fprintf(stderr, "lumen chat: unknown option %s (see lumen chat --help)\n", a);
-            return 2;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "lumen chat: bad value for %s\n", a);
-        return 2;
-    }
+    chat_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const lm_common_opts co = o.co;
+    const lm_sampler_params sp = o.sp;
+    const char *model_path = o.model, *system = o.system;
+    const long n_gen = o.n_gen, ctx = o.ctx;
+    const bool think = !o.no_think;
     if (!model_path && !(model_path = lm_cli_default_model())) return 2;
     lm_backend *be = lm_cli_backend_for(&co, model_path);
     if (!be) return 1;
