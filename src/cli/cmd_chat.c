@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../server/parse/lm_parse.h"
+#include "../chat/lm_parse.h"
 #include "../template/lm_template.h"
 #include "cli.h"
 #include "textgen.h"

@@ -33,7 +33,7 @@
 #include "../template/lm_template.h"
 #include "../tokenizer/lm_tokenizer.h"
 #include "lm_server.h"
-#include "parse/lm_parse.h"
+#include "../chat/lm_parse.h"
 
 /* ---- errors -------------------------------------------------------------------- */
 
