@@ -1,7 +1,7 @@
 /* cmd_chat.c - `lumen chat`: an interactive terminal chat that streams.
  *
  * Each turn renders the whole conversation through the model's chat template
- * (as a server would), encodes it, and lets lm_textgen feed only the tokens
+ * (chat/lm_chat.h, as the server does), encodes it, and lets lm_textgen feed only the tokens
  * that extend what the sequence already holds. Reasoning (<think>...</think>)
  * is shown dimmed and is not sent back in the history. */
 #include <stdio.h>
@@ -9,8 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../chat/lm_parse.h"
-#include "../template/lm_template.h"
+#include "../chat/lm_chat.h"
 #include "cli.h"
 #include "textgen.h"
 
@@ -93,16 +92,15 @@ int lm_cmd_chat(int argc, char **argv) {
     if (!be) return 1;
     lm_err e = { { 0 } };
     lm_textgen g;
-    lm_template *tpl = NULL;
+    lm_chat *chat = NULL;
     json_t *messages = json_array();
+    json_t *kwargs = think ? NULL : json_pack("{s:b}", "enable_thinking", 0);
     int rc = 1;
     if (lm_textgen_open(&g, model_path, be, (int)ctx, &sp, &e)) goto fail;
-    const char *src = lm_tokenizer_chat_template(g.tok);
-    if (!src) {
-        lm_errf(&e, "%s: the model has no chat template", model_path);
+    if (lm_chat_create(&chat, g.tok, NULL, &e)) {
+        lm_err_prefix(&e, "%s", model_path);
         goto fail;
     }
-    if (lm_template_parse(src, strlen(src), "chat_template", &tpl, &e)) goto fail;
     if (system) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
     bool tty = isatty(STDOUT_FILENO);
     if (isatty(STDIN_FILENO)) fprintf(stderr, "lumen chat on %s. /reset starts over, /quit leaves.\n", model_path);
@@ -121,22 +119,18 @@ int lm_cmd_chat(int argc, char **argv) {
         }
         if (got == 0) continue;
         json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
-        json_t *tctx = json_pack("{s:O,s:b,s:s?,s:s?}", "messages", messages, "add_generation_prompt", 1,
-                                 "bos_token", lm_tokenizer_bos_token(g.tok), "eos_token", lm_tokenizer_eos_token(g.tok));
-        if (!think) json_object_set_new(tctx, "enable_thinking", json_false());
-        char *prompt = NULL;
-        size_t plen = 0;
-        int bad = lm_template_render(tpl, tctx, NULL, &prompt, &plen, &e);
-        json_decref(tctx);
-        if (bad) goto fail_line;
+        const lm_chat_req req = { .messages = messages, .kwargs = kwargs };
+        lm_chat_prompt prompt;
+        if (lm_chat_render(chat, &req, &prompt, &e)) goto fail_line;
         lm_tok_ids ids = { 0 };
         /* the template writes special tokens itself, as apply_chat_template does */
-        if (lm_tokenizer_encode(g.tok, prompt, plen, false, &ids, &e)) {
-            free(prompt);
+        int bad = lm_tokenizer_encode(g.tok, prompt.text, prompt.len, false, &ids, &e);
+        lm_reasoning_opts ro = { .start_in_reasoning = prompt.start_in_reasoning };
+        lm_chat_prompt_free(&prompt);
+        if (bad) {
+            lm_tok_ids_free(&ids);
             goto fail_line;
         }
-        lm_reasoning_opts ro = { .start_in_reasoning = lm_reasoning_prompt_open(prompt, plen, "<think>", "</think>") };
-        free(prompt);
         chat_out out = { .tty = tty };
         out.rp = lm_reasoning_parser_create(&ro, &e);
         lm_textgen_stats st;
@@ -170,7 +164,8 @@ fail:
     fprintf(stderr, "lumen: %s\n", e.msg);
 done:
     json_decref(messages);
-    lm_template_free(tpl);
+    json_decref(kwargs);
+    lm_chat_free(chat);
     lm_textgen_close(&g);
     lm_backend_destroy(be);
     return rc;

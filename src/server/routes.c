@@ -173,7 +173,7 @@ static void job_finish(srv_job *j) {
         srv_trace_write(s, &tr);
     }
     srv_out_free(&j->out);
-    srv_prompt_free(&j->prompt);
+    lm_chat_prompt_free(&j->prompt);
     srv_req_free(&j->r);
     if (j->efd >= 0) close(j->efd);
     pthread_mutex_destroy(&j->mu);

@@ -261,27 +261,17 @@ void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, i
         for (size_t k = 0; k < LM_COUNT(k_tags); k++) tag |= !strcmp(content, k_tags[k]);
         s->hidden[id] = !tag;
     }
-    const char *src = lm_tokenizer_chat_template(tok);
-    if (src) {
-        lm_err te = { { 0 } };
-        if (lm_template_parse(src, strlen(src), "chat_template", &s->tpl, &te)) {
-            fprintf(stderr, "lumen: warning: the chat template does not parse (%s); /v1/chat/completions is off\n", te.msg);
-            s->tpl = NULL;
-        }
-    } else {
-        fprintf(stderr, "lumen: warning: the model has no chat template; /v1/chat/completions is off\n");
-    }
-    s->think = (src && strstr(src, "</think>")) ||
-               (lm_tokenizer_token_to_id(tok, "<think>", 7) >= 0 && lm_tokenizer_token_to_id(tok, "</think>", 8) >= 0);
-    s->xml_tools = src && strstr(src, "<function=");
+    lm_err ce = { { 0 } };
+    if (lm_chat_create(&s->chat, tok, NULL, &ce))
+        fprintf(stderr, "lumen: warning: %s; /v1/chat/completions is off\n", ce.msg);
     if (!s->model_name) s->model_name = lm_xstrdup("model");
     if (!s->fingerprint[0]) snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
 }
 
 void srv_free_text(srv *s) {
-    lm_template_free(s->tpl);
+    lm_chat_free(s->chat);
     free(s->hidden);
-    s->tpl = NULL;
+    s->chat = NULL;
     s->hidden = NULL;
 }
 

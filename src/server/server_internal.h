@@ -5,10 +5,12 @@
  *
  *   server.c           HTTP: routing, auth, body limits, connection threads,
  *                      waiting for tokens, SSE via a blocking content reader
- *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params)
- *   chat_render.c      messages/tools -> template context -> prompt text
+ *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params);
+ *                      a chat request's prompt through the chat template
+ *                      (chat/lm_chat.h)
  *   routes.c           the endpoints: build the prompt, submit, wait, answer
- *   output.c           token events -> text -> stop/reasoning/tool parsers ->
+ *   output.c           token events -> text -> stop/reasoning/tool parsers
+ *                      (chat/lm_parse.h) ->
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
  *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
  *                      errors) and SSE framing
@@ -29,11 +31,10 @@
 
 #include <microhttpd.h>
 
+#include "../chat/lm_chat.h"
 #include "../engine/lm_engine.h"
-#include "../template/lm_template.h"
 #include "../tokenizer/lm_tokenizer.h"
 #include "lm_server.h"
-#include "../chat/lm_parse.h"
 
 /* ---- errors -------------------------------------------------------------------- */
 
@@ -96,8 +97,7 @@ typedef struct srv {
     lm_server_opts opts;
     lm_model *model;
     lm_tokenizer *tok;
-    lm_template *tpl;          /* NULL when the model has no chat template */
-    char *tpl_src;
+    lm_chat *chat;             /* NULL when the model has no usable chat template */
     lm_engine *en;
     char *model_name;
     int64_t created;           /* server start, epoch seconds */
@@ -106,8 +106,6 @@ typedef struct srv {
     int32_t stop_ids[2 * LM_MAX_EOS + 1];  /* tokenizer eos + generation_config eos */
     int n_stop_ids;
     uint8_t *hidden;           /* [n_vocab] 1: a special token whose text is never shown */
-    bool think;                /* the model knows <think> ... </think> */
-    bool xml_tools;            /* the template writes Qwen3.5-style <function=...> calls */
     char fingerprint[32];
     srv_metrics metrics;
     pthread_mutex_t jobs_mu;   /* guards the job list and shutting_down */
@@ -121,8 +119,8 @@ typedef struct srv {
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
- * plus eos_ids), hidden special tokens, the chat template, think/tool
- * formats. Used by lm_server_run and by tests (without a model). */
+ * plus eos_ids), hidden special tokens, the chat template (lm_chat: think and
+ * tool-call formats). Used by lm_server_run and by tests (without a model). */
 void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
 void srv_free_text(srv *s);
 
@@ -191,22 +189,11 @@ typedef struct srv_req {
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
 
-/* ---- chat rendering (chat_render.c) --------------------------------------------------- */
-
-typedef struct srv_prompt {
-    char *text;                /* the rendered prompt, prefill included */
-    size_t len;
-    char *prefill;             /* text put in the assistant turn for the model
-                                  (forced tool call), fed to the parsers; may be NULL */
-    bool start_in_reasoning;   /* the prompt ends inside an open <think> block */
-} srv_prompt;
-
-/* The template context transformers' apply_chat_template would build
- * (messages normalised, tools, add_generation_prompt, special tokens,
- * chat_template_kwargs at top level). New reference or NULL with e set. */
-json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e);
-int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e);
-void srv_prompt_free(srv_prompt *p);
+/* A chat request as the chat layer takes it (pointers into r). */
+lm_chat_req srv_chat_req(const srv_req *r);
+/* The prompt of a chat request through the model's template; 400 errors
+ * (no template, a render failure) name the messages. */
+int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e);
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 
@@ -246,7 +233,7 @@ typedef struct srv_out {
 } srv_out;
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
-int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const srv_prompt *chat,
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                  const char *echo, size_t echo_len, srv_err *e);
 void srv_out_free(srv_out *o);
 /* Processes one event. Returns true when the request should be cancelled
@@ -288,7 +275,7 @@ struct srv_job {
     int fd;                    /* the client's socket */
     lm_request *req;
     srv_req r;
-    srv_prompt prompt;
+    lm_chat_prompt prompt;
     srv_out out;
     char rid[SRV_RID_MAX + 8];
     /* --trace: the engine's trace copied from the final event (its step
