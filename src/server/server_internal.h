@@ -8,7 +8,8 @@
  *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params);
  *                      a chat request's prompt through the chat template
  *                      (chat/lm_chat.h)
- *   routes.c           the endpoints: build the prompt, submit, wait, answer
+ *   generate.c         the generation endpoints: build the prompt, submit,
+ *                      wait, answer
  *   output.c           token events -> text -> stop/reasoning/tool parsers
  *                      (chat/lm_parse.h) ->
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
@@ -244,7 +245,7 @@ json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
 const char *srv_out_finish_reason(const srv_out *o);
 
-/* ---- HTTP (server.c, routes.c) ------------------------------------------------------------ */
+/* ---- HTTP (server.c, generate.c) ---------------------------------------------------------- */
 
 /* One HTTP request (MHD's con_cls). */
 typedef struct srv_conn {
@@ -295,7 +296,7 @@ struct srv_job {
 
 enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
-/* POST /v1/chat/completions and /v1/completions (routes.c). */
+/* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
 
 /* ---- JSON and SSE (openai_stream.c) ---------------------------------------------------- */

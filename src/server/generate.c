@@ -1,4 +1,5 @@
-/* routes.c - POST /v1/chat/completions and /v1/completions.
+/* generate.c - POST /v1/chat/completions and /v1/completions: the handler
+ * behind both (server.c routes to it).
  *
  * A generation request: parse and validate the body, build the prompt
  * (chat template, or the raw prompt), tokenize, check it against the context,
