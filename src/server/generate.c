@@ -1,5 +1,5 @@
 /* generate.c - POST /v1/chat/completions and /v1/completions: the handler
- * behind both (server.c routes to it).
+ * behind both (route_table.c routes to it).
  *
  * A generation request: parse and validate the body, build the prompt
  * (chat template, or the raw prompt), tokenize, check it against the context,

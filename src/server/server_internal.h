@@ -8,6 +8,8 @@
  *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params);
  *                      a chat request's prompt through the chat template
  *                      (chat/lm_chat.h)
+ *   route_table.c      every endpoint: path, method, handler, metric name;
+ *                      the small endpoints (health, models, metrics)
  *   generate.c         the generation endpoints: build the prompt, submit,
  *                      wait, answer
  *   output.c           token events -> text -> stop/reasoning/tool parsers
@@ -59,8 +61,8 @@ json_t *srv_error_json(const srv_err *e);
 
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
-enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MODELS, SRV_ROUTE_HEALTH,
-       SRV_ROUTE_METRICS, SRV_ROUTE_OTHER, SRV_N_ROUTES };
+/* Entries of srv_routes (route_table.c); requests are counted by entry. */
+#define SRV_N_ROUTES 6
 
 #define SRV_HIST_BUCKETS 16
 
@@ -85,6 +87,7 @@ typedef struct srv_metrics {
 
 void srv_metrics_init(srv_metrics *m);
 void srv_metrics_free(srv_metrics *m);
+/* route: an index into srv_routes. */
 void srv_metrics_request(srv_metrics *m, int route, int status);
 void srv_metrics_observe(srv_hist *h, srv_metrics *m, double v);
 /* Prometheus text exposition (malloc'd). */
@@ -245,11 +248,11 @@ json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
 const char *srv_out_finish_reason(const srv_out *o);
 
-/* ---- HTTP (server.c, generate.c) ---------------------------------------------------------- */
+/* ---- HTTP (server.c, route_table.c, generate.c) -------------------------------------------- */
 
 /* One HTTP request (MHD's con_cls). */
 typedef struct srv_conn {
-    int route;
+    int route;             /* index into srv_routes */
     char method[16];
     char url[128];
     char *body;
@@ -294,10 +297,33 @@ struct srv_job {
     srv_job *next, *prev;
 };
 
+/* Queues a response (body is freed), sets cc->status. */
+enum MHD_Result srv_respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
+                                 const char *type);
 enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+
+/* ---- routes (route_table.c) ------------------------------------------------------------------ */
+
+/* Answers a request whose body (if any) is in cc; url is the request's. */
+typedef enum MHD_Result (*srv_handler)(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url);
+
+typedef struct srv_route {
+    const char *path;      /* NULL: the last entry, every other URL (404) */
+    const char *alias;     /* the same endpoint under a second path, or NULL */
+    bool subpaths;         /* path + "/..." too (/v1/models/ID) */
+    bool post;             /* POST only; else GET (and HEAD) only */
+    bool open;             /* answered without the API key */
+    bool quiet;            /* no log line per request (probes, scrapes) */
+    srv_handler handler;   /* NULL for the last entry */
+    const char *metric;    /* route="..." in lumen_requests_total */
+} srv_route;
+
+extern const srv_route srv_routes[SRV_N_ROUTES];
+/* The entry url goes to: an index into srv_routes, the last when none matches. */
+int srv_route_of(const char *url);
 
 /* ---- JSON and SSE (openai_stream.c) ---------------------------------------------------- */
 
