@@ -1,9 +1,9 @@
 /* cmd_chat.c - `lumen chat`: an interactive terminal chat that streams.
  *
  * Each turn renders the whole conversation through the model's chat template
- * (chat/lm_chat.h, as the server does), encodes it, and lets lm_textgen feed only the tokens
- * that extend what the sequence already holds. Reasoning (<think>...</think>)
- * is shown dimmed and is not sent back in the history. */
+ * (chat/lm_chat.h, as the server does), encodes it, and lets lm_textgen feed
+ * only the tokens that extend what the sequence already holds. Reasoning
+ * (<think>...</think>) is shown dimmed and is not sent back in the history. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
