@@ -108,7 +108,7 @@ LM_TEST(server_out_chat_reasoning_and_tool_call) {
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_CHAT, body, &r, &e) == 0);
     srv_out o;
-    srv_prompt p = { 0 };
+    lm_chat_prompt p = { 0 };
     LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
     feed(&f, &o, k_answer, LM_FINISH_STOP);
     LM_CHECK(o.done);
@@ -151,7 +151,7 @@ LM_TEST(server_out_chat_stream_matches_non_stream) {
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_CHAT, body, &r, &e) == 0);
     srv_out o;
-    srv_prompt p = { 0 };
+    lm_chat_prompt p = { 0 };
     LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
     feed(&f, &o, k_answer, LM_FINISH_STOP);
     int n_done;
@@ -298,7 +298,7 @@ LM_TEST(server_out_chat_logprobs_shape) {
     LM_REQUIRE(parse(&f, SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":2}",
                      &r, &e) == 0);
     srv_out o;
-    srv_prompt p = { 0 };
+    lm_chat_prompt p = { 0 };
     LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
     feed(&f, &o, "ok then", LM_FINISH_STOP);
     json_t *res = srv_out_response(&o);
@@ -419,7 +419,8 @@ LM_TEST(server_chat_render_context) {
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
-    json_t *ctx = srv_chat_context(&f.s, &r, &e);
+    const lm_chat_req cr = srv_chat_req(&r);
+    json_t *ctx = lm_chat_context(f.s.chat, &cr);
     json_t *msgs = json_object_get(ctx, "messages");
     LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(msgs, 0), "role")), "system"));
     LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(msgs, 1), "content")), "a\nb"));
@@ -431,7 +432,7 @@ LM_TEST(server_chat_render_context) {
     LM_CHECK(json_is_array(json_object_get(ctx, "tools")));
     LM_CHECK(lm_streq(json_string_value(json_object_get(ctx, "eos_token")), "<|im_end|>"));
     json_decref(ctx);
-    srv_prompt p;
+    lm_chat_prompt p;
     LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
     LM_CHECK(strstr(p.text, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>") != NULL);
     LM_CHECK(strstr(p.text, "<tool_response>\nsunny\n</tool_response>") != NULL);
@@ -441,7 +442,7 @@ LM_TEST(server_chat_render_context) {
     LM_CHECK(n > strlen(tail) && !strcmp(p.text + n - strlen(tail), tail));
     LM_CHECK(!p.start_in_reasoning);
     LM_CHECK(p.prefill == NULL);
-    srv_prompt_free(&p);
+    lm_chat_prompt_free(&p);
     srv_req_free(&r);
 
     /* a named tool_choice prefills the call's opening and the parser sees it */
@@ -463,7 +464,7 @@ LM_TEST(server_chat_render_context) {
                      "{\"city\": \"Rome\"}"));
     json_decref(res);
     srv_out_free(&o);
-    srv_prompt_free(&p);
+    lm_chat_prompt_free(&p);
     srv_req_free(&r);
     fx_close(&f);
 }
@@ -488,11 +489,8 @@ static bool use_template(fx *f, const char *rel) {
     int rc = lm_template_load_source(path, &src, &len, &e);
     free(path);
     if (rc) return false;
-    lm_template_free(f->s.tpl);
-    f->s.tpl = NULL;
-    rc = lm_template_parse(src, len, rel, &f->s.tpl, &e);
-    f->s.xml_tools = strstr(src, "<function=") != NULL;
-    f->s.think = strstr(src, "</think>") != NULL;
+    lm_chat_free(f->s.chat);
+    rc = lm_chat_create(&f->s.chat, f->tok, src, &e);
     free(src);
     return rc == 0;
 }
@@ -508,7 +506,7 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
         fx_close(&f);
         LM_SKIP("../shared/fixtures/templates/qwen38 not found");
     }
-    LM_CHECK(f.s.xml_tools && f.s.think);
+    LM_CHECK(f.s.chat->xml_tools && f.s.chat->think);
     char b[2048];
     snprintf(b, sizeof b,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},"
@@ -520,7 +518,7 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
-    srv_prompt p;
+    lm_chat_prompt p;
     int rrc = srv_chat_render(&f.s, &r, &p, &e);
     if (rrc) fprintf(stderr, "  render: %s\n", e.msg);
     LM_REQUIRE(rrc == 0);
@@ -550,7 +548,7 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     LM_CHECK(lm_streq(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
     json_decref(res);
     srv_out_free(&o);
-    srv_prompt_free(&p);
+    lm_chat_prompt_free(&p);
     srv_req_free(&r);
 
     /* a named tool_choice closes the open think block and opens the call */
@@ -583,7 +581,7 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     LM_CHECK(n_done == 1);
     json_decref(ev);
     srv_out_free(&o);
-    srv_prompt_free(&p);
+    lm_chat_prompt_free(&p);
     srv_req_free(&r);
     fx_close(&f);
 }

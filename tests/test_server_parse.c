@@ -1,4 +1,4 @@
-/* test_server_parse.c - stop strings and reasoning blocks (src/server/parse).
+/* test_server_parse.c - stop strings and reasoning blocks (src/chat).
  *
  * Unit tests pin the exact hold-back (what may and may not be emitted yet),
  * then a corpus of model outputs, written after the public Qwen3 / DeepSeek-R1
@@ -7,7 +7,7 @@
  * test_server_parse_toolcall.c. */
 #include "test_server_parse.h"
 
-#include "server/parse/lm_parse.h"
+#include "chat/lm_parse.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* test_server_parse.h - a harness for the streaming parsers (src/server/parse):
+/* test_server_parse.h - a harness for the streaming parsers (src/chat):
  * runs a model output through the server's pipeline (stop strings ->
  * reasoning -> tool calls) cut into chunks, and checks that every chunking
  * gives the same final content, reasoning and tool calls, and the expected

@@ -11,7 +11,7 @@
  * A run is summarised as one string so that runs compare with strcmp. */
 #include "test_server_parse.h"
 
-#include "server/parse/lm_parse.h"
+#include "chat/lm_parse.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* test_server_parse_toolcall.c - tool calls (src/server/parse/toolcall.c) and
+/* test_server_parse_toolcall.c - tool calls (src/chat/toolcall.c) and
  * the incremental JSON validator behind them.
  *
  * The corpus follows the public format examples: Hermes / Qwen3 JSON calls
@@ -14,8 +14,8 @@
 #include "test_server_parse.h"
 #include "test_util.h"
 
-#include "server/parse/lm_parse.h"
-#include "server/parse/parse_internal.h"
+#include "chat/lm_parse.h"
+#include "chat/parse_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

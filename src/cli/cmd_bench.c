@@ -14,39 +14,54 @@
 #include "../engine/lm_sampler.h"
 #include "cli.h"
 
-static const char *const k_help =
-    "usage: lumen bench -m MODEL [options]\n"
-    "\n"
-    "Prints one JSON line: prefill tokens/s for a prompt of random ids, decode\n"
-    "tokens/s after it, the bytes of weights each decoded token reads, the\n"
-    "machine's memory bandwidth measured in the same run with the same threads\n"
-    "(a STREAM-like copy, counting read + write bytes, and a streaming read),\n"
-    "and decode speed as a fraction of the read roofline (weight bytes per token\n"
-    "over read bandwidth) and of the copy figure.\n"
-    "\n"
-    "  -m, --model PATH  Hugging Face folder or .gguf file\n"
-    "  --prompt-len N    prompt tokens (default 512)\n"
-    "  --gen N           decoded tokens (default 64)\n"
-    "  --reps N          repetitions, best is reported (default 3)\n"
-    "  --chunk N         most prompt tokens per forward (default 512)\n"
-    "  --batch B         aggregate decode tokens/s of B sequences stepping together\n"
-    "                    (each prefilled with --prompt-len random ids; greedy ids\n"
-    "                    from the backend), and for one step without the output\n"
-    "                    head the host time to enqueue it (body_issue_ms) against\n"
-    "                    its whole time (body_ms); with the bandwidth measured, the\n"
-    "                    time one step's weights take at the copy rate\n"
-    "                    (weights_at_copy_ms) as a share of the step\n"
-    "                    (decode_pct_of_copy: at batch 1 the same figure as without\n"
-    "                    --batch, for decoding as the engine does it; not for a MoE\n"
-    "                    model above batch 1, whose steps read more experts than\n"
-    "                    one token's)\n"
-    "  --no-look-ahead   with --batch: wait for each step's ids before queuing the\n"
-    "                    next (by default, where the backend offers it, each step\n"
-    "                    is queued before the previous one's ids reach the host,\n"
-    "                    its tokens fed forward on the device, as the engine does;\n"
-    "                    \"look_ahead\" in the output says which ran)\n"
-    "  --no-membw        skip the bandwidth measurement\n"
-    LM_COMMON_HELP;
+typedef struct bench_opts {
+    const char *model;
+    int prompt_len, gen, reps, chunk, batch; /* batch 0: not batched */
+    bool no_look_ahead, no_membw;
+    lm_common_opts co;
+} bench_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(bench_opts, model), "PATH", "Hugging Face folder or .gguf file" },
+    { LM_OPT_INT, "--prompt-len", NULL, LM_OPT_AT(bench_opts, prompt_len), "N", "prompt tokens", .ilo = 1,
+      .ihi = 1 << 20 },
+    { LM_OPT_INT, "--gen", NULL, LM_OPT_AT(bench_opts, gen), "N", "decoded tokens", .ilo = 1, .ihi = 1 << 20 },
+    { LM_OPT_INT, "--reps", NULL, LM_OPT_AT(bench_opts, reps), "N", "repetitions, best is reported", .ilo = 1,
+      .ihi = 1000 },
+    { LM_OPT_INT, "--chunk", NULL, LM_OPT_AT(bench_opts, chunk), "N", "most prompt tokens per forward", .ilo = 1,
+      .ihi = 1 << 20 },
+    { LM_OPT_INT, "--batch", NULL, LM_OPT_AT(bench_opts, batch), "B",
+      "aggregate decode tokens/s of B sequences stepping together (each prefilled with --prompt-len random ids; "
+      "greedy ids from the backend), and for one step without the output head the host time to enqueue it "
+      "(body_issue_ms) against its whole time (body_ms); with the bandwidth measured, the time one step's weights "
+      "take at the copy rate (weights_at_copy_ms) as a share of the step (decode_pct_of_copy: at batch 1 the same "
+      "figure as without --batch, for decoding as the engine does it; not for a MoE model above batch 1, whose "
+      "steps read more experts than one token's)",
+      "off", .ilo = 1, .ihi = 4096 },
+    { LM_OPT_FLAG, "--no-look-ahead", NULL, LM_OPT_AT(bench_opts, no_look_ahead), NULL,
+      "with --batch: wait for each step's ids before queuing the next (by default, where the backend offers it, "
+      "each step is queued before the previous one's ids reach the host, its tokens fed forward on the device, as "
+      "the engine does; \"look_ahead\" in the output says which ran)" },
+    { LM_OPT_FLAG, "--no-membw", NULL, LM_OPT_AT(bench_opts, no_membw), NULL, "skip the bandwidth measurement" },
+    { LM_OPT_GROUP, .off = offsetof(bench_opts, co), .group = lm_cli_common_opts },
+    { .kind = LM_OPT_END },
+};
+
+static const bench_opts k_defaults = { .prompt_len = 512, .gen = 64, .reps = 3, .chunk = 512 };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "bench",
+    .usage = "lumen bench -m MODEL [options]",
+    .about = "Prints one JSON line: prefill tokens/s for a prompt of random ids, decode\n"
+             "tokens/s after it, the bytes of weights each decoded token reads, the\n"
+             "machine's memory bandwidth measured in the same run with the same threads\n"
+             "(a STREAM-like copy, counting read + write bytes, and a streaming read),\n"
+             "and decode speed as a fraction of the read roofline (weight bytes per token\n"
+             "over read bandwidth) and of the copy figure.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(bench_opts),
+};
 
 /* Parameters a token multiplies (every matrix but the embedding table, which
  * is only gathered), for the prefill flop count: the decode weight bytes over
@@ -169,44 +184,13 @@ done:
 }
 
 int lm_cmd_bench(int argc, char **argv) {
-    lm_common_opts co = { 0 };
-    const char *model_path = NULL;
-    long prompt_len = 512, gen = 64, reps = 3, chunk = 512, batch = 1;
-    bool membw = true, batched = false, look_ahead = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int c = lm_cli_common(&co, argc, argv, &i);
-        if (c < 0) return 2;
-        if (c) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--prompt-len")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &prompt_len)) goto bad;
-        } else if (!strcmp(a, "--gen")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &gen)) goto bad;
-        } else if (!strcmp(a, "--reps")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1000, &reps)) goto bad;
-        } else if (!strcmp(a, "--chunk")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &chunk)) goto bad;
-        } else if (!strcmp(a, "--batch")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 4096, &batch)) goto bad;
-            batched = true;
-        } else if (!strcmp(a, "--no-membw")) {
-            membw = false;
-        } else if (!strcmp(a, "--no-look-ahead")) {
-            look_ahead = false;
-        } else {
-            fprintf(stderr, "lumen bench: unknown option %s (see lumen bench --help)\n", a);
-            return 2;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "lumen bench: bad value for %s\n", a);
-        return 2;
-    }
+    bench_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const lm_common_opts co = o.co;
+    const char *model_path = o.model;
+    const long prompt_len = o.prompt_len, gen = o.gen, reps = o.reps, chunk = o.chunk, batch = o.batch ? o.batch : 1;
+    const bool membw = !o.no_membw, batched = o.batch > 0, look_ahead = !o.no_look_ahead;
     if (!model_path) {
         fprintf(stderr, "lumen bench: -m MODEL is required (see lumen bench --help)\n");
         return 2;

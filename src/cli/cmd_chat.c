@@ -1,32 +1,51 @@
 /* cmd_chat.c - `lumen chat`: an interactive terminal chat that streams.
  *
  * Each turn renders the whole conversation through the model's chat template
- * (as a server would), encodes it, and lets lm_textgen feed only the tokens
- * that extend what the sequence already holds. Reasoning (<think>...</think>)
- * is shown dimmed and is not sent back in the history. */
+ * (chat/lm_chat.h, as the server does), encodes it, and lets lm_textgen feed
+ * only the tokens that extend what the sequence already holds. Reasoning
+ * (<think>...</think>) is shown dimmed and is not sent back in the history. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../server/parse/lm_parse.h"
-#include "../template/lm_template.h"
+#include "../chat/lm_chat.h"
 #include "cli.h"
 #include "textgen.h"
 
-static const char *const k_help =
-    "usage: lumen chat [-m MODEL] [options]\n"
-    "\n"
-    "Reads your messages from standard input, one per line, and streams the\n"
-    "model's answers. Commands: /reset starts over, /quit (or end of input) leaves.\n"
-    "\n"
-    "  -m, --model PATH  Hugging Face folder or .gguf file (default: the bundled demo model)\n"
-    "  --system TEXT     a system message\n"
-    "  -n N              most tokens per answer (default 512)\n"
-    LM_SAMPLING_HELP("0.7", "0.95")
-    "  --ctx N           context length (default 4096)\n"
-    "  --no-think        render with enable_thinking=false\n"
-    LM_COMMON_HELP;
+typedef struct chat_opts {
+    const char *model, *system;
+    int n_gen, ctx;
+    bool no_think;
+    lm_sampler_params sp;
+    lm_common_opts co;
+} chat_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(chat_opts, model), "PATH", "Hugging Face folder or .gguf file",
+      "the bundled demo model" },
+    { LM_OPT_STRING, "--system", NULL, LM_OPT_AT(chat_opts, system), "TEXT", "a system message" },
+    { LM_OPT_INT, "-n", NULL, LM_OPT_AT(chat_opts, n_gen), "N", "most tokens per answer", .ilo = 1, .ihi = 1 << 20 },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, sp), .group = lm_cli_sampling_opts },
+    { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(chat_opts, ctx), "N", "context length, at most the model's", .ilo = 16,
+      .ihi = 1 << 24 },
+    { LM_OPT_FLAG, "--no-think", NULL, LM_OPT_AT(chat_opts, no_think), NULL, "render with enable_thinking=false" },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, co), .group = lm_cli_common_opts },
+    { .kind = LM_OPT_END },
+};
+
+/* ctx 4096 is also what lm_textgen_open takes 0 for */
+static const chat_opts k_defaults = { .n_gen = 512, .ctx = 4096, .sp = { .temperature = 0.7f, .top_p = 0.95f } };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "chat",
+    .usage = "lumen chat [-m MODEL] [options]",
+    .about = "Reads your messages from standard input, one per line, and streams the\n"
+             "model's answers. Commands: /reset starts over, /quit (or end of input) leaves.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(chat_opts),
+};
 
 typedef struct chat_out {
     lm_reasoning_parser *rp;
@@ -60,39 +79,14 @@ static void on_text(void *user, const char *t, size_t n) {
 }
 
 int lm_cmd_chat(int argc, char **argv) {
-    lm_common_opts co = { 0 };
-    const char *model_path = NULL, *system = NULL;
-    long n_gen = 512, ctx = 0;
-    lm_sampler_params sp = { 0.7f, 0, 0.95f, 0.0f, 0 };
-    bool think = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int c = lm_cli_common(&co, argc, argv, &i);
-        if (!c) c = lm_cli_sampling(&sp, argc, argv, &i);
-        if (c < 0) return 2;
-        if (c) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--system")) {
-            if (!(system = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 20, &n_gen)) goto bad;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 16, 1 << 24, &ctx)) goto bad;
-        } else if (!strcmp(a, "--no-think")) {
-            think = false;
-        } else {
-            fprintf(stderr, "lumen chat: unknown option %s (see lumen chat --help)\n", a);
-            return 2;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "lumen chat: bad value for %s\n", a);
-        return 2;
-    }
+    chat_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const lm_common_opts co = o.co;
+    const lm_sampler_params sp = o.sp;
+    const char *model_path = o.model, *system = o.system;
+    const long n_gen = o.n_gen, ctx = o.ctx;
+    const bool think = !o.no_think;
     if (!model_path && !(model_path = lm_cli_default_model())) return 2;
     lm_source *model = lm_cli_open_model(model_path);
     if (!model) return 1;
@@ -103,16 +97,15 @@ int lm_cmd_chat(int argc, char **argv) {
     }
     lm_err e = { { 0 } };
     lm_textgen g;
-    lm_template *tpl = NULL;
+    lm_chat *chat = NULL;
     json_t *messages = json_array();
+    json_t *kwargs = think ? NULL : json_pack("{s:b}", "enable_thinking", 0);
     int rc = 1;
     if (lm_textgen_open(&g, model, be, (int)ctx, &sp, &e)) goto fail;
-    const char *src = lm_tokenizer_chat_template(g.tok);
-    if (!src) {
-        lm_errf(&e, "%s: the model has no chat template", model_path);
+    if (lm_chat_create(&chat, g.tok, NULL, &e)) {
+        lm_err_prefix(&e, "%s", model_path);
         goto fail;
     }
-    if (lm_template_parse(src, strlen(src), "chat_template", &tpl, &e)) goto fail;
     if (system) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
     bool tty = isatty(STDOUT_FILENO);
     if (isatty(STDIN_FILENO)) fprintf(stderr, "lumen chat on %s. /reset starts over, /quit leaves.\n", model_path);
@@ -131,22 +124,18 @@ int lm_cmd_chat(int argc, char **argv) {
         }
         if (got == 0) continue;
         json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
-        json_t *tctx = json_pack("{s:O,s:b,s:s?,s:s?}", "messages", messages, "add_generation_prompt", 1,
-                                 "bos_token", lm_tokenizer_bos_token(g.tok), "eos_token", lm_tokenizer_eos_token(g.tok));
-        if (!think) json_object_set_new(tctx, "enable_thinking", json_false());
-        char *prompt = NULL;
-        size_t plen = 0;
-        int bad = lm_template_render(tpl, tctx, NULL, &prompt, &plen, &e);
-        json_decref(tctx);
-        if (bad) goto fail_line;
+        const lm_chat_req req = { .messages = messages, .kwargs = kwargs };
+        lm_chat_prompt prompt;
+        if (lm_chat_render(chat, &req, &prompt, &e)) goto fail_line;
         lm_tok_ids ids = { 0 };
         /* the template writes special tokens itself, as apply_chat_template does */
-        if (lm_tokenizer_encode(g.tok, prompt, plen, false, &ids, &e)) {
-            free(prompt);
+        int bad = lm_tokenizer_encode(g.tok, prompt.text, prompt.len, false, &ids, &e);
+        lm_reasoning_opts ro = { .start_in_reasoning = prompt.start_in_reasoning };
+        lm_chat_prompt_free(&prompt);
+        if (bad) {
+            lm_tok_ids_free(&ids);
             goto fail_line;
         }
-        lm_reasoning_opts ro = { .start_in_reasoning = lm_reasoning_prompt_open(prompt, plen, "<think>", "</think>") };
-        free(prompt);
         chat_out out = { .tty = tty };
         out.rp = lm_reasoning_parser_create(&ro, &e);
         lm_textgen_stats st;
@@ -180,7 +169,8 @@ fail:
     fprintf(stderr, "lumen: %s\n", e.msg);
 done:
     json_decref(messages);
-    lm_template_free(tpl);
+    json_decref(kwargs);
+    lm_chat_free(chat);
     lm_textgen_close(&g);
     lm_source_unref(model);
     lm_backend_destroy(be);

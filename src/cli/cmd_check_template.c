@@ -22,18 +22,35 @@
 #include "../template/lm_template.h"
 #include "cli.h"
 
-static const char *const k_help =
-    "usage: lumen check-template TEMPLATE CASES.jsonl [options]\n"
-    "\n"
-    "Renders each case of CASES.jsonl with TEMPLATE (a .jinja file, a\n"
-    "tokenizer_config.json, a .gguf or a model folder) and compares the text.\n"
-    "Prints one JSON line {passed, failed, ..., first_failure}; exits 0 only if\n"
-    "every case passes. TEMPLATE \"-\" takes each case's \"template\" field as\n"
-    "the template source itself.\n"
-    "\n"
-    "options:\n"
-    "  --now SECONDS   the time strftime_now() formats (default: now)\n"
-    "  --verbose       print every failure to stderr\n";
+typedef struct check_template_opts {
+    const char *tpl, *cases;
+    int64_t now;
+    bool verbose;
+} check_template_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_ARG, "TEMPLATE", NULL, LM_OPT_AT(check_template_opts, tpl), NULL,
+      "a .jinja file, a tokenizer_config.json, a .gguf or a model folder; \"-\": each case's \"template\" field" },
+    { LM_OPT_ARG, "CASES.jsonl", NULL, LM_OPT_AT(check_template_opts, cases), NULL,
+      "the cases, one {\"id\", \"context\", \"expected\"} a line" },
+    { LM_OPT_INT, "--now", NULL, LM_OPT_AT(check_template_opts, now), "SECONDS",
+      "the time strftime_now() formats, in seconds since the epoch", "now", .ilo = 1, .ihi = 4102444800LL },
+    { LM_OPT_FLAG, "--verbose", NULL, LM_OPT_AT(check_template_opts, verbose), NULL, "print every failure to stderr" },
+    { .kind = LM_OPT_END },
+};
+
+static const check_template_opts k_defaults = { 0 };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "check-template",
+    .usage = "lumen check-template TEMPLATE CASES.jsonl [options]",
+    .about = "Renders each case of CASES.jsonl with TEMPLATE and compares the text.\n"
+             "Prints one JSON line {passed, failed, ..., first_failure}; exits 0 only if\n"
+             "every case passes.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(check_template_opts),
+};
 
 typedef struct tally {
     int passed, failed, lim_passed, lim_failed, lim_err_any;
@@ -149,37 +166,14 @@ static void check_case(const lm_template *tpl, const char *parse_err, const char
 }
 
 int lm_cmd_check_template(int argc, char **argv) {
-    const char *tpl_path = NULL, *cases_path = NULL;
-    bool verbose = false;
-    lm_template_opts opts = { 0 };
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--verbose")) {
-            verbose = true;
-        } else if (!strcmp(argv[i], "--now")) {
-            const char *v = lm_cli_value(argc, argv, &i);
-            long s;
-            if (!v || !lm_cli_int(v, 1, 4102444800L, &s)) {
-                fprintf(stderr, "lumen check-template: --now needs seconds since the epoch\n");
-                return 2;
-            }
-            opts.now = s;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "lumen check-template: unknown option %s\n\n%s", argv[i], k_help);
-            return 2;
-        } else if (!tpl_path) {
-            tpl_path = argv[i];
-        } else if (!cases_path) {
-            cases_path = argv[i];
-        } else {
-            fprintf(stderr, "lumen check-template: too many arguments\n\n%s", k_help);
-            return 2;
-        }
-    }
+    check_template_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const char *tpl_path = o.tpl, *cases_path = o.cases;
+    const bool verbose = o.verbose;
+    lm_template_opts opts = { .now = o.now };
     if (!tpl_path || !cases_path) {
-        fputs(k_help, stderr);
+        lm_opts_help(&k_cmd, stderr);
         return 2;
     }
     lm_err e = { { 0 } };

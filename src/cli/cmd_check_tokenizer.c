@@ -15,15 +15,32 @@
 #include "../tokenizer/lm_tokenizer.h"
 #include "cli.h"
 
-static const char *const k_help =
-    "usage: lumen check-tokenizer DIR CASES.jsonl\n"
-    "\n"
-    "DIR is a folder with tokenizer.json (and tokenizer_config.json), a model\n"
-    "folder, a tokenizer.json file or a .gguf file. CASES.jsonl has one JSON\n"
-    "object per line: {\"text\", \"ids\", \"ids_with_special\", \"tokens\",\n"
-    "\"decoded\", \"decoded_with_special\"} (fields other than text optional).\n"
-    "Prints one JSON line {passed, failed, total, first_failure} and exits 0\n"
-    "only if there is at least one case and every case passes.\n";
+typedef struct check_tokenizer_opts {
+    const char *dir, *cases;
+} check_tokenizer_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_ARG, "DIR", NULL, LM_OPT_AT(check_tokenizer_opts, dir), NULL,
+      "a folder with tokenizer.json (and tokenizer_config.json), a model folder, a tokenizer.json file or a .gguf "
+      "file" },
+    { LM_OPT_ARG, "CASES.jsonl", NULL, LM_OPT_AT(check_tokenizer_opts, cases), NULL,
+      "the cases, one JSON object a line" },
+    { .kind = LM_OPT_END },
+};
+
+static const check_tokenizer_opts k_defaults = { 0 };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "check-tokenizer",
+    .usage = "lumen check-tokenizer DIR CASES.jsonl",
+    .about = "Each line of CASES.jsonl is {\"text\", \"ids\", \"ids_with_special\", \"tokens\",\n"
+             "\"decoded\", \"decoded_with_special\"} (fields other than text optional).\n"
+             "Prints one JSON line {passed, failed, total, first_failure} and exits 0\n"
+             "only if there is at least one case and every case passes.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(check_tokenizer_opts),
+};
 
 typedef struct failure {
     int line;
@@ -157,21 +174,10 @@ done:
 }
 
 int lm_cmd_check_tokenizer(int argc, char **argv) {
-    const char *dir = NULL, *cases = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "lumen check-tokenizer: unknown option %s (see --help)\n", argv[i]);
-            return 2;
-        } else if (!dir) dir = argv[i];
-        else if (!cases) cases = argv[i];
-        else {
-            fprintf(stderr, "lumen check-tokenizer: unexpected argument %s\n", argv[i]);
-            return 2;
-        }
-    }
+    check_tokenizer_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const char *dir = o.dir, *cases = o.cases;
     if (!dir || !cases) {
         fprintf(stderr, "lumen check-tokenizer: needs DIR and CASES.jsonl (see --help)\n");
         return 2;

@@ -1,4 +1,5 @@
 /* cmd_parity.c - `lumen parity DIR`: one JSON line, exit 0 only within tolerance. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,42 +7,42 @@
 #include "../engine/lm_parity.h"
 #include "cli.h"
 
-static const char *const k_help =
-    "usage: lumen parity DIR [options]\n"
-    "\n"
-    "DIR holds a model (config.json + safetensors) and reference.safetensors with\n"
-    "prompt{i}.ids, .logits, .greedy_ids and .greedy_logits. Prints one JSON line\n"
-    "with the measured errors; exits 0 only if every logit is within tolerance,\n"
-    "cached decoding matches the full forward, and every greedy token whose\n"
-    "reference margin exceeds 10x the logit error matches.\n"
-    "\n"
-    "  --tol X           absolute logit tolerance (default 1e-3)\n"
-    LM_COMMON_HELP;
+typedef struct parity_opts {
+    const char *dir;
+    double tol;
+    lm_common_opts co;
+} parity_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_ARG, "DIR", NULL, LM_OPT_AT(parity_opts, dir), NULL, "the model folder with reference.safetensors" },
+    { LM_OPT_FLOAT, "--tol", NULL, LM_OPT_AT(parity_opts, tol), "X", "absolute logit tolerance", .lo = 0,
+      .lo_open = true, .hi = INFINITY },
+    { LM_OPT_GROUP, .off = offsetof(parity_opts, co), .group = lm_cli_common_opts },
+    { .kind = LM_OPT_END },
+};
+
+static const parity_opts k_defaults = { .tol = 1e-3 };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "parity",
+    .usage = "lumen parity DIR [options]",
+    .about = "DIR holds a model (config.json + safetensors) and reference.safetensors with\n"
+             "prompt{i}.ids, .logits, .greedy_ids and .greedy_logits. Prints one JSON line\n"
+             "with the measured errors; exits 0 only if every logit is within tolerance,\n"
+             "cached decoding matches the full forward, and every greedy token whose\n"
+             "reference margin exceeds 10x the logit error matches.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(parity_opts),
+};
 
 int lm_cmd_parity(int argc, char **argv) {
-    lm_common_opts co = { 0 };
-    const char *dir = NULL;
-    double tol = 1e-3;
-    for (int i = 1; i < argc; i++) {
-        int c = lm_cli_common(&co, argc, argv, &i);
-        if (c < 0) return 2;
-        if (c) continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--tol")) {
-            const char *v = lm_cli_value(argc, argv, &i);
-            if (!v || !lm_cli_float(v, &tol) || !(tol > 0)) {
-                fprintf(stderr, "lumen parity: --tol needs a positive number\n");
-                return 2;
-            }
-        } else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "lumen parity: unexpected argument %s (see lumen parity --help)\n", argv[i]);
-            return 2;
-        } else {
-            dir = argv[i];
-        }
-    }
+    parity_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const lm_common_opts co = o.co;
+    const char *dir = o.dir;
+    const double tol = o.tol;
     if (!dir) {
         fprintf(stderr, "lumen parity: a model folder is required (see lumen parity --help)\n");
         return 2;

@@ -8,25 +8,19 @@
 #include "cli.h"
 #include "textgen.h"
 
-static const char *const k_help =
-    "usage: lumen run [-m MODEL] (-p TEXT | --prompt-ids 1,2,3) [options]\n"
-    "\n"
-    "With -p, encodes the text with the model's tokenizer (special tokens as the\n"
-    "tokenizer adds them), generates, and streams the generated text to stdout.\n"
-    "With --prompt-ids, feeds the ids and prints the generated ids on one line.\n"
-    "Timing goes to stderr.\n"
-    "\n"
-    "  -m, --model PATH  Hugging Face folder or .gguf file (default: the bundled demo model)\n"
-    "  -p, --prompt TEXT prompt text\n"
-    "  --prompt-ids IDS  comma-separated token ids\n"
-    "  -n N              tokens to generate (default 32)\n"
-    LM_SAMPLING_HELP("0", "1")
-    "  --ignore-eos      keep generating after an end-of-sequence token\n"
-    "  --ctx N           context length (default: the model's, capped to prompt + n)\n"
-    LM_COMMON_HELP;
+typedef struct run_opts {
+    const char *model, *text;
+    int32_t *ids;        /* --prompt-ids (owned) */
+    int n_ids;
+    int n_gen, ctx;
+    bool ignore_eos;
+    lm_sampler_params sp;
+    lm_common_opts co;
+} run_opts;
 
-/* Parses "1,2,3"; returns the count or -1. */
-static int parse_ids(const char *s, int32_t **out) {
+/* --prompt-ids "1,2,3": at least one id, each in [0, INT32_MAX]. */
+static bool parse_ids(void *dst, const char *s) {
+    run_opts *o = dst;
     int cap = 16, n = 0;
     int32_t *ids = lm_xmalloc((size_t)cap * sizeof *ids);
     const char *p = s;
@@ -35,15 +29,51 @@ static int parse_ids(const char *s, int32_t **out) {
         long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
             free(ids);
-            return -1;
+            return false;
         }
         if (n == cap) ids = lm_xrealloc(ids, (size_t)(cap *= 2) * sizeof *ids);
         ids[n++] = (int32_t)v;
         p = *end ? end + 1 : end;
     }
-    *out = ids;
-    return n;
+    if (n == 0) {
+        free(ids);
+        return false;
+    }
+    free(o->ids);
+    o->ids = ids;
+    o->n_ids = n;
+    return true;
 }
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(run_opts, model), "PATH", "Hugging Face folder or .gguf file",
+      "the bundled demo model" },
+    { LM_OPT_STRING, "--prompt", "-p", LM_OPT_AT(run_opts, text), "TEXT", "prompt text" },
+    { LM_OPT_CUSTOM, "--prompt-ids", NULL, LM_OPT_AT(run_opts, ids), "IDS", "comma-separated token ids",
+      .parse = parse_ids, .want = "a comma-separated list of token ids" },
+    { LM_OPT_INT, "-n", NULL, LM_OPT_AT(run_opts, n_gen), "N", "tokens to generate", .ilo = 0, .ihi = 1 << 24 },
+    { LM_OPT_GROUP, .off = offsetof(run_opts, sp), .group = lm_cli_sampling_opts },
+    { LM_OPT_FLAG, "--ignore-eos", NULL, LM_OPT_AT(run_opts, ignore_eos), NULL,
+      "keep generating after an end-of-sequence token" },
+    { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(run_opts, ctx), "N", "context length", "the model's, capped to prompt + n",
+      .ilo = 1, .ihi = 1 << 24 },
+    { LM_OPT_GROUP, .off = offsetof(run_opts, co), .group = lm_cli_common_opts },
+    { .kind = LM_OPT_END },
+};
+
+static const run_opts k_defaults = { .n_gen = 32, .sp = { .temperature = 0.0f, .top_p = 1.0f } };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "run",
+    .usage = "lumen run [-m MODEL] (-p TEXT | --prompt-ids 1,2,3) [options]",
+    .about = "With -p, encodes the text with the model's tokenizer (special tokens as the\n"
+             "tokenizer adds them), generates, and streams the generated text to stdout.\n"
+             "With --prompt-ids, feeds the ids and prints the generated ids on one line.\n"
+             "Timing goes to stderr.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(run_opts),
+};
 
 static void print_text(void *user, const char *t, size_t n) {
     (void)user;
@@ -95,53 +125,25 @@ done:
 }
 
 int lm_cmd_run(int argc, char **argv) {
-    lm_common_opts co = { 0 };
-    const char *model_path = NULL, *ids_text = NULL, *text = NULL;
-    long n_gen = 32, ctx = 0;
-    lm_sampler_params sp = { 0.0f, 0, 1.0f, 0.0f, 0 };
-    bool ignore_eos = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int c = lm_cli_common(&co, argc, argv, &i);
-        if (!c) c = lm_cli_sampling(&sp, argc, argv, &i);
-        if (c < 0) return 2;
-        if (c) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            if (!(text = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--prompt-ids")) {
-            if (!(ids_text = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 0, 1 << 24, &n_gen)) goto bad;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1 << 24, &ctx)) goto bad;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = true;
-        } else {
-            fprintf(stderr, "lumen run: unknown option %s (see lumen run --help)\n", a);
-            return 2;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "lumen run: bad value for %s (see lumen run --help)\n", a);
-        return 2;
-    }
-    if (!text == !ids_text) {
+    run_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed < 0 && !o.text == !o.ids) {
         fprintf(stderr, "lumen run: give exactly one of -p TEXT and --prompt-ids (see lumen run --help)\n");
-        return 2;
+        parsed = 2;
     }
-    if (!model_path && !(model_path = lm_cli_default_model())) return 2;
-    if (text) return run_text(&co, model_path, text, (int)n_gen, (int)ctx, &sp, ignore_eos);
-    int32_t *prompt = NULL;
-    int n_prompt = parse_ids(ids_text, &prompt);
-    if (n_prompt <= 0) {
-        fprintf(stderr, "lumen run: --prompt-ids must be a comma-separated list of token ids\n");
-        return 2;
+    if (parsed < 0 && !o.model && !(o.model = lm_cli_default_model())) parsed = 2;
+    if (parsed >= 0) {
+        free(o.ids);
+        return parsed;
     }
+    const lm_common_opts co = o.co;
+    const lm_sampler_params sp = o.sp;
+    const char *model_path = o.model;
+    const long n_gen = o.n_gen, ctx = o.ctx;
+    const bool ignore_eos = o.ignore_eos;
+    if (o.text) return run_text(&co, model_path, o.text, (int)n_gen, (int)ctx, &sp, ignore_eos);
+    int32_t *prompt = o.ids;
+    int n_prompt = o.n_ids;
 
     int rc = 1;
     lm_err e = { { 0 } };

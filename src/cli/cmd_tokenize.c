@@ -14,21 +14,42 @@
 #include "../tokenizer/lm_tokenizer.h"
 #include "cli.h"
 
-static const char *const k_help =
-    "usage: lumen tokenize -m MODEL [options] [TEXT]\n"
-    "\n"
-    "Prints {\"ids\": [...], \"tokens\": [...]} for TEXT (or the contents of\n"
-    "--file). MODEL is a tokenizer.json, a folder holding one, or a .gguf file.\n"
-    "\n"
-    "  -m, --model PATH   the tokenizer\n"
-    "  --no-special       do not add the post-processor's special tokens (bos ...)\n"
-    "  --file PATH        tokenize the contents of PATH instead of TEXT\n"
-    "  --decode IDS       decode comma-separated ids instead (\"1,2,3\")\n"
-    "  --bench PATH       encode PATH --reps times, print tokens/s (one thread);\n"
-    "                     also decode speed, whole and one id at a time\n"
-    "  --reps N           repetitions for --bench (default 3, best is kept)\n"
-    "  --paragraphs       with --bench: encode each \"\\n\\n\"-separated paragraph\n"
-    "                     on its own (separators dropped) instead of one text\n";
+typedef struct tokenize_opts {
+    const char *text, *model, *file, *decode, *bench;
+    bool no_special, paragraphs;
+    int reps;
+} tokenize_opts;
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_ARG, "TEXT", NULL, LM_OPT_AT(tokenize_opts, text), NULL, "the text to tokenize" },
+    { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(tokenize_opts, model), "PATH", "the tokenizer" },
+    { LM_OPT_FLAG, "--no-special", NULL, LM_OPT_AT(tokenize_opts, no_special), NULL,
+      "do not add the post-processor's special tokens (bos ...)" },
+    { LM_OPT_STRING, "--file", NULL, LM_OPT_AT(tokenize_opts, file), "PATH",
+      "tokenize the contents of PATH instead of TEXT" },
+    { LM_OPT_STRING, "--decode", NULL, LM_OPT_AT(tokenize_opts, decode), "IDS",
+      "decode comma-separated ids instead (\"1,2,3\")" },
+    { LM_OPT_STRING, "--bench", NULL, LM_OPT_AT(tokenize_opts, bench), "PATH",
+      "encode PATH --reps times, print tokens/s (one thread); also decode speed, whole and one id at a time" },
+    { LM_OPT_INT, "--reps", NULL, LM_OPT_AT(tokenize_opts, reps), "N", "repetitions for --bench, best is kept",
+      .ilo = 1, .ihi = 1000 },
+    { LM_OPT_FLAG, "--paragraphs", NULL, LM_OPT_AT(tokenize_opts, paragraphs), NULL,
+      "with --bench: encode each \"\\n\\n\"-separated paragraph on its own (separators dropped) instead of one "
+      "text" },
+    { .kind = LM_OPT_END },
+};
+
+static const tokenize_opts k_defaults = { .reps = 3 };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "tokenize",
+    .usage = "lumen tokenize -m MODEL [options] [TEXT]",
+    .about = "Prints {\"ids\": [...], \"tokens\": [...]} for TEXT (or the contents of\n"
+             "--file). MODEL is a tokenizer.json, a folder holding one, or a .gguf file.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(tokenize_opts),
+};
 
 static int decode_ids(lm_tokenizer *tok, const char *list) {
     lm_tok_ids ids = { 0 };
@@ -144,42 +165,12 @@ static int bench(lm_tokenizer *tok, const char *path, long reps, const lm_source
 }
 
 int lm_cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *file = NULL, *dec = NULL, *bench_path = NULL, *v;
-    bool special = true, paras = false;
-    long reps = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(k_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--file")) {
-            if (!(file = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--decode")) {
-            if (!(dec = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--bench")) {
-            if (!(bench_path = lm_cli_value(argc, argv, &i))) return 2;
-        } else if (!strcmp(a, "--reps")) {
-            if (!(v = lm_cli_value(argc, argv, &i)) || !lm_cli_int(v, 1, 1000, &reps)) {
-                fprintf(stderr, "lumen tokenize: --reps needs a number from 1 to 1000\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--paragraphs")) {
-            paras = true;
-        } else if (!strcmp(a, "--no-special")) {
-            special = false;
-        } else if (a[0] == '-' && a[1] && strcmp(a, "--")) {
-            fprintf(stderr, "lumen tokenize: unknown option %s (see --help)\n", a);
-            return 2;
-        } else if (!text) {
-            if (!strcmp(a, "--") && i + 1 < argc) a = argv[++i];
-            text = a;
-        } else {
-            fprintf(stderr, "lumen tokenize: unexpected argument %s\n", a);
-            return 2;
-        }
-    }
+    tokenize_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    const char *model = o.model, *text = o.text, *file = o.file, *dec = o.decode, *bench_path = o.bench;
+    const bool special = !o.no_special, paras = o.paragraphs;
+    const long reps = o.reps;
     if (!model || (!text && !file && !dec && !bench_path)) {
         fprintf(stderr, "lumen tokenize: needs -m MODEL and a TEXT (see --help)\n");
         return 2;

@@ -1,5 +1,6 @@
-/* common.c - option parsing shared by the subcommands. */
-#include <errno.h>
+/* common.c - what the subcommands share: the backend and sampling option
+ * tables, the backend choice, the default model. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,136 +8,54 @@
 #include "../model/lm_model.h"
 #include "cli.h"
 
-const char *lm_cli_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "lumen: option %s needs a value\n", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
+/* ---- the shared option tables ---------------------------------------------------------- */
 
-bool lm_cli_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
+/* --device auto | cpu | cuda | cuda:N sets two fields: the device and the GPU. */
+static bool parse_device(void *dst, const char *v) {
+    lm_common_opts *o = dst;
+    long long n = 0;
+    if (!strcmp(v, "auto")) o->device = LM_DEVICE_AUTO;
+    else if (!strcmp(v, "cpu")) o->device = LM_DEVICE_CPU;
+    else if (!strcmp(v, "cuda")) o->device = LM_DEVICE_CUDA, o->gpu = 0;
+    else if (!strncmp(v, "cuda:", 5) && lm_opt_int(v + 5, 0, 1023, &n)) o->device = LM_DEVICE_CUDA, o->gpu = (int)n;
+    else return false;
     return true;
 }
 
-bool lm_cli_float(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
+static const lm_opt_choice k_isa[] = {
+    { "auto", LM_ISA_AUTO }, { "scalar", LM_ISA_SCALAR }, { "avx2", LM_ISA_AVX2 }, { "avx512", LM_ISA_AVX512 },
+    { NULL, 0 },
+};
 
-/* A byte size: a whole number with an optional suffix K, M, G or T (powers
- * of 1024, then an optional 'B' or 'iB', any case): "0", "512M", "4G",
- * "1536KiB". False for anything else, a fraction, or more than 2^60 bytes. */
-bool lm_cli_size(const char *s, size_t *out) {
-    char *end;
-    if (*s < '0' || *s > '9') return false; /* no sign, no space */
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno) return false;
-    int shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end || v > (1ull << (60 - shift))) return false;
-    *out = (size_t)(v << shift);
-    return true;
-}
+const lm_opt lm_cli_common_opts[] = {
+    { LM_OPT_INT, "--threads", "-t", LM_OPT_AT(lm_common_opts, threads), "N", "worker threads", "every core",
+      .ilo = 0, .ihi = 1024 },
+    { LM_OPT_CHOICE, "--isa", NULL, LM_OPT_AT(lm_common_opts, isa), NULL, "CPU code path", .choices = k_isa },
+    { LM_OPT_CUSTOM, "--device", NULL, LM_OPT_AT(lm_common_opts, device), "NAME",
+      "auto, cpu, cuda (GPU 0) or cuda:N (GPU N)",
+      "auto, the GPU when one is present and the model fits in its free memory", .parse = parse_device,
+      .want = "auto, cpu, cuda or cuda:N" },
+    { LM_OPT_SIZE, "--gpu-memory", NULL, LM_OPT_AT(lm_common_opts, gpu_memory), "SIZE",
+      "most GPU memory to use, e.g. 20G; weights, KV cache and prefix cache fit inside it", "all that is free",
+      .ilo = 1 },
+    { .kind = LM_OPT_END },
+};
 
-int lm_cli_sampling(lm_sampler_params *p, int argc, char **argv, int *i) {
-    const char *a = argv[*i], *v;
-    long n;
-    double f;
-    if (!strcmp(a, "--temp")) {
-        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f < 0) goto bad;
-        p->temperature = (float)f;
-    } else if (!strcmp(a, "--top-k")) {
-        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_int(v, 0, 1 << 24, &n)) goto bad;
-        p->top_k = (int)n;
-    } else if (!strcmp(a, "--top-p")) {
-        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f <= 0 || f > 1) goto bad;
-        p->top_p = (float)f;
-    } else if (!strcmp(a, "--min-p")) {
-        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_float(v, &f) || f < 0 || f > 1) goto bad;
-        p->min_p = (float)f;
-    } else if (!strcmp(a, "--seed")) {
-        if (!(v = lm_cli_value(argc, argv, i)) || !lm_cli_int(v, 0, INT64_MAX, &n)) goto bad;
-        p->seed = (uint64_t)n;
-    } else {
-        return 0;
-    }
-    return 1;
-bad:
-    fprintf(stderr, "lumen: bad value for %s (--temp >= 0, --top-k >= 0, --top-p in (0, 1], --min-p in [0, 1], "
-                    "--seed >= 0)\n", a);
-    return -1;
-}
+const lm_opt lm_cli_sampling_opts[] = {
+    { LM_OPT_FLOAT, "--temp", NULL, LM_OPT_AT(lm_sampler_params, temperature), "T", "sampling temperature; 0 = greedy",
+      .lo = 0, .hi = INFINITY },
+    { LM_OPT_INT, "--top-k", NULL, LM_OPT_AT(lm_sampler_params, top_k), "K", "keep the K most likely tokens; 0 = off",
+      .ilo = 0, .ihi = 1 << 24 },
+    { LM_OPT_FLOAT, "--top-p", NULL, LM_OPT_AT(lm_sampler_params, top_p), "P", "nucleus sampling mass; 1 = off",
+      .lo = 0, .lo_open = true, .hi = 1 },
+    { LM_OPT_FLOAT, "--min-p", NULL, LM_OPT_AT(lm_sampler_params, min_p), "P",
+      "drop tokens below P x the top probability; 0 = off", .lo = 0, .hi = 1 },
+    { LM_OPT_INT, "--seed", NULL, LM_OPT_AT(lm_sampler_params, seed), "S", "sampling seed; same seed, same tokens",
+      .ilo = 0, .ihi = INT64_MAX },
+    { .kind = LM_OPT_END },
+};
 
-int lm_cli_common(lm_common_opts *o, int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-        const char *v = lm_cli_value(argc, argv, i);
-        long n;
-        if (!v || !lm_cli_int(v, 0, 1024, &n)) {
-            fprintf(stderr, "lumen: --threads needs a number from 0 to 1024\n");
-            return -1;
-        }
-        o->threads = (int)n;
-        return 1;
-    }
-    if (!strcmp(a, "--isa")) {
-        const char *v = lm_cli_value(argc, argv, i);
-        if (!v) return -1;
-        if (!strcmp(v, "auto")) o->isa = LM_ISA_AUTO;
-        else if (!strcmp(v, "scalar")) o->isa = LM_ISA_SCALAR;
-        else if (!strcmp(v, "avx2")) o->isa = LM_ISA_AVX2;
-        else if (!strcmp(v, "avx512")) o->isa = LM_ISA_AVX512;
-        else {
-            fprintf(stderr, "lumen: --isa must be auto, scalar, avx2 or avx512\n");
-            return -1;
-        }
-        return 1;
-    }
-    if (!strcmp(a, "--gpu-memory")) {
-        const char *v = lm_cli_value(argc, argv, i);
-        if (!v) return -1;
-        if (!lm_cli_size(v, &o->gpu_memory) || o->gpu_memory == 0) {
-            fprintf(stderr, "lumen: --gpu-memory '%s' is not a size: give bytes or a whole number with K, M, G or T "
-                            "(e.g. 20G)\n", v);
-            return -1;
-        }
-        return 1;
-    }
-    if (!strcmp(a, "--device")) {
-        const char *v = lm_cli_value(argc, argv, i);
-        long n = 0;
-        if (!v) return -1;
-        if (!strcmp(v, "auto")) o->device = LM_DEVICE_AUTO;
-        else if (!strcmp(v, "cpu")) o->device = LM_DEVICE_CPU;
-        else if (!strcmp(v, "cuda")) o->device = LM_DEVICE_CUDA, o->gpu = 0;
-        else if (!strncmp(v, "cuda:", 5) && lm_cli_int(v + 5, 0, 1023, &n)) o->device = LM_DEVICE_CUDA, o->gpu = (int)n;
-        else {
-            fprintf(stderr, "lumen: --device must be auto, cpu, cuda or cuda:N\n");
-            return -1;
-        }
-        return 1;
-    }
-    return 0;
-}
+/* ---- the backend ------------------------------------------------------------------------ */
 
 static lm_backend *cpu_backend(const lm_common_opts *o) {
     lm_err e = { { 0 } };

@@ -4,7 +4,8 @@
  * One mutex guards everything: updates are a handful per request, far from
  * any hot path. Engine gauges (queue depth, running sequences, KV blocks) are
  * read from lm_engine_get_stats when the page is rendered, and so are the
- * prefix cache's counters and the batch-size histogram. */
+ * prefix cache's counters and the batch-size histogram. Requests are
+ * counted by route_table.c's entry and named by its metric field. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +13,6 @@
 
 #include "server_internal.h"
 
-static const char *const k_routes[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
-                                                    "health", "metrics", "other" };
 static const char *const k_codes[6] = { "2xx", "400", "401", "404", "4xx", "5xx" };
 
 static void hist_init(srv_hist *h, const double *bounds, int n) {
@@ -151,7 +150,7 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     for (int r = 0; r < SRV_N_ROUTES; r++)
         for (int c = 0; c < 6; c++)
             if (m->requests[r][c] || c == 0)
-                tprintf(&b, "lumen_requests_total{route=\"%s\",status=\"%s\"} %llu\n", k_routes[r], k_codes[c],
+                tprintf(&b, "lumen_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_routes[r].metric, k_codes[c],
                         (unsigned long long)m->requests[r][c]);
     counter(&b, "lumen_prompt_tokens_total", "Prompt tokens of finished generations.", m->prompt_tokens);
     counter(&b, "lumen_prompt_tokens_cached_total", "Prompt tokens served from the prefix cache.", m->cached_tokens);

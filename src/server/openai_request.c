@@ -5,7 +5,10 @@
  * honestly (n > 1, response_format other than text, several prompts) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
- * chat_template_kwargs. */
+ * chat_template_kwargs.
+ *
+ * A chat request's prompt is the chat layer's (chat/lm_chat.h): the request
+ * handed over as an lm_chat_req, its failures answered as 400s. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -412,4 +415,25 @@ void srv_req_free(srv_req *r) {
     free(r->bias);
     free(r->prompt_ids);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- the chat prompt ------------------------------------------------------------------- */
+
+lm_chat_req srv_chat_req(const srv_req *r) {
+    bool force = r->tools && (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED);
+    return (lm_chat_req){ .messages = r->messages, .tools = r->tools, .kwargs = r->template_kwargs,
+                          .force_call = force,
+                          .tool_name = force && r->tool_choice == SRV_TOOLS_NAMED ? r->tool_name : NULL };
+}
+
+int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e) {
+    memset(p, 0, sizeof *p);
+    if (!s->chat)
+        return srv_bad(e, NULL, "The model '%s' has no chat template; use /v1/completions with a raw prompt.",
+                       s->model_name);
+    const lm_chat_req cr = srv_chat_req(r);
+    lm_err le = { { 0 } };
+    if (lm_chat_render(s->chat, &cr, p, &le))
+        return srv_bad(e, "messages", "The chat template could not render these messages: %s", le.msg);
+    return 0;
 }

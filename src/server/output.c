@@ -219,7 +219,7 @@ static bool is_stop_token(const srv *s, int32_t id) {
 
 /* ---- public --------------------------------------------------------------------------- */
 
-int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const srv_prompt *chat, const char *echo,
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
                  size_t echo_len, srv_err *e) {
     memset(o, 0, sizeof *o);
     o->s = s;
@@ -241,7 +241,7 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const srv_prompt *c
     o->lp_top = json_array();
     o->lp_offsets = json_array();
     if (r->kind == SRV_CHAT) {
-        if (s->think) {
+        if (s->chat && s->chat->think) {
             lm_reasoning_opts ro = { .start_in_reasoning = chat && chat->start_in_reasoning };
             o->reason = lm_reasoning_parser_create(&ro, &le);
             if (!o->reason) return srv_fail(e, 500, "server_error", NULL, NULL, "%s", le.msg);

@@ -41,8 +41,8 @@
 
 /* ---- responses -------------------------------------------------------------------------- */
 
-static enum MHD_Result respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
-                                    const char *type) {
+enum MHD_Result srv_respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
+                                 const char *type) {
     struct MHD_Response *res = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!res) {
         free(body);
@@ -61,59 +61,14 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
     size_t len;
     char *body = srv_dump(j, true, &len);
     json_decref(j);
-    return respond_text(cc, c, status, body, len, "application/json");
+    return srv_respond_text(cc, c, status, body, len, "application/json");
 }
 
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e) {
     return srv_respond_json(cc, c, e->status, srv_error_json(e));
 }
 
-/* ---- simple routes -------------------------------------------------------------------------- */
-
-static json_t *model_object(const srv *s) {
-    json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->model_name));
-    json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer(s->created));
-    json_object_set_new(m, "owned_by", json_string("lumen"));
-    json_object_set_new(m, "max_model_len", json_integer(s->ctx));
-    return m;
-}
-
-static enum MHD_Result handle_models(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
-    const char *id = url + strlen("/v1/models");
-    if (*id == '/' && id[1]) {
-        if (strcmp(id + 1, s->model_name) != 0) {
-            srv_err e;
-            srv_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
-                     "The model '%.200s' does not exist.", id + 1);
-            return srv_respond_error(cc, c, &e);
-        }
-        return srv_respond_json(cc, c, 200, model_object(s));
-    }
-    json_t *list = json_object();
-    json_object_set_new(list, "object", json_string("list"));
-    json_t *data = json_array();
-    json_array_append_new(data, model_object(s));
-    json_object_set_new(list, "data", data);
-    return srv_respond_json(cc, c, 200, list);
-}
-
-static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *c, srv_conn *cc) {
-    char *text = srv_metrics_text(&s->metrics, s->en);
-    return respond_text(cc, c, 200, text, strlen(text), "text/plain; version=0.0.4; charset=utf-8");
-}
-
 /* ---- the access handler ----------------------------------------------------------------------- */
-
-static int route_of(const char *url) {
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return SRV_ROUTE_CHAT;
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return SRV_ROUTE_COMPLETIONS;
-    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return SRV_ROUTE_MODELS;
-    if (!strcmp(url, "/health")) return SRV_ROUTE_HEALTH;
-    if (!strcmp(url, "/metrics")) return SRV_ROUTE_METRICS;
-    return SRV_ROUTE_OTHER;
-}
 
 /* Compares in time independent of where the strings differ. */
 static bool same_secret(const char *a, const char *b) {
@@ -148,20 +103,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (!cc) {
         cc = lm_xcalloc(1, sizeof *cc);
         cc->t0 = lm_now();
-        cc->route = route_of(url);
+        cc->route = srv_route_of(url);
         snprintf(cc->method, sizeof cc->method, "%s", method);
         snprintf(cc->url, sizeof cc->url, "%s", url);
         srv_request_id(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"), cc->rid, sizeof cc->rid);
         *con_cls = cc;
-        if (cc->route == SRV_ROUTE_OTHER)
-            return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
-        if (cc->route != SRV_ROUTE_HEALTH && !authorized(s, c))
+        const srv_route *rt = &srv_routes[cc->route];
+        if (!rt->handler) return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
+        if (!rt->open && !authorized(s, c))
             return fail(cc, c, 401, "invalid_request_error", "invalid_api_key",
                         "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
-        bool wants_post = cc->route == SRV_ROUTE_CHAT || cc->route == SRV_ROUTE_COMPLETIONS;
-        if (wants_post != post || (!post && strcmp(method, "GET") && strcmp(method, "HEAD")))
+        if (rt->post != post || (!post && strcmp(method, "GET") && strcmp(method, "HEAD")))
             return fail(cc, c, 405, "invalid_request_error", "method_not_allowed",
-                        wants_post ? "This endpoint accepts POST only." : "This endpoint accepts GET only.");
+                        rt->post ? "This endpoint accepts POST only." : "This endpoint accepts GET only.");
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
             if (cl && strtoull(cl, NULL, 10) > s->opts.max_body) {
@@ -184,18 +138,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cc->status) return MHD_YES; /* already answered */
-    switch (cc->route) {
-    case SRV_ROUTE_HEALTH: {
-        json_t *j = json_pack("{s:s}", "status", "ok");
-        return srv_respond_json(cc, c, 200, j);
-    }
-    case SRV_ROUTE_MODELS: return handle_models(s, c, cc, url);
-    case SRV_ROUTE_METRICS: return handle_metrics(s, c, cc);
-    case SRV_ROUTE_CHAT: return srv_handle_generate(s, c, cc, SRV_CHAT);
-    case SRV_ROUTE_COMPLETIONS: return srv_handle_generate(s, c, cc, SRV_COMPLETION);
-    default: return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
-    }
+    if (cc->status) return MHD_YES; /* already answered (the unknown URLs among them) */
+    return srv_routes[cc->route].handler(s, c, cc, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -207,7 +151,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
     if (!cc->job_logged) {
         srv_metrics_request(&s->metrics, cc->route, cc->status ? cc->status : 500);
-        if (s->opts.log_requests && cc->route != SRV_ROUTE_METRICS && cc->route != SRV_ROUTE_HEALTH)
+        if (s->opts.log_requests && !srv_routes[cc->route].quiet)
             fprintf(stderr, "lumen: %s %s %d %.3fs id %s\n", cc->method, cc->url, cc->status, lm_now() - cc->t0,
                     cc->rid);
     }
@@ -261,27 +205,17 @@ void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, i
         for (size_t k = 0; k < LM_COUNT(k_tags); k++) tag |= !strcmp(content, k_tags[k]);
         s->hidden[id] = !tag;
     }
-    const char *src = lm_tokenizer_chat_template(tok);
-    if (src) {
-        lm_err te = { { 0 } };
-        if (lm_template_parse(src, strlen(src), "chat_template", &s->tpl, &te)) {
-            fprintf(stderr, "lumen: warning: the chat template does not parse (%s); /v1/chat/completions is off\n", te.msg);
-            s->tpl = NULL;
-        }
-    } else {
-        fprintf(stderr, "lumen: warning: the model has no chat template; /v1/chat/completions is off\n");
-    }
-    s->think = (src && strstr(src, "</think>")) ||
-               (lm_tokenizer_token_to_id(tok, "<think>", 7) >= 0 && lm_tokenizer_token_to_id(tok, "</think>", 8) >= 0);
-    s->xml_tools = src && strstr(src, "<function=");
+    lm_err ce = { { 0 } };
+    if (lm_chat_create(&s->chat, tok, NULL, &ce))
+        fprintf(stderr, "lumen: warning: %s; /v1/chat/completions is off\n", ce.msg);
     if (!s->model_name) s->model_name = lm_xstrdup("model");
     if (!s->fingerprint[0]) snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
 }
 
 void srv_free_text(srv *s) {
-    lm_template_free(s->tpl);
+    lm_chat_free(s->chat);
     free(s->hidden);
-    s->tpl = NULL;
+    s->chat = NULL;
     s->hidden = NULL;
 }
 

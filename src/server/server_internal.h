@@ -5,10 +5,15 @@
  *
  *   server.c           HTTP: routing, auth, body limits, connection threads,
  *                      waiting for tokens, SSE via a blocking content reader
- *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params)
- *   chat_render.c      messages/tools -> template context -> prompt text
- *   routes.c           the endpoints: build the prompt, submit, wait, answer
- *   output.c           token events -> text -> stop/reasoning/tool parsers ->
+ *   openai_request.c   JSON body -> srv_req (validated, with lm_gen_params);
+ *                      a chat request's prompt through the chat template
+ *                      (chat/lm_chat.h)
+ *   route_table.c      every endpoint: path, method, handler, metric name;
+ *                      the small endpoints (health, models, metrics)
+ *   generate.c         the generation endpoints: build the prompt, submit,
+ *                      wait, answer
+ *   output.c           token events -> text -> stop/reasoning/tool parsers
+ *                      (chat/lm_parse.h) ->
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
  *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
  *                      errors) and SSE framing
@@ -29,11 +34,10 @@
 
 #include <microhttpd.h>
 
+#include "../chat/lm_chat.h"
 #include "../engine/lm_engine.h"
-#include "../template/lm_template.h"
 #include "../tokenizer/lm_tokenizer.h"
 #include "lm_server.h"
-#include "parse/lm_parse.h"
 
 /* ---- errors -------------------------------------------------------------------- */
 
@@ -57,8 +61,8 @@ json_t *srv_error_json(const srv_err *e);
 
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
-enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MODELS, SRV_ROUTE_HEALTH,
-       SRV_ROUTE_METRICS, SRV_ROUTE_OTHER, SRV_N_ROUTES };
+/* Entries of srv_routes (route_table.c); requests are counted by entry. */
+#define SRV_N_ROUTES 6
 
 #define SRV_HIST_BUCKETS 16
 
@@ -83,6 +87,7 @@ typedef struct srv_metrics {
 
 void srv_metrics_init(srv_metrics *m);
 void srv_metrics_free(srv_metrics *m);
+/* route: an index into srv_routes. */
 void srv_metrics_request(srv_metrics *m, int route, int status);
 void srv_metrics_observe(srv_hist *h, srv_metrics *m, double v);
 /* Prometheus text exposition (malloc'd). */
@@ -96,8 +101,7 @@ typedef struct srv {
     lm_server_opts opts;
     lm_model *model;
     lm_tokenizer *tok;
-    lm_template *tpl;          /* NULL when the model has no chat template */
-    char *tpl_src;
+    lm_chat *chat;             /* NULL when the model has no usable chat template */
     lm_engine *en;
     char *model_name;
     int64_t created;           /* server start, epoch seconds */
@@ -106,8 +110,6 @@ typedef struct srv {
     int32_t stop_ids[2 * LM_MAX_EOS + 1];  /* tokenizer eos + generation_config eos */
     int n_stop_ids;
     uint8_t *hidden;           /* [n_vocab] 1: a special token whose text is never shown */
-    bool think;                /* the model knows <think> ... </think> */
-    bool xml_tools;            /* the template writes Qwen3.5-style <function=...> calls */
     char fingerprint[32];
     srv_metrics metrics;
     pthread_mutex_t jobs_mu;   /* guards the job list and shutting_down */
@@ -121,8 +123,8 @@ typedef struct srv {
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
- * plus eos_ids), hidden special tokens, the chat template, think/tool
- * formats. Used by lm_server_run and by tests (without a model). */
+ * plus eos_ids), hidden special tokens, the chat template (lm_chat: think and
+ * tool-call formats). Used by lm_server_run and by tests (without a model). */
 void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
 void srv_free_text(srv *s);
 
@@ -191,22 +193,11 @@ typedef struct srv_req {
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
 
-/* ---- chat rendering (chat_render.c) --------------------------------------------------- */
-
-typedef struct srv_prompt {
-    char *text;                /* the rendered prompt, prefill included */
-    size_t len;
-    char *prefill;             /* text put in the assistant turn for the model
-                                  (forced tool call), fed to the parsers; may be NULL */
-    bool start_in_reasoning;   /* the prompt ends inside an open <think> block */
-} srv_prompt;
-
-/* The template context transformers' apply_chat_template would build
- * (messages normalised, tools, add_generation_prompt, special tokens,
- * chat_template_kwargs at top level). New reference or NULL with e set. */
-json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e);
-int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e);
-void srv_prompt_free(srv_prompt *p);
+/* A chat request as the chat layer takes it (pointers into r). */
+lm_chat_req srv_chat_req(const srv_req *r);
+/* The prompt of a chat request through the model's template; 400 errors
+ * (no template, a render failure) name the messages. */
+int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e);
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 
@@ -246,7 +237,7 @@ typedef struct srv_out {
 } srv_out;
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
-int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const srv_prompt *chat,
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                  const char *echo, size_t echo_len, srv_err *e);
 void srv_out_free(srv_out *o);
 /* Processes one event. Returns true when the request should be cancelled
@@ -257,11 +248,11 @@ json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
 const char *srv_out_finish_reason(const srv_out *o);
 
-/* ---- HTTP (server.c, routes.c) ------------------------------------------------------------ */
+/* ---- HTTP (server.c, route_table.c, generate.c) -------------------------------------------- */
 
 /* One HTTP request (MHD's con_cls). */
 typedef struct srv_conn {
-    int route;
+    int route;             /* index into srv_routes */
     char method[16];
     char url[128];
     char *body;
@@ -288,7 +279,7 @@ struct srv_job {
     int fd;                    /* the client's socket */
     lm_request *req;
     srv_req r;
-    srv_prompt prompt;
+    lm_chat_prompt prompt;
     srv_out out;
     char rid[SRV_RID_MAX + 8];
     /* --trace: the engine's trace copied from the final event (its step
@@ -306,10 +297,33 @@ struct srv_job {
     srv_job *next, *prev;
 };
 
+/* Queues a response (body is freed), sets cc->status. */
+enum MHD_Result srv_respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
+                                 const char *type);
 enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
-/* POST /v1/chat/completions and /v1/completions (routes.c). */
+/* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+
+/* ---- routes (route_table.c) ------------------------------------------------------------------ */
+
+/* Answers a request whose body (if any) is in cc; url is the request's. */
+typedef enum MHD_Result (*srv_handler)(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url);
+
+typedef struct srv_route {
+    const char *path;      /* NULL: the last entry, every other URL (404) */
+    const char *alias;     /* the same endpoint under a second path, or NULL */
+    bool subpaths;         /* path + "/..." too (/v1/models/ID) */
+    bool post;             /* POST only; else GET (and HEAD) only */
+    bool open;             /* answered without the API key */
+    bool quiet;            /* no log line per request (probes, scrapes) */
+    srv_handler handler;   /* NULL for the last entry */
+    const char *metric;    /* route="..." in lumen_requests_total */
+} srv_route;
+
+extern const srv_route srv_routes[SRV_N_ROUTES];
+/* The entry url goes to: an index into srv_routes, the last when none matches. */
+int srv_route_of(const char *url);
 
 /* ---- JSON and SSE (openai_stream.c) ---------------------------------------------------- */
 

@@ -6,7 +6,7 @@
  * only parses complete documents, so this push-down automaton does the
  * syntax. It never allocates; nesting is bounded by LM_JSON_MAX_DEPTH (deeper
  * input is treated as invalid, which for a tool call means "malformed"). */
-#include "server/parse/parse_internal.h"
+#include "chat/parse_internal.h"
 
 enum {
     S_VALUE,     /* expecting a value */

@@ -1,6 +1,6 @@
 /* parse_util.c - byte buffer, tag search, UTF-8 and JSON-string helpers for
  * the streaming parsers. */
-#include "server/parse/parse_internal.h"
+#include "chat/parse_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,8 @@
  * Design note
  * -----------
  * The server decodes tokens into text deltas and pushes every delta through
- * up to three parsers, in this order:
+ * up to three parsers, in this order (`lumen chat` uses the reasoning parser
+ * alone):
  *
  *     model text -> lm_stop_matcher -> lm_reasoning_parser -> reasoning_content
  *                                                          \-> content -> lm_toolcall_parser

@@ -1,4 +1,5 @@
-/* routes.c - POST /v1/chat/completions and /v1/completions.
+/* generate.c - POST /v1/chat/completions and /v1/completions: the handler
+ * behind both (route_table.c routes to it).
  *
  * A generation request: parse and validate the body, build the prompt
  * (chat template, or the raw prompt), tokenize, check it against the context,
@@ -173,7 +174,7 @@ static void job_finish(srv_job *j) {
         srv_trace_write(s, &tr);
     }
     srv_out_free(&j->out);
-    srv_prompt_free(&j->prompt);
+    lm_chat_prompt_free(&j->prompt);
     srv_req_free(&j->r);
     if (j->efd >= 0) close(j->efd);
     pthread_mutex_destroy(&j->mu);

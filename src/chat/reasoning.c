@@ -13,8 +13,8 @@
  * but stays in the text, as the start of the content.
  * The filters act on text already known not to be a tag, so they see the same
  * byte stream whatever the chunking; only the timing of output changes. */
-#include "server/parse/lm_parse.h"
-#include "server/parse/parse_internal.h"
+#include "chat/lm_parse.h"
+#include "chat/parse_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,8 +5,8 @@
  * character). On each feed it looks for the stop occurrence that ends
  * earliest in the new bytes; occurrences ending in the held part were already
  * ruled out by earlier feeds, so each feed costs O(held + new) per string. */
-#include "server/parse/lm_parse.h"
-#include "server/parse/parse_internal.h"
+#include "chat/lm_parse.h"
+#include "chat/parse_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,31 +1,9 @@
-/* chat_render.c - OpenAI messages -> the model's chat template -> prompt text.
- *
- * The template context is built the way transformers' apply_chat_template
- * builds it, because that is what chat templates are written against:
- *   messages               the request's messages, normalised:
- *                            - content given as text parts is joined into one
- *                              string ("\n" between parts), as vLLM and
- *                              llama.cpp do for templates that expect strings;
- *                            - "developer" becomes "system";
- *                            - tool_calls[].function.arguments given as a JSON
- *                              string is parsed into an object (templates
- *                              apply `tojson` to it, or iterate its items);
- *                            - everything else (reasoning_content, name,
- *                              tool_call_id) passes through unchanged;
- *   tools                  the request's tools (absent with tool_choice none);
- *   add_generation_prompt  true;
- *   bos_token, eos_token   the tokenizer's special-token strings, when defined;
- *   chat_template_kwargs   merged at top level (e.g. enable_thinking).
- *
- * Forced tool calls (tool_choice required / a named function): lumen has no
- * constrained decoding yet, so it steers instead: the assistant turn is
- * prefilled with the opening of a call in the template's own format (Hermes
- * JSON or Qwen3.5 XML), closing an open think block first. The model usually
- * continues the call; nothing guarantees it. */
+/* chat_render.c - the chat template of a model, and messages rendered with
+ * it (see lm_chat.h for the context a template gets, and forced calls). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_internal.h"
+#include "lm_chat.h"
 
 static json_t *join_text_parts(const json_t *content) {
     size_t total = 0, n = json_array_size(content);
@@ -61,8 +39,30 @@ static json_t *normalise_message(const json_t *m) {
     return out;
 }
 
-json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e) {
-    (void)e;
+int lm_chat_create(lm_chat **out, const lm_tokenizer *tok, const char *src, lm_err *e) {
+    *out = NULL;
+    if (!src && !(src = lm_tokenizer_chat_template(tok))) return lm_errf(e, "the model has no chat template");
+    lm_template *tpl = NULL;
+    lm_err te = { { 0 } };
+    if (lm_template_parse(src, strlen(src), "chat_template", &tpl, &te))
+        return lm_errf(e, "the chat template does not parse (%s)", te.msg);
+    lm_chat *c = lm_xcalloc(1, sizeof *c);
+    c->tpl = tpl;
+    c->tok = tok;
+    c->think = strstr(src, "</think>") ||
+               (lm_tokenizer_token_to_id(tok, "<think>", 7) >= 0 && lm_tokenizer_token_to_id(tok, "</think>", 8) >= 0);
+    c->xml_tools = strstr(src, "<function=") != NULL;
+    *out = c;
+    return 0;
+}
+
+void lm_chat_free(lm_chat *c) {
+    if (!c) return;
+    lm_template_free(c->tpl);
+    free(c);
+}
+
+json_t *lm_chat_context(const lm_chat *c, const lm_chat_req *r) {
     json_t *ctx = json_object();
     json_t *msgs = json_array();
     for (size_t i = 0; i < json_array_size(r->messages); i++)
@@ -70,24 +70,24 @@ json_t *srv_chat_context(const srv *s, const srv_req *r, srv_err *e) {
     json_object_set_new(ctx, "messages", msgs);
     if (r->tools) json_object_set_new(ctx, "tools", json_deep_copy(r->tools));
     json_object_set_new(ctx, "add_generation_prompt", json_true());
-    const char *bos = lm_tokenizer_bos_token(s->tok), *eos = lm_tokenizer_eos_token(s->tok);
+    const char *bos = lm_tokenizer_bos_token(c->tok), *eos = lm_tokenizer_eos_token(c->tok);
     if (bos) json_object_set_new(ctx, "bos_token", json_string(bos));
     if (eos) json_object_set_new(ctx, "eos_token", json_string(eos));
-    if (r->template_kwargs) json_object_update(ctx, (json_t *)r->template_kwargs);
+    if (r->kwargs) json_object_update(ctx, (json_t *)r->kwargs);
     return ctx;
 }
 
 /* The opening of a forced call, in the template's format. */
-static char *forced_call_prefill(const srv *s, const srv_req *r, bool in_think) {
+static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in_think) {
     const char *close = in_think ? "\n</think>\n\n" : "";
     json_t *jname = json_string(r->tool_name ? r->tool_name : "");
     char *quoted = json_dumps(jname, JSON_ENCODE_ANY); /* the name as a JSON string */
     json_decref(jname);
     size_t cap = strlen(close) + 2 * strlen(quoted) + 128;
     char *p = lm_xmalloc(cap);
-    if (r->tool_choice == SRV_TOOLS_NAMED && s->xml_tools)
+    if (r->tool_name && c->xml_tools)
         snprintf(p, cap, "%s<tool_call>\n<function=%s>\n", close, r->tool_name);
-    else if (r->tool_choice == SRV_TOOLS_NAMED)
+    else if (r->tool_name)
         snprintf(p, cap, "%s<tool_call>\n{\"name\": %s, \"arguments\": ", close, quoted);
     else
         snprintf(p, cap, "%s<tool_call>\n", close);
@@ -95,22 +95,17 @@ static char *forced_call_prefill(const srv *s, const srv_req *r, bool in_think) 
     return p;
 }
 
-int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e) {
+int lm_chat_render(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p, lm_err *e) {
     memset(p, 0, sizeof *p);
-    if (!s->tpl)
-        return srv_bad(e, NULL, "The model '%s' has no chat template; use /v1/completions with a raw prompt.",
-                       s->model_name);
-    json_t *ctx = srv_chat_context(s, r, e);
-    if (!ctx) return -1;
-    lm_err le = { { 0 } };
+    json_t *ctx = lm_chat_context(c, r);
     char *text = NULL;
     size_t len = 0;
-    int rc = lm_template_render(s->tpl, ctx, NULL, &text, &len, &le);
+    int rc = lm_template_render(c->tpl, ctx, NULL, &text, &len, e);
     json_decref(ctx);
-    if (rc) return srv_bad(e, "messages", "The chat template could not render these messages: %s", le.msg);
-    p->start_in_reasoning = s->think && lm_reasoning_prompt_open(text, len, "<think>", "</think>");
-    if (r->tools && (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED)) {
-        p->prefill = forced_call_prefill(s, r, p->start_in_reasoning);
+    if (rc) return -1;
+    p->start_in_reasoning = c->think && lm_reasoning_prompt_open(text, len, "<think>", "</think>");
+    if (r->force_call) {
+        p->prefill = forced_call_prefill(c, r, p->start_in_reasoning);
         size_t pl = strlen(p->prefill);
         text = lm_xrealloc(text, len + pl + 1);
         memcpy(text + len, p->prefill, pl + 1);
@@ -121,7 +116,7 @@ int srv_chat_render(const srv *s, const srv_req *r, srv_prompt *p, srv_err *e) {
     return 0;
 }
 
-void srv_prompt_free(srv_prompt *p) {
+void lm_chat_prompt_free(lm_chat_prompt *p) {
     free(p->text);
     free(p->prefill);
     memset(p, 0, sizeof *p);

@@ -20,8 +20,8 @@
  * the bytes not sent yet (never the first bytes of an unfinished UTF-8
  * character). Output of one feed is collected in `out_*` and handed out as
  * pointers at the end. */
-#include "server/parse/lm_parse.h"
-#include "server/parse/parse_internal.h"
+#include "chat/lm_parse.h"
+#include "chat/parse_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

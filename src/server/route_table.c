@@ -1,0 +1,86 @@
+/* route_table.c - every HTTP endpoint of the server in one table, and the
+ * handlers of the small ones.
+ *
+ * An entry says where a request goes (its path, an alias without /v1, or
+ * the path's subpaths), what it needs (POST, or GET and HEAD; the API key
+ * unless open), who answers it, whether it gets a log line, and its name in
+ * lumen_requests_total. server.c dispatches and counts by an entry's index,
+ * metrics.c prints the names in table order; the last entry catches every
+ * other URL (404). The generation endpoints' handler is generate.c. */
+#include <string.h>
+
+#include "server_internal.h"
+
+/* ---- the small routes ------------------------------------------------------------------ */
+
+static enum MHD_Result handle_health(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_respond_json(cc, c, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static json_t *model_object(const srv *s) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->created));
+    json_object_set_new(m, "owned_by", json_string("lumen"));
+    json_object_set_new(m, "max_model_len", json_integer(s->ctx));
+    return m;
+}
+
+static enum MHD_Result handle_models(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    const char *id = url + strlen("/v1/models");
+    if (*id == '/' && id[1]) {
+        if (strcmp(id + 1, s->model_name) != 0) {
+            srv_err e;
+            srv_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                     "The model '%.200s' does not exist.", id + 1);
+            return srv_respond_error(cc, c, &e);
+        }
+        return srv_respond_json(cc, c, 200, model_object(s));
+    }
+    json_t *list = json_object();
+    json_object_set_new(list, "object", json_string("list"));
+    json_t *data = json_array();
+    json_array_append_new(data, model_object(s));
+    json_object_set_new(list, "data", data);
+    return srv_respond_json(cc, c, 200, list);
+}
+
+static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    char *text = srv_metrics_text(&s->metrics, s->en);
+    return srv_respond_text(cc, c, 200, text, strlen(text), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static enum MHD_Result handle_chat(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_generate(s, c, cc, SRV_CHAT);
+}
+
+static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_generate(s, c, cc, SRV_COMPLETION);
+}
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+/* Unsized: the compiler holds the count to SRV_N_ROUTES in the header. */
+const srv_route srv_routes[] = {
+    { .path = "/v1/chat/completions", .alias = "/chat/completions", .post = true, .handler = handle_chat,
+      .metric = "chat_completions" },
+    { .path = "/v1/completions", .alias = "/completions", .post = true, .handler = handle_completions,
+      .metric = "completions" },
+    { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
+    { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
+    { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },
+    { .metric = "other" }, /* any other URL: 404 */
+};
+
+int srv_route_of(const char *url) {
+    int i = 0;
+    for (; srv_routes[i].path; i++) {
+        const srv_route *r = &srv_routes[i];
+        size_t n = strlen(r->path);
+        if (!strcmp(url, r->path) || (r->alias && !strcmp(url, r->alias)) ||
+            (r->subpaths && !strncmp(url, r->path, n) && url[n] == '/'))
+            return i;
+    }
+    return i;
+}
