@@ -131,3 +131,114 @@ static void disconnect_case(lm_test_ctx *lm_t_, bool stream) {
 
 LM_TEST(guard_disconnect_stream_stops_engine) { disconnect_case(lm_t_, true); }
 LM_TEST(guard_disconnect_plain_stops_engine) { disconnect_case(lm_t_, false); }
+
+/* ---- the API key ---------------------------------------------------------------------------- */
+
+/* Every route but /health needs the key; an answer to a wrong key is 401
+ * invalid_api_key, and the right key gets through. */
+LM_TEST(guard_api_key_every_route) {
+    static const char key[] = "sk-lumen-0123456789abcdef";
+    gu_server s;
+    START_DEMO(s, "--threads 1 --cache-ram 0 --api-key sk-lumen-0123456789abcdef");
+    static const struct {
+        const char *method, *path, *body;
+    } routes[] = {
+        { "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1}" },
+        { "POST", "/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1}" },
+        { "POST", "/v1/completions", "{\"prompt\":\"def\",\"max_tokens\":1}" },
+        { "POST", "/completions", "{\"prompt\":\"def\",\"max_tokens\":1,\"stream\":true}" },
+        { "GET", "/v1/models", NULL },
+        { "GET", "/v1/models/demo", NULL },
+        { "GET", "/metrics", NULL },
+    };
+    /* wrong keys: the same length (differing first, last, everywhere, in
+     * case), sharing a prefix (shorter, longer, the key twice), empty, and
+     * malformed headers */
+    static const char *const bad[] = {
+        "Authorization: Bearer sk-lumen-0123456789abcdeg\r\n",
+        "Authorization: Bearer Xk-lumen-0123456789abcdef\r\n",
+        "Authorization: Bearer sk-lumen-0123456789Abcdef\r\n",
+        "Authorization: Bearer zzzzzzzzzzzzzzzzzzzzzzzzz\r\n",
+        "Authorization: Bearer SK-LUMEN-0123456789ABCDEF\r\n",
+        "Authorization: Bearer sk-lumen-0123456789abcde\r\n",
+        "Authorization: Bearer sk-lumen-0123456789abcdef0\r\n",
+        "Authorization: Bearer sk-lumen-\r\n",
+        "Authorization: Bearer s\r\n",
+        "Authorization: Bearer sk-lumen-0123456789abcdefsk-lumen-0123456789abcdef\r\n",
+        "Authorization: Bearer \r\n",
+        "Authorization: Bearer\r\n",
+        "Authorization: \r\n",
+        "Authorization: sk-lumen-0123456789abcdef\r\n",
+        "Authorization: Basic sk-lumen-0123456789abcdef\r\n",
+        "X-Api-Key: sk-lumen-0123456789abcdef\r\n",
+        NULL, /* no header at all */
+    };
+    LM_CHECK(strlen(bad[0] + strlen("Authorization: Bearer ")) == strlen(key) + 2);
+    for (size_t ri = 0; ri < sizeof routes / sizeof *routes; ri++) {
+        for (size_t bi = 0; bi < sizeof bad / sizeof *bad; bi++) {
+            gu_resp r;
+            LM_REQUIRE(gu_http(s.port, routes[ri].method, routes[ri].path, routes[ri].body, bad[bi], &r) == 0);
+            json_t *j = gu_json(&r);
+            const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+            const char *h = bad[bi] ? bad[bi] : "(no header)";
+            LM_CHECK_MSG(r.status == 401 && lm_streq(code, "invalid_api_key"), "%s %s with '%.*s': %d %.200s",
+                         routes[ri].method, routes[ri].path, (int)strcspn(h, "\r"), h, r.status, r.body);
+            json_decref(j);
+            gu_resp_free(&r);
+        }
+        gu_resp r;
+        LM_REQUIRE(gu_http(s.port, routes[ri].method, routes[ri].path, routes[ri].body,
+                           "Authorization: Bearer sk-lumen-0123456789abcdef\r\n", &r) == 0);
+        LM_CHECK_MSG(r.status == 200, "%s %s with the key: %d %.200s", routes[ri].method, routes[ri].path, r.status, r.body);
+        gu_resp_free(&r);
+    }
+    /* /health never needs it */
+    gu_resp r;
+    LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
+    LM_CHECK(r.status == 200);
+    gu_resp_free(&r);
+    STOP(s);
+}
+
+/* ---- the prefix cache's counters ------------------------------------------------------------ */
+
+/* The same 40-token prompt twice: 80 prompt tokens looked up, the second
+ * request served partly from the cache, and every counter of it agreeing
+ * with the usage the client saw. */
+LM_TEST(guard_prefix_lookup_counter) {
+    gu_server s;
+    START_DEMO(s, "--threads 1 --parallel 1 --cache-ram 64M");
+    LM_CHECK(gu_metric(s.port, "lumen_prefix_cache_lookup_tokens_total") == 0);
+    char body[1024];
+    int n = snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < 40; i++) n += snprintf(body + n, sizeof body - (size_t)n, "%s%d", i ? "," : "", 300 + 37 * i);
+    snprintf(body + n, sizeof body - (size_t)n, "],\"max_tokens\":4,\"temperature\":0}");
+    long cached[2] = { -1, -1 };
+    char *text[2] = { NULL, NULL };
+    for (int k = 0; k < 2; k++) {
+        gu_resp r;
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", body, NULL, &r) == 0);
+        LM_CHECK_MSG(r.status == 200, "%d %s", r.status, r.body);
+        json_t *j = gu_json(&r);
+        json_t *u = json_object_get(j, "usage");
+        LM_CHECK(json_integer_value(json_object_get(u, "prompt_tokens")) == 40);
+        cached[k] = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        text[k] = strdup(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")) ?: "");
+        json_decref(j);
+        gu_resp_free(&r);
+    }
+    double lookup = gu_metric(s.port, "lumen_prefix_cache_lookup_tokens_total");
+    double hit = gu_metric(s.port, "lumen_prefix_cache_hit_tokens_total");
+    double ratio = gu_metric(s.port, "lumen_prefix_cache_hit_ratio");
+    double served = gu_metric(s.port, "lumen_prompt_tokens_cached_total");
+    printf("  lookup %g, hit %g (cached_tokens %ld then %ld), ratio %g\n", lookup, hit, cached[0], cached[1], ratio);
+    LM_CHECK_MSG(lookup == 80, "lumen_prefix_cache_lookup_tokens_total %g, want 80", lookup);
+    LM_CHECK_MSG(cached[0] == 0 && cached[1] >= 16 && cached[1] < 40, "cached_tokens %ld then %ld", cached[0], cached[1]);
+    LM_CHECK_MSG(hit == (double)cached[1] && served == (double)cached[1], "hit %g, served %g, cached_tokens %ld", hit,
+                 served, cached[1]);
+    LM_CHECK_NEAR(ratio, hit / 80.0, 1e-6);
+    LM_CHECK_MSG(text[0] && text[1] && !strcmp(text[0], text[1]), "'%s' then '%s'", text[0], text[1]);
+    free(text[0]);
+    free(text[1]);
+    STOP(s);
+}
