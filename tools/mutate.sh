@@ -16,8 +16,9 @@
 #   with rsync and keeps its build folder between runs, so each mutation
 #   costs one file's compile and the links, not a full build. The checkout
 #   itself is never edited.
-# - A restored file gets a fresh mtime (make rebuilds from timestamps: an old
-#   one would leave the mutated object in place).
+# - make rebuilds from timestamps, so a restored file gets a fresh mtime and
+#   the sync never copies mtimes: an old one would leave the mutated object
+#   in the build.
 # - Before any mutation the same tests run unmutated: a mutation "caught" by
 #   a test that fails anyway proves nothing, so a failing baseline stops the
 #   run.
@@ -150,10 +151,14 @@ if [[ -z ${LUMEN_FIXTURES:-} && -f $root/../shared/fixtures/README.md ]]; then
 fi
 echo "mutate: syncing $root -> $tree"
 if command -v rsync >/dev/null; then
-  rsync -a --delete --exclude /build --exclude /.git --exclude node_modules "$root/" "$tree/" || exit 1
+  # by content, and without copying mtimes: a file that changes gets a fresh
+  # one (so make rebuilds it); one restored after a mutation keeps its own
+  # (newer than the mutated object); -t would put the old time back on it
+  # and leave the mutated object in the build
+  rsync -rlpD --checksum --delete --exclude /build --exclude /.git --exclude node_modules "$root/" "$tree/" || exit 1
 else
   rm -rf "$tree" && mkdir -p "$tree" && (cd "$root" && tar --exclude ./build --exclude ./.git --exclude node_modules -cf - .) |
-    (cd "$tree" && tar -xf -) || exit 1
+    (cd "$tree" && tar -mxf -) || exit 1
 fi
 
 build_tests() { # log-file
