@@ -161,6 +161,12 @@ else
     (cd "$tree" && tar -mxf -) || exit 1
 fi
 
+# the end-to-end tests need node and the SDK installed in the checkout
+e2e_modules=
+if command -v node >/dev/null && [[ -d $root/tests/e2e/node_modules/openai ]]; then
+  e2e_modules=$root/tests/e2e/node_modules
+fi
+
 build_tests() { # log-file
   { cmake -S "$tree" -B "$build" -DLUMEN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release &&
     cmake --build "$build" -j"$jobs" --target lumen_tests; } >"$1" 2>&1
@@ -171,7 +177,25 @@ build_tests() { # log-file
 run_tests() {
   local filters=() f rc out status=0
   if [[ $all == 1 ]]; then filters=(""); else read -r -a filters <<<"${m_tests[$1]}"; fi
+  [[ $all == 1 && -n $e2e_modules ]] && filters+=(e2e)
   for f in "${filters[@]}"; do
+    if [[ $f == e2e || $f == e2e:* ]]; then
+      # the end-to-end tests (node + the openai SDK), optionally one test by name
+      echo "== node --test ${f#e2e}" >>"$2"
+      if [[ -z $e2e_modules ]]; then
+        echo "== no node or no $root/tests/e2e/node_modules (npm ci there): not run" >>"$2"
+        [[ $status == 0 ]] && status=3
+        continue
+      fi
+      ln -sfn "$e2e_modules" "$tree/tests/e2e/node_modules"
+      local pat=()
+      [[ $f == e2e:* ]] && pat=(--test-name-pattern "${f#e2e:}")
+      (cd "$tree/tests/e2e" && LUMEN_BIN="$build/lumen" timeout "$timeout_s" node --test "${pat[@]}") >>"$2" 2>&1
+      rc=$?
+      if [[ $rc != 0 ]]; then status=1
+      elif ! grep -q '^# pass [1-9]' <(tail -n 12 "$2"); then [[ $status == 0 ]] && status=3; fi
+      continue
+    fi
     echo "== lumen_tests ${f:-(all)}" >>"$2"
     (cd "$tree" && timeout "$timeout_s" "$build/lumen_tests" $f) >>"$2" 2>&1
     rc=$?
@@ -239,7 +263,8 @@ for i in "${sel[@]}"; do
     rc=$?
     secs=$(( $(date +%s) - t0 ))
     if [[ $rc == 1 ]]; then
-      failed=$(grep -E '^FAIL ' "$log" | sed 's/^FAIL //; s/ (.*//' | tr '\n' ' ')
+      failed=$( { grep -E '^FAIL ' "$log" | sed 's/^FAIL //; s/ (.*//'
+                  grep -E '^    not ok [0-9]+ - ' "$log" | sed 's/^    not ok [0-9]* - /e2e: /'; } | tr '\n' ' ')
       line="CAUGHT $id (${secs}s): ${failed:-the test binary failed}"
       caught=$((caught + 1))
     elif [[ $rc == 3 ]]; then
