@@ -202,6 +202,11 @@ LM_TEST(guard_logprobs_http_demo) {
     LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", body, NULL, &r) == 0);
     LM_CHECK_MSG(r.status == 200, "%d %s", r.status, r.body);
     json_t *j = gu_json(&r);
+    json_t *u = json_object_get(j, "usage");
+    LM_CHECK_MSG(json_integer_value(json_object_get(u, "prompt_tokens")) == ref.n_ids &&
+                     json_integer_value(json_object_get(u, "completion_tokens")) == ref.n_greedy &&
+                     json_integer_value(json_object_get(u, "total_tokens")) == ref.n_ids + ref.n_greedy,
+                 "usage %s", r.body);
     json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
     json_t *tlp = json_object_get(lp, "token_logprobs"), *tops = json_object_get(lp, "top_logprobs");
     int n = (int)json_array_size(tlp), V = ref.vocab, compared = 0;
