@@ -10,16 +10,19 @@
  *    divides the logits (T = 2 turns probabilities 1:2:4 into 1:1.41:2);
  *    top_k renormalises what it keeps. Counts of 40,000 draws against the
  *    expected frequencies, 6 standard deviations wide.
- *  - Penalties: the demo model (CPU, greedy) through the engine, and the
- *    same prompt through lm_runner with the penalties applied here as the
- *    APIs define them: presence subtracts p once from every token generated
- *    so far, frequency subtracts f x its count (OpenAI); repetition divides
- *    positive and multiplies negative logits of every token in the prompt or
- *    generated (Hugging Face / CTRL). The engine's tokens must be these; a
- *    step where the expected top two are closer than 1e-3 ends the
- *    comparison (not a failure), and at least 16 of 24 steps must compare.
- *    Each penalty must also change the answer (else the test could not
- *    fail). */
+ *  - Penalties: the demo model (CPU) through the engine, and the same prompt
+ *    through lm_runner with the penalties applied here as the APIs define
+ *    them: presence subtracts p once from every token generated so far,
+ *    frequency subtracts f x its count (OpenAI); repetition divides positive
+ *    and multiplies negative logits of every token in the prompt or
+ *    generated (Hugging Face / CTRL). Greedy (a step where the expected top
+ *    two are closer than 1e-3 ends the comparison, at least 16 of 32 must
+ *    compare) and sampled at temperature 1.5 with the engine's sampler and
+ *    seed (all 32 steps), the engine's tokens must be these. Each penalty
+ *    must change the answer, and in the sampled runs the reference with the
+ *    typical mistake (presence's sign, frequency without the count,
+ *    repetition dividing negative logits) must give other tokens: the test
+ *    provably tells them apart. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -109,33 +112,51 @@ typedef struct pen {
     float presence, frequency, repetition;
 } pen;
 
-/* The tokens the definitions give, greedy; returns how many steps are safe
- * to compare (up to n), stopping at the first near-tie. */
-static int expected_tokens(lm_model *m, const int32_t *prompt, int n_prompt, pen q, int n, int32_t *out) {
+/* How the reference applies the penalties: as defined, or with one of the
+ * mistakes the test must tell apart (to show that it can). */
+enum { DEF, FREQ_ONCE, REP_NEG_DIVIDES, PRES_SIGN };
+
+/* The tokens the definitions give for n steps, greedy (temperature 0) or
+ * drawn with lm_sampler at the engine's temperature and seed (the engine
+ * draws with the same sampler, so the draws are the same when the penalised
+ * logits are). Greedy stops at the first near-tie (top two within 1e-3);
+ * returns the number of steps to compare, -1 on error. Float arithmetic in
+ * the engine's order: repetition first, then presence and frequency. */
+static int expected_tokens(lm_model *m, const int32_t *prompt, int n_prompt, pen q, const lm_sampler_params *sp,
+                           int variant, int n, int32_t *out) {
     const int V = m->cfg.vocab;
     lm_runner *r = NULL;
     if (lm_runner_create(&r, m, n_prompt + n + 1, 0, NULL)) return -1;
     float *lg = malloc((size_t)V * sizeof *lg);
     int *count = calloc((size_t)V, sizeof *count);
     char *seen = calloc((size_t)V, 1);
+    lm_sampler *smp = lm_sampler_create(sp, V);
     for (int i = 0; i < n_prompt; i++) seen[prompt[i]] = 1;
     int safe = -1;
     if (lm_runner_eval(r, prompt, n_prompt, false, lg, NULL) == 0) {
         safe = 0;
         for (int s = 0; s < n; s++) {
             for (int v = 0; v < V; v++) {
-                double x = lg[v];
-                if (q.repetition != 1 && seen[v]) x = x > 0 ? x / q.repetition : x * q.repetition;
-                if (count[v]) x -= q.presence + q.frequency * count[v];
-                lg[v] = (float)x;
+                float x = lg[v], rp = q.repetition;
+                if (rp != 1 && seen[v]) x = x > 0 || variant == REP_NEG_DIVIDES ? x / rp : x * rp;
+                if (count[v]) {
+                    float pres = variant == PRES_SIGN ? -q.presence : q.presence;
+                    x -= pres + q.frequency * (variant == FREQ_ONCE ? 1.0f : (float)count[v]);
+                }
+                lg[v] = x;
             }
-            int best = 0;
-            for (int v = 1; v < V; v++)
-                if (lg[v] > lg[best]) best = v;
-            float second = -INFINITY;
-            for (int v = 0; v < V; v++)
-                if (v != best && lg[v] > second) second = lg[v];
-            if (lg[best] - second < 1e-3f) break;
+            int best;
+            if (sp->temperature > 0) {
+                best = lm_sample(smp, lg);
+            } else {
+                best = 0;
+                for (int v = 1; v < V; v++)
+                    if (lg[v] > lg[best]) best = v;
+                float second = -INFINITY;
+                for (int v = 0; v < V; v++)
+                    if (v != best && lg[v] > second) second = lg[v];
+                if (lg[best] - second < 1e-3f) break;
+            }
             out[s] = best;
             safe = s + 1;
             count[best]++;
@@ -143,6 +164,7 @@ static int expected_tokens(lm_model *m, const int32_t *prompt, int n_prompt, pen
             if (lm_runner_eval(r, &out[s], 1, false, lg, NULL)) break;
         }
     }
+    lm_sampler_free(smp);
     free(lg);
     free(count);
     free(seen);
@@ -172,45 +194,64 @@ LM_TEST(guard_penalties_match_definitions) {
     }
     const int32_t *prompt = ref.ids;
     const int n_prompt = ref.n_ids;
-    enum { GEN = 24 };
-    static const pen cases[] = {
-        { 0, 0, 1 }, { 1.5f, 0, 1 }, { 0, 0.7f, 1 }, { 0, 0, 1.3f }, { 0.4f, 0.3f, 1.2f }, { -0.8f, 0, 1 },
+    enum { GEN = 32 };
+    static const struct {
+        pen q;
+        int teeth; /* the mistake this case must be able to tell apart */
+    } cases[] = {
+        { { 0, 0, 1 }, DEF },          { { 1.5f, 0, 1 }, PRES_SIGN },   { { 0, 0.7f, 1 }, FREQ_ONCE },
+        { { 0, 0, 1.3f }, REP_NEG_DIVIDES }, { { 0.4f, 0.3f, 1.2f }, PRES_SIGN }, { { -0.8f, 0, 1 }, PRES_SIGN },
     };
-    int32_t plain[GEN] = { 0 };
-    lm_engine_opts o = { .ctx = 128, .parallel = 1, .warmup = -1 };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        int32_t want[GEN];
-        int safe = expected_tokens(m, prompt, n_prompt, cases[k], GEN, want);
-        lm_engine *en = NULL;
-        LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
-        pen_collect c;
-        memset(&c, 0, sizeof c);
-        pthread_mutex_init(&c.mu, NULL);
-        pthread_cond_init(&c.cv, NULL);
-        lm_gen_params p = { 0 };
-        p.sampling.top_p = 1;
-        p.presence_penalty = cases[k].presence;
-        p.frequency_penalty = cases[k].frequency;
-        p.repetition_penalty = cases[k].repetition;
-        p.max_tokens = GEN;
-        lm_request *req = NULL;
-        LM_REQUIRE(lm_engine_submit(en, prompt, n_prompt, &p, pen_on_token, &c, &req, &e) == LM_ENGINE_OK);
-        pthread_mutex_lock(&c.mu);
-        while (!c.done) pthread_cond_wait(&c.cv, &c.mu);
-        pthread_mutex_unlock(&c.mu);
-        lm_request_release(req);
-        lm_engine_free(en);
-        int same = 0;
-        while (same < safe && same < c.n && c.toks[same] == want[same]) same++;
-        printf("  presence %.1f frequency %.1f repetition %.1f: %d of %d safe steps as defined\n", cases[k].presence,
-               cases[k].frequency, cases[k].repetition, same, safe);
-        LM_CHECK_MSG(safe >= 16, "only %d steps without a near-tie", safe);
-        LM_CHECK_MSG(same == safe, "case %zu: the engine departs from the definition at step %d (got %d, want %d)", k,
-                     same, same < c.n ? c.toks[same] : -1, want[same < safe ? same : 0]);
-        if (k == 0) memcpy(plain, c.toks, sizeof plain);
-        else LM_CHECK_MSG(memcmp(plain, c.toks, sizeof plain) != 0, "case %zu changes nothing: the test has no teeth", k);
-        pthread_mutex_destroy(&c.mu);
-        pthread_cond_destroy(&c.cv);
+    lm_engine_opts o = { .ctx = 160, .parallel = 1, .warmup = -1 };
+    for (int sampled = 0; sampled < 2; sampled++) {
+        /* sampled at temperature 1.5: tokens far from the top (negative
+         * logits, repeated low-probability ones) are drawn, so every detail
+         * of a penalty moves the draws */
+        lm_sampler_params sp = { .temperature = sampled ? 1.5f : 0, .top_p = 1, .seed = 1234 };
+        int32_t plain[GEN] = { 0 };
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            int32_t want[GEN], wrong[GEN];
+            int safe = expected_tokens(m, prompt, n_prompt, cases[k].q, &sp, DEF, GEN, want);
+            lm_engine *en = NULL;
+            LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
+            pen_collect c;
+            memset(&c, 0, sizeof c);
+            pthread_mutex_init(&c.mu, NULL);
+            pthread_cond_init(&c.cv, NULL);
+            lm_gen_params p = { 0 };
+            p.sampling = sp;
+            p.presence_penalty = cases[k].q.presence;
+            p.frequency_penalty = cases[k].q.frequency;
+            p.repetition_penalty = cases[k].q.repetition;
+            p.max_tokens = GEN;
+            lm_request *req = NULL;
+            LM_REQUIRE(lm_engine_submit(en, prompt, n_prompt, &p, pen_on_token, &c, &req, &e) == LM_ENGINE_OK);
+            pthread_mutex_lock(&c.mu);
+            while (!c.done) pthread_cond_wait(&c.cv, &c.mu);
+            pthread_mutex_unlock(&c.mu);
+            lm_request_release(req);
+            lm_engine_free(en);
+            int same = 0;
+            while (same < safe && same < c.n && c.toks[same] == want[same]) same++;
+            printf("  %s presence %.1f frequency %.1f repetition %.1f: %d of %d steps as defined\n",
+                   sampled ? "sampled" : "greedy ", cases[k].q.presence, cases[k].q.frequency, cases[k].q.repetition, same,
+                   safe);
+            LM_CHECK_MSG(safe >= (sampled ? GEN : 16), "only %d steps to compare", safe);
+            LM_CHECK_MSG(same == safe, "case %zu: the engine departs from the definition at step %d (got %d, want %d)", k,
+                         same, same < c.n ? c.toks[same] : -1, want[same < safe ? same : 0]);
+            if (k == 0) {
+                memcpy(plain, c.toks, sizeof plain);
+            } else {
+                LM_CHECK_MSG(memcmp(plain, c.toks, sizeof plain) != 0, "case %zu changes nothing: no teeth", k);
+                if (sampled) { /* the reference itself tells the right rule from the wrong one */
+                    int nw = expected_tokens(m, prompt, n_prompt, cases[k].q, &sp, cases[k].teeth, GEN, wrong);
+                    LM_CHECK_MSG(nw == GEN && memcmp(want, wrong, sizeof want) != 0,
+                                 "case %zu: the mistake %d gives the same tokens: no teeth", k, cases[k].teeth);
+                }
+            }
+            pthread_mutex_destroy(&c.mu);
+            pthread_cond_destroy(&c.cv);
+        }
     }
     gu_ref_free(&ref);
     lm_model_free(m);
