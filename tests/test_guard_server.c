@@ -75,14 +75,14 @@ static void disconnect_case(lm_test_ctx *lm_t_, bool stream) {
         t_a = gu_now();
     }
     LM_REQUIRE(steps_a >= steps0 + 8);
-    gu_msleep(100);
+    gu_msleep(50);
     double t_pre = gu_now();
     double steps_pre = gu_metric(s.port, "lumen_engine_steps_total");
     close(fd);
     double t_closed = gu_now();
     double rate = (steps_pre - steps_a) / (t_pre - t_a); /* steps per second before the hang-up */
     LM_CHECK_MSG(rate > 0, "the engine stepped %g times in %.3f s before the hang-up", steps_pre - steps_a, t_pre - t_a);
-    LM_CHECK_MSG(steps_pre - steps0 < 1000, "%g steps already: too close to max_tokens to tell", steps_pre - steps0);
+    LM_CHECK_MSG(steps_pre - steps0 < 2000, "%g steps already: too close to max_tokens to tell", steps_pre - steps0);
     /* steps the engine may run between the sample and the hang-up (this
      * process can be descheduled there on a busy machine), at 2x its pace */
     int slack = (int)(2 * rate * (t_closed - t_pre)) + 1;
