@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "lm_test.h"
-#include "server/parse/lm_parse.h"
+#include "chat/lm_parse.h"
 
 static const char TOOLS[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
