@@ -4,7 +4,8 @@
  *   lexer.c   source -> tokens (whitespace control, trim/lstrip_blocks)
  *   parser.c  tokens -> AST (jinja2's grammar and precedence)
  *   eval.c    statements and expressions over a scope chain
- *   filters.c filters; tests.c tests; methods.c str/dict/list methods, globals
+ *   filters.c filters; tests.c tests; methods.c str/dict/list methods
+ *   format.c  '%' and str.format; globals.c range, namespace, dict ...
  *   value.c   values, Python str()/repr(), ==, <, truthiness; unicode helpers
  *   json_out.c tojson (json.dumps byte for byte) and Python float repr
  *
@@ -350,13 +351,17 @@ void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what);
 /* methods.c */
 tpl_val tpl_method_lookup(tpl_rt *rt, tpl_val obj, tpl_str name, bool *found);
 tpl_val tpl_call_method(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
-bool tpl_global(tpl_str name, tpl_val *out);
-tpl_val tpl_call_builtin(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
-tpl_val tpl_str_format(tpl_rt *rt, tpl_str fmt, tpl_argv *av);   /* str.format */
-tpl_val tpl_percent_format(tpl_rt *rt, tpl_str fmt, tpl_val args); /* fmt % args */
 tpl_val tpl_str_replace(tpl_rt *rt, tpl_str s, tpl_str old, tpl_str rep, int64_t count);
 tpl_val tpl_str_split(tpl_rt *rt, tpl_str s, const tpl_str *sep, int64_t maxsplit, bool right);
 tpl_val tpl_html_escape(tpl_rt *rt, tpl_val v);
+
+/* format.c */
+tpl_val tpl_str_format(tpl_rt *rt, tpl_str fmt, tpl_argv *av);   /* str.format */
+tpl_val tpl_percent_format(tpl_rt *rt, tpl_str fmt, tpl_val args); /* fmt % args */
+
+/* globals.c */
+bool tpl_global(tpl_str name, tpl_val *out);
+tpl_val tpl_call_builtin(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
 
 static inline bool tpl_str_eq(tpl_str a, const char *b) {
     size_t n = strlen(b);
