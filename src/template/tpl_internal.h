@@ -4,7 +4,8 @@
  *   lexer.c   source -> tokens (whitespace control, trim/lstrip_blocks)
  *   parser.c  tokens -> AST (jinja2's grammar and precedence)
  *   eval.c    statements and expressions over a scope chain
- *   filters.c filters; tests.c tests; methods.c str/dict/list methods
+ *   filters.c filters on strings and numbers, argument helpers; filters_seq.c
+ *             filters on sequences; tests.c tests; methods.c str/dict/list methods
  *   format.c  '%' and str.format; globals.c range, namespace, dict ...
  *   value.c   values, Python str()/repr(), ==, <, truthiness; unicode helpers
  *   json_out.c tojson (json.dumps byte for byte) and Python float repr
@@ -336,7 +337,7 @@ tpl_val tpl_call(tpl_rt *rt, tpl_val fn, tpl_argv *av);
 tpl_val tpl_getattr(tpl_rt *rt, tpl_val obj, tpl_str name);
 tpl_val tpl_getitem(tpl_rt *rt, tpl_val obj, tpl_val key);
 
-/* filters.c, tests.c */
+/* filters.c, filters_seq.c, tests.c */
 tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_filter_exists(tpl_str name);
@@ -347,6 +348,18 @@ bool tpl_test_args(tpl_rt *rt, tpl_val item, tpl_argv *av, int first);
 /* argument helpers: the idx-th positional or the keyword name; false if absent */
 bool tpl_arg(tpl_argv *av, int idx, const char *name, tpl_val *out);
 void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what);
+/* the same as a truth value, or as an integer (None counts as absent);
+ * dflt if absent */
+bool tpl_arg_bool(tpl_rt *rt, tpl_argv *av, int idx, const char *name, bool dflt);
+int64_t tpl_arg_int(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int64_t dflt);
+/* A filter by name: filters.c's table, then filters_seq.c's. */
+typedef tpl_val (*tpl_filter_fn)(tpl_rt *rt, tpl_val v, tpl_argv *av);
+typedef struct tpl_filter_def {
+    const char *name;
+    tpl_filter_fn fn;
+} tpl_filter_def;
+extern const tpl_filter_def tpl_seq_filters[];
+extern const size_t tpl_seq_filters_n;
 
 /* methods.c */
 tpl_val tpl_method_lookup(tpl_rt *rt, tpl_val obj, tpl_str name, bool *found);
