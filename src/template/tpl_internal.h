@@ -4,6 +4,7 @@
  *   lexer.c   source -> tokens (whitespace control, trim/lstrip_blocks)
  *   parser.c  tokens -> AST (jinja2's grammar and precedence)
  *   eval.c    statements and expressions over a scope chain
+ *   ops.c     operators on values: x.name, x[key], slices, arithmetic, compare
  *   filters.c filters on strings and numbers, argument helpers; filters_seq.c
  *             filters on sequences; tests.c tests; methods.c str/dict/list methods
  *   format.c  '%' and str.format; globals.c range, namespace, dict ...
@@ -334,8 +335,16 @@ void tpl_tojson(tpl_rt *rt, tpl_buf *b, tpl_val v, bool ensure_ascii, const char
 
 /* eval.c */
 tpl_val tpl_call(tpl_rt *rt, tpl_val fn, tpl_argv *av);
+
+/* ops.c */
 tpl_val tpl_getattr(tpl_rt *rt, tpl_val obj, tpl_str name);
 tpl_val tpl_getitem(tpl_rt *rt, tpl_val obj, tpl_val key);
+tpl_val tpl_slice(tpl_rt *rt, tpl_val obj, tpl_val a, tpl_val b, tpl_val c); /* obj[a:b:c]; None: omitted */
+tpl_val tpl_binary(tpl_rt *rt, tpl_binop op, tpl_val a, tpl_val b);
+bool tpl_compare(tpl_rt *rt, tpl_cmpop op, tpl_val a, tpl_val b);
+static inline bool tpl_is_num(tpl_val v) { return v.t == TV_BOOL || v.t == TV_INT || v.t == TV_FLOAT; }
+static inline double tpl_as_f(tpl_val v) { return v.t == TV_FLOAT ? v.u.f : v.t == TV_INT ? (double)v.u.i : v.u.b; }
+static inline int64_t tpl_as_i(tpl_val v) { return v.t == TV_INT ? v.u.i : v.u.b; }
 
 /* filters.c, filters_seq.c, tests.c */
 tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
