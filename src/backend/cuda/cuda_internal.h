@@ -16,7 +16,8 @@
  * fused q/k/v, gate/up and residual forms), cuda_gemv.cu (their GEMV
  * kernels for small T), cuda_gemm.cu (cuBLAS for large T),
  * cuda_elementwise.cu (norms, rope, activations, rows, argmax),
- * cuda_attention.cu (kv_write, fused rope + KV write, paged attention),
+ * cuda_attention.cu (kv_write, paged attention), cuda_rope_kv.cu (rope
+ * or norms fused with the KV write), cuda_attention_stage.cu (their batch),
  * cuda_delta.cu (conv1d_state, delta_gates, gated_delta, rms_norm_gated),
  * cuda_moe.cu (moe). */
 #ifndef LM_CUDA_INTERNAL_H
@@ -87,7 +88,7 @@ typedef struct lm_cuda {
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
     bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
-    struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
+    struct att_memo *att_memo; /* cuda_attention_stage.cu: staged batches of the current graph pass */
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
