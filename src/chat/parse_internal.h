@@ -1,10 +1,12 @@
 /* parse_internal.h - pieces shared by the streaming parsers (not public):
  * a growable byte buffer, tag search helpers, UTF-8 and JSON-string helpers,
- * and the incremental JSON validator (json_scan.c). */
+ * the incremental JSON validator (json_scan.c), and the tool-call parser's
+ * state, shared by toolcall.c and toolcall_scan.c. */
 #ifndef LM_PARSE_INTERNAL_H
 #define LM_PARSE_INTERNAL_H
 
 #include "base/lm_base.h"
+#include "chat/lm_parse.h"
 
 /* ---- byte buffer ---------------------------------------------------------- */
 
@@ -78,5 +80,75 @@ int lm_json_scan_byte(lm_json_scan *js, unsigned char c);
 bool lm_json_scan_end(lm_json_scan *js);
 /* Whether s[0..n) is one complete JSON value (surrounding whitespace allowed). */
 bool lm_json_valid(const char *s, size_t n);
+
+/* ---- the tool-call parser (toolcall.c, toolcall_scan.c) -------------------- */
+
+enum { ST_CONTENT, ST_BEGIN, ST_JSON, ST_XML_NAME, ST_XML_BODY, ST_XML_PNAME, ST_XML_PVALUE, ST_CLOSE };
+
+typedef struct tc_call {
+    char *id;         /* set with the index */
+    char *name;       /* NULL until known */
+    lm_pbuf args;
+    size_t args_sent; /* bytes of args already in deltas */
+    int index;        /* -1 until its first delta */
+    bool committed;
+} tc_call;
+
+typedef struct out_delta {
+    tc_call *call;
+    bool first;
+    size_t off, len; /* in out_args (each fragment is followed by a NUL) */
+} out_delta;
+
+struct lm_toolcall_parser {
+    json_t *tools;
+    char *open, *close;
+    size_t open_len, close_len;
+    uint64_t seed;
+    bool atomic;
+
+    int state;
+    lm_pbuf pend;     /* input not consumed yet */
+    size_t pend_ws;   /* (CONTENT) leading bytes of pend known to be whitespace */
+    lm_pbuf raw;      /* text of the current call attempt */
+    bool after_call;  /* (CONTENT) drop whitespace that follows a call */
+
+    tc_call **calls;  /* every attempt that reached a name, in order */
+    int n_calls, cap_calls;
+    tc_call *cur;     /* the call being parsed, or NULL */
+    int n_index, n_committed;
+
+    /* JSON form */
+    lm_json_scan js;
+    int key_kind, val_kind;
+    size_t key_start, val_start; /* offsets in raw */
+    bool args_live;              /* copying the arguments object into args */
+    bool seen_name, seen_args;
+
+    /* XML form */
+    const json_t *props;  /* `properties` of the called function's schema, or NULL */
+    char *pname;          /* current parameter */
+    unsigned ptypes;      /* its schema types (T_*), 0 when unknown */
+    bool pstream;         /* string-typed: the value streams */
+    size_t val_scanned;   /* bytes of the value searched for the closing tag */
+    size_t val_sent;      /* bytes of the (framing-stripped) value already in args */
+    int n_params;
+
+    lm_pbuf out_content, out_args;
+    out_delta *od;
+    int n_od, cap_od;
+    lm_toolcall_delta *deltas;
+    int cap_deltas;
+};
+
+/* toolcall.c: the current call (p->cur) and its deltas */
+tc_call *lm_tc_call_new(lm_toolcall_parser *p);
+void lm_tc_call_named(lm_toolcall_parser *p);    /* its name is known */
+void lm_tc_args_changed(lm_toolcall_parser *p);  /* its args grew */
+void lm_tc_call_commit(lm_toolcall_parser *p);   /* it is complete */
+void lm_tc_call_abort(lm_toolcall_parser *p);    /* not a call: its text is content */
+void lm_tc_content(lm_toolcall_parser *p, const char *s, size_t n);
+/* toolcall_scan.c: runs the state machine over p->pend; at_end: the input is complete */
+void lm_tc_run(lm_toolcall_parser *p, bool at_end);
 
 #endif

@@ -1,7 +1,10 @@
-/* filters.c - jinja2's built-in filters, with Python semantics,
- * plus transformers' tojson (json.dumps keeping key order, no ASCII
- * escaping). Each filter takes the value and its evaluated arguments, by
- * position or by the keyword names jinja2 documents.
+/* filters.c - jinja2's built-in filters on strings and numbers, with
+ * Python semantics, plus transformers' tojson (json.dumps keeping key order,
+ * no ASCII escaping); those on sequences and mappings are filters_seq.c's.
+ * Each filter takes the value and its evaluated arguments, by position or
+ * by the keyword names jinja2 documents. Also here: the argument helpers
+ * (filters, tests and methods use them) and the lookup of a filter by name
+ * in both files' tables.
  *
  * Part of lumen's Jinja interpreter, written by hand for lumen. */
 #define _GNU_SOURCE /* memmem */
@@ -34,12 +37,12 @@ void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what) {
                          av->kwname[k].p);
 }
 
-static bool arg_bool(tpl_rt *rt, tpl_argv *av, int idx, const char *name, bool dflt) {
+bool tpl_arg_bool(tpl_rt *rt, tpl_argv *av, int idx, const char *name, bool dflt) {
     tpl_val v;
     return tpl_arg(av, idx, name, &v) ? tpl_truthy(rt, v) : dflt;
 }
 
-static int64_t arg_int(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int64_t dflt) {
+int64_t tpl_arg_int(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int64_t dflt) {
     tpl_val v;
     if (!tpl_arg(av, idx, name, &v) || v.t == TV_NONE) return dflt;
     if (v.t == TV_INT) return v.u.i;
@@ -75,60 +78,7 @@ tpl_val tpl_html_escape(tpl_rt *rt, tpl_val v) {
     return out;
 }
 
-/* jinja2's attribute getter: "a.b.0" walks items (then attributes). */
-static tpl_val get_path(tpl_rt *rt, tpl_val v, tpl_val attr) {
-    if (attr.t == TV_INT) return tpl_getitem(rt, v, attr);
-    if (attr.t != TV_STR) tpl_rt_raise(rt, "attribute must be a string or integer");
-    tpl_str s = tpl_sv(attr);
-    size_t a = 0;
-    while (a <= s.n) {
-        size_t b = a;
-        while (b < s.n && s.p[b] != '.') b++;
-        tpl_str part = { s.p + a, b - a };
-        bool digits = part.n > 0;
-        int64_t num = 0;
-        for (size_t i = 0; i < part.n; i++) {
-            if (part.p[i] < '0' || part.p[i] > '9' || num > 100000000000LL) digits = false;
-            else num = num * 10 + (part.p[i] - '0');
-        }
-        if (v.t == TV_UNDEF) return v;
-        v = digits ? tpl_getitem(rt, v, tv_int(num)) : tpl_getitem(rt, v, tv_strn(part.p, part.n));
-        a = b + 1;
-    }
-    return v;
-}
-
-static tpl_val fold_case(tpl_rt *rt, tpl_val v, bool case_sensitive) {
-    if (!case_sensitive && v.t == TV_STR) return tpl_case_map(rt, tpl_sv(v), 0);
-    return v;
-}
-
-/* Stable merge sort of vals by keys. eq_first: keys equal by == never
- * reach '<' (jinja2's sort compares [key] lists, which test == first). */
-static void sort_vals(tpl_rt *rt, tpl_val *vals, tpl_val *keys, size_t n, bool reverse, bool eq_first) {
-    if (n < 2) return;
-    tpl_val *tv = tpl_rt_alloc(rt, n * sizeof *tv), *tk = tpl_rt_alloc(rt, n * sizeof *tk);
-    for (size_t w = 1; w < n; w *= 2) {
-        for (size_t lo = 0; lo < n; lo += 2 * w) {
-            size_t mid = LM_MIN(lo + w, n), hi = LM_MIN(lo + 2 * w, n), i = lo, j = mid, k = lo;
-            tpl_tick(rt, hi - lo);
-            while (i < mid && j < hi) {
-                int c = eq_first && tpl_eq(rt, keys[j], keys[i]) ? 0 : tpl_cmp(rt, keys[j], keys[i]);
-                bool take_right = reverse ? c > 0 : c < 0;
-                if (take_right) tv[k] = vals[j], tk[k++] = keys[j++];
-                else tv[k] = vals[i], tk[k++] = keys[i++];
-            }
-            while (i < mid) tv[k] = vals[i], tk[k++] = keys[i++];
-            while (j < hi) tv[k] = vals[j], tk[k++] = keys[j++];
-        }
-        memcpy(vals, tv, n * sizeof *tv);
-        memcpy(keys, tk, n * sizeof *tk);
-    }
-}
-
 /* ---- filters ------------------------------------------------------------- */
-
-typedef tpl_val (*filter_fn)(tpl_rt *rt, tpl_val v, tpl_argv *av);
 
 static tpl_val f_abs(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "abs");
@@ -149,36 +99,13 @@ static tpl_val f_attr(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tpl_getattr(rt, v, tpl_sv(name));
 }
 
-static tpl_val f_batch(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    int64_t n = arg_int(rt, av, 0, "linecount", 1);
-    tpl_val fill;
-    bool has_fill = tpl_arg(av, 1, "fill_with", &fill) && fill.t != TV_NONE;
-    tpl_args_done(rt, av, 2, "batch");
-    if (n <= 0) tpl_rt_raise(rt, "batch size must be positive");
-    tpl_list *items = tpl_iter_list(rt, v);
-    tpl_val out = tv_list(rt, 0), cur = tv_list(rt, 0);
-    for (size_t i = 0; i < items->n; i++) {
-        tpl_list_push(rt, cur.u.l, items->v[i]);
-        if ((int64_t)cur.u.l->n == n) {
-            tpl_list_push(rt, out.u.l, cur);
-            cur = tv_list(rt, 0);
-        }
-    }
-    if (cur.u.l->n) {
-        while (has_fill && (int64_t)cur.u.l->n < n) tpl_list_push(rt, cur.u.l, fill);
-        tpl_list_push(rt, out.u.l, cur);
-    }
-    out.flags |= TVF_GEN;
-    return out;
-}
-
 static tpl_val f_capitalize(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "capitalize");
     return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 3);
 }
 
 static tpl_val f_center(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    int64_t w = arg_int(rt, av, 0, "width", 80);
+    int64_t w = tpl_arg_int(rt, av, 0, "width", 80);
     tpl_args_done(rt, av, 1, "center");
     tpl_val s = need_str(rt, v);
     int64_t len = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n);
@@ -195,36 +122,10 @@ static tpl_val f_center(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 static tpl_val f_default(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_val d = tv_strn("", 0);
     tpl_arg(av, 0, "default_value", &d);
-    bool boolean = arg_bool(rt, av, 1, "boolean", false);
+    bool boolean = tpl_arg_bool(rt, av, 1, "boolean", false);
     tpl_args_done(rt, av, 2, "default");
     if (v.t == TV_UNDEF || (boolean && !tpl_truthy(rt, v))) return d;
     return v;
-}
-
-static tpl_val f_dictsort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
-    tpl_val by = tv_cstr("key");
-    tpl_arg(av, 1, "by", &by);
-    bool rev = arg_bool(rt, av, 2, "reverse", false);
-    tpl_args_done(rt, av, 3, "dictsort");
-    if (v.t != TV_DICT) tpl_rt_raise(rt, "dictsort expects a mapping, not %s", tpl_type_name(&v));
-    int pos = by.t == TV_STR && tpl_str_eq(tpl_sv(by), "value") ? 1 : 0;
-    if (!pos && !(by.t == TV_STR && tpl_str_eq(tpl_sv(by), "key")))
-        tpl_rt_raise(rt, "You can only sort by either \"key\" or \"value\"");
-    size_t n = v.u.d->n;
-    tpl_val out = tv_list(rt, n);
-    tpl_val *keys = tpl_rt_alloc(rt, (n + 1) * sizeof *keys);
-    for (size_t i = 0; i < n; i++) {
-        tpl_val pair = tv_list(rt, 2);
-        pair.flags = TVF_TUPLE;
-        tpl_list_push(rt, pair.u.l, v.u.d->k[i]);
-        tpl_list_push(rt, pair.u.l, v.u.d->v[i]);
-        out.u.l->v[i] = pair;
-        keys[i] = fold_case(rt, pos ? v.u.d->v[i] : v.u.d->k[i], cs);
-    }
-    out.u.l->n = n;
-    sort_vals(rt, out.u.l->v, keys, n, rev, false);
-    return out;
 }
 
 static tpl_val f_escape(tpl_rt *rt, tpl_val v, tpl_argv *av) {
@@ -236,19 +137,6 @@ static tpl_val f_forceescape(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "forceescape");
     if (v.t == TV_STR) v.flags &= (uint8_t)~TVF_MARKUP;
     return tpl_html_escape(rt, v);
-}
-
-static tpl_val f_first(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "first");
-    tpl_list *l = tpl_iter_list(rt, v);
-    return l->n ? l->v[0] : tv_undef_named("first", 5, "empty sequence");
-}
-
-static tpl_val f_last(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "last");
-    if (v.t == TV_LIST && (v.flags & TVF_GEN)) tpl_rt_raise(rt, "'generator' object is not reversible");
-    tpl_list *l = tpl_iter_list(rt, v);
-    return l->n ? l->v[l->n - 1] : tv_undef_named("last", 4, "empty sequence");
 }
 
 /* Python float(str): optional spaces, sign, digits, inf/nan. */
@@ -325,7 +213,7 @@ static tpl_val f_float(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 static tpl_val f_int(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_val d = tv_int(0);
     tpl_arg(av, 0, "default", &d);
-    int64_t base = arg_int(rt, av, 1, "base", 10);
+    int64_t base = tpl_arg_int(rt, av, 1, "base", 10);
     tpl_args_done(rt, av, 2, "int");
     int64_t i;
     double x;
@@ -358,39 +246,6 @@ static tpl_val f_format(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tpl_percent_format(rt, tpl_sv(s), t);
 }
 
-static tpl_val f_groupby(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_val attr, dflt = tv_undef();
-    if (!tpl_arg(av, 0, "attribute", &attr)) tpl_rt_raise(rt, "groupby needs an attribute");
-    bool has_default = tpl_arg(av, 1, "default", &dflt);
-    bool cs = arg_bool(rt, av, 2, "case_sensitive", false);
-    tpl_args_done(rt, av, 3, "groupby");
-    tpl_list *items = tpl_iter_list(rt, v);
-    size_t n = items->n;
-    tpl_val *vals = tpl_rt_alloc(rt, (n + 1) * sizeof *vals), *keys = tpl_rt_alloc(rt, (n + 1) * sizeof *keys);
-    for (size_t i = 0; i < n; i++) {
-        vals[i] = items->v[i];
-        tpl_val k = get_path(rt, items->v[i], attr);
-        if (k.t == TV_UNDEF && has_default) k = dflt;
-        keys[i] = fold_case(rt, k, cs);
-    }
-    sort_vals(rt, vals, keys, n, false, false);
-    tpl_val out = tv_list(rt, 0);
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        tpl_val grp = tv_list(rt, 0);
-        while (j < n && tpl_eq(rt, keys[j], keys[i])) tpl_list_push(rt, grp.u.l, vals[j++]);
-        tpl_val pair = tv_list(rt, 2);
-        pair.flags = TVF_TUPLE | TVF_GROUP;
-        tpl_val gk = get_path(rt, vals[i], attr);
-        if (gk.t == TV_UNDEF && has_default) gk = dflt;
-        tpl_list_push(rt, pair.u.l, gk);
-        tpl_list_push(rt, pair.u.l, grp);
-        tpl_list_push(rt, out.u.l, pair);
-        i = j;
-    }
-    return out;
-}
-
 /* str.splitlines(): \n \r \r\n \v \f \x1c-\x1e \x85 \u2028 \u2029 */
 static tpl_list *split_lines(tpl_rt *rt, tpl_str s) {
     tpl_list *l = tv_list(rt, 0).u.l;
@@ -412,14 +267,14 @@ static tpl_list *split_lines(tpl_rt *rt, tpl_str s) {
 static tpl_val f_indent(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_val w = tv_int(4);
     tpl_arg(av, 0, "width", &w);
-    bool first = arg_bool(rt, av, 1, "first", false), blank = arg_bool(rt, av, 2, "blank", false);
+    bool first = tpl_arg_bool(rt, av, 1, "first", false), blank = tpl_arg_bool(rt, av, 2, "blank", false);
     tpl_args_done(rt, av, 3, "indent");
     if (v.t == TV_UNDEF) tpl_undef_fail(rt, v); /* jinja2 does s += "\n" */
     if (v.t != TV_STR) tpl_rt_raise(rt, "unsupported operand type(s) for +=: '%s' and 'str'", tpl_type_name(&v));
     tpl_buf ind = { 0 };
     if (w.t == TV_STR) tpl_buf_put(rt, &ind, w.u.s.p, w.u.s.n);
     else
-        for (int64_t i = 0; i < LM_MIN(arg_int(rt, av, 0, "width", 4), 10000); i++) tpl_buf_put(rt, &ind, " ", 1);
+        for (int64_t i = 0; i < LM_MIN(tpl_arg_int(rt, av, 0, "width", 4), 10000); i++) tpl_buf_put(rt, &ind, " ", 1);
     tpl_val s = need_str(rt, v);
     tpl_buf tmp = { 0 };
     tpl_buf_put(rt, &tmp, s.u.s.p, s.u.s.n);
@@ -438,51 +293,6 @@ static tpl_val f_indent(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tpl_buf_val(&b);
 }
 
-static tpl_val f_items(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "items");
-    if (v.t == TV_UNDEF) return tv_list(rt, 0);
-    if (v.t != TV_DICT) tpl_rt_raise(rt, "Can only get item pairs from a mapping.");
-    tpl_val out = tv_list(rt, v.u.d->n);
-    for (size_t i = 0; i < v.u.d->n; i++) {
-        tpl_val pair = tv_list(rt, 2);
-        pair.flags = TVF_TUPLE;
-        tpl_list_push(rt, pair.u.l, v.u.d->k[i]);
-        tpl_list_push(rt, pair.u.l, v.u.d->v[i]);
-        tpl_list_push(rt, out.u.l, pair);
-    }
-    out.flags |= TVF_GEN;
-    return out;
-}
-
-static tpl_val f_join(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_val sep = tv_strn("", 0), attr;
-    tpl_arg(av, 0, "d", &sep);
-    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
-    tpl_args_done(rt, av, 2, "join");
-    sep = need_str(rt, sep);
-    tpl_list *l = tpl_iter_list(rt, v);
-    tpl_buf b = { 0 };
-    for (size_t i = 0; i < l->n; i++) {
-        if (i) tpl_buf_put(rt, &b, sep.u.s.p, sep.u.s.n);
-        tpl_val x = has_attr ? get_path(rt, l->v[i], attr) : l->v[i];
-        tpl_str_of(rt, &b, x);
-    }
-    return tpl_buf_val(&b);
-}
-
-static tpl_val f_length(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "length");
-    return tv_int(tpl_len(rt, v));
-}
-
-static tpl_val f_list(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "list");
-    tpl_val out = { 0 };
-    out.t = TV_LIST;
-    out.u.l = tpl_iter_list(rt, v);
-    return out;
-}
-
 static tpl_val f_lower(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "lower");
     return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 0);
@@ -492,52 +302,6 @@ static tpl_val f_upper(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "upper");
     return tpl_case_map(rt, tpl_sv(need_str(rt, v)), 1);
 }
-
-static tpl_val f_map(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_list *l = tpl_iter_list(rt, v);
-    tpl_val out = tv_list(rt, l->n), attr, dflt = tv_undef();
-    if (av->npos == 0 && tpl_arg(av, -1, "attribute", &attr)) {
-        bool has_default = tpl_arg(av, -1, "default", &dflt);
-        tpl_args_done(rt, av, 0, "map");
-        for (size_t i = 0; i < l->n; i++) {
-            tpl_val x = get_path(rt, l->v[i], attr);
-            tpl_list_push(rt, out.u.l, x.t == TV_UNDEF && has_default ? dflt : x);
-        }
-        out.flags |= TVF_GEN;
-        return out;
-    }
-    if (av->npos == 0 || av->pos[0].t != TV_STR) tpl_rt_raise(rt, "map requires a filter name or attribute=");
-    tpl_str name = tpl_sv(av->pos[0]);
-    if (!tpl_filter_exists(name)) tpl_rt_raise(rt, "no filter named '%.*s'", (int)LM_MIN(name.n, 60), name.p);
-    tpl_argv rest = *av;
-    rest.pos++;
-    rest.npos--;
-    for (size_t i = 0; i < l->n; i++) {
-        tpl_argv a = rest;
-        tpl_list_push(rt, out.u.l, tpl_filter(rt, name, l->v[i], &a));
-    }
-    out.flags |= TVF_GEN;
-    return out;
-}
-
-static tpl_val minmax(tpl_rt *rt, tpl_val v, tpl_argv *av, bool want_max) {
-    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
-    tpl_val attr;
-    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
-    tpl_args_done(rt, av, 2, want_max ? "max" : "min");
-    tpl_list *l = tpl_iter_list(rt, v);
-    if (!l->n) return tv_undef_named("max", 3, "empty sequence");
-    size_t best = 0;
-    tpl_val bk = fold_case(rt, has_attr ? get_path(rt, l->v[0], attr) : l->v[0], cs);
-    for (size_t i = 1; i < l->n; i++) {
-        tpl_val k = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
-        int c = tpl_cmp(rt, k, bk);
-        if (want_max ? c > 0 : c < 0) best = i, bk = k;
-    }
-    return l->v[best];
-}
-static tpl_val f_max(tpl_rt *rt, tpl_val v, tpl_argv *av) { return minmax(rt, v, av, true); }
-static tpl_val f_min(tpl_rt *rt, tpl_val v, tpl_argv *av) { return minmax(rt, v, av, false); }
 
 static tpl_val f_pprint(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "pprint");
@@ -549,29 +313,15 @@ static tpl_val f_pprint(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 static tpl_val f_replace(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_val old, rep;
     if (!tpl_arg(av, 0, "old", &old) || !tpl_arg(av, 1, "new", &rep)) tpl_rt_raise(rt, "replace needs old and new");
-    int64_t count = arg_int(rt, av, 2, "count", -1);
+    int64_t count = tpl_arg_int(rt, av, 2, "count", -1);
     tpl_args_done(rt, av, 3, "replace");
     old = need_str(rt, old);
     rep = need_str(rt, rep);
     return tpl_str_replace(rt, tpl_sv(need_str(rt, v)), tpl_sv(old), tpl_sv(rep), count);
 }
 
-static tpl_val f_reverse(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_args_done(rt, av, 0, "reverse");
-    tpl_list *l = tpl_iter_list(rt, v);
-    if (v.t == TV_STR) {
-        tpl_buf b = { 0 };
-        for (size_t i = l->n; i-- > 0;) tpl_buf_put(rt, &b, l->v[i].u.s.p, l->v[i].u.s.n);
-        return tpl_buf_val(&b);
-    }
-    tpl_val out = tv_list(rt, l->n);
-    for (size_t i = l->n; i-- > 0;) tpl_list_push(rt, out.u.l, l->v[i]);
-    if (v.t == TV_LIST && !(v.flags & TVF_GEN)) out.flags |= TVF_GEN; /* reversed() iterator */
-    return out;
-}
-
 static tpl_val f_round(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    int64_t prec = arg_int(rt, av, 0, "precision", 0);
+    int64_t prec = tpl_arg_int(rt, av, 0, "precision", 0);
     tpl_val m = tv_cstr("common");
     tpl_arg(av, 1, "method", &m);
     tpl_args_done(rt, av, 2, "round");
@@ -617,46 +367,6 @@ static tpl_val f_safe(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return s;
 }
 
-static tpl_val select_common(tpl_rt *rt, tpl_val v, tpl_argv *av, bool attr_mode, bool keep) {
-    tpl_list *l = tpl_iter_list(rt, v);
-    tpl_val out = tv_list(rt, 0), attr = tv_none();
-    int first = 0;
-    if (attr_mode) {
-        if (av->npos < 1) tpl_rt_raise(rt, "selectattr/rejectattr need an attribute");
-        attr = av->pos[0];
-        first = 1;
-    }
-    for (size_t i = 0; i < l->n; i++) {
-        tpl_val x = attr_mode ? get_path(rt, l->v[i], attr) : l->v[i];
-        bool ok;
-        ok = tpl_test_args(rt, x, av, first);
-        if (ok == keep) tpl_list_push(rt, out.u.l, l->v[i]);
-    }
-    out.flags |= TVF_GEN;
-    return out;
-}
-static tpl_val f_select(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, false, true); }
-static tpl_val f_reject(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, false, false); }
-static tpl_val f_selectattr(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, true, true); }
-static tpl_val f_rejectattr(tpl_rt *rt, tpl_val v, tpl_argv *av) { return select_common(rt, v, av, true, false); }
-
-static tpl_val f_sort(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    bool rev = arg_bool(rt, av, 0, "reverse", false), cs = arg_bool(rt, av, 1, "case_sensitive", false);
-    tpl_val attr;
-    bool has_attr = tpl_arg(av, 2, "attribute", &attr) && attr.t != TV_NONE;
-    tpl_args_done(rt, av, 3, "sort");
-    tpl_list *src = tpl_iter_list(rt, v), *l = tv_list(rt, src->n).u.l; /* sorted() makes a new list */
-    if (src->n) memcpy(l->v, src->v, src->n * sizeof *l->v);
-    l->n = src->n;
-    tpl_val *keys = tpl_rt_alloc(rt, (l->n + 1) * sizeof *keys);
-    for (size_t i = 0; i < l->n; i++) keys[i] = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
-    sort_vals(rt, l->v, keys, l->n, rev, true);
-    tpl_val out = { 0 };
-    out.t = TV_LIST;
-    out.u.l = l;
-    return out;
-}
-
 static tpl_val f_string(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "string");
     return tpl_to_str(rt, v);
@@ -684,32 +394,6 @@ static tpl_val f_striptags(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tpl_buf_val(&b);
 }
 
-static tpl_val f_sum(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    tpl_val attr, start = tv_int(0);
-    bool has_attr = tpl_arg(av, 0, "attribute", &attr) && attr.t != TV_NONE;
-    tpl_arg(av, 1, "start", &start);
-    tpl_args_done(rt, av, 2, "sum");
-    tpl_list *l = tpl_iter_list(rt, v);
-    tpl_val acc = start;
-    for (size_t i = 0; i < l->n; i++) {
-        tpl_val x = has_attr ? get_path(rt, l->v[i], attr) : l->v[i];
-        bool fl = acc.t == TV_FLOAT || x.t == TV_FLOAT;
-        if ((acc.t != TV_INT && acc.t != TV_FLOAT && acc.t != TV_BOOL) ||
-            (x.t != TV_INT && x.t != TV_FLOAT && x.t != TV_BOOL))
-            tpl_rt_raise(rt, "unsupported operand type(s) for +: '%s' and '%s'", tpl_type_name(&acc), tpl_type_name(&x));
-        if (fl) {
-            double a = acc.t == TV_FLOAT ? acc.u.f : acc.t == TV_INT ? (double)acc.u.i : acc.u.b;
-            double y = x.t == TV_FLOAT ? x.u.f : x.t == TV_INT ? (double)x.u.i : x.u.b;
-            acc = tv_float(a + y);
-        } else {
-            int64_t a = acc.t == TV_INT ? acc.u.i : acc.u.b, y = x.t == TV_INT ? x.u.i : x.u.b, r;
-            if (__builtin_add_overflow(a, y, &r)) tpl_rt_raise(rt, "integer overflow in sum");
-            acc = tv_int(r);
-        }
-    }
-    return acc;
-}
-
 /* jinja2's title filter: capitalise each run between - whitespace ( { [ < */
 static tpl_val f_title(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_args_done(rt, av, 0, "title");
@@ -729,11 +413,11 @@ static tpl_val f_title(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 }
 
 static tpl_val f_tojson(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    bool ascii = arg_bool(rt, av, 0, "ensure_ascii", false);
+    bool ascii = tpl_arg_bool(rt, av, 0, "ensure_ascii", false);
     tpl_val ind = tv_none(), seps = tv_none();
     tpl_arg(av, 1, "indent", &ind);
     tpl_arg(av, 2, "separators", &seps);
-    bool sort = arg_bool(rt, av, 3, "sort_keys", false);
+    bool sort = tpl_arg_bool(rt, av, 3, "sort_keys", false);
     tpl_args_done(rt, av, 4, "tojson");
     const char *indent = NULL;
     int indent_len = 0;
@@ -778,11 +462,11 @@ static tpl_val f_trim(tpl_rt *rt, tpl_val v, tpl_argv *av) {
 }
 
 static tpl_val f_truncate(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    int64_t length = arg_int(rt, av, 0, "length", 255);
-    bool kill = arg_bool(rt, av, 1, "killwords", false);
+    int64_t length = tpl_arg_int(rt, av, 0, "length", 255);
+    bool kill = tpl_arg_bool(rt, av, 1, "killwords", false);
     tpl_val end = tv_cstr("...");
     tpl_arg(av, 2, "end", &end);
-    int64_t leeway = arg_int(rt, av, 3, "leeway", 5);
+    int64_t leeway = tpl_arg_int(rt, av, 3, "leeway", 5);
     tpl_args_done(rt, av, 4, "truncate");
     if (v.t != TV_STR) { /* jinja2 takes len() of whatever it gets */
         int64_t len = tpl_len(rt, v);
@@ -807,26 +491,6 @@ static tpl_val f_truncate(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     tpl_buf_put(rt, &b, s.u.s.p, bytes);
     tpl_buf_put(rt, &b, end.u.s.p, end.u.s.n);
     return tpl_buf_val(&b);
-}
-
-static tpl_val f_unique(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    bool cs = arg_bool(rt, av, 0, "case_sensitive", false);
-    tpl_val attr;
-    bool has_attr = tpl_arg(av, 1, "attribute", &attr) && attr.t != TV_NONE;
-    tpl_args_done(rt, av, 2, "unique");
-    tpl_list *l = tpl_iter_list(rt, v);
-    tpl_val out = tv_list(rt, 0), seen = tv_list(rt, 0);
-    for (size_t i = 0; i < l->n; i++) {
-        tpl_val k = fold_case(rt, has_attr ? get_path(rt, l->v[i], attr) : l->v[i], cs);
-        bool dup = false;
-        tpl_tick(rt, seen.u.l->n);
-        for (size_t j = 0; j < seen.u.l->n && !dup; j++) dup = tpl_eq(rt, seen.u.l->v[j], k);
-        if (dup) continue;
-        tpl_list_push(rt, seen.u.l, k);
-        tpl_list_push(rt, out.u.l, l->v[i]);
-    }
-    out.flags |= TVF_GEN;
-    return out;
 }
 
 static tpl_val f_wordcount(tpl_rt *rt, tpl_val v, tpl_argv *av) {
@@ -925,11 +589,11 @@ static void wrap_paragraph(tpl_rt *rt, tpl_buf *b, tpl_str s, int64_t width, boo
 }
 
 static tpl_val f_wordwrap(tpl_rt *rt, tpl_val v, tpl_argv *av) {
-    int64_t width = arg_int(rt, av, 0, "width", 79);
-    bool break_long = arg_bool(rt, av, 1, "break_long_words", true);
+    int64_t width = tpl_arg_int(rt, av, 0, "width", 79);
+    bool break_long = tpl_arg_bool(rt, av, 1, "break_long_words", true);
     tpl_val ws = tv_cstr("\n");
     if (tpl_arg(av, 2, "wrapstring", &ws) && ws.t == TV_NONE) ws = tv_cstr("\n");
-    bool hyphens = arg_bool(rt, av, 3, "break_on_hyphens", true);
+    bool hyphens = tpl_arg_bool(rt, av, 3, "break_on_hyphens", true);
     tpl_args_done(rt, av, 4, "wordwrap");
     if (width <= 0) tpl_rt_raise(rt, "invalid width %lld (must be > 0)", (long long)width);
     if (v.t == TV_UNDEF) tpl_undef_fail(rt, v);
@@ -944,36 +608,28 @@ static tpl_val f_wordwrap(tpl_rt *rt, tpl_val v, tpl_argv *av) {
     return tpl_buf_val(&b);
 }
 
-typedef struct filter_def {
-    const char *name;
-    filter_fn fn;
-} filter_def;
-
-static const filter_def k_filters[] = {
-    { "abs", f_abs }, { "attr", f_attr }, { "batch", f_batch }, { "capitalize", f_capitalize },
-    { "center", f_center }, { "count", f_length }, { "d", f_default }, { "default", f_default },
-    { "dictsort", f_dictsort }, { "e", f_escape }, { "escape", f_escape }, { "first", f_first },
-    { "float", f_float }, { "forceescape", f_forceescape }, { "format", f_format }, { "groupby", f_groupby },
-    { "indent", f_indent }, { "int", f_int }, { "items", f_items }, { "join", f_join }, { "last", f_last },
-    { "length", f_length }, { "list", f_list }, { "lower", f_lower }, { "map", f_map }, { "max", f_max },
-    { "min", f_min }, { "pprint", f_pprint }, { "reject", f_reject }, { "rejectattr", f_rejectattr },
-    { "replace", f_replace }, { "reverse", f_reverse }, { "round", f_round }, { "safe", f_safe },
-    { "select", f_select }, { "selectattr", f_selectattr }, { "sort", f_sort }, { "string", f_string },
-    { "striptags", f_striptags }, { "sum", f_sum }, { "title", f_title }, { "tojson", f_tojson },
-    { "trim", f_trim }, { "truncate", f_truncate }, { "unique", f_unique }, { "upper", f_upper },
-    { "wordcount", f_wordcount }, { "wordwrap", f_wordwrap },
+static const tpl_filter_def k_filters[] = {
+    { "abs", f_abs }, { "attr", f_attr }, { "capitalize", f_capitalize }, { "center", f_center },
+    { "d", f_default }, { "default", f_default }, { "e", f_escape }, { "escape", f_escape },
+    { "float", f_float }, { "forceescape", f_forceescape }, { "format", f_format }, { "indent", f_indent },
+    { "int", f_int }, { "lower", f_lower }, { "pprint", f_pprint }, { "replace", f_replace },
+    { "round", f_round }, { "safe", f_safe }, { "string", f_string }, { "striptags", f_striptags },
+    { "title", f_title }, { "tojson", f_tojson }, { "trim", f_trim }, { "truncate", f_truncate },
+    { "upper", f_upper }, { "wordcount", f_wordcount }, { "wordwrap", f_wordwrap },
 };
 
-static filter_fn find_filter(tpl_str name) {
+static tpl_filter_fn find_filter(tpl_str name) {
     for (size_t i = 0; i < LM_COUNT(k_filters); i++)
         if (tpl_str_eq(name, k_filters[i].name)) return k_filters[i].fn;
+    for (size_t i = 0; i < tpl_seq_filters_n; i++)
+        if (tpl_str_eq(name, tpl_seq_filters[i].name)) return tpl_seq_filters[i].fn;
     return NULL;
 }
 
 bool tpl_filter_exists(tpl_str name) { return find_filter(name) != NULL; }
 
 tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av) {
-    filter_fn fn = find_filter(name);
+    tpl_filter_fn fn = find_filter(name);
     if (!fn) tpl_rt_raise(rt, "no filter named '%.*s'", (int)LM_MIN(name.n, 60), name.p);
     return fn(rt, v, av);
 }

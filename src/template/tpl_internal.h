@@ -4,7 +4,10 @@
  *   lexer.c   source -> tokens (whitespace control, trim/lstrip_blocks)
  *   parser.c  tokens -> AST (jinja2's grammar and precedence)
  *   eval.c    statements and expressions over a scope chain
- *   filters.c filters; tests.c tests; methods.c str/dict/list methods, globals
+ *   ops.c     operators on values: x.name, x[key], slices, arithmetic, compare
+ *   filters.c filters on strings and numbers, argument helpers; filters_seq.c
+ *             filters on sequences; tests.c tests; methods.c str/dict/list methods
+ *   format.c  '%' and str.format; globals.c range, namespace, dict ...
  *   value.c   values, Python str()/repr(), ==, <, truthiness; unicode helpers
  *   json_out.c tojson (json.dumps byte for byte) and Python float repr
  *
@@ -332,10 +335,18 @@ void tpl_tojson(tpl_rt *rt, tpl_buf *b, tpl_val v, bool ensure_ascii, const char
 
 /* eval.c */
 tpl_val tpl_call(tpl_rt *rt, tpl_val fn, tpl_argv *av);
+
+/* ops.c */
 tpl_val tpl_getattr(tpl_rt *rt, tpl_val obj, tpl_str name);
 tpl_val tpl_getitem(tpl_rt *rt, tpl_val obj, tpl_val key);
+tpl_val tpl_slice(tpl_rt *rt, tpl_val obj, tpl_val a, tpl_val b, tpl_val c); /* obj[a:b:c]; None: omitted */
+tpl_val tpl_binary(tpl_rt *rt, tpl_binop op, tpl_val a, tpl_val b);
+bool tpl_compare(tpl_rt *rt, tpl_cmpop op, tpl_val a, tpl_val b);
+static inline bool tpl_is_num(tpl_val v) { return v.t == TV_BOOL || v.t == TV_INT || v.t == TV_FLOAT; }
+static inline double tpl_as_f(tpl_val v) { return v.t == TV_FLOAT ? v.u.f : v.t == TV_INT ? (double)v.u.i : v.u.b; }
+static inline int64_t tpl_as_i(tpl_val v) { return v.t == TV_INT ? v.u.i : v.u.b; }
 
-/* filters.c, tests.c */
+/* filters.c, filters_seq.c, tests.c */
 tpl_val tpl_filter(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_test(tpl_rt *rt, tpl_str name, tpl_val v, tpl_argv *av);
 bool tpl_filter_exists(tpl_str name);
@@ -346,17 +357,33 @@ bool tpl_test_args(tpl_rt *rt, tpl_val item, tpl_argv *av, int first);
 /* argument helpers: the idx-th positional or the keyword name; false if absent */
 bool tpl_arg(tpl_argv *av, int idx, const char *name, tpl_val *out);
 void tpl_args_done(tpl_rt *rt, tpl_argv *av, int max_pos, const char *what);
+/* the same as a truth value, or as an integer (None counts as absent);
+ * dflt if absent */
+bool tpl_arg_bool(tpl_rt *rt, tpl_argv *av, int idx, const char *name, bool dflt);
+int64_t tpl_arg_int(tpl_rt *rt, tpl_argv *av, int idx, const char *name, int64_t dflt);
+/* A filter by name: filters.c's table, then filters_seq.c's. */
+typedef tpl_val (*tpl_filter_fn)(tpl_rt *rt, tpl_val v, tpl_argv *av);
+typedef struct tpl_filter_def {
+    const char *name;
+    tpl_filter_fn fn;
+} tpl_filter_def;
+extern const tpl_filter_def tpl_seq_filters[];
+extern const size_t tpl_seq_filters_n;
 
 /* methods.c */
 tpl_val tpl_method_lookup(tpl_rt *rt, tpl_val obj, tpl_str name, bool *found);
 tpl_val tpl_call_method(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
-bool tpl_global(tpl_str name, tpl_val *out);
-tpl_val tpl_call_builtin(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
-tpl_val tpl_str_format(tpl_rt *rt, tpl_str fmt, tpl_argv *av);   /* str.format */
-tpl_val tpl_percent_format(tpl_rt *rt, tpl_str fmt, tpl_val args); /* fmt % args */
 tpl_val tpl_str_replace(tpl_rt *rt, tpl_str s, tpl_str old, tpl_str rep, int64_t count);
 tpl_val tpl_str_split(tpl_rt *rt, tpl_str s, const tpl_str *sep, int64_t maxsplit, bool right);
 tpl_val tpl_html_escape(tpl_rt *rt, tpl_val v);
+
+/* format.c */
+tpl_val tpl_str_format(tpl_rt *rt, tpl_str fmt, tpl_argv *av);   /* str.format */
+tpl_val tpl_percent_format(tpl_rt *rt, tpl_str fmt, tpl_val args); /* fmt % args */
+
+/* globals.c */
+bool tpl_global(tpl_str name, tpl_val *out);
+tpl_val tpl_call_builtin(tpl_rt *rt, tpl_func *fn, tpl_argv *av);
 
 static inline bool tpl_str_eq(tpl_str a, const char *b) {
     size_t n = strlen(b);

@@ -1,5 +1,7 @@
 /* cuda_attention.h - what the attention kernels of cuda_attention.cu and
- * cuda_attention_tc.cu share: the staged batch and the launch arguments. */
+ * cuda_attention_tc.cu share: the staged batch and the launch arguments;
+ * and the staging (cuda_attention_stage.cu), which the KV writes of
+ * cuda_attention.cu and cuda_rope_kv.cu share with the attention. */
 #ifndef LUMEN_CUDA_ATTENTION_H
 #define LUMEN_CUDA_ATTENTION_H
 
@@ -15,6 +17,14 @@
 typedef struct att_dev {
     const int32_t *pos, *seq, *tab, *tab_off, *extra;
 } att_dev;
+
+/* cuda_attention_stage.cu: checks every token's slot and every block a
+ * token reads ([lo, pos]; lo = pos for write_only, window > 0 narrows it),
+ * then stages pos, seq, the tables and n_extra ints of extra in one copy.
+ * att_stage_memo: the same without extra, staged once within a graph pass. */
+att_dev att_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int window, bool write_only,
+                  const int32_t *extra, size_t n_extra);
+att_dev att_stage_memo(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int window, bool write_only);
 
 typedef struct att_args {
     float *out;

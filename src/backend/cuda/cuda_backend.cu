@@ -670,7 +670,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
         }
-        { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_matmul.cu) */
+        { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");
             const int n = v ? atoi(v) : 0;
             c->gemv_chunks = n > 0 ? n : LM_GEMV_CHUNKS_MAX;

@@ -12,10 +12,12 @@
  * through lm_cuda_launch, every other stream call through lm_cuda_gate.
  *
  * Files: cuda_backend.cu (lifetime, memory, staging, weights, the op table),
- * cuda_graph.cu (graph passes), cuda_matmul.cu (GEMV kernels for small T,
- * fused q/k/v, gate/up and residual forms, cuBLAS for large T),
+ * cuda_graph.cu (graph passes), cuda_matmul.cu (the matmul op and its
+ * fused q/k/v, gate/up and residual forms), cuda_gemv.cu (their GEMV
+ * kernels for small T), cuda_gemm.cu (cuBLAS for large T),
  * cuda_elementwise.cu (norms, rope, activations, rows, argmax),
- * cuda_attention.cu (kv_write, fused rope + KV write, paged attention),
+ * cuda_attention.cu (kv_write, paged attention), cuda_rope_kv.cu (rope
+ * or norms fused with the KV write), cuda_attention_stage.cu (their batch),
  * cuda_delta.cu (conv1d_state, delta_gates, gated_delta, rms_norm_gated),
  * cuda_moe.cu (moe). */
 #ifndef LM_CUDA_INTERNAL_H
@@ -86,8 +88,8 @@ typedef struct lm_cuda {
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
     bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
-    struct att_memo *att_memo; /* cuda_attention.cu: staged batches of the current graph pass */
-    bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_matmul.cu) */
+    struct att_memo *att_memo; /* cuda_attention_stage.cu: staged batches of the current graph pass */
+    bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
      * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
@@ -136,12 +138,12 @@ static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; 
  * in stream order) and returns the device copy; valid until the ring wraps,
  * which is at least the rest of the current forward. */
 void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
-/* A GEMV thread's most chunks of a row (cuda_matmul.cu, lm_gemv_threads). */
+/* A GEMV thread's most chunks of a row (cuda_gemv.cu, lm_gemv_threads). */
 #define LM_GEMV_CHUNKS_MAX 3
-/* cuda_matmul.cu: the GEMVs of MoE pairs whose matrices are listed on the device. */
+/* cuda_gemv.cu: the GEMVs of MoE pairs whose matrices are listed on the device. */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs,
                       int64_t O, int64_t I, lm_dtype wt, bool glu);
-/* Grouped experts' GEMVs (cuda_matmul.cu): chunks of up to LM_MOE_CHUNK
+/* Grouped experts' GEMVs (cuda_gemv.cu): chunks of up to LM_MOE_CHUNK
  * tokens of one expert; a block takes LM_MOE_ROW_GROUPS groups of rows. */
 #define LM_MOE_CHUNK 8
 #define LM_MOE_ROW_GROUPS 8
@@ -486,5 +488,88 @@ static inline void lm_cuda_launch_pdl(lm_cuda *c, void (*k)(P...), dim3 grid, di
 void lm_cuda_memset(lm_cuda *c, void *p, int v, size_t bytes);
 void lm_cuda_memcpy_d2d(lm_cuda *c, void *dst, const void *src, size_t bytes);
 
+/* ---- matmul: cuda_matmul.cu picks cuda_gemv.cu or cuda_gemm.cu ------------------ */
+
+#ifndef LM_GEMV_MAX_T
+#define LM_GEMV_MAX_T 8 /* tokens up to which the GEMV beats cuBLAS (to be measured on the H200) */
+#endif
+
+/* What one GEMV launch computes. Plain and ADD modes: up to LM_GEMV_MAXM
+ * matrices sharing x (q, k, v and a gate in one launch), block b working on
+ * matrix m with first_block[m] <= b < first_block[m + 1]. GLU modes: w[0] =
+ * gate, w[1] = up (both [F][I]), y[0] = act(x gate^T) * (x up^T): each block
+ * takes R / 2 rows of both, so the product needs no second pass. ADD_NORM:
+ * ADD of one matrix, then the last block to finish norms every row of the
+ * new y into norm_y (lm_norm_row), which saves the norm's own launch. */
+#define LM_GEMV_MAXM 4
+enum { LM_GEMV_STORE = 0, LM_GEMV_ADD, LM_GEMV_ADD_NORM, LM_GEMV_GLU_SILU, LM_GEMV_GLU_GELU_TANH, LM_GEMV_GLU_GELU };
+
+typedef struct lm_gemv_args {
+    const float *x;
+    int64_t I;
+    const unsigned char *w[LM_GEMV_MAXM];
+    const float *bias[LM_GEMV_MAXM];
+    float *y[LM_GEMV_MAXM];
+    int64_t O[LM_GEMV_MAXM];
+    int64_t first_block[LM_GEMV_MAXM + 1];
+    /* ADD_NORM */
+    float *norm_y;
+    const float *norm_w;
+    double eps, w_offset;
+    int *counter;
+    int rows; /* per block: lm_gemv_rows(T) (host side; the kernel has it as a constant) */
+    /* MOE == LM_MOE_PAIRS (one token a pair; grid.y = pairs): pair p's
+     * matrix is moe_w[p] (GLU: gate moe_w[p], up moe_w[moe_E + p], moe_E =
+     * the pairs), as the routing kernel wrote them; x is row p / moe_k of x
+     * (GLU: the token) or row p (down: the pair's activations); y is row p
+     * of y[0].
+     * MOE == LM_MOE_GROUPS (grid.y = chunk slots): slot c is moe_chunk[3c ..]
+     * = (expert, first grouped row r0, tokens n <= T; n = 0: an unused slot);
+     * token i of the chunk is grouped row r0 + i, whose x is row
+     * moe_src[r0 + i] of x (GLU) or row r0 + i (down, moe_src NULL); y is
+     * row r0 + i of y[0]. */
+    const int32_t *moe_chunk, *moe_src;
+    const unsigned char *const *moe_w;
+    int moe_k, moe_E;
+} lm_gemv_args;
+
+static inline bool lm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* cuda_gemv.cu: whether x and every weight allow 16-byte chunks; whether T
+ * tokens take tensor-core tiles; an args block with no matrices yet, then
+ * matrix i appended (a->rows rows a block), or the GLU modes' gate and up;
+ * the launch for T tokens in a mode; one matrix's plain GEMV. */
+bool lm_gemv_vec(const lm_gemv_args *a, int n, lm_dtype wt);
+bool lm_gemv_tc(const lm_cuda *c, int64_t T, lm_dtype wt);
+lm_gemv_args lm_gemv_args0(const float *x, int64_t I, int64_t T, bool tc);
+void lm_gemv_add(lm_gemv_args *a, int i, float *y, const void *w, const float *bias, int64_t O);
+void lm_gemv_set_glu(lm_gemv_args *a, float *y, const void *wg, const void *wu, int64_t F);
+void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode, bool vec);
+void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+             int64_t O, int64_t I);
+
+/* Where the columns of one product go. The product covers weights stored
+ * back to back ([sum O][I]): part i's O[i] columns go to y[i] ([T][O[i]],
+ * plus bias[i] when not NULL; added to what y[i] holds when acc). With glu
+ * the two parts are a gate and an up projection and y[0] [T][O[0]] =
+ * act(gate) * up instead. */
+typedef struct lm_gemm_out {
+    int n, glu; /* glu: 0, or LM_GLU_* + 1 */
+    int acc, spare; /* spare: no padding bytes (kernel arguments are hashed as bytes in a graph pass) */
+    float *y[LM_GEMV_MAXM];
+    const float *bias[LM_GEMV_MAXM];
+    int64_t O[LM_GEMV_MAXM];
+} lm_gemm_out;
+
+/* cuda_gemm.cu: y[t][o] = bias[o]; blocks for n elements; whether one
+ * product can take o's stacked weights; the product as o says (lm_gemm),
+ * o of n parts otherwise zero, and the common case of one output. */
+__global__ void lm_bias_fill_kernel(float *y, const float *bias, int64_t T, int64_t O);
+unsigned lm_grid_1d(lm_cuda *c, int64_t n, int threads);
+bool lm_gemm_stackable(const lm_cuda *c, int64_t T, const lm_gemm_out *o);
+void lm_gemm(lm_cuda *c, int64_t T, const float *x, const void *w, lm_dtype wt, int64_t I, const lm_gemm_out *o);
+lm_gemm_out lm_gemm_out0(int n);
+void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+              int64_t O, int64_t I, bool acc);
 
 #endif

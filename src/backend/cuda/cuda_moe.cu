@@ -30,7 +30,7 @@
  * All sum a token's pairs in the CPU backend's order, so the result does
  * not depend on which tokens share the batch, and no atomics are needed; an
  * expert's GEMV output for one token does not depend on how many tokens
- * share its launch (cuda_matmul.cu), so 2a and 2b agree bit for bit, and
+ * share its launch (cuda_gemv.cu), so 2a and 2b agree bit for bit, and
  * with 2c while an expert has at most LM_GEMV_MAX_T tokens there.
  *
  * Memory: the pair buffers live in lm_cuda_scratch (grow-only; lm_cuda_matmul
