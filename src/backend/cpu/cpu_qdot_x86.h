@@ -1,0 +1,196 @@
+/* cpu_qdot_x86.h - the int8 GEMV kernels for AVX2 and AVX-512 VNNI.
+ *
+ * Included once by cpu_qdot_avx2.c and once by cpu_qdot_vnni.c, which are
+ * compiled for their ISA and differ only in lm_qd_dot below: AVX2 multiplies
+ * u8 x s8 into pairs of int16 (vpmaddubsw, no overflow for our codes: weights
+ * are at most 128 in magnitude after the sign trick and activations at most
+ * 127, so a pair stays <= 32512) and adds them into int32 (vpmaddwd); VNNI
+ * does both in one vpdpbusd. Everything here is static.
+ *
+ * Shape: one weight row at a time against all nt (<= 4) tokens, one 32-value
+ * block per step in a ymm register: the block is decoded once (nibbles or
+ * 6-bit codes to bytes) and reused from the register for every token, so the
+ * row is read from memory once. Signed weights use the sign trick:
+ * |w| * (x * sign(w)) keeps the unsigned operand unsigned. Each token keeps
+ * an f32 accumulator of 8 lanes; the block's integer dot is converted and
+ * scaled by (weight scale * activation scale) with one FMA. Q4_K's mins are
+ * applied per super-block in a second accumulator from the activation's
+ * block sums. The same integers as the scalar reference; only the order of
+ * the f32 additions differs. */
+#include "cpu_kern.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define LM_QD_AI static inline __attribute__((always_inline))
+
+LM_QD_AI float lm_qd_h(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* int32 lanes: lane i = sum of u[4i..4i+3] * s[4i..4i+3]. */
+LM_QD_AI __m256i lm_qd_dot(__m256i u, __m256i s) {
+#ifdef LM_QD_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* As lm_qd_dot, lanes 0-3 (values 0-15) times sc0, lanes 4-7 times sc1. */
+LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, int sc0, int sc1) {
+#ifdef LM_QD_VNNI
+    __m256i scv = _mm256_set_m128i(_mm_set1_epi32(sc1), _mm_set1_epi32(sc0));
+    return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
+#else
+    __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
+#endif
+}
+
+LM_QD_AI float lm_qd_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Codes of 32 values from 16 bytes of nibbles: low nibbles first. */
+LM_QD_AI __m256i lm_qd_nib32(const uint8_t *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+typedef struct lm_qd_x {
+    const int8_t *q;
+    const float *d;
+    const int16_t *s;
+} lm_qd_x;
+
+LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
+                        float *out) {
+    __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
+    for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    const int64_t nb = n / 32;
+    if (dt == LM_Q8_0 || dt == LM_Q4_0) {
+        const int bb = dt == LM_Q8_0 ? 34 : 18;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + b * bb;
+            __m256i w = dt == LM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
+                                      : _mm256_sub_epi8(lm_qd_nib32(blk + 2), _mm256_set1_epi8(8));
+            __m256i aw = _mm256_sign_epi8(w, w);
+            float dw = lm_qd_h(blk);
+            for (int t = 0; t < NT; t++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+            }
+        }
+    } else if (dt == LM_Q4_K) {
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * 144, *scb = blk + 4;
+            float d = lm_qd_h(blk), dmin = lm_qd_h(blk + 2);
+            float ds[8], mins[8];
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                if (j < 4) {
+                    sc = scb[j] & 63;
+                    mn = scb[j + 4] & 63;
+                } else {
+                    sc = (scb[j + 4] & 0x0f) | ((scb[j - 4] >> 6) << 4);
+                    mn = (scb[j + 4] >> 4) | ((scb[j] >> 6) << 4);
+                }
+                ds[j] = d * (float)sc;
+                mins[j] = dmin * (float)mn;
+            }
+            __m256 minv = _mm256_loadu_ps(mins);
+            for (int g = 0; g < 4; g++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+                __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+                int64_t b0 = sb * 8 + 2 * g;
+                for (int t = 0; t < NT; t++) {
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(x[t].q + b0 * 32));
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(x[t].q + b0 * 32 + 32));
+                    __m256 p0 = _mm256_cvtepi32_ps(lm_qd_dot(lo, x0));
+                    __m256 p1 = _mm256_cvtepi32_ps(lm_qd_dot(hi, x1));
+                    acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(ds[2 * g] * x[t].d[b0]), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(ds[2 * g + 1] * x[t].d[b0 + 1]), acc[t]);
+                }
+            }
+            /* mins: sum_j min_j * d_j * (sum of the block's q) */
+            for (int t = 0; t < NT; t++) {
+                __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+                __m256 dx = _mm256_loadu_ps(x[t].d + sb * 8);
+                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
+            }
+        }
+    } else { /* LM_Q6_K */
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            float d = lm_qd_h(blk + 208);
+            for (int h = 0; h < 2; h++) {
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+                __m256i w4[4];
+                w4[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+                w4[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+                w4[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+                w4[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+                for (int k = 0; k < 4; k++) {
+                    __m256i w = _mm256_sub_epi8(w4[k], _mm256_set1_epi8(32));
+                    __m256i aw = _mm256_sign_epi8(w, w);
+                    int j = 4 * h + k;
+                    int64_t b = sb * 8 + j;
+                    for (int t = 0; t < NT; t++) {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                        __m256i p = lm_qd_dot_sc(aw, _mm256_sign_epi8(xv, w), sc[2 * j], sc[2 * j + 1]);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x[t].d[b]), acc[t]);
+                    }
+                }
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]);
+}
+
+LM_QD_AI void lm_qd_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const void *xq, size_t ldq,
+                         int nt, int64_t n, const float *bias, float *y, int64_t ldy) {
+    lm_qd_x x[LM_GEMV_MAX_TOKENS];
+    for (int t = 0; t < nt; t++) {
+        const void *row = (const char *)xq + (size_t)t * ldq;
+        x[t] = (lm_qd_x){ row, lm_q8x_d(row, n), lm_q8x_s(row, n) };
+    }
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * ldw;
+        float out[LM_GEMV_MAX_TOKENS];
+        switch (nt) {
+        case 1: lm_qd_row(dt, 1, wr, x, n, out); break;
+        case 2: lm_qd_row(dt, 2, wr, x, n, out); break;
+        case 3: lm_qd_row(dt, 3, wr, x, n, out); break;
+        default: lm_qd_row(dt, 4, wr, x, n, out); break;
+        }
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = out[t] + (bias ? bias[r] : 0.0f);
+    }
+}
+
+#define LM_QD_FN(name, dt)                                                                        \
+    static void name(const void *w, size_t ldw, int nr, const void *xq, size_t ldq, int nt,       \
+                     int64_t n, const float *bias, float *y, int64_t ldy) {                       \
+        lm_qd_gemv(dt, w, ldw, nr, xq, ldq, nt, n, bias, y, ldy);                                 \
+    }
+LM_QD_FN(lm_qd_gemv_q8_0, LM_Q8_0)
+LM_QD_FN(lm_qd_gemv_q4_0, LM_Q4_0)
+LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
+LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
+
+#define LM_QD_TABLE                                                                               \
+    .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
+               [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k }
