@@ -167,6 +167,8 @@ static void co_matmul(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     for (size_t ti = 0; ti < LM_COUNT(co_threads); ti++) {
         lm_backend *be = co_backend(isa, co_threads[ti], why, sizeof why);
         if (!be) LM_SKIP("%s", why);
+        /* the exact path; the int8 GEMV has its own test (test_cpu_qdot.c) */
+        lm_cpu_backend_quant_exact(be, true);
         for (int t = 0; t < LM_I32; t++) {
             const co_shape *shapes = co_plain_shapes;
             size_t n = LM_COUNT(co_plain_shapes);
