@@ -39,13 +39,24 @@ LM_QD_AI __m256i lm_qd_dot(__m256i u, __m256i s) {
 #endif
 }
 
-/* As lm_qd_dot, lanes 0-3 (values 0-15) times sc0, lanes 4-7 times sc1. */
-LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, int sc0, int sc1) {
+/* Q6_K's two scales of a 32-value block j, from its 16 int8 scales sc16,
+ * as the multiplier lm_qd_dot_sc wants: int16 x 16 (AVX2: applied to the
+ * pair sums of vpmaddubsw) or int32 x 8 (VNNI: applied to the quad sums). */
+LM_QD_AI __m256i lm_qd_sc(__m128i sc16, int j) {
+    __m128i pat = _mm_add_epi8(_mm_set_epi64x(0x0101010101010101ll, 0), _mm_set1_epi8((char)(2 * j)));
 #ifdef LM_QD_VNNI
-    __m256i scv = _mm256_set_m128i(_mm_set1_epi32(sc1), _mm_set1_epi32(sc0));
+    __m128i q = _mm_shuffle_epi8(sc16, _mm_unpacklo_epi32(pat, _mm_unpackhi_epi64(pat, pat)));
+    return _mm256_cvtepi8_epi32(q); /* bytes: 2j x4, 2j+1 x4 */
+#else
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pat)); /* 2j x8, 2j+1 x8 */
+#endif
+}
+
+/* As lm_qd_dot, each lane times its scale from lm_qd_sc. */
+LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, __m256i scv) {
+#ifdef LM_QD_VNNI
     return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
 #else
-    __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
 #endif
 }
@@ -90,49 +101,50 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
         }
     } else if (dt == LM_Q4_K) {
         for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *blk = wr + sb * 144, *scb = blk + 4;
-            float d = lm_qd_h(blk), dmin = lm_qd_h(blk + 2);
-            float ds[8], mins[8];
-            for (int j = 0; j < 8; j++) {
-                int sc, mn;
-                if (j < 4) {
-                    sc = scb[j] & 63;
-                    mn = scb[j + 4] & 63;
-                } else {
-                    sc = (scb[j + 4] & 0x0f) | ((scb[j - 4] >> 6) << 4);
-                    mn = (scb[j + 4] >> 4) | ((scb[j] >> 6) << 4);
-                }
-                ds[j] = d * (float)sc;
-                mins[j] = dmin * (float)mn;
+            const uint8_t *blk = wr + sb * 144;
+            uint32_t a, bm, c;
+            memcpy(&a, blk + 4, 4);
+            memcpy(&bm, blk + 8, 4);
+            memcpy(&c, blk + 12, 4);
+            /* 6-bit scales and mins of blocks 0-3 (low 6 bits of a / bm) and
+             * 4-7 (nibbles of c, top bits from the spare 2 bits of a / bm) */
+            uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+            uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((bm >> 2) & 0x30303030u);
+            __m128i scb = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
+            __m128i mnb = _mm_set_epi32(0, 0, (int)mn_hi, (int)(bm & 0x3f3f3f3fu));
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));
+            __m256 minv = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnb)));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) {
+                __m256 dx = _mm256_loadu_ps(x[t].d + sb * 8);
+                _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, dx));
+                /* mins: sum_j min_j * d_j * (sum of the block's q) */
+                __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
             }
-            __m256 minv = _mm256_loadu_ps(mins);
             for (int g = 0; g < 4; g++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
                 __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
-                int64_t b0 = sb * 8 + 2 * g;
                 for (int t = 0; t < NT; t++) {
-                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(x[t].q + b0 * 32));
-                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(x[t].q + b0 * 32 + 32));
+                    const int8_t *xb = x[t].q + (sb * 8 + 2 * g) * 32;
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 32));
                     __m256 p0 = _mm256_cvtepi32_ps(lm_qd_dot(lo, x0));
                     __m256 p1 = _mm256_cvtepi32_ps(lm_qd_dot(hi, x1));
-                    acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(ds[2 * g] * x[t].d[b0]), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(ds[2 * g + 1] * x[t].d[b0 + 1]), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(p0, _mm256_broadcast_ss(&sdx[t][2 * g]), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(p1, _mm256_broadcast_ss(&sdx[t][2 * g + 1]), acc[t]);
                 }
-            }
-            /* mins: sum_j min_j * d_j * (sum of the block's q) */
-            for (int t = 0; t < NT; t++) {
-                __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
-                __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
-                __m256 dx = _mm256_loadu_ps(x[t].d + sb * 8);
-                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
             }
         }
     } else { /* LM_Q6_K */
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 210;
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            float d = lm_qd_h(blk + 208);
+            __m128i sc16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(d, _mm256_loadu_ps(x[t].d + sb * 8)));
             for (int h = 0; h < 2; h++) {
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
                 __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -148,11 +160,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                     __m256i w = _mm256_sub_epi8(w4[k], _mm256_set1_epi8(32));
                     __m256i aw = _mm256_sign_epi8(w, w);
                     int j = 4 * h + k;
-                    int64_t b = sb * 8 + j;
+                    __m256i scv = lm_qd_sc(sc16, j);
                     for (int t = 0; t < NT; t++) {
-                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
-                        __m256i p = lm_qd_dot_sc(aw, _mm256_sign_epi8(xv, w), sc[2 * j], sc[2 * j + 1]);
-                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x[t].d[b]), acc[t]);
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
+                        __m256i p = lm_qd_dot_sc(aw, _mm256_sign_epi8(xv, w), scv);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
                     }
                 }
             }
