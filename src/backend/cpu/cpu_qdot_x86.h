@@ -61,6 +61,18 @@ LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, __m256i scv) {
 #endif
 }
 
+/* Software prefetch distance in bytes. The rows a thread owns are contiguous
+ * in memory, so running past the end of a row fetches the next one. */
+#ifndef LM_QD_PF
+#define LM_QD_PF 2048
+#endif
+
+/* Prefetches the lines of [p, p + n) + LM_QD_PF that start a new line. */
+LM_QD_AI void lm_qd_prefetch(const uint8_t *p, int n) {
+    uintptr_t a = (uintptr_t)p + LM_QD_PF, e = a + (uintptr_t)n;
+    for (a &= ~(uintptr_t)63; a < e; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 LM_QD_AI float lm_qd_hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -89,6 +101,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
         const int bb = dt == LM_Q8_0 ? 34 : 18;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = wr + b * bb;
+            if (b % 2 == 0) lm_qd_prefetch(blk, 2 * bb);
             __m256i w = dt == LM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
                                       : _mm256_sub_epi8(lm_qd_nib32(blk + 2), _mm256_set1_epi8(8));
             __m256i aw = _mm256_sign_epi8(w, w);
@@ -102,6 +115,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
     } else if (dt == LM_Q4_K) {
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 144;
+            lm_qd_prefetch(blk, 144);
             uint32_t a, bm, c;
             memcpy(&a, blk + 4, 4);
             memcpy(&bm, blk + 8, 4);
@@ -141,6 +155,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
     } else { /* LM_Q6_K */
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 210;
+            lm_qd_prefetch(blk, 210);
             __m128i sc16 = _mm_loadu_si128((const __m128i *)(blk + 192));
             __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
