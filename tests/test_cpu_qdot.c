@@ -56,6 +56,7 @@ static uint8_t *qd_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s) {
         case LM_Q8_0: qd_put16(blk, lm_f32_to_f16(0.01f * r)); break;
         case LM_Q4_0: qd_put16(blk, lm_f32_to_f16(0.1f * r)); break;
         case LM_Q4_K:
+        case LM_Q5_K:
             qd_put16(blk, lm_f32_to_f16(0.002f * r));
             qd_put16(blk + 2, lm_f32_to_f16(0.001f * r));
             break;
@@ -79,7 +80,7 @@ static float *qd_x(int64_t n, uint64_t *s) {
     return x;
 }
 
-static const lm_dtype qd_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q6_K };
+static const lm_dtype qd_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q5_K, LM_Q6_K };
 
 /* The tables this CPU can run; *why is set for the others. */
 static int qd_tables(const lm_cpu_qkern **out) {
@@ -229,7 +230,11 @@ typedef struct qd_e2e_case {
 static const qd_e2e_case qd_e2e_cases[] = {
     { "Q8_0", 0.07463, 2.19e-4 }, { "Q4_0", 0.06882, 1.89e-4 },
     { "Q4_K_M", 0.1019, 3.23e-4 }, { "Q6_K", 0.1148, 4.87e-4 },
+    { "Q5_K_M", 0.0965, 3.59e-4 }, /* new: worst of both paths, measured here */
 };
+/* for a fixture not measured yet (test_guard_kquant.c's defaults) */
+#define QD_E2E_DEFAULT_TOL 0.3
+#define QD_E2E_DEFAULT_KL 2e-3
 #define QD_E2E_MARGIN 3.0
 
 static double qd_margin2(const float *x, int n) {
@@ -265,6 +270,8 @@ static int qd_run(lm_model *m, const int32_t *ids, int n_prompt, const int32_t *
 
 static void qd_e2e(lm_test_ctx *lm_t_, int ci) {
     const qd_e2e_case *c = &qd_e2e_cases[ci];
+    const double tol = c->worst > 0 ? QD_E2E_MARGIN * c->worst : QD_E2E_DEFAULT_TOL;
+    const double tol_kl = c->worst_kl > 0 ? QD_E2E_MARGIN * c->worst_kl : QD_E2E_DEFAULT_KL;
     char rel[128], jrel[128];
     snprintf(rel, sizeof rel, "gguf/llama-g256/model.%s.gguf", c->type);
     snprintf(jrel, sizeof jrel, "gguf/llama-g256/%s.llamacpp.json", c->type);
@@ -317,9 +324,9 @@ static void qd_e2e(lm_test_ctx *lm_t_, int ci) {
             }
             printf("  %-6s %-5s prompt %-8s vs llama.cpp: max |d logprob| %.4f (tol %.3f), KL %.3g (tol %.2g), "
                    "greedy %d/%d (%d with a safe margin)\n",
-                   c->type, p ? "exact" : "int8", sw ? "stepwise" : "batch", err, QD_E2E_MARGIN * c->worst, kl,
-                   QD_E2E_MARGIN * c->worst_kl, equal, n_gen, checked);
-            LM_CHECK(err <= QD_E2E_MARGIN * c->worst && kl <= QD_E2E_MARGIN * c->worst_kl);
+                   c->type, p ? "exact" : "int8", sw ? "stepwise" : "batch", err, tol, kl,
+                   tol_kl, equal, n_gen, checked);
+            LM_CHECK(err <= tol && kl <= tol_kl);
             LM_CHECK(checked >= n_gen / 4);
         }
     /* int8 vs exact, every position of the all-GEMV run */
@@ -350,3 +357,4 @@ LM_TEST(cpu_qdot_gguf_q8_0) { qd_e2e(lm_t_, 0); }
 LM_TEST(cpu_qdot_gguf_q4_0) { qd_e2e(lm_t_, 1); }
 LM_TEST(cpu_qdot_gguf_q4_k_m) { qd_e2e(lm_t_, 2); }
 LM_TEST(cpu_qdot_gguf_q6_k) { qd_e2e(lm_t_, 3); }
+LM_TEST(cpu_qdot_gguf_q5_k_m) { qd_e2e(lm_t_, 4); }

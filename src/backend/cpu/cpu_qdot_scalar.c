@@ -75,6 +75,12 @@ static void lm_qs_codes_q4_k(const uint8_t *sb, int j, uint8_t *u) {
     for (int i = 0; i < 32; i++) u[i] = j % 2 ? qs[i] >> 4 : qs[i] & 0x0f;
 }
 
+/* Q5_K block j: Q4_K's nibble plus bit j of qh[l] as the fifth bit. */
+static void lm_qs_codes_q5_k(const uint8_t *sb, int j, uint8_t *u) {
+    const uint8_t *qs = sb + 48 + 32 * (j / 2), *qh = sb + 16;
+    for (int i = 0; i < 32; i++) u[i] = (uint8_t)((j % 2 ? qs[i] >> 4 : qs[i] & 0x0f) | (((qh[i] >> j) & 1) << 4));
+}
+
 /* Q6_K block j (0..7): half h = j / 4, k = j % 4 picks the nibble of
  * ql[k % 2 * 32 + l] (low for k < 2) and bits 2k, 2k+1 of qh[l]. */
 static void lm_qs_codes_q6_k(const uint8_t *sb, int j, uint8_t *u) {
@@ -104,8 +110,8 @@ static void lm_qs_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const voi
                     else lm_qs_codes_q4_0(blk, u);
                     int idot = lm_qs_idot(u, qb, 32) - (dt == LM_Q8_0 ? 128 : 8) * sum;
                     acc += lm_qs_h(blk) * dx[b] * (float)idot;
-                } else if (dt == LM_Q4_K) {
-                    const uint8_t *sb = wr + (b / 8) * 144;
+                } else if (dt == LM_Q4_K || dt == LM_Q5_K) { /* same scales and mins */
+                    const uint8_t *sb = wr + (b / 8) * (dt == LM_Q4_K ? 144 : 176);
                     int j = (int)(b % 8), sc, mn;
                     const uint8_t *scb = sb + 4;
                     if (j < 4) {
@@ -115,7 +121,8 @@ static void lm_qs_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const voi
                         sc = (scb[j + 4] & 0x0f) | ((scb[j - 4] >> 6) << 4);
                         mn = (scb[j + 4] >> 4) | ((scb[j] >> 6) << 4);
                     }
-                    lm_qs_codes_q4_k(sb, j, u);
+                    if (dt == LM_Q4_K) lm_qs_codes_q4_k(sb, j, u);
+                    else lm_qs_codes_q5_k(sb, j, u);
                     int idot = lm_qs_idot(u, qb, 32);
                     acc += dx[b] * (lm_qs_h(sb) * (float)(sc * idot) - lm_qs_h(sb + 2) * (float)(mn * sum));
                 } else { /* LM_Q6_K: one int8 scale per 16 values */
@@ -142,11 +149,12 @@ LM_QS_FN(lm_qs_gemv_q8_0, LM_Q8_0)
 LM_QS_FN(lm_qs_gemv_q4_0, LM_Q4_0)
 LM_QS_FN(lm_qs_gemv_q4_k, LM_Q4_K)
 LM_QS_FN(lm_qs_gemv_q6_k, LM_Q6_K)
+LM_QS_FN(lm_qs_gemv_q5_k, LM_Q5_K)
 
 const lm_cpu_qkern lm_cpu_qkern_scalar = {
     .name = "scalar",
     .qgemv = { [LM_Q8_0] = lm_qs_gemv_q8_0, [LM_Q4_0] = lm_qs_gemv_q4_0, [LM_Q4_K] = lm_qs_gemv_q4_k,
-               [LM_Q6_K] = lm_qs_gemv_q6_k },
+               [LM_Q6_K] = lm_qs_gemv_q6_k, [LM_Q5_K] = lm_qs_gemv_q5_k },
 };
 
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa) {

@@ -112,10 +112,12 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
             }
         }
-    } else if (dt == LM_Q4_K) {
+    } else if (dt == LM_Q4_K || dt == LM_Q5_K) { /* Q5_K: Q4_K + a fifth bit from qh */
+        const int bb = dt == LM_Q4_K ? 144 : 176, qs_off = dt == LM_Q4_K ? 16 : 48;
         for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *blk = wr + sb * 144;
-            lm_qd_prefetch(blk, 144);
+            const uint8_t *blk = wr + sb * bb;
+            lm_qd_prefetch(blk, bb);
+            __m256i qh = dt == LM_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
             uint32_t a, bm, c;
             memcpy(&a, blk + 4, 4);
             memcpy(&bm, blk + 8, 4);
@@ -138,9 +140,14 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
             }
             for (int g = 0; g < 4; g++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * g));
                 __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+                if (dt == LM_Q5_K) { /* bits 2g and 2g+1 of qh, moved to bit 4 */
+                    const __m256i one = _mm256_set1_epi8(1);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+                }
                 for (int t = 0; t < NT; t++) {
                     const int8_t *xb = x[t].q + (sb * 8 + 2 * g) * 32;
                     __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
@@ -217,7 +224,9 @@ LM_QD_FN(lm_qd_gemv_q8_0, LM_Q8_0)
 LM_QD_FN(lm_qd_gemv_q4_0, LM_Q4_0)
 LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
 LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
+LM_QD_FN(lm_qd_gemv_q5_k, LM_Q5_K)
 
 #define LM_QD_TABLE                                                                               \
     .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
-               [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k }
+               [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k,                           \
+               [LM_Q5_K] = lm_qd_gemv_q5_k }
