@@ -81,6 +81,15 @@ static void lm_qs_codes_q5_k(const uint8_t *sb, int j, uint8_t *u) {
     for (int i = 0; i < 32; i++) u[i] = (uint8_t)((j % 2 ? qs[i] >> 4 : qs[i] & 0x0f) | (((qh[i] >> j) & 1) << 4));
 }
 
+/* IQ4_XS block j: levels + 128, so that they are unsigned like the rest. */
+static void lm_qs_codes_iq4_xs(const uint8_t *sb, int j, uint8_t *u) {
+    const uint8_t *qs = sb + 8 + 16 * j;
+    for (int i = 0; i < 16; i++) {
+        u[i] = (uint8_t)(lm_iq4nl_levels[qs[i] & 0x0f] + 128);
+        u[i + 16] = (uint8_t)(lm_iq4nl_levels[qs[i] >> 4] + 128);
+    }
+}
+
 /* Q6_K block j (0..7): half h = j / 4, k = j % 4 picks the nibble of
  * ql[k % 2 * 32 + l] (low for k < 2) and bits 2k, 2k+1 of qh[l]. */
 static void lm_qs_codes_q6_k(const uint8_t *sb, int j, uint8_t *u) {
@@ -125,6 +134,13 @@ static void lm_qs_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const voi
                     else lm_qs_codes_q5_k(sb, j, u);
                     int idot = lm_qs_idot(u, qb, 32);
                     acc += dx[b] * (lm_qs_h(sb) * (float)(sc * idot) - lm_qs_h(sb + 2) * (float)(mn * sum));
+                } else if (dt == LM_IQ4_XS) {
+                    const uint8_t *sb = wr + (b / 8) * 136;
+                    int j = (int)(b % 8);
+                    int ls = ((sb[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sb[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
+                    lm_qs_codes_iq4_xs(sb, j, u);
+                    int idot = lm_qs_idot(u, qb, 32) - 128 * sum;
+                    acc += lm_qs_h(sb) * dx[b] * (float)((ls - 32) * idot);
                 } else { /* LM_Q6_K: one int8 scale per 16 values */
                     const uint8_t *sb = wr + (b / 8) * 210;
                     int j = (int)(b % 8);
@@ -150,11 +166,13 @@ LM_QS_FN(lm_qs_gemv_q4_0, LM_Q4_0)
 LM_QS_FN(lm_qs_gemv_q4_k, LM_Q4_K)
 LM_QS_FN(lm_qs_gemv_q6_k, LM_Q6_K)
 LM_QS_FN(lm_qs_gemv_q5_k, LM_Q5_K)
+LM_QS_FN(lm_qs_gemv_iq4_xs, LM_IQ4_XS)
 
 const lm_cpu_qkern lm_cpu_qkern_scalar = {
     .name = "scalar",
     .qgemv = { [LM_Q8_0] = lm_qs_gemv_q8_0, [LM_Q4_0] = lm_qs_gemv_q4_0, [LM_Q4_K] = lm_qs_gemv_q4_k,
-               [LM_Q6_K] = lm_qs_gemv_q6_k, [LM_Q5_K] = lm_qs_gemv_q5_k },
+               [LM_Q6_K] = lm_qs_gemv_q6_k, [LM_Q5_K] = lm_qs_gemv_q5_k,
+               [LM_IQ4_XS] = lm_qs_gemv_iq4_xs },
 };
 
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa) {

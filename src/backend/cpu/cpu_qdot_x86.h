@@ -159,6 +159,33 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 }
             }
         }
+    } else if (dt == LM_IQ4_XS) {
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lm_iq4nl_levels));
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * 136;
+            lm_qd_prefetch(blk, 136);
+            uint16_t sh;
+            uint32_t sl;
+            memcpy(&sh, blk + 2, 2);
+            memcpy(&sl, blk + 4, 4);
+            /* the 8 scales: nibbles of scales_l in block order, 2 bits of scales_h each */
+            __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shift2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+            __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), shift4), _mm256_set1_epi32(0x0f));
+            __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), shift2), _mm256_set1_epi32(3));
+            __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(ls));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, _mm256_loadu_ps(x[t].d + sb * 8)));
+            for (int j = 0; j < 8; j++) {
+                __m256i w = _mm256_shuffle_epi8(lv, lm_qd_nib32(blk + 8 + 16 * j));
+                __m256i aw = _mm256_sign_epi8(w, w);
+                for (int t = 0; t < NT; t++) {
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
+                    __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                }
+            }
+        }
     } else { /* LM_Q6_K */
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 210;
@@ -225,8 +252,9 @@ LM_QD_FN(lm_qd_gemv_q4_0, LM_Q4_0)
 LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
 LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
 LM_QD_FN(lm_qd_gemv_q5_k, LM_Q5_K)
+LM_QD_FN(lm_qd_gemv_iq4_xs, LM_IQ4_XS)
 
 #define LM_QD_TABLE                                                                               \
     .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
                [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k,                           \
-               [LM_Q5_K] = lm_qd_gemv_q5_k }
+               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs }
