@@ -54,8 +54,10 @@ LM_TEST(dtype_table) {
     LM_CHECK(strcmp(lm_dtype_name(LM_Q4_K), "Q4_K") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_Q6_K), "Q6_K") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_I32), "I32") == 0);
-    static const int blk[] = { 1, 1, 1, 32, 32, 256, 256, 1 };
-    static const int bytes[] = { 4, 2, 2, 34, 18, 144, 210, 4 };
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q5_K), "Q5_K") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_IQ4_XS), "IQ4_XS") == 0);
+    static const int blk[] = { 1, 1, 1, 32, 32, 256, 256, 256, 256, 1 };
+    static const int bytes[] = { 4, 2, 2, 34, 18, 144, 210, 176, 136, 4 };
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
         LM_CHECK(lm_dtype_block((lm_dtype)t) == blk[t]);
         LM_CHECK(lm_dtype_block_bytes((lm_dtype)t) == bytes[t]);
@@ -217,6 +219,26 @@ LM_TEST(dtype_q4_0_exact) {
 static const uint8_t q4k_scales[12] = { 0x41, 2, 3, 4, 0x85, 6, 7, 8, 0x21, 0x43, 0x65, 0x87 };
 static const int q4k_sc[8] = { 1, 2, 3, 4, 17, 3, 5, 7 };
 static const int q4k_m[8] = { 5, 6, 7, 8, 34, 4, 6, 8 };
+
+/* Q5_K: the Q4_K block's scales and nibbles, qs after 32 bytes of qh; value
+ * l of sub-block j gains 16 when bit j of qh[l] is set. */
+LM_TEST(dtype_q5_k_exact) {
+    uint8_t blk[176];
+    put16(blk, 0x3c00);     /* d = 1 */
+    put16(blk + 2, 0x3800); /* dmin = 0.5 */
+    memcpy(blk + 4, q4k_scales, 12);
+    for (int i = 0; i < 32; i++) blk[16 + i] = (uint8_t)(i * 53 + 7);
+    for (int i = 0; i < 128; i++) blk[48 + i] = (uint8_t)(i * 37 + 11);
+    float out[256];
+    lm_dequant_row(LM_Q5_K, blk, out, 256);
+    for (int v = 0; v < 256; v++) {
+        int byte = 32 * (v / 64) + v % 32, sb = v / 32;
+        int q = (v % 64) < 32 ? blk[48 + byte] & 15 : blk[48 + byte] >> 4;
+        q += ((blk[16 + v % 32] >> sb) & 1) * 16;
+        float want = 1.0f * (float)q4k_sc[sb] * (float)q - 0.5f * (float)q4k_m[sb];
+        LM_CHECK_MSG(out[v] == want, "v=%d got %g want %g", v, out[v], want);
+    }
+}
 
 LM_TEST(dtype_q4_k_exact) {
     uint8_t blk[144];

@@ -169,7 +169,7 @@ static void write_kvs(built *o, const spec *s) {
 }
 
 /* Tensors: a F32 ne[4,2] (shape {2,4}), b Q8_0 ne[32], c Q4_K ne[256,1],
- * d Q5_K ne[256] (a type lumen does not compute with). */
+ * d Q3_K ne[256] (a type lumen does not compute with). */
 static const struct {
     const char *name;
     uint32_t type, n_dims;
@@ -179,7 +179,7 @@ static const struct {
     { "a", 0, 2, { 4, 2 }, 32 },
     { "b", 8, 1, { 32, 0 }, 34 },
     { "c", 12, 2, { 256, 1 }, 144 },
-    { "d", 13, 1, { 256, 0 }, 176 },
+    { "d", 11, 1, { 256, 0 }, 110 },
 };
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -339,7 +339,7 @@ static void check_valid(lm_test_ctx *lm_t_, const spec *s) {
     t = lm_gguf_find_tensor(&g, "c");
     LM_CHECK(t && t->type == LM_Q4_K && t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == 256 && t->nbytes == 144);
     t = lm_gguf_find_tensor(&g, "d");
-    LM_CHECK(t && t->type == LM_DTYPE_COUNT && strcmp(t->type_name, "Q5_K") == 0 && t->nbytes == 176);
+    LM_CHECK(t && t->type == LM_DTYPE_COUNT && strcmp(t->type_name, "Q3_K") == 0 && t->nbytes == 110);
     LM_CHECK(t && t->data + t->nbytes == copy + o.b.n); /* last tensor ends the file */
     LM_CHECK(lm_gguf_find_tensor(&g, "e") == NULL);
     lm_gguf_close(&g);
@@ -430,7 +430,7 @@ LM_TEST(gguf_tensor_offset_outside_file) {
     LM_CHECK(expect_fail(&o, "outside the file"));
     /* begins inside, ends one alignment unit past the end */
     o = build(&(spec){ 0 });
-    uint64_t off = o.b.n - o.data_start - 176 + 32;
+    uint64_t off = o.b.n - o.data_start - 110 + 32;
     put_u64_at(&o.b, o.pos_offset[3], off);
     LM_CHECK(expect_fail(&o, "outside the file"));
 }

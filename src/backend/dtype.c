@@ -30,6 +30,8 @@ static const lm_dtype_info lm_dtype_table[LM_DTYPE_COUNT] = {
     [LM_Q4_0] = { "Q4_0", LM_QK, 2 + LM_QK / 2 },
     [LM_Q4_K] = { "Q4_K", LM_QKK, 2 + 2 + 12 + LM_QKK / 2 },
     [LM_Q6_K] = { "Q6_K", LM_QKK, LM_QKK / 2 + LM_QKK / 4 + LM_QKK / 16 + 2 },
+    [LM_Q5_K] = { "Q5_K", LM_QKK, 2 + 2 + 12 + LM_QKK / 8 + LM_QKK / 2 },
+    [LM_IQ4_XS] = { "IQ4_XS", LM_QKK, 2 + 2 + 4 + LM_QKK / 2 },
     [LM_I32] = { "I32", 1, 4 },
 };
 
@@ -196,6 +198,52 @@ static void lm_deq_q4_k(const uint8_t *s, float *y, int64_t nb) {
     }
 }
 
+/* Q5_K: {f16 d; f16 dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]}:
+ * Q4_K's scales, mins and nibbles, plus a fifth bit: value l of block j
+ * (0..7) adds 16 when bit j of qh[l] is set. */
+static void lm_deq_q5_k(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 176) {
+        float d = lm_rdh(s), dmin = lm_rdh(s + 2);
+        const uint8_t *sc = s + 4, *qh = s + 16, *qs = s + 48;
+        for (int g = 0; g < 4; g++, qs += 32) {
+            int s0, m0, s1, m1;
+            lm_q4k_scale_min(2 * g, sc, &s0, &m0);
+            lm_q4k_scale_min(2 * g + 1, sc, &s1, &m1);
+            float d0 = d * (float)s0, o0 = dmin * (float)m0;
+            float d1 = d * (float)s1, o1 = dmin * (float)m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d0 * (float)((qs[l] & 0x0f) | (((qh[l] >> (2 * g)) & 1) << 4)) - o0;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((qs[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - o1;
+        }
+    }
+}
+
+/* The 16 non-uniform levels of IQ4_NL / IQ4_XS (a constant of the format). */
+const int8_t lm_iq4nl_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113 };
+
+/* IQ4_XS: {f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]}. Block
+ * j (0..7) of 32 values has the 6-bit scale ls = nibble j of scales_l (low
+ * nibble first) | bits 2j, 2j+1 of scales_h << 4, and x = d * (ls - 32) *
+ * level[code]; its codes are the 16 bytes qs[16j ..]: low nibbles give
+ * values 0-15, high nibbles 16-31. */
+static void lm_deq_iq4_xs(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 136) {
+        float d = lm_rdh(s);
+        unsigned sh = lm_rd16(s + 2);
+        for (int j = 0; j < 8; j++, y += 32) {
+            int ls = ((s[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (int)(((sh >> (2 * j)) & 3) << 4);
+            float dl = d * (float)(ls - 32);
+            const uint8_t *qs = s + 8 + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * (float)lm_iq4nl_levels[qs[l] & 0x0f];
+                y[l + 16] = dl * (float)lm_iq4nl_levels[qs[l] >> 4];
+            }
+        }
+    }
+}
+
 /* Q6_K: {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d}. Each half of
  * 128 values uses 64 bytes of ql and 32 of qh; for l < 32 the four values
  * l, l+32, l+64, l+96 take low nibble of ql[l], low nibble of ql[l+32], high
@@ -236,6 +284,8 @@ void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n) {
     case LM_Q4_0: lm_deq_q4_0(s, dst, nb); break;
     case LM_Q4_K: lm_deq_q4_k(s, dst, nb); break;
     case LM_Q6_K: lm_deq_q6_k(s, dst, nb); break;
+    case LM_Q5_K: lm_deq_q5_k(s, dst, nb); break;
+    case LM_IQ4_XS: lm_deq_iq4_xs(s, dst, nb); break;
     case LM_DTYPE_COUNT: LM_ASSERT(!"bad dtype"); break;
     }
 }

@@ -318,6 +318,12 @@ lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e);
 lm_cpu_isa lm_cpu_isa_detect(void);
 const char *lm_cpu_isa_name(lm_cpu_isa isa);
 int lm_cpu_backend_threads(const lm_backend *be);
+/* Quantised weights in GEMV (decode): false (the default) rounds activations
+ * to int8 blocks and uses integer dot products; true widens the weights to
+ * f32 and keeps activations exact (slow; the reference). The environment
+ * variable LUMEN_CPU_QUANT_EXACT=1 sets true at creation. Returns the old
+ * setting. */
+bool lm_cpu_backend_quant_exact(lm_backend *be, bool exact);
 
 /* The CUDA backend on GPU `device` (0 = the first). NULL with e set when lumen
  * was built without CUDA, no usable GPU is present, or setup fails. Weights

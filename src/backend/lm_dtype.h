@@ -2,7 +2,7 @@
  *
  * A weight is a row-major matrix [rows][cols] in one of these types; quantised
  * types store each row as whole blocks (cols must be a multiple of the block
- * width). The block layouts of Q8_0, Q4_0, Q4_K and Q6_K are those of the GGUF
+ * width). The block layouts of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS are those of the GGUF
  * file format, so GGUF data is used in place. */
 #ifndef LM_DTYPE_H
 #define LM_DTYPE_H
@@ -17,6 +17,8 @@ typedef enum lm_dtype {
     LM_Q4_0, /* 32 values: f16 scale + 16 bytes of nibbles, q-8      (18 bytes) */
     LM_Q4_K, /* 256 values: f16 d, f16 dmin, 12 B scales, 128 B qs   (144 bytes) */
     LM_Q6_K, /* 256 values: 128 B ql, 64 B qh, 16 x int8 scales, f16 (210 bytes) */
+    LM_Q5_K, /* 256 values: f16 d, f16 dmin, 12 B scales, 32 B qh, 128 B qs (176 bytes) */
+    LM_IQ4_XS, /* 256 values: f16 d, u16 scales_h, 4 B scales_l, 128 B qs (136 bytes) */
     LM_I32,
     LM_DTYPE_COUNT
 } lm_dtype;
@@ -28,6 +30,9 @@ int lm_dtype_block_bytes(lm_dtype t);
 /* Bytes of n values; n must be a multiple of the block width (asserted). */
 size_t lm_dtype_row_bytes(lm_dtype t, int64_t n);
 bool lm_dtype_is_quant(lm_dtype t);
+
+/* IQ4_NL / IQ4_XS code -> level. */
+extern const int8_t lm_iq4nl_levels[16];
 
 /* Converts n values of type t at src to f32 (n a multiple of the block). */
 void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n);

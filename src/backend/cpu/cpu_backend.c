@@ -138,6 +138,7 @@ static void lm_cpu_destroy(lm_backend *be) {
     for (int i = 0; i < c->n_threads; i++) lm_afree(c->scratch[i]);
     free(c->scratch);
     lm_afree(c->work);
+    lm_afree(c->qx);
     free(c->last_ids);
     free(c);
 }
@@ -242,6 +243,9 @@ lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e) {
     c->be.name = "cpu";
     c->be.impl = c;
     c->k = lm_cpu_kern_for(isa);
+    c->qk_best = lm_cpu_qkern_for(isa);
+    const char *exact = getenv("LUMEN_CPU_QUANT_EXACT");
+    c->qk = exact && *exact && strcmp(exact, "0") != 0 ? NULL : c->qk_best;
     c->n_threads = n_threads;
     c->scratch = lm_xcalloc((size_t)n_threads, sizeof *c->scratch);
     c->pool = lm_pool_create(n_threads, e);
@@ -251,6 +255,15 @@ lm_backend *lm_cpu_backend_create(int n_threads, lm_cpu_isa isa, lm_err *e) {
         return NULL;
     }
     return &c->be;
+}
+
+bool lm_cpu_backend_quant_exact(lm_backend *be, bool exact) {
+    be = lm_backend_base(be);
+    LM_ASSERT(be && be->ops == &lm_cpu_ops);
+    lm_cpu *c = be->impl;
+    bool old = c->qk == NULL;
+    c->qk = exact ? NULL : c->qk_best;
+    return old;
 }
 
 int lm_cpu_backend_threads(const lm_backend *be) {

@@ -13,6 +13,10 @@
 typedef struct lm_cpu {
     lm_backend be; /* be.impl points back here */
     const lm_cpu_kern *k;
+    const lm_cpu_qkern *qk; /* int8-activation GEMV; NULL: exact widening */
+    const lm_cpu_qkern *qk_best; /* what qk is when not exact */
+    void *qx;               /* grow-only q8x rows of the current GEMV; caller thread */
+    size_t qx_bytes;
     lm_pool *pool;
     int n_threads;
     float **scratch;      /* [n_threads] -> scratch_bytes, 64-byte aligned */

@@ -5,7 +5,7 @@
  * not know its name; we only trust it together with AVX2, whose check already
  * covers OS support of ymm state. This file is portable C: it must run, and
  * say no, on a CPU that has none of these. */
-#include "../lm_backend.h"
+#include "cpu_kern.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -27,7 +27,13 @@ static bool lm_cpu_has_avx512(void) {
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq");
 }
+
+bool lm_cpu_has_avx512_vnni(void) {
+    __builtin_cpu_init();
+    return lm_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+}
 #else
+bool lm_cpu_has_avx512_vnni(void) { return false; }
 static bool lm_cpu_has_avx2(void) { return false; }
 static bool lm_cpu_has_avx512(void) { return false; }
 #endif

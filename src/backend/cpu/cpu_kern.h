@@ -9,7 +9,10 @@
  *
  * Everything computes in f32 with f32 accumulators: activations are never
  * rounded to a narrower type, weights are widened exactly (bf16 by a shift,
- * f16 by F16C or the exact scalar routine, quants by lm_dequant_row). */
+ * f16 by F16C or the exact scalar routine, quants by lm_dequant_row).
+ * The one exception is the quantised-activation GEMV (lm_cpu_qkern below),
+ * which rounds activations to int8 blocks to dot them with quant weights in
+ * integer arithmetic; it is a separate table so that it can be switched off. */
 #ifndef LM_CPU_KERN_H
 #define LM_CPU_KERN_H
 
@@ -67,6 +70,44 @@ typedef struct lm_cpu_kern {
     void (*attn_accum)(float *o, const float *p, const float *v, int64_t ldv, int n, int dh);
     void (*scal)(float *y, float a, int64_t n); /* y *= a */
 } lm_cpu_kern;
+
+/* ---- quantised-activation GEMV (cpu_qdot_*.c) --------------------------
+ *
+ * For decode on quantised weights: each activation row is rounded once per
+ * matmul to int8 blocks of 32 ("q8x": q = round(x / d), d = max|x| / 127),
+ * then dotted with the weight blocks in integer arithmetic, the block scales
+ * applied in f32. One token's q8x row of n values (n % 32 == 0) is laid out
+ * as int8 q[n], then float d[n/32], then int16 s[n/16] (sums of q over each
+ * 16 values, for the offsets/mins of the weight codes); rows of a batch are
+ * ldq bytes apart (lm_q8x_row_bytes). */
+#define LM_Q8X_BLOCK 32
+
+size_t lm_q8x_row_bytes(int64_t n);
+static inline const float *lm_q8x_d(const void *row, int64_t n) {
+    return (const float *)((const int8_t *)row + n);
+}
+static inline const int16_t *lm_q8x_s(const void *row, int64_t n) {
+    return (const int16_t *)((const int8_t *)row + n + n / 8);
+}
+/* Quantises n floats (n % 32 == 0) into one q8x row at dst. Portable. */
+void lm_q8x_quantize(const float *x, int64_t n, void *dst);
+
+/* Like lm_gemv_fn, with the activations given as nt q8x rows ldq bytes
+ * apart; nr <= LM_GEMV_MAX_ROWS, nt <= LM_GEMV_MAX_TOKENS. */
+typedef void (*lm_qgemv_fn)(const void *w, size_t ldw, int nr, const void *xq, size_t ldq, int nt,
+                            int64_t n, const float *bias, float *y, int64_t ldy);
+
+typedef struct lm_cpu_qkern {
+    const char *name;
+    lm_qgemv_fn qgemv[LM_DTYPE_COUNT]; /* NULL: no int8 path for this dtype */
+} lm_cpu_qkern;
+
+extern const lm_cpu_qkern lm_cpu_qkern_scalar; /* the reference */
+extern const lm_cpu_qkern lm_cpu_qkern_avx2;
+extern const lm_cpu_qkern lm_cpu_qkern_vnni; /* AVX-512 VNNI + VL */
+/* Best int8 table for an ISA level (VNNI checked separately). */
+const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa);
+bool lm_cpu_has_avx512_vnni(void);
 
 extern const lm_cpu_kern lm_cpu_kern_scalar;
 extern const lm_cpu_kern lm_cpu_kern_avx2;

@@ -1,0 +1,7 @@
+/* cpu_qdot_avx2.c - the int8 GEMV for AVX2 (vpmaddubsw + vpmaddwd).
+ *
+ * The kernels are in cpu_qdot_x86.h, shared with the VNNI build; this file
+ * only compiles them for AVX2 + FMA + F16C and names the table. */
+#include "cpu_qdot_x86.h"
+
+const lm_cpu_qkern lm_cpu_qkern_avx2 = { .name = "avx2", LM_QD_TABLE };

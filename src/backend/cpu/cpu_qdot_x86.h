@@ -1,0 +1,260 @@
+/* cpu_qdot_x86.h - the int8 GEMV kernels for AVX2 and AVX-512 VNNI.
+ *
+ * Included once by cpu_qdot_avx2.c and once by cpu_qdot_vnni.c, which are
+ * compiled for their ISA and differ only in lm_qd_dot below: AVX2 multiplies
+ * u8 x s8 into pairs of int16 (vpmaddubsw, no overflow for our codes: weights
+ * are at most 128 in magnitude after the sign trick and activations at most
+ * 127, so a pair stays <= 32512) and adds them into int32 (vpmaddwd); VNNI
+ * does both in one vpdpbusd. Everything here is static.
+ *
+ * Shape: one weight row at a time against all nt (<= 4) tokens, one 32-value
+ * block per step in a ymm register: the block is decoded once (nibbles or
+ * 6-bit codes to bytes) and reused from the register for every token, so the
+ * row is read from memory once. Signed weights use the sign trick:
+ * |w| * (x * sign(w)) keeps the unsigned operand unsigned. Each token keeps
+ * an f32 accumulator of 8 lanes; the block's integer dot is converted and
+ * scaled by (weight scale * activation scale) with one FMA. Q4_K's mins are
+ * applied per super-block in a second accumulator from the activation's
+ * block sums. The same integers as the scalar reference; only the order of
+ * the f32 additions differs. */
+#include "cpu_kern.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define LM_QD_AI static inline __attribute__((always_inline))
+
+LM_QD_AI float lm_qd_h(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* int32 lanes: lane i = sum of u[4i..4i+3] * s[4i..4i+3]. */
+LM_QD_AI __m256i lm_qd_dot(__m256i u, __m256i s) {
+#ifdef LM_QD_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Q6_K's two scales of a 32-value block j, from its 16 int8 scales sc16,
+ * as the multiplier lm_qd_dot_sc wants: int16 x 16 (AVX2: applied to the
+ * pair sums of vpmaddubsw) or int32 x 8 (VNNI: applied to the quad sums). */
+LM_QD_AI __m256i lm_qd_sc(__m128i sc16, int j) {
+    __m128i pat = _mm_add_epi8(_mm_set_epi64x(0x0101010101010101ll, 0), _mm_set1_epi8((char)(2 * j)));
+#ifdef LM_QD_VNNI
+    __m128i q = _mm_shuffle_epi8(sc16, _mm_unpacklo_epi32(pat, _mm_unpackhi_epi64(pat, pat)));
+    return _mm256_cvtepi8_epi32(q); /* bytes: 2j x4, 2j+1 x4 */
+#else
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pat)); /* 2j x8, 2j+1 x8 */
+#endif
+}
+
+/* As lm_qd_dot, each lane times its scale from lm_qd_sc. */
+LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, __m256i scv) {
+#ifdef LM_QD_VNNI
+    return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
+#endif
+}
+
+/* Software prefetch distance in bytes. The rows a thread owns are contiguous
+ * in memory, so running past the end of a row fetches the next one. */
+#ifndef LM_QD_PF
+#define LM_QD_PF 2048
+#endif
+
+/* Prefetches the lines of [p, p + n) + LM_QD_PF that start a new line. */
+LM_QD_AI void lm_qd_prefetch(const uint8_t *p, int n) {
+    uintptr_t a = (uintptr_t)p + LM_QD_PF, e = a + (uintptr_t)n;
+    for (a &= ~(uintptr_t)63; a < e; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
+LM_QD_AI float lm_qd_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Codes of 32 values from 16 bytes of nibbles: low nibbles first. */
+LM_QD_AI __m256i lm_qd_nib32(const uint8_t *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+typedef struct lm_qd_x {
+    const int8_t *q;
+    const float *d;
+    const int16_t *s;
+} lm_qd_x;
+
+LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
+                        float *out) {
+    __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
+    for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    const int64_t nb = n / 32;
+    if (dt == LM_Q8_0 || dt == LM_Q4_0) {
+        const int bb = dt == LM_Q8_0 ? 34 : 18;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + b * bb;
+            if (b % 2 == 0) lm_qd_prefetch(blk, 2 * bb);
+            __m256i w = dt == LM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
+                                      : _mm256_sub_epi8(lm_qd_nib32(blk + 2), _mm256_set1_epi8(8));
+            __m256i aw = _mm256_sign_epi8(w, w);
+            float dw = lm_qd_h(blk);
+            for (int t = 0; t < NT; t++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+            }
+        }
+    } else if (dt == LM_Q4_K || dt == LM_Q5_K) { /* Q5_K: Q4_K + a fifth bit from qh */
+        const int bb = dt == LM_Q4_K ? 144 : 176, qs_off = dt == LM_Q4_K ? 16 : 48;
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * bb;
+            lm_qd_prefetch(blk, bb);
+            __m256i qh = dt == LM_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+            uint32_t a, bm, c;
+            memcpy(&a, blk + 4, 4);
+            memcpy(&bm, blk + 8, 4);
+            memcpy(&c, blk + 12, 4);
+            /* 6-bit scales and mins of blocks 0-3 (low 6 bits of a / bm) and
+             * 4-7 (nibbles of c, top bits from the spare 2 bits of a / bm) */
+            uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+            uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((bm >> 2) & 0x30303030u);
+            __m128i scb = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
+            __m128i mnb = _mm_set_epi32(0, 0, (int)mn_hi, (int)(bm & 0x3f3f3f3fu));
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));
+            __m256 minv = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnb)));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) {
+                __m256 dx = _mm256_loadu_ps(x[t].d + sb * 8);
+                _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, dx));
+                /* mins: sum_j min_j * d_j * (sum of the block's q) */
+                __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
+            }
+            for (int g = 0; g < 4; g++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * g));
+                __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+                if (dt == LM_Q5_K) { /* bits 2g and 2g+1 of qh, moved to bit 4 */
+                    const __m256i one = _mm256_set1_epi8(1);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+                }
+                for (int t = 0; t < NT; t++) {
+                    const int8_t *xb = x[t].q + (sb * 8 + 2 * g) * 32;
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 32));
+                    __m256 p0 = _mm256_cvtepi32_ps(lm_qd_dot(lo, x0));
+                    __m256 p1 = _mm256_cvtepi32_ps(lm_qd_dot(hi, x1));
+                    acc[t] = _mm256_fmadd_ps(p0, _mm256_broadcast_ss(&sdx[t][2 * g]), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(p1, _mm256_broadcast_ss(&sdx[t][2 * g + 1]), acc[t]);
+                }
+            }
+        }
+    } else if (dt == LM_IQ4_XS) {
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lm_iq4nl_levels));
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * 136;
+            lm_qd_prefetch(blk, 136);
+            uint16_t sh;
+            uint32_t sl;
+            memcpy(&sh, blk + 2, 2);
+            memcpy(&sl, blk + 4, 4);
+            /* the 8 scales: nibbles of scales_l in block order, 2 bits of scales_h each */
+            __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shift2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+            __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), shift4), _mm256_set1_epi32(0x0f));
+            __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), shift2), _mm256_set1_epi32(3));
+            __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(ls));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, _mm256_loadu_ps(x[t].d + sb * 8)));
+            for (int j = 0; j < 8; j++) {
+                __m256i w = _mm256_shuffle_epi8(lv, lm_qd_nib32(blk + 8 + 16 * j));
+                __m256i aw = _mm256_sign_epi8(w, w);
+                for (int t = 0; t < NT; t++) {
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
+                    __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                }
+            }
+        }
+    } else { /* LM_Q6_K */
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * 210;
+            lm_qd_prefetch(blk, 210);
+            __m128i sc16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208));
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(d, _mm256_loadu_ps(x[t].d + sb * 8)));
+            for (int h = 0; h < 2; h++) {
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+                __m256i w4[4];
+                w4[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+                w4[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+                w4[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+                w4[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+                for (int k = 0; k < 4; k++) {
+                    __m256i w = _mm256_sub_epi8(w4[k], _mm256_set1_epi8(32));
+                    __m256i aw = _mm256_sign_epi8(w, w);
+                    int j = 4 * h + k;
+                    __m256i scv = lm_qd_sc(sc16, j);
+                    for (int t = 0; t < NT; t++) {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
+                        __m256i p = lm_qd_dot_sc(aw, _mm256_sign_epi8(xv, w), scv);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                    }
+                }
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]);
+}
+
+LM_QD_AI void lm_qd_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const void *xq, size_t ldq,
+                         int nt, int64_t n, const float *bias, float *y, int64_t ldy) {
+    lm_qd_x x[LM_GEMV_MAX_TOKENS];
+    for (int t = 0; t < nt; t++) {
+        const void *row = (const char *)xq + (size_t)t * ldq;
+        x[t] = (lm_qd_x){ row, lm_q8x_d(row, n), lm_q8x_s(row, n) };
+    }
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * ldw;
+        float out[LM_GEMV_MAX_TOKENS];
+        switch (nt) {
+        case 1: lm_qd_row(dt, 1, wr, x, n, out); break;
+        case 2: lm_qd_row(dt, 2, wr, x, n, out); break;
+        case 3: lm_qd_row(dt, 3, wr, x, n, out); break;
+        default: lm_qd_row(dt, 4, wr, x, n, out); break;
+        }
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = out[t] + (bias ? bias[r] : 0.0f);
+    }
+}
+
+#define LM_QD_FN(name, dt)                                                                        \
+    static void name(const void *w, size_t ldw, int nr, const void *xq, size_t ldq, int nt,       \
+                     int64_t n, const float *bias, float *y, int64_t ldy) {                       \
+        lm_qd_gemv(dt, w, ldw, nr, xq, ldq, nt, n, bias, y, ldy);                                 \
+    }
+LM_QD_FN(lm_qd_gemv_q8_0, LM_Q8_0)
+LM_QD_FN(lm_qd_gemv_q4_0, LM_Q4_0)
+LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
+LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
+LM_QD_FN(lm_qd_gemv_q5_k, LM_Q5_K)
+LM_QD_FN(lm_qd_gemv_iq4_xs, LM_IQ4_XS)
+
+#define LM_QD_TABLE                                                                               \
+    .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
+               [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k,                           \
+               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs }

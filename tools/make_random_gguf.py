@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""make_random_gguf.py - a random Llama-3.2-1B-shaped GGUF for CPU speed tests.
+
+Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q8
+
+Design: lumen and llama.cpp both need GGUF files to compare speed on, and
+make_random_model writes safetensors only. This copies the metadata of a small
+llama GGUF (TEMPLATE: e.g. ../shared/fixtures/gguf/llama-g256/model.Q4_K_M.gguf)
+with the shape keys set to Llama-3.2-1B's (16 layers, 2048 wide, FFN 8192,
+32 heads / 8 KV heads, vocab 128256: the token list is padded with unused
+tokens) and writes random weight blocks: q4km follows llama.cpp's Q4_K_M
+choice (Q4_K, with Q6_K for the output and for attn_v / ffn_down in 8 of the
+16 layers), q8 is all Q8_0. Block scales are fixed, sane f16 values (no
+subnormals, no infinities) and the codes random, so the logits are
+meaningless but finite; 4096 random blocks are repeated to keep this fast.
+Only the Python standard library is used. Output: ~0.95 GB (q4km), ~1.6 GB (q8).
+"""
+import os
+import random
+import struct
+import sys
+
+TF = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
+
+
+def rd_str(f):
+    n, = struct.unpack('<Q', f.read(8))
+    return f.read(n).decode('utf-8', 'replace')
+
+
+def rd_val(f, t):
+    if t == 8:
+        return rd_str(f)
+    if t == 9:
+        at, n = struct.unpack('<IQ', f.read(12))
+        return ('arr', at, [rd_val(f, at) for _ in range(n)])
+    fm = TF[t]
+    return struct.unpack('<' + fm, f.read(struct.calcsize(fm)))[0]
+
+
+def read_kv(path):
+    with open(path, 'rb') as f:
+        assert f.read(4) == b'GGUF', path + ': not a GGUF file'
+        _, _, nkv = struct.unpack('<IQQ', f.read(20))
+        kv = []
+        for _ in range(nkv):
+            k = rd_str(f)
+            t, = struct.unpack('<I', f.read(4))
+            kv.append((k, t, rd_val(f, t)))
+        return kv
+
+
+def s(x):
+    b = x.encode()
+    return struct.pack('<Q', len(b)) + b
+
+
+def val(t, v):
+    if t == 8:
+        return s(v)
+    if t == 9:
+        return struct.pack('<IQ', v[1], len(v[2])) + b''.join(val(v[1], x) for x in v[2])
+    return struct.pack('<' + TF[t], v)
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[3] not in ('q4km', 'q8'):
+        sys.exit(__doc__)
+    tmpl, out, kind = sys.argv[1:]
+    H, L, F, NH, NKV, V = 2048, 16, 8192, 32, 8, 128256
+    rng = random.Random(1)
+    f16 = lambda x: struct.pack('<e', x)
+    rb = lambda n: bytes(rng.getrandbits(8) for _ in range(n))
+
+    def chunk(t):  # 4096 random blocks of ggml type t
+        if t == 12:
+            return b''.join(f16(4e-5) + f16(2e-5) + rb(140) for _ in range(4096))
+        if t == 14:
+            return b''.join(rb(192) + bytes(rng.randrange(-60, 60) & 255 for _ in range(16)) + f16(1e-5)
+                            for _ in range(4096))
+        return b''.join(f16(3e-4) + rb(32) for _ in range(4096))
+
+    blocks = {12: (256, 144), 14: (256, 210), 8: (32, 34), 0: (1, 4)}
+    q4, q6 = (12, 14) if kind == 'q4km' else (8, 8)
+    w = lambda name, rows, cols, t: (name, (cols, rows), t)
+    tensors = [w('token_embd.weight', V, H, q4), w('output_norm.weight', 1, H, 0), w('output.weight', V, H, q6)]
+    for i in range(L):
+        more = i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
+        p = 'blk.%d.' % i
+        tensors += [w(p + 'attn_norm.weight', 1, H, 0), w(p + 'ffn_norm.weight', 1, H, 0),
+                    w(p + 'attn_q.weight', H, H, q4), w(p + 'attn_k.weight', 512, H, q4),
+                    w(p + 'attn_v.weight', 512, H, q6 if more else q4), w(p + 'attn_output.weight', H, H, q4),
+                    w(p + 'ffn_gate.weight', F, H, q4), w(p + 'ffn_up.weight', F, H, q4),
+                    w(p + 'ffn_down.weight', H, F, q6 if more else q4)]
+    over = {'llama.block_count': L, 'llama.embedding_length': H, 'llama.feed_forward_length': F,
+            'llama.attention.head_count': NH, 'llama.attention.head_count_kv': NKV, 'llama.vocab_size': V,
+            'general.file_type': 15 if kind == 'q4km' else 7}
+    kvb = []
+    for k, t, v in read_kv(tmpl):
+        v = over.get(k, v)
+        if k == 'tokenizer.ggml.tokens':
+            v = ('arr', 8, v[2] + ['<pad_%d>' % i for i in range(V - len(v[2]))])
+        if k == 'tokenizer.ggml.token_type':
+            v = ('arr', 5, v[2] + [1] * (V - len(v[2])))
+        kvb.append(s(k) + struct.pack('<I', t) + val(t, v))
+    infos, sizes, off = [], [], 0
+    for name, dims, t in tensors:
+        blk, bb = blocks[t]
+        size = dims[0] * dims[1] // blk * bb
+        infos.append(s(name) + struct.pack('<I2QIQ', 2, dims[0], dims[1], t, off))
+        sizes.append(size)
+        off += (size + 31) // 32 * 32
+    with open(out, 'wb') as f:
+        f.write(b'GGUF' + struct.pack('<IQQ', 3, len(tensors), len(kvb)))
+        for b in kvb + infos:
+            f.write(b)
+        f.write(b'\0' * ((-f.tell()) % 32))
+        chunks = {}
+        for (name, dims, t), size in zip(tensors, sizes):
+            if t == 0:
+                data = struct.pack('<f', 1.0) * (size // 4)
+            else:
+                c = chunks.setdefault(t, chunk(t))
+                data = (c * (size // len(c) + 1))[:size]
+            f.write(data)
+            f.write(b'\0' * ((-size) % 32))
+    print(out, os.path.getsize(out))
+
+
+if __name__ == '__main__':
+    main()
