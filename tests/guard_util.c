@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "format/safetensors.h"
 #include "test_util.h"
 
 /* ---- time ---- */
@@ -249,77 +250,55 @@ double gu_metric(int port, const char *name) {
 
 /* ---- reference tensors ---- */
 
-/* The data of tensor name (dtype checked) in a safetensors blob, or NULL. */
-static const void *st_find(const char *blob, size_t size, json_t *hdr, const char *name, const char *dtype,
-                           size_t elem, size_t *n_elem, int64_t shape[2], int *rank) {
-    json_t *t = json_object_get(hdr, name);
-    if (!t || !lm_streq(json_string_value(json_object_get(t, "dtype")), dtype)) return NULL;
-    json_t *sh = json_object_get(t, "shape"), *off = json_object_get(t, "data_offsets");
-    size_t n = 1;
-    *rank = (int)json_array_size(sh);
-    if (*rank < 1 || *rank > 2) return NULL;
-    for (int i = 0; i < *rank; i++) {
-        shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
-        n *= (size_t)shape[i];
-    }
-    uint64_t hlen;
-    memcpy(&hlen, blob, 8);
-    size_t a = (size_t)json_integer_value(json_array_get(off, 0)), b = (size_t)json_integer_value(json_array_get(off, 1));
-    if (b < a || b - a != n * elem || 8 + hlen + b > size) return NULL;
-    *n_elem = n;
-    return blob + 8 + hlen + a;
+/* A copy of tensor name of st when it has type_name and rank 1 or 2, else
+ * NULL; *n the element count, shape its dimensions (4-byte elements). */
+static void *ref_copy(const lm_safetensors *st, const char *name, const char *type_name, size_t *n,
+                      int64_t shape[2], int *rank) {
+    const lm_file_tensor *t = lm_safetensors_find(st, name);
+    if (!t || strcmp(t->type_name, type_name) || t->n_dims < 1 || t->n_dims > 2) return NULL;
+    *rank = t->n_dims;
+    for (int i = 0; i < t->n_dims; i++) shape[i] = t->shape[i];
+    *n = (size_t)lm_file_tensor_numel(t);
+    void *out = malloc(t->nbytes);
+    if (out) memcpy(out, t->data, t->nbytes);
+    return out;
 }
 
 int gu_ref_load(const char *dir, int prompt, gu_ref *r, char *why, size_t why_len) {
     memset(r, 0, sizeof *r);
     char path[1024], name[64];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    size_t size = 0;
-    char *blob = lm_tu_read(path, &size);
-    if (!blob || size < 8) {
-        snprintf(why, why_len, "%s: cannot read", path);
-        free(blob);
+    lm_safetensors st = { 0 };
+    lm_err e = { { 0 } };
+    if (lm_safetensors_open(&st, path, &e)) {
+        snprintf(why, why_len, "%s", e.msg);
         return -1;
     }
-    uint64_t hlen;
-    memcpy(&hlen, blob, 8);
-    json_t *hdr = hlen + 8 <= size ? json_loadb(blob + 8, (size_t)hlen, 0, NULL) : NULL;
     int rc = -1, rank;
     int64_t shape[2];
     size_t n;
-    const void *p;
-    if (!hdr) {
-        snprintf(why, why_len, "%s: bad header", path);
-        goto done;
-    }
     snprintf(name, sizeof name, "prompt%d.ids", prompt);
-    if (!(p = st_find(blob, size, hdr, name, "I32", 4, &n, shape, &rank))) {
+    if (!(r->ids = ref_copy(&st, name, "I32", &n, shape, &rank))) {
         snprintf(why, why_len, "%s: no I32 %s", path, name);
         goto done;
     }
     r->n_ids = (int)n;
-    r->ids = malloc(n * 4);
-    memcpy(r->ids, p, n * 4);
     snprintf(name, sizeof name, "prompt%d.greedy_ids", prompt);
-    if (!(p = st_find(blob, size, hdr, name, "I32", 4, &n, shape, &rank))) {
+    if (!(r->greedy = ref_copy(&st, name, "I32", &n, shape, &rank))) {
         snprintf(why, why_len, "%s: no I32 %s", path, name);
         goto done;
     }
     r->n_greedy = (int)n;
-    r->greedy = malloc(n * 4);
-    memcpy(r->greedy, p, n * 4);
     snprintf(name, sizeof name, "prompt%d.greedy_logits", prompt);
-    if (!(p = st_find(blob, size, hdr, name, "F32", 4, &n, shape, &rank)) || rank != 2 || shape[0] != r->n_greedy) {
+    if (!(r->greedy_logits = ref_copy(&st, name, "F32", &n, shape, &rank)) || rank != 2 ||
+        shape[0] != r->n_greedy) {
         snprintf(why, why_len, "%s: no F32 [%d, V] %s", path, r->n_greedy, name);
         goto done;
     }
     r->vocab = (int)shape[1];
-    r->greedy_logits = malloc(n * 4);
-    memcpy(r->greedy_logits, p, n * 4);
     rc = 0;
 done:
-    json_decref(hdr);
-    free(blob);
+    lm_safetensors_close(&st);
     if (rc) gu_ref_free(r);
     return rc;
 }

@@ -6,8 +6,8 @@
  * Design: the guard tests must fail when a feature breaks, so nothing here
  * hides a failure: a server that does not start, a body that does not parse
  * or a reference that is missing is reported to the caller, never replaced
- * by a default. Only public headers are used, so the tests survive the
- * refactors going on around them. */
+ * by a default. Reference tensors are read with the project's safetensors
+ * parser (format/safetensors.h). */
 #ifndef LM_GUARD_UTIL_H
 #define LM_GUARD_UTIL_H
 
