@@ -142,7 +142,7 @@ int gu_dial(int port) {
     return fd;
 }
 
-static int send_all(int fd, const char *p, size_t n) {
+int gu_send_all(int fd, const char *p, size_t n) {
     while (n) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
         if (w <= 0) return -1;
@@ -159,8 +159,8 @@ int gu_send(int fd, const char *method, const char *path, const char *body, cons
                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%sContent-Length: %zu\r\n\r\n", method,
                      path, hdrs ? hdrs : "", body ? "Content-Type: application/json\r\n" : "", blen);
     if (n < 0 || (size_t)n >= sizeof head) return -1;
-    if (send_all(fd, head, (size_t)n)) return -1;
-    return body ? send_all(fd, body, blen) : 0;
+    if (gu_send_all(fd, head, (size_t)n)) return -1;
+    return body ? gu_send_all(fd, body, blen) : 0;
 }
 
 int gu_read(int fd, gu_resp *r) {

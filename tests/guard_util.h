@@ -64,6 +64,8 @@ typedef struct gu_resp {
 void gu_resp_free(gu_resp *r);
 /* A connected socket to 127.0.0.1:port, or -1. */
 int gu_dial(int port);
+/* Sends n bytes (no SIGPIPE); 0, or -1 once the peer has gone. */
+int gu_send_all(int fd, const char *p, size_t n);
 /* Sends one request (Connection: close); hdrs are extra "Name: value\r\n" lines. */
 int gu_send(int fd, const char *method, const char *path, const char *body, const char *hdrs);
 /* Reads a whole response until the server closes. */

@@ -1,6 +1,6 @@
 /* test_server_http.c - `lumen serve` as a client sees it: the real binary on a
- * free loopback port with the qwen3 fixture, driven by a small HTTP/1.1
- * client written here (plain sockets; chunked bodies decoded). */
+ * free loopback port with the qwen3 fixture, driven by the small HTTP/1.1
+ * client of guard_util.h (plain sockets; chunked bodies decoded). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,209 +19,27 @@
 #include <unistd.h>
 
 #include "lm_test.h"
+#include "guard_util.h"
 #include "test_util.h"
 
 #define LM_COUNT_(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ---- the server process ------------------------------------------------------------------ */
+/* ---- the server process and the HTTP client (guard_util.h) ------------------------------ */
 
-typedef struct server {
-    pid_t pid;
-    int port;
-    char log[512];
-} server;
+typedef gu_server server;
+typedef gu_resp resp;
 
-/* Servers still running when the test binary exits (a test that stopped at
- * a failed LM_REQUIRE) are killed, never left behind. */
-static pid_t g_pids[64];
-
-static void remember(pid_t pid, bool add) {
-    for (size_t i = 0; i < LM_COUNT_(g_pids); i++)
-        if (add ? g_pids[i] == 0 : g_pids[i] == pid) {
-            g_pids[i] = add ? pid : 0;
-            return;
-        }
-}
-
-__attribute__((destructor)) static void kill_leftovers(void) {
-    for (size_t i = 0; i < LM_COUNT_(g_pids); i++)
-        if (g_pids[i] > 0) {
-            kill(g_pids[i], SIGKILL);
-            waitpid(g_pids[i], NULL, 0);
-        }
-}
-
-static void msleep(int ms) {
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-/* Starts lumen serve on the qwen3 fixture with extra args; 0 on success. */
+/* Starts lumen serve on the qwen3 fixture, one thread, with extra args; 0 on
+ * success. */
 static int server_start(server *s, const char *extra) {
     memset(s, 0, sizeof *s);
     char *dir = lm_test_fixture_path("models/qwen3");
     if (!dir) return -1;
-    static int counter;
-    snprintf(s->log, sizeof s->log, "%s/serve%d.log", lm_test_tmpdir(), counter++);
-    char cmd[2048];
-    /* stdout into the log too: a server left running by a crashed test must
-     * not hold the test runner's output pipe open */
-    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --port 0 --threads 1 %s 2>'%s' 1>&2", lm_test_lumen_bin(), dir,
-             extra ? extra : "", s->log);
+    char args[1536];
+    snprintf(args, sizeof args, "--threads 1 %s", extra ? extra : "");
+    int rc = gu_server_start(s, dir, args);
     free(dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the test binary, even when that crashes */
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-    remember(pid, true);
-    for (int i = 0; i < 600; i++) { /* up to 30 s (sanitizer builds start slower) */
-        char *log = lm_tu_read(s->log, NULL);
-        const char *p = log ? strstr(log, "http://127.0.0.1:") : NULL;
-        char *end = NULL;
-        long port = p ? strtol(p + strlen("http://127.0.0.1:"), &end, 10) : 0;
-        if (end && *end == ' ') s->port = (int)port; /* the whole number: the line may be half written */
-        free(log);
-        if (s->port > 0) return 0;
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            remember(pid, false);
-            s->pid = 0;
-            return -1;
-        }
-        msleep(50);
-    }
-    return -1;
-}
-
-/* SIGTERM, then the exit status (0 = clean, also under ASan's leak check). */
-static int server_stop(server *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 400; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            remember(s->pid, false);
-            s->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        msleep(50);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &st, 0);
-    remember(s->pid, false);
-    s->pid = 0;
-    return -2;
-}
-
-static void server_dump_log(const server *s) {
-    char *log = lm_tu_read(s->log, NULL);
-    fprintf(stderr, "  --- server log ---\n%s  ---\n", log ? log : "(none)");
-    free(log);
-}
-
-/* ---- a tiny HTTP client --------------------------------------------------------------------- */
-
-typedef struct resp {
-    int status;
-    char *headers;
-    char *body;
-    size_t body_len;
-} resp;
-
-static void resp_free(resp *r) {
-    free(r->headers);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-static int dial(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int send_request(int fd, const char *method, const char *path, const char *body, const char *extra_headers) {
-    size_t blen = body ? strlen(body) : 0;
-    char head[1024];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s"
-                     "Content-Length: %zu\r\n\r\n",
-                     method, path, extra_headers ? extra_headers : "", body ? "Content-Type: application/json\r\n" : "",
-                     "", blen);
-    if (send_all(fd, head, (size_t)n)) return -1;
-    return body ? send_all(fd, body, blen) : 0;
-}
-
-/* Reads until the server closes (Connection: close); decodes chunked bodies. */
-static int read_response(int fd, resp *r) {
-    memset(r, 0, sizeof *r);
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
-        if (got <= 0) break;
-        n += (size_t)got;
-    }
-    buf[n] = 0;
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
-        free(buf);
-        return -1;
-    }
-    *sep = 0;
-    r->headers = strdup(buf);
-    const char *p = sep + 4, *end = buf + n;
-    r->body = malloc((size_t)(end - p) + 1);
-    if (strcasestr(r->headers, "Transfer-Encoding: chunked")) {
-        while (p < end) {
-            char *e;
-            unsigned long len = strtoul(p, &e, 16);
-            const char *data = strstr(e, "\r\n");
-            if (!data || len == 0) break;
-            data += 2;
-            if (data + len > end) len = (unsigned long)(end - data);
-            memcpy(r->body + r->body_len, data, len);
-            r->body_len += len;
-            p = data + len + 2;
-        }
-    } else {
-        memcpy(r->body, p, (size_t)(end - p));
-        r->body_len = (size_t)(end - p);
-    }
-    r->body[r->body_len] = 0;
-    free(buf);
-    return 0;
-}
-
-static int http(int port, const char *method, const char *path, const char *body, const char *hdrs, resp *r) {
-    int fd = dial(port);
-    if (fd < 0) return -1;
-    /* a server may answer before the body is all sent (413) and close: the
-     * send then fails, but the answer can still be read */
-    int sent = send_request(fd, method, path, body, hdrs);
-    int rc = read_response(fd, r);
-    close(fd);
-    if (rc && sent) fprintf(stderr, "  (http: the request could not be sent in full)\n");
-    return rc ? -1 : 0;
+    return rc;
 }
 
 /* Server output is parsed with JSON_ALLOW_NUL: a random fixture model can
@@ -280,15 +98,15 @@ static char *sse_text(const resp *r, int *n_chunks, int *n_done, json_t **usage,
     do {                                                                        \
         if (!lm_test_have_fixture("models/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());       \
         if (server_start(&(s), (extra))) {                                      \
-            server_dump_log(&(s));                                              \
+            gu_server_dump_log(&(s));                                              \
             LM_REQUIRE(!"server started");                                      \
         }                                                                       \
     } while (0)
 
 #define STOP(s)                                                                 \
     do {                                                                        \
-        int rc_ = server_stop(&(s));                                            \
-        if (rc_ != 0) server_dump_log(&(s));                                    \
+        int rc_ = gu_server_stop(&(s));                                            \
+        if (rc_ != 0) gu_server_dump_log(&(s));                                    \
         LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);                   \
     } while (0)
 
@@ -306,30 +124,30 @@ LM_TEST(server_http_basic_routes) {
     server s;
     START(s, "");
     resp r;
-    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 200 && strstr(r.body, "\"ok\""));
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
     json_t *j = body_json(&r);
     LM_CHECK_MSG(r.status == 200 && lm_streq(json_string_value(json_object_get(j, "object")), "list"),
                  "status %d body %s", r.status, r.body);
     LM_CHECK(lm_streq(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "qwen3"));
     json_decref(j);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/v1/models/qwen3", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/v1/models/qwen3", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/v1/models/other", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/v1/models/other", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 404);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/nope", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/nope", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 404 && strstr(r.body, "\"error\""));
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/v1/chat/completions", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/v1/chat/completions", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 405);
-    resp_free(&r);
+    gu_resp_free(&r);
     char *b = chat_body("");
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
     LM_CHECK_MSG(r.status == 200, "status %d body %s", r.status, r.body);
     j = body_json(&r);
     LM_CHECK_MSG(lm_streq(json_string_value(json_object_get(j, "object")), "chat.completion"), "headers %s body %s",
@@ -338,14 +156,14 @@ LM_TEST(server_http_basic_routes) {
     LM_CHECK(json_integer_value(json_object_get(u, "prompt_tokens")) > 0);
     LM_CHECK(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
     json_decref(j);
-    resp_free(&r);
+    gu_resp_free(&r);
     free(b);
-    LM_REQUIRE(http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 200 && strstr(r.headers, "text/plain"));
     LM_CHECK(strstr(r.body, "lumen_requests_total{route=\"chat_completions\",status=\"2xx\"} 1") != NULL);
     LM_CHECK(strstr(r.body, "# TYPE lumen_time_to_first_token_seconds histogram") != NULL);
     LM_CHECK(strstr(r.body, "lumen_queue_depth 0") != NULL);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
 }
 
@@ -354,7 +172,7 @@ LM_TEST(server_http_stream_and_completions) {
     START(s, "");
     resp r;
     char *b = chat_body(",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"seed\":3");
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", b, NULL, &r) == 0);
     LM_CHECK(r.status == 200 && strcasestr(r.headers, "text/event-stream"));
     int n_chunks, n_done;
     json_t *usage;
@@ -366,19 +184,19 @@ LM_TEST(server_http_stream_and_completions) {
     /* the same request without streaming gives the same text */
     char *b2 = chat_body(",\"seed\":3");
     resp r2;
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b2, NULL, &r2) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", b2, NULL, &r2) == 0);
     char *t2 = chat_text(&r2);
     LM_CHECK_MSG(!strcmp(text, t2), "stream '%s' vs '%s'", text, t2);
     free(t2);
     free(b2);
-    resp_free(&r2);
+    gu_resp_free(&r2);
     json_decref(usage);
     free(text);
-    resp_free(&r);
+    gu_resp_free(&r);
     free(b);
 
     /* completions: token-id prompt, echo, logprobs */
-    LM_REQUIRE(http(s.port, "POST", "/v1/completions",
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions",
                     "{\"model\":\"qwen3\",\"prompt\":\"The sky\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":2,"
                     "\"logit_bias\":{\"2\":-100}}",
                     NULL, &r) == 0);
@@ -390,15 +208,15 @@ LM_TEST(server_http_stream_and_completions) {
     LM_CHECK(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")) == 5);
     LM_CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 5);
     json_decref(j);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "POST", "/v1/completions",
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions",
                     "{\"prompt\":[1,100,200],\"max_tokens\":3,\"echo\":true,\"stream\":true}", NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     text = sse_text(&r, &n_chunks, &n_done, NULL, finish, sizeof finish);
     LM_CHECK(n_done == 1);
     LM_CHECK(!strncmp(text, "<|im_start|>", 12)); /* echo decodes the prompt ids */
     free(text);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
 }
 
@@ -414,9 +232,9 @@ LM_TEST(server_http_seed_and_stop) {
         char body[512];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]%s,\"logit_bias\":{\"2\":-100}}",
                  extra[i]);
-        LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
         texts[i] = chat_text(&r);
-        resp_free(&r);
+        gu_resp_free(&r);
     }
     LM_CHECK_MSG(!strcmp(texts[0], texts[1]), "same seed: '%s' vs '%s'", texts[0], texts[1]);
     LM_CHECK_MSG(strcmp(texts[0], texts[2]) != 0, "other seed gave the same 24 tokens: '%s'", texts[0]);
@@ -435,7 +253,7 @@ LM_TEST(server_http_seed_and_stop) {
                 free(body);
                 body = json_dumps(req, 0);
             }
-            LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+            LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
             char finish[32] = "";
             int nc, nd;
             char *t = stream ? sse_text(&r, &nc, &nd, NULL, finish, sizeof finish) : chat_text(&r);
@@ -446,7 +264,7 @@ LM_TEST(server_http_seed_and_stop) {
                          texts[0]);
             if (stream) LM_CHECK(!strcmp(finish, "stop"));
             free(t);
-            resp_free(&r);
+            gu_resp_free(&r);
         }
         free(body);
         json_decref(req);
@@ -458,7 +276,7 @@ LM_TEST(server_http_seed_and_stop) {
 static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const char *body, const char *hdrs, int status,
                           const char *code) {
     resp r;
-    int hr = http(port, "POST", path, body, hdrs, &r);
+    int hr = gu_http(port, "POST", path, body, hdrs, &r);
     LM_CHECK_MSG(hr == 0, "%.60s: no response", body);
     if (hr) return;
     json_t *j = body_json(&r);
@@ -469,7 +287,7 @@ static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const 
                  "error shape: %s", r.body);
     if (code) LM_CHECK_MSG(lm_streq(json_string_value(json_object_get(e, "code")) ?: "", code), "code: %s", r.body);
     json_decref(j);
-    resp_free(&r);
+    gu_resp_free(&r);
 }
 
 LM_TEST(server_http_errors) {
@@ -499,86 +317,74 @@ LM_TEST(server_http_errors) {
     free(huge);
     /* the server keeps serving */
     resp r;
-    LM_REQUIRE(http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4}", NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4}", NULL, &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
 
     START(s, "--api-key sekrit");
     expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", NULL, 401, "invalid_api_key");
     expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "Authorization: Bearer nope\r\n",
                   401, "invalid_api_key");
-    LM_REQUIRE(http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2}",
+    LM_REQUIRE(gu_http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2}",
                     "Authorization: Bearer sekrit\r\n", &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 401);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
 }
 
-/* The value of a metric line "name value" in /metrics, or -1. */
-static double metric(int port, const char *name) {
-    resp r;
-    if (http(port, "GET", "/metrics", NULL, NULL, &r)) return -1;
-    double v = -1;
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(r.body, key);
-    if (p) v = atof(p + strlen(key));
-    resp_free(&r);
-    return v;
-}
 
 LM_TEST(server_http_disconnect_cancels) {
     server s;
     START(s, "");
-    int fd = dial(s.port);
+    int fd = gu_dial(s.port);
     LM_REQUIRE(fd >= 0);
     const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4000,\"stream\":true,"
                        "\"logit_bias\":{\"2\":-100,\"0\":-100}}";
-    LM_REQUIRE(send_request(fd, "POST", "/v1/chat/completions", body, NULL) == 0);
+    LM_REQUIRE(gu_send(fd, "POST", "/v1/chat/completions", body, NULL) == 0);
     char buf[4096];
     ssize_t got = recv(fd, buf, sizeof buf, 0); /* headers and the first chunks */
     LM_CHECK(got > 0);
     close(fd);
     double gone = 0, running = 1;
     for (int i = 0; i < 200 && (gone < 1 || running != 0); i++) {
-        msleep(25);
-        gone = metric(s.port, "lumen_client_disconnects_total");
-        running = metric(s.port, "lumen_requests_running");
+        gu_msleep(25);
+        gone = gu_metric(s.port, "lumen_client_disconnects_total");
+        running = gu_metric(s.port, "lumen_requests_running");
     }
     LM_CHECK_MSG(gone == 1 && running == 0, "disconnects %g running %g", gone, running);
     /* That the hang-up stops the engine's steps (not only the stream) is
      * guard_disconnect_* in test_guard_server.c. */
     resp r;
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}",
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}",
                     NULL, &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
 }
 
 LM_TEST(server_http_slow_client_dropped) {
     server s;
     START(s, "--timeout 1");
-    int fd = dial(s.port);
+    int fd = gu_dial(s.port);
     LM_REQUIRE(fd >= 0);
     const char *partial = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mess";
-    LM_REQUIRE(send_all(fd, partial, strlen(partial)) == 0);
+    LM_REQUIRE(gu_send_all(fd, partial, strlen(partial)) == 0);
     struct pollfd p = { .fd = fd, .events = POLLIN };
     int r = poll(&p, 1, 5000); /* the server must close within ~1 s, not wait forever */
     char buf[256];
     LM_CHECK(r == 1 && recv(fd, buf, sizeof buf, 0) <= 0);
     close(fd);
     resp rr;
-    LM_REQUIRE(http(s.port, "GET", "/health", NULL, NULL, &rr) == 0);
+    LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &rr) == 0);
     LM_CHECK(rr.status == 200);
-    resp_free(&rr);
+    gu_resp_free(&rr);
     STOP(s);
 }
 
@@ -591,14 +397,14 @@ static void *stream_worker(void *arg) {
     resp r;
     const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":16,\"stream\":true,"
                        "\"logit_bias\":{\"2\":-100}}";
-    if (http(w->port, "POST", "/v1/chat/completions", body, NULL, &r) == 0 && r.status == 200) {
+    if (gu_http(w->port, "POST", "/v1/chat/completions", body, NULL, &r) == 0 && r.status == 200) {
         int nc, nd;
         char fin[32] = "";
         char *t = sse_text(&r, &nc, &nd, NULL, fin, sizeof fin);
         w->ok = nd == 1 && !strcmp(fin, "length");
         free(t);
     }
-    resp_free(&r);
+    gu_resp_free(&r);
     return NULL;
 }
 
@@ -618,11 +424,11 @@ LM_TEST(server_http_concurrent_streams_and_shutdown) {
         ok += w[i].ok;
     }
     LM_CHECK_MSG(ok == N, "%d of %d streams completed", ok, N);
-    if (ok != N) server_dump_log(&s);
+    if (ok != N) gu_server_dump_log(&s);
     /* SIGTERM with a long stream in flight: it is ended and the process exits cleanly */
-    int fd = dial(s.port);
+    int fd = gu_dial(s.port);
     LM_REQUIRE(fd >= 0);
-    LM_REQUIRE(send_request(fd, "POST", "/v1/completions",
+    LM_REQUIRE(gu_send(fd, "POST", "/v1/completions",
                             "{\"prompt\":\"x\",\"max_tokens\":4000,\"stream\":true,\"logit_bias\":{\"2\":-100}}", NULL) == 0);
     char buf[512];
     LM_CHECK(recv(fd, buf, sizeof buf, 0) > 0);
@@ -643,11 +449,11 @@ static void *la_stream(void *arg) {
     resp r;
     w->text = NULL;
     w->finish[0] = 0;
-    if (http(w->port, "POST", "/v1/chat/completions", w->body, NULL, &r) == 0 && r.status == 200) {
+    if (gu_http(w->port, "POST", "/v1/chat/completions", w->body, NULL, &r) == 0 && r.status == 200) {
         int nc, nd;
         w->text = sse_text(&r, &nc, &nd, NULL, w->finish, sizeof w->finish);
     }
-    resp_free(&r);
+    gu_resp_free(&r);
     return NULL;
 }
 
@@ -686,7 +492,7 @@ LM_TEST(server_http_look_ahead_same_text) {
             texts[mode][i] = w[i].text;
             memcpy(fin[mode][i], w[i].finish, sizeof fin[mode][i]);
         }
-        ahead[mode] = metric(s.port, "lumen_engine_look_ahead_steps_total");
+        ahead[mode] = gu_metric(s.port, "lumen_engine_look_ahead_steps_total");
         STOP(s);
     }
     for (int i = 0; i <= N; i++) {
@@ -709,16 +515,16 @@ LM_TEST(server_http_queue_full_is_503) {
     const char *body = "{\"prompt\":\"x\",\"max_tokens\":4000,\"logit_bias\":{\"2\":-100}}";
     int fd[N], n503 = 0, n200 = 0;
     for (int i = 0; i < N; i++) {
-        fd[i] = dial(s.port);
+        fd[i] = gu_dial(s.port);
         LM_REQUIRE(fd[i] >= 0);
     }
-    for (int i = 0; i < N; i++) LM_REQUIRE(send_request(fd[i], "POST", "/v1/completions", body, NULL) == 0);
+    for (int i = 0; i < N; i++) LM_REQUIRE(gu_send(fd[i], "POST", "/v1/completions", body, NULL) == 0);
     for (int i = 0; i < N; i++) {
         resp r;
-        if (read_response(fd[i], &r) == 0) {
+        if (gu_read(fd[i], &r) == 0) {
             n503 += r.status == 503 && strstr(r.body, "\"overloaded\"");
             n200 += r.status == 200;
-            resp_free(&r);
+            gu_resp_free(&r);
         }
         close(fd[i]);
     }
@@ -775,43 +581,43 @@ LM_TEST(server_http_request_id_and_trace) {
     resp r;
     char *b = chat_body(",\"temperature\":0");
     /* the client's id, echoed */
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, "X-Request-Id: agent-7.turn:3_x\r\n", &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", b, "X-Request-Id: agent-7.turn:3_x\r\n", &r) == 0);
     char *h = header(&r, "X-Request-Id");
     LM_CHECK_MSG(r.status == 200 && h && !strcmp(h, "agent-7.turn:3_x"), "status %d id '%s'", r.status, h ?: "");
     free(h);
-    resp_free(&r);
+    gu_resp_free(&r);
     /* sanitised: only the safe characters survive, cut to 64 */
     char hdr[300];
     snprintf(hdr, sizeof hdr, "X-Request-Id: a b<c>\"d%%0a%s\r\n",
              "0123456789012345678901234567890123456789012345678901234567890123456789");
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", b, hdr, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", b, hdr, &r) == 0);
     h = header(&r, "X-Request-Id");
     LM_CHECK_MSG(h && strlen(h) == 64 && !strncmp(h, "abcd0a0123", 10), "sanitised id '%s'", h ?: "");
     free(h);
-    resp_free(&r);
+    gu_resp_free(&r);
     /* none sent: one is made, and a stream echoes it too */
     char *bs = chat_body(",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", bs, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", bs, NULL, &r) == 0);
     char *made = header(&r, "X-Request-Id");
     LM_CHECK_MSG(made && !strncmp(made, "req-", 4) && strlen(made) == 28, "made id '%s'", made ?: "");
-    resp_free(&r);
+    gu_resp_free(&r);
     free(bs);
-    LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"The sky\",\"max_tokens\":3,\"temperature\":0}",
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"The sky\",\"max_tokens\":3,\"temperature\":0}",
                     "X-Request-Id: cmpl-1\r\n", &r) == 0);
     LM_CHECK(r.status == 200);
-    resp_free(&r);
+    gu_resp_free(&r);
     /* a refused request is traced too, and the simple routes echo ids */
-    LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":999999}", "X-Request-Id: bad-1\r\n",
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":999999}", "X-Request-Id: bad-1\r\n",
                     &r) == 0);
     LM_CHECK(r.status == 400);
-    resp_free(&r);
-    LM_REQUIRE(http(s.port, "GET", "/health", NULL, "X-Request-Id: hc\r\n", &r) == 0);
+    gu_resp_free(&r);
+    LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, "X-Request-Id: hc\r\n", &r) == 0);
     h = header(&r, "X-Request-Id");
     LM_CHECK(h && !strcmp(h, "hc"));
     free(h);
-    resp_free(&r);
+    gu_resp_free(&r);
     /* /metrics: the prefix cache and batch series, next to the old ones */
-    LM_REQUIRE(http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0);
     static const char *const k_series[] = {
         "\nlumen_prefix_cache_budget_bytes 33554432\n", "\nlumen_prefix_cache_hit_tokens_total ",
         "\nlumen_prefix_cache_lookup_tokens_total ", "\nlumen_prefix_cache_hit_ratio ", "\nlumen_prefix_cache_blocks ",
@@ -824,7 +630,7 @@ LM_TEST(server_http_request_id_and_trace) {
     };
     for (size_t i = 0; i < LM_COUNT_(k_series); i++)
         LM_CHECK_MSG(strstr(r.body, k_series[i]) != NULL, "/metrics lacks '%s'", k_series[i]);
-    resp_free(&r);
+    gu_resp_free(&r);
     STOP(s);
     free(b);
 
@@ -889,17 +695,17 @@ LM_TEST(server_http_cache_ram_and_trace_flags) {
     for (size_t i = 0; i < LM_COUNT_(k_good); i++) {
         server s;
         START(s, k_good[i].arg);
-        double v = metric(s.port, "lumen_prefix_cache_budget_bytes");
+        double v = gu_metric(s.port, "lumen_prefix_cache_budget_bytes");
         LM_CHECK_MSG(v == k_good[i].bytes, "%s: budget %g", k_good[i].arg, v);
         resp r;
-        LM_REQUIRE(http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, &r) == 0);
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, &r) == 0);
         LM_CHECK(r.status == 200);
-        resp_free(&r);
+        gu_resp_free(&r);
         STOP(s);
     }
     server s; /* the default: some budget, at most 1 GiB */
     START(s, "");
-    double v = metric(s.port, "lumen_prefix_cache_budget_bytes");
+    double v = gu_metric(s.port, "lumen_prefix_cache_budget_bytes");
     LM_CHECK_MSG(v > 0 && v <= 1073741824.0, "default budget %g", v);
     STOP(s);
 }
@@ -926,17 +732,17 @@ LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
     char *texts[2];
     long cached[2];
     for (int i = 0; i < 2; i++) {
-        LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
         LM_CHECK(r.status == 200);
         texts[i] = chat_text(&r);
         json_t *j = body_json(&r);
         cached[i] = (long)json_integer_value(
             json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
         json_decref(j);
-        resp_free(&r);
+        gu_resp_free(&r);
     }
     /* the cache exists: a counter stuck at 0 is a failure, not a skip */
-    double looked_up = metric(s.port, "lumen_prefix_cache_lookup_tokens_total");
+    double looked_up = gu_metric(s.port, "lumen_prefix_cache_lookup_tokens_total");
     LM_CHECK_MSG(looked_up > 0, "lumen_prefix_cache_lookup_tokens_total is %g after two requests", looked_up);
     LM_CHECK_MSG(cached[0] == 0 && cached[1] > 0, "cached_tokens %ld then %ld", cached[0], cached[1]);
     LM_CHECK_MSG(!strcmp(texts[0], texts[1]), "greedy text changed with the cache: '%s' vs '%s'", texts[0], texts[1]);
@@ -945,7 +751,7 @@ LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
     json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
     free(body);
     body = json_dumps(req, 0);
-    LM_REQUIRE(http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
     int nc, nd;
     json_t *usage = NULL;
     char fin[32] = "";
@@ -954,7 +760,7 @@ LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
     LM_CHECK(json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens")) > 0);
     json_decref(usage);
     free(st);
-    resp_free(&r);
+    gu_resp_free(&r);
     for (int i = 0; i < 2; i++) free(texts[i]);
     /* completions: a prompt, the same again, then one that departs in its last words */
     const char *common = "def parse_config(path):\n    \"\"\"Read the file at path and return its settings as a "
@@ -970,13 +776,13 @@ LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
         char *cb = json_dumps(cj, 0);
         char hdr[64];
         snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", ids[i]);
-        LM_REQUIRE(http(s.port, "POST", "/v1/completions", cb, hdr, &r) == 0);
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", cb, hdr, &r) == 0);
         LM_CHECK(r.status == 200);
         json_t *j = body_json(&r);
         ccached[i] = (long)json_integer_value(
             json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
         json_decref(j);
-        resp_free(&r);
+        gu_resp_free(&r);
         free(cb);
         json_decref(cj);
     }
