@@ -21,6 +21,7 @@
 #include "backend/lm_backend.h"
 #include "engine/lm_runner.h"
 #include "model/lm_model.h"
+#include "test_util.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -239,13 +240,6 @@ static const qd_e2e_case qd_e2e_cases[] = {
 #define QD_E2E_DEFAULT_KL 2e-3
 #define QD_E2E_MARGIN 3.0
 
-static double qd_margin2(const float *x, int n) {
-    int a = lm_argmax(x, n);
-    float s = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != a && x[i] > s) s = x[i];
-    return (double)x[a] - s;
-}
 
 static void qd_logsoftmax(const float *x, double *out, int V) {
     double mx = x[lm_argmax(x, V)], sum = 0;
@@ -318,7 +312,7 @@ static void qd_e2e(lm_test_ctx *lm_t_, int ci) {
                 const float *x = lg[p][sw] + (int64_t)s * V;
                 int ours = lm_argmax(x, V);
                 equal += ours == gid[s];
-                if (qd_margin2(x, V) > 2 * err) {
+                if (lm_tu_top2_margin(x, V) > 2 * err) {
                     checked++;
                     LM_CHECK_MSG(ours == gid[s], "%s %s %s step %d: lumen %d, llama.cpp %d", c->type,
                                  p ? "exact" : "int8", sw ? "stepwise" : "batch", s, ours, gid[s]);

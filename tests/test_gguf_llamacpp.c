@@ -13,17 +13,11 @@
 #include "engine/lm_runner.h"
 #include "engine/lm_sampler.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "model/lm_model.h"
 
 #define LLAMACPP_LOGPROB_TOL 2e-3
 
-static double second_margin(const float *x, int n) {
-    int a = lm_argmax(x, n);
-    float s = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != a && x[i] > s) s = x[i];
-    return (double)x[a] - s;
-}
 
 static void check_isa(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     char *gguf = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
@@ -72,9 +66,9 @@ static void check_isa(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
         int ours = lm_argmax(logits, 32000);
         int theirs = (int)json_integer_value(json_array_get(gid, (size_t)s));
         if (ours != theirs) {
-            LM_CHECK_MSG(second_margin(logits, 32000) <= 10 * LLAMACPP_LOGPROB_TOL,
+            LM_CHECK_MSG(lm_tu_top2_margin(logits, 32000) <= 10 * LLAMACPP_LOGPROB_TOL,
                          "step %d: lumen %d, llama.cpp %d with margin %.3g", s, ours, theirs,
-                         second_margin(logits, 32000));
+                         lm_tu_top2_margin(logits, 32000));
             break;
         }
         equal++;

@@ -35,6 +35,7 @@
 #include "engine/lm_runner.h"
 #include "guard_util.h"
 #include "lm_test.h"
+#include "test_util.h"
 #include "model/lm_model.h"
 
 typedef struct kq_case {
@@ -57,13 +58,6 @@ static const kq_case GUARD_KQ_WORST[] = {
 #define GUARD_KQ_DEFAULT_TOL 0.3
 #define GUARD_KQ_DEFAULT_KL 2e-3
 
-static double margin2(const float *x, int n) {
-    int a = lm_argmax(x, n);
-    float s = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != a && x[i] > s) s = x[i];
-    return (double)x[a] - s;
-}
 
 static void kq_run(lm_test_ctx *lm_t_, const char *model, const char *type) {
     const kq_case *c = NULL;
@@ -128,7 +122,7 @@ static void kq_run(lm_test_ctx *lm_t_, const char *model, const char *type) {
         int equal = 0, checked = 0;
         for (int s = 0; s < n_gen; s++) {
             int ours = lm_argmax(logits, V), theirs = (int)json_integer_value(json_array_get(gid, (size_t)s));
-            double mg = margin2(logits, V);
+            double mg = lm_tu_top2_margin(logits, V);
             if (mg > 2 * err) {
                 checked++;
                 LM_CHECK_MSG(ours == theirs, "%s %s step %d: lumen %d, llama.cpp %d (margin %.3g)", model, type, s, ours,

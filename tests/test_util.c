@@ -1,6 +1,7 @@
 /* test_util.c - see test_util.h. */
 #include "test_util.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,4 +221,12 @@ void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, i
     lm_engine_free(en);
     lm_model_free(m);
     lm_backend_destroy(be);
+}
+
+double lm_tu_top2_margin(const float *x, int n) {
+    int a = lm_argmax(x, n);
+    float s = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != a && x[i] > s) s = x[i];
+    return (double)x[a] - s;
 }

@@ -17,6 +17,9 @@ char *lm_tu_read(const char *path, size_t *n);
 int lm_tu_run(const char *cmd, char **out, char **err);
 /* A new directory under the test tmpdir, named after tag (malloc'd path). */
 char *lm_tu_mkdir(const char *tag);
+/* How far the largest of x[0..n) stands above the second largest: a greedy
+ * pick closer than a known error to its runner-up may flip. */
+double lm_tu_top2_margin(const float *x, int n);
 
 /* Model-level tests run on the backend LUMEN_TEST_DEVICE names: "cuda" runs
  * them on the GPU (the device machine runs the suite both ways), anything
