@@ -153,7 +153,7 @@ static double check_delta_batch(lm_test_ctx *lm_t_, lm_backend *be, dt_pool *poo
                         ro + (size_t)t * HV * DV);
     lm_tensor tq = dt_tensor(be, T, QKV, qkv), tg = dt_tensor(be, T, HV, g), tb = dt_tensor(be, T, HV, beta);
     lm_tensor to = dt_tensor(be, T, HV * DV, NULL);
-    lm_delta_params p = { HK, HV, DK, DV, { 0, OFF } };
+    lm_delta_params p = { HK, HV, DK, DV, { 0, OFF }, false };
     be->ops->gated_delta(be, &to, &tq, &tg, &tb, &pool->kv, &d->b, &p);
     be->ops->read(be, out, to.data, sizeof(float) * T * HV * DV);
     double err = dt_maxdiff(out, ro, (size_t)T * HV * DV);
@@ -233,7 +233,7 @@ static void split_case(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
             dt_batch_make(&d, 1, &n, &done, &zero);
             lm_tensor tq = dt_tensor(be, n, QKV, qkv + done * QKV), tg = dt_tensor(be, n, HV, g + done * HV);
             lm_tensor tb = dt_tensor(be, n, HV, beta + done * HV), to = dt_tensor(be, n, HV * DV, NULL);
-            lm_delta_params p = { HK, HV, DK, DV, { 0, OFF } };
+            lm_delta_params p = { HK, HV, DK, DV, { 0, OFF }, false };
             be->ops->gated_delta(be, &to, &tq, &tg, &tb, &pool.kv, &d.b, &p);
             be->ops->read(be, outs[k] + done * HV * DV, to.data, sizeof(float) * n * HV * DV);
             lm_tensor_release(be, &tq);
