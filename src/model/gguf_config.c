@@ -87,6 +87,7 @@ static const gguf_arch k_archs[] = {
     { "qwen3moe", "qwen3_moe", false, read_qwen3moe },
     { "qwen35", "qwen3_5_text", false, lm_gguf_config_hybrid },
     { "qwen3next", "qwen3_next", false, lm_gguf_config_hybrid },
+    { "gemma3", "gemma3_text", false, lm_gguf_config_gemma3 },
 };
 
 static const gguf_arch *find_arch(const char *name) {
@@ -161,10 +162,11 @@ static int read_common(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
     if (lm_gguf_arch_float(k, "attention.layer_norm_rms_epsilon", &f)) c->norm_eps = (float)f;
     c->act = LM_ACT_SILU;
 
-    /* vocab: explicit key, else the embedding rows */
+    /* vocab: the embedding's rows (the gemma3 converter drops the rows of
+     * ids no token has, so vocab_size may say more), else the key */
     const lm_file_tensor *emb = lm_gguf_find_tensor(k->g, "token_embd.weight");
-    if (lm_gguf_arch_int(k, "vocab_size", &v)) c->vocab = (int)LM_MIN(v, INT32_MAX);
-    else if (emb && emb->n_dims == 2) c->vocab = (int)emb->shape[0];
+    if (emb && emb->n_dims == 2) c->vocab = (int)LM_MIN(emb->shape[0], INT32_MAX);
+    else if (lm_gguf_arch_int(k, "vocab_size", &v)) c->vocab = (int)LM_MIN(v, INT32_MAX);
     if (c->vocab <= 0) return lm_errf(e, "%s: cannot determine the vocabulary size", k->path);
 
     c->tie_embeddings = lm_gguf_find_tensor(k->g, "output.weight") == NULL;
