@@ -123,6 +123,29 @@ static int parse_layer_types(lm_model_config *c, json_t *root, int version, cons
     return 0;
 }
 
+int lm_gemma_share_kv(lm_model_config *c, int shared, bool double_wide, const char *label, lm_err *e) {
+    struct lm_gemma_config *g = c->gemma;
+    int first = c->n_layers - shared;
+    if (shared < 0 || (shared > 0 && first <= 0))
+        return lm_errf(e, "%s: num_kv_shared_layers %d leaves no layer to share from", label, shared);
+    g->n_kv_layers = shared > 0 ? first : c->n_layers;
+    for (int l = first; shared > 0 && l < c->n_layers; l++) {
+        gemma_layer_cfg *L = &g->layer[l];
+        L->shared = true;
+        L->d_ff *= double_wide ? 2 : 1;
+        L->kv_layer = -1;
+        for (int j = first - 1; j >= 0 && L->kv_layer < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[l]) L->kv_layer = j;
+        if (L->kv_layer < 0)
+            return lm_errf(e, "%s: layer %d shares KV but no earlier layer is %s attention", label, l,
+                           c->layer_sliding[l] ? "sliding" : "full");
+        const gemma_layer_cfg *S = &g->layer[L->kv_layer];
+        if (S->head_dim != L->head_dim || S->n_kv_heads != L->n_kv_heads)
+            return lm_errf(e, "%s: layer %d shares KV with layer %d of another head shape", label, l, L->kv_layer);
+    }
+    return 0;
+}
+
 /* Gemma4's per-layer head width and KV heads: per_layer_config {"idx":
  * {"head_dim", "num_key_value_heads"}}, or (older configs) global_head_dim
  * (default 512) for full layers and num_global_key_value_heads with
@@ -160,31 +183,10 @@ static int parse_gemma4_layers(struct lm_gemma_config *g, lm_model_config *c, js
             if (gkv > 0) g->layer[l].n_kv_heads = gkv;
         }
     }
-    /* Shared KV: the last num_kv_shared_layers layers read the last earlier
-     * layer of their own type. */
     int shared = 0;
     lm_json_int(root, "num_kv_shared_layers", &shared);
-    int first = c->n_layers - shared;
-    bool double_wide = lm_json_bool(root, "use_double_wide_mlp", false);
-    if (shared > 0 && first <= 0)
-        return lm_errf(e, "%s: num_kv_shared_layers %d leaves no layer to share from", label, shared);
-    g->n_kv_layers = shared > 0 ? first : c->n_layers;
-    for (int l = 0; l < c->n_layers; l++) {
-        gemma_layer_cfg *L = &g->layer[l];
-        L->k_eq_v = k_eq_v && !c->layer_sliding[l];
-        if (shared <= 0 || l < first) continue;
-        L->shared = true;
-        L->d_ff *= double_wide ? 2 : 1;
-        L->kv_layer = -1;
-        for (int j = first - 1; j >= 0 && L->kv_layer < 0; j--)
-            if (c->layer_sliding[j] == c->layer_sliding[l]) L->kv_layer = j;
-        if (L->kv_layer < 0)
-            return lm_errf(e, "%s: layer %d shares KV but no earlier layer is %s attention", label, l,
-                           c->layer_sliding[l] ? "sliding" : "full");
-        const gemma_layer_cfg *S = &g->layer[L->kv_layer];
-        if (S->head_dim != L->head_dim || S->n_kv_heads != L->n_kv_heads)
-            return lm_errf(e, "%s: layer %d shares KV with layer %d of another head shape", label, l, L->kv_layer);
-    }
+    for (int l = 0; l < c->n_layers; l++) g->layer[l].k_eq_v = k_eq_v && !c->layer_sliding[l];
+    if (lm_gemma_share_kv(c, shared, lm_json_bool(root, "use_double_wide_mlp", false), label, e)) return -1;
     int P = 256, Vp = 262144;
     json_t *pj = json_object_get(root, "hidden_size_per_layer_input");
     if (json_is_null(pj)) P = 0;

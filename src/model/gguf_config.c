@@ -52,6 +52,7 @@ static int read_dense(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
     c->qkv_bias = lm_gguf_has_layer_tensor(k, 0, "attn_q.bias");
     c->o_bias = lm_gguf_has_layer_tensor(k, 0, "attn_output.bias");
     c->qk_norm = lm_gguf_has_layer_tensor(k, 0, "attn_q_norm.weight");
+    c->rope.freq_factors = lm_gguf_find_tensor(k->g, "rope_freqs.weight") != NULL;
     int64_t w;
     if (lm_gguf_arch_int(k, "attention.sliding_window", &w) && w > 0) {
         if (w > INT32_MAX) return lm_errf(e, "%s: %s.attention.sliding_window out of range", k->path, k->arch);
@@ -88,6 +89,7 @@ static const gguf_arch k_archs[] = {
     { "qwen35", "qwen3_5_text", false, lm_gguf_config_hybrid },
     { "qwen3next", "qwen3_next", false, lm_gguf_config_hybrid },
     { "gemma3", "gemma3_text", false, lm_gguf_config_gemma3 },
+    { "gemma4", "gemma4_text", false, lm_gguf_config_gemma4 },
 };
 
 static const gguf_arch *find_arch(const char *name) {

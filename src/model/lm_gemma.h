@@ -39,6 +39,10 @@ struct lm_gemma_config {
  * heads and MLP width set from c (head_dim, n_kv_heads, d_ff), its own KV
  * layer, nothing shared; owned by c (lm_config_free). */
 struct lm_gemma_config *lm_gemma_config_new(lm_model_config *c, int version);
+/* Gemma4's shared KV: the last `shared` layers compute no K/V and read
+ * the KV cache layer of the last earlier layer of their type (their MLP
+ * doubled with double_wide); sets n_kv_layers. */
+int lm_gemma_share_kv(lm_model_config *c, int shared, bool double_wide, const char *label, lm_err *e);
 /* Every layer's head width even and at most 1024, its KV heads dividing
  * the attention heads; label names the source in the error. */
 int lm_gemma_config_check(const lm_model_config *c, const char *label, lm_err *e);

@@ -34,8 +34,9 @@ bool lm_gguf_has_layer_tensor(const lm_gguf_keys *k, int layer, const char *suff
 /* Per-architecture readers (after the common fields): the hybrids
  * (qwen35, qwen3next) in gguf_config_hybrid.c. */
 int lm_gguf_config_hybrid(lm_model_config *c, const lm_gguf_keys *k, lm_err *e);
-/* Gemma 3 (gguf_config_gemma.c). */
+/* Gemma 3 and Gemma 4 (gguf_config_gemma.c). */
 int lm_gguf_config_gemma3(lm_model_config *c, const lm_gguf_keys *k, lm_err *e);
+int lm_gguf_config_gemma4(lm_model_config *c, const lm_gguf_keys *k, lm_err *e);
 /* The sparse layers of qwen3moe / qwen3next (expert_* keys, ffn_gate_inp). */
 int lm_gguf_config_moe(lm_model_config *c, const lm_gguf_keys *k, lm_err *e);
 
