@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/lm_parity.h"
 #include "engine/lm_parity_oracle.h"
@@ -21,11 +22,9 @@
 #include "model/lm_model.h"
 #include "test_util.h"
 
-/* DIR/model.TYPE.gguf against DIR's reference; skips without the fixture. */
-static void ga_reference(lm_test_ctx *lm_t_, const char *rel, const char *type) {
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    char gguf[1024];
+/* dir/model.TYPE.gguf against dir's reference. */
+static void ga_reference_in(lm_test_ctx *lm_t_, const char *dir, const char *type) {
+    char gguf[1200];
     snprintf(gguf, sizeof gguf, "%s/model.%s.gguf", dir, type);
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);
@@ -39,7 +38,7 @@ static void ga_reference(lm_test_ctx *lm_t_, const char *rel, const char *type) 
         char *js = lm_parity_json(gguf, be, &res);
         printf("  %s\n", js);
         free(js);
-        LM_CHECK_MSG(res.ok, "%s %s: max |logit - transformers| %.3g (tolerance %.3g), cache %.3g", rel, type,
+        LM_CHECK_MSG(res.ok, "%s %s: max |logit - transformers| %.3g (tolerance %.3g), cache %.3g", dir, type,
                      res.max_abs_err, res.tolerance, res.cache_vs_full);
         LM_CHECK(res.n_prompts == 3);
         bool exact = !strcmp(type, "bf16");
@@ -50,14 +49,19 @@ static void ga_reference(lm_test_ctx *lm_t_, const char *rel, const char *type) 
     }
     lm_source_unref(src);
     lm_backend_destroy(be);
+}
+
+/* The same on fixture `rel`; skips without the fixtures. */
+static void ga_reference(lm_test_ctx *lm_t_, const char *rel, const char *type) {
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    ga_reference_in(lm_t_, dir, type);
     free(dir);
 }
 
-/* DIR/model.TYPE.gguf against llama.cpp's answer DIR/TYPE.llamacpp.json. */
-static void ga_oracle(lm_test_ctx *lm_t_, const char *rel, const char *type) {
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    char gguf[1024], json[1024];
+/* dir/model.TYPE.gguf against llama.cpp's answer dir/TYPE.llamacpp.json. */
+static void ga_oracle_in(lm_test_ctx *lm_t_, const char *dir, const char *type) {
+    char gguf[1200], json[1200];
     snprintf(gguf, sizeof gguf, "%s/model.%s.gguf", dir, type);
     snprintf(json, sizeof json, "%s/%s.llamacpp.json", dir, type);
     lm_err e = { { 0 } };
@@ -73,11 +77,17 @@ static void ga_oracle(lm_test_ctx *lm_t_, const char *rel, const char *type) {
         printf("  %s\n", js);
         free(js);
         LM_CHECK_MSG(res.ok, "%s %s: max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g), %d greedy mismatches",
-                     rel, type, res.max_logprob_diff, res.tolerance, res.kl, res.kl_tolerance, res.greedy_mismatch);
+                     dir, type, res.max_logprob_diff, res.tolerance, res.kl, res.kl_tolerance, res.greedy_mismatch);
         LM_CHECK(res.greedy_steps == 16 && res.greedy_checked >= 4);
     }
     lm_source_unref(src);
     lm_backend_destroy(be);
+}
+
+static void ga_oracle(lm_test_ctx *lm_t_, const char *rel, const char *type) {
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    ga_oracle_in(lm_t_, dir, type);
     free(dir);
 }
 
@@ -89,6 +99,49 @@ LM_TEST(gguf_arch_qwen3_oracle_q4_k_m) { ga_oracle(lm_t_, "gguf/qwen3-g256", "Q4
 LM_TEST(gguf_arch_qwen35_bf16) { ga_reference(lm_t_, "gguf/qwen3.5-g256", "bf16"); }
 LM_TEST(gguf_arch_qwen35_q8_0) { ga_reference(lm_t_, "gguf/qwen3.5-g256", "Q8_0"); }
 LM_TEST(gguf_arch_qwen35_q4_k_m) { ga_reference(lm_t_, "gguf/qwen3.5-g256", "Q4_K_M"); }
+
+/* ---- the other architectures: tests/data/gguf/<name> ----
+ *
+ * The model fixtures converted by llama.cpp's converter (tools/device/
+ * make_gguf_fixtures.sh), each beside a copy of its Hugging Face folder and
+ * transformers' reference. Every GGUF there is checked against the
+ * reference; llama.cpp's answers where llama.cpp agrees with transformers.
+ * It does not on two (measured at its last prompt position against
+ * transformers' prompt1 logits): gemma4 (max |dlogprob| 0.10, KL 3.7e-4)
+ * and qwen3moe-g256 (its greedy continuation leaves transformers' at step 1,
+ * where transformers' own top-2 margin is 0.07 and llama.cpp's pick is not
+ * among its top two: an expert routing decided the other way). lumen
+ * follows transformers there (its references pass at 1e-3), so those
+ * answers would measure llama.cpp, not lumen. */
+
+static const char *const k_data_types[] = { "bf16", "Q8_0", "Q4_K_M" };
+
+/* Every type of tests/data/gguf/NAME present: reference, and oracle. */
+static void ga_data(lm_test_ctx *lm_t_, const char *name, bool oracle) {
+    char dir[512], f[700];
+    snprintf(dir, sizeof dir, "%s/tests/data/gguf/%s", LUMEN_SOURCE_DIR, name);
+    snprintf(f, sizeof f, "%s/reference.safetensors", dir);
+    if (access(f, R_OK)) LM_SKIP("tests/data/gguf/%s is not in this checkout", name);
+    int ran = 0;
+    for (size_t i = 0; i < LM_COUNT(k_data_types) && !lm_t_->failed; i++) {
+        snprintf(f, sizeof f, "%s/model.%s.gguf", dir, k_data_types[i]);
+        if (access(f, R_OK)) continue;
+        ga_reference_in(lm_t_, dir, k_data_types[i]);
+        snprintf(f, sizeof f, "%s/%s.llamacpp.json", dir, k_data_types[i]);
+        if (oracle && !access(f, R_OK)) ga_oracle_in(lm_t_, dir, k_data_types[i]);
+        ran++;
+    }
+    LM_CHECK_MSG(ran > 0, "%s: no model.{bf16,Q8_0,Q4_K_M}.gguf", dir);
+}
+
+LM_TEST(gguf_arch_data_qwen2) { ga_data(lm_t_, "qwen2", true); }
+LM_TEST(gguf_arch_data_qwen3_moe) { ga_data(lm_t_, "qwen3-moe", true); }
+LM_TEST(gguf_arch_data_qwen3moe_g256) { ga_data(lm_t_, "qwen3moe-g256", false); }
+LM_TEST(gguf_arch_data_qwen3_next) { ga_data(lm_t_, "qwen3-next", true); }
+LM_TEST(gguf_arch_data_qwen35) { ga_data(lm_t_, "qwen3.5", true); }
+LM_TEST(gguf_arch_data_gemma3) { ga_data(lm_t_, "gemma3", true); }
+LM_TEST(gguf_arch_data_gemma4) { ga_data(lm_t_, "gemma4", false); }
+LM_TEST(gguf_arch_data_llama3_rope_mqa) { ga_data(lm_t_, "llama3-rope-mqa", true); }
 
 /* ---- files lumen cannot run: one line naming what is wrong ---- */
 
