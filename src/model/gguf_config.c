@@ -126,6 +126,9 @@ static int read_rope(lm_model_config *c, const lm_gguf_keys *k, bool permuted, l
             r->beta_slow = 1.0;
             r->orig_max_pos = c->max_pos;
             if (lm_gguf_arch_int(k, "rope.scaling.original_context_length", &v)) r->orig_max_pos = (double)v;
+            lm_gguf_arch_float(k, "rope.scaling.yarn_beta_fast", &r->beta_fast);
+            lm_gguf_arch_float(k, "rope.scaling.yarn_beta_slow", &r->beta_slow);
+            lm_gguf_arch_float(k, "rope.scaling.yarn_attn_factor", &r->attn_factor);
         } else {
             rc = lm_errf(e, "%s: unsupported rope scaling \"%s\"", k->path, scaling);
         }
