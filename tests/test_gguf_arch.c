@@ -22,8 +22,8 @@
 #include "model/lm_model.h"
 #include "test_util.h"
 
-/* dir/model.TYPE.gguf against dir's reference. */
-static void ga_reference_in(lm_test_ctx *lm_t_, const char *dir, const char *type) {
+/* dir/model.TYPE.gguf against ref's reference.safetensors. */
+static void ga_reference_at(lm_test_ctx *lm_t_, const char *ref, const char *dir, const char *type) {
     char gguf[1200];
     snprintf(gguf, sizeof gguf, "%s/model.%s.gguf", dir, type);
     lm_err e = { { 0 } };
@@ -32,7 +32,7 @@ static void ga_reference_in(lm_test_ctx *lm_t_, const char *dir, const char *typ
     lm_source *src = NULL;
     LM_REQUIRE(lm_source_open(&src, gguf, &e) == 0);
     lm_parity_result res;
-    int rc = lm_parity_run_ref(src, dir, be, 0, &res, &e);
+    int rc = lm_parity_run_ref(src, ref, be, 0, &res, &e);
     LM_CHECK_MSG(rc == 0, "%s: %s", gguf, e.msg);
     if (rc == 0) {
         char *js = lm_parity_json(gguf, be, &res);
@@ -55,12 +55,13 @@ static void ga_reference_in(lm_test_ctx *lm_t_, const char *dir, const char *typ
 static void ga_reference(lm_test_ctx *lm_t_, const char *rel, const char *type) {
     char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    ga_reference_in(lm_t_, dir, type);
+    ga_reference_at(lm_t_, dir, dir, type);
     free(dir);
 }
 
-/* dir/model.TYPE.gguf against llama.cpp's answer dir/TYPE.llamacpp.json. */
-static void ga_oracle_in(lm_test_ctx *lm_t_, const char *dir, const char *type) {
+/* dir/model.TYPE.gguf against llama.cpp's answer dir/TYPE.llamacpp.json:
+ * the last position's log-probabilities, and (greedy) its greedy ids. */
+static void ga_oracle_in(lm_test_ctx *lm_t_, const char *dir, const char *type, bool greedy) {
     char gguf[1200], json[1200];
     snprintf(gguf, sizeof gguf, "%s/model.%s.gguf", dir, type);
     snprintf(json, sizeof json, "%s/%s.llamacpp.json", dir, type);
@@ -76,9 +77,10 @@ static void ga_oracle_in(lm_test_ctx *lm_t_, const char *dir, const char *type) 
         char *js = lm_oracle_json(gguf, json, be, &res);
         printf("  %s\n", js);
         free(js);
-        LM_CHECK_MSG(res.ok, "%s %s: max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g), %d greedy mismatches",
+        bool ok = greedy ? res.ok : res.max_logprob_diff <= res.tolerance && res.kl <= res.kl_tolerance;
+        LM_CHECK_MSG(ok, "%s %s: max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g), %d greedy mismatches",
                      dir, type, res.max_logprob_diff, res.tolerance, res.kl, res.kl_tolerance, res.greedy_mismatch);
-        LM_CHECK(res.greedy_steps == 16 && res.greedy_checked >= 4);
+        LM_CHECK(res.greedy_steps == 16 && (!greedy || res.greedy_checked >= 4));
     }
     lm_source_unref(src);
     lm_backend_destroy(be);
@@ -87,7 +89,7 @@ static void ga_oracle_in(lm_test_ctx *lm_t_, const char *dir, const char *type) 
 static void ga_oracle(lm_test_ctx *lm_t_, const char *rel, const char *type) {
     char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    ga_oracle_in(lm_t_, dir, type);
+    ga_oracle_in(lm_t_, dir, type, true);
     free(dir);
 }
 
@@ -102,46 +104,63 @@ LM_TEST(gguf_arch_qwen35_q4_k_m) { ga_reference(lm_t_, "gguf/qwen3.5-g256", "Q4_
 
 /* ---- the other architectures: tests/data/gguf/<name> ----
  *
- * The model fixtures converted by llama.cpp's converter (tools/device/
- * make_gguf_fixtures.sh), each beside a copy of its Hugging Face folder and
- * transformers' reference. Every GGUF there is checked against the
- * reference; llama.cpp's answers where llama.cpp agrees with transformers.
- * It does not on two (measured at its last prompt position against
- * transformers' prompt1 logits): gemma4 (max |dlogprob| 0.10, KL 3.7e-4)
- * and qwen3moe-g256 (its greedy continuation leaves transformers' at step 1,
- * where transformers' own top-2 margin is 0.07 and llama.cpp's pick is not
- * among its top two: an expert routing decided the other way). lumen
- * follows transformers there (its references pass at 1e-3), so those
- * answers would measure llama.cpp, not lumen. */
+ * The model fixtures converted by llama.cpp's converter and quantised by
+ * llama-quantize (tests/data/gguf/README.md): each GGUF against
+ * transformers' reference (the folder's own reference.safetensors, else the
+ * shared fixture's models/<name>) and against llama.cpp's answer on it.
+ * Not against llama.cpp's greedy ids where llama.cpp itself leaves
+ * transformers, nor against its log-probabilities where those do (measured
+ * on the bf16 conversions, at its last prompt position against
+ * transformers' prompt1 logits): gemma4 (max |dlogprob| 0.10, KL 3.7e-4,
+ * which its Q8_0 answer carries too) and qwen3moe-g256 (its greedy
+ * continuation leaves transformers' at step 1, where transformers' top-2
+ * margin is 0.07 and llama.cpp's pick is not among its top two: an expert
+ * routing decided the other way; on its Q4_K_M file lumen's last-position
+ * log-probabilities agree with llama.cpp's, 0.09 / KL 3e-4, and the greedy
+ * ids part at one clear step). lumen follows transformers on both (their
+ * bf16 GGUFs pass at 1e-3), so those answers would measure llama.cpp. */
+
+typedef enum { GA_ORACLE_NONE, GA_ORACLE_LOGPROBS, GA_ORACLE_FULL } ga_oracle_use;
 
 static const char *const k_data_types[] = { "bf16", "Q8_0", "Q4_K_M" };
 
-/* Every type of tests/data/gguf/NAME present: reference, and oracle. */
-static void ga_data(lm_test_ctx *lm_t_, const char *name, bool oracle) {
-    char dir[512], f[700];
+/* Every type of tests/data/gguf/NAME present: reference (where one is
+ * found), and llama.cpp's answer as `oracle` says. */
+static void ga_data(lm_test_ctx *lm_t_, const char *name, ga_oracle_use oracle) {
+    char dir[512], ref[512], f[700];
     snprintf(dir, sizeof dir, "%s/tests/data/gguf/%s", LUMEN_SOURCE_DIR, name);
+    if (access(dir, R_OK)) LM_SKIP("tests/data/gguf/%s is not in this checkout", name);
+    snprintf(ref, sizeof ref, "%s", dir);
     snprintf(f, sizeof f, "%s/reference.safetensors", dir);
-    if (access(f, R_OK)) LM_SKIP("tests/data/gguf/%s is not in this checkout", name);
+    char *shared = NULL;
+    if (access(f, R_OK)) {
+        snprintf(f, sizeof f, "models/%s", name);
+        shared = lm_test_fixture_path(f);
+        if (shared) snprintf(ref, sizeof ref, "%s", shared);
+        else printf("  no transformers reference for %s (%s): llama.cpp's answer only\n", name, lm_test_fixtures_why());
+    }
     int ran = 0;
     for (size_t i = 0; i < LM_COUNT(k_data_types) && !lm_t_->failed; i++) {
         snprintf(f, sizeof f, "%s/model.%s.gguf", dir, k_data_types[i]);
         if (access(f, R_OK)) continue;
-        ga_reference_in(lm_t_, dir, k_data_types[i]);
+        snprintf(f, sizeof f, "%s/reference.safetensors", ref);
+        if (!access(f, R_OK)) ga_reference_at(lm_t_, ref, dir, k_data_types[i]), ran++;
         snprintf(f, sizeof f, "%s/%s.llamacpp.json", dir, k_data_types[i]);
-        if (oracle && !access(f, R_OK)) ga_oracle_in(lm_t_, dir, k_data_types[i]);
-        ran++;
+        if (oracle != GA_ORACLE_NONE && !access(f, R_OK))
+            ga_oracle_in(lm_t_, dir, k_data_types[i], oracle == GA_ORACLE_FULL), ran++;
     }
-    LM_CHECK_MSG(ran > 0, "%s: no model.{bf16,Q8_0,Q4_K_M}.gguf", dir);
+    free(shared);
+    if (!ran && !lm_t_->failed) LM_SKIP("nothing to check %s against", name);
 }
 
-LM_TEST(gguf_arch_data_qwen2) { ga_data(lm_t_, "qwen2", true); }
-LM_TEST(gguf_arch_data_qwen3_moe) { ga_data(lm_t_, "qwen3-moe", true); }
-LM_TEST(gguf_arch_data_qwen3moe_g256) { ga_data(lm_t_, "qwen3moe-g256", false); }
-LM_TEST(gguf_arch_data_qwen3_next) { ga_data(lm_t_, "qwen3-next", true); }
-LM_TEST(gguf_arch_data_qwen35) { ga_data(lm_t_, "qwen3.5", true); }
-LM_TEST(gguf_arch_data_gemma3) { ga_data(lm_t_, "gemma3", true); }
-LM_TEST(gguf_arch_data_gemma4) { ga_data(lm_t_, "gemma4", false); }
-LM_TEST(gguf_arch_data_llama3_rope_mqa) { ga_data(lm_t_, "llama3-rope-mqa", true); }
+LM_TEST(gguf_arch_data_qwen2) { ga_data(lm_t_, "qwen2", GA_ORACLE_FULL); }
+LM_TEST(gguf_arch_data_qwen3_moe) { ga_data(lm_t_, "qwen3-moe", GA_ORACLE_FULL); }
+LM_TEST(gguf_arch_data_qwen3moe_g256) { ga_data(lm_t_, "qwen3moe-g256", GA_ORACLE_LOGPROBS); }
+LM_TEST(gguf_arch_data_qwen3_next) { ga_data(lm_t_, "qwen3-next", GA_ORACLE_FULL); }
+LM_TEST(gguf_arch_data_qwen35) { ga_data(lm_t_, "qwen3.5", GA_ORACLE_FULL); }
+LM_TEST(gguf_arch_data_gemma3) { ga_data(lm_t_, "gemma3", GA_ORACLE_FULL); }
+LM_TEST(gguf_arch_data_gemma4) { ga_data(lm_t_, "gemma4", GA_ORACLE_NONE); }
+LM_TEST(gguf_arch_data_llama3_rope_mqa) { ga_data(lm_t_, "llama3-rope-mqa", GA_ORACLE_FULL); }
 
 /* ---- files lumen cannot run: one line naming what is wrong ---- */
 
