@@ -46,12 +46,17 @@ bool lm_gguf_has_layer_tensor(const lm_gguf_keys *k, int layer, const char *suff
 
 /* ---- the architectures ---- */
 
-/* llama / mistral / qwen2 / qwen3: biases and q/k norms are whatever
- * tensors the file has; a sliding window (mistral) covers every layer. */
-static int read_dense(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
+/* Attention biases and per-head q/k norms: whatever tensors the file has. */
+static void read_attn_extras(lm_model_config *c, const lm_gguf_keys *k) {
     c->qkv_bias = lm_gguf_has_layer_tensor(k, 0, "attn_q.bias");
     c->o_bias = lm_gguf_has_layer_tensor(k, 0, "attn_output.bias");
     c->qk_norm = lm_gguf_has_layer_tensor(k, 0, "attn_q_norm.weight");
+}
+
+/* llama / mistral / qwen2 / qwen3: a sliding window (mistral) covers
+ * every layer. */
+static int read_dense(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
+    read_attn_extras(c, k);
     c->rope.freq_factors = lm_gguf_find_tensor(k->g, "rope_freqs.weight") != NULL;
     int64_t w;
     if (lm_gguf_arch_int(k, "attention.sliding_window", &w) && w > 0) {
@@ -64,9 +69,8 @@ static int read_dense(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
 }
 
 static int read_qwen3moe(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
-    c->qkv_bias = lm_gguf_has_layer_tensor(k, 0, "attn_q.bias");
-    c->o_bias = lm_gguf_has_layer_tensor(k, 0, "attn_output.bias");
-    c->qk_norm = true;
+    read_attn_extras(c, k);
+    c->qk_norm = true; /* Qwen3-MoE always has them; binding says so if absent */
     return lm_gguf_config_moe(c, k, e);
 }
 

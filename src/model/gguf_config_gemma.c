@@ -36,6 +36,16 @@ static int read_sliding(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
     return 0;
 }
 
+/* Sliding layers' rope: rope.freq_base_swa, 10000 when absent (llama.cpp's
+ * default), over the whole head. */
+static int read_swa_rope(struct lm_gemma_config *g, const lm_gguf_keys *k, lm_err *e) {
+    double theta = 10000.0;
+    lm_gguf_arch_float(k, "rope.freq_base_swa", &theta);
+    if (!(theta > 0)) return lm_errf(e, "%s: %s.rope.freq_base_swa must be > 0", k->path, k->arch);
+    g->rope[1] = (gemma_rope_cfg){ GEMMA_ROPE_DEFAULT, theta, 1, 1 };
+    return 0;
+}
+
 int lm_gguf_config_gemma3(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
     c->act = LM_ACT_GELU_TANH;
     c->qk_norm = true;
@@ -46,12 +56,10 @@ int lm_gguf_config_gemma3(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
         return lm_errf(e, "%s: gemma3 takes linear rope scaling only", k->path);
     struct lm_gemma_config *g = lm_gemma_config_new(c, 3);
     if (read_sliding(c, k, e)) return -1;
-    double swa_theta = 10000.0, cap = 0;
-    lm_gguf_arch_float(k, "rope.freq_base_swa", &swa_theta);
-    if (!(swa_theta > 0)) return lm_errf(e, "%s: %s.rope.freq_base_swa must be > 0", k->path, k->arch);
+    double cap = 0;
     g->rope[0] = (gemma_rope_cfg){ c->rope.type == LM_ROPE_LINEAR ? GEMMA_ROPE_LINEAR : GEMMA_ROPE_DEFAULT,
                                    c->rope.theta, c->rope.factor, 1 };
-    g->rope[1] = (gemma_rope_cfg){ GEMMA_ROPE_DEFAULT, swa_theta, 1, 1 };
+    if (read_swa_rope(g, k, e)) return -1;
     const double scalar = c->n_layers == 62 ? (double)c->d_model / c->n_heads : (double)c->head_dim;
     g->attn_scale = (float)pow(scalar, -0.5);
     if (lm_gguf_arch_float(k, "final_logit_softcapping", &cap) && !(cap >= 0))
@@ -144,12 +152,9 @@ int lm_gguf_config_gemma4(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
     /* attention_k_eq_v: a full layer that computes K/V but has no V projection */
     for (int l = 0; l < c->n_layers; l++)
         g->layer[l].k_eq_v = !c->layer_sliding[l] && !g->layer[l].shared && !lm_gguf_has_layer_tensor(k, l, "attn_v.weight");
-    double swa_theta = 10000.0, cap = 0;
-    lm_gguf_arch_float(k, "rope.freq_base_swa", &swa_theta);
+    double cap = 0;
     g->rope[0] = (gemma_rope_cfg){ GEMMA_ROPE_DEFAULT, c->rope.theta, 1, 1 };
-    g->rope[1] = (gemma_rope_cfg){ GEMMA_ROPE_DEFAULT, swa_theta, 1, 1 };
-    if (!(swa_theta > 0)) return lm_errf(e, "%s: %s.rope.freq_base_swa must be > 0", k->path, k->arch);
-    if (read_proportional(g, k, full_dh, e)) return -1;
+    if (read_swa_rope(g, k, e) || read_proportional(g, k, full_dh, e)) return -1;
     g->attn_scale = 1.0f;
     if (lm_gguf_arch_float(k, "final_logit_softcapping", &cap) && !(cap >= 0))
         return lm_errf(e, "%s: %s.final_logit_softcapping must be >= 0", k->path, k->arch);
