@@ -75,7 +75,8 @@ int lm_parity_oracle_run(lm_source *src, const char *json_path, lm_backend *be, 
     memset(res, 0, sizeof *res);
     json_error_t jerr;
     json_t *j = json_load_file(json_path, 0, &jerr);
-    if (!j) return lm_errf(e, "%s: %s (line %d)", json_path, jerr.text, jerr.line);
+    if (!j && jerr.line <= 0) return lm_errf(e, "%s: cannot read llama.cpp's answer (%s)", json_path, jerr.text);
+    if (!j) return lm_errf(e, "%s: invalid JSON at line %d: %s", json_path, jerr.line, jerr.text);
     lm_model *m = NULL;
     lm_runner *r = NULL;
     int32_t *prompt = NULL, *greedy = NULL;
