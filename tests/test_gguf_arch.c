@@ -289,6 +289,8 @@ LM_TEST(gguf_arch_cli_parity) {
     ga_cli(lm_t_, a, 2);
     snprintf(a, sizeof a, "parity '%s' --model '%s/model.bf16.gguf' --oracle '%s/bf16.llamacpp.json'", q3, q3, q3);
     ga_cli(lm_t_, a, 2);
+    snprintf(a, sizeof a, "parity '%s/model.bf16.gguf'", q3);
+    ga_cli(lm_t_, a, 2);
     free(q3);
     free(ll);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../engine/lm_parity.h"
+#include "../base/lm_file.h"
 #include "../engine/lm_parity_oracle.h"
 #include "cli.h"
 
@@ -106,6 +107,11 @@ int lm_cmd_parity(int argc, char **argv) {
     }
     if (!o.oracle && !o.dir) {
         fprintf(stderr, "lumen parity: a folder with reference.safetensors is required (see lumen parity --help)\n");
+        return 2;
+    }
+    if (o.dir && !lm_is_dir(o.dir) && lm_file_exists(o.dir)) {
+        fprintf(stderr, "lumen parity: %s is a file; DIR is the folder with reference.safetensors (a GGUF goes in "
+                        "--model)\n", o.dir);
         return 2;
     }
     if (o.kl_tol > 0 && !o.oracle) {
