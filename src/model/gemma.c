@@ -123,6 +123,7 @@ static int parse_layer_types(lm_model_config *c, json_t *root, int version, cons
     return 0;
 }
 
+/* Shared KV (lm_gemma.h): the GGUF reader gets the same rule as config.json's. */
 int lm_gemma_share_kv(lm_model_config *c, int shared, bool double_wide, const char *label, lm_err *e) {
     struct lm_gemma_config *g = c->gemma;
     int first = c->n_layers - shared;
@@ -198,6 +199,7 @@ static int parse_gemma4_layers(struct lm_gemma_config *g, lm_model_config *c, js
     return 0;
 }
 
+/* One config per model, layers uniform until a reader says otherwise. */
 struct lm_gemma_config *lm_gemma_config_new(lm_model_config *c, int version) {
     struct lm_gemma_config *g = lm_xcalloc(1, sizeof *g + (size_t)c->n_layers * sizeof(gemma_layer_cfg));
     c->gemma = g;
@@ -208,6 +210,7 @@ struct lm_gemma_config *lm_gemma_config_new(lm_model_config *c, int version) {
     return g;
 }
 
+/* The checks both readers end with (lm_gemma.h). */
 int lm_gemma_config_check(const lm_model_config *c, const char *label, lm_err *e) {
     for (int l = 0; l < c->n_layers; l++) {
         const gemma_layer_cfg *L = &c->gemma->layer[l];
