@@ -28,12 +28,11 @@ static const lm_opt k_opts[] = {
     { LM_OPT_STRING, "--oracle", NULL, LM_OPT_AT(parity_opts, oracle), "FILE.json",
       "check --model against llama.cpp's answer (tools/llamacpp/oracle.mjs) instead of DIR", .ilo = 1 },
     { LM_OPT_FLOAT, "--tolerance", "--tol", LM_OPT_AT(parity_opts, tol), "X",
-      "the largest error allowed: |logit| against DIR, |log-probability| against --oracle (default: by the "
-      "model's least precise weight type)",
-      .lo = 0, .lo_open = true, .hi = INFINITY },
+      "the largest error allowed: |logit| against DIR, |log-probability| against --oracle",
+      .lo = 0, .lo_open = true, .hi = INFINITY, .dflt = "by the model's least precise weight type" },
     { LM_OPT_FLOAT, "--kl-tolerance", NULL, LM_OPT_AT(parity_opts, kl_tol), "X",
-      "with --oracle: the largest KL(llama.cpp || lumen) allowed (default: by weight type)", .lo = 0,
-      .lo_open = true, .hi = INFINITY },
+      "with --oracle: the largest KL(llama.cpp || lumen) allowed", .lo = 0, .lo_open = true, .hi = INFINITY,
+      .dflt = "by weight type" },
     { LM_OPT_GROUP, .off = offsetof(parity_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
