@@ -63,6 +63,18 @@ static uint8_t *qd_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s) {
             break;
         case LM_Q6_K: qd_put16(blk + 208, lm_f32_to_f16(0.0003f * r)); break;
         case LM_IQ4_XS: qd_put16(blk, lm_f32_to_f16(0.0003f * r)); break;
+        case LM_Q4_1:
+        case LM_Q5_1:
+            qd_put16(blk, lm_f32_to_f16(0.05f * r));
+            qd_put16(blk + 2, lm_f32_to_f16(-0.4f * r));
+            break;
+        case LM_Q5_0: qd_put16(blk, lm_f32_to_f16(0.05f * r)); break;
+        case LM_IQ4_NL: qd_put16(blk, lm_f32_to_f16(0.003f * r)); break;
+        case LM_Q2_K:
+            qd_put16(blk + 80, lm_f32_to_f16(0.02f * r));
+            qd_put16(blk + 82, lm_f32_to_f16(0.01f * r));
+            break;
+        case LM_Q3_K: qd_put16(blk + 108, lm_f32_to_f16(0.005f * r)); break;
         default: break;
         }
     }
@@ -82,7 +94,8 @@ static float *qd_x(int64_t n, uint64_t *s) {
     return x;
 }
 
-static const lm_dtype qd_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS };
+static const lm_dtype qd_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS,
+                                     LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL, LM_Q2_K, LM_Q3_K };
 
 /* The tables this CPU can run; *why is set for the others. */
 static int qd_tables(const lm_cpu_qkern **out) {
@@ -161,6 +174,10 @@ LM_TEST(cpu_qdot_kernels) {
         for (size_t ti = 0; ti < LM_COUNT(qd_types); ti++) {
             lm_dtype t = qd_types[ti];
             int blk = lm_dtype_block(t);
+            if (!tabs[ki]->qgemv[t]) {
+                LM_CHECK_MSG(false, "%s has no int8 kernel for %s", tabs[ki]->name, lm_dtype_name(t));
+                continue;
+            }
             const int nblocks[] = { 1, 3, 8, 17 };
             qd_stat st = { 0 };
             uint64_t s = 1234 + ti;
