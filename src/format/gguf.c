@@ -405,8 +405,8 @@ static int lm_gguf_place_tensor(lm_gguf_rd *r, lm_file_tensor *t, size_t data_st
     uint64_t begin, end;
     if (__builtin_add_overflow((uint64_t)data_start, offset, &begin) ||
         __builtin_add_overflow(begin, (uint64_t)t->nbytes, &end) || end > r->size) {
-        return lm_errf(r->e, "%s: tensor \"%s\": data (offset %llu, %zu bytes) lies outside the file (%zu bytes)",
-                       r->label, pname, (unsigned long long)offset, t->nbytes, r->size);
+        return lm_errf(r->e, "%s: tensor \"%s\" (%s): data (offset %llu, %zu bytes) lies outside the file (%zu bytes)",
+                       r->label, pname, t->type_name, (unsigned long long)offset, t->nbytes, r->size);
     }
     t->data = r->data + begin;
     return 0;
