@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define QD_SIGMAS 6.0
 
@@ -258,6 +259,20 @@ static const qd_e2e_case qd_e2e_cases[] = {
 #define QD_E2E_MARGIN 3.0
 
 
+/* A llama-g256 file (pattern with %s for the type): tests/data/gguf first
+ * (the types that ship with the repository), then the shared fixtures. */
+static char *qd_e2e_file(const char *type, const char *pattern) {
+    char name[96], rel[160];
+    snprintf(name, sizeof name, pattern, type);
+    size_t n = strlen(LUMEN_SOURCE_DIR "/tests/data/gguf/llama-g256/") + strlen(name) + 1;
+    char *local = malloc(n);
+    snprintf(local, n, "%s/tests/data/gguf/llama-g256/%s", LUMEN_SOURCE_DIR, name);
+    if (access(local, R_OK) == 0) return local;
+    free(local);
+    snprintf(rel, sizeof rel, "gguf/llama-g256/%s", name);
+    return lm_test_fixture_path(rel);
+}
+
 static void qd_logsoftmax(const float *x, double *out, int V) {
     double mx = x[lm_argmax(x, V)], sum = 0;
     for (int i = 0; i < V; i++) sum += exp(x[i] - mx);
@@ -285,14 +300,11 @@ static void qd_e2e(lm_test_ctx *lm_t_, int ci) {
     const qd_e2e_case *c = &qd_e2e_cases[ci];
     const double tol = c->worst > 0 ? QD_E2E_MARGIN * c->worst : QD_E2E_DEFAULT_TOL;
     const double tol_kl = c->worst_kl > 0 ? QD_E2E_MARGIN * c->worst_kl : QD_E2E_DEFAULT_KL;
-    char rel[128], jrel[128];
-    snprintf(rel, sizeof rel, "gguf/llama-g256/model.%s.gguf", c->type);
-    snprintf(jrel, sizeof jrel, "gguf/llama-g256/%s.llamacpp.json", c->type);
-    char *gguf = lm_test_fixture_path(rel), *ref = lm_test_fixture_path(jrel);
+    char *gguf = qd_e2e_file(c->type, "model.%s.gguf"), *ref = qd_e2e_file(c->type, "%s.llamacpp.json");
     if (!gguf || !ref) {
         free(gguf);
         free(ref);
-        LM_SKIP("%s", lm_test_fixtures_why());
+        LM_SKIP("no llama-g256 %s GGUF in tests/data/gguf: %s", c->type, lm_test_fixtures_why());
     }
     lm_err e = { { 0 } };
     lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
