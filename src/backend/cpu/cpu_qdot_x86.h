@@ -13,10 +13,12 @@
  * row is read from memory once. Signed weights use the sign trick:
  * |w| * (x * sign(w)) keeps the unsigned operand unsigned. Each token keeps
  * an f32 accumulator of 8 lanes; the block's integer dot is converted and
- * scaled by (weight scale * activation scale) with one FMA. Q4_K's mins are
- * applied per super-block in a second accumulator from the activation's
- * block sums. The same integers as the scalar reference; only the order of
- * the f32 additions differs. */
+ * scaled by (weight scale * activation scale) with one FMA. Q4_K's (and
+ * Q5_K's, Q2_K's) mins are applied per super-block in a second accumulator
+ * from the activation's block sums, Q4_1/Q5_1's offsets m per block in a
+ * scalar one. Types with a scale per 16 values (Q6_K, Q3_K, Q2_K) apply it
+ * to the integer pair or quad sums before the conversion. The same integers
+ * as the scalar reference; only the order of the f32 additions differs. */
 #include "cpu_kern.h"
 
 #include <immintrin.h>
