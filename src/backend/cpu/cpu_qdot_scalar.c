@@ -100,7 +100,7 @@ static void lm_qs_codes_q6_k(const uint8_t *sb, int j, uint8_t *u) {
         u[i] = (uint8_t)(((ql[i] >> (4 * (k / 2))) & 0x0f) | (((qh[i] >> (2 * k)) & 3) << 4));
 }
 
-/* Q4_1 / IQ4_NL: nibbles as Q4_0; IQ4_NL's become levels + 128. */
+/* IQ4_NL: nibbles placed as Q4_0's, as levels + 128 (unsigned like the rest). */
 static void lm_qs_codes_iq4_nl(const uint8_t *blk, uint8_t *u) {
     for (int i = 0; i < 16; i++) {
         u[i] = (uint8_t)(lm_iq4nl_levels[blk[2 + i] & 0x0f] + 128);
