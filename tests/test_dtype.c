@@ -56,8 +56,15 @@ LM_TEST(dtype_table) {
     LM_CHECK(strcmp(lm_dtype_name(LM_I32), "I32") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_Q5_K), "Q5_K") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_IQ4_XS), "IQ4_XS") == 0);
-    static const int blk[] = { 1, 1, 1, 32, 32, 256, 256, 256, 256, 1 };
-    static const int bytes[] = { 4, 2, 2, 34, 18, 144, 210, 176, 136, 4 };
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q4_1), "Q4_1") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q5_0), "Q5_0") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q5_1), "Q5_1") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_IQ4_NL), "IQ4_NL") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q2_K), "Q2_K") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q3_K), "Q3_K") == 0);
+    static const int blk[] = { 1, 1, 1, 32, 32, 256, 256, 256, 256, 32, 32, 32, 32, 256, 256, 1 };
+    static const int bytes[] = { 4, 2, 2, 34, 18, 144, 210, 176, 136, 20, 22, 24, 18, 84, 110, 4 };
+    LM_CHECK(LM_COUNT(blk) == LM_DTYPE_COUNT);
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
         LM_CHECK(lm_dtype_block((lm_dtype)t) == blk[t]);
         LM_CHECK(lm_dtype_block_bytes((lm_dtype)t) == bytes[t]);

@@ -2,8 +2,8 @@
  *
  * A weight is a row-major matrix [rows][cols] in one of these types; quantised
  * types store each row as whole blocks (cols must be a multiple of the block
- * width). The block layouts of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS are those of the GGUF
- * file format, so GGUF data is used in place. */
+ * width). The block layouts of the quantised types are those of the GGUF
+ * file format (ggml's block structs), so GGUF data is used in place. */
 #ifndef LM_DTYPE_H
 #define LM_DTYPE_H
 
@@ -19,6 +19,12 @@ typedef enum lm_dtype {
     LM_Q6_K, /* 256 values: 128 B ql, 64 B qh, 16 x int8 scales, f16 (210 bytes) */
     LM_Q5_K, /* 256 values: f16 d, f16 dmin, 12 B scales, 32 B qh, 128 B qs (176 bytes) */
     LM_IQ4_XS, /* 256 values: f16 d, u16 scales_h, 4 B scales_l, 128 B qs (136 bytes) */
+    LM_Q4_1, /* 32 values: f16 d, f16 m, 16 B nibbles, d*q+m          (20 bytes) */
+    LM_Q5_0, /* 32 values: f16 d, 4 B high bits, 16 B nibbles, q-16  (22 bytes) */
+    LM_Q5_1, /* 32 values: f16 d, f16 m, 4 B high bits, 16 B nibbles (24 bytes) */
+    LM_IQ4_NL, /* 32 values: f16 d, 16 B nibbles indexing 16 levels  (18 bytes) */
+    LM_Q2_K, /* 256 values: 16 B scales/mins, 64 B qs, f16 d, f16 dmin (84 bytes) */
+    LM_Q3_K, /* 256 values: 32 B hmask, 64 B qs, 12 B scales, f16 d  (110 bytes) */
     LM_I32,
     LM_DTYPE_COUNT
 } lm_dtype;
