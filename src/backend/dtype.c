@@ -10,6 +10,7 @@
  * subnormals, infinities and NaN, round-to-nearest-even), so results do not
  * depend on the compiler or on F16C being present. */
 #include "lm_dtype.h"
+#include "dtype_hf.h"
 
 #include <string.h>
 
@@ -32,6 +33,11 @@ static const lm_dtype_info lm_dtype_table[LM_DTYPE_COUNT] = {
     [LM_Q6_K] = { "Q6_K", LM_QKK, LM_QKK / 2 + LM_QKK / 4 + LM_QKK / 16 + 2 },
     [LM_Q5_K] = { "Q5_K", LM_QKK, 2 + 2 + 12 + LM_QKK / 8 + LM_QKK / 2 },
     [LM_IQ4_XS] = { "IQ4_XS", LM_QKK, 2 + 2 + 4 + LM_QKK / 2 },
+    [LM_FP8_B128] = { "FP8_B128", LM_FP8_BLOCK, LM_FP8_BLOCK_BYTES },
+    [LM_A4_BF16] = { "A4_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A4_F16] = { "A4_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A8_BF16] = { "A8_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
+    [LM_A8_F16] = { "A8_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
     [LM_I32] = { "I32", 1, 4 },
 };
 
@@ -286,6 +292,11 @@ void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n) {
     case LM_Q6_K: lm_deq_q6_k(s, dst, nb); break;
     case LM_Q5_K: lm_deq_q5_k(s, dst, nb); break;
     case LM_IQ4_XS: lm_deq_iq4_xs(s, dst, nb); break;
+    case LM_FP8_B128: lm_dequant_fp8_b128(s, dst, nb); break;
+    case LM_A4_BF16:
+    case LM_A4_F16:
+    case LM_A8_BF16:
+    case LM_A8_F16: lm_dequant_affine(t, s, dst, nb); break;
     case LM_DTYPE_COUNT: LM_ASSERT(!"bad dtype"); break;
     }
 }
