@@ -277,3 +277,124 @@ LM_TEST(hf_quant_bad_scales) {
     hq_expect_error(lm_t_, "mlx-bits", "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}", bad_shape, 3,
                     "tensor \"y.weight\" is quantised to 3 bits");
 }
+
+/* ---- whole models ------------------------------------------------------------------- */
+
+typedef struct hq_model_case {
+    const char *tag;
+    const char *fixture;
+    hqg_scheme scheme;
+    /* measured max |logit - transformers'| over the parity prompts and greedy
+     * steps (the twin gives the same: it is the quantisation error of the
+     * test writer's rounding); the tolerance is about 1.5 to 2 times that */
+    double measured, tol;
+} hq_model_case;
+
+/* Logits of every position of tokens on the model in dir (CPU, exact). */
+static float *hq_logits(const char *dir, const int32_t *tokens, int n, int *vocab, lm_err *e) {
+    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, e);
+    if (!be) return NULL;
+    lm_model *m = NULL;
+    lm_runner *r = NULL;
+    float *out = NULL;
+    if (!lm_model_load(&m, dir, be, e) && !lm_runner_create(&r, m, 256, 0, e)) {
+        *vocab = m->cfg.vocab;
+        out = malloc((size_t)n * (size_t)*vocab * sizeof *out);
+        if (lm_runner_eval(r, tokens, n, true, out, e)) {
+            free(out);
+            out = NULL;
+        }
+    }
+    lm_runner_free(r);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    return out;
+}
+
+static void hq_model(lm_test_ctx *lm_t_, const hq_model_case *c) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "%s/model.safetensors", c->fixture);
+    char *src = lm_test_fixture_path(c->fixture);
+    if (!src || !lm_test_have_fixture(rel)) {
+        free(src);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    char tag[64], why[512];
+    char *q = lm_tu_mkdir(c->tag);
+    snprintf(tag, sizeof tag, "%s-twin", c->tag);
+    char *twin = lm_tu_mkdir(tag);
+    LM_REQUIRE(hqg_convert(src, c->scheme, q, twin, why, sizeof why) == 0);
+    /* 1. the quantised checkpoint computes what its dequantised twin does */
+    int32_t tokens[48];
+    for (int i = 0; i < 48; i++) tokens[i] = (int32_t)((i * 131 + 7) % 1000 + 3);
+    lm_err e = { { 0 } };
+    int V = 0, V2 = 0;
+    float *lq = hq_logits(q, tokens, 48, &V, &e);
+    LM_CHECK_MSG(lq, "%s", e.msg);
+    float *lt = hq_logits(twin, tokens, 48, &V2, &e);
+    LM_CHECK_MSG(lt, "%s", e.msg);
+    if (lq && lt && V == V2) {
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)48 * (size_t)V; i++) worst = fmax(worst, fabs((double)lq[i] - lt[i]));
+        fprintf(stderr, "  %s: max |logit(quantised) - logit(twin)| = %.3g\n", c->tag, worst);
+        LM_CHECK(worst <= 1e-4);
+    }
+    free(lq);
+    free(lt);
+    /* 2. and stays within the quantisation error of transformers' bf16 logits */
+    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
+    LM_REQUIRE(be);
+    lm_parity_result res;
+    int rc = lm_parity_run(q, be, c->tol, &res, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        fprintf(stderr, "  %s: max |logit - transformers'| = %.4g (measured %.3g, tolerance %.3g), ok %d\n",
+                c->tag, res.max_abs_err, c->measured, c->tol, res.ok);
+        LM_CHECK(res.ok && res.max_abs_err <= c->tol);
+    }
+    lm_backend_destroy(be);
+    free(q);
+    free(twin);
+    free(src);
+}
+
+/* llama-g256: rows of 256 and 512, two 128x128 tiles and more per matrix;
+ * qwen3: tied embeddings, so the MLX embedding is the output head too. */
+static const hq_model_case HQ_MODELS[] = {
+    { "fp8-block", "gguf/llama-g256", HQG_FP8_BLOCK, 0.516, 1.0 },
+    { "fp8-tensor", "gguf/llama-g256", HQG_FP8_TENSOR, 0.496, 1.0 },
+    { "mlx4-g64", "gguf/llama-g256", HQG_MLX4_G64, 2.50, 4.0 },
+    { "mlx8-g32", "gguf/llama-g256", HQG_MLX8_G32, 0.132, 0.25 },
+    { "mlx4-g64-tied", "models/qwen3", HQG_MLX4_G64, 0.964, 2.0 },
+};
+
+LM_TEST(hf_quant_model_fp8_block) { hq_model(lm_t_, &HQ_MODELS[0]); }
+LM_TEST(hf_quant_model_fp8_tensor) { hq_model(lm_t_, &HQ_MODELS[1]); }
+LM_TEST(hf_quant_model_mlx4_g64) { hq_model(lm_t_, &HQ_MODELS[2]); }
+LM_TEST(hf_quant_model_mlx8_g32) { hq_model(lm_t_, &HQ_MODELS[3]); }
+LM_TEST(hf_quant_model_mlx4_tied) { hq_model(lm_t_, &HQ_MODELS[4]); }
+
+/* A model whose FP8 rows are not whole 128-value blocks (qwen3's width is
+ * 64) is refused at load with the tensor named, not run wrongly. */
+LM_TEST(hf_quant_model_fp8_short_rows) {
+    char *src = lm_test_fixture_path("models/qwen3");
+    if (!src || !lm_test_have_fixture("models/qwen3/model.safetensors")) {
+        free(src);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    char why[512];
+    char *q = lm_tu_mkdir("fp8-short");
+    LM_REQUIRE(hqg_convert(src, HQG_FP8_BLOCK, q, NULL, why, sizeof why) == 0);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(1, LM_ISA_AUTO, &e);
+    LM_REQUIRE(be);
+    lm_model *m = NULL;
+    int rc = lm_model_load(&m, q, be, &e);
+    LM_CHECK_MSG(rc != 0 && strstr(e.msg, "model.safetensors: tensor \"model.layers.0.") &&
+                     strstr(e.msg, "has rows of 64 FP8 values, not a multiple of 128") && !strchr(e.msg, '\n'),
+                 "got \"%s\"", e.msg);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    free(q);
+    free(src);
+}
