@@ -8,7 +8,8 @@
  * files compute the same integers and differ only in the order of the f32
  * additions. Weight codes are read as in dtype.c (the layouts are described
  * there); offsets (Q4_0's 8, Q6_K's 32) are removed in integers with the
- * activation's 16-value sums, the Q4_K mins in f32 with the same sums. */
+ * activation's 16-value sums, the Q4_K mins and the affine types' biases
+ * (A4_* / A8_*, repacked MLX weights) in f32 with the same sums. */
 #include "cpu_kern.h"
 
 #include <string.h>
@@ -50,6 +51,16 @@ void lm_q8x_quantize(const float *x, int64_t n, void *dst) {
 }
 
 static float lm_qs_h(const uint8_t *p) { return lm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* An affine block's scale or bias: bf16 or f16 as the type says. */
+static float lm_qs_half(lm_dtype dt, const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    return dt == LM_A4_BF16 || dt == LM_A8_BF16 ? lm_bf16_to_f32(h) : lm_f16_to_f32(h);
+}
+
+static bool lm_qs_affine(lm_dtype dt) {
+    return dt == LM_A4_BF16 || dt == LM_A4_F16 || dt == LM_A8_BF16 || dt == LM_A8_F16;
+}
 
 static int lm_qs_idot(const uint8_t *u, const int8_t *x, int n) {
     int s = 0;
@@ -113,7 +124,14 @@ static void lm_qs_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const voi
             for (int64_t b = 0; b < n / 32; b++) {
                 const int8_t *qb = q + b * 32;
                 int sum = sx[2 * b] + sx[2 * b + 1];
-                if (dt == LM_Q8_0 || dt == LM_Q4_0) {
+                if (lm_qs_affine(dt)) { /* x = d * q + m, q unsigned */
+                    const bool four = dt == LM_A4_BF16 || dt == LM_A4_F16;
+                    const uint8_t *blk = wr + b * (four ? 20 : 36);
+                    if (four) lm_qs_codes_q4_0(blk + 2, u); /* the same nibble order, 2 bytes later */
+                    else memcpy(u, blk + 4, 32);
+                    int idot = lm_qs_idot(u, qb, 32);
+                    acc += dx[b] * (lm_qs_half(dt, blk) * (float)idot + lm_qs_half(dt, blk + 2) * (float)sum);
+                } else if (dt == LM_Q8_0 || dt == LM_Q4_0) {
                     const uint8_t *blk = wr + b * (dt == LM_Q8_0 ? 34 : 18);
                     if (dt == LM_Q8_0) lm_qs_codes_q8_0(blk, u);
                     else lm_qs_codes_q4_0(blk, u);
@@ -167,12 +185,17 @@ LM_QS_FN(lm_qs_gemv_q4_k, LM_Q4_K)
 LM_QS_FN(lm_qs_gemv_q6_k, LM_Q6_K)
 LM_QS_FN(lm_qs_gemv_q5_k, LM_Q5_K)
 LM_QS_FN(lm_qs_gemv_iq4_xs, LM_IQ4_XS)
+LM_QS_FN(lm_qs_gemv_a4_bf16, LM_A4_BF16)
+LM_QS_FN(lm_qs_gemv_a4_f16, LM_A4_F16)
+LM_QS_FN(lm_qs_gemv_a8_bf16, LM_A8_BF16)
+LM_QS_FN(lm_qs_gemv_a8_f16, LM_A8_F16)
 
 const lm_cpu_qkern lm_cpu_qkern_scalar = {
     .name = "scalar",
     .qgemv = { [LM_Q8_0] = lm_qs_gemv_q8_0, [LM_Q4_0] = lm_qs_gemv_q4_0, [LM_Q4_K] = lm_qs_gemv_q4_k,
                [LM_Q6_K] = lm_qs_gemv_q6_k, [LM_Q5_K] = lm_qs_gemv_q5_k,
-               [LM_IQ4_XS] = lm_qs_gemv_iq4_xs },
+               [LM_IQ4_XS] = lm_qs_gemv_iq4_xs, [LM_A4_BF16] = lm_qs_gemv_a4_bf16,
+               [LM_A4_F16] = lm_qs_gemv_a4_f16, [LM_A8_BF16] = lm_qs_gemv_a8_bf16, [LM_A8_F16] = lm_qs_gemv_a8_f16 },
 };
 
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa) {

@@ -15,8 +15,10 @@
  * an f32 accumulator of 8 lanes; the block's integer dot is converted and
  * scaled by (weight scale * activation scale) with one FMA. Q4_K's mins are
  * applied per super-block in a second accumulator from the activation's
- * block sums. The same integers as the scalar reference; only the order of
- * the f32 additions differs. */
+ * block sums, and the affine types' biases (and A8's code offset of 128,
+ * taken out so its codes fit the sign trick) likewise per token in f32. The
+ * same integers as the scalar reference; only the order of the f32
+ * additions differs. */
 #include "cpu_kern.h"
 
 #include <immintrin.h>
@@ -28,6 +30,13 @@ LM_QD_AI float lm_qd_h(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* A bf16 at p as f32. */
+LM_QD_AI float lm_qd_bf(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return lm_bf16_to_f32(h);
 }
 
 /* int32 lanes: lane i = sum of u[4i..4i+3] * s[4i..4i+3]. */
@@ -95,9 +104,29 @@ typedef struct lm_qd_x {
 LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
                         float *out) {
     __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
+    float accb[LM_GEMV_MAX_TOKENS] = { 0 }; /* affine biases */
     for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     const int64_t nb = n / 32;
-    if (dt == LM_Q8_0 || dt == LM_Q4_0) {
+    if (dt == LM_A4_BF16 || dt == LM_A4_F16 || dt == LM_A8_BF16 || dt == LM_A8_F16) {
+        const bool four = dt == LM_A4_BF16 || dt == LM_A4_F16, bf = dt == LM_A4_BF16 || dt == LM_A8_BF16;
+        const int bb = four ? 20 : 36;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + b * bb;
+            lm_qd_prefetch(blk, bb);
+            float dw = bf ? lm_qd_bf(blk) : lm_qd_h(blk), mw = bf ? lm_qd_bf(blk + 2) : lm_qd_h(blk + 2);
+            /* A4: codes 0..15 as they are; A8: code - 128, signed, and the 128 back with the bias */
+            __m256i w = four ? lm_qd_nib32(blk + 4)
+                             : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 4)), _mm256_set1_epi8((char)0x80));
+            __m256i aw = four ? w : _mm256_sign_epi8(w, w);
+            float off = four ? mw : mw + 128.0f * dw;
+            for (int t = 0; t < NT; t++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                __m256i p = lm_qd_dot(aw, four ? xv : _mm256_sign_epi8(xv, w));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+                accb[t] += off * x[t].d[b] * (float)(x[t].s[2 * b] + x[t].s[2 * b + 1]);
+            }
+        }
+    } else if (dt == LM_Q8_0 || dt == LM_Q4_0) {
         const int bb = dt == LM_Q8_0 ? 34 : 18;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = wr + b * bb;
@@ -219,7 +248,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             }
         }
     }
-    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]);
+    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]) + accb[t];
 }
 
 LM_QD_AI void lm_qd_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const void *xq, size_t ldq,
@@ -253,8 +282,14 @@ LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
 LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
 LM_QD_FN(lm_qd_gemv_q5_k, LM_Q5_K)
 LM_QD_FN(lm_qd_gemv_iq4_xs, LM_IQ4_XS)
+LM_QD_FN(lm_qd_gemv_a4_bf16, LM_A4_BF16)
+LM_QD_FN(lm_qd_gemv_a4_f16, LM_A4_F16)
+LM_QD_FN(lm_qd_gemv_a8_bf16, LM_A8_BF16)
+LM_QD_FN(lm_qd_gemv_a8_f16, LM_A8_F16)
 
 #define LM_QD_TABLE                                                                               \
     .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
                [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k,                           \
-               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs }
+               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs,                       \
+               [LM_A4_BF16] = lm_qd_gemv_a4_bf16, [LM_A4_F16] = lm_qd_gemv_a4_f16,                  \
+               [LM_A8_BF16] = lm_qd_gemv_a8_bf16, [LM_A8_F16] = lm_qd_gemv_a8_f16 }
