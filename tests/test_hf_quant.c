@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_kern.h"
 #include "backend/dtype_hf.h"
 #include "base/lm_file.h"
 #include "engine/lm_parity.h"
@@ -444,4 +445,26 @@ LM_TEST(hf_quant_cuda_refuses_with_type) {
                      "%s: got \"%s\"", lm_dtype_name(types[i]), e.msg);
     }
     lm_backend_destroy(be);
+}
+
+/* The AVX2 FP8 widener (both x86 tables use it) gives lm_dequant_row's
+ * bits for every code and sign, subnormals and NaN included. */
+LM_TEST(hf_quant_fp8_simd_widening_exact) {
+    if (lm_cpu_isa_detect() < LM_ISA_AVX2) LM_SKIP("this CPU has no AVX2");
+    uint8_t blk[2 * LM_FP8_BLOCK_BYTES];
+    float s0 = 0.0371f, s1 = -1e-36f; /* the second scale makes f32 subnormal products */
+    memcpy(blk, &s0, 4);
+    memcpy(blk + LM_FP8_BLOCK_BYTES, &s1, 4);
+    for (int j = 0; j < LM_FP8_BLOCK; j++) {
+        blk[4 + j] = (uint8_t)(2 * j);
+        blk[LM_FP8_BLOCK_BYTES + 4 + j] = (uint8_t)(2 * j + 1);
+    }
+    float ref[2 * LM_FP8_BLOCK], got[2 * LM_FP8_BLOCK];
+    lm_dequant_row(LM_FP8_B128, blk, ref, 2 * LM_FP8_BLOCK);
+    lm_cpu_fp8_to_f32_avx2(blk, got, 2 * LM_FP8_BLOCK);
+    int bad = 0;
+    for (int i = 0; i < 2 * LM_FP8_BLOCK; i++)
+        bad += !(isnan(ref[i]) ? isnan(got[i]) : memcmp(&ref[i], &got[i], 4) == 0);
+    LM_CHECK_MSG(bad == 0, "%d of 256 values differ", bad);
+    LM_CHECK(lm_cpu_kern_avx2.to_f32[LM_FP8_B128] == lm_cpu_fp8_to_f32_avx2);
 }
