@@ -388,13 +388,15 @@ static void hq_model(lm_test_ctx *lm_t_, const hq_model_case *c) {
 }
 
 /* llama-g256: rows of 256 and 512, two 128x128 tiles and more per matrix;
- * qwen3: tied embeddings, so the MLX embedding is the output head too. */
+ * qwen3: tied embeddings, so the MLX embedding is the output head too;
+ * qwen3-moe: per-expert matrices and the router quantised. */
 static const hq_model_case HQ_MODELS[] = {
     { "fp8-block", "gguf/llama-g256", HQG_FP8_BLOCK, 0.516, 1.0, 1e-4 },
     { "fp8-tensor", "gguf/llama-g256", HQG_FP8_TENSOR, 0.496, 1.0, 1e-4 },
     { "mlx4-g64", "gguf/llama-g256", HQG_MLX4_G64, 2.50, 4.0, 0.3 },   /* decode measured 0.105 */
     { "mlx8-g32", "gguf/llama-g256", HQG_MLX8_G32, 0.132, 0.25, 0.3 }, /* 0.106 */
     { "mlx4-g64-tied", "models/qwen3", HQG_MLX4_G64, 0.964, 2.0, 0.1 }, /* 0.034 */
+    { "mlx8-moe", "models/qwen3-moe", HQG_MLX8_G32, 0.529, 1.0, 1.0 }, /* 0.378: int8 rounding can move a routing choice */
 };
 
 LM_TEST(hf_quant_model_fp8_block) { hq_model(lm_t_, &HQ_MODELS[0]); }
@@ -402,6 +404,7 @@ LM_TEST(hf_quant_model_fp8_tensor) { hq_model(lm_t_, &HQ_MODELS[1]); }
 LM_TEST(hf_quant_model_mlx4_g64) { hq_model(lm_t_, &HQ_MODELS[2]); }
 LM_TEST(hf_quant_model_mlx8_g32) { hq_model(lm_t_, &HQ_MODELS[3]); }
 LM_TEST(hf_quant_model_mlx4_tied) { hq_model(lm_t_, &HQ_MODELS[4]); }
+LM_TEST(hf_quant_model_mlx8_moe) { hq_model(lm_t_, &HQ_MODELS[5]); }
 
 /* A model whose FP8 rows are not whole 128-value blocks (qwen3's width is
  * 64) is refused at load with the tensor named, not run wrongly. */
