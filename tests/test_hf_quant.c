@@ -471,3 +471,30 @@ LM_TEST(hf_quant_fp8_simd_widening_exact) {
     LM_CHECK_MSG(bad == 0, "%d of 256 values differ", bad);
     LM_CHECK(lm_cpu_kern_avx2.to_f32[LM_FP8_B128] == lm_cpu_fp8_to_f32_avx2);
 }
+
+/* The AVX2 affine wideners give lm_dequant_row's bits for random blocks. */
+LM_TEST(hf_quant_affine_simd_widening_exact) {
+    if (lm_cpu_isa_detect() < LM_ISA_AVX2) LM_SKIP("this CPU has no AVX2");
+    static const lm_dtype types[] = { LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
+    uint64_t st = 12345;
+    for (size_t k = 0; k < LM_COUNT(types); k++) {
+        const lm_dtype t = types[k];
+        enum { N = 256 };
+        uint8_t blk[N / 32 * 36];
+        size_t bytes = lm_dtype_row_bytes(t, N), bb = (size_t)lm_dtype_block_bytes(t);
+        for (size_t i = 0; i < bytes; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            blk[i] = (uint8_t)(st >> 56);
+        }
+        for (size_t b = 0; b < bytes / bb; b++) { /* finite scales and biases of mixed magnitude */
+            bool bf = t == LM_A4_BF16 || t == LM_A8_BF16;
+            float sc = 0.001f * (float)(b + 1), bi = -0.37f * (float)b;
+            put16(blk + b * bb, bf ? lm_f32_to_bf16(sc) : lm_f32_to_f16(sc));
+            put16(blk + b * bb + 2, bf ? lm_f32_to_bf16(bi) : lm_f32_to_f16(bi));
+        }
+        float ref[N], got[N];
+        lm_dequant_row(t, blk, ref, N);
+        lm_cpu_kern_avx2.to_f32[t](blk, got, N);
+        LM_CHECK_MSG(memcmp(ref, got, sizeof ref) == 0, "%s: widened rows differ", lm_dtype_name(t));
+    }
+}
