@@ -111,6 +111,23 @@ static void *co_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s, float **de
                 co_put16(blk + 82, lm_f32_to_f16(0.01f * r));
                 break;
             case LM_Q3_K: co_put16(blk + 108, lm_f32_to_f16(0.005f * r)); break;
+            case LM_FP8_B128: {
+                float d = 0.002f * r;
+                memcpy(blk, &d, 4);
+                for (int j = 4; j < bb; j++)
+                    if ((blk[j] & 0x7f) == 0x7f) blk[j] = 0; /* the e4m3 NaN codes */
+                break;
+            }
+            case LM_A4_BF16:
+            case LM_A8_BF16:
+                co_put16(blk, lm_f32_to_bf16((t == LM_A4_BF16 ? 0.01f : 0.001f) * r));
+                co_put16(blk + 2, lm_f32_to_bf16(-0.1f * r));
+                break;
+            case LM_A4_F16:
+            case LM_A8_F16:
+                co_put16(blk, lm_f32_to_f16((t == LM_A4_F16 ? 0.01f : 0.001f) * r));
+                co_put16(blk + 2, lm_f32_to_f16(-0.1f * r));
+                break;
             default: break;
             }
         }
@@ -187,7 +204,7 @@ static void co_matmul(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
             const co_shape *shapes = co_plain_shapes;
             size_t n = LM_COUNT(co_plain_shapes);
             if (lm_dtype_block((lm_dtype)t) == 32) shapes = co_q32_shapes, n = LM_COUNT(co_q32_shapes);
-            if (lm_dtype_block((lm_dtype)t) == 256) shapes = co_qk_shapes, n = LM_COUNT(co_qk_shapes);
+            if (lm_dtype_block((lm_dtype)t) > 32) shapes = co_qk_shapes, n = LM_COUNT(co_qk_shapes);
             for (size_t i = 0; i < n; i++) {
                 int bad = co_matmul_case(be, (lm_dtype)t, shapes[i], (i + ti) % 2 == 0, &s);
                 LM_CHECK_MSG(bad == 0, "%s threads=%d dtype=%s T=%d O=%d I=%d: %d outputs off",

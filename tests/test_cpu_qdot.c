@@ -76,6 +76,16 @@ static uint8_t *qd_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s) {
             qd_put16(blk + 82, lm_f32_to_f16(0.01f * r));
             break;
         case LM_Q3_K: qd_put16(blk + 108, lm_f32_to_f16(0.005f * r)); break;
+        case LM_A4_BF16:
+        case LM_A8_BF16:
+            qd_put16(blk, lm_f32_to_bf16((t == LM_A4_BF16 ? 0.004f : 0.0002f) * r));
+            qd_put16(blk + 2, lm_f32_to_bf16(-0.03f * r));
+            break;
+        case LM_A4_F16:
+        case LM_A8_F16:
+            qd_put16(blk, lm_f32_to_f16((t == LM_A4_F16 ? 0.004f : 0.0002f) * r));
+            qd_put16(blk + 2, lm_f32_to_f16(-0.03f * r));
+            break;
         default: break;
         }
     }
@@ -95,8 +105,9 @@ static float *qd_x(int64_t n, uint64_t *s) {
     return x;
 }
 
-static const lm_dtype qd_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS,
-                                     LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL, LM_Q2_K, LM_Q3_K };
+static const lm_dtype qd_types[] = { LM_Q8_0,   LM_Q4_0,   LM_Q4_K,    LM_Q5_K,   LM_Q6_K,    LM_IQ4_XS,
+                                     LM_Q4_1,   LM_Q5_0,   LM_Q5_1,    LM_IQ4_NL, LM_Q2_K,    LM_Q3_K,
+                                     LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
 
 /* The tables this CPU can run; *why is set for the others. */
 static int qd_tables(const lm_cpu_qkern **out) {

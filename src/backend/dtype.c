@@ -10,6 +10,7 @@
  * subnormals, infinities and NaN, round-to-nearest-even), so results do not
  * depend on the compiler or on F16C being present. */
 #include "lm_dtype.h"
+#include "dtype_hf.h"
 
 #include <string.h>
 
@@ -38,6 +39,11 @@ static const lm_dtype_info lm_dtype_table[LM_DTYPE_COUNT] = {
     [LM_IQ4_NL] = { "IQ4_NL", LM_QK, 2 + LM_QK / 2 },
     [LM_Q2_K] = { "Q2_K", LM_QKK, LM_QKK / 16 + LM_QKK / 4 + 2 + 2 },
     [LM_Q3_K] = { "Q3_K", LM_QKK, LM_QKK / 8 + LM_QKK / 4 + 12 + 2 },
+    [LM_FP8_B128] = { "FP8_B128", LM_FP8_BLOCK, LM_FP8_BLOCK_BYTES },
+    [LM_A4_BF16] = { "A4_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A4_F16] = { "A4_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A8_BF16] = { "A8_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
+    [LM_A8_F16] = { "A8_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
     [LM_I32] = { "I32", 1, 4 },
 };
 
@@ -382,6 +388,11 @@ void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n) {
     case LM_IQ4_NL: lm_deq_iq4_nl(s, dst, nb); break;
     case LM_Q2_K: lm_deq_q2_k(s, dst, nb); break;
     case LM_Q3_K: lm_deq_q3_k(s, dst, nb); break;
+    case LM_FP8_B128: lm_dequant_fp8_b128(s, dst, nb); break;
+    case LM_A4_BF16:
+    case LM_A4_F16:
+    case LM_A8_BF16:
+    case LM_A8_F16: lm_dequant_affine(t, s, dst, nb); break;
     case LM_DTYPE_COUNT: LM_ASSERT(!"bad dtype"); break;
     }
 }

@@ -8,8 +8,9 @@
  * files compute the same integers and differ only in the order of the f32
  * additions. Weight codes are read as in dtype.c (the layouts are described
  * there); offsets (Q4_0's 8, Q5_0's 16, Q6_K's 32, Q3_K's 4) are removed in
- * integers with the activation's 16-value sums, the mins of Q4_K/Q5_K/Q2_K
- * and the offsets m of Q4_1/Q5_1 in f32 with the same sums. */
+ * integers with the activation's 16-value sums, the mins of Q4_K/Q5_K/Q2_K,
+ * the offsets m of Q4_1/Q5_1 and the affine types' biases (A4_* / A8_*,
+ * repacked MLX weights) in f32 with the same sums. */
 #include "cpu_kern.h"
 
 #include <string.h>
@@ -51,6 +52,12 @@ void lm_q8x_quantize(const float *x, int64_t n, void *dst) {
 }
 
 static float lm_qs_h(const uint8_t *p) { return lm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* An affine block's scale or bias: bf16 or f16 as the type says. */
+static float lm_qs_half(lm_dtype dt, const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    return dt == LM_A4_BF16 || dt == LM_A8_BF16 ? lm_bf16_to_f32(h) : lm_f16_to_f32(h);
+}
 
 static int lm_qs_idot(const uint8_t *u, const int8_t *x, int n) {
     int s = 0;
@@ -159,6 +166,16 @@ static float lm_qs_block(lm_dtype dt, const uint8_t *wr, int64_t b, const int8_t
         else lm_qs_codes_q5(blk + 4, blk + 8, u);
         return lm_qs_h(blk) * (float)lm_qs_idot(u, qb, 32) + lm_qs_h(blk + 2) * (float)sum;
     }
+    case LM_A4_BF16:
+    case LM_A4_F16:
+    case LM_A8_BF16:
+    case LM_A8_F16: { /* x = s q + b, q unsigned: Q4_1's form with half-float s, b */
+        const bool four = dt == LM_A4_BF16 || dt == LM_A4_F16;
+        const uint8_t *blk = wr + b * (four ? 20 : 36);
+        if (four) lm_qs_codes_q4_0(blk + 2, u); /* the same nibble order, 2 bytes later */
+        else memcpy(u, blk + 4, 32);
+        return lm_qs_half(dt, blk) * (float)lm_qs_idot(u, qb, 32) + lm_qs_half(dt, blk + 2) * (float)sum;
+    }
     case LM_Q4_K:
     case LM_Q5_K: { /* same scales and mins */
         const uint8_t *sb = wr + (b / 8) * lm_dtype_block_bytes(dt), *scb = sb + 4;
@@ -236,6 +253,10 @@ LM_QS_FN(lm_qs_gemv_q5_1, LM_Q5_1)
 LM_QS_FN(lm_qs_gemv_iq4_nl, LM_IQ4_NL)
 LM_QS_FN(lm_qs_gemv_q2_k, LM_Q2_K)
 LM_QS_FN(lm_qs_gemv_q3_k, LM_Q3_K)
+LM_QS_FN(lm_qs_gemv_a4_bf16, LM_A4_BF16)
+LM_QS_FN(lm_qs_gemv_a4_f16, LM_A4_F16)
+LM_QS_FN(lm_qs_gemv_a8_bf16, LM_A8_BF16)
+LM_QS_FN(lm_qs_gemv_a8_f16, LM_A8_F16)
 
 const lm_cpu_qkern lm_cpu_qkern_scalar = {
     .name = "scalar",
@@ -243,7 +264,8 @@ const lm_cpu_qkern lm_cpu_qkern_scalar = {
                [LM_Q6_K] = lm_qs_gemv_q6_k, [LM_Q5_K] = lm_qs_gemv_q5_k,
                [LM_IQ4_XS] = lm_qs_gemv_iq4_xs, [LM_Q4_1] = lm_qs_gemv_q4_1, [LM_Q5_0] = lm_qs_gemv_q5_0,
                [LM_Q5_1] = lm_qs_gemv_q5_1, [LM_IQ4_NL] = lm_qs_gemv_iq4_nl, [LM_Q2_K] = lm_qs_gemv_q2_k,
-               [LM_Q3_K] = lm_qs_gemv_q3_k },
+               [LM_Q3_K] = lm_qs_gemv_q3_k, [LM_A4_BF16] = lm_qs_gemv_a4_bf16,
+               [LM_A4_F16] = lm_qs_gemv_a4_f16, [LM_A8_BF16] = lm_qs_gemv_a8_bf16, [LM_A8_F16] = lm_qs_gemv_a8_f16 },
 };
 
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa) {

@@ -15,10 +15,12 @@
  * an f32 accumulator of 8 lanes; the block's integer dot is converted and
  * scaled by (weight scale * activation scale) with one FMA. Q4_K's (and
  * Q5_K's, Q2_K's) mins are applied per super-block in a second accumulator
- * from the activation's block sums, Q4_1/Q5_1's offsets m per block in a
- * scalar one. Types with a scale per 16 values (Q6_K, Q3_K, Q2_K) apply it
- * to the integer pair or quad sums before the conversion. The same integers
- * as the scalar reference; only the order of the f32 additions differs. */
+ * from the activation's block sums; Q4_1/Q5_1's offsets m and the affine
+ * types' biases (and A8's code offset of 128, taken out so its codes fit the
+ * sign trick) per block in a scalar one. Types with a scale per 16 values
+ * (Q6_K, Q3_K, Q2_K) apply it to the integer pair or quad sums before the
+ * conversion. The same integers as the scalar reference; only the order of
+ * the f32 additions differs. */
 #include "cpu_kern.h"
 
 #include <immintrin.h>
@@ -30,6 +32,13 @@ LM_QD_AI float lm_qd_h(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* A bf16 at p as f32. */
+LM_QD_AI float lm_qd_bf(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return lm_bf16_to_f32(h);
 }
 
 /* int32 lanes: lane i = sum of u[4i..4i+3] * s[4i..4i+3]. */
@@ -124,10 +133,29 @@ typedef struct lm_qd_x {
 LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
                         float *out) {
     __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
-    float accs[LM_GEMV_MAX_TOKENS] = { 0 }; /* Q4_1 / Q5_1: m times the activation sums */
+    float accs[LM_GEMV_MAX_TOKENS] = { 0 }; /* f32 offsets times the activation sums: Q4_1 / Q5_1's m, the affine biases */
     for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     const int64_t nb = n / 32;
-    if (dt == LM_Q8_0 || dt == LM_Q4_0 || dt == LM_IQ4_NL || dt == LM_Q5_0 || dt == LM_Q4_1 || dt == LM_Q5_1) {
+    if (dt == LM_A4_BF16 || dt == LM_A4_F16 || dt == LM_A8_BF16 || dt == LM_A8_F16) {
+        const bool four = dt == LM_A4_BF16 || dt == LM_A4_F16, bf = dt == LM_A4_BF16 || dt == LM_A8_BF16;
+        const int bb = four ? 20 : 36;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + b * bb;
+            lm_qd_prefetch(blk, bb);
+            float dw = bf ? lm_qd_bf(blk) : lm_qd_h(blk), mw = bf ? lm_qd_bf(blk + 2) : lm_qd_h(blk + 2);
+            /* A4: codes 0..15 as they are; A8: code - 128, signed, and the 128 back with the bias */
+            __m256i w = four ? lm_qd_nib32(blk + 4)
+                             : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 4)), _mm256_set1_epi8((char)0x80));
+            __m256i aw = four ? w : _mm256_sign_epi8(w, w);
+            float off = four ? mw : mw + 128.0f * dw;
+            for (int t = 0; t < NT; t++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                __m256i p = lm_qd_dot(aw, four ? xv : _mm256_sign_epi8(xv, w));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+                accs[t] += off * x[t].d[b] * (float)(x[t].s[2 * b] + x[t].s[2 * b + 1]);
+            }
+        }
+    } else if (dt == LM_Q8_0 || dt == LM_Q4_0 || dt == LM_IQ4_NL || dt == LM_Q5_0 || dt == LM_Q4_1 || dt == LM_Q5_1) {
         /* 32-value blocks: signed codes go through the sign trick, the
          * unsigned ones of Q4_1 / Q5_1 (x = d q + m) straight in */
         const int bb = lm_dtype_block_bytes(dt);
@@ -353,6 +381,10 @@ LM_QD_FN(lm_qd_gemv_q5_1, LM_Q5_1)
 LM_QD_FN(lm_qd_gemv_iq4_nl, LM_IQ4_NL)
 LM_QD_FN(lm_qd_gemv_q2_k, LM_Q2_K)
 LM_QD_FN(lm_qd_gemv_q3_k, LM_Q3_K)
+LM_QD_FN(lm_qd_gemv_a4_bf16, LM_A4_BF16)
+LM_QD_FN(lm_qd_gemv_a4_f16, LM_A4_F16)
+LM_QD_FN(lm_qd_gemv_a8_bf16, LM_A8_BF16)
+LM_QD_FN(lm_qd_gemv_a8_f16, LM_A8_F16)
 
 #define LM_QD_TABLE                                                                               \
     .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
@@ -360,4 +392,6 @@ LM_QD_FN(lm_qd_gemv_q3_k, LM_Q3_K)
                [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs,                       \
                [LM_Q4_1] = lm_qd_gemv_q4_1, [LM_Q5_0] = lm_qd_gemv_q5_0,                           \
                [LM_Q5_1] = lm_qd_gemv_q5_1, [LM_IQ4_NL] = lm_qd_gemv_iq4_nl,                       \
-               [LM_Q2_K] = lm_qd_gemv_q2_k, [LM_Q3_K] = lm_qd_gemv_q3_k }
+               [LM_Q2_K] = lm_qd_gemv_q2_k, [LM_Q3_K] = lm_qd_gemv_q3_k,                           \
+               [LM_A4_BF16] = lm_qd_gemv_a4_bf16, [LM_A4_F16] = lm_qd_gemv_a4_f16,                  \
+               [LM_A8_BF16] = lm_qd_gemv_a8_bf16, [LM_A8_F16] = lm_qd_gemv_a8_f16 }
