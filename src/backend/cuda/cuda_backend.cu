@@ -10,7 +10,8 @@
  * Memory. alloc is cudaMalloc plus an async memset (stream-ordered: every
  * later op sees zeros); free is cudaFree, which waits for the device, so
  * memory a queued kernel still reads is never released under it. Weights are
- * copied at upload in their own type (f32, f16, bf16), through two pinned
+ * copied at upload in their own type (f32, f16, bf16, and the GGUF block
+ * types of lm_cuda_qtype, block for block), through two pinned
  * 8 MiB buffers used in turn so that reading the mmapped file overlaps the
  * DMA; the backend owns them and frees them at destroy (models never free
  * weights: on the CPU they are the mapped file).
@@ -33,7 +34,7 @@
  * Growing: the old rings are retired, not freed (a caller may still hold a
  * pointer staged earlier in the same op); they are freed at destroy.
  *
- * Scratch (lm_cuda_scratch, lm_cuda_matmul_ws): grow-only device buffers;
+ * Scratch (lm_cuda_scratch, lm_cuda_matmul_ws, lm_cuda_dequant_ws): grow-only device buffers;
  * growing waits for the stream, then reallocates, so the decode hot path
  * never allocates once warmed up. */
 #include "cuda_internal.h"
@@ -67,6 +68,8 @@ typedef struct lm_cuda_ctx {
     void *mm_ws; /* lm_cuda_matmul_ws */
     void *blas_ws; /* cuBLAS's workspace, fixed so that captured GEMMs can replay */
     size_t mm_ws_cap;
+    void *deq_ws; /* lm_cuda_dequant_ws */
+    size_t deq_ws_cap;
     char dev_name[256];
 } lm_cuda_ctx;
 
@@ -265,23 +268,31 @@ static size_t lm_cuda_elt_bytes(lm_dtype t) {
     }
 }
 
-/* The bytes of weight t on the GPU, or 0 with e set when its type or shape
- * cannot be uploaded. */
+/* The bytes of weight t on the GPU (its stored bytes: quantised blocks stay
+ * blocks), or 0 with e set when its type or shape cannot be uploaded. */
 static size_t lm_cuda_weight_bytes(const lm_tensor *t, lm_err *e) {
-    size_t elt = (unsigned)t->type < LM_DTYPE_COUNT ? lm_cuda_elt_bytes(t->type) : 0;
-    if (!elt) {
+    const bool known = (unsigned)t->type < LM_DTYPE_COUNT;
+    const bool quant = known && lm_cuda_qtype(t->type);
+    size_t elt = known ? lm_cuda_elt_bytes(t->type) : 0;
+    if (!elt && !quant) {
         lm_errf(e,
                 "cuda backend: weight [%lld][%lld] has type %s, which the GPU kernels do not support "
-                "(supported: f32, f16, bf16; quantised weights run on the CPU backend)",
-                (long long)t->rows, (long long)t->cols,
-                (unsigned)t->type < LM_DTYPE_COUNT ? lm_dtype_name(t->type) : "unknown");
+                "(supported: f32, f16, bf16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS; others run on the CPU backend)",
+                (long long)t->rows, (long long)t->cols, known ? lm_dtype_name(t->type) : "unknown");
         return 0;
     }
-    if (t->rows < 0 || t->cols < 0 || (t->cols > 0 && (uint64_t)t->rows > SIZE_MAX / elt / (uint64_t)t->cols)) {
+    const int64_t blk = quant ? lm_dtype_block(t->type) : 1;
+    if (t->rows < 0 || t->cols < 0 || t->cols % blk != 0) {
+        lm_errf(e, "cuda backend: weight [%lld][%lld] %s has an invalid shape", (long long)t->rows,
+                (long long)t->cols, lm_dtype_name(t->type));
+        return 0;
+    }
+    const size_t row = quant ? lm_dtype_row_bytes(t->type, t->cols) : (size_t)t->cols * elt;
+    if (row > 0 && (uint64_t)t->rows > SIZE_MAX / row) {
         lm_errf(e, "cuda backend: weight [%lld][%lld] has an invalid shape", (long long)t->rows, (long long)t->cols);
         return 0;
     }
-    size_t bytes = (size_t)t->rows * (size_t)t->cols * elt;
+    size_t bytes = (size_t)t->rows * row;
     return bytes ? bytes : 1;
 }
 
@@ -467,6 +478,11 @@ void *lm_cuda_matmul_ws(lm_cuda *c, size_t bytes) {
     return lm_cuda_grow_buf(c, &x->mm_ws, &x->mm_ws_cap, bytes, "matmul workspace");
 }
 
+void *lm_cuda_dequant_ws(lm_cuda *c, size_t bytes) {
+    lm_cuda_ctx *x = lm_cuda_ctx_c(c);
+    return lm_cuda_grow_buf(c, &x->deq_ws, &x->deq_ws_cap, bytes, "dequantised weights");
+}
+
 /* ---- creation ------------------------------------------------------------------- */
 
 /* Tears down whatever create got to; safe on a partly built context. Errors
@@ -498,6 +514,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
         free(c->freq[i].host);
     }
     if (x->mm_ws) (void)cudaFree(x->mm_ws);
+    if (x->deq_ws) (void)cudaFree(x->deq_ws);
     if (x->blas_ws) (void)cudaFree(x->blas_ws);
     for (int i = 0; i < 2; i++) {
         if (x->up_host[i]) (void)cudaFreeHost(x->up_host[i]);

@@ -270,10 +270,14 @@ __global__ void lm_get_rows_kernel(float *y, const void *table, const int32_t *i
 /* get_rows with the ids already on the device (dids); y not empty, c in use. */
 static void lm_get_rows_dev(lm_cuda *c, lm_tensor *y, const lm_tensor *table, const int32_t *dids) {
     LM_ASSERT(y->type == LM_F32 && y->cols == table->cols);
-    LM_ASSERT(table->type == LM_F32 || table->type == LM_F16 || table->type == LM_BF16);
+    LM_ASSERT(table->type == LM_F32 || table->type == LM_F16 || table->type == LM_BF16 || lm_cuda_qtype(table->type));
     const int64_t n = y->rows * y->cols;
     const unsigned g = lm_ew_grid(c, n);
     float *yp = (float *)y->data;
+    if (lm_cuda_qtype(table->type)) { /* a quantised embedding table: rows widened to f32 */
+        lm_cuda_dequant_f32(c, yp, table->data, table->type, y->cols, dids, 0, y->rows);
+        return;
+    }
     switch (table->type) {
     case LM_BF16:
         lm_cuda_launch(c, lm_get_rows_kernel<LM_BF16>, g, LM_EW_THREADS, 0, yp, table->data, dids, y->rows, y->cols);

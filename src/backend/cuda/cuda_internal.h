@@ -572,4 +572,31 @@ lm_gemm_out lm_gemm_out0(int n);
 void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
               int64_t O, int64_t I, bool acc);
 
+/* ---- quantised weights: cuda_quant.h (block decoders), cuda_qgemv.cu, cuda_dequant.cu ---- */
+/* Whether the GPU kernels read GGUF blocks of type t (uploaded as stored). */
+static inline bool lm_cuda_qtype(lm_dtype t) {
+    return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS;
+}
+/* The GEMV over quantised rows for T <= LM_GEMV_MAX_T: whether it takes x
+ * and w (alignment); an args block for it (then lm_gemv_add per matrix,
+ * all of one type); its launch; one matrix's GEMV. */
+bool lm_qweight_ok(const void *w, lm_dtype wt);
+bool lm_qgemv_ok(const float *x, const void *w, lm_dtype wt);
+lm_gemv_args lm_qgemv_args0(const float *x, int64_t I);
+void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt);
+void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias, int64_t O,
+              int64_t I);
+/* The MoE pairs form over quantised experts (lm_cuda_moe_gemv's contract). */
+void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs, int64_t O,
+                  int64_t I, lm_dtype wt, bool glu);
+/* Any T over quantised w: widened to bf16 in row chunks, then the bf16 GEMM. */
+void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+              int64_t O, int64_t I);
+/* n quantised rows (ids on the device, or row0 + i) widened to f32 [n][I]. */
+void lm_cuda_dequant_f32(lm_cuda *c, float *out, const void *w, lm_dtype wt, int64_t I, const int32_t *ids,
+                         int64_t row0, int64_t n);
+/* Device workspace private to lm_qgemm (widened weights, chunk products);
+ * lm_qgemm calls lm_gemm, which uses lm_cuda_matmul_ws. Valid until the next call. */
+void *lm_cuda_dequant_ws(lm_cuda *c, size_t bytes);
+
 #endif

@@ -4,7 +4,9 @@
  * (cuda_gemm.cu); the fused forms fall back to separate ops where neither
  * takes them.
  *
- * x and y are f32; W is bf16, f16 or f32 in its stored layout [O][I]. */
+ * x and y are f32; W is bf16, f16 or f32 in its stored layout [O][I], or
+ * GGUF blocks (lm_cuda_qtype): cuda_qgemv.cu up to LM_GEMV_MAX_T tokens,
+ * cuda_dequant.cu's widening to bf16 above. */
 #include "cuda_internal.h"
 
 /* ---- entry ---------------------------------------------------------------------------- */
@@ -12,7 +14,7 @@
 void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32);
-    LM_ASSERT(w->type == LM_BF16 || w->type == LM_F16 || w->type == LM_F32);
+    LM_ASSERT(w->type == LM_BF16 || w->type == LM_F16 || w->type == LM_F32 || lm_cuda_qtype(w->type));
     LM_ASSERT(x->cols == w->cols && y->rows == x->rows && y->cols == w->rows);
     LM_ASSERT(!bias || (bias->type == LM_F32 && bias->rows * bias->cols == w->rows));
     LM_ASSERT(y->data != x->data || x->rows == 0);
@@ -30,7 +32,11 @@ void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
         }
         return;
     }
-    if (T <= LM_GEMV_MAX_T) lm_gemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+    if (lm_cuda_qtype(w->type)) {
+        if (T <= LM_GEMV_MAX_T && lm_qgemv_ok((const float *)x->data, w->data, w->type))
+            lm_qgemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+        else lm_qgemm(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+    } else if (T <= LM_GEMV_MAX_T) lm_gemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
     else lm_gemm1(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I, false);
 }
 
@@ -46,6 +52,16 @@ static bool lm_gemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n
         a.w[i] = (const unsigned char *)w[i]->data;
     }
     return lm_gemv_vec(&a, n, w[0]->type);
+}
+
+/* Whether one quantised GEMV launch takes x by the n matrices w: few
+ * tokens, one block type, each matrix readable by the kernel. */
+static bool lm_qgemv_fusable(const lm_tensor *x, const lm_tensor *const *w, int n) {
+    if (x->rows < 1 || x->rows > LM_GEMV_MAX_T || x->type != LM_F32 || !lm_cuda_qtype(w[0]->type)) return false;
+    for (int i = 0; i < n; i++)
+        if (w[i]->type != w[0]->type || w[i]->cols != x->cols || !lm_qgemv_ok((const float *)x->data, w[i]->data, w[i]->type))
+            return false;
+    return true;
 }
 
 /* More than LM_GEMV_MAX_T tokens by bf16 weights stored back to back (as
@@ -79,8 +95,21 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
         }
         if (n > 1 && lm_gemm_stacked(c, x, w, &o)) return;
     }
-    if (!lm_gemv_fusable(x, w, n)) {
+    const bool quant = lm_qgemv_fusable(x, w, n);
+    if (!quant && !lm_gemv_fusable(x, w, n)) {
         for (int i = 0; i < n; i++) lm_cuda_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
+        return;
+    }
+    if (quant) { /* the matrices' rows in one launch */
+        lm_cuda_use(c);
+        lm_gemv_args a = lm_qgemv_args0((const float *)x->data, x->cols);
+        for (int i = 0; i < n; i++) {
+            const lm_tensor *b = bias ? bias[i] : NULL;
+            LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
+            LM_ASSERT(y[i]->data != x->data && (!b || (b->type == LM_F32 && b->rows * b->cols == w[i]->rows)));
+            lm_gemv_add(&a, i, (float *)y[i]->data, w[i]->data, b ? (const float *)b->data : NULL, w[i]->rows);
+        }
+        lm_qgemv_run(c, (int)x->rows, &a, w[0]->type);
         return;
     }
     lm_cuda_use(c);

@@ -322,6 +322,19 @@ static bool moe_gemv_ok(const lm_moe_params *p, int64_t D, int64_t F) {
     return true;
 }
 
+/* Whether every expert matrix is a quantised GEMV operand of one type (the
+ * pair buffers x and the gate/up products are 16-byte aligned rows). */
+static bool moe_qgemv_ok(const lm_moe_params *p) {
+    const lm_dtype wt = p->gate[0].type;
+    if (!lm_cuda_qtype(wt)) return false;
+    for (int e = 0; e < p->n_experts; e++) {
+        const lm_tensor *ts[3] = { &p->gate[e], &p->up[e], &p->down[e] };
+        for (int i = 0; i < 3; i++)
+            if (ts[i]->type != wt || !lm_qweight_ok(ts[i]->data, wt)) return false;
+    }
+    return true;
+}
+
 /* The experts' matrices on the device: E gate, E up, E down pointers, staged. */
 static const unsigned char *const *moe_table(lm_cuda *c, const lm_moe_params *p) {
     const int E = p->n_experts;
@@ -364,7 +377,8 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     float *dw = (float *)(route + TK);
     const unsigned char **dwp = (const unsigned char **)(route + n_int);
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
-    const bool gemv = moe_gemv_ok(p, D, F), pairs = gemv && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
+    const bool qgemv = moe_qgemv_ok(p) && lm_aligned16(x->data);
+    const bool gemv = moe_gemv_ok(p, D, F), pairs = (gemv || qgemv) && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
     /* 2b: its rank table (T*E bytes) within the 48 KB a block may take unasked */
     const bool groups = gemv && !pairs && T <= LM_MOE_GROUP_MAX_T && E <= LM_MOE_GROUP_MAX_E && T * E <= 40 * 1024;
     const unsigned char *const *dtab = pairs || groups ? moe_table(c, p) : NULL;
@@ -375,6 +389,12 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
                        p->expert_scale ? (const float *)p->expert_scale->data : NULL, E, k, p->norm_topk);
     LM_CUDA_LAUNCHED("moe_route_kernel");
 
+    if (pairs && qgemv) { /* 2a over quantised experts */
+        lm_qmoe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, true);
+        lm_qmoe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, false);
+        moe_combine(be, (float *)y->data, oe, drows, dw, T, k, D, true, add, norm);
+        return;
+    }
     if (pairs) { /* 2a */
         lm_cuda_moe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, true);
         lm_cuda_moe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, false);

@@ -1,0 +1,118 @@
+/* cuda_dequant.cu - GGUF block-quantised weights widened on the GPU: rows to
+ * f32 (get_rows of a quantised embedding table) or to bf16 (the operand of
+ * a prefill product), and the matmul of more than LM_GEMV_MAX_T tokens over
+ * quantised weights built on the latter.
+ *
+ * Prefill (lm_qgemm): the weight is widened to bf16 into a grow-only
+ * workspace (lm_cuda_dequant_ws, at most LM_DEQUANT_WS_BYTES: larger
+ * matrices go in row chunks) and multiplied by the bf16 tensor-core path of
+ * cuda_gemm.cu (activations split in three terms unless LUMEN_CUDA_GEMM=bf16).
+ * The widening costs one read of the quantised weight and a write and read
+ * of its bf16 form, small against the product's flops at hundreds of tokens.
+ * bf16 holds 8 significant bits, so a widened value is the block value
+ * rounded (relative error <= 2^-9): the product is not the GEMV's
+ * (exact f32 values) bit for bit, but close to it against the
+ * quantisation's own error. */
+#include "cuda_quant.h"
+
+#include <cuda_bf16.h>
+
+#define LM_DEQUANT_THREADS 256
+#define LM_DEQUANT_WS_BYTES ((size_t)128 << 20) /* bf16 rows widened at once */
+
+/* out row i (I values, f32 or bf16) = row src_i of w, src_i = ids[i] when
+ * ids, else row0 + i; a thread a slice (cuda_quant.h). */
+template <lm_dtype QT, bool BF16>
+__global__ void lm_dequant_kernel(void *out, const unsigned char *w, int64_t I, const int32_t *ids, int64_t row0,
+                                  int64_t n_rows) {
+    using Q = lm_q<QT>;
+    const int64_t per_row = I / Q::BV * Q::LPB, total = n_rows * per_row;
+    const size_t ldw = (size_t)(I / Q::BV) * Q::BB;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / per_row, k = i % per_row;
+        const int64_t src = ids ? (int64_t)ids[r] : row0 + r;
+        const int64_t b = k / Q::LPB;
+        const int j = (int)(k % Q::LPB);
+        const typename Q::raw v = Q::slice(w + (size_t)src * ldw + (size_t)b * Q::BB, j);
+#pragma unroll
+        for (int q = 0; q < Q::Q; q++) {
+            float f[4];
+            lm_q_quad<Q>(v, q, f);
+            const size_t at = (size_t)r * I + (size_t)(b * Q::BV + Q::at(j, q));
+            if constexpr (BF16) {
+                __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]), hi = __floats2bfloat162_rn(f[2], f[3]);
+                uint2 u;
+                memcpy(&u.x, &lo, 4);
+                memcpy(&u.y, &hi, 4);
+                *(uint2 *)((__nv_bfloat16 *)out + at) = u;
+            } else {
+                *(float4 *)((float *)out + at) = make_float4(f[0], f[1], f[2], f[3]);
+            }
+        }
+    }
+}
+
+template <bool BF16>
+static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int64_t I, const int32_t *ids,
+                          int64_t row0, int64_t n) {
+    const unsigned char *wb = (const unsigned char *)w;
+    const int64_t slices = n * (I / lm_dtype_block(wt)) * (wt == LM_Q8_0 || wt == LM_Q4_0 ? 2 : 8);
+    const unsigned g = lm_grid_1d(c, slices, LM_DEQUANT_THREADS);
+    switch (wt) {
+    case LM_Q8_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q8_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q4_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q4_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q5_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q6_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q6_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_IQ4_XS:
+        lm_cuda_launch(c, lm_dequant_kernel<LM_IQ4_XS, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n);
+        break;
+    default: LM_ASSERT(!"dequant: weight type");
+    }
+    LM_CUDA_LAUNCHED("dequant");
+}
+
+/* n rows of the quantised [.][I] matrix w (rows ids[i] on the device, or
+ * row0 + i) widened to f32 into out [n][I]; out 16-byte aligned. */
+void lm_cuda_dequant_f32(lm_cuda *c, float *out, const void *w, lm_dtype wt, int64_t I, const int32_t *ids,
+                         int64_t row0, int64_t n) {
+    LM_ASSERT(lm_cuda_qtype(wt) && I % lm_dtype_block(wt) == 0 && lm_aligned16(out));
+    if (n > 0 && I > 0) lm_dequant_go<false>(c, out, w, wt, I, ids, row0, n);
+}
+
+/* y[t][c0 + j] = p[t][j] (+ bias[c0 + j]) for j < C: a row chunk's product
+ * into its columns of y [T][O]. */
+__global__ void lm_qgemm_place_kernel(float *y, const float *p, int64_t T, int64_t O, int64_t c0, int64_t C) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * C; i += (int64_t)gridDim.x * blockDim.x)
+        y[(i / C) * O + c0 + i % C] = p[i];
+}
+
+/* y = x W^T (+ bias) for T > LM_GEMV_MAX_T tokens (or operands the GEMV
+ * does not take) over a quantised W [O][I]: rows widened to bf16, then
+ * cuda_gemm.cu's bf16 product, straight into y when the whole matrix fits
+ * the workspace, else in row chunks through a [T][chunk] product that a
+ * kernel places into y's columns. */
+void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+              int64_t O, int64_t I) {
+    LM_ASSERT(lm_cuda_qtype(wt) && I % lm_dtype_block(wt) == 0);
+    const size_t row_bytes = (size_t)I * 2, qrow = lm_dtype_row_bytes(wt, I);
+    int64_t chunk = (int64_t)(LM_DEQUANT_WS_BYTES / row_bytes) / 16 * 16;
+    if (chunk < 16) chunk = 16;
+    if (chunk >= O) {
+        __nv_bfloat16 *wb = (__nv_bfloat16 *)lm_cuda_dequant_ws(c, (size_t)O * row_bytes);
+        lm_dequant_go<true>(c, wb, w, wt, I, NULL, 0, O);
+        lm_gemm1(c, T, y, x, wb, LM_BF16, bias, O, I, false);
+        return;
+    }
+    const size_t wbytes = (size_t)chunk * row_bytes;
+    unsigned char *ws = (unsigned char *)lm_cuda_dequant_ws(c, wbytes + (size_t)T * chunk * sizeof(float));
+    __nv_bfloat16 *wb = (__nv_bfloat16 *)ws;
+    float *p = (float *)(ws + wbytes);
+    for (int64_t r0 = 0; r0 < O; r0 += chunk) {
+        const int64_t n = LM_MIN(chunk, O - r0);
+        lm_dequant_go<true>(c, wb, (const unsigned char *)w + (size_t)r0 * qrow, wt, I, NULL, 0, n);
+        lm_gemm1(c, T, p, x, wb, LM_BF16, bias ? bias + r0 : NULL, n, I, false);
+        lm_cuda_launch(c, lm_qgemm_place_kernel, lm_grid_1d(c, T * n, 256), 256, 0, y, (const float *)p, T, O, r0, n);
+        LM_CUDA_LAUNCHED("qgemm_place");
+    }
+}

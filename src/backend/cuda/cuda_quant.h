@@ -1,0 +1,283 @@
+/* cuda_quant.h - the GGUF block types on the GPU: how a thread reads its
+ * slice of a block and turns it into floats. Shared by the quantised GEMV
+ * (cuda_qgemv.cu) and the dequantising kernels (cuda_dequant.cu), so both
+ * see the same values.
+ *
+ * A block (32 or 256 values, lm_dtype.h) is cut into LPB slices of
+ * VPS = BV / LPB values; consecutive threads take consecutive slices, so
+ * a warp's loads fall on a few consecutive blocks (Q4_K: 8 threads read
+ * one block's 128 bytes of nibbles as 8 x 16 bytes). A slice is read with
+ * the widest loads its alignment allows: 16 bytes for Q4_K and Q5_K
+ * (144- and 176-byte blocks), 8 for IQ4_XS (136), aligned 4-byte words
+ * joined by funnel shifts for the 2-byte aligned Q8_0, Q4_0 and Q6_K.
+ * Loads take the evict-first hint (__ldcs): weights are read once.
+ *
+ * Each type gives: slice(blk, j) -> raw registers (scales already
+ * decoded); codes(raw, q): the slice's q-th group of 4 consecutive values
+ * (q < Q = VPS / 4, a constant after unrolling) as 4 bytes, value = scale
+ * * (byte - OFF) - min; scale(raw, g) and, for types with MIN, minv(raw,
+ * g) of scale group g = q / QG; at(j, q): where group q starts within the
+ * block. lm_q_quad gives the values as lm_dequant_row does (the same f32
+ * products in the same order: d * sub-scale first, then * q, minus the
+ * min); the GEMV instead sums (byte - OFF) * x per scale group and scales
+ * the sum once.
+ *
+ * Bytes become floats through the exponent trick (2^23 + b as bits, minus
+ * 2^23 + OFF: exact), one byte permute and one add: the int-to-float
+ * conversion runs at a quarter of the f32 rate on sm_90 and would cap a
+ * Q4_K GEMV near half the memory bandwidth. */
+#ifndef LM_CUDA_QUANT_H
+#define LM_CUDA_QUANT_H
+
+#include "cuda_internal.h"
+
+#include <cuda_fp16.h>
+
+static __device__ __forceinline__ float lm_q_f16(unsigned short h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ float lm_q_f16_at(const unsigned char *p) {
+    return lm_q_f16(__ldcs((const unsigned short *)p));
+}
+
+/* N 4-byte words from a 2-byte aligned address: aligned loads, joined by a
+ * funnel shift when p sits mid-word; the extra word is only loaded then,
+ * so nothing past p + 4N is read. */
+template <int N> static __device__ __forceinline__ void lm_q_words(const unsigned char *p, unsigned (&out)[N]) {
+    const unsigned *b = (const unsigned *)((uintptr_t)p & ~(uintptr_t)3);
+    const unsigned sh = ((unsigned)(uintptr_t)p & 2u) * 8u;
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = __ldcs(b + i);
+    w[N] = sh ? __ldcs(b + N) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; i++) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+/* Byte e of v, minus off, as a float: exact for bytes and 0 <= off <= 255. */
+static __device__ __forceinline__ float lm_q_bytef(unsigned v, int e, float off) {
+    return __int_as_float(__byte_perm(v, 0x4b000000u, (unsigned)e | 0x7440u)) - (8388608.0f + off);
+}
+
+/* Byte k (0..11) of the 12 bytes in s0, s1, s2 (k known per thread). */
+static __device__ __forceinline__ unsigned lm_q_byte12(unsigned s0, unsigned s1, unsigned s2, int k) {
+    const unsigned w = k < 4 ? s0 : k < 8 ? s1 : s2;
+    return (w >> (8 * (k & 3))) & 0xffu;
+}
+
+/* Q4_K / Q5_K sub-block j's 6-bit scale and min (lm_q4k_scale_min in dtype.c). */
+static __device__ __forceinline__ void lm_q_k_scale_min(unsigned s0, unsigned s1, unsigned s2, int j, int *sc,
+                                                        int *mn) {
+    if (j < 4) {
+        *sc = (int)(lm_q_byte12(s0, s1, s2, j) & 63u);
+        *mn = (int)(lm_q_byte12(s0, s1, s2, j + 4) & 63u);
+    } else {
+        const unsigned b = lm_q_byte12(s0, s1, s2, j + 4);
+        *sc = (int)((b & 0x0fu) | ((lm_q_byte12(s0, s1, s2, j - 4) >> 6) << 4));
+        *mn = (int)((b >> 4) | ((lm_q_byte12(s0, s1, s2, j) >> 6) << 4));
+    }
+}
+
+template <lm_dtype QT> struct lm_q;
+
+/* Q8_0: {f16 d; int8 qs[32]}; a slice is 16 values (2 a block). */
+template <> struct lm_q<LM_Q8_0> {
+    static constexpr int BV = 32, BB = 34, LPB = 2, Q = 4, QG = 4, OFF = 128;
+    static constexpr bool MIN = false;
+    struct raw {
+        float d;
+        unsigned q[4];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<4>(blk + 2 + 16 * j, r.q);
+        r.d = lm_q_f16_at(blk);
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) { return r.q[q] ^ 0x80808080u; }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return 16 * j + 4 * q; }
+};
+
+/* Q4_0: {f16 d; uint8 qs[16]}, value l < 16 the low nibble of qs[l], l + 16
+ * its high nibble; slice j takes qs[8j, 8j + 8): values 8j.. and 16 + 8j.. */
+template <> struct lm_q<LM_Q4_0> {
+    static constexpr int BV = 32, BB = 18, LPB = 2, Q = 4, QG = 4, OFF = 8;
+    static constexpr bool MIN = false;
+    struct raw {
+        float d;
+        unsigned q[2];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<2>(blk + 2 + 8 * j, r.q);
+        r.d = lm_q_f16_at(blk);
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return (q < 2 ? r.q[q] : r.q[q - 2] >> 4) & 0x0f0f0f0fu;
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return q < 2 ? 8 * j + 4 * q : 16 + 8 * j + 4 * (q - 2); }
+};
+
+/* Q4_K: {f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]}; qs[32g, 32g +
+ * 32) holds sub-blocks 2g (low nibbles) and 2g + 1 (high). Slice j = 2g +
+ * h takes qs[16j, 16j + 16): values 64g + 16h.. (low) and 64g + 32 + 16h..
+ * (high). */
+template <> struct lm_q<LM_Q4_K> {
+    static constexpr int BV = 256, BB = 144, LPB = 8, Q = 8, QG = 4, OFF = 0;
+    static constexpr bool MIN = true;
+    struct raw {
+        float d0, o0, d1, o1;
+        unsigned q[4];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const uint4 h = __ldcs((const uint4 *)blk), v = __ldcs((const uint4 *)(blk + 16) + j);
+        raw r;
+        const float d = lm_q_f16((unsigned short)(h.x & 0xffffu)), dmin = lm_q_f16((unsigned short)(h.x >> 16));
+        int s0, m0, s1, m1;
+        lm_q_k_scale_min(h.y, h.z, h.w, 2 * (j >> 1), &s0, &m0);
+        lm_q_k_scale_min(h.y, h.z, h.w, 2 * (j >> 1) + 1, &s1, &m1);
+        r.d0 = d * (float)s0, r.o0 = dmin * (float)m0, r.d1 = d * (float)s1, r.o1 = dmin * (float)m1;
+        r.q[0] = v.x, r.q[1] = v.y, r.q[2] = v.z, r.q[3] = v.w;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return (q < 4 ? r.q[q] : r.q[q - 4] >> 4) & 0x0f0f0f0fu;
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int g) { return g ? r.d1 : r.d0; }
+    static __device__ __forceinline__ float minv(const raw &r, int g) { return g ? r.o1 : r.o0; }
+    static __device__ __forceinline__ int at(int j, int q) {
+        return 64 * (j >> 1) + 16 * (j & 1) + (q < 4 ? 4 * q : 32 + 4 * (q - 4));
+    }
+};
+
+/* Q5_K: Q4_K's header and nibbles (qs at byte 48) plus qh[32] at byte 16:
+ * value l of sub-block pair g adds 16 when bit 2g (low) or 2g + 1 (high)
+ * of qh[l] is set. Slice j = 2g + h reads qh[16h, 16h + 16). */
+template <> struct lm_q<LM_Q5_K> {
+    static constexpr int BV = 256, BB = 176, LPB = 8, Q = 8, QG = 4, OFF = 0;
+    static constexpr bool MIN = true;
+    struct raw {
+        float d0, o0, d1, o1;
+        unsigned q[4], hb[4];
+        int g;
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const uint4 h = __ldcs((const uint4 *)blk), qh = __ldcs((const uint4 *)(blk + 16) + (j & 1));
+        const uint4 v = __ldcs((const uint4 *)(blk + 48) + j);
+        raw r;
+        r.g = j >> 1;
+        const float d = lm_q_f16((unsigned short)(h.x & 0xffffu)), dmin = lm_q_f16((unsigned short)(h.x >> 16));
+        int s0, m0, s1, m1;
+        lm_q_k_scale_min(h.y, h.z, h.w, 2 * r.g, &s0, &m0);
+        lm_q_k_scale_min(h.y, h.z, h.w, 2 * r.g + 1, &s1, &m1);
+        r.d0 = d * (float)s0, r.o0 = dmin * (float)m0, r.d1 = d * (float)s1, r.o1 = dmin * (float)m1;
+        r.q[0] = v.x, r.q[1] = v.y, r.q[2] = v.z, r.q[3] = v.w;
+        r.hb[0] = qh.x, r.hb[1] = qh.y, r.hb[2] = qh.z, r.hb[3] = qh.w;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        const bool lo = q < 4;
+        const int k = lo ? q : q - 4;
+        return ((lo ? r.q[k] : r.q[k] >> 4) & 0x0f0f0f0fu) | (((r.hb[k] >> (2 * r.g + (lo ? 0 : 1))) & 0x01010101u) << 4);
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int g) { return g ? r.d1 : r.d0; }
+    static __device__ __forceinline__ float minv(const raw &r, int g) { return g ? r.o1 : r.o0; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q<LM_Q4_K>::at(j, q); }
+};
+
+/* IQ4_XS: {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}; slice j is
+ * sub-block j (values 32j.. : low nibbles of qs[16j..], then high), level
+ * lm_iq4nl_levels[code] times d * (ls - 32). The 16 levels are looked up
+ * four at a time with byte permutes of the table's four words. */
+template <> struct lm_q<LM_IQ4_XS> {
+    static constexpr int BV = 256, BB = 136, LPB = 8, Q = 8, QG = 8, OFF = 128;
+    static constexpr bool MIN = false;
+    struct raw {
+        float dl;
+        unsigned q[4];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const uint2 h = __ldcs((const uint2 *)blk);
+        const uint2 a = __ldcs((const uint2 *)(blk + 8 + 16 * j)), b = __ldcs((const uint2 *)(blk + 16 + 16 * j));
+        raw r;
+        const unsigned sh = h.x >> 16;
+        const int ls = (int)(((h.y >> (4 * j)) & 15u) | (((sh >> (2 * j)) & 3u) << 4));
+        r.dl = lm_q_f16((unsigned short)(h.x & 0xffffu)) * (float)(ls - 32);
+        r.q[0] = a.x, r.q[1] = a.y, r.q[2] = b.x, r.q[3] = b.y;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        /* lm_iq4nl_levels as little-endian words */
+        const unsigned t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
+        const unsigned s = (q < 4 ? r.q[q] : r.q[q - 4] >> 4) & 0x0f0f0f0fu; /* four codes, a byte each */
+        const unsigned sel = (s & 7u) | ((s >> 4) & 0x70u) | ((s >> 8) & 0x700u) | ((s >> 12) & 0x7000u);
+        const unsigned lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+        const unsigned m = ((s >> 3) & 0x01010101u) * 0xffu; /* 0xff in bytes whose code is >= 8 */
+        return ((lo & ~m) | (hi & m)) ^ 0x80808080u; /* the signed levels, offset by 128 */
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.dl; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return 32 * j + 4 * q; }
+};
+
+/* Q6_K: {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}. Half h of 128
+ * values: for l < 32, values l + 32m (m = 0..3) take the low nibble of
+ * ql[64h + l] (m = 0), of ql[64h + 32 + l] (1), their high nibbles (2, 3),
+ * bits 2m, 2m + 1 of qh[32h + l], scale scales[8h + l / 16 + 2m]. Slice j
+ * = 4h + i takes l in [8i, 8i + 8) for all four m. */
+template <> struct lm_q<LM_Q6_K> {
+    static constexpr int BV = 256, BB = 210, LPB = 8, Q = 8, QG = 2, OFF = 32;
+    static constexpr bool MIN = false;
+    struct raw {
+        float ds[4];
+        unsigned a[2], b[2], hb[2];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const int h = j >> 2, i = j & 3;
+        raw r;
+        unsigned sc[2];
+        lm_q_words<2>(blk + 64 * h + 8 * i, r.a);
+        lm_q_words<2>(blk + 64 * h + 32 + 8 * i, r.b);
+        lm_q_words<2>(blk + 128 + 32 * h + 8 * i, r.hb);
+        lm_q_words<2>(blk + 192 + 8 * h, sc);
+        const float d = lm_q_f16_at(blk + 208);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int k = (i >> 1) + 2 * m; /* byte of the 8 scales of this half */
+            r.ds[m] = d * (float)(signed char)(sc[k >> 2] >> (8 * (k & 3)));
+        }
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        const int m = q >> 1, e = q & 1;
+        const unsigned src = (m & 1) ? r.b[e] : r.a[e];
+        return ((m < 2 ? src : src >> 4) & 0x0f0f0f0fu) | (((r.hb[e] >> (2 * m)) & 0x03030303u) << 4);
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int g) { return r.ds[g]; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return 128 * (j >> 2) + 8 * (j & 3) + 32 * (q >> 1) + 4 * (q & 1); }
+};
+
+/* The slice's q-th 4 values (byte - OFF) as floats. */
+template <class Q>
+static __device__ __forceinline__ void lm_q_vals(const typename Q::raw &r, int q, float (&f)[4]) {
+    const unsigned v = Q::codes(r, q);
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = lm_q_bytef(v, e, (float)Q::OFF);
+}
+
+/* The slice's q-th 4 values as lm_dequant_row computes them: scale * value
+ * (- min), each product rounded before the subtraction. */
+template <class Q>
+static __device__ __forceinline__ void lm_q_quad(const typename Q::raw &r, int q, float (&w)[4]) {
+    float f[4];
+    lm_q_vals<Q>(r, q, f);
+    const float s = Q::scale(r, q / Q::QG);
+#pragma unroll
+    for (int e = 0; e < 4; e++) w[e] = Q::MIN ? __fsub_rn(__fmul_rn(s, f[e]), Q::minv(r, q / Q::QG)) : __fmul_rn(s, f[e]);
+}
+
+#endif
