@@ -196,15 +196,24 @@ LM_TEST(cuda_sources_no_readonly_loads) {
 
 /* ---- weights -------------------------------------------------------------------- */
 
+/* GGUF blocks upload as stored; a type without GPU kernels (i32 here) and a
+ * quantised row that is not whole blocks are refused, naming the problem. */
 LM_TEST(cuda_upload_weight_types) {
     CU_SETUP(p);
     uint8_t blk[34 * 4] = { 0 };
     lm_tensor q = { .type = LM_Q8_0, .rows = 2, .cols = 64 };
     lm_err e = { { 0 } };
-    LM_CHECK(p.gpu->ops->upload_weight(p.gpu, &q, blk, &e) != 0);
-    LM_CHECK(strstr(e.msg, "q8_0") || strstr(e.msg, "Q8_0"));
-    LM_CHECK(strstr(e.msg, "bf16") != NULL);
-    fprintf(stderr, "  q8_0 upload: %s\n", e.msg);
+    LM_CHECK_MSG(p.gpu->ops->upload_weight(p.gpu, &q, blk, &e) == 0, "%s", e.msg);
+    if (q.data) p.gpu->ops->free(p.gpu, q.data);
+    lm_tensor i32 = { .type = LM_I32, .rows = 2, .cols = 4 };
+    LM_CHECK(p.gpu->ops->upload_weight(p.gpu, &i32, blk, &e) != 0);
+    LM_CHECK(strstr(e.msg, "i32") || strstr(e.msg, "I32"));
+    LM_CHECK(strstr(e.msg, "bf16") != NULL && strstr(e.msg, "Q4_K") != NULL);
+    fprintf(stderr, "  i32 upload: %s\n", e.msg);
+    lm_tensor part = { .type = LM_Q8_0, .rows = 1, .cols = 48 };
+    LM_CHECK(p.gpu->ops->upload_weight(p.gpu, &part, blk, &e) != 0);
+    LM_CHECK(strstr(e.msg, "Q8_0") != NULL && strstr(e.msg, "shape") != NULL);
+    fprintf(stderr, "  q8_0 [1][48] upload: %s\n", e.msg);
     cu_close(&p);
 }
 
