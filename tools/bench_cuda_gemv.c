@@ -1,7 +1,7 @@
 /* bench_cuda_gemv.c - the CUDA backend's decode GEMV and prefill GEMM
  * against the device's copy bandwidth.
  *
- *   bench_cuda_gemv [device]
+ *   bench_cuda_gemv [device] [quant]
  *
  * Measures, on one GPU:
  *   copy   device-to-device cudaMemcpy of 2 GiB; GB/s counts bytes read plus
@@ -15,6 +15,12 @@
  *   gemm   the matmul op at T = 4096 on a bf16 [4096][4096] weight, TFLOP/s
  *          (2 T O I flops per call), in the default hi/lo split mode and in
  *          LUMEN_CUDA_GEMM=bf16 mode
+ *   qgemv  the matmul op at T = 1, 2, 4, 8 over GGUF block-quantised weights
+ *          (Q4_K, Q6_K, Q5_K, Q8_0, Q4_0, IQ4_XS) of the Llama-3.1-8B shapes:
+ *          GB/s of the stored (quantised) bytes and % of the copy figure
+ *   qgemm  T = 512 and 4096 over a Q4_K [4096][4096] (widened to bf16, then
+ *          the bf16 GEMM), TFLOP/s
+ * With `quant` only copy, qgemv and qgemm run.
  * Each figure is the median of many reps timed with CUDA events on the
  * backend's stream; weights rotate over enough copies (>= 512 MiB) that L2
  * (50 MB on an H100/H200) cannot serve them. */
@@ -89,15 +95,36 @@ static float bc_time_matmul(lm_backend *be, lm_tensor *w, int n_w, lm_tensor *y,
     return m;
 }
 
-/* n_w copies of a random bf16 [O][I] weight on be. */
-static lm_tensor *bc_weights(lm_backend *be, int64_t O, int64_t I, int n_w) {
+/* Random bytes of a quantised [O][I] with finite f16 scales (small, so
+ * that sums stay finite). */
+static void *bc_quant_host(lm_dtype t, int64_t O, int64_t I) {
+    const size_t bytes = (size_t)O * lm_dtype_row_bytes(t, I), bb = (size_t)lm_dtype_block_bytes(t);
+    uint8_t *h = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)(bc_rnd() * 127.0f);
+    const int f0 = t == LM_Q6_K ? 208 : 0, f1 = t == LM_Q4_K || t == LM_Q5_K ? 2 : -1;
+    for (size_t off = 0; off < bytes; off += bb) {
+        const uint16_t d = lm_f32_to_f16(0.001f * (1.5f + bc_rnd()));
+        memcpy(h + off + f0, &d, 2);
+        if (f1 >= 0) memcpy(h + off + f1, &d, 2);
+    }
+    return h;
+}
+
+/* n_w copies of a random [O][I] weight of type t on be. */
+static lm_tensor *bc_weights_t(lm_backend *be, lm_dtype t, int64_t O, int64_t I, int n_w) {
     size_t n = (size_t)(O * I);
-    uint16_t *h = malloc(n * sizeof *h);
-    for (size_t i = 0; i < n; i++) h[i] = lm_f32_to_bf16(0.05f * bc_rnd());
+    void *h;
+    if (t == LM_BF16) {
+        uint16_t *b = malloc(n * sizeof *b);
+        for (size_t i = 0; i < n; i++) b[i] = lm_f32_to_bf16(0.05f * bc_rnd());
+        h = b;
+    } else {
+        h = bc_quant_host(t, O, I);
+    }
     lm_tensor *w = calloc((size_t)n_w, sizeof *w);
     for (int i = 0; i < n_w; i++) {
         lm_err e = { { 0 } };
-        w[i] = (lm_tensor){ .type = LM_BF16, .rows = O, .cols = I };
+        w[i] = (lm_tensor){ .type = t, .rows = O, .cols = I };
         if (be->ops->upload_weight(be, &w[i], h, &e)) {
             fprintf(stderr, "bench_cuda_gemv: %s\n", e.msg);
             exit(1);
@@ -105,6 +132,10 @@ static lm_tensor *bc_weights(lm_backend *be, int64_t O, int64_t I, int n_w) {
     }
     free(h);
     return w;
+}
+
+static lm_tensor *bc_weights(lm_backend *be, int64_t O, int64_t I, int n_w) {
+    return bc_weights_t(be, LM_BF16, O, I, n_w);
 }
 
 static void bc_free_weights(lm_backend *be, lm_tensor *w, int n_w) {
@@ -166,6 +197,50 @@ static void bc_gemm(lm_backend *be, const char *mode) {
            2.0 * (double)N * N * N / (ms * 1e-3) / 1e12);
     lm_tensor_release(be, &x);
     lm_tensor_release(be, &y);
+    bc_free_weights(be, w, 2);
+}
+
+/* The matmul op over quantised weights of the Llama-3.1-8B shapes at T =
+ * 1..8 (GB/s of stored bytes), and a Q4_K prefill product. */
+static void bc_quant(lm_backend *be, double copy) {
+    static const lm_dtype types[] = { LM_Q4_K, LM_Q6_K, LM_Q5_K, LM_Q8_0, LM_Q4_0, LM_IQ4_XS };
+    static const int64_t shapes[][2] = { { 4096, 4096 }, { 14336, 4096 }, { 4096, 14336 }, { 128256, 4096 } };
+    static const int64_t Ts[] = { 1, 2, 4, 8 };
+    printf("%-6s %-7s %-16s %-3s %10s %10s %8s\n", "op", "type", "weight [O][I]", "T", "us/call", "GB/s", "% copy");
+    for (size_t qi = 0; qi < sizeof types / sizeof types[0]; qi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const lm_dtype t = types[qi];
+            const int64_t O = shapes[si][0], I = shapes[si][1];
+            if (O == 128256 && t != LM_Q6_K && t != LM_Q4_K) continue; /* the head: Q6_K in Q4_K_M files */
+            const double wbytes = (double)O * (double)lm_dtype_row_bytes(t, I);
+            int n_w = (int)((512.0 * 1048576.0 + wbytes - 1) / wbytes);
+            if (n_w < 2) n_w = 2;
+            lm_tensor *w = bc_weights_t(be, t, O, I, n_w);
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int64_t T = Ts[ti];
+                lm_tensor x = bc_act(be, T, I, true), y = bc_act(be, T, O, false);
+                const int inner = wbytes < 64e6 ? 20 : wbytes < 256e6 ? 5 : 1;
+                const float ms = bc_time_matmul(be, w, n_w, &y, &x, 51, inner);
+                const double gbs = wbytes / (ms * 1e-3) / 1e9;
+                char sh[32];
+                snprintf(sh, sizeof sh, "%lldx%lld", (long long)O, (long long)I);
+                printf("%-6s %-7s %-16s %-3lld %10.2f %10.0f %7.1f%%\n", "qgemv", lm_dtype_name(t), sh, (long long)T,
+                       ms * 1e3, gbs, 100.0 * gbs / copy);
+                lm_tensor_release(be, &x);
+                lm_tensor_release(be, &y);
+            }
+            bc_free_weights(be, w, n_w);
+        }
+    const int64_t N = 4096;
+    lm_tensor *w = bc_weights_t(be, LM_Q4_K, N, N, 2);
+    for (int64_t T = 512; T <= N; T *= 8) {
+        lm_tensor x = bc_act(be, T, N, true), y = bc_act(be, T, N, false);
+        const float ms = bc_time_matmul(be, w, 2, &y, &x, 11, 1);
+        printf("qgemm  Q4_K    %-16s T=%-5lld %9.3f ms  %7.1f TFLOP/s\n", "4096x4096", (long long)T, ms,
+               2.0 * (double)T * N * N / (ms * 1e-3) / 1e12);
+        lm_tensor_release(be, &x);
+        lm_tensor_release(be, &y);
+    }
     bc_free_weights(be, w, 2);
 }
 
@@ -253,6 +328,7 @@ static void bc_launch(lm_backend *be) {
 
 int main(int argc, char **argv) {
     int device = argc > 1 ? atoi(argv[1]) : 0;
+    const bool quant_only = argc > 2 && strcmp(argv[2], "quant") == 0;
     char why[512];
     if (!lm_cuda_available(why, sizeof why)) {
         printf("bench_cuda_gemv: %s\n", why);
@@ -268,6 +344,12 @@ int main(int argc, char **argv) {
     }
     double copy = bc_copy_gbs(be);
     printf("copy  device-to-device 2 GiB: %.0f GB/s (read + write)\n\n", copy);
+    bc_quant(be, copy);
+    printf("\n");
+    if (quant_only) {
+        lm_backend_destroy(be);
+        return 0;
+    }
     bc_launch(be);
     printf("\n");
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_random_gguf.py - a random Llama-3.2-1B-shaped GGUF for CPU speed tests.
 
-Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q8
+Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q8 [1b|8b]
 
 Design: lumen and llama.cpp both need GGUF files to compare speed on, and
 make_random_model writes safetensors only. This copies the metadata of a small
@@ -14,6 +14,8 @@ choice (Q4_K, with Q6_K for the output and for attn_v / ffn_down in 8 of the
 subnormals, no infinities) and the codes random, so the logits are
 meaningless but finite; 4096 random blocks are repeated to keep this fast.
 Only the Python standard library is used. Output: ~0.95 GB (q4km), ~1.6 GB (q8).
+With `8b` the shape is Llama-3.1-8B's (32 layers, 4096 wide, FFN 14336, 32
+heads / 8 KV heads of 128): ~4.9 GB (q4km), the GPU decode benchmark's file.
 """
 import os
 import random
@@ -64,10 +66,11 @@ def val(t, v):
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[3] not in ('q4km', 'q8'):
+    if len(sys.argv) not in (4, 5) or sys.argv[3] not in ('q4km', 'q8') or sys.argv[4:] not in ([], ['1b'], ['8b']):
         sys.exit(__doc__)
-    tmpl, out, kind = sys.argv[1:]
-    H, L, F, NH, NKV, V = 2048, 16, 8192, 32, 8, 128256
+    tmpl, out, kind = sys.argv[1:4]
+    H, L, F, NH, NKV, V = (4096, 32, 14336, 32, 8, 128256) if sys.argv[4:] == ['8b'] else (2048, 16, 8192, 32, 8, 128256)
+    KVD = NKV * (H // NH)
     rng = random.Random(1)
     f16 = lambda x: struct.pack('<e', x)
     rb = lambda n: bytes(rng.getrandbits(8) for _ in range(n))
@@ -88,13 +91,14 @@ def main():
         more = i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
         p = 'blk.%d.' % i
         tensors += [w(p + 'attn_norm.weight', 1, H, 0), w(p + 'ffn_norm.weight', 1, H, 0),
-                    w(p + 'attn_q.weight', H, H, q4), w(p + 'attn_k.weight', 512, H, q4),
-                    w(p + 'attn_v.weight', 512, H, q6 if more else q4), w(p + 'attn_output.weight', H, H, q4),
+                    w(p + 'attn_q.weight', H, H, q4), w(p + 'attn_k.weight', KVD, H, q4),
+                    w(p + 'attn_v.weight', KVD, H, q6 if more else q4), w(p + 'attn_output.weight', H, H, q4),
                     w(p + 'ffn_gate.weight', F, H, q4), w(p + 'ffn_up.weight', F, H, q4),
                     w(p + 'ffn_down.weight', H, F, q6 if more else q4)]
     over = {'llama.block_count': L, 'llama.embedding_length': H, 'llama.feed_forward_length': F,
             'llama.attention.head_count': NH, 'llama.attention.head_count_kv': NKV, 'llama.vocab_size': V,
-            'general.file_type': 15 if kind == 'q4km' else 7}
+            'general.file_type': 15 if kind == 'q4km' else 7, 'llama.attention.key_length': H // NH,
+            'llama.attention.value_length': H // NH, 'llama.rope.dimension_count': H // NH}
     kvb = []
     for k, t, v in read_kv(tmpl):
         v = over.get(k, v)
