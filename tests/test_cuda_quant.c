@@ -17,7 +17,8 @@
  *     one token at a time (all GEMVs, graph-replayed) within 1e-3 of the
  *     CPU; a batched prompt (GEMM on bf16-widened weights) within 5e-2; the
  *     same argmax wherever the CPU's top-2 margin exceeds twice the diff.
- * Skips without a GPU, printing why. */
+ * Skips without a GPU, printing why; the decoders alone also run on the
+ * CPU (cuda_quant_decoders_on_the_cpu). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +166,22 @@ static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64
     lm_tensor_release(g, &y);
     g->ops->free(g, wall.data);
     return bad;
+}
+
+/* The GPU's block decoders compiled for the CPU (tests/host/
+ * cuda_quant_check.cpp): every value equal to lm_dequant_row's, and the
+ * GEMV's grouped sums equal to the plain dot product. Runs without a GPU. */
+LM_TEST(cuda_quant_decoders_on_the_cpu) {
+#ifdef LUMEN_QUANT_CHECK_BIN
+    char *out = NULL, *err = NULL;
+    const int rc = lm_tu_run("'" LUMEN_QUANT_CHECK_BIN "'", &out, &err);
+    printf("%s", out ? out : "");
+    LM_CHECK_MSG(rc == 0, "cuda_quant_check exit %d: %s%s", rc, out ? out : "", err ? err : "");
+    LM_CHECK(out && strstr(out, "IQ4_XS: equal") != NULL);
+    free(out), free(err);
+#else
+    LM_SKIP("built without a C++ compiler: cuda_quant_check not built");
+#endif
 }
 
 /* Every type, T = 1..9, 17, 64, 300 (GEMV up to 8, widening GEMM above),

@@ -29,9 +29,11 @@
 #ifndef LM_CUDA_QUANT_H
 #define LM_CUDA_QUANT_H
 
+#ifndef LM_QUANT_HOST_CHECK /* tests/host/cuda_quant_check.cpp compiles this file for the CPU */
 #include "cuda_internal.h"
 
 #include <cuda_fp16.h>
+#endif
 
 static __device__ __forceinline__ float lm_q_f16(unsigned short h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ float lm_q_f16_at(const unsigned char *p) {

@@ -1,0 +1,136 @@
+/* cuda_quant_check.cpp - the GPU's block decoders (src/backend/cuda/
+ * cuda_quant.h) run on the CPU, against lm_dequant_row, so that a machine
+ * without a GPU (CI, the mutation runs) still checks them.
+ *
+ * The header is compiled as host C++ with the few CUDA intrinsics it uses
+ * written out here by their PTX definitions (ld.global.cs, shf.r, prmt). For
+ * every type, rows of random blocks (at a 2-byte offset too, where the
+ * type's alignment allows it) are decoded slice by slice: every value is
+ * written exactly once, equals lm_dequant_row's bit for bit, and the GEMV's
+ * per-group sums (code * x summed, scaled once) give the plain dot product
+ * within 1e-5 of sum |x w|. Exit status 0 when all hold; the failures are
+ * printed. Run by the test cuda_quant_decoders_on_the_cpu. */
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+extern "C" {
+#include "backend/lm_dtype.h"
+}
+
+#define LM_QUANT_HOST_CHECK
+#define __device__
+#define __forceinline__ inline
+struct uint2 {
+    unsigned x, y;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+template <class T> static T __ldcs(const T *p) {
+    T v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
+    return (unsigned)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+/* prmt without the sign-replicate mode (bit 3 of a selector nibble is unused here) */
+static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint8_t b[8];
+    memcpy(b, &x, 4);
+    memcpy(b + 4, &y, 4);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)b[(s >> (4 * i)) & 7] << (8 * i);
+    return r;
+}
+static float __int_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static unsigned short __ushort_as_half(unsigned short h) { return h; }
+static float __half2float(unsigned short h) { return lm_f16_to_f32(h); }
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fsub_rn(float a, float b) { return a - b; }
+
+#include "backend/cuda/cuda_quant.h"
+
+static uint64_t qc_state = 12345;
+static unsigned qc_rnd() {
+    qc_state = qc_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned)(qc_state >> 33);
+}
+
+template <lm_dtype QT> static int qc_check(const char *name) {
+    using Q = lm_q<QT>;
+    const int nb = 7, I = nb * Q::BV;
+    const size_t bytes = lm_dtype_row_bytes(QT, I);
+    uint8_t *buf = (uint8_t *)aligned_alloc(16, (bytes + 47) / 16 * 16);
+    float *ref = (float *)malloc(I * sizeof(float)), *got = (float *)malloc(I * sizeof(float));
+    float *x = (float *)malloc(I * sizeof(float));
+    int bad = 0;
+    const bool wide = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_IQ4_XS; /* 8- or 16-byte loads */
+    for (int shift = 0; shift <= (wide ? 0 : 2); shift += 2) {
+        uint8_t *w = buf + shift;
+        for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)qc_rnd();
+        const int f0 = QT == LM_Q6_K ? 208 : 0, f1 = QT == LM_Q4_K || QT == LM_Q5_K ? 2 : -1;
+        for (size_t off = 0; off < bytes; off += (size_t)lm_dtype_block_bytes(QT)) { /* finite f16 scales */
+            uint16_t h = lm_f32_to_f16(0.01f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * ((qc_rnd() & 1) ? -1.0f : 1.0f));
+            memcpy(w + off + f0, &h, 2);
+            if (f1 >= 0) {
+                h = lm_f32_to_f16(0.003f * (1.0f + (float)(qc_rnd() % 100) / 50.0f));
+                memcpy(w + off + f1, &h, 2);
+            }
+        }
+        lm_dequant_row(QT, w, ref, I);
+        for (int i = 0; i < I; i++) got[i] = NAN, x[i] = (float)(qc_rnd() % 2000) / 1000.0f - 1.0f;
+        double dot = 0, want = 0, cond = 0;
+        for (int b = 0; b < nb; b++)
+            for (int j = 0; j < Q::LPB; j++) {
+                const typename Q::raw v = Q::slice(w + (size_t)b * Q::BB, j);
+                for (int q = 0; q < Q::Q; q++) {
+                    float f[4];
+                    lm_q_quad<Q>(v, q, f);
+                    for (int e = 0; e < 4; e++) {
+                        const int at = b * Q::BV + Q::at(j, q) + e;
+                        if (!std::isnan(got[at]) && bad++ < 5) printf("%s: value %d decoded twice\n", name, at);
+                        got[at] = f[e];
+                    }
+                }
+                for (int g = 0; g < Q::Q / Q::QG; g++) { /* the GEMV's form */
+                    float sq = 0, sx = 0;
+                    for (int qi = 0; qi < Q::QG; qi++) {
+                        const int q = g * Q::QG + qi;
+                        float f[4];
+                        lm_q_vals<Q>(v, q, f);
+                        for (int e = 0; e < 4; e++) {
+                            const int at = b * Q::BV + Q::at(j, q) + e;
+                            sq += f[e] * x[at];
+                            sx += x[at];
+                        }
+                    }
+                    dot += (double)Q::scale(v, g) * sq - (Q::MIN ? (double)Q::minv(v, g) * sx : 0.0);
+                }
+            }
+        for (int i = 0; i < I; i++) {
+            want += (double)ref[i] * x[i];
+            cond += fabs((double)ref[i] * x[i]);
+            if (memcmp(&ref[i], &got[i], 4) != 0 && bad++ < 5)
+                printf("%s (row at +%d): value %d: lm_dequant_row %.9g, GPU decoder %.9g\n", name, shift, i, ref[i], got[i]);
+        }
+        if (!(fabs(dot - want) <= 1e-5 * cond) && bad++ < 5)
+            printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
+    }
+    printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
+    free(buf), free(ref), free(got), free(x);
+    return bad;
+}
+
+int main() {
+    const int bad = qc_check<LM_Q8_0>("Q8_0") + qc_check<LM_Q4_0>("Q4_0") + qc_check<LM_Q4_K>("Q4_K") +
+                    qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") + qc_check<LM_IQ4_XS>("IQ4_XS");
+    return bad != 0;
+}
