@@ -12,7 +12,8 @@
  *     rounded block values, 1e-4 cond + 1e-6 (the bf16 path's split-x bound);
  *     this catches a single wrong value, which the 2^-9 rounding would hide
  *   get_rows of a quantised table: exact (the same f32 products as the CPU)
- *   matmul_n over quantised matrices: bitwise equal to separate matmuls
+ *   matmul_n over quantised matrices: bitwise equal to separate matmuls;
+ *     matmul_glu and matmul_add likewise equal to the ops they fuse
  *   models (GGUF fixtures, CPU with exact quantised dots): every step fed
  *     one token at a time (all GEMVs, graph-replayed) within 1e-3 of the
  *     CPU; a batched prompt (GEMM on bf16-widened weights) within 5e-2; the
@@ -264,6 +265,53 @@ LM_TEST(cuda_qmatmul_n_equals_separate) {
             lm_tensor_release(g, &x);
             free(xh);
         }
+    }
+    lm_backend_destroy(g);
+}
+
+/* matmul_glu (silu) and matmul_add over quantised matrices, fused in the
+ * GEMV up to 4 tokens, equal bit for bit to the composed ops (two matmuls
+ * and silu_mul; matmul and add), at 1..5 tokens. */
+LM_TEST(cuda_qfused_equal_composed) {
+    CQ_SETUP(g);
+    LM_REQUIRE(g->ops->matmul_glu != NULL && g->ops->matmul_add != NULL);
+    uint64_t s = 71;
+    for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++) {
+        const lm_dtype t = cq_types[ti];
+        const int64_t I = 2 * lm_dtype_block(t), F = 67, O = I;
+        uint8_t *hg = cq_weight(t, F, I, &s), *hu = cq_weight(t, F, I, &s), *hd = cq_weight(t, O, I, &s);
+        lm_tensor wg = { .type = t, .rows = F, .cols = I }, wu = wg, wd = { .type = t, .rows = O, .cols = I };
+        lm_err e = { { 0 } };
+        CQ_REQUIRE(g->ops->upload_weight(g, &wg, hg, &e) == 0 && g->ops->upload_weight(g, &wu, hu, &e) == 0 &&
+                       g->ops->upload_weight(g, &wd, hd, &e) == 0,
+                   "%s", e.msg);
+        for (int64_t T = 1; T <= 5; T++) {
+            float *xh = malloc((size_t)(T * I) * sizeof *xh), *rh = malloc((size_t)(T * O) * sizeof *rh);
+            for (int64_t i = 0; i < T * I; i++) xh[i] = cq_unit(&s);
+            for (int64_t i = 0; i < T * O; i++) rh[i] = cq_unit(&s);
+            lm_tensor x = cq_put(g, xh, T, I), gw = cq_put(g, NULL, T, F), uw = cq_put(g, NULL, T, F);
+            lm_tensor yf = cq_put(g, NULL, T, F), yc = cq_put(g, NULL, T, F);
+            g->ops->matmul_glu(g, &yf, &x, &wg, &wu, LM_GLU_SILU, &gw, &uw);
+            g->ops->matmul(g, &gw, &x, &wg, NULL);
+            g->ops->matmul(g, &uw, &x, &wu, NULL);
+            g->ops->silu_mul(g, &yc, &gw, &uw);
+            float *a = cq_get(g, &yf), *b = cq_get(g, &yc);
+            LM_CHECK_MSG(memcmp(a, b, (size_t)(T * F) * sizeof(float)) == 0, "%s T=%lld: matmul_glu differs from composed",
+                         lm_dtype_name(t), (long long)T);
+            free(a), free(b);
+            lm_tensor rf = cq_put(g, rh, T, O), rc = cq_put(g, rh, T, O), ws = cq_put(g, NULL, T, O);
+            g->ops->matmul_add(g, &rf, &x, &wd, &ws, NULL);
+            g->ops->matmul(g, &ws, &x, &wd, NULL);
+            g->ops->add(g, &rc, &ws);
+            a = cq_get(g, &rf), b = cq_get(g, &rc);
+            LM_CHECK_MSG(memcmp(a, b, (size_t)(T * O) * sizeof(float)) == 0, "%s T=%lld: matmul_add differs from composed",
+                         lm_dtype_name(t), (long long)T);
+            free(a), free(b), free(xh), free(rh);
+            lm_tensor *ts[] = { &x, &gw, &uw, &yf, &yc, &rf, &rc, &ws };
+            for (size_t k = 0; k < LM_COUNT(ts); k++) lm_tensor_release(g, ts[k]);
+        }
+        g->ops->free(g, wg.data), g->ops->free(g, wu.data), g->ops->free(g, wd.data);
+        free(hg), free(hu), free(hd);
     }
     lm_backend_destroy(g);
 }

@@ -531,6 +531,9 @@ typedef struct lm_gemv_args {
     const int32_t *moe_chunk, *moe_src;
     const unsigned char *const *moe_w;
     int moe_k, moe_E;
+    /* the quantised GEMV (cuda_qgemv.cu): tokens of x and y when fewer than
+     * the kernel's T (the rest are not read or written); 0: T */
+    int n_tok;
 } lm_gemv_args;
 
 static inline bool lm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -583,7 +586,9 @@ static inline bool lm_cuda_qtype(lm_dtype t) {
 bool lm_qweight_ok(const void *w, lm_dtype wt);
 bool lm_qgemv_ok(const float *x, const void *w, lm_dtype wt);
 lm_gemv_args lm_qgemv_args0(const float *x, int64_t I);
-void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt);
+void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode);
+/* Whether the quantised GEMV has its fused modes (LM_GEMV_ADD, LM_GEMV_GLU_SILU) for T tokens. */
+bool lm_qgemv_fused(int64_t T);
 void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias, int64_t O,
               int64_t I);
 /* The MoE pairs form over quantised experts (lm_cuda_moe_gemv's contract). */

@@ -109,7 +109,7 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
             LM_ASSERT(y[i]->data != x->data && (!b || (b->type == LM_F32 && b->rows * b->cols == w[i]->rows)));
             lm_gemv_add(&a, i, (float *)y[i]->data, w[i]->data, b ? (const float *)b->data : NULL, w[i]->rows);
         }
-        lm_qgemv_run(c, (int)x->rows, &a, w[0]->type);
+        lm_qgemv_run(c, (int)x->rows, &a, w[0]->type, LM_GEMV_STORE);
         return;
     }
     lm_cuda_use(c);
@@ -133,6 +133,13 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
         o.glu = (int)act + 1, o.y[0] = (float *)y->data, o.O[0] = o.O[1] = wg->rows;
         LM_ASSERT(y->data != x->data);
         if (lm_gemm_stacked(c, x, w, &o)) return;
+    }
+    if (act == LM_GLU_SILU && lm_qgemv_fused(x->rows) && lm_qgemv_fusable(x, w, 2)) { /* quantised gate/up */
+        lm_cuda_use(c);
+        lm_gemv_args a = lm_qgemv_args0((const float *)x->data, x->cols);
+        lm_gemv_set_glu(&a, (float *)y->data, wg->data, wu->data, wg->rows);
+        lm_qgemv_run(c, (int)x->rows, &a, wg->type, LM_GEMV_GLU_SILU);
+        return;
     }
     if (!lm_gemv_fusable(x, w, 2)) {
         lm_cuda_matmul(be, gate_ws, x, wg, NULL);
@@ -163,6 +170,14 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
+    if (lm_qgemv_fused(x->rows) && lm_qgemv_fusable(x, &w, 1)) { /* quantised: the add in the GEMV, the norm after */
+        lm_cuda_use(c);
+        lm_gemv_args q = lm_qgemv_args0((const float *)x->data, x->cols);
+        lm_gemv_add(&q, 0, (float *)y->data, w->data, NULL, w->rows);
+        lm_qgemv_run(c, (int)x->rows, &q, w->type, LM_GEMV_ADD);
+        if (norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
+        return;
+    }
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, w->type));
     lm_gemv_add(&a, 0, (float *)y->data, w->data, NULL, w->rows);
     const bool fuse = lm_gemv_fusable(x, &w, 1);

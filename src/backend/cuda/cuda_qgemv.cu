@@ -25,6 +25,11 @@
  * PDL as the bf16 GEMV: weights are fetched before griddepcontrol.wait, x
  * only after.
  *
+ * Fused forms, up to LM_QGEMV_FUSED_MAX_T tokens: the residual add (y +=)
+ * and gate/up with silu (2 gate and 2 up rows a block, silu(gate) * up with
+ * the silu_mul op's arithmetic), each row summed as in the plain form, so
+ * fused and composed results are equal bit for bit.
+ *
  * MoE experts (lm_qmoe_gemv): the bf16 GEMV's pairs form, one token a
  * (token, expert) pair, grid.y the pairs, each pair's matrices from the
  * routing kernel's device list; the gate/up form takes 2 gate and 2 up rows
@@ -33,6 +38,8 @@
 
 #define LM_QGEMV_ROWS 4
 #define LM_QGEMV_THREADS 256
+static_assert(LM_GEMV_MAX_T <= 8, "lm_qgemv_t has kernels up to 8 tokens");
+#define LM_QGEMV_FUSED_MAX_T 4 /* tokens up to which the fused modes are built (compile time, binary size) */
 
 /* Four of x's values times w, added to acc in order. */
 static __device__ __forceinline__ float lm_q_dot4(const float (&w)[4], const float4 &x, float acc) {
@@ -42,16 +49,19 @@ static __device__ __forceinline__ float lm_q_dot4(const float (&w)[4], const flo
     return fmaf(w[3], x.w, acc);
 }
 
+/* What a launch writes: y (+ bias); y += (the residual add); silu(gate) *
+ * up over gate/up rows (2 + 2 a block); the MoE pairs' two forms. */
+enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_ADD, LM_QGEMV_GLU, LM_QGEMV_MOE, LM_QGEMV_MOE_GLU };
+
 /* At most 128 registers (two blocks of 256 threads an SM) for one token;
  * more tokens keep the compiler's choice: at 128 the Q5_K and Q6_K forms
  * spilled 100-750 bytes a thread from 2 tokens (ptxas -v, sm_90). */
-enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_MOE, LM_QGEMV_MOE_GLU };
-
 template <int T, lm_dtype QT, int KIND>
 __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_kernel(const lm_gemv_args a) {
     using Q = lm_q<QT>;
     constexpr int R = LM_QGEMV_ROWS;
-    constexpr bool MOE = KIND != LM_QGEMV_PLAIN, GLU = KIND == LM_QGEMV_MOE_GLU;
+    constexpr bool MOE = KIND == LM_QGEMV_MOE || KIND == LM_QGEMV_MOE_GLU;
+    constexpr bool GLU = KIND == LM_QGEMV_GLU || KIND == LM_QGEMV_MOE_GLU;
     static_assert(!MOE || T == 1, "MoE pairs are single rows");
     lm_pdl_trigger();
     bool waited = false;
@@ -60,12 +70,13 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_k
         waited = true;
     };
     int m = 0;
-    if constexpr (!MOE)
+    if constexpr (!MOE && !GLU)
         while (m + 1 < LM_GEMV_MAXM && (int64_t)blockIdx.x >= a.first_block[m + 1]) m++;
     const int64_t I = a.I, O = a.O[m];
+    const int n_tok = a.n_tok > 0 ? a.n_tok : T; /* tokens past it: the last one's x, never stored */
     const int64_t o0 = ((int64_t)blockIdx.x - a.first_block[m]) * (GLU ? R / 2 : R);
     const size_t ldw = (size_t)(I / Q::BV) * Q::BB;
-    const unsigned char *w0 = a.w[m], *w1 = a.w[m];
+    const unsigned char *w0 = a.w[m], *w1 = a.w[GLU ? 1 : m];
     const float *x = a.x;
     if constexpr (MOE) { /* the routing is the kernel before's output: wait for it, then fetch */
         sync_in();
@@ -114,7 +125,7 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_k
                 float4 xv[T];
 #pragma unroll
                 for (int t = 0; t < T; t++) {
-                    xv[t] = *(const float4 *)(x + (size_t)t * I + xo);
+                    xv[t] = *(const float4 *)(x + (size_t)LM_MIN(t, n_tok - 1) * I + xo);
                     if constexpr (Q::MIN) sx[t] += (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
                 }
 #pragma unroll
@@ -171,14 +182,16 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_k
     for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
         const int r = i / T, t = i % T;
         const int64_t o = o0 + r;
-        if (o >= O) continue;
+        if (o >= O || t >= n_tok) continue;
         float s = 0.0f;
         for (int wi = 0; wi < n_warps; wi++) s += part[wi][i];
         float *yo = (MOE ? a.y[0] + (size_t)blockIdx.y * O : a.y[m]) + (size_t)t * O + o;
         if constexpr (GLU) {
             float u = 0.0f;
             for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
-            *yo = lm_silu_mul1(s, u);
+            *yo = lm_silu_mul1(s, u); /* the silu_mul op's arithmetic: fused and composed agree */
+        } else if constexpr (KIND == LM_QGEMV_ADD) {
+            *yo += s; /* the add op's: y + (x W^T) */
         } else {
             *yo = s + (a.bias[m] ? a.bias[m][o] : 0.0f);
         }
@@ -195,28 +208,44 @@ static int lm_qgemv_threads(const lm_cuda *c, int64_t n_slices) {
     return threads;
 }
 
-template <int T, lm_dtype QT> static void lm_qgemv_go(lm_cuda *c, const lm_gemv_args *a) {
+/* The fused modes (ADD, GLU) are built up to LM_QGEMV_FUSED_MAX_T tokens
+ * (lm_qgemv_fused says so to the callers, which compose above). */
+template <int T, lm_dtype QT> static void lm_qgemv_go(lm_cuda *c, const lm_gemv_args *a, int mode) {
     using Q = lm_q<QT>;
     const int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
+    if constexpr (T <= LM_QGEMV_FUSED_MAX_T) {
+        if (mode == LM_GEMV_ADD) {
+            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_ADD>, (unsigned)blocks, threads, 0, *a);
+            LM_CUDA_LAUNCHED("qgemv add");
+            return;
+        }
+        if (mode == LM_GEMV_GLU_SILU) {
+            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_GLU>, (unsigned)blocks, threads, 0, *a);
+            LM_CUDA_LAUNCHED("qgemv glu");
+            return;
+        }
+    }
+    LM_ASSERT(mode == LM_GEMV_STORE);
     lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_PLAIN>, (unsigned)blocks, threads, 0, *a);
     LM_CUDA_LAUNCHED("qgemv");
 }
 
-template <lm_dtype QT> static void lm_qgemv_t(lm_cuda *c, int T, const lm_gemv_args *a) {
-    switch (T) {
-    case 1: lm_qgemv_go<1, QT>(c, a); break;
-    case 2: lm_qgemv_go<2, QT>(c, a); break;
-    case 3: lm_qgemv_go<3, QT>(c, a); break;
-    case 4: lm_qgemv_go<4, QT>(c, a); break;
-    case 5: lm_qgemv_go<5, QT>(c, a); break;
-    case 6: lm_qgemv_go<6, QT>(c, a); break;
-    case 7: lm_qgemv_go<7, QT>(c, a); break;
-    case 8: lm_qgemv_go<8, QT>(c, a); break;
-    default: LM_ASSERT(!"qgemv: T out of range");
-    }
+/* Kernels for 1, 2, 4 and 8 tokens; 3 runs as 4 and 5-7 as 8 with the
+ * extra tokens masked (n_tok): half the kernels (each adds ~100 KB of
+ * machine code to every binary), for FMAs on a repeated x row. */
+template <lm_dtype QT> static void lm_qgemv_t(lm_cuda *c, int T, const lm_gemv_args *a, int mode) {
+    LM_ASSERT(T >= 1 && T <= 8);
+    lm_gemv_args m = *a;
+    m.n_tok = T;
+    if (T <= 2) T == 1 ? lm_qgemv_go<1, QT>(c, &m, mode) : lm_qgemv_go<2, QT>(c, &m, mode);
+    else if (T <= 4) lm_qgemv_go<4, QT>(c, &m, mode);
+    else lm_qgemv_go<8, QT>(c, &m, mode);
 }
+
+/* Whether a fused mode (residual add, silu gate/up) is built for T tokens. */
+bool lm_qgemv_fused(int64_t T) { return T >= 1 && T <= LM_QGEMV_FUSED_MAX_T; }
 
 /* Whether the quantised kernels read w: at the alignment its type's loads
  * need (16 bytes for Q4_K / Q5_K, 8 for IQ4_XS, 2 for the rest; always so
@@ -238,17 +267,19 @@ lm_gemv_args lm_qgemv_args0(const float *x, int64_t I) {
     return a;
 }
 
-/* Runs a (built by lm_qgemv_args0 and lm_gemv_add) for T tokens; every
- * matrix of type wt, lm_qgemv_ok. */
-void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt) {
-    LM_ASSERT(a->rows == LM_QGEMV_ROWS);
+/* Runs a (built by lm_qgemv_args0, then lm_gemv_add per matrix or
+ * lm_gemv_set_glu) for T tokens in mode LM_GEMV_STORE, LM_GEMV_ADD or
+ * LM_GEMV_GLU_SILU (the last two when lm_qgemv_fused(T)); every matrix of
+ * type wt, lm_qgemv_ok. */
+void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode) {
+    LM_ASSERT(a->rows == LM_QGEMV_ROWS && (mode == LM_GEMV_STORE || lm_qgemv_fused(T)));
     switch (wt) {
-    case LM_Q8_0: lm_qgemv_t<LM_Q8_0>(c, T, a); break;
-    case LM_Q4_0: lm_qgemv_t<LM_Q4_0>(c, T, a); break;
-    case LM_Q4_K: lm_qgemv_t<LM_Q4_K>(c, T, a); break;
-    case LM_Q5_K: lm_qgemv_t<LM_Q5_K>(c, T, a); break;
-    case LM_Q6_K: lm_qgemv_t<LM_Q6_K>(c, T, a); break;
-    case LM_IQ4_XS: lm_qgemv_t<LM_IQ4_XS>(c, T, a); break;
+    case LM_Q8_0: lm_qgemv_t<LM_Q8_0>(c, T, a, mode); break;
+    case LM_Q4_0: lm_qgemv_t<LM_Q4_0>(c, T, a, mode); break;
+    case LM_Q4_K: lm_qgemv_t<LM_Q4_K>(c, T, a, mode); break;
+    case LM_Q5_K: lm_qgemv_t<LM_Q5_K>(c, T, a, mode); break;
+    case LM_Q6_K: lm_qgemv_t<LM_Q6_K>(c, T, a, mode); break;
+    case LM_IQ4_XS: lm_qgemv_t<LM_IQ4_XS>(c, T, a, mode); break;
     default: LM_ASSERT(!"qgemv: weight type");
     }
 }
@@ -257,7 +288,7 @@ void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dty
               int64_t I) {
     lm_gemv_args a = lm_qgemv_args0(x, I);
     lm_gemv_add(&a, 0, y, w, bias, O);
-    lm_qgemv_run(c, T, &a, wt);
+    lm_qgemv_run(c, T, &a, wt, LM_GEMV_STORE);
 }
 
 template <lm_dtype QT> static void lm_qmoe_go(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
