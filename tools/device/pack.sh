@@ -33,8 +33,14 @@ b) set_models="llama llama3-rope-mqa qwen3-next" ;;
 c) set_models="qwen3-moe gemma3" ;;
 *) echo "usage: $0 [a|b|c]" >&2; exit 2 ;;
 esac
+# a name with a slash is a path under ../shared/fixtures (gguf/llama-g256/model.Q4_K_M.gguf)
 for m in ${LUMEN_DEVICE_FIXTURES:-$set_models}; do
-  cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/
+  if [[ $m == */* ]]; then
+    mkdir -p ".device-carry/fixtures/$(dirname "$m")"
+    cp -r "../shared/fixtures/$m" ".device-carry/fixtures/$m"
+  else
+    cp -r "../shared/fixtures/models/$m" .device-carry/fixtures/models/
+  fi
 done
 # one compressed archive (about 10 MB with either set)
 tar -C .device-carry -cJf .device-carry/pack.tar.xz bin lib fixtures
