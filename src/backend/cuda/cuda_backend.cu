@@ -296,6 +296,11 @@ static size_t lm_cuda_weight_bytes(const lm_tensor *t, lm_err *e) {
     return bytes ? bytes : 1;
 }
 
+/* Bytes allocated past a quantised weight's last block: the decoders
+ * (cuda_quant.h) read whole aligned words, up to 3 bytes past a 2-byte
+ * aligned field; the pad keeps those reads inside the allocation. */
+#define LM_CUDA_QUANT_PAD 16
+
 /* Device memory for weights (freed at destroy), or NULL with e set naming
  * what does not fit. */
 static void *lm_cuda_weight_alloc(lm_cuda_ctx *x, size_t bytes, const lm_tensor *t, int n, lm_err *e) {
@@ -356,7 +361,7 @@ static int lm_cuda_upload_weight(lm_backend *be, lm_tensor *t, const void *host_
     if (!bytes) return -1;
     lm_cuda_use(&x->c);
     LM_ASSERT(x->c.gmode == LM_G_OFF); /* weights load outside forwards */
-    void *d = lm_cuda_weight_alloc(x, bytes, t, 1, e);
+    void *d = lm_cuda_weight_alloc(x, bytes + (lm_cuda_qtype(t->type) ? LM_CUDA_QUANT_PAD : 0), t, 1, e);
     if (!d) return -1;
     lm_cuda_weight_copy(x, d, host_data, bytes);
     t->data = d;
@@ -385,7 +390,8 @@ static int lm_cuda_upload_weights(lm_backend *be, int n, lm_tensor *const *t, co
     }
     lm_cuda_use(&x->c);
     LM_ASSERT(x->c.gmode == LM_G_OFF);
-    unsigned char *d = (unsigned char *)lm_cuda_weight_alloc(x, total, t[0], n, e);
+    unsigned char *d =
+        (unsigned char *)lm_cuda_weight_alloc(x, total + (lm_cuda_qtype(t[0]->type) ? LM_CUDA_QUANT_PAD : 0), t[0], n, e);
     if (!d) return -1;
     for (int i = 0; i < n; i++) {
         size_t bytes = lm_cuda_weight_bytes(t[i], e);

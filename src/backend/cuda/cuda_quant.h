@@ -41,8 +41,9 @@ static __device__ __forceinline__ float lm_q_f16_at(const unsigned char *p) {
 }
 
 /* N 4-byte words from a 2-byte aligned address: aligned loads, joined by a
- * funnel shift when p sits mid-word; the extra word is only loaded then,
- * so nothing past p + 4N is read. */
+ * funnel shift when p sits mid-word (then one more word is loaded, which
+ * holds 2 bytes past p + 4N: quantised weights are allocated with
+ * LM_CUDA_QUANT_PAD bytes after their last block). */
 template <int N> static __device__ __forceinline__ void lm_q_words(const unsigned char *p, unsigned (&out)[N]) {
     const unsigned *b = (const unsigned *)((uintptr_t)p & ~(uintptr_t)3);
     const unsigned sh = ((unsigned)(uintptr_t)p & 2u) * 8u;
