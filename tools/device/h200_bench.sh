@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmarks of issue #8, run by tools/device/gpu_run.sh bench SET
-# (binaries from .device-carry). SET: kernels | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
+# (binaries from .device-carry). SET: kernels | quant | diag | ncu | ablate | ablate-qwen27 | prefill | prefill-qwen27 | ncu-att | ab | ab-qwen27 | ab-long | ab-long-qwen27 | gemv-tc | small-batch | b128 | b128-ab | b128-ab-qwen9 | ab-delta-qwen9 | b1-copy | final8 | final8b | b128-qwen9 | ab-q27 | ab-qk | gap | moe | moe-final | moe-groups | ncu-moe | qwen9 | llama | qwen27 | lumen-final | final7 | final |
 # moe128 | moe-b1 | moe-s20 | moe-s20b | moe-s20c | moe-s20d | final-s20 | final-s20b | final9 | s21-final | final-s22b | final-s22 | lookahead | ncu-moe1 | ncu-route | peer-llama | peer-qwen27. Random bf16 models are written to /dev/shm (RAM), not the disk.
 set -uo pipefail
 C=$PWD/.device-carry
@@ -30,6 +30,14 @@ for set in "$@"; do
   echo "== $set"
   case $set in
   kernels) "$C/bin/bench_cuda_gemv" ;;
+  quant) # issue #26: a random Llama-3.1-8B Q4_K_M GGUF (pack with LUMEN_DEVICE_FIXTURES=gguf/llama-g256/model.Q4_K_M.gguf):
+    # batch-1 decode (roofline ~850 tok/s), 4k prefill (exact split and bf16 activations), batched decode
+    q=/dev/shm/l8.Q4_K_M.gguf
+    [[ -f $q ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b || exit 1
+    "$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3
+    "$L" bench -m $q --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
+    LUMEN_CUDA_GEMM=bf16 "$L" bench -m $q --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw
+    for B in 8 32 128; do "$L" bench -m $q --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw; done ;;
   diag) # where a Llama-8B decode step goes: host issue vs device time, then every op timed alone
     model /dev/shm/l8 llama-3.1-8b
     for B in 1 8 32; do # graphs and programmatic dependent launch on, then each off
