@@ -30,7 +30,8 @@
 #include "model/lm_model.h"
 #include "test_util.h"
 
-static const lm_dtype cq_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS };
+static const lm_dtype cq_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL,
+                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS };
 
 static uint64_t cq_next(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -43,7 +44,7 @@ static float cq_unit(uint64_t *s) { return (float)(cq_next(s) & 0xffffff) / (flo
 /* Byte offsets of a block's f16 scales (-1: none). */
 static void cq_f16_fields(lm_dtype t, int *a, int *b) {
     *a = 0, *b = -1;
-    if (t == LM_Q4_K || t == LM_Q5_K) *b = 2;
+    if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q4_1 || t == LM_Q5_1) *b = 2;
     if (t == LM_Q6_K) *a = 208;
 }
 

@@ -76,7 +76,8 @@ template <lm_dtype QT> static int qc_check(const char *name) {
     for (int shift = 0; shift <= (wide ? 0 : 2); shift += 2) {
         uint8_t *w = buf + shift;
         for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)qc_rnd();
-        const int f0 = QT == LM_Q6_K ? 208 : 0, f1 = QT == LM_Q4_K || QT == LM_Q5_K ? 2 : -1;
+        const bool two = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_Q4_1 || QT == LM_Q5_1; /* d and dmin / m */
+        const int f0 = QT == LM_Q6_K ? 208 : 0, f1 = two ? 2 : -1;
         for (size_t off = 0; off < bytes; off += (size_t)lm_dtype_block_bytes(QT)) { /* finite f16 scales */
             uint16_t h = lm_f32_to_f16(0.01f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * ((qc_rnd() & 1) ? -1.0f : 1.0f));
             memcpy(w + off + f0, &h, 2);
@@ -130,7 +131,9 @@ template <lm_dtype QT> static int qc_check(const char *name) {
 }
 
 int main() {
-    const int bad = qc_check<LM_Q8_0>("Q8_0") + qc_check<LM_Q4_0>("Q4_0") + qc_check<LM_Q4_K>("Q4_K") +
-                    qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") + qc_check<LM_IQ4_XS>("IQ4_XS");
+    const int bad = qc_check<LM_Q8_0>("Q8_0") + qc_check<LM_Q4_0>("Q4_0") + qc_check<LM_Q4_1>("Q4_1") +
+                    qc_check<LM_Q5_0>("Q5_0") + qc_check<LM_Q5_1>("Q5_1") + qc_check<LM_IQ4_NL>("IQ4_NL") +
+                    qc_check<LM_Q4_K>("Q4_K") + qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") +
+                    qc_check<LM_IQ4_XS>("IQ4_XS");
     return bad != 0;
 }

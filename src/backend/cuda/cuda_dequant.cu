@@ -56,11 +56,17 @@ template <bool BF16>
 static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int64_t I, const int32_t *ids,
                           int64_t row0, int64_t n) {
     const unsigned char *wb = (const unsigned char *)w;
-    const int64_t slices = n * (I / lm_dtype_block(wt)) * (wt == LM_Q8_0 || wt == LM_Q4_0 ? 2 : 8);
+    const int64_t slices = n * (I / lm_dtype_block(wt)) * (lm_dtype_block(wt) == 32 ? 2 : 8);
     const unsigned g = lm_grid_1d(c, slices, LM_DEQUANT_THREADS);
     switch (wt) {
     case LM_Q8_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q8_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
     case LM_Q4_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q4_1: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_1, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q5_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_Q5_1: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_1, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
+    case LM_IQ4_NL:
+        lm_cuda_launch(c, lm_dequant_kernel<LM_IQ4_NL, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n);
+        break;
     case LM_Q4_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
     case LM_Q5_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
     case LM_Q6_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q6_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;

@@ -578,7 +578,8 @@ void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm
 /* ---- quantised weights: cuda_quant.h (block decoders), cuda_qgemv.cu, cuda_dequant.cu ---- */
 /* Whether the GPU kernels read GGUF blocks of type t (uploaded as stored). */
 static inline bool lm_cuda_qtype(lm_dtype t) {
-    return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS;
+    return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_1 || t == LM_Q5_0 || t == LM_Q5_1 || t == LM_IQ4_NL ||
+           t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS;
 }
 /* The GEMV over quantised rows for T <= LM_GEMV_MAX_T: whether it takes x
  * and w (alignment); an args block for it (then lm_gemv_add per matrix,
@@ -587,8 +588,8 @@ bool lm_qweight_ok(const void *w, lm_dtype wt);
 bool lm_qgemv_ok(const float *x, const void *w, lm_dtype wt);
 lm_gemv_args lm_qgemv_args0(const float *x, int64_t I);
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode);
-/* Whether the quantised GEMV has its fused modes (LM_GEMV_ADD, LM_GEMV_GLU_SILU) for T tokens. */
-bool lm_qgemv_fused(int64_t T);
+/* Whether the quantised GEMV has its fused modes (LM_GEMV_ADD, LM_GEMV_GLU_SILU) for T tokens of type wt. */
+bool lm_qgemv_fused(int64_t T, lm_dtype wt);
 void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias, int64_t O,
               int64_t I);
 /* The MoE pairs form over quantised experts (lm_cuda_moe_gemv's contract). */

@@ -134,7 +134,7 @@ void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
         LM_ASSERT(y->data != x->data);
         if (lm_gemm_stacked(c, x, w, &o)) return;
     }
-    if (act == LM_GLU_SILU && lm_qgemv_fused(x->rows) && lm_qgemv_fusable(x, w, 2)) { /* quantised gate/up */
+    if (act == LM_GLU_SILU && lm_qgemv_fused(x->rows, wg->type) && lm_qgemv_fusable(x, w, 2)) { /* quantised gate/up */
         lm_cuda_use(c);
         lm_gemv_args a = lm_qgemv_args0((const float *)x->data, x->cols);
         lm_gemv_set_glu(&a, (float *)y->data, wg->data, wu->data, wg->rows);
@@ -170,7 +170,7 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    if (lm_qgemv_fused(x->rows) && lm_qgemv_fusable(x, &w, 1)) { /* quantised: the add in the GEMV, the norm after */
+    if (lm_qgemv_fused(x->rows, w->type) && lm_qgemv_fusable(x, &w, 1)) { /* quantised: the add in the GEMV, the norm after */
         lm_cuda_use(c);
         lm_gemv_args q = lm_qgemv_args0((const float *)x->data, x->cols);
         lm_gemv_add(&q, 0, (float *)y->data, w->data, NULL, w->rows);

@@ -1,6 +1,6 @@
 /* cuda_qgemv.cu - y[T][O] = x[T][I] W[O][I]^T (+ bias) for few tokens
- * (T <= LM_GEMV_MAX_T) over GGUF block-quantised weights (Q8_0, Q4_0, Q4_K,
- * Q5_K, Q6_K, IQ4_XS), read as stored; cuda_matmul.cu picks it.
+ * (T <= LM_GEMV_MAX_T) over GGUF block-quantised weights (lm_cuda_qtype),
+ * read as stored; cuda_matmul.cu picks it.
  *
  * Roofline: a decode step reads every weight byte once, so its time is the
  * weights' bytes over the copy bandwidth. Llama-3.1-8B Q4_K_M is ~4.6 GiB
@@ -215,7 +215,7 @@ template <int T, lm_dtype QT> static void lm_qgemv_go(lm_cuda *c, const lm_gemv_
     const int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
-    if constexpr (T <= LM_QGEMV_FUSED_MAX_T) {
+    if constexpr (T <= LM_QGEMV_FUSED_MAX_T && Q::FULL) {
         if (mode == LM_GEMV_ADD) {
             lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_ADD>, (unsigned)blocks, threads, 0, *a);
             LM_CUDA_LAUNCHED("qgemv add");
@@ -239,13 +239,23 @@ template <lm_dtype QT> static void lm_qgemv_t(lm_cuda *c, int T, const lm_gemv_a
     LM_ASSERT(T >= 1 && T <= 8);
     lm_gemv_args m = *a;
     m.n_tok = T;
-    if (T <= 2) T == 1 ? lm_qgemv_go<1, QT>(c, &m, mode) : lm_qgemv_go<2, QT>(c, &m, mode);
-    else if (T <= 4) lm_qgemv_go<4, QT>(c, &m, mode);
-    else lm_qgemv_go<8, QT>(c, &m, mode);
+    if constexpr (!lm_q<QT>::FULL) { /* one token, or up to 8 masked */
+        if (T == 1) lm_qgemv_go<1, QT>(c, &m, mode);
+        else lm_qgemv_go<8, QT>(c, &m, mode);
+    } else if (T <= 2) {
+        T == 1 ? lm_qgemv_go<1, QT>(c, &m, mode) : lm_qgemv_go<2, QT>(c, &m, mode);
+    } else if (T <= 4) {
+        lm_qgemv_go<4, QT>(c, &m, mode);
+    } else {
+        lm_qgemv_go<8, QT>(c, &m, mode);
+    }
 }
 
-/* Whether a fused mode (residual add, silu gate/up) is built for T tokens. */
-bool lm_qgemv_fused(int64_t T) { return T >= 1 && T <= LM_QGEMV_FUSED_MAX_T; }
+/* Whether a fused mode (residual add, silu gate/up) is built for T tokens of type wt. */
+bool lm_qgemv_fused(int64_t T, lm_dtype wt) {
+    const bool full = wt == LM_Q8_0 || wt == LM_Q4_0 || wt == LM_Q4_K || wt == LM_Q5_K || wt == LM_Q6_K || wt == LM_IQ4_XS;
+    return full && T >= 1 && T <= LM_QGEMV_FUSED_MAX_T;
+}
 
 /* Whether the quantised kernels read w: at the alignment its type's loads
  * need (16 bytes for Q4_K / Q5_K, 8 for IQ4_XS, 2 for the rest; always so
@@ -272,10 +282,14 @@ lm_gemv_args lm_qgemv_args0(const float *x, int64_t I) {
  * LM_GEMV_GLU_SILU (the last two when lm_qgemv_fused(T)); every matrix of
  * type wt, lm_qgemv_ok. */
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode) {
-    LM_ASSERT(a->rows == LM_QGEMV_ROWS && (mode == LM_GEMV_STORE || lm_qgemv_fused(T)));
+    LM_ASSERT(a->rows == LM_QGEMV_ROWS && (mode == LM_GEMV_STORE || lm_qgemv_fused(T, wt)));
     switch (wt) {
     case LM_Q8_0: lm_qgemv_t<LM_Q8_0>(c, T, a, mode); break;
     case LM_Q4_0: lm_qgemv_t<LM_Q4_0>(c, T, a, mode); break;
+    case LM_Q4_1: lm_qgemv_t<LM_Q4_1>(c, T, a, mode); break;
+    case LM_Q5_0: lm_qgemv_t<LM_Q5_0>(c, T, a, mode); break;
+    case LM_Q5_1: lm_qgemv_t<LM_Q5_1>(c, T, a, mode); break;
+    case LM_IQ4_NL: lm_qgemv_t<LM_IQ4_NL>(c, T, a, mode); break;
     case LM_Q4_K: lm_qgemv_t<LM_Q4_K>(c, T, a, mode); break;
     case LM_Q5_K: lm_qgemv_t<LM_Q5_K>(c, T, a, mode); break;
     case LM_Q6_K: lm_qgemv_t<LM_Q6_K>(c, T, a, mode); break;
@@ -314,6 +328,10 @@ void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *con
     switch (wt) {
     case LM_Q8_0: lm_qmoe_go<LM_Q8_0>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q4_0: lm_qmoe_go<LM_Q4_0>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q4_1: lm_qmoe_go<LM_Q4_1>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q5_0: lm_qmoe_go<LM_Q5_0>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q5_1: lm_qmoe_go<LM_Q5_1>(c, &a, (unsigned)pairs, glu); break;
+    case LM_IQ4_NL: lm_qmoe_go<LM_IQ4_NL>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q4_K: lm_qmoe_go<LM_Q4_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q5_K: lm_qmoe_go<LM_Q5_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q6_K: lm_qmoe_go<LM_Q6_K>(c, &a, (unsigned)pairs, glu); break;

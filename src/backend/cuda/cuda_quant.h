@@ -22,6 +22,11 @@
  * min); the GEMV instead sums (byte - OFF) * x per scale group and scales
  * the sum once.
  *
+ * FULL types get every GEMV kernel (1, 2, 4, 8 tokens, fused forms); the
+ * others (Q4_1, Q5_0, Q5_1, IQ4_NL: in K-quant files only where a row is
+ * not whole 256-value blocks) a 1- and an 8-token kernel, since each
+ * kernel adds machine code to every binary.
+ *
  * Bytes become floats through the exponent trick (2^23 + b as bits, minus
  * 2^23 + OFF: exact), one byte permute and one add: the int-to-float
  * conversion runs at a quarter of the f32 rate on sm_90 and would cap a
@@ -79,12 +84,28 @@ static __device__ __forceinline__ void lm_q_k_scale_min(unsigned s0, unsigned s1
     }
 }
 
+/* Four IQ4 codes (a byte each, 0..15) -> their levels (lm_iq4nl_levels)
+ * plus 128, a byte each: byte permutes of the table's four words. */
+static __device__ __forceinline__ unsigned lm_q_iq4_levels(unsigned s) {
+    const unsigned t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u; /* little-endian words */
+    const unsigned sel = (s & 7u) | ((s >> 4) & 0x70u) | ((s >> 8) & 0x700u) | ((s >> 12) & 0x7000u);
+    const unsigned lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    const unsigned m = ((s >> 3) & 0x01010101u) * 0xffu; /* 0xff in bytes whose code is >= 8 */
+    return ((lo & ~m) | (hi & m)) ^ 0x80808080u; /* the signed levels, offset by 128 */
+}
+
+/* Bits b, b+1, b+2, b+3 of qh as bit 4 of four bytes (Q5_0 / Q5_1's fifth bits). */
+static __device__ __forceinline__ unsigned lm_q_bit4s(unsigned qh, int b) {
+    const unsigned h = (qh >> b) & 15u;
+    return ((h & 1u) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21)) << 4;
+}
+
 template <lm_dtype QT> struct lm_q;
 
 /* Q8_0: {f16 d; int8 qs[32]}; a slice is 16 values (2 a block). */
 template <> struct lm_q<LM_Q8_0> {
     static constexpr int BV = 32, BB = 34, LPB = 2, Q = 4, QG = 4, OFF = 128;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, FULL = true;
     struct raw {
         float d;
         unsigned q[4];
@@ -105,7 +126,7 @@ template <> struct lm_q<LM_Q8_0> {
  * its high nibble; slice j takes qs[8j, 8j + 8): values 8j.. and 16 + 8j.. */
 template <> struct lm_q<LM_Q4_0> {
     static constexpr int BV = 32, BB = 18, LPB = 2, Q = 4, QG = 4, OFF = 8;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, FULL = true;
     struct raw {
         float d;
         unsigned q[2];
@@ -124,13 +145,113 @@ template <> struct lm_q<LM_Q4_0> {
     static __device__ __forceinline__ int at(int j, int q) { return q < 2 ? 8 * j + 4 * q : 16 + 8 * j + 4 * (q - 2); }
 };
 
+/* The 32-value types below share Q4_0's slices: slice j takes qs[8j, 8j +
+ * 8): values 8j.. (low nibbles) and 16 + 8j.. (high). A "+ m" block is a
+ * min of -m: scale * q - (-m) is d * q + m exactly. */
+static __device__ __forceinline__ int lm_q32_at(int j, int q) { return q < 2 ? 8 * j + 4 * q : 16 + 8 * j + 4 * (q - 2); }
+
+/* Q4_1: {f16 d; f16 m; uint8 qs[16]}, x = d * q + m. */
+template <> struct lm_q<LM_Q4_1> {
+    static constexpr int BV = 32, BB = 20, LPB = 2, Q = 4, QG = 4, OFF = 0;
+    static constexpr bool MIN = true, FULL = false;
+    struct raw {
+        float d, nm;
+        unsigned q[2];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<2>(blk + 4 + 8 * j, r.q);
+        r.d = lm_q_f16_at(blk), r.nm = -lm_q_f16_at(blk + 2);
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return (q < 2 ? r.q[q] : r.q[q - 2] >> 4) & 0x0f0f0f0fu;
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &r, int) { return r.nm; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
+};
+
+/* Q5_0: {f16 d; uint32 qh; uint8 qs[16]}: Q4_0's nibbles plus bit l of qh
+ * as value l's fifth bit; x = d * (q - 16). */
+template <> struct lm_q<LM_Q5_0> {
+    static constexpr int BV = 32, BB = 22, LPB = 2, Q = 4, QG = 4, OFF = 16;
+    static constexpr bool MIN = false, FULL = false;
+    struct raw {
+        float d;
+        unsigned q[2], qh;
+        int j;
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        unsigned h[1];
+        lm_q_words<2>(blk + 6 + 8 * j, r.q);
+        lm_q_words<1>(blk + 2, h);
+        r.d = lm_q_f16_at(blk), r.qh = h[0], r.j = j;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return ((q < 2 ? r.q[q] : r.q[q - 2] >> 4) & 0x0f0f0f0fu) | lm_q_bit4s(r.qh, lm_q32_at(r.j, q));
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
+};
+
+/* Q5_1: {f16 d; f16 m; uint32 qh; uint8 qs[16]}, x = d * q + m (q as Q5_0's, unsigned). */
+template <> struct lm_q<LM_Q5_1> {
+    static constexpr int BV = 32, BB = 24, LPB = 2, Q = 4, QG = 4, OFF = 0;
+    static constexpr bool MIN = true, FULL = false;
+    struct raw {
+        float d, nm;
+        unsigned q[2], qh;
+        int j;
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        unsigned h[1];
+        lm_q_words<2>(blk + 8 + 8 * j, r.q);
+        lm_q_words<1>(blk + 4, h);
+        r.d = lm_q_f16_at(blk), r.nm = -lm_q_f16_at(blk + 2), r.qh = h[0], r.j = j;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return ((q < 2 ? r.q[q] : r.q[q - 2] >> 4) & 0x0f0f0f0fu) | lm_q_bit4s(r.qh, lm_q32_at(r.j, q));
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &r, int) { return r.nm; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
+};
+
+/* IQ4_NL: {f16 d; uint8 qs[16]}, Q4_0's nibbles indexing the IQ4 levels. */
+template <> struct lm_q<LM_IQ4_NL> {
+    static constexpr int BV = 32, BB = 18, LPB = 2, Q = 4, QG = 4, OFF = 128;
+    static constexpr bool MIN = false, FULL = false;
+    struct raw {
+        float d;
+        unsigned q[2];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<2>(blk + 2 + 8 * j, r.q);
+        r.d = lm_q_f16_at(blk);
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        return lm_q_iq4_levels((q < 2 ? r.q[q] : r.q[q - 2] >> 4) & 0x0f0f0f0fu);
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
+};
+
 /* Q4_K: {f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]}; qs[32g, 32g +
  * 32) holds sub-blocks 2g (low nibbles) and 2g + 1 (high). Slice j = 2g +
  * h takes qs[16j, 16j + 16): values 64g + 16h.. (low) and 64g + 32 + 16h..
  * (high). */
 template <> struct lm_q<LM_Q4_K> {
     static constexpr int BV = 256, BB = 144, LPB = 8, Q = 8, QG = 4, OFF = 0;
-    static constexpr bool MIN = true;
+    static constexpr bool MIN = true, FULL = true;
     struct raw {
         float d0, o0, d1, o1;
         unsigned q[4];
@@ -161,7 +282,7 @@ template <> struct lm_q<LM_Q4_K> {
  * of qh[l] is set. Slice j = 2g + h reads qh[16h, 16h + 16). */
 template <> struct lm_q<LM_Q5_K> {
     static constexpr int BV = 256, BB = 176, LPB = 8, Q = 8, QG = 4, OFF = 0;
-    static constexpr bool MIN = true;
+    static constexpr bool MIN = true, FULL = true;
     struct raw {
         float d0, o0, d1, o1;
         unsigned q[4], hb[4];
@@ -197,7 +318,7 @@ template <> struct lm_q<LM_Q5_K> {
  * four at a time with byte permutes of the table's four words. */
 template <> struct lm_q<LM_IQ4_XS> {
     static constexpr int BV = 256, BB = 136, LPB = 8, Q = 8, QG = 8, OFF = 128;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, FULL = true;
     struct raw {
         float dl;
         unsigned q[4];
@@ -213,13 +334,7 @@ template <> struct lm_q<LM_IQ4_XS> {
         return r;
     }
     static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
-        /* lm_iq4nl_levels as little-endian words */
-        const unsigned t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
-        const unsigned s = (q < 4 ? r.q[q] : r.q[q - 4] >> 4) & 0x0f0f0f0fu; /* four codes, a byte each */
-        const unsigned sel = (s & 7u) | ((s >> 4) & 0x70u) | ((s >> 8) & 0x700u) | ((s >> 12) & 0x7000u);
-        const unsigned lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
-        const unsigned m = ((s >> 3) & 0x01010101u) * 0xffu; /* 0xff in bytes whose code is >= 8 */
-        return ((lo & ~m) | (hi & m)) ^ 0x80808080u; /* the signed levels, offset by 128 */
+        return lm_q_iq4_levels((q < 4 ? r.q[q] : r.q[q - 4] >> 4) & 0x0f0f0f0fu);
     }
     static __device__ __forceinline__ float scale(const raw &r, int) { return r.dl; }
     static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
@@ -233,7 +348,7 @@ template <> struct lm_q<LM_IQ4_XS> {
  * = 4h + i takes l in [8i, 8i + 8) for all four m. */
 template <> struct lm_q<LM_Q6_K> {
     static constexpr int BV = 256, BB = 210, LPB = 8, Q = 8, QG = 2, OFF = 32;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, FULL = true;
     struct raw {
         float ds[4];
         unsigned a[2], b[2], hb[2];
