@@ -52,6 +52,15 @@ __global__ void lm_dequant_kernel(void *out, const unsigned char *w, int64_t I, 
     }
 }
 
+/* One type's launch (lm_dequant_go picks the type). */
+template <lm_dtype QT, bool BF16>
+static void lm_dequant_one(lm_cuda *c, unsigned g, void *out, const unsigned char *w, int64_t I, const int32_t *ids,
+                           int64_t row0, int64_t n) {
+    lm_cuda_launch(c, lm_dequant_kernel<QT, BF16>, g, LM_DEQUANT_THREADS, 0, out, w, I, ids, row0, n);
+}
+
+/* n rows of w (any lm_cuda_qtype; ids or row0 as the kernel) widened into
+ * out, bf16 or f32. */
 template <bool BF16>
 static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int64_t I, const int32_t *ids,
                           int64_t row0, int64_t n) {
@@ -59,20 +68,16 @@ static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int
     const int64_t slices = n * (I / lm_dtype_block(wt)) * (lm_dtype_block(wt) == 32 ? 2 : 8);
     const unsigned g = lm_grid_1d(c, slices, LM_DEQUANT_THREADS);
     switch (wt) {
-    case LM_Q8_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q8_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q4_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q4_1: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_1, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q5_0: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_0, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q5_1: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_1, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_IQ4_NL:
-        lm_cuda_launch(c, lm_dequant_kernel<LM_IQ4_NL, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n);
-        break;
-    case LM_Q4_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q4_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q5_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q5_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_Q6_K: lm_cuda_launch(c, lm_dequant_kernel<LM_Q6_K, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n); break;
-    case LM_IQ4_XS:
-        lm_cuda_launch(c, lm_dequant_kernel<LM_IQ4_XS, BF16>, g, LM_DEQUANT_THREADS, 0, out, wb, I, ids, row0, n);
-        break;
+    case LM_Q8_0: lm_dequant_one<LM_Q8_0, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q4_0: lm_dequant_one<LM_Q4_0, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q4_1: lm_dequant_one<LM_Q4_1, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q5_0: lm_dequant_one<LM_Q5_0, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q5_1: lm_dequant_one<LM_Q5_1, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_IQ4_NL: lm_dequant_one<LM_IQ4_NL, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q4_K: lm_dequant_one<LM_Q4_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q5_K: lm_dequant_one<LM_Q5_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q6_K: lm_dequant_one<LM_Q6_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_IQ4_XS: lm_dequant_one<LM_IQ4_XS, BF16>(c, g, out, wb, I, ids, row0, n); break;
     default: LM_ASSERT(!"dequant: weight type");
     }
     LM_CUDA_LAUNCHED("dequant");
