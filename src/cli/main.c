@@ -15,6 +15,7 @@ static const char *const k_usage =
     "  check-template  render a chat template's JSONL cases and compare (TEMPLATE CASES.jsonl)\n"
     "  tokenize print the token ids of a text (-m MODEL \"text\")\n"
     "  check-tokenizer  compare a tokenizer with expected cases (DIR CASES.jsonl)\n"
+    "  quantize write a GGUF in a quantisation mix (IN OUT --type Q4_K_M|Q8_0|...)\n"
     "  serve    serve a model over an OpenAI-compatible HTTP API (-m MODEL)\n"
     "  version  print the version\n"
     "\n"
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "check-template")) return lm_cmd_check_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return lm_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-tokenizer")) return lm_cmd_check_tokenizer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return lm_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return lm_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("lumen %s\n", LM_VERSION);

@@ -1,0 +1,69 @@
+/* cmd_quantize.c - `lumen quantize IN OUT --type MIX`: a GGUF file into a
+ * quantised GGUF with llama-quantize's per-tensor mixes. */
+#include <stdio.h>
+
+#include "../quant/lm_quantize.h"
+#include "cli.h"
+
+typedef struct quantize_opts {
+    const char *in, *out;
+    int mix; /* lm_mix_id */
+} quantize_opts;
+
+static const lm_opt_choice k_mixes[] = {
+    { "Q4_K_M", LM_MIX_Q4_K_M }, { "Q4_K_S", LM_MIX_Q4_K_S }, { "Q5_K_M", LM_MIX_Q5_K_M },
+    { "Q5_K_S", LM_MIX_Q5_K_S }, { "Q6_K", LM_MIX_Q6_K },     { "Q8_0", LM_MIX_Q8_0 },
+    { "Q4_0", LM_MIX_Q4_0 },     { "IQ4_XS", LM_MIX_IQ4_XS }, { "BF16", LM_MIX_BF16 },
+    { "F16", LM_MIX_F16 },       { "F32", LM_MIX_F32 },       { NULL, 0 },
+};
+
+static const lm_opt k_opts[] = {
+    { LM_OPT_ARG, "IN", NULL, LM_OPT_AT(quantize_opts, in), NULL, "the model: a .gguf file of any type lumen reads" },
+    { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(quantize_opts, out), NULL, "the .gguf file to write" },
+    { LM_OPT_CHOICE, "--type", "-t", LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix",
+      .choices = k_mixes },
+    { .kind = LM_OPT_END },
+};
+
+static const quantize_opts k_defaults = { .mix = LM_MIX_Q4_K_M };
+
+static const lm_opt_cmd k_cmd = {
+    .name = "quantize",
+    .usage = "lumen quantize IN OUT [--type MIX]",
+    .about = "Writes OUT with each tensor in the type llama-quantize's rules give it under\n"
+             "MIX: norms and other 1-D tensors are kept as they are; output.weight (or\n"
+             "a tied token_embd) gets Q6_K (Q8_0 under Q8_0); the _M mixes give attn_v\n"
+             "and ffn_down Q6_K in the first and last eighth of the layers and every\n"
+             "third layer between. Metadata is copied, with general.file_type set.\n"
+             "Prints one line: tensors, bytes in and out, and the count of each type.\n",
+    .opts = k_opts,
+    .defaults = &k_defaults,
+    .size = sizeof(quantize_opts),
+};
+
+int lm_cmd_quantize(int argc, char **argv) {
+    quantize_opts o;
+    int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
+    if (parsed >= 0) return parsed;
+    if (!o.in || !o.out) {
+        fprintf(stderr, "lumen quantize: IN and OUT are required (see lumen quantize --help)\n");
+        return 2;
+    }
+    const lm_quant_mix *mix = NULL;
+    for (const lm_opt_choice *c = k_mixes; c->name && !mix; c++) {
+        if (c->value == o.mix) mix = lm_quant_mix_find(c->name);
+    }
+    lm_err e = { { 0 } };
+    lm_quantize_report rep;
+    if (lm_quantize_gguf(o.in, o.out, mix, &rep, &e) != 0) {
+        fprintf(stderr, "lumen: %s\n", e.msg);
+        return 1;
+    }
+    printf("%s: %s, %d tensors (%d converted), %.2f MiB -> %.2f MiB:", o.out, mix->name, rep.n_tensors,
+           rep.n_requantised, (double)rep.bytes_in / (1 << 20), (double)rep.bytes_out / (1 << 20));
+    for (int t = 0; t < LM_DTYPE_COUNT; t++) {
+        if (rep.count_by_type[t]) printf(" %s %d", lm_dtype_name((lm_dtype)t), rep.count_by_type[t]);
+    }
+    printf("\n");
+    return 0;
+}
