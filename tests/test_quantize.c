@@ -10,6 +10,7 @@
  * must agree with lumen on the last position's log-probabilities and the
  * greedy ids (skipped, with the reason, when node-llama-cpp is absent). */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,3 +80,99 @@ static void check_same_table(lm_test_ctx *lm_t_, const char *dir) {
 LM_TEST(quantize_mix_llama_matches_llamacpp) { check_same_table(lm_t_, "llama-g256"); }
 LM_TEST(quantize_mix_qwen3_matches_llamacpp) { check_same_table(lm_t_, "qwen3-g256"); }
 LM_TEST(quantize_mix_qwen35_matches_llamacpp) { check_same_table(lm_t_, "qwen3.5-g256"); }
+
+/* Why llama.cpp cannot run here, or NULL when it can. */
+static const char *llamacpp_missing(void) {
+    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
+        return "node-llama-cpp is not installed (cd tools/llamacpp && npm ci)";
+    if (lm_tu_run("node --version", NULL, NULL) != 0) return "node is not on PATH";
+    return NULL;
+}
+
+/* lumen and llama.cpp on the file lumen wrote: last-position logprobs within
+ * tol (max |diff|) and tol_kl (KL(llama.cpp || lumen)), greedy ids equal
+ * wherever lumen's top-2 margin is above twice that difference. */
+static void check_in_llamacpp(lm_test_ctx *lm_t_, const char *dir, const char *mix, double tol, double tol_kl) {
+    const char *why = llamacpp_missing();
+    if (why) LM_SKIP("%s", why);
+    char rel[256];
+    snprintf(rel, sizeof rel, "gguf/%s/%s.llamacpp.json", dir, mix);
+    char *ref = lm_test_fixture_path(rel);
+    if (!ref) LM_SKIP("%s", lm_test_fixtures_why());
+    json_t *jr = json_load_file(ref, 0, NULL);
+    free(ref);
+    json_t *pid = json_object_get(jr, "prompt_ids");
+    int n_prompt = (int)json_array_size(pid);
+    LM_REQUIRE(n_prompt > 0 && n_prompt <= 256);
+    char ids_arg[2048] = "";
+    int32_t ids[256];
+    for (int i = 0; i < n_prompt; i++) {
+        ids[i] = (int32_t)json_integer_value(json_array_get(pid, (size_t)i));
+        snprintf(ids_arg + strlen(ids_arg), sizeof ids_arg - strlen(ids_arg), "%s%d", i ? "," : "", ids[i]);
+    }
+    json_decref(jr);
+    char *ours = quantize_fixture(lm_t_, dir, mix);
+    LM_REQUIRE(ours != NULL);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s --prompt-ids %s -n 16 --threads 2", LUMEN_SOURCE_DIR,
+             ours, ids_arg);
+    char *out = NULL, *err = NULL;
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 0, "llama.cpp did not run lumen's file: %s", err ? err : "");
+    json_t *j = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    free(out);
+    free(err);
+    LM_REQUIRE(j != NULL);
+    json_t *gid = json_object_get(j, "greedy_ids"), *lp = json_object_get(j, "last_logprobs");
+    int n_gen = (int)json_array_size(gid), V = (int)json_array_size(lp);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(2, lm_cpu_isa_detect(), &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    if (lm_model_load(&m, ours, be, &e)) {
+        lm_backend_destroy(be);
+        json_decref(j);
+        free(ours);
+        LM_REQUIRE(strstr(e.msg, "unsupported GGUF architecture"));
+        LM_SKIP("llama.cpp runs it; lumen cannot load this architecture's GGUF yet: %s", e.msg);
+    }
+    LM_REQUIRE(m->cfg.vocab == V && n_gen >= 8);
+    lm_runner *r = NULL;
+    LM_REQUIRE(lm_runner_create(&r, m, n_prompt + n_gen + 1, 0, &e) == 0);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    LM_REQUIRE(lm_runner_eval(r, ids, n_prompt, false, logits, &e) == 0);
+    double mx = logits[lm_argmax(logits, V)], sum = 0, diff = 0, kl = 0;
+    for (int i = 0; i < V; i++) sum += exp(logits[i] - mx);
+    for (int i = 0; i < V; i++) {
+        double a = logits[i] - mx - log(sum), b = json_number_value(json_array_get(lp, (size_t)i));
+        diff = fmax(diff, fabs(a - b));
+        kl += exp(b) * (b - a);
+    }
+    int equal = 0, checked = 0;
+    for (int s = 0; s < n_gen; s++) {
+        int a = lm_argmax(logits, V), b = (int)json_integer_value(json_array_get(gid, (size_t)s));
+        if (lm_tu_top2_margin(logits, V) > 2 * diff) {
+            checked++;
+            LM_CHECK_MSG(a == b, "%s %s step %d: lumen %d, llama.cpp %d", dir, mix, s, a, b);
+        }
+        equal += a == b;
+        int32_t t = b;
+        LM_REQUIRE(lm_runner_eval(r, &t, 1, false, logits, &e) == 0);
+    }
+    printf("  %s %s written by lumen, run by llama.cpp and lumen: max |Δ logprob| %.4g, KL %.3g, greedy %d/%d "
+           "equal (%d with a safe margin)\n", dir, mix, diff, kl, equal, n_gen, checked);
+    LM_CHECK(diff <= tol && kl <= tol_kl && checked >= n_gen / 4);
+    free(logits);
+    lm_runner_free(r);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    json_decref(j);
+    free(ours);
+}
+
+/* Tolerances: 3x what lumen and llama.cpp differ by on llama.cpp's own files
+ * of the type (test_guard_kquant.c), which differ for the same reasons. */
+LM_TEST(quantize_q4_k_m_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256", "Q4_K_M", 0.31, 1e-3); }
+LM_TEST(quantize_q8_0_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256", "Q8_0", 0.23, 6.6e-4); }
+LM_TEST(quantize_iq4_xs_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256", "IQ4_XS", 0.31, 1e-3); }
+LM_TEST(quantize_qwen3_q4_k_m_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "qwen3-g256", "Q4_K_M", 0.31, 1e-3); }
