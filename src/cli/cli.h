@@ -19,6 +19,7 @@ int lm_cmd_tokenize(int argc, char **argv);
 int lm_cmd_check_tokenizer(int argc, char **argv);
 int lm_cmd_serve(int argc, char **argv);
 int lm_cmd_quantize(int argc, char **argv);
+int lm_cmd_eval(int argc, char **argv);
 
 /* Options every model command takes. */
 typedef enum lm_device_choice { LM_DEVICE_AUTO = 0, LM_DEVICE_CPU, LM_DEVICE_CUDA } lm_device_choice;
