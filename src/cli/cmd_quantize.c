@@ -1,8 +1,11 @@
-/* cmd_quantize.c - `lumen quantize IN OUT --type MIX`: a GGUF file into a
- * quantised GGUF with llama-quantize's per-tensor mixes. */
+/* cmd_quantize.c - `lumen quantize IN OUT --type MIX`: a GGUF file or a
+ * Hugging Face folder into a quantised GGUF with llama-quantize's
+ * per-tensor mixes; also the mix names and the summary line that
+ * `lumen convert` shares. */
 #include <stdio.h>
+#include <sys/stat.h>
 
-#include "../quant/lm_quantize.h"
+#include "../convert/lm_convert.h"
 #include "cli.h"
 
 typedef struct quantize_opts {
@@ -10,7 +13,7 @@ typedef struct quantize_opts {
     int mix; /* lm_mix_id */
 } quantize_opts;
 
-static const lm_opt_choice k_mixes[] = {
+const lm_opt_choice lm_cli_mix_choices[] = {
     { "Q4_K_M", LM_MIX_Q4_K_M }, { "Q4_K_S", LM_MIX_Q4_K_S }, { "Q5_K_M", LM_MIX_Q5_K_M },
     { "Q5_K_S", LM_MIX_Q5_K_S }, { "Q6_K", LM_MIX_Q6_K },     { "Q8_0", LM_MIX_Q8_0 },
     { "Q4_0", LM_MIX_Q4_0 },     { "IQ4_XS", LM_MIX_IQ4_XS }, { "BF16", LM_MIX_BF16 },
@@ -18,10 +21,12 @@ static const lm_opt_choice k_mixes[] = {
 };
 
 static const lm_opt k_opts[] = {
-    { LM_OPT_ARG, "IN", NULL, LM_OPT_AT(quantize_opts, in), NULL, "the model: a .gguf file of any type lumen reads" },
+    { LM_OPT_ARG, "IN", NULL, LM_OPT_AT(quantize_opts, in), NULL,
+      "the model: a .gguf file of any type lumen reads, or a Hugging Face folder (converted as lumen convert "
+      "does)" },
     { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(quantize_opts, out), NULL, "the .gguf file to write" },
     { LM_OPT_CHOICE, "--type", "-t", LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix",
-      .choices = k_mixes },
+      .choices = lm_cli_mix_choices },
     { .kind = LM_OPT_END },
 };
 
@@ -49,21 +54,33 @@ int lm_cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "lumen quantize: IN and OUT are required (see lumen quantize --help)\n");
         return 2;
     }
-    const lm_quant_mix *mix = NULL;
-    for (const lm_opt_choice *c = k_mixes; c->name && !mix; c++) {
-        if (c->value == o.mix) mix = lm_quant_mix_find(c->name);
-    }
+    const lm_quant_mix *mix = lm_cli_mix(o.mix);
     lm_err e = { { 0 } };
     lm_quantize_report rep;
-    if (lm_quantize_gguf(o.in, o.out, mix, &rep, &e) != 0) {
+    struct stat sb;
+    bool folder = stat(o.in, &sb) == 0 && S_ISDIR(sb.st_mode);
+    int rc = folder ? lm_convert_hf(o.in, o.out, mix, &rep, &e) : lm_quantize_gguf(o.in, o.out, mix, &rep, &e);
+    if (rc != 0) {
         fprintf(stderr, "lumen: %s\n", e.msg);
         return 1;
     }
-    printf("%s: %s, %d tensors (%d converted), %.2f MiB -> %.2f MiB:", o.out, mix->name, rep.n_tensors,
-           rep.n_requantised, (double)rep.bytes_in / (1 << 20), (double)rep.bytes_out / (1 << 20));
+    lm_cli_print_report(o.out, mix, &rep);
+    return 0;
+}
+
+const lm_quant_mix *lm_cli_mix(int id) {
+    for (const lm_opt_choice *c = lm_cli_mix_choices; c->name; c++) {
+        if (c->value == id) return lm_quant_mix_find(c->name);
+    }
+    LM_ASSERT(!"a mix id outside the table");
+    return NULL;
+}
+
+void lm_cli_print_report(const char *out, const lm_quant_mix *mix, const lm_quantize_report *rep) {
+    printf("%s: %s, %d tensors (%d converted), %.2f MiB -> %.2f MiB:", out, mix->name, rep->n_tensors,
+           rep->n_requantised, (double)rep->bytes_in / (1 << 20), (double)rep->bytes_out / (1 << 20));
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
-        if (rep.count_by_type[t]) printf(" %s %d", lm_dtype_name((lm_dtype)t), rep.count_by_type[t]);
+        if (rep->count_by_type[t]) printf(" %s %d", lm_dtype_name((lm_dtype)t), rep->count_by_type[t]);
     }
     printf("\n");
-    return 0;
 }
