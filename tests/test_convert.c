@@ -28,7 +28,7 @@ static char *convert_fixture(lm_test_ctx *lm_t_, const char *dir, const char *mi
     char out[512];
     snprintf(out, sizeof out, "%s/conv-%s-%s.gguf", lm_test_tmpdir(), strrchr(dir, '/') + 1, mix);
     lm_quantize_report rep;
-    int rc = lm_convert_hf(dir, out, lm_quant_mix_find(mix), &rep, e);
+    int rc = lm_convert_hf(dir, out, lm_quant_mix_find(mix), 2, &rep, e);
     LM_CHECK_MSG(rc == 0, "%s", e->msg);
     return rc == 0 ? strdup(out) : NULL;
 }
@@ -122,7 +122,8 @@ static void check_same_logits(lm_test_ctx *lm_t_, const char *name) {
 LM_TEST(convert_llama_same_logits_as_folder) { check_same_logits(lm_t_, "llama"); }
 LM_TEST(convert_qwen3_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3"); }
 
-/* lumen quantize of a folder writes what quantising its conversion writes;
+/* lumen quantize of a folder writes what quantising its conversion writes
+ * (one thread against three: the thread count changes nothing);
  * what convert cannot do yet is refused with a message saying what. */
 LM_TEST(convert_quantize_folder_and_refusals) {
     char *dir = lm_test_fixture_path("gguf/llama-g256");
@@ -134,15 +135,15 @@ LM_TEST(convert_quantize_folder_and_refusals) {
     snprintf(b, sizeof b, "%s/from-gguf.gguf", lm_test_tmpdir());
     lm_err e = { { 0 } };
     lm_quantize_report rep;
-    LM_REQUIRE(lm_convert_hf(dir, a, lm_quant_mix_find("Q4_K_M"), &rep, &e) == 0);
-    LM_REQUIRE(lm_quantize_gguf(bf16, b, lm_quant_mix_find("Q4_K_M"), &rep, &e) == 0);
+    LM_REQUIRE(lm_convert_hf(dir, a, lm_quant_mix_find("Q4_K_M"), 1, &rep, &e) == 0);
+    LM_REQUIRE(lm_quantize_gguf(bf16, b, lm_quant_mix_find("Q4_K_M"), 3, &rep, &e) == 0);
     size_t na, nb;
     char *da = lm_tu_read(a, &na), *db = lm_tu_read(b, &nb);
     LM_CHECK(da && db && na == nb && !memcmp(da, db, na));
     free(da);
     free(db);
-    LM_CHECK(lm_convert_hf(rope3, a, lm_quant_mix_find("BF16"), &rep, &e) != 0 && strstr(e.msg, "\"llama3\""));
-    LM_CHECK(lm_convert_hf(moe, a, lm_quant_mix_find("BF16"), &rep, &e) != 0 && strstr(e.msg, "\"qwen3_moe\""));
+    LM_CHECK(lm_convert_hf(rope3, a, lm_quant_mix_find("BF16"), 0, &rep, &e) != 0 && strstr(e.msg, "\"llama3\""));
+    LM_CHECK(lm_convert_hf(moe, a, lm_quant_mix_find("BF16"), 0, &rep, &e) != 0 && strstr(e.msg, "\"qwen3_moe\""));
     free(dir);
     free(bf16);
     free(rope3);

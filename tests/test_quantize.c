@@ -33,7 +33,7 @@ static char *quantize_fixture(lm_test_ctx *lm_t_, const char *dir, const char *m
     snprintf(out, sizeof out, "%s/%s.%s.gguf", lm_test_tmpdir(), dir, mix);
     lm_err e = { { 0 } };
     lm_quantize_report rep;
-    int rc = lm_quantize_gguf(src, out, lm_quant_mix_find(mix), &rep, &e);
+    int rc = lm_quantize_gguf(src, out, lm_quant_mix_find(mix), 2, &rep, &e);
     LM_CHECK_MSG(rc == 0, "%s", e.msg);
     free(src);
     return rc == 0 ? strdup(out) : NULL;
@@ -176,3 +176,28 @@ LM_TEST(quantize_q4_k_m_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256
 LM_TEST(quantize_q8_0_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256", "Q8_0", 0.23, 6.6e-4); }
 LM_TEST(quantize_iq4_xs_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "llama-g256", "IQ4_XS", 0.31, 1e-3); }
 LM_TEST(quantize_qwen3_q4_k_m_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "qwen3-g256", "Q4_K_M", 0.31, 1e-3); }
+
+/* The rules on shapes the fixtures lack: a 1-D weight that is not a norm,
+ * the small tensors llama.cpp leaves alone, rows no K-quant block divides
+ * (llama.cpp's 32-value fallback, here Q8_0 while lumen cannot write Q5_0,
+ * or F16 when not even 32 divides), a tied token_embd as the output head,
+ * and the plain mixes. */
+LM_TEST(quantize_mix_rules_on_odd_tensors) {
+    lm_mix_state st = { .mix = lm_quant_mix_find("Q4_K_M"), .n_layer = 8 };
+    const char *names[] = { "token_embd.weight", "blk.0.attn_v.weight" };
+    lm_mix_prepare(&st, names, 2);
+    LM_CHECK(st.tied && st.n_attn_v == 1);
+    int64_t v1[1] = { 256 }, m256[2] = { 64, 256 }, m96[2] = { 64, 96 }, m40[2] = { 64, 40 };
+    LM_CHECK(lm_mix_tensor_type(&st, "token_embd.weight", 2, m256, LM_BF16) == LM_Q6_K);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.scale.weight", 1, v1, LM_F32) == LM_F32);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.ffn_gate_inp.weight", 2, m256, LM_BF16) == LM_BF16);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.ssm_conv1d.weight", 2, m256, LM_F32) == LM_F32);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.bias", 2, m256, LM_F32) == LM_F32);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_Q8_0);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m40, LM_BF16) == LM_F16);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m256, LM_BF16) == LM_Q4_K);
+    st.mix = lm_quant_mix_find("f16");
+    LM_CHECK(st.mix && lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m40, LM_BF16) == LM_F16);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_norm.weight", 1, v1, LM_F32) == LM_F32);
+    LM_CHECK(lm_quant_mix_find("Q4_K_X") == NULL);
+}

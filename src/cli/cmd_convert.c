@@ -8,15 +8,18 @@
 typedef struct convert_opts {
     const char *dir, *out;
     int mix; /* lm_mix_id */
+    int threads;
 } convert_opts;
 
 static const lm_opt k_opts[] = {
     { LM_OPT_ARG, "HF_DIR", NULL, LM_OPT_AT(convert_opts, dir), NULL,
       "the model folder: config.json, safetensors, tokenizer.json (+ tokenizer_config.json, chat template)" },
     { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(convert_opts, out), NULL, "the .gguf file to write" },
-    { LM_OPT_CHOICE, "--type", "-t", LM_OPT_AT(convert_opts, mix), NULL,
+    { LM_OPT_CHOICE, "--type", NULL, LM_OPT_AT(convert_opts, mix), NULL,
       "the type of the matrices: a plain type, or a quantisation mix as lumen quantize applies it",
       .choices = lm_cli_mix_choices },
+    { LM_OPT_INT, "--threads", "-t", LM_OPT_AT(convert_opts, threads), "N", "threads converting rows",
+      .dflt = "every core", .ilo = 0, .ihi = 4096 },
     { .kind = LM_OPT_END },
 };
 
@@ -47,7 +50,7 @@ int lm_cmd_convert(int argc, char **argv) {
     const lm_quant_mix *mix = lm_cli_mix(o.mix);
     lm_err e = { { 0 } };
     lm_quantize_report rep;
-    if (lm_convert_hf(o.dir, o.out, mix, &rep, &e) != 0) {
+    if (lm_convert_hf(o.dir, o.out, mix, o.threads, &rep, &e) != 0) {
         fprintf(stderr, "lumen: %s\n", e.msg);
         return 1;
     }

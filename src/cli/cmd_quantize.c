@@ -11,6 +11,7 @@
 typedef struct quantize_opts {
     const char *in, *out;
     int mix; /* lm_mix_id */
+    int threads;
 } quantize_opts;
 
 const lm_opt_choice lm_cli_mix_choices[] = {
@@ -25,8 +26,10 @@ static const lm_opt k_opts[] = {
       "the model: a .gguf file of any type lumen reads, or a Hugging Face folder (converted as lumen convert "
       "does)" },
     { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(quantize_opts, out), NULL, "the .gguf file to write" },
-    { LM_OPT_CHOICE, "--type", "-t", LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix",
+    { LM_OPT_CHOICE, "--type", NULL, LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix",
       .choices = lm_cli_mix_choices },
+    { LM_OPT_INT, "--threads", "-t", LM_OPT_AT(quantize_opts, threads), "N", "threads converting rows",
+      .dflt = "every core", .ilo = 0, .ihi = 4096 },
     { .kind = LM_OPT_END },
 };
 
@@ -59,7 +62,7 @@ int lm_cmd_quantize(int argc, char **argv) {
     lm_quantize_report rep;
     struct stat sb;
     bool folder = stat(o.in, &sb) == 0 && S_ISDIR(sb.st_mode);
-    int rc = folder ? lm_convert_hf(o.in, o.out, mix, &rep, &e) : lm_quantize_gguf(o.in, o.out, mix, &rep, &e);
+    int rc = folder ? lm_convert_hf(o.in, o.out, mix, o.threads, &rep, &e) : lm_quantize_gguf(o.in, o.out, mix, o.threads, &rep, &e);
     if (rc != 0) {
         fprintf(stderr, "lumen: %s\n", e.msg);
         return 1;

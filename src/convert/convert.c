@@ -247,26 +247,31 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
     return 0;
 }
 
+/* A tensor as rows: 1-D tensors are rows of one value (so a bias permutes
+ * like its matrix's rows). */
+static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
+    int64_t numel = lm_file_tensor_numel(s);
+    *rows = s->n_dims >= 2 ? s->shape[0] : numel;
+    *cols = *rows ? numel / *rows : 0;
+}
+
+/* Row r of the output, in the source: through the q/k permutation. */
+static const uint8_t *conv_src_row_ptr(void *ctx, int64_t r) {
+    const conv_tensor *t = ctx;
+    int64_t rows, cols;
+    conv_rows(t->src, &rows, &cols);
+    return t->src->data + (size_t)conv_src_row(r, rows, t->permute_heads) * lm_dtype_row_bytes(t->src->type, cols);
+}
+
 /* t's data in its output type and row order (malloc'd, *nbytes set). */
-static uint8_t *conv_data(const conv_tensor *t, size_t *nbytes) {
-    const lm_file_tensor *s = t->src;
-    int64_t numel = lm_file_tensor_numel(s), rows = s->n_dims >= 2 ? s->shape[0] : numel;
-    int64_t cols = rows ? numel / rows : 0;
-    size_t in_row = lm_dtype_row_bytes(s->type, cols), out_row = lm_dtype_row_bytes(t->type, cols);
-    uint8_t *out = lm_xmalloc((size_t)rows * out_row + 1);
-    float *x = lm_xmalloc((size_t)cols * sizeof *x + 1);
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *src = s->data + (size_t)conv_src_row(r, rows, t->permute_heads) * in_row;
-        if (t->type == s->type) {
-            memcpy(out + (size_t)r * out_row, src, out_row);
-        } else {
-            lm_dequant_row(s->type, src, x, cols);
-            lm_quant_row(t->type, x, out + (size_t)r * out_row, cols, NULL);
-        }
-    }
-    free(x);
-    *nbytes = (size_t)rows * out_row;
-    return out;
+static uint8_t *conv_data(const conv_tensor *t, int threads, size_t *nbytes) {
+    int64_t rows, cols;
+    conv_rows(t->src, &rows, &cols);
+    *nbytes = (size_t)rows * lm_dtype_row_bytes(t->type, cols);
+    lm_qrows q = { t->src->type, t->type, rows, cols, conv_src_row_ptr, (void *)t, lm_xmalloc(*nbytes + 1) };
+    /* 1-D tensors are rows of one value: not worth threads */
+    lm_quant_rows(&q, cols > 1 ? threads : 1);
+    return q.dst;
 }
 
 /* The known architecture of config.json's model_type, or NULL with e set. */
@@ -280,7 +285,8 @@ static const conv_arch *conv_find_arch(const char *dir, json_t *cfg, lm_err *e) 
     return NULL;
 }
 
-int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, lm_quantize_report *rep, lm_err *e) {
+int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int threads, lm_quantize_report *rep,
+                  lm_err *e) {
     memset(rep, 0, sizeof *rep);
     char *cfg_path = lm_path_join(dir, "config.json");
     json_error_t je;
@@ -302,7 +308,7 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, lm_
     if (rc == 0) rc = lm_gguf_writer_begin(w, out, e);
     for (int i = 0; rc == 0 && i < n; i++) {
         size_t nbytes;
-        uint8_t *data = conv_data(&ts[i], &nbytes);
+        uint8_t *data = conv_data(&ts[i], threads, &nbytes);
         rc = lm_gguf_writer_put(w, data, nbytes, e);
         free(data);
         rep->n_tensors++;

@@ -15,8 +15,10 @@
 /* Writes dir's model to out with each tensor in the type mix gives it: 1-D
  * tensors and norms F32 (as llama.cpp's converter stores them), the others
  * the mix's type (a plain mix) or, for a quantised mix, llama-quantize's
- * choice on top of that. */
-int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, lm_quantize_report *rep, lm_err *e);
+ * choice on top of that; rows are converted on up to `threads` threads
+ * (<= 0: every core). */
+int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int threads, lm_quantize_report *rep,
+                  lm_err *e);
 
 /* Internal to src/convert: the tokenizer's metadata (tokenizer.ggml.* and
  * tokenizer.chat_template) of folder dir, for a vocabulary of vocab_size. */

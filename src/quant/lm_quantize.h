@@ -14,8 +14,9 @@ typedef struct lm_quantize_report {
 
 /* Reads the GGUF at in (any type lumen dequantises), writes out with every
  * tensor in the type the mix gives it, all metadata kept and
- * general.file_type / general.quantization_version set. */
-int lm_quantize_gguf(const char *in, const char *out, const lm_quant_mix *mix, lm_quantize_report *rep,
+ * general.file_type / general.quantization_version set; rows are converted
+ * on up to `threads` threads (<= 0: every core). */
+int lm_quantize_gguf(const char *in, const char *out, const lm_quant_mix *mix, int threads, lm_quantize_report *rep,
                      lm_err *e);
 
 #endif

@@ -80,7 +80,9 @@ float lm_qfit_sym(const lm_qlevels *L, const float *x, const float *w, int n, ui
     double best = -1;
     float best_s = 0;
     const float ends[2] = { L->v[0], L->v[L->n - 1] };
-    for (int e = 0; e < 2; e++) {
+    /* a set symmetric about 0 gives the same trials from either end */
+    int n_ends = ends[0] == -ends[1] ? 1 : 2;
+    for (int e = 0; e < n_ends; e++) {
         if (ends[e] == 0) continue;
         for (int t = -LM_QFIT_STEPS; t <= LM_QFIT_STEPS; t++) {
             float s = x[imax] / (ends[e] * (1.0f + LM_QFIT_SPREAD * (float)t)), fit;

@@ -40,22 +40,22 @@ static void lm_quantize_state(const lm_gguf *g, const lm_quant_mix *mix, lm_mix_
     free(names);
 }
 
-/* t's data converted to type `to` (malloc'd, *nbytes set). */
-static uint8_t *lm_quantize_tensor(const lm_file_tensor *t, lm_dtype to, size_t *nbytes) {
-    int64_t cols = t->shape[t->n_dims - 1], rows = lm_file_tensor_numel(t) / (cols ? cols : 1);
-    size_t in_row = lm_dtype_row_bytes(t->type, cols), out_row = lm_dtype_row_bytes(to, cols);
-    uint8_t *out = lm_xmalloc((size_t)rows * out_row + 1);
-    float *x = lm_xmalloc((size_t)cols * sizeof *x + 1);
-    for (int64_t r = 0; r < rows; r++) {
-        lm_dequant_row(t->type, t->data + (size_t)r * in_row, x, cols);
-        lm_quant_row(to, x, out + (size_t)r * out_row, cols, NULL);
-    }
-    free(x);
-    *nbytes = (size_t)rows * out_row;
-    return out;
+/* Row r of a GGUF tensor. */
+static const uint8_t *lm_quantize_src_row(void *ctx, int64_t r) {
+    const lm_file_tensor *t = ctx;
+    return t->data + (size_t)r * lm_dtype_row_bytes(t->type, t->shape[t->n_dims - 1]);
 }
 
-int lm_quantize_gguf(const char *in, const char *out, const lm_quant_mix *mix, lm_quantize_report *rep,
+/* t's data converted to type `to` (malloc'd, *nbytes set). */
+static uint8_t *lm_quantize_tensor(const lm_file_tensor *t, lm_dtype to, int threads, size_t *nbytes) {
+    int64_t cols = t->shape[t->n_dims - 1], rows = cols ? lm_file_tensor_numel(t) / cols : 0;
+    *nbytes = (size_t)rows * lm_dtype_row_bytes(to, cols);
+    lm_qrows q = { t->type, to, rows, cols, lm_quantize_src_row, (void *)t, lm_xmalloc(*nbytes + 1) };
+    lm_quant_rows(&q, threads);
+    return q.dst;
+}
+
+int lm_quantize_gguf(const char *in, const char *out, const lm_quant_mix *mix, int threads, lm_quantize_report *rep,
                      lm_err *e) {
     memset(rep, 0, sizeof *rep);
     lm_gguf g;
@@ -81,7 +81,7 @@ int lm_quantize_gguf(const char *in, const char *out, const lm_quant_mix *mix, l
     for (int i = 0; rc == 0 && i < g.n_tensors; i++) {
         const lm_file_tensor *t = &g.tensors[i];
         size_t nbytes = t->nbytes;
-        uint8_t *conv = to[i] == t->type ? NULL : lm_quantize_tensor(t, to[i], &nbytes);
+        uint8_t *conv = to[i] == t->type ? NULL : lm_quantize_tensor(t, to[i], threads, &nbytes);
         rc = lm_gguf_writer_put(w, conv ? conv : t->data, nbytes, e);
         free(conv);
         rep->n_tensors++;
