@@ -75,6 +75,14 @@ static int conv_name(const char *name, char *out, size_t n) {
 
 /* ---- hyper-parameters ---------------------------------------------------------- */
 
+static bool lm_json_is(json_t *v, const char *s) { return json_is_string(v) && !strcmp(json_string_value(v), s); }
+
+/* A number from o, or dflt. */
+static float lm_json_num_or(json_t *o, const char *key, float dflt) {
+    json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? (float)json_number_value(v) : dflt;
+}
+
 static int cfg_int(json_t *cfg, const char *key, int64_t *v) {
     json_t *j = json_object_get(cfg, key);
     if (!json_is_integer(j)) return 0;
@@ -132,8 +140,9 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     json_t *rp = rope_params(cfg);
     const char *rope_type = json_string_value(json_object_get(rp, "rope_type"));
     if (!rope_type) rope_type = json_string_value(json_object_get(json_object_get(cfg, "rope_scaling"), "rope_type"));
-    if (rope_type && strcmp(rope_type, "default"))
-        return lm_errf(e, "%s/config.json: rope_type \"%s\" is not converted yet (only the default rope)", dir, rope_type);
+    if (rope_type && strcmp(rope_type, "default") && !(a->permute_qk && !strcmp(rope_type, "llama3")))
+        return lm_errf(e, "%s/config.json: rope_type \"%s\" is not converted yet (only the default rope, and llama3 "
+                       "for llama)", dir, rope_type);
     lm_gguf_set_str(w, "general.architecture", a->arch, strlen(a->arch));
     lm_gguf_set_str(w, "general.type", "model", 5);
     model_name(dir, name, sizeof name);
@@ -190,18 +199,66 @@ static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
     return t->src->type == LM_BF16 || t->src->type == LM_F16 ? t->src->type : LM_F32;
 }
 
-/* Builds the tensor list (safetensors order) with names, permutations and types. */
+/* Llama 3 rope scaling as llama.cpp stores it: rope_freqs.weight, one
+ * divisor per rotary frequency (1 for short wavelengths, the factor for
+ * long ones, a smooth blend between), computed in float as torch does.
+ * Fills t (its data malloc'd) and returns 1, or 0 when the config has no
+ * llama3 scaling. */
+static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
+    json_t *rp = rope_params(cfg);
+    if (!lm_json_is(json_object_get(rp, "rope_type"), "llama3")) return 0;
+    int64_t dim = 0, hidden = 0, heads = 1;
+    if (!cfg_int(cfg, "head_dim", &dim)) {
+        cfg_int(cfg, "hidden_size", &hidden);
+        cfg_int(cfg, "num_attention_heads", &heads);
+        dim = heads > 0 ? hidden / heads : 0;
+    }
+    float base = lm_json_num_or(rp, "rope_theta", 10000.0f), factor = lm_json_num_or(rp, "factor", 8.0f);
+    float lo = lm_json_num_or(rp, "low_freq_factor", 1.0f), hi = lm_json_num_or(rp, "high_freq_factor", 4.0f);
+    float old = lm_json_num_or(rp, "original_max_position_embeddings", 8192.0f);
+    float lo_wave = old / lo, hi_wave = old / hi;
+    int n = (int)(dim / 2);
+    float *f = lm_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *f);
+    for (int i = 0; i < n; i++) {
+        float freq = 1.0f / powf(base, (float)(2 * i) / (float)dim);
+        float wavelen = (float)(2 * M_PI) / freq;
+        if (wavelen < hi_wave) {
+            f[i] = 1.0f;
+        } else if (wavelen > lo_wave) {
+            f[i] = factor;
+        } else {
+            float smooth = (old / wavelen - lo) / (hi - lo);
+            f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+        }
+    }
+    memset(t, 0, sizeof *t);
+    t->name = "rope_freqs.weight";
+    t->type = LM_F32;
+    t->n_dims = 1;
+    t->shape[0] = n;
+    t->data = (const uint8_t *)f;
+    t->nbytes = (size_t)n * sizeof *f;
+    return 1;
+}
+
+/* Builds the tensor list (safetensors order, generated tensors first) with
+ * names, permutations and types. */
 static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a, const lm_quant_mix *mix,
-                     conv_tensor **out, int *n_out, int64_t *n_params, lm_err *e) {
+                     lm_file_tensor *extra, conv_tensor **out, int *n_out, int64_t *n_params, lm_err *e) {
     int64_t n_head = 0, n_kv = 0, n_layer = 0;
     cfg_int(cfg, "num_attention_heads", &n_head);
     if (!cfg_int(cfg, "num_key_value_heads", &n_kv)) n_kv = n_head;
     cfg_int(cfg, "num_hidden_layers", &n_layer);
     int cap = 0, n = 0;
     for (int f = 0; f < ws->n_files; f++) cap += ws->st[f].n_tensors;
-    conv_tensor *ts = lm_xcalloc((size_t)cap + 1, sizeof *ts);
+    conv_tensor *ts = lm_xcalloc((size_t)cap + 2, sizeof *ts);
     *n_params = 0;
     int rc = 0;
+    if (extra->data) { /* generated tensors come first, as in llama.cpp */
+        ts[n].src = extra;
+        snprintf(ts[n].name, sizeof ts[n].name, "%s", extra->name);
+        ts[n++].type = LM_F32;
+    }
     for (int f = 0; rc == 0 && f < ws->n_files; f++) {
         for (int i = 0; rc == 0 && i < ws->st[f].n_tensors; i++) {
             const lm_file_tensor *src = &ws->st[f].tensors[i];
@@ -294,12 +351,14 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
     free(cfg_path);
     if (!cfg) return lm_errf(e, "%s/config.json: %s", dir, je.text);
     lm_weight_source ws = { 0 };
+    lm_file_tensor extra = { 0 };
     conv_tensor *ts = NULL;
     int n = 0, rc = 0;
     int64_t n_params = 0, vocab = 0;
     lm_gguf_writer *w = lm_gguf_writer_create(32);
     const conv_arch *a = conv_find_arch(dir, cfg, e);
-    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, cfg, a, mix, &ts, &n, &n_params, e)) rc = -1;
+    if (a && a->permute_qk) conv_rope_freqs(cfg, &extra);
+    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, cfg, a, mix, &extra, &ts, &n, &n_params, e)) rc = -1;
     cfg_int(cfg, "vocab_size", &vocab);
     if (rc == 0) rc = put_hparams(w, dir, cfg, a, mix->ftype, n_params, e);
     if (rc == 0) rc = lm_convert_vocab(w, dir, (int)vocab, e);
@@ -320,6 +379,7 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
     if (rc == 0) rc = lm_gguf_writer_finish(w, e);
     lm_gguf_writer_free(w);
     free(ts);
+    free((void *)extra.data);
     if (ws.n_files) lm_weights_close(&ws);
     json_decref(cfg);
     return rc;
