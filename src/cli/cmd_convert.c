@@ -33,7 +33,8 @@ static const lm_opt_cmd k_cmd = {
              "tensors and norms in F32, the tokenizer (byte-level BPE: tokenizer.ggml.model\n"
              "gpt2, with tokens, token types, merges, pre-tokenizer and special ids) and\n"
              "the chat template. Architectures: llama, mistral, qwen2, qwen3 (default\n"
-             "rope; llama3 rope scaling as rope_freqs.weight). Prints one line: tensors, bytes in and out, the count of each type.\n",
+             "rope; llama3 rope scaling as rope_freqs.weight). Prints one line: tensors,\n"
+             "bytes in and out, the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(convert_opts),

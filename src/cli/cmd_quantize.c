@@ -40,10 +40,13 @@ static const lm_opt_cmd k_cmd = {
     .usage = "lumen quantize IN OUT [--type MIX]",
     .about = "Writes OUT with each tensor in the type llama-quantize's rules give it under\n"
              "MIX: norms and other 1-D tensors are kept as they are; output.weight (or\n"
-             "a tied token_embd) gets Q6_K (Q8_0 under Q8_0); the _M mixes give attn_v\n"
-             "and ffn_down Q6_K in the first and last eighth of the layers and every\n"
-             "third layer between. Metadata is copied, with general.file_type set.\n"
-             "Prints one line: tensors, bytes in and out, and the count of each type.\n",
+             "a tied token_embd) gets Q6_K (Q8_0 under Q8_0); Q4_K_M and Q5_K_M give\n"
+             "attn_v and ffn_down Q6_K in the first and last eighth of the layers and\n"
+             "every third layer between; Q4_K_S gives the first four attn_v and the\n"
+             "first eighth's ffn_down Q5_K, IQ4_XS the first eighth's ffn_down. Rows\n"
+             "a K-quant block does not divide fall back to a 32-value type (Q8_0 for\n"
+             "now), or F16. Metadata is copied, with general.file_type set. Prints\n"
+             "one line: tensors, bytes in and out, and the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(quantize_opts),
