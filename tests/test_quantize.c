@@ -201,3 +201,31 @@ LM_TEST(quantize_mix_rules_on_odd_tensors) {
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_norm.weight", 1, v1, LM_F32) == LM_F32);
     LM_CHECK(lm_quant_mix_find("Q4_K_X") == NULL);
 }
+
+/* The commands end to end: a summary line and exit 0, usage errors exit 2,
+ * bad input exits 1 with the reason, --help lists every mix. */
+LM_TEST(quantize_and_convert_cli) {
+    char *bf16 = lm_test_fixture_path("gguf/llama-g256/model.bf16.gguf"), *dir = lm_test_fixture_path("gguf/llama-g256");
+    if (!bf16 || !dir) LM_SKIP("%s", lm_test_fixtures_why());
+    char cmd[2048], out_path[512];
+    snprintf(out_path, sizeof out_path, "%s/cli.gguf", lm_test_tmpdir());
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s --type q6_k -t 2", lm_test_lumen_bin(), bf16, out_path);
+    LM_CHECK(lm_tu_run(cmd, &out, &err) == 0 && out && strstr(out, "Q6_K, 21 tensors (16 converted)") &&
+             strstr(out, "F32 5 Q6_K 16"));
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s convert %s %s --type Q8_0", lm_test_lumen_bin(), dir, out_path);
+    LM_CHECK(lm_tu_run(cmd, &out, &err) == 0 && out && strstr(out, "F32 5 Q8_0 16"));
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s --type Q3_K_XL", lm_test_lumen_bin(), bf16, out_path);
+    LM_CHECK(lm_tu_run(cmd, &out, &err) == 2 && err && strstr(err, "--type"));
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s convert %s/nowhere %s", lm_test_lumen_bin(), lm_test_tmpdir(), out_path);
+    LM_CHECK(lm_tu_run(cmd, &out, &err) == 1 && err && strstr(err, "config.json"));
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s quantize --help", lm_test_lumen_bin());
+    LM_CHECK(lm_tu_run(cmd, &out, NULL) == 0 && out && strstr(out, "Q4_K_M|Q4_K_S|Q5_K_M|Q5_K_S|Q6_K|Q8_0|Q4_0|IQ4_XS"));
+    free(out);
+    free(bf16);
+    free(dir);
+}

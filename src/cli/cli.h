@@ -28,6 +28,9 @@ struct lm_quant_mix;
 struct lm_quantize_report;
 extern const lm_opt_choice lm_cli_mix_choices[];
 const struct lm_quant_mix *lm_cli_mix(int id);
+/* Upper-cases the value of --type when it names a mix in another case
+ * ("bf16", "q4_k_m"), before the option table (whose choices are exact) sees it. */
+void lm_cli_mix_case(int argc, char **argv);
 void lm_cli_print_report(const char *out, const struct lm_quant_mix *mix, const struct lm_quantize_report *rep);
 
 /* Options every model command takes. */

@@ -16,7 +16,7 @@ static const lm_opt k_opts[] = {
       "the model folder: config.json, safetensors, tokenizer.json (+ tokenizer_config.json, chat template)" },
     { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(convert_opts, out), NULL, "the .gguf file to write" },
     { LM_OPT_CHOICE, "--type", NULL, LM_OPT_AT(convert_opts, mix), NULL,
-      "the type of the matrices: a plain type, or a quantisation mix as lumen quantize applies it",
+      "the type of the matrices (any case): a plain type, or a quantisation mix as lumen quantize applies it",
       .choices = lm_cli_mix_choices },
     { LM_OPT_INT, "--threads", "-t", LM_OPT_AT(convert_opts, threads), "N", "threads converting rows",
       .dflt = "every core", .ilo = 0, .ihi = 4096 },
@@ -42,6 +42,7 @@ static const lm_opt_cmd k_cmd = {
 
 int lm_cmd_convert(int argc, char **argv) {
     convert_opts o;
+    lm_cli_mix_case(argc, argv);
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
     if (parsed >= 0) return parsed;
     if (!o.dir || !o.out) {

@@ -2,7 +2,9 @@
  * Hugging Face folder into a quantised GGUF with llama-quantize's
  * per-tensor mixes; also the mix names and the summary line that
  * `lumen convert` shares. */
+#include <ctype.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "../convert/lm_convert.h"
@@ -26,7 +28,7 @@ static const lm_opt k_opts[] = {
       "the model: a .gguf file of any type lumen reads, or a Hugging Face folder (converted as lumen convert "
       "does)" },
     { LM_OPT_ARG, "OUT", NULL, LM_OPT_AT(quantize_opts, out), NULL, "the .gguf file to write" },
-    { LM_OPT_CHOICE, "--type", NULL, LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix",
+    { LM_OPT_CHOICE, "--type", NULL, LM_OPT_AT(quantize_opts, mix), NULL, "the quantisation mix (any case)",
       .choices = lm_cli_mix_choices },
     { LM_OPT_INT, "--threads", "-t", LM_OPT_AT(quantize_opts, threads), "N", "threads converting rows",
       .dflt = "every core", .ilo = 0, .ihi = 4096 },
@@ -43,9 +45,9 @@ static const lm_opt_cmd k_cmd = {
              "a tied token_embd) gets Q6_K (Q8_0 under Q8_0); Q4_K_M and Q5_K_M give\n"
              "attn_v and ffn_down Q6_K in the first and last eighth of the layers and\n"
              "every third layer between; Q4_K_S gives the first four attn_v and the\n"
-             "first eighth's ffn_down Q5_K, IQ4_XS the first eighth's ffn_down. Rows\n"
-             "a K-quant block does not divide fall back to a 32-value type (Q8_0 for\n"
-             "now), or F16. Metadata is copied, with general.file_type set. Prints\n"
+             "first eighth's ffn_down Q5_K, IQ4_XS the first eighth's ffn_down (and\n"
+             "attn_v when 4+ query heads share a kv head). Rows a K-quant block does\n"
+             "not divide fall back to a 32-value type (Q8_0 for now), or F16. Metadata is copied, with general.file_type set. Prints\n"
              "one line: tensors, bytes in and out, and the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
@@ -54,6 +56,7 @@ static const lm_opt_cmd k_cmd = {
 
 int lm_cmd_quantize(int argc, char **argv) {
     quantize_opts o;
+    lm_cli_mix_case(argc, argv);
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
     if (parsed >= 0) return parsed;
     if (!o.in || !o.out) {
@@ -72,6 +75,13 @@ int lm_cmd_quantize(int argc, char **argv) {
     }
     lm_cli_print_report(o.out, mix, &rep);
     return 0;
+}
+
+void lm_cli_mix_case(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--type") || !lm_quant_mix_find(argv[i + 1])) continue;
+        for (char *c = argv[i + 1]; *c; c++) *c = (char)toupper((unsigned char)*c);
+    }
 }
 
 const lm_quant_mix *lm_cli_mix(int id) {
