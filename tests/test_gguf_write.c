@@ -2,8 +2,12 @@
  * own files: every value type and tensor table written reads back the same,
  * offsets honour the alignment, and a llama.cpp-written file copied key by
  * key and tensor by tensor comes out byte for byte identical. */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "format/gguf_write.h"
 #include "lm_test.h"
@@ -159,4 +163,34 @@ LM_TEST(gguf_write_copies_llamacpp_files_exactly) {
         lm_gguf_close(&g);
         free(src);
     }
+}
+
+/* A disk that fills up mid-write (a file size limit in a child process) is
+ * an error, and neither the file nor its temporary is left behind. */
+LM_TEST(gguf_write_full_disk_leaves_nothing) {
+    char path[512], tmp[520];
+    snprintf(path, sizeof path, "%s/full.gguf", lm_test_tmpdir());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    pid_t pid = fork();
+    LM_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = { 16384, 16384 };
+        signal(SIGXFSZ, SIG_IGN);
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(3);
+        lm_err e = { { 0 } };
+        lm_gguf_writer *w = lm_gguf_writer_create(32);
+        int64_t shape[2] = { 64, 256 };
+        static float data[64 * 256];
+        int rc = lm_gguf_add_tensor(w, "big", LM_F32, 2, shape, &e);
+        rc = rc ? rc : lm_gguf_writer_begin(w, path, &e);
+        rc = rc ? rc : lm_gguf_writer_put(w, data, sizeof data, &e);
+        rc = rc ? rc : lm_gguf_writer_finish(w, &e);
+        lm_gguf_writer_free(w);
+        bool said = strstr(e.msg, "failed") != NULL;
+        _exit(rc != 0 && said ? 0 : 1);
+    }
+    int status = 0;
+    LM_REQUIRE(waitpid(pid, &status, 0) == pid);
+    LM_CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    LM_CHECK(access(path, F_OK) != 0 && access(tmp, F_OK) != 0);
 }

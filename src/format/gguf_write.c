@@ -87,7 +87,7 @@ void lm_gguf_writer_free(lm_gguf_writer *w) {
     if (!w) return;
     if (w->f) {
         fclose(w->f);
-        remove(w->tmp_path);
+        remove(w->tmp_path); /* begun, not finished: nothing may be left */
     }
     for (int i = 0; i < w->n_kv; i++) free(w->kv[i].key), free(w->kv[i].val.p);
     for (int i = 0; i < w->n_t; i++) free(w->t[i].name);
