@@ -10,9 +10,11 @@
  * attention score sums its products in another order and logits differ in
  * the last bits (CONVERT_LOGIT_TOL is 10x the worst difference measured).
  * Quantising a folder is quantising its conversion. */
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "convert/lm_convert.h"
 #include "engine/lm_runner.h"
@@ -70,11 +72,7 @@ static float *all_logits(lm_test_ctx *lm_t_, lm_model *m, const int32_t *ids, in
     return out;
 }
 
-static void check_same_logits(lm_test_ctx *lm_t_, const char *name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "models/%s", name);
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+static void check_same_logits_dir(lm_test_ctx *lm_t_, const char *name, char *dir) {
     lm_err e = { { 0 } };
     char *gguf = convert_fixture(lm_t_, dir, "BF16", &e);
     LM_REQUIRE(gguf != NULL);
@@ -123,10 +121,48 @@ static void check_same_logits(lm_test_ctx *lm_t_, const char *name) {
     free(dir);
 }
 
+static void check_same_logits(lm_test_ctx *lm_t_, const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    check_same_logits_dir(lm_t_, name, dir);
+}
+
 LM_TEST(convert_llama_same_logits_as_folder) { check_same_logits(lm_t_, "llama"); }
 LM_TEST(convert_qwen3_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3"); }
 /* Llama 3 rope scaling becomes rope_freqs.weight; tied embeddings, MQA */
 LM_TEST(convert_llama3_rope_same_logits_as_folder) { check_same_logits(lm_t_, "llama3-rope-mqa"); }
+
+/* The same folder with its config in the Hub's layout (rope_theta at the
+ * top, the scaling under rope_scaling), as most released checkpoints have. */
+LM_TEST(convert_llama3_rope_hub_config) {
+    char *src = lm_test_fixture_path("models/llama3-rope-mqa");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = lm_tu_mkdir("llama3-hub");
+    static const char *const files[] = { "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                                         "reference.safetensors", "chat_template.jinja", "generation_config.json" };
+    char a[1024], b[1024];
+    for (size_t i = 0; i < LM_COUNT(files); i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        if (access(a, F_OK) == 0) LM_CHECK(symlink(a, b) == 0);
+    }
+    snprintf(a, sizeof a, "%s/config.json", src);
+    json_t *cfg = json_load_file(a, 0, NULL);
+    LM_REQUIRE(cfg != NULL);
+    json_t *rp = json_deep_copy(json_object_get(cfg, "rope_parameters"));
+    LM_REQUIRE(json_is_object(rp));
+    json_object_set(cfg, "rope_theta", json_object_get(rp, "rope_theta"));
+    json_object_del(rp, "rope_theta");
+    json_object_set_new(cfg, "rope_scaling", rp);
+    json_object_del(cfg, "rope_parameters");
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    LM_REQUIRE(json_dump_file(cfg, b, JSON_INDENT(2)) == 0);
+    json_decref(cfg);
+    free(src);
+    check_same_logits_dir(lm_t_, "llama3-rope-mqa (Hub config)", dir);
+}
 
 /* lumen quantize of a folder writes what quantising its conversion writes
  * (one thread against three: the thread count changes nothing);

@@ -75,14 +75,6 @@ static int conv_name(const char *name, char *out, size_t n) {
 
 /* ---- hyper-parameters ---------------------------------------------------------- */
 
-static bool lm_json_is(json_t *v, const char *s) { return json_is_string(v) && !strcmp(json_string_value(v), s); }
-
-/* A number from o, or dflt. */
-static float lm_json_num_or(json_t *o, const char *key, float dflt) {
-    json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? (float)json_number_value(v) : dflt;
-}
-
 static int cfg_int(json_t *cfg, const char *key, int64_t *v) {
     json_t *j = json_object_get(cfg, key);
     if (!json_is_integer(j)) return 0;
@@ -90,10 +82,24 @@ static int cfg_int(json_t *cfg, const char *key, int64_t *v) {
     return 1;
 }
 
-/* rope_theta and the scaling dict: in rope_parameters (transformers 5) or at the top. */
-static json_t *rope_params(json_t *cfg) {
-    json_t *rp = json_object_get(cfg, "rope_parameters");
-    return json_is_object(rp) ? rp : cfg;
+/* A rope setting: in transformers 5's rope_parameters, else the Hub
+ * layout's rope_scaling, else at the top of config.json (rope_theta). */
+static json_t *rope_get(json_t *cfg, const char *key) {
+    json_t *v = json_object_get(json_object_get(cfg, "rope_parameters"), key);
+    if (!v) v = json_object_get(json_object_get(cfg, "rope_scaling"), key);
+    return v ? v : json_object_get(cfg, key);
+}
+
+/* The rope type ("default", "llama3" ...), or NULL (older configs say "type"). */
+static const char *rope_type_of(json_t *cfg) {
+    const char *t = json_string_value(rope_get(cfg, "rope_type"));
+    return t ? t : json_string_value(json_object_get(json_object_get(cfg, "rope_scaling"), "type"));
+}
+
+/* A rope number, or dflt. */
+static float rope_num(json_t *cfg, const char *key, float dflt) {
+    json_t *v = rope_get(cfg, key);
+    return json_is_number(v) ? (float)json_number_value(v) : dflt;
 }
 
 /* "Llama G256" from ".../llama-g256": the folder's name, '-' and '_' as
@@ -137,9 +143,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
         !cfg_int(cfg, "vocab_size", &vocab))
         return lm_errf(e, "%s/config.json: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads "
                        "and vocab_size are required", dir);
-    json_t *rp = rope_params(cfg);
-    const char *rope_type = json_string_value(json_object_get(rp, "rope_type"));
-    if (!rope_type) rope_type = json_string_value(json_object_get(json_object_get(cfg, "rope_scaling"), "rope_type"));
+    const char *rope_type = rope_type_of(cfg);
     if (rope_type && strcmp(rope_type, "default") && !(a->permute_qk && !strcmp(rope_type, "llama3")))
         return lm_errf(e, "%s/config.json: rope_type \"%s\" is not converted yet (only the default rope, and llama3 "
                        "for llama)", dir, rope_type);
@@ -156,7 +160,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     lm_gguf_set_int(w, ARCH_KEY("feed_forward_length"), LM_GGUF_U32, n_ff);
     lm_gguf_set_int(w, ARCH_KEY("attention.head_count"), LM_GGUF_U32, n_head);
     if (cfg_int(cfg, "num_key_value_heads", &n_kv)) lm_gguf_set_int(w, ARCH_KEY("attention.head_count_kv"), LM_GGUF_U32, n_kv);
-    json_t *theta = json_object_get(rp, "rope_theta");
+    json_t *theta = rope_get(cfg, "rope_theta");
     if (json_is_number(theta)) lm_gguf_set_float(w, ARCH_KEY("rope.freq_base"), LM_GGUF_F32, json_number_value(theta));
     json_t *eps = json_object_get(cfg, "rms_norm_eps");
     if (json_is_number(eps))
@@ -205,17 +209,16 @@ static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
  * Fills t (its data malloc'd) and returns 1, or 0 when the config has no
  * llama3 scaling. */
 static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
-    json_t *rp = rope_params(cfg);
-    if (!lm_json_is(json_object_get(rp, "rope_type"), "llama3")) return 0;
+    if (!rope_type_of(cfg) || strcmp(rope_type_of(cfg), "llama3")) return 0;
     int64_t dim = 0, hidden = 0, heads = 1;
     if (!cfg_int(cfg, "head_dim", &dim)) {
         cfg_int(cfg, "hidden_size", &hidden);
         cfg_int(cfg, "num_attention_heads", &heads);
         dim = heads > 0 ? hidden / heads : 0;
     }
-    float base = lm_json_num_or(rp, "rope_theta", 10000.0f), factor = lm_json_num_or(rp, "factor", 8.0f);
-    float lo = lm_json_num_or(rp, "low_freq_factor", 1.0f), hi = lm_json_num_or(rp, "high_freq_factor", 4.0f);
-    float old = lm_json_num_or(rp, "original_max_position_embeddings", 8192.0f);
+    float base = rope_num(cfg, "rope_theta", 10000.0f), factor = rope_num(cfg, "factor", 8.0f);
+    float lo = rope_num(cfg, "low_freq_factor", 1.0f), hi = rope_num(cfg, "high_freq_factor", 4.0f);
+    float old = rope_num(cfg, "original_max_position_embeddings", 8192.0f);
     float lo_wave = old / lo, hi_wave = old / hi;
     int n = (int)(dim / 2);
     float *f = lm_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *f);
