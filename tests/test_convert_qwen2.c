@@ -17,6 +17,7 @@
 
 #include "convert/lm_convert.h"
 #include "engine/lm_runner.h"
+#include "format/gguf.h"
 #include "format/safetensors.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
@@ -108,11 +109,9 @@ static int write_qwen2_weights(const lm_safetensors *src, const char *dir, int n
     return rc;
 }
 
-LM_TEST(convert_qwen2_runs_in_llamacpp) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
-        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
-    char *src_dir = lm_test_fixture_path("models/llama");
-    if (!src_dir) LM_SKIP("%s", lm_test_fixtures_why());
+/* Makes the qwen2 folder from models/llama (malloc'd path; NULL on failure)
+ * and converts it to DIR/qwen2.gguf; the prompt1 ids in ids / *n. */
+static char *make_qwen2(lm_test_ctx *lm_t_, const char *src_dir, int32_t *ids, int *n_ids) {
     char *dir = lm_tu_mkdir("qwen2");
     char a[1024], b[1024];
     static const char *const files[] = { "tokenizer.json", "tokenizer_config.json", "chat_template.jinja" };
@@ -123,36 +122,111 @@ LM_TEST(convert_qwen2_runs_in_llamacpp) {
     }
     snprintf(a, sizeof a, "%s/config.json", src_dir);
     json_t *cfg = json_load_file(a, 0, NULL);
-    LM_REQUIRE(cfg != NULL);
+    if (!cfg) {
+        LM_CHECK_MSG(cfg != NULL, "%s: not JSON", a);
+        free(dir);
+        return NULL;
+    }
     json_object_set_new(cfg, "model_type", json_string("qwen2"));
     json_object_set_new(cfg, "architectures", json_pack("[s]", "Qwen2ForCausalLM"));
     json_object_del(cfg, "attention_bias");
     json_object_del(cfg, "mlp_bias");
     int n_layer = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
     snprintf(b, sizeof b, "%s/config.json", dir);
-    LM_REQUIRE(json_dump_file(cfg, b, JSON_INDENT(2)) == 0);
+    bool ok = json_dump_file(cfg, b, JSON_INDENT(2)) == 0;
     json_decref(cfg);
     lm_err e = { { 0 } };
     lm_safetensors st, ref;
     snprintf(a, sizeof a, "%s/model.safetensors", src_dir);
-    LM_REQUIRE(lm_safetensors_open(&st, a, &e) == 0);
-    LM_REQUIRE(write_qwen2_weights(&st, dir, n_layer) == 0);
-    lm_safetensors_close(&st);
+    ok = ok && lm_safetensors_open(&st, a, &e) == 0;
+    if (ok) {
+        ok = write_qwen2_weights(&st, dir, n_layer) == 0;
+        lm_safetensors_close(&st);
+    }
     /* the prompt: prompt1.ids of the llama fixture */
     snprintf(a, sizeof a, "%s/reference.safetensors", src_dir);
-    LM_REQUIRE(lm_safetensors_open(&ref, a, &e) == 0);
-    const lm_file_tensor *ti = lm_safetensors_find(&ref, "prompt1.ids");
-    LM_REQUIRE(ti && ti->type == LM_I32);
-    int n = (int)ti->shape[0];
-    int32_t ids[256];
-    LM_REQUIRE(n > 0 && n <= 256);
-    memcpy(ids, ti->data, (size_t)n * sizeof *ids);
-    lm_safetensors_close(&ref);
+    if (ok && lm_safetensors_open(&ref, a, &e) == 0) {
+        const lm_file_tensor *ti = lm_safetensors_find(&ref, "prompt1.ids");
+        *n_ids = ti && ti->type == LM_I32 && ti->shape[0] <= 256 ? (int)ti->shape[0] : 0;
+        if (*n_ids) memcpy(ids, ti->data, (size_t)*n_ids * sizeof *ids);
+        lm_safetensors_close(&ref);
+    }
     char gguf[1024];
     snprintf(gguf, sizeof gguf, "%s/qwen2.gguf", dir);
     lm_quantize_report rep;
-    LM_REQUIRE(lm_convert_hf(dir, gguf, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0);
-    LM_CHECK(rep.n_tensors == 3 + 12 * n_layer);
+    ok = ok && *n_ids > 0 && lm_convert_hf(dir, gguf, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0;
+    LM_CHECK_MSG(ok, "making and converting the qwen2 folder: %s", e.msg);
+    LM_CHECK(!ok || rep.n_tensors == 3 + 12 * n_layer);
+    if (!ok) {
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+/* The conversion's tensors: biases under their GGUF names, q and k rows in
+ * the HF order (qwen2's rope is NEOX: no permutation), qwen2 metadata. */
+LM_TEST(convert_qwen2_tensors) {
+    char *src_dir = lm_test_fixture_path("models/llama");
+    if (!src_dir) LM_SKIP("%s", lm_test_fixtures_why());
+    int32_t ids[256];
+    int n = 0;
+    char *dir = make_qwen2(lm_t_, src_dir, ids, &n);
+    LM_REQUIRE(dir != NULL);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/qwen2.gguf", dir);
+    lm_err e = { { 0 } };
+    lm_gguf g;
+    lm_safetensors st;
+    LM_REQUIRE(lm_gguf_open(&g, path, &e) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    LM_REQUIRE(lm_safetensors_open(&st, path, &e) == 0);
+    char *arch = lm_gguf_get_str(&g, "general.architecture");
+    int64_t heads = 0;
+    LM_CHECK(lm_streq(arch, "qwen2") && lm_gguf_get_int(&g, "qwen2.attention.head_count", &heads) && heads == 4);
+    free(arch);
+    static const char *const pairs[][2] = {
+        { "model.layers.0.self_attn.q_proj.weight", "blk.0.attn_q.weight" },
+        { "model.layers.1.self_attn.k_proj.weight", "blk.1.attn_k.weight" },
+        { "model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias" },
+        { "model.layers.1.self_attn.k_proj.bias", "blk.1.attn_k.bias" },
+        { "model.layers.1.self_attn.v_proj.bias", "blk.1.attn_v.bias" },
+    };
+    for (size_t i = 0; i < LM_COUNT(pairs); i++) {
+        const lm_file_tensor *hf = lm_safetensors_find(&st, pairs[i][0]), *gg = lm_gguf_find_tensor(&g, pairs[i][1]);
+        bool is_bias = strstr(pairs[i][1], ".bias") != NULL;
+        LM_REQUIRE(hf && gg);
+        if (is_bias) { /* 1-D: F32 in GGUF */
+            LM_CHECK(gg->type == LM_F32 && gg->n_dims == 1 && gg->shape[0] == hf->shape[0]);
+            for (int64_t k = 0; k < hf->shape[0]; k++) {
+                float x, y;
+                lm_dequant_row(LM_BF16, hf->data + 2 * k, &x, 1);
+                lm_dequant_row(LM_F32, gg->data + 4 * k, &y, 1);
+                LM_CHECK_MSG(x == y, "%s[%lld]", pairs[i][1], (long long)k);
+                if (x != y) break;
+            }
+        } else {
+            LM_CHECK_MSG(gg->nbytes == hf->nbytes && !memcmp(gg->data, hf->data, hf->nbytes), "%s", pairs[i][1]);
+        }
+    }
+    lm_safetensors_close(&st);
+    lm_gguf_close(&g);
+    free(dir);
+    free(src_dir);
+}
+
+LM_TEST(convert_qwen2_runs_in_llamacpp) {
+    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
+        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    char *src_dir = lm_test_fixture_path("models/llama");
+    if (!src_dir) LM_SKIP("%s", lm_test_fixtures_why());
+    int32_t ids[256];
+    int n = 0;
+    char *dir = make_qwen2(lm_t_, src_dir, ids, &n);
+    LM_REQUIRE(dir != NULL);
+    lm_err e = { { 0 } };
+    char gguf[1024];
+    snprintf(gguf, sizeof gguf, "%s/qwen2.gguf", dir);
     /* llama.cpp on the conversion */
     char cmd[4096] = "", *out = NULL, *err = NULL;
     int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 1 --threads 2 --prompt-ids ",
