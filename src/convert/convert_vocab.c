@@ -19,6 +19,7 @@
 #include "../base/lm_file.h"
 #include "lm_convert.h"
 
+/* Both set and equal (a JSON string may be missing). */
 static bool lm_streq(const char *a, const char *b) { return a && b && !strcmp(a, b); }
 
 enum { TT_NORMAL = 1, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE };
@@ -31,6 +32,7 @@ static const struct { const char *regex, *pre; } k_pre[] = {
       "llama-bpe" },
 };
 
+/* DIR/NAME parsed, or NULL (an error in e only when required). */
 static json_t *load_json(const char *dir, const char *name, bool required, lm_err *e) {
     char *path = lm_path_join(dir, name);
     json_error_t je;
@@ -59,6 +61,7 @@ static const char *find_pre(json_t *pre) {
     return NULL;
 }
 
+/* llama.cpp's does_token_look_special: "<|...|>", <pad>, <mask>. */
 static bool looks_special(const char *t) {
     size_t n = strlen(t);
     return (n >= 4 && !strncmp(t, "<|", 2) && !strcmp(t + n - 2, "|>")) || !strcmp(t, "<pad>") || !strcmp(t, "<mask>");
@@ -120,6 +123,7 @@ static void append_part(char **buf, size_t *len, size_t *cap, const char *s) {
     }
 }
 
+/* tokenizer.ggml.merges from either JSON form of model.merges. */
 static void put_merges(lm_gguf_writer *w, json_t *tok) {
     json_t *merges = json_object_get(json_object_get(tok, "model"), "merges"), *m;
     size_t n = json_array_size(merges), i;

@@ -25,6 +25,7 @@ typedef struct lm_wbuf {
     size_t n, cap;
 } lm_wbuf;
 
+/* Appends n bytes, growing the buffer by doubling. */
 static void lm_wbuf_put(lm_wbuf *b, const void *src, size_t n) {
     if (b->n + n > b->cap) {
         b->cap = LM_MAX(b->n + n, 2 * b->cap + 64);
@@ -41,6 +42,7 @@ static void lm_wbuf_le(lm_wbuf *b, uint64_t v, int bytes) {
     lm_wbuf_put(b, t, (size_t)bytes);
 }
 
+/* A GGUF string: u64 length, then the bytes (no NUL). */
 static void lm_wbuf_str(lm_wbuf *b, const char *s, size_t len) {
     lm_wbuf_le(b, len, 8);
     lm_wbuf_put(b, s, len);
@@ -310,6 +312,7 @@ static void lm_gguf_header_bytes(lm_gguf_writer *w, lm_wbuf *b) {
     while (b->n % w->alignment) lm_wbuf_put(b, zeros, LM_MIN(sizeof zeros, w->alignment - b->n % w->alignment));
 }
 
+/* "PATH.tmp: what: strerror", for every failed file operation. */
 static int lm_gguf_io_err(lm_gguf_writer *w, lm_err *e, const char *what) {
     return lm_errf(e, "%s: %s: %s", w->tmp_path ? w->tmp_path : "gguf", what, strerror(errno));
 }

@@ -15,6 +15,7 @@ typedef struct lm_qrows_job {
     int64_t begin, end;
 } lm_qrows_job;
 
+/* One thread's share of rows, with its own f32 row. */
 static void *lm_qrows_run(void *arg) {
     const lm_qrows_job *j = arg;
     const lm_qrows *q = j->q;
