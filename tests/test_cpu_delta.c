@@ -93,11 +93,12 @@ static void dt_batch_make(dt_batch *d, int S, const int *n, const int *pos0, con
 
 /* ---- references ----------------------------------------------------------- */
 
-/* One token of the gated delta rule, all heads, in double. S [Hv][Dk][Dv]. */
+/* One token of the gated delta rule, all heads, in double. S [Hv][Dk][Dv].
+ * Value head h reads key head h / (Hv / Hk), or h % Hk when tiled. */
 static void ref_delta_token(double *S, const float *qkv, const float *gv, const float *bv, int Hk, int Hv,
-                            int Dk, int Dv, double *o) {
+                            int Dk, int Dv, bool tiled, double *o) {
     for (int h = 0; h < Hv; h++) {
-        int hk = h / (Hv / Hk);
+        int hk = tiled ? h % Hk : h / (Hv / Hk);
         const float *q = qkv + hk * Dk, *k = qkv + Hk * Dk + hk * Dk, *v = qkv + 2 * Hk * Dk + h * Dv;
         double qn = 0, kn = 0, qq[256], kk[256];
         for (int d = 0; d < Dk; d++) {
@@ -129,11 +130,11 @@ static void ref_delta_token(double *S, const float *qkv, const float *gv, const 
 enum { HK = 2, HV = 4, DK = 12, DV = 10, QKV = 2 * HK * DK + HV * DV, OFF = 7 };
 #define DT_HS ((int64_t)HV * DK * DV)
 
-/* Runs the op on batch d with random inputs from seed; checks outputs and the
- * final states against the double recurrence started from the pool's
- * content. Returns the worst error. */
+/* Runs the op on batch d with random inputs from seed (value heads grouped
+ * or tiled); checks outputs and the final states against the double
+ * recurrence started from the pool's content. Returns the worst error. */
 static double check_delta_batch(lm_test_ctx *lm_t_, lm_backend *be, dt_pool *pool, dt_batch *d, uint64_t seed,
-                                float g_lo) {
+                                float g_lo, bool tiled) {
     const int T = d->T;
     float *qkv = malloc(sizeof(float) * T * QKV), *g = malloc(sizeof(float) * T * HV),
           *beta = malloc(sizeof(float) * T * HV), *out = malloc(sizeof(float) * T * HV * DV);
@@ -149,11 +150,11 @@ static double check_delta_batch(lm_test_ctx *lm_t_, lm_backend *be, dt_pool *poo
         for (int64_t i = 0; i < DT_HS; i++) rs[s * DT_HS + i] = d->pos[t0] == 0 ? 0.0 : slot[i];
     }
     for (int t = 0; t < T; t++)
-        ref_delta_token(rs + d->seq[t] * DT_HS, qkv + t * QKV, g + t * HV, beta + t * HV, HK, HV, DK, DV,
+        ref_delta_token(rs + d->seq[t] * DT_HS, qkv + t * QKV, g + t * HV, beta + t * HV, HK, HV, DK, DV, tiled,
                         ro + (size_t)t * HV * DV);
     lm_tensor tq = dt_tensor(be, T, QKV, qkv), tg = dt_tensor(be, T, HV, g), tb = dt_tensor(be, T, HV, beta);
     lm_tensor to = dt_tensor(be, T, HV * DV, NULL);
-    lm_delta_params p = { HK, HV, DK, DV, { 0, OFF } };
+    lm_delta_params p = { HK, HV, DK, DV, { 0, OFF }, tiled };
     be->ops->gated_delta(be, &to, &tq, &tg, &tb, &pool->kv, &d->b, &p);
     be->ops->read(be, out, to.data, sizeof(float) * T * HV * DV);
     double err = dt_maxdiff(out, ro, (size_t)T * HV * DV);
@@ -161,7 +162,8 @@ static double check_delta_batch(lm_test_ctx *lm_t_, lm_backend *be, dt_pool *poo
         double e = dt_maxdiff(pool->state + d->slot[s] * pool->floats + OFF, rs + s * DT_HS, DT_HS);
         err = e > err ? e : err;
     }
-    LM_CHECK_MSG(err <= 2e-6, "gated_delta vs double recurrence: %g", err);
+    LM_CHECK_MSG(err <= 2e-6, "gated_delta (%s value heads) vs double recurrence: %g", tiled ? "tiled" : "grouped",
+                 err);
     lm_tensor_release(be, &tq);
     lm_tensor_release(be, &tg);
     lm_tensor_release(be, &tb);
@@ -191,9 +193,11 @@ LM_TEST(hybrid_delta_mixed_batch_vs_reference) {
         int n[] = { 1, 150, 5, 70 }, pos0[] = { 40, 0, 17, 3 }, slot[] = { 3, 0, 5, 1 };
         dt_batch d;
         dt_batch_make(&d, 4, n, pos0, slot);
-        check_delta_batch(lm_t_, be, &pool, &d, 7 + ii, -2.0f);
+        check_delta_batch(lm_t_, be, &pool, &d, 7 + ii, -2.0f, false);
         /* strong decay (state mostly forgotten within a token): still finite and exact */
-        check_delta_batch(lm_t_, be, &pool, &d, 11, -60.0f);
+        check_delta_batch(lm_t_, be, &pool, &d, 11, -60.0f, false);
+        /* value heads in GGUF's tiled order (lm_delta_params.v_tiled) */
+        check_delta_batch(lm_t_, be, &pool, &d, 13 + ii, -2.0f, true);
         /* untouched slots keep their content */
         LM_CHECK(memcmp(pool.state + 2 * pool.floats, host + 2 * pool.floats, sizeof(float) * pool.floats) == 0);
         LM_CHECK(memcmp(pool.state + 4 * pool.floats, host + 4 * pool.floats, sizeof(float) * pool.floats) == 0);
@@ -233,7 +237,7 @@ static void split_case(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
             dt_batch_make(&d, 1, &n, &done, &zero);
             lm_tensor tq = dt_tensor(be, n, QKV, qkv + done * QKV), tg = dt_tensor(be, n, HV, g + done * HV);
             lm_tensor tb = dt_tensor(be, n, HV, beta + done * HV), to = dt_tensor(be, n, HV * DV, NULL);
-            lm_delta_params p = { HK, HV, DK, DV, { 0, OFF } };
+            lm_delta_params p = { HK, HV, DK, DV, { 0, OFF }, false };
             be->ops->gated_delta(be, &to, &tq, &tg, &tb, &pool.kv, &d.b, &p);
             be->ops->read(be, outs[k] + done * HV * DV, to.data, sizeof(float) * n * HV * DV);
             lm_tensor_release(be, &tq);

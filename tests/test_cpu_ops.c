@@ -99,6 +99,35 @@ static void *co_weight(lm_dtype t, int64_t O, int64_t I, uint64_t *s, float **de
                 break;
             case LM_Q6_K: co_put16(blk + 208, lm_f32_to_f16(0.0003f * r)); break;
             case LM_IQ4_XS: co_put16(blk, lm_f32_to_f16(0.0003f * r)); break;
+            case LM_Q4_1:
+            case LM_Q5_1:
+                co_put16(blk, lm_f32_to_f16(0.05f * r));
+                co_put16(blk + 2, lm_f32_to_f16(-0.4f * r));
+                break;
+            case LM_Q5_0: co_put16(blk, lm_f32_to_f16(0.05f * r)); break;
+            case LM_IQ4_NL: co_put16(blk, lm_f32_to_f16(0.003f * r)); break;
+            case LM_Q2_K:
+                co_put16(blk + 80, lm_f32_to_f16(0.02f * r));
+                co_put16(blk + 82, lm_f32_to_f16(0.01f * r));
+                break;
+            case LM_Q3_K: co_put16(blk + 108, lm_f32_to_f16(0.005f * r)); break;
+            case LM_FP8_B128: {
+                float d = 0.002f * r;
+                memcpy(blk, &d, 4);
+                for (int j = 4; j < bb; j++)
+                    if ((blk[j] & 0x7f) == 0x7f) blk[j] = 0; /* the e4m3 NaN codes */
+                break;
+            }
+            case LM_A4_BF16:
+            case LM_A8_BF16:
+                co_put16(blk, lm_f32_to_bf16((t == LM_A4_BF16 ? 0.01f : 0.001f) * r));
+                co_put16(blk + 2, lm_f32_to_bf16(-0.1f * r));
+                break;
+            case LM_A4_F16:
+            case LM_A8_F16:
+                co_put16(blk, lm_f32_to_f16((t == LM_A4_F16 ? 0.01f : 0.001f) * r));
+                co_put16(blk + 2, lm_f32_to_f16(-0.1f * r));
+                break;
             default: break;
             }
         }
@@ -174,8 +203,8 @@ static void co_matmul(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
         for (int t = 0; t < LM_I32; t++) {
             const co_shape *shapes = co_plain_shapes;
             size_t n = LM_COUNT(co_plain_shapes);
-            if (t == LM_Q8_0 || t == LM_Q4_0) shapes = co_q32_shapes, n = LM_COUNT(co_q32_shapes);
-            if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS) shapes = co_qk_shapes, n = LM_COUNT(co_qk_shapes);
+            if (lm_dtype_block((lm_dtype)t) == 32) shapes = co_q32_shapes, n = LM_COUNT(co_q32_shapes);
+            if (lm_dtype_block((lm_dtype)t) > 32) shapes = co_qk_shapes, n = LM_COUNT(co_qk_shapes);
             for (size_t i = 0; i < n; i++) {
                 int bad = co_matmul_case(be, (lm_dtype)t, shapes[i], (i + ti) % 2 == 0, &s);
                 LM_CHECK_MSG(bad == 0, "%s threads=%d dtype=%s T=%d O=%d I=%d: %d outputs off",

@@ -564,7 +564,8 @@ static void ca_delta_fused_check(lm_test_ctx *lm_t_, lm_backend *bk, ca_state *p
 
 /* Both ops over one batch, compared; the state is carried in the pool. */
 static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int Hk, int Hv, int Dk, int Dv, int K,
-                          int S, const int *n, const int *pos0, const int32_t *slot, uint64_t seed, int call) {
+                          bool tiled, int S, const int *n, const int *pos0, const int32_t *slot, uint64_t seed,
+                          int call) {
     const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv, O = (int64_t)Hv * Dv;
     ca_batch d = ca_batch_make(S, n, pos0);
     lm_attn_batch ab = { .n_tokens = d.T, .pos = d.pos, .seq = d.seq, .n_seqs = S, .block_tables = NULL,
@@ -577,7 +578,7 @@ static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int
     lm_tensor x[2], w[2], y[2], g[2], beta[2], al[2], dt[2], out[2], z[2], nw[2], yn[2];
     lm_state_ref conv_ref = { 0, 0 };
     lm_delta_params dp = { .n_k_heads = Hk, .n_v_heads = Hv, .k_dim = Dk, .v_dim = Dv,
-                           .state = { 0, (int64_t)(K - 1) * C } };
+                           .state = { 0, (int64_t)(K - 1) * C }, .v_tiled = tiled };
     for (int b = 0; b < 2; b++) {
         lm_backend *bk = be->b[b];
         x[b] = ca_tensor(bk, T, C, xh);
@@ -642,9 +643,10 @@ static void ca_delta_call(lm_test_ctx *lm_t_, const ca_be *be, ca_state *ps, int
 }
 
 /* Calls 1 and 2 below; with n_slots > 4 a third: every slot's sequence
- * decoding one token (batched decode, some of them fresh). */
-static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K, int n_slots,
-                            uint64_t seed) {
+ * decoding one token (batched decode, some of them fresh). tiled: value
+ * heads in GGUF's tiled order (lm_delta_params.v_tiled). */
+static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv, int Dk, int Dv, int K, bool tiled,
+                            int n_slots, uint64_t seed) {
     const int64_t C = 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv;
     ca_state ps;
     memset(&ps, 0, sizeof ps);
@@ -663,16 +665,16 @@ static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv,
      * state, one decoding; slot 1 unused throughout */
     const int32_t slot1[] = { 2, 0, 3 };
     const int n1[] = { 5, 7, 1 }, p1[] = { 0, 10, 3 };
-    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, 3, n1, p1, slot1, seed + 1, 1);
+    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, tiled, 3, n1, p1, slot1, seed + 1, 1);
     /* call 2: the first decodes, the second runs 70 tokens (past the CPU's
      * 64-token chunk), the third starts over at 0 */
     const int n2[] = { 1, 70, 3 }, p2[] = { 5, 17, 0 };
-    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, 3, n2, p2, slot1, seed + 2, 2);
+    ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, tiled, 3, n2, p2, slot1, seed + 2, 2);
     if (n_slots > 4) {
         int32_t *slot3 = malloc((size_t)n_slots * sizeof *slot3);
         int *n3 = malloc((size_t)n_slots * sizeof *n3), *p3 = malloc((size_t)n_slots * sizeof *p3);
         for (int i = 0; i < n_slots; i++) slot3[i] = n_slots - 1 - i, n3[i] = 1, p3[i] = i % 5 ? 20 + i : 0;
-        ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, n_slots, n3, p3, slot3, seed + 3, 3);
+        ca_delta_call(lm_t_, be, &ps, Hk, Hv, Dk, Dv, K, tiled, n_slots, n3, p3, slot3, seed + 3, 3);
         free(slot3), free(n3), free(p3);
     }
     for (int b = 0; b < 2; b++) be->b[b]->ops->free(be->b[b], ps.st[b]);
@@ -680,12 +682,13 @@ static void ca_delta_config(lm_test_ctx *lm_t_, const ca_be *be, int Hk, int Hv,
 
 LM_TEST(cuda_gated_delta_ops) {
     CA_OPEN(be);
-    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, 4, 7);  /* Qwen3.5 head shape */
-    ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, 4, 11);   /* odd widths: a partial warp */
+    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, false, 4, 7); /* Qwen3.5 head shape */
+    ca_delta_config(lm_t_, &be, 2, 4, 128, 128, 4, true, 4, 8);  /* the same, value heads tiled (GGUF) */
+    ca_delta_config(lm_t_, &be, 1, 3, 48, 40, 3, false, 4, 11);  /* odd widths: a partial warp */
     /* Qwen3.5-27B's 48 value heads for 12 sequences: 576 blocks, the
      * many-blocks form of the delta-rule kernel on an H200 (>= 4 a
      * multiprocessor) */
-    ca_delta_config(lm_t_, &be, 16, 48, 128, 128, 4, 12, 13);
+    ca_delta_config(lm_t_, &be, 16, 48, 128, 128, 4, false, 12, 13);
     ca_close(&be);
 }
 

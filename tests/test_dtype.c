@@ -56,8 +56,27 @@ LM_TEST(dtype_table) {
     LM_CHECK(strcmp(lm_dtype_name(LM_I32), "I32") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_Q5_K), "Q5_K") == 0);
     LM_CHECK(strcmp(lm_dtype_name(LM_IQ4_XS), "IQ4_XS") == 0);
-    static const int blk[] = { 1, 1, 1, 32, 32, 256, 256, 256, 256, 1 };
-    static const int bytes[] = { 4, 2, 2, 34, 18, 144, 210, 176, 136, 4 };
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q4_1), "Q4_1") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q5_0), "Q5_0") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q5_1), "Q5_1") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_IQ4_NL), "IQ4_NL") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q2_K), "Q2_K") == 0);
+    LM_CHECK(strcmp(lm_dtype_name(LM_Q3_K), "Q3_K") == 0);
+    /* by name, not by position: types are appended by several branches */
+    static const int blk[LM_DTYPE_COUNT] = {
+        [LM_F32] = 1,      [LM_F16] = 1,      [LM_BF16] = 1,     [LM_Q8_0] = 32,     [LM_Q4_0] = 32,
+        [LM_Q4_K] = 256,   [LM_Q6_K] = 256,   [LM_Q5_K] = 256,   [LM_IQ4_XS] = 256,  [LM_Q4_1] = 32,
+        [LM_Q5_0] = 32,    [LM_Q5_1] = 32,    [LM_IQ4_NL] = 32,  [LM_Q2_K] = 256,    [LM_Q3_K] = 256,
+        [LM_FP8_B128] = 128, [LM_A4_BF16] = 32, [LM_A4_F16] = 32, [LM_A8_BF16] = 32, [LM_A8_F16] = 32,
+        [LM_I32] = 1,
+    };
+    static const int bytes[LM_DTYPE_COUNT] = {
+        [LM_F32] = 4,      [LM_F16] = 2,      [LM_BF16] = 2,     [LM_Q8_0] = 34,     [LM_Q4_0] = 18,
+        [LM_Q4_K] = 144,   [LM_Q6_K] = 210,   [LM_Q5_K] = 176,   [LM_IQ4_XS] = 136,  [LM_Q4_1] = 20,
+        [LM_Q5_0] = 22,    [LM_Q5_1] = 24,    [LM_IQ4_NL] = 18,  [LM_Q2_K] = 84,     [LM_Q3_K] = 110,
+        [LM_FP8_B128] = 132, [LM_A4_BF16] = 20, [LM_A4_F16] = 20, [LM_A8_BF16] = 36, [LM_A8_F16] = 36,
+        [LM_I32] = 4,
+    };
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
         LM_CHECK(lm_dtype_block((lm_dtype)t) == blk[t]);
         LM_CHECK(lm_dtype_block_bytes((lm_dtype)t) == bytes[t]);

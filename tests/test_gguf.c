@@ -169,7 +169,7 @@ static void write_kvs(built *o, const spec *s) {
 }
 
 /* Tensors: a F32 ne[4,2] (shape {2,4}), b Q8_0 ne[32], c Q4_K ne[256,1],
- * d Q3_K ne[256] (a type lumen does not compute with). */
+ * d IQ3_S ne[256] (a type lumen does not compute with). */
 static const struct {
     const char *name;
     uint32_t type, n_dims;
@@ -179,7 +179,7 @@ static const struct {
     { "a", 0, 2, { 4, 2 }, 32 },
     { "b", 8, 1, { 32, 0 }, 34 },
     { "c", 12, 2, { 256, 1 }, 144 },
-    { "d", 11, 1, { 256, 0 }, 110 },
+    { "d", 21, 1, { 256, 0 }, 110 },
 };
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -339,7 +339,7 @@ static void check_valid(lm_test_ctx *lm_t_, const spec *s) {
     t = lm_gguf_find_tensor(&g, "c");
     LM_CHECK(t && t->type == LM_Q4_K && t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == 256 && t->nbytes == 144);
     t = lm_gguf_find_tensor(&g, "d");
-    LM_CHECK(t && t->type == LM_DTYPE_COUNT && strcmp(t->type_name, "Q3_K") == 0 && t->nbytes == 110);
+    LM_CHECK(t && t->type == LM_DTYPE_COUNT && strcmp(t->type_name, "IQ3_S") == 0 && t->nbytes == 110);
     LM_CHECK(t && t->data + t->nbytes == copy + o.b.n); /* last tensor ends the file */
     LM_CHECK(lm_gguf_find_tensor(&g, "e") == NULL);
     lm_gguf_close(&g);

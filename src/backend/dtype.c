@@ -10,6 +10,7 @@
  * subnormals, infinities and NaN, round-to-nearest-even), so results do not
  * depend on the compiler or on F16C being present. */
 #include "lm_dtype.h"
+#include "dtype_hf.h"
 
 #include <string.h>
 
@@ -32,6 +33,17 @@ static const lm_dtype_info lm_dtype_table[LM_DTYPE_COUNT] = {
     [LM_Q6_K] = { "Q6_K", LM_QKK, LM_QKK / 2 + LM_QKK / 4 + LM_QKK / 16 + 2 },
     [LM_Q5_K] = { "Q5_K", LM_QKK, 2 + 2 + 12 + LM_QKK / 8 + LM_QKK / 2 },
     [LM_IQ4_XS] = { "IQ4_XS", LM_QKK, 2 + 2 + 4 + LM_QKK / 2 },
+    [LM_Q4_1] = { "Q4_1", LM_QK, 2 + 2 + LM_QK / 2 },
+    [LM_Q5_0] = { "Q5_0", LM_QK, 2 + 4 + LM_QK / 2 },
+    [LM_Q5_1] = { "Q5_1", LM_QK, 2 + 2 + 4 + LM_QK / 2 },
+    [LM_IQ4_NL] = { "IQ4_NL", LM_QK, 2 + LM_QK / 2 },
+    [LM_Q2_K] = { "Q2_K", LM_QKK, LM_QKK / 16 + LM_QKK / 4 + 2 + 2 },
+    [LM_Q3_K] = { "Q3_K", LM_QKK, LM_QKK / 8 + LM_QKK / 4 + 12 + 2 },
+    [LM_FP8_B128] = { "FP8_B128", LM_FP8_BLOCK, LM_FP8_BLOCK_BYTES },
+    [LM_A4_BF16] = { "A4_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A4_F16] = { "A4_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK / 2 },
+    [LM_A8_BF16] = { "A8_BF16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
+    [LM_A8_F16] = { "A8_F16", LM_AFF_BLOCK, 4 + LM_AFF_BLOCK },
     [LM_I32] = { "I32", 1, 4 },
 };
 
@@ -270,6 +282,90 @@ static void lm_deq_q6_k(const uint8_t *s, float *y, int64_t nb) {
     }
 }
 
+/* Q4_1: {f16 d; f16 m; uint8 qs[16]}, nibbles as Q4_0; x = d * q + m. */
+static void lm_deq_q4_1(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 20, y += LM_QK) {
+        float d = lm_rdh(s), m = lm_rdh(s + 2);
+        for (int j = 0; j < LM_QK / 2; j++) {
+            y[j] = d * (float)(s[4 + j] & 0x0f) + m;
+            y[j + LM_QK / 2] = d * (float)(s[4 + j] >> 4) + m;
+        }
+    }
+}
+
+/* The 5-bit code of element j (0..31) of a Q5_0 / Q5_1 block: its nibble
+ * (as Q4_0) and bit j of the little-endian 32-bit qh as the fifth bit. */
+static int lm_q5_code(const uint8_t *qs, uint32_t qh, int j) {
+    int nib = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
+    return nib | (int)(((qh >> j) & 1u) << 4);
+}
+
+/* Q5_0: {f16 d; uint8 qh[4]; uint8 qs[16]}; x = d * (q - 16). */
+static void lm_deq_q5_0(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 22, y += LM_QK) {
+        float d = lm_rdh(s);
+        uint32_t qh = lm_rd32(s + 2);
+        for (int j = 0; j < LM_QK; j++) y[j] = d * (float)(lm_q5_code(s + 6, qh, j) - 16);
+    }
+}
+
+/* Q5_1: {f16 d; f16 m; uint8 qh[4]; uint8 qs[16]}; x = d * q + m. */
+static void lm_deq_q5_1(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 24, y += LM_QK) {
+        float d = lm_rdh(s), m = lm_rdh(s + 2);
+        uint32_t qh = lm_rd32(s + 4);
+        for (int j = 0; j < LM_QK; j++) y[j] = d * (float)lm_q5_code(s + 8, qh, j) + m;
+    }
+}
+
+/* IQ4_NL: {f16 d; uint8 qs[16]}, nibbles as Q4_0 index the IQ4 levels. */
+static void lm_deq_iq4_nl(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 18, y += LM_QK) {
+        float d = lm_rdh(s);
+        for (int j = 0; j < LM_QK / 2; j++) {
+            y[j] = d * (float)lm_iq4nl_levels[s[2 + j] & 0x0f];
+            y[j + LM_QK / 2] = d * (float)lm_iq4nl_levels[s[2 + j] >> 4];
+        }
+    }
+}
+
+/* Q2_K: {uint8 scales[16]; uint8 qs[64]; f16 d; f16 dmin}. Value v = 128h +
+ * 32k + l (h < 2, k < 4, l < 32) has the 2-bit code (qs[32h + l] >> 2k) & 3;
+ * each 16 values v share scales[v / 16]: low nibble scale, high nibble min;
+ * x = d * scale * q - dmin * min. */
+static void lm_deq_q2_k(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 84, y += LM_QKK) {
+        float d = lm_rdh(s + 80), dmin = lm_rdh(s + 82);
+        for (int v = 0; v < LM_QKK; v++) {
+            int q = (s[16 + 32 * (v / 128) + v % 32] >> (2 * ((v / 32) % 4))) & 3;
+            uint8_t sc = s[v / 16];
+            y[v] = d * (float)(sc & 0x0f) * (float)q - dmin * (float)(sc >> 4);
+        }
+    }
+}
+
+/* Q3_K's 16 six-bit scales (before the -32), packed in 12 bytes: the low
+ * nibble of scale i is nibble i / 8 of byte i % 8, its top 2 bits are bits
+ * 2(i / 4), 2(i / 4) + 1 of byte 8 + i % 4. */
+static int lm_q3k_scale(const uint8_t *sc, int i) {
+    return ((sc[i % 8] >> (4 * (i / 8))) & 0x0f) | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
+}
+
+/* Q3_K: {uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d}. Value
+ * v = 128h + 32k + l has Q2_K's 2-bit code q2 and the high bit
+ * (hmask[l] >> (4h + k)) & 1; q = q2 - 4 when that bit is clear, else q2;
+ * x = d * (scale[v / 16] - 32) * q. */
+static void lm_deq_q3_k(const uint8_t *s, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, s += 110, y += LM_QKK) {
+        float d = lm_rdh(s + 108);
+        for (int v = 0; v < LM_QKK; v++) {
+            int q2 = (s[32 + 32 * (v / 128) + v % 32] >> (2 * ((v / 32) % 4))) & 3;
+            int hi = (s[v % 32] >> (v / 32)) & 1;
+            y[v] = d * (float)(lm_q3k_scale(s + 96, v / 16) - 32) * (float)(q2 - (hi ? 0 : 4));
+        }
+    }
+}
+
 void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n) {
     int blk = lm_dtype_block(t);
     LM_ASSERT(n >= 0 && n % blk == 0);
@@ -286,6 +382,17 @@ void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n) {
     case LM_Q6_K: lm_deq_q6_k(s, dst, nb); break;
     case LM_Q5_K: lm_deq_q5_k(s, dst, nb); break;
     case LM_IQ4_XS: lm_deq_iq4_xs(s, dst, nb); break;
+    case LM_Q4_1: lm_deq_q4_1(s, dst, nb); break;
+    case LM_Q5_0: lm_deq_q5_0(s, dst, nb); break;
+    case LM_Q5_1: lm_deq_q5_1(s, dst, nb); break;
+    case LM_IQ4_NL: lm_deq_iq4_nl(s, dst, nb); break;
+    case LM_Q2_K: lm_deq_q2_k(s, dst, nb); break;
+    case LM_Q3_K: lm_deq_q3_k(s, dst, nb); break;
+    case LM_FP8_B128: lm_dequant_fp8_b128(s, dst, nb); break;
+    case LM_A4_BF16:
+    case LM_A4_F16:
+    case LM_A8_BF16:
+    case LM_A8_F16: lm_dequant_affine(t, s, dst, nb); break;
     case LM_DTYPE_COUNT: LM_ASSERT(!"bad dtype"); break;
     }
 }

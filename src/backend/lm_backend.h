@@ -108,6 +108,10 @@ typedef struct lm_delta_params {
     int n_k_heads, n_v_heads; /* Hk, Hv (Hv a multiple of Hk) */
     int k_dim, v_dim;         /* Dk, Dv */
     lm_state_ref state;
+    /* Which key head value head h reads: false, h / (Hv / Hk) (Hugging Face
+     * orders value heads grouped by key head); true, h % Hk (the tiled order
+     * llama.cpp's converter writes Qwen3.5 GGUFs in). */
+    bool v_tiled;
 } lm_delta_params;
 
 /* The routing of one token (host memory): sel [k] the chosen experts by

@@ -2,8 +2,11 @@
  *
  * A weight is a row-major matrix [rows][cols] in one of these types; quantised
  * types store each row as whole blocks (cols must be a multiple of the block
- * width). The block layouts of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS are those of the GGUF
- * file format, so GGUF data is used in place. */
+ * width). The block layouts of the GGUF types (Q8_0 ... IQ4_XS, Q4_1 ... Q3_K)
+ * are those of the GGUF file format (ggml's block structs), so GGUF data is
+ * used in place. FP8_B128 and the affine A4_* / A8_* types are lumen's own
+ * row-major repacking of Hugging Face FP8 and MLX checkpoints
+ * (format/hf_quant.c), so a block holds its own scales. */
 #ifndef LM_DTYPE_H
 #define LM_DTYPE_H
 
@@ -19,6 +22,18 @@ typedef enum lm_dtype {
     LM_Q6_K, /* 256 values: 128 B ql, 64 B qh, 16 x int8 scales, f16 (210 bytes) */
     LM_Q5_K, /* 256 values: f16 d, f16 dmin, 12 B scales, 32 B qh, 128 B qs (176 bytes) */
     LM_IQ4_XS, /* 256 values: f16 d, u16 scales_h, 4 B scales_l, 128 B qs (136 bytes) */
+    LM_Q4_1, /* 32 values: f16 d, f16 m, 16 B nibbles, d*q+m          (20 bytes) */
+    LM_Q5_0, /* 32 values: f16 d, 4 B high bits, 16 B nibbles, q-16  (22 bytes) */
+    LM_Q5_1, /* 32 values: f16 d, f16 m, 4 B high bits, 16 B nibbles (24 bytes) */
+    LM_IQ4_NL, /* 32 values: f16 d, 16 B nibbles indexing 16 levels  (18 bytes) */
+    LM_Q2_K, /* 256 values: 16 B scales/mins, 64 B qs, f16 d, f16 dmin (84 bytes) */
+    LM_Q3_K, /* 256 values: 32 B hmask, 64 B qs, 12 B scales, f16 d  (110 bytes) */
+    LM_FP8_B128, /* 128 values: f32 scale + 128 x e4m3fn, x = scale * e4m3 (132 bytes) */
+    LM_A4_BF16,  /* 32 values: bf16 scale s, bf16 bias b, 16 B nibbles,
+                  * value j low / j+16 high nibble of byte j, x = s*q + b   (20 bytes) */
+    LM_A4_F16,   /* A4_BF16 with f16 scale and bias                          (20 bytes) */
+    LM_A8_BF16,  /* 32 values: bf16 scale s, bf16 bias b, 32 x uint8 q, x = s*q + b (36 bytes) */
+    LM_A8_F16,   /* A8_BF16 with f16 scale and bias                          (36 bytes) */
     LM_I32,
     LM_DTYPE_COUNT
 } lm_dtype;
@@ -33,6 +48,10 @@ bool lm_dtype_is_quant(lm_dtype t);
 
 /* IQ4_NL / IQ4_XS code -> level. */
 extern const int8_t lm_iq4nl_levels[16];
+
+/* One e4m3fn byte (FP8: 4 exponent bits, bias 7, 3 mantissa bits, no
+ * infinities, S.1111.111 is NaN, largest finite 448) as f32, exactly. */
+float lm_e4m3_to_f32(uint8_t b);
 
 /* Converts n values of type t at src to f32 (n a multiple of the block). */
 void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n);

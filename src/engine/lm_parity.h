@@ -32,6 +32,7 @@ typedef struct lm_parity_prompt {
 
 typedef struct lm_parity_result {
     char model_type[32];
+    char weight_type[16]; /* the least precise type of the model's matrices (lm_parity_weight_type) */
     int n_prompts;
     lm_parity_prompt prompts[LM_PARITY_MAX_PROMPTS];
     double max_abs_err;   /* worst of logits and greedy logits */
@@ -44,6 +45,19 @@ typedef struct lm_parity_result {
 /* src: the model folder, opened once (format/lm_source.h); its
  * reference.safetensors is read beside the model. */
 int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);
+/* The model of src (a folder or a GGUF file) against ref_dir's
+ * reference.safetensors: a GGUF checked against the Hugging Face folder it
+ * was converted from. tolerance <= 0 picks lm_parity_type_tolerance. */
+int lm_parity_run_ref(lm_source *src, const char *ref_dir, lm_backend *be, double tolerance, lm_parity_result *res,
+                      lm_err *e);
+
+/* The least precise storage type among the model's 2-D weights (by bits per
+ * value: what bounds its error), and the logit tolerance against a
+ * full-precision reference that type earns: 1e-3 (as for safetensors) for
+ * f32/f16/bf16, wider for quantised types, measured on the gguf fixtures
+ * (see parity.c). */
+lm_dtype lm_parity_weight_type(const lm_weight_source *ws);
+double lm_parity_type_tolerance(lm_dtype t);
 /* The same on a source opened from dir and released after. */
 int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e);
 /* One JSON line (caller frees). */

@@ -16,6 +16,10 @@
 /* Cached decoding runs the same math in another order (GEMV vs GEMM); it must
  * agree far more tightly than the model agrees with the reference. */
 #define LM_CACHE_TOLERANCE 1e-4
+/* bf16 weights (safetensors or GGUF) against transformers' reference */
+#define LM_PARITY_EXACT_TOLERANCE 1e-3
+/* quantised weights: this times the worst error measured for the type */
+#define PARITY_QUANT_TOL 3.0
 
 
 static const lm_file_tensor *ref_get(const lm_safetensors *st, const char *path, int i, const char *what,
@@ -122,8 +126,47 @@ done:
     return rc;
 }
 
-int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
-    const char *dir = lm_source_path(src);
+/* Bits per stored value of a type: what bounds a weight's rounding error. */
+static double type_bits(lm_dtype t) { return 8.0 * lm_dtype_block_bytes(t) / lm_dtype_block(t); }
+
+lm_dtype lm_parity_weight_type(const lm_weight_source *ws) {
+    lm_dtype worst = LM_F32;
+    const lm_file_tensor *t = ws->gguf ? ws->gguf->tensors : NULL;
+    int n = ws->gguf ? ws->gguf->n_tensors : 0;
+    for (int f = 0; !ws->gguf && f < ws->n_files; f++)
+        for (int i = 0; i < ws->st[f].n_tensors; i++) {
+            const lm_file_tensor *x = &ws->st[f].tensors[i];
+            if (x->n_dims >= 2 && x->type < LM_I32 && type_bits(x->type) < type_bits(worst)) worst = x->type;
+        }
+    for (int i = 0; i < n; i++)
+        if (t[i].n_dims >= 2 && t[i].type < LM_I32 && type_bits(t[i].type) < type_bits(worst)) worst = t[i].type;
+    return worst;
+}
+
+/* Max |logit - transformers'| a weight type earns. Full-precision types:
+ * LM_PARITY_EXACT_TOLERANCE, as for safetensors. Quantised: PARITY_QUANT_TOL
+ * times the worst measured on the gguf fixtures (llama-, qwen3- and
+ * qwen3.5-g256, llama.cpp's own quantisations, every prompt) for the
+ * nearest measured type of no more bits; below the last, the error is
+ * taken to double with every bit lost. */
+double lm_parity_type_tolerance(lm_dtype t) {
+    if (!lm_dtype_is_quant(t)) return LM_PARITY_EXACT_TOLERANCE;
+    static const struct { double bits, worst; } measured[] = {
+        { 8.5, 0.560 },    /* Q8_0 (qwen3.5) */
+        { 6.5625, 1.841 }, /* Q6_K (qwen3.5) */
+        { 5.5, 2.771 },    /* Q5_K (qwen3.5 Q5_K_M) */
+        { 4.5, 4.736 },    /* Q4_0, Q4_K (qwen3.5) */
+        { 4.25, 4.870 },   /* IQ4_XS (qwen3.5) */
+    };
+    const double bits = type_bits(t);
+    for (size_t i = 0; i < LM_COUNT(measured); i++)
+        if (bits >= measured[i].bits) return PARITY_QUANT_TOL * measured[i].worst;
+    const size_t last = LM_COUNT(measured) - 1;
+    return PARITY_QUANT_TOL * measured[last].worst * pow(2.0, measured[last].bits - bits);
+}
+
+int lm_parity_run_ref(lm_source *src, const char *dir, lm_backend *be, double tolerance, lm_parity_result *res,
+                      lm_err *e) {
     memset(res, 0, sizeof *res);
     res->tolerance = tolerance;
     res->cache_tolerance = LM_CACHE_TOLERANCE;
@@ -134,6 +177,12 @@ int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_pari
     int rc = -1;
     if (lm_model_load_from(&m, src, be, e)) goto done;
     snprintf(res->model_type, sizeof res->model_type, "%s", m->cfg.model_type);
+    const lm_dtype wt = lm_parity_weight_type(m->weights);
+    snprintf(res->weight_type, sizeof res->weight_type, "%s", lm_dtype_name(wt));
+    if (!(tolerance > 0)) res->tolerance = tolerance = lm_parity_type_tolerance(wt);
+    /* quantised decode steps may take another kernel than the prefill (int8
+     * activations): they agree to the quantisation's error, not to 1e-4 */
+    if (lm_dtype_is_quant(wt)) res->cache_tolerance = LM_MAX(res->cache_tolerance, tolerance);
     if (lm_safetensors_open(&ref, ref_path, e)) goto done;
     int max_len = 0;
     for (int i = 0; i < LM_PARITY_MAX_PROMPTS; i++) {
@@ -170,6 +219,10 @@ done:
     return rc;
 }
 
+int lm_parity_run_from(lm_source *src, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
+    return lm_parity_run_ref(src, lm_source_path(src), be, tolerance, res, e);
+}
+
 int lm_parity_run(const char *dir, lm_backend *be, double tolerance, lm_parity_result *res, lm_err *e) {
     lm_source *src;
     memset(res, 0, sizeof *res);
@@ -183,6 +236,7 @@ char *lm_parity_json(const char *dir, const lm_backend *be, const lm_parity_resu
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(dir));
     json_object_set_new(o, "model_type", json_string(res->model_type));
+    json_object_set_new(o, "weight_type", json_string(res->weight_type));
     json_object_set_new(o, "backend", json_string(be->name));
     json_object_set_new(o, "ok", json_boolean(res->ok));
     json_object_set_new(o, "max_abs_err", json_real(res->max_abs_err));

@@ -304,13 +304,13 @@ static const lm_ggml_type lm_ggml_types[] = {
     [0] = LM_GT("F32", 1, 4, LM_F32),
     [1] = LM_GT("F16", 1, 2, LM_F16),
     [2] = LM_GT("Q4_0", 32, 18, LM_Q4_0),
-    [3] = LM_GT_OTHER("Q4_1", 32, 20),
-    [6] = LM_GT_OTHER("Q5_0", 32, 22),
-    [7] = LM_GT_OTHER("Q5_1", 32, 24),
+    [3] = LM_GT("Q4_1", 32, 20, LM_Q4_1),
+    [6] = LM_GT("Q5_0", 32, 22, LM_Q5_0),
+    [7] = LM_GT("Q5_1", 32, 24, LM_Q5_1),
     [8] = LM_GT("Q8_0", 32, 34, LM_Q8_0),
     [9] = LM_GT_OTHER("Q8_1", 32, 36),
-    [10] = LM_GT_OTHER("Q2_K", 256, 84),
-    [11] = LM_GT_OTHER("Q3_K", 256, 110),
+    [10] = LM_GT("Q2_K", 256, 84, LM_Q2_K),
+    [11] = LM_GT("Q3_K", 256, 110, LM_Q3_K),
     [12] = LM_GT("Q4_K", 256, 144, LM_Q4_K),
     [13] = LM_GT("Q5_K", 256, 176, LM_Q5_K),
     [14] = LM_GT("Q6_K", 256, 210, LM_Q6_K),
@@ -319,7 +319,7 @@ static const lm_ggml_type lm_ggml_types[] = {
     [17] = LM_GT_OTHER("IQ2_XS", 256, 74),
     [18] = LM_GT_OTHER("IQ3_XXS", 256, 98),
     [19] = LM_GT_OTHER("IQ1_S", 256, 50),
-    [20] = LM_GT_OTHER("IQ4_NL", 32, 18),
+    [20] = LM_GT("IQ4_NL", 32, 18, LM_IQ4_NL),
     [21] = LM_GT_OTHER("IQ3_S", 256, 110),
     [22] = LM_GT_OTHER("IQ2_S", 256, 82),
     [23] = LM_GT("IQ4_XS", 256, 136, LM_IQ4_XS),
@@ -416,8 +416,8 @@ static int lm_gguf_place_tensor(lm_gguf_rd *r, lm_file_tensor *t, size_t data_st
     uint64_t begin, end;
     if (__builtin_add_overflow((uint64_t)data_start, offset, &begin) ||
         __builtin_add_overflow(begin, (uint64_t)t->nbytes, &end) || end > r->size) {
-        return lm_errf(r->e, "%s: tensor \"%s\": data (offset %llu, %zu bytes) lies outside the file (%zu bytes)",
-                       r->label, pname, (unsigned long long)offset, t->nbytes, r->size);
+        return lm_errf(r->e, "%s: tensor \"%s\" (%s): data (offset %llu, %zu bytes) lies outside the file (%zu bytes)",
+                       r->label, pname, t->type_name, (unsigned long long)offset, t->nbytes, r->size);
     }
     t->data = r->data + begin;
     return 0;

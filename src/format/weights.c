@@ -1,5 +1,9 @@
-/* weights.c - open the weight files of a model folder or a GGUF file. */
+/* weights.c - open the weight files of a model folder or a GGUF file. A
+ * folder's FP8 and MLX-quantised weights are repacked once here
+ * (hf_quant.h) and then found in place of the checkpoint's tensors. */
 #include "lm_weights.h"
+
+#include "hf_quant.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -71,6 +75,7 @@ int lm_weights_open_hf(lm_weight_source *ws, const char *dir, lm_err *e) {
     }
     free(single);
     free(index);
+    if (!rc) rc = lm_hf_quant_repack(ws, dir, e);
     if (rc) lm_weights_close(ws);
     return rc;
 }
@@ -87,6 +92,7 @@ int lm_weights_open_gguf(lm_weight_source *ws, const char *path, lm_err *e) {
 }
 
 void lm_weights_close(lm_weight_source *ws) {
+    lm_hf_quant_free(ws);
     for (int i = 0; i < ws->n_files; i++) lm_safetensors_close(&ws->st[i]);
     free(ws->st);
     if (ws->gguf) {
@@ -96,10 +102,21 @@ void lm_weights_close(lm_weight_source *ws) {
     memset(ws, 0, sizeof *ws);
 }
 
+static int repacked_cmp(const void *a, const void *b) {
+    return strcmp(((const lm_repacked_tensor *)a)->t.name, ((const lm_repacked_tensor *)b)->t.name);
+}
+
 const lm_file_tensor *lm_weights_find(const lm_weight_source *ws, const char *name, const char **file) {
     if (ws->gguf) {
         if (file) *file = ws->gguf->file.path;
         return lm_gguf_find_tensor(ws->gguf, name);
+    }
+    lm_repacked_tensor key = { .t.name = (char *)name };
+    const lm_repacked_tensor *r =
+        ws->n_repacked ? bsearch(&key, ws->repacked, (size_t)ws->n_repacked, sizeof key, repacked_cmp) : NULL;
+    if (r) {
+        if (file) *file = r->file;
+        return &r->t;
     }
     for (int i = 0; i < ws->n_files; i++) {
         const lm_file_tensor *t = lm_safetensors_find(&ws->st[i], name);
@@ -117,5 +134,6 @@ size_t lm_weights_bytes(const lm_weight_source *ws) {
         for (int i = 0; i < ws->st[f].n_tensors; i++) n += ws->st[f].tensors[i].nbytes;
     if (ws->gguf)
         for (int i = 0; i < ws->gguf->n_tensors; i++) n += ws->gguf->tensors[i].nbytes;
-    return n;
+    for (int i = 0; i < ws->n_repacked; i++) n += ws->repacked[i].t.nbytes;
+    return n - ws->repacked_from;
 }

@@ -33,7 +33,11 @@ static const lm_file_tensor *find_checked(lm_binder *b, const char *name, int64_
         }
         return NULL;
     }
-    bool ok = cols ? (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols) : lm_file_tensor_numel(t) == rows;
+    /* a one-row matrix may be stored as a vector (llama-quantize writes
+     * Qwen3-Next's [1][D] shared-expert gate as [D]) */
+    bool ok = cols ? (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols) ||
+                         (rows == 1 && t->n_dims == 1 && t->shape[0] == cols)
+                   : lm_file_tensor_numel(t) == rows;
     if (!ok) {
         char got[128];
         shape_str(got, sizeof got, t);

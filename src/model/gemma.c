@@ -50,35 +50,9 @@
 
 #include "lm_arch.h"
 #include "lm_blocks.h"
+#include "lm_gemma.h"
 
 /* ---- config --------------------------------------------------------------- */
-
-typedef enum { GEMMA_ROPE_DEFAULT, GEMMA_ROPE_LINEAR, GEMMA_ROPE_PROPORTIONAL } gemma_rope_type;
-
-typedef struct gemma_rope_cfg {
-    gemma_rope_type type;
-    double theta, factor, partial; /* partial: proportional only */
-} gemma_rope_cfg;
-
-typedef struct gemma_layer_cfg {
-    int head_dim;   /* Dh of this layer */
-    int n_kv_heads; /* Hkv of this layer */
-    int d_ff;       /* F of this layer */
-    int kv_layer;   /* KV cache layer it reads (its own index unless shared) */
-    bool shared;    /* reads kv_layer's K/V, computes none */
-    bool k_eq_v;    /* V is the K projection */
-} gemma_layer_cfg;
-
-struct lm_gemma_config {
-    int version;           /* 3 or 4 */
-    float attn_scale;      /* query_pre_attn_scalar^-0.5 (gemma3) or 1 (gemma4) */
-    float final_softcap;   /* 0 = none */
-    gemma_rope_cfg rope[2]; /* [0] full, [1] sliding */
-    int ple_dim;           /* P, 0 = no per-layer inputs */
-    int ple_vocab;         /* rows of the per-layer embedding */
-    int n_kv_layers;
-    gemma_layer_cfg layer[]; /* [n_layers] */
-};
 
 /* One rope object: {"rope_type": default|linear|proportional, "rope_theta",
  * "factor", "partial_rotary_factor"}. */
@@ -149,6 +123,30 @@ static int parse_layer_types(lm_model_config *c, json_t *root, int version, cons
     return 0;
 }
 
+/* Shared KV (lm_gemma.h): the GGUF reader gets the same rule as config.json's. */
+int lm_gemma_share_kv(lm_model_config *c, int shared, bool double_wide, const char *label, lm_err *e) {
+    struct lm_gemma_config *g = c->gemma;
+    int first = c->n_layers - shared;
+    if (shared < 0 || (shared > 0 && first <= 0))
+        return lm_errf(e, "%s: num_kv_shared_layers %d leaves no layer to share from", label, shared);
+    g->n_kv_layers = shared > 0 ? first : c->n_layers;
+    for (int l = first; shared > 0 && l < c->n_layers; l++) {
+        gemma_layer_cfg *L = &g->layer[l];
+        L->shared = true;
+        L->d_ff *= double_wide ? 2 : 1;
+        L->kv_layer = -1;
+        for (int j = first - 1; j >= 0 && L->kv_layer < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[l]) L->kv_layer = j;
+        if (L->kv_layer < 0)
+            return lm_errf(e, "%s: layer %d shares KV but no earlier layer is %s attention", label, l,
+                           c->layer_sliding[l] ? "sliding" : "full");
+        const gemma_layer_cfg *S = &g->layer[L->kv_layer];
+        if (S->head_dim != L->head_dim || S->n_kv_heads != L->n_kv_heads)
+            return lm_errf(e, "%s: layer %d shares KV with layer %d of another head shape", label, l, L->kv_layer);
+    }
+    return 0;
+}
+
 /* Gemma4's per-layer head width and KV heads: per_layer_config {"idx":
  * {"head_dim", "num_key_value_heads"}}, or (older configs) global_head_dim
  * (default 512) for full layers and num_global_key_value_heads with
@@ -186,31 +184,10 @@ static int parse_gemma4_layers(struct lm_gemma_config *g, lm_model_config *c, js
             if (gkv > 0) g->layer[l].n_kv_heads = gkv;
         }
     }
-    /* Shared KV: the last num_kv_shared_layers layers read the last earlier
-     * layer of their own type. */
     int shared = 0;
     lm_json_int(root, "num_kv_shared_layers", &shared);
-    int first = c->n_layers - shared;
-    bool double_wide = lm_json_bool(root, "use_double_wide_mlp", false);
-    if (shared > 0 && first <= 0)
-        return lm_errf(e, "%s: num_kv_shared_layers %d leaves no layer to share from", label, shared);
-    g->n_kv_layers = shared > 0 ? first : c->n_layers;
-    for (int l = 0; l < c->n_layers; l++) {
-        gemma_layer_cfg *L = &g->layer[l];
-        L->k_eq_v = k_eq_v && !c->layer_sliding[l];
-        if (shared <= 0 || l < first) continue;
-        L->shared = true;
-        L->d_ff *= double_wide ? 2 : 1;
-        L->kv_layer = -1;
-        for (int j = first - 1; j >= 0 && L->kv_layer < 0; j--)
-            if (c->layer_sliding[j] == c->layer_sliding[l]) L->kv_layer = j;
-        if (L->kv_layer < 0)
-            return lm_errf(e, "%s: layer %d shares KV but no earlier layer is %s attention", label, l,
-                           c->layer_sliding[l] ? "sliding" : "full");
-        const gemma_layer_cfg *S = &g->layer[L->kv_layer];
-        if (S->head_dim != L->head_dim || S->n_kv_heads != L->n_kv_heads)
-            return lm_errf(e, "%s: layer %d shares KV with layer %d of another head shape", label, l, L->kv_layer);
-    }
+    for (int l = 0; l < c->n_layers; l++) g->layer[l].k_eq_v = k_eq_v && !c->layer_sliding[l];
+    if (lm_gemma_share_kv(c, shared, lm_json_bool(root, "use_double_wide_mlp", false), label, e)) return -1;
     int P = 256, Vp = 262144;
     json_t *pj = json_object_get(root, "hidden_size_per_layer_input");
     if (json_is_null(pj)) P = 0;
@@ -219,6 +196,30 @@ static int parse_gemma4_layers(struct lm_gemma_config *g, lm_model_config *c, js
     if (P < 0 || (P > 0 && Vp < 1)) return lm_errf(e, "%s: bad per-layer input sizes (%d, %d)", label, P, Vp);
     g->ple_dim = P;
     g->ple_vocab = Vp;
+    return 0;
+}
+
+/* One config per model, layers uniform until a reader says otherwise. */
+struct lm_gemma_config *lm_gemma_config_new(lm_model_config *c, int version) {
+    struct lm_gemma_config *g = lm_xcalloc(1, sizeof *g + (size_t)c->n_layers * sizeof(gemma_layer_cfg));
+    c->gemma = g;
+    g->version = version;
+    for (int l = 0; l < c->n_layers; l++)
+        g->layer[l] = (gemma_layer_cfg){ c->head_dim, c->n_kv_heads, c->d_ff, l, false, false };
+    g->n_kv_layers = c->n_layers;
+    return g;
+}
+
+/* The checks both readers end with (lm_gemma.h). */
+int lm_gemma_config_check(const lm_model_config *c, const char *label, lm_err *e) {
+    for (int l = 0; l < c->n_layers; l++) {
+        const gemma_layer_cfg *L = &c->gemma->layer[l];
+        if (L->head_dim % 2 || L->head_dim > 1024)
+            return lm_errf(e, "%s: layer %d head_dim %d must be even and at most 1024", label, l, L->head_dim);
+        if (L->n_kv_heads < 1 || c->n_heads % L->n_kv_heads)
+            return lm_errf(e, "%s: layer %d: %d attention heads are not a multiple of %d KV heads", label, l,
+                           c->n_heads, L->n_kv_heads);
+    }
     return 0;
 }
 
@@ -235,12 +236,7 @@ static int gemma_parse_config(lm_model_config *c, json_t *root, const char *labe
     c->qkv_bias = c->o_bias = lm_json_bool(root, "attention_bias", false);
     c->qk_norm = true;
 
-    struct lm_gemma_config *g = lm_xcalloc(1, sizeof *g + (size_t)c->n_layers * sizeof(gemma_layer_cfg));
-    c->gemma = g; /* lm_config_free frees it, also on the error paths below */
-    g->version = version;
-    for (int l = 0; l < c->n_layers; l++)
-        g->layer[l] = (gemma_layer_cfg){ c->head_dim, c->n_kv_heads, c->d_ff, l, false, false };
-    g->n_kv_layers = c->n_layers;
+    struct lm_gemma_config *g = lm_gemma_config_new(c, version); /* freed with c, also on errors */
     if (parse_layer_types(c, root, version, label, e) || parse_ropes(g, root, label, e)) return -1;
     if (version == 4 && parse_gemma4_layers(g, c, root, label, e)) return -1;
 
@@ -251,15 +247,7 @@ static int gemma_parse_config(lm_model_config *c, json_t *root, const char *labe
     if (lm_json_num(root, "final_logit_softcapping", &cap) && !(cap > 0))
         return lm_errf(e, "%s: final_logit_softcapping must be > 0 or null", label);
     g->final_softcap = (float)cap;
-    for (int l = 0; l < c->n_layers; l++) {
-        const gemma_layer_cfg *L = &g->layer[l];
-        if (L->head_dim % 2 || L->head_dim > 1024)
-            return lm_errf(e, "%s: layer %d head_dim %d must be even and at most 1024", label, l, L->head_dim);
-        if (c->n_heads % L->n_kv_heads)
-            return lm_errf(e, "%s: layer %d: %d attention heads are not a multiple of %d KV heads", label, l,
-                           c->n_heads, L->n_kv_heads);
-    }
-    return 0;
+    return lm_gemma_config_check(c, label, e);
 }
 
 /* ---- weights --------------------------------------------------------------- */
@@ -316,44 +304,80 @@ static const char *nm(namer *n, const char *suffix, int layer) {
     return n->buf;
 }
 
-static void bind_layer(lm_binder *b, namer *n, gemma_layer *L, const gemma_layer_cfg *lc, const lm_model_config *c,
-                       int l, float norm_off) {
+/* Tensor names of a layout, after the prefix (a %d is the layer). */
+typedef struct gemma_names {
+    const char *embed, *norm, *head;
+    const char *attn_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
+    const char *q, *k, *v, *o, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *gate, *up, *down;
+    const char *ple_gate, *ple_proj, *ple_norm, *layer_scalar;   /* gemma4 */
+    const char *ple_embed, *ple_model_proj, *ple_proj_norm;      /* gemma4 */
+} gemma_names;
+
+static const gemma_names k_hf_names = {
+    "embed_tokens.weight", "norm.weight", "lm_head.weight",
+    "layers.%d.input_layernorm.weight", "layers.%d.post_attention_layernorm.weight",
+    "layers.%d.pre_feedforward_layernorm.weight", "layers.%d.post_feedforward_layernorm.weight",
+    "layers.%d.self_attn.q_proj.weight", "layers.%d.self_attn.k_proj.weight", "layers.%d.self_attn.v_proj.weight",
+    "layers.%d.self_attn.o_proj.weight", "layers.%d.self_attn.q_proj.bias", "layers.%d.self_attn.k_proj.bias",
+    "layers.%d.self_attn.v_proj.bias", "layers.%d.self_attn.o_proj.bias", "layers.%d.self_attn.q_norm.weight",
+    "layers.%d.self_attn.k_norm.weight", "layers.%d.mlp.gate_proj.weight", "layers.%d.mlp.up_proj.weight",
+    "layers.%d.mlp.down_proj.weight",
+    "layers.%d.per_layer_input_gate.weight", "layers.%d.per_layer_projection.weight",
+    "layers.%d.post_per_layer_input_norm.weight", "layers.%d.layer_scalar",
+    "embed_tokens_per_layer.weight", "per_layer_model_projection.weight", "per_layer_projection_norm.weight",
+};
+
+/* llama.cpp's converter (Gemma3Model); the gemma4 names are Gemma4Model's */
+static const gemma_names k_gguf_names = {
+    "token_embd.weight", "output_norm.weight", "output.weight",
+    "blk.%d.attn_norm.weight", "blk.%d.post_attention_norm.weight", "blk.%d.ffn_norm.weight",
+    "blk.%d.post_ffw_norm.weight",
+    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight", "blk.%d.attn_output.weight",
+    "blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias", "blk.%d.attn_output.bias",
+    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight",
+    "blk.%d.ffn_down.weight",
+    "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight", "blk.%d.layer_output_scale.weight",
+    "per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight",
+};
+
+static void bind_layer(lm_binder *b, namer *n, const gemma_names *nt, gemma_layer *L, const gemma_layer_cfg *lc,
+                       const lm_model_config *c, int l, float norm_off) {
     const struct lm_gemma_config *g = c->gemma;
     int64_t D = c->d_model, QD = (int64_t)c->n_heads * lc->head_dim, KD = (int64_t)lc->n_kv_heads * lc->head_dim;
     int64_t F = lc->d_ff, P = g->ple_dim;
-    lm_bind_f32(b, &L->attn_norm, nm(n, "layers.%d.input_layernorm.weight", l), 1, D, true, norm_off);
-    lm_bind_f32(b, &L->post_attn_norm, nm(n, "layers.%d.post_attention_layernorm.weight", l), 1, D, true, norm_off);
-    lm_bind_f32(b, &L->pre_ffn_norm, nm(n, "layers.%d.pre_feedforward_layernorm.weight", l), 1, D, true, norm_off);
-    lm_bind_f32(b, &L->post_ffn_norm, nm(n, "layers.%d.post_feedforward_layernorm.weight", l), 1, D, true, norm_off);
-    lm_bind_matrix(b, &L->wq, nm(n, "layers.%d.self_attn.q_proj.weight", l), QD, D, true, true);
-    lm_bind_matrix(b, &L->wo, nm(n, "layers.%d.self_attn.o_proj.weight", l), D, QD, true, true);
-    lm_bind_vector(b, &L->bq, nm(n, "layers.%d.self_attn.q_proj.bias", l), QD, c->qkv_bias);
-    lm_bind_vector(b, &L->bo, nm(n, "layers.%d.self_attn.o_proj.bias", l), D, c->o_bias);
-    lm_bind_f32(b, &L->q_norm, nm(n, "layers.%d.self_attn.q_norm.weight", l), 1, lc->head_dim, true, norm_off);
+    lm_bind_f32(b, &L->attn_norm, nm(n, nt->attn_norm, l), 1, D, true, norm_off);
+    lm_bind_f32(b, &L->post_attn_norm, nm(n, nt->post_attn_norm, l), 1, D, true, norm_off);
+    lm_bind_f32(b, &L->pre_ffn_norm, nm(n, nt->pre_ffn_norm, l), 1, D, true, norm_off);
+    lm_bind_f32(b, &L->post_ffn_norm, nm(n, nt->post_ffn_norm, l), 1, D, true, norm_off);
+    lm_bind_matrix(b, &L->wq, nm(n, nt->q, l), QD, D, true, true);
+    lm_bind_matrix(b, &L->wo, nm(n, nt->o, l), D, QD, true, true);
+    lm_bind_vector(b, &L->bq, nm(n, nt->bq, l), QD, c->qkv_bias);
+    lm_bind_vector(b, &L->bo, nm(n, nt->bo, l), D, c->o_bias);
+    lm_bind_f32(b, &L->q_norm, nm(n, nt->q_norm, l), 1, lc->head_dim, true, norm_off);
     if (!lc->shared) {
-        lm_bind_matrix(b, &L->wk, nm(n, "layers.%d.self_attn.k_proj.weight", l), KD, D, true, true);
-        lm_bind_vector(b, &L->bk, nm(n, "layers.%d.self_attn.k_proj.bias", l), KD, c->qkv_bias);
+        lm_bind_matrix(b, &L->wk, nm(n, nt->k, l), KD, D, true, true);
+        lm_bind_vector(b, &L->bk, nm(n, nt->bk, l), KD, c->qkv_bias);
         if (!lc->k_eq_v) {
-            lm_bind_matrix(b, &L->wv, nm(n, "layers.%d.self_attn.v_proj.weight", l), KD, D, true, true);
-            lm_bind_vector(b, &L->bv, nm(n, "layers.%d.self_attn.v_proj.bias", l), KD, c->qkv_bias);
+            lm_bind_matrix(b, &L->wv, nm(n, nt->v, l), KD, D, true, true);
+            lm_bind_vector(b, &L->bv, nm(n, nt->bv, l), KD, c->qkv_bias);
         }
-        lm_bind_f32(b, &L->k_norm, nm(n, "layers.%d.self_attn.k_norm.weight", l), 1, lc->head_dim, true, norm_off);
+        lm_bind_f32(b, &L->k_norm, nm(n, nt->k_norm, l), 1, lc->head_dim, true, norm_off);
     }
     namer nu = *n;
     lm_bind_matrix_group(b, 2, (lm_tensor *const[]){ &L->w_gate, &L->w_up },
-                         (const char *const[]){ nm(n, "layers.%d.mlp.gate_proj.weight", l),
-                                                nm(&nu, "layers.%d.mlp.up_proj.weight", l) },
+                         (const char *const[]){ nm(n, nt->gate, l),
+                                                nm(&nu, nt->up, l) },
                          (const int64_t[]){ F, F }, D);
-    lm_bind_matrix(b, &L->w_down, nm(n, "layers.%d.mlp.down_proj.weight", l), D, F, true, true);
+    lm_bind_matrix(b, &L->w_down, nm(n, nt->down, l), D, F, true, true);
     L->layer_scalar = 1.0f;
     if (g->version == 4) {
         if (P > 0) {
-            lm_bind_matrix(b, &L->ple_gate, nm(n, "layers.%d.per_layer_input_gate.weight", l), P, D, true, true);
-            lm_bind_matrix(b, &L->ple_proj, nm(n, "layers.%d.per_layer_projection.weight", l), D, P, true, true);
-            lm_bind_vector(b, &L->ple_norm, nm(n, "layers.%d.post_per_layer_input_norm.weight", l), D, true);
+            lm_bind_matrix(b, &L->ple_gate, nm(n, nt->ple_gate, l), P, D, true, true);
+            lm_bind_matrix(b, &L->ple_proj, nm(n, nt->ple_proj, l), D, P, true, true);
+            lm_bind_vector(b, &L->ple_norm, nm(n, nt->ple_norm, l), D, true);
         }
         lm_tensor s = { 0 };
-        lm_bind_vector(b, &s, nm(n, "layers.%d.layer_scalar", l), 1, false);
+        lm_bind_vector(b, &s, nm(n, nt->layer_scalar, l), 1, false);
         if (s.data) b->m->be->ops->read(b->m->be, &L->layer_scalar, s.data, sizeof(float));
     }
 }
@@ -374,37 +398,40 @@ static float *rope_table(const gemma_rope_cfg *r, int Dh) {
 static int gemma_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
     const struct lm_gemma_config *g = c->gemma;
-    if (!g) return lm_errf(e, "%s: gemma models load from a Hugging Face folder (config.json)", m->path);
+    LM_ASSERT(g); /* both config readers set it */
+    const bool gguf = m->weights->gguf != NULL;
+    const gemma_names *nt = gguf ? &k_gguf_names : &k_hf_names;
     gemma *G = lm_xcalloc(1, sizeof *G);
     m->impl = G;
     G->g = g;
     G->layers = lm_xcalloc((size_t)c->n_layers, sizeof *G->layers);
     lm_binder b = { m, e, 0 };
-    namer n = { k_prefixes[0], { 0 } };
-    for (size_t i = 0; i < LM_COUNT(k_prefixes); i++)
-        if (lm_bind_has(&b, nm(&(namer){ k_prefixes[i], { 0 } }, "embed_tokens.weight", 0))) n.prefix = k_prefixes[i];
-    bool multimodal = n.prefix != k_prefixes[0];
+    namer n = { gguf ? "" : k_prefixes[0], { 0 } };
+    for (size_t i = 0; !gguf && i < LM_COUNT(k_prefixes); i++)
+        if (lm_bind_has(&b, nm(&(namer){ k_prefixes[i], { 0 } }, nt->embed, 0))) n.prefix = k_prefixes[i];
+    bool multimodal = !gguf && n.prefix != k_prefixes[0];
     int64_t D = c->d_model, V = c->vocab, L = c->n_layers, P = g->ple_dim;
-    float norm_off = g->version == 3 ? 1.0f : 0.0f;
+    /* gemma3's norms scale by (1 + w); llama.cpp's converter stores 1 + w */
+    float norm_off = g->version == 3 && !gguf ? 1.0f : 0.0f;
 
-    lm_bind_matrix(&b, &m->embed, nm(&n, "embed_tokens.weight", 0), V, D, true, c->tie_embeddings);
-    lm_bind_f32(&b, &m->out_norm, nm(&n, "norm.weight", 0), 1, D, true, norm_off);
+    lm_bind_matrix(&b, &m->embed, nm(&n, nt->embed, 0), V, D, true, c->tie_embeddings);
+    lm_bind_f32(&b, &m->out_norm, nm(&n, nt->norm, 0), 1, D, true, norm_off);
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
     } else {
-        const char *head = "lm_head.weight";
-        if (!lm_bind_has(&b, head) && lm_bind_has(&b, "language_model.lm_head.weight"))
+        const char *head = nt->head;
+        if (!gguf && !lm_bind_has(&b, head) && lm_bind_has(&b, "language_model.lm_head.weight"))
             head = "language_model.lm_head.weight";
         lm_bind_matrix(&b, &m->lm_head, head, V, D, true, true);
     }
     if (P > 0) {
-        lm_bind_matrix(&b, &G->ple_embed, nm(&n, "embed_tokens_per_layer.weight", 0), g->ple_vocab, L * P, true, false);
-        lm_bind_matrix(&b, &G->ple_model_proj, nm(&n, "per_layer_model_projection.weight", 0), L * P, D, true, true);
-        lm_bind_vector(&b, &G->ple_proj_norm, nm(&n, "per_layer_projection_norm.weight", 0), P, true);
+        lm_bind_matrix(&b, &G->ple_embed, nm(&n, nt->ple_embed, 0), g->ple_vocab, L * P, true, false);
+        lm_bind_matrix(&b, &G->ple_model_proj, nm(&n, nt->ple_model_proj, 0), L * P, D, true, true);
+        lm_bind_vector(&b, &G->ple_proj_norm, nm(&n, nt->ple_proj_norm, 0), P, true);
     }
     for (int l = 0; l < c->n_layers && !b.failed; l++) {
         const gemma_layer_cfg *lc = &g->layer[l];
-        bind_layer(&b, &n, &G->layers[l], lc, c, l, norm_off);
+        bind_layer(&b, &n, nt, &G->layers[l], lc, c, l, norm_off);
         G->layers[l].inv_freq = rope_table(&g->rope[c->layer_sliding[l] ? 1 : 0], lc->head_dim);
         G->layers[l].rope_factor = 1.0f;
         G->max_dh = LM_MAX(G->max_dh, lc->head_dim);

@@ -30,6 +30,7 @@ typedef struct lm_rope_config {
     double attn_factor;         /* yarn: explicit attention_factor, 0 = derive */
     double partial_factor;      /* fraction of head_dim that rotates (1 = all) */
     bool interleaved;           /* GGUF llama stores Q/K permuted for pairwise rope */
+    bool freq_factors;          /* GGUF: divide each frequency by rope_freqs.weight's (Llama 3 scaling) */
 } lm_rope_config;
 
 typedef enum lm_act { LM_ACT_SILU = 0, LM_ACT_GELU_TANH, LM_ACT_GELU } lm_act;

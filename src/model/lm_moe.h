@@ -9,7 +9,9 @@
  *    model.layers.L.mlp.experts.N.{gate,up,down}_proj.weight, [F][D] / [D][F];
  *  - fused (transformers 5 in memory, some conversions):
  *    model.layers.L.mlp.experts.gate_up_proj [E][2F][D] (gate rows first)
- *    and model.layers.L.mlp.experts.down_proj [E][D][F].
+ *    and model.layers.L.mlp.experts.down_proj [E][D][F];
+ *  - stacked (llama.cpp's GGUF): blk.L.ffn_{gate,up}_exps [E][F][D] and
+ *    blk.L.ffn_down_exps [E][D][F].
  * A fused tensor is bound once and each expert's matrices are row views into
  * it, so the backend op sees the same per-expert arrays either way. */
 #ifndef LM_MOE_H
@@ -22,15 +24,18 @@ typedef struct lm_moe_layer {
     lm_tensor *gate, *up, *down;  /* [E] -> [F][D], [F][D], [D][F] (host arrays of handles) */
 } lm_moe_layer;
 
-/* Name patterns: router and the fused pair take the layer (%d); per-expert
+/* Name patterns: router, the fused pair and the stacked three take the layer (%d); per-expert
  * patterns take layer and expert (%d, %d). */
 typedef struct lm_moe_names {
     const char *router;
     const char *gate, *up, *down;     /* per expert */
     const char *gate_up, *down_fused; /* fused */
+    /* stacked per matrix (GGUF ffn_{gate,up,down}_exps: [E][F][D], [E][F][D],
+     * [E][D][F]); NULL in layouts without them */
+    const char *gate_exps, *up_exps, *down_exps;
 } lm_moe_names;
 
-extern const lm_moe_names lm_moe_hf_names;
+extern const lm_moe_names lm_moe_hf_names, lm_moe_gguf_names;
 
 /* Binds layer `layer`'s router and experts (cfg n_experts, moe_d_ff). Adds to
  * m->weight_bytes what one decoded token reads: the router, and top_k / E of

@@ -18,6 +18,7 @@ typedef struct lm_hybrid_config {
     int conv_kernel;              /* K: linear_conv_kernel_dim */
     bool attn_out_gate;           /* full attention: o_proj(attn * sigmoid(gate)) */
     int mtp_layers;               /* mtp_num_hidden_layers (0 when absent) */
+    bool v_tiled;                 /* value heads in tiled order (lm_delta_params.v_tiled) */
     bool layer_linear[];          /* [n_layers] Gated DeltaNet (else full attention) */
 } lm_hybrid_config;
 

@@ -25,7 +25,7 @@ static int setup_rope(lm_model *m, lm_err *e) {
     if (m->rot_dim <= 0) return lm_errf(e, "%s: rotary dimension is zero", m->path);
     m->inv_freq = lm_xmalloc((size_t)(m->rot_dim / 2) * sizeof(float));
     m->rope_attn_factor = lm_rope_inv_freq(&c->rope, m->rot_dim, m->inv_freq);
-    if (m->weights->gguf && lm_weights_find(m->weights, "rope_freqs.weight", NULL)) {
+    if (c->rope.freq_factors) {
         lm_binder b = { m, e, 0 };
         lm_tensor div = { 0 };
         lm_bind_vector(&b, &div, "rope_freqs.weight", m->rot_dim / 2, true);

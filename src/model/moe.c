@@ -66,6 +66,13 @@ const lm_moe_names lm_moe_hf_names = {
     .down_fused = "model.layers.%d.mlp.experts.down_proj",
 };
 
+const lm_moe_names lm_moe_gguf_names = {
+    .router = "blk.%d.ffn_gate_inp.weight",
+    .gate_exps = "blk.%d.ffn_gate_exps.weight",
+    .up_exps = "blk.%d.ffn_up_exps.weight",
+    .down_exps = "blk.%d.ffn_down_exps.weight",
+};
+
 /* Binds the stacked tensor `name` of shape [E][R][C] as one [E*R][C] matrix
  * (checked like lm_bind_matrix, expected vs actual naming the file) and
  * returns it; views are cut by the caller. */
@@ -118,32 +125,49 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
     L->up = lm_xcalloc((size_t)E, sizeof *L->up);
     L->down = lm_xcalloc((size_t)E, sizeof *L->down);
     size_t before = m->weight_bytes;
-    char n2[192];
-    snprintf(n, sizeof n, nt->gate_up, l);
-    snprintf(n2, sizeof n2, nt->down_fused, l);
-    bool has_gu = lm_bind_has(b, n), has_dn = lm_bind_has(b, n2);
-    if (has_gu || has_dn) {
-        if (!has_gu || !has_dn) {
-            const char *file = NULL;
-            lm_weights_find(m->weights, has_gu ? n : n2, &file);
-            lm_errf(b->e, "%s: fused experts \"%s\" without \"%s\"", file, has_gu ? n : n2, has_gu ? n2 : n);
+    char n2[192], n3[192];
+    if (nt->gate_exps) { /* stacked: one tensor per matrix, every expert */
+        snprintf(n, sizeof n, nt->gate_exps, l);
+        snprintf(n2, sizeof n2, nt->up_exps, l);
+        snprintf(n3, sizeof n3, nt->down_exps, l);
+        const char *missing = !lm_bind_has(b, n) ? n : !lm_bind_has(b, n2) ? n2 : !lm_bind_has(b, n3) ? n3 : NULL;
+        if (missing && !b->failed) {
+            lm_errf(b->e, "%s: missing tensor \"%s\"", m->path, missing);
             b->failed = 1;
-            return;
         }
-        lm_tensor gu = bind_stack(b, n, E, 2 * F, D), dn = bind_stack(b, n2, E, D, F);
+        lm_tensor g = bind_stack(b, n, E, F, D), u = bind_stack(b, n2, E, F, D), dn = bind_stack(b, n3, E, D, F);
         for (int64_t x = 0; x < E && !b->failed; x++) {
-            L->gate[x] = row_view(&gu, x * 2 * F, F);
-            L->up[x] = row_view(&gu, x * 2 * F + F, F);
+            L->gate[x] = row_view(&g, x * F, F);
+            L->up[x] = row_view(&u, x * F, F);
             L->down[x] = row_view(&dn, x * D, D);
         }
     } else {
-        for (int x = 0; x < E && !b->failed; x++) {
-            snprintf(n, sizeof n, nt->gate, l, x);
-            lm_bind_matrix(b, &L->gate[x], n, F, D, true, true);
-            snprintf(n, sizeof n, nt->up, l, x);
-            lm_bind_matrix(b, &L->up[x], n, F, D, true, true);
-            snprintf(n, sizeof n, nt->down, l, x);
-            lm_bind_matrix(b, &L->down[x], n, D, F, true, true);
+        snprintf(n, sizeof n, nt->gate_up, l);
+        snprintf(n2, sizeof n2, nt->down_fused, l);
+        bool has_gu = lm_bind_has(b, n), has_dn = lm_bind_has(b, n2);
+        if (has_gu || has_dn) {
+            if (!has_gu || !has_dn) {
+                const char *file = NULL;
+                lm_weights_find(m->weights, has_gu ? n : n2, &file);
+                lm_errf(b->e, "%s: fused experts \"%s\" without \"%s\"", file, has_gu ? n : n2, has_gu ? n2 : n);
+                b->failed = 1;
+                return;
+            }
+            lm_tensor gu = bind_stack(b, n, E, 2 * F, D), dn = bind_stack(b, n2, E, D, F);
+            for (int64_t x = 0; x < E && !b->failed; x++) {
+                L->gate[x] = row_view(&gu, x * 2 * F, F);
+                L->up[x] = row_view(&gu, x * 2 * F + F, F);
+                L->down[x] = row_view(&dn, x * D, D);
+            }
+        } else {
+            for (int x = 0; x < E && !b->failed; x++) {
+                snprintf(n, sizeof n, nt->gate, l, x);
+                lm_bind_matrix(b, &L->gate[x], n, F, D, true, true);
+                snprintf(n, sizeof n, nt->up, l, x);
+                lm_bind_matrix(b, &L->up[x], n, F, D, true, true);
+                snprintf(n, sizeof n, nt->down, l, x);
+                lm_bind_matrix(b, &L->down[x], n, D, F, true, true);
+            }
         }
     }
     /* A decoded token reads only its top_k experts: count that share. */

@@ -123,7 +123,8 @@ typedef struct q35 {
     lm_q35_layer *layers;    /* [n_layers] */
     lm_qwen35_mtp mtp;       /* n_layers == 0: none */
     bool has_mtp;
-    char moe_pat[2][6][96];  /* lm_moe_names patterns: main layers, MTP layers */
+    const struct q35_names *nt; /* the checkpoint's tensor names */
+    char moe_pat[2][9][96];  /* lm_moe_names patterns: main layers, MTP layers */
     lm_moe_names moe_names[2];
     void **host;             /* re-ordered weight copies (lm_xaligned) */
     int n_host;
@@ -133,6 +134,59 @@ typedef struct q35 {
 } q35;
 
 /* ---- binding -------------------------------------------------------------------- */
+
+/* Tensor names of one checkpoint layout: each is the suffix after the
+ * layer's prefix ("model.layers.3." or "blk.3."); NULL where the layout has
+ * no such tensor. */
+typedef struct q35_names {
+    const char *in_norm, *post_norm;
+    const char *q, *k, *v, *o, *q_norm, *k_norm;           /* full attention */
+    const char *qkv, *z, *b, *a, *qkvz, *ba;               /* Gated DeltaNet input projections */
+    const char *conv, *a_log, *dt_bias, *norm, *out;
+    const char *gate, *up, *down;                          /* dense MLP */
+    const char *sh_gate, *sh_up, *sh_down, *sh_router;     /* Qwen3-Next's shared expert */
+    const char *moe[9]; /* lm_moe_names order: router, per-expert gate/up/down, fused, stacked */
+    /* llama.cpp's converter stores the (1 + w) norms as 1 + w (and the
+     * linear-attention norm, a plain w, as it is): adding norm_offset gives
+     * back the w that the forward's (1 + w) norms take */
+    float norm_offset;
+    /* the converter stores A_log as A = -exp(A_log); the delta-rule gates
+     * take A_log, so it is read back as log(-A) */
+    bool a_negexp;
+} q35_names;
+
+static const q35_names k_hf_names = {
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight",
+    "linear_attn.in_proj_a.weight", "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight",
+    "linear_attn.conv1d.weight", "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.norm.weight",
+    "linear_attn.out_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight", "mlp.shared_expert.down_proj.weight",
+    "mlp.shared_expert_gate.weight",
+    { "%d.mlp.gate.weight", "%d.mlp.experts.%d.gate_proj.weight", "%d.mlp.experts.%d.up_proj.weight",
+      "%d.mlp.experts.%d.down_proj.weight", "%d.mlp.experts.gate_up_proj", "%d.mlp.experts.down_proj", NULL, NULL,
+      NULL },
+    0.0f, false,
+};
+
+/* llama.cpp's converter (Qwen3NextModel, Qwen3_5TextModel): Qwen3-Next's
+ * fused in_proj_qkvz is split into attn_qkv (q|k|v) and attn_gate (z);
+ * its in_proj_ba stays fused (ssm_ba); experts are stacked [E][..][..]. */
+static const q35_names k_gguf_names = {
+    "attn_norm.weight", "post_attention_norm.weight",
+    "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+    "attn_q_norm.weight", "attn_k_norm.weight",
+    "attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight", NULL, "ssm_ba.weight",
+    "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight", "ssm_out.weight",
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight", "ffn_gate_inp_shexp.weight",
+    { "%d.ffn_gate_inp.weight", NULL, NULL, NULL, NULL, NULL, "%d.ffn_gate_exps.weight", "%d.ffn_up_exps.weight",
+      "%d.ffn_down_exps.weight" },
+    -1.0f, true,
+};
 
 /* "<pfx><layer>.<suffix>", e.g. model.layers.3.linear_attn.A_log */
 static const char *lname(char *buf, size_t n, const char *pfx, int layer, const char *suffix) {
@@ -193,13 +247,14 @@ static void bind_split_cols(lm_binder *b, q35 *q, const char *name, int64_t rows
  * attn_block multiplies them (matmul_n). */
 static void bind_attn(lm_binder *b, q35 *q, lm_q35_attn *A, const char *pfx, int l) {
     const lm_model_config *c = &b->m->cfg;
+    const q35_names *nt = q->nt;
     const int64_t D = c->d_model, Dh = c->head_dim, QD = (int64_t)c->n_heads * Dh, KD = (int64_t)c->n_kv_heads * Dh;
     char n[192], nq[192], nk[192], nv[192];
-    lname(nq, sizeof nq, pfx, l, "self_attn.q_proj.weight");
-    lname(nk, sizeof nk, pfx, l, "self_attn.k_proj.weight");
-    lname(nv, sizeof nv, pfx, l, "self_attn.v_proj.weight");
+    lname(nq, sizeof nq, pfx, l, nt->q);
+    lname(nk, sizeof nk, pfx, l, nt->k);
+    lname(nv, sizeof nv, pfx, l, nt->v);
     if (c->hybrid->attn_out_gate) {
-        /* q_proj rows are [H][q (Dh); gate (Dh)] */
+        /* q_proj rows are [H][q (Dh); gate (Dh)] (the converter keeps them so) */
         const lm_file_tensor *tq = lm_bind_find_matrix(b, nq, 2 * QD, D);
         const lm_file_tensor *tk = tq ? lm_bind_find_matrix(b, nk, KD, D) : NULL;
         const lm_file_tensor *tv = tk ? lm_bind_find_matrix(b, nv, KD, D) : NULL;
@@ -223,21 +278,46 @@ static void bind_attn(lm_binder *b, q35 *q, lm_q35_attn *A, const char *pfx, int
         lm_bind_matrix_group(b, 3, (lm_tensor *const[]){ &A->wq, &A->wk, &A->wv },
                              (const char *const[]){ nq, nk, nv }, (const int64_t[]){ QD, KD, KD }, D);
     }
-    lm_bind_matrix(b, &A->wo, lname(n, sizeof n, pfx, l, "self_attn.o_proj.weight"), D, QD, true, true);
-    lm_bind_vector(b, &A->q_norm, lname(n, sizeof n, pfx, l, "self_attn.q_norm.weight"), Dh, true);
-    lm_bind_vector(b, &A->k_norm, lname(n, sizeof n, pfx, l, "self_attn.k_norm.weight"), Dh, true);
+    lm_bind_matrix(b, &A->wo, lname(n, sizeof n, pfx, l, nt->o), D, QD, true, true);
+    lm_bind_f32(b, &A->q_norm, lname(n, sizeof n, pfx, l, nt->q_norm), 1, Dh, true, nt->norm_offset);
+    lm_bind_f32(b, &A->k_norm, lname(n, sizeof n, pfx, l, nt->k_norm), 1, Dh, true, nt->norm_offset);
 }
 
+/* A_log from a file that stores A = -exp(A_log) (q35_names.a_negexp). */
+static void a_log_from_a(lm_binder *b, lm_tensor *t, const char *name) {
+    if (b->failed) return;
+    lm_backend *be = b->m->be;
+    const size_t n = (size_t)(t->rows * t->cols);
+    float *host = lm_xmalloc(n * sizeof(float));
+    be->ops->read(be, host, t->data, n * sizeof(float));
+    for (size_t i = 0; i < n && !b->failed; i++) {
+        if (!(host[i] < 0)) {
+            lm_errf(b->e, "%s: tensor \"%s\" holds %g, expected -exp(A_log) < 0", b->m->path, name, (double)host[i]);
+            b->failed = 1;
+        }
+        host[i] = logf(-host[i]);
+    }
+    if (!b->failed) be->ops->write(be, t->data, host, n * sizeof(float));
+    free(host);
+}
+
+/* The four input projections go up as one group, in the order delta_block
+ * multiplies them (matmul_n): qkv, z, b, a. Qwen3-Next's Hugging Face
+ * in_proj_qkvz and its in_proj_ba (also in the GGUF, as ssm_ba) interleave
+ * them per key head and are re-ordered on the host. */
 static void bind_delta(lm_binder *b, q35 *q, lm_q35_delta *Dl, const char *pfx, int l) {
     const lm_model_config *c = &b->m->cfg;
     const lm_hybrid_config *h = c->hybrid;
+    const q35_names *nt = q->nt;
     const int64_t D = c->d_model, Hk = h->lin_k_heads, Hv = h->lin_v_heads, Dk = h->lin_k_dim, Dv = h->lin_v_dim;
     const int64_t KD = Hk * Dk, VD = Hv * Dv, C = 2 * KD + VD, K = h->conv_kernel, r = Hv / Hk;
+    const bool next = !strcmp(c->model_type, "qwen3_next");
     char n[192];
-    if (!strcmp(c->model_type, "qwen3_next")) {
+    const void *host[4] = { NULL };
+    int32_t *map = lm_xmalloc((size_t)(C + VD) * sizeof(int32_t));
+    if (next && nt->qkvz) {
         /* in_proj_qkvz rows are [Hk][q (Dk); k (Dk); v (r*Dv); z (r*Dv)] */
         const int64_t G = 2 * Dk + 2 * r * Dv;
-        int32_t *map = lm_xmalloc((size_t)(C + VD) * sizeof(int32_t));
         for (int64_t g = 0; g < Hk; g++) {
             for (int64_t i = 0; i < Dk; i++) {
                 map[g * Dk + i] = (int32_t)(g * G + i);
@@ -248,83 +328,86 @@ static void bind_delta(lm_binder *b, q35 *q, lm_q35_delta *Dl, const char *pfx, 
                 map[C + g * r * Dv + i] = (int32_t)(g * G + 2 * Dk + r * Dv + i);
             }
         }
-        const void *host[4];
-        const lm_file_tensor *t = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"),
-                                                      C + VD, D);
+        const lm_file_tensor *t = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->qkvz), C + VD, D);
         if (t)
             split_rows(t, q, C + VD, D, map, 2, (const int64_t[]){ C, VD },
                        (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z }, host);
+    } else {
+        const lm_file_tensor *tq = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->qkv), C, D);
+        const lm_file_tensor *tz = tq ? lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->z), VD, D) : NULL;
+        if (tz) {
+            Dl->w_qkv = (lm_tensor){ .type = tq->type, .rows = C, .cols = D };
+            Dl->w_z = (lm_tensor){ .type = tz->type, .rows = VD, .cols = D };
+            host[0] = tq->data, host[1] = tz->data;
+        }
+    }
+    if (next) {
         /* in_proj_ba rows are [Hk][b (r); a (r)] */
         for (int64_t g = 0; g < Hk; g++)
             for (int64_t i = 0; i < r; i++) {
                 map[g * r + i] = (int32_t)(g * 2 * r + i);
                 map[Hv + g * r + i] = (int32_t)(g * 2 * r + r + i);
             }
-        t = t ? lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, "linear_attn.in_proj_ba.weight"), 2 * Hv, D) : NULL;
+        const lm_file_tensor *t = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->ba), 2 * Hv, D);
         if (t)
             split_rows(t, q, 2 * Hv, D, map, 2, (const int64_t[]){ Hv, Hv }, (lm_tensor *const[]){ &Dl->w_b, &Dl->w_a },
                        host + 2);
-        free(map);
-        if (t)
-            lm_bind_upload_group(b, 4, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a }, host,
-                                 lname(n, sizeof n, pfx, l, "linear_attn.in_proj_qkvz.weight"));
     } else {
-        /* one group, in the order delta_block multiplies them (matmul_n) */
-        char nq[192], nz[192], nb[192], na[192];
-        lm_bind_matrix_group(b, 4, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a },
-                             (const char *const[]){ lname(nq, sizeof nq, pfx, l, "linear_attn.in_proj_qkv.weight"),
-                                                    lname(nz, sizeof nz, pfx, l, "linear_attn.in_proj_z.weight"),
-                                                    lname(nb, sizeof nb, pfx, l, "linear_attn.in_proj_b.weight"),
-                                                    lname(na, sizeof na, pfx, l, "linear_attn.in_proj_a.weight") },
-                             (const int64_t[]){ C, VD, Hv, Hv }, D);
+        const lm_file_tensor *tb = lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->b), Hv, D);
+        const lm_file_tensor *ta = tb ? lm_bind_find_matrix(b, lname(n, sizeof n, pfx, l, nt->a), Hv, D) : NULL;
+        if (ta) {
+            Dl->w_b = (lm_tensor){ .type = tb->type, .rows = Hv, .cols = D };
+            Dl->w_a = (lm_tensor){ .type = ta->type, .rows = Hv, .cols = D };
+            host[2] = tb->data, host[3] = ta->data;
+        }
     }
-    lm_bind_f32(b, &Dl->conv, lname(n, sizeof n, pfx, l, "linear_attn.conv1d.weight"), C, C * K, true, 0.0f);
-    lm_bind_vector(b, &Dl->a_log, lname(n, sizeof n, pfx, l, "linear_attn.A_log"), Hv, true);
-    lm_bind_vector(b, &Dl->dt_bias, lname(n, sizeof n, pfx, l, "linear_attn.dt_bias"), Hv, true);
-    lm_bind_vector(b, &Dl->norm, lname(n, sizeof n, pfx, l, "linear_attn.norm.weight"), Dv, true);
-    lm_bind_matrix(b, &Dl->w_out, lname(n, sizeof n, pfx, l, "linear_attn.out_proj.weight"), D, VD, true, true);
+    free(map);
+    lm_bind_upload_group(b, 4, (lm_tensor *const[]){ &Dl->w_qkv, &Dl->w_z, &Dl->w_b, &Dl->w_a }, host,
+                         lname(n, sizeof n, pfx, l, nt->qkvz && next ? nt->qkvz : nt->qkv));
+    lm_bind_f32(b, &Dl->conv, lname(n, sizeof n, pfx, l, nt->conv), C, C * K, true, 0.0f);
+    lm_bind_vector(b, &Dl->a_log, lname(n, sizeof n, pfx, l, nt->a_log), Hv, true);
+    if (nt->a_negexp) a_log_from_a(b, &Dl->a_log, n);
+    lm_bind_vector(b, &Dl->dt_bias, lname(n, sizeof n, pfx, l, nt->dt_bias), Hv, true);
+    lm_bind_vector(b, &Dl->norm, lname(n, sizeof n, pfx, l, nt->norm), Dv, true);
+    lm_bind_matrix(b, &Dl->w_out, lname(n, sizeof n, pfx, l, nt->out), D, VD, true, true);
 }
 
 /* lm_moe_names for layers named "<pfx><layer>." (slot 0: main, 1: MTP). */
 static const lm_moe_names *moe_names(q35 *q, int slot, const char *pfx) {
-    static const char *const k_suffix[6] = {
-        "%d.mlp.gate.weight", "%d.mlp.experts.%d.gate_proj.weight", "%d.mlp.experts.%d.up_proj.weight",
-        "%d.mlp.experts.%d.down_proj.weight", "%d.mlp.experts.gate_up_proj", "%d.mlp.experts.down_proj",
-    };
-    for (int i = 0; i < 6; i++) snprintf(q->moe_pat[slot][i], sizeof q->moe_pat[slot][i], "%s%s", pfx, k_suffix[i]);
-    q->moe_names[slot] = (lm_moe_names){ q->moe_pat[slot][0], q->moe_pat[slot][1], q->moe_pat[slot][2],
-                                         q->moe_pat[slot][3], q->moe_pat[slot][4], q->moe_pat[slot][5] };
+    const char *p[9];
+    for (int i = 0; i < 9; i++) {
+        p[i] = NULL;
+        if (!q->nt->moe[i]) continue;
+        snprintf(q->moe_pat[slot][i], sizeof q->moe_pat[slot][i], "%s%s", pfx, q->nt->moe[i]);
+        p[i] = q->moe_pat[slot][i];
+    }
+    q->moe_names[slot] = (lm_moe_names){ p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8] };
     return &q->moe_names[slot];
 }
 
 static void bind_ffn(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l, int slot) {
     const lm_model_config *c = &b->m->cfg;
+    const q35_names *nt = q->nt;
     const int64_t D = c->d_model, F = L->moe ? c->shared_expert_d_ff : c->d_ff;
-    const char *mlp = L->moe ? "mlp.shared_expert." : "mlp.";
-    char n[192], sfx[64];
+    char n[192], ng[192], nu[192];
     if (L->moe) {
         lm_moe_bind(b, &L->ffn.moe, moe_names(q, slot, pfx), l);
         if (F == 0) return; /* no shared expert */
-        lm_bind_matrix(b, &L->ffn.shared_gate, lname(n, sizeof n, pfx, l, "mlp.shared_expert_gate.weight"), 1, D,
-                       true, true);
+        lm_bind_matrix(b, &L->ffn.shared_gate, lname(n, sizeof n, pfx, l, nt->sh_router), 1, D, true, true);
     }
-    char ng[192], nu[192];
-    snprintf(sfx, sizeof sfx, "%sgate_proj.weight", mlp);
-    lname(ng, sizeof ng, pfx, l, sfx);
-    snprintf(sfx, sizeof sfx, "%sup_proj.weight", mlp);
-    lname(nu, sizeof nu, pfx, l, sfx);
+    lname(ng, sizeof ng, pfx, l, L->moe ? nt->sh_gate : nt->gate);
+    lname(nu, sizeof nu, pfx, l, L->moe ? nt->sh_up : nt->up);
     lm_bind_matrix_group(b, 2, (lm_tensor *const[]){ &L->ffn.gate, &L->ffn.up }, (const char *const[]){ ng, nu },
                          (const int64_t[]){ F, F }, D);
-    snprintf(sfx, sizeof sfx, "%sdown_proj.weight", mlp);
-    lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, sfx), D, F, true, true);
+    lm_bind_matrix(b, &L->ffn.down, lname(n, sizeof n, pfx, l, L->moe ? nt->sh_down : nt->down), D, F, true, true);
 }
 
 /* Layer l named "<pfx><l>.*"; slot picks the MoE name table (0 main, 1 MTP). */
 static void bind_layer(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, int l, int slot) {
     const int64_t D = b->m->cfg.d_model;
     char n[192];
-    lm_bind_vector(b, &L->in_norm, lname(n, sizeof n, pfx, l, "input_layernorm.weight"), D, true);
-    lm_bind_vector(b, &L->post_norm, lname(n, sizeof n, pfx, l, "post_attention_layernorm.weight"), D, true);
+    lm_bind_f32(b, &L->in_norm, lname(n, sizeof n, pfx, l, q->nt->in_norm), 1, D, true, q->nt->norm_offset);
+    lm_bind_f32(b, &L->post_norm, lname(n, sizeof n, pfx, l, q->nt->post_norm), 1, D, true, q->nt->norm_offset);
     if (L->linear) bind_delta(b, q, &L->delta, pfx, l);
     else bind_attn(b, q, &L->attn, pfx, l);
     bind_ffn(b, q, L, pfx, l, slot);
@@ -360,23 +443,28 @@ static void bind_mtp(lm_binder *b, q35 *q) {
 static int q35_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
     const lm_hybrid_config *h = c->hybrid;
-    if (m->weights->gguf) return lm_errf(e, "%s: %s models are read from Hugging Face folders only", m->path, c->model_type);
     q35 *q = lm_xcalloc(1, sizeof *q);
     m->impl = q;
     q->layers = lm_xcalloc((size_t)c->n_layers, sizeof *q->layers);
     lm_binder b = { m, e, 0 };
-    /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text model */
-    const bool mm = lm_bind_has(&b, "model.language_model.embed_tokens.weight");
-    const char *base = mm ? "model.language_model." : "model.";
-    char n[192];
-    snprintf(n, sizeof n, "%sembed_tokens.weight", base);
-    lm_bind_matrix(&b, &m->embed, n, c->vocab, c->d_model, true, c->tie_embeddings);
-    snprintf(n, sizeof n, "%snorm.weight", base);
-    lm_bind_vector(&b, &m->out_norm, n, c->d_model, true);
+    char n[192], pfx[64];
+    const char *embed = "token_embd.weight", *norm = "output_norm.weight", *head = "output.weight";
+    q->nt = m->weights->gguf ? &k_gguf_names : &k_hf_names;
+    snprintf(pfx, sizeof pfx, "blk.");
+    if (!m->weights->gguf) {
+        /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text model */
+        const bool mm = lm_bind_has(&b, "model.language_model.embed_tokens.weight");
+        const char *base = mm ? "model.language_model." : "model.";
+        snprintf(pfx, sizeof pfx, "%slayers.", base);
+        snprintf(n, sizeof n, "%sembed_tokens.weight", base);
+        embed = n;
+        norm = mm ? "model.language_model.norm.weight" : "model.norm.weight";
+        head = "lm_head.weight";
+    }
+    lm_bind_matrix(&b, &m->embed, embed, c->vocab, c->d_model, true, c->tie_embeddings);
+    lm_bind_f32(&b, &m->out_norm, norm, 1, c->d_model, true, q->nt->norm_offset);
     if (c->tie_embeddings) m->lm_head = m->embed;
-    else lm_bind_matrix(&b, &m->lm_head, "lm_head.weight", c->vocab, c->d_model, true, true);
-    char pfx[64];
-    snprintf(pfx, sizeof pfx, "%slayers.", base);
+    else lm_bind_matrix(&b, &m->lm_head, head, c->vocab, c->d_model, true, true);
     int n_kv = 0, n_state = 0;
     for (int l = 0; l < c->n_layers && !b.failed; l++) {
         lm_q35_layer *L = &q->layers[l];
@@ -513,7 +601,7 @@ static void delta_block(const q35_step *st, const lm_q35_layer *L, lm_tensor *x,
     }
     op->conv1d_state(be, &conv, &qkv, &Dl->conv, st->kv, (lm_state_ref){ L->state, 0 }, st->ab, true);
     lm_delta_params dp = { hc->lin_k_heads, hc->lin_v_heads, hc->lin_k_dim, hc->lin_v_dim,
-                           { L->state, (int64_t)(hc->conv_kernel - 1) * C } };
+                           { L->state, (int64_t)(hc->conv_kernel - 1) * C }, hc->v_tiled };
     lm_op_gated_delta_gates(be, &core, &conv, &ga, &gb, &Dl->a_log, &Dl->dt_bias, st->kv, st->ab, &dp);
     op->rms_norm_gated(be, &gated, &core, &z, &Dl->norm, c->norm_eps);
     lm_tensor ws = rows(&s->o, T);

@@ -78,31 +78,47 @@ static int qmoe_parse_config(lm_model_config *c, json_t *root, const char *label
     return lm_config_parse_moe(c, root, label, false, e);
 }
 
+/* Tensor names of the two layouts; llama.cpp's converter stacks each
+ * layer's experts into one tensor per matrix (lm_moe.h). */
+typedef struct qmoe_names {
+    const char *embed, *out_norm, *lm_head, *attn_norm, *ffn_norm, *gate, *up, *down;
+    const lm_attn_names *attn;
+    const lm_moe_names *moe;
+} qmoe_names;
+
+static const qmoe_names k_hf_names = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
+    "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight", &lm_attn_hf_names,
+    &lm_moe_hf_names,
+};
+
+static const qmoe_names k_gguf_names = {
+    "token_embd.weight", "output_norm.weight", "output.weight", "blk.%d.attn_norm.weight",
+    "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+    &lm_attn_gguf_names, &lm_moe_gguf_names,
+};
+
 static int qmoe_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
-    if (m->weights->gguf) return lm_errf(e, "%s: GGUF %s models are not supported yet", m->path, c->model_type);
+    const qmoe_names *nt = m->weights->gguf ? &k_gguf_names : &k_hf_names;
     int64_t D = c->d_model, V = c->vocab;
     qmoe *q = lm_xcalloc(1, sizeof *q);
     m->impl = q;
     q->layers = lm_xcalloc((size_t)c->n_layers, sizeof *q->layers);
     lm_binder b = { m, e, 0 };
     char n[160];
-    lm_bind_matrix(&b, &m->embed, "model.embed_tokens.weight", V, D, true, c->tie_embeddings);
-    lm_bind_vector(&b, &m->out_norm, "model.norm.weight", D, true);
+    lm_bind_matrix(&b, &m->embed, nt->embed, V, D, true, c->tie_embeddings);
+    lm_bind_vector(&b, &m->out_norm, nt->out_norm, D, true);
     if (c->tie_embeddings) m->lm_head = m->embed;
-    else lm_bind_matrix(&b, &m->lm_head, "lm_head.weight", V, D, true, true);
+    else lm_bind_matrix(&b, &m->lm_head, nt->lm_head, V, D, true, true);
     for (int l = 0; l < c->n_layers && !b.failed; l++) {
         qmoe_layer *L = &q->layers[l];
-        lm_bind_vector(&b, &L->attn_norm, lm_bind_name(n, sizeof n, "model.layers.%d.input_layernorm.weight", l), D,
-                       true);
-        lm_attn_bind(&b, &L->attn, &lm_attn_hf_names, l);
-        lm_bind_vector(&b, &L->ffn_norm,
-                       lm_bind_name(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", l), D, true);
-        if (c->layer_moe[l])
-            lm_moe_bind(&b, &L->moe, &lm_moe_hf_names, l);
-        else
-            lm_mlp_bind(&b, &L->mlp, "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
-                        "model.layers.%d.mlp.down_proj.weight", l, c->d_ff);
+        lm_bind_vector(&b, &L->attn_norm, lm_bind_name(n, sizeof n, nt->attn_norm, l), D, true);
+        lm_attn_bind(&b, &L->attn, nt->attn, l);
+        lm_bind_vector(&b, &L->ffn_norm, lm_bind_name(n, sizeof n, nt->ffn_norm, l), D, true);
+        if (c->layer_moe[l]) lm_moe_bind(&b, &L->moe, nt->moe, l);
+        else lm_mlp_bind(&b, &L->mlp, nt->gate, nt->up, nt->down, l, c->d_ff);
     }
     return b.failed ? -1 : 0;
 }

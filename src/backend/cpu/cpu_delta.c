@@ -197,7 +197,7 @@ static void lm_l2norm(float *dst, const float *src, int n, double scale) {
 
 /* Column offsets of head h's q, k and v in a qkv row. */
 static void lm_delta_cols(const lm_delta_params *p, int h, int64_t *qo, int64_t *ko, int64_t *vo) {
-    int hk = h / (p->n_v_heads / p->n_k_heads);
+    int hk = p->v_tiled ? h % p->n_k_heads : h / (p->n_v_heads / p->n_k_heads);
     *qo = (int64_t)hk * p->k_dim;
     *ko = (int64_t)p->n_k_heads * p->k_dim + *qo;
     *vo = 2 * (int64_t)p->n_k_heads * p->k_dim + (int64_t)h * p->v_dim;

@@ -109,6 +109,17 @@ extern const lm_cpu_qkern lm_cpu_qkern_vnni; /* AVX-512 VNNI + VL */
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa);
 bool lm_cpu_has_avx512_vnni(void);
 
+/* FP8_B128 rows to f32, bit-identical to lm_dequant_row, and the FP8 GEMV
+ * (cpu_fp8_avx2.c; the AVX2 and AVX-512 tables' to_f32 and gemv entries). */
+void lm_cpu_fp8_to_f32_avx2(const void *src, float *dst, int64_t n);
+void lm_cpu_fp8_gemv_avx2(const void *w, size_t ldw, int nr, const float *x, int64_t ldx, int nt, int64_t n,
+                          const float *bias, float *y, int64_t ldy);
+/* A4_* / A8_* rows to f32, bit-identical to lm_dequant_row (cpu_affine_avx2.c). */
+void lm_cpu_a4_bf16_to_f32_avx2(const void *src, float *dst, int64_t n);
+void lm_cpu_a4_f16_to_f32_avx2(const void *src, float *dst, int64_t n);
+void lm_cpu_a8_bf16_to_f32_avx2(const void *src, float *dst, int64_t n);
+void lm_cpu_a8_f16_to_f32_avx2(const void *src, float *dst, int64_t n);
+
 extern const lm_cpu_kern lm_cpu_kern_scalar;
 extern const lm_cpu_kern lm_cpu_kern_avx2;
 extern const lm_cpu_kern lm_cpu_kern_avx512;

@@ -13,9 +13,13 @@
  * row is read from memory once. Signed weights use the sign trick:
  * |w| * (x * sign(w)) keeps the unsigned operand unsigned. Each token keeps
  * an f32 accumulator of 8 lanes; the block's integer dot is converted and
- * scaled by (weight scale * activation scale) with one FMA. Q4_K's mins are
- * applied per super-block in a second accumulator from the activation's
- * block sums. The same integers as the scalar reference; only the order of
+ * scaled by (weight scale * activation scale) with one FMA. Q4_K's (and
+ * Q5_K's, Q2_K's) mins are applied per super-block in a second accumulator
+ * from the activation's block sums; Q4_1/Q5_1's offsets m and the affine
+ * types' biases (and A8's code offset of 128, taken out so its codes fit the
+ * sign trick) per block in a scalar one. Types with a scale per 16 values
+ * (Q6_K, Q3_K, Q2_K) apply it to the integer pair or quad sums before the
+ * conversion. The same integers as the scalar reference; only the order of
  * the f32 additions differs. */
 #include "cpu_kern.h"
 
@@ -28,6 +32,13 @@ LM_QD_AI float lm_qd_h(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* A bf16 at p as f32. */
+LM_QD_AI float lm_qd_bf(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return lm_bf16_to_f32(h);
 }
 
 /* int32 lanes: lane i = sum of u[4i..4i+3] * s[4i..4i+3]. */
@@ -86,6 +97,33 @@ LM_QD_AI __m256i lm_qd_nib32(const uint8_t *p) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
+/* Q5_0 / Q5_1's fifth bits: byte i = 16 when bit i of the 32-bit qh is set.
+ * Byte i of the 32-bit word is spread over bytes 8i..8i+7, then each tests
+ * its own bit. */
+LM_QD_AI __m256i lm_qd_bit5(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                            3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* Q3_K's 16 scales, minus 32, as int8 (layout in dtype.c): low nibbles from
+ * bytes 0-7 (low nibbles for scales 0-7, high for 8-15), top two bits from
+ * the bit pairs of bytes 8-11. */
+LM_QD_AI __m128i lm_qd_q3k_scales(const uint8_t *p) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, p, 4);
+    memcpy(&a1, p + 4, 4);
+    memcpy(&a2, p + 8, 4);
+    const uint32_t lo = 0x0f0f0f0fu, hi = 0x30303030u;
+    uint32_t s0 = (a0 & lo) | ((a2 << 4) & hi), s1 = (a1 & lo) | ((a2 << 2) & hi);
+    uint32_t s2 = ((a0 >> 4) & lo) | (a2 & hi), s3 = ((a1 >> 4) & lo) | ((a2 >> 2) & hi);
+    return _mm_sub_epi8(_mm_set_epi32((int)s3, (int)s2, (int)s1, (int)s0), _mm_set1_epi8(32));
+}
+
 typedef struct lm_qd_x {
     const int8_t *q;
     const float *d;
@@ -95,21 +133,105 @@ typedef struct lm_qd_x {
 LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
                         float *out) {
     __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
+    float accs[LM_GEMV_MAX_TOKENS] = { 0 }; /* f32 offsets times the activation sums: Q4_1 / Q5_1's m, the affine biases */
     for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     const int64_t nb = n / 32;
-    if (dt == LM_Q8_0 || dt == LM_Q4_0) {
-        const int bb = dt == LM_Q8_0 ? 34 : 18;
+    if (dt == LM_A4_BF16 || dt == LM_A4_F16 || dt == LM_A8_BF16 || dt == LM_A8_F16) {
+        const bool four = dt == LM_A4_BF16 || dt == LM_A4_F16, bf = dt == LM_A4_BF16 || dt == LM_A8_BF16;
+        const int bb = four ? 20 : 36;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + b * bb;
+            lm_qd_prefetch(blk, bb);
+            float dw = bf ? lm_qd_bf(blk) : lm_qd_h(blk), mw = bf ? lm_qd_bf(blk + 2) : lm_qd_h(blk + 2);
+            /* A4: codes 0..15 as they are; A8: code - 128, signed, and the 128 back with the bias */
+            __m256i w = four ? lm_qd_nib32(blk + 4)
+                             : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 4)), _mm256_set1_epi8((char)0x80));
+            __m256i aw = four ? w : _mm256_sign_epi8(w, w);
+            float off = four ? mw : mw + 128.0f * dw;
+            for (int t = 0; t < NT; t++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
+                __m256i p = lm_qd_dot(aw, four ? xv : _mm256_sign_epi8(xv, w));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+                accs[t] += off * x[t].d[b] * (float)(x[t].s[2 * b] + x[t].s[2 * b + 1]);
+            }
+        }
+    } else if (dt == LM_Q8_0 || dt == LM_Q4_0 || dt == LM_IQ4_NL || dt == LM_Q5_0 || dt == LM_Q4_1 || dt == LM_Q5_1) {
+        /* 32-value blocks: signed codes go through the sign trick, the
+         * unsigned ones of Q4_1 / Q5_1 (x = d q + m) straight in */
+        const int bb = lm_dtype_block_bytes(dt);
+        const bool has_m = dt == LM_Q4_1 || dt == LM_Q5_1;
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lm_iq4nl_levels));
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = wr + b * bb;
             if (b % 2 == 0) lm_qd_prefetch(blk, 2 * bb);
-            __m256i w = dt == LM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
-                                      : _mm256_sub_epi8(lm_qd_nib32(blk + 2), _mm256_set1_epi8(8));
-            __m256i aw = _mm256_sign_epi8(w, w);
-            float dw = lm_qd_h(blk);
+            __m256i w;
+            switch (dt) {
+            case LM_Q8_0: w = _mm256_loadu_si256((const __m256i *)(blk + 2)); break;
+            case LM_Q4_0: w = _mm256_sub_epi8(lm_qd_nib32(blk + 2), _mm256_set1_epi8(8)); break;
+            case LM_IQ4_NL: w = _mm256_shuffle_epi8(lv, lm_qd_nib32(blk + 2)); break;
+            case LM_Q5_0:
+                w = _mm256_sub_epi8(_mm256_or_si256(lm_qd_nib32(blk + 6), lm_qd_bit5(blk + 2)), _mm256_set1_epi8(16));
+                break;
+            case LM_Q4_1: w = lm_qd_nib32(blk + 4); break;
+            default: w = _mm256_or_si256(lm_qd_nib32(blk + 8), lm_qd_bit5(blk + 4)); break; /* Q5_1 */
+            }
+            __m256i aw = has_m ? w : _mm256_sign_epi8(w, w);
+            float dw = lm_qd_h(blk), mw = has_m ? lm_qd_h(blk + 2) : 0.0f;
             for (int t = 0; t < NT; t++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + b * 32));
-                __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
+                __m256i p = lm_qd_dot(aw, has_m ? xv : _mm256_sign_epi8(xv, w));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[t].d[b]), acc[t]);
+                if (has_m) accs[t] += mw * x[t].d[b] * (float)(x[t].s[2 * b] + x[t].s[2 * b + 1]);
+            }
+        }
+    } else if (dt == LM_Q2_K || dt == LM_Q3_K) {
+        /* 2-bit codes, Q3_K with a third bit from hmask (signed: q in -4..3);
+         * one scale per 16 values applied in integers as for Q6_K, Q2_K's
+         * mins per super-block from the activation's 16-value sums */
+        const int bb = dt == LM_Q2_K ? 84 : 110, qs_off = dt == LM_Q2_K ? 16 : 32;
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = wr + sb * bb;
+            lm_qd_prefetch(blk, bb);
+            __m128i sc16;
+            float dsb;
+            if (dt == LM_Q2_K) {
+                __m128i raw = _mm_loadu_si128((const __m128i *)blk);
+                sc16 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+                __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+                __m256 dmin = _mm256_set1_ps(lm_qd_h(blk + 82));
+                dsb = lm_qd_h(blk + 80);
+                for (int t = 0; t < NT; t++) {
+                    __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                    __m256 mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, m16)); /* per 32-value block */
+                    accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, _mm256_loadu_ps(x[t].d + sb * 8)), mins, accm[t]);
+                }
+            } else {
+                sc16 = lm_qd_q3k_scales(blk + 96);
+                dsb = lm_qd_h(blk + 108);
+            }
+            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            for (int t = 0; t < NT; t++)
+                _mm256_store_ps(sdx[t], _mm256_mul_ps(_mm256_set1_ps(dsb), _mm256_loadu_ps(x[t].d + sb * 8)));
+            __m256i hm = dt == LM_Q3_K ? _mm256_loadu_si256((const __m256i *)blk) : _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * h));
+                for (int k = 0; k < 4; k++) {
+                    const int j = 4 * h + k;
+                    __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
+                    __m256i scv = lm_qd_sc(sc16, j);
+                    __m256i w = u;
+                    if (dt == LM_Q3_K) {
+                        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
+                        w = _mm256_sub_epi8(_mm256_or_si256(u, _mm256_slli_epi16(hb, 2)), _mm256_set1_epi8(4));
+                        u = _mm256_sign_epi8(w, w);
+                    }
+                    for (int t = 0; t < NT; t++) {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
+                        if (dt == LM_Q3_K) xv = _mm256_sign_epi8(xv, w);
+                        __m256i p = lm_qd_dot_sc(u, xv, scv);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                    }
+                }
             }
         }
     } else if (dt == LM_Q4_K || dt == LM_Q5_K) { /* Q5_K: Q4_K + a fifth bit from qh */
@@ -219,7 +341,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             }
         }
     }
-    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]);
+    for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]) + accs[t];
 }
 
 LM_QD_AI void lm_qd_gemv(lm_dtype dt, const void *w, size_t ldw, int nr, const void *xq, size_t ldq,
@@ -253,8 +375,23 @@ LM_QD_FN(lm_qd_gemv_q4_k, LM_Q4_K)
 LM_QD_FN(lm_qd_gemv_q6_k, LM_Q6_K)
 LM_QD_FN(lm_qd_gemv_q5_k, LM_Q5_K)
 LM_QD_FN(lm_qd_gemv_iq4_xs, LM_IQ4_XS)
+LM_QD_FN(lm_qd_gemv_q4_1, LM_Q4_1)
+LM_QD_FN(lm_qd_gemv_q5_0, LM_Q5_0)
+LM_QD_FN(lm_qd_gemv_q5_1, LM_Q5_1)
+LM_QD_FN(lm_qd_gemv_iq4_nl, LM_IQ4_NL)
+LM_QD_FN(lm_qd_gemv_q2_k, LM_Q2_K)
+LM_QD_FN(lm_qd_gemv_q3_k, LM_Q3_K)
+LM_QD_FN(lm_qd_gemv_a4_bf16, LM_A4_BF16)
+LM_QD_FN(lm_qd_gemv_a4_f16, LM_A4_F16)
+LM_QD_FN(lm_qd_gemv_a8_bf16, LM_A8_BF16)
+LM_QD_FN(lm_qd_gemv_a8_f16, LM_A8_F16)
 
 #define LM_QD_TABLE                                                                               \
     .qgemv = { [LM_Q8_0] = lm_qd_gemv_q8_0, [LM_Q4_0] = lm_qd_gemv_q4_0,                         \
                [LM_Q4_K] = lm_qd_gemv_q4_k, [LM_Q6_K] = lm_qd_gemv_q6_k,                           \
-               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs }
+               [LM_Q5_K] = lm_qd_gemv_q5_k, [LM_IQ4_XS] = lm_qd_gemv_iq4_xs,                       \
+               [LM_Q4_1] = lm_qd_gemv_q4_1, [LM_Q5_0] = lm_qd_gemv_q5_0,                           \
+               [LM_Q5_1] = lm_qd_gemv_q5_1, [LM_IQ4_NL] = lm_qd_gemv_iq4_nl,                       \
+               [LM_Q2_K] = lm_qd_gemv_q2_k, [LM_Q3_K] = lm_qd_gemv_q3_k,                           \
+               [LM_A4_BF16] = lm_qd_gemv_a4_bf16, [LM_A4_F16] = lm_qd_gemv_a4_f16,                  \
+               [LM_A8_BF16] = lm_qd_gemv_a8_bf16, [LM_A8_F16] = lm_qd_gemv_a8_f16 }

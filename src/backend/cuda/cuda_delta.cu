@@ -201,6 +201,7 @@ typedef struct delta_args {
     int64_t slot_floats, st_off;
     delta_seqs q;
     int Hk, Hv, Dk, Dv, P;
+    bool v_tiled; /* lm_delta_params.v_tiled */
     int Dvb; /* state columns per block: Dv / gridDim.z */
 } delta_args;
 
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
     /* the gates' thread: warp 1 when there is one, away from warp 0's norms */
     const int gate_tid = nth > 32 ? 32 : 0;
 
-    const int hk = h / (a.Hv / a.Hk);
+    const int hk = a.v_tiled ? h % a.Hk : h / (a.Hv / a.Hk);
     const int64_t qo = (int64_t)hk * Dk, ko = (int64_t)a.Hk * Dk + qo, vo = 2 * (int64_t)a.Hk * Dk + (int64_t)h * Dv;
     const double qscale = 1.0 / sqrt((double)Dk);
     float *S = a.state + (int64_t)a.q.slot[s] * a.slot_floats + a.st_off + (int64_t)h * Dk * Dv;
@@ -378,7 +379,7 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
     a.q = delta_stage(c, kv, b);
-    a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P;
+    a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P, a.v_tiled = p->v_tiled;
     /* split the columns while there are fewer than ~2 blocks per
      * multiprocessor, in whole warps' worth of columns */
     int n_cg = 1;
