@@ -179,8 +179,8 @@ LM_TEST(quantize_qwen3_q4_k_m_runs_in_llamacpp) { check_in_llamacpp(lm_t_, "qwen
 
 /* The rules on shapes the fixtures lack: a 1-D weight that is not a norm,
  * the small tensors llama.cpp leaves alone, rows no K-quant block divides
- * (llama.cpp's 32-value fallback, here Q8_0 while lumen cannot write Q5_0,
- * or F16 when not even 32 divides), a tied token_embd as the output head,
+ * (llama.cpp's 32-value fallback: Q5_0 for Q4_K, or F16 when not even 32
+ * divides), a tied token_embd as the output head,
  * and the plain mixes. */
 LM_TEST(quantize_mix_rules_on_odd_tensors) {
     lm_mix_state st = { .mix = lm_quant_mix_find("Q4_K_M"), .n_layer = 8 };
@@ -193,9 +193,15 @@ LM_TEST(quantize_mix_rules_on_odd_tensors) {
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.ffn_gate_inp.weight", 2, m256, LM_BF16) == LM_BF16);
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.ssm_conv1d.weight", 2, m256, LM_F32) == LM_F32);
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.bias", 2, m256, LM_F32) == LM_F32);
-    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_Q8_0);
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_Q5_0);
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m40, LM_BF16) == LM_F16);
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m256, LM_BF16) == LM_Q4_K);
+    st.mix = lm_quant_mix_find("Q6_K");
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_Q8_0);
+    st.mix = lm_quant_mix_find("IQ4_XS");
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_IQ4_NL);
+    st.mix = lm_quant_mix_find("Q5_K_S");
+    LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m96, LM_BF16) == LM_Q5_1);
     st.mix = lm_quant_mix_find("f16");
     LM_CHECK(st.mix && lm_mix_tensor_type(&st, "blk.0.attn_q.weight", 2, m40, LM_BF16) == LM_F16);
     LM_CHECK(lm_mix_tensor_type(&st, "blk.0.attn_norm.weight", 1, v1, LM_F32) == LM_F32);

@@ -47,8 +47,9 @@ static const lm_opt_cmd k_cmd = {
              "every third layer between; Q4_K_S gives the first four attn_v and the\n"
              "first eighth's ffn_down Q5_K, IQ4_XS the first eighth's ffn_down (and\n"
              "attn_v when 4+ query heads share a kv head). Rows a K-quant block does\n"
-             "not divide fall back to a 32-value type (Q8_0 for now), or F16. Metadata is copied, with general.file_type set. Prints\n"
-             "one line: tensors, bytes in and out, and the count of each type.\n",
+             "not divide fall back to IQ4_NL, Q5_0, Q5_1 or Q8_0 as llama.cpp's do,\n"
+             "or F16. Metadata is copied, with general.file_type set. Prints one\n"
+             "line: tensors, bytes in and out, and the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(quantize_opts),

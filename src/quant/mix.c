@@ -5,9 +5,7 @@
  * which tensors may be quantised at all, the output head, attn_v (and the
  * fused attn_qkv / attn_kv_b, which llama.cpp treats alike), attn_k with 8
  * experts, ffn_down, attn_output, then the fallback for rows the type's
- * block does not divide. Fallback types are looked up by name, so a type
- * lumen learns later (Q5_0, Q5_1, IQ4_NL) is used once lumen can write it;
- * until then the next type lumen can write stands in (Q8_0, then F16). */
+ * block does not divide. */
 #include "lm_quant_mix.h"
 
 #include <stdio.h>
@@ -118,21 +116,13 @@ static lm_dtype lm_mix_rules(lm_mix_state *st, lm_tcat c, const char *name, int6
     return t;
 }
 
-/* The lm_dtype named name that lumen can write, or LM_DTYPE_COUNT. */
-static lm_dtype lm_mix_writable(const char *name) {
-    for (int t = 0; t < LM_DTYPE_COUNT; t++) {
-        if (!strcmp(lm_dtype_name((lm_dtype)t), name) && lm_quant_supported((lm_dtype)t)) return (lm_dtype)t;
-    }
-    return LM_DTYPE_COUNT;
-}
-
-/* llama.cpp's type for rows t's block does not divide, or a stand-in. */
+/* llama.cpp's type for rows t's block does not divide: a 32-value type for
+ * the 256-value ones (IQ4_NL, Q5_0, Q5_1, Q8_0 for IQ4_XS, Q4_K, Q5_K,
+ * Q6_K), F16 when 32 does not divide them either. */
 static lm_dtype lm_mix_fallback(lm_dtype t, int64_t cols) {
     if (cols % lm_dtype_block(t) == 0) return t;
-    const char *want = t == LM_IQ4_XS ? "IQ4_NL" : t == LM_Q4_K ? "Q5_0" : t == LM_Q5_K ? "Q5_1"
-                     : t == LM_Q6_K ? "Q8_0" : "Q4_0";
-    lm_dtype f = lm_mix_writable(want);
-    if (f == LM_DTYPE_COUNT) f = LM_Q8_0; /* the nearest 32-value type lumen writes today */
+    lm_dtype f = t == LM_IQ4_XS ? LM_IQ4_NL : t == LM_Q4_K ? LM_Q5_0 : t == LM_Q5_K ? LM_Q5_1 : t == LM_Q6_K ? LM_Q8_0 : t;
+    LM_ASSERT(lm_quant_supported(f));
     return cols % lm_dtype_block(f) == 0 ? f : LM_F16;
 }
 

@@ -11,6 +11,8 @@ typedef void (*lm_quant_fn)(const float *x, uint8_t *y, int64_t nb, const float 
 static const lm_quant_fn lm_quant_table[LM_DTYPE_COUNT] = {
     [LM_Q8_0] = lm_quant_q8_0, [LM_Q4_0] = lm_quant_q4_0,   [LM_Q4_K] = lm_quant_q4_k,
     [LM_Q5_K] = lm_quant_q5_k, [LM_Q6_K] = lm_quant_q6_k,   [LM_IQ4_XS] = lm_quant_iq4_xs,
+    [LM_Q4_1] = lm_quant_q4_1, [LM_Q5_0] = lm_quant_q5_0,   [LM_Q5_1] = lm_quant_q5_1,
+    [LM_IQ4_NL] = lm_quant_iq4_nl,
 };
 
 bool lm_quant_supported(lm_dtype t) {

@@ -102,8 +102,10 @@ float lm_qfit_sym(const lm_qlevels *L, const float *x, const float *w, int n, ui
     return best_s;
 }
 
-/* Least-squares (s, m) for the integers q with m >= 0, and its error. */
-static double lm_qfit_asym_ls(const float *x, const float *w, int n, const uint8_t *q, float *s, float *m) {
+/* Least-squares (s >= 0, m) for the integers q, m >= 0 unless signed_m,
+ * and its error. */
+static double lm_qfit_asym_ls(const float *x, const float *w, int n, const uint8_t *q, bool signed_m, float *s,
+                              float *m) {
     double sw = 0, sq = 0, sqq = 0, sx = 0, sxq = 0;
     for (int i = 0; i < n; i++) {
         double wi = w ? w[i] : 1.0;
@@ -114,7 +116,10 @@ static double lm_qfit_asym_ls(const float *x, const float *w, int n, const uint8
         ds = (sxq * sw - sq * sx) / det;
         dm = (sq * sxq - sqq * sx) / det;
     }
-    if (dm < 0 || det <= 0) { /* the offset cannot be negative: fit the scale alone */
+    if (signed_m && (det <= 0 || ds < 0)) { /* one level used, or a negative scale: the offset alone */
+        ds = 0;
+        dm = -sx / sw;
+    } else if (!signed_m && (dm < 0 || det <= 0)) { /* the offset cannot be negative: the scale alone */
         dm = 0;
         ds = sqq > 0 ? sxq / sqq : 0;
     }
@@ -128,11 +133,11 @@ static double lm_qfit_asym_ls(const float *x, const float *w, int n, const uint8
     return err;
 }
 
-void lm_qfit_asym(int nmax, const float *x, const float *w, int n, float *s, float *m, uint8_t *q) {
+void lm_qfit_asym(int nmax, const float *x, const float *w, int n, bool signed_m, float *s, float *m, uint8_t *q) {
     LM_ASSERT(n > 0 && n <= LM_QFIT_MAX_N && nmax > 0);
-    float lo = 0, hi = x[0];
+    float lo = signed_m ? x[0] : 0, hi = x[0];
     for (int i = 0; i < n; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
-    if (!(hi > lo)) { /* every value is the same non-positive number */
+    if (!(hi > lo)) { /* every value is the same (non-positive, unless signed_m) number */
         *s = 0, *m = -lo;
         for (int i = 0; i < n; i++) q[i] = 0;
         return;
@@ -143,13 +148,13 @@ void lm_qfit_asym(int nmax, const float *x, const float *w, int n, float *s, flo
     for (int t = -LM_QFIT_STEPS; t <= LM_QFIT_STEPS; t++) {
         float ts = (hi - lo) / ((float)nmax * (1.0f + LM_QFIT_SPREAD * (float)t)), fs, fm;
         lm_qfit_assign_asym(nmax, x, n, ts, -lo, tq);
-        double err = lm_qfit_asym_ls(x, w, n, tq, &fs, &fm);
+        double err = lm_qfit_asym_ls(x, w, n, tq, signed_m, &fs, &fm);
         if (err < best) best = err, bs = fs, bm = fm;
     }
     for (int r = 0; r < LM_QFIT_REFINE; r++) {
         float fs, fm;
         lm_qfit_assign_asym(nmax, x, n, bs, bm, tq);
-        double err = lm_qfit_asym_ls(x, w, n, tq, &fs, &fm);
+        double err = lm_qfit_asym_ls(x, w, n, tq, signed_m, &fs, &fm);
         if (!(err < best)) break;
         best = err, bs = fs, bm = fm;
     }

@@ -27,9 +27,11 @@ int lm_qfit_nearest(const lm_qlevels *L, float t);
 /* The scale s minimising sum w (x - s L[q])^2 over the searched scales, with
  * q (level indices) for it in q; 0 (q all the level nearest 0) when x is 0. */
 float lm_qfit_sym(const lm_qlevels *L, const float *x, const float *w, int n, uint8_t *q);
-/* The scale s >= 0 and offset m >= 0 minimising sum w (x - (s q - m))^2, q in
- * 0..nmax, over the searched pairs; q for them in q. */
-void lm_qfit_asym(int nmax, const float *x, const float *w, int n, float *s, float *m, uint8_t *q);
+/* The scale s >= 0 and offset m (>= 0 unless signed_m: the K-quants store
+ * unsigned mins, Q4_1 / Q5_1 a signed f16) minimising
+ * sum w (x - (s q - m))^2, q in 0..nmax, over the searched pairs; q for
+ * them in q. */
+void lm_qfit_asym(int nmax, const float *x, const float *w, int n, bool signed_m, float *s, float *m, uint8_t *q);
 /* Levels for a stored scale: q_i = nearest level of x_i / s (0 scale: the
  * level nearest 0). */
 void lm_qfit_assign_sym(const lm_qlevels *L, const float *x, int n, float s, uint8_t *q);

@@ -25,7 +25,7 @@ static int six_bits(float v, float unit) { return unit > 0 ? clampi((int)nearbyi
 static void fit_kq(int nmax, const float *x, const float *w, float *d, float *dmin, int *ls, int *lm, uint8_t *q) {
     float s[8], m[8], smax = 0, mmax = 0;
     for (int j = 0; j < 8; j++) {
-        lm_qfit_asym(nmax, x + 32 * j, w ? w + 32 * j : NULL, 32, &s[j], &m[j], q + 32 * j);
+        lm_qfit_asym(nmax, x + 32 * j, w ? w + 32 * j : NULL, 32, false, &s[j], &m[j], q + 32 * j);
         smax = fmaxf(smax, s[j]), mmax = fmaxf(mmax, m[j]);
     }
     *d = lm_f16_to_f32(lm_f32_to_f16(smax / 63));

@@ -8,6 +8,10 @@
 
 void lm_quant_q8_0(const float *x, uint8_t *y, int64_t nb, const float *w);
 void lm_quant_q4_0(const float *x, uint8_t *y, int64_t nb, const float *w);
+void lm_quant_q4_1(const float *x, uint8_t *y, int64_t nb, const float *w);
+void lm_quant_q5_0(const float *x, uint8_t *y, int64_t nb, const float *w);
+void lm_quant_q5_1(const float *x, uint8_t *y, int64_t nb, const float *w);
+void lm_quant_iq4_nl(const float *x, uint8_t *y, int64_t nb, const float *w);
 void lm_quant_q4_k(const float *x, uint8_t *y, int64_t nb, const float *w);
 void lm_quant_q5_k(const float *x, uint8_t *y, int64_t nb, const float *w);
 void lm_quant_q6_k(const float *x, uint8_t *y, int64_t nb, const float *w);
