@@ -18,6 +18,20 @@ int lm_cmd_check_template(int argc, char **argv);
 int lm_cmd_tokenize(int argc, char **argv);
 int lm_cmd_check_tokenizer(int argc, char **argv);
 int lm_cmd_serve(int argc, char **argv);
+int lm_cmd_quantize(int argc, char **argv);
+int lm_cmd_eval(int argc, char **argv);
+int lm_cmd_convert(int argc, char **argv);
+
+/* The quantisation mixes as --type choices (values: lm_mix_id), the mix of
+ * one, and the one-line summary quantize and convert print. */
+struct lm_quant_mix;
+struct lm_quantize_report;
+extern const lm_opt_choice lm_cli_mix_choices[];
+const struct lm_quant_mix *lm_cli_mix(int id);
+/* Upper-cases the value of --type when it names a mix in another case
+ * ("bf16", "q4_k_m"), before the option table (whose choices are exact) sees it. */
+void lm_cli_mix_case(int argc, char **argv);
+void lm_cli_print_report(const char *out, const struct lm_quant_mix *mix, const struct lm_quantize_report *rep);
 
 /* Options every model command takes. */
 typedef enum lm_device_choice { LM_DEVICE_AUTO = 0, LM_DEVICE_CPU, LM_DEVICE_CUDA } lm_device_choice;

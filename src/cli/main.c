@@ -15,6 +15,9 @@ static const char *const k_usage =
     "  check-template  render a chat template's JSONL cases and compare (TEMPLATE CASES.jsonl)\n"
     "  tokenize print the token ids of a text (-m MODEL \"text\")\n"
     "  check-tokenizer  compare a tokenizer with expected cases (DIR CASES.jsonl)\n"
+    "  quantize write a GGUF in a quantisation mix (IN OUT --type Q4_K_M|Q8_0|...)\n"
+    "  convert  write a Hugging Face folder as a GGUF file (DIR OUT.gguf --type BF16|Q8_0|...)\n"
+    "  eval     perplexity of a text, and KL / top-1 against a reference model\n"
     "  serve    serve a model over an OpenAI-compatible HTTP API (-m MODEL)\n"
     "  version  print the version\n"
     "\n"
@@ -35,6 +38,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "check-template")) return lm_cmd_check_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return lm_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-tokenizer")) return lm_cmd_check_tokenizer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return lm_cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return lm_cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return lm_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return lm_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("lumen %s\n", LM_VERSION);

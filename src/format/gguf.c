@@ -126,6 +126,10 @@ const char *lm_gguf_type_name(lm_gguf_type t) {
     return (unsigned)t < LM_GGUF_TYPE_COUNT ? lm_gguf_type_names[t] : "?";
 }
 
+int lm_gguf_scalar_bytes(lm_gguf_type t) {
+    return (unsigned)t < LM_GGUF_TYPE_COUNT ? lm_gguf_scalar_size[t] : 0;
+}
+
 static bool lm_gguf_is_scalar(lm_gguf_type t) {
     return (unsigned)t < LM_GGUF_TYPE_COUNT && lm_gguf_scalar_size[t] != 0;
 }
@@ -334,6 +338,13 @@ static const lm_ggml_type lm_ggml_types[] = {
 static const lm_ggml_type *lm_ggml_type_get(uint32_t id) {
     if (id >= LM_COUNT(lm_ggml_types) || !lm_ggml_types[id].name) return NULL;
     return &lm_ggml_types[id];
+}
+
+int lm_gguf_ggml_id(lm_dtype t) {
+    for (size_t id = 0; id < LM_COUNT(lm_ggml_types); id++) {
+        if (lm_ggml_types[id].name && lm_ggml_types[id].dt == t && t != LM_DTYPE_COUNT) return (int)id;
+    }
+    return -1;
 }
 
 /* ---- tensor infos --------------------------------------------------------- */

@@ -67,6 +67,10 @@ const lm_file_tensor *lm_gguf_find_tensor(const lm_gguf *g, const char *name);
 lm_gguf_str lm_gguf_arr_str(const lm_gguf_kv *kv, uint64_t i);
 bool lm_gguf_arr_int(const lm_gguf_kv *kv, uint64_t i, int64_t *out);
 bool lm_gguf_arr_float(const lm_gguf_kv *kv, uint64_t i, double *out);
+/* Bytes of one scalar of type t; 0 for string, array and unknown types. */
+int lm_gguf_scalar_bytes(lm_gguf_type t);
+/* The ggml type id GGUF files use for t, or -1 when it has none. */
+int lm_gguf_ggml_id(lm_dtype t);
 /* "u32", "string", "array" ... for messages; "?" when out of range. */
 const char *lm_gguf_type_name(lm_gguf_type t);
 

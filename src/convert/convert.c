@@ -1,0 +1,389 @@
+/* convert.c - lm_convert_hf: a Hugging Face folder into a GGUF file.
+ *
+ * Design: the folder's config.json gives the architecture and the
+ * hyper-parameters, written under llama.cpp's keys in its order
+ * (general.*, {arch}.*, general.file_type, the llama extras,
+ * general.quantization_version, then the tokenizer: convert_vocab.c). The
+ * tensors are taken in the safetensors files' order and renamed by a
+ * table of HF name patterns; llama's q and k rows are permuted as llama.cpp
+ * permutes them (within each head, the rotary halves interleaved: row
+ * h*hd + 2i + j comes from h*hd + j*hd/2 + i). Each tensor's type is the
+ * converter's (F32 for 1-D tensors and norms, else the mix's plain type or
+ * the source's bf16/f16) and then, for a quantised mix, llama-quantize's
+ * rule on top (lm_quant_mix.h); data goes row by row through f32 unless it
+ * is copied as is. */
+#include "lm_convert.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/lm_file.h"
+#include "../format/lm_weights.h"
+#include "../quant/lm_quant.h"
+
+/* An architecture the converter knows: HF model_type -> GGUF arch. */
+typedef struct conv_arch {
+    const char *model_type, *arch;
+    bool permute_qk;   /* llama: q/k rows interleaved for GGML's rope */
+    bool llama_extras; /* {arch}.vocab_size and rope.dimension_count */
+} conv_arch;
+
+static const conv_arch k_archs[] = {
+    { "llama", "llama", true, true },
+    { "mistral", "llama", true, true },
+    { "qwen2", "qwen2", false, false },
+    { "qwen3", "qwen3", false, false },
+};
+
+/* HF name suffixes inside model.layers.N. and their GGUF names. */
+static const struct { const char *hf, *gguf; } k_layer_names[] = {
+    { "input_layernorm.weight", "attn_norm.weight" },
+    { "post_attention_layernorm.weight", "ffn_norm.weight" },
+    { "self_attn.q_proj.weight", "attn_q.weight" },
+    { "self_attn.q_proj.bias", "attn_q.bias" },
+    { "self_attn.k_proj.weight", "attn_k.weight" },
+    { "self_attn.k_proj.bias", "attn_k.bias" },
+    { "self_attn.v_proj.weight", "attn_v.weight" },
+    { "self_attn.v_proj.bias", "attn_v.bias" },
+    { "self_attn.o_proj.weight", "attn_output.weight" },
+    { "self_attn.q_norm.weight", "attn_q_norm.weight" },
+    { "self_attn.k_norm.weight", "attn_k_norm.weight" },
+    { "mlp.gate_proj.weight", "ffn_gate.weight" },
+    { "mlp.up_proj.weight", "ffn_up.weight" },
+    { "mlp.down_proj.weight", "ffn_down.weight" },
+};
+
+/* The GGUF name of HF tensor name into out; false for tensors llama.cpp
+ * drops (rotary inverse frequencies). -1: unknown. */
+static int conv_name(const char *name, char *out, size_t n) {
+    if (!strcmp(name, "model.embed_tokens.weight")) return snprintf(out, n, "token_embd.weight"), 1;
+    if (!strcmp(name, "model.norm.weight")) return snprintf(out, n, "output_norm.weight"), 1;
+    if (!strcmp(name, "lm_head.weight")) return snprintf(out, n, "output.weight"), 1;
+    int layer, used = 0;
+    if (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        if (strstr(name + used, "rotary_emb.inv_freq")) return 0;
+        for (size_t i = 0; i < LM_COUNT(k_layer_names); i++) {
+            if (!strcmp(name + used, k_layer_names[i].hf))
+                return snprintf(out, n, "blk.%d.%s", layer, k_layer_names[i].gguf), 1;
+        }
+    }
+    return -1;
+}
+
+/* ---- hyper-parameters ---------------------------------------------------------- */
+
+static int cfg_int(json_t *cfg, const char *key, int64_t *v) {
+    json_t *j = json_object_get(cfg, key);
+    if (!json_is_integer(j)) return 0;
+    *v = json_integer_value(j);
+    return 1;
+}
+
+/* A rope setting: in transformers 5's rope_parameters, else the Hub
+ * layout's rope_scaling, else at the top of config.json (rope_theta). */
+static json_t *rope_get(json_t *cfg, const char *key) {
+    json_t *v = json_object_get(json_object_get(cfg, "rope_parameters"), key);
+    if (!v) v = json_object_get(json_object_get(cfg, "rope_scaling"), key);
+    return v ? v : json_object_get(cfg, key);
+}
+
+/* The rope type ("default", "llama3" ...), or NULL (older configs say "type"). */
+static const char *rope_type_of(json_t *cfg) {
+    const char *t = json_string_value(rope_get(cfg, "rope_type"));
+    return t ? t : json_string_value(json_object_get(json_object_get(cfg, "rope_scaling"), "type"));
+}
+
+/* A rope number, or dflt. */
+static float rope_num(json_t *cfg, const char *key, float dflt) {
+    json_t *v = rope_get(cfg, key);
+    return json_is_number(v) ? (float)json_number_value(v) : dflt;
+}
+
+/* "Llama G256" from ".../llama-g256": the folder's name, '-' and '_' as
+ * spaces, each word capitalised (llama.cpp's default general.name). */
+static void model_name(const char *dir, char *out, size_t n) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    size_t k = 0;
+    bool word = true;
+    for (size_t i = start; i < len && k + 1 < n; i++) {
+        char c = dir[i] == '-' || dir[i] == '_' ? ' ' : dir[i];
+        out[k++] = word && c >= 'a' && c <= 'z' ? (char)(c - 32) : c;
+        word = c == ' ';
+    }
+    out[k] = 0;
+}
+
+/* llama.cpp's size label: "1.7M", "8.0B" (two significant digits at least). */
+static void size_label(int64_t params, char *out, size_t n) {
+    double p = (double)params;
+    const char *suffix = p > 1e12 ? "T" : p > 1e9 ? "B" : p > 1e6 ? "M" : "K";
+    double scaled = p * (p > 1e12 ? 1e-12 : p > 1e9 ? 1e-9 : p > 1e6 ? 1e-6 : 1e-3);
+    char digits[32];
+    snprintf(digits, sizeof digits, "%.0f", nearbyint(scaled));
+    int nd = (int)strlen(digits);
+    const char *d = digits;
+    while (*d == '0') d++, nd--;
+    int fix = 2 - nd > 0 ? 2 - nd : 0;
+    snprintf(out, n, "%.*f%s", fix, scaled, suffix);
+}
+
+/* The general.* and {arch}.* keys, up to the tokenizer. */
+static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const conv_arch *a, int ftype,
+                       int64_t n_params, lm_err *e) {
+    char key[128], name[128], label[32];
+    int64_t n_layer, n_ctx, n_embd, n_ff, n_head, n_kv = -1, head_dim = -1, vocab;
+    if (!cfg_int(cfg, "num_hidden_layers", &n_layer) || !cfg_int(cfg, "hidden_size", &n_embd) ||
+        !cfg_int(cfg, "intermediate_size", &n_ff) || !cfg_int(cfg, "num_attention_heads", &n_head) ||
+        !cfg_int(cfg, "vocab_size", &vocab))
+        return lm_errf(e, "%s/config.json: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads "
+                       "and vocab_size are required", dir);
+    const char *rope_type = rope_type_of(cfg);
+    if (rope_type && strcmp(rope_type, "default") && !(a->permute_qk && !strcmp(rope_type, "llama3")))
+        return lm_errf(e, "%s/config.json: rope_type \"%s\" is not converted yet (only the default rope, and llama3 "
+                       "for llama)", dir, rope_type);
+    lm_gguf_set_str(w, "general.architecture", a->arch, strlen(a->arch));
+    lm_gguf_set_str(w, "general.type", "model", 5);
+    model_name(dir, name, sizeof name);
+    lm_gguf_set_str(w, "general.name", name, strlen(name));
+    size_label(n_params, label, sizeof label);
+    lm_gguf_set_str(w, "general.size_label", label, strlen(label));
+#define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", a->arch, k), key)
+    lm_gguf_set_int(w, ARCH_KEY("block_count"), LM_GGUF_U32, n_layer);
+    if (cfg_int(cfg, "max_position_embeddings", &n_ctx)) lm_gguf_set_int(w, ARCH_KEY("context_length"), LM_GGUF_U32, n_ctx);
+    lm_gguf_set_int(w, ARCH_KEY("embedding_length"), LM_GGUF_U32, n_embd);
+    lm_gguf_set_int(w, ARCH_KEY("feed_forward_length"), LM_GGUF_U32, n_ff);
+    lm_gguf_set_int(w, ARCH_KEY("attention.head_count"), LM_GGUF_U32, n_head);
+    if (cfg_int(cfg, "num_key_value_heads", &n_kv)) lm_gguf_set_int(w, ARCH_KEY("attention.head_count_kv"), LM_GGUF_U32, n_kv);
+    json_t *theta = rope_get(cfg, "rope_theta");
+    if (json_is_number(theta)) lm_gguf_set_float(w, ARCH_KEY("rope.freq_base"), LM_GGUF_F32, json_number_value(theta));
+    json_t *eps = json_object_get(cfg, "rms_norm_eps");
+    if (json_is_number(eps))
+        lm_gguf_set_float(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), LM_GGUF_F32, json_number_value(eps));
+    if (cfg_int(cfg, "head_dim", &head_dim)) {
+        lm_gguf_set_int(w, ARCH_KEY("attention.key_length"), LM_GGUF_U32, head_dim);
+        lm_gguf_set_int(w, ARCH_KEY("attention.value_length"), LM_GGUF_U32, head_dim);
+    }
+    lm_gguf_set_int(w, "general.file_type", LM_GGUF_U32, ftype);
+    if (a->llama_extras) {
+        lm_gguf_set_int(w, ARCH_KEY("vocab_size"), LM_GGUF_U32, vocab);
+        lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32, head_dim > 0 ? head_dim : n_embd / n_head);
+    }
+#undef ARCH_KEY
+    lm_gguf_set_int(w, "general.quantization_version", LM_GGUF_U32, 2);
+    return 0;
+}
+
+/* ---- tensors ---------------------------------------------------------------------- */
+
+typedef struct conv_tensor {
+    const lm_file_tensor *src;
+    char name[96];
+    int permute_heads; /* 0: rows in order; else the rows of this many heads are interleaved */
+    lm_dtype type;
+} conv_tensor;
+
+/* Source row of output row r under llama's q/k permutation of `heads` heads. */
+static int64_t conv_src_row(int64_t r, int64_t rows, int heads) {
+    if (!heads) return r;
+    int64_t hd = rows / heads, h = r / hd, k = r % hd;
+    return h * hd + (k % 2) * (hd / 2) + k / 2;
+}
+
+/* The converter's own type for a tensor, before any quantisation mix. */
+static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
+    size_t n = strlen(t->name);
+    if (t->src->n_dims <= 1 || (n > 12 && !strcmp(t->name + n - 12, "_norm.weight"))) return LM_F32;
+    if (!lm_dtype_is_quant(mix->base)) return mix->base;
+    return t->src->type == LM_BF16 || t->src->type == LM_F16 ? t->src->type : LM_F32;
+}
+
+/* Llama 3 rope scaling as llama.cpp stores it: rope_freqs.weight, one
+ * divisor per rotary frequency (1 for short wavelengths, the factor for
+ * long ones, a smooth blend between), computed in float as torch does.
+ * Fills t (its data malloc'd) and returns 1, or 0 when the config has no
+ * llama3 scaling. */
+static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
+    if (!rope_type_of(cfg) || strcmp(rope_type_of(cfg), "llama3")) return 0;
+    int64_t dim = 0, hidden = 0, heads = 1;
+    if (!cfg_int(cfg, "head_dim", &dim)) {
+        cfg_int(cfg, "hidden_size", &hidden);
+        cfg_int(cfg, "num_attention_heads", &heads);
+        dim = heads > 0 ? hidden / heads : 0;
+    }
+    float base = rope_num(cfg, "rope_theta", 10000.0f), factor = rope_num(cfg, "factor", 8.0f);
+    float lo = rope_num(cfg, "low_freq_factor", 1.0f), hi = rope_num(cfg, "high_freq_factor", 4.0f);
+    float old = rope_num(cfg, "original_max_position_embeddings", 8192.0f);
+    float lo_wave = old / lo, hi_wave = old / hi;
+    int n = (int)(dim / 2);
+    float *f = lm_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *f);
+    for (int i = 0; i < n; i++) {
+        float freq = 1.0f / powf(base, (float)(2 * i) / (float)dim);
+        float wavelen = (float)(2 * M_PI) / freq;
+        if (wavelen < hi_wave) {
+            f[i] = 1.0f;
+        } else if (wavelen > lo_wave) {
+            f[i] = factor;
+        } else {
+            float smooth = (old / wavelen - lo) / (hi - lo);
+            f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+        }
+    }
+    memset(t, 0, sizeof *t);
+    t->name = "rope_freqs.weight";
+    t->type = LM_F32;
+    t->n_dims = 1;
+    t->shape[0] = n;
+    t->data = (const uint8_t *)f;
+    t->nbytes = (size_t)n * sizeof *f;
+    return 1;
+}
+
+/* Builds the tensor list (safetensors order, generated tensors first) with
+ * names, permutations and types. */
+static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a, const lm_quant_mix *mix,
+                     lm_file_tensor *extra, conv_tensor **out, int *n_out, int64_t *n_params, lm_err *e) {
+    int64_t n_head = 0, n_kv = 0, n_layer = 0;
+    cfg_int(cfg, "num_attention_heads", &n_head);
+    if (!cfg_int(cfg, "num_key_value_heads", &n_kv)) n_kv = n_head;
+    cfg_int(cfg, "num_hidden_layers", &n_layer);
+    int cap = 0, n = 0;
+    for (int f = 0; f < ws->n_files; f++) cap += ws->st[f].n_tensors;
+    conv_tensor *ts = lm_xcalloc((size_t)cap + 2, sizeof *ts);
+    *n_params = 0;
+    int rc = 0;
+    if (extra->data) { /* generated tensors come first, as in llama.cpp */
+        ts[n].src = extra;
+        snprintf(ts[n].name, sizeof ts[n].name, "%s", extra->name);
+        ts[n++].type = LM_F32;
+    }
+    for (int f = 0; rc == 0 && f < ws->n_files; f++) {
+        for (int i = 0; rc == 0 && i < ws->st[f].n_tensors; i++) {
+            const lm_file_tensor *src = &ws->st[f].tensors[i];
+            conv_tensor *t = &ts[n];
+            int known = conv_name(src->name, t->name, sizeof t->name);
+            if (known < 0) {
+                rc = lm_errf(e, "tensor \"%s\": no GGUF name for it (lumen convert knows llama, qwen2, qwen3)",
+                             src->name);
+            } else if (known && src->type != LM_F32 && src->type != LM_F16 && src->type != LM_BF16) {
+                rc = lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name,
+                             src->type_name);
+            }
+            if (rc || !known) continue;
+            t->src = src;
+            if (a->permute_qk && strstr(t->name, "attn_q.")) t->permute_heads = (int)n_head;
+            if (a->permute_qk && strstr(t->name, "attn_k.")) t->permute_heads = (int)n_kv;
+            if (t->permute_heads && src->shape[0] % (2 * t->permute_heads)) {
+                rc = lm_errf(e, "tensor \"%s\": %lld rows do not split into %d heads of pairs", src->name,
+                             (long long)src->shape[0], t->permute_heads);
+                continue;
+            }
+            t->type = conv_base_type(t, mix);
+            *n_params += lm_file_tensor_numel(src);
+            n++;
+        }
+    }
+    if (rc) {
+        free(ts);
+        return -1;
+    }
+    if (lm_dtype_is_quant(mix->base)) {
+        lm_mix_state st = { .mix = mix, .n_layer = (int)n_layer, .n_gqa = n_kv ? (int)(n_head / n_kv) : 0 };
+        const char **names = lm_xmalloc((size_t)n * sizeof *names + 1);
+        for (int i = 0; i < n; i++) names[i] = ts[i].name;
+        lm_mix_prepare(&st, names, n);
+        free(names);
+        for (int i = 0; i < n; i++) {
+            ts[i].type = lm_mix_tensor_type(&st, ts[i].name, ts[i].src->n_dims, ts[i].src->shape, ts[i].type);
+        }
+    }
+    *out = ts;
+    *n_out = n;
+    return 0;
+}
+
+/* A tensor as rows: 1-D tensors are rows of one value (so a bias permutes
+ * like its matrix's rows). */
+static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
+    int64_t numel = lm_file_tensor_numel(s);
+    *rows = s->n_dims >= 2 ? s->shape[0] : numel;
+    *cols = *rows ? numel / *rows : 0;
+}
+
+/* Row r of the output, in the source: through the q/k permutation. */
+static const uint8_t *conv_src_row_ptr(void *ctx, int64_t r) {
+    const conv_tensor *t = ctx;
+    int64_t rows, cols;
+    conv_rows(t->src, &rows, &cols);
+    return t->src->data + (size_t)conv_src_row(r, rows, t->permute_heads) * lm_dtype_row_bytes(t->src->type, cols);
+}
+
+/* t's data in its output type and row order (malloc'd, *nbytes set). */
+static uint8_t *conv_data(const conv_tensor *t, int threads, size_t *nbytes) {
+    int64_t rows, cols;
+    conv_rows(t->src, &rows, &cols);
+    *nbytes = (size_t)rows * lm_dtype_row_bytes(t->type, cols);
+    lm_qrows q = { t->src->type, t->type, rows, cols, conv_src_row_ptr, (void *)t, lm_xmalloc(*nbytes + 1) };
+    /* 1-D tensors are rows of one value: not worth threads */
+    lm_quant_rows(&q, cols > 1 ? threads : 1);
+    return q.dst;
+}
+
+/* The known architecture of config.json's model_type, or NULL with e set. */
+static const conv_arch *conv_find_arch(const char *dir, json_t *cfg, lm_err *e) {
+    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    for (size_t i = 0; mt && i < LM_COUNT(k_archs); i++) {
+        if (!strcmp(mt, k_archs[i].model_type)) return &k_archs[i];
+    }
+    lm_errf(e, "%s/config.json: model_type \"%s\" is not converted (lumen convert knows llama, mistral, qwen2, qwen3)",
+            dir, mt ? mt : "(none)");
+    return NULL;
+}
+
+int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int threads, lm_quantize_report *rep,
+                  lm_err *e) {
+    memset(rep, 0, sizeof *rep);
+    char *cfg_path = lm_path_join(dir, "config.json");
+    json_error_t je;
+    json_t *cfg = json_load_file(cfg_path, 0, &je);
+    free(cfg_path);
+    if (!cfg) return lm_errf(e, "%s/config.json: %s", dir, je.text);
+    lm_weight_source ws = { 0 };
+    lm_file_tensor extra = { 0 };
+    conv_tensor *ts = NULL;
+    int n = 0, rc = 0;
+    int64_t n_params = 0, vocab = 0;
+    lm_gguf_writer *w = lm_gguf_writer_create(32);
+    const conv_arch *a = conv_find_arch(dir, cfg, e);
+    if (a && a->permute_qk) conv_rope_freqs(cfg, &extra);
+    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, cfg, a, mix, &extra, &ts, &n, &n_params, e)) rc = -1;
+    cfg_int(cfg, "vocab_size", &vocab);
+    if (rc == 0) rc = put_hparams(w, dir, cfg, a, mix->ftype, n_params, e);
+    if (rc == 0) rc = lm_convert_vocab(w, dir, (int)vocab, e);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = lm_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].src->n_dims, ts[i].src->shape, e);
+    if (rc == 0) rc = lm_gguf_writer_begin(w, out, e);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        size_t nbytes;
+        uint8_t *data = conv_data(&ts[i], threads, &nbytes);
+        rc = lm_gguf_writer_put(w, data, nbytes, e);
+        free(data);
+        rep->n_tensors++;
+        rep->n_requantised += ts[i].type != ts[i].src->type;
+        rep->bytes_in += ts[i].src->nbytes;
+        rep->bytes_out += nbytes;
+        rep->count_by_type[ts[i].type]++;
+    }
+    if (rc == 0) rc = lm_gguf_writer_finish(w, e);
+    lm_gguf_writer_free(w);
+    free(ts);
+    free((void *)extra.data);
+    if (ws.n_files) lm_weights_close(&ws);
+    json_decref(cfg);
+    return rc;
+}
