@@ -72,13 +72,15 @@ void lm_qs_codes_q4_0(const uint8_t *blk, uint8_t *u) {
 /* Q4_K block j (0..7) of a super-block: nibbles of qs[32 * (j / 2) ..]. */
 void lm_qs_codes_q4_k(const uint8_t *sb, int j, uint8_t *u) {
     const uint8_t *qs = sb + 16 + 32 * (j / 2);
-    for (int i = 0; i < 32; i++) u[i] = j % 2 ? qs[i] >> 4 : qs[i] & 0x0f;
+    const int shift = 4 * (j % 2); /* branch-free, so that the loop vectorises */
+    for (int i = 0; i < 32; i++) u[i] = (uint8_t)((qs[i] >> shift) & 0x0f);
 }
 
 /* Q5_K block j: Q4_K's nibble plus bit j of qh[l] as the fifth bit. */
 void lm_qs_codes_q5_k(const uint8_t *sb, int j, uint8_t *u) {
     const uint8_t *qs = sb + 48 + 32 * (j / 2), *qh = sb + 16;
-    for (int i = 0; i < 32; i++) u[i] = (uint8_t)((j % 2 ? qs[i] >> 4 : qs[i] & 0x0f) | (((qh[i] >> j) & 1) << 4));
+    const int shift = 4 * (j % 2);
+    for (int i = 0; i < 32; i++) u[i] = (uint8_t)(((qs[i] >> shift) & 0x0f) | (((qh[i] >> j) & 1) << 4));
 }
 
 /* IQ4_XS block j: levels + 128, so that they are unsigned like the rest. */
