@@ -58,11 +58,11 @@ static int lm_qs_idot(const uint8_t *u, const int8_t *x, int n) {
 }
 
 /* Unsigned weight codes of one 32-value block, and what to subtract. */
-void lm_qs_codes_q8_0(const uint8_t *blk, uint8_t *u) {
+void lm_qs_codes_q8_0(const uint8_t *restrict blk, uint8_t *restrict u) {
     for (int i = 0; i < 32; i++) u[i] = (uint8_t)((int8_t)blk[2 + i] + 128);
 }
 
-void lm_qs_codes_q4_0(const uint8_t *blk, uint8_t *u) {
+void lm_qs_codes_q4_0(const uint8_t *restrict blk, uint8_t *restrict u) {
     for (int i = 0; i < 16; i++) {
         u[i] = blk[2 + i] & 0x0f;
         u[i + 16] = blk[2 + i] >> 4;
@@ -70,21 +70,21 @@ void lm_qs_codes_q4_0(const uint8_t *blk, uint8_t *u) {
 }
 
 /* Q4_K block j (0..7) of a super-block: nibbles of qs[32 * (j / 2) ..]. */
-void lm_qs_codes_q4_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q4_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 16 + 32 * (j / 2);
     const int shift = 4 * (j % 2); /* branch-free, so that the loop vectorises */
     for (int i = 0; i < 32; i++) u[i] = (uint8_t)((qs[i] >> shift) & 0x0f);
 }
 
 /* Q5_K block j: Q4_K's nibble plus bit j of qh[l] as the fifth bit. */
-void lm_qs_codes_q5_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q5_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 48 + 32 * (j / 2), *qh = sb + 16;
     const int shift = 4 * (j % 2);
     for (int i = 0; i < 32; i++) u[i] = (uint8_t)(((qs[i] >> shift) & 0x0f) | (((qh[i] >> j) & 1) << 4));
 }
 
 /* IQ4_XS block j: levels + 128, so that they are unsigned like the rest. */
-void lm_qs_codes_iq4_xs(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_iq4_xs(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 8 + 16 * j;
     for (int i = 0; i < 16; i++) {
         u[i] = (uint8_t)(lm_iq4nl_levels[qs[i] & 0x0f] + 128);
@@ -94,7 +94,7 @@ void lm_qs_codes_iq4_xs(const uint8_t *sb, int j, uint8_t *u) {
 
 /* Q6_K block j (0..7): half h = j / 4, k = j % 4 picks the nibble of
  * ql[k % 2 * 32 + l] (low for k < 2) and bits 2k, 2k+1 of qh[l]. */
-void lm_qs_codes_q6_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q6_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *ql = sb + 64 * (j / 4) + 32 * (j % 2), *qh = sb + 128 + 32 * (j / 4);
     int k = j % 4;
     for (int i = 0; i < 32; i++)
