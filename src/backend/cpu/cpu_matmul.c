@@ -216,12 +216,12 @@ static void lm_mm_panel_f32(const lm_mm *m, int ith, int64_t t0, int64_t mt, int
  * tile over the tokens' q8x rows. */
 static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
                            int next_nv, int64_t k0, int64_t kc) {
-    (void)next_nv;
     const lm_cpu_qkern *qk = m->c->qk;
     uint8_t *panel = (uint8_t *)m->c->scratch[ith];
     int64_t b0 = k0 / LM_Q8X_BLOCK;
     int nb = (int)(kc / LM_Q8X_BLOCK);
     const int64_t ldf = 4 * (m->I / LM_Q8X_BLOCK);
+    if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
     lm_qpanel_pack(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb, panel);
     const bool halves = lm_qblock_types[m->wt].halves;
     const float *bias = m->bias ? m->bias + o0 : NULL;
