@@ -145,6 +145,8 @@ static void lm_mm_qx_reserve(lm_cpu *c, size_t need) {
     }
 }
 
+/* One activation row to q8x, by the ISA's routine where the int8 table has
+ * one (bit-exact with the portable lm_q8x_quantize). */
 static void lm_mm_q8x(const lm_cpu *c, const float *x, int64_t n, void *dst) {
     if (c->qk->q8x_quantize) c->qk->q8x_quantize(x, n, dst);
     else lm_q8x_quantize(x, n, dst);
