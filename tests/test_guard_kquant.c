@@ -139,8 +139,11 @@ static void kq_run(lm_test_ctx *lm_t_, const char *model, const char *type) {
                      tol);
         LM_CHECK_MSG(kl <= tol_kl, "%s %s %s: KL(llama.cpp || lumen) %.3g > %.3g", model, type, lm_cpu_isa_name(isa), kl,
                      tol_kl);
-        LM_CHECK_MSG(checked >= n_gen / 4, "%s %s: only %d of %d greedy steps had a safe margin", model, type, checked,
-                     n_gen);
+        /* enough steps to mean something, unless every one is equal anyway
+         * (the int8 prefill of issue #26 moves err, and with it the margin
+         * rule, by rounding activations as llama.cpp does, differently) */
+        LM_CHECK_MSG(checked >= n_gen / 4 || equal == n_gen, "%s %s: only %d of %d greedy steps had a safe margin",
+                     model, type, checked, n_gen);
         free(logits);
         lm_runner_free(r);
         lm_model_free(m);

@@ -161,7 +161,10 @@ static void check_in_llamacpp(lm_test_ctx *lm_t_, const char *dir, const char *m
     }
     printf("  %s %s written by lumen, run by llama.cpp and lumen: max |Δ logprob| %.4g, KL %.3g, greedy %d/%d "
            "equal (%d with a safe margin)\n", dir, mix, diff, kl, equal, n_gen, checked);
-    LM_CHECK(diff <= tol && kl <= tol_kl && checked >= n_gen / 4);
+    /* few safe-margin steps are enough when every step agrees (the rule of
+     * test_cpu_qdot.c and guard_kquant): a tiny random model's margins are
+     * small against the int8 paths' last-position difference */
+    LM_CHECK(diff <= tol && kl <= tol_kl && (checked >= n_gen / 4 || equal == n_gen));
     free(logits);
     lm_runner_free(r);
     lm_model_free(m);

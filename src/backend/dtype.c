@@ -182,7 +182,7 @@ static void lm_deq_q4_0(const uint8_t *s, float *y, int64_t nb) {
  * j < 4: low 6 bits of sc[j] (scale) and sc[j+4] (min); j >= 4: low nibble
  * (scale) / high nibble (min) of sc[j+4], with the top 2 bits taken from the
  * spare high bits of sc[j-4] (scale) and sc[j] (min). */
-static void lm_q4k_scale_min(int j, const uint8_t *sc, int *scale, int *min) {
+void lm_q4k_scale_min(int j, const uint8_t *sc, int *scale, int *min) {
     if (j < 4) {
         *scale = sc[j] & 63;
         *min = sc[j + 4] & 63;

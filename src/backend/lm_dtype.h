@@ -55,6 +55,9 @@ float lm_e4m3_to_f32(uint8_t b);
 
 /* Converts n values of type t at src to f32 (n a multiple of the block). */
 void lm_dequant_row(lm_dtype t, const void *src, float *dst, int64_t n);
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the
+ * super-block's 12 scale bytes sc. */
+void lm_q4k_scale_min(int j, const uint8_t *sc, int *scale, int *min);
 
 /* Scalar conversions (round-to-nearest-even for f32 -> bf16/f16). */
 static inline float lm_bf16_to_f32(uint16_t h) {

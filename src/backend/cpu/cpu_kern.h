@@ -10,9 +10,10 @@
  * Everything computes in f32 with f32 accumulators: activations are never
  * rounded to a narrower type, weights are widened exactly (bf16 by a shift,
  * f16 by F16C or the exact scalar routine, quants by lm_dequant_row).
- * The one exception is the quantised-activation GEMV (lm_cpu_qkern below),
- * which rounds activations to int8 blocks to dot them with quant weights in
- * integer arithmetic; it is a separate table so that it can be switched off. */
+ * The one exception is the quantised-activation GEMV and GEMM (lm_cpu_qkern
+ * below), which round activations to int8 blocks to dot them with quant
+ * weights in integer arithmetic; a separate table, so that it can be
+ * switched off. */
 #ifndef LM_CPU_KERN_H
 #define LM_CPU_KERN_H
 
@@ -97,14 +98,38 @@ void lm_q8x_quantize(const float *x, int64_t n, void *dst);
 typedef void (*lm_qgemv_fn)(const void *w, size_t ldw, int nr, const void *xq, size_t ldq, int nt,
                             int64_t n, const float *bias, float *y, int64_t ldy);
 
+/* int8 GEMM micro-tile (prefill): panel holds nb blocks of LM_QP_ROWS
+ * weight rows as cpu_qblock.h lays them out (halves: two scales per block);
+ * xq points at token 0's q8x codes of the panel's first block (rows ldq
+ * bytes apart) and xf at its block factors, 4 floats per block (d, d * s0,
+ * d * s1, d * (s0 + s1), with s0, s1 the sums of the halves' codes; tokens
+ * ldf floats apart). Updates the mt x nv corner of the tile at y (row stride
+ * ldy): first ? y = bias + x.w (bias NULL: 0) : y += x.w.
+ * mt <= qgemm_mr, nv <= LM_QP_ROWS. */
+typedef void (*lm_qgemm_fn)(const uint8_t *panel, int nb, bool halves, const int8_t *xq, size_t ldq,
+                            const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
+                            const float *bias, bool first);
+
 typedef struct lm_cpu_qkern {
     const char *name;
     lm_qgemv_fn qgemv[LM_DTYPE_COUNT]; /* NULL: no int8 path for this dtype */
+    /* int8 GEMM tile (NULL: prefill widens the weights to f32) and its
+     * token count; the types it takes are those of lm_qblock_types. */
+    lm_qgemm_fn qgemm;
+    int qgemm_mr;
+    /* lm_q8x_quantize, bit for bit, for this ISA (NULL: the portable one) */
+    void (*q8x_quantize)(const float *x, int64_t n, void *dst);
 } lm_cpu_qkern;
 
 extern const lm_cpu_qkern lm_cpu_qkern_scalar; /* the reference */
 extern const lm_cpu_qkern lm_cpu_qkern_avx2;
 extern const lm_cpu_qkern lm_cpu_qkern_vnni; /* AVX-512 VNNI + VL */
+/* The int8 GEMM tile for AVX-512 VNNI (cpu_qgemm_vnni.c). */
+void lm_qgemm_vnni(const uint8_t *panel, int nb, bool halves, const int8_t *xq, size_t ldq,
+                   const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
+                   const float *bias, bool first);
+#define LM_QGEMM_VNNI_MR 4
+void lm_q8x_quantize_avx512(const float *x, int64_t n, void *dst);
 /* Best int8 table for an ISA level (VNNI checked separately). */
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa);
 bool lm_cpu_has_avx512_vnni(void);

@@ -28,8 +28,20 @@
  * L1-sized panel: fewer passes over y). A weight value is widened once per MC
  * tokens, so its cost vanishes against the 2*MC flops it feeds. KC is a
  * multiple of 256, so quantised rows are cut on block boundaries: they are
- * widened with lm_dequant_row into scratch and packed by the f32 packer. */
+ * widened with lm_dequant_row into scratch and packed by the f32 packer.
+ *
+ * int8 GEMM, for many tokens on quant weights with an int8 tile (not in
+ * exact mode): the same units, but the activation rows are rounded to q8x
+ * once per call (spread over the threads, with each block's scale and code
+ * sums as the tile's f32 factors), each 32-row panel of a 512-value k-slice
+ * is unpacked to u8 codes with per-block scales and offsets (cpu_qblock.c,
+ * 24 KB, stays in L1) and swept by the integer tile over the unit's
+ * tokens: a weight block is decoded once per up to 512 tokens and read
+ * from L1 by every tile of tokens. The products are those of the int8
+ * GEMV (same q8x integers), so a batch prefill and a token-by-token one
+ * differ only by f32 rounding before the q8x rounding. */
 #include "cpu_impl.h"
+#include "cpu_qblock.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -40,8 +52,18 @@
 #ifndef LM_MM_NC
 #define LM_MM_NC 128 /* outputs per GEMM unit */
 #endif
+#ifndef LM_MM_QKC
+#define LM_MM_QKC 512 /* int8 GEMM k-slice: a 32 x 512 panel is 24 KB (L1) */
+#endif
 
-typedef struct lm_mm {
+typedef struct lm_mm lm_mm;
+/* One panel of a GEMM unit: packs outputs o0 .. o0+nv of the k-slice
+ * [k0, k0+kc) and sweeps the unit's tokens t0 .. t0+mt over it; next_nv
+ * outputs follow in the next panel (0: none). */
+typedef void (*lm_mm_panel_fn)(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
+                               int next_nv, int64_t k0, int64_t kc);
+
+struct lm_mm {
     const lm_cpu_kern *k;
     lm_cpu *c;
     float *y;
@@ -51,10 +73,15 @@ typedef struct lm_mm {
     size_t ldw; /* bytes per weight row */
     int64_t T, O, I;
     /* GEMM */
+    lm_mm_panel_fn panel;
+    int mr, nr;         /* register tile: tokens, outputs (the panel width) */
+    int64_t kc;         /* k-slice */
+    size_t ldq;         /* int8 path: bytes per q8x row; block factors follow the rows */
+    const float *xf;
     int64_t mc;         /* tokens per unit */
     int64_t n_tb, n_cb; /* token blocks, column blocks */
     atomic_llong next;
-} lm_mm;
+};
 
 static void lm_mm_widen(const lm_cpu_kern *k, lm_dtype t, const void *src, float *dst, int64_t n) {
     if (k->to_f32[t]) k->to_f32[t](src, dst, n);
@@ -109,15 +136,27 @@ static void lm_mm_qgemv_range(void *v, int64_t u0, int64_t u1, int ith) {
     }
 }
 
-static void lm_mm_qgemv(lm_mm *m) {
-    lm_cpu *c = m->c;
-    size_t ldq = lm_q8x_row_bytes(m->I), need = ldq * (size_t)m->T;
+/* Makes the grow-only q8x buffer at least `need` bytes. Caller thread. */
+static void lm_mm_qx_reserve(lm_cpu *c, size_t need) {
     if (need > c->qx_bytes) {
         lm_afree(c->qx);
         c->qx_bytes = (need + 4095) & ~(size_t)4095;
         c->qx = lm_xaligned(c->qx_bytes);
     }
-    for (int64_t t = 0; t < m->T; t++) lm_q8x_quantize(m->x + t * m->I, m->I, (char *)c->qx + (size_t)t * ldq);
+}
+
+/* One activation row to q8x, by the ISA's routine where the int8 table has
+ * one (bit-exact with the portable lm_q8x_quantize). */
+static void lm_mm_q8x(const lm_cpu *c, const float *x, int64_t n, void *dst) {
+    if (c->qk->q8x_quantize) c->qk->q8x_quantize(x, n, dst);
+    else lm_q8x_quantize(x, n, dst);
+}
+
+static void lm_mm_qgemv(lm_mm *m) {
+    lm_cpu *c = m->c;
+    size_t ldq = lm_q8x_row_bytes(m->I);
+    lm_mm_qx_reserve(c, ldq * (size_t)m->T);
+    for (int64_t t = 0; t < m->T; t++) lm_mm_q8x(c, m->x + t * m->I, m->I, (char *)c->qx + (size_t)t * ldq);
     int64_t units = (m->O + LM_GEMV_MAX_ROWS - 1) / LM_GEMV_MAX_ROWS;
     lm_cpu_parallel_for(c, units, 2 * LM_GEMV_MAX_ROWS * m->I * m->T, lm_mm_qgemv_range, m);
 }
@@ -159,18 +198,48 @@ static void lm_mm_prefetch_w(const lm_mm *m, int64_t o0, int nv, int64_t k0, int
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(src + (size_t)r * m->ldw + b, 0, 2);
 }
 
-static size_t lm_mm_scratch_floats(const lm_cpu_kern *k) {
-    return 2 * (size_t)k->kc * (size_t)k->nr; /* one panel + nr widened row slices */
+/* f32 panel: widen and pack the weights, then the f32 micro-kernel. */
+static void lm_mm_panel_f32(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
+                            int next_nv, int64_t k0, int64_t kc) {
+    const lm_cpu_kern *k = m->k;
+    float *wp = m->c->scratch[ith];
+    float *tmp = wp + (size_t)k->kc * (size_t)k->nr;
+    if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
+    lm_mm_pack_w(m, wp, tmp, o0, nv, k0, kc);
+    const float *bias = m->bias ? m->bias + o0 : NULL;
+    for (int64_t tt = 0; tt < mt; tt += m->mr) {
+        int mtt = (int)LM_MIN((int64_t)m->mr, mt - tt);
+        k->gemm(m->x + (t0 + tt) * m->I + k0, m->I, wp, kc, m->y + (t0 + tt) * m->O + o0, m->O, mtt, nv,
+                bias, k0 == 0);
+    }
+}
+
+/* int8 panel: unpack the weight blocks once (cpu_qblock.c), then the int8
+ * tile over the tokens' q8x rows. */
+static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
+                           int next_nv, int64_t k0, int64_t kc) {
+    const lm_cpu_qkern *qk = m->c->qk;
+    uint8_t *panel = (uint8_t *)m->c->scratch[ith];
+    int64_t b0 = k0 / LM_Q8X_BLOCK;
+    int nb = (int)(kc / LM_Q8X_BLOCK);
+    const int64_t ldf = 4 * (m->I / LM_Q8X_BLOCK);
+    if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
+    lm_qpanel_pack(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb, panel);
+    const bool halves = lm_qblock_types[m->wt].halves;
+    const float *bias = m->bias ? m->bias + o0 : NULL;
+    const int8_t *xq = m->c->qx;
+    for (int64_t tt = 0; tt < mt; tt += m->mr) {
+        int mtt = (int)LM_MIN((int64_t)m->mr, mt - tt);
+        int64_t t = t0 + tt;
+        qk->qgemm(panel, nb, halves, xq + (size_t)t * m->ldq + k0, m->ldq, m->xf + t * ldf + 4 * b0, ldf, mtt,
+                  nv, m->y + t * m->O + o0, m->O, bias, k0 == 0);
+    }
 }
 
 static void lm_mm_gemm_worker(void *v, int ith, int nth) {
     (void)nth;
     lm_mm *m = v;
-    const lm_cpu_kern *k = m->k;
-    const int MR = k->mr, NR = k->nr;
-    const int64_t KC = k->kc;
-    float *wp = m->c->scratch[ith];
-    float *tmp = wp + (size_t)KC * (size_t)NR;
+    const int NR = m->nr;
     const int64_t n_units = m->n_tb * m->n_cb;
     for (;;) {
         int64_t u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
@@ -178,36 +247,67 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
         /* Column blocks vary fastest, so concurrent units share x rows in L3. */
         int64_t t0 = (u / m->n_cb) * m->mc, o0 = (u % m->n_cb) * LM_MM_NC;
         int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN((int64_t)LM_MM_NC, m->O - o0);
-        for (int64_t k0 = 0; k0 < m->I; k0 += KC) {
-            int64_t kc = LM_MIN(KC, m->I - k0);
+        for (int64_t k0 = 0; k0 < m->I; k0 += m->kc) {
+            int64_t kc = LM_MIN(m->kc, m->I - k0);
             for (int64_t p0 = 0; p0 < nc; p0 += NR) {
                 int nv = (int)LM_MIN((int64_t)NR, nc - p0);
-                if (p0 + NR < nc)
-                    lm_mm_prefetch_w(m, o0 + p0 + NR, (int)LM_MIN((int64_t)NR, nc - p0 - NR), k0, kc);
-                lm_mm_pack_w(m, wp, tmp, o0 + p0, nv, k0, kc);
-                const float *bias = m->bias ? m->bias + o0 + p0 : NULL;
-                for (int64_t tt = 0; tt < mt; tt += MR) {
-                    int mtt = (int)LM_MIN((int64_t)MR, mt - tt);
-                    k->gemm(m->x + (t0 + tt) * m->I + k0, m->I, wp, kc, m->y + (t0 + tt) * m->O + o0 + p0,
-                            m->O, mtt, nv, bias, k0 == 0);
-                }
+                int next_nv = (int)LM_MAX((int64_t)0, LM_MIN((int64_t)NR, nc - p0 - NR));
+                m->panel(m, ith, t0, mt, o0 + p0, nv, next_nv, k0, kc);
             }
         }
     }
 }
 
+/* Rounds rows [t0, t1) to q8x and writes their block factors (the int8
+ * tile's xf: d, d * s0, d * s1, d * (s0 + s1) per block). */
+static void lm_mm_q8_rows(void *v, int64_t t0, int64_t t1, int ith) {
+    (void)ith;
+    const lm_mm *m = v;
+    const int64_t nb = m->I / LM_Q8X_BLOCK;
+    for (int64_t t = t0; t < t1; t++) {
+        void *row = (char *)m->c->qx + (size_t)t * m->ldq;
+        lm_mm_q8x(m->c, m->x + t * m->I, m->I, row);
+        const float *d = lm_q8x_d(row, m->I);
+        const int16_t *s = lm_q8x_s(row, m->I);
+        float *f = (float *)m->xf + t * 4 * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            f[4 * b] = d[b];
+            f[4 * b + 1] = d[b] * (float)s[2 * b];
+            f[4 * b + 2] = d[b] * (float)s[2 * b + 1];
+            f[4 * b + 3] = d[b] * (float)(s[2 * b] + s[2 * b + 1]);
+        }
+    }
+}
+
 static void lm_mm_gemm(lm_mm *m) {
-    lm_cpu_reserve(m->c, lm_mm_scratch_floats(m->k) * sizeof(float));
+    lm_cpu *c = m->c;
+    if (c->qk && c->qk->qgemm && lm_qblock_types[m->wt].unpack) {
+        m->panel = lm_mm_panel_q8;
+        m->mr = c->qk->qgemm_mr;
+        m->nr = LM_QP_ROWS;
+        m->kc = LM_MM_QKC;
+        m->ldq = lm_q8x_row_bytes(m->I);
+        size_t rows = m->ldq * (size_t)m->T, xf = (size_t)m->T * (size_t)(m->I / LM_Q8X_BLOCK) * 4 * sizeof(float);
+        lm_mm_qx_reserve(c, rows + xf);
+        m->xf = (const float *)((char *)c->qx + rows);
+        lm_cpu_reserve(c, (size_t)(LM_MM_QKC / LM_Q8X_BLOCK) * LM_QP_BLOCK_BYTES);
+        lm_cpu_parallel_for(c, m->T, 4 * m->I, lm_mm_q8_rows, m);
+    } else {
+        m->panel = lm_mm_panel_f32;
+        m->mr = m->k->mr;
+        m->nr = m->k->nr;
+        m->kc = m->k->kc;
+        lm_cpu_reserve(c, 2 * (size_t)m->k->kc * (size_t)m->k->nr * sizeof(float)); /* panel + widened rows */
+    }
     /* Narrow outputs (k/v projections) give few column blocks: cut the
      * tokens finer until every thread has a few units to take. */
     m->n_cb = (m->O + LM_MM_NC - 1) / LM_MM_NC;
     m->mc = LM_MM_MC;
-    while (m->mc > 4 * m->k->mr && m->n_cb * ((m->T + m->mc - 1) / m->mc) < 4 * m->c->n_threads)
-        m->mc /= 2;
+    while (m->mc > 4 * m->mr && m->n_cb * ((m->T + m->mc - 1) / m->mc) < 4 * c->n_threads) m->mc /= 2;
     m->n_tb = (m->T + m->mc - 1) / m->mc;
     atomic_init(&m->next, 0);
-    if (m->c->n_threads == 1 || m->n_tb * m->n_cb == 1) lm_mm_gemm_worker(m, 0, 1);
-    else lm_pool_run(m->c->pool, lm_mm_gemm_worker, m);
+    if (c->n_threads == 1 || m->n_tb * m->n_cb == 1) lm_mm_gemm_worker(m, 0, 1);
+    else lm_pool_run(c->pool, lm_mm_gemm_worker, m);
 }
 
 /* ---- entry ------------------------------------------------------------- */

@@ -11,7 +11,7 @@
  * integers with the activation's 16-value sums, the mins of Q4_K/Q5_K/Q2_K,
  * the offsets m of Q4_1/Q5_1 and the affine types' biases (A4_* / A8_*,
  * repacked MLX weights) in f32 with the same sums. */
-#include "cpu_kern.h"
+#include "cpu_qblock.h"
 
 #include <string.h>
 
@@ -66,11 +66,11 @@ static int lm_qs_idot(const uint8_t *u, const int8_t *x, int n) {
 }
 
 /* Unsigned weight codes of one 32-value block, and what to subtract. */
-static void lm_qs_codes_q8_0(const uint8_t *blk, uint8_t *u) {
+void lm_qs_codes_q8_0(const uint8_t *restrict blk, uint8_t *restrict u) {
     for (int i = 0; i < 32; i++) u[i] = (uint8_t)((int8_t)blk[2 + i] + 128);
 }
 
-static void lm_qs_codes_q4_0(const uint8_t *blk, uint8_t *u) {
+void lm_qs_codes_q4_0(const uint8_t *restrict blk, uint8_t *restrict u) {
     for (int i = 0; i < 16; i++) {
         u[i] = blk[2 + i] & 0x0f;
         u[i + 16] = blk[2 + i] >> 4;
@@ -78,19 +78,21 @@ static void lm_qs_codes_q4_0(const uint8_t *blk, uint8_t *u) {
 }
 
 /* Q4_K block j (0..7) of a super-block: nibbles of qs[32 * (j / 2) ..]. */
-static void lm_qs_codes_q4_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q4_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 16 + 32 * (j / 2);
-    for (int i = 0; i < 32; i++) u[i] = j % 2 ? qs[i] >> 4 : qs[i] & 0x0f;
+    const int shift = 4 * (j % 2); /* branch-free, so that the loop vectorises */
+    for (int i = 0; i < 32; i++) u[i] = (uint8_t)((qs[i] >> shift) & 0x0f);
 }
 
 /* Q5_K block j: Q4_K's nibble plus bit j of qh[l] as the fifth bit. */
-static void lm_qs_codes_q5_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q5_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 48 + 32 * (j / 2), *qh = sb + 16;
-    for (int i = 0; i < 32; i++) u[i] = (uint8_t)((j % 2 ? qs[i] >> 4 : qs[i] & 0x0f) | (((qh[i] >> j) & 1) << 4));
+    const int shift = 4 * (j % 2);
+    for (int i = 0; i < 32; i++) u[i] = (uint8_t)(((qs[i] >> shift) & 0x0f) | (((qh[i] >> j) & 1) << 4));
 }
 
 /* IQ4_XS block j: levels + 128, so that they are unsigned like the rest. */
-static void lm_qs_codes_iq4_xs(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_iq4_xs(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *qs = sb + 8 + 16 * j;
     for (int i = 0; i < 16; i++) {
         u[i] = (uint8_t)(lm_iq4nl_levels[qs[i] & 0x0f] + 128);
@@ -100,7 +102,7 @@ static void lm_qs_codes_iq4_xs(const uint8_t *sb, int j, uint8_t *u) {
 
 /* Q6_K block j (0..7): half h = j / 4, k = j % 4 picks the nibble of
  * ql[k % 2 * 32 + l] (low for k < 2) and bits 2k, 2k+1 of qh[l]. */
-static void lm_qs_codes_q6_k(const uint8_t *sb, int j, uint8_t *u) {
+void lm_qs_codes_q6_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
     const uint8_t *ql = sb + 64 * (j / 4) + 32 * (j % 2), *qh = sb + 128 + 32 * (j / 4);
     int k = j % 4;
     for (int i = 0; i < 32; i++)

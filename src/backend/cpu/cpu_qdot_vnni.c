@@ -6,4 +6,6 @@
 #define LM_QD_VNNI 1
 #include "cpu_qdot_x86.h"
 
-const lm_cpu_qkern lm_cpu_qkern_vnni = { .name = "avx512-vnni", LM_QD_TABLE };
+const lm_cpu_qkern lm_cpu_qkern_vnni = { .name = "avx512-vnni", LM_QD_TABLE,
+                                        .qgemm = lm_qgemm_vnni, .qgemm_mr = LM_QGEMM_VNNI_MR,
+                                        .q8x_quantize = lm_q8x_quantize_avx512 };

@@ -1,0 +1,57 @@
+/* cpu_qblock.h - quantised weight blocks as the int8 GEMM (prefill) reads them.
+ *
+ * Design: the int8 GEMM sees every quant type the same way, per 32-value
+ * block of a row: unsigned 8-bit codes u[32] and, for each half of 16 values,
+ * a scale and an offset, so that the weight is
+ *     w_i = sc[i / 16] * u_i - off[i / 16].
+ * With the activation block rounded to q8x (x_i ~ d * q_i, cpu_kern.h), a
+ * block's dot product is d * sum_h (sc_h * (u . q)_h - off_h * (sum q)_h):
+ * integer dot products of codes, the rest in f32. Types whose two halves
+ * share one scale and offset (all but Q6_K here) set `halves` false and the
+ * kernel does one integer dot per block. A type plugs in with one unpack
+ * function (lm_qblock_types); the codes come from the same decoders the
+ * int8 GEMV's portable kernels use (cpu_qdot_scalar.c).
+ *
+ * The packed panel (lm_qpanel_pack) holds LM_QP_ROWS rows of a run of blocks,
+ * one block after another, each LM_QP_BLOCK_BYTES:
+ *     uint8 codes[8][LM_QP_ROWS][4]   values 4k..4k+3 of row r at [k][r]
+ *     float sc[2][LM_QP_ROWS]         per half, then per row
+ *     float off[2][LM_QP_ROWS]
+ * so that one 64-byte load gives 16 rows x 4 consecutive values, the operand
+ * of vpdpbusd, and the scales of 16 rows are one vector. Rows past the end
+ * of the matrix have zero codes, scales and offsets. */
+#ifndef LM_CPU_QBLOCK_H
+#define LM_CPU_QBLOCK_H
+
+#include "cpu_kern.h"
+
+#define LM_QP_ROWS 32
+#define LM_QP_CODES (32 * LM_QP_ROWS)
+#define LM_QP_BLOCK_BYTES (LM_QP_CODES + 4 * LM_QP_ROWS * (int)sizeof(float))
+
+/* Block b (32 values) of the quant row `row`: codes, and sc/off per half. */
+typedef void (*lm_qblock_unpack_fn)(const uint8_t *row, int64_t b, uint8_t u[32], float sc[2],
+                                    float off[2]);
+
+typedef struct lm_qblock_type {
+    lm_qblock_unpack_fn unpack; /* NULL: the int8 GEMM does not take this type */
+    bool halves;                /* the halves have their own scale and offset */
+} lm_qblock_type;
+
+extern const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT];
+
+/* Packs blocks b0 .. b0+nb-1 of nv <= LM_QP_ROWS rows (w: the first row,
+ * ldw bytes per row) into panel (nb * LM_QP_BLOCK_BYTES, 64-byte aligned). */
+void lm_qpanel_pack(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);
+
+/* Decoders of cpu_qdot_scalar.c: unsigned codes of one 32-value block
+ * (Q8_0 and IQ4_XS shifted by +128); the K-quants take the super-block and
+ * the block index j (0..7) in it. restrict lets -O2 vectorise them. */
+void lm_qs_codes_q8_0(const uint8_t *restrict blk, uint8_t *restrict u);
+void lm_qs_codes_q4_0(const uint8_t *restrict blk, uint8_t *restrict u);
+void lm_qs_codes_q4_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
+void lm_qs_codes_q5_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
+void lm_qs_codes_iq4_xs(const uint8_t *restrict sb, int j, uint8_t *restrict u);
+void lm_qs_codes_q6_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
+
+#endif
