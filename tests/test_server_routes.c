@@ -14,6 +14,8 @@ LM_TEST(server_route_table) {
         { "/v1/models", "models" },                     { "/v1/models/", "models" },
         { "/v1/models/qwen3", "models" },               { "/health", "health" },
         { "/metrics", "metrics" },                      { "/v1/modelsx", "other" },
+        { "/v1/messages", "messages" },                 { "/v1/messages/count_tokens", "messages_count_tokens" },
+        { "/v1/messages/", "other" },                   { "/messages", "other" },
         { "/v1/chat/completions/", "other" },           { "/health/", "other" },
         { "/", "other" },                               { "", "other" },
     };
@@ -23,8 +25,9 @@ LM_TEST(server_route_table) {
                      k_urls[i].url, r);
     }
     /* the names /metrics prints, in order; only the last entry is the catch-all */
-    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
-                                                       "health", "metrics", "other" };
+    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "messages",
+                                                       "messages_count_tokens", "models", "health",
+                                                       "metrics", "other" };
     for (int r = 0; r < SRV_N_ROUTES; r++) {
         LM_CHECK(lm_streq(srv_routes[r].metric, k_names[r]));
         LM_CHECK((srv_routes[r].path == NULL) == (r == SRV_N_ROUTES - 1));
@@ -32,7 +35,8 @@ LM_TEST(server_route_table) {
     }
     /* only generation takes POST; only /health is open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
-        LM_CHECK(srv_routes[r].post == (r < 2));
+        LM_CHECK(srv_routes[r].post == (r < 4));
+        LM_CHECK(srv_routes[r].anthropic == (r == 2 || r == 3)); /* Anthropic error bodies */
         LM_CHECK(srv_routes[r].open == !strcmp(srv_routes[r].path, "/health"));
     }
 }

@@ -1,5 +1,7 @@
-/* generate.c - POST /v1/chat/completions and /v1/completions: the handler
- * behind both (route_table.c routes to it).
+/* generate.c - POST /v1/chat/completions, /v1/completions and /v1/messages:
+ * the handler behind all three (route_table.c routes to it; /v1/messages
+ * brings its own parser, and srv_out writes its answer through the wire the
+ * parser chose).
  *
  * A generation request: parse and validate the body, build the prompt
  * (chat template, or the raw prompt), tokenize, check it against the context,
@@ -235,7 +237,19 @@ static int context_error(srv_err *e, const srv *s, int n_prompt, long max_tokens
                     s->ctx, what, n_prompt, what);
 }
 
+int srv_chat_prompt_ids(const srv *s, const srv_req *r, lm_chat_prompt *p, lm_tok_ids *ids, srv_err *e) {
+    if (srv_chat_render(s, r, p, e)) return -1;
+    lm_err le = { { 0 } };
+    if (lm_tokenizer_encode(s->tok, p->text, p->len, false, ids, &le)) return srv_bad(e, "messages", "%s", le.msg);
+    if (ids->n == 0) return srv_bad(e, "messages", "The messages produced no tokens.");
+    return 0;
+}
+
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind) {
+    return srv_generate(s, c, cc, kind, srv_req_parse);
+}
+
+enum MHD_Result srv_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind, srv_parse_fn parse) {
     srv_err e = { 0 };
     srv_job *j = job_create(s, cc, c);
     lm_tok_ids ids = { 0 };
@@ -246,14 +260,10 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         srv_fail(&e, 500, "server_error", NULL, NULL, "eventfd: %s", strerror(errno));
         goto fail;
     }
-    if (srv_req_parse(s, kind, cc->body ? cc->body : "", cc->body_len, &j->r, &e)) goto fail;
+    if (parse(s, kind, cc->body ? cc->body : "", cc->body_len, &j->r, &e)) goto fail;
     lm_err le = { { 0 } };
     if (kind == SRV_CHAT) {
-        if (srv_chat_render(s, &j->r, &j->prompt, &e)) goto fail;
-        if (lm_tokenizer_encode(s->tok, j->prompt.text, j->prompt.len, false, &ids, &le)) {
-            srv_bad(&e, "messages", "%s", le.msg);
-            goto fail;
-        }
+        if (srv_chat_prompt_ids(s, &j->r, &j->prompt, &ids, &e)) goto fail;
     } else if (j->r.prompt_ids) {
         ids.ids = lm_xmalloc((size_t)j->r.n_prompt_ids * sizeof *ids.ids);
         memcpy(ids.ids, j->r.prompt_ids, (size_t)j->r.n_prompt_ids * sizeof *ids.ids);
@@ -285,6 +295,7 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         goto fail;
     }
     if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
+    j->r.n_prompt_tokens = (int)ids.n;
     if (srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e)) goto fail;
     free(echo);
     echo = NULL;

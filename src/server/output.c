@@ -94,6 +94,10 @@ static void emit_reasoning(srv_out *o, const char *s, size_t n) {
         str_put(&o->reasoning, s, n);
         return;
     }
+    if (o->wire) {
+        o->wire->reasoning(o, s, n);
+        return;
+    }
     json_t *d = json_object();
     json_object_set_new(d, "reasoning_content", json_stringn_nocheck(s, n));
     chat_chunk(o, d, NULL);
@@ -109,6 +113,10 @@ static void emit_content(srv_out *o, const char *s, size_t n) {
         completion_chunk(o, s, n, NULL);
         return;
     }
+    if (o->wire) {
+        o->wire->content(o, s, n);
+        return;
+    }
     json_t *d = json_object();
     json_object_set_new(d, "content", json_stringn_nocheck(s, n));
     chat_chunk(o, d, NULL);
@@ -117,6 +125,10 @@ static void emit_content(srv_out *o, const char *s, size_t n) {
 static void emit_tool_out(srv_out *o, const lm_toolcall_out *t) {
     emit_content(o, t->content, t->content_len);
     if (!o->stream) return; /* calls are read from the parser at the end */
+    if (o->wire) {
+        o->wire->tool(o, t);
+        return;
+    }
     json_t *calls = lm_toolcall_out_json(t);
     if (!calls) return;
     json_t *d = json_object();
@@ -176,7 +188,10 @@ static void feed_text(srv_out *o, const char *s, size_t n) {
     lm_stop_result r;
     lm_stop_matcher_feed(o->stop, s, n, &r);
     route(o, r.text, r.len);
-    if (r.stopped) o->stopped = true;
+    if (r.stopped) {
+        o->stopped = true;
+        o->stop_which = r.which;
+    }
 }
 
 static size_t utf8_chars(const char *s, size_t n) {
@@ -248,11 +263,15 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
         }
         if (r->tools) {
             uint64_t seed = r->gp.sampling.seed ^ (uint64_t)(lm_now() * 1e9);
-            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed, .atomic = !r->stream };
+            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed,
+                                    .atomic = !r->stream || (r->wire && r->wire->atomic_tools) };
             o->tools = lm_toolcall_parser_create(&to, &le);
             if (!o->tools) return srv_fail(e, 500, "server_error", NULL, NULL, "%s", le.msg);
         }
-        if (o->stream) {
+        o->wire = r->wire;
+        if (o->wire) {
+            o->wire->open(o, r);
+        } else if (o->stream) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));
@@ -268,6 +287,7 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
 }
 
 void srv_out_free(srv_out *o) {
+    if (o->wire && o->wire->free) o->wire->free(o);
     lm_detok_free(o->detok);
     lm_stop_matcher_free(o->stop);
     lm_reasoning_parser_free(o->reason);
@@ -296,6 +316,10 @@ const char *srv_out_finish_reason(const srv_out *o) {
 
 /* The last chunks of a stream: finish_reason, usage, [DONE]; or an error. */
 static void stream_end(srv_out *o) {
+    if (o->wire) {
+        o->wire->close(o);
+        return;
+    }
     bool failed = !o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED);
     if (failed) {
         srv_err e;
@@ -357,6 +381,7 @@ bool srv_out_event(srv_out *o, const lm_token_event *ev) {
 }
 
 json_t *srv_out_response(srv_out *o) {
+    if (o->wire) return o->wire->response(o);
     const srv *s = o->s;
     json_t *res = json_object();
     json_object_set_new(res, "id", json_string(o->id));

@@ -59,6 +59,23 @@ static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_
     return srv_handle_generate(s, c, cc, SRV_COMPLETION);
 }
 
+/* POST /v1/messages: Anthropic's body through the shared generation path. */
+static int anth_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e) {
+    (void)kind;
+    return srv_anth_parse(s, body, len, false, r, e);
+}
+
+static enum MHD_Result handle_messages(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_generate(s, c, cc, SRV_CHAT, anth_parse);
+}
+
+static enum MHD_Result handle_count_tokens(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    srv_err e = { 0 };
+    int n = 0;
+    if (srv_anth_count_tokens(s, cc->body ? cc->body : "", cc->body_len, &n, &e)) return srv_respond_error(cc, c, &e);
+    return srv_respond_json(cc, c, 200, json_pack("{s:i}", "input_tokens", n));
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 /* Unsized: the compiler holds the count to SRV_N_ROUTES in the header. */
@@ -67,6 +84,9 @@ const srv_route srv_routes[] = {
       .metric = "chat_completions" },
     { .path = "/v1/completions", .alias = "/completions", .post = true, .handler = handle_completions,
       .metric = "completions" },
+    { .path = "/v1/messages", .post = true, .anthropic = true, .handler = handle_messages, .metric = "messages" },
+    { .path = "/v1/messages/count_tokens", .post = true, .anthropic = true, .handler = handle_count_tokens,
+      .metric = "messages_count_tokens" },
     { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
     { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
     { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },

@@ -65,7 +65,8 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 }
 
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e) {
-    return srv_respond_json(cc, c, e->status, srv_error_json(e));
+    bool anthropic = cc && srv_routes[cc->route].anthropic;
+    return srv_respond_json(cc, c, e->status, anthropic ? srv_anth_error_json(e) : srv_error_json(e));
 }
 
 /* ---- the access handler ----------------------------------------------------------------------- */
@@ -78,8 +79,12 @@ static bool same_secret(const char *a, const char *b) {
     return d == 0;
 }
 
+/* Authorization: Bearer KEY (OpenAI), or x-api-key: KEY (Anthropic's
+ * clients), on every route. */
 static bool authorized(const srv *s, struct MHD_Connection *c) {
     if (!s->opts.api_key) return true;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (x && same_secret(x, s->opts.api_key)) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
@@ -112,7 +117,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         if (!rt->handler) return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
         if (!rt->open && !authorized(s, c))
             return fail(cc, c, 401, "invalid_request_error", "invalid_api_key",
-                        "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
+                        "Incorrect or missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'.");
         if (rt->post != post || (!post && strcmp(method, "GET") && strcmp(method, "HEAD")))
             return fail(cc, c, 405, "invalid_request_error", "method_not_allowed",
                         rt->post ? "This endpoint accepts POST only." : "This endpoint accepts GET only.");

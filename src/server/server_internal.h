@@ -17,6 +17,9 @@
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
  *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
  *                      errors) and SSE framing
+ *   anthropic_request.c an Anthropic Messages body -> srv_req (the same
+ *                      chat request, translated)
+ *   anthropic_stream.c Anthropic's message, events and errors (srv_anth_wire)
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
  */
@@ -62,7 +65,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 6
+#define SRV_N_ROUTES 8
 
 #define SRV_HIST_BUCKETS 16
 
@@ -163,6 +166,7 @@ void srv_trace_write(srv *s, const srv_trace_rec *r);
 /* ---- a parsed request (openai_request.c) -------------------------------------------- */
 
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+typedef struct srv_wire srv_wire;
 typedef enum srv_tool_choice { SRV_TOOLS_AUTO, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_choice;
 
 typedef struct srv_req {
@@ -185,6 +189,10 @@ typedef struct srv_req {
     int32_t *prompt_ids;       /* token-id prompt (owned), or NULL */
     int n_prompt_ids;
     bool echo;
+    /* another API's shape (anthropic_request.c) */
+    const srv_wire *wire;      /* NULL: OpenAI's; else how srv_out writes the answer */
+    bool one_tool_call;        /* keep only the first tool call */
+    int n_prompt_tokens;       /* set by the handler once the prompt is tokenized */
 } srv_req;
 
 /* Parses and validates a request body. kind picks the endpoint's schema.
@@ -231,10 +239,27 @@ typedef struct srv_out {
     int n_prompt, n_cached, n_generated, n_reasoning;
     int n_tool_calls;
     double queue_s, prefill_s;
+    int stop_which;                /* the stop string that matched (index), when stopped */
+    const srv_wire *wire;          /* NULL: OpenAI chunks and objects */
+    void *wire_state;              /* the wire's, from open to free */
     /* SSE bytes not yet handed to the connection */
     lm_tok_str sse;
     size_t sse_off;
 } srv_out;
+
+/* How an API other than OpenAI's writes an answer: srv_out keeps running the
+ * parsers and collecting text, and hands each piece to the wire instead of
+ * building OpenAI chunks (stream) or the OpenAI object (not stream). */
+struct srv_wire {
+    void (*open)(srv_out *o, const srv_req *r);   /* at init (stream or not): state, first events */
+    void (*reasoning)(srv_out *o, const char *s, size_t n); /* stream only, as the next three */
+    void (*content)(srv_out *o, const char *s, size_t n);
+    void (*tool)(srv_out *o, const lm_toolcall_out *t);    /* t's calls (its content went to content) */
+    void (*close)(srv_out *o);                    /* the last events, or the error */
+    json_t *(*response)(srv_out *o);              /* the non-stream answer (new reference) */
+    void (*free)(srv_out *o);
+    bool atomic_tools;                            /* tool calls only whole, in one delta */
+};
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
 int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
@@ -247,6 +272,21 @@ bool srv_out_event(srv_out *o, const lm_token_event *ev);
 json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
 const char *srv_out_finish_reason(const srv_out *o);
+
+/* ---- the Anthropic Messages API (anthropic_request.c, anthropic_stream.c) ---------------- */
+
+/* Parses and translates a /v1/messages body (counting: /v1/messages/count_tokens,
+ * where max_tokens is optional and stream ignored). As srv_req_parse. */
+int srv_anth_parse(const srv *s, const char *body, size_t len, bool counting, srv_req *r, srv_err *e);
+/* The prompt tokens of a count_tokens body: 0, or -1 with e. */
+int srv_anth_count_tokens(const srv *s, const char *body, size_t len, int *n, srv_err *e);
+extern const srv_wire srv_anth_wire;
+/* end_turn, max_tokens, stop_sequence or tool_use. */
+const char *srv_anth_stop_reason(const srv_out *o);
+/* Anthropic's error type for an HTTP status ("invalid_request_error" ...). */
+const char *srv_anth_error_type(int status);
+/* {"type": "error", "error": {"type", "message"}} (new reference). */
+json_t *srv_anth_error_json(const srv_err *e);
 
 /* ---- HTTP (server.c, route_table.c, generate.c) -------------------------------------------- */
 
@@ -304,6 +344,13 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+/* A body -> srv_req for srv_generate (as srv_req_parse). */
+typedef int (*srv_parse_fn)(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
+/* The generation handler with another API's parser (POST /v1/messages). */
+enum MHD_Result srv_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind, srv_parse_fn parse);
+/* A chat request's prompt: rendered into p, tokenized into ids (not empty);
+ * 0, or -1 with e (400). */
+int srv_chat_prompt_ids(const srv *s, const srv_req *r, lm_chat_prompt *p, lm_tok_ids *ids, srv_err *e);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
@@ -317,6 +364,7 @@ typedef struct srv_route {
     bool post;             /* POST only; else GET (and HEAD) only */
     bool open;             /* answered without the API key */
     bool quiet;            /* no log line per request (probes, scrapes) */
+    bool anthropic;        /* errors as Anthropic's bodies (srv_anth_error_json) */
     srv_handler handler;   /* NULL for the last entry */
     const char *metric;    /* route="..." in lumen_requests_total */
 } srv_route;
