@@ -347,12 +347,12 @@ static int parse_tools(const json_t *body, json_t *out, srv_req *r, srv_err *e) 
     if (r->tool_choice == SRV_TOOLS_NAMED) {
         const json_t *name = json_object_get(tc, "name");
         if (!json_is_string(name)) return srv_bad(e, "tool_choice", "tool_choice.name: Field required (a string).");
-        r->tool_name = json_string_value(name);
-        bool found = false;
-        for (size_t i = 0; i < json_array_size(fns); i++)
-            found |= !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(fns, i), "function"), "name")),
-                             r->tool_name);
-        if (!found) return srv_bad(e, "tool_choice", "tool_choice.name: '%.100s' is not in 'tools'.", r->tool_name);
+        for (size_t i = 0; i < json_array_size(fns) && !r->tool_name; i++) { /* a pointer into r->body */
+            const char *n = json_string_value(json_object_get(json_object_get(json_array_get(fns, i), "function"), "name"));
+            if (!strcmp(n, json_string_value(name))) r->tool_name = n;
+        }
+        if (!r->tool_name)
+            return srv_bad(e, "tool_choice", "tool_choice.name: '%.100s' is not in 'tools'.", json_string_value(name));
     }
     if (r->tool_choice == SRV_TOOLS_NONE) r->tools = NULL;
     return 0;
