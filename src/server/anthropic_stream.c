@@ -24,7 +24,8 @@
  * yet: it counts the whole prompt as input, and message_delta carries the
  * final figures (the SDK overwrites them). Tool calls are emitted whole
  * (the parser's atomic mode), so a started tool_use block is never taken
- * back; its input arrives as one input_json_delta. Thinking blocks carry a
+ * back; its input arrives as one input_json_delta (always an object: {}
+ * when the model wrote arguments that are not one). Thinking blocks carry a
  * fixed signature: lumen does not sign, and ignores signatures it is sent. */
 #include <stdlib.h>
 #include <string.h>
@@ -219,11 +220,15 @@ static void wire_tool(srv_out *o, const lm_toolcall_out *t) {
         json_object_set_new(b, "name", json_string(c->name));
         json_object_set_new(b, "input", json_object());
         block_start(o, b, BLOCK_TOOL);
-        if (c->args_len) {
-            json_t *d = typed("input_json_delta");
-            json_object_set_new(d, "partial_json", json_stringn_nocheck(c->args, c->args_len));
-            block_delta(o, d);
-        }
+        /* the input as an object, as the whole message has it (a model may
+         * write arguments that are not one: then {}) */
+        json_t *input = tool_input(c->args, c->args_len);
+        json_t *d = typed("input_json_delta");
+        char *text = srv_dump(input, false, NULL);
+        json_decref(input);
+        json_object_set_new(d, "partial_json", json_string(text));
+        free(text);
+        block_delta(o, d);
         block_stop(o);
     }
 }
