@@ -34,7 +34,7 @@ LM_TEST(server_anthropic_http) {
     char *dir = lm_test_fixture_path("models/qwen3");
     if (!dir) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     gu_server s;
-    int rc = gu_server_start(&s, dir, "--threads 1 --api-key " KEY);
+    int rc = gu_server_start(&s, dir, "--threads 1 --ctx 256 --api-key " KEY);
     free(dir);
     LM_REQUIRE(rc == 0);
     gu_resp r = { 0 };
@@ -88,6 +88,18 @@ LM_TEST(server_anthropic_http) {
     static const char k_end[] = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     size_t bl = strlen(r.body);
     LM_CHECK(bl > sizeof k_end && !strcmp(r.body + bl - (sizeof k_end - 1), k_end));
+    gu_resp_free(&r);
+
+    /* max_tokens past the context (256) is cut to what the prompt leaves */
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/messages",
+                       "{\"model\":\"m\",\"max_tokens\":32000,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}",
+                       "x-api-key: " KEY "\r\n", &r) == 0);
+    json_t *big = gu_json(&r);
+    const json_t *bu = json_object_get(big, "usage");
+    LM_CHECK_MSG(r.status == 200, "%d %s", r.status, r.body);
+    LM_CHECK(json_integer_value(json_object_get(bu, "input_tokens")) + json_integer_value(json_object_get(bu, "cache_read_input_tokens")) +
+                 json_integer_value(json_object_get(bu, "output_tokens")) <= 256);
+    json_decref(big);
     gu_resp_free(&r);
 
     /* Anthropic errors on the Anthropic routes: 400, 405; OpenAI's elsewhere */

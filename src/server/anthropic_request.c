@@ -24,7 +24,8 @@
  *            / disabled                 true / false (absent: the template's
  *                                       default; budget_tokens is not enforced).
  * Anthropic's own rules that clients rely on are kept: max_tokens is
- * required (not for count_tokens), temperature and top_p are in [0, 1],
+ * required (not for count_tokens; a cap, cut to what the model's context
+ * leaves after the prompt), temperature and top_p are in [0, 1],
  * roles are user and assistant (and system, which the SDK also types).
  * Refused with a 400 that says so: images and documents, server tools (a
  * tool whose `type` is not "custom"), and a last assistant message (Anthropic
@@ -389,11 +390,11 @@ static int parse_sampling(const srv *s, const json_t *body, bool counting, srv_r
     if (!mt && !counting) return srv_bad(e, "max_tokens", "max_tokens: Field required.");
     if (mt) {
         if (!json_is_integer(mt) || json_integer_value(mt) < 1) return want(e, "max_tokens", "an integer >= 1", mt);
-        if (json_integer_value(mt) > s->ctx)
-            return srv_bad(e, "max_tokens", "max_tokens: %lld > %d, the model's context length.",
-                           (long long)json_integer_value(mt), s->ctx);
-        gp->max_tokens = (int)json_integer_value(mt);
+        /* a cap, cut to what the context leaves (Claude Code asks for 32000
+         * whatever the model) */
+        gp->max_tokens = (int)LM_MIN(json_integer_value(mt), (json_int_t)s->ctx);
         r->max_tokens_set = true;
+        r->max_tokens_cap = true;
     }
     const json_t *st = opt(body, "stream");
     if (st && !json_is_boolean(st)) return want(e, "stream", "a boolean", st);

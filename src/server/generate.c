@@ -290,6 +290,8 @@ enum MHD_Result srv_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv
         goto fail;
     }
     lm_gen_params *gp = &j->r.gp;
+    if (j->r.max_tokens_cap && ids.n < (size_t)s->ctx && (long)ids.n + gp->max_tokens > s->ctx)
+        gp->max_tokens = s->ctx - (int)ids.n;
     if (ids.n >= (size_t)s->ctx || (j->r.max_tokens_set && (long)ids.n + gp->max_tokens > s->ctx)) {
         context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set, what);
         goto fail;
