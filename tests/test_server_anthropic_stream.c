@@ -330,6 +330,22 @@ LM_TEST(server_anthropic_stream_thinking_then_text) {
     LM_CHECK(lm_streq(str_at(json_object_get(ev_data(m, 7), "delta"), "text"), "Hi! How can I help?"));
     json_decref(m);
 
+    /* display "omitted" (Claude Code's choice): the blocks without their text */
+    const char *omit = "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024,\"display\":\"omitted\"}";
+    m = stream_of(&f, omit, text, LM_FINISH_STOP);
+    LM_REQUIRE(m);
+    seq = sequence(m);
+    LM_CHECK_MSG(lm_streq(seq, "message_start ping content_block_start:thinking content_block_delta:signature_delta "
+                               "content_block_stop content_block_start:text content_block_delta:text_delta "
+                               "content_block_stop message_delta message_stop"), "%s", seq);
+    free(seq);
+    json_decref(m);
+    json_t *om = message_of(&f, omit, text, LM_FINISH_STOP);
+    LM_REQUIRE(om);
+    LM_CHECK(lm_streq(str_at(json_array_get(json_object_get(om, "content"), 0), "thinking"), ""));
+    LM_CHECK(lm_streq(str_at(json_array_get(json_object_get(om, "content"), 1), "text"), "Hi! How can I help?"));
+    json_decref(om);
+
     json_t *msg = message_of(&f, NULL, text, LM_FINISH_STOP);
     LM_REQUIRE(msg);
     const json_t *c = json_object_get(msg, "content");

@@ -22,7 +22,9 @@
  *   stop_sequences                   -> stop;
  *   thinking enabled/adaptive        -> chat_template_kwargs enable_thinking
  *            / disabled                 true / false (absent: the template's
- *                                       default; budget_tokens is not enforced).
+ *                                       default; budget_tokens is not enforced;
+ *                                       display "omitted" sends thinking blocks
+ *                                       with empty text, as Anthropic does).
  * Anthropic's own rules that clients rely on are kept: max_tokens is
  * required (not for count_tokens; a cap, cut to what the model's context
  * leaves after the prompt), temperature and top_p are in [0, 1],
@@ -426,6 +428,9 @@ static int parse_stop_and_thinking(const json_t *body, json_t *out, srv_req *r, 
             return srv_bad(e, "thinking", "thinking.type: '%.40s' is not one of 'enabled', 'adaptive', 'disabled'.", type);
         const json_t *bt = opt(th, "budget_tokens");
         if (bt && !json_is_integer(bt)) return want(e, "thinking.budget_tokens", "an integer", bt);
+        const json_t *disp = opt(th, "display");
+        if (disp && !json_is_string(disp)) return want(e, "thinking.display", "a string", disp);
+        r->omit_thinking = disp && !strcmp(json_string_value(disp), "omitted");
         json_t *kw = json_object();
         json_object_set_new(kw, "enable_thinking", json_boolean(on));
         json_object_set_new(out, "chat_template_kwargs", kw);

@@ -40,6 +40,7 @@ typedef struct anth_state {
     int next;          /* index of the next content block */
     int open;          /* BLOCK_* of the block being streamed */
     bool one_call;     /* tool_choice.disable_parallel_tool_use */
+    bool omit;         /* thinking.display "omitted": thinking blocks without text */
     int n_prompt;      /* the prompt's tokens, for message_start */
     json_t *stops;     /* stop_sequences (a reference), or NULL */
 } anth_state;
@@ -168,6 +169,7 @@ static void block_delta(srv_out *o, json_t *delta) {
 static void wire_open(srv_out *o, const srv_req *r) {
     anth_state *st = lm_xcalloc(1, sizeof *st);
     st->one_call = r->one_tool_call;
+    st->omit = r->omit_thinking;
     st->n_prompt = r->n_prompt_tokens;
     st->stops = r->stop ? json_incref((json_t *)r->stop) : NULL;
     o->wire_state = st;
@@ -191,6 +193,7 @@ static void wire_reasoning(srv_out *o, const char *s, size_t n) {
         json_object_set_new(b, "signature", json_string(""));
         block_start(o, b, BLOCK_THINKING);
     }
+    if (st->omit) return;
     json_t *d = typed("thinking_delta");
     json_object_set_new(d, "thinking", json_stringn_nocheck(s, n));
     block_delta(o, d);
@@ -260,7 +263,7 @@ static json_t *wire_response(srv_out *o) {
     json_t *content = json_object_get(m, "content");
     if (o->reasoning.len) {
         json_t *b = typed("thinking");
-        json_object_set_new(b, "thinking", json_stringn_nocheck(o->reasoning.s, o->reasoning.len));
+        json_object_set_new(b, "thinking", st->omit ? json_string("") : json_stringn_nocheck(o->reasoning.s, o->reasoning.len));
         json_object_set_new(b, "signature", json_string(ANTH_SIGNATURE));
         json_array_append_new(content, b);
     }

@@ -293,7 +293,7 @@ enum MHD_Result srv_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv
     if (j->r.max_tokens_cap && ids.n < (size_t)s->ctx && (long)ids.n + gp->max_tokens > s->ctx)
         gp->max_tokens = s->ctx - (int)ids.n;
     if (ids.n >= (size_t)s->ctx || (j->r.max_tokens_set && (long)ids.n + gp->max_tokens > s->ctx)) {
-        context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set, what);
+        context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set && !j->r.max_tokens_cap, what);
         goto fail;
     }
     if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;

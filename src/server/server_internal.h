@@ -192,6 +192,7 @@ typedef struct srv_req {
     /* another API's shape (anthropic_request.c) */
     const srv_wire *wire;      /* NULL: OpenAI's; else how srv_out writes the answer */
     bool one_tool_call;        /* keep only the first tool call */
+    bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
     bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
     int n_prompt_tokens;       /* set by the handler once the prompt is tokenized */
 } srv_req;
