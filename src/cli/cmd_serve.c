@@ -27,7 +27,7 @@ static const lm_opt k_opts[] = {
     { LM_OPT_INT, "--port", NULL, LM_OPT_AT(serve_opts, so.port), "N", "TCP port; 0 = any free port", .ilo = 0,
       .ihi = 65535 },
     { LM_OPT_STRING, "--api-key", NULL, LM_OPT_AT(serve_opts, so.api_key), "KEY",
-      "require 'Authorization: Bearer KEY' (also LUMEN_API_KEY)", .ilo = 1 },
+      "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also LUMEN_API_KEY)", .ilo = 1 },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(serve_opts, so.engine.ctx), "N",
       "tokens per request, prompt + completion", "the model's", .ilo = 16, .ihi = 1 << 24 },
     { LM_OPT_INT, "--parallel", NULL, LM_OPT_AT(serve_opts, so.engine.parallel), "N", "requests generated at once",
@@ -70,7 +70,9 @@ static const lm_opt_cmd k_cmd = {
     .usage = "lumen serve [-m MODEL] [options]",
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
              "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-             "GET /health, GET /metrics (Prometheus).\n",
+             "GET /health, GET /metrics (Prometheus); and Anthropic's Messages API\n"
+             "(POST /v1/messages, /v1/messages/count_tokens) for Claude Code and\n"
+             "the Anthropic SDKs, answering to any model name.\n",
     .opts = k_opts,
     .epilog = "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
               "other characters are dropped, the rest cut to 64); otherwise the server makes\n"

@@ -4,6 +4,8 @@
  * connection). Routes:
  *   POST /v1/chat/completions   chat template, reasoning, tool calls, SSE
  *   POST /v1/completions        raw prompt (text or token ids), SSE
+ *   POST /v1/messages           Anthropic's Messages API (the chat path; SSE events)
+ *   POST /v1/messages/count_tokens
  *   GET  /v1/models[/ID]        the one served model
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text
