@@ -27,7 +27,7 @@ static const lm_opt k_opts[] = {
     { LM_OPT_INT, "--port", NULL, LM_OPT_AT(serve_opts, so.port), "N", "TCP port; 0 = any free port", .ilo = 0,
       .ihi = 65535 },
     { LM_OPT_STRING, "--api-key", NULL, LM_OPT_AT(serve_opts, so.api_key), "KEY",
-      "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also LUMEN_API_KEY)", .ilo = 1 },
+      "require 'Authorization: Bearer KEY' (also 'x-api-key: KEY' on /v1/messages; LUMEN_API_KEY)", .ilo = 1 },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(serve_opts, so.engine.ctx), "N",
       "tokens per request, prompt + completion", "the model's", .ilo = 16, .ihi = 1 << 24 },
     { LM_OPT_INT, "--parallel", NULL, LM_OPT_AT(serve_opts, so.engine.parallel), "N", "requests generated at once",

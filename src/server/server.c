@@ -79,11 +79,11 @@ static bool same_secret(const char *a, const char *b) {
     return d == 0;
 }
 
-/* Authorization: Bearer KEY (OpenAI), or x-api-key: KEY (Anthropic's
- * clients), on every route. */
-static bool authorized(const srv *s, struct MHD_Connection *c) {
+/* Authorization: Bearer KEY; on the Anthropic routes also x-api-key: KEY
+ * (what Anthropic's clients send). */
+static bool authorized(const srv *s, struct MHD_Connection *c, const srv_route *rt) {
     if (!s->opts.api_key) return true;
-    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    const char *x = rt->anthropic ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key") : NULL;
     if (x && same_secret(x, s->opts.api_key)) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
@@ -115,9 +115,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *con_cls = cc;
         const srv_route *rt = &srv_routes[cc->route];
         if (!rt->handler) return fail(cc, c, 404, "invalid_request_error", "not_found", "Unknown endpoint.");
-        if (!rt->open && !authorized(s, c))
+        if (!rt->open && !authorized(s, c, rt))
             return fail(cc, c, 401, "invalid_request_error", "invalid_api_key",
-                        "Incorrect or missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'.");
+                        rt->anthropic ? "Incorrect or missing API key: send 'x-api-key: KEY' or 'Authorization: Bearer KEY'."
+                                      : "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
         if (rt->post != post || (!post && strcmp(method, "GET") && strcmp(method, "HEAD")))
             return fail(cc, c, 405, "invalid_request_error", "method_not_allowed",
                         rt->post ? "This endpoint accepts POST only." : "This endpoint accepts GET only.");
