@@ -69,7 +69,7 @@ LM_TEST(server_anthropic_translates_blocks) {
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, k_history, &r, &e) == 0);
-    LM_CHECK(r.kind == SRV_CHAT && r.wire == &srv_anth_wire);
+    LM_CHECK(r.kind == SRV_CHAT);
     const json_t *m = r.messages;
     LM_REQUIRE(json_array_size(m) == 6);
     static const char *const roles[] = { "system", "user", "assistant", "tool", "tool", "user" };
@@ -275,8 +275,10 @@ LM_TEST(server_anthropic_count_tokens) {
     srv_req r;
     lm_chat_prompt p;
     lm_tok_ids ids = { 0 };
+    lm_err le = { { 0 } };
     LM_REQUIRE(parse(&f, k_history, &r, &e) == 0);
-    LM_REQUIRE(srv_chat_prompt_ids(&f.s, &r, &p, &ids, &e) == 0);
+    LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+    LM_REQUIRE(lm_tokenizer_encode(f.tok, p.text, p.len, false, &ids, &le) == 0);
     LM_CHECK_MSG((int)ids.n == n_hist, "%zu vs %d", ids.n, n_hist);
     lm_tok_ids_free(&ids);
     lm_chat_prompt_free(&p);

@@ -1,6 +1,6 @@
 /* test_server_anthropic_stream.c - what /v1/messages answers, in process
  * (no HTTP, no engine): token events built from the qwen3 fixture tokenizer
- * go through srv_out with the Anthropic wire and come out as Anthropic SSE
+ * go through srv_out with the Anthropic sink and come out as Anthropic SSE
  * events or a message object. Checks the event sequence for text,
  * thinking + text and tool_use, max_tokens and stop_sequence, a failure
  * mid-stream, that the events are the same however the model's text is
@@ -63,10 +63,11 @@ static bool run_start(fx *f, run *x, const char *extra, bool stream) {
     }
     x->r.n_prompt_tokens = 10;
     lm_chat_prompt p = { 0 };
-    return srv_out_init(&x->o, &f->s, &x->r, &p, NULL, 0, &e) == 0;
+    return srv_anth_out_init(&x->o, &f->s, &x->r, &p, &e) == 0;
 }
 
 static void run_end(run *x) {
+    srv_anth_out_done(&x->o);
     srv_out_free(&x->o);
     srv_req_free(&x->r);
 }
@@ -261,7 +262,7 @@ static json_t *message_of(fx *f, const char *extra, const char *text, lm_finish 
     run x;
     if (!run_start(f, &x, extra, false)) return NULL;
     feed_text(f, &x.o, text, finish);
-    json_t *m = x.o.done ? srv_out_response(&x.o) : NULL;
+    json_t *m = x.o.done ? srv_anth_message(&x.o) : NULL;
     run_end(&x);
     return m;
 }

@@ -444,7 +444,6 @@ static int parse_stop_and_thinking(const json_t *body, json_t *out, srv_req *r, 
 int srv_anth_parse(const srv *s, const char *body, size_t len, bool counting, srv_req *r, srv_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = SRV_CHAT;
-    r->wire = &srv_anth_wire;
     json_error_t je;
     json_t *in = json_loadb(body, len, 0, &je);
     if (!in && json_error_code(&je) == json_error_null_character)
@@ -469,12 +468,16 @@ done:
     return rc;
 }
 
+/* The prompt as generate.c builds it for the same body: rendered through the
+ * chat template, tokenized without added specials. */
 int srv_anth_count_tokens(const srv *s, const char *body, size_t len, int *n, srv_err *e) {
     srv_req r;
     lm_chat_prompt p = { 0 };
     lm_tok_ids ids = { 0 };
+    lm_err le = { { 0 } };
     int rc = srv_anth_parse(s, body, len, true, &r, e);
-    if (!rc) rc = srv_chat_prompt_ids(s, &r, &p, &ids, e);
+    if (!rc) rc = srv_chat_render(s, &r, &p, e);
+    if (!rc && lm_tokenizer_encode(s->tok, p.text, p.len, false, &ids, &le)) rc = srv_bad(e, "messages", "%s", le.msg);
     *n = rc ? 0 : (int)ids.n;
     lm_tok_ids_free(&ids);
     lm_chat_prompt_free(&p);

@@ -1,6 +1,6 @@
 /* anthropic_stream.c - the objects and events of the Anthropic Messages API:
  * what output.c's text, reasoning and tool-call deltas become on
- * /v1/messages (srv_anth_wire), and Anthropic's error body.
+ * /v1/messages (an srv_out sink), and Anthropic's error body.
  *
  * Shapes follow Anthropic's API reference and the @anthropic-ai/sdk types:
  *   message   {"id": "msg_...", "type": "message", "role": "assistant",
@@ -27,6 +27,7 @@
  * back; its input arrives as one input_json_delta (always an object: {}
  * when the model wrote arguments that are not one). Thinking blocks carry a
  * fixed signature: lumen does not sign, and ignores signatures it is sent. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,47 +37,30 @@
 
 enum { BLOCK_NONE, BLOCK_TEXT, BLOCK_THINKING, BLOCK_TOOL };
 
+/* The sink's state: the blocks so far (the whole message is built from
+ * them; a stream also writes them as events). */
 typedef struct anth_state {
-    int next;          /* index of the next content block */
-    int open;          /* BLOCK_* of the block being streamed */
+    json_t *blocks;    /* the message's content blocks, in order */
+    int open;          /* BLOCK_* of the last block while it can still grow */
     bool one_call;     /* tool_choice.disable_parallel_tool_use */
     bool omit;         /* thinking.display "omitted": thinking blocks without text */
     int n_prompt;      /* the prompt's tokens, for message_start */
     json_t *stops;     /* stop_sequences (a reference), or NULL */
+    char id[40];       /* "msg_..." */
+    bool started;      /* a stream's message_start is out */
 } anth_state;
-
-/* ---- SSE ------------------------------------------------------------------------- */
-
-static void sse_put(srv_out *o, const char *p, size_t n) {
-    lm_tok_str *s = &o->sse;
-    if (s->len + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 1024;
-        while (cap < s->len + n + 1) cap *= 2;
-        s->s = lm_xrealloc(s->s, cap);
-        s->cap = cap;
-    }
-    memcpy(s->s + s->len, p, n);
-    s->len += n;
-    s->s[s->len] = 0;
-}
-
-/* "event: NAME\ndata: {json}\n\n"; steals data. */
-static void event(srv_out *o, const char *name, json_t *data) {
-    size_t n;
-    char *d = srv_dump(data, false, &n);
-    json_decref(data);
-    sse_put(o, "event: ", 7);
-    sse_put(o, name, strlen(name));
-    sse_put(o, "\ndata: ", 7);
-    sse_put(o, d, n);
-    sse_put(o, "\n\n", 2);
-    free(d);
-}
 
 static json_t *typed(const char *type) {
     json_t *j = json_object();
     json_object_set_new(j, "type", json_string(type));
     return j;
+}
+
+/* "event: TYPE\ndata: {json}\n\n" (the event is named by its type); steals d. */
+static void event(srv_out *o, json_t *d) {
+    char name[32];
+    snprintf(name, sizeof name, "%s", json_string_value(json_object_get(d, "type")));
+    srv_sse_event(o, name, d);
 }
 
 /* ---- pieces shared by the stream and the whole message -------------------------------- */
@@ -89,7 +73,7 @@ const char *srv_anth_stop_reason(const srv_out *o) {
 
 /* The stop sequence that ended the answer (a JSON string), or null. */
 static json_t *stop_sequence(const srv_out *o) {
-    const anth_state *st = o->wire_state;
+    const anth_state *st = o->sink_user;
     const json_t *s = o->stopped && o->n_tool_calls == 0 && st ? json_array_get(st->stops, (size_t)o->stop_which) : NULL;
     return s ? json_copy((json_t *)s) : json_null();
 }
@@ -119,102 +103,122 @@ static json_t *tool_input(const char *args, size_t n) {
 }
 
 static json_t *message_base(const srv_out *o) {
+    const anth_state *st = o->sink_user;
     json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(o->id));
+    json_object_set_new(m, "id", json_string(st->id));
     json_object_set_new(m, "type", json_string("message"));
     json_object_set_new(m, "role", json_string("assistant"));
     json_object_set_new(m, "model", json_string(o->s->model_name));
-    json_object_set_new(m, "content", json_array());
     return m;
 }
 
-/* ---- the stream ------------------------------------------------------------------------ */
+/* ---- blocks, and their events when streaming ------------------------------------------- */
 
-static void block_stop(srv_out *o) {
-    anth_state *st = o->wire_state;
-    if (st->open == BLOCK_NONE) return;
-    if (st->open == BLOCK_THINKING) {
-        json_t *d = typed("content_block_delta");
-        json_object_set_new(d, "index", json_integer(st->next - 1));
-        json_t *sig = typed("signature_delta");
-        json_object_set_new(sig, "signature", json_string(ANTH_SIGNATURE));
-        json_object_set_new(d, "delta", sig);
-        event(o, "content_block_delta", d);
-    }
-    json_t *e = typed("content_block_stop");
-    json_object_set_new(e, "index", json_integer(st->next - 1));
-    event(o, "content_block_stop", e);
-    st->open = BLOCK_NONE;
-}
-
-/* Closes the open block and starts one (block is stolen). */
-static void block_start(srv_out *o, json_t *block, int kind) {
-    anth_state *st = o->wire_state;
-    block_stop(o);
-    json_t *e = typed("content_block_start");
-    json_object_set_new(e, "index", json_integer(st->next++));
-    json_object_set_new(e, "content_block", block);
-    event(o, "content_block_start", e);
-    st->open = kind;
-}
-
-static void block_delta(srv_out *o, json_t *delta) {
-    anth_state *st = o->wire_state;
-    json_t *e = typed("content_block_delta");
-    json_object_set_new(e, "index", json_integer(st->next - 1));
-    json_object_set_new(e, "delta", delta);
-    event(o, "content_block_delta", e);
-}
-
-static void wire_open(srv_out *o, const srv_req *r) {
-    anth_state *st = lm_xcalloc(1, sizeof *st);
-    st->one_call = r->one_tool_call;
-    st->omit = r->omit_thinking;
-    st->n_prompt = r->n_prompt_tokens;
-    st->stops = r->stop ? json_incref((json_t *)r->stop) : NULL;
-    o->wire_state = st;
-    srv_make_id(o->id, sizeof o->id, "msg_");
-    if (!o->stream) return;
+/* A stream's first events, before any block (also when srv_out_init_sink
+ * routes a forced call's prefill before srv_anth_out_init returns). */
+static void stream_start(srv_out *o) {
+    anth_state *st = o->sink_user;
+    if (!o->stream || st->started) return;
+    st->started = true;
     json_t *m = message_base(o);
+    json_object_set_new(m, "content", json_array());
     json_object_set_new(m, "stop_reason", json_null());
     json_object_set_new(m, "stop_sequence", json_null());
     json_object_set_new(m, "usage", usage(st->n_prompt, 0, 0));
-    json_t *e = typed("message_start");
-    json_object_set_new(e, "message", m);
-    event(o, "message_start", e);
-    event(o, "ping", typed("ping"));
+    json_t *ev = typed("message_start");
+    json_object_set_new(ev, "message", m);
+    event(o, ev);
+    event(o, typed("ping"));
 }
 
-static void wire_reasoning(srv_out *o, const char *s, size_t n) {
-    anth_state *st = o->wire_state;
+static int last_index(const anth_state *st) { return (int)json_array_size(st->blocks) - 1; }
+
+static void block_stop(srv_out *o) {
+    anth_state *st = o->sink_user;
+    if (st->open == BLOCK_NONE) return;
+    json_t *last = json_array_get(st->blocks, (size_t)last_index(st));
+    if (st->open == BLOCK_THINKING) {
+        json_object_set_new(last, "signature", json_string(ANTH_SIGNATURE));
+        if (o->stream) {
+            json_t *d = typed("content_block_delta");
+            json_object_set_new(d, "index", json_integer(last_index(st)));
+            json_t *sig = typed("signature_delta");
+            json_object_set_new(sig, "signature", json_string(ANTH_SIGNATURE));
+            json_object_set_new(d, "delta", sig);
+            event(o, d);
+        }
+    }
+    if (o->stream) {
+        json_t *e = typed("content_block_stop");
+        json_object_set_new(e, "index", json_integer(last_index(st)));
+        event(o, e);
+    }
+    st->open = BLOCK_NONE;
+}
+
+/* Closes the open block and starts block (stolen; as it starts, empty). */
+static void block_start(srv_out *o, json_t *block, int kind) {
+    anth_state *st = o->sink_user;
+    stream_start(o);
+    block_stop(o);
+    json_array_append_new(st->blocks, block);
+    if (o->stream) {
+        json_t *e = typed("content_block_start");
+        json_object_set_new(e, "index", json_integer(last_index(st)));
+        json_object_set_new(e, "content_block", json_deep_copy(block));
+        event(o, e);
+    }
+    st->open = kind;
+}
+
+/* Appends text to the open block's key and streams it as a delta of type dtype. */
+static void block_grow(srv_out *o, const char *key, const char *dtype, const char *s, size_t n) {
+    anth_state *st = o->sink_user;
+    json_t *last = json_array_get(st->blocks, (size_t)last_index(st));
+    const json_t *old = json_object_get(last, key);
+    size_t lo = json_string_length(old);
+    char *buf = lm_xmalloc(lo + n + 1);
+    memcpy(buf, json_string_value(old), lo);
+    memcpy(buf + lo, s, n);
+    json_object_set_new(last, key, json_stringn_nocheck(buf, lo + n));
+    free(buf);
+    if (!o->stream) return;
+    json_t *d = typed(dtype);
+    json_object_set_new(d, key, json_stringn_nocheck(s, n));
+    json_t *e = typed("content_block_delta");
+    json_object_set_new(e, "index", json_integer(last_index(st)));
+    json_object_set_new(e, "delta", d);
+    event(o, e);
+}
+
+/* ---- the sink --------------------------------------------------------------------------- */
+
+static void sink_reasoning(srv_out *o, const char *s, size_t n) {
+    anth_state *st = o->sink_user;
     if (st->open != BLOCK_THINKING) {
         json_t *b = typed("thinking");
         json_object_set_new(b, "thinking", json_string(""));
         json_object_set_new(b, "signature", json_string(""));
         block_start(o, b, BLOCK_THINKING);
     }
-    if (st->omit) return;
-    json_t *d = typed("thinking_delta");
-    json_object_set_new(d, "thinking", json_stringn_nocheck(s, n));
-    block_delta(o, d);
+    if (!st->omit) block_grow(o, "thinking", "thinking_delta", s, n);
 }
 
-static void wire_content(srv_out *o, const char *s, size_t n) {
-    anth_state *st = o->wire_state;
+static void sink_content(srv_out *o, const char *s, size_t n) {
+    anth_state *st = o->sink_user;
     if (st->open != BLOCK_TEXT) {
         json_t *b = typed("text");
         json_object_set_new(b, "text", json_string(""));
         block_start(o, b, BLOCK_TEXT);
     }
-    json_t *d = typed("text_delta");
-    json_object_set_new(d, "text", json_stringn_nocheck(s, n));
-    block_delta(o, d);
+    block_grow(o, "text", "text_delta", s, n);
 }
 
 /* Each call arrives whole (atomic parser): a tool_use block, its input as
- * one input_json_delta, and its stop. */
-static void wire_tool(srv_out *o, const lm_toolcall_out *t) {
-    anth_state *st = o->wire_state;
+ * one input_json_delta (always an object: {} when the model wrote
+ * arguments that are not one), and its stop. */
+static void sink_tool_calls(srv_out *o, const lm_toolcall_out *t) {
+    anth_state *st = o->sink_user;
     for (int i = 0; i < t->n_calls; i++) {
         const lm_toolcall_delta *c = &t->calls[i];
         if (!c->name || (st->one_call && c->index > 0)) continue;
@@ -223,26 +227,33 @@ static void wire_tool(srv_out *o, const lm_toolcall_out *t) {
         json_object_set_new(b, "name", json_string(c->name));
         json_object_set_new(b, "input", json_object());
         block_start(o, b, BLOCK_TOOL);
-        /* the input as an object, as the whole message has it (a model may
-         * write arguments that are not one: then {}) */
         json_t *input = tool_input(c->args, c->args_len);
-        json_t *d = typed("input_json_delta");
-        char *text = srv_dump(input, false, NULL);
-        json_decref(input);
-        json_object_set_new(d, "partial_json", json_string(text));
-        free(text);
-        block_delta(o, d);
+        if (o->stream) {
+            char *text = srv_dump(input, false, NULL);
+            json_t *d = typed("input_json_delta");
+            json_object_set_new(d, "partial_json", json_string(text));
+            free(text);
+            json_t *e = typed("content_block_delta");
+            json_object_set_new(e, "index", json_integer(last_index(st)));
+            json_object_set_new(e, "delta", d);
+            event(o, e);
+        }
+        json_object_set_new(json_array_get(st->blocks, (size_t)last_index(st)), "input", input);
         block_stop(o);
     }
 }
 
-static void wire_close(srv_out *o) {
+/* After the final event: the last block closes; a stream ends with
+ * message_delta and message_stop, or an error event. */
+static void sink_end(srv_out *o) {
+    stream_start(o);
     block_stop(o);
+    if (!o->stream) return;
     if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
         srv_err e;
         srv_fail(&e, 500, "api_error", NULL, NULL, "%s",
                  o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
-        event(o, "error", srv_anth_error_json(&e));
+        event(o, srv_anth_error_json(&e));
         return;
     }
     json_t *d = json_object();
@@ -251,62 +262,51 @@ static void wire_close(srv_out *o) {
     json_t *e = typed("message_delta");
     json_object_set_new(e, "delta", d);
     json_object_set_new(e, "usage", usage(o->n_prompt, o->n_cached, o->n_generated));
-    event(o, "message_delta", e);
-    event(o, "message_stop", typed("message_stop"));
+    event(o, e);
+    event(o, typed("message_stop"));
 }
 
-/* ---- the whole message --------------------------------------------------------------- */
+static const srv_out_sink k_sink = {
+    .reasoning = sink_reasoning,
+    .content = sink_content,
+    .tool_calls = sink_tool_calls,
+    .end = sink_end,
+};
 
-static json_t *wire_response(srv_out *o) {
-    const anth_state *st = o->wire_state;
+/* ---- public ------------------------------------------------------------------------------ */
+
+int srv_anth_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *p, srv_err *e) {
+    anth_state *st = lm_xcalloc(1, sizeof *st);
+    st->blocks = json_array();
+    st->one_call = r->one_tool_call;
+    st->omit = r->omit_thinking;
+    st->n_prompt = r->n_prompt_tokens;
+    st->stops = r->stop ? json_incref((json_t *)r->stop) : NULL;
+    srv_make_id(st->id, sizeof st->id, "msg_");
+    int rc = srv_out_init_sink(o, s, r, p, &k_sink, st, e);
+    o->sink_user = st; /* also after a failure: srv_anth_out_done frees it */
+    if (!rc) stream_start(o);
+    return rc;
+}
+
+void srv_anth_out_done(srv_out *o) {
+    anth_state *st = o->sink_user;
+    if (!st) return;
+    json_decref(st->blocks);
+    json_decref(st->stops);
+    free(st);
+    o->sink_user = NULL;
+}
+
+json_t *srv_anth_message(const srv_out *o) {
+    const anth_state *st = o->sink_user;
     json_t *m = message_base(o);
-    json_t *content = json_object_get(m, "content");
-    if (o->reasoning.len) {
-        json_t *b = typed("thinking");
-        json_object_set_new(b, "thinking", st->omit ? json_string("") : json_stringn_nocheck(o->reasoning.s, o->reasoning.len));
-        json_object_set_new(b, "signature", json_string(ANTH_SIGNATURE));
-        json_array_append_new(content, b);
-    }
-    if (o->content.len) {
-        json_t *b = typed("text");
-        json_object_set_new(b, "text", json_stringn_nocheck(o->content.s, o->content.len));
-        json_array_append_new(content, b);
-    }
-    json_t *calls = o->tools ? lm_toolcall_parser_calls_json(o->tools) : NULL;
-    for (size_t i = 0; i < json_array_size(calls) && !(st->one_call && i > 0); i++) {
-        json_t *call = json_array_get(calls, i), *fn = json_object_get(call, "function");
-        const json_t *args = json_object_get(fn, "arguments");
-        json_t *b = typed("tool_use");
-        json_object_set_new(b, "id", tool_id(json_string_value(json_object_get(call, "id"))));
-        json_object_set(b, "name", json_object_get(fn, "name"));
-        json_object_set_new(b, "input", tool_input(json_string_value(args), json_string_length(args)));
-        json_array_append_new(content, b);
-    }
-    json_decref(calls);
+    json_object_set_new(m, "content", json_deep_copy(st->blocks));
     json_object_set_new(m, "stop_reason", json_string(srv_anth_stop_reason(o)));
     json_object_set_new(m, "stop_sequence", stop_sequence(o));
     json_object_set_new(m, "usage", usage(o->n_prompt, o->n_cached, o->n_generated));
     return m;
 }
-
-static void wire_free(srv_out *o) {
-    anth_state *st = o->wire_state;
-    if (!st) return;
-    json_decref(st->stops);
-    free(st);
-    o->wire_state = NULL;
-}
-
-const srv_wire srv_anth_wire = {
-    .open = wire_open,
-    .reasoning = wire_reasoning,
-    .content = wire_content,
-    .tool = wire_tool,
-    .close = wire_close,
-    .response = wire_response,
-    .free = wire_free,
-    .atomic_tools = true,
-};
 
 /* ---- errors ---------------------------------------------------------------------------- */
 

@@ -9,7 +9,8 @@
  *
  * and whatever comes out is emitted at once: as SSE chunks when streaming
  * (o->sse, drained by the connection), else collected for the final
- * response. Nothing here touches the network or the engine; the caller
+ * response; or, for another API's shapes, handed to an srv_out_sink
+ * (the Responses API's builder) that writes its own events and object. Nothing here touches the network or the engine; the caller
  * cancels the request when srv_out_event says a stop string matched.
  *
  * Special tokens are hidden (what skip_special_tokens does) except the tags
@@ -90,12 +91,12 @@ static void completion_chunk(srv_out *o, const char *text, size_t n, const char 
 
 static void emit_reasoning(srv_out *o, const char *s, size_t n) {
     if (!n) return;
-    if (!o->stream) {
-        str_put(&o->reasoning, s, n);
+    if (o->sink) {
+        o->sink->reasoning(o, s, n);
         return;
     }
-    if (o->wire) {
-        o->wire->reasoning(o, s, n);
+    if (!o->stream) {
+        str_put(&o->reasoning, s, n);
         return;
     }
     json_t *d = json_object();
@@ -105,16 +106,16 @@ static void emit_reasoning(srv_out *o, const char *s, size_t n) {
 
 static void emit_content(srv_out *o, const char *s, size_t n) {
     if (!n) return;
+    if (o->sink) {
+        o->sink->content(o, s, n);
+        return;
+    }
     if (!o->stream) {
         str_put(&o->content, s, n);
         return;
     }
     if (o->kind == SRV_COMPLETION) {
         completion_chunk(o, s, n, NULL);
-        return;
-    }
-    if (o->wire) {
-        o->wire->content(o, s, n);
         return;
     }
     json_t *d = json_object();
@@ -124,11 +125,11 @@ static void emit_content(srv_out *o, const char *s, size_t n) {
 
 static void emit_tool_out(srv_out *o, const lm_toolcall_out *t) {
     emit_content(o, t->content, t->content_len);
-    if (!o->stream) return; /* calls are read from the parser at the end */
-    if (o->wire) {
-        o->wire->tool(o, t);
+    if (o->sink) {
+        if (t->n_calls) o->sink->tool_calls(o, t);
         return;
     }
+    if (!o->stream) return; /* calls are read from the parser at the end */
     json_t *calls = lm_toolcall_out_json(t);
     if (!calls) return;
     json_t *d = json_object();
@@ -234,10 +235,12 @@ static bool is_stop_token(const srv *s, int32_t id) {
 
 /* ---- public --------------------------------------------------------------------------- */
 
-int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
-                 size_t echo_len, srv_err *e) {
+static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                    size_t echo_len, const srv_out_sink *sink, void *sink_user, srv_err *e) {
     memset(o, 0, sizeof *o);
     o->s = s;
+    o->sink = sink;
+    o->sink_user = sink_user;
     o->kind = r->kind;
     o->stream = r->stream;
     o->include_usage = r->include_usage;
@@ -263,15 +266,11 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
         }
         if (r->tools) {
             uint64_t seed = r->gp.sampling.seed ^ (uint64_t)(lm_now() * 1e9);
-            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed,
-                                    .atomic = !r->stream || (r->wire && r->wire->atomic_tools) };
+            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed, .atomic = !r->stream || sink };
             o->tools = lm_toolcall_parser_create(&to, &le);
             if (!o->tools) return srv_fail(e, 500, "server_error", NULL, NULL, "%s", le.msg);
         }
-        o->wire = r->wire;
-        if (o->wire) {
-            o->wire->open(o, r);
-        } else if (o->stream) {
+        if (o->stream && !sink) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));
@@ -286,8 +285,18 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
     return 0;
 }
 
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                 size_t echo_len, srv_err *e) {
+    return out_init(o, s, r, chat, echo, echo_len, NULL, NULL, e);
+}
+
+int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
+                      const srv_out_sink *sink, void *sink_user, srv_err *e) {
+    LM_ASSERT(r->kind == SRV_CHAT && sink);
+    return out_init(o, s, r, chat, NULL, 0, sink, sink_user, e);
+}
+
 void srv_out_free(srv_out *o) {
-    if (o->wire && o->wire->free) o->wire->free(o);
     lm_detok_free(o->detok);
     lm_stop_matcher_free(o->stop);
     lm_reasoning_parser_free(o->reason);
@@ -316,10 +325,6 @@ const char *srv_out_finish_reason(const srv_out *o) {
 
 /* The last chunks of a stream: finish_reason, usage, [DONE]; or an error. */
 static void stream_end(srv_out *o) {
-    if (o->wire) {
-        o->wire->close(o);
-        return;
-    }
     bool failed = !o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED);
     if (failed) {
         srv_err e;
@@ -375,13 +380,13 @@ bool srv_out_event(srv_out *o, const lm_token_event *ev) {
             route(o, r.text, r.len);
         }
         route_finish(o);
-        if (o->stream) stream_end(o);
+        if (o->sink) o->sink->end(o);
+        else if (o->stream) stream_end(o);
     }
     return o->stopped && !was_stopped;
 }
 
 json_t *srv_out_response(srv_out *o) {
-    if (o->wire) return o->wire->response(o);
     const srv *s = o->s;
     json_t *res = json_object();
     json_object_set_new(res, "id", json_string(o->id));

@@ -59,14 +59,8 @@ static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_
     return srv_handle_generate(s, c, cc, SRV_COMPLETION);
 }
 
-/* POST /v1/messages: Anthropic's body through the shared generation path. */
-static int anth_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e) {
-    (void)kind;
-    return srv_anth_parse(s, body, len, false, r, e);
-}
-
 static enum MHD_Result handle_messages(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
-    return srv_generate(s, c, cc, SRV_CHAT, anth_parse);
+    return srv_handle_api(s, c, cc, &srv_anth_api);
 }
 
 static enum MHD_Result handle_count_tokens(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {

@@ -19,7 +19,8 @@
  *                      errors) and SSE framing
  *   anthropic_request.c an Anthropic Messages body -> srv_req (the same
  *                      chat request, translated)
- *   anthropic_stream.c Anthropic's message, events and errors (srv_anth_wire)
+ *   anthropic_stream.c Anthropic's message, events and errors, written
+ *                      through an srv_out sink; anthropic.c its srv_api
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
  */
@@ -166,7 +167,6 @@ void srv_trace_write(srv *s, const srv_trace_rec *r);
 /* ---- a parsed request (openai_request.c) -------------------------------------------- */
 
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
-typedef struct srv_wire srv_wire;
 typedef enum srv_tool_choice { SRV_TOOLS_AUTO, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_choice;
 
 typedef struct srv_req {
@@ -189,12 +189,11 @@ typedef struct srv_req {
     int32_t *prompt_ids;       /* token-id prompt (owned), or NULL */
     int n_prompt_ids;
     bool echo;
-    /* another API's shape (anthropic_request.c) */
-    const srv_wire *wire;      /* NULL: OpenAI's; else how srv_out writes the answer */
+    /* Anthropic's Messages API (anthropic_request.c) */
     bool one_tool_call;        /* keep only the first tool call */
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
     bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
-    int n_prompt_tokens;       /* set by the handler once the prompt is tokenized */
+    int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
 } srv_req;
 
 /* Parses and validates a request body. kind picks the endpoint's schema.
@@ -211,10 +210,27 @@ int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 
+typedef struct srv_out srv_out;
+
+/* Where srv_out sends text when another API's shapes are wanted (the
+ * Responses API: responses_stream.c): instead of chat chunks or the chat
+ * answer, every delta that the parsers let out goes to these calls, in
+ * order; end runs once after the final event, with the parsers flushed and
+ * o->finish and the token counts set. Tool calls arrive whole (the parser
+ * runs atomic), so a call cut by max_tokens comes back as content. */
+typedef struct srv_out_sink {
+    void (*reasoning)(srv_out *o, const char *s, size_t n);
+    void (*content)(srv_out *o, const char *s, size_t n);
+    void (*tool_calls)(srv_out *o, const lm_toolcall_out *t); /* t->calls only; its content went to content */
+    void (*end)(srv_out *o);
+} srv_out_sink;
+
 /* Turns a request's token events into OpenAI output: SSE bytes (stream) or a
  * final response object (non-stream). */
-typedef struct srv_out {
+struct srv_out {
     const srv *s;
+    const srv_out_sink *sink;      /* NULL: chat/completions output */
+    void *sink_user;               /* the sink's state */
     srv_kind kind;
     bool stream, include_usage;
     bool logprobs;
@@ -242,30 +258,17 @@ typedef struct srv_out {
     int n_tool_calls;
     double queue_s, prefill_s;
     int stop_which;                /* the stop string that matched (index), when stopped */
-    const srv_wire *wire;          /* NULL: OpenAI chunks and objects */
-    void *wire_state;              /* the wire's, from open to free */
     /* SSE bytes not yet handed to the connection */
     lm_tok_str sse;
     size_t sse_off;
-} srv_out;
-
-/* How an API other than OpenAI's writes an answer: srv_out keeps running the
- * parsers and collecting text, and hands each piece to the wire instead of
- * building OpenAI chunks (stream) or the OpenAI object (not stream). */
-struct srv_wire {
-    void (*open)(srv_out *o, const srv_req *r);   /* at init (stream or not): state, first events */
-    void (*reasoning)(srv_out *o, const char *s, size_t n); /* stream only, as the next three */
-    void (*content)(srv_out *o, const char *s, size_t n);
-    void (*tool)(srv_out *o, const lm_toolcall_out *t);    /* t's calls (its content went to content) */
-    void (*close)(srv_out *o);                    /* the last events, or the error */
-    json_t *(*response)(srv_out *o);              /* the non-stream answer (new reference) */
-    void (*free)(srv_out *o);
-    bool atomic_tools;                            /* tool calls only whole, in one delta */
 };
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
 int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                  const char *echo, size_t echo_len, srv_err *e);
+/* A chat request whose output goes to sink (with sink_user) instead. */
+int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
+                      const srv_out_sink *sink, void *sink_user, srv_err *e);
 void srv_out_free(srv_out *o);
 /* Processes one event. Returns true when the request should be cancelled
  * (a stop string matched). */
@@ -275,16 +278,24 @@ json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
 const char *srv_out_finish_reason(const srv_out *o);
 
-/* ---- the Anthropic Messages API (anthropic_request.c, anthropic_stream.c) ---------------- */
+/* ---- the Anthropic Messages API (anthropic*.c) ------------------------------------------------ */
 
 /* Parses and translates a /v1/messages body (counting: /v1/messages/count_tokens,
  * where max_tokens is optional and stream ignored). As srv_req_parse. */
 int srv_anth_parse(const srv *s, const char *body, size_t len, bool counting, srv_req *r, srv_err *e);
 /* The prompt tokens of a count_tokens body: 0, or -1 with e. */
 int srv_anth_count_tokens(const srv *s, const char *body, size_t len, int *n, srv_err *e);
-extern const srv_wire srv_anth_wire;
+/* o set up for an Anthropic answer to r (srv_out_init_sink with the
+ * Anthropic sink and its state; a stream's message_start written); the
+ * state is freed by srv_anth_out_done, before srv_out_free. */
+int srv_anth_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *p, srv_err *e);
+void srv_anth_out_done(srv_out *o);
+/* The whole message (new reference), after the final event. */
+json_t *srv_anth_message(const srv_out *o);
 /* end_turn, max_tokens, stop_sequence or tool_use. */
 const char *srv_anth_stop_reason(const srv_out *o);
+/* POST /v1/messages on generate.c (anthropic.c). */
+extern const struct srv_api srv_anth_api;
 /* Anthropic's error type for an HTTP status ("invalid_request_error" ...). */
 const char *srv_anth_error_type(int status);
 /* {"type": "error", "error": {"type", "message"}} (new reference). */
@@ -337,7 +348,25 @@ struct srv_job {
     int status;
     double t0, t_first, t_last;
     srv_job *next, *prev;
+    const struct srv_api *api; /* NULL: chat/completions */
+    void *api_state;           /* the api's, freed by its finish */
 };
+
+/* An API whose request and answer have other shapes than chat completions'
+ * (the Responses API, responses.c): it makes the job's chat request from the
+ * body and writes the output through an srv_out sink; generate.c does the
+ * rest (prompt, engine, waiting, streaming) as for chat. */
+typedef struct srv_api {
+    const char *what;   /* the request field that holds the conversation ("input") */
+    /* the body -> j->r (a chat request) and j->api_state; -1 fills e */
+    int (*parse)(srv_job *j, const char *body, size_t len, srv_err *e);
+    /* j->out set up (srv_out_init_sink) once the prompt j->prompt is rendered */
+    int (*start)(srv_job *j, srv_err *e);
+    /* the non-stream answer (new reference), after the final event */
+    json_t *(*response)(srv_job *j);
+    /* the job ends, answered or not: keep what is kept, free api_state */
+    void (*finish)(srv_job *j);
+} srv_api;
 
 /* Queues a response (body is freed), sets cc->status. */
 enum MHD_Result srv_respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
@@ -346,13 +375,8 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
-/* A body -> srv_req for srv_generate (as srv_req_parse). */
-typedef int (*srv_parse_fn)(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
-/* The generation handler with another API's parser (POST /v1/messages). */
-enum MHD_Result srv_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind, srv_parse_fn parse);
-/* A chat request's prompt: rendered into p, tokenized into ids (not empty);
- * 0, or -1 with e (400). */
-int srv_chat_prompt_ids(const srv *s, const srv_req *r, lm_chat_prompt *p, lm_tok_ids *ids, srv_err *e);
+/* A generation endpoint of another API (generate.c). */
+enum MHD_Result srv_handle_api(srv *s, struct MHD_Connection *c, srv_conn *cc, const srv_api *api);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
@@ -383,6 +407,8 @@ void srv_make_id(char *out, size_t cap, const char *prefix);
 json_t *srv_chunk_base(const srv_out *o);
 /* Appends "data: JSON\n\n" (compact) to o->sse; steals j. */
 void srv_sse_put(srv_out *o, json_t *j);
+/* "event: NAME\ndata: JSON\n\n" (the Responses API's typed events); steals j. */
+void srv_sse_event(srv_out *o, const char *event, json_t *j);
 void srv_sse_done(srv_out *o);
 json_t *srv_usage_json(const srv_out *o);
 /* Text of a token for logprobs (lossy UTF-8) into out. */

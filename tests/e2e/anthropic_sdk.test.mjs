@@ -33,7 +33,7 @@ describe('lumen serve with the Anthropic SDK', { skip: skip !== null }, () => {
   let client;
 
   before(async () => {
-    srv = await startServer(['--api-key', KEY, '--parallel', '2'], { model: demoModel });
+    srv = await startServer(['--api-key', KEY, '--parallel', '2'], demoModel);
     client = new Anthropic({ baseURL: srv.url, apiKey: KEY, maxRetries: 0, timeout: 60000 });
   });
 

@@ -13,7 +13,7 @@ export const root = path.resolve(here, '..', '..');
 export const bin = process.env.LUMEN_BIN || path.join(root, 'build', 'release', 'lumen');
 const fixtures = process.env.LUMEN_FIXTURES || path.resolve(root, '..', 'shared', 'fixtures');
 export const model = path.join(fixtures, 'models', 'qwen3');
-// The bundled demo model (a trained model: its tool calls and text are real).
+// The bundled demo model (trained: it follows the chat format).
 export const demoModel = path.join(root, 'models', 'demo');
 
 // Why these tests cannot run here, or null.
@@ -23,11 +23,11 @@ export function skipReason() {
   return null;
 }
 
-// Starts the server (on the qwen3 fixture unless opts.model says otherwise);
-// resolves to { url, port, proc, log(), stop() }.
-export function startServer(args = [], opts = {}) {
+// Starts the server (on modelPath, the fixture by default); resolves to
+// { url, port, proc, log(), stop() }.
+export function startServer(args = [], modelPath = model) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(bin, ['serve', '-m', opts.model || model, '--port', '0', '--threads', '1', '--quiet', ...args], {
+    const proc = spawn(bin, ['serve', '-m', modelPath, '--port', '0', '--threads', '1', '--quiet', ...args], {
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let log = '';
