@@ -46,6 +46,8 @@ typedef struct anth_state {
     bool omit;         /* thinking.display "omitted": thinking blocks without text */
     int n_prompt;      /* the prompt's tokens, for message_start */
     json_t *stops;     /* stop_sequences (a reference), or NULL */
+    char *text;        /* the open text or thinking block's text so far */
+    size_t text_len, text_cap;
     char id[40];       /* "msg_..." */
     bool started;      /* a stream's message_start is out */
 } anth_state;
@@ -137,6 +139,11 @@ static void block_stop(srv_out *o) {
     anth_state *st = o->sink_user;
     if (st->open == BLOCK_NONE) return;
     json_t *last = json_array_get(st->blocks, (size_t)last_index(st));
+    if (st->open == BLOCK_TEXT || st->open == BLOCK_THINKING) { /* its text, once */
+        const char *key = st->open == BLOCK_TEXT ? "text" : "thinking";
+        json_object_set_new(last, key, json_stringn_nocheck(st->text ? st->text : "", st->text_len));
+        st->text_len = 0;
+    }
     if (st->open == BLOCK_THINKING) {
         json_object_set_new(last, "signature", json_string(ANTH_SIGNATURE));
         if (o->stream) {
@@ -171,17 +178,16 @@ static void block_start(srv_out *o, json_t *block, int kind) {
     st->open = kind;
 }
 
-/* Appends text to the open block's key and streams it as a delta of type dtype. */
+/* Appends text to the open block (kept apart until block_stop, so that a long
+ * answer is not copied per delta) and streams it as a delta of type dtype. */
 static void block_grow(srv_out *o, const char *key, const char *dtype, const char *s, size_t n) {
     anth_state *st = o->sink_user;
-    json_t *last = json_array_get(st->blocks, (size_t)last_index(st));
-    const json_t *old = json_object_get(last, key);
-    size_t lo = json_string_length(old);
-    char *buf = lm_xmalloc(lo + n + 1);
-    memcpy(buf, json_string_value(old), lo);
-    memcpy(buf + lo, s, n);
-    json_object_set_new(last, key, json_stringn_nocheck(buf, lo + n));
-    free(buf);
+    if (st->text_len + n + 1 > st->text_cap) {
+        st->text_cap = LM_MAX(st->text_cap * 2, st->text_len + n + 1);
+        st->text = lm_xrealloc(st->text, st->text_cap);
+    }
+    memcpy(st->text + st->text_len, s, n);
+    st->text_len += n;
     if (!o->stream) return;
     json_t *d = typed(dtype);
     json_object_set_new(d, key, json_stringn_nocheck(s, n));
@@ -294,6 +300,7 @@ void srv_anth_out_done(srv_out *o) {
     if (!st) return;
     json_decref(st->blocks);
     json_decref(st->stops);
+    free(st->text);
     free(st);
     o->sink_user = NULL;
 }
