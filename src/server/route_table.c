@@ -59,6 +59,18 @@ static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_
     return srv_handle_generate(s, c, cc, SRV_COMPLETION);
 }
 
+static enum MHD_Result handle_embeddings(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_embeddings(s, c, cc);
+}
+
+static enum MHD_Result handle_tokenize(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_tokenize(s, c, cc);
+}
+
+static enum MHD_Result handle_detokenize(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_detokenize(s, c, cc);
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 /* Unsized: the compiler holds the count to SRV_N_ROUTES in the header. */
@@ -67,6 +79,11 @@ const srv_route srv_routes[] = {
       .metric = "chat_completions" },
     { .path = "/v1/completions", .alias = "/completions", .post = true, .handler = handle_completions,
       .metric = "completions" },
+    { .path = "/v1/embeddings", .alias = "/embeddings", .post = true, .handler = handle_embeddings,
+      .metric = "embeddings" },
+    { .path = "/tokenize", .alias = "/v1/tokenize", .post = true, .handler = handle_tokenize, .metric = "tokenize" },
+    { .path = "/detokenize", .alias = "/v1/detokenize", .post = true, .handler = handle_detokenize,
+      .metric = "detokenize" },
     { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
     { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
     { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },

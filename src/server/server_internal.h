@@ -12,6 +12,8 @@
  *                      the small endpoints (health, models, metrics)
  *   generate.c         the generation endpoints: build the prompt, submit,
  *                      wait, answer
+ *   embeddings.c       /v1/embeddings: inputs -> embedding requests -> vectors
+ *   tokenize.c         /tokenize and /detokenize (llama-server's shapes)
  *   output.c           token events -> text -> stop/reasoning/tool parsers
  *                      (chat/lm_parse.h) ->
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
@@ -62,7 +64,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 6
+#define SRV_N_ROUTES 9
 
 #define SRV_HIST_BUCKETS 16
 
@@ -187,6 +189,9 @@ typedef struct srv_req {
     bool echo;
 } srv_req;
 
+/* A request body as a JSON object (new reference; any valid JSON string,
+ * U+0000 included), or NULL with a 400 in e. */
+json_t *srv_json_body(const char *body, size_t len, srv_err *e);
 /* Parses and validates a request body. kind picks the endpoint's schema.
  * On error fills e (status 400/404) and returns -1; srv_req_free is safe
  * either way. */
@@ -304,6 +309,11 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+/* POST /v1/embeddings (embeddings.c). */
+enum MHD_Result srv_handle_embeddings(srv *s, struct MHD_Connection *c, srv_conn *cc);
+/* POST /tokenize and /detokenize (tokenize.c). */
+enum MHD_Result srv_handle_tokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
+enum MHD_Result srv_handle_detokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
