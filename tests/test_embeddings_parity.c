@@ -220,3 +220,158 @@ LM_TEST(embed_parity_cls_raw) {
     free(dir);
     free(src);
 }
+
+/* ---- the engine: batching and the prefix cache ---- */
+
+typedef struct gen_collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[64];
+    int n, n_cached;
+    bool done;
+} gen_collect;
+
+static void on_gen(void *user, const lm_token_event *ev) {
+    gen_collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < 64) c->toks[c->n++] = ev->token;
+    if (ev->done) c->done = true, c->n_cached = ev->n_cached;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void gen_wait(gen_collect *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+typedef struct emb_fixture {
+    lm_backend *be;
+    lm_model *m;
+    int32_t ids[300];
+    int n_ids;
+} emb_fixture;
+
+static bool emb_fixture_open(emb_fixture *f, const char *name) {
+    memset(f, 0, sizeof *f);
+    char rel[160];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) return false;
+    snprintf(rel, sizeof rel, "models/%s/reference.safetensors", name);
+    char *refp = lm_test_fixture_path(rel);
+    lm_safetensors ref = { 0 };
+    f->be = lm_tu_model_backend(2, NULL);
+    bool ok = refp && f->be && lm_model_load(&f->m, dir, f->be, NULL) == 0 && lm_safetensors_open(&ref, refp, NULL) == 0;
+    const lm_file_tensor *t = ok ? lm_safetensors_find(&ref, "prompt2.ids") : NULL;
+    if (t) {
+        f->n_ids = (int)LM_MIN(t->shape[0], 300);
+        memcpy(f->ids, t->data, (size_t)f->n_ids * sizeof(int32_t));
+    }
+    if (ref.tensors) lm_safetensors_close(&ref);
+    free(dir);
+    free(refp);
+    return ok && f->n_ids >= 100;
+}
+
+static void emb_fixture_close(emb_fixture *f) {
+    lm_model_free(f->m);
+    lm_backend_destroy(f->be);
+}
+
+/* Embedding requests batched with running generations change neither: the
+ * generations give their solo greedy tokens, the vectors equal those taken
+ * alone. Runs on a hybrid too (recurrent state slots for embeddings). */
+static void batched_with_generation(lm_test_ctx *lm_t_, const char *name) {
+    emb_fixture f;
+    if (!emb_fixture_open(&f, name)) {
+        emb_fixture_close(&f);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    enum { GEN = 12, NE = 3 };
+    int32_t solo[2][GEN];
+    const int glen[2] = { 9, 40 }, elen[NE] = { 100, 7, 33 };
+    for (int i = 0; i < 2; i++) LM_REQUIRE(lm_tu_greedy_alone(f.m, f.ids + 20 * i, glen[i], GEN, solo[i]) == 0);
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 4, .step_tokens = 24, .cache_ram = 8u << 20 };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    float *alone[NE];
+    int D = 0;
+    for (int k = 0; k < NE; k++) alone[k] = embed_ids(en, f.ids + k, elen[k], &D);
+    gen_collect g[2];
+    lm_request *gr[2];
+    lm_gen_params p = { .max_tokens = GEN, .repetition_penalty = 1 };
+    p.sampling.top_p = 1;
+    for (int i = 0; i < 2; i++) {
+        memset(&g[i], 0, sizeof g[i]);
+        pthread_mutex_init(&g[i].mu, NULL);
+        pthread_cond_init(&g[i].cv, NULL);
+        LM_REQUIRE(lm_engine_submit(en, f.ids + 20 * i, glen[i], &p, on_gen, &g[i], &gr[i], &e) == LM_ENGINE_OK);
+    }
+    for (int k = 0; k < NE; k++) { /* while the generations run */
+        int n = 0;
+        float *v = embed_ids(en, f.ids + k, elen[k], &n);
+        LM_REQUIRE(v && alone[k] && n == D);
+        double worst = 0;
+        for (int i = 0; i < n; i++) worst = fmax(worst, fabs((double)v[i] - alone[k][i]));
+        LM_CHECK_MSG(worst <= 1e-6, "embedding %d batched vs alone: %g", k, worst);
+        free(v);
+        free(alone[k]);
+    }
+    for (int i = 0; i < 2; i++) {
+        gen_wait(&g[i]);
+        LM_CHECK(g[i].n == GEN && memcmp(g[i].toks, solo[i], sizeof solo[i]) == 0);
+        lm_request_release(gr[i]);
+    }
+    lm_engine_free(en);
+    emb_fixture_close(&f);
+}
+
+LM_TEST(embed_engine_batched_qwen3) { batched_with_generation(lm_t_, "qwen3"); }
+LM_TEST(embed_engine_batched_qwen35) { batched_with_generation(lm_t_, "qwen3.5"); }
+
+/* An embedding neither reads nor fills the prefix cache: after one, nothing
+ * is cached and a generation of the same prompt hits nothing; after that
+ * generation has cached it, the embedding is the same as before. */
+LM_TEST(embed_engine_prefix_cache) {
+    emb_fixture f;
+    if (!emb_fixture_open(&f, "qwen3")) {
+        emb_fixture_close(&f);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 32, .cache_ram = 8u << 20 };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    int D = 0, D2 = 0;
+    float *v1 = embed_ids(en, f.ids, 64, &D);
+    LM_REQUIRE(v1);
+    lm_engine_stats st;
+    lm_engine_get_stats(en, &st);
+    LM_CHECK(st.cache_blocks == 0 && st.cache_lookup_tokens == 0);
+    lm_gen_params p = { .max_tokens = 2, .repetition_penalty = 1 };
+    p.sampling.top_p = 1;
+    for (int round = 0; round < 2; round++) { /* the second round's prompt is cached by the first */
+        gen_collect g = { .done = false };
+        pthread_mutex_init(&g.mu, NULL);
+        pthread_cond_init(&g.cv, NULL);
+        lm_request *r = NULL;
+        LM_REQUIRE(lm_engine_submit(en, f.ids, 64, &p, on_gen, &g, &r, &e) == LM_ENGINE_OK);
+        gen_wait(&g);
+        LM_CHECK_MSG(round == 0 ? g.n_cached == 0 : g.n_cached >= 48, "round %d: %d cached", round, g.n_cached);
+        lm_request_release(r);
+    }
+    lm_engine_get_stats(en, &st);
+    uint64_t hits = st.cache_hit_tokens;
+    float *v2 = embed_ids(en, f.ids, 64, &D2);
+    LM_REQUIRE(v2 && D2 == D);
+    LM_CHECK(memcmp(v1, v2, (size_t)D * sizeof(float)) == 0);
+    lm_engine_get_stats(en, &st);
+    LM_CHECK(st.cache_hit_tokens == hits);
+    free(v1);
+    free(v2);
+    lm_engine_free(en);
+    emb_fixture_close(&f);
+}
