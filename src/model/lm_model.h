@@ -111,6 +111,11 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
  * each state tensor) and returns how many there are (0 for attention-only). */
 int lm_model_state_spec(const lm_model *m, int64_t *floats, int max);
 
+/* For listings: the parameters in the model's files (repacked tensors
+ * counted as stored) and the name of the storage type most weight bytes use
+ * ("bf16", "q4_k" ...). Reads no tensor data. */
+void lm_model_describe(const lm_model *m, int64_t *n_params, const char **dtype);
+
 /* KV bytes per token for this model (all KV layers, K and V, f32). */
 size_t lm_model_kv_bytes_per_token(const lm_model *m);
 /* Bytes of weights read per decoded token (all matrices + embedding row). */

@@ -104,6 +104,7 @@ typedef struct srv {
     lm_model *model;
     lm_tokenizer *tok;
     lm_chat *chat;             /* NULL when the model has no usable chat template */
+    bool chat_tools;           /* the chat template mentions tools (/v1/models capabilities) */
     lm_engine *en;
     char *model_name;
     int64_t created;           /* server start, epoch seconds */
