@@ -16,6 +16,9 @@ LM_TEST(server_route_table) {
         { "/metrics", "metrics" },                      { "/v1/modelsx", "other" },
         { "/v1/chat/completions/", "other" },           { "/health/", "other" },
         { "/", "other" },                               { "", "other" },
+        { "/v1/embeddings", "embeddings" },             { "/embeddings", "embeddings" },
+        { "/tokenize", "tokenize" },                    { "/v1/tokenize", "tokenize" },
+        { "/detokenize", "detokenize" },                { "/v1/detokenize", "detokenize" },
     };
     for (size_t i = 0; i < LM_COUNT(k_urls); i++) {
         int r = srv_route_of(k_urls[i].url);
@@ -23,16 +26,17 @@ LM_TEST(server_route_table) {
                      k_urls[i].url, r);
     }
     /* the names /metrics prints, in order; only the last entry is the catch-all */
-    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
-                                                       "health", "metrics", "other" };
+    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "embeddings", "tokenize",
+                                                       "detokenize", "models", "health", "metrics", "other" };
     for (int r = 0; r < SRV_N_ROUTES; r++) {
         LM_CHECK(lm_streq(srv_routes[r].metric, k_names[r]));
         LM_CHECK((srv_routes[r].path == NULL) == (r == SRV_N_ROUTES - 1));
         LM_CHECK((srv_routes[r].handler == NULL) == (r == SRV_N_ROUTES - 1));
     }
-    /* only generation takes POST; only /health is open without the API key */
+    /* only generation, embeddings and (de)tokenize take POST; only /health
+     * is open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
-        LM_CHECK(srv_routes[r].post == (r < 2));
+        LM_CHECK(srv_routes[r].post == (r < 5));
         LM_CHECK(srv_routes[r].open == !strcmp(srv_routes[r].path, "/health"));
     }
 }
