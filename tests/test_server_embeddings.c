@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat/lm_chat.h"
 #include "format/safetensors.h"
 #include "guard_util.h"
 #include "lm_test.h"
@@ -277,5 +278,39 @@ LM_TEST(server_nul_round_trip) {
     LM_CHECK(st == 200 && json_string_length(text) >= 3 && !memcmp(json_string_value(text), "a\0b", 3));
     json_decref(j);
     LM_CHECK(gu_server_stop(&s) == 0);
+    free(dir);
+}
+
+/* The chat layer keeps U+0000 as text: in contents (string and parts), in
+ * a tool result, and in tool-call arguments, which are parsed into an
+ * object for the template (it prints them with tojson, hence the space
+ * after the colon) rather than left as the client's string. */
+LM_TEST(chat_render_keeps_nul) {
+    char *dir = lm_test_fixture_path("models/qwen3");
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_tokenizer *tok = NULL;
+    lm_chat *chat = NULL;
+    LM_REQUIRE(lm_tokenizer_load(&tok, dir, NULL) == 0);
+    LM_REQUIRE(lm_chat_create(&chat, tok, NULL, NULL) == 0);
+    static const char k_msgs[] =
+        "[{\"role\":\"system\",\"content\":\"sys\\u0000tem\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\\u0000y\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"p\\\":\\\"a\\\\u0000b\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\\u0000\"}]";
+    json_t *msgs = json_loads(k_msgs, JSON_ALLOW_NUL, NULL);
+    LM_REQUIRE(msgs);
+    lm_chat_req cr = { .messages = msgs };
+    lm_chat_prompt p;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_chat_render(chat, &cr, &p, &e) == 0);
+    LM_CHECK(memmem(p.text, p.len, "sys\0tem", 7) && memmem(p.text, p.len, "x\0y", 3) &&
+             memmem(p.text, p.len, "r\0\n", 3));
+    const char *args = "\"arguments\": {\"p\": \"a\\u0000b\"}";
+    LM_CHECK_MSG(memmem(p.text, p.len, args, strlen(args)), "%.*s", (int)p.len, p.text);
+    lm_chat_prompt_free(&p);
+    json_decref(msgs);
+    lm_chat_free(chat);
+    lm_tokenizer_free(tok);
     free(dir);
 }
