@@ -364,7 +364,9 @@ LM_TEST(server_request_validation) {
     expect_error(lm_t_, &f, SRV_CHAT, b, 400, "max_tokens");
     snprintf(b, sizeof b, "{%s,\"max_tokens\":1.5}", M);
     expect_error(lm_t_, &f, SRV_CHAT, b, 400, "max_tokens");
-    snprintf(b, sizeof b, "{%s,\"n\":2}", M);
+    snprintf(b, sizeof b, "{%s,\"n\":17}", M); /* n up to 16 (SRV_MAX_CHOICES) */
+    expect_error(lm_t_, &f, SRV_CHAT, b, 400, "n");
+    snprintf(b, sizeof b, "{%s,\"n\":0}", M);
     expect_error(lm_t_, &f, SRV_CHAT, b, 400, "n");
     snprintf(b, sizeof b, "{%s,\"stop\":[1]}", M);
     expect_error(lm_t_, &f, SRV_CHAT, b, 400, "stop");

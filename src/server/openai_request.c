@@ -2,7 +2,7 @@
  * that lumen honours, checked for type and range, with OpenAI's defaults.
  *
  * Unknown fields are ignored (clients send many); fields lumen cannot honour
- * honestly (n > 1, response_format other than text, several prompts) are
+ * honestly (response_format other than text, several prompts) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
  * chat_template_kwargs.
@@ -139,7 +139,9 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
         get_int(body, "top_k", -1, 1 << 30, &top_k, NULL, e) ||
         get_int(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_set, e) || get_int(body, "n", 1, 128, &n, &n_set, e))
         return -1;
-    if (n != 1) return srv_bad(e, "n", "Only n = 1 is supported (got %lld).", n);
+    if (n > SRV_MAX_CHOICES)
+        return srv_bad(e, "n", "Invalid 'n': %lld choices (at most %d per request).", n, SRV_MAX_CHOICES);
+    r->n = (int)n;
     if (top_p == 0) top_p = 1e-9; /* OpenAI accepts 0: keep only the top token */
     gp->sampling.temperature = (float)t;
     gp->sampling.top_p = (float)top_p;

@@ -236,7 +236,7 @@ static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, so
 
 static void cancel_all(srv *s) {
     pthread_mutex_lock(&s->jobs_mu);
-    for (srv_job *j = s->jobs; j; j = j->next) lm_request_cancel(j->req);
+    for (srv_job *j = s->jobs; j; j = j->next) srv_job_cancel(j);
     pthread_mutex_unlock(&s->jobs_mu);
 }
 
