@@ -20,7 +20,7 @@
 static bool start(lm_test_ctx *lm_t_, gu_server *s, char **dir) {
     *dir = lm_test_fixture_path("models/qwen3");
     if (!*dir) return false;
-    if (gu_server_start(s, *dir, "--threads 1 --parallel 2")) {
+    if (gu_server_start(s, *dir, "--threads 1 --parallel 2 --max-queue 8")) {
         gu_server_dump_log(s);
         LM_CHECK(!"the server started");
         free(*dir);
@@ -162,6 +162,16 @@ LM_TEST(server_embeddings) {
                      err_param(j) ? err_param(j) : "(no param)");
         json_decref(j);
     }
+    /* a list far longer than the queue (8) goes in windows: all answered */
+    char many[8192] = "{\"input\":[";
+    for (int i = 0; i < 100; i++) snprintf(many + strlen(many), sizeof many - strlen(many), "%s\"item %d\"", i ? "," : "", i);
+    strcat(many, "]}");
+    j = post(s.port, "/v1/embeddings", many, &st);
+    data = json_object_get(j, "data");
+    LM_CHECK_MSG(st == 200 && json_array_size(data) == 100, "%d, %zu vectors", st, json_array_size(data));
+    LM_CHECK(json_integer_value(json_object_get(json_array_get(data, 99), "index")) == 99);
+    LM_CHECK(json_array_size(json_object_get(json_array_get(data, 99), "embedding")) == (size_t)D);
+    json_decref(j);
     /* over the context (4096): 400 naming the index */
     size_t cap = 5000 * 4 + 64;
     char *big = malloc(cap);

@@ -18,6 +18,10 @@
 
 /* Most inputs in one request (OpenAI's limit). */
 #define SRV_EMBED_MAX_INPUTS 2048
+/* Inputs in the engine at once (at most half of --max-queue): a long list
+ * goes in windows, so that it neither fills the engine's queue (a 503 for
+ * everyone) nor starves others. */
+#define SRV_EMBED_WINDOW 32
 
 typedef struct emb_wait {
     pthread_mutex_t mu;
@@ -199,14 +203,14 @@ static json_t *response_json(const srv *s, const emb_req *r, float *vecs, int64_
 
 /* ---- the endpoint -------------------------------------------------------------------- */
 
-/* Submits every input and waits for all; -1 with e on a refusal or failure
- * (what was submitted is cancelled and waited for first). */
-static int run_all(srv *s, const emb_req *r, emb_wait *w, srv_err *e) {
+/* Submits inputs [i0, i1) and waits for them; -1 with e on a refusal or
+ * failure (what was submitted is cancelled and waited for first). */
+static int run_window(srv *s, const emb_req *r, int i0, int i1, emb_wait *w, srv_err *e) {
     emb_slot *slots = lm_xcalloc((size_t)r->n, sizeof *slots);
     lm_request **reqs = lm_xcalloc((size_t)r->n, sizeof *reqs);
-    int rc = LM_ENGINE_OK, n_sub = 0;
+    int rc = LM_ENGINE_OK, n_sub = i0;
     lm_err le = { { 0 } };
-    for (; n_sub < r->n; n_sub++) {
+    for (; n_sub < i1; n_sub++) {
         slots[n_sub] = (emb_slot){ w, n_sub };
         pthread_mutex_lock(&w->mu);
         w->pending++;
@@ -221,17 +225,24 @@ static int run_all(srv *s, const emb_req *r, emb_wait *w, srv_err *e) {
         }
     }
     if (rc != LM_ENGINE_OK)
-        for (int i = 0; i < n_sub; i++) lm_request_cancel(reqs[i]);
+        for (int i = i0; i < n_sub; i++) lm_request_cancel(reqs[i]);
     pthread_mutex_lock(&w->mu);
     while (w->pending > 0) pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
-    for (int i = 0; i < n_sub; i++) lm_request_release(reqs[i]);
+    for (int i = i0; i < n_sub; i++) lm_request_release(reqs[i]);
     free(reqs);
     free(slots);
     if (rc == LM_ENGINE_BUSY)
         return srv_fail(e, 503, "server_error", "overloaded", NULL, "The server is overloaded (%s); retry later.", le.msg);
     if (rc != LM_ENGINE_OK) return srv_bad(e, "input", "%s", le.msg);
     if (w->failed) return srv_fail(e, 500, "server_error", NULL, NULL, "%s", w->err);
+    return 0;
+}
+
+static int run_all(srv *s, const emb_req *r, emb_wait *w, srv_err *e) {
+    const int q = s->opts.engine.max_queue, win = q > 0 ? LM_MIN(SRV_EMBED_WINDOW, LM_MAX(q / 2, 1)) : SRV_EMBED_WINDOW;
+    for (int i = 0; i < r->n; i += win)
+        if (run_window(s, r, i, LM_MIN(r->n, i + win), w, e)) return -1;
     return 0;
 }
 
