@@ -4,7 +4,10 @@
  * reference.safetensors' prompt0.hidden.{last}; the sentence-transformers
  * folders of tests/data/embed (mean + Normalize, cls unnormalised) pool as
  * their files say. The prompt goes in prefill chunks of 3 tokens, so pooling
- * folds several forwards.
+ * folds several forwards. Then the engine's side (embeddings batched with
+ * generations change neither; the prefix cache is neither read nor filled)
+ * and how the pooling is read (sentence-transformers files, GGUF
+ * pooling_type, refusals).
  *
  * Tolerance: the largest |lumen - transformers| over the vector's elements.
  * Measured on this machine (bf16 weights, f32 activations, AVX-512): at
@@ -374,4 +377,89 @@ LM_TEST(embed_engine_prefix_cache) {
     free(v2);
     lm_engine_free(en);
     emb_fixture_close(&f);
+}
+
+/* ---- reading the pooling ---- */
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    lm_tu_write(p, text, strlen(text));
+}
+
+LM_TEST(embed_pooling_config) {
+    char *dir = lm_tu_mkdir("pooling-config");
+    LM_REQUIRE(dir);
+    lm_pooling p;
+    lm_pooling_read_hf(&p, dir); /* no sentence-transformers files: the default */
+    LM_CHECK(p.mode == LM_POOL_LAST && p.normalize && lm_streq(p.source, "default"));
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%s/P", dir);
+    mkdir(sub, 0755);
+    write_file(dir, "modules.json",
+               "[{\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
+               "{\"path\":\"P\",\"type\":\"sentence_transformers.models.Pooling\"},"
+               "{\"path\":\"N\",\"type\":\"sentence_transformers.models.Normalize\"}]");
+    write_file(dir, "P/config.json", "{\"pooling_mode_cls_token\":true}");
+    lm_pooling_read_hf(&p, dir);
+    LM_CHECK(p.mode == LM_POOL_CLS && p.normalize && lm_streq(p.source, "sentence-transformers"));
+    write_file(dir, "P/config.json", "{\"pooling_mode_max_tokens\":true}"); /* not done: refused, saying so */
+    lm_pooling_read_hf(&p, dir);
+    LM_CHECK(p.mode == LM_POOL_NONE && strstr(p.source, "pooling"));
+    write_file(dir, "P/config.json", "{\"pooling_mode_mean_tokens\":true,\"pooling_mode_lasttoken\":true}");
+    lm_pooling_read_hf(&p, dir);
+    LM_CHECK(p.mode == LM_POOL_NONE);
+    write_file(dir, "modules.json", "{}");
+    lm_pooling_read_hf(&p, dir);
+    LM_CHECK(p.mode == LM_POOL_NONE && strstr(p.source, "modules.json"));
+    /* GGUF pooling_type, llama.cpp's numbering */
+    static const struct { bool has; int64_t type; lm_pool_mode mode; } k_gguf[] = {
+        { false, 0, LM_POOL_LAST }, { true, 0, LM_POOL_LAST }, { true, 1, LM_POOL_MEAN },
+        { true, 2, LM_POOL_CLS },   { true, 3, LM_POOL_LAST }, { true, 4, LM_POOL_NONE },
+    };
+    for (size_t i = 0; i < sizeof k_gguf / sizeof *k_gguf; i++) {
+        lm_pooling_from_gguf(&p, k_gguf[i].has, k_gguf[i].type);
+        LM_CHECK_MSG(p.mode == k_gguf[i].mode && (p.mode == LM_POOL_NONE || p.normalize), "type %lld",
+                     (long long)k_gguf[i].type);
+    }
+    /* the span pooling reads */
+    int first, count;
+    lm_pooling_span(&(lm_pooling){ .mode = LM_POOL_LAST }, 7, &first, &count);
+    LM_CHECK(first == 6 && count == 1);
+    lm_pooling_span(&(lm_pooling){ .mode = LM_POOL_MEAN }, 7, &first, &count);
+    LM_CHECK(first == 0 && count == 7);
+    lm_pooling_span(&(lm_pooling){ .mode = LM_POOL_CLS }, 7, &first, &count);
+    LM_CHECK(first == 0 && count == 1);
+    free(dir);
+}
+
+/* A GGUF model (no pooling_type in llama.cpp's llama converter output)
+ * embeds with the default, and an engine refuses embeddings of a model
+ * whose pooling is LM_POOL_NONE, saying why. */
+LM_TEST(embed_gguf_default_and_refusal) {
+    char *path = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
+    if (!path) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_model *m = NULL;
+    LM_REQUIRE(be && lm_model_load(&m, path, be, &e) == 0);
+    LM_CHECK(m->pooling.mode == LM_POOL_LAST && m->pooling.normalize);
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, m, &(lm_engine_opts){ .ctx = 64, .parallel = 1 }, &e) == 0);
+    const int32_t ids[] = { 1, 450, 7483, 310 };
+    int n = 0;
+    float *v = embed_ids(en, ids, 4, &n);
+    LM_CHECK(v && n == m->cfg.d_model);
+    double ss = 0;
+    for (int i = 0; v && i < n; i++) ss += (double)v[i] * v[i];
+    LM_CHECK_NEAR(ss, 1.0, 1e-5);
+    free(v);
+    m->pooling.mode = LM_POOL_NONE;
+    snprintf(m->pooling.source, sizeof m->pooling.source, "test reason");
+    lm_request *r = NULL;
+    LM_CHECK(lm_engine_submit_embed(en, ids, 4, on_embed, NULL, &r, &e) == LM_ENGINE_ERROR && strstr(e.msg, "test reason"));
+    lm_engine_free(en);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    free(path);
 }
