@@ -3,6 +3,7 @@
  * block kind, system forms, tools and tool_choice, sampling fields, the
  * prompt they render to, bad inputs (status and Anthropic error body), and
  * count_tokens. */
+#define _GNU_SOURCE /* memmem */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,34 @@ LM_TEST(server_anthropic_translates_blocks) {
     LM_CHECK(lm_streq(str_at(json_array_get(r.messages, 2), "content"), "yo"));
     LM_CHECK(lm_streq(str_at(json_array_get(r.messages, 3), "content"), ""));
     LM_CHECK(!r.tools);
+    srv_req_free(&r);
+    fx_close(&f);
+}
+
+/* U+0000 is valid JSON: a text block, a tool_use input and a tool_result
+ * that hold it keep it (with the text after it) through the translation and
+ * into the prompt, as on the OpenAI routes. */
+LM_TEST(server_anthropic_keeps_nul) {
+    fx f;
+    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    static const char body[] =
+        "{\"model\":\"x\",\"max_tokens\":8,\"system\":\"s\\u0000ys\",\"messages\":["
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\\u0000y\"}]},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\","
+        "\"input\":{\"p\":\"a\\u0000b\"}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"r\\u0000z\"}]}],"
+        "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}]}";
+    srv_req r;
+    srv_err e;
+    LM_REQUIRE(parse(&f, body, &r, &e) == 0);
+    const json_t *u = json_object_get(json_array_get(r.messages, 1), "content");
+    LM_CHECK(json_string_length(u) == 3 && !memcmp(json_string_value(u), "x\0y", 3));
+    const json_t *t = json_object_get(json_array_get(r.messages, 3), "content");
+    LM_CHECK(json_string_length(t) == 3 && !memcmp(json_string_value(t), "r\0z", 3));
+    lm_chat_prompt p;
+    LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+    LM_CHECK(memmem(p.text, p.len, "x\0y", 3) != NULL && memmem(p.text, p.len, "r\0z", 3) != NULL);
+    lm_chat_prompt_free(&p);
     srv_req_free(&r);
     fx_close(&f);
 }

@@ -32,7 +32,7 @@ static json_t *normalise_message(const json_t *m) {
         json_t *fn = json_object_get(json_array_get(calls, i), "function");
         json_t *args = json_object_get(fn, "arguments");
         if (!json_is_string(args)) continue;
-        json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL);
         if (json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
         else json_decref(parsed);
     }

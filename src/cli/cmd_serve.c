@@ -69,8 +69,9 @@ static const lm_opt_cmd k_cmd = {
     .name = "serve",
     .usage = "lumen serve [-m MODEL] [options]",
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
-             "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-             "GET /health, GET /metrics (Prometheus); and Anthropic's Messages API\n"
+             "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings,\n"
+             "POST /tokenize, POST /detokenize, GET /v1/models, GET /health,\n"
+             "GET /metrics (Prometheus); and Anthropic's Messages API\n"
              "(POST /v1/messages, /v1/messages/count_tokens) for Claude Code and\n"
              "the Anthropic SDKs, answering to any model name.\n",
     .opts = k_opts,

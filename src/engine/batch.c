@@ -16,6 +16,7 @@ struct lm_batch_builder {
     const int32_t **tables;   /* [max_seqs] */
     int32_t *slots;           /* [max_seqs] */
     int32_t *rows;            /* [max_out] */
+    int32_t *hidden_rows;     /* [max_tokens] */
     lm_batch b;               /* counts live in b.n_tokens, b.n_seqs, b.n_out */
 };
 
@@ -30,6 +31,7 @@ lm_batch_builder *lm_batch_builder_create(int max_tokens, int max_seqs, int max_
     bb->tables = lm_xcalloc((size_t)max_seqs, sizeof *bb->tables);
     bb->slots = lm_xcalloc((size_t)max_seqs, sizeof(int32_t));
     bb->rows = lm_xmalloc((size_t)LM_MAX(max_out, 1) * sizeof(int32_t));
+    bb->hidden_rows = lm_xmalloc((size_t)max_tokens * sizeof(int32_t));
     lm_batch_reset(bb);
     return bb;
 }
@@ -37,14 +39,15 @@ lm_batch_builder *lm_batch_builder_create(int max_tokens, int max_seqs, int max_
 void lm_batch_builder_free(lm_batch_builder *bb) {
     if (!bb) return;
     free(bb->tokens), free(bb->pos), free(bb->seq);
-    free(bb->tables), free(bb->slots), free(bb->rows);
+    free(bb->tables), free(bb->slots), free(bb->rows), free(bb->hidden_rows);
     free(bb);
 }
 
 void lm_batch_reset(lm_batch_builder *bb) {
     bb->from_argmax = false;
     bb->b = (lm_batch){ .tokens = bb->tokens, .pos = bb->pos, .seq = bb->seq, .block_tables = bb->tables,
-                        .state_slot = bb->stateful ? bb->slots : NULL, .out_rows = bb->rows };
+                        .state_slot = bb->stateful ? bb->slots : NULL, .out_rows = bb->rows,
+                        .hidden_rows = bb->hidden_rows };
 }
 
 int lm_batch_add_seq(lm_batch_builder *bb, const int32_t *block_table, int32_t state_slot) {
@@ -86,6 +89,16 @@ int lm_batch_add_out(lm_batch_builder *bb, int row) {
     bb->rows[bb->b.n_out] = row;
     return bb->b.n_out++;
 }
+
+int lm_batch_add_hidden(lm_batch_builder *bb, int row) {
+    LM_ASSERT(bb->b.n_hidden < bb->max_tokens && row >= 0 && row < bb->b.n_tokens);
+    bb->hidden_rows[bb->b.n_hidden] = row;
+    return bb->b.n_hidden++;
+}
+
+void lm_batch_set_hidden(lm_batch_builder *bb, float *out) { bb->b.hidden_out = out; }
+
+int lm_batch_n_hidden(const lm_batch_builder *bb) { return bb->b.n_hidden; }
 
 void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later) {
     bb->b.out_argmax = ids;

@@ -36,6 +36,8 @@ void lm_req_unref(lm_request *r) {
     free(r->hashes);
     free(r->step_batch);
     free(r->stop_tokens);
+    lm_embed_pool_free(&r->pool);
+    free(r->embedding);
     free(r);
 }
 
@@ -49,7 +51,7 @@ static void req_emit(lm_request *r, const lm_token_event *ev) {
  * dropped by whoever takes r out of the running set or queue (drop_done,
  * retire), never here: r must stay readable until then. */
 static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *error) {
-    if (r->state == LM_REQ_RUNNING) lm_cache_policy_finish(en, r, why != LM_FINISH_ERROR);
+    if (r->state == LM_REQ_RUNNING && !r->embed) lm_cache_policy_finish(en, r, why != LM_FINISH_ERROR);
     r->tr.t_submit = r->t_submit;
     r->tr.t_admit = r->t_admit;
     r->tr.t_first = r->t_first;
@@ -60,6 +62,10 @@ static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *
                           .n_cached = r->n_hit, .n_generated = r->n_generated,
                           .queue_s = r->t_admit > 0 ? r->t_admit - r->t_submit : lm_now() - r->t_submit,
                           .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0, .trace = &r->tr };
+    if (r->embed && why == LM_FINISH_STOP) {
+        ev.embedding = r->embedding;
+        ev.n_embedding = en->m->cfg.d_model;
+    }
     req_emit(r, &ev);
     lm_kv_seq_release(en->kv, &r->seq);
     lm_kv_state_release(en->kv, r->slot);
@@ -132,6 +138,14 @@ static int blocks_for(const lm_engine *en, int tokens) {
  * pool cannot hold it even after evicting cache-only blocks. */
 static bool take_blocks(lm_engine *en, lm_request *r) {
     const int need = r->n_prompt + r->p.max_tokens;
+    if (r->embed) { /* fresh blocks only: embeddings bypass the prefix cache */
+        int fresh = blocks_for(en, need);
+        if (fresh > en->kv->n_free && !lm_cache_policy_make_room(en, fresh)) return false;
+        int rc = lm_kv_seq_reserve(en->kv, &r->seq, need, NULL);
+        LM_ASSERT(rc == 0);
+        r->slot = lm_kv_state_acquire(en->kv);
+        return true;
+    }
     lm_cache_hit hit;
     lm_cache_policy_lookup(en, r, &hit);
     int fresh = blocks_for(en, need) - hit.ram.n_blocks;
@@ -203,13 +217,27 @@ void lm_step_count(lm_engine *en, int T, int S, bool ahead, uint64_t discarded) 
     pthread_mutex_unlock(&en->mu);
 }
 
+/* An embedding request's hidden rows of this step into its pool; at the
+ * end of its prompt, the vector in its final event. */
+static void embed_progress(lm_engine *en, lm_step *st, int s, lm_request *r) {
+    if (st->seq_hn[s]) lm_embed_pool_add(&r->pool, en->hidden + (size_t)st->seq_h0[s] * (size_t)en->m->cfg.d_model,
+                                   st->seq_hn[s]);
+    if (r->n_cached < r->n_prompt) return;
+    if (r->t_first == 0) r->t_first = lm_now();
+    r->embedding = lm_xmalloc((size_t)en->m->cfg.d_model * sizeof(float));
+    bool ok = lm_embed_pool_end(&r->pool, r->embedding);
+    LM_ASSERT(ok); /* lm_pooling_span covers at least one position of a non-empty prompt */
+    req_finish(en, r, LM_FINISH_STOP, NULL);
+}
+
 void lm_step_hand_out(lm_engine *en, lm_step *st) {
     lm_step_count(en, st->T, st->S, false, 0);
     for (int i = 0; i < st->S; i++) {
         lm_request *r = st->seq_req[i];
         if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
         r->n_cached += st->seq_n[i];
-        lm_cache_policy_progress(en, r);
+        if (r->embed) embed_progress(en, st, i, r);
+        else lm_cache_policy_progress(en, r);
     }
     for (int i = 0; i < st->n_out; i++)
         lm_req_take_token(en, st->row_req[i], st->want_logits[i] ? st->logits + (size_t)i * en->vocab : NULL,
@@ -223,6 +251,7 @@ static int step_add(lm_engine *en, lm_step *st, lm_request *r, int n, int *last)
     int s = lm_batch_add_seq(en->bb, r->seq.blocks, r->slot);
     st->seq_req[s] = r;
     st->seq_n[s] = n;
+    st->seq_hn[s] = 0;
     st->S = s + 1;
     *last = lm_batch_add_tokens(en->bb, s, r->tokens + r->n_cached, r->n_cached, n);
     return s;
@@ -232,6 +261,20 @@ static void step_out(lm_engine *en, lm_step *st, lm_request *r, int row) {
     int o = lm_batch_add_out(en->bb, row);
     st->row_req[o] = r;
     st->n_out = o + 1;
+}
+
+/* The hidden rows an embedding request's pooling reads among its tokens of
+ * this step (rows row0 ..., positions n_cached ...). */
+static void step_hidden(lm_engine *en, lm_step *st, int s, lm_request *r, int row0) {
+    int first, count;
+    lm_pooling_span(&r->pool.how, r->n_prompt, &first, &count);
+    int lo = LM_MAX(first, r->n_cached), hi = LM_MIN(first + count, r->n_cached + st->seq_n[s]);
+    if (lo >= hi) return;
+    if (!en->hidden) en->hidden = lm_xmalloc((size_t)en->o.step_tokens * (size_t)en->m->cfg.d_model * sizeof(float));
+    lm_batch_set_hidden(en->bb, en->hidden);
+    st->seq_h0[s] = lm_batch_n_hidden(en->bb);
+    st->seq_hn[s] = hi - lo;
+    for (int p = lo; p < hi; p++) lm_batch_add_hidden(en->bb, row0 + (p - r->n_cached));
 }
 
 /* Builds a step into st and en->bb; false when there is nothing to run. */
@@ -254,11 +297,13 @@ static bool step_build(lm_engine *en, lm_step *st) {
     for (int i = 0; i < en->n_running && budget > 0; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached >= r->n_prompt) continue;
-        int n = lm_cache_policy_cut(en, r, LM_MIN(budget, r->n_prompt - r->n_cached));
+        int n = LM_MIN(budget, r->n_prompt - r->n_cached);
+        if (!r->embed) n = lm_cache_policy_cut(en, r, n);
         r->tr.n_prefill_chunks++;
-        step_add(en, st, r, n, &last);
+        int s = step_add(en, st, r, n, &last);
         budget -= n;
-        if (r->n_cached + n == r->n_prompt) step_out(en, st, r, last);
+        if (r->embed) step_hidden(en, st, s, r, last - n + 1);
+        else if (r->n_cached + n == r->n_prompt) step_out(en, st, r, last);
     }
     st->T = lm_batch_n_tokens(en->bb);
     if (st->T == 0) return false;
@@ -351,6 +396,9 @@ static void engine_destroy(lm_engine *en) {
     free(en->cur.ids);
     free(en->cur.want_logits);
     free(en->cur.logits);
+    free(en->cur.seq_h0);
+    free(en->cur.seq_hn);
+    free(en->hidden);
     free(en->work);
     free(en);
 }
@@ -384,6 +432,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->running = lm_xcalloc(P, sizeof *en->running);
     en->cur.seq_req = lm_xcalloc(P, sizeof *en->cur.seq_req);
     en->cur.seq_n = lm_xcalloc(P, sizeof *en->cur.seq_n);
+    en->cur.seq_h0 = lm_xcalloc(P, sizeof *en->cur.seq_h0);
+    en->cur.seq_hn = lm_xcalloc(P, sizeof *en->cur.seq_hn);
     en->cur.row_req = lm_xcalloc(R, sizeof *en->cur.row_req);
     en->cur.ids = lm_xmalloc(R * sizeof *en->cur.ids);
     en->cur.want_logits = lm_xmalloc(R);
@@ -422,23 +472,9 @@ void lm_engine_free(lm_engine *en) {
 
 int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
 
-int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
-                     lm_token_cb cb, void *user, lm_request **out, lm_err *e) {
-    *out = NULL;
-    if (n_prompt <= 0) return lm_errf(e, "the prompt is empty"), LM_ENGINE_ERROR;
-    if (p->max_tokens <= 0) return lm_errf(e, "max_tokens must be at least 1"), LM_ENGINE_ERROR;
-    if ((int64_t)n_prompt + p->max_tokens > en->o.ctx)
-        return lm_errf(e, "prompt (%d tokens) + max_tokens (%d) exceed the context of %d tokens", n_prompt,
-                       p->max_tokens, en->o.ctx), LM_ENGINE_ERROR;
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= en->vocab)
-            return lm_errf(e, "token id %d out of range [0, %d)", prompt[i], en->vocab), LM_ENGINE_ERROR;
-    for (int i = 0; i < p->n_logit_bias; i++)
-        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= en->vocab)
-            return lm_errf(e, "logit_bias token %d out of range [0, %d)", p->logit_bias[i].token, en->vocab), LM_ENGINE_ERROR;
-    if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
-        return lm_errf(e, "top_logprobs must be between 0 and %d", LM_MAX_TOP_LOGPROBS), LM_ENGINE_ERROR;
-
+/* A new request of a checked prompt (the caller's reference and the engine's). */
+static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
+                              lm_token_cb cb, void *user) {
     lm_request *r = lm_xcalloc(1, sizeof *r);
     r->en = en;
     r->slot = -1;
@@ -457,7 +493,7 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     lm_sampler_adjust(r->sampler, &adj, prompt, n_prompt);
     r->p.logit_bias = NULL, r->p.n_logit_bias = 0; /* the sampler has its own copy */
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
-    r->step_batch = lm_xmalloc((size_t)p->max_tokens * sizeof(int32_t));
+    r->step_batch = lm_xmalloc((size_t)LM_MAX(p->max_tokens, 1) * sizeof(int32_t));
     r->tr.diverge_pos = -1;
     r->cb = cb;
     r->user = user;
@@ -465,7 +501,11 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     atomic_init(&r->cancelled, false);
     pthread_mutex_init(&r->cb_mu, NULL);
     r->t_submit = lm_now();
+    return r;
+}
 
+/* Into the queue, or LM_ENGINE_BUSY (r freed) when it is full. */
+static int req_enqueue(lm_engine *en, lm_request *r, lm_request **out, lm_err *e) {
     pthread_mutex_lock(&en->mu);
     if (en->n_queued >= en->o.max_queue) {
         pthread_mutex_unlock(&en->mu);
@@ -478,11 +518,53 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     en->q_tail = r;
     en->n_queued++;
     en->st.requests++;
-    en->st.prompt_tokens += (uint64_t)n_prompt;
+    en->st.prompt_tokens += (uint64_t)r->n_prompt;
     pthread_cond_signal(&en->cv);
     pthread_mutex_unlock(&en->mu);
     *out = r;
     return LM_ENGINE_OK;
+}
+
+static int check_prompt(const lm_engine *en, const int32_t *prompt, int n_prompt, lm_err *e) {
+    if (n_prompt <= 0) return lm_errf(e, "the prompt is empty");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= en->vocab)
+            return lm_errf(e, "token id %d out of range [0, %d)", prompt[i], en->vocab);
+    return 0;
+}
+
+int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
+                     lm_token_cb cb, void *user, lm_request **out, lm_err *e) {
+    *out = NULL;
+    if (n_prompt <= 0) return lm_errf(e, "the prompt is empty"), LM_ENGINE_ERROR;
+    if (p->max_tokens <= 0) return lm_errf(e, "max_tokens must be at least 1"), LM_ENGINE_ERROR;
+    if ((int64_t)n_prompt + p->max_tokens > en->o.ctx)
+        return lm_errf(e, "prompt (%d tokens) + max_tokens (%d) exceed the context of %d tokens", n_prompt,
+                       p->max_tokens, en->o.ctx), LM_ENGINE_ERROR;
+    if (check_prompt(en, prompt, n_prompt, e)) return LM_ENGINE_ERROR;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= en->vocab)
+            return lm_errf(e, "logit_bias token %d out of range [0, %d)", p->logit_bias[i].token, en->vocab), LM_ENGINE_ERROR;
+    if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
+        return lm_errf(e, "top_logprobs must be between 0 and %d", LM_MAX_TOP_LOGPROBS), LM_ENGINE_ERROR;
+    return req_enqueue(en, req_create(en, prompt, n_prompt, p, cb, user), out, e);
+}
+
+int lm_engine_submit_embed(lm_engine *en, const int32_t *prompt, int n_prompt, lm_token_cb cb, void *user,
+                           lm_request **out, lm_err *e) {
+    *out = NULL;
+    const lm_pooling *how = &en->m->pooling;
+    if (how->mode == LM_POOL_NONE)
+        return lm_errf(e, "this model gives no embeddings: %s", how->source), LM_ENGINE_ERROR;
+    if (check_prompt(en, prompt, n_prompt, e)) return LM_ENGINE_ERROR;
+    if (n_prompt > en->o.ctx)
+        return lm_errf(e, "the input (%d tokens) exceeds the context of %d tokens", n_prompt, en->o.ctx),
+               LM_ENGINE_ERROR;
+    lm_gen_params p = { .sampling = { .temperature = 0 } };
+    lm_request *r = req_create(en, prompt, n_prompt, &p, cb, user);
+    r->embed = true;
+    lm_embed_pool_begin(&r->pool, how, en->m->cfg.d_model);
+    return req_enqueue(en, r, out, e);
 }
 
 void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s) {

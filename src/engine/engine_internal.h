@@ -69,6 +69,11 @@ struct lm_request {
     uint64_t hist_id;
     lm_request_trace tr;
     int32_t *step_batch;    /* [max_tokens] for tr.step_batch */
+    /* an embedding request (lm_engine_submit_embed): no tokens generated,
+     * no prefix cache; pool folds in its hidden rows step by step */
+    bool embed;
+    lm_embed_pool pool;
+    float *embedding;       /* [D] the pooled vector, at the end */
 };
 
 typedef struct lm_step_policy lm_step_policy;
@@ -88,6 +93,7 @@ typedef struct lm_step {
     int32_t *ids;            /* [n_out] argmax of each row, from the backend */
     uint8_t *want_logits;    /* [n_out] rows whose request needs the full logits */
     float *logits;           /* [n_out][V] those rows' logits */
+    int *seq_h0, *seq_hn;    /* [S] an embedding sequence's first hidden row and count (0: none) */
 } lm_step;
 
 /* What a step does once its forward is issued. step() picks one per built
@@ -127,6 +133,7 @@ struct lm_engine {
     lm_step cur;                 /* the step step() builds */
     lm_step *queued;             /* a forward already issued for the next step, or NULL */
     float *work;                 /* [V] biased/penalised copy for sampling */
+    float *hidden;               /* [step_tokens][D] hidden rows of embedding requests; made at the first */
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */
     lm_req_history *hist;

@@ -41,6 +41,13 @@ int lm_batch_add_from_argmax(lm_batch_builder *bb, int s, int pos);
 /* Asks for the output (logits or argmax) of token row `row`; returns the
  * output index, the order of lm_batch.out_rows. */
 int lm_batch_add_out(lm_batch_builder *bb, int row);
+/* Asks for the hidden state after the final norm of token row `row`
+ * (embeddings); returns its index among the batch's hidden rows, where
+ * lm_batch_set_hidden's buffer receives it. */
+int lm_batch_add_hidden(lm_batch_builder *bb, int row);
+/* Where the hidden rows land: host [n_hidden][D]. */
+void lm_batch_set_hidden(lm_batch_builder *bb, float *out);
+int lm_batch_n_hidden(const lm_batch_builder *bb);
 /* Greedy outputs (lm_batch.out_argmax): each output's argmax into ids (host
  * [n_out]); only outputs i with want_logits[i] != 0 (none when NULL) copy
  * their logits to the host. later: the forward may return before the ids

@@ -15,6 +15,13 @@
  * of its longest cached prefix (lm_prefix_cache.h). Results are the same as
  * without the cache; the final event says how many prompt tokens were cached.
  *
+ * An embedding request (lm_engine_submit_embed) is a prompt with no
+ * generation: it is prefilled in the same steps as everything else, the
+ * model hands back the hidden states its pooling reads (lm_pooling.h), and
+ * its one final event carries the pooled vector. It neither reads nor feeds
+ * the prefix cache (mean pooling needs every position computed, and
+ * embedding traffic must not evict chat prefixes).
+ *
  * Tokens are reported through a callback on the engine thread; it must not
  * block (push the event into a per-request mailbox and return). Each request
  * gets exactly one final event (done = true). Cancelling is safe from any
@@ -96,6 +103,10 @@ typedef struct lm_token_event {
     int n_prompt, n_cached, n_generated;
     double queue_s, prefill_s;    /* time waiting for admission, time to first token */
     const lm_request_trace *trace; /* final event only; valid during the callback */
+    /* An embedding request's final event (LM_FINISH_STOP): the pooled
+     * vector [n_embedding] (the model's width); valid during the callback. */
+    const float *embedding;
+    int n_embedding;
 } lm_token_event;
 
 typedef void (*lm_token_cb)(void *user, const lm_token_event *ev);
@@ -164,6 +175,11 @@ int lm_engine_ctx(const lm_engine *en);
  * once, after the final event or instead of waiting for it. */
 int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
                      lm_token_cb cb, void *user, lm_request **out, lm_err *e);
+/* Queues an embedding request for prompt (copied): prefill only, its final
+ * event carries the pooled vector. Errors as lm_engine_submit; also when the
+ * model's pooling is LM_POOL_NONE (the reason is in e). */
+int lm_engine_submit_embed(lm_engine *en, const int32_t *prompt, int n_prompt, lm_token_cb cb, void *user,
+                           lm_request **out, lm_err *e);
 void lm_request_cancel(lm_request *r);
 /* Cancels if still running and drops the caller's reference; after it the
  * callback is never called again. */

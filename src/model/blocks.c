@@ -231,11 +231,30 @@ void lm_embed_tokens(lm_model *m, lm_tensor *x, const lm_tensor *table, const lm
 
 /* ---- output ---- */
 
+void lm_hidden_out(lm_model *m, const lm_tensor *x, lm_tensor *ws, const lm_tensor *norm, float w_offset,
+                   const lm_batch *b) {
+    if (b->n_hidden == 0) return;
+    const struct lm_backend_ops *op = m->be->ops;
+    const size_t D = (size_t)m->cfg.d_model;
+    LM_ASSERT(x->rows == b->n_tokens && ws->rows >= x->rows && x->cols == (int64_t)D);
+    lm_tensor hn = lm_tensor_rows(ws, 0, x->rows);
+    op->rms_norm(m->be, &hn, x, norm, m->cfg.norm_eps, w_offset);
+    for (int i = 0; i < b->n_hidden;) {
+        int end = i + 1;
+        while (end < b->n_hidden && b->hidden_rows[end] == b->hidden_rows[end - 1] + 1) end++;
+        op->read(m->be, b->hidden_out + (size_t)i * D, (const float *)hn.data + (size_t)b->hidden_rows[i] * D,
+                 (size_t)(end - i) * D * sizeof(float));
+        i = end;
+    }
+}
+
 void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits) {
+    lm_tensor x = lm_tensor_rows(&s->x, 0, b->n_tokens);
+    lm_tensor ws = lm_tensor_rows(&s->h, 0, b->n_tokens);
+    lm_hidden_out(m, &x, &ws, &m->out_norm, 0, b);
     if (b->n_out == 0) return;
     const lm_model_config *c = &m->cfg;
     const struct lm_backend_ops *op = m->be->ops;
-    lm_tensor x = lm_tensor_rows(&s->x, 0, b->n_tokens);
     lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->h, 0, b->n_out);
     lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);
     op->gather_rows(m->be, &hs, &x, b->out_rows, b->n_out);

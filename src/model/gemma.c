@@ -595,6 +595,7 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
         }
         if (L->layer_scalar != 1.0f) op->scale(be, &x, L->layer_scalar);
     }
+    lm_hidden_out(m, &x, &h, &m->out_norm, 0, b);
     if (b->n_out == 0) return 0;
     lm_tensor hs = view(&s->hs, b->n_out, D), hn = view(&s->h, b->n_out, D);
     lm_tensor lg = view(&s->logits, b->n_out, c->vocab);

@@ -101,6 +101,12 @@ void lm_embed_tokens(lm_model *m, lm_tensor *x, const lm_tensor *table, const lm
 
 /* ---- output ---- */
 
+/* The batch's hidden rows (lm_batch.hidden_rows; none: nothing runs):
+ * norm(x) of all T rows into ws [T][D] (free scratch), with the final norm's
+ * weight and offset, then the asked-for rows to b->hidden_out, one copy per
+ * run of consecutive rows. */
+void lm_hidden_out(lm_model *m, const lm_tensor *x, lm_tensor *ws, const lm_tensor *norm, float w_offset,
+                   const lm_batch *b);
 /* logits[n_out][V] (host) = lm_head(norm(x[out_rows])), x = s->x. */
 void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *logits);
 /* The batch's output logits lg [n_out][V] (backend memory) to the host as

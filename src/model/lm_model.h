@@ -10,6 +10,7 @@
 #include "../backend/lm_backend.h"
 #include "../format/lm_source.h"
 #include "lm_config.h"
+#include "lm_pooling.h"
 
 typedef struct lm_batch {
     int n_tokens;                        /* T */
@@ -36,6 +37,12 @@ typedef struct lm_batch {
      * return before the ids are in out_argmax; lm_model_wait_argmax, once per
      * such forward and in their order, waits for them. */
     bool argmax_later;
+    /* Optional hidden states (embeddings): the final norm's output of token
+     * rows hidden_rows[i] into hidden_out [n_hidden][D] (host), taken before
+     * the logits and independent of them. */
+    int n_hidden;
+    const int32_t *hidden_rows;          /* [n_hidden] token indices in [0, T) */
+    float *hidden_out;
 } lm_batch;
 
 struct lm_arch;
@@ -60,6 +67,7 @@ typedef struct lm_model {
     void **owned;            /* backend buffers this model allocated (f32 norm copies) */
     int n_owned;
     bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
+    lm_pooling pooling;      /* how hidden states become an embedding (lm_pooling.h) */
 } lm_model;
 
 /* Loads the model of an opened source (a Hugging Face folder or a GGUF
@@ -102,6 +110,11 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
 /* Recurrent state per sequence: writes up to max sizes (floats per slot of
  * each state tensor) and returns how many there are (0 for attention-only). */
 int lm_model_state_spec(const lm_model *m, int64_t *floats, int max);
+
+/* For listings: the parameters in the model's files (repacked tensors
+ * counted as stored) and the name of the storage type most weight bytes use
+ * ("bf16", "q4_k" ...). Reads no tensor data. */
+void lm_model_describe(const lm_model *m, int64_t *n_params, const char **dtype);
 
 /* KV bytes per token for this model (all KV layers, K and V, f32). */
 size_t lm_model_kv_bytes_per_token(const lm_model *m);

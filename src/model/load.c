@@ -69,6 +69,19 @@ int lm_model_file_tensor_bytes(const char *path, size_t *bytes, lm_err *e) {
     return rc;
 }
 
+/* The pooling of embeddings: the folder's sentence-transformers files, or
+ * the GGUF's <arch>.pooling_type. */
+static void read_pooling(lm_model *m, const lm_gguf *g) {
+    if (!g) return lm_pooling_read_hf(&m->pooling, m->path);
+    char *arch = lm_gguf_get_str(g, "general.architecture");
+    char key[96];
+    snprintf(key, sizeof key, "%s.pooling_type", arch ? arch : "");
+    free(arch);
+    int64_t type = 0;
+    bool has = lm_gguf_get_int(g, key, &type);
+    lm_pooling_from_gguf(&m->pooling, has, type);
+}
+
 int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e) {
     *out = NULL;
     lm_model *m = lm_xcalloc(1, sizeof *m);
@@ -80,6 +93,7 @@ int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e
     int rc = lm_source_kind_of(src) == LM_SOURCE_HF ? lm_config_load_hf(&m->cfg, m->path, e) : 0;
     if (!rc) rc = lm_source_weights(src, &m->weights, e);
     if (!rc && g) rc = lm_config_from_gguf(&m->cfg, g, e);
+    if (!rc) read_pooling(m, g);
     if (!rc) rc = check_device_memory(m, e);
     if (!rc) {
         m->arch = lm_arch_find(m->cfg.model_type);
@@ -123,6 +137,11 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
     for (int i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens)
             return lm_errf(e, "logit row %d out of range [0, %d)", b->out_rows[i], b->n_tokens);
+    if (b->n_hidden < 0 || b->n_hidden > b->n_tokens || (b->n_hidden > 0 && !b->hidden_out))
+        return lm_errf(e, "%d hidden rows for %d tokens", b->n_hidden, b->n_tokens);
+    for (int i = 0; i < b->n_hidden; i++)
+        if (b->hidden_rows[i] < 0 || b->hidden_rows[i] >= b->n_tokens)
+            return lm_errf(e, "hidden row %d out of range [0, %d)", b->hidden_rows[i], b->n_tokens);
     if (kv->n_state > 0 && !b->state_slot) return lm_errf(e, "a model with recurrent state needs state slots");
     for (int s = 0; kv->n_state > 0 && s < b->n_seqs; s++)
         if (b->state_slot[s] < 0 || b->state_slot[s] >= kv->n_state_slots)
@@ -140,11 +159,12 @@ static uint64_t lm_batch_shape_key(const lm_model *m, const lm_kv_pool *kv, cons
     uint64_t h = XXH3_64bits_withSeed(&m, sizeof m, 0);
     int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL,
                       b->out_argmax != NULL, b->out_logits != NULL, logits != NULL, b->tokens == NULL,
-                      b->argmax_later };
+                      b->argmax_later, b->n_hidden };
     h = XXH3_64bits_withSeed(hdr, sizeof hdr, h);
     h = XXH3_64bits_withSeed(b->seq, (size_t)b->n_tokens * sizeof *b->seq, h);
     if (b->n_out) h = XXH3_64bits_withSeed(b->out_rows, (size_t)b->n_out * sizeof *b->out_rows, h);
     if (b->out_logits && b->n_out) h = XXH3_64bits_withSeed(b->out_logits, (size_t)b->n_out, h);
+    if (b->n_hidden) h = XXH3_64bits_withSeed(b->hidden_rows, (size_t)b->n_hidden * sizeof *b->hidden_rows, h);
     return h;
 }
 

@@ -688,6 +688,8 @@ static void head(lm_model *m, q35_scratch *s, const lm_tensor *x, const lm_tenso
     const lm_model_config *c = &m->cfg;
     lm_backend *be = m->be;
     const struct lm_backend_ops *op = be->ops;
+    lm_tensor ws = lm_tensor_rows(&s->h, 0, x->rows);
+    lm_hidden_out(m, x, &ws, norm, 1.0f, b);
     if (b->n_out == 0) return;
     lm_tensor hs = lm_tensor_rows(&s->hs, 0, b->n_out), hn = lm_tensor_rows(&s->hn, 0, b->n_out);
     lm_tensor lg = lm_tensor_rows(&s->logits, 0, b->n_out);

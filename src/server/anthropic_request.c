@@ -445,10 +445,9 @@ int srv_anth_parse(const srv *s, const char *body, size_t len, bool counting, sr
     memset(r, 0, sizeof *r);
     r->kind = SRV_CHAT;
     json_error_t je;
-    json_t *in = json_loadb(body, len, 0, &je);
-    if (!in && json_error_code(&je) == json_error_null_character)
-        return srv_bad(e, NULL, "Text containing the NUL character (\\u0000) is not supported (line %d, column %d).",
-                       je.line, je.column);
+    /* \u0000 is valid JSON (clients send back what a model wrote); strings
+     * keep their length through the translation (json_string_length) */
+    json_t *in = json_loadb(body, len, JSON_ALLOW_NUL, &je);
     if (!in) return srv_bad(e, NULL, "The request body is not valid JSON: %s (line %d, column %d).", je.text, je.line, je.column);
     r->body = json_object();
     json_t *msgs = json_array();

@@ -98,7 +98,7 @@ static json_t *tool_id(const char *id) {
 
 /* The arguments' text as an object ({} when empty or not an object). */
 static json_t *tool_input(const char *args, size_t n) {
-    json_t *j = n ? json_loadb(args, n, 0, NULL) : NULL;
+    json_t *j = n ? json_loadb(args, n, JSON_ALLOW_NUL, NULL) : NULL;
     if (json_is_object(j)) return j;
     json_decref(j);
     return json_object();

@@ -1,5 +1,6 @@
 /* generate.c - POST /v1/chat/completions and /v1/completions: the handler
- * behind both (route_table.c routes to it).
+ * behind both (route_table.c routes to it), and behind the generation
+ * endpoints of other APIs (an srv_api: Anthropic's /v1/messages).
  *
  * A generation request: parse and validate the body, build the prompt
  * (chat template, or the raw prompt), tokenize, check it against the context,
@@ -9,7 +10,15 @@
  *
  * The engine's callback runs on the engine thread and only copies the event
  * into the job's mailbox and signals an eventfd; all text work (detokenizing,
- * parsers, JSON) happens on the connection thread in srv_out. */
+ * parsers, JSON) happens on the connection thread in srv_out.
+ *
+ * n > 1: each choice is its own request in the engine (batched with the
+ * others; choice i samples with seed + i) with its own srv_out; their
+ * events share the mailbox, tagged with the choice. A stream interleaves
+ * their chunks (each with its index) and ends with one usage chunk and
+ * [DONE]; a plain answer lists the choices, usage summed. A request through
+ * an srv_api has exactly one choice (those APIs have no n), ch[0], whose
+ * output the api sets up with its sink. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -32,17 +41,21 @@
 
 /* Engine thread: copy the event, wake the connection. Never blocks for long. */
 static void on_token(void *user, const lm_token_event *ev) {
-    srv_job *j = user;
+    srv_choice *ch = user;
+    srv_job *j = ch->job;
     pthread_mutex_lock(&j->mu);
     if (j->qn == j->qcap) {
         j->qcap = j->qcap ? j->qcap * 2 : 16;
         j->q = lm_xrealloc(j->q, j->qcap * sizeof *j->q);
     }
-    lm_token_event *dst = &j->q[j->qn++];
+    srv_job_ev *qe = &j->q[j->qn++];
+    qe->choice = ch->index;
+    lm_token_event *dst = &qe->ev;
     *dst = *ev;
+    dst->trace = NULL;
     if (ev->done && ev->error) {
-        snprintf(j->err, sizeof j->err, "%s", ev->error);
-        dst->error = j->err;
+        snprintf(ch->err, sizeof ch->err, "%s", ev->error);
+        dst->error = ch->err;
     } else {
         dst->error = NULL;
     }
@@ -51,7 +64,7 @@ static void on_token(void *user, const lm_token_event *ev) {
         if (j->t_first == 0) j->t_first = now;
         j->t_last = now;
     }
-    if (ev->done && ev->trace && j->s->trace) { /* the trace is valid only during this call */
+    if (ev->done && ev->trace && j->s->trace && ch->index == 0) { /* valid only during this call */
         j->trace = *ev->trace;
         int n = ev->trace->step_batch ? LM_MAX(ev->trace->n_steps, 0) : 0;
         j->steps = n ? lm_xmalloc((size_t)n * sizeof *j->steps) : NULL;
@@ -66,6 +79,14 @@ static void on_token(void *user, const lm_token_event *ev) {
     (void)w;
 }
 
+/* n empty choices (before anything is submitted). */
+static void job_set_choices(srv_job *j, int n) {
+    free(j->ch);
+    j->n_ch = n;
+    j->ch = lm_xcalloc((size_t)n, sizeof *j->ch);
+    for (int i = 0; i < n; i++) j->ch[i].job = j, j->ch[i].index = i;
+}
+
 static srv_job *job_create(srv *s, srv_conn *cc, struct MHD_Connection *c) {
     srv_job *j = lm_xcalloc(1, sizeof *j);
     j->s = s;
@@ -78,7 +99,35 @@ static srv_job *job_create(srv *s, srv_conn *cc, struct MHD_Connection *c) {
     j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    job_set_choices(j, 1);
     return j;
+}
+
+void srv_job_cancel(srv_job *j) {
+    for (int i = 0; i < j->n_ch; i++)
+        if (j->ch[i].req) lm_request_cancel(j->ch[i].req);
+}
+
+/* Whether every choice has had its final event. */
+static bool job_done(const srv_job *j) {
+    for (int i = 0; i < j->n_ch; i++)
+        if (!j->ch[i].out.done) return false;
+    return true;
+}
+
+/* The choices' outputs in order, for srv_usage_json_n and srv_out_tail. */
+static const srv_out *const *job_outs(const srv_job *j, const srv_out **buf) {
+    for (int i = 0; i < j->n_ch; i++) buf[i] = &j->ch[i].out;
+    return buf;
+}
+
+/* n > 1 stream: once every choice has ended and its chunks are sent, the
+ * shared tail (into choice 0's empty buffer). */
+static void job_tail(srv_job *j) {
+    if (j->n_ch < 2 || !j->r.stream || j->tail_sent || !job_done(j)) return;
+    const srv_out *buf[SRV_MAX_CHOICES];
+    srv_out_tail(&j->ch[0].out, job_outs(j, buf), j->n_ch);
+    j->tail_sent = true;
 }
 
 /* Processes queued events; returns how many. Cancels the request when a stop
@@ -95,8 +144,10 @@ static size_t job_pump(srv_job *j) {
         j->qn = 0;
     }
     pthread_mutex_unlock(&j->mu);
-    for (size_t i = 0; i < n; i++)
-        if (srv_out_event(&j->out, &j->work[i])) lm_request_cancel(j->req);
+    for (size_t i = 0; i < n; i++) {
+        srv_choice *ch = &j->ch[j->work[i].choice];
+        if (srv_out_event(&ch->out, &j->work[i].ev)) lm_request_cancel(ch->req);
+    }
     return n;
 }
 
@@ -128,22 +179,27 @@ static void job_finish(srv_job *j) {
         if (j->next) j->next->prev = j->prev;
         pthread_mutex_unlock(&s->jobs_mu);
     }
-    if (j->req) lm_request_release(j->req); /* no callback after this */
-    srv_out *o = &j->out;
-    if (j->req && !o->done) j->gone = true; /* MHD dropped the connection mid-answer */
+    const bool submitted = j->ch[0].req != NULL;
+    int n_gen = 0;
+    for (int i = 0; i < j->n_ch; i++) {
+        if (j->ch[i].req) lm_request_release(j->ch[i].req); /* no callback after this */
+        if (j->ch[i].req && !j->ch[i].out.done) j->gone = true; /* MHD dropped the connection mid-answer */
+        n_gen += j->ch[i].out.n_generated;
+    }
+    srv_out *o = &j->ch[0].out;
     double now = lm_now();
     srv_metrics *m = &s->metrics;
-    if (o->done && !j->gone) {
+    if (job_done(j) && !j->gone) {
         pthread_mutex_lock(&m->mu);
         m->prompt_tokens += (uint64_t)o->n_prompt;
         m->cached_tokens += (uint64_t)o->n_cached;
-        m->completion_tokens += (uint64_t)o->n_generated;
+        m->completion_tokens += (uint64_t)n_gen;
         pthread_mutex_unlock(&m->mu);
         if (j->t_first > 0) srv_metrics_observe(&m->ttft, m, j->t_first - j->t0);
         srv_metrics_observe(&m->duration, m, now - j->t0);
         srv_metrics_observe(&m->queue, m, o->queue_s);
-        if (o->n_generated > 1 && j->t_last > j->t_first)
-            srv_metrics_observe(&m->per_token, m, (j->t_last - j->t_first) / (o->n_generated - 1));
+        if (n_gen > 1 && j->t_last > j->t_first)
+            srv_metrics_observe(&m->per_token, m, (j->t_last - j->t_first) / (n_gen - 1));
     }
     if (j->gone) {
         pthread_mutex_lock(&m->mu);
@@ -156,17 +212,17 @@ static void job_finish(srv_job *j) {
         pthread_mutex_unlock(&m->mu);
     }
     int status = j->gone ? 499 : j->status;
-    if (j->req) srv_metrics_request(m, j->route, status);
-    if (j->req && s->opts.log_requests)
+    if (submitted) srv_metrics_request(m, j->route, status);
+    if (submitted && s->opts.log_requests)
         fprintf(stderr, "lumen: %s %s %d%s prompt %d (cached %d) gen %d finish %s ttft %.3fs total %.3fs id %s\n",
-                j->method, j->url, status, j->gone ? " (client gone)" : "", o->n_prompt, o->n_cached, o->n_generated,
+                j->method, j->url, status, j->gone ? " (client gone)" : "", o->n_prompt, o->n_cached, n_gen,
                 o->done ? srv_out_finish_reason(o) : "-", j->t_first > 0 ? j->t_first - j->t0 : 0.0, now - j->t0,
                 j->rid);
-    if (j->req && s->trace) {
+    if (submitted && s->trace) {
         srv_trace_rec tr = {
             .id = j->rid, .route = j->url, .status = status,
             .finish = o->done ? (j->gone ? "cancelled" : srv_out_finish_reason(o)) : "cancelled",
-            .n_prompt = o->done ? o->n_prompt : j->n_ids, .n_cached = o->n_cached, .n_generated = o->n_generated,
+            .n_prompt = o->done ? o->n_prompt : j->n_ids, .n_cached = o->n_cached, .n_generated = n_gen,
             .t_arrive = j->t0, .t_first = j->t_first, .t_last = j->t_last, .t_end = now,
             .queue_s = o->queue_s, .prefill_s = o->prefill_s,
             .tr = j->has_trace ? &j->trace : NULL, .prompt = j->ids, .n_prompt_ids = j->n_ids,
@@ -174,7 +230,8 @@ static void job_finish(srv_job *j) {
         srv_trace_write(s, &tr);
     }
     if (j->api) j->api->finish(j);
-    srv_out_free(&j->out);
+    for (int i = 0; i < j->n_ch; i++) srv_out_free(&j->ch[i].out);
+    free(j->ch);
     lm_chat_prompt_free(&j->prompt);
     srv_req_free(&j->r);
     if (j->efd >= 0) close(j->efd);
@@ -191,23 +248,28 @@ static void job_finish(srv_job *j) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_job *j = cls;
-    srv_out *o = &j->out;
     for (;;) {
-        size_t avail = o->sse.len - o->sse_off;
-        if (avail) {
+        for (int i = 0; i < j->n_ch; i++) { /* choices' chunks as they come; each ends whole */
+            srv_out *o = &j->ch[i].out;
+            size_t avail = o->sse.len - o->sse_off;
+            if (!avail) continue;
             size_t n = LM_MIN(avail, max);
             memcpy(buf, o->sse.s + o->sse_off, n);
             o->sse_off += n;
             if (o->sse_off == o->sse.len) o->sse.len = o->sse_off = 0;
             return (ssize_t)n;
         }
-        if (o->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (job_done(j) && (j->n_ch == 1 || j->tail_sent)) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (job_done(j)) { /* every choice's chunks are out: the shared tail last */
+            job_tail(j);
+            continue;
+        }
         if (j->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (job_pump(j)) continue;
         int w = job_wait(j, SRV_HEARTBEAT_MS);
         if (w < 0) {
             j->gone = true;
-            lm_request_cancel(j->req);
+            srv_job_cancel(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (w == 0) { /* an SSE comment; clients skip it */
@@ -297,8 +359,17 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         goto fail;
     }
     if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
-    if (api ? api->start(j, &e) : srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e))
-        goto fail;
+    /* another API's request has one choice (n is not part of it), whose
+     * output the api sets up with its sink */
+    job_set_choices(j, api ? 1 : LM_MAX(j->r.n, 1));
+    if (api) {
+        if (api->start(j, &e)) goto fail;
+    } else {
+        for (int i = 0; i < j->n_ch; i++)
+            if (srv_out_init_choice(&j->ch[i].out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, i,
+                                    j->n_ch, i ? &j->ch[0].out : NULL, &e))
+                goto fail;
+    }
     free(echo);
     echo = NULL;
 
@@ -308,7 +379,18 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         srv_fail(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
     }
-    int rc = lm_engine_submit(s->en, ids.ids, (int)ids.n, gp, on_token, j, &j->req, &le);
+    int rc = LM_ENGINE_OK;
+    const uint64_t seed = gp->sampling.seed;
+    for (int i = 0; i < j->n_ch && rc == LM_ENGINE_OK; i++) {
+        gp->sampling.seed = seed + (uint64_t)i; /* reproducible, and different per choice */
+        rc = lm_engine_submit(s->en, ids.ids, (int)ids.n, gp, on_token, &j->ch[i], &j->ch[i].req, &le);
+    }
+    gp->sampling.seed = seed;
+    if (rc != LM_ENGINE_OK) /* the choices already in are dropped: the request fails whole */
+        for (int i = 0; i < j->n_ch; i++) {
+            if (j->ch[i].req) lm_request_release(j->ch[i].req);
+            j->ch[i].req = NULL;
+        }
     if (rc == LM_ENGINE_OK) {
         j->next = s->jobs;
         if (s->jobs) s->jobs->prev = j;
@@ -354,25 +436,43 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         return ok;
     }
 
-    while (!j->out.done) {
+    while (!job_done(j)) {
         if (job_pump(j)) continue;
         if (job_wait(j, -1) < 0) {
             j->gone = true;
-            lm_request_cancel(j->req);
+            srv_job_cancel(j);
             job_finish(j);
             return MHD_NO;
         }
     }
-    srv_out *o = &j->out;
-    if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
-        srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
-                 o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
-        j->status = 500;
-        enum MHD_Result ok = srv_respond_error(cc, c, &e);
+    for (int i = 0; i < j->n_ch; i++) {
+        srv_out *o = &j->ch[i].out;
+        if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
+            srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
+                     o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
+            j->status = 500;
+            enum MHD_Result ok = srv_respond_error(cc, c, &e);
+            job_finish(j);
+            return ok;
+        }
+    }
+    if (api) {
+        enum MHD_Result ok = srv_respond_json(cc, c, 200, api->response(j));
         job_finish(j);
         return ok;
     }
-    enum MHD_Result ok = srv_respond_json(cc, c, 200, api ? api->response(j) : srv_out_response(o));
+    json_t *res = srv_out_response(&j->ch[0].out);
+    if (j->n_ch > 1) { /* the other choices after the first, usage summed */
+        json_t *choices = json_object_get(res, "choices");
+        for (int i = 1; i < j->n_ch; i++) {
+            json_t *ri = srv_out_response(&j->ch[i].out);
+            json_array_append(choices, json_array_get(json_object_get(ri, "choices"), 0));
+            json_decref(ri);
+        }
+        const srv_out *buf[SRV_MAX_CHOICES];
+        json_object_set_new(res, "usage", srv_usage_json_n(job_outs(j, buf), j->n_ch));
+    }
+    enum MHD_Result ok = srv_respond_json(cc, c, 200, res);
     job_finish(j);
     return ok;
 

@@ -2,7 +2,7 @@
  * that lumen honours, checked for type and range, with OpenAI's defaults.
  *
  * Unknown fields are ignored (clients send many); fields lumen cannot honour
- * honestly (n > 1, response_format other than text, several prompts) are
+ * honestly (response_format other than text, several prompts) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
  * chat_template_kwargs.
@@ -139,7 +139,9 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
         get_int(body, "top_k", -1, 1 << 30, &top_k, NULL, e) ||
         get_int(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_set, e) || get_int(body, "n", 1, 128, &n, &n_set, e))
         return -1;
-    if (n != 1) return srv_bad(e, "n", "Only n = 1 is supported (got %lld).", n);
+    if (n > SRV_MAX_CHOICES)
+        return srv_bad(e, "n", "Invalid 'n': %lld choices (at most %d per request).", n, SRV_MAX_CHOICES);
+    r->n = (int)n;
     if (top_p == 0) top_p = 1e-9; /* OpenAI accepts 0: keep only the top token */
     gp->sampling.temperature = (float)t;
     gp->sampling.top_p = (float)top_p;
@@ -392,20 +394,29 @@ static int parse_completion(const srv *s, const json_t *body, srv_req *r, srv_er
     return 0;
 }
 
+json_t *srv_json_body(const char *body, size_t len, srv_err *e) {
+    json_error_t je;
+    /* a repeated key: the last wins, as in Python. \u0000 is valid JSON and
+     * clients send back what a model wrote: strings keep their length
+     * (json_string_length) all the way to the tokenizer */
+    json_t *j = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+    if (!j) {
+        srv_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
+                je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        srv_bad(e, NULL, "The request body must be a JSON object.");
+        return NULL;
+    }
+    return j;
+}
+
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    json_error_t je;
-    r->body = json_loadb(body, len, 0, &je); /* a repeated key: the last wins, as in Python */
-    /* \u0000 is valid JSON, but prompts are C strings here (templates,
-     * tokenizer), so a NUL would cut the text: refused, saying so */
-    if (!r->body && json_error_code(&je) == json_error_null_character)
-        return srv_bad(e, NULL, "Text containing the NUL character (\\u0000) is not supported (line %d, column %d).",
-                       je.line, je.column);
-    if (!r->body)
-        return srv_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
-                       je.line, je.column);
-    if (!json_is_object(r->body)) return srv_bad(e, NULL, "The request body must be a JSON object.");
+    if (!(r->body = srv_json_body(body, len, e))) return -1;
     if (parse_common(s, r->body, r, e)) return -1;
     return kind == SRV_CHAT ? parse_chat(s, r->body, r, e) : parse_completion(s, r->body, r, e);
 }

@@ -93,16 +93,21 @@ void srv_sse_event(srv_out *o, const char *event, json_t *j) {
 
 void srv_sse_done(srv_out *o) { sse_append(o, "data: [DONE]\n\n", 14); }
 
-json_t *srv_usage_json(const srv_out *o) {
+json_t *srv_usage_json(const srv_out *o) { return srv_usage_json_n((const srv_out *const[]){ o }, 1); }
+
+json_t *srv_usage_json_n(const srv_out *const *outs, int n) {
+    const srv_out *o = outs[0];
+    int gen = 0, reasoning = 0;
+    for (int i = 0; i < n; i++) gen += outs[i]->n_generated, reasoning += outs[i]->n_reasoning;
     json_t *u = json_object();
     json_object_set_new(u, "prompt_tokens", json_integer(o->n_prompt));
-    json_object_set_new(u, "completion_tokens", json_integer(o->n_generated));
-    json_object_set_new(u, "total_tokens", json_integer(o->n_prompt + o->n_generated));
+    json_object_set_new(u, "completion_tokens", json_integer(gen));
+    json_object_set_new(u, "total_tokens", json_integer(o->n_prompt + gen));
     json_t *pd = json_object();
     json_object_set_new(pd, "cached_tokens", json_integer(o->n_cached));
     json_object_set_new(u, "prompt_tokens_details", pd);
     json_t *cd = json_object();
-    json_object_set_new(cd, "reasoning_tokens", json_integer(o->n_reasoning));
+    json_object_set_new(cd, "reasoning_tokens", json_integer(reasoning));
     json_object_set_new(u, "completion_tokens_details", cd);
     return u;
 }

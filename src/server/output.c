@@ -44,7 +44,7 @@ static void str_put(lm_tok_str *s, const char *p, size_t n) {
 static void chat_chunk(srv_out *o, json_t *delta, const char *finish) {
     json_t *c = srv_chunk_base(o);
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(o->index));
     json_object_set_new(choice, "delta", delta);
     if (o->logprobs && json_array_size(o->pending_lp)) {
         json_t *lp = json_object();
@@ -79,7 +79,7 @@ static void completion_chunk(srv_out *o, const char *text, size_t n, const char 
     json_t *c = srv_chunk_base(o);
     json_t *choice = json_object();
     json_object_set_new(choice, "text", json_stringn_nocheck(text, n));
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(o->index));
     bool have_lp = o->logprobs && json_array_size(o->lp_tokens);
     json_object_set_new(choice, "logprobs", have_lp ? take_completion_lp(o) : json_null());
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
@@ -235,8 +235,11 @@ static bool is_stop_token(const srv *s, int32_t id) {
 
 /* ---- public --------------------------------------------------------------------------- */
 
+/* Choice `index` of n_choices sharing first's id (see srv_out_init_choice);
+ * sink: another API's output (srv_out_init_sink), else NULL. */
 static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
-                    size_t echo_len, const srv_out_sink *sink, void *sink_user, srv_err *e) {
+                    size_t echo_len, int index, int n_choices, const srv_out *first, const srv_out_sink *sink,
+                    void *sink_user, srv_err *e) {
     memset(o, 0, sizeof *o);
     o->s = s;
     o->sink = sink;
@@ -246,8 +249,15 @@ static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_pr
     o->include_usage = r->include_usage;
     o->logprobs = r->gp.logprobs;
     o->top_logprobs = r->gp.top_logprobs;
-    srv_make_id(o->id, sizeof o->id, r->kind == SRV_CHAT ? "chatcmpl-" : "cmpl-");
-    o->created = (int64_t)time(NULL);
+    o->index = index;
+    o->no_tail = n_choices > 1;
+    if (first) {
+        memcpy(o->id, first->id, sizeof o->id);
+        o->created = first->created;
+    } else {
+        srv_make_id(o->id, sizeof o->id, r->kind == SRV_CHAT ? "chatcmpl-" : "cmpl-");
+        o->created = (int64_t)time(NULL);
+    }
     o->detok = lm_detok_create(s->tok, false);
     lm_err le = { { 0 } };
     o->stop = lm_stop_matcher_create_json(r->stop, &le);
@@ -287,13 +297,18 @@ static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_pr
 
 int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
                  size_t echo_len, srv_err *e) {
-    return out_init(o, s, r, chat, echo, echo_len, NULL, NULL, e);
+    return out_init(o, s, r, chat, echo, echo_len, 0, 1, NULL, NULL, NULL, e);
+}
+
+int srv_out_init_choice(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                        size_t echo_len, int index, int n_choices, const srv_out *first, srv_err *e) {
+    return out_init(o, s, r, chat, echo, echo_len, index, n_choices, first, NULL, NULL, e);
 }
 
 int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                       const srv_out_sink *sink, void *sink_user, srv_err *e) {
     LM_ASSERT(r->kind == SRV_CHAT && sink);
-    return out_init(o, s, r, chat, NULL, 0, sink, sink_user, e);
+    return out_init(o, s, r, chat, NULL, 0, 0, 1, NULL, sink, sink_user, e);
 }
 
 void srv_out_free(srv_out *o) {
@@ -331,18 +346,22 @@ static void stream_end(srv_out *o) {
         srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
                  o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
         srv_sse_put(o, srv_error_json(&e));
-        srv_sse_done(o);
+        if (!o->no_tail) srv_sse_done(o);
         return;
     }
     const char *fr = srv_out_finish_reason(o);
     if (o->kind == SRV_CHAT) chat_chunk(o, json_object(), fr);
     else completion_chunk(o, "", 0, fr);
-    if (o->include_usage) {
-        json_t *c = srv_chunk_base(o);
-        json_object_set_new(c, "usage", srv_usage_json(o));
-        srv_sse_put(o, c);
+    if (!o->no_tail) srv_out_tail(o, (const srv_out *const[]){ o }, 1);
+}
+
+void srv_out_tail(srv_out *dst, const srv_out *const *outs, int n) {
+    if (dst->include_usage) {
+        json_t *c = srv_chunk_base(dst);
+        json_object_set_new(c, "usage", srv_usage_json_n(outs, n));
+        srv_sse_put(dst, c);
     }
-    srv_sse_done(o);
+    srv_sse_done(dst);
 }
 
 bool srv_out_event(srv_out *o, const lm_token_event *ev) {
@@ -394,7 +413,7 @@ json_t *srv_out_response(srv_out *o) {
     json_object_set_new(res, "created", json_integer(o->created));
     json_object_set_new(res, "model", json_string(s->model_name));
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(o->index));
     if (o->kind == SRV_CHAT) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));

@@ -24,6 +24,28 @@ static json_t *model_object(const srv *s) {
     json_object_set_new(m, "created", json_integer(s->created));
     json_object_set_new(m, "owned_by", json_string("lumen"));
     json_object_set_new(m, "max_model_len", json_integer(s->ctx));
+    if (!s->model) return m; /* tests without a model */
+    /* metadata beyond OpenAI's (llama-server and vLLM give similar) */
+    const lm_model *md = s->model;
+    json_object_set_new(m, "context_length", json_integer(s->ctx));
+    json_object_set_new(m, "architecture", json_string(md->cfg.model_type));
+    int64_t n_params = 0;
+    const char *dtype = NULL;
+    lm_model_describe(md, &n_params, &dtype);
+    json_object_set_new(m, "dtype", json_string(dtype));
+    json_object_set_new(m, "parameters", json_integer(n_params));
+    json_t *caps = json_array();
+    json_array_append_new(caps, json_string("completion"));
+    if (s->chat) json_array_append_new(caps, json_string("chat"));
+    if (s->chat && s->chat_tools) json_array_append_new(caps, json_string("tools"));
+    if (s->chat && s->chat->think) json_array_append_new(caps, json_string("reasoning"));
+    const lm_pooling *pool = &md->pooling;
+    if (pool->mode != LM_POOL_NONE) json_array_append_new(caps, json_string("embeddings"));
+    json_object_set_new(m, "capabilities", caps);
+    json_object_set_new(m, "embedding",
+                        json_pack("{s:i, s:s, s:b, s:s}", "dimensions", md->cfg.d_model, "pooling",
+                                  lm_pool_mode_name(pool->mode), "normalized", pool->normalize, "source",
+                                  pool->source));
     return m;
 }
 
@@ -70,6 +92,18 @@ static enum MHD_Result handle_count_tokens(srv *s, struct MHD_Connection *c, srv
     return srv_respond_json(cc, c, 200, json_pack("{s:i}", "input_tokens", n));
 }
 
+static enum MHD_Result handle_embeddings(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_embeddings(s, c, cc);
+}
+
+static enum MHD_Result handle_tokenize(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_tokenize(s, c, cc);
+}
+
+static enum MHD_Result handle_detokenize(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_detokenize(s, c, cc);
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 /* Unsized: the compiler holds the count to SRV_N_ROUTES in the header. */
@@ -81,6 +115,11 @@ const srv_route srv_routes[] = {
     { .path = "/v1/messages", .post = true, .anthropic = true, .handler = handle_messages, .metric = "messages" },
     { .path = "/v1/messages/count_tokens", .post = true, .anthropic = true, .handler = handle_count_tokens,
       .metric = "messages_count_tokens" },
+    { .path = "/v1/embeddings", .alias = "/embeddings", .post = true, .handler = handle_embeddings,
+      .metric = "embeddings" },
+    { .path = "/tokenize", .alias = "/v1/tokenize", .post = true, .handler = handle_tokenize, .metric = "tokenize" },
+    { .path = "/detokenize", .alias = "/v1/detokenize", .post = true, .handler = handle_detokenize,
+      .metric = "detokenize" },
     { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
     { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
     { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },

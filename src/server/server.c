@@ -214,6 +214,8 @@ void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, i
     lm_err ce = { { 0 } };
     if (lm_chat_create(&s->chat, tok, NULL, &ce))
         fprintf(stderr, "lumen: warning: %s; /v1/chat/completions is off\n", ce.msg);
+    const char *tpl = lm_tokenizer_chat_template(tok);
+    s->chat_tools = s->chat && tpl && strstr(tpl, "tools"); /* the template renders tool definitions */
     if (!s->model_name) s->model_name = lm_xstrdup("model");
     if (!s->fingerprint[0]) snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
 }
@@ -240,7 +242,7 @@ static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, so
 
 static void cancel_all(srv *s) {
     pthread_mutex_lock(&s->jobs_mu);
-    for (srv_job *j = s->jobs; j; j = j->next) lm_request_cancel(j->req);
+    for (srv_job *j = s->jobs; j; j = j->next) srv_job_cancel(j);
     pthread_mutex_unlock(&s->jobs_mu);
 }
 

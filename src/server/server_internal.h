@@ -12,6 +12,8 @@
  *                      the small endpoints (health, models, metrics)
  *   generate.c         the generation endpoints: build the prompt, submit,
  *                      wait, answer
+ *   embeddings.c       /v1/embeddings: inputs -> embedding requests -> vectors
+ *   tokenize.c         /tokenize and /detokenize (llama-server's shapes)
  *   output.c           token events -> text -> stop/reasoning/tool parsers
  *                      (chat/lm_parse.h) ->
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
@@ -66,7 +68,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 8
+#define SRV_N_ROUTES 11
 
 #define SRV_HIST_BUCKETS 16
 
@@ -106,6 +108,7 @@ typedef struct srv {
     lm_model *model;
     lm_tokenizer *tok;
     lm_chat *chat;             /* NULL when the model has no usable chat template */
+    bool chat_tools;           /* the chat template mentions tools (/v1/models capabilities) */
     lm_engine *en;
     char *model_name;
     int64_t created;           /* server start, epoch seconds */
@@ -189,6 +192,7 @@ typedef struct srv_req {
     int32_t *prompt_ids;       /* token-id prompt (owned), or NULL */
     int n_prompt_ids;
     bool echo;
+    int n;                     /* choices (OpenAI's n), 1 .. SRV_MAX_CHOICES */
     /* Anthropic's Messages API (anthropic_request.c) */
     bool one_tool_call;        /* keep only the first tool call */
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
@@ -196,6 +200,12 @@ typedef struct srv_req {
     int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
 } srv_req;
 
+/* Most choices one request may ask for (n); each is a sequence in the engine. */
+#define SRV_MAX_CHOICES 16
+
+/* A request body as a JSON object (new reference; any valid JSON string,
+ * U+0000 included), or NULL with a 400 in e. */
+json_t *srv_json_body(const char *body, size_t len, srv_err *e);
 /* Parses and validates a request body. kind picks the endpoint's schema.
  * On error fills e (status 400/404) and returns -1; srv_req_free is safe
  * either way. */
@@ -261,6 +271,11 @@ struct srv_out {
     /* SSE bytes not yet handed to the connection */
     lm_tok_str sse;
     size_t sse_off;
+    /* one of n > 1 choices: its index in choices[], and no_tail (the
+     * stream's usage chunk and [DONE] come once, after every choice ended:
+     * srv_out_tail) */
+    int index;
+    bool no_tail;
 };
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
@@ -269,10 +284,17 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
 /* A chat request whose output goes to sink (with sink_user) instead. */
 int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                       const srv_out_sink *sink, void *sink_user, srv_err *e);
+/* Choice `index` of n_choices (n > 1: no stream tail, see srv_out_tail),
+ * sharing the id and created time of `first` (choice 0's; NULL for it). */
+int srv_out_init_choice(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                        size_t echo_len, int index, int n_choices, const srv_out *first, srv_err *e);
 void srv_out_free(srv_out *o);
 /* Processes one event. Returns true when the request should be cancelled
  * (a stop string matched). */
 bool srv_out_event(srv_out *o, const lm_token_event *ev);
+/* The end of a stream of n choices into dst's SSE: the usage chunk of all
+ * outs (when asked for) and [DONE]. */
+void srv_out_tail(srv_out *dst, const srv_out *const *outs, int n);
 /* The non-stream response object (new reference), after done. */
 json_t *srv_out_response(srv_out *o);
 /* finish_reason for the answer: "stop", "length", "tool_calls". */
@@ -316,24 +338,40 @@ typedef struct srv_conn {
     char rid[SRV_RID_MAX + 8]; /* the request id (X-Request-Id) */
 } srv_conn;
 
+/* One choice of a generation (n > 1 gives several): its own sequence in the
+ * engine and its own output pipeline. */
+typedef struct srv_choice {
+    srv_job *job;
+    int index;
+    lm_request *req;
+    srv_out out;
+    char err[LM_ERR_MAX];      /* copy of its final event's error text (under job->mu) */
+} srv_choice;
+
+/* An engine event in the job's mailbox, with the choice it belongs to. */
+typedef struct srv_job_ev {
+    lm_token_event ev;
+    int choice;
+} srv_job_ev;
+
 /* A generation in the engine: the mailbox the engine callback fills, the
- * output pipeline, and what the connection waits on. */
+ * output pipelines, and what the connection waits on. */
 struct srv_job {
     srv *s;
     int route;
     char method[16], url[128];
-    pthread_mutex_t mu;        /* guards q, qn, err, t_first */
-    lm_token_event *q;         /* events not processed yet */
+    pthread_mutex_t mu;        /* guards q, qn, the choices' err, t_first */
+    srv_job_ev *q;             /* events not processed yet */
     size_t qn, qcap;
-    lm_token_event *work;      /* events being processed (connection thread only) */
+    srv_job_ev *work;          /* events being processed (connection thread only) */
     size_t wcap;
-    char err[LM_ERR_MAX];      /* copy of a final event's error text */
     int efd;                   /* eventfd: the callback signals new events */
     int fd;                    /* the client's socket */
-    lm_request *req;
     srv_req r;
     lm_chat_prompt prompt;
-    srv_out out;
+    int n_ch;                  /* choices: r.n */
+    srv_choice *ch;            /* [n_ch]; ch[0].out holds the id and the usage totals' prompt */
+    bool tail_sent;            /* n > 1 stream: the shared usage chunk and [DONE] */
     char rid[SRV_RID_MAX + 8];
     /* --trace: the engine's trace copied from the final event (its step
      * sizes into steps), and the prompt's ids */
@@ -355,12 +393,13 @@ struct srv_job {
 /* An API whose request and answer have other shapes than chat completions'
  * (the Responses API, responses.c): it makes the job's chat request from the
  * body and writes the output through an srv_out sink; generate.c does the
- * rest (prompt, engine, waiting, streaming) as for chat. */
+ * rest (prompt, engine, waiting, streaming) as for chat, with exactly one
+ * choice (these APIs have no n): its output is j->ch[0].out. */
 typedef struct srv_api {
     const char *what;   /* the request field that holds the conversation ("input") */
     /* the body -> j->r (a chat request) and j->api_state; -1 fills e */
     int (*parse)(srv_job *j, const char *body, size_t len, srv_err *e);
-    /* j->out set up (srv_out_init_sink) once the prompt j->prompt is rendered */
+    /* j->ch[0].out set up (srv_out_init_sink) once the prompt j->prompt is rendered */
     int (*start)(srv_job *j, srv_err *e);
     /* the non-stream answer (new reference), after the final event */
     json_t *(*response)(srv_job *j);
@@ -377,6 +416,13 @@ enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const 
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
 /* A generation endpoint of another API (generate.c). */
 enum MHD_Result srv_handle_api(srv *s, struct MHD_Connection *c, srv_conn *cc, const srv_api *api);
+/* Cancels every choice of j in the engine (shutdown; any thread). */
+void srv_job_cancel(srv_job *j);
+/* POST /v1/embeddings (embeddings.c). */
+enum MHD_Result srv_handle_embeddings(srv *s, struct MHD_Connection *c, srv_conn *cc);
+/* POST /tokenize and /detokenize (tokenize.c). */
+enum MHD_Result srv_handle_tokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
+enum MHD_Result srv_handle_detokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
@@ -411,6 +457,9 @@ void srv_sse_put(srv_out *o, json_t *j);
 void srv_sse_event(srv_out *o, const char *event, json_t *j);
 void srv_sse_done(srv_out *o);
 json_t *srv_usage_json(const srv_out *o);
+/* The usage of n choices of one request (n > 1): the prompt once (from
+ * outs[0]), completion and reasoning tokens summed. */
+json_t *srv_usage_json_n(const srv_out *const *outs, int n);
 /* Text of a token for logprobs (lossy UTF-8) into out. */
 void srv_token_text(const srv *s, int32_t id, lm_tok_str *out);
 /* {"token","logprob","bytes"[, "top_logprobs"]} for chat logprobs. */
