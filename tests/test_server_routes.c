@@ -15,7 +15,8 @@ LM_TEST(server_route_table) {
         { "/v1/models/qwen3", "models" },               { "/health", "health" },
         { "/metrics", "metrics" },                      { "/v1/modelsx", "other" },
         { "/v1/chat/completions/", "other" },           { "/health/", "other" },
-        { "/", "other" },                               { "", "other" },
+        { "/", "page" },                                { "/assets/chat.js", "page" },
+        { "/index.html", "other" },                     { "", "other" },
     };
     for (size_t i = 0; i < LM_COUNT(k_urls); i++) {
         int r = srv_route_of(k_urls[i].url);
@@ -24,15 +25,15 @@ LM_TEST(server_route_table) {
     }
     /* the names /metrics prints, in order; only the last entry is the catch-all */
     static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
-                                                       "health", "metrics", "other" };
+                                                       "health", "metrics", "page", "other" };
     for (int r = 0; r < SRV_N_ROUTES; r++) {
         LM_CHECK(lm_streq(srv_routes[r].metric, k_names[r]));
         LM_CHECK((srv_routes[r].path == NULL) == (r == SRV_N_ROUTES - 1));
         LM_CHECK((srv_routes[r].handler == NULL) == (r == SRV_N_ROUTES - 1));
     }
-    /* only generation takes POST; only /health is open without the API key */
+    /* only generation takes POST; only /health and the chat page are open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
         LM_CHECK(srv_routes[r].post == (r < 2));
-        LM_CHECK(srv_routes[r].open == !strcmp(srv_routes[r].path, "/health"));
+        LM_CHECK(srv_routes[r].open == (!strcmp(srv_routes[r].path, "/health") || !strcmp(srv_routes[r].metric, "page")));
     }
 }

@@ -19,6 +19,7 @@
  *                      errors) and SSE framing
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
+ *   web_page.c         GET / : the chat page of web/, compiled in (web_assets.h)
  */
 #ifndef LM_SERVER_INTERNAL_H
 #define LM_SERVER_INTERNAL_H
@@ -62,7 +63,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 6
+#define SRV_N_ROUTES 7
 
 #define SRV_HIST_BUCKETS 16
 
@@ -304,6 +305,8 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+/* GET / and /assets/NAME: the chat page (web_page.c). */
+enum MHD_Result srv_handle_page(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
