@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/lm_base.h"
+#include "guard_util.h"
 #include "test_util.h"
 
 /* ---- stats lines ------------------------------------------------------------------------ */
@@ -245,4 +246,35 @@ LM_TEST(cli_chat_terminal_editing_and_ctrl_c) {
     free(h);
     free(p.buf);
     free(home);
+}
+
+/* lumen serve takes --chat-template too: a model without a template gets
+ * no /v1/chat/completions, and with one it answers. */
+LM_TEST(serve_chat_template_option) {
+    char *gguf = lm_test_fixture_path("models/llama-2-tiny-random.gguf");
+    if (!gguf) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = lm_tu_mkdir("serve_tpl");
+    char tpl[1100], extra[1400];
+    snprintf(tpl, sizeof tpl, "%s/t.jinja", dir);
+    const char *src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<assistant>{% endif %}";
+    LM_CHECK(lm_tu_write(tpl, src, strlen(src)) == 0);
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}";
+    for (int with = 0; with < 2; with++) {
+        snprintf(extra, sizeof extra, "--threads 1 --device cpu %s%s%s", with ? "--chat-template '" : "",
+                 with ? tpl : "", with ? "'" : "");
+        gu_server s;
+        if (gu_server_start(&s, gguf, extra)) {
+            gu_server_dump_log(&s);
+            LM_CHECK(!"server started");
+            break;
+        }
+        gu_resp r = { 0 };
+        LM_CHECK(gu_http(s.port, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+        LM_CHECK_MSG(r.status == (with ? 200 : 400), "with template %d: %d %s", with, r.status, r.body);
+        gu_resp_free(&r);
+        LM_CHECK(gu_server_stop(&s) == 0);
+    }
+    free(dir);
+    free(gguf);
 }
