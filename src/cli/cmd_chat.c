@@ -63,7 +63,7 @@ static const chat_opts k_defaults = { .n_gen = 512, .ctx = 4096, .sp = { .temper
 
 #define CHAT_HELP                                                                                     \
     "  /reset      clear the conversation and start over\n"                                         \
-    "  /save FILE  write the conversation to FILE as JSON (an array of {role, content} messages)\n" \
+    "  /save FILE  write the conversation to FILE: a JSON array of messages\n"                     \
     "  /help       this list\n"                                                                       \
     "  /quit       leave (also Ctrl-D, or Ctrl-C on an empty line)\n"
 

@@ -74,7 +74,7 @@ static const lm_opt_cmd k_cmd = {
     .usage = "lumen serve [-m MODEL] [options]",
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
              "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-             "GET /health, GET /metrics (Prometheus).\n",
+             "GET /health, GET /metrics (Prometheus), and a chat page at GET /.\n",
     .opts = k_opts,
     .epilog = "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
               "other characters are dropped, the rest cut to 64); otherwise the server makes\n"

@@ -90,8 +90,6 @@ void lm_line_input_free(lm_line_input *in) {
 
 bool lm_line_input_interactive(const lm_line_input *in) { return in->el != NULL; }
 
-const char *lm_line_input_history_path(const lm_line_input *in) { return in->hist_path; }
-
 lm_line_status lm_line_read(lm_line_input *in, const char *prompt, const char **line) {
     *line = NULL;
     if (!in->el) {
@@ -109,7 +107,10 @@ lm_line_status lm_line_read(lm_line_input *in, const char *prompt, const char **
         fputc('\n', stderr);
         return LM_LINE_EOF;
     }
-    if (in->ctrl_c) return LM_LINE_CANCELLED;
+    if (in->ctrl_c) {
+        fputc('\n', stderr); /* the dropped line stays on screen, the next prompt below it */
+        return LM_LINE_CANCELLED;
+    }
     size_t n = strlen(s);
     if (n + 1 > in->cap) in->buf = lm_xrealloc(in->buf, in->cap = n + 1);
     memcpy(in->buf, s, n + 1);

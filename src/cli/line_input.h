@@ -27,8 +27,6 @@ lm_line_input *lm_line_input_create(const char *prog);
 void lm_line_input_free(lm_line_input *in);
 /* Whether a person is typing (editing and history are on). */
 bool lm_line_input_interactive(const lm_line_input *in);
-/* The history file in use, or NULL. */
-const char *lm_line_input_history_path(const lm_line_input *in);
 /* Reads one line, showing prompt when interactive. *line stays valid until
  * the next call. */
 lm_line_status lm_line_read(lm_line_input *in, const char *prompt, const char **line);
