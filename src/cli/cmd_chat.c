@@ -339,7 +339,8 @@ int lm_cmd_chat(int argc, char **argv) {
             if (command(&cs, line)) break;
             continue;
         }
-        if (turn(&cs, line, &o, interactive, &e)) fprintf(stderr, "lumen: %s\n", e.msg);
+        if (turn(&cs, line, &o, interactive, &e))
+            fprintf(stderr, "lumen: %s%s\n", e.msg, strstr(e.msg, "no longer fits") ? "; /reset starts over" : "");
     }
     rc = 0;
     goto done;

@@ -47,6 +47,7 @@ static char *history_path(void) {
     char buf[4096];
     if (xdg && *xdg) {
         snprintf(buf, sizeof buf, "%s/lumen", xdg);
+        if (mkdir(xdg, 0700) && errno != EEXIST) return NULL;
         if (mkdir(buf, 0700) && errno != EEXIST) return NULL;
         snprintf(buf, sizeof buf, "%s/lumen/history", xdg);
         return lm_xstrdup(buf);
@@ -73,7 +74,8 @@ lm_line_input *lm_line_input_create(const char *prog) {
     el_set(in->el, EL_HIST, history, in->hist);
     el_set(in->el, EL_SIGNAL, 1); /* window resizes and suspends restore the line */
     el_set(in->el, EL_SETTY, "-d", "-isig", NULL);
-    el_set(in->el, EL_ADDFN, "lumen-ctrl-c", "clear the line, or leave on an empty one", on_ctrl_c);
+    /* the wide form: libedit keeps these pointers (its narrow el_set copies and leaks them) */
+    el_wset(in->el, EL_ADDFN, L"lumen-ctrl-c", L"clear the line, or leave on an empty one", on_ctrl_c);
     el_set(in->el, EL_BIND, "^C", "lumen-ctrl-c", NULL);
     el_source(in->el, NULL); /* the user's ~/.editrc */
     return in;
