@@ -164,6 +164,42 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
     assert.deepEqual(bodies.at(-1).messages.map((m) => m.role), ['user', 'assistant', 'user', 'assistant', 'user', 'assistant', 'user']);
   });
 
+  test('reasoning is shown folded away (a canned stream)', async () => {
+    // the demo model rarely thinks: the page gets a stream written here, with
+    // a keep-alive comment, CRLF framing and an event split over two lines
+    const chunk = (delta, finish = null) =>
+      `data: ${JSON.stringify({ object: 'chat.completion.chunk', model: 'canned', choices: [{ index: 0, delta, finish_reason: finish }] })}`;
+    const body = [
+      ': keep-alive\r\n\r\n',
+      `${chunk({ role: 'assistant', reasoning_content: 'Let me think.' })}\r\n\r\n`,
+      `${chunk({ reasoning_content: ' Twice.' })}\n\n`,
+      `${chunk({ content: 'The answer' })}\n\n`,
+      'data: {"object":"chat.completion.chunk","choices":[{"index":0,\ndata: "delta":{"content":" is 4."},"finish_reason":null}]}\n\n',
+      `${chunk({}, 'stop')}\n\n`,
+      'data: [DONE]\n\n',
+    ].join('');
+    await page.setRequestInterception(true);
+    const canned = (r) => {
+      if (r.url().endsWith('/v1/chat/completions')) r.respond({ status: 200, contentType: 'text/event-stream', body });
+      else r.continue();
+    };
+    page.on('request', canned);
+    try {
+      await sendMessage('What is 2 + 2?');
+      await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 10000 },
+        assistant(4));
+      assert.equal(await stateOf(4), 'done');
+      assert.equal(await page.$eval(`${assistant(4)} .text`, (d) => d.textContent), 'The answer is 4.');
+      const details = await page.$eval(`${assistant(4)} details`, (d) => ({ hidden: d.hidden, open: d.open,
+        text: d.querySelector('div').textContent }));
+      assert.deepEqual(details, { hidden: false, open: false, text: 'Let me think. Twice.' });
+      assert.equal(await page.$eval('#model', (d) => d.textContent), 'canned');
+    } finally {
+      page.off('request', canned);
+      await page.setRequestInterception(false);
+    }
+  });
+
   test('the API key survives a reload; no errors were logged', async () => {
     await page.reload({ waitUntil: 'load' });
     assert.equal(await page.$eval('#key', (i) => i.value), key);
