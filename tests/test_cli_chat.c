@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -152,6 +153,19 @@ static void pty_send(pty_proc *p, const char *s) {
     }
 }
 
+/* Waits until the line editor holds the terminal (ISIG and ICANON off: a
+ * key typed now reaches it, not the cooked line discipline); false after
+ * timeout_s. Keys sent earlier may still be cooked: ^C would be a signal. */
+static bool pty_editing(pty_proc *p, double timeout_s) {
+    double t_end = now_s() + timeout_s;
+    for (;;) {
+        struct termios t;
+        if (tcgetattr(p->fd, &t) == 0 && !(t.c_lflag & (ISIG | ICANON))) return true;
+        if (now_s() > t_end) return false;
+        pty_pump(p, 0.01);
+    }
+}
+
 /* The child's exit status, or -1 (killed) after timeout_s. */
 static int pty_wait(pty_proc *p, double timeout_s) {
     double t_end = now_s() + timeout_s;
@@ -197,6 +211,7 @@ LM_TEST(cli_chat_terminal_editing_and_ctrl_c) {
     at = pty_expect(&p, 0, "> ", 60);
     LM_CHECK_MSG(at > 0, "no prompt: %s", p.buf);
     /* type "abc", two steps left, "X": the message is "aXbc" */
+    LM_CHECK(pty_editing(&p, 30));
     pty_send(&p, "abc\033[D\033[DX\r");
     size_t mark = p.len;
     for (double t = now_s(); p.len < mark + 300 && now_s() - t < 60;) pty_pump(&p, 0.05); /* the answer streams */
@@ -207,6 +222,7 @@ LM_TEST(cli_chat_terminal_editing_and_ctrl_c) {
     LM_CHECK_MSG(at > 0, "no prompt after Ctrl-C: %s", p.buf + mark);
     /* Up brings "aXbc" back: a second turn, stopped the same way */
     if (at > 0) {
+        LM_CHECK(pty_editing(&p, 30));
         pty_send(&p, "\033[A\r");
         mark = p.len;
         for (double t = now_s(); p.len < mark + 300 && now_s() - t < 60;) pty_pump(&p, 0.05);
@@ -223,12 +239,17 @@ LM_TEST(cli_chat_terminal_editing_and_ctrl_c) {
     if (at > 0) {
         char line[1200];
         snprintf(line, sizeof line, "/save %s\r", save);
+        LM_CHECK(pty_editing(&p, 30));
         pty_send(&p, line);
-        LM_CHECK(pty_expect(&p, (size_t)at, "[saved 4 messages", 30) > 0);
+        long saved = pty_expect(&p, (size_t)at, "[saved 4 messages", 30);
+        LM_CHECK(saved > 0);
+        LM_CHECK(saved > 0 && pty_expect(&p, (size_t)saved, "> ", 30) > 0);
         /* a typed line dropped by Ctrl-C, then Ctrl-C on the empty line leaves */
+        LM_CHECK(pty_editing(&p, 30));
         size_t m2 = p.len;
         pty_send(&p, "junk\003");
         LM_CHECK(pty_expect(&p, m2, "> ", 30) > 0);
+        LM_CHECK(pty_editing(&p, 30));
         pty_send(&p, "\003");
     }
     int rc = pty_wait(&p, 30);

@@ -223,11 +223,11 @@ static int turn(chat_session *cs, const char *line, const chat_opts *o, bool int
     out.rp = lm_reasoning_parser_create(&ro, e);
     lm_textgen_stats st;
     g_stop = 0;
-    struct sigaction sa = { .sa_handler = on_sigint }, old;
+    struct sigaction sa = { .sa_handler = on_sigint, .sa_flags = SA_RESTART }, old;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old);
+    if (!interactive) sigaction(SIGINT, &sa, &old); /* a terminal session has it all along */
     int r = lm_textgen_run(&cs->g, ids.ids, (int)ids.n, o->n_gen, o->ignore_eos, on_text, &out, &st, e);
-    sigaction(SIGINT, &old, NULL);
+    if (!interactive) sigaction(SIGINT, &old, NULL);
     lm_reasoning_delta d;
     lm_reasoning_parser_finish(out.rp, &d);
     emit(&out, d.reasoning, d.reasoning_len, true);
@@ -330,7 +330,15 @@ int lm_cmd_chat(int argc, char **argv) {
     in = lm_line_input_create("lumen");
     const bool interactive = lm_line_input_interactive(in);
     if (interactive) fprintf(stderr, "lumen chat on %s. /help lists the commands; Ctrl-D leaves.\n", model_path);
+    /* On a terminal Ctrl-C is caught for the whole session: between two
+     * reads (a command running, an answer just ended) it is dropped, not
+     * fatal; while editing it is a key. From a pipe only answers catch it,
+     * so a script waiting for input still dies of it. */
+    struct sigaction sa = { .sa_handler = on_sigint, .sa_flags = SA_RESTART }, old_sa;
+    sigemptyset(&sa.sa_mask);
+    if (interactive) sigaction(SIGINT, &sa, &old_sa);
     for (;;) {
+        g_stop = 0; /* a Ctrl-C between reads has been dropped */
         const char *line;
         lm_line_status ls = lm_line_read(in, "> ", &line);
         if (ls == LM_LINE_EOF) break;
@@ -342,6 +350,7 @@ int lm_cmd_chat(int argc, char **argv) {
         if (turn(&cs, line, &o, interactive, &e))
             fprintf(stderr, "lumen: %s%s\n", e.msg, strstr(e.msg, "no longer fits") ? "; /reset starts over" : "");
     }
+    if (interactive) sigaction(SIGINT, &old_sa, NULL);
     rc = 0;
     goto done;
 fail:

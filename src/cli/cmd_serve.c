@@ -126,13 +126,18 @@ int lm_cmd_serve(int argc, char **argv) {
     lm_err e = { { 0 } };
     char *tpl = NULL;
     int rc = 0;
-    if (o.template_path && !(tpl = lm_read_file(o.template_path, NULL, &e))) rc = -1;
+    if (o.template_path && !(tpl = lm_read_file(o.template_path, NULL, &e))) {
+        lm_err_prefix(&e, "--chat-template");
+        rc = -1;
+    }
     so.chat_template = tpl;
     lm_cli_progress pr;
-    lm_cli_progress_begin(&pr, so.model_path);
-    so.progress = &pr.hook;
-    if (!rc) rc = lm_server_run(&so, model, be, &e);
-    lm_cli_progress_end(&pr);
+    if (!rc) {
+        lm_cli_progress_begin(&pr, so.model_path);
+        so.progress = &pr.hook;
+        rc = lm_server_run(&so, model, be, &e);
+        lm_cli_progress_end(&pr);
+    }
     if (rc) fprintf(stderr, "lumen: %s\n", e.msg);
     free(tpl);
     lm_source_unref(model);

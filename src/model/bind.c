@@ -68,8 +68,9 @@ static const lm_file_tensor *find_checked(lm_binder *b, const char *name, int64_
 static void bound(lm_model *m, size_t bytes) {
     m->bound_bytes += bytes;
     m->bound_tensors++;
-    if (m->progress && m->progress->bytes)
-        m->progress->bytes(m->progress->user, m->bound_bytes, lm_weights_bytes(m->weights), m->bound_tensors);
+    if (!m->progress || !m->progress->bytes) return;
+    if (!m->bound_total) m->bound_total = lm_weights_bytes(m->weights); /* once: it walks every tensor */
+    m->progress->bytes(m->progress->user, m->bound_bytes, m->bound_total, m->bound_tensors);
 }
 
 void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t cols, bool required,

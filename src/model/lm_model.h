@@ -62,6 +62,7 @@ typedef struct lm_model {
     bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
     const struct lm_load_progress *progress; /* told while binding (NULL: nobody asked) */
     size_t bound_bytes;      /* checkpoint bytes bound so far (progress) */
+    size_t bound_total;      /* the checkpoint's bytes, once progress asked */
     int bound_tensors;
 } lm_model;
 
