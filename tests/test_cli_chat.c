@@ -299,3 +299,23 @@ LM_TEST(serve_chat_template_option) {
     free(dir);
     free(gguf);
 }
+
+/* A line that is not UTF-8 (pasted in Latin-1) still makes a turn: its bad
+ * byte becomes U+FFFD in the messages, which stay in step (user, assistant). */
+LM_TEST(cli_chat_non_utf8_line) {
+    char *dir = lm_tu_mkdir("chat_latin1");
+    char cmd[4096], save[1100];
+    snprintf(save, sizeof save, "%s/conv.json", dir);
+    snprintf(cmd, sizeof cmd, "printf 'caf\\351 au lait\\n/save %s\\n' | '%s' chat --temp 0 -n 4 --device cpu", save,
+             lm_test_lumen_bin());
+    char *err = NULL;
+    int rc = lm_tu_run(cmd, NULL, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    json_t *j = json_load_file(save, 0, NULL);
+    LM_CHECK(j && json_array_size(j) == 2);
+    LM_CHECK(j && lm_streq(json_string_value(json_object_get(json_array_get(j, 0), "content")), "caf\xEF\xBF\xBD au lait"));
+    LM_CHECK(j && lm_streq(json_string_value(json_object_get(json_array_get(j, 1), "role")), "assistant"));
+    json_decref(j);
+    free(err);
+    free(dir);
+}

@@ -25,6 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <utf8proc.h>
+
 #include "../base/lm_file.h"
 #include "../chat/lm_chat.h"
 #include "cli.h"
@@ -138,6 +140,32 @@ typedef struct chat_session {
     bool cont;         /* g holds the conversation up to the last answer (and its tail) */
 } chat_session;
 
+/* {role, content}. Bytes that are not UTF-8 (a line pasted in another
+ * encoding, an answer stopped inside a character) become U+FFFD: JSON
+ * strings, and so the messages, must be UTF-8. */
+static json_t *message(const char *role, const char *text) {
+    json_t *s = json_string(text);
+    if (!s) {
+        size_t n = strlen(text), k = 0;
+        char *c = lm_xmalloc(3 * n + 1);
+        for (size_t i = 0; i < n;) {
+            utf8proc_int32_t cp;
+            utf8proc_ssize_t got = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(n - i), &cp);
+            if (got > 0) {
+                memcpy(c + k, text + i, (size_t)got);
+                k += (size_t)got, i += (size_t)got;
+            } else {
+                memcpy(c + k, "\xEF\xBF\xBD", 3);
+                k += 3, i++;
+            }
+        }
+        c[k] = 0;
+        s = json_string(c);
+        free(c);
+    }
+    return json_pack("{s:s,s:o}", "role", role, "content", s ? s : json_string(""));
+}
+
 static void append_ids(lm_tok_ids *dst, const int32_t *ids, size_t n) {
     if (dst->n + n > dst->cap) dst->ids = lm_xrealloc(dst->ids, (dst->cap = (dst->n + n) * 2) * sizeof(int32_t));
     memcpy(dst->ids + dst->n, ids, n * sizeof(int32_t));
@@ -146,7 +174,7 @@ static void append_ids(lm_tok_ids *dst, const int32_t *ids, size_t n) {
 
 static void start_over(chat_session *cs) {
     json_array_clear(cs->messages);
-    if (cs->system) json_array_append_new(cs->messages, json_pack("{s:s,s:s}", "role", "system", "content", cs->system));
+    if (cs->system) json_array_append_new(cs->messages, message("system", cs->system));
     lm_textgen_forget(&cs->g);
     cs->cont = false;
 }
@@ -210,7 +238,7 @@ static int turn_ids(chat_session *cs, lm_tok_ids *ids, bool *start_in_reasoning,
 /* One turn: the user's line in, the answer out. Returns -1 with e set when
  * the turn failed (the conversation is as before it). */
 static int turn(chat_session *cs, const char *line, const chat_opts *o, bool interactive, lm_err *e) {
-    json_array_append_new(cs->messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
+    json_array_append_new(cs->messages, message("user", line));
     lm_tok_ids ids = { 0 };
     bool in_reasoning = false;
     if (turn_ids(cs, &ids, &in_reasoning, e)) {
@@ -249,8 +277,7 @@ static int turn(chat_session *cs, const char *line, const chat_opts *o, bool int
         }
         return -1;
     }
-    json_array_append_new(cs->messages,
-                          json_pack("{s:s,s:s}", "role", "assistant", "content", out.answer ? out.answer : ""));
+    json_array_append_new(cs->messages, message("assistant", out.answer ? out.answer : ""));
     free(out.answer);
     cs->cont = true;
     if (st.stopped) fprintf(stderr, "[stopped]\n");
