@@ -2,7 +2,8 @@
 # Installs the Debian packages lumen builds and tests with (as root, on a
 # fresh machine); does nothing when they are all present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libmicrohttpd-dev libopenblas-dev clang libclang-rt-14-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libmicrohttpd-dev libedit-dev libopenblas-dev clang libclang-rt-14-dev
+  chromium) # chromium: tests/web drives the chat page in it
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -6,7 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/release -j"$(nproc)" --target lumen >/dev/null
+source scripts/build_progress.sh
+mkdir -p build
+echo "== configuring (log: build/quickstart.log)"
+if ! cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >build/quickstart.log 2>&1 ||
+   ! build_with_progress lumen build/quickstart.log cmake --build build/release -j"$(nproc)" --target lumen; then
+  cat build/quickstart.log
+  echo "== the build FAILED (log above, also in build/quickstart.log)"
+  exit 1
+fi
 echo "+ build/release/lumen serve $*"
 exec build/release/lumen serve "$@"

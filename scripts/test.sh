@@ -5,6 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
+source scripts/build_progress.sh
 jobs=$(nproc)
 
 total_pass=0 total_fail=0 total_skip=0 status=0
@@ -13,7 +14,7 @@ run_suite() { # name build-dir cmake-args...
   shift 2
   echo "== $name: configure and build ($dir)"
   if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.log" 2>&1 ||
-     ! cmake --build "$dir" -j"$jobs" >>"$dir.log" 2>&1; then
+     ! build_with_progress "$name" "$dir.log" cmake --build "$dir" -j"$jobs"; then
     cat "$dir.log"
     echo "== $name: build FAILED"
     total_fail=$((total_fail + 1)); status=1
@@ -54,6 +55,27 @@ else
   skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
   if [[ -z $pass || -z $fail ]]; then
     echo "== e2e: node --test did not finish (exit $rc)"
+    total_fail=$((total_fail + 1))
+  else
+    total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
+  fi
+  [[ $rc == 0 ]] || status=1
+fi
+
+# The chat page (GET /) in headless Chromium, driven by puppeteer-core.
+echo "== web: npm ci and node --test (tests/web)"
+if ! (cd tests/web && npm ci --no-audit --no-fund >../../build/web.npm.log 2>&1); then
+  cat build/web.npm.log
+  echo "== web: npm ci FAILED"
+  total_fail=$((total_fail + 1)); status=1
+else
+  (cd tests/web && LUMEN_BIN="$PWD/../../build/release/lumen" timeout 300 node --test) 2>&1 | tee build/web.log
+  rc=${PIPESTATUS[0]}
+  pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
+  fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
+  skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
+  if [[ -z $pass || -z $fail ]]; then
+    echo "== web: node --test did not finish (exit $rc)"
     total_fail=$((total_fail + 1))
   else
     total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))

@@ -17,7 +17,8 @@ LM_TEST(server_route_table) {
         { "/v1/messages", "messages" },                 { "/v1/messages/count_tokens", "messages_count_tokens" },
         { "/v1/messages/", "other" },                   { "/messages", "other" },
         { "/v1/chat/completions/", "other" },           { "/health/", "other" },
-        { "/", "other" },                               { "", "other" },
+        { "/", "page" },                                { "/assets/chat.js", "page" },
+        { "/index.html", "other" },                     { "", "other" },
         { "/v1/embeddings", "embeddings" },             { "/embeddings", "embeddings" },
         { "/tokenize", "tokenize" },                    { "/v1/tokenize", "tokenize" },
         { "/detokenize", "detokenize" },                { "/v1/detokenize", "detokenize" },
@@ -30,17 +31,18 @@ LM_TEST(server_route_table) {
     /* the names /metrics prints, in order; only the last entry is the catch-all */
     static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "messages",
                                                        "messages_count_tokens", "embeddings", "tokenize",
-                                                       "detokenize", "models", "health", "metrics", "other" };
+                                                       "detokenize", "models", "health", "metrics", "page",
+                                                       "other" };
     for (int r = 0; r < SRV_N_ROUTES; r++) {
         LM_CHECK(lm_streq(srv_routes[r].metric, k_names[r]));
         LM_CHECK((srv_routes[r].path == NULL) == (r == SRV_N_ROUTES - 1));
         LM_CHECK((srv_routes[r].handler == NULL) == (r == SRV_N_ROUTES - 1));
     }
     /* only generation, count_tokens, embeddings and (de)tokenize take POST;
-     * only /health is open without the API key */
+     * only /health and the chat page are open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
         LM_CHECK(srv_routes[r].post == (r < 7));
         LM_CHECK(srv_routes[r].anthropic == (r == 2 || r == 3)); /* Anthropic error bodies */
-        LM_CHECK(srv_routes[r].open == !strcmp(srv_routes[r].path, "/health"));
+        LM_CHECK(srv_routes[r].open == (!strcmp(srv_routes[r].path, "/health") || !strcmp(srv_routes[r].metric, "page")));
     }
 }

@@ -7,6 +7,7 @@
 #include "../backend/lm_backend.h"
 #include "../engine/lm_sampler.h"
 #include "../format/lm_source.h"
+#include "../model/lm_model.h"
 #include "options.h"
 
 #define LM_VERSION "0.1.0"
@@ -61,5 +62,24 @@ const char *lm_cli_default_model(void);
  * choice and every loader; NULL after printing "lumen: MESSAGE". */
 lm_source *lm_cli_open_model(const char *path);
 int lm_cmd_chat(int argc, char **argv);
+
+/* A model's load as one updating line on stderr, when stderr is a terminal
+ * (quiet otherwise, so logs and pipes see no progress bytes):
+ *   lumen: loading NAME: 123 tensors, 0.4 / 1.5 GiB (27%)
+ *   lumen: loading NAME: warming up
+ *   lumen: NAME ready in 2.1 s
+ * Its hook goes to lm_model_load_told, lm_textgen_open or the server. */
+typedef struct lm_cli_progress {
+    lm_load_progress hook;
+    bool on;
+    bool drawn;          /* a line is on screen without its newline */
+    double t0, last;     /* start; last redraw */
+    char name[96];
+} lm_cli_progress;
+
+/* Starts the clock; on when stderr is a terminal and LUMEN_PROGRESS is not 0. */
+void lm_cli_progress_begin(lm_cli_progress *p, const char *model_path);
+/* Ends an unfinished line (after an error). */
+void lm_cli_progress_end(lm_cli_progress *p);
 
 #endif

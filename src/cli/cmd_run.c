@@ -99,7 +99,12 @@ static int run_text(const lm_common_opts *co, const char *model_path, const char
     lm_textgen_stats st;
     int rc = 1;
     double t0 = lm_now();
-    if (lm_textgen_open(&g, src, be, ctx, sp, &e)) goto fail;
+    lm_cli_progress pr;
+    lm_cli_progress_begin(&pr, model_path);
+    if (lm_textgen_open(&g, src, be, ctx, sp, &pr.hook, &e)) {
+        lm_cli_progress_end(&pr);
+        goto fail;
+    }
     double t_load = lm_now() - t0 + t_open;
     if (lm_tokenizer_encode(g.tok, text, strlen(text), true, &ids, &e)) goto fail;
     if (ids.n == 0) {

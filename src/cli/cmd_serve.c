@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../base/lm_file.h"
 #include "../server/lm_server.h"
 #include "cli.h"
 
@@ -12,6 +13,7 @@ typedef struct serve_opts {
     lm_server_opts so;
     int max_body_mb;
     bool quiet;
+    const char *template_path;
     lm_common_opts co;
 } serve_opts;
 
@@ -52,6 +54,8 @@ static const lm_opt k_opts[] = {
       "token ids reach the host (the GPU feeds them forward), so the GPU does not wait for the server between "
       "tokens; the tokens are the same either way",
       "on with --device cuda, off on the CPU, where it gains nothing", .choices = k_on_off },
+    { LM_OPT_STRING, "--chat-template", NULL, LM_OPT_AT(serve_opts, template_path), "FILE",
+      "a Jinja chat template to use instead of the model's own (for a model without one)", .ilo = 1 },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
@@ -71,9 +75,9 @@ static const lm_opt_cmd k_cmd = {
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
              "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings,\n"
              "POST /tokenize, POST /detokenize, GET /v1/models, GET /health,\n"
-             "GET /metrics (Prometheus); and Anthropic's Messages API\n"
-             "(POST /v1/messages, /v1/messages/count_tokens) for Claude Code and\n"
-             "the Anthropic SDKs, answering to any model name.\n",
+             "GET /metrics (Prometheus), a chat page at GET /; and Anthropic's\n"
+             "Messages API (POST /v1/messages, /v1/messages/count_tokens) for Claude\n"
+             "Code and the Anthropic SDKs, answering to any model name.\n",
     .opts = k_opts,
     .epilog = "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
               "other characters are dropped, the rest cut to 64); otherwise the server makes\n"
@@ -123,8 +127,22 @@ int lm_cmd_serve(int argc, char **argv) {
         return 1;
     }
     lm_err e = { { 0 } };
-    int rc = lm_server_run(&so, model, be, &e);
+    char *tpl = NULL;
+    int rc = 0;
+    if (o.template_path && !(tpl = lm_read_file(o.template_path, NULL, &e))) {
+        lm_err_prefix(&e, "--chat-template");
+        rc = -1;
+    }
+    so.chat_template = tpl;
+    lm_cli_progress pr;
+    if (!rc) {
+        lm_cli_progress_begin(&pr, so.model_path);
+        so.progress = &pr.hook;
+        rc = lm_server_run(&so, model, be, &e);
+        lm_cli_progress_end(&pr);
+    }
     if (rc) fprintf(stderr, "lumen: %s\n", e.msg);
+    free(tpl);
     lm_source_unref(model);
     lm_backend_destroy(be);
     return rc ? 1 : 0;

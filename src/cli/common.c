@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../model/lm_model.h"
 #include "cli.h"
@@ -130,4 +131,60 @@ const char *lm_cli_default_model(void) {
     }
     fclose(f);
     return path;
+}
+
+/* ---- load progress on a terminal ---------------------------------------------------------- */
+
+static void progress_draw(lm_cli_progress *p, const char *text) {
+    fprintf(stderr, "\r\033[Klumen: loading %s: %s", p->name, text);
+    fflush(stderr);
+    p->drawn = true;
+}
+
+static void progress_bytes(void *user, size_t done, size_t total, int tensors) {
+    lm_cli_progress *p = user;
+    double now = lm_now();
+    if (!p->on || (now - p->last < 0.1 && done < total)) return; /* ten redraws a second at most */
+    p->last = now;
+    const double gib = 1073741824.0;
+    int pct = total ? (int)LM_MIN(100, (double)done * 100.0 / (double)total) : 100;
+    char text[128];
+    if (total >= (size_t)1 << 30)
+        snprintf(text, sizeof text, "%d tensors, %.2f / %.2f GiB (%d%%)", tensors, done / gib, total / gib, pct);
+    else
+        snprintf(text, sizeof text, "%d tensors, %.0f / %.0f MiB (%d%%)", tensors, done / 1048576.0,
+                 total / 1048576.0, pct);
+    progress_draw(p, text);
+}
+
+static void progress_stage(void *user, const char *what) {
+    lm_cli_progress *p = user;
+    if (!p->on) return;
+    if (what) {
+        progress_draw(p, what);
+        return;
+    }
+    fprintf(stderr, "\r\033[Klumen: %s ready in %.1f s\n", p->name, lm_now() - p->t0);
+    fflush(stderr);
+    p->drawn = false;
+}
+
+void lm_cli_progress_begin(lm_cli_progress *p, const char *model_path) {
+    memset(p, 0, sizeof *p);
+    const char *env = getenv("LUMEN_PROGRESS");
+    p->on = isatty(STDERR_FILENO) && !(env && !strcmp(env, "0"));
+    p->t0 = lm_now();
+    /* the path's last component names the model */
+    size_t n = strlen(model_path);
+    while (n > 1 && model_path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && model_path[b - 1] != '/') b--;
+    snprintf(p->name, sizeof p->name, "%.*s", (int)(n - b), model_path + b);
+    p->hook = (lm_load_progress){ .bytes = progress_bytes, .stage = progress_stage, .user = p };
+    if (p->on) progress_draw(p, "opening");
+}
+
+void lm_cli_progress_end(lm_cli_progress *p) {
+    if (p->on && p->drawn) fputc('\n', stderr);
+    p->drawn = false;
 }

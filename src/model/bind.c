@@ -64,6 +64,15 @@ static const lm_file_tensor *find_checked(lm_binder *b, const char *name, int64_
     return t;
 }
 
+/* A weight of `bytes` checkpoint bytes is bound: tell whoever asked. */
+static void bound(lm_model *m, size_t bytes) {
+    m->bound_bytes += bytes;
+    m->bound_tensors++;
+    if (!m->progress || !m->progress->bytes) return;
+    if (!m->bound_total) m->bound_total = lm_weights_bytes(m->weights); /* once: it walks every tensor */
+    m->progress->bytes(m->progress->user, m->bound_bytes, m->bound_total, m->bound_tensors);
+}
+
 void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, int64_t cols, bool required,
                     bool counted) {
     const lm_file_tensor *t = find_checked(b, name, rows, cols, required);
@@ -75,11 +84,13 @@ void lm_bind_matrix(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows
         return;
     }
     b->m->weight_bytes += counted ? t->nbytes : lm_dtype_row_bytes(t->type, cols);
+    bound(b->m, t->nbytes);
 }
 
 const lm_file_tensor *lm_bind_find_matrix(lm_binder *b, const char *name, int64_t rows, int64_t cols) {
     const lm_file_tensor *t = find_checked(b, name, rows, cols, true);
     if (t) b->m->weight_bytes += t->nbytes;
+    if (t) bound(b->m, t->nbytes);
     return t;
 }
 
@@ -129,6 +140,7 @@ void lm_bind_f32(lm_binder *b, lm_tensor *dst, const char *name, int64_t rows, i
     m->owned = lm_xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
     m->owned[m->n_owned++] = v.data;
     *dst = v;
+    bound(m, t->nbytes);
 }
 
 const char *lm_bind_name(char *buf, size_t n, const char *pattern, int layer) {

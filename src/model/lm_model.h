@@ -68,7 +68,21 @@ typedef struct lm_model {
     int n_owned;
     bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
     lm_pooling pooling;      /* how hidden states become an embedding (lm_pooling.h) */
+    const struct lm_load_progress *progress; /* told while binding (NULL: nobody asked) */
+    size_t bound_bytes;      /* checkpoint bytes bound so far (progress) */
+    size_t bound_total;      /* the checkpoint's bytes, once progress asked */
+    int bound_tensors;
 } lm_model;
+
+/* Who wants to hear how a load goes (a terminal's progress line): bytes
+ * told after each weight is bound (a GPU copies it then) out of the
+ * checkpoint's total; stage names the phases after the load ("warming up")
+ * and NULL means ready. Either function may be NULL. */
+typedef struct lm_load_progress {
+    void (*bytes)(void *user, size_t done, size_t total, int tensors);
+    void (*stage)(void *user, const char *what);
+    void *user;
+} lm_load_progress;
 
 /* Loads the model of an opened source (a Hugging Face folder or a GGUF
  * file) onto backend be. The model takes its own reference on src (its
@@ -76,6 +90,8 @@ typedef struct lm_model {
  * own as soon as this returns. A backend with its own memory (a GPU)
  * refuses a model whose tensors do not pass lm_model_fits, with the numbers. */
 int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e);
+/* lm_model_load_from telling p (NULL: nobody) how the binding goes. */
+int lm_model_load_told(lm_model **out, lm_source *src, lm_backend *be, const lm_load_progress *p, lm_err *e);
 /* lm_model_load_from on a source opened from path and released after. */
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
 

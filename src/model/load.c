@@ -83,9 +83,14 @@ static void read_pooling(lm_model *m, const lm_gguf *g) {
 }
 
 int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e) {
+    return lm_model_load_told(out, src, be, NULL, e);
+}
+
+int lm_model_load_told(lm_model **out, lm_source *src, lm_backend *be, const lm_load_progress *p, lm_err *e) {
     *out = NULL;
     lm_model *m = lm_xcalloc(1, sizeof *m);
     m->be = be;
+    m->progress = p;
     m->source = lm_source_ref(src);
     m->path = lm_xstrdup(lm_source_path(src));
     const lm_gguf *g = lm_source_gguf(src);
@@ -100,6 +105,7 @@ int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e
         LM_ASSERT(m->arch); /* both config readers only accept known types */
         rc = m->arch->bind(m, e);
     }
+    m->progress = NULL; /* the caller's, only for the call */
     if (!rc) rc = setup_rope(m, e);
     if (!rc && m->n_kv_layers == 0) m->n_kv_layers = m->cfg.n_layers;
     if (!rc && m->kv_width == 0) m->kv_width = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;

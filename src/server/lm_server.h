@@ -9,6 +9,7 @@
  *   GET  /v1/models[/ID]        the one served model
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text
+ *   GET  /                      the chat page (web/, built into the binary)
  * server_internal.h lists the files and how a request flows through them. */
 #ifndef LM_SERVER_H
 #define LM_SERVER_H
@@ -16,6 +17,7 @@
 #include "../backend/lm_backend.h"
 #include "../engine/lm_engine.h"
 #include "../format/lm_source.h"
+#include "../model/lm_model.h"
 
 typedef struct lm_server_opts {
     const char *model_path;  /* Hugging Face folder or .gguf, as opened for lm_server_run */
@@ -29,6 +31,8 @@ typedef struct lm_server_opts {
     int max_connections;     /* open connections at once (0: 1024) */
     bool log_requests;       /* one line per request on stderr */
     const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
+    const char *chat_template; /* template text replacing the model's own; NULL: the model's */
+    const lm_load_progress *progress; /* told of the load and warm-up; NULL: nobody */
 } lm_server_opts;
 
 /* Loads the model and its tokenizer from model (o->model_path opened once,

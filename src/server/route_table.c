@@ -123,6 +123,9 @@ const srv_route srv_routes[] = {
     { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
     { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
     { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },
+    /* the chat page at / and its files under /assets/ (web_page.c) */
+    { .path = "/assets", .alias = "/", .subpaths = true, .open = true, .quiet = true, .handler = srv_handle_page,
+      .metric = "page" },
     { .metric = "other" }, /* any other URL: 404 */
 };
 

@@ -212,9 +212,9 @@ void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, i
         s->hidden[id] = !tag;
     }
     lm_err ce = { { 0 } };
-    if (lm_chat_create(&s->chat, tok, NULL, &ce))
+    if (lm_chat_create(&s->chat, tok, s->opts.chat_template, &ce))
         fprintf(stderr, "lumen: warning: %s; /v1/chat/completions is off\n", ce.msg);
-    const char *tpl = lm_tokenizer_chat_template(tok);
+    const char *tpl = s->opts.chat_template ? s->opts.chat_template : lm_tokenizer_chat_template(tok);
     s->chat_tools = s->chat && tpl && strstr(tpl, "tools"); /* the template renders tool definitions */
     if (!s->model_name) s->model_name = lm_xstrdup("model");
     if (!s->fingerprint[0]) snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
@@ -284,14 +284,16 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     bool v6 = false;
     if (srv_trace_open(s, o->trace_path, e)) goto done;
     if (bind_addr(s->opts.host, o->port, &ss, &sslen, &v6, e)) goto done;
-    if (lm_model_load_from(&s->model, model, be, e)) goto done;
+    if (lm_model_load_told(&s->model, model, be, o->progress, e)) goto done;
     lm_tokenizer *tok = NULL;
     if (lm_tokenizer_load_from(&tok, model, e)) {
         lm_err_prefix(e, "tokenizer");
         goto done;
     }
     srv_init_text(s, tok, s->model->cfg.vocab, s->model->cfg.eos_ids, s->model->cfg.n_eos);
+    if (o->progress && o->progress->stage) o->progress->stage(o->progress->user, "warming up");
     if (lm_engine_create(&s->en, s->model, &o->engine, e)) goto done;
+    if (o->progress && o->progress->stage) o->progress->stage(o->progress->user, NULL);
     s->ctx = lm_engine_ctx(s->en);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC |

@@ -25,6 +25,7 @@
  *                      through an srv_out sink; anthropic.c its srv_api
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
+ *   web_page.c         GET / : the chat page of web/, compiled in (web_assets.h)
  */
 #ifndef LM_SERVER_INTERNAL_H
 #define LM_SERVER_INTERNAL_H
@@ -68,7 +69,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 11
+#define SRV_N_ROUTES 12
 
 #define SRV_HIST_BUCKETS 16
 
@@ -423,6 +424,8 @@ enum MHD_Result srv_handle_embeddings(srv *s, struct MHD_Connection *c, srv_conn
 /* POST /tokenize and /detokenize (tokenize.c). */
 enum MHD_Result srv_handle_tokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
 enum MHD_Result srv_handle_detokenize(srv *s, struct MHD_Connection *c, srv_conn *cc);
+/* GET / and /assets/NAME: the chat page (web_page.c). */
+enum MHD_Result srv_handle_page(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 

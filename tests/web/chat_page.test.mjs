@@ -1,0 +1,209 @@
+// chat_page.test.mjs - the chat page of `lumen serve` (GET /) in headless
+// Chromium (Debian's /usr/bin/chromium, or CHROMIUM), driven by puppeteer-core
+// (pinned in package.json): a person types the API key and a message, the
+// answer streams in, the conversation goes back with the next message, Stop
+// aborts a request, and the page logs no error on the way.
+//
+// The server runs the bundled demo model with --parallel 1 and an API key.
+// To stop a request deterministically the test first occupies the one slot
+// with a long request of its own, so the page's request is still waiting
+// when Stop is clicked.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import puppeteer from 'puppeteer-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..', '..');
+const bin = process.env.LUMEN_BIN || path.join(root, 'build', 'release', 'lumen');
+const chromium = process.env.CHROMIUM || '/usr/bin/chromium';
+const key = 'web-test-key';
+
+function skipReason() {
+  if (!existsSync(bin)) return `lumen binary not found: ${bin} (set LUMEN_BIN)`;
+  if (!existsSync(chromium)) return `chromium not found: ${chromium} (apt-get install chromium, or set CHROMIUM)`;
+  return null;
+}
+
+// `lumen serve` on the demo model; resolves to { url, stop() }.
+function startServer(args) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(bin, ['serve', '--port', '0', '--device', 'cpu', '--threads', '1', ...args], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error(`lumen serve did not start:\n${log}`)), 30000);
+    proc.stderr.setEncoding('utf8');
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = /http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
+      if (m) {
+        clearTimeout(timer);
+        resolve({
+          url: `http://127.0.0.1:${m[1]}`,
+          log: () => log,
+          stop: () =>
+            new Promise((done) => {
+              if (proc.exitCode !== null) return done(proc.exitCode);
+              proc.on('exit', (code, sig) => done(code ?? `signal ${sig}`));
+              proc.kill('SIGTERM');
+            }),
+        });
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`lumen serve exited with ${code}:\n${log}`)));
+  });
+}
+
+const skip = skipReason();
+if (skip) test('lumen chat page in Chromium', { skip }, () => {});
+
+describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
+  let srv;
+  let browser;
+  let page;
+  const problems = []; // console errors, page errors, failed requests
+  const bodies = []; // the chat requests the page sent
+
+  before(async () => {
+    srv = await startServer(['--api-key', key, '--parallel', '1']);
+    browser = await puppeteer.launch({
+      executablePath: chromium,
+      headless: true,
+      args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
+    });
+    page = await browser.newPage();
+    page.on('console', (m) => {
+      if (m.type() === 'error' || m.type() === 'warn') problems.push(`console ${m.type()}: ${m.text()}`);
+    });
+    page.on('pageerror', (e) => problems.push(`page error: ${e}`));
+    page.on('request', (r) => {
+      if (r.url().endsWith('/v1/chat/completions')) bodies.push(JSON.parse(r.postData()));
+    });
+  });
+
+  after(async () => {
+    if (browser) await browser.close();
+    if (srv) assert.equal(await srv.stop(), 0, `server did not exit cleanly:\n${srv.log()}`);
+  });
+
+  const assistant = (i) => `#log .msg.assistant:nth-of-type(${2 * i + 2})`;
+  const stateOf = (i) => page.$eval(assistant(i), (d) => d.dataset.state);
+
+  async function sendMessage(text) {
+    await page.type('#input', text);
+    await page.keyboard.press('Enter');
+  }
+
+  test('the page loads with a restrictive Content-Security-Policy', async () => {
+    const res = await page.goto(`${srv.url}/`, { waitUntil: 'load' });
+    assert.equal(res.status(), 200);
+    assert.equal(res.headers()['content-type'], 'text/html; charset=utf-8');
+    assert.match(res.headers()['content-security-policy'], /default-src 'none'/);
+    assert.equal(await page.title(), 'lumen chat');
+  });
+
+  test('a message with the API key streams its answer', async () => {
+    await page.type('#key', key);
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('lumen-api-key')), key);
+    await sendMessage('Write a Python function `add`');
+    await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 60000 },
+      assistant(0));
+    assert.equal(await stateOf(0), 'done', await page.$eval(assistant(0), (d) => d.textContent));
+    const chunks = Number(await page.$eval(assistant(0), (d) => d.dataset.chunks));
+    assert.ok(chunks >= 2, `the answer came in ${chunks} chunk(s)`);
+    const text = await page.$eval(`${assistant(0)} .text`, (d) => d.textContent);
+    const reasoning = await page.$eval(`${assistant(0)} details`, (d) => ({ open: d.open, text: d.textContent }));
+    assert.ok(text.length + reasoning.text.length > 10, 'the answer is on the page');
+    assert.equal(reasoning.open, false, 'reasoning is shown collapsed');
+    assert.equal(bodies.length, 1);
+    assert.equal(bodies[0].stream, true);
+    assert.deepEqual(bodies[0].messages, [{ role: 'user', content: 'Write a Python function `add`' }]);
+  });
+
+  test('the next message carries the conversation', async () => {
+    await sendMessage('Now one called mul');
+    await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state === 'done', { timeout: 60000 },
+      assistant(1));
+    assert.equal(bodies.length, 2);
+    assert.deepEqual(bodies[1].messages.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.equal(bodies[1].messages[2].content, 'Now one called mul');
+  });
+
+  test('Stop aborts a request and the conversation goes on', async () => {
+    // occupy the server's one slot: the page's request waits behind it
+    const hold = new AbortController();
+    const busy = fetch(`${srv.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({
+        messages: [{ role: 'user', content: 'Count' }],
+        max_tokens: 3000,
+        logit_bias: { 0: -100, 2: -100 },
+        stream: true,
+      }),
+      signal: hold.signal,
+    }).then((r) => r.body.getReader().read()); // resolves once it is generating
+    await busy;
+    await sendMessage('A third message');
+    assert.equal(await stateOf(2), 'streaming');
+    await page.click('#stop');
+    await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 10000 },
+      assistant(2));
+    assert.equal(await stateOf(2), 'stopped');
+    assert.equal(await page.$eval(`${assistant(2)} .note`, (d) => d.textContent), '(stopped)');
+    hold.abort();
+    await sendMessage('And a fourth');
+    await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state === 'done', { timeout: 60000 },
+      assistant(3));
+    // the stopped turn stays, with what had arrived (nothing here)
+    assert.deepEqual(bodies.at(-1).messages.map((m) => m.role), ['user', 'assistant', 'user', 'assistant', 'user', 'assistant', 'user']);
+  });
+
+  test('reasoning is shown folded away (a canned stream)', async () => {
+    // the demo model rarely thinks: the page gets a stream written here, with
+    // a keep-alive comment, CRLF framing and an event split over two lines
+    const chunk = (delta, finish = null) =>
+      `data: ${JSON.stringify({ object: 'chat.completion.chunk', model: 'canned', choices: [{ index: 0, delta, finish_reason: finish }] })}`;
+    const body = [
+      ': keep-alive\r\n\r\n',
+      `${chunk({ role: 'assistant', reasoning_content: 'Let me think.' })}\r\n\r\n`,
+      `${chunk({ reasoning_content: ' Twice.' })}\n\n`,
+      `${chunk({ content: 'The answer' })}\n\n`,
+      'data: {"object":"chat.completion.chunk","choices":[{"index":0,\ndata: "delta":{"content":" is 4."},"finish_reason":null}]}\n\n',
+      `${chunk({}, 'stop')}\n\n`,
+      'data: [DONE]\n\n',
+    ].join('');
+    await page.setRequestInterception(true);
+    const canned = (r) => {
+      if (r.url().endsWith('/v1/chat/completions')) r.respond({ status: 200, contentType: 'text/event-stream', body });
+      else r.continue();
+    };
+    page.on('request', canned);
+    try {
+      await sendMessage('What is 2 + 2?');
+      await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 10000 },
+        assistant(4));
+      assert.equal(await stateOf(4), 'done');
+      assert.equal(await page.$eval(`${assistant(4)} .text`, (d) => d.textContent), 'The answer is 4.');
+      const details = await page.$eval(`${assistant(4)} details`, (d) => ({ hidden: d.hidden, open: d.open,
+        text: d.querySelector('div').textContent }));
+      assert.deepEqual(details, { hidden: false, open: false, text: 'Let me think. Twice.' });
+      assert.equal(await page.$eval('#model', (d) => d.textContent), 'canned');
+    } finally {
+      page.off('request', canned);
+      await page.setRequestInterception(false);
+    }
+  });
+
+  test('the API key survives a reload; no errors were logged', async () => {
+    await page.reload({ waitUntil: 'load' });
+    assert.equal(await page.$eval('#key', (i) => i.value), key);
+    assert.equal(await page.$$eval('#log .msg', (l) => l.length), 0);
+    assert.deepEqual(problems, []);
+  });
+});
