@@ -11,6 +11,7 @@ LM_TEST(server_route_table) {
     } k_urls[] = {
         { "/v1/chat/completions", "chat_completions" }, { "/chat/completions", "chat_completions" },
         { "/v1/completions", "completions" },           { "/completions", "completions" },
+        { "/v1/responses", "responses" },               { "/responses", "responses" },
         { "/v1/models", "models" },                     { "/v1/models/", "models" },
         { "/v1/models/qwen3", "models" },               { "/health", "health" },
         { "/metrics", "metrics" },                      { "/v1/modelsx", "other" },
@@ -23,7 +24,7 @@ LM_TEST(server_route_table) {
                      k_urls[i].url, r);
     }
     /* the names /metrics prints, in order; only the last entry is the catch-all */
-    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "models",
+    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "responses", "models",
                                                        "health", "metrics", "other" };
     for (int r = 0; r < SRV_N_ROUTES; r++) {
         LM_CHECK(lm_streq(srv_routes[r].metric, k_names[r]));
@@ -32,7 +33,7 @@ LM_TEST(server_route_table) {
     }
     /* only generation takes POST; only /health is open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
-        LM_CHECK(srv_routes[r].post == (r < 2));
+        LM_CHECK(srv_routes[r].post == (r < 3));
         LM_CHECK(srv_routes[r].open == !strcmp(srv_routes[r].path, "/health"));
     }
 }

@@ -173,6 +173,7 @@ static void job_finish(srv_job *j) {
         };
         srv_trace_write(s, &tr);
     }
+    if (j->api) j->api->finish(j);
     srv_out_free(&j->out);
     lm_chat_prompt_free(&j->prompt);
     srv_req_free(&j->r);
@@ -235,23 +236,31 @@ static int context_error(srv_err *e, const srv *s, int n_prompt, long max_tokens
                     s->ctx, what, n_prompt, what);
 }
 
-enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind) {
+/* kind: chat or completions; api: another API's request and answer (its
+ * requests are chat requests), or NULL. */
+static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind, const srv_api *api) {
     srv_err e = { 0 };
     srv_job *j = job_create(s, cc, c);
+    j->api = api;
     lm_tok_ids ids = { 0 };
     char *echo = NULL;
     size_t echo_len = 0;
-    const char *what = kind == SRV_CHAT ? "messages" : "prompt";
+    const char *what = api ? api->what : kind == SRV_CHAT ? "messages" : "prompt";
     if (j->efd < 0) {
         srv_fail(&e, 500, "server_error", NULL, NULL, "eventfd: %s", strerror(errno));
         goto fail;
     }
-    if (srv_req_parse(s, kind, cc->body ? cc->body : "", cc->body_len, &j->r, &e)) goto fail;
+    const char *body = cc->body ? cc->body : "";
+    if (api ? api->parse(j, body, cc->body_len, &e) : srv_req_parse(s, kind, body, cc->body_len, &j->r, &e))
+        goto fail;
     lm_err le = { { 0 } };
     if (kind == SRV_CHAT) {
-        if (srv_chat_render(s, &j->r, &j->prompt, &e)) goto fail;
+        if (srv_chat_render(s, &j->r, &j->prompt, &e)) {
+            if (!strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "%s", what);
+            goto fail;
+        }
         if (lm_tokenizer_encode(s->tok, j->prompt.text, j->prompt.len, false, &ids, &le)) {
-            srv_bad(&e, "messages", "%s", le.msg);
+            srv_bad(&e, what, "%s", le.msg);
             goto fail;
         }
     } else if (j->r.prompt_ids) {
@@ -285,7 +294,8 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         goto fail;
     }
     if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
-    if (srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e)) goto fail;
+    if (api ? api->start(j, &e) : srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e))
+        goto fail;
     free(echo);
     echo = NULL;
 
@@ -359,7 +369,7 @@ enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *
         job_finish(j);
         return ok;
     }
-    enum MHD_Result ok = srv_respond_json(cc, c, 200, srv_out_response(o));
+    enum MHD_Result ok = srv_respond_json(cc, c, 200, api ? api->response(j) : srv_out_response(o));
     job_finish(j);
     return ok;
 
@@ -374,4 +384,12 @@ fail:
     cc->job_logged = false;
     job_finish(j);
     return srv_respond_error(cc, c, &e);
+}
+
+enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind) {
+    return generate(s, c, cc, kind, NULL);
+}
+
+enum MHD_Result srv_handle_api(srv *s, struct MHD_Connection *c, srv_conn *cc, const srv_api *api) {
+    return generate(s, c, cc, SRV_CHAT, api);
 }

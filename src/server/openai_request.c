@@ -392,6 +392,12 @@ static int parse_completion(const srv *s, const json_t *body, srv_req *r, srv_er
     return 0;
 }
 
+static int parse_body(const srv *s, srv_req *r, srv_err *e) {
+    if (!json_is_object(r->body)) return srv_bad(e, NULL, "The request body must be a JSON object.");
+    if (parse_common(s, r->body, r, e)) return -1;
+    return r->kind == SRV_CHAT ? parse_chat(s, r->body, r, e) : parse_completion(s, r->body, r, e);
+}
+
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -405,9 +411,14 @@ int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv
     if (!r->body)
         return srv_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
                        je.line, je.column);
-    if (!json_is_object(r->body)) return srv_bad(e, NULL, "The request body must be a JSON object.");
-    if (parse_common(s, r->body, r, e)) return -1;
-    return kind == SRV_CHAT ? parse_chat(s, r->body, r, e) : parse_completion(s, r->body, r, e);
+    return parse_body(s, r, e);
+}
+
+int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->body = body;
+    return parse_body(s, r, e);
 }
 
 void srv_req_free(srv_req *r) {

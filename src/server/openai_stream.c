@@ -84,6 +84,13 @@ void srv_sse_put(srv_out *o, json_t *j) {
     free(s);
 }
 
+void srv_sse_event(srv_out *o, const char *event, json_t *j) {
+    sse_append(o, "event: ", 7);
+    sse_append(o, event, strlen(event));
+    sse_append(o, "\n", 1);
+    srv_sse_put(o, j);
+}
+
 void srv_sse_done(srv_out *o) { sse_append(o, "data: [DONE]\n\n", 14); }
 
 json_t *srv_usage_json(const srv_out *o) {

@@ -90,6 +90,10 @@ static void completion_chunk(srv_out *o, const char *text, size_t n, const char 
 
 static void emit_reasoning(srv_out *o, const char *s, size_t n) {
     if (!n) return;
+    if (o->sink) {
+        o->sink->reasoning(o, s, n);
+        return;
+    }
     if (!o->stream) {
         str_put(&o->reasoning, s, n);
         return;
@@ -101,6 +105,10 @@ static void emit_reasoning(srv_out *o, const char *s, size_t n) {
 
 static void emit_content(srv_out *o, const char *s, size_t n) {
     if (!n) return;
+    if (o->sink) {
+        o->sink->content(o, s, n);
+        return;
+    }
     if (!o->stream) {
         str_put(&o->content, s, n);
         return;
@@ -116,6 +124,10 @@ static void emit_content(srv_out *o, const char *s, size_t n) {
 
 static void emit_tool_out(srv_out *o, const lm_toolcall_out *t) {
     emit_content(o, t->content, t->content_len);
+    if (o->sink) {
+        if (t->n_calls) o->sink->tool_calls(o, t);
+        return;
+    }
     if (!o->stream) return; /* calls are read from the parser at the end */
     json_t *calls = lm_toolcall_out_json(t);
     if (!calls) return;
@@ -219,10 +231,12 @@ static bool is_stop_token(const srv *s, int32_t id) {
 
 /* ---- public --------------------------------------------------------------------------- */
 
-int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
-                 size_t echo_len, srv_err *e) {
+static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                    size_t echo_len, const srv_out_sink *sink, void *sink_user, srv_err *e) {
     memset(o, 0, sizeof *o);
     o->s = s;
+    o->sink = sink;
+    o->sink_user = sink_user;
     o->kind = r->kind;
     o->stream = r->stream;
     o->include_usage = r->include_usage;
@@ -248,11 +262,11 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
         }
         if (r->tools) {
             uint64_t seed = r->gp.sampling.seed ^ (uint64_t)(lm_now() * 1e9);
-            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed, .atomic = !r->stream };
+            lm_toolcall_opts to = { .tools = r->tools, .id_seed = seed, .atomic = !r->stream || sink };
             o->tools = lm_toolcall_parser_create(&to, &le);
             if (!o->tools) return srv_fail(e, 500, "server_error", NULL, NULL, "%s", le.msg);
         }
-        if (o->stream) {
+        if (o->stream && !sink) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));
@@ -265,6 +279,17 @@ int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_promp
     }
     o->role_sent = true;
     return 0;
+}
+
+int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat, const char *echo,
+                 size_t echo_len, srv_err *e) {
+    return out_init(o, s, r, chat, echo, echo_len, NULL, NULL, e);
+}
+
+int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
+                      const srv_out_sink *sink, void *sink_user, srv_err *e) {
+    LM_ASSERT(r->kind == SRV_CHAT && sink);
+    return out_init(o, s, r, chat, NULL, 0, sink, sink_user, e);
 }
 
 void srv_out_free(srv_out *o) {
@@ -351,7 +376,8 @@ bool srv_out_event(srv_out *o, const lm_token_event *ev) {
             route(o, r.text, r.len);
         }
         route_finish(o);
-        if (o->stream) stream_end(o);
+        if (o->sink) o->sink->end(o);
+        else if (o->stream) stream_end(o);
     }
     return o->stopped && !was_stopped;
 }

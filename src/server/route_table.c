@@ -9,6 +9,7 @@
  * other URL (404). The generation endpoints' handler is generate.c. */
 #include <string.h>
 
+#include "responses.h"
 #include "server_internal.h"
 
 /* ---- the small routes ------------------------------------------------------------------ */
@@ -59,6 +60,10 @@ static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_
     return srv_handle_generate(s, c, cc, SRV_COMPLETION);
 }
 
+static enum MHD_Result handle_responses(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_api(s, c, cc, &srv_responses_api);
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 /* Unsized: the compiler holds the count to SRV_N_ROUTES in the header. */
@@ -67,6 +72,8 @@ const srv_route srv_routes[] = {
       .metric = "chat_completions" },
     { .path = "/v1/completions", .alias = "/completions", .post = true, .handler = handle_completions,
       .metric = "completions" },
+    { .path = "/v1/responses", .alias = "/responses", .post = true, .handler = handle_responses,
+      .metric = "responses" },
     { .path = "/v1/models", .subpaths = true, .handler = handle_models, .metric = "models" },
     { .path = "/health", .open = true, .quiet = true, .handler = handle_health, .metric = "health" },
     { .path = "/metrics", .quiet = true, .handler = handle_metrics, .metric = "metrics" },

@@ -17,6 +17,11 @@
  *                      OpenAI deltas (srv_out); pure, tested without HTTP
  *   openai_stream.c    the JSON objects OpenAI sends (chunks, responses,
  *                      errors) and SSE framing
+ *   responses_request.c  POST /v1/responses: its body (input items, flat
+ *                      tools, reasoning ...) -> a chat srv_req
+ *   responses_stream.c the Responses API's output items and typed SSE
+ *                      events, written through an srv_out sink
+ *   responses_store.c  stored responses for previous_response_id (LRU)
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
  */
@@ -62,7 +67,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 6
+#define SRV_N_ROUTES 7
 
 #define SRV_HIST_BUCKETS 16
 
@@ -120,6 +125,7 @@ typedef struct srv {
     bool trace_owned;          /* trace is a file we opened (not stderr) */
     pthread_mutex_t trace_mu;  /* one line at a time */
     bool trace_mu_init;
+    struct srv_resp_store *resp_store; /* /v1/responses with store: true; NULL = none kept */
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -191,6 +197,9 @@ typedef struct srv_req {
  * On error fills e (status 400/404) and returns -1; srv_req_free is safe
  * either way. */
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
+/* The same for a body already parsed (stolen, also on error): another API's
+ * request translated into a chat or completions body. */
+int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
 
 /* A chat request as the chat layer takes it (pointers into r). */
@@ -201,10 +210,27 @@ int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 
+typedef struct srv_out srv_out;
+
+/* Where srv_out sends text when another API's shapes are wanted (the
+ * Responses API: responses_stream.c): instead of chat chunks or the chat
+ * answer, every delta that the parsers let out goes to these calls, in
+ * order; end runs once after the final event, with the parsers flushed and
+ * o->finish and the token counts set. Tool calls arrive whole (the parser
+ * runs atomic), so a call cut by max_tokens comes back as content. */
+typedef struct srv_out_sink {
+    void (*reasoning)(srv_out *o, const char *s, size_t n);
+    void (*content)(srv_out *o, const char *s, size_t n);
+    void (*tool_calls)(srv_out *o, const lm_toolcall_out *t); /* t->calls only; its content went to content */
+    void (*end)(srv_out *o);
+} srv_out_sink;
+
 /* Turns a request's token events into OpenAI output: SSE bytes (stream) or a
  * final response object (non-stream). */
-typedef struct srv_out {
+struct srv_out {
     const srv *s;
+    const srv_out_sink *sink;      /* NULL: chat/completions output */
+    void *sink_user;               /* the sink's state */
     srv_kind kind;
     bool stream, include_usage;
     bool logprobs;
@@ -234,11 +260,14 @@ typedef struct srv_out {
     /* SSE bytes not yet handed to the connection */
     lm_tok_str sse;
     size_t sse_off;
-} srv_out;
+};
 
 /* prompt_text/len: echoed first (completions, echo=true); may be NULL. */
 int srv_out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
                  const char *echo, size_t echo_len, srv_err *e);
+/* A chat request whose output goes to sink (with sink_user) instead. */
+int srv_out_init_sink(srv_out *o, const srv *s, const srv_req *r, const lm_chat_prompt *chat,
+                      const srv_out_sink *sink, void *sink_user, srv_err *e);
 void srv_out_free(srv_out *o);
 /* Processes one event. Returns true when the request should be cancelled
  * (a stop string matched). */
@@ -295,7 +324,25 @@ struct srv_job {
     int status;
     double t0, t_first, t_last;
     srv_job *next, *prev;
+    const struct srv_api *api; /* NULL: chat/completions */
+    void *api_state;           /* the api's, freed by its finish */
 };
+
+/* An API whose request and answer have other shapes than chat completions'
+ * (the Responses API, responses.c): it makes the job's chat request from the
+ * body and writes the output through an srv_out sink; generate.c does the
+ * rest (prompt, engine, waiting, streaming) as for chat. */
+typedef struct srv_api {
+    const char *what;   /* the request field that holds the conversation ("input") */
+    /* the body -> j->r (a chat request) and j->api_state; -1 fills e */
+    int (*parse)(srv_job *j, const char *body, size_t len, srv_err *e);
+    /* j->out set up (srv_out_init_sink) once the prompt j->prompt is rendered */
+    int (*start)(srv_job *j, srv_err *e);
+    /* the non-stream answer (new reference), after the final event */
+    json_t *(*response)(srv_job *j);
+    /* the job ends, answered or not: keep what is kept, free api_state */
+    void (*finish)(srv_job *j);
+} srv_api;
 
 /* Queues a response (body is freed), sets cc->status. */
 enum MHD_Result srv_respond_text(srv_conn *cc, struct MHD_Connection *c, int status, char *body, size_t len,
@@ -304,6 +351,8 @@ enum MHD_Result srv_respond_json(srv_conn *cc, struct MHD_Connection *c, int sta
 enum MHD_Result srv_respond_error(srv_conn *cc, struct MHD_Connection *c, const srv_err *e);
 /* POST /v1/chat/completions and /v1/completions (generate.c). */
 enum MHD_Result srv_handle_generate(srv *s, struct MHD_Connection *c, srv_conn *cc, srv_kind kind);
+/* A generation endpoint of another API (generate.c). */
+enum MHD_Result srv_handle_api(srv *s, struct MHD_Connection *c, srv_conn *cc, const srv_api *api);
 
 /* ---- routes (route_table.c) ------------------------------------------------------------------ */
 
@@ -333,6 +382,8 @@ void srv_make_id(char *out, size_t cap, const char *prefix);
 json_t *srv_chunk_base(const srv_out *o);
 /* Appends "data: JSON\n\n" (compact) to o->sse; steals j. */
 void srv_sse_put(srv_out *o, json_t *j);
+/* "event: NAME\ndata: JSON\n\n" (the Responses API's typed events); steals j. */
+void srv_sse_event(srv_out *o, const char *event, json_t *j);
 void srv_sse_done(srv_out *o);
 json_t *srv_usage_json(const srv_out *o);
 /* Text of a token for logprobs (lossy UTF-8) into out. */

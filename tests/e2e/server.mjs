@@ -13,6 +13,8 @@ export const root = path.resolve(here, '..', '..');
 export const bin = process.env.LUMEN_BIN || path.join(root, 'build', 'release', 'lumen');
 const fixtures = process.env.LUMEN_FIXTURES || path.resolve(root, '..', 'shared', 'fixtures');
 export const model = path.join(fixtures, 'models', 'qwen3');
+// The bundled demo model (trained: it follows the chat format).
+export const demoModel = path.join(root, 'models', 'demo');
 
 // Why these tests cannot run here, or null.
 export function skipReason() {
@@ -21,10 +23,11 @@ export function skipReason() {
   return null;
 }
 
-// Starts the server; resolves to { url, port, proc, log(), stop() }.
-export function startServer(args = []) {
+// Starts the server (on modelPath, the fixture by default); resolves to
+// { url, port, proc, log(), stop() }.
+export function startServer(args = [], modelPath = model) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(bin, ['serve', '-m', model, '--port', '0', '--threads', '1', '--quiet', ...args], {
+    const proc = spawn(bin, ['serve', '-m', modelPath, '--port', '0', '--threads', '1', '--quiet', ...args], {
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let log = '';
