@@ -69,8 +69,9 @@ static const lm_opt_cmd k_cmd = {
     .name = "serve",
     .usage = "lumen serve [-m MODEL] [options]",
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
-             "POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-             "GET /health, GET /metrics (Prometheus).\n",
+             "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses\n"
+             "(the Responses API: Codex), GET /v1/models, GET /health, GET /metrics\n"
+             "(Prometheus).\n",
     .opts = k_opts,
     .epilog = "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
               "other characters are dropped, the rest cut to 64); otherwise the server makes\n"

@@ -4,6 +4,8 @@
  * connection). Routes:
  *   POST /v1/chat/completions   chat template, reasoning, tool calls, SSE
  *   POST /v1/completions        raw prompt (text or token ids), SSE
+ *   POST /v1/responses          the Responses API (Codex): input items, typed SSE
+ *                               events, previous_response_id (responses.h)
  *   GET  /v1/models[/ID]        the one served model
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text
