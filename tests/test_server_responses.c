@@ -286,8 +286,27 @@ static json_t *read_events(lm_test_ctx *lm_t_, const char *sse, size_t n) {
     return arr;
 }
 
-static bool run_answer(lm_test_ctx *lm_t_, fx *f, run *u, const char *body, const char *const *chunks, int n,
-                       lm_finish finish) {
+/* GPT-2's byte-level BPE writes byte b as one character: b itself where it
+ * is printable, else 256 + its rank among the unprintable bytes. The token
+ * of that character (-1 when the vocabulary lacks it). */
+static bool printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
+
+static int32_t byte_token(const lm_tokenizer *t, unsigned char b) {
+    int cp = b;
+    if (!printable(b)) {
+        cp = 256;
+        for (int x = 0; x < b; x++) cp += !printable(x);
+    }
+    char u[3];
+    size_t n = 1;
+    if (cp < 0x80) u[0] = (char)cp;
+    else u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F)), n = 2;
+    return lm_tokenizer_token_to_id(t, u, n);
+}
+
+/* bytes: chunks[0] fed one byte token at a time instead. */
+static bool run_answer_as(lm_test_ctx *lm_t_, fx *f, run *u, const char *body, const char *const *chunks, int n,
+                          lm_finish finish, bool bytes) {
     memset(u, 0, sizeof *u);
     srv_err e;
     if (parse(f, body, &u->q, &u->r, &e)) {
@@ -298,10 +317,26 @@ static bool run_answer(lm_test_ctx *lm_t_, fx *f, run *u, const char *body, cons
     lm_chat_prompt p = { 0 };
     LM_CHECK(srv_out_init_sink(&u->o, &f->s, &u->r, &p, &srv_resp_sink, u->b, &e) == 0);
     srv_resp_build_start(u->b, &u->o);
-    feed_chunks(f, &u->o, chunks, n, finish);
+    if (bytes) {
+        size_t len = strlen(chunks[0]);
+        for (size_t i = 0; i < len; i++) {
+            int32_t id = byte_token(f->tok, (unsigned char)chunks[0][i]);
+            LM_CHECK_MSG(id >= 0, "no token for byte 0x%02x", (unsigned char)chunks[0][i]);
+            if (id >= 0) feed_token(&u->o, id);
+        }
+        lm_token_event fin = { .done = true, .finish = finish, .n_prompt = 10, .n_generated = (int)len };
+        srv_out_event(&u->o, &fin);
+    } else {
+        feed_chunks(f, &u->o, chunks, n, finish);
+    }
     u->events = read_events(lm_t_, u->o.sse.s ? u->o.sse.s : "", u->o.sse.len);
     u->response = srv_resp_build_response(u->b);
     return true;
+}
+
+static bool run_answer(lm_test_ctx *lm_t_, fx *f, run *u, const char *body, const char *const *chunks, int n,
+                       lm_finish finish) {
+    return run_answer_as(lm_t_, f, u, body, chunks, n, finish, false);
 }
 
 static const char *ev_type(const json_t *ev) { return json_string_value(json_object_get(ev, "type")); }
@@ -555,28 +590,15 @@ LM_TEST(server_responses_every_split_point) {
         free(outline);
         run_free(&u);
     }
-    /* one character per token: the text fed as single characters */
-    const char **chars = lm_xcalloc(len, sizeof *chars);
-    char *store = lm_xcalloc(len * 5, 1);
-    int n = 0;
-    for (size_t k = 0; k < len;) {
-        size_t w = 1;
-        while (k + w < len && ((unsigned char)k_answer[k + w] & 0xC0) == 0x80) w++;
-        char *c = store + 5 * (size_t)n;
-        memcpy(c, k_answer + k, w);
-        chars[n++] = c;
-        k += w;
-    }
-    LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, chars, n, LM_FINISH_STOP));
+    /* one byte per token: a character's bytes and every tag arrive one by one */
+    LM_REQUIRE(run_answer_as(lm_t_, &f, &u, k_tools_body, &k_answer, 1, LM_FINISH_STOP, true));
     check_sequence(lm_t_, &u);
     char *got = normalised(u.response), *outline = type_outline(u.events);
-    LM_CHECK_MSG(!strcmp(got, want), "one character at a time:\n  %s\nvs\n  %s", got, want);
-    LM_CHECK_MSG(!strcmp(outline, want_outline), "one character at a time:\n  %s\nvs\n  %s", outline, want_outline);
+    LM_CHECK_MSG(!strcmp(got, want), "one byte at a time:\n  %s\nvs\n  %s", got, want);
+    LM_CHECK_MSG(!strcmp(outline, want_outline), "one byte at a time:\n  %s\nvs\n  %s", outline, want_outline);
     free(got);
     free(outline);
     run_free(&u);
-    free(chars);
-    free(store);
     free(want);
     free(want_outline);
     fx_close(&f);
