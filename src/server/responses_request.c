@@ -77,7 +77,7 @@ typedef struct conv {
 /* Text of a content part list as chat text parts; 400 for other part types. */
 static json_t *text_parts(const json_t *content, const char *param, srv_err *e) {
     json_t *parts = json_array();
-    char p[96];
+    char p[128]; /* param (< 96) + "[index]" */
     for (size_t i = 0; i < json_array_size(content); i++) {
         const json_t *part = json_array_get(content, i);
         snprintf(p, sizeof p, "%s[%zu]", param, i);

@@ -192,9 +192,9 @@ wire_api = "responses"
   after(async () => {
     if (proxy) proxy.server.close();
     if (lumen) {
-      const exited = new Promise((r) => lumen.proc.on('exit', r));
+      const exited = new Promise((r) => lumen.proc.on('exit', (code, sig) => r(code ?? sig)));
       lumen.proc.kill('SIGTERM');
-      await exited;
+      assert.equal(await exited, 0, `lumen serve did not exit cleanly:\n${lumen.log()}`);
     }
     for (const d of [home, work]) if (d) rmSync(d, { recursive: true, force: true });
   });
