@@ -695,3 +695,92 @@ LM_TEST(server_responses_previous_response_id) {
     expect_error(lm_t_, &f, body, 400, "input[0].type", NULL);
     fx_close(&f);
 }
+
+/* ---- hostile bodies ---------------------------------------------------------------------- */
+
+/* Every value of body replaced by each of a few values of other types, one
+ * at a time (depth first over objects and arrays): each is answered, never
+ * crashes, and a refusal is a 400 or 404 with a message. */
+static int g_variants;
+
+static void try_body(lm_test_ctx *lm_t_, fx *f, const json_t *root) {
+    char *text = json_dumps(root, JSON_COMPACT);
+    srv_resp_req q;
+    srv_req r;
+    srv_err e;
+    int rc = parse(f, text, &q, &r, &e);
+    LM_CHECK_MSG(rc == 0 || ((e.status == 400 || e.status == 404) && e.msg[0]), "%s -> rc %d status %d", text, rc,
+                 e.status);
+    if (rc == 0) {
+        lm_chat_prompt p;
+        srv_err re;
+        if (srv_chat_render(&f->s, &r, &p, &re) == 0) LM_CHECK(p.text != NULL);
+        lm_chat_prompt_free(&p);
+    }
+    srv_resp_req_free(&q);
+    srv_req_free(&r);
+    free(text);
+    g_variants++;
+}
+
+static void mutate_walk(lm_test_ctx *lm_t_, fx *f, json_t *root, json_t *node) {
+    json_t *repl[] = { json_null(), json_integer(-1), json_string(""), json_array(), json_object(), json_true() };
+    /* the keys (or indices) first: the node changes under the loop */
+    json_t *keys = json_array();
+    if (json_is_object(node)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(node, key, v) json_array_append_new(keys, json_string(key));
+    }
+    size_t n = json_is_object(node) ? json_array_size(keys) : json_is_array(node) ? json_array_size(node) : 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *key = json_is_object(node) ? json_string_value(json_array_get(keys, i)) : NULL;
+        json_t *child = json_incref(key ? json_object_get(node, key) : json_array_get(node, i));
+        for (size_t k = 0; k < LM_COUNT(repl); k++) {
+            if (key) json_object_set(node, key, repl[k]);
+            else json_array_set(node, i, repl[k]);
+            try_body(lm_t_, f, root);
+        }
+        if (key) json_object_set(node, key, child);
+        else json_array_set(node, i, child);
+        mutate_walk(lm_t_, f, root, child);
+        json_decref(child);
+    }
+    json_decref(keys);
+    for (size_t k = 0; k < LM_COUNT(repl); k++) json_decref(repl[k]);
+}
+
+LM_TEST(server_responses_hostile_bodies) {
+    fx f;
+    if (!fx_open(&f)) SKIP_NO_FIXTURE();
+    const char *body =
+        "{\"model\":\"qwen3\",\"instructions\":\"A\",\"stream\":true,\"max_output_tokens\":9,\"store\":false,"
+        "\"reasoning\":{\"effort\":\"low\",\"summary\":\"auto\"},\"text\":{\"format\":{\"type\":\"text\"}},"
+        "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},\"input\":["
+        "{\"type\":\"message\",\"role\":\"developer\",\"content\":[{\"type\":\"input_text\",\"text\":\"B\"}]},"
+        "{\"role\":\"user\",\"content\":\"u\"},"
+        "{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"s\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":[{\"type\":\"input_text\",\"text\":\"o\"}]}]}";
+    json_t *root = json_loads(body, 0, NULL);
+    LM_REQUIRE(root != NULL);
+    g_variants = 0;
+    try_body(lm_t_, &f, root);
+    mutate_walk(lm_t_, &f, root, root);
+    LM_CHECK(g_variants > 200);
+    json_decref(root);
+    /* every prefix of the text: a JSON error (400), never a crash */
+    size_t len = strlen(body);
+    for (size_t k = 0; k < len; k++) {
+        srv_resp_req q;
+        srv_req r;
+        srv_err e;
+        memset(&e, 0, sizeof e);
+        int rc = srv_resp_parse(&f.s, body, k, &q, &r, &e);
+        LM_CHECK(rc == -1 && e.status == 400);
+        srv_resp_req_free(&q);
+        srv_req_free(&r);
+    }
+    fx_close(&f);
+}
