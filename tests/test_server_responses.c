@@ -197,6 +197,9 @@ LM_TEST(server_responses_bad_requests) {
     expect_error(lm_t_, &f, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":7}]}", 400,
                  "input[0].output", NULL);
     expect_error(lm_t_, &f, "{\"input\":[\"x\"]}", 400, "input[0]", NULL);
+    expect_error(lm_t_, &f, "{\"input\":[{\"role\":\"user\"}]}", 400, "input[0].content", NULL);
+    expect_error(lm_t_, &f, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", 400,
+                 "input[0].output", NULL);
     expect_error(lm_t_, &f, "{\"input\":\"a\",\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0].name", NULL);
     expect_error(lm_t_, &f, "{\"input\":\"a\",\"tools\":[{\"type\":\"web_search\"}],\"tool_choice\":{\"type\":\"web_search\"}}",
                  400, "tool_choice", NULL);
@@ -698,9 +701,10 @@ LM_TEST(server_responses_previous_response_id) {
 
 /* ---- hostile bodies ---------------------------------------------------------------------- */
 
-/* Every value of body replaced by each of a few values of other types, one
- * at a time (depth first over objects and arrays): each is answered, never
- * crashes, and a refusal is a 400 or 404 with a message. */
+/* Every value of body replaced by each of a few values of other types, and
+ * every key removed, one at a time (depth first over objects and arrays):
+ * each is answered, never crashes, and a refusal is a 400 or 404 with a
+ * message. */
 static int g_variants;
 
 static void try_body(lm_test_ctx *lm_t_, fx *f, const json_t *root) {
@@ -741,8 +745,13 @@ static void mutate_walk(lm_test_ctx *lm_t_, fx *f, json_t *root, json_t *node) {
             else json_array_set(node, i, repl[k]);
             try_body(lm_t_, f, root);
         }
-        if (key) json_object_set(node, key, child);
-        else json_array_set(node, i, child);
+        if (key) {
+            json_object_del(node, key);
+            try_body(lm_t_, f, root);
+            json_object_set(node, key, child);
+        } else {
+            json_array_set(node, i, child);
+        }
         mutate_walk(lm_t_, f, root, child);
         json_decref(child);
     }

@@ -51,6 +51,7 @@ static const char *type_name(const json_t *v) {
 }
 
 static int bad_type(srv_err *e, const char *key, const char *want, const json_t *v) {
+    if (!v) return srv_bad(e, key, "Missing required parameter: '%s' (%s).", key, want);
     return srv_bad(e, key, "Invalid type for '%s': expected %s, but got %s instead.", key, want, type_name(v));
 }
 
