@@ -294,8 +294,8 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         goto fail;
     }
     if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
-    if (api ? api->start(j, &e) : srv_out_init(&j->out, s, &j->r, kind == SRV_CHAT ? &j->prompt : NULL, echo, echo_len, &e))
-        goto fail;
+    const lm_chat_prompt *prompt = kind == SRV_CHAT ? &j->prompt : NULL;
+    if (api ? api->start(j, &e) : srv_out_init(&j->out, s, &j->r, prompt, echo, echo_len, &e)) goto fail;
     free(echo);
     echo = NULL;
 

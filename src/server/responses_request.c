@@ -289,7 +289,8 @@ static json_t *to_messages(const json_t *instructions, const json_t *items, size
         /* params count from this request's input, whose items follow the stored ones */
         if (add_item(&c, json_array_get(items, i), i >= first_new ? i - first_new : i, e)) goto fail;
     }
-    if (json_array_size(c.system)) json_array_insert_new(c.messages, 0, json_pack("{s:s,s:O}", "role", "system", "content", c.system));
+    if (json_array_size(c.system))
+        json_array_insert_new(c.messages, 0, json_pack("{s:s,s:O}", "role", "system", "content", c.system));
     json_decref(c.system);
     json_decref(c.reasoning);
     return c.messages;
@@ -342,7 +343,8 @@ static json_t *to_chat_tool_choice(const json_t *tc, srv_err *e) {
     if (json_is_string(tc)) {
         const char *v = json_string_value(tc);
         if (strcmp(v, "auto") && strcmp(v, "none") && strcmp(v, "required")) {
-            srv_bad(e, "tool_choice", "Invalid 'tool_choice': '%.40s' (expected none, auto, required or an object).", v);
+            srv_bad(e, "tool_choice",
+                    "Invalid 'tool_choice': '%.40s' (expected none, auto, required or an object).", v);
             return NULL;
         }
         return json_incref((json_t *)tc);

@@ -248,7 +248,8 @@ static void sink_end(srv_out *o) {
                          "reasoning_tokens", o->n_reasoning, "total_tokens", o->n_prompt + o->n_generated);
     if (failed) {
         b->status = "failed";
-        const char *msg = o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).";
+        const char *msg = o->finish == LM_FINISH_ERROR ? o->error
+                                                       : "The request was cancelled (the server is shutting down).";
         b->error = json_pack("{s:s,s:o}", "code", "server_error", "message", srv_lossy_string(msg));
         emit_response(b, o, "response.failed");
     } else if (cut) {
