@@ -10,7 +10,8 @@
 // The demo model is tiny (4096 tokens of context, never trained on tool
 // calls): Codex's own 17 kB system prompt and its subagent/goal tools do not
 // fit, so the config replaces the instructions with a short file and turns
-// those tools and the permission/environment notes off; the shell tools
+// those tools and the permission, environment and skills notes off (which
+// also keeps temporary paths out of the prompt); the shell tools
 // (exec_command, write_stdin, request_user_input) stay and go to lumen on
 // every request. The model will not call a tool by itself, so the tool round
 // trip is shown on the history side: a function_call and its
@@ -20,8 +21,9 @@
 // Codex sends no temperature, so the model samples at 1, and about half of
 // its answers ramble on until the context is full: lumen then answers
 // status "incomplete" (max_output_tokens), which Codex reports as a failed
-// turn. That outcome (and only that one, checked in both logs) is retried,
-// up to 10 times; any other failure fails the test at once.
+// turn. That outcome (and only that one, checked in both logs) is retried
+// with the next of a few requests in the demo's training format, up to 10
+// times; any other failure fails the test at once.
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -137,12 +139,16 @@ async function ranOutOfContext(run, lumen, mark) {
   return /POST \/v1\/responses 200 .*finish length/.test(lumen.log().slice(mark));
 }
 
-// Runs attempt() until a turn does not run out of context (at most 10 times).
+// Requests like those the demo model was trained on.
+const asks = ['Write a Python function `is_even`: Return True if n is even',
+  'Write a Python function `add`: Add two numbers', 'Write a Python function `clamp`: Limit x to [lo, hi]'];
+
+// Runs attempt(ask) until a turn does not run out of context (at most 10 times).
 async function turn(t, lumen, attempt) {
   let run;
   for (let i = 1; i <= 10; i++) {
     const mark = lumen.log().length;
-    run = await attempt();
+    run = await attempt(asks[(i - 1) % asks.length]);
     if (!(await ranOutOfContext(run, lumen, mark))) {
       t.diagnostic(`attempt ${i}: ${run.seconds.toFixed(1)} s`);
       return run;
@@ -181,6 +187,9 @@ view_image = false
 [agents]
 enabled = false
 
+[skills]
+include_instructions = false
+
 [model_providers.lumen]
 name = "lumen"
 base_url = "http://127.0.0.1:${proxy.port}/v1"
@@ -200,7 +209,7 @@ wire_api = "responses"
   });
 
   test('one turn completes; lumen accepted Codex\'s request and its tools', async (t) => {
-    const run = await turn(t, lumen, () => runCodex(home, work, ['Write a Python function `add`: Add two numbers']));
+    const run = await turn(t, lumen, (ask) => runCodex(home, work, [ask]));
     assertCleanTurn(run);
     threadId = run.events.find((e) => e.type === 'thread.started').thread_id;
     const posts = proxy.seen.filter((r) => r.method === 'POST');
@@ -248,10 +257,10 @@ wire_api = "responses"
     })}\n`));
     const snapshot = readFileSync(rollout, 'utf8'); // a failed attempt must not lengthen the history
     let before;
-    const run = await turn(t, lumen, () => {
+    const run = await turn(t, lumen, (ask) => {
       writeFileSync(rollout, snapshot);
       before = proxy.seen.length;
-      return runCodex(home, work, ['resume', threadId, 'Thanks. Now write `sub`.']);
+      return runCodex(home, work, ['resume', threadId, `Thanks. ${ask}`]);
     });
     assertCleanTurn(run);
     const posts = proxy.seen.slice(before).filter((r) => r.method === 'POST');
