@@ -11,6 +11,7 @@ LM_TEST(server_route_table) {
     } k_urls[] = {
         { "/v1/chat/completions", "chat_completions" }, { "/chat/completions", "chat_completions" },
         { "/v1/completions", "completions" },           { "/completions", "completions" },
+        { "/v1/responses", "responses" },               { "/responses", "responses" },
         { "/v1/models", "models" },                     { "/v1/models/", "models" },
         { "/v1/models/qwen3", "models" },               { "/health", "health" },
         { "/metrics", "metrics" },                      { "/v1/modelsx", "other" },
@@ -29,7 +30,7 @@ LM_TEST(server_route_table) {
                      k_urls[i].url, r);
     }
     /* the names /metrics prints, in order; only the last entry is the catch-all */
-    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "messages",
+    static const char *const k_names[SRV_N_ROUTES] = { "chat_completions", "completions", "responses", "messages",
                                                        "messages_count_tokens", "embeddings", "tokenize",
                                                        "detokenize", "models", "health", "metrics", "page",
                                                        "other" };
@@ -41,8 +42,8 @@ LM_TEST(server_route_table) {
     /* only generation, count_tokens, embeddings and (de)tokenize take POST;
      * only /health and the chat page are open without the API key */
     for (int r = 0; r < SRV_N_ROUTES - 1; r++) {
-        LM_CHECK(srv_routes[r].post == (r < 7));
-        LM_CHECK(srv_routes[r].anthropic == (r == 2 || r == 3)); /* Anthropic error bodies */
+        LM_CHECK(srv_routes[r].post == (r < 8));
+        LM_CHECK(srv_routes[r].anthropic == (r == 3 || r == 4)); /* Anthropic error bodies */
         LM_CHECK(srv_routes[r].open == (!strcmp(srv_routes[r].path, "/health") || !strcmp(srv_routes[r].metric, "page")));
     }
 }

@@ -127,6 +127,12 @@ make_seeds() {
     qblocks)
         # any bytes are blocks (fuzz_qblocks.c): the fuzzer starts from nothing
         ;;
+    responses)
+        # Responses API bodies: every input item kind, tools, options, chaining
+        printf '%s' '{"model":"demo","instructions":"A","input":"hi","max_output_tokens":9,"store":true}' >"$dir/plain.json"
+        printf '%s' '{"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"B"}]},{"role":"user","content":"u"},{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"r"}]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"o"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"}],"tool_choice":{"type":"function","name":"f"},"reasoning":{"effort":"none","summary":"auto"},"text":{"format":{"type":"text"}},"stream":true,"include":["reasoning.encrypted_content"]}' >"$dir/items.json"
+        printf '%s' '{"previous_response_id":"resp_fuzz","input":[{"type":"function_call_output","call_id":"c","output":"x"}],"temperature":0.5,"top_p":0.9}' >"$dir/chain.json"
+        ;;
     *)
         # Any fixture of that extension small enough to mutate quickly.
         if [ -d "$fixtures" ]; then

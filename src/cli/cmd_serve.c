@@ -73,11 +73,12 @@ static const lm_opt_cmd k_cmd = {
     .name = "serve",
     .usage = "lumen serve [-m MODEL] [options]",
     .about = "Serves MODEL over an OpenAI-compatible HTTP API until SIGINT or SIGTERM:\n"
-             "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings,\n"
-             "POST /tokenize, POST /detokenize, GET /v1/models, GET /health,\n"
-             "GET /metrics (Prometheus), a chat page at GET /; and Anthropic's\n"
-             "Messages API (POST /v1/messages, /v1/messages/count_tokens) for Claude\n"
-             "Code and the Anthropic SDKs, answering to any model name.\n",
+             "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses\n"
+             "(the Responses API: Codex), POST /v1/embeddings, POST /tokenize,\n"
+             "POST /detokenize, GET /v1/models, GET /health, GET /metrics (Prometheus),\n"
+             "a chat page at GET /; and Anthropic's Messages API (POST /v1/messages,\n"
+             "/v1/messages/count_tokens) for Claude Code and the Anthropic SDKs,\n"
+             "answering to any model name.\n",
     .opts = k_opts,
     .epilog = "A request may name itself with an X-Request-Id header (A-Z a-z 0-9 . _ : -;\n"
               "other characters are dropped, the rest cut to 64); otherwise the server makes\n"

@@ -6,6 +6,8 @@
  *   POST /v1/completions        raw prompt (text or token ids), SSE
  *   POST /v1/messages           Anthropic's Messages API (the chat path; SSE events)
  *   POST /v1/messages/count_tokens
+ *   POST /v1/responses          the Responses API (Codex): input items, typed SSE
+ *                               events, previous_response_id (responses.h)
  *   GET  /v1/models[/ID]        the one served model
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text

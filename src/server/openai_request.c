@@ -413,12 +413,24 @@ json_t *srv_json_body(const char *body, size_t len, srv_err *e) {
     return j;
 }
 
+static int parse_body(const srv *s, srv_req *r, srv_err *e) {
+    if (!json_is_object(r->body)) return srv_bad(e, NULL, "The request body must be a JSON object.");
+    if (parse_common(s, r->body, r, e)) return -1;
+    return r->kind == SRV_CHAT ? parse_chat(s, r->body, r, e) : parse_completion(s, r->body, r, e);
+}
+
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     if (!(r->body = srv_json_body(body, len, e))) return -1;
-    if (parse_common(s, r->body, r, e)) return -1;
-    return kind == SRV_CHAT ? parse_chat(s, r->body, r, e) : parse_completion(s, r->body, r, e);
+    return parse_body(s, r, e);
+}
+
+int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->body = body;
+    return parse_body(s, r, e);
 }
 
 void srv_req_free(srv_req *r) {

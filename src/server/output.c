@@ -10,8 +10,9 @@
  * and whatever comes out is emitted at once: as SSE chunks when streaming
  * (o->sse, drained by the connection), else collected for the final
  * response; or, for another API's shapes, handed to an srv_out_sink
- * (the Responses API's builder) that writes its own events and object. Nothing here touches the network or the engine; the caller
- * cancels the request when srv_out_event says a stop string matched.
+ * (the Responses API's builder) that writes its own events and object.
+ * Nothing here touches the network or the engine; the caller cancels the
+ * request when srv_out_event says a stop string matched.
  *
  * Special tokens are hidden (what skip_special_tokens does) except the tags
  * the parsers need: <think>, </think>, <tool_call>, </tool_call> are special

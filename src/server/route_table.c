@@ -9,6 +9,7 @@
  * other URL (404). The generation endpoints' handler is generate.c. */
 #include <string.h>
 
+#include "responses.h"
 #include "server_internal.h"
 
 /* ---- the small routes ------------------------------------------------------------------ */
@@ -81,6 +82,10 @@ static enum MHD_Result handle_completions(srv *s, struct MHD_Connection *c, srv_
     return srv_handle_generate(s, c, cc, SRV_COMPLETION);
 }
 
+static enum MHD_Result handle_responses(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
+    return srv_handle_api(s, c, cc, &srv_responses_api);
+}
+
 static enum MHD_Result handle_messages(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
     return srv_handle_api(s, c, cc, &srv_anth_api);
 }
@@ -112,6 +117,8 @@ const srv_route srv_routes[] = {
       .metric = "chat_completions" },
     { .path = "/v1/completions", .alias = "/completions", .post = true, .handler = handle_completions,
       .metric = "completions" },
+    { .path = "/v1/responses", .alias = "/responses", .post = true, .handler = handle_responses,
+      .metric = "responses" },
     { .path = "/v1/messages", .post = true, .anthropic = true, .handler = handle_messages, .metric = "messages" },
     { .path = "/v1/messages/count_tokens", .post = true, .anthropic = true, .handler = handle_count_tokens,
       .metric = "messages_count_tokens" },

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "responses.h"
 #include "server_internal.h"
 
 /* ---- responses -------------------------------------------------------------------------- */
@@ -292,6 +293,7 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     }
     srv_init_text(s, tok, s->model->cfg.vocab, s->model->cfg.eos_ids, s->model->cfg.n_eos);
     if (o->progress && o->progress->stage) o->progress->stage(o->progress->user, "warming up");
+    s->resp_store = srv_resp_store_create(SRV_RESP_STORE_COUNT, SRV_RESP_STORE_BYTES);
     if (lm_engine_create(&s->en, s->model, &o->engine, e)) goto done;
     if (o->progress && o->progress->stage) o->progress->stage(o->progress->user, NULL);
     s->ctx = lm_engine_ctx(s->en);
@@ -338,6 +340,7 @@ done:
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     lm_engine_free(s->en);
     srv_free_text(s);
+    srv_resp_store_free(s->resp_store);
     lm_tokenizer_free(s->tok);
     lm_model_free(s->model);
     free(s->model_name);

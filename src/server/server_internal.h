@@ -23,6 +23,11 @@
  *                      chat request, translated)
  *   anthropic_stream.c Anthropic's message, events and errors, written
  *                      through an srv_out sink; anthropic.c its srv_api
+ *   responses_request.c  POST /v1/responses: its body (input items, flat
+ *                      tools, reasoning ...) -> a chat srv_req
+ *   responses_stream.c the Responses API's output items and typed SSE
+ *                      events, written through an srv_out sink
+ *   responses_store.c  stored responses for previous_response_id (LRU)
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
  *   web_page.c         GET / : the chat page of web/, compiled in (web_assets.h)
@@ -69,7 +74,7 @@ json_t *srv_error_json(const srv_err *e);
 /* ---- metrics (metrics.c) -------------------------------------------------------- */
 
 /* Entries of srv_routes (route_table.c); requests are counted by entry. */
-#define SRV_N_ROUTES 12
+#define SRV_N_ROUTES 13
 
 #define SRV_HIST_BUCKETS 16
 
@@ -128,6 +133,7 @@ typedef struct srv {
     bool trace_owned;          /* trace is a file we opened (not stderr) */
     pthread_mutex_t trace_mu;  /* one line at a time */
     bool trace_mu_init;
+    struct srv_resp_store *resp_store; /* /v1/responses with store: true; NULL = none kept */
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -211,6 +217,9 @@ json_t *srv_json_body(const char *body, size_t len, srv_err *e);
  * On error fills e (status 400/404) and returns -1; srv_req_free is safe
  * either way. */
 int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv_req *r, srv_err *e);
+/* The same for a body already parsed (stolen, also on error): another API's
+ * request translated into a chat or completions body. */
+int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
 
 /* A chat request as the chat layer takes it (pointers into r). */
