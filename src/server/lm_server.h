@@ -27,6 +27,8 @@ typedef struct lm_server_opts {
     int max_connections;     /* open connections at once (0: 1024) */
     bool log_requests;       /* one line per request on stderr */
     const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
+    const char *debug_tool_call; /* "NAME=JSON": answer a user's turn that offers the tool NAME
+                                    with that call (srv_debug_call_parse); NULL = off */
 } lm_server_opts;
 
 /* Loads the model and its tokenizer from model (o->model_path opened once,
