@@ -275,7 +275,11 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     socklen_t sslen = 0;
     bool v6 = false;
     if (srv_trace_open(s, o->trace_path, e)) goto done;
-    if (o->debug_tool_call && srv_debug_call_parse(s, o->debug_tool_call, e)) goto done;
+    if (o->debug_tool_call) {
+        if (srv_debug_call_parse(s, o->debug_tool_call, e)) goto done;
+        fprintf(stderr, "lumen: --debug-tool-call: a user's turn that offers '%s' is answered with that call, not by the model\n",
+                s->debug_call_name);
+    }
     if (bind_addr(s->opts.host, o->port, &ss, &sslen, &v6, e)) goto done;
     if (lm_model_load_from(&s->model, model, be, e)) goto done;
     lm_tokenizer *tok = NULL;

@@ -12,7 +12,7 @@
 // so, and the tests print it.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -39,7 +39,8 @@ export function isolated() {
 }
 
 // A fresh folder for an agent's HOME and working directory; removed by the
-// returned cleanup unless LUMEN_AGENTS_KEEP is set (to look at what it wrote).
+// returned cleanup unless LUMEN_AGENTS_KEEP is set (to look at what it wrote;
+// runTurn then also leaves exchanges.json, lumen.log and agent.out there).
 export function tempDir(name) {
   const d = mkdtempSync(path.join(os.tmpdir(), `lumen-agent-${name}-`));
   return {
@@ -258,6 +259,11 @@ export async function runTurn({ name, lumenArgs = [], setup, timeoutMs = 120000 
     const run = await runAgent(cmd, args, { cwd: work, home, env, timeoutMs, input });
     await proxy.close();
     const lumenExit = await lumen.stop();
+    if (process.env.LUMEN_AGENTS_KEEP) {
+      writeFileSync(path.join(tmp.dir, 'exchanges.json'), JSON.stringify(proxy.exchanges, null, 1));
+      writeFileSync(path.join(tmp.dir, 'lumen.log'), lumen.log());
+      writeFileSync(path.join(tmp.dir, 'agent.out'), `${run.stdout}\n--- stderr\n${run.stderr}`);
+    }
     return { run, log: lumen.log(), exchanges: proxy.exchanges, chats: proxy.chats(), lumenExit, work };
   } finally {
     await proxy.close().catch(() => {});
