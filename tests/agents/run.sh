@@ -42,6 +42,8 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 echo "== agents: npm install $(secs "$t0" "$t1") s (${names[*]})"
 ((failed)) && exit 1
 
+# Three test files at once: an agent spends most of a turn starting up, and
+# each lumen runs one thread. AGENTS_NETNS=0 skips the network namespace.
 if [[ ${AGENTS_NETNS:-1} == 1 ]] && command -v ip >/dev/null && unshare -n true 2>/dev/null; then
   unshare -n sh -c 'ip link set lo up && exec node --test --test-concurrency=3'
 else

@@ -3,10 +3,12 @@
 // (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL), one turn in
 // non-interactive mode (-p).
 //
-// qwen-code's full prompt (system prompt, skills, memory, 16 tools) is about
-// 20,000 tokens of the demo model's tokenizer, five times its 4096-token
-// context, so the settings below keep two tools (read_file, list_directory)
-// and a one-line system prompt: what a user of a small local model does.
+// qwen-code's default request (a 23 KB system prompt, 9.5 KB of skills and
+// context, ten tool definitions in 27 KB) is about 20,000 tokens of the demo
+// model's tokenizer, five times its 4096-token context, so the settings below
+// keep two tools (read_file, list_directory), no skills or memory, and a
+// one-line system prompt: what a user of a small local model does. Its
+// default max_tokens (32000) is capped at 256 for the same reason.
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
