@@ -4,6 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libmicrohttpd-dev libedit-dev libopenblas-dev clang libclang-rt-14-dev
   chromium) # chromium: tests/web drives the chat page in it
+# ip (iproute2): tests/agents bring loopback up in a network namespace of their own
+pkgs+=(iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, builds lumen twice (Release, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer), runs every test in both
-# builds, and ends with the combined line "N passed, N failed, N skipped".
+# builds, then the end-to-end tests against the Release server (the openai SDK,
+# real agent CLIs), and ends with the combined line "N passed, N failed, N skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -82,6 +83,24 @@ else
   fi
   [[ $rc == 0 ]] || status=1
 fi
+
+# Agents: real coding-agent CLIs from npm (pi-coding-agent, qwen-code, opencode,
+# Claude Code, Codex),
+# one turn each against the Release server on the demo model, offline
+# (tests/agents/README.md); about a minute on the 2-core VM.
+echo "== agents: npm install and node --test (tests/agents)"
+LUMEN_BIN="$PWD/build/release/lumen" timeout 900 bash tests/agents/run.sh 2>&1 | tee build/agents.log
+rc=${PIPESTATUS[0]}
+pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
+fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
+skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
+if [[ -z $pass || -z $fail ]]; then
+  echo "== agents: node --test did not finish (exit $rc)"
+  total_fail=$((total_fail + 1))
+else
+  total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
+fi
+[[ $rc == 0 ]] || status=1
 
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 exit $status

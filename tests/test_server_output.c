@@ -647,3 +647,112 @@ LM_TEST(server_trace_line_divergence_text) {
     lm_tok_ids_free(&ib);
     fx_close(&f);
 }
+
+/* --debug-tool-call: a user's turn that offers the tool is answered with the
+ * whole call, prefilled in the template's format; the model's own tokens are
+ * dropped (the first event cancels); other turns are left to the model. */
+LM_TEST(server_debug_tool_call) {
+    fx f;
+    if (!fx_open(&f, "qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err le = { { 0 } };
+    static const char *const bad[] = { "get_weather", "={}", "get_weather=[1]", "get_weather={", "get_weather=" };
+    for (size_t i = 0; i < LM_COUNT(bad); i++) {
+        LM_CHECK_MSG(srv_debug_call_parse(&f.s, bad[i], &le) == -1, "'%s' was accepted", bad[i]);
+        LM_CHECK(f.s.debug_call_name == NULL && strstr(le.msg, "--debug-tool-call"));
+    }
+    LM_REQUIRE(srv_debug_call_parse(&f.s, "get_weather={\"city\": \"Oslo\"}", &le) == 0);
+    LM_CHECK(lm_streq(f.s.debug_call_name, "get_weather"));
+
+    char b[2048];
+    srv_req r;
+    srv_err e;
+    lm_chat_prompt p;
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"tools\":%s,\"stream\":true}", k_tools);
+    LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
+    LM_CHECK(r.tool_args == f.s.debug_call_args);
+    LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+    const char *want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>";
+    LM_CHECK_MSG(p.prefill && !strcmp(p.prefill, want), "prefill '%s'", p.prefill ? p.prefill : "(null)");
+    LM_CHECK(p.call_complete);
+    size_t n = strlen(p.text);
+    LM_CHECK(n > strlen(want) && !strcmp(p.text + n - strlen(want), want));
+    srv_out o;
+    LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
+    LM_CHECK(feed(&f, &o, "Some words <tool_call>", LM_FINISH_STOP) == 1); /* the first token cancels */
+    int n_done;
+    json_t *ev = sse_events(o.sse.s, o.sse.len, &n_done);
+    char name[64] = "", args[128] = "";
+    const char *finish = NULL;
+    bool content = false;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(ev, i), "choices"), 0);
+        json_t *d = json_object_get(ch, "delta");
+        const char *c = json_string_value(json_object_get(d, "content"));
+        content |= c && *c;
+        if (json_is_string(json_object_get(ch, "finish_reason"))) finish = json_string_value(json_object_get(ch, "finish_reason"));
+        json_t *fn = json_object_get(json_array_get(json_object_get(d, "tool_calls"), 0), "function");
+        if (json_is_string(json_object_get(fn, "name"))) snprintf(name, sizeof name, "%s", json_string_value(json_object_get(fn, "name")));
+        if (json_is_string(json_object_get(fn, "arguments"))) strncat(args, json_string_value(json_object_get(fn, "arguments")), 100);
+    }
+    LM_CHECK(!content); /* the model's "Some words" never shows */
+    LM_CHECK(!strcmp(name, "get_weather"));
+    json_t *aj = json_loads(args, 0, NULL);
+    LM_CHECK_MSG(lm_streq(json_string_value(json_object_get(aj, "city")), "Oslo"), "args '%s'", args);
+    json_decref(aj);
+    LM_CHECK(finish && !strcmp(finish, "tool_calls"));
+    LM_CHECK(n_done == 1);
+    json_decref(ev);
+    srv_out_free(&o);
+    lm_chat_prompt_free(&p);
+    srv_req_free(&r);
+
+    /* left to the model: the answer to a tool result, tool_choice none or
+     * named, a request without that tool */
+    static const char *const other[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],\"tools\":%s}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":%s,\"tool_choice\":\"none\"}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":%s,"
+        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}]%.0s}",
+    };
+    for (size_t i = 0; i < LM_COUNT(other); i++) {
+        snprintf(b, sizeof b, other[i], k_tools);
+        LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
+        LM_CHECK_MSG(r.tool_args == NULL, "case %zu", i);
+        LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+        LM_CHECK(!p.call_complete);
+        lm_chat_prompt_free(&p);
+        srv_req_free(&r);
+    }
+
+    /* the Qwen3.5 XML format, after closing the think block the prompt opens */
+    if (use_template(&f, "templates/qwen38/qwen38_chat_template.jinja")) {
+        LM_REQUIRE(srv_debug_call_parse(&f.s, "get_weather={\"city\": \"Rome\", \"days\": 2}", &le) == 0);
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"Rome?\"}],\"tools\":%s}", k_tools2);
+        LM_REQUIRE(parse(&f, SRV_CHAT, b, &r, &e) == 0);
+        LM_REQUIRE(srv_chat_render(&f.s, &r, &p, &e) == 0);
+        LM_CHECK_MSG(p.prefill && !strcmp(p.prefill, "\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n"
+                                                     "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+                     "prefill '%s'", p.prefill ? p.prefill : "(null)");
+        LM_REQUIRE(srv_out_init(&o, &f.s, &r, &p, NULL, 0, &e) == 0);
+        feed(&f, &o, "more", LM_FINISH_STOP);
+        json_t *res = srv_out_response(&o);
+        json_t *choice = json_array_get(json_object_get(res, "choices"), 0);
+        json_t *calls = json_object_get(json_object_get(choice, "message"), "tool_calls");
+        LM_CHECK(json_array_size(calls) == 1);
+        json_t *a = json_loads(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")) ?: "",
+                               0, NULL);
+        LM_CHECK(lm_streq(json_string_value(json_object_get(a, "city")), "Rome") && json_integer_value(json_object_get(a, "days")) == 2);
+        json_decref(a);
+        LM_CHECK(lm_streq(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls"));
+        json_decref(res);
+        srv_out_free(&o);
+        lm_chat_prompt_free(&p);
+        srv_req_free(&r);
+    }
+    free(f.s.debug_call_name);
+    json_decref(f.s.debug_call_args);
+    fx_close(&f);
+}

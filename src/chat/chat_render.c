@@ -1,5 +1,6 @@
 /* chat_render.c - the chat template of a model, and messages rendered with
  * it (see lm_chat.h for the context a template gets, and forced calls). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,21 +78,40 @@ json_t *lm_chat_context(const lm_chat *c, const lm_chat_req *r) {
     return ctx;
 }
 
-/* The opening of a forced call, in the template's format. */
+/* The opening of a forced call, in the template's format; with r->tool_args
+ * the whole call (string parameters of an XML call written raw, others as
+ * JSON, as the templates write them). */
 static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in_think) {
-    const char *close = in_think ? "\n</think>\n\n" : "";
-    json_t *jname = json_string(r->tool_name ? r->tool_name : "");
-    char *quoted = json_dumps(jname, JSON_ENCODE_ANY); /* the name as a JSON string */
-    json_decref(jname);
-    size_t cap = strlen(close) + 2 * strlen(quoted) + 128;
-    char *p = lm_xmalloc(cap);
-    if (r->tool_name && c->xml_tools)
-        snprintf(p, cap, "%s<tool_call>\n<function=%s>\n", close, r->tool_name);
-    else if (r->tool_name)
-        snprintf(p, cap, "%s<tool_call>\n{\"name\": %s, \"arguments\": ", close, quoted);
-    else
-        snprintf(p, cap, "%s<tool_call>\n", close);
-    free(quoted);
+    char *p = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&p, &n);
+    LM_ASSERT(f);
+    fputs(in_think ? "\n</think>\n\n<tool_call>\n" : "<tool_call>\n", f);
+    if (r->tool_name && c->xml_tools) {
+        fprintf(f, "<function=%s>\n", r->tool_name);
+        if (r->tool_args) {
+            const char *k;
+            const json_t *v;
+            json_object_foreach((json_t *)r->tool_args, k, v) {
+                char *dump = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+                fprintf(f, "<parameter=%s>\n%s\n</parameter>\n", k, dump ? dump : json_string_value(v));
+                free(dump);
+            }
+            fputs("</function>\n</tool_call>", f);
+        }
+    } else if (r->tool_name) {
+        json_t *jname = json_string(r->tool_name);
+        char *quoted = json_dumps(jname, JSON_ENCODE_ANY); /* the name as a JSON string */
+        json_decref(jname);
+        fprintf(f, "{\"name\": %s, \"arguments\": ", quoted);
+        free(quoted);
+        if (r->tool_args) {
+            char *args = json_dumps(r->tool_args, JSON_COMPACT);
+            fprintf(f, "%s}\n</tool_call>", args);
+            free(args);
+        }
+    }
+    fclose(f);
     return p;
 }
 
@@ -106,6 +126,7 @@ int lm_chat_render(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p, lm
     p->start_in_reasoning = c->think && lm_reasoning_prompt_open(text, len, "<think>", "</think>");
     if (r->force_call) {
         p->prefill = forced_call_prefill(c, r, p->start_in_reasoning);
+        p->call_complete = r->tool_name && r->tool_args;
         size_t pl = strlen(p->prefill);
         text = lm_xrealloc(text, len + pl + 1);
         memcpy(text + len, p->prefill, pl + 1);

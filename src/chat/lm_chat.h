@@ -33,7 +33,9 @@
  * constrained decoding yet, so it steers instead: the assistant turn is
  * prefilled with the opening of a call in the template's own format (Hermes
  * JSON or Qwen3.5 XML), closing an open think block first. The model usually
- * continues the call; nothing guarantees it. */
+ * continues the call; nothing guarantees it. Given the arguments too (the
+ * server's --debug-tool-call), the prefill is the whole call and the answer
+ * ends there. */
 #ifndef LM_CHAT_H
 #define LM_CHAT_H
 
@@ -58,6 +60,8 @@ typedef struct lm_chat_req {
     const json_t *kwargs;      /* an object merged into the context, or NULL */
     bool force_call;           /* prefill the opening of a tool call */
     const char *tool_name;     /* with force_call: that function's, or NULL for any */
+    const json_t *tool_args;   /* with tool_name: the call's arguments (an object),
+                                  prefilled whole; NULL: the model writes them */
 } lm_chat_req;
 
 typedef struct lm_chat_prompt {
@@ -66,6 +70,8 @@ typedef struct lm_chat_prompt {
     char *prefill;             /* text put in the assistant turn for the model
                                   (forced tool call), to feed to the parsers; may be NULL */
     bool start_in_reasoning;   /* the prompt ends inside an open <think> block */
+    bool call_complete;        /* the prefill is a whole tool call (tool_args): the
+                                  answer ends with it */
 } lm_chat_prompt;
 
 /* Parses the chat template src (a C string; NULL: the tokenizer's own) for

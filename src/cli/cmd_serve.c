@@ -56,6 +56,11 @@ static const lm_opt k_opts[] = {
       "on with --device cuda, off on the CPU, where it gains nothing", .choices = k_on_off },
     { LM_OPT_STRING, "--chat-template", NULL, LM_OPT_AT(serve_opts, template_path), "FILE",
       "a Jinja chat template to use instead of the model's own (for a model without one)", .ilo = 1 },
+    { LM_OPT_STRING, "--debug-tool-call", NULL, LM_OPT_AT(serve_opts, so.debug_tool_call), "NAME=JSON",
+      "debugging, for testing agents with a model too small to choose tools: a chat request that offers the tool "
+      "NAME, leaves tool_choice auto or required and ends with a user message is answered with the call NAME(JSON) "
+      "(JSON an object), written into the answer in the model's tool-call format; what the model would add is "
+      "dropped. Answers after a tool result are the model's own", .ilo = 1 },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },

@@ -324,8 +324,46 @@ static int parse_tools(const json_t *body, srv_req *r, srv_err *e) {
     return 0;
 }
 
+/* --debug-tool-call applies to r: the request offers the tool, lets the
+ * model choose (auto or required), and it is the user's turn (not the answer
+ * to a tool result, so an agent's loop ends after one call). */
+static void apply_debug_call(const srv *s, srv_req *r) {
+    if (!s->debug_call_name || !r->tools) return;
+    if (r->tool_choice != SRV_TOOLS_AUTO && r->tool_choice != SRV_TOOLS_REQUIRED) return;
+    const json_t *last = json_array_get(r->messages, json_array_size(r->messages) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (!role || strcmp(role, "user")) return;
+    for (size_t i = 0; i < json_array_size(r->tools); i++) {
+        const json_t *name = json_object_get(json_object_get(json_array_get(r->tools, i), "function"), "name");
+        if (!strcmp(json_string_value(name), s->debug_call_name)) {
+            r->tool_name = s->debug_call_name;
+            r->tool_args = s->debug_call_args;
+            return;
+        }
+    }
+}
+
+int srv_debug_call_parse(srv *s, const char *spec, lm_err *e) {
+    const char *eq = strchr(spec, '=');
+    if (!eq || eq == spec) return lm_errf(e, "--debug-tool-call '%.80s': expected NAME=JSON", spec);
+    json_error_t je;
+    json_t *args = json_loads(eq + 1, 0, &je);
+    if (!json_is_object(args)) {
+        json_decref(args);
+        return lm_errf(e, "--debug-tool-call '%.80s': the arguments must be a JSON object%s%s", spec,
+                       args || !je.text[0] ? "" : ": ", args ? "" : je.text);
+    }
+    free(s->debug_call_name);
+    json_decref(s->debug_call_args);
+    s->debug_call_name = lm_xstrdup(spec);
+    s->debug_call_name[eq - spec] = 0;
+    s->debug_call_args = args;
+    return 0;
+}
+
 static int parse_chat(const srv *s, const json_t *body, srv_req *r, srv_err *e) {
     if (parse_messages(body, r, e) || parse_tools(body, r, e)) return -1;
+    apply_debug_call(s, r);
     bool lp = false;
     long long top = 0;
     if (get_bool(body, "logprobs", &lp, e) ||
@@ -443,10 +481,11 @@ void srv_req_free(srv_req *r) {
 /* ---- the chat prompt ------------------------------------------------------------------- */
 
 lm_chat_req srv_chat_req(const srv_req *r) {
-    bool force = r->tools && (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED);
+    bool force = r->tools && (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED || r->tool_args);
+    bool named = r->tool_choice == SRV_TOOLS_NAMED || r->tool_args;
     return (lm_chat_req){ .messages = r->messages, .tools = r->tools, .kwargs = r->template_kwargs,
-                          .force_call = force,
-                          .tool_name = force && r->tool_choice == SRV_TOOLS_NAMED ? r->tool_name : NULL };
+                          .force_call = force, .tool_name = force && named ? r->tool_name : NULL,
+                          .tool_args = force ? r->tool_args : NULL };
 }
 
 int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e) {

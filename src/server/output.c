@@ -288,6 +288,7 @@ static int out_init(srv_out *o, const srv *s, const srv_req *r, const lm_chat_pr
             chat_chunk(o, d, NULL);
         }
         if (chat && chat->prefill) route(o, chat->prefill, strlen(chat->prefill));
+        o->call_complete = chat && chat->call_complete;
     } else if (echo && echo_len) {
         emit_content(o, echo, echo_len);
         o->text_offset = utf8_chars(echo, echo_len);
@@ -369,6 +370,7 @@ bool srv_out_event(srv_out *o, const lm_token_event *ev) {
     if (o->done) return false;
     const srv *s = o->s;
     bool was_stopped = o->stopped;
+    if (o->call_complete) o->stopped = true; /* the prefill was the answer: drop what the model adds */
     if (ev->has_token && !o->stopped) {
         bool stop_tok = is_stop_token(s, ev->token);
         if (o->logprobs && !stop_tok) record_logprobs(o, ev);

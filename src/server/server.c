@@ -284,6 +284,11 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     socklen_t sslen = 0;
     bool v6 = false;
     if (srv_trace_open(s, o->trace_path, e)) goto done;
+    if (o->debug_tool_call) {
+        if (srv_debug_call_parse(s, o->debug_tool_call, e)) goto done;
+        fprintf(stderr, "lumen: --debug-tool-call: a user's turn that offers '%s' is answered with that call, not by the model\n",
+                s->debug_call_name);
+    }
     if (bind_addr(s->opts.host, o->port, &ss, &sslen, &v6, e)) goto done;
     if (lm_model_load_told(&s->model, model, be, o->progress, e)) goto done;
     lm_tokenizer *tok = NULL;
@@ -344,6 +349,8 @@ done:
     lm_tokenizer_free(s->tok);
     lm_model_free(s->model);
     free(s->model_name);
+    free(s->debug_call_name);
+    json_decref(s->debug_call_args);
     srv_metrics_free(&s->metrics);
     srv_trace_close(s);
     pthread_mutex_destroy(&s->jobs_mu);

@@ -129,6 +129,8 @@ typedef struct srv {
     srv_job *jobs;             /* requests in the engine (for shutdown) */
     bool shutting_down;
     atomic_uint_fast64_t id_counter;
+    char *debug_call_name;     /* --debug-tool-call: the function, or NULL */
+    json_t *debug_call_args;   /* --debug-tool-call: its arguments (an object) */
     FILE *trace;               /* --trace: one JSON line per generation; NULL = off */
     bool trace_owned;          /* trace is a file we opened (not stderr) */
     pthread_mutex_t trace_mu;  /* one line at a time */
@@ -191,7 +193,8 @@ typedef struct srv_req {
     const json_t *messages;
     json_t *tools;             /* borrowed; NULL when absent, empty or tool_choice none */
     srv_tool_choice tool_choice;
-    const char *tool_name;     /* SRV_TOOLS_NAMED */
+    const char *tool_name;     /* SRV_TOOLS_NAMED, or the --debug-tool-call function */
+    const json_t *tool_args;   /* --debug-tool-call applies: the whole call is prefilled */
     const json_t *template_kwargs; /* chat_template_kwargs object or NULL */
     /* completions */
     const char *prompt_text;   /* string prompt, or NULL */
@@ -213,6 +216,14 @@ typedef struct srv_req {
 /* A request body as a JSON object (new reference; any valid JSON string,
  * U+0000 included), or NULL with a 400 in e. */
 json_t *srv_json_body(const char *body, size_t len, srv_err *e);
+/* --debug-tool-call NAME=JSON into s->debug_call_name and debug_call_args
+ * (JSON must be an object). -1 with e set when spec is malformed. A chat
+ * request that offers the tool NAME, leaves tool_choice auto or required and
+ * ends with a user message is then answered with that call, prefilled whole
+ * in the template's format (lm_chat.h): for driving agents end to end with a
+ * model too small to choose tools. */
+int srv_debug_call_parse(srv *s, const char *spec, lm_err *e);
+
 /* Parses and validates a request body. kind picks the endpoint's schema.
  * On error fills e (status 400/404) and returns -1; srv_req_free is safe
  * either way. */
@@ -272,6 +283,7 @@ struct srv_out {
     bool role_sent;
     bool stopped;                  /* a stop string matched: cancel the request */
     bool done;                     /* the final event was processed */
+    bool call_complete;            /* the prefill was a whole call: stop at the first event */
     lm_finish finish;
     char error[LM_ERR_MAX];        /* LM_FINISH_ERROR */
     int n_prompt, n_cached, n_generated, n_reasoning;
