@@ -2,13 +2,15 @@
  *
  * One model, one engine, one HTTP daemon (libmicrohttpd, a thread per
  * connection). Routes:
- *   POST /v1/chat/completions   chat template, reasoning, tool calls, SSE
+ *   POST /v1/chat/completions   chat template, reasoning, tool calls, n choices, SSE
  *   POST /v1/completions        raw prompt (text or token ids), SSE
  *   POST /v1/messages           Anthropic's Messages API (the chat path; SSE events)
  *   POST /v1/messages/count_tokens
  *   POST /v1/responses          the Responses API (Codex): input items, typed SSE
  *                               events, previous_response_id (responses.h)
- *   GET  /v1/models[/ID]        the one served model
+ *   POST /v1/embeddings         vectors pooled as the model's files say (float or base64)
+ *   POST /tokenize, /detokenize llama-server's shapes
+ *   GET  /v1/models[/ID]        the one served model (context, capabilities, pooling)
  *   GET  /health                {"status": "ok"} (never needs the API key)
  *   GET  /metrics               Prometheus text
  *   GET  /                      the chat page (web/, built into the binary)
