@@ -23,8 +23,9 @@
  *     matmul_glu and matmul_add likewise equal to the ops they fuse
  *   models (GGUF fixtures, CPU with exact quantised dots): every step fed
  *     one token at a time (all GEMVs, graph-replayed) within 1e-3 of the
- *     CPU; a batched prompt (GEMM on bf16-widened weights) within 1e-1; the
- *     same argmax wherever the CPU's top-2 margin exceeds twice the diff.
+ *     CPU with exact activations, 2e-1 with int8 ones; a batched prompt
+ *     (GEMM on bf16-widened weights) within 1e-1; the same argmax wherever
+ *     the CPU's top-2 margin exceeds twice that step's largest diff.
  * Skips without a GPU, printing why; the decoders alone also run on the
  * CPU (cuda_quant_decoders_on_the_cpu). */
 #include <math.h>
@@ -531,7 +532,7 @@ static void cq_model(lm_test_ctx *lm_t_, const char *type) {
             }
             worst = fmax(worst, d);
             equal += lm_argmax(c, V) == lm_argmax(g, V);
-            if (lm_tu_top2_margin(c, V) > 2 * tol) {
+            if (lm_tu_top2_margin(c, V) > 2 * d) { /* no logit moved by d can change the argmax here */
                 checked++;
                 differ += lm_argmax(c, V) != lm_argmax(g, V);
             }

@@ -703,8 +703,6 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
             c->quant_exact = lm_cuda_env_flag("LUMEN_CUDA_QUANT_EXACT", false);
-            const char *qr = getenv("LUMEN_CUDA_QGEMV_ROWS"); /* rows a block of cuda_qgemv_cs.cu; 0: off */
-            c->qgemv_rows = qr ? LM_MIN(atoi(qr), 64) / 2 * 2 : 16;
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");

@@ -92,7 +92,6 @@ typedef struct lm_cuda {
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
     bool quant_exact; /* quantised GEMVs in exact f32 arithmetic (LUMEN_CUDA_QUANT_EXACT=1); else int8 activations */
-    int qgemv_rows; /* rows a block of the column-stationary quantised GEMV (LUMEN_CUDA_QGEMV_ROWS; 0: off) */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
      * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
      * get_rows_argmax; argmax_rows_later's copies to the host queue in a ring
@@ -592,11 +591,6 @@ lm_gemv_args lm_qgemv_args0(const float *x, int64_t I);
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode);
 /* Whether the quantised GEMV has its fused modes (LM_GEMV_ADD, LM_GEMV_GLU_SILU) for T tokens of type wt. */
 bool lm_qgemv_fused(int64_t T, lm_dtype wt);
-/* cuda_qgemv_cs.cu: the column-stationary int8 GEMV for 1-2 tokens: whether
- * it takes the rows, and the launch (a's first_block counting c->qgemv_rows
- * rows a block; false when nothing was launched). */
-bool lm_qcs_takes(const lm_cuda *c, int64_t T, lm_dtype wt, int64_t I);
-bool lm_qcs_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode);
 void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias, int64_t O,
               int64_t I);
 /* The MoE pairs form over quantised experts (lm_cuda_moe_gemv's contract). */

@@ -170,20 +170,12 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    if (lm_qgemv_fused(x->rows, w->type) && lm_qgemv_fusable(x, &w, 1)) {
-        /* quantised: the add in the GEMV; the norm in its last block where
-         * the column-stationary kernel runs it, else after */
+    if (lm_qgemv_fused(x->rows, w->type) && lm_qgemv_fusable(x, &w, 1)) { /* quantised: the add in the GEMV, the norm after */
         lm_cuda_use(c);
         lm_gemv_args q = lm_qgemv_args0((const float *)x->data, x->cols);
         lm_gemv_add(&q, 0, (float *)y->data, w->data, NULL, w->rows);
-        const bool fuse_norm = norm && lm_qcs_takes(c, x->rows, w->type, x->cols) && lm_norm_fusable(y, norm) &&
-                               !lm_cuda_skip(c, LM_SKIP_NORM_TAIL);
-        if (fuse_norm) {
-            q.norm_y = (float *)norm->y->data, q.norm_w = (const float *)norm->w->data;
-            q.eps = norm->eps, q.w_offset = norm->w_offset, q.counter = c->counters;
-        }
-        lm_qgemv_run(c, (int)x->rows, &q, w->type, fuse_norm ? LM_GEMV_ADD_NORM : LM_GEMV_ADD);
-        if (norm && !fuse_norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
+        lm_qgemv_run(c, (int)x->rows, &q, w->type, LM_GEMV_ADD);
+        if (norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
         return;
     }
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, w->type));

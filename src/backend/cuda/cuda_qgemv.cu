@@ -316,17 +316,6 @@ lm_gemv_args lm_qgemv_args0(const float *x, int64_t I) {
  * type wt, lm_qgemv_ok. */
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode) {
     LM_ASSERT(a->rows == LM_QGEMV_ROWS && (mode == LM_GEMV_STORE || lm_qgemv_fused(T, wt)));
-    LM_ASSERT(mode != LM_GEMV_ADD_NORM || lm_qcs_takes(c, T, wt, a->I));
-    if (lm_qcs_takes(c, T, wt, a->I)) { /* the same matrices, counted in its rows a block */
-        lm_gemv_args b = *a;
-        b.rows = c->qgemv_rows;
-        if (mode == LM_GEMV_GLU_SILU) {
-            for (int j = 1; j <= LM_GEMV_MAXM; j++) b.first_block[j] = (a->O[0] + b.rows / 2 - 1) / (b.rows / 2);
-        } else {
-            for (int j = 0; j < LM_GEMV_MAXM; j++) b.first_block[j + 1] = b.first_block[j] + (a->O[j] + b.rows - 1) / b.rows;
-        }
-        if (lm_qcs_run(c, T, &b, wt, mode)) return;
-    }
     switch (wt) {
     case LM_Q8_0: lm_qgemv_t<LM_Q8_0>(c, T, a, mode); break;
     case LM_Q4_0: lm_qgemv_t<LM_Q4_0>(c, T, a, mode); break;
