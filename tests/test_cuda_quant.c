@@ -7,7 +7,14 @@
  * 6-bit scale and IQ4 code is exercised.
  *
  * Tolerances (cond = sum_i |x_i w_i| for the output):
- *   GEMV (T <= 8): |y - ref| <= 2e-5 cond + 1e-6 (exact block values, f32 sums)
+ *   GEMV (T <= 8), exact mode (lm_cuda_backend_quant_exact): |y - ref| <=
+ *     2e-5 cond + 1e-6 (exact block values, f32 sums)
+ *   GEMV, int8 activations (the default): each x rounded to a step of at
+ *     most xmax / 127 (xmax = the token's largest |x|), so the error is a
+ *     sum of independent roundings of at most half a step, with standard
+ *     deviation <= sqrt(sum w^2 / 12) xmax / 127; bound: 6 of those plus the
+ *     exact mode's (a wrong code, scale or group moves an output by far
+ *     more)
  *   GEMM (T > 8, widened to bf16): against the reference over the bf16-
  *     rounded block values, 1e-4 cond + 1e-6 (the bf16 path's split-x bound);
  *     this catches a single wrong value, which the 2^-9 rounding would hide
@@ -16,8 +23,9 @@
  *     matmul_glu and matmul_add likewise equal to the ops they fuse
  *   models (GGUF fixtures, CPU with exact quantised dots): every step fed
  *     one token at a time (all GEMVs, graph-replayed) within 1e-3 of the
- *     CPU; a batched prompt (GEMM on bf16-widened weights) within 1e-1; the
- *     same argmax wherever the CPU's top-2 margin exceeds twice the diff.
+ *     CPU with exact activations, 2e-1 with int8 ones; a batched prompt
+ *     (GEMM on bf16-widened weights) within 1e-1; the same argmax wherever
+ *     the CPU's top-2 margin exceeds twice that step's largest diff.
  * Skips without a GPU, printing why; the decoders alone also run on the
  * CPU (cuda_quant_decoders_on_the_cpu). */
 #include <math.h>
@@ -125,7 +133,7 @@ static float *cq_get(lm_backend *be, const lm_tensor *t) {
  * upload, as an expert's rows in a stacked tensor are), T tokens, optional
  * bias; returns the number of outputs outside the tolerance. */
 static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64_t I, int64_t skip, bool bias,
-                          uint64_t seed) {
+                          bool exact, uint64_t seed) {
     uint64_t s = seed;
     uint8_t *wh = cq_weight(t, O + skip, I, &s);
     float *xh = malloc((size_t)(T * I) * sizeof *xh), *bh = malloc((size_t)O * sizeof *bh);
@@ -141,21 +149,26 @@ static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64
     const size_t rb = lm_dtype_row_bytes(t, I);
     lm_tensor w = { .type = t, .rows = O, .cols = I, .data = (uint8_t *)wall.data + (size_t)skip * rb };
     lm_tensor x = cq_put(g, xh, T, I), b = cq_put(g, bh, 1, O), y = cq_put(g, NULL, T, O);
+    lm_cuda_backend_quant_exact(g, exact);
     g->ops->matmul(g, &y, &x, &w, bias ? &b : NULL);
+    lm_cuda_backend_quant_exact(g, false);
     float *yh = cq_get(g, &y);
     const bool gemm = T > 8;
     float *wf = cq_widen(t, wh + (size_t)skip * rb, O, I, gemm);
     const double tol = gemm ? 1e-4 : 2e-5;
     int bad = 0;
-    for (int64_t ti = 0; ti < T; ti++)
+    for (int64_t ti = 0; ti < T; ti++) {
+        double xmax = 0;
+        for (int64_t i = 0; i < I; i++) xmax = fmax(xmax, fabs(xh[ti * I + i]));
         for (int64_t o = 0; o < O; o++) {
-            double ref = bias ? bh[o] : 0.0, cond = bias ? fabs(bh[o]) : 0.0;
+            double ref = bias ? bh[o] : 0.0, cond = bias ? fabs(bh[o]) : 0.0, w2 = 0;
             for (int64_t i = 0; i < I; i++) {
                 const double p = (double)xh[ti * I + i] * wf[o * I + i];
-                ref += p, cond += fabs(p);
+                ref += p, cond += fabs(p), w2 += (double)wf[o * I + i] * wf[o * I + i];
             }
+            const double i8 = exact || gemm ? 0.0 : 6.0 * sqrt(w2 / 12.0) * xmax / 127.0;
             const double got = yh[ti * O + o];
-            if (!(fabs(got - ref) <= tol * cond + 1e-6)) {
+            if (!(fabs(got - ref) <= tol * cond + 1e-6 + i8)) {
                 if (bad < 3)
                     fprintf(stderr, "  %s T=%lld O=%lld I=%lld skip=%lld y[%lld][%lld]: cuda %.9g ref %.9g (cond %.3g)\n",
                             lm_dtype_name(t), (long long)T, (long long)O, (long long)I, (long long)skip,
@@ -163,6 +176,7 @@ static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64
                 bad++;
             }
         }
+    }
     free(yh), free(wf), free(wh), free(xh), free(bh);
     lm_tensor_release(g, &x);
     lm_tensor_release(g, &b);
@@ -208,11 +222,13 @@ LM_TEST(cuda_qmatmul_vs_reference) {
                 const int64_t T = Ts[k], O = shapes[si][0], I = shapes[si][1];
                 if (T * O * I > (int64_t)40 << 20) continue; /* the reference's time */
                 const bool bias = (k + si) % 2 == 0;
-                for (int64_t skip = 0; skip <= 3; skip += 3) {
-                    const int bad = cq_matmul_case(g, t, T, O, I, skip, bias, seed++);
-                    LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld O=%lld I=%lld skip=%lld bias=%d", bad,
-                                 lm_dtype_name(t), (long long)T, (long long)O, (long long)I, (long long)skip, bias);
-                }
+                for (int64_t skip = 0; skip <= 3; skip += 3)
+                    for (int exact = 0; exact <= (T <= 8); exact++) {
+                        const int bad = cq_matmul_case(g, t, T, O, I, skip, bias, exact, seed++);
+                        LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld O=%lld I=%lld skip=%lld bias=%d exact=%d", bad,
+                                     lm_dtype_name(t), (long long)T, (long long)O, (long long)I, (long long)skip, bias,
+                                     exact);
+                    }
             }
     }
     lm_backend_destroy(g);
@@ -224,11 +240,12 @@ LM_TEST(cuda_qmatmul_model_rows) {
     CQ_SETUP(g);
     uint64_t seed = 901;
     for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++)
-        for (int64_t T = 1; T <= 8; T += 7) {
-            const int bad = cq_matmul_case(g, cq_types[ti], T, 515, 4096, 0, false, seed++);
-            LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [515][4096]", bad, lm_dtype_name(cq_types[ti]),
-                         (long long)T);
-        }
+        for (int64_t T = 1; T <= 8; T += 7)
+            for (int exact = 0; exact <= 1; exact++) {
+                const int bad = cq_matmul_case(g, cq_types[ti], T, 515, 4096, 0, false, exact, seed++);
+                LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [515][4096] exact=%d", bad,
+                             lm_dtype_name(cq_types[ti]), (long long)T, exact);
+            }
     lm_backend_destroy(g);
 }
 
@@ -312,8 +329,24 @@ LM_TEST(cuda_qfused_equal_composed) {
             a = cq_get(g, &rf), b = cq_get(g, &rc);
             LM_CHECK_MSG(memcmp(a, b, (size_t)(T * O) * sizeof(float)) == 0, "%s T=%lld: matmul_add differs from composed",
                          lm_dtype_name(t), (long long)T);
-            free(a), free(b), free(xh), free(rh);
-            lm_tensor *ts[] = { &x, &gw, &uw, &yf, &yc, &rf, &rc, &ws };
+            free(a), free(b);
+            /* with the next RMSNorm (fused in the GEMV's last block for 1-2
+             * tokens): y and the normed copy as matmul, add, rms_norm */
+            float *nw = malloc((size_t)O * sizeof *nw);
+            for (int64_t i = 0; i < O; i++) nw[i] = 0.5f + cq_unit(&s);
+            lm_tensor nwt = cq_put(g, nw, 1, O), nf = cq_put(g, NULL, T, O), nc = cq_put(g, NULL, T, O);
+            lm_tensor rf2 = cq_put(g, rh, T, O), rc2 = cq_put(g, rh, T, O);
+            lm_norm_out no = { .y = &nf, .w = &nwt, .eps = 1e-6f, .w_offset = 0.0f };
+            g->ops->matmul_add(g, &rf2, &x, &wd, &ws, &no);
+            g->ops->matmul(g, &ws, &x, &wd, NULL);
+            g->ops->add(g, &rc2, &ws);
+            g->ops->rms_norm(g, &nc, &rc2, &nwt, 1e-6f, 0.0f);
+            float *a2 = cq_get(g, &rf2), *b2 = cq_get(g, &rc2), *na = cq_get(g, &nf), *nb = cq_get(g, &nc);
+            LM_CHECK_MSG(memcmp(a2, b2, (size_t)(T * O) * sizeof(float)) == 0 &&
+                             memcmp(na, nb, (size_t)(T * O) * sizeof(float)) == 0,
+                         "%s T=%lld: matmul_add with a norm differs from composed", lm_dtype_name(t), (long long)T);
+            free(a2), free(b2), free(na), free(nb), free(nw), free(xh), free(rh);
+            lm_tensor *ts[] = { &x, &gw, &uw, &yf, &yc, &rf, &rc, &ws, &nwt, &nf, &nc, &rf2, &rc2 };
             for (size_t k = 0; k < LM_COUNT(ts); k++) lm_tensor_release(g, ts[k]);
         }
         g->ops->free(g, wg.data), g->ops->free(g, wu.data), g->ops->free(g, wd.data);
@@ -395,18 +428,22 @@ LM_TEST(cuda_qmoe_vs_cpu) {
         for (int i = 0; i < 40 * CQ_D; i++) xh[i] = cq_unit(&s);
         for (int i = 0; i < 40 * CQ_E; i++) lh[i] = 2.0f * cq_unit(&s);
         static const int Ts[] = { 1, 4, 40 };
-        for (size_t k = 0; k < LM_COUNT(Ts); k++) {
-            const int T = Ts[k];
-            float *a = cq_moe(g, wg, xh, lh, T), *b = cq_moe(cpu, wc, xh, lh, T);
-            double big = 0, err = 0;
-            for (int i = 0; i < T * CQ_D; i++) big = fmax(big, fabs(b[i]));
-            for (int i = 0; i < T * CQ_D; i++) err = fmax(err, isnan(a[i]) ? INFINITY : fabs((double)a[i] - b[i]));
-            const double tol = T <= 8 ? 1e-4 : 1e-2;
-            printf("  %s experts, %d tokens: max |gpu - cpu| %.3g of max |y| %.3g (tol %.0e of it)\n", lm_dtype_name(t),
-                   T, err, big, tol);
-            LM_CHECK(big > 0 && err <= tol * big);
-            free(a), free(b);
-        }
+        for (size_t k = 0; k < LM_COUNT(Ts); k++)
+            for (int exact = 1; exact >= 0; exact--) {
+                const int T = Ts[k];
+                lm_cuda_backend_quant_exact(g, exact);
+                float *a = cq_moe(g, wg, xh, lh, T), *b = cq_moe(cpu, wc, xh, lh, T);
+                double big = 0, err = 0;
+                for (int i = 0; i < T * CQ_D; i++) big = fmax(big, fabs(b[i]));
+                for (int i = 0; i < T * CQ_D; i++) err = fmax(err, isnan(a[i]) ? INFINITY : fabs((double)a[i] - b[i]));
+                /* int8 activations: ~1/254 of a value each, through two layers (a first bound) */
+                const double tol = T > 8 ? 1e-2 : exact ? 1e-4 : 2e-2;
+                printf("  %s experts, %d tokens, %s: max |gpu - cpu| %.3g of max |y| %.3g (tol %.0e of it)\n",
+                       lm_dtype_name(t), T, exact ? "exact" : "int8 x", err, big, tol);
+                LM_CHECK(big > 0 && err <= tol * big);
+                free(a), free(b);
+            }
+        lm_cuda_backend_quant_exact(g, false);
         float *a = cq_moe(g, wg, xh, lh, 4), *b = cq_moe(g, wg, xh, lh, 7);
         LM_CHECK_MSG(memcmp(a, b, 4 * CQ_D * sizeof(float)) == 0, "%s: 4 tokens alone differ from the same 4 of 7",
                      lm_dtype_name(t));
@@ -475,11 +512,14 @@ static void cq_model(lm_test_ctx *lm_t_, const char *type) {
         lm_runner_free(r);
     }
     CQ_REQUIRE(cq_run(mc, prompt, feed, false, lc, &e) == 0, "cpu: %s", e.msg);
-    for (int sw = 1; sw >= 0; sw--) {
-        /* batched: the weights widened to bf16 (2^-9 relative a weight, about a
-         * quarter of the int8-activation path's rounding); a first bound, to be
-         * set from the H200's figures */
-        const double tol = sw ? 1e-3 : 1e-1;
+    for (int pass = 0; pass < 3; pass++) {
+        /* 0: stepwise with exact f32 activations; 1: stepwise with int8
+         * activations (the default: 0.065-0.11 on the H200, 2026-12-02;
+         * twice that); 2: batched, the weights widened to bf16 (2^-9
+         * relative a weight: 0.063-0.087) */
+        const int sw = pass < 2;
+        const double tol = pass == 0 ? 1e-3 : pass == 1 ? 2e-1 : 1e-1;
+        lm_cuda_backend_quant_exact(gpu, pass == 0);
         CQ_REQUIRE(cq_run(mg, prompt, feed, sw == 1, lg, &e) == 0, "gpu: %s", e.msg);
         double worst = 0;
         int checked = 0, differ = 0, equal = 0;
@@ -492,13 +532,14 @@ static void cq_model(lm_test_ctx *lm_t_, const char *type) {
             }
             worst = fmax(worst, d);
             equal += lm_argmax(c, V) == lm_argmax(g, V);
-            if (lm_tu_top2_margin(c, V) > 2 * tol) {
+            if (lm_tu_top2_margin(c, V) > 2 * d) { /* no logit moved by d can change the argmax here */
                 checked++;
                 differ += lm_argmax(c, V) != lm_argmax(g, V);
             }
         }
         printf("  %s %s prompt: GPU vs CPU max |logit diff| %.3g (tol %.0e); argmax equal at %d/%d clear steps\n",
-               type, sw ? "stepwise" : "batched", worst, tol, checked - differ, checked);
+               type, pass == 0 ? "stepwise exact" : pass == 1 ? "stepwise int8" : "batched", worst, tol,
+               checked - differ, checked);
         LM_CHECK(worst <= tol);
         LM_CHECK(differ == 0);
         LM_CHECK(checked >= CQ_GEN / 4 || equal == CQ_GEN + 1); /* enough steps to mean something */

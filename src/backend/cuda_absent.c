@@ -15,6 +15,11 @@ bool lm_cuda_available(char *why, size_t n) {
     return false;
 }
 
+bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
+    (void)be, (void)exact;
+    return false;
+}
+
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     *free_bytes = 0;

@@ -336,6 +336,12 @@ bool lm_cpu_backend_quant_exact(lm_backend *be, bool exact);
 lm_backend *lm_cuda_backend_create(int device, lm_err *e);
 /* Whether a usable GPU is present; if not, why (for skips and --device auto). */
 bool lm_cuda_available(char *why, size_t n);
+/* Quantised weights in the CUDA GEMV (up to 8 tokens): false (the default)
+ * rounds each thread's slice of the activations to int8 and uses dp4a
+ * integer dot products; true keeps exact f32 activations (the reference,
+ * several times the instructions). LUMEN_CUDA_QUANT_EXACT=1 sets true at
+ * creation. Returns the old setting; false and no effect without CUDA. */
+bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact);
 /* Bytes of device memory free now and in all (0, 0 on non-GPU backends),
  * within the limit set below. */
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes);

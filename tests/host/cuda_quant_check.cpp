@@ -54,6 +54,24 @@ static float __int_as_float(unsigned u) {
 static unsigned short __ushort_as_half(unsigned short h) { return h; }
 static float __half2float(unsigned short h) { return lm_f16_to_f32(h); }
 static float __fmul_rn(float a, float b) { return a * b; }
+struct float4 {
+    float x, y, z, w;
+};
+static unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+static float __fdividef(float a, float b) { return a / b; }
+static int __dp4a(int a, int b, int c) {
+    for (int e = 0; e < 4; e++) c += (int)(signed char)(a >> (8 * e)) * (int)(signed char)(b >> (8 * e));
+    return c;
+}
 static float __fsub_rn(float a, float b) { return a - b; }
 
 #include "backend/cuda/cuda_quant.h"
@@ -62,6 +80,42 @@ static uint64_t qc_state = 12345;
 static unsigned qc_rnd() {
     qc_state = qc_state * 6364136223846793005ull + 1442695040888963407ull;
     return (unsigned)(qc_state >> 33);
+}
+
+/* The dp4a GEMV's arithmetic (lm_q_quant_x, lm_q_dot_i8) on one row of nb
+ * blocks (w decoded by lm_dequant_row in ref): equal within f32 rounding to
+ * the plain dot with each x rounded as the kernel rounds it (to a multiple
+ * of its slice's amax / 127, ties to even), and within half a step a value
+ * of the exact dot want. */
+template <class Q>
+static int qc_check_i8(const char *name, const uint8_t *w, const float *ref, const float *x, int nb, double want) {
+    double got = 0, emul = 0, cond = 0, step = 0;
+    for (int b = 0; b < nb; b++)
+        for (int j = 0; j < Q::LPB; j++) {
+            const typename Q::raw v = Q::slice(w + (size_t)b * Q::BB, j);
+            const float *xb = x + b * Q::BV;
+            const lm_q_x8<Q> x8 = lm_q_quant_x<Q>(xb, j);
+            got += lm_q_dot_i8<Q>(v, x8, 0.0f);
+            float amax = 0;
+            for (int q = 0; q < Q::Q; q++)
+                for (int e = 0; e < 4; e++) amax = fmaxf(amax, fabsf(xb[Q::at(j, q) + e]));
+            const float inv = amax > 0 ? 127.0f / amax : 0.0f, dx = amax * (1.0f / 127.0f);
+            for (int q = 0; q < Q::Q; q++)
+                for (int e = 0; e < 4; e++) {
+                    const int at = b * Q::BV + Q::at(j, q) + e;
+                    const double r = nearbyint((double)x[at] * inv); /* one rounding of the exact product, as fmaf */
+                    emul += (double)ref[at] * r * dx;
+                    cond += fabs((double)ref[at] * r * dx);
+                    step += fabs((double)ref[at]) * dx * 0.5;
+                }
+        }
+    int bad = 0;
+    if (!(fabs(got - emul) <= 1e-5 * cond + 1e-6) && bad++ < 5)
+        printf("%s: the dp4a sum %.9g, the same rounding in double %.9g (sum |x w| %.3g)\n", name, got, emul, cond);
+    if (!(fabs(got - want) <= step * 1.001 + 1e-5 * cond) && bad++ < 5)
+        printf("%s: the dp4a sum %.9g is more than half a step a value (%.3g) from the exact dot %.9g\n", name, got,
+               step, want);
+    return bad;
 }
 
 template <lm_dtype QT> static int qc_check(const char *name) {
@@ -124,6 +178,7 @@ template <lm_dtype QT> static int qc_check(const char *name) {
         }
         if (!(fabs(dot - want) <= 1e-5 * cond) && bad++ < 5)
             printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
+        bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
     }
     printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
     free(buf), free(ref), free(got), free(x);

@@ -162,6 +162,15 @@ static bool lm_cuda_probe(int device, char *why, size_t n, char *name, size_t na
 
 bool lm_cuda_available(char *why, size_t n) { return lm_cuda_probe(0, why, n, NULL, 0); }
 
+bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
+    be = lm_backend_base(be);
+    if (!be || strcmp(be->name, "cuda") != 0) return false;
+    lm_cuda *c = lm_cuda_of(be);
+    const bool old = c->quant_exact;
+    c->quant_exact = exact;
+    return old;
+}
+
 /* ---- memory ------------------------------------------------------------------ */
 
 static void *lm_cuda_alloc(lm_backend *be, size_t bytes) {
@@ -693,6 +702,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
+            c->quant_exact = lm_cuda_env_flag("LUMEN_CUDA_QUANT_EXACT", false);
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");

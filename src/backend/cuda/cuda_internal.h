@@ -91,6 +91,7 @@ typedef struct lm_cuda {
     struct att_memo *att_memo; /* cuda_attention_stage.cu: staged batches of the current graph pass */
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
+    bool quant_exact; /* quantised GEMVs in exact f32 arithmetic (LUMEN_CUDA_QUANT_EXACT=1); else int8 activations */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
      * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
      * get_rows_argmax; argmax_rows_later's copies to the host queue in a ring

@@ -55,9 +55,11 @@ enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_ADD, LM_QGEMV_GLU, LM_QGEMV_MOE, LM_QGEMV_MO
 
 /* At most 128 registers (two blocks of 256 threads an SM) for one token;
  * more tokens keep the compiler's choice: at 128 the Q5_K and Q6_K forms
- * spilled 100-750 bytes a thread from 2 tokens (ptxas -v, sm_90). */
-template <int T, lm_dtype QT, int KIND>
-__global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_kernel(const lm_gemv_args a) {
+ * spilled 100-750 bytes a thread from 2 tokens (ptxas -v, sm_90), and the
+ * int8 Q6_K form 220 bytes at one. */
+template <int T, lm_dtype QT, int KIND, bool I8>
+__global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 && !(I8 && QT == LM_Q6_K) ? 2 : 1))
+    lm_qgemv_kernel(const lm_gemv_args a) {
     using Q = lm_q<QT>;
     constexpr int R = LM_QGEMV_ROWS;
     constexpr bool MOE = KIND == LM_QGEMV_MOE || KIND == LM_QGEMV_MOE_GLU;
@@ -148,6 +150,25 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_k
         }
     };
 
+    /* int8 activations (cuda_quant.h): per token the slice's x rounded to
+     * s8 once (one scale a slice, shared by the R rows), then per scale
+     * group an integer dp4a sum scaled once: about a third of the f32
+     * form's instructions a weight. */
+    auto step_i8 = [&](const raw (&v)[R], int64_t k) {
+        const int64_t base = k / Q::LPB * Q::BV;
+        const int j = (int)(k % Q::LPB);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const lm_q_x8<Q> x8 = lm_q_quant_x<Q>(x + (size_t)LM_MIN(t, n_tok - 1) * I + base, j);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][t] = lm_q_dot_i8<Q>(v[r], x8, acc[r][t]);
+        }
+    };
+    auto run = [&](const raw (&v)[R], int64_t k) {
+        if constexpr (I8) step_i8(v, k);
+        else step(v, k);
+    };
+
     const int64_t stride = blockDim.x;
     int64_t k = threadIdx.x;
     for (; k + stride < n_slices; k += 2 * stride) { /* two slices a trip: 2R loads before the first FMA */
@@ -155,14 +176,14 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 ? 2 : 1)) lm_qgemv_k
         load(va, k);
         load(vb, k + stride);
         sync_in();
-        step(va, k);
-        step(vb, k + stride);
+        run(va, k);
+        run(vb, k + stride);
     }
     if (k < n_slices) {
         raw va[R];
         load(va, k);
         sync_in();
-        step(va, k);
+        run(va, k);
     }
     sync_in(); /* before y is written */
 
@@ -210,26 +231,38 @@ static int lm_qgemv_threads(const lm_cuda *c, int64_t n_slices) {
 
 /* The fused modes (ADD, GLU) are built up to LM_QGEMV_FUSED_MAX_T tokens
  * (lm_qgemv_fused says so to the callers, which compose above). */
-template <int T, lm_dtype QT> static void lm_qgemv_go(lm_cuda *c, const lm_gemv_args *a, int mode) {
+template <int T, lm_dtype QT, bool I8> static void lm_qgemv_launch(lm_cuda *c, const lm_gemv_args *a, int mode) {
     using Q = lm_q<QT>;
     const int64_t blocks = a->first_block[LM_GEMV_MAXM];
     LM_ASSERT(blocks > 0 && blocks <= 0x7fffffff);
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
     if constexpr (T <= LM_QGEMV_FUSED_MAX_T && Q::FULL) {
         if (mode == LM_GEMV_ADD) {
-            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_ADD>, (unsigned)blocks, threads, 0, *a);
+            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_ADD, I8>, (unsigned)blocks, threads, 0, *a);
             LM_CUDA_LAUNCHED("qgemv add");
             return;
         }
         if (mode == LM_GEMV_GLU_SILU) {
-            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_GLU>, (unsigned)blocks, threads, 0, *a);
+            lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_GLU, I8>, (unsigned)blocks, threads, 0, *a);
             LM_CUDA_LAUNCHED("qgemv glu");
             return;
         }
     }
     LM_ASSERT(mode == LM_GEMV_STORE);
-    lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_PLAIN>, (unsigned)blocks, threads, 0, *a);
+    lm_cuda_launch_pdl(c, lm_qgemv_kernel<T, QT, LM_QGEMV_PLAIN, I8>, (unsigned)blocks, threads, 0, *a);
     LM_CUDA_LAUNCHED("qgemv");
+}
+
+/* int8 activations (dp4a) for the FULL types unless the backend keeps the
+ * exact f32 arithmetic (LUMEN_CUDA_QUANT_EXACT=1, lm_cuda_backend_quant_exact). */
+template <int T, lm_dtype QT> static void lm_qgemv_go(lm_cuda *c, const lm_gemv_args *a, int mode) {
+    if constexpr (lm_q<QT>::FULL) {
+        if (!c->quant_exact) {
+            lm_qgemv_launch<T, QT, true>(c, a, mode);
+            return;
+        }
+    }
+    lm_qgemv_launch<T, QT, false>(c, a, mode);
 }
 
 /* Kernels for 1, 2, 4 and 8 tokens; 3 runs as 4 and 5-7 as 8 with the
@@ -305,13 +338,23 @@ void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dty
     lm_qgemv_run(c, T, &a, wt, LM_GEMV_STORE);
 }
 
-template <lm_dtype QT> static void lm_qmoe_go(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
+template <lm_dtype QT, bool I8> static void lm_qmoe_launch(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
     using Q = lm_q<QT>;
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
     const dim3 grid((unsigned)a->first_block[LM_GEMV_MAXM], pairs);
-    if (glu) lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU>, grid, threads, 0, *a);
-    else lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE>, grid, threads, 0, *a);
+    if (glu) lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU, I8>, grid, threads, 0, *a);
+    else lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE, I8>, grid, threads, 0, *a);
     LM_CUDA_LAUNCHED("qmoe gemv");
+}
+
+template <lm_dtype QT> static void lm_qmoe_go(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
+    if constexpr (lm_q<QT>::FULL) {
+        if (!c->quant_exact) {
+            lm_qmoe_launch<QT, true>(c, a, pairs, glu);
+            return;
+        }
+    }
+    lm_qmoe_launch<QT, false>(c, a, pairs, glu);
 }
 
 /* The experts' GEMVs of a MoE layer over quantised matrices, for `pairs`

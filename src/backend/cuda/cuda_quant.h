@@ -65,23 +65,22 @@ static __device__ __forceinline__ float lm_q_bytef(unsigned v, int e, float off)
     return __int_as_float(__byte_perm(v, 0x4b000000u, (unsigned)e | 0x7440u)) - (8388608.0f + off);
 }
 
-/* Byte k (0..11) of the 12 bytes in s0, s1, s2 (k known per thread). */
-static __device__ __forceinline__ unsigned lm_q_byte12(unsigned s0, unsigned s1, unsigned s2, int k) {
-    const unsigned w = k < 4 ? s0 : k < 8 ? s1 : s2;
-    return (w >> (8 * (k & 3))) & 0xffu;
-}
-
-/* Q4_K / Q5_K sub-block j's 6-bit scale and min (lm_q4k_scale_min in dtype.c). */
-static __device__ __forceinline__ void lm_q_k_scale_min(unsigned s0, unsigned s1, unsigned s2, int j, int *sc,
-                                                        int *mn) {
-    if (j < 4) {
-        *sc = (int)(lm_q_byte12(s0, s1, s2, j) & 63u);
-        *mn = (int)(lm_q_byte12(s0, s1, s2, j + 4) & 63u);
-    } else {
-        const unsigned b = lm_q_byte12(s0, s1, s2, j + 4);
-        *sc = (int)((b & 0x0fu) | ((lm_q_byte12(s0, s1, s2, j - 4) >> 6) << 4));
-        *mn = (int)((b >> 4) | ((lm_q_byte12(s0, s1, s2, j) >> 6) << 4));
-    }
+/* Q4_K / Q5_K: the 6-bit scales and mins of sub-blocks 2g and 2g + 1 (one
+ * byte each: sub-block 2g in byte 0) from the header's scale words y, z, w
+ * (the 12 bytes lm_q4k_scale_min in dtype.c reads). As 16-bit pairs H[k] =
+ * bytes 2k, 2k + 1: pair g < 2 has its scales in H[g] and mins in H[g + 2];
+ * pair g >= 2 has the low 4 bits of both in H[g + 2] (scale low nibble, min
+ * high nibble) and their top 2 bits in the top bits of H[g - 2] (scales)
+ * and H[g] (mins). Every pair sits in half g & 1 of its word, so the
+ * decode is selects and masks with no byte index (a thread's g is fixed:
+ * its slice j = 2g + h repeats every block). */
+static __device__ __forceinline__ void lm_q_k_pair(unsigned y, unsigned z, unsigned w, int g, unsigned *sc,
+                                                   unsigned *mn) {
+    const unsigned sh = 16u * (unsigned)(g & 1);
+    const bool lo = g < 2;
+    const unsigned pa = ((lo ? y : w) >> sh) & 0xffffu, pb = ((lo ? z : y) >> sh) & 0xffffu, pc = (z >> sh) & 0xffffu;
+    *sc = lo ? (pa & 0x3f3fu) : ((pa & 0x0f0fu) | ((pb >> 2) & 0x3030u));
+    *mn = lo ? (pb & 0x3f3fu) : (((pa >> 4) & 0x0f0fu) | ((pc >> 2) & 0x3030u));
 }
 
 /* Four IQ4 codes (a byte each, 0..15) -> their levels (lm_iq4nl_levels)
@@ -245,6 +244,16 @@ template <> struct lm_q<LM_IQ4_NL> {
     static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
 };
 
+/* A Q4_K / Q5_K header (h: d, dmin, 12 scale bytes) -> sub-blocks 2g and
+ * 2g + 1's scale d * sc and min dmin * m, the products lm_dequant_row forms. */
+static __device__ __forceinline__ void lm_q_k_head(const uint4 &h, int g, float &d0, float &o0, float &d1, float &o1) {
+    const float d = lm_q_f16((unsigned short)(h.x & 0xffffu)), dmin = lm_q_f16((unsigned short)(h.x >> 16));
+    unsigned sc, mn;
+    lm_q_k_pair(h.y, h.z, h.w, g, &sc, &mn);
+    d0 = d * lm_q_bytef(sc, 0, 0.0f), d1 = d * lm_q_bytef(sc, 1, 0.0f);
+    o0 = dmin * lm_q_bytef(mn, 0, 0.0f), o1 = dmin * lm_q_bytef(mn, 1, 0.0f);
+}
+
 /* Q4_K: {f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]}; qs[32g, 32g +
  * 32) holds sub-blocks 2g (low nibbles) and 2g + 1 (high). Slice j = 2g +
  * h takes qs[16j, 16j + 16): values 64g + 16h.. (low) and 64g + 32 + 16h..
@@ -259,11 +268,7 @@ template <> struct lm_q<LM_Q4_K> {
     static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
         const uint4 h = __ldcs((const uint4 *)blk), v = __ldcs((const uint4 *)(blk + 16) + j);
         raw r;
-        const float d = lm_q_f16((unsigned short)(h.x & 0xffffu)), dmin = lm_q_f16((unsigned short)(h.x >> 16));
-        int s0, m0, s1, m1;
-        lm_q_k_scale_min(h.y, h.z, h.w, 2 * (j >> 1), &s0, &m0);
-        lm_q_k_scale_min(h.y, h.z, h.w, 2 * (j >> 1) + 1, &s1, &m1);
-        r.d0 = d * (float)s0, r.o0 = dmin * (float)m0, r.d1 = d * (float)s1, r.o1 = dmin * (float)m1;
+        lm_q_k_head(h, j >> 1, r.d0, r.o0, r.d1, r.o1);
         r.q[0] = v.x, r.q[1] = v.y, r.q[2] = v.z, r.q[3] = v.w;
         return r;
     }
@@ -293,11 +298,7 @@ template <> struct lm_q<LM_Q5_K> {
         const uint4 v = __ldcs((const uint4 *)(blk + 48) + j);
         raw r;
         r.g = j >> 1;
-        const float d = lm_q_f16((unsigned short)(h.x & 0xffffu)), dmin = lm_q_f16((unsigned short)(h.x >> 16));
-        int s0, m0, s1, m1;
-        lm_q_k_scale_min(h.y, h.z, h.w, 2 * r.g, &s0, &m0);
-        lm_q_k_scale_min(h.y, h.z, h.w, 2 * r.g + 1, &s1, &m1);
-        r.d0 = d * (float)s0, r.o0 = dmin * (float)m0, r.d1 = d * (float)s1, r.o1 = dmin * (float)m1;
+        lm_q_k_head(h, r.g, r.d0, r.o0, r.d1, r.o1);
         r.q[0] = v.x, r.q[1] = v.y, r.q[2] = v.z, r.q[3] = v.w;
         r.hb[0] = qh.x, r.hb[1] = qh.y, r.hb[2] = qh.z, r.hb[3] = qh.w;
         return r;
@@ -396,6 +397,82 @@ static __device__ __forceinline__ void lm_q_quad(const typename Q::raw &r, int q
     const float s = Q::scale(r, q / Q::QG);
 #pragma unroll
     for (int e = 0; e < 4; e++) w[e] = Q::MIN ? __fsub_rn(__fmul_rn(s, f[e]), Q::minv(r, q / Q::QG)) : __fmul_rn(s, f[e]);
+}
+
+/* ---- int8 activations (the dp4a GEMV, cuda_qgemv.cu) ----------------------------------- */
+
+/* sum of four u8 codes times four s8 values, plus c (dp4a, unsigned a with signed b). */
+static __device__ __forceinline__ int lm_q_dp4a_us(unsigned a, int b, int c) {
+#ifdef LM_QUANT_HOST_CHECK
+    for (int e = 0; e < 4; e++) c += (int)((a >> (8 * e)) & 0xffu) * (int)(signed char)(b >> (8 * e));
+    return c;
+#else
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
+/* Four values times inv, rounded to the nearest integer (|v * inv| <= 127),
+ * as four s8 bytes: adding 1.5 * 2^23 leaves the rounded integer in the low
+ * mantissa bits (two's complement in the low byte), so no float-to-int
+ * conversion (a quarter of the f32 rate). */
+static __device__ __forceinline__ int lm_q_pack_s8(float a, float b, float c, float d, float inv) {
+    const float m = 12582912.0f;
+    const unsigned ua = __float_as_uint(fmaf(a, inv, m)), ub = __float_as_uint(fmaf(b, inv, m));
+    const unsigned uc = __float_as_uint(fmaf(c, inv, m)), ud = __float_as_uint(fmaf(d, inv, m));
+    return (int)__byte_perm(__byte_perm(ua, ub, 0x0040u), __byte_perm(uc, ud, 0x0040u), 0x5410u);
+}
+
+/* An int of magnitude < 2^22 as a float without the conversion unit. */
+static __device__ __forceinline__ float lm_q_i2f(int v) {
+    return __int_as_float(0x4b400000 + v) - 12582912.0f;
+}
+
+/* One slice's activations as int8 for the dp4a GEMV: the Q::Q groups of 4
+ * values at Q::at(j, q) of one block's x (xb) scaled by their largest
+ * magnitude to s8 (xi; value ~ xi * dx), and per scale group the sum of
+ * the s8 values (isx, for the offset and the min). */
+template <class Q> struct lm_q_x8 {
+    int xi[Q::Q], isx[Q::Q / Q::QG];
+    float dx;
+};
+
+template <class Q> static __device__ __forceinline__ lm_q_x8<Q> lm_q_quant_x(const float *xb, int j) {
+    lm_q_x8<Q> r;
+    float4 xv[Q::Q];
+    float amax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < Q::Q; q++) {
+        xv[q] = *(const float4 *)(xb + Q::at(j, q));
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(xv[q].x), fabsf(xv[q].y)), fmaxf(fabsf(xv[q].z), fabsf(xv[q].w))));
+    }
+    const float inv = amax > 0.0f ? __fdividef(127.0f, amax) : 0.0f;
+    r.dx = amax * (1.0f / 127.0f);
+#pragma unroll
+    for (int q = 0; q < Q::Q; q++) r.xi[q] = lm_q_pack_s8(xv[q].x, xv[q].y, xv[q].z, xv[q].w, inv);
+#pragma unroll
+    for (int g = 0; g < Q::Q / Q::QG; g++) {
+        r.isx[g] = 0;
+#pragma unroll
+        for (int qi = 0; qi < Q::QG; qi++) r.isx[g] = __dp4a(r.xi[g * Q::QG + qi], 0x01010101, r.isx[g]);
+    }
+    return r;
+}
+
+/* acc + the slice's dot product with x8: per scale group the integer sum
+ * of (code - OFF) * xi by dp4a, times scale * dx (minus min * dx * isx). */
+template <class Q>
+static __device__ __forceinline__ float lm_q_dot_i8(const typename Q::raw &v, const lm_q_x8<Q> &x8, float acc) {
+#pragma unroll
+    for (int g = 0; g < Q::Q / Q::QG; g++) {
+        int is = -Q::OFF * x8.isx[g];
+#pragma unroll
+        for (int qi = 0; qi < Q::QG; qi++) is = lm_q_dp4a_us(Q::codes(v, g * Q::QG + qi), x8.xi[g * Q::QG + qi], is);
+        acc = fmaf(Q::scale(v, g) * x8.dx, lm_q_i2f(is), acc);
+        if constexpr (Q::MIN) acc = fmaf(-Q::minv(v, g) * x8.dx, lm_q_i2f(x8.isx[g]), acc);
+    }
+    return acc;
 }
 
 #endif

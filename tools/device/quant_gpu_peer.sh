@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# quant_gpu_peer.sh - issue #26 on one H200 in one call (under 10 minutes):
+# the quantised-GEMV tests, then a random Llama-3.1-8B Q4_K_M GGUF
+# (tools/make_random_gguf.py) by lumen (int8 activations, the default;
+# exact f32 activations) and by llama.cpp built from the
+# source node-llama-cpp 3.21.1 bundles (built in the background meanwhile):
+# batch-1 decode, 4k prefill, batched decode 8/32/128. Carry .device-carry
+# from LUMEN_DEVICE_KERNEL_BENCH=1 LUMEN_DEVICE_FIXTURES="gguf/llama-g256/model.Q4_K_M.gguf ..." tools/device/pack.sh
+# plus llamacpp-src.tar.xz (see quant_peer.sh).
+set -uo pipefail
+root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; LC=/tmp/lc; LB=$LC/b/bin; mkdir -p "$OUT"; t0=$SECONDS
+log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
+(cd $LC && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
+ cmake --build b -j14 --target llama-bench llama-batched-bench) > "$OUT/lc_build.log" 2>&1 &
+bp=$!
+[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
+mkdir -p /work && ln -sfn "$root" /work/main
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+log "GPU quant tests"; timeout 150 "$C/bin/lumen_tests" cuda_q 2>&1 | tee -a "$OUT/cuda_q.log" | grep -E "FAIL|passed|check failed|prompt:"
+L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf
+python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b >/dev/null || exit 1
+[[ -x $C/bin/bench_cuda_gemv ]] && { log "kernels"; "$C/bin/bench_cuda_gemv" 0 quant 2>&1 | grep -E "copy|qgemv .* 1  " | tee "$OUT/kernels.log"; }
+for env in LUMEN_CUDA_QUANT_EXACT=0 LUMEN_CUDA_QUANT_EXACT=1; do
+  log "lumen 8B Q4_K_M decode, $env"
+  env $env "$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*|"decode_pct_of_copy":[0-9.]*' | tr '\n' ' '; echo
+done
+log "lumen 4k prefill"; "$L" bench -m $q --device cuda --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw 2>&1 | tail -n 1 | grep -oE '"prefill_tok_s":[0-9.]*'
+log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; }
+lbench() { "$LB/llama-bench" -o md "$@" 2>/dev/null | grep -E "^\| [a-z]"; }
+log "llama.cpp 8B Q4_K_M: decode 128, prefill 4096"; lbench -m $q -ngl 99 -fa 1 -p 4096 -n 128 -r 3
+log "lumen 8B Q4_K_M decode again (after the build, same run), int8 then exact"
+LUMEN_CUDA_QUANT_EXACT=1 "$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 --no-membw 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*'
+"$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*|"decode_pct_of_copy":[0-9.]*|"copy_GB_s":[0-9.]*' | tr '\n' ' '; echo
+log "llama.cpp batched"; "$LB/llama-batched-bench" -m $q -ngl 99 -fa 1 -c 20000 -npp 32 -ntg 64 -npl 1,8,32,128 2>/dev/null | grep -E "^\|"
+for B in 1 2 8 32 128; do log "lumen batch $B"; "$L" bench -m $q --device cuda --batch $B --prompt-len 32 --gen 64 --no-membw 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*'; done
+log done
