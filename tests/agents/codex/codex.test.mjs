@@ -143,17 +143,32 @@ async function ranOutOfContext(run, lumen, mark) {
 const asks = ['Write a Python function `is_even`: Return True if n is even',
   'Write a Python function `add`: Add two numbers', 'Write a Python function `clamp`: Limit x to [lo, hi]'];
 
-// Runs attempt(ask) until a turn does not run out of context (at most 10 times).
+// The turn completed but the demo model (sampling at Codex's temperature)
+// spent the whole answer thinking: no message item came back. That is the
+// model's choice, not a protocol error (reasoning items did arrive).
+function onlyThought(run) {
+  const done = run.events.some((e) => e.type === 'turn.completed');
+  const msg = run.events.some((e) => e.type === 'item.completed' && e.item.type === 'agent_message');
+  const thought = run.events.some((e) => e.type === 'item.completed' && e.item.type === 'reasoning');
+  return done && !msg && thought;
+}
+
+// Runs attempt(ask) until a turn neither runs out of context nor ends in
+// reasoning alone (at most 10 times); a lumen that never sends the message
+// still fails after the last attempt.
 async function turn(t, lumen, attempt) {
   let run;
   for (let i = 1; i <= 10; i++) {
     const mark = lumen.log().length;
     run = await attempt(asks[(i - 1) % asks.length]);
-    if (!(await ranOutOfContext(run, lumen, mark))) {
+    if (await ranOutOfContext(run, lumen, mark)) {
+      t.diagnostic(`attempt ${i}: the model ran to the context limit (${run.seconds.toFixed(1)} s); again`);
+    } else if (onlyThought(run)) {
+      t.diagnostic(`attempt ${i}: the answer was all reasoning (${run.seconds.toFixed(1)} s); again`);
+    } else {
       t.diagnostic(`attempt ${i}: ${run.seconds.toFixed(1)} s`);
       return run;
     }
-    t.diagnostic(`attempt ${i}: the model ran to the context limit (${run.seconds.toFixed(1)} s); again`);
   }
   return run;
 }
