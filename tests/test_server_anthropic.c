@@ -9,33 +9,9 @@
 #include <string.h>
 
 #include "lm_test.h"
-#include "server/server_internal.h"
+#include "server_fixture.h"
 
-typedef struct fx {
-    srv s;
-    lm_tokenizer *tok;
-} fx;
-
-static bool fx_open(fx *f) {
-    memset(f, 0, sizeof *f);
-    char *dir = lm_test_fixture_path("models/qwen3");
-    if (!dir) return false;
-    lm_err e = { { 0 } };
-    int rc = lm_tokenizer_load(&f->tok, dir, &e);
-    free(dir);
-    if (rc) return false;
-    f->s.model_name = lm_xstrdup("qwen3");
-    f->s.ctx = 4096;
-    static const int eos[] = { 2 };
-    srv_init_text(&f->s, f->tok, lm_tokenizer_n_vocab(f->tok), eos, 1);
-    return true;
-}
-
-static void fx_close(fx *f) {
-    srv_free_text(&f->s);
-    free(f->s.model_name);
-    lm_tokenizer_free(f->tok);
-}
+typedef srv_fx fx;
 
 static int parse(fx *f, const char *body, srv_req *r, srv_err *e) {
     memset(e, 0, sizeof *e);
@@ -66,7 +42,7 @@ static const char *k_history =
 
 LM_TEST(server_anthropic_translates_blocks) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, k_history, &r, &e) == 0);
@@ -121,7 +97,7 @@ LM_TEST(server_anthropic_translates_blocks) {
     LM_CHECK(lm_streq(str_at(json_array_get(r.messages, 3), "content"), ""));
     LM_CHECK(!r.tools);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 /* U+0000 is valid JSON: a text block, a tool_use input and a tool_result
@@ -129,7 +105,7 @@ LM_TEST(server_anthropic_translates_blocks) {
  * into the prompt, as on the OpenAI routes. */
 LM_TEST(server_anthropic_keeps_nul) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     static const char body[] =
         "{\"model\":\"x\",\"max_tokens\":8,\"system\":\"s\\u0000ys\",\"messages\":["
         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\\u0000y\"}]},"
@@ -149,12 +125,12 @@ LM_TEST(server_anthropic_keeps_nul) {
     LM_CHECK(memmem(p.text, p.len, "x\0y", 3) != NULL && memmem(p.text, p.len, "r\0z", 3) != NULL);
     lm_chat_prompt_free(&p);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_anthropic_tool_choice_sampling_thinking) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *tools = "\"tools\":[{\"name\":\"a\",\"input_schema\":{\"type\":\"object\"}},"
                         "{\"name\":\"b\",\"input_schema\":{\"type\":\"object\"}}]";
     static const struct {
@@ -213,12 +189,12 @@ LM_TEST(server_anthropic_tool_choice_sampling_thinking) {
                      &r, &e) == 0);
     LM_CHECK(r.max_tokens_cap && r.max_tokens_set && r.gp.max_tokens == f.s.ctx);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_anthropic_bad_requests) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
 #define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]"
     static const struct {
         const char *body, *says;
@@ -283,14 +259,14 @@ LM_TEST(server_anthropic_bad_requests) {
                     { 500, "api_error" },             { 503, "overloaded_error" },      { 405, "invalid_request_error" } };
     for (size_t i = 0; i < LM_COUNT(k_types); i++)
         LM_CHECK_MSG(lm_streq(srv_anth_error_type(k_types[i].status), k_types[i].type), "%d", k_types[i].status);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 /* count_tokens: the same body (max_tokens optional), the tokens of the
  * prompt generation would submit. */
 LM_TEST(server_anthropic_count_tokens) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     srv_err e;
     int n_hist = 0, n_plain = 0, n_sys = 0;
     LM_REQUIRE(srv_anth_count_tokens(&f.s, k_history, strlen(k_history), &n_hist, &e) == 0);
@@ -315,5 +291,5 @@ LM_TEST(server_anthropic_count_tokens) {
 
     int n = -1;
     LM_CHECK(srv_anth_count_tokens(&f.s, "{\"model\":\"x\"}", 13, &n, &e) == -1 && e.status == 400 && n == 0);
-    fx_close(&f);
+    srv_fx_close(&f);
 }

@@ -11,33 +11,9 @@
 #include <string.h>
 
 #include "lm_test.h"
-#include "server/server_internal.h"
+#include "server_fixture.h"
 
-typedef struct fx {
-    srv s;
-    lm_tokenizer *tok;
-} fx;
-
-static bool fx_open(fx *f) {
-    memset(f, 0, sizeof *f);
-    char *dir = lm_test_fixture_path("models/qwen3");
-    if (!dir) return false;
-    lm_err e = { { 0 } };
-    int rc = lm_tokenizer_load(&f->tok, dir, &e);
-    free(dir);
-    if (rc) return false;
-    f->s.model_name = lm_xstrdup("qwen3");
-    f->s.ctx = 4096;
-    static const int eos[] = { 2 };
-    srv_init_text(&f->s, f->tok, lm_tokenizer_n_vocab(f->tok), eos, 1);
-    return true;
-}
-
-static void fx_close(fx *f) {
-    srv_free_text(&f->s);
-    free(f->s.model_name);
-    lm_tokenizer_free(f->tok);
-}
+typedef srv_fx fx;
 
 static const char *str_at(const json_t *j, const char *k) { return json_string_value(json_object_get(j, k)); }
 
@@ -273,7 +249,7 @@ static const json_t *ev_data(const json_t *m, size_t i) { return json_object_get
 
 LM_TEST(server_anthropic_stream_text) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *text = "Hello there, friend.";
     json_t *m = stream_of(&f, "\"thinking\":{\"type\":\"disabled\"}", text, LM_FINISH_STOP);
     LM_REQUIRE(m);
@@ -309,12 +285,12 @@ LM_TEST(server_anthropic_stream_text) {
     LM_CHECK(lm_streq(str_at(msg, "stop_reason"), "end_turn") && json_is_null(json_object_get(msg, "stop_sequence")));
     LM_CHECK(json_integer_value(json_object_get(json_object_get(msg, "usage"), "cache_read_input_tokens")) == 3);
     json_decref(msg);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_anthropic_stream_thinking_then_text) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *text = "<think>\nThe user greets.\n</think>\n\nHi! How can I help?";
     json_t *m = stream_of(&f, NULL, text, LM_FINISH_STOP);
     LM_REQUIRE(m);
@@ -356,7 +332,7 @@ LM_TEST(server_anthropic_stream_thinking_then_text) {
     LM_CHECK(str_at(json_array_get(c, 0), "signature") && str_at(json_array_get(c, 0), "signature")[0]);
     LM_CHECK(lm_streq(str_at(json_array_get(c, 1), "text"), "Hi! How can I help?"));
     json_decref(msg);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 static const char *k_call_answer =
@@ -365,7 +341,7 @@ static const char *k_call_answer =
 
 LM_TEST(server_anthropic_stream_tool_use) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     json_t *m = stream_of(&f, k_tools, k_call_answer, LM_FINISH_STOP);
     LM_REQUIRE(m);
     char *seq = sequence(m);
@@ -416,12 +392,12 @@ LM_TEST(server_anthropic_stream_tool_use) {
         json_decref(s);
         json_decref(w);
     }
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_anthropic_stream_max_tokens_and_stop_sequence) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *off = "\"thinking\":{\"type\":\"disabled\"}";
     json_t *m = stream_of(&f, off, "cut off in the mid", LM_FINISH_LENGTH);
     LM_REQUIRE(m);
@@ -448,12 +424,12 @@ LM_TEST(server_anthropic_stream_max_tokens_and_stop_sequence) {
     LM_CHECK(lm_streq(str_at(w, "stop_reason"), "stop_sequence") && lm_streq(str_at(w, "stop_sequence"), "END"));
     LM_CHECK(lm_streq(str_at(json_array_get(json_object_get(w, "content"), 0), "text"), "alpha beta "));
     json_decref(w);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_anthropic_stream_error_event) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     json_t *m = stream_of(&f, "\"thinking\":{\"type\":\"disabled\"}", "partial answ", LM_FINISH_ERROR);
     LM_REQUIRE(m);
     char *seq = sequence(m);
@@ -464,7 +440,7 @@ LM_TEST(server_anthropic_stream_error_event) {
     LM_CHECK(lm_streq(str_at(json_object_get(err, "error"), "type"), "api_error"));
     LM_CHECK(strstr(str_at(json_object_get(err, "error"), "message"), "the GPU fell off") != NULL);
     json_decref(m);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 /* The same events however the text is split into tokens (every split point
@@ -472,7 +448,7 @@ LM_TEST(server_anthropic_stream_error_event) {
  * read (whole, one by one, in 7-byte pieces). */
 LM_TEST(server_anthropic_stream_split_points) {
     fx f;
-    if (!fx_open(&f)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 4096)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *text = k_call_answer;
     size_t len = strlen(text);
     json_t *ref = stream_of(&f, k_tools, text, LM_FINISH_STOP);
@@ -532,5 +508,5 @@ LM_TEST(server_anthropic_stream_split_points) {
     LM_CHECK_MSG(fails == 0, "%d splittings differ", fails);
     json_decref(ref);
     json_decref(ref_blocks);
-    fx_close(&f);
+    srv_fx_close(&f);
 }

@@ -6,40 +6,9 @@
 #include <string.h>
 
 #include "lm_test.h"
-#include "server/server_internal.h"
+#include "server_fixture.h"
 
-typedef struct fx {
-    srv s;
-    lm_tokenizer *tok;
-} fx;
-
-static bool fx_open(fx *f, const char *model) {
-    memset(f, 0, sizeof *f);
-    char rel[128];
-    snprintf(rel, sizeof rel, "models/%s", model);
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) return false;
-    lm_err e = { { 0 } };
-    int rc = lm_tokenizer_load(&f->tok, dir, &e);
-    free(dir);
-    if (rc) {
-        fprintf(stderr, "  tokenizer: %s\n", e.msg);
-        return false;
-    }
-    f->s.model_name = lm_xstrdup("qwen3");
-    f->s.ctx = 256;
-    static const int eos[] = { 2 };
-    srv_init_text(&f->s, f->tok, lm_tokenizer_n_vocab(f->tok), eos, 1);
-    pthread_mutex_init(&f->s.jobs_mu, NULL);
-    return true;
-}
-
-static void fx_close(fx *f) {
-    srv_free_text(&f->s);
-    free(f->s.model_name);
-    lm_tokenizer_free(f->tok);
-    pthread_mutex_destroy(&f->s.jobs_mu);
-}
+typedef srv_fx fx;
 
 static int parse(fx *f, srv_kind kind, const char *body, srv_req *r, srv_err *e) {
     memset(e, 0, sizeof *e);
@@ -100,7 +69,7 @@ static const char *k_answer =
 
 LM_TEST(server_out_chat_reasoning_and_tool_call) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     char body[1024];
     snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":%s}",
              k_tools);
@@ -136,12 +105,12 @@ LM_TEST(server_out_chat_reasoning_and_tool_call) {
     json_decref(res);
     srv_out_free(&o);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_out_chat_stream_matches_non_stream) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     char body[1024];
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":%s,\"stream\":true,"
@@ -198,12 +167,12 @@ LM_TEST(server_out_chat_stream_matches_non_stream) {
     json_decref(ev);
     srv_out_free(&o);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_out_stop_string_across_tokens) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     for (int stream = 0; stream < 2; stream++) {
         char body[256];
         snprintf(body, sizeof body, "{\"prompt\":\"x\",\"stop\":[\"END\",\"zz\"],\"stream\":%s}", stream ? "true" : "false");
@@ -240,12 +209,12 @@ LM_TEST(server_out_stop_string_across_tokens) {
         srv_out_free(&o);
         srv_req_free(&r);
     }
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_out_hides_specials_and_eos) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_COMPLETION, "{\"prompt\":\"x\"}", &r, &e) == 0);
@@ -255,12 +224,12 @@ LM_TEST(server_out_hides_specials_and_eos) {
     LM_CHECK_MSG(o.content.len == 3 && !memcmp(o.content.s, "abc", 3), "got '%s'", o.content.s);
     srv_out_free(&o);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_out_completion_echo_and_logprobs) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_COMPLETION, "{\"prompt\":\"Say:\",\"logprobs\":2}", &r, &e) == 0);
@@ -287,12 +256,12 @@ LM_TEST(server_out_completion_echo_and_logprobs) {
     LM_CHECK(o.content.len == 7 && !memcmp(o.content.s, "Say: ok", 7));
     srv_out_free(&o);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_out_chat_logprobs_shape) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     srv_req r;
     srv_err e;
     LM_REQUIRE(parse(&f, SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":2}",
@@ -312,7 +281,7 @@ LM_TEST(server_out_chat_logprobs_shape) {
     json_decref(res);
     srv_out_free(&o);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 static void expect_error(lm_test_ctx *lm_t_, fx *f, srv_kind kind, const char *body, int status, const char *param) {
@@ -331,7 +300,7 @@ static void expect_error(lm_test_ctx *lm_t_, fx *f, srv_kind kind, const char *b
 
 LM_TEST(server_request_validation) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
     char b[512];
     expect_error(lm_t_, &f, SRV_CHAT, "{not json", 400, NULL);
@@ -405,12 +374,12 @@ LM_TEST(server_request_validation) {
     LM_CHECK(r.tools == NULL); /* tool_choice none: no tools to the template or the parser */
     LM_CHECK(r.gp.n_stop_tokens == 1 && r.gp.stop_tokens[0] == 2);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_chat_render_context) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     char b[2048];
     snprintf(b, sizeof b,
              "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},"
@@ -470,7 +439,7 @@ LM_TEST(server_chat_render_context) {
     srv_out_free(&o);
     lm_chat_prompt_free(&p);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 LM_TEST(server_ends_in_think) {
@@ -505,9 +474,9 @@ static const char *k_tools2 =
 
 LM_TEST(server_qwen38_xml_tools_and_open_think) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("../shared/fixtures/models/qwen3 not found");
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("../shared/fixtures/models/qwen3 not found");
     if (!use_template(&f, "templates/qwen38/qwen38_chat_template.jinja")) {
-        fx_close(&f);
+        srv_fx_close(&f);
         LM_SKIP("../shared/fixtures/templates/qwen38 not found");
     }
     LM_CHECK(f.s.chat->xml_tools && f.s.chat->think);
@@ -587,14 +556,14 @@ LM_TEST(server_qwen38_xml_tools_and_open_think) {
     srv_out_free(&o);
     lm_chat_prompt_free(&p);
     srv_req_free(&r);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 /* A trace line from a made-up engine trace: spans in ms, decode-step sizes
  * summarised, and for a divergence the text of both prompts around it. */
 LM_TEST(server_trace_line_divergence_text) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("%s", lm_test_fixtures_why());
     const char *a = "The quick brown fox jumps over the lazy dog. Alpha beta gamma";
     const char *b = "The quick brown fox jumps over the lazy dog. Omega delta";
     lm_tok_ids ia = { 0 }, ib = { 0 };
@@ -645,7 +614,7 @@ LM_TEST(server_trace_line_divergence_text) {
     json_decref(j);
     lm_tok_ids_free(&ia);
     lm_tok_ids_free(&ib);
-    fx_close(&f);
+    srv_fx_close(&f);
 }
 
 /* --debug-tool-call: a user's turn that offers the tool is answered with the
@@ -653,7 +622,7 @@ LM_TEST(server_trace_line_divergence_text) {
  * dropped (the first event cancels); other turns are left to the model. */
 LM_TEST(server_debug_tool_call) {
     fx f;
-    if (!fx_open(&f, "qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
+    if (!srv_fx_open(&f, "qwen3", 256)) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err le = { { 0 } };
     static const char *const bad[] = { "get_weather", "={}", "get_weather=[1]", "get_weather={", "get_weather=" };
     for (size_t i = 0; i < LM_COUNT(bad); i++) {
@@ -754,5 +723,5 @@ LM_TEST(server_debug_tool_call) {
     }
     free(f.s.debug_call_name);
     json_decref(f.s.debug_call_args);
-    fx_close(&f);
+    srv_fx_close(&f);
 }

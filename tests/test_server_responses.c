@@ -14,36 +14,20 @@
 
 #include "lm_test.h"
 #include "server/responses.h"
+#include "server_fixture.h"
 
-typedef struct fx {
-    srv s;
-    lm_tokenizer *tok;
-} fx;
+typedef srv_fx fx;
 
+/* the shared fixture plus a small response store */
 static bool fx_open(fx *f) {
-    memset(f, 0, sizeof *f);
-    char *dir = lm_test_fixture_path("models/qwen3");
-    if (!dir) return false;
-    lm_err e = { { 0 } };
-    int rc = lm_tokenizer_load(&f->tok, dir, &e);
-    free(dir);
-    if (rc) {
-        fprintf(stderr, "  tokenizer: %s\n", e.msg);
-        return false;
-    }
-    f->s.model_name = lm_xstrdup("qwen3");
-    f->s.ctx = 256;
-    static const int eos[] = { 2 };
-    srv_init_text(&f->s, f->tok, lm_tokenizer_n_vocab(f->tok), eos, 1);
+    if (!srv_fx_open(f, "qwen3", 256)) return false;
     f->s.resp_store = srv_resp_store_create(8, 1 << 20);
     return true;
 }
 
 static void fx_close(fx *f) {
     srv_resp_store_free(f->s.resp_store);
-    srv_free_text(&f->s);
-    free(f->s.model_name);
-    lm_tokenizer_free(f->tok);
+    srv_fx_close(f);
 }
 
 #define SKIP_NO_FIXTURE() LM_SKIP("../shared/fixtures/models/qwen3 not found")

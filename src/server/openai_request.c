@@ -32,7 +32,7 @@ int srv_fail(srv_err *e, int status, const char *type, const char *code, const c
     return -1;
 }
 
-static const char *type_name(const json_t *v) {
+const char *srv_json_type_name(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -46,7 +46,7 @@ static const char *type_name(const json_t *v) {
 }
 
 static int bad_type(srv_err *e, const char *key, const char *want, const json_t *v) {
-    return srv_bad(e, key, "Invalid type for '%s': expected %s, but got %s instead.", key, want, type_name(v));
+    return srv_bad(e, key, "Invalid type for '%s': expected %s, but got %s instead.", key, want, srv_json_type_name(v));
 }
 
 /* The field key of body, or NULL when absent or JSON null (OpenAI treats an

@@ -37,22 +37,9 @@
 
 #include "responses.h"
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 static int bad_type(srv_err *e, const char *key, const char *want, const json_t *v) {
     if (!v) return srv_bad(e, key, "Missing required parameter: '%s' (%s).", key, want);
-    return srv_bad(e, key, "Invalid type for '%s': expected %s, but got %s instead.", key, want, type_name(v));
+    return srv_bad(e, key, "Invalid type for '%s': expected %s, but got %s instead.", key, want, srv_json_type_name(v));
 }
 
 /* body[key], or NULL when absent or null. */

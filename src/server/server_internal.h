@@ -66,6 +66,8 @@ typedef struct srv_err {
 /* Fills e and returns -1. param and code may be NULL. */
 int srv_fail(srv_err *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* "an object", "an array", "a string", ... for an error message (openai_request.c). */
+const char *srv_json_type_name(const json_t *v);
 /* 400 invalid_request_error. */
 #define srv_bad(e, param, ...) srv_fail((e), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
 /* {"error": {...}} (new reference). */
