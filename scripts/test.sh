@@ -42,47 +42,41 @@ run_suite release build/release
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_suite sanitizers build/asan -DLUMEN_SANITIZE=ON
 
-# End-to-end: the Release server driven by the official openai npm SDK.
-echo "== e2e: npm ci and node --test (tests/e2e)"
-if ! (cd tests/e2e && npm ci --no-audit --no-fund >../../build/e2e.npm.log 2>&1); then
-  cat build/e2e.npm.log
-  echo "== e2e: npm ci FAILED"
-  total_fail=$((total_fail + 1)); status=1
-else
-  (cd tests/e2e && LUMEN_BIN="$PWD/../../build/release/lumen" timeout 600 node --test) 2>&1 | tee build/e2e.log
-  rc=${PIPESTATUS[0]}
-  pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
-  fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
-  skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/e2e.log | tail -n 1)
+# Adds the "# pass / # fail / # skipped" lines of a node --test log to the
+# totals; a log without them (the run did not finish) counts one failure.
+count_tap() { # name log exit-status
+  local name=$1 log=$2 rc=$3 pass fail skip
+  pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$log" | tail -n 1)
+  fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$log" | tail -n 1)
+  skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' "$log" | tail -n 1)
   if [[ -z $pass || -z $fail ]]; then
-    echo "== e2e: node --test did not finish (exit $rc)"
+    echo "== $name: node --test did not finish (exit $rc)"
     total_fail=$((total_fail + 1))
   else
     total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
   fi
   [[ $rc == 0 ]] || status=1
-fi
+}
 
-# The chat page (GET /) in headless Chromium, driven by puppeteer-core.
-echo "== web: npm ci and node --test (tests/web)"
-if ! (cd tests/web && npm ci --no-audit --no-fund >../../build/web.npm.log 2>&1); then
-  cat build/web.npm.log
-  echo "== web: npm ci FAILED"
-  total_fail=$((total_fail + 1)); status=1
-else
-  (cd tests/web && LUMEN_BIN="$PWD/../../build/release/lumen" timeout 300 node --test) 2>&1 | tee build/web.log
-  rc=${PIPESTATUS[0]}
-  pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
-  fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
-  skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/web.log | tail -n 1)
-  if [[ -z $pass || -z $fail ]]; then
-    echo "== web: node --test did not finish (exit $rc)"
-    total_fail=$((total_fail + 1))
-  else
-    total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
+# npm ci in DIR, then its node --test files against the Release binary.
+node_step() { # name dir time-limit-seconds
+  local name=$1 dir=$2 limit=$3
+  echo "== $name: npm ci and node --test ($dir)"
+  if ! (cd "$dir" && npm ci --no-audit --no-fund >"$root/build/$name.npm.log" 2>&1); then
+    cat "build/$name.npm.log"
+    echo "== $name: npm ci FAILED"
+    total_fail=$((total_fail + 1)); status=1
+    return
   fi
-  [[ $rc == 0 ]] || status=1
-fi
+  (cd "$dir" && LUMEN_BIN="$root/build/release/lumen" timeout "$limit" node --test) 2>&1 | tee "build/$name.log"
+  count_tap "$name" "build/$name.log" "${PIPESTATUS[0]}"
+}
+
+root=$PWD
+# End-to-end: the Release server driven by the official openai npm SDK.
+node_step e2e tests/e2e 600
+# The chat page (GET /) in headless Chromium, driven by puppeteer-core.
+node_step web tests/web 300
 
 # Agents: real coding-agent CLIs from npm (pi-coding-agent, qwen-code, opencode,
 # Claude Code, Codex),
@@ -90,17 +84,7 @@ fi
 # (tests/agents/README.md); about a minute on the 2-core VM.
 echo "== agents: npm install and node --test (tests/agents)"
 LUMEN_BIN="$PWD/build/release/lumen" timeout 900 bash tests/agents/run.sh 2>&1 | tee build/agents.log
-rc=${PIPESTATUS[0]}
-pass=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
-fail=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
-skip=$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' build/agents.log | tail -n 1)
-if [[ -z $pass || -z $fail ]]; then
-  echo "== agents: node --test did not finish (exit $rc)"
-  total_fail=$((total_fail + 1))
-else
-  total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail)); total_skip=$((total_skip + ${skip:-0}))
-fi
-[[ $rc == 0 ]] || status=1
+count_tap agents build/agents.log "${PIPESTATUS[0]}"
 
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 exit $status
