@@ -9,7 +9,9 @@
  * Tolerances (cond = sum_i |x_i w_i| for the output):
  *   GEMV (T <= 8), exact mode (lm_cuda_backend_quant_exact): |y - ref| <=
  *     2e-5 cond + 1e-6 (exact block values, f32 sums)
- *   GEMV, int8 activations (the default): each x rounded to a step of at
+ *   GEMV, int8 activations (the default; on sm_90 Q4_K and Q6_K rows take
+ *     the staged kernel, cuda_qgemv_staged.cu, and the model-row test runs
+ *     the slice kernel too): each x rounded to a step of at
  *     most xmax / 127 (xmax = the token's largest |x|), so the error is a
  *     sum of independent roundings of at most half a step, with standard
  *     deviation <= sqrt(sum w^2 / 12) xmax / 127; bound: 6 of those plus the
@@ -239,13 +241,19 @@ LM_TEST(cuda_qmatmul_vs_reference) {
 LM_TEST(cuda_qmatmul_model_rows) {
     CQ_SETUP(g);
     uint64_t seed = 901;
-    for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++)
-        for (int64_t T = 1; T <= 8; T += 7)
-            for (int exact = 0; exact <= 1; exact++) {
-                const int bad = cq_matmul_case(g, cq_types[ti], T, 515, 4096, 0, false, exact, seed++);
-                LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [515][4096] exact=%d", bad,
-                             lm_dtype_name(cq_types[ti]), (long long)T, exact);
-            }
+    /* staged: Q4_K / Q6_K rows through shared memory (sm_90, the default
+     * there), then the slice kernel that other GPUs and types take */
+    for (int staged = 1; staged >= 0; staged--) {
+        lm_cuda_backend_qstaged(g, staged);
+        for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++)
+            for (int64_t T = 1; T <= 8; T += 7)
+                for (int exact = 0; exact <= 1; exact++) {
+                    const int bad = cq_matmul_case(g, cq_types[ti], T, 515, 4096, 0, false, exact, seed++);
+                    LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [515][4096] exact=%d staged=%d", bad,
+                                 lm_dtype_name(cq_types[ti]), (long long)T, exact, staged);
+                }
+    }
+    lm_cuda_backend_qstaged(g, true);
     lm_backend_destroy(g);
 }
 
@@ -257,8 +265,13 @@ LM_TEST(cuda_qmatmul_n_equals_separate) {
     uint64_t s = 55;
     for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++) {
         const lm_dtype t = cq_types[ti];
-        const int64_t I = 2 * lm_dtype_block(t), Os[3] = { 64, 17, 33 };
-        for (int64_t T = 1; T <= 8; T += 2) {
+        const int64_t Os[3] = { 64, 17, 33 };
+        for (int it = 0; it < 8; it++) {
+            /* T = 1, 3, 5, 7 at rows of 2 blocks, then of 8 for the
+             * 256-value types (staged Q6_K rows are a multiple of 16 bytes) */
+            const int64_t T = 1 + 2 * (it % 4), nb = it < 4 ? 2 : 8;
+            if (nb == 8 && lm_dtype_block(t) < 256) continue;
+            const int64_t I = nb * lm_dtype_block(t);
             float *xh = malloc((size_t)(T * I) * sizeof *xh);
             for (int64_t i = 0; i < T * I; i++) xh[i] = cq_unit(&s);
             lm_tensor x = cq_put(g, xh, T, I), w[3], yn[3], y1[3];
@@ -277,8 +290,8 @@ LM_TEST(cuda_qmatmul_n_equals_separate) {
             g->ops->matmul_n(g, 3, yp, &x, wp, NULL);
             for (int i = 0; i < 3; i++) {
                 float *a = cq_get(g, &yn[i]), *b = cq_get(g, &y1[i]);
-                LM_CHECK_MSG(memcmp(a, b, (size_t)(T * Os[i]) * sizeof(float)) == 0, "%s T=%lld matrix %d differs",
-                             lm_dtype_name(t), (long long)T, i);
+                LM_CHECK_MSG(memcmp(a, b, (size_t)(T * Os[i]) * sizeof(float)) == 0, "%s T=%lld I=%lld matrix %d differs",
+                             lm_dtype_name(t), (long long)T, (long long)I, i);
                 free(a), free(b);
                 lm_tensor_release(g, &yn[i]);
                 lm_tensor_release(g, &y1[i]);
@@ -299,9 +312,12 @@ LM_TEST(cuda_qfused_equal_composed) {
     CQ_SETUP(g);
     LM_REQUIRE(g->ops->matmul_glu != NULL && g->ops->matmul_add != NULL);
     uint64_t s = 71;
-    for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++) {
-        const lm_dtype t = cq_types[ti];
-        const int64_t I = 2 * lm_dtype_block(t), F = 67, O = I;
+    for (size_t tk = 0; tk < 2 * LM_COUNT(cq_types); tk++) {
+        /* rows of 2 blocks, then 8 for the 256-value types (staged Q6_K; a
+         * norm row wider than a warp's) */
+        const lm_dtype t = cq_types[tk % LM_COUNT(cq_types)];
+        if (tk >= LM_COUNT(cq_types) && lm_dtype_block(t) < 256) continue;
+        const int64_t I = (tk < LM_COUNT(cq_types) ? 2 : 8) * lm_dtype_block(t), F = 67, O = I;
         uint8_t *hg = cq_weight(t, F, I, &s), *hu = cq_weight(t, F, I, &s), *hd = cq_weight(t, O, I, &s);
         lm_tensor wg = { .type = t, .rows = F, .cols = I }, wu = wg, wd = { .type = t, .rows = O, .cols = I };
         lm_err e = { { 0 } };
@@ -319,8 +335,9 @@ LM_TEST(cuda_qfused_equal_composed) {
             g->ops->matmul(g, &uw, &x, &wu, NULL);
             g->ops->silu_mul(g, &yc, &gw, &uw);
             float *a = cq_get(g, &yf), *b = cq_get(g, &yc);
-            LM_CHECK_MSG(memcmp(a, b, (size_t)(T * F) * sizeof(float)) == 0, "%s T=%lld: matmul_glu differs from composed",
-                         lm_dtype_name(t), (long long)T);
+            LM_CHECK_MSG(memcmp(a, b, (size_t)(T * F) * sizeof(float)) == 0,
+                         "%s T=%lld I=%lld: matmul_glu differs from composed", lm_dtype_name(t), (long long)T,
+                         (long long)I);
             free(a), free(b);
             lm_tensor rf = cq_put(g, rh, T, O), rc = cq_put(g, rh, T, O), ws = cq_put(g, NULL, T, O);
             g->ops->matmul_add(g, &rf, &x, &wd, &ws, NULL);
@@ -344,7 +361,8 @@ LM_TEST(cuda_qfused_equal_composed) {
             float *a2 = cq_get(g, &rf2), *b2 = cq_get(g, &rc2), *na = cq_get(g, &nf), *nb = cq_get(g, &nc);
             LM_CHECK_MSG(memcmp(a2, b2, (size_t)(T * O) * sizeof(float)) == 0 &&
                              memcmp(na, nb, (size_t)(T * O) * sizeof(float)) == 0,
-                         "%s T=%lld: matmul_add with a norm differs from composed", lm_dtype_name(t), (long long)T);
+                         "%s T=%lld I=%lld: matmul_add with a norm differs from composed", lm_dtype_name(t),
+                         (long long)T, (long long)I);
             free(a2), free(b2), free(na), free(nb), free(nw), free(xh), free(rh);
             lm_tensor *ts[] = { &x, &gw, &uw, &yf, &yc, &rf, &rc, &ws, &nwt, &nf, &nc, &rf2, &rc2 };
             for (size_t k = 0; k < LM_COUNT(ts); k++) lm_tensor_release(g, ts[k]);

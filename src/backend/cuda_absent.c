@@ -20,6 +20,11 @@ bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
     return false;
 }
 
+bool lm_cuda_backend_qstaged(lm_backend *be, bool on) {
+    (void)be, (void)on;
+    return false;
+}
+
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     *free_bytes = 0;

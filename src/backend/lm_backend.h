@@ -342,6 +342,12 @@ bool lm_cuda_available(char *why, size_t n);
  * several times the instructions). LUMEN_CUDA_QUANT_EXACT=1 sets true at
  * creation. Returns the old setting; false and no effect without CUDA. */
 bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact);
+/* Q4_K and Q6_K GEMVs with int8 activations (sm_90): true (the default
+ * there) streams the rows through shared memory with bulk copies
+ * (cuda_qgemv_staged.cu); false takes the slice kernel (cuda_qgemv.cu), for
+ * tests and A/B timing. LUMEN_CUDA_QSTAGED=0 sets false at creation.
+ * Returns the old setting; false and no effect without CUDA or before sm_90. */
+bool lm_cuda_backend_qstaged(lm_backend *be, bool on);
 /* Bytes of device memory free now and in all (0, 0 on non-GPU backends),
  * within the limit set below. */
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes);

@@ -171,6 +171,15 @@ bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
     return old;
 }
 
+bool lm_cuda_backend_qstaged(lm_backend *be, bool on) {
+    be = lm_backend_base(be);
+    if (!be || strcmp(be->name, "cuda") != 0) return false;
+    lm_cuda *c = lm_cuda_of(be);
+    const bool old = c->qstaged;
+    c->qstaged = on && c->qstaged_ok;
+    return old;
+}
+
 /* ---- memory ------------------------------------------------------------------ */
 
 static void *lm_cuda_alloc(lm_backend *be, size_t bytes) {
@@ -703,6 +712,11 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
             c->quant_exact = lm_cuda_env_flag("LUMEN_CUDA_QUANT_EXACT", false);
+            c->qstaged_ok = major >= 9;
+            c->qstaged = c->qstaged_ok && lm_cuda_env_flag("LUMEN_CUDA_QSTAGED", true);
+            if (c->qstaged_ok) lm_sgemv_init(c);
+            const char *qb = getenv("LUMEN_CUDA_QSTAGED_BLOCKS");
+            c->qstaged_blocks = qb ? LM_MAX(0, LM_MIN(atoi(qb), 8)) : 0;
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");

@@ -92,6 +92,9 @@ typedef struct lm_cuda {
     bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
     bool quant_exact; /* quantised GEMVs in exact f32 arithmetic (LUMEN_CUDA_QUANT_EXACT=1); else int8 activations */
+    bool qstaged_ok; /* sm_90+: the staged Q4_K / Q6_K decode GEMV can run (cuda_qgemv_staged.cu) */
+    bool qstaged;    /* ... and is used (LUMEN_CUDA_QSTAGED, default on; lm_cuda_backend_qstaged) */
+    int qstaged_blocks; /* its blocks an SM, 0: its default (LUMEN_CUDA_QSTAGED_BLOCKS, timing only) */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
      * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
      * get_rows_argmax; argmax_rows_later's copies to the host queue in a ring
@@ -589,6 +592,12 @@ bool lm_qweight_ok(const void *w, lm_dtype wt);
 bool lm_qgemv_ok(const float *x, const void *w, lm_dtype wt);
 lm_gemv_args lm_qgemv_args0(const float *x, int64_t I);
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode);
+/* cuda_qgemv_staged.cu: the decode GEMV over Q4_K / Q6_K rows streamed
+ * through shared memory by bulk copies (sm_90); lm_qgemv_run calls it when
+ * lm_sgemv_takes says so. lm_sgemv_init once a backend (kernel attributes). */
+void lm_sgemv_init(lm_cuda *c);
+bool lm_sgemv_takes(const lm_cuda *c, const lm_gemv_args *a, lm_dtype wt);
+void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int mode);
 /* Whether the quantised GEMV has its fused modes (LM_GEMV_ADD, LM_GEMV_GLU_SILU) for T tokens of type wt. */
 bool lm_qgemv_fused(int64_t T, lm_dtype wt);
 void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias, int64_t O,

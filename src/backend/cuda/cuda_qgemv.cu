@@ -315,6 +315,15 @@ lm_gemv_args lm_qgemv_args0(const float *x, int64_t I) {
  * LM_GEMV_GLU_SILU (the last two when lm_qgemv_fused(T)); every matrix of
  * type wt, lm_qgemv_ok. */
 void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode) {
+    const bool several = a->first_block[1] < a->first_block[LM_GEMV_MAXM], add = mode == LM_GEMV_ADD;
+    if ((mode == LM_GEMV_STORE && several && lm_cuda_skip(c, LM_SKIP_GEMV_N)) ||
+        (mode == LM_GEMV_GLU_SILU && lm_cuda_skip(c, LM_SKIP_GEMV_GLU)) ||
+        (add && lm_cuda_skip(c, a->I > a->O[0] ? LM_SKIP_GEMV_DOWN : LM_SKIP_GEMV_ADD)))
+        return; /* timing only (LUMEN_CUDA_SKIP), as the bf16 GEMV */
+    if (lm_sgemv_takes(c, a, wt)) { /* Q4_K / Q6_K on sm_90: rows streamed through shared memory */
+        lm_sgemv_run(c, T, a, wt, mode);
+        return;
+    }
     LM_ASSERT(a->rows == LM_QGEMV_ROWS && (mode == LM_GEMV_STORE || lm_qgemv_fused(T, wt)));
     switch (wt) {
     case LM_Q8_0: lm_qgemv_t<LM_Q8_0>(c, T, a, mode); break;
