@@ -374,7 +374,7 @@ LM_TEST(server_http_slow_client_dropped) {
     START(s, "--timeout 1");
     int fd = gu_dial(s.port);
     LM_REQUIRE(fd >= 0);
-    const char *partial = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mess";
+    const char *partial = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"mess";
     LM_REQUIRE(gu_send_all(fd, partial, strlen(partial)) == 0);
     struct pollfd p = { .fd = fd, .events = POLLIN };
     int r = poll(&p, 1, 5000); /* the server must close within ~1 s, not wait forever */

@@ -376,7 +376,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     pthread_mutex_lock(&s->jobs_mu);
     if (s->shutting_down) {
         pthread_mutex_unlock(&s->jobs_mu);
-        srv_fail(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        srv_shutdown_error(&e);
         goto fail;
     }
     int rc = LM_ENGINE_OK;
@@ -448,9 +448,9 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     for (int i = 0; i < j->n_ch; i++) {
         srv_out *o = &j->ch[i].out;
         if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
-            srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
-                     o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
-            j->status = 500;
+            if (o->finish == LM_FINISH_ERROR) srv_fail(&e, 500, "server_error", NULL, NULL, "%s", o->error);
+            else srv_shutdown_error(&e);
+            j->status = e.status;
             enum MHD_Result ok = srv_respond_error(cc, c, &e);
             job_finish(j);
             return ok;

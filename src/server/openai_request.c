@@ -32,6 +32,11 @@ int srv_fail(srv_err *e, int status, const char *type, const char *code, const c
     return -1;
 }
 
+int srv_shutdown_error(srv_err *e) {
+    return srv_fail(e, 503, "server_error", "shutting_down", NULL,
+                    "The server is shutting down; the request was not finished. Retry it.");
+}
+
 const char *srv_json_type_name(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";

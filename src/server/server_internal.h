@@ -30,6 +30,8 @@
  *   responses_store.c  stored responses for previous_response_id (LRU)
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
+ *   http_guard.c       strict framing, the Host/Origin allow-list, log-safe text
+ *   deadlines.c        header and body deadlines (the reaper thread)
  *   web_page.c         GET / : the chat page of web/, compiled in (web_assets.h)
  */
 #ifndef LM_SERVER_INTERNAL_H
@@ -68,6 +70,9 @@ int srv_fail(srv_err *e, int status, const char *type, const char *code, const c
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* "an object", "an array", "a string", ... for an error message (openai_request.c). */
 const char *srv_json_type_name(const json_t *v);
+/* 503 shutting_down: a request refused, or cancelled, because the server
+ * is stopping (its clients may retry elsewhere or later). */
+int srv_shutdown_error(srv_err *e);
 /* 400 invalid_request_error. */
 #define srv_bad(e, param, ...) srv_fail((e), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
 /* {"error": {...}} (new reference). */
@@ -130,6 +135,7 @@ typedef struct srv {
     pthread_mutex_t jobs_mu;   /* guards the job list and shutting_down */
     srv_job *jobs;             /* requests in the engine (for shutdown) */
     bool shutting_down;
+    atomic_bool draining;      /* SIGTERM taken: new generations get 503 */
     atomic_uint_fast64_t id_counter;
     char *debug_call_name;     /* --debug-tool-call: the function, or NULL */
     json_t *debug_call_args;   /* --debug-tool-call: its arguments (an object) */
@@ -138,6 +144,14 @@ typedef struct srv {
     pthread_mutex_t trace_mu;  /* one line at a time */
     bool trace_mu_init;
     struct srv_resp_store *resp_store; /* /v1/responses with store: true; NULL = none kept */
+    bool check_host;           /* Host/Origin allow-list on (loopback bind or --allow-host) */
+    /* open sockets and where each is in its request (deadlines.c) */
+    pthread_mutex_t socks_mu;
+    struct srv_sock *socks;
+    int n_socks;
+    pthread_t reaper;
+    pthread_cond_t reaper_cv;
+    bool reaper_on, reaper_stop;
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -145,6 +159,42 @@ typedef struct srv {
  * tool-call formats). Used by lm_server_run and by tests (without a model). */
 void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
 void srv_free_text(srv *s);
+
+/* ---- what a request must pass before it is routed (http_guard.c) ------------------------ */
+
+/* in as one log-safe line into out: bytes outside printable ASCII, and the backslash,
+ * as \xNN; cut to fit cap (>= 5). */
+void srv_log_text(const char *in, char *out, size_t cap);
+/* Whether a Host header value (a name or address, with an optional :port)
+ * names loopback, the bound address or one of --allow-host's names. */
+bool srv_host_allowed(const srv *s, const char *host, size_t len);
+/* Strict framing (400/501), then with s->check_host the Host/Origin
+ * allow-list (403) and a browser's Content-Type (415): 0, or -1 with e. */
+int srv_http_check(const srv *s, struct MHD_Connection *c, const char *version, bool post, srv_err *e);
+
+/* ---- deadlines for slow clients (deadlines.c) ------------------------------------------- */
+
+/* One open socket: which stage its current request is in, since when. */
+typedef enum srv_sock_stage { SRV_SOCK_HEADERS, SRV_SOCK_BODY, SRV_SOCK_ANSWER } srv_sock_stage;
+typedef struct srv_sock {
+    int fd;
+    srv_sock_stage stage;
+    double since;              /* lm_now() when the stage began */
+    bool served;               /* a request was answered: now a kept-alive connection */
+    struct srv_sock *next, *prev;
+} srv_sock;
+
+/* A socket opened / closed (MHD's connection notifications). */
+srv_sock *srv_sock_open(srv *s, int fd);
+void srv_sock_close(srv *s, srv_sock *k);
+/* k's request moved to stage (k may be NULL). */
+void srv_sock_stage_set(srv *s, srv_sock *k, srv_sock_stage stage);
+/* The thread that shuts sockets past their deadline down. */
+int srv_reaper_start(srv *s, lm_err *e);
+void srv_reaper_stop(srv *s);
+/* The sockets past their deadline at now, shut down; how many (the reaper's
+ * step, for tests). */
+int srv_reap(srv *s, double now);
 
 /* ---- request ids and trace lines (trace.c) ------------------------------------------ */
 
@@ -357,6 +407,10 @@ typedef struct srv_conn {
     char *body;
     size_t body_len, body_cap;
     int status;            /* set once a response is queued */
+    srv_sock *sock;        /* the socket's deadline entry, or NULL */
+    bool too_big;          /* a chunked body past max_body: read, dropped, answered 413 */
+    size_t dropped;        /* bytes of it dropped */
+    bool close_after;      /* answered before the whole body was read: close the connection */
     bool job_logged;       /* a generation job logs and counts the request itself */
     double t0;
     char rid[SRV_RID_MAX + 8]; /* the request id (X-Request-Id) */
