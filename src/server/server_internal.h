@@ -143,6 +143,7 @@ typedef struct srv {
     bool trace_owned;          /* trace is a file we opened (not stderr) */
     pthread_mutex_t trace_mu;  /* one line at a time */
     bool trace_mu_init;
+    uint64_t trace_lost;       /* lines that could not be written (under trace_mu) */
     struct srv_resp_store *resp_store; /* /v1/responses with store: true; NULL = none kept */
     bool check_host;           /* Host/Origin allow-list on (loopback bind or --allow-host) */
     /* open sockets and where each is in its request (deadlines.c) */
