@@ -187,7 +187,8 @@ static int text_after_answer(chat_session *cs, char **post, bool *start_in_reaso
     size_t n = json_array_size(cs->messages);
     json_t *m = json_copy(cs->messages); /* shallow: the other messages are shared */
     json_array_set_new(m, n - 2, json_pack("{s:s,s:s}", "role", "assistant", "content", CHAT_MARK));
-    const lm_chat_req req = { .messages = m, .kwargs = cs->kwargs };
+    /* the terminal's user writes the messages: special-token text stays theirs to use */
+    const lm_chat_req req = { .messages = m, .kwargs = cs->kwargs, .special_in_content = true };
     lm_chat_prompt p;
     int rc = lm_chat_render(cs->chat, &req, &p, e);
     json_decref(m);
@@ -226,7 +227,7 @@ static int turn_ids(chat_session *cs, lm_tok_ids *ids, bool *start_in_reasoning,
         return bad ? -1 : 0;
     }
     /* the whole conversation: the template writes special tokens itself, as apply_chat_template does */
-    const lm_chat_req req = { .messages = cs->messages, .kwargs = cs->kwargs };
+    const lm_chat_req req = { .messages = cs->messages, .kwargs = cs->kwargs, .special_in_content = true };
     lm_chat_prompt p;
     int rc = lm_chat_render(cs->chat, &req, &p, e);
     if (!rc) rc = lm_tokenizer_encode(g->tok, p.text, p.len, false, ids, e);

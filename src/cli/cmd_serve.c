@@ -76,6 +76,9 @@ static const lm_opt k_opts[] = {
       "NAME, leaves tool_choice auto or required and ends with a user message is answered with the call NAME(JSON) "
       "(JSON an object), written into the answer in the model's tool-call format; what the model would add is "
       "dropped. Answers after a tool result are the model's own", .ilo = 1 },
+    { LM_OPT_FLAG, "--special-in-content", NULL, LM_OPT_AT(serve_opts, so.special_in_content), NULL,
+      "unsafe: let special-token text in messages and tools (e.g. <|im_end|>) become control tokens, so a "
+      "message can end its turn; by default it is tokenized as plain text" },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },

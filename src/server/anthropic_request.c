@@ -476,7 +476,7 @@ int srv_anth_count_tokens(const srv *s, const char *body, size_t len, int *n, sr
     lm_err le = { { 0 } };
     int rc = srv_anth_parse(s, body, len, true, &r, e);
     if (!rc) rc = srv_chat_render(s, &r, &p, e);
-    if (!rc && lm_tokenizer_encode(s->tok, p.text, p.len, false, &ids, &le)) rc = srv_bad(e, "messages", "%s", le.msg);
+    if (!rc && lm_chat_encode(s->tok, &p, &ids, &le)) rc = srv_bad(e, "messages", "%s", le.msg);
     *n = rc ? 0 : (int)ids.n;
     lm_tok_ids_free(&ids);
     lm_chat_prompt_free(&p);

@@ -321,7 +321,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
             if (!strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "%s", what);
             goto fail;
         }
-        if (lm_tokenizer_encode(s->tok, j->prompt.text, j->prompt.len, false, &ids, &le)) {
+        if (lm_chat_encode(s->tok, &j->prompt, &ids, &le)) {
             srv_bad(&e, what, "%s", le.msg);
             goto fail;
         }

@@ -37,6 +37,8 @@ typedef struct lm_server_opts {
     int header_timeout_s;    /* seconds for a request's headers to arrive (0: 10) */
     int body_timeout_s;      /* seconds for a request's body to arrive (0: 60) */
     int shutdown_timeout_s;  /* SIGTERM: seconds to drain before exit (0: 30) */
+    bool special_in_content; /* special-token text in messages and tools becomes control
+                                tokens (unsafe; the default tokenizes it as text) */
     const char *allow_hosts; /* Host/Origin names allowed besides loopback's, comma-separated
                                 ("*" = any); NULL: loopback names only, checked when bound there */
     bool log_requests;       /* one line per request on stderr */

@@ -498,7 +498,8 @@ int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *
     if (!s->chat)
         return srv_bad(e, NULL, "The model '%s' has no chat template; use /v1/completions with a raw prompt.",
                        s->model_name);
-    const lm_chat_req cr = srv_chat_req(r);
+    lm_chat_req cr = srv_chat_req(r);
+    cr.special_in_content = s->opts.special_in_content;
     lm_err le = { { 0 } };
     if (lm_chat_render(s->chat, &cr, p, &le))
         return srv_bad(e, "messages", "The chat template could not render these messages: %s", le.msg);

@@ -79,6 +79,19 @@ void lm_tokenizer_free(lm_tokenizer *t);
  * failure the tokenizer cannot recover from (message in e). */
 int lm_tokenizer_encode(lm_tokenizer *t, const char *text, size_t len, bool add_special,
                         lm_tok_ids *out, lm_err *e);
+/* A byte range [start, end) of a text. */
+typedef struct lm_tok_span {
+    size_t start, end;
+} lm_tok_span;
+/* lm_tokenizer_encode where the n_lit ranges lit (sorted, not overlapping)
+ * are literal text: a special added token (<|im_end|>, ...) is not matched
+ * inside them, so text a user wrote can never become a control token; the
+ * rest tokenizes exactly as lm_tokenizer_encode does. */
+int lm_tokenizer_encode_lit(lm_tokenizer *t, const char *text, size_t len, bool add_special,
+                            const lm_tok_span *lit, size_t n_lit, lm_tok_ids *out, lm_err *e);
+/* The length of the special added token whose text starts at s[i] (the one
+ * lm_tokenizer_encode would match there), or 0. */
+size_t lm_tokenizer_special_at(const lm_tokenizer *t, const char *s, size_t n, size_t i);
 /* Replaces out's contents with the decoded text. skip_special drops tokens
  * marked special. */
 int lm_tokenizer_decode(const lm_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
