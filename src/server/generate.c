@@ -152,16 +152,32 @@ static size_t job_pump(srv_job *j) {
 }
 
 /* Waits for events (1), silence for timeout_ms (0), or the client closing its
- * end of the connection (-1). timeout_ms < 0 waits without limit. */
+ * end of the connection (-1). timeout_ms < 0 waits without limit.
+ *
+ * The end of the client's data (POLLRDHUP) is either a close or a
+ * half-close (shutdown(SHUT_WR) after the request), which TCP does not tell
+ * apart until the server writes. A stream writes (tokens, and a keep-alive
+ * at least every SRV_HEARTBEAT_MS), and a write to a closed socket fails
+ * (POLLERR/POLLHUP, or MHD's send): so a stream takes POLLRDHUP for a
+ * half-close and keeps going. A plain answer writes nothing until the end,
+ * so there POLLRDHUP cancels, as nginx's client-abort check does: a client
+ * that left must not hold the engine for a whole answer. */
 static int job_wait(srv_job *j, int timeout_ms) {
-    struct pollfd p[2] = { { .fd = j->efd, .events = POLLIN }, { .fd = j->fd, .events = POLLRDHUP } };
+    struct pollfd p[2] = { { .fd = j->efd, .events = POLLIN },
+                           { .fd = j->fd, .events = j->half_closed ? 0 : POLLRDHUP } };
     int np = j->fd >= 0 ? 2 : 1;
     for (;;) {
         int r = poll(p, (nfds_t)np, timeout_ms);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
         if (r == 0) return 0;
-        if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return -1;
+        if (np == 2 && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) return -1;
+        if (np == 2 && (p[1].revents & POLLRDHUP)) {
+            if (!j->streaming) return -1;
+            j->half_closed = true; /* watched no more for input; errors still show */
+            p[1].events = 0;
+            if (!(p[0].revents & POLLIN)) continue;
+        }
         uint64_t v;
         ssize_t rd = read(j->efd, &v, sizeof v);
         (void)rd;

@@ -461,6 +461,7 @@ struct srv_job {
     int n_ids;
     bool in_list;
     bool gone;                 /* the client disconnected */
+    bool half_closed;          /* a stream's client ended its data (shutdown(SHUT_WR)) */
     bool streaming;
     int status;
     double t0, t_first, t_last;
