@@ -8,6 +8,7 @@
  *   5. with add_special, wrap in the post-processor's special ids. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../base/lm_file.h"
 #include "../format/lm_source.h"
@@ -209,7 +210,9 @@ int lm_tokenizer_load_from(lm_tokenizer **out, const lm_source *src, lm_err *e) 
         if (cfg && strstr(e->msg, "tokenizer_config.json") == e->msg) lm_err_prefix(e, "%s", dir);
         goto out;
     }
-    if (lm_file_exists(jinja_path) && (jinja = lm_read_file(jinja_path, &jinja_len, NULL))) {
+    /* a template that is there but cannot be read is an error, not "no template" */
+    if (access(jinja_path, F_OK) == 0 && !(jinja = lm_read_file(jinja_path, &jinja_len, e))) goto out;
+    if (jinja) {
         free((*out)->chat_template);
         (*out)->chat_template = jinja;
         jinja = NULL;
