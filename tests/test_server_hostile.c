@@ -372,7 +372,21 @@ LM_TEST(hostile_sigterm_drains_streams_and_requests) {
     /* every request in the engine (running or queued) before the signal */
     for (int i = 0; i < 100 && gu_metric(s.port, "lumen_requests_running") + gu_metric(s.port, "lumen_queue_depth") < N; i++)
         gu_msleep(50);
+    int probe = gu_dial(s.port); /* a connection from before the signal */
+    LM_REQUIRE(probe >= 0);
+    gu_msleep(100);
     kill(s.pid, SIGTERM);
+    gu_msleep(300);
+    /* while draining, /health says so (a load balancer stops sending) */
+    gu_resp hr;
+    struct timeval tv = { .tv_sec = 5 };
+    setsockopt(probe, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    LM_CHECK(gu_send(probe, "GET", "/health", NULL, NULL) == 0);
+    gu_read(probe, &hr);
+    close(probe);
+    LM_CHECK_MSG(hr.status == 503 && hr.body && strstr(hr.body, "draining"), "/health while draining: %d %s", hr.status,
+                 hr.body ? hr.body : "");
+    gu_resp_free(&hr);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
     int complete = 0, st = 0;
     for (int i = 0; i < N; i++) {
