@@ -294,6 +294,15 @@ LM_TEST(hostile_connection_cap_answers_503) {
     gu_msleep(300);
     LM_CHECK(health(s.port) == 200);
     STOP(s);
+    /* --max-client-connections: one address past its cap is refused */
+    START(s, "--max-client-connections 4");
+    for (int i = 0; i < 4; i++) LM_REQUIRE((fd[i] = gu_dial(s.port)) >= 0);
+    gu_msleep(300);
+    LM_CHECK(health(s.port) == 0);
+    for (int i = 0; i < 4; i++) close(fd[i]);
+    gu_msleep(300);
+    LM_CHECK(health(s.port) == 200);
+    STOP(s);
 }
 
 /* A client that half-closes (shutdown(SHUT_WR)) after its streaming
