@@ -11,29 +11,38 @@
  *
  * While it waits, a connection thread polls two descriptors: its request's
  * eventfd (the engine callback pushes events into a mailbox and signals it)
- * and the client socket for POLLRDHUP. A client that closes its end is seen
- * at once; its generation is cancelled and the engine frees its cache before
- * the next step.
+ * and the client socket for POLLRDHUP. A plain request's client that closes
+ * its end is seen at once; its generation is cancelled and the engine frees
+ * its cache before the next step. A stream takes the end of the client's
+ * data for a half-close and sees a real close when it next writes
+ * (generate.c, job_wait).
  *
  * Limits: bodies over max_body get 413 (checked against Content-Length
- * before reading; a chunked body that grows past it closes the connection);
- * a connection idle for timeout_s while sending its request is dropped; at
- * most max_connections are open. A stream that produces nothing for a while
- * sends an SSE comment (": keep-alive") so that neither side's idle timer
- * fires while a request waits in the queue.
+ * before reading; a chunked body that grows past it is read to its end and
+ * dropped, since MHD answers only then, and cut off past twice the limit);
+ * a request's headers and body must arrive by their deadlines (deadlines.c)
+ * and a connection idle for timeout_s is dropped; framing and the
+ * Host/Origin allow-list are checked first (http_guard.c). lumen binds the
+ * listening socket itself, without SO_REUSEPORT, so a busy port is an
+ * error. At most max_connections are open; a reserve beyond them answers
+ * 503 with Retry-After rather than closing unanswered. A stream that
+ * produces nothing for a while sends an SSE comment (": keep-alive") so
+ * that neither side's idle timer fires while a request waits in the queue.
  *
  * Shutdown: SIGINT/SIGTERM are blocked in every thread and taken by sigwait
- * in lm_server_run, which stops accepting, gives running requests a few
- * seconds, cancels the rest and tears down daemon, engine and model. */
+ * in lm_server_run: drain() stops accepting, lets running requests finish
+ * until shutdown_timeout_s is nearly spent, cancels the rest (each ends
+ * with a final error its client can read), waits for those answers to be
+ * written and tears down daemon, engine and model. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -85,10 +94,10 @@ static bool same_secret(const char *a, const char *b) {
     return d == 0;
 }
 
-/* Authorization: Bearer KEY; on the Anthropic routes also x-api-key: KEY
- * (what Anthropic's clients send). */
-/* A header's value; NULL when absent or when it holds a NUL byte (a C
- * string would end there: "KEY\0junk" must not pass for KEY). */
+/* A header's value; NULL when absent or when the length MHD reports is not
+ * the C string's (a NUL inside: "KEY\0junk" must not be compared as KEY).
+ * libmicrohttpd 0.9.75 itself ends a header line's value at a NUL before
+ * lumen sees it, so there the junk never arrives at all. */
 static const char *header_value(struct MHD_Connection *c, const char *name) {
     const char *v = NULL;
     size_t n = 0;
@@ -96,6 +105,8 @@ static const char *header_value(struct MHD_Connection *c, const char *name) {
     return strlen(v) == n ? v : NULL;
 }
 
+/* Authorization: Bearer KEY; on the Anthropic routes also x-api-key: KEY
+ * (what Anthropic's clients send). */
 static bool authorized(const srv *s, struct MHD_Connection *c, const srv_route *rt) {
     if (!s->opts.api_key) return true;
     const char *x = rt->anthropic ? header_value(c, "x-api-key") : NULL;
