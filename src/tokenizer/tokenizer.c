@@ -170,7 +170,10 @@ int lm_tokenizer_load_json(lm_tokenizer **out, const char *json, size_t len, con
     lm_tokenizer *t = tok_alloc();
     if (tok_parse_json(t, json, len, label, e)) goto bad;
     if (config && tok_parse_config(t, config, config_len, "tokenizer_config.json", e)) goto bad;
-    if (tok_finish_setup(t, e)) goto bad;
+    if (tok_finish_setup(t, e)) {
+        lm_err_prefix(e, "%s", label); /* the checks across sections name the file too */
+        goto bad;
+    }
     *out = t;
     return 0;
 bad:
