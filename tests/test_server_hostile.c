@@ -82,14 +82,21 @@ LM_TEST(hostile_http_framing) {
     START(s, "--api-key sekret --max-body-mb 1 --timeout 30");
     const char *auth = "Authorization: Bearer sekret\r\n";
     char req[1024];
+    /* the framing cases carry a valid body, so that only the framing can be refused */
+    const char *ok = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    const size_t okn = strlen(ok);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+             auth, okn, ok);
+    LM_CHECK(raw_status(s.port, req) == 200); /* the body itself is fine */
     /* two Content-Length headers: 400 */
     snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", auth);
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %zu\r\nContent-Length: %zu\r\n"
+             "Connection: close\r\n\r\n%s", auth, okn, okn, ok);
     LM_CHECK(raw_status(s.port, req) == 400);
     /* Content-Length and chunked together: 400 */
     snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: 5\r\n"
-             "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", auth);
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %zu\r\n"
+             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n", auth, okn + 10, okn, ok);
     LM_CHECK(raw_status(s.port, req) == 400);
     /* a coding lumen does not know: 501 at once, not a wait for the idle timeout */
     snprintf(req, sizeof req,

@@ -10,8 +10,6 @@
  * without Host are 400; a Transfer-Encoding other than plain "chunked" (say
  * "gzip, chunked", which libmicrohttpd would read until the idle timeout) is
  * 501, as the RFC asks for a coding the server does not know.
- * (libmicrohttpd 0.9.75 refuses the first two itself; the checks here keep
- * them refused whatever the library version.)
  *
  * Host and Origin: a server on loopback is reachable from every web page the
  * user opens. A page cannot read cross-origin answers (lumen sends no CORS
