@@ -38,6 +38,7 @@ void lm_req_unref(lm_request *r) {
     free(r->stop_tokens);
     lm_embed_pool_free(&r->pool);
     free(r->embedding);
+    lm_grammar_matcher_free(r->gm);
     free(r);
 }
 
@@ -103,11 +104,27 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
 }
 
 bool lm_req_plain_greedy(const lm_request *r) {
-    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0;
+    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0 && !r->gm;
 }
 
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
-    int32_t tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
+    int32_t tok;
+    if (r->gm && r->gm_live) {
+        LM_ASSERT(logits); /* a request with a grammar is never plain greedy */
+        const double t0 = lm_now();
+        int n = lm_grammar_mask(r->gm, en->gmask);
+        en->grammar_masks++;
+        en->grammar_mask_s += lm_now() - t0;
+        if (n == 0) {
+            req_finish(en, r, LM_FINISH_ERROR, "the grammar allows no token of this vocabulary here");
+            return;
+        }
+        tok = lm_sample_masked(r->sampler, logits, en->work, en->gmask);
+        if (!is_stop_token(r, tok)) LM_ASSERT(lm_grammar_accept(r->gm, tok));
+    } else {
+        tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
+        if (r->gm && tok == r->p.grammar_trigger) r->gm_live = true;
+    }
     if (r->t_first == 0) r->t_first = lm_now();
     r->n_generated++;
     en->step_generated++;
@@ -370,6 +387,8 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&en->mu);
         en->st.generated_tokens += en->step_generated;
         en->step_generated = 0;
+        en->st.grammar_masks = en->grammar_masks;
+        en->st.grammar_mask_s = en->grammar_mask_s;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
         lm_cache_policy_stats(en);
@@ -400,6 +419,7 @@ static void engine_destroy(lm_engine *en) {
     free(en->cur.seq_hn);
     free(en->hidden);
     free(en->work);
+    free(en->gmask);
     free(en);
 }
 
@@ -439,6 +459,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->cur.want_logits = lm_xmalloc(R);
     en->cur.logits = lm_xmalloc(R * (size_t)en->vocab * sizeof(float));
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
+    en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
@@ -495,6 +516,11 @@ static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
     r->step_batch = lm_xmalloc((size_t)LM_MAX(p->max_tokens, 1) * sizeof(int32_t));
     r->tr.diverge_pos = -1;
+    if (p->grammar) {
+        r->gm = lm_grammar_matcher_create(p->grammar, p->grammar_vocab);
+        r->gm_live = p->grammar_trigger <= 0;
+    }
+    r->p.grammar = NULL; /* the matcher holds its own reference */
     r->cb = cb;
     r->user = user;
     atomic_init(&r->refs, 2);
@@ -545,6 +571,8 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     for (int i = 0; i < p->n_logit_bias; i++)
         if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= en->vocab)
             return lm_errf(e, "logit_bias token %d out of range [0, %d)", p->logit_bias[i].token, en->vocab), LM_ENGINE_ERROR;
+    if (p->grammar && (!p->grammar_vocab || lm_grammar_vocab_size(p->grammar_vocab) != en->vocab))
+        return lm_errf(e, "the grammar's vocabulary does not match the model's %d tokens", en->vocab), LM_ENGINE_ERROR;
     if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
         return lm_errf(e, "top_logprobs must be between 0 and %d", LM_MAX_TOP_LOGPROBS), LM_ENGINE_ERROR;
     return req_enqueue(en, req_create(en, prompt, n_prompt, p, cb, user), out, e);

@@ -157,7 +157,7 @@ static int regex_atom(gp *p, int rule) {
     bool json = p->s < p->end && *p->s == 's';
     if (json) p->s++;
     int r;
-    if (lm_regex_rule(p->b, a, (size_t)(z - a), json, &r, p->e)) return lm_err_prefix(p->e, "grammar line %d: ", p->line);
+    if (lm_regex_rule(p->b, a, (size_t)(z - a), json, &r, p->e)) return lm_err_prefix(p->e, "grammar line %d", p->line);
     gb_push(p->b, rule, G_REF, r);
     return 0;
 }
@@ -195,7 +195,7 @@ static int postfix(gp *p, int rule, int from) {
         return 0;
     }
     p->s++;
-    if (gb_repeat(p->b, rule, from, min, max, p->e)) return lm_err_prefix(p->e, "grammar line %d: ", p->line);
+    if (gb_repeat(p->b, rule, from, min, max, p->e)) return lm_err_prefix(p->e, "grammar line %d", p->line);
     return 0;
 }
 

@@ -71,7 +71,7 @@ void lm_gbnf_put_literal(FILE *f, const char *s, size_t n) {
 static void put_basics(FILE *f, const char *P) {
     fprintf(f, "%s-ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n", P);
     fprintf(f, "%s-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n", P);
-    fprintf(f, "%s-string ::= \"\\\"\" %s-char{0,4096} \"\\\"\"\n", P, P);
+    fprintf(f, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", P, P);
     fprintf(f, "%s-int ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n", P);
     fprintf(f, "%s-frac ::= \".\" [0-9]{1,16}\n", P);
     fprintf(f, "%s-exp ::= [eE] [-+]? [0-9]{1,3}\n", P);
@@ -280,7 +280,7 @@ static int put_string(sc *c, const json_t *s) {
         int r;
         int rc = lm_regex_rule(&b, p + start, n - start - end, true, &r, c->e);
         gb_free(&b);
-        if (rc) return lm_err_prefix(c->e, "pattern \"%.80s\": ", p);
+        if (rc) return lm_err_prefix(c->e, "pattern \"%.80s\"", p);
         return 0;
     }
     if (fmt && json_is_string(fmt)) {
@@ -338,7 +338,7 @@ static int put_object(sc *c, const json_t *s) {
         for (size_t j = 0; j < json_array_size(req); j++)
             required[i] |= !strcmp(json_string_value(json_array_get(req, j)), k);
         if ((rc = schema_rule(c, v, &val[i]))) {
-            lm_err_prefix(c->e, "properties.%.60s: ", k);
+            lm_err_prefix(c->e, "properties.%.60s", k);
             break;
         }
         i++;
@@ -408,7 +408,7 @@ static int put_array(sc *c, const json_t *s) {
         for (size_t i = 0; i < n; i++)
             if (schema_rule(c, json_array_get(prefix, i), &r[i])) {
                 free(r);
-                return lm_err_prefix(c->e, "prefixItems[%zu]: ", i);
+                return lm_err_prefix(c->e, "prefixItems[%zu]", i);
             }
         fprintf(c->f, "(\"[\" %s-ws", P);
         for (size_t i = 0; i < n; i++) fprintf(c->f, "%s %s-r%d", i ? " %s-ws \",\" %s-ws" : "", P, r[i]);
@@ -420,7 +420,7 @@ static int put_array(sc *c, const json_t *s) {
     if (items && !json_is_true(items)) {
         if (json_is_false(items)) return lm_errf(c->e, "'items': false without prefixItems is not supported");
         int r;
-        if (schema_rule(c, items, &r)) return lm_err_prefix(c->e, "items: ");
+        if (schema_rule(c, items, &r)) return lm_err_prefix(c->e, "items");
         snprintf(item, sizeof item, "%s-r%d", P, r);
     } else {
         snprintf(item, sizeof item, "%s-value", P);
@@ -501,7 +501,7 @@ static int put_schema(sc *c, const json_t *s) {
             if (!t) return lm_errf(c->e, "'$ref' \"%.80s\" does not resolve within the schema", json_string_value(ref));
             r = new_rule(c);
             json_object_set_new(c->refs, json_string_value(ref), json_integer(r));
-            if (rule_text(c, r, t)) return lm_err_prefix(c->e, "$ref \"%.80s\": ", json_string_value(ref));
+            if (rule_text(c, r, t)) return lm_err_prefix(c->e, "$ref \"%.80s\"", json_string_value(ref));
         }
         fprintf(c->f, "%s-r%d", P, r);
         return 0;
@@ -537,7 +537,7 @@ static int put_schema(sc *c, const json_t *s) {
         if (!json_is_array(any) || !json_array_size(any)) return lm_errf(c->e, "'anyOf' / 'oneOf' must be a non-empty array");
         for (size_t i = 0; i < json_array_size(any); i++) {
             int r;
-            if (schema_rule(c, json_array_get(any, i), &r)) return lm_err_prefix(c->e, "anyOf[%zu]: ", i);
+            if (schema_rule(c, json_array_get(any, i), &r)) return lm_err_prefix(c->e, "anyOf[%zu]", i);
             fprintf(c->f, "%s%s-r%d", n++ ? " | " : "", P, r);
         }
     } else if (json_is_string(type)) {

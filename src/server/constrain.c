@@ -1,0 +1,238 @@
+/* constrain.c - structured output: a request's response_format and forced
+ * tool calls as a grammar for the engine (lm_grammar.h).
+ *
+ * response_format (chat and completions; the Responses API's text.format
+ * arrives here translated):
+ *   {"type": "text"}                              no grammar
+ *   {"type": "json_object"}                       any JSON object
+ *   {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+ *   {"type": "grammar", "grammar": "<GBNF>"}      lumen's (and llama.cpp's) GBNF
+ *   {"type": "regex", "regex": "<expression>"}    the whole output matches it
+ * A schema or grammar lumen cannot honour is a 400 naming the construct.
+ * When the prompt ends inside an open think block, the grammar starts after
+ * the model's </think> (when that is one token), so reasoning stays free.
+ *
+ * Forced tool calls (tool_choice required or a named function) in the
+ * Hermes JSON format: after the chat layer's prefill (the call's opening),
+ * the rest of the call is a grammar of the tools' parameter schemas, so the
+ * call is always complete and its arguments valid; `required` allows
+ * several calls in a row.
+ *
+ * Compiled grammars are cached by the text they came from (schemas dumped
+ * with sorted keys), so an agent's repeated schema compiles once. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_internal.h"
+
+#define SRV_GRAMMAR_CACHE 64
+
+typedef struct srv_grammar_ent {
+    char *key;
+    lm_grammar *g;
+    uint64_t used;
+} srv_grammar_ent;
+
+struct srv_grammars {
+    pthread_mutex_t mu;
+    srv_grammar_ent ent[SRV_GRAMMAR_CACHE];
+    uint64_t clock;
+    uint64_t compiles, hits;
+    double compile_s;
+};
+
+void srv_constrain_init(srv *s) {
+    int n = s->n_vocab;
+    const char **bytes = lm_xcalloc((size_t)n, sizeof *bytes);
+    size_t *lens = lm_xcalloc((size_t)n, sizeof *lens);
+    lm_tok_str t = { 0 };
+    for (int id = 0; id < n && id < lm_tokenizer_n_vocab(s->tok); id++) {
+        if (s->hidden[id] || !lm_tokenizer_token_bytes(s->tok, id, &t) || !t.len) continue;
+        char *copy = lm_xmalloc(t.len);
+        memcpy(copy, t.s, t.len);
+        bytes[id] = copy, lens[id] = t.len;
+    }
+    lm_tok_str_free(&t);
+    s->gvocab = lm_grammar_vocab_create(n, bytes, lens, s->stop_ids, s->n_stop_ids);
+    for (int id = 0; id < n; id++) free((char *)bytes[id]);
+    free(bytes);
+    free(lens);
+    s->grammars = lm_xcalloc(1, sizeof *s->grammars);
+    pthread_mutex_init(&s->grammars->mu, NULL);
+}
+
+void srv_constrain_free(srv *s) {
+    lm_grammar_vocab_free(s->gvocab);
+    s->gvocab = NULL;
+    if (!s->grammars) return;
+    for (int i = 0; i < SRV_GRAMMAR_CACHE; i++) free(s->grammars->ent[i].key), lm_grammar_unref(s->grammars->ent[i].g);
+    pthread_mutex_destroy(&s->grammars->mu);
+    free(s->grammars);
+    s->grammars = NULL;
+}
+
+void srv_constrain_stats(const srv *s, uint64_t *compiles, uint64_t *hits, double *compile_s) {
+    pthread_mutex_lock(&s->grammars->mu);
+    *compiles = s->grammars->compiles, *hits = s->grammars->hits, *compile_s = s->grammars->compile_s;
+    pthread_mutex_unlock(&s->grammars->mu);
+}
+
+enum { K_GBNF = 'g', K_REGEX = 'r', K_SCHEMA = 's' };
+
+/* The grammar of kind and text (a new reference), from the cache or
+ * compiled; NULL with le set. */
+static lm_grammar *get_grammar(const srv *s, int kind, const char *text, lm_err *le) {
+    struct srv_grammars *c = s->grammars;
+    size_t n = strlen(text);
+    char *key = lm_xmalloc(n + 2);
+    key[0] = (char)kind;
+    memcpy(key + 1, text, n + 1);
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < SRV_GRAMMAR_CACHE; i++)
+        if (c->ent[i].key && !strcmp(c->ent[i].key, key)) {
+            c->ent[i].used = ++c->clock;
+            c->hits++;
+            lm_grammar *g = lm_grammar_ref(c->ent[i].g);
+            pthread_mutex_unlock(&c->mu);
+            free(key);
+            return g;
+        }
+    pthread_mutex_unlock(&c->mu);
+    const double t0 = lm_now();
+    lm_grammar *g = NULL;
+    int rc;
+    if (kind == K_SCHEMA) {
+        json_t *schema = json_loads(text, 0, NULL);
+        rc = lm_grammar_from_schema(&g, schema, le);
+        json_decref(schema);
+    } else if (kind == K_REGEX) {
+        rc = lm_grammar_from_regex(&g, text, n, le);
+    } else {
+        rc = lm_grammar_from_gbnf(&g, text, n, le);
+    }
+    if (rc) {
+        free(key);
+        return NULL;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->compiles++;
+    c->compile_s += lm_now() - t0;
+    int victim = 0;
+    for (int i = 1; i < SRV_GRAMMAR_CACHE; i++)
+        if (c->ent[i].used < c->ent[victim].used) victim = i;
+    free(c->ent[victim].key);
+    lm_grammar_unref(c->ent[victim].g);
+    c->ent[victim] = (srv_grammar_ent){ key, lm_grammar_ref(g), ++c->clock };
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
+static lm_grammar *schema_grammar(const srv *s, const json_t *schema, lm_err *le) {
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    lm_grammar *g = get_grammar(s, K_SCHEMA, text, le);
+    free(text);
+    return g;
+}
+
+int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_err *e) {
+    const json_t *t = json_object_get(rf, "type");
+    if (!json_is_object(rf) || !json_is_string(t))
+        return srv_bad(e, "response_format", "Invalid 'response_format': expected an object with a 'type'.");
+    const char *type = json_string_value(t);
+    lm_err le = { { 0 } };
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object")) {
+        json_t *obj = json_pack("{s:s}", "type", "object");
+        r->grammar = schema_grammar(s, obj, &le);
+        json_decref(obj);
+    } else if (!strcmp(type, "json_schema")) {
+        const json_t *js = json_object_get(rf, "json_schema");
+        const json_t *schema = json_object_get(js, "schema");
+        if (!json_is_object(js) || !(json_is_object(schema) || json_is_boolean(schema)))
+            return srv_bad(e, "response_format.json_schema",
+                           "Invalid 'response_format.json_schema': expected {\"name\": ..., \"schema\": {...}}.");
+        r->grammar = schema_grammar(s, schema, &le);
+    } else if (!strcmp(type, "grammar") || !strcmp(type, "regex")) {
+        const json_t *text = json_object_get(rf, type);
+        if (!json_is_string(text))
+            return srv_bad(e, "response_format", "Invalid 'response_format.%s': expected a string.", type);
+        r->grammar = get_grammar(s, type[0] == 'g' ? K_GBNF : K_REGEX, json_string_value(text), &le);
+    } else {
+        return srv_bad(e, "response_format",
+                       "Invalid 'response_format.type': '%.40s' (expected text, json_object, json_schema, grammar or regex).",
+                       type);
+    }
+    if (!r->grammar) return srv_bad(e, "response_format", "Unsupported 'response_format': %s", le.msg);
+    return 0;
+}
+
+/* ---- forced tool calls ---- */
+
+/* The GBNF of what follows the prefill of a forced Hermes call: the rest
+ * of the call (named: from the arguments on; any: from the object on). */
+static char *hermes_call_gbnf(const srv_req *r, lm_err *le) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int rc = 0, n = 0;
+    if (r->tool_name) fputs("root ::= a0 \"}\\n</tool_call>\"\n", f);
+    else fputs("root ::= call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*\ncall ::= ", f);
+    for (size_t i = 0; i < json_array_size(r->tools) && !rc; i++) {
+        const json_t *fn = json_object_get(json_array_get(r->tools, i), "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (r->tool_name && strcmp(name, r->tool_name)) continue;
+        if (!r->tool_name) {
+            json_t *jn = json_string(name);
+            char *q = json_dumps(jn, JSON_ENCODE_ANY);
+            json_decref(jn);
+            fprintf(f, "%s\"{\\\"name\\\": ", n ? " | " : "");
+            lm_gbnf_put_literal(f, q, strlen(q));
+            fprintf(f, ", \\\"arguments\\\": \" a%d \"}\"", n);
+            free(q);
+        }
+        n++;
+    }
+    if (!r->tool_name) fputc('\n', f);
+    n = 0;
+    for (size_t i = 0; i < json_array_size(r->tools) && !rc; i++) {
+        const json_t *fn = json_object_get(json_array_get(r->tools, i), "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (r->tool_name && strcmp(name, r->tool_name)) continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        json_t *any = NULL;
+        if (!json_is_object(params)) params = any = json_pack("{s:s}", "type", "object");
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "a%d", n++);
+        if (lm_schema_append_gbnf(f, params, prefix, le)) {
+            lm_err_prefix(le, "the parameters of '%.60s'", name);
+            rc = -1;
+        }
+        json_decref(any);
+    }
+    fclose(f);
+    if (rc) free(buf), buf = NULL;
+    return buf;
+}
+
+int srv_constrain(const srv *s, srv_req *r, const lm_chat_prompt *p, srv_err *e) {
+    lm_err le = { { 0 } };
+    bool forced = p && p->prefill && !p->call_complete && r->tools &&
+                  (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED);
+    if (forced && !s->chat->xml_tools) {
+        char *text = hermes_call_gbnf(r, &le);
+        lm_grammar *g = text ? get_grammar(s, K_GBNF, text, &le) : NULL;
+        free(text);
+        if (!g) return srv_bad(e, "tools", "Unsupported tool parameters: %s", le.msg);
+        lm_grammar_unref(r->grammar); /* the call wins over a response_format */
+        r->grammar = g;
+    }
+    if (!r->grammar) return 0;
+    r->gp.grammar = r->grammar;
+    r->gp.grammar_vocab = s->gvocab;
+    r->gp.grammar_trigger = 0;
+    if (p && p->start_in_reasoning && !forced) {
+        int32_t id = lm_tokenizer_token_to_id(s->tok, "</think>", 8);
+        if (id > 0) r->gp.grammar_trigger = id;
+    }
+    return 0;
+}
