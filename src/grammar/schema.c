@@ -411,7 +411,10 @@ static int put_array(sc *c, const json_t *s) {
                 return lm_err_prefix(c->e, "prefixItems[%zu]", i);
             }
         fprintf(c->f, "(\"[\" %s-ws", P);
-        for (size_t i = 0; i < n; i++) fprintf(c->f, "%s %s-r%d", i ? " %s-ws \",\" %s-ws" : "", P, r[i]);
+        for (size_t i = 0; i < n; i++) {
+            if (i) fprintf(c->f, " %s-ws \",\" %s-ws", P, P);
+            fprintf(c->f, " %s-r%d", P, r[i]);
+        }
         free(r);
         fprintf(c->f, " %s-ws \"]\")", P);
         return 0;

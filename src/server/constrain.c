@@ -149,7 +149,7 @@ int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_er
         const json_t *js = json_object_get(rf, "json_schema");
         const json_t *schema = json_object_get(js, "schema");
         if (!json_is_object(js) || !(json_is_object(schema) || json_is_boolean(schema)))
-            return srv_bad(e, "response_format.json_schema",
+            return srv_bad(e, "response_format",
                            "Invalid 'response_format.json_schema': expected {\"name\": ..., \"schema\": {...}}.");
         r->grammar = schema_grammar(s, schema, &le);
     } else if (!strcmp(type, "grammar") || !strcmp(type, "regex")) {
