@@ -37,8 +37,7 @@ struct srv_grammars {
     pthread_mutex_t mu;
     srv_grammar_ent ent[SRV_GRAMMAR_CACHE];
     uint64_t clock;
-    uint64_t compiles, hits;
-    double compile_s;
+    srv_metrics *m; /* compiles, hits and compile time go there */
 };
 
 void srv_constrain_init(srv *s) {
@@ -48,6 +47,10 @@ void srv_constrain_init(srv *s) {
     lm_tok_str t = { 0 };
     for (int id = 0; id < n && id < lm_tokenizer_n_vocab(s->tok); id++) {
         if (s->hidden[id] || !lm_tokenizer_token_bytes(s->tok, id, &t) || !t.len) continue;
+        /* special tags only as themselves: "<think>" inside a JSON string
+         * must not switch the reasoning parser; the call tags are kept (the
+         * call grammars end with </tool_call>) */
+        if (lm_tokenizer_is_special(s->tok, id) && strcmp(t.s, "<tool_call>") && strcmp(t.s, "</tool_call>")) continue;
         char *copy = lm_xmalloc(t.len);
         memcpy(copy, t.s, t.len);
         bytes[id] = copy, lens[id] = t.len;
@@ -59,6 +62,7 @@ void srv_constrain_init(srv *s) {
     free(lens);
     s->grammars = lm_xcalloc(1, sizeof *s->grammars);
     pthread_mutex_init(&s->grammars->mu, NULL);
+    s->grammars->m = &s->metrics;
 }
 
 void srv_constrain_free(srv *s) {
@@ -71,10 +75,11 @@ void srv_constrain_free(srv *s) {
     s->grammars = NULL;
 }
 
-void srv_constrain_stats(const srv *s, uint64_t *compiles, uint64_t *hits, double *compile_s) {
-    pthread_mutex_lock(&s->grammars->mu);
-    *compiles = s->grammars->compiles, *hits = s->grammars->hits, *compile_s = s->grammars->compile_s;
-    pthread_mutex_unlock(&s->grammars->mu);
+static void count(struct srv_grammars *c, bool hit, double s) {
+    pthread_mutex_lock(&c->m->mu);
+    if (hit) c->m->grammar_hits++;
+    else c->m->grammar_compiles++, c->m->grammar_compile_s += s;
+    pthread_mutex_unlock(&c->m->mu);
 }
 
 enum { K_GBNF = 'g', K_REGEX = 'r', K_SCHEMA = 's' };
@@ -91,10 +96,10 @@ static lm_grammar *get_grammar(const srv *s, int kind, const char *text, lm_err 
     for (int i = 0; i < SRV_GRAMMAR_CACHE; i++)
         if (c->ent[i].key && !strcmp(c->ent[i].key, key)) {
             c->ent[i].used = ++c->clock;
-            c->hits++;
             lm_grammar *g = lm_grammar_ref(c->ent[i].g);
             pthread_mutex_unlock(&c->mu);
             free(key);
+            count(c, true, 0);
             return g;
         }
     pthread_mutex_unlock(&c->mu);
@@ -114,9 +119,8 @@ static lm_grammar *get_grammar(const srv *s, int kind, const char *text, lm_err 
         free(key);
         return NULL;
     }
+    count(c, false, lm_now() - t0);
     pthread_mutex_lock(&c->mu);
-    c->compiles++;
-    c->compile_s += lm_now() - t0;
     int victim = 0;
     for (int i = 1; i < SRV_GRAMMAR_CACHE; i++)
         if (c->ent[i].used < c->ent[victim].used) victim = i;
@@ -166,44 +170,105 @@ int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_er
     return 0;
 }
 
-/* ---- forced tool calls ---- */
+/* ---- tool calls ---- */
 
-/* The GBNF of what follows the prefill of a forced Hermes call: the rest
- * of the call (named: from the arguments on; any: from the object on). */
-static char *hermes_call_gbnf(const srv_req *r, lm_err *le) {
+/* XML (Qwen3.5) parameter values: a string parameter is raw text up to
+ * the closing tag; the grammar keeps "</" out of it (the format cannot
+ * carry "</parameter>" inside a value anyway). Other types are JSON. */
+static int xml_value(FILE *f, const json_t *ps, const char *prefix, lm_err *le) {
+    const json_t *type = json_object_get(ps, "type"), *en = json_object_get(ps, "enum");
+    bool str = json_is_string(type) && !strcmp(json_string_value(type), "string");
+    if (str && !en && !json_object_get(ps, "pattern") && !json_object_get(ps, "format")) {
+        fprintf(f, "%s ::= ([^<] | \"<\" [^/])*\n", prefix);
+        return 0;
+    }
+    if (str && json_is_array(en)) {
+        fprintf(f, "%s ::= ", prefix);
+        for (size_t i = 0; i < json_array_size(en); i++) {
+            const json_t *x = json_array_get(en, i);
+            if (!json_is_string(x)) return lm_errf(le, "a string enum lists a non-string");
+            fputs(i ? " | \"" : "\"", f);
+            lm_gbnf_put_literal(f, json_string_value(x), json_string_length(x));
+            fputc('"', f);
+        }
+        fputc('\n', f);
+        return 0;
+    }
+    return lm_schema_append_gbnf(f, ps, prefix, le);
+}
+
+/* Rule `name`: the <parameter=...> blocks of function schema params, in
+ * order, required ones always. */
+static int xml_params(FILE *f, const json_t *params, const char *name, lm_err *le) {
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    size_t n = json_object_size(props), j = 0;
+    const char *k;
+    const json_t *ps;
+    fprintf(f, "%s ::= %s-f0\n", name, name);
+    json_object_foreach((json_t *)props, k, ps) {
+        bool required = false;
+        for (size_t i = 0; i < json_array_size(req); i++) required |= !strcmp(json_string_value(json_array_get(req, i)), k);
+        fprintf(f, "%s-f%zu ::= \"<parameter=", name, j);
+        lm_gbnf_put_literal(f, k, strlen(k));
+        fprintf(f, ">\\n\" %s-v%zu \"\\n</parameter>\\n\" %s-f%zu", name, j, name, j + 1);
+        if (!required) fprintf(f, " | %s-f%zu", name, j + 1);
+        fputc('\n', f);
+        char vn[64];
+        snprintf(vn, sizeof vn, "%s-v%zu", name, j);
+        if (xml_value(f, ps, vn, le)) return lm_err_prefix(le, "parameter '%.60s'", k);
+        j++;
+    }
+    fprintf(f, "%s-f%zu ::=\n", name, n);
+    return 0;
+}
+
+/* The GBNF of a tool call in the template's format, for what follows
+ * `from`: the prefill of a forced named call (the arguments on), of a
+ * forced call of any tool (after "<tool_call>\n"), or the model's own
+ * <tool_call> token (auto: "\n" first). One call, or several when allowed. */
+enum { FROM_NAMED, FROM_ANY, FROM_TAG };
+static char *tool_gbnf(const srv_req *r, bool xml, int from, lm_err *le) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
+    const char *more = r->one_tool_call ? "" : " (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*";
+    if (from == FROM_NAMED) fprintf(f, "root ::= a0 \"%s\\n</tool_call>\"\n", xml ? "</function>" : "}");
+    else fprintf(f, "root ::= %scall \"\\n</tool_call>\"%s\n", from == FROM_TAG ? "\"\\n\" " : "", more);
+    if (from != FROM_NAMED) fputs("call ::= ", f);
     int rc = 0, n = 0;
-    if (r->tool_name) fputs("root ::= a0 \"}\\n</tool_call>\"\n", f);
-    else fputs("root ::= call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*\ncall ::= ", f);
-    for (size_t i = 0; i < json_array_size(r->tools) && !rc; i++) {
-        const json_t *fn = json_object_get(json_array_get(r->tools, i), "function");
-        const char *name = json_string_value(json_object_get(fn, "name"));
-        if (r->tool_name && strcmp(name, r->tool_name)) continue;
-        if (!r->tool_name) {
-            json_t *jn = json_string(name);
-            char *q = json_dumps(jn, JSON_ENCODE_ANY);
-            json_decref(jn);
-            fprintf(f, "%s\"{\\\"name\\\": ", n ? " | " : "");
-            lm_gbnf_put_literal(f, q, strlen(q));
-            fprintf(f, ", \\\"arguments\\\": \" a%d \"}\"", n);
-            free(q);
+    for (size_t i = 0; i < json_array_size(r->tools); i++) {
+        const char *name = json_string_value(json_object_get(json_object_get(json_array_get(r->tools, i), "function"), "name"));
+        if (from == FROM_NAMED && strcmp(name, r->tool_name)) continue;
+        if (from != FROM_NAMED) {
+            fputs(n ? " | \"" : "\"", f);
+            if (xml) {
+                fputs("<function=", f);
+                lm_gbnf_put_literal(f, name, strlen(name));
+                fprintf(f, ">\\n\" a%d \"</function>\"", n);
+            } else {
+                json_t *jn = json_string(name);
+                char *q = json_dumps(jn, JSON_ENCODE_ANY);
+                json_decref(jn);
+                fputs("{\\\"name\\\": ", f);
+                lm_gbnf_put_literal(f, q, strlen(q));
+                fprintf(f, ", \\\"arguments\\\": \" a%d \"}\"", n);
+                free(q);
+            }
         }
         n++;
     }
-    if (!r->tool_name) fputc('\n', f);
+    if (from != FROM_NAMED) fputc('\n', f);
     n = 0;
     for (size_t i = 0; i < json_array_size(r->tools) && !rc; i++) {
         const json_t *fn = json_object_get(json_array_get(r->tools, i), "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
-        if (r->tool_name && strcmp(name, r->tool_name)) continue;
+        if (from == FROM_NAMED && strcmp(name, r->tool_name)) continue;
         const json_t *params = json_object_get(fn, "parameters");
         json_t *any = NULL;
         if (!json_is_object(params)) params = any = json_pack("{s:s}", "type", "object");
         char prefix[32];
         snprintf(prefix, sizeof prefix, "a%d", n++);
-        if (lm_schema_append_gbnf(f, params, prefix, le)) {
+        if (xml ? xml_params(f, params, prefix, le) : lm_schema_append_gbnf(f, params, prefix, le)) {
             lm_err_prefix(le, "the parameters of '%.60s'", name);
             rc = -1;
         }
@@ -218,19 +283,26 @@ int srv_constrain(const srv *s, srv_req *r, const lm_chat_prompt *p, srv_err *e)
     lm_err le = { { 0 } };
     bool forced = p && p->prefill && !p->call_complete && r->tools &&
                   (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED);
-    if (forced && !s->chat->xml_tools) {
-        char *text = hermes_call_gbnf(r, &le);
+    int32_t tag = s->chat ? lm_tokenizer_token_to_id(s->tok, "<tool_call>", 11) : -1;
+    /* auto: free text, or calls once the model opens one (<tool_call> as one token) */
+    bool auto_calls = p && r->tools && !forced && !r->grammar && r->tool_choice == SRV_TOOLS_AUTO && tag > 0 &&
+                      !(p->prefill && p->call_complete);
+    if (forced || auto_calls) {
+        int from = auto_calls ? FROM_TAG : r->tool_name ? FROM_NAMED : FROM_ANY;
+        char *text = tool_gbnf(r, s->chat->xml_tools, from, &le);
         lm_grammar *g = text ? get_grammar(s, K_GBNF, text, &le) : NULL;
         free(text);
         if (!g) return srv_bad(e, "tools", "Unsupported tool parameters: %s", le.msg);
-        lm_grammar_unref(r->grammar); /* the call wins over a response_format */
+        lm_grammar_unref(r->grammar); /* a forced call wins over a response_format */
         r->grammar = g;
     }
     if (!r->grammar) return 0;
     r->gp.grammar = r->grammar;
     r->gp.grammar_vocab = s->gvocab;
     r->gp.grammar_trigger = 0;
-    if (p && p->start_in_reasoning && !forced) {
+    if (auto_calls) {
+        r->gp.grammar_trigger = tag;
+    } else if (p && p->start_in_reasoning && !forced) {
         int32_t id = lm_tokenizer_token_to_id(s->tok, "</think>", 8);
         if (id > 0) r->gp.grammar_trigger = id;
     }

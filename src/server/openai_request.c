@@ -325,6 +325,9 @@ static int parse_tools(const json_t *body, srv_req *r, srv_err *e) {
                            r->tool_name);
     }
     if (r->tool_choice == SRV_TOOLS_NONE) r->tools = NULL;
+    const json_t *ptc = field(body, "parallel_tool_calls");
+    if (ptc && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+    r->one_tool_call = json_is_false(ptc); /* the call grammar allows one call */
     return 0;
 }
 

@@ -97,6 +97,8 @@ typedef struct srv_metrics {
     int connections;                     /* open HTTP connections */
     int streams;                         /* running SSE streams */
     size_t cache_ram;                    /* the prefix cache's budget (set once at start) */
+    uint64_t grammar_compiles, grammar_hits; /* structured output: compiled, found in the cache */
+    double grammar_compile_s;
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -250,8 +252,7 @@ int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_er
 /* After the prompt is rendered (p: NULL for completions): a forced tool
  * call's grammar, and r->gp set up for whichever grammar r has. */
 int srv_constrain(const srv *s, srv_req *r, const lm_chat_prompt *p, srv_err *e);
-/* Compiles, cache hits, compile seconds (/metrics). */
-void srv_constrain_stats(const srv *s, uint64_t *compiles, uint64_t *hits, double *compile_s);
+
 
 /* A chat request as the chat layer takes it (pointers into r). */
 lm_chat_req srv_chat_req(const srv_req *r);
