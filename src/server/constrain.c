@@ -174,19 +174,18 @@ int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_er
 
 /* XML (Qwen3.5) parameter values: a string parameter is raw text up to
  * the closing tag; the grammar keeps "</" out of it (the format cannot
- * carry "</parameter>" inside a value anyway). Other types are JSON. */
+ * carry "</parameter>" inside a value anyway), and with maxLength any '<'
+ * (so that characters are counted exactly). A string enum is its values
+ * verbatim. Other types are JSON. */
 static int xml_value(FILE *f, const json_t *ps, const char *prefix, lm_err *le) {
     const json_t *type = json_object_get(ps, "type"), *en = json_object_get(ps, "enum");
-    bool str = json_is_string(type) && !strcmp(json_string_value(type), "string");
-    if (str && !en && !json_object_get(ps, "pattern") && !json_object_get(ps, "format")) {
-        fprintf(f, "%s ::= ([^<] | \"<\" [^/])*\n", prefix);
-        return 0;
-    }
-    if (str && json_is_array(en)) {
+    const json_t *mx = json_object_get(ps, "maxLength");
+    bool str_enum = json_is_array(en) && json_array_size(en) > 0;
+    for (size_t i = 0; str_enum && i < json_array_size(en); i++) str_enum = json_is_string(json_array_get(en, i));
+    if (str_enum) { /* the parser keeps a string enum's value verbatim */
         fprintf(f, "%s ::= ", prefix);
         for (size_t i = 0; i < json_array_size(en); i++) {
             const json_t *x = json_array_get(en, i);
-            if (!json_is_string(x)) return lm_errf(le, "a string enum lists a non-string");
             fputs(i ? " | \"" : "\"", f);
             lm_gbnf_put_literal(f, json_string_value(x), json_string_length(x));
             fputc('"', f);
@@ -194,6 +193,15 @@ static int xml_value(FILE *f, const json_t *ps, const char *prefix, lm_err *le) 
         fputc('\n', f);
         return 0;
     }
+    bool str = json_is_string(type) && !strcmp(json_string_value(type), "string");
+    if (str && !json_object_get(ps, "pattern") && !json_object_get(ps, "format") && !json_object_get(ps, "minLength")) {
+        if (json_is_integer(mx) && json_integer_value(mx) >= 0 && json_integer_value(mx) <= 1000)
+            fprintf(f, "%s ::= [^<]{0,%lld}\n", prefix, (long long)json_integer_value(mx)); /* counted exactly: no '<' */
+        else
+            fprintf(f, "%s ::= ([^<] | \"<\" [^/])*\n", prefix);
+        return 0;
+    }
+    if (str) return lm_errf(le, "string parameters with pattern, format or minLength are not supported in the XML call format");
     return lm_schema_append_gbnf(f, ps, prefix, le);
 }
 
