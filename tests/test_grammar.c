@@ -146,3 +146,27 @@ LM_TEST(grammar_mask_matches_accept) {
     lm_grammar_vocab_free(v);
     lm_grammar_unref(g);
 }
+
+/* Strict fill spells the forced bytes with the longest tokens and leaves
+ * the one that would reach their end to the model. */
+LM_TEST(grammar_strict_fill) {
+    lm_grammar *g = gbnf("root ::= \"{\\\"name\\\": \" (\"true\" | \"null\") \"}\"\n");
+    LM_CHECK(g);
+    if (!g) return;
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    int32_t ids[16];
+    int k = lm_grammar_fill(m, ids, 16);
+    /* forced: {"name": then a space: {" + name + ": , the space left out */
+    LM_CHECK_MSG(k == 3, "%d tokens", k);
+    LM_CHECK(lm_grammar_steps(m) == k);
+    char forced[8];
+    LM_CHECK(lm_grammar_forced(m, forced, sizeof forced) == 1 && forced[0] == ' ');
+    LM_CHECK(lm_grammar_accept_bytes(m, " t", 2));
+    LM_CHECK(lm_grammar_fill(m, ids, 2) == 2); /* "rue}" forced: r, u within the cap */
+    LM_CHECK(lm_grammar_fill(m, ids, 16) == 1 && lm_grammar_forced(m, forced, sizeof forced) == 1 && forced[0] == '}');
+    lm_grammar_matcher_free(m);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}

@@ -156,6 +156,7 @@ LM_TEST(server_structured_output_on_demo) {
     free(first);
     json_decref(schema);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_masks_total") > 0);
+    LM_CHECK(gu_metric(s.port, "lumen_grammar_fill_tokens_total") > 0);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_compiles_total") >= 4);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_cache_hits_total") >= 3);
     int rc = gu_server_stop(&s);

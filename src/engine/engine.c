@@ -107,6 +107,28 @@ bool lm_req_plain_greedy(const lm_request *r) {
     return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0 && !r->gm;
 }
 
+/* Most tokens one strict fill appends. */
+#define LM_FILL_MAX 32
+
+/* Strict fill (lm_engine_opts): the tokens the grammar forces after r's
+ * last one, taken as generated (no logprobs: nothing chose them); the next
+ * step feeds them with r's last token in one forward. */
+static void strict_fill(lm_engine *en, lm_request *r) {
+    int32_t ids[LM_FILL_MAX];
+    int room = LM_MIN(LM_MIN(r->p.max_tokens - r->n_generated, en->o.ctx - r->n_tokens), LM_FILL_MAX);
+    int n = room > 0 ? lm_grammar_fill(r->gm, ids, room) : 0;
+    for (int i = 0; i < n; i++) {
+        r->n_generated++;
+        en->step_generated++;
+        en->grammar_fill_tokens++;
+        lm_token_event ev = { .token = ids[i], .has_token = true, .n_prompt = r->n_prompt, .n_generated = r->n_generated };
+        req_emit(r, &ev);
+        r->tokens[r->n_tokens++] = ids[i];
+        lm_sampler_accept(r->sampler, ids[i]);
+    }
+    if (n && (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx)) req_finish(en, r, LM_FINISH_LENGTH, NULL);
+}
+
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
     int32_t tok;
     if (r->gm && r->gm_live) {
@@ -141,6 +163,7 @@ void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_
     r->tokens[r->n_tokens++] = tok;
     lm_sampler_accept(r->sampler, tok);
     if (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx) req_finish(en, r, LM_FINISH_LENGTH, NULL);
+    else if (r->gm && r->gm_live && en->o.strict_fill >= 0) strict_fill(en, r);
 }
 
 /* ---- admission ---- */
@@ -251,7 +274,8 @@ void lm_step_hand_out(lm_engine *en, lm_step *st) {
     lm_step_count(en, st->T, st->S, false, 0);
     for (int i = 0; i < st->S; i++) {
         lm_request *r = st->seq_req[i];
-        if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
+        if (r->n_cached >= r->n_prompt && r->tr.n_steps < r->p.max_tokens)
+            r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
         r->n_cached += st->seq_n[i];
         if (r->embed) embed_progress(en, st, i, r);
         else lm_cache_policy_progress(en, r);
@@ -304,9 +328,13 @@ static bool step_build(lm_engine *en, lm_step *st) {
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached < r->n_prompt) continue;
-        int s = step_add(en, st, r, 1, &last);
-        step_out(en, st, r, last);
-        budget--;
+        /* its last token, and after a strict fill the tokens that follow;
+         * every later running request keeps room for its one token */
+        int want = r->n_tokens - r->n_cached;
+        int n = LM_MAX(1, LM_MIN(want, budget - (en->n_running - 1 - i)));
+        int s = step_add(en, st, r, n, &last);
+        if (n == want) step_out(en, st, r, last);
+        budget -= n;
         /* speculation's proposer may follow r's token with a draft; never
          * yet. Every later running request may still need its token. */
         budget -= lm_spec_propose(en, st, s, r, budget - (en->n_running - 1 - i));
@@ -389,6 +417,7 @@ static void *engine_main(void *arg) {
         en->step_generated = 0;
         en->st.grammar_masks = en->grammar_masks;
         en->st.grammar_mask_s = en->grammar_mask_s;
+        en->st.grammar_fill_tokens = en->grammar_fill_tokens;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
         lm_cache_policy_stats(en);

@@ -140,6 +140,7 @@ struct lm_engine {
     uint32_t *gmask;             /* [V / 32] a grammar's token mask */
     uint64_t grammar_masks;      /* published into st after each step */
     double grammar_mask_s;
+    uint64_t grammar_fill_tokens;
     float *hidden;               /* [step_tokens][D] hidden rows of embedding requests; made at the first */
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */

@@ -147,6 +147,11 @@ typedef struct lm_engine_opts {
                        * just stopped is discarded. Results are unchanged.
                        * 0 = on backends with their own memory (GPUs) that
                        * offer it, 1 = wherever offered, -1 = never */
+    int strict_fill;  /* a request with a grammar: where the grammar forces
+                       * the next bytes (a fixed key, a closing brace), their
+                       * tokens are appended without sampling and fed in
+                       * the next forward together (lm_grammar_fill). 0 = on,
+                       * -1 = off */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
@@ -170,6 +175,7 @@ typedef struct lm_engine_stats {
     /* constrained decoding */
     uint64_t grammar_masks;        /* token masks applied */
     double grammar_mask_s;         /* seconds computing them */
+    uint64_t grammar_fill_tokens;  /* tokens appended by strict fill */
 } lm_engine_stats;
 
 typedef struct lm_engine lm_engine;

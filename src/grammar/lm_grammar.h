@@ -97,6 +97,12 @@ bool lm_grammar_done(const lm_grammar_matcher *m);
  * how many were written. For strict fill. */
 size_t lm_grammar_forced(lm_grammar_matcher *m, char *buf, size_t cap);
 
+/* Strict fill: the tokens that spell the bytes the grammar forces next
+ * (longest vocabulary match first), accepted into m, at most cap; the
+ * token that would reach the end of the forced bytes is left to the model
+ * (it may prefer one that runs on past them). Returns how many. */
+int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap);
+
 /* ---- facts ---- */
 
 typedef struct lm_grammar_stats {

@@ -175,6 +175,38 @@ static int walk(lm_grammar_matcher *m, uint32_t *mask) {
     return allowed;
 }
 
+/* ---- strict fill ---- */
+
+/* The longest token spelling a prefix of s[0, n) (-1: none), its length. */
+static int32_t longest_token(const lm_grammar_vocab *v, const char *s, size_t n, size_t *len) {
+    int32_t best = -1;
+    int k = 0, end = v->n_tn; /* the children of the current node: k .. end, by next[] */
+    for (size_t d = 0; d < n && k < end; d++) {
+        while (k < end && v->tn_byte[k] != (uint8_t)s[d]) k = v->tn_next[k];
+        if (k >= end) break;
+        if (v->tn_tok[k] >= 0) best = v->tn_tok[k], *len = d + 1;
+        end = v->tn_next[k];
+        k++;
+    }
+    return best;
+}
+
+int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap) {
+    char buf[256];
+    size_t n = lm_grammar_forced(m, buf, sizeof buf), at = 0;
+    int k = 0;
+    while (k < cap && at < n) {
+        size_t len = 0;
+        int32_t id = longest_token(m->v, buf + at, n - at, &len);
+        if (id < 0 || at + len >= n) break;
+        bool ok = lm_grammar_accept(m, id);
+        LM_ASSERT(ok); /* its bytes are forced */
+        ids[k++] = id;
+        at += len;
+    }
+    return k;
+}
+
 /* ---- the cache ---- */
 
 static uint64_t mix(uint64_t h, uint64_t x) {

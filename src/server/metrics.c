@@ -184,6 +184,8 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     tprintf(&b, "# HELP lumen_grammar_compile_seconds_total Time spent compiling grammars.\n"
                 "# TYPE lumen_grammar_compile_seconds_total counter\nlumen_grammar_compile_seconds_total %.6f\n",
             g_compile_s);
+    counter(&b, "lumen_grammar_fill_tokens_total", "Tokens appended by strict fill (forced by a grammar, not sampled).",
+            es.grammar_fill_tokens);
     counter(&b, "lumen_grammar_masks_total", "Token masks applied to logits (one per constrained token).",
             es.grammar_masks);
     tprintf(&b, "# HELP lumen_grammar_mask_seconds_total Time spent computing token masks.\n"
