@@ -151,7 +151,7 @@ static double decode(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v, int 
                      uint64_t *steps) {
     lm_engine *en = NULL;
     lm_err e = { { 0 } };
-    lm_engine_opts o = { .ctx = 1024, .parallel = 1, .strict_fill = fill };
+    lm_engine_opts o = { .ctx = 2048, .parallel = 1, .strict_fill = fill };
     if (lm_engine_create(&en, m, &o, &e)) {
         fprintf(stderr, "engine: %s\n", e.msg);
         return 0;

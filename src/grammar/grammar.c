@@ -284,6 +284,54 @@ static bool left_cycle(const g_builder *b, const bool *nl, int r, uint8_t *state
 
 static const char *rule_name(const g_builder *b, int r) { return b->rules[r].name ? b->rules[r].name : "(a group)"; }
 
+/* first[] and nullable[] of every element: per rule by a fixpoint (a
+ * reference contributes its rule's), then per element from the end of
+ * each alternative backwards. Matching uses them to expand only the
+ * alternatives that can take the next byte. */
+static void first_sets(lm_grammar *g) {
+    g_set *rf = lm_xcalloc((size_t)g->n_rules, sizeof *rf);
+    uint8_t *rn = lm_xcalloc((size_t)g->n_rules, 1);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int r = 0; r < g->n_rules; r++) {
+            g_set f = rf[r];
+            bool nl = rn[r], lead = true;
+            for (int p = g->rule_start[r];; p++) {
+                const g_elem x = g->el[p];
+                if (x.type == G_ALT || x.type == G_END) {
+                    nl |= lead;
+                    if (x.type == G_END) break;
+                    lead = true;
+                    continue;
+                }
+                if (!lead) continue;
+                const g_set *s = x.type == G_BYTES ? &g->sets[x.arg] : &rf[x.arg];
+                for (int w = 0; w < 4; w++) f.w[w] |= s->w[w];
+                lead = x.type == G_REF && rn[x.arg];
+            }
+            if (memcmp(&f, &rf[r], sizeof f) || nl != rn[r]) rf[r] = f, rn[r] = nl, changed = true;
+        }
+    }
+    g->first = lm_xcalloc((size_t)g->n_el, sizeof *g->first);
+    g->nullable = lm_xcalloc((size_t)g->n_el, 1);
+    for (int p = g->n_el - 1; p >= 0; p--) {
+        const g_elem x = g->el[p];
+        if (x.type == G_ALT || x.type == G_END) {
+            g->nullable[p] = 1;
+            continue;
+        }
+        const g_set *s = x.type == G_BYTES ? &g->sets[x.arg] : &rf[x.arg];
+        bool nl = x.type == G_REF && rn[x.arg];
+        g->first[p] = *s;
+        if (nl) {
+            for (int w = 0; w < 4; w++) g->first[p].w[w] |= g->first[p + 1].w[w];
+            g->nullable[p] = g->nullable[p + 1];
+        }
+    }
+    free(rf);
+    free(rn);
+}
+
 int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     *out = NULL;
     for (int r = 0; r < b->n_rules; r++)
@@ -307,6 +355,8 @@ int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     free(state);
     free(nl);
     if (culprit >= 0) return lm_errf(e, "the rule '%s' is left-recursive", rule_name(b, culprit));
+    int start_rule = gb_anon(b); /* start ::= root: the first stack's top */
+    gb_push(b, start_rule, G_REF, root);
 
     lm_grammar *g = lm_xcalloc(1, sizeof *g);
     atomic_init(&g->refs, 1);
@@ -327,6 +377,8 @@ int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     b->sets = NULL;
     b->n_sets = b->cap_sets = 0;
     g->root = root;
+    g->start = g->rule_start[start_rule];
+    first_sets(g);
     g->st.rules = g->n_rules;
     g->st.elements = g->n_el;
     *out = g;
@@ -348,6 +400,8 @@ void lm_grammar_unref(lm_grammar *g) {
     free(g->el);
     free(g->rule_start);
     free(g->sets);
+    free(g->first);
+    free(g->nullable);
     free(g);
 }
 

@@ -99,6 +99,11 @@ struct lm_grammar {
     g_set *sets;
     int n_sets;
     int root;
+    int32_t start;       /* the element that references root: the first stack's top */
+    /* per element p: the bytes that can come first from p to the end of its
+     * alternative, and whether that rest can match nothing */
+    g_set *first;        /* [n_el] */
+    uint8_t *nullable;   /* [n_el] */
     /* the mask cache (mask.c); for one vocabulary, the first one masked */
     pthread_mutex_t mu;
     const lm_grammar_vocab *cache_vocab;
@@ -110,7 +115,7 @@ struct lm_grammar {
 /* ---- matcher ---- */
 
 typedef struct g_node {
-    int32_t pos;    /* a G_BYTES element on top; below, where the rule returns to */
+    int32_t pos;    /* the next element to match; below the top, where a rule returns to */
     int32_t parent; /* -1: the bottom */
 } g_node;
 
@@ -121,6 +126,14 @@ typedef struct g_ids {
     int n, cap, base;
     bool accepting; /* some path ended the whole grammar */
 } g_ids;
+
+static inline void g_ids_push(g_ids *s, int32_t id) {
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 64;
+        s->v = lm_xrealloc(s->v, (size_t)s->cap * sizeof *s->v);
+    }
+    s->v[s->n++] = id;
+}
 
 struct lm_grammar_matcher {
     lm_grammar *g;
@@ -140,15 +153,15 @@ struct lm_grammar_matcher {
     /* the mask walk (mask.c): sets by trie depth */
     g_ids lvl;
     int *lvl_start, *lvl_n, *lvl_nodes;
+    uint8_t *lvl_loop;   /* the set at this depth is the current one (self_loops) */
     int lvl_cap;
 };
 
-/* Pushes onto out the stacks that start at element pos with parent (the
- * closure: references expanded, ends returned from). */
-void gm_expand(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids *out);
 /* Appends to out (deduplicated from out->base) the stacks of the set
- * out->v[in_off, in_off + n) after byte c; sets out->accepting. */
+ * out->v[in_off, in_off + n) after byte c. */
 void gm_advance(lm_grammar_matcher *m, int in_off, int n, uint8_t c, g_ids *out);
+/* Whether some stack of out->v[off, off + n) can end the grammar here. */
+bool gm_accepting(const lm_grammar_matcher *m, const int32_t *ids, int n);
 
 /* ---- vocabulary (mask.c) ---- */
 

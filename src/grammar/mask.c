@@ -31,6 +31,14 @@ struct lm_grammar_vocab {
     uint8_t *tn_byte;
     int32_t *tn_depth, *tn_next, *tn_tok;
     int32_t *tok_next;      /* [n_vocab] next token with the same bytes, -1 */
+    /* the self-loop shortcut (walk): per node, the ASCII bytes below it (bit
+     * c of sub_ascii[2k + c / 64]) and whether any byte below is not ASCII;
+     * its subtree's tokens are order[tn_lo[k], tn_lo[tn_next[k]]) */
+    uint64_t *sub_ascii;    /* [2 n_tn] */
+    uint8_t *sub_high;      /* [n_tn] */
+    int32_t *tn_lo;         /* [n_tn + 1] */
+    int32_t *order;         /* [n_order] token ids in byte order (= trie preorder) */
+    int n_order;
 };
 
 bool gv_is_end(const lm_grammar_vocab *v, int32_t id) { return id >= 0 && id < v->n_vocab && v->is_end[id]; }
@@ -117,7 +125,29 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
     }
     for (; open > 0; open--) v->tn_next[path[open - 1]] = v->n_tn;
     free(path);
-    free(order);
+    /* subtree byte sets, bottom up (children come after their parent) */
+    v->sub_ascii = lm_xcalloc(2 * (size_t)v->n_tn + 2, sizeof *v->sub_ascii);
+    v->sub_high = lm_xcalloc((size_t)v->n_tn + 1, 1);
+    v->tn_lo = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_lo);
+    for (int x = v->n_tn - 1; x >= 0; x--)
+        for (int c = x + 1; c < v->tn_next[x]; c = v->tn_next[c]) {
+            uint8_t b = v->tn_byte[c];
+            if (b < 128) v->sub_ascii[2 * x + b / 64] |= 1ull << (b & 63);
+            else v->sub_high[x] = 1;
+            v->sub_ascii[2 * x] |= v->sub_ascii[2 * c], v->sub_ascii[2 * x + 1] |= v->sub_ascii[2 * c + 1];
+            v->sub_high[x] |= v->sub_high[c];
+        }
+    int t = 0;
+    for (int x = 0; x < v->n_tn; x++) { /* the first token at or after node x, in order */
+        v->tn_lo[x] = t;
+        for (int32_t id = v->tn_tok[x]; id >= 0; id = v->tok_next[id]) t++;
+    }
+    v->tn_lo[v->n_tn] = t;
+    /* order[] must list ids exactly as the preorder meets them */
+    v->n_order = 0;
+    for (int x = 0; x < v->n_tn; x++)
+        for (int32_t id = v->tn_tok[x]; id >= 0; id = v->tok_next[id]) order[v->n_order++] = id;
+    v->order = order;
     return v;
 }
 
@@ -125,6 +155,7 @@ void lm_grammar_vocab_free(lm_grammar_vocab *v) {
     if (!v) return;
     free(v->off), free(v->len), free(v->arena), free(v->is_end), free(v->end_ids), free(v->tok_next);
     free(v->tn_byte), free(v->tn_depth), free(v->tn_next), free(v->tn_tok);
+    free(v->sub_ascii), free(v->sub_high), free(v->tn_lo), free(v->order);
     free(v);
 }
 
@@ -136,6 +167,36 @@ static int allow_tokens(const lm_grammar_vocab *v, int32_t id, uint32_t *mask) {
     return n;
 }
 
+/* Whether stacks x and y hold the same elements all the way down. */
+static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
+    while (x != y) {
+        if (x < 0 || y < 0 || m->nodes[x].pos != m->nodes[y].pos) return false;
+        x = m->nodes[x].parent, y = m->nodes[y].parent;
+    }
+    return true;
+}
+
+/* The ASCII bytes that take the current set back to itself (inside a JSON
+ * string: every character that needs no escape). A path of such bytes
+ * leaves the set as it was, so a trie subtree made only of them is allowed
+ * whole without walking it. */
+static void self_loops(lm_grammar_matcher *m, uint64_t loop[2]) {
+    loop[0] = loop[1] = 0;
+    g_ids *t = &m->tmp;
+    const int mark = m->n_nodes, n = m->cur.n;
+    for (int c = 0; c < 128 && n > 0; c++) {
+        t->n = 0;
+        for (int i = 0; i < n; i++) g_ids_push(t, m->cur.v[i]);
+        t->base = n;
+        gm_advance(m, 0, n, (uint8_t)c, t);
+        bool same = t->n - n == n;
+        for (int i = 0; i < n && same; i++) same = same_stack(m, t->v[n + i], m->cur.v[i]);
+        if (same) loop[c / 64] |= 1ull << (c & 63);
+        m->n_nodes = mark;
+    }
+    t->n = t->base = 0;
+}
+
 static int walk(lm_grammar_matcher *m, uint32_t *mask) {
     const lm_grammar_vocab *v = m->v;
     if (m->lvl_cap < v->max_depth + 1) {
@@ -143,31 +204,40 @@ static int walk(lm_grammar_matcher *m, uint32_t *mask) {
         m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
         m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
         m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
+        m->lvl_loop = lm_xrealloc(m->lvl_loop, (size_t)m->lvl_cap);
     }
+    uint64_t loop[2];
+    self_loops(m, loop);
     const int mark = m->n_nodes;
     g_ids *L = &m->lvl;
     L->n = 0;
-    for (int i = 0; i < m->cur.n; i++) {
-        if (L->n == L->cap) {
-            L->cap = L->cap ? L->cap * 2 : 256;
-            L->v = lm_xrealloc(L->v, (size_t)L->cap * sizeof *L->v);
-        }
-        L->v[L->n++] = m->cur.v[i];
-    }
-    m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark;
+    for (int i = 0; i < m->cur.n; i++) g_ids_push(L, m->cur.v[i]);
+    m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark, m->lvl_loop[0] = 1;
     int allowed = 0;
     for (int k = 0; k < v->n_tn;) {
         const int d = v->tn_depth[k];
-        if (m->lvl_n[d - 1] == 0) { /* unreachable: a parent with no stacks is skipped */
-            k = v->tn_next[k];
+        const uint8_t b = v->tn_byte[k];
+        if (m->lvl_loop[d - 1] && b < 128 && ((loop[b / 64] >> (b & 63)) & 1)) {
+            /* back to the current set: the subtree is allowed whole when
+             * every byte below loops too, else walked with the same set */
+            if (!v->sub_high[k] && !(v->sub_ascii[2 * k] & ~loop[0]) && !(v->sub_ascii[2 * k + 1] & ~loop[1])) {
+                for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++, allowed++)
+                    mask[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
+                k = v->tn_next[k];
+                continue;
+            }
+            m->lvl_start[d] = 0, m->lvl_n[d] = m->lvl_n[0], m->lvl_nodes[d] = mark, m->lvl_loop[d] = 1;
+            allowed += allow_tokens(v, v->tn_tok[k], mask);
+            k++;
             continue;
         }
         m->n_nodes = m->lvl_nodes[d - 1]; /* the previous sibling's nodes are garbage */
-        L->n = L->base = m->lvl_start[d] = m->lvl_start[d - 1] + m->lvl_n[d - 1];
-        gm_advance(m, m->lvl_start[d - 1], m->lvl_n[d - 1], v->tn_byte[k], L);
+        L->n = L->base = m->lvl_start[d] = LM_MAX(m->lvl_start[d - 1] + m->lvl_n[d - 1], m->lvl_n[0]);
+        gm_advance(m, m->lvl_start[d - 1], m->lvl_n[d - 1], b, L);
         m->lvl_n[d] = L->n - m->lvl_start[d];
         m->lvl_nodes[d] = m->n_nodes;
-        if (m->lvl_n[d] > 0 || L->accepting) allowed += allow_tokens(v, v->tn_tok[k], mask);
+        m->lvl_loop[d] = 0;
+        if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask);
         k = m->lvl_n[d] > 0 ? k + 1 : v->tn_next[k];
     }
     m->n_nodes = mark;

@@ -108,6 +108,12 @@ static int schema_rule(sc *c, const json_t *s, int *out);
 /* Digits a..b of the same length (as strings), as GBNF. */
 static void digits_range(FILE *f, const char *a, const char *b, int n) {
     if (n == 0) return;
+    bool full = true; /* 0..0 to 9..9: any digits (else the split below doubles per digit) */
+    for (int i = 0; i < n && full; i++) full = a[i] == '0' && b[i] == '9';
+    if (full) {
+        fprintf(f, "[0-9]{%d}", n);
+        return;
+    }
     if (n == 1) {
         fprintf(f, "[%c-%c]", a[0], b[0]);
         return;
