@@ -20,6 +20,7 @@ void gb_free(g_builder *b) {
     for (int i = 0; i < b->n_rules; i++) free(b->rules[i].name), free(b->rules[i].body.v);
     free(b->rules);
     free(b->sets);
+    free(b->names);
     memset(b, 0, sizeof *b);
 }
 
@@ -32,13 +33,39 @@ static int new_rule(g_builder *b, char *name) {
     return b->n_rules++;
 }
 
+static uint64_t name_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of name in b->names: its rule, or the empty slot to put it in. */
+static int32_t *name_slot(g_builder *b, const char *name, size_t n) {
+    for (size_t i = name_hash(name, n) & (size_t)(b->name_cap - 1);; i = (i + 1) & (size_t)(b->name_cap - 1)) {
+        int32_t r = b->names[i];
+        if (r < 0 || (strlen(b->rules[r].name) == n && !memcmp(b->rules[r].name, name, n))) return &b->names[i];
+    }
+}
+
 int gb_named(g_builder *b, const char *name, size_t n) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (b->rules[i].name && strlen(b->rules[i].name) == n && !memcmp(b->rules[i].name, name, n)) return i;
+    if (2 * (b->n_names + 1) > b->name_cap) { /* grow and rehash */
+        int32_t *old = b->names;
+        int old_cap = b->name_cap;
+        b->name_cap = b->name_cap ? b->name_cap * 2 : 64;
+        b->names = lm_xmalloc((size_t)b->name_cap * sizeof *b->names);
+        memset(b->names, 0xff, (size_t)b->name_cap * sizeof *b->names);
+        for (int i = 0; i < old_cap; i++)
+            if (old[i] >= 0) *name_slot(b, b->rules[old[i]].name, strlen(b->rules[old[i]].name)) = old[i];
+        free(old);
+    }
+    int32_t *slot = name_slot(b, name, n);
+    if (*slot >= 0) return *slot;
     char *s = lm_xmalloc(n + 1);
     memcpy(s, name, n);
     s[n] = 0;
-    return new_rule(b, s);
+    *slot = new_rule(b, s);
+    b->n_names++;
+    return *slot;
 }
 
 int gb_anon(g_builder *b) {

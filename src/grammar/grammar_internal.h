@@ -52,6 +52,8 @@ typedef struct g_builder {
     int n_rules, cap_rules;
     g_set *sets;
     int n_sets, cap_sets;
+    int32_t *names;     /* open addressing: rule ids of named rules, -1 empty */
+    int name_cap, n_names;
     bool json_string;   /* classes leave out what a JSON string must escape */
     bool json_bad;      /* a literal such character was asked for */
 } g_builder;
