@@ -115,6 +115,25 @@ LM_TEST(server_structured_output_on_demo) {
     LM_CHECK_MSG(st == 200 && (lm_streq(c, "yes!") || lm_streq(c, "no!")), "grammar: %s", c);
     json_decref(r);
 
+    /* the Responses API's text.format */
+    json_t *ws = load_schema("weather_tool");
+    b = json_pack("{s:s,s:i,s:f,s:{s:{s:s,s:s,s:O}},s:{s:s}}", "input", "Weather as JSON.", "max_output_tokens", 200,
+                  "temperature", 0.0, "text", "format", "type", "json_schema", "name", "w", "schema", ws, "reasoning",
+                  "effort", "none");
+    r = post(s.port, "/v1/responses", b, &st);
+    const char *out_text = NULL;
+    const json_t *items = json_object_get(r, "output");
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        const json_t *it = json_array_get(items, i);
+        if (lm_streq(json_string_value(json_object_get(it, "type")), "message"))
+            out_text = json_string_value(json_object_get(json_array_get(json_object_get(it, "content"), 0), "text"));
+    }
+    v = out_text ? json_loads(out_text, 0, NULL) : NULL;
+    LM_CHECK_MSG(st == 200 && v && schema_valid(ws, ws, v), "responses text.format: %d %s", st, out_text);
+    json_decref(v);
+    json_decref(r);
+    json_decref(ws);
+
     /* greedy: alone, three batched choices, again from the prefix cache,
      * and streamed: the same text */
     json_t *schema = load_schema("weather_tool");
