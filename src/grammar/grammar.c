@@ -395,7 +395,7 @@ int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     int k = 0;
     for (int r = 0; r < b->n_rules; r++) {
         g->rule_start[r] = k;
-        memcpy(g->el + k, b->rules[r].body.v, (size_t)b->rules[r].body.n * sizeof *g->el);
+        if (b->rules[r].body.n) memcpy(g->el + k, b->rules[r].body.v, (size_t)b->rules[r].body.n * sizeof *g->el);
         k += b->rules[r].body.n;
         g->el[k++] = (g_elem){ G_END, 0 };
     }

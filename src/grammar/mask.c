@@ -17,6 +17,8 @@
 
 /* The cache of one grammar holds at most this many bytes of masks. */
 #define G_CACHE_BYTES (64u << 20)
+/* ... and at most this many (a small vocabulary must not get a huge table). */
+#define G_CACHE_MAX 4096
 
 struct lm_grammar_vocab {
     int n_vocab;
@@ -321,7 +323,7 @@ static g_cache_ent *cache_find(lm_grammar *g, uint64_t k1, uint64_t k2) {
 
 static void cache_put(lm_grammar *g, int words, uint64_t k1, uint64_t k2, const uint32_t *mask, int n_allowed) {
     size_t bytes = (size_t)words * 4;
-    int most = (int)LM_MAX(G_CACHE_BYTES / bytes, 16);
+    int most = (int)LM_MAX(LM_MIN(G_CACHE_BYTES / bytes, G_CACHE_MAX), 16);
     if (!g->cache_cap) {
         int cap = 16;
         while (cap < 2 * most) cap *= 2;
