@@ -217,8 +217,9 @@ LM_TEST(server_responses_bad_requests) {
                  "tool_choice", NULL);
     expect_error(lm_t_, &f, "{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
                             "\"tool_choice\":{\"type\":\"function\",\"name\":\"g\"}}", 400, "tool_choice", NULL);
-    expect_error(lm_t_, &f, "{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\",\"schema\":{}}}}", 400,
-                 "text.format", NULL);
+    expect_error(lm_t_, &f, "{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"grammar\"}}}", 400, "text.format", NULL);
+    expect_error(lm_t_, &f, "{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\","
+                            "\"schema\":{\"type\":\"object\",\"not\":{}}}}}", 400, "response_format", NULL);
     expect_error(lm_t_, &f, "{\"input\":\"a\",\"max_output_tokens\":0}", 400, "max_output_tokens", NULL);
     expect_error(lm_t_, &f, "{\"input\":\"a\",\"max_output_tokens\":100000}", 400, "max_output_tokens",
                  "context_length_exceeded");

@@ -29,13 +29,13 @@
  *   kwargs                 merged at top level (chat_template_kwargs, e.g.
  *                          enable_thinking).
  *
- * Forced tool calls (tool_choice required / a named function): lumen has no
- * constrained decoding yet, so it steers instead: the assistant turn is
- * prefilled with the opening of a call in the template's own format (Hermes
- * JSON or Qwen3.5 XML), closing an open think block first. The model usually
- * continues the call; nothing guarantees it. Given the arguments too (the
- * server's --debug-tool-call), the prefill is the whole call and the answer
- * ends there. */
+ * Forced tool calls (tool_choice required / a named function): the assistant
+ * turn is prefilled with the opening of a call in the template's own format
+ * (Hermes JSON or Qwen3.5 XML), closing an open think block first; the
+ * server then holds the rest of the call to a grammar of the tools'
+ * parameters (server/constrain.c). Given the arguments too (the server's
+ * --debug-tool-call), the prefill is the whole call and the answer ends
+ * there. */
 #ifndef LM_CHAT_H
 #define LM_CHAT_H
 

@@ -337,6 +337,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
             if (!strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "%s", what);
             goto fail;
         }
+        if (srv_constrain(s, &j->r, &j->prompt, &e)) goto fail;
         if (lm_chat_encode(s->tok, &j->prompt, &ids, &le)) {
             srv_bad(&e, what, "%s", le.msg);
             goto fail;
@@ -366,6 +367,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         srv_bad(&e, what, "The %s produced no tokens.", what);
         goto fail;
     }
+    if (kind != SRV_CHAT && srv_constrain(s, &j->r, NULL, &e)) goto fail;
     lm_gen_params *gp = &j->r.gp;
     if (j->r.max_tokens_cap && ids.n < (size_t)s->ctx && (long)ids.n + gp->max_tokens > s->ctx)
         gp->max_tokens = s->ctx - (int)ids.n; /* Anthropic's max_tokens is an upper bound */

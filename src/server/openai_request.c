@@ -2,7 +2,7 @@
  * that lumen honours, checked for type and range, with OpenAI's defaults.
  *
  * Unknown fields are ignored (clients send many); fields lumen cannot honour
- * honestly (response_format other than text, several prompts) are
+ * honestly (several prompts, a schema it cannot enforce) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
  * chat_template_kwargs.
@@ -131,6 +131,7 @@ static int parse_logit_bias(const srv *s, const json_t *body, srv_req *r, srv_er
 
 /* Sampling, penalties, limits, logprobs, stop: shared by both endpoints. */
 static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e) {
+    /* response_format: constrain.c */
     lm_gen_params *gp = &r->gp;
     gp->sampling = (lm_sampler_params){ .temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0 };
     gp->repetition_penalty = 1;
@@ -193,6 +194,9 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
         if (iu && !json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
         r->include_usage = json_is_true(iu);
     }
+
+    const json_t *rf = field(body, "response_format");
+    if (rf && srv_parse_response_format(s, rf, r, e)) return -1;
 
     const json_t *model = field(body, "model");
     if (model) {
@@ -326,6 +330,9 @@ static int parse_tools(const json_t *body, srv_req *r, srv_err *e) {
                            r->tool_name);
     }
     if (r->tool_choice == SRV_TOOLS_NONE) r->tools = NULL;
+    const json_t *ptc = field(body, "parallel_tool_calls");
+    if (ptc && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+    r->one_tool_call = json_is_false(ptc); /* the call grammar allows one call */
     return 0;
 }
 
@@ -380,15 +387,6 @@ static int parse_chat(const srv *s, const json_t *body, srv_req *r, srv_err *e) 
     const json_t *kw = field(body, "chat_template_kwargs");
     if (kw && !json_is_object(kw)) return bad_type(e, "chat_template_kwargs", "an object", kw);
     r->template_kwargs = kw;
-    const json_t *rf = field(body, "response_format");
-    if (rf) {
-        const json_t *t = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(t)) return bad_type(e, "response_format", "an object with a 'type'", rf);
-        if (strcmp(json_string_value(t), "text") != 0)
-            return srv_bad(e, "response_format",
-                           "response_format '%.40s' is not supported yet (no constrained decoding); use 'text'.",
-                           json_string_value(t));
-    }
     (void)s;
     return 0;
 }
@@ -480,6 +478,7 @@ void srv_req_free(srv_req *r) {
     json_decref(r->body);
     free(r->bias);
     free(r->prompt_ids);
+    lm_grammar_unref(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

@@ -279,9 +279,11 @@ void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, i
     s->chat_tools = s->chat && tpl && strstr(tpl, "tools"); /* the template renders tool definitions */
     if (!s->model_name) s->model_name = lm_xstrdup("model");
     if (!s->fingerprint[0]) snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
+    srv_constrain_init(s);
 }
 
 void srv_free_text(srv *s) {
+    srv_constrain_free(s);
     lm_chat_free(s->chat);
     free(s->hidden);
     s->chat = NULL;

@@ -102,6 +102,8 @@ typedef struct srv_metrics {
     int connections;                     /* open HTTP connections */
     int streams;                         /* running SSE streams */
     size_t cache_ram;                    /* the prefix cache's budget (set once at start) */
+    uint64_t grammar_compiles, grammar_hits; /* structured output: compiled, found in the cache */
+    double grammar_compile_s;
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -153,6 +155,8 @@ typedef struct srv {
     pthread_t reaper;
     pthread_cond_t reaper_cv;
     bool reaper_on, reaper_stop;
+    lm_grammar_vocab *gvocab;  /* the vocabulary as grammars see it (constrain.c) */
+    struct srv_grammars *grammars; /* compiled grammars by source (constrain.c) */
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -261,6 +265,7 @@ typedef struct srv_req {
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
     bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
     int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
+    lm_grammar *grammar;       /* owned: response_format or a forced call (constrain.c) */
 } srv_req;
 
 /* Most choices one request may ask for (n); each is a sequence in the engine. */
@@ -285,6 +290,20 @@ int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv
  * request translated into a chat or completions body. */
 int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
+
+/* ---- structured output (constrain.c) ----------------------------------------------- */
+
+/* The grammar vocabulary and cache of s (after the stop ids and hidden
+ * tokens are known), and their end. */
+void srv_constrain_init(srv *s);
+void srv_constrain_free(srv *s);
+/* response_format into r->grammar; a 400 for an unknown type or a schema /
+ * grammar that cannot be honoured. */
+int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_err *e);
+/* After the prompt is rendered (p: NULL for completions): a forced tool
+ * call's grammar, and r->gp set up for whichever grammar r has. */
+int srv_constrain(const srv *s, srv_req *r, const lm_chat_prompt *p, srv_err *e);
+
 
 /* A chat request as the chat layer takes it (pointers into r). */
 lm_chat_req srv_chat_req(const srv_req *r);

@@ -117,6 +117,12 @@ int32_t lm_tokenizer_token_to_id(const lm_tokenizer *t, const char *s, size_t le
 /* The token's string (not NUL-terminated; *len set), or NULL for an unused id. */
 const char *lm_tokenizer_id_to_token(const lm_tokenizer *t, int32_t id, size_t *len);
 bool lm_tokenizer_is_special(const lm_tokenizer *t, int32_t id);
+/* The bytes token id adds to the text in the middle of a sequence (added
+ * tokens: their content; byte-level BPE: the unmapped bytes; byte fallback
+ * <0xXX>: that byte; metaspace: U+2581 as a space), raw, not made valid
+ * UTF-8: what a grammar matches token by token. Replaces out's contents;
+ * false for an unused id. */
+bool lm_tokenizer_token_bytes(const lm_tokenizer *t, int32_t id, lm_tok_str *out);
 /* Added tokens (the special ones and the others), in file order. */
 int lm_tokenizer_n_added(const lm_tokenizer *t);
 /* i-th added token: its id, content (NUL-terminated) and special flag. */
