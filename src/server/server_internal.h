@@ -208,7 +208,6 @@ typedef struct srv_req {
     /* Anthropic's Messages API (anthropic_request.c) */
     bool one_tool_call;        /* keep only the first tool call */
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
-    bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
     int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
 } srv_req;
 
