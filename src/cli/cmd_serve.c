@@ -62,6 +62,7 @@ static const lm_opt k_opts[] = {
       "(JSON an object), written into the answer in the model's tool-call format; what the model would add is "
       "dropped. Answers after a tool result are the model's own", .ilo = 1 },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
+    { LM_OPT_GROUP, .off = offsetof(serve_opts, so.engine.kv_type), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -70,7 +71,7 @@ static const lm_opt k_opts[] = {
  * shows them; cache_ram SIZE_MAX: not given (see default_cache_ram). */
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 1024, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 256, .cache_ram = SIZE_MAX } },
+            .engine = { .parallel = 4, .max_queue = 256, .cache_ram = SIZE_MAX, .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
 

@@ -117,6 +117,8 @@ typedef struct lm_engine_opts {
     int max_queue;    /* most requests waiting for admission (default 256) */
     int step_tokens;  /* token budget of one forward (default 512) */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
+    lm_kv_types kv_type; /* element formats of K and V (lm_kv_type.h); zero: f32
+                          * (the CLI's default is bf16) */
     size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
                        * checkpoints kept for reuse); 0 = no prefix cache. The
                        * pool grows by cache_ram / block bytes blocks and, for
