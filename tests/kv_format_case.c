@@ -55,7 +55,7 @@ static void kvf_decoded(const uint8_t *row, lm_kv_type t, int W, int Dh, int rot
 int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64_t seed, kvf_result *r) {
     memset(r, 0, sizeof *r);
     uint64_t s = seed;
-    const int len[KS] = { 1, 23, KMAXL }, news[KS] = { 1, 3, 65 };
+    const int len[KS] = { 1, 23, KMAXL }, news[KS] = { 1, cf->decode ? 1 : 3, cf->decode ? 1 : 65 };
     const int H = cf->H, Hkv = cf->Hkv, Dh = cf->Dh, W = Hkv * Dh;
     int nb_seq[KS], n_blocks = 3;
     for (int q = 0; q < KS; q++) n_blocks += nb_seq[q] = (len[q] + KBS - 1) / KBS;

@@ -12,6 +12,7 @@ typedef struct kvf_cfg {
     int H, Hkv, Dh, window;
     float softcap, scale;
     float outlier; /* > 0: K channels 3 and Dh-5 of every head scaled by it (keys' outlier channels) */
+    bool decode;   /* one token per sequence in the batch (a decode step), else 1, 3 and 65 */
 } kvf_cfg;
 
 typedef struct kvf_result {

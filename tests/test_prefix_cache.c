@@ -600,7 +600,7 @@ LM_TEST(prefix_cache_bookkeeping_random) {
         /* "compute" the rest: write each row's token id */
         for (int p = hit.n_tokens; p < n; p++) {
             float row[W] = { (float)toks[p], 0, 0, 0 };
-            be->ops->write(be, kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, row, sizeof row);
+            be->ops->write(be, (float *)kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, row, sizeof row);
         }
         for (int i = 0; i < n / BS; i++) {
             if (lm_pcache_insert(pc, hashes[i], i ? hashes[i - 1] : lm_pcache_seed(pc), toks + i * BS, seq.blocks[i]))

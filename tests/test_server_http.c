@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "lm_test.h"
+#include "base/lm_file.h"
 #include "guard_util.h"
 #include "test_util.h"
 
@@ -295,7 +296,13 @@ static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const 
  * llama-server does: agents send 8000 or 13107 whatever the context. */
 LM_TEST(server_http_max_tokens_clamped_to_room) {
     server s;
-    START(s, "--ctx 64");
+    START(s, "--ctx 64 --kv-type K8V4r");
+    /* the startup line names the KV format, its bytes a token and the tokens it holds */
+    size_t loglen = 0;
+    char *log = lm_read_file(s.log, &loglen, NULL);
+    LM_CHECK_MSG(log && strstr(log, "(ctx 64,") && strstr(log, "KV K=q8,V=q4r, ") && strstr(log, " KiB a token, "),
+                 "%s", log ? log : "(no log)");
+    free(log);
     static const struct { const char *path, *body, *usage_in, *usage_out; } k[] = {
         { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":8000}",
           "prompt_tokens", "completion_tokens" },
@@ -636,7 +643,7 @@ LM_TEST(server_http_request_id_and_trace) {
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
     /* a refused request is traced too, and the simple routes echo ids */
-    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":999999}", "X-Request-Id: bad-1\r\n",
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":0}", "X-Request-Id: bad-1\r\n",
                     &r) == 0);
     LM_CHECK(r.status == 400);
     gu_resp_free(&r);

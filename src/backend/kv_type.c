@@ -69,10 +69,9 @@ size_t lm_kv_codes_bytes(lm_kv_type t, int64_t w) {
 
 size_t lm_kv_row_bytes(lm_kv_type t, int64_t w) {
     size_t n = lm_kv_codes_bytes(t, w);
-    if (lm_kv_quantised(t)) {
-        LM_ASSERT(w % LM_KV_GROUP == 0);
-        n += (size_t)(w / LM_KV_GROUP) * sizeof(uint16_t);
-    }
+    if (!lm_kv_quantised(t)) return n; /* f32 rows stay kv_width floats: the f32 kernels' layout */
+    LM_ASSERT(w % LM_KV_GROUP == 0);
+    n += (size_t)(w / LM_KV_GROUP) * sizeof(uint16_t);
     return (n + LM_KV_ROW_ALIGN - 1) / LM_KV_ROW_ALIGN * LM_KV_ROW_ALIGN;
 }
 

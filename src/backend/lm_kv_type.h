@@ -11,7 +11,7 @@
  *   Q4R   Q4 of the row after a fixed rotation of each rot-wide piece
  *         of a head (random signs, then a normalised Walsh-Hadamard)
  *
- * rounded up to 16 bytes. Scale groups are 32 consecutive values of the row
+ * (quantised rows rounded up to 16 bytes). Scale groups are 32 consecutive values of the row
  * (W a multiple of 32; a group may span two narrow heads): d = f16(max|x| / Q) with Q = 127 (Q8) or 7
  * (Q4), code = round(x / d) in [-Q, Q] (Q4 stores code + 8), value = d *
  * code. The rotation R is orthogonal, so q.k = (Rq).(Rk) and sum p v =

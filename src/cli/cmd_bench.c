@@ -17,7 +17,7 @@
 typedef struct bench_opts {
     const char *model;
     int prompt_len, gen, reps, chunk, batch; /* batch 0: not batched */
-    bool no_look_ahead, no_membw;
+    bool no_look_ahead, no_membw, no_prefill;
     lm_kv_types kv;
     lm_common_opts co;
 } bench_opts;
@@ -43,6 +43,10 @@ static const lm_opt k_opts[] = {
       "with --batch: wait for each step's ids before queuing the next (by default, where the backend offers it, "
       "each step is queued before the previous one's ids reach the host, its tokens fed forward on the device, as "
       "the engine does; \"look_ahead\" in the output says which ran)" },
+    { LM_OPT_FLAG, "--no-prefill", NULL, LM_OPT_AT(bench_opts, no_prefill), NULL,
+      "with --batch: no prefill; the first --prompt-len positions of each sequence keep the KV cache as allocated "
+      "(zeros), so decode at a long context is measured without spending its prefill (a decode step reads the "
+      "same bytes whatever they hold)" },
     { LM_OPT_FLAG, "--no-membw", NULL, LM_OPT_AT(bench_opts, no_membw), NULL, "skip the bandwidth measurement" },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, co), .group = lm_cli_common_opts },
@@ -111,7 +115,7 @@ static double backend_copy_bandwidth(lm_backend *be, int threads) {
  * tokens, checkpoints, discarded rows of stopped requests) apply and every
  * step after the first chains. */
 static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len, int gen, int chunk, bool ahead,
-                             double *issue_ms, double *body_ms, lm_err *e) {
+                             bool prefill, double *issue_ms, double *body_ms, lm_err *e) {
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
     lm_kv_cache *kv = NULL;
     double tps = -1;
@@ -125,7 +129,8 @@ static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len
         slots[s] = lm_kv_state_acquire(kv);
         if (lm_kv_seq_reserve(kv, &seqs[s], ctx, e)) goto done;
     }
-    for (int s = 0; s < B; s++) /* prefill one sequence at a time */
+    for (int s = 0; s < B; s++) next[s] = 1; /* without a prefill: any token */
+    for (int s = 0; prefill && s < B; s++) /* prefill one sequence at a time */
         for (int done = 0; done < prompt_len;) {
             int t = LM_MIN(chunk, prompt_len - done);
             for (int i = 0; i < t; i++) {
@@ -215,8 +220,8 @@ int lm_cmd_bench(int argc, char **argv) {
     if (batched) {
         double issue_ms = 0, body_ms = 0;
         const bool ahead = look_ahead && lm_model_look_ahead(m);
-        double tps = batched_decode(m, o.kv, (int)batch, (int)prompt_len, (int)gen, (int)chunk, ahead, &issue_ms,
-                                    &body_ms, &e);
+        double tps = batched_decode(m, o.kv, (int)batch, (int)prompt_len, (int)gen, (int)chunk, ahead, !o.no_prefill,
+                                    &issue_ms, &body_ms, &e);
         if (tps < 0) goto fail;
         long replayed = 0, captured = 0;
         lm_backend_graph_counts(be, &replayed, &captured);

@@ -30,7 +30,9 @@ static const lm_opt k_opts[] = {
     { .kind = LM_OPT_END },
 };
 
-static const eval_opts k_defaults = { .ctx = 512, .kv = LM_CLI_KV_DEFAULT };
+/* f32 KV by default: eval measures a model (its weights' quantisation
+ * against a reference); --kv-type measures a cache format */
+static const eval_opts k_defaults = { .ctx = 512, .kv = { LM_KV_F32, LM_KV_F32 } };
 
 static const lm_opt_cmd k_cmd = {
     .name = "eval",
@@ -42,8 +44,9 @@ static const lm_opt_cmd k_cmd = {
              "and perplexity; with --reference also the reference's, KL(reference ||\n"
              "model) mean, 99th percentile and max over the positions (nats), and the\n"
              "fraction of positions where both models' top token is the same. --kv-type\n"
-             "is the model's KV cache format; the reference always runs with an f32 cache,\n"
-             "so --reference of the same model measures what the format costs.\n",
+             "is the model's KV cache format (here f32 unless given); the reference always\n"
+             "runs with an f32 cache, so --reference of the same model measures what a\n"
+             "format costs.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(eval_opts),

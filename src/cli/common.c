@@ -60,7 +60,7 @@ const lm_opt lm_cli_kv_opts[] = {
       "KV cache format of K and V: f32, bf16, q8 (int8, a scale per 32 values), q4 (int4), q4r (int4 after a fixed "
       "Hadamard rotation of each head: far closer to f32 than q4); or K<k>V<v> with k, v in 32, 16, 8, 4, 4r "
       "(e.g. K8V4r)",
-      "bf16", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
+      "bf16 (eval: f32)", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
     { LM_OPT_CUSTOM, "--kv-k", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "K's format alone (after --kv-type)",
       "--kv-type's", .parse = parse_kv_k, .want = "f32, bf16, q8, q4 or q4r" },
     { LM_OPT_CUSTOM, "--kv-v", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "V's format alone (after --kv-type)",

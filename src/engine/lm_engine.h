@@ -169,6 +169,10 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
 /* Cancels everything, joins the thread, frees the cache (not the model). */
 void lm_engine_free(lm_engine *en);
 int lm_engine_ctx(const lm_engine *en);
+/* "KV bf16, 32.0 KiB a token, 16384 tokens (0.50 GiB)": the cache's format,
+ * its bytes per token and the tokens it holds for running requests (the
+ * startup line). */
+const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n);
 
 /* Queues a request. prompt is copied. Returns LM_ENGINE_OK and a handle, or
  * LM_ENGINE_BUSY (queue full) / LM_ENGINE_ERROR (bad request: empty prompt,
