@@ -13,7 +13,8 @@
 # sha1 of the path relative to /usr/lib, mod 50 == 0) applied to this
 # machine's /usr/lib/python3.*, files of 200 B to 200 kB in path order.
 # Usage: tools/kv_quality.sh [LUMEN [MODEL]] with CTXS, HAY, NEEDLES,
-# FORMATS in the environment. Prints a Markdown table.
+# FORMATS and CHARS (held-out characters scored, default 60000: about 17k
+# tokens of the demo's) in the environment. Prints Markdown tables.
 set -euo pipefail
 L=${1:-build/release/lumen}
 M=${2:-models/demo}
@@ -21,12 +22,13 @@ CTXS=${CTXS:-"1024 4096"}
 HAY=${HAY:-3000}
 NEEDLES=${NEEDLES:-12}
 FORMATS=${FORMATS:-"bf16 q8 q4 q4r K8V4r"}
+CHARS=${CHARS:-60000}
 T=${TMPDIR:-/tmp}/kv_quality.$$
 mkdir -p "$T"
 trap 'rm -rf "$T"' EXIT
-python3 - "$T" <<'EOF'
+python3 - "$T" "$CHARS" <<'EOF'
 import glob, hashlib, os, sys
-out = sys.argv[1]
+out, chars = sys.argv[1], int(sys.argv[2])
 texts = []
 for root in sorted(glob.glob("/usr/lib/python3.*")):
     for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
@@ -37,13 +39,15 @@ for root in sorted(glob.glob("/usr/lib/python3.*")):
                 texts.append(raw.decode("utf-8"))
             except UnicodeDecodeError:
                 pass
-open(os.path.join(out, "heldout.txt"), "w").write("\n".join(texts))
+text = "\n".join(texts)
+open(os.path.join(out, "heldout.txt"), "w").write(text)  # the haystacks' source
+open(os.path.join(out, "scored.txt"), "w").write(text[:chars])
 EOF
 echo "| format | ctx | KL mean | KL p99 | top-1 | ppl (f32: ref) |"
 echo "|---|---|---|---|---|---|"
 for ctx in $CTXS; do
   for kv in $FORMATS; do
-    j=$("$L" eval -m "$M" --reference "$M" --text "$T/heldout.txt" --ctx "$ctx" --kv-type "$kv" 2>/dev/null)
+    j=$("$L" eval -m "$M" --reference "$M" --text "$T/scored.txt" --ctx "$ctx" --kv-type "$kv" 2>/dev/null)
     python3 -c "
 import json,sys; r=json.loads(sys.argv[1])
 print('| %s | %d | %.5f | %.4f | %.4f | %.3f (%.3f) |' % (sys.argv[2], r['ctx'], r['kl_mean'], r['kl_p99'], r['top1'], r['ppl'], r['ref_ppl']))" "$j" "$kv"
