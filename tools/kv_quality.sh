@@ -7,8 +7,9 @@
 #      names and 6-character values) placed at spread depths of a held-out
 #      code context of about HAY tokens, then the context ends with
 #      `assert name == "`; the greedy continuation (`lumen run`, 8 tokens)
-#      retrieves the needle when it starts with the value. Per format: how
-#      many of the needles came back, and how many the f32 cache got.
+#      retrieves the needle when it contains the value. Per format: how
+#      many of the needles came back, and how many the f32 cache got (the
+#      demo model retrieves none even with f32: this part is for a real model).
 # Held-out text: the demo's own rule (tools/train_demo/train.py is_heldout:
 # sha1 of the path relative to /usr/lib, mod 50 == 0) applied to this
 # machine's /usr/lib/python3.*, files of 200 B to 200 kB in path order.
@@ -50,7 +51,7 @@ for ctx in $CTXS; do
     j=$("$L" eval -m "$M" --reference "$M" --text "$T/scored.txt" --ctx "$ctx" --kv-type "$kv" 2>/dev/null)
     python3 -c "
 import json,sys; r=json.loads(sys.argv[1])
-print('| %s | %d | %.5f | %.4f | %.4f | %.3f (%.3f) |' % (sys.argv[2], r['ctx'], r['kl_mean'], r['kl_p99'], r['top1'], r['ppl'], r['ref_ppl']))" "$j" "$kv"
+print('| %s | %d | %.2e | %.2e | %.4f | %.3f (%.3f) |' % (sys.argv[2], r['ctx'], r['kl_mean'], r['kl_p99'], r['top1'], r['ppl'], r['ref_ppl']))" "$j" "$kv"
   done
 done
 # the needles: one haystack per needle (depth i / NEEDLES), same for every format

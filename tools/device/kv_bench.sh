@@ -23,8 +23,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 (( $(df --output=size -BG /dev/shm | tail -n 1 | tr -dc 0-9) < 80 )) && mount -o remount,size=80G /dev/shm
 
 # the models are written in the background while the tests run
-( [[ -f /dev/shm/l8/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/l8 --shape llama-3.1-8b --threads 8
-  [[ -f /dev/shm/q27/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/q27 --shape qwen3.5-27b --threads 8
+( [[ -f /dev/shm/l8/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/l8 --shape llama-3.1-8b --threads 12
+  [[ -f /dev/shm/q27/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/q27 --shape qwen3.5-27b --threads 12
 ) > "$OUT/models.log" 2>&1 &
 mk=$!
 log "GPU tests: KV formats against the CPU"
@@ -37,7 +37,7 @@ log "waiting for the random models"; wait $mk || { cat "$OUT/models.log"; exit 1
 free_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
 bench() { # bench TAG MODEL KV CTX
   local j
-  j=$("$L" bench -m "$2" --device cuda --kv-type "$3" --batch 1 --prompt-len "$4" --gen 48 --no-prefill --no-membw \
+  j=$("$L" bench -m "$2" --device cuda --kv-type "$3" --batch 1 --prompt-len "$4" --gen 32 --no-prefill --no-membw \
       2>"$OUT/bench.err" | tail -n 1)
   [[ $j == "{"* ]] || { echo "$1 $3 ctx $4: failed: $(tail -n 2 "$OUT/bench.err")"; return; }
   echo "{\"tag\":\"$1\",\"ctx\":$4,${j:1}" >> "$OUT/kv_bench.jsonl"
