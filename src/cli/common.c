@@ -58,8 +58,8 @@ static bool parse_kv_v(void *dst, const char *v) {
 const lm_opt lm_cli_kv_opts[] = {
     { LM_OPT_CUSTOM, "--kv-type", NULL, .off = 0, .size = sizeof(lm_kv_types), "T",
       "KV cache format of K and V: f32, bf16, q8 (int8, a scale per 32 values), q4 (int4), q4r (int4 after a fixed "
-      "Hadamard rotation of each head: far closer to f32 than q4); or K<k>V<v> with k, v in 32, 16, 8, 4, 4r "
-      "(e.g. K8V4r)",
+      "Hadamard rotation of each head: about half q4's divergence from f32); or K<k>V<v> with k, v in 32, 16, 8, 4, "
+      "4r (e.g. K8V4r)",
       "bf16 (eval: f32)", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
     { LM_OPT_CUSTOM, "--kv-k", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "K's format alone (after --kv-type)",
       "--kv-type's", .parse = parse_kv_k, .want = "f32, bf16, q8, q4 or q4r" },
