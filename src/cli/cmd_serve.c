@@ -80,6 +80,7 @@ static const lm_opt k_opts[] = {
       "unsafe: let special-token text in messages and tools (e.g. <|im_end|>) become control tokens, so a "
       "message can end its turn; by default it is tokenized as plain text" },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
+    { LM_OPT_GROUP, .off = offsetof(serve_opts, so.engine.kv_type), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -89,7 +90,7 @@ static const lm_opt k_opts[] = {
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
             .shutdown_timeout_s = 30, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX } },
+            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX, .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
 

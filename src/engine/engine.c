@@ -23,6 +23,7 @@
  * requests found under the lock are finished after it is dropped. */
 #include "engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -468,8 +469,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->bs = 16;
     int n_blocks = 0;
     size_t cache_blocks = 0;
-    if (lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
-        lm_kv_cache_create_for(&en->kv, m, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
+    if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
+        lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
         free(en);
         return -1;
     }
@@ -521,6 +522,17 @@ void lm_engine_free(lm_engine *en) {
 }
 
 int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
+
+const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n) {
+    const lm_kv_pool *p = &en->kv->pool;
+    const lm_kv_types t = { p->k_type, p->v_type };
+    const size_t per = lm_kv_bytes_per_token(t, p->n_layers, p->kv_width);
+    char name[32];
+    lm_kv_types_str(t, name, sizeof name);
+    snprintf(buf, n, "KV %s, %.1f KiB a token, %d tokens (%.2f GiB)", name, (double)per / 1024.0, en->o.kv_tokens,
+             (double)per * (double)en->o.kv_tokens / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
 
 /* A new request of a checked prompt (the caller's reference and the engine's). */
 static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,

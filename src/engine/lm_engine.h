@@ -128,6 +128,8 @@ typedef struct lm_engine_opts {
     int max_queue;    /* most requests waiting for admission (default 256) */
     int step_tokens;  /* token budget of one forward (default 512) */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
+    lm_kv_types kv_type; /* element formats of K and V (lm_kv_type.h); zero: f32
+                          * (the CLI's default is bf16) */
     size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
                        * checkpoints kept for reuse); 0 = no prefix cache. The
                        * pool grows by cache_ram / block bytes blocks and, for
@@ -187,6 +189,10 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
 /* Cancels everything, joins the thread, frees the cache (not the model). */
 void lm_engine_free(lm_engine *en);
 int lm_engine_ctx(const lm_engine *en);
+/* "KV bf16, 32.0 KiB a token, 16384 tokens (0.50 GiB)": the cache's format,
+ * its bytes per token and the tokens it holds for running requests (the
+ * startup line). */
+const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n);
 
 /* Queues a request. prompt is copied. Returns LM_ENGINE_OK and a handle, or
  * LM_ENGINE_BUSY (queue full) / LM_ENGINE_ERROR (bad request: empty prompt,

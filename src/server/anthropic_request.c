@@ -396,7 +396,6 @@ static int parse_sampling(const srv *s, const json_t *body, bool counting, srv_r
          * whatever the model) */
         gp->max_tokens = (int)LM_MIN(json_integer_value(mt), (json_int_t)s->ctx);
         r->max_tokens_set = true;
-        r->max_tokens_cap = true;
     }
     const json_t *st = opt(body, "stream");
     if (st && !json_is_boolean(st)) return want(e, "stream", "a boolean", st);

@@ -301,13 +301,7 @@ static void stream_free(void *cls) { job_finish(cls); }
 
 /* ---- the endpoint -------------------------------------------------------------------------- */
 
-static int context_error(srv_err *e, const srv *s, int n_prompt, long max_tokens, bool mt_set, const char *what) {
-    if (mt_set)
-        return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
-                        "This model's maximum context length is %d tokens. However, you requested %ld tokens "
-                        "(%d in the %s, %ld for the completion). Please reduce the length of the %s or the "
-                        "completion.",
-                        s->ctx, n_prompt + max_tokens, n_prompt, what, max_tokens, what);
+static int context_error(srv_err *e, const srv *s, int n_prompt, const char *what) {
     return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
                     "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens. "
                     "Please reduce the length of the %s.",
@@ -369,14 +363,15 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     }
     if (kind != SRV_CHAT && srv_constrain(s, &j->r, NULL, &e)) goto fail;
     lm_gen_params *gp = &j->r.gp;
-    if (j->r.max_tokens_cap && ids.n < (size_t)s->ctx && (long)ids.n + gp->max_tokens > s->ctx)
-        gp->max_tokens = s->ctx - (int)ids.n; /* Anthropic's max_tokens is an upper bound */
     j->r.n_prompt_tokens = (int)ids.n;
-    if (ids.n >= (size_t)s->ctx || (j->r.max_tokens_set && (long)ids.n + gp->max_tokens > s->ctx)) {
-        context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set && !j->r.max_tokens_cap, what);
+    if (ids.n >= (size_t)s->ctx) {
+        context_error(&e, s, (int)ids.n, what);
         goto fail;
     }
-    if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
+    /* max_tokens is an upper bound on every route: past the room the prompt
+     * leaves it is cut to that room (finish_reason "length"), as
+     * llama-server does; agents send 8000 or 13107 whatever the context */
+    if (!j->r.max_tokens_set || (long)ids.n + gp->max_tokens > s->ctx) gp->max_tokens = s->ctx - (int)ids.n;
     /* another API's request has one choice (n is not part of it), whose
      * output the api sets up with its sink */
     job_set_choices(j, api ? 1 : LM_MAX(j->r.n, 1));

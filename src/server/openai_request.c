@@ -163,10 +163,8 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
     const char *mt_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (get_int(body, mt_key, 1, INT32_MAX, &mt, &mt_set, e)) return -1;
     r->max_tokens_set = mt_set;
+    /* more than the context leaves is cut to it later (generate.c) */
     gp->max_tokens = mt_set ? (int)mt : 0;
-    if (mt_set && mt > s->ctx)
-        return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", mt_key,
-                        "'%s' is %lld, but this model's maximum context length is %d tokens.", mt_key, mt, s->ctx);
 
     gp->stop_tokens = s->stop_ids;
     gp->n_stop_tokens = s->n_stop_ids;

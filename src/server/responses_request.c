@@ -479,12 +479,6 @@ static json_t *to_chat(const srv *s, const json_t *body, const json_t *items, si
             srv_bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer of at least 1.");
             goto fail;
         }
-        if (json_integer_value(v) > s->ctx) {
-            srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_output_tokens",
-                     "'max_output_tokens' is %lld, but this model's maximum context length is %d tokens.",
-                     (long long)json_integer_value(v), s->ctx);
-            goto fail;
-        }
         json_object_set(chat, "max_completion_tokens", (json_t *)v);
     }
     json_t *msgs = to_messages(instr, items, first_new, e);

@@ -483,8 +483,10 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     char cache[64] = "prefix cache off";
     if (o->engine.cache_ram)
         snprintf(cache, sizeof cache, "prefix cache %.0f MiB", (double)o->engine.cache_ram / (1 << 20));
-    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s%s)\n", s->model_name, v6 ? "[" : "",
-            s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab, cache, s->opts.api_key ? ", API key required" : "");
+    char kv[128];
+    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s%s)\n", s->model_name,
+            v6 ? "[" : "", s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab,
+            lm_engine_kv_summary(s->en, kv, sizeof kv), cache, s->opts.api_key ? ", API key required" : "");
     fflush(stderr);
 
     drain(s, d, &sigs);

@@ -263,7 +263,6 @@ typedef struct srv_req {
     /* Anthropic's Messages API (anthropic_request.c) */
     bool one_tool_call;        /* keep only the first tool call */
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
-    bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
     int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
     lm_grammar *grammar;       /* owned: response_format or a forced call (constrain.c) */
 } srv_req;

@@ -238,7 +238,6 @@ describe('lumen serve with the openai SDK', { skip: skip !== null }, () => {
     await bad({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x' }] }, 404, 'model_not_found');
     await bad({ model: 'qwen3', messages: [] }, 400);
     await bad({ model: 'qwen3', messages: [{ role: 'user', content: 'x' }], temperature: 'warm' }, 400);
-    await bad({ model: 'qwen3', messages: [{ role: 'user', content: 'x' }], max_tokens: 1 << 20 }, 400, 'context_length_exceeded');
     await bad({ model: 'qwen3', messages: [{ role: 'user', content: 'x '.repeat(5000) }] }, 400, 'context_length_exceeded');
     // the server is still fine
     const r = await client.chat.completions.create({ model: 'qwen3', messages: [{ role: 'user', content: 'x' }], max_tokens: 2 });
