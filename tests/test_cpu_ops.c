@@ -417,7 +417,7 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
         for (int i = 0; i < nb_seq[q]; i++) tables[q][i] = perm[used++];
     }
     lm_kv_pool kv = { .n_layers = LAYERS, .block_size = BS, .n_blocks = n_blocks, .kv_width = KW };
-    float *kl[LAYERS], *vl[LAYERS];
+    void *kl[LAYERS], *vl[LAYERS];
     for (int l = 0; l < LAYERS; l++) {
         kl[l] = be->ops->alloc(be, (size_t)n_blocks * BS * KW * sizeof(float));
         vl[l] = be->ops->alloc(be, (size_t)n_blocks * BS * KW * sizeof(float));
@@ -488,7 +488,7 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
         /* kv_write placed every batch row where the block table says. */
         for (int t = 0; t < n; t++) {
             int32_t blk = tables[seq[t]][pos[t] / BS];
-            const float *row = kl[LAYER] + ((int64_t)blk * BS + pos[t] % BS) * KW;
+            const float *row = (const float *)kl[LAYER] + ((int64_t)blk * BS + pos[t] % BS) * KW;
             bad += memcmp(row, K + (seq[t] * MAXL + pos[t]) * W, (size_t)W * 4) != 0;
         }
         free(sc);

@@ -120,6 +120,46 @@ static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int s
 }
 
 LM_TEST(engine_concurrent_equals_alone_llama) { concurrent_equals_alone(lm_t_, "llama", 512); }
+
+/* The same per KV format: batched and solo both in that format. */
+static void concurrent_equals_alone_kv(lm_test_ctx *lm_t_, const char *model, int step_tokens, lm_kv_types kvt) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    char *dir = lm_test_fixture_path(rel);
+    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_tu_engine_concurrent_equals_alone_kv(lm_t_, dir, step_tokens, 2, 20, kvt);
+    free(dir);
+}
+LM_TEST(engine_concurrent_equals_alone_llama_kv_bf16) {
+    concurrent_equals_alone_kv(lm_t_, "llama", 24, (lm_kv_types){ LM_KV_BF16, LM_KV_BF16 });
+}
+LM_TEST(engine_concurrent_equals_alone_qwen3_kv_q8) {
+    concurrent_equals_alone_kv(lm_t_, "qwen3", 24, (lm_kv_types){ LM_KV_Q8, LM_KV_Q8 });
+}
+LM_TEST(engine_concurrent_equals_alone_llama_kv_q4r) {
+    concurrent_equals_alone_kv(lm_t_, "llama", 24, (lm_kv_types){ LM_KV_Q4R, LM_KV_Q4R });
+}
+LM_TEST(engine_concurrent_equals_alone_llama_kv_k4v8_tiny_steps) {
+    concurrent_equals_alone_kv(lm_t_, "llama", 5, (lm_kv_types){ LM_KV_Q4, LM_KV_Q8 });
+}
+
+/* A format whose scale groups do not fit the model's rows is refused with
+ * the reason, before anything is allocated. */
+LM_TEST(engine_refuses_kv_format_that_does_not_fit) {
+    fixture f;
+    if (!fixture_open(&f, "llama3-rope-mqa")) {
+        fixture_close(&f);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 64, .kv_type = { LM_KV_BF16, LM_KV_Q8 } };
+    LM_CHECK(lm_engine_create(&en, f.m, &o, &e) != 0 && en == NULL && strstr(e.msg, "q8") && strstr(e.msg, "16"));
+    o.kv_type = (lm_kv_types){ LM_KV_BF16, LM_KV_BF16 };
+    LM_CHECK(lm_engine_create(&en, f.m, &o, &e) == 0 && en);
+    lm_engine_free(en);
+    fixture_close(&f);
+}
 LM_TEST(engine_concurrent_equals_alone_qwen3_chunked) { concurrent_equals_alone(lm_t_, "qwen3", 24); }
 LM_TEST(engine_concurrent_equals_alone_mqa_tiny_steps) { concurrent_equals_alone(lm_t_, "llama3-rope-mqa", 5); }
 

@@ -50,15 +50,15 @@ LM_TEST(eval_nll_matches_transformers) {
     lm_model *m = load(lm_t_, dir, be);
     LM_REQUIRE(m != NULL);
     lm_eval_result r;
-    LM_REQUIRE(lm_eval_run(m, NULL, ids, n, 512, &r, &e) == 0);
+    LM_REQUIRE(lm_eval_run(m, NULL, ids, n, 512, (lm_kv_types){ 0 }, &r, &e) == 0);
     printf("  nll %.6f, transformers %.6f, ppl %.3f\n", r.nll, want, r.ppl);
     LM_CHECK(r.n_windows == 1 && r.n_scored == n - 1 && !r.has_ref);
     LM_CHECK_NEAR(r.nll, want, 1e-4);
     LM_CHECK_NEAR(r.ppl, exp(want), 1e-4 * exp(want));
     /* windows of 128: 128 + 128 + 44 tokens, 127 + 127 + 43 predictions */
-    LM_REQUIRE(lm_eval_run(m, NULL, ids, n, 128, &r, &e) == 0);
+    LM_REQUIRE(lm_eval_run(m, NULL, ids, n, 128, (lm_kv_types){ 0 }, &r, &e) == 0);
     LM_CHECK(r.n_windows == 3 && r.n_scored == n - 3);
-    LM_CHECK(lm_eval_run(m, NULL, ids, 1, 128, &r, &e) != 0 && strstr(e.msg, "nothing to predict"));
+    LM_CHECK(lm_eval_run(m, NULL, ids, 1, 128, (lm_kv_types){ 0 }, &r, &e) != 0 && strstr(e.msg, "nothing to predict"));
     lm_model_free(m);
     lm_backend_destroy(be);
     lm_safetensors_close(&st);
@@ -90,10 +90,10 @@ LM_TEST(eval_against_reference) {
     int n = 400;
     int32_t *ids = some_ids(n, a->cfg.vocab);
     lm_eval_result r;
-    LM_REQUIRE(lm_eval_run(a, b, ids, n, 200, &r, &e) == 0);
+    LM_REQUIRE(lm_eval_run(a, b, ids, n, 200, (lm_kv_types){ 0 }, &r, &e) == 0);
     printf("  bf16 vs bf16: KL %.3g, top-1 %.4f, ppl %.3f / %.3f\n", r.kl_mean, r.top1, r.ppl, r.ref_ppl);
     LM_CHECK(r.has_ref && r.kl_mean == 0 && r.kl_max == 0 && r.top1 == 1 && r.nll == r.ref_nll);
-    LM_REQUIRE(lm_eval_run(q, a, ids, n, 200, &r, &e) == 0);
+    LM_REQUIRE(lm_eval_run(q, a, ids, n, 200, (lm_kv_types){ 0 }, &r, &e) == 0);
     printf("  Q8_0 vs bf16: KL mean %.3g p99 %.3g max %.3g, top-1 %.4f, ppl %.3f / %.3f\n", r.kl_mean, r.kl_p99,
            r.kl_max, r.top1, r.ppl, r.ref_ppl);
     LM_CHECK(r.kl_mean > 1e-6 && r.kl_mean < 1e-2);
@@ -101,7 +101,7 @@ LM_TEST(eval_against_reference) {
     LM_CHECK(r.top1 > 0.8 && r.top1 < 1.0);
     LM_CHECK(fabs(r.nll - r.ref_nll) < 0.01 && r.nll != r.ref_nll);
     /* KL(bf16 || Q8_0) of one window, computed here from the two runners' logits */
-    LM_REQUIRE(lm_eval_run(q, a, ids, 200, 200, &r, &e) == 0);
+    LM_REQUIRE(lm_eval_run(q, a, ids, 200, 200, (lm_kv_types){ 0 }, &r, &e) == 0);
     int V = a->cfg.vocab;
     float *la = malloc((size_t)199 * V * sizeof *la), *lq = malloc((size_t)199 * V * sizeof *lq);
     lm_runner *ra = NULL, *rq = NULL;

@@ -192,7 +192,8 @@ LM_TEST(guard_logprobs_http_demo) {
         return;
     }
     gu_server s;
-    if (gu_server_start(&s, gu_demo_dir(), "--threads 2 --cache-ram 0")) {
+    /* an f32 KV cache: the reference's logprobs are f32's, to 1e-4 */
+    if (gu_server_start(&s, gu_demo_dir(), "--threads 2 --cache-ram 0 --kv-type f32")) {
         gu_server_dump_log(&s);
         gu_ref_free(&ref);
         LM_REQUIRE(!"the demo server started");

@@ -311,7 +311,7 @@ LM_TEST(gemma3_multimodal_no_final_softcap) {
     for (int i = 0; i < 2; i++) {
         lm_kv_pool kv = { .n_layers = ms[i]->n_kv_layers, .block_size = 16, .n_blocks = 2,
                           .kv_width = ms[i]->kv_width };
-        float *k[8], *vv[8];
+        void *k[8], *vv[8];
         LM_REQUIRE(kv.n_layers <= 8);
         for (int l = 0; l < kv.n_layers; l++) {
             k[l] = be->ops->alloc(be, sizeof(float) * 32 * (size_t)kv.kv_width);

@@ -120,6 +120,7 @@ typedef struct pc_model {
     lm_model *m;
     bool stateful;
     size_t block_bytes, state_bytes;
+    lm_kv_types kvt; /* the KV format (zero: f32) */
 } pc_model;
 
 /* name: a fixture under ../shared/fixtures/models, or "demo" (models/demo). */
@@ -222,7 +223,7 @@ static int pc_build(pc_model *pm, pc_case *c) {
     memcpy(c[C_EDGE_EXT].ids + 64, other + 20, 5 * sizeof(int32_t));
     c[C_EDGE_EXT].want_cached = 64;
     for (int i = 0; i < C_N; i++) c[i].gen = PC_GEN;
-    if (lm_tu_greedy_alone(pm->m, c[C_A].ids, c[C_A].n, PC_GEN, c[C_A].want)) return -1;
+    if (lm_tu_greedy_alone_kv(pm->m, pm->kvt, c[C_A].ids, c[C_A].n, PC_GEN, c[C_A].want)) return -1;
     /* turn 2: A's prompt + its answer + 10 new tokens; A's first 48 tokens
      * (prompt and answer) filled three blocks (hybrid: its generation checkpoint) */
     c[C_TURN2].n = 62;
@@ -231,7 +232,7 @@ static int pc_build(pc_model *pm, pc_case *c) {
     memcpy(c[C_TURN2].ids + 52, other + 22, 10 * sizeof(int32_t));
     c[C_TURN2].want_cached = 48;
     for (int i = 1; i < C_N; i++)
-        if (lm_tu_greedy_alone(pm->m, c[i].ids, c[i].n, c[i].gen, c[i].want)) return -1;
+        if (lm_tu_greedy_alone_kv(pm->m, pm->kvt, c[i].ids, c[i].n, c[i].gen, c[i].want)) return -1;
     return 0;
 }
 
@@ -242,12 +243,15 @@ static void pc_check_tokens(lm_test_ctx *lm_t_, const char *what, const pc_colle
                  what);
 }
 
-static void pc_conversation(lm_test_ctx *lm_t_, const char *name) {
+/* kvt: the KV format of the cold runs and of the engine (a hit must give
+ * the tokens a cold run gives in the same format). */
+static void pc_conversation_kv(lm_test_ctx *lm_t_, const char *name, lm_kv_types kvt) {
     PC_OPEN_OR_SKIP(pm, name);
+    pm.kvt = kvt;
     static pc_case c[C_N];
     LM_REQUIRE(pc_build(&pm, c) == 0);
     lm_engine *en = NULL;
-    lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 64, .cache_ram = 64u << 20 };
+    lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 64, .cache_ram = 64u << 20, .kv_type = kvt };
     LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
     static const char *names[C_N] = { "cold", "repeat", "mid-block", "turn 2", "block edge", "edge extended" };
     uint64_t prompt_tokens = 0, hit_tokens = 0;
@@ -290,7 +294,17 @@ static void pc_conversation(lm_test_ctx *lm_t_, const char *name) {
     pc_close(&pm);
 }
 
+static void pc_conversation(lm_test_ctx *lm_t_, const char *name) {
+    pc_conversation_kv(lm_t_, name, (lm_kv_types){ LM_KV_F32, LM_KV_F32 });
+}
+
 LM_TEST(prefix_cache_exact_llama) { pc_conversation(lm_t_, "llama"); }
+LM_TEST(prefix_cache_exact_llama_kv_bf16) { pc_conversation_kv(lm_t_, "llama", (lm_kv_types){ LM_KV_BF16, LM_KV_BF16 }); }
+LM_TEST(prefix_cache_exact_llama_kv_q8) { pc_conversation_kv(lm_t_, "llama", (lm_kv_types){ LM_KV_Q8, LM_KV_Q8 }); }
+LM_TEST(prefix_cache_exact_llama_kv_q4) { pc_conversation_kv(lm_t_, "llama", (lm_kv_types){ LM_KV_Q4, LM_KV_Q4 }); }
+LM_TEST(prefix_cache_exact_llama_kv_k8v4r) { pc_conversation_kv(lm_t_, "llama", (lm_kv_types){ LM_KV_Q8, LM_KV_Q4R }); }
+LM_TEST(prefix_cache_exact_qwen3_kv_q4r) { pc_conversation_kv(lm_t_, "qwen3", (lm_kv_types){ LM_KV_Q4R, LM_KV_Q4R }); }
+LM_TEST(prefix_cache_exact_demo_hybrid_kv_q4r) { pc_conversation_kv(lm_t_, "demo", (lm_kv_types){ LM_KV_Q4R, LM_KV_Q4R }); }
 LM_TEST(prefix_cache_exact_qwen3) { pc_conversation(lm_t_, "qwen3"); }
 LM_TEST(prefix_cache_exact_qwen3_moe) { pc_conversation(lm_t_, "qwen3-moe"); }
 LM_TEST(prefix_cache_exact_gemma3) { pc_conversation(lm_t_, "gemma3"); }
@@ -577,7 +591,7 @@ LM_TEST(prefix_cache_bookkeeping_random) {
         /* the restored rows hold the prompt's tokens */
         for (int p = 0; p < hit.n_tokens; p++) {
             float row[W];
-            be->ops->read(be, row, kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, sizeof row);
+            be->ops->read(be, row, (float *)kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, sizeof row);
             if (row[0] != (float)toks[p]) {
                 LM_CHECK_MSG(false, "iteration %d: row %d holds %g, want %d", it, p, row[0], toks[p]);
                 break;
@@ -586,7 +600,7 @@ LM_TEST(prefix_cache_bookkeeping_random) {
         /* "compute" the rest: write each row's token id */
         for (int p = hit.n_tokens; p < n; p++) {
             float row[W] = { (float)toks[p], 0, 0, 0 };
-            be->ops->write(be, kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, row, sizeof row);
+            be->ops->write(be, (float *)kv->pool.k[0] + ((size_t)seq.blocks[p / BS] * BS + (size_t)(p % BS)) * W, row, sizeof row);
         }
         for (int i = 0; i < n / BS; i++) {
             if (lm_pcache_insert(pc, hashes[i], i ? hashes[i - 1] : lm_pcache_seed(pc), toks + i * BS, seq.blocks[i]))

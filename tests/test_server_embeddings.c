@@ -20,7 +20,8 @@
 static bool start(lm_test_ctx *lm_t_, gu_server *s, char **dir) {
     *dir = lm_test_fixture_path("models/qwen3");
     if (!*dir) return false;
-    if (gu_server_start(s, *dir, "--threads 1 --parallel 2 --max-queue 8")) {
+    /* an f32 KV cache: the vectors are checked against f32 references to 1e-5 */
+    if (gu_server_start(s, *dir, "--threads 1 --parallel 2 --max-queue 8 --kv-type f32")) {
         gu_server_dump_log(s);
         LM_CHECK(!"the server started");
         free(*dir);

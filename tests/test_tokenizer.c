@@ -590,3 +590,17 @@ LM_TEST(tokenizer_threads) {
     for (int i = 0; i < 4; i++) lm_tok_ids_free(&jobs[i].ids);
     lm_tokenizer_free(t);
 }
+
+/* A check across sections (a post_processor id outside the vocabulary)
+ * names the file like every other load error (found by fuzz_tokenizer_json's
+ * section form). */
+LM_TEST(tokenizer_cross_section_error_names_the_file) {
+    static const char doc[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]},"
+        "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<x>\",\"type_id\":0}},"
+        "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<x>\":{\"id\":\"<x>\",\"ids\":[99],\"tokens\":[\"<x>\"]}}}}";
+    lm_tokenizer *t = NULL;
+    lm_err e = { { 0 } };
+    LM_CHECK(lm_tokenizer_load_json(&t, doc, sizeof doc - 1, NULL, 0, "my.json", &e) != 0 && t == NULL);
+    LM_CHECK_MSG(!strncmp(e.msg, "my.json", 7) && strstr(e.msg, "outside the vocabulary"), "%s", e.msg);
+}

@@ -107,8 +107,12 @@ void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, 
 }
 
 int lm_tu_greedy_alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
+    return lm_tu_greedy_alone_kv(m, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, prompt, n, gen, out);
+}
+
+int lm_tu_greedy_alone_kv(lm_model *m, lm_kv_types kvt, const int32_t *prompt, int n, int gen, int32_t *out) {
     lm_runner *r = NULL;
-    if (lm_runner_create(&r, m, n + gen + 1, 0, NULL)) return -1;
+    if (lm_runner_create_kv(&r, m, n + gen + 1, 0, kvt, NULL)) return -1;
     float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
     int rc = lm_runner_eval(r, prompt, n, false, logits, NULL);
     for (int i = 0; rc == 0 && i < gen; i++) {
@@ -146,6 +150,11 @@ static void tu_on_token(void *user, const lm_token_event *ev) {
 
 void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
                                           int gen) {
+    lm_tu_engine_concurrent_equals_alone_kv(lm_t_, dir, step_tokens, threads, gen, (lm_kv_types){ 0 });
+}
+
+void lm_tu_engine_concurrent_equals_alone_kv(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
+                                             int gen, lm_kv_types kvt) {
     LM_REQUIRE(gen > 0 && gen <= TU_MAX_GEN);
     char path[1024];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
@@ -177,8 +186,8 @@ void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, i
     }
     /* solo runs first: a model runs one forward at a time, and the engine's
      * thread owns it while the engine lives */
-    for (int i = 0; i < TU_N; i++) LM_CHECK(lm_tu_greedy_alone(m, prompts[i], lens[i], gen, solo[i]) == 0);
-    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens };
+    for (int i = 0; i < TU_N; i++) LM_CHECK(lm_tu_greedy_alone_kv(m, kvt, prompts[i], lens[i], gen, solo[i]) == 0);
+    lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens, .kv_type = kvt };
     lm_engine *en = NULL;
     LM_CHECK_MSG(lm_engine_create(&en, m, &o, &e) == 0, "%s", e.msg);
     tu_collect c[TU_N];

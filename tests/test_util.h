@@ -40,6 +40,8 @@ void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, 
 /* Greedy tokens of prompt alone through the plain runner; 0 on success. */
 struct lm_model;
 int lm_tu_greedy_alone(struct lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out);
+/* The same with the runner's KV cache in the formats kvt. */
+int lm_tu_greedy_alone_kv(struct lm_model *m, lm_kv_types kvt, const int32_t *prompt, int n, int gen, int32_t *out);
 
 /* Continuous batching is exact: six requests of different lengths (1 to 300
  * tokens, cut from prompt2.ids of DIR/reference.safetensors) submitted at
@@ -47,5 +49,8 @@ int lm_tu_greedy_alone(struct lm_model *m, const int32_t *prompt, int n, int gen
  * `gen` greedy tokens they produce alone; the cache is whole again after. */
 void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
                                           int gen);
+/* The same with both sides' KV cache in the formats kvt. */
+void lm_tu_engine_concurrent_equals_alone_kv(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
+                                             int gen, lm_kv_types kvt);
 
 #endif

@@ -116,6 +116,56 @@ make_seeds() {
         for f in "$fixtures"/tokenizers/tiny-bpe/tokenizer.json "$root"/models/demo/tokenizer.json; do
             [ -f "$f" ] && cat "$f" >"$dir/tok-$i.json" && i=$((i + 1))
         done
+        # the section form (fuzz_tokenizer_json.c): byte 0 picks the built-in
+        # document and the section, the rest is a real tokenizer's section
+        if command -v python3 >/dev/null; then
+            python3 - "$dir" "$fixtures"/tokenizers/*/tokenizer.json "$root"/models/demo/tokenizer.json <<'PY'
+import json, sys
+out, files = sys.argv[1], sys.argv[2:]
+names = ["normalizer", "pre_tokenizer", "decoder", "post_processor", "added_tokens", "model"]
+k = 0
+for path in files:
+    try:
+        doc = json.load(open(path, encoding="utf-8"))
+    except (OSError, ValueError):
+        continue
+    for where, name in enumerate(names):
+        v = doc.get(name)
+        if v is None or name == "model":
+            continue
+        for which in range(3):
+            with open(f"{out}/sec-{k}", "wb") as f:
+                f.write(bytes([which | where << 2]) + json.dumps(v, ensure_ascii=False).encode())
+            k += 1
+    m = doc.get("model", {})
+    small = dict(m, vocab=dict(list(m.get("vocab", {}).items())[:64]) if isinstance(m.get("vocab"), dict) else m.get("vocab"),
+                 merges=(m.get("merges") or [])[:32])
+    with open(f"{out}/sec-{k}", "wb") as f:  # a small model section
+        f.write(bytes([5 << 2]) + json.dumps(small, ensure_ascii=False).encode())
+    k += 1
+PY
+        else
+            echo "fuzz.sh: no python3: tokenizer_json gets whole-file seeds only" >&2
+        fi
+        ;;
+    tokenizer_gguf)
+        # the vocabulary form (fuzz_tokenizer_gguf.c): byte 0 flags, then
+        # tokens and (gpt2) merges, one per line
+        printf '\x00a\nb\nab\n\xc4\xa0\nc\na b\n\xc4\xa0 a\n' >"$dir/gpt2-small"
+        printf '\x08h\ne\nhe\nl\no\nll\nhell\nh e\nl l\nhe ll\n' >"$dir/gpt2-qwen2"
+        printf '\x07<unk>\n<s>\n</s>\n\xe2\x96\x81\na\n\xe2\x96\x81a\nb\n<0x41>\n' >"$dir/spm-small"
+        printf '\x17<unk>\n<s>\n</s>\n\xe2\x96\x81\nx\ny\n\xe2\x96\x81xy\n' >"$dir/spm-bos"
+        if command -v python3 >/dev/null && [ -f "$fixtures/tokenizers/tiny-bpe/tokenizer.json" ]; then
+            python3 - "$dir/gpt2-tiny-bpe" "$fixtures/tokenizers/tiny-bpe/tokenizer.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[2], encoding="utf-8"))["model"]
+toks = [t for t, _ in sorted(m["vocab"].items(), key=lambda kv: kv[1])][:300]
+merges = [x if isinstance(x, str) else " ".join(x) for x in m.get("merges", [])][:300]
+lines = toks + merges
+lines = lines[: 2 * len(toks)] if len(merges) >= len(toks) else toks + merges + [""] * (len(toks) - len(merges) - 1)
+open(sys.argv[1], "wb").write(b"\x00" + "\n".join(lines).encode())
+PY
+        fi
         ;;
     tokenizer_encode | tokenizer_decode)
         # texts: the tokenizer fixtures' stress strings, one seed per case file

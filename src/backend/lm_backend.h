@@ -16,6 +16,7 @@
 #define LM_BACKEND_H
 
 #include "lm_dtype.h"
+#include "lm_kv_type.h"
 
 typedef struct lm_tensor {
     lm_dtype type;
@@ -26,13 +27,17 @@ typedef struct lm_tensor {
 /* The paged KV cache, as a backend sees it: per layer, K and V blocks of
  * block_size tokens in a pool; token position p of a sequence lives in block
  * table[p / block_size] at offset p % block_size. The engine owns which block
- * belongs to whom; the backend only reads and writes the slots it is told. */
+ * belongs to whom; the backend only reads and writes the slots it is told.
+ * Rows are kv_width values in the format k_type / v_type (lm_kv_type.h),
+ * lm_kv_row_bytes(type, kv_width) bytes each. */
 typedef struct lm_kv_pool {
     int n_layers;
     int block_size;   /* tokens per block */
     int n_blocks;     /* blocks per layer */
     int64_t kv_width; /* Hkv * Dh of the widest layer */
-    float **k, **v;   /* [n_layers] -> [n_blocks][block_size][kv_width], backend memory */
+    lm_kv_type k_type, v_type; /* LM_KV_F32 (0) unless chosen */
+    int rot;          /* LM_KV_Q4R: values per rotated piece (a power of two dividing every head) */
+    void **k, **v;    /* [n_layers] -> [n_blocks][block_size] rows, backend memory */
     /* Recurrent state (e.g. Gated DeltaNet conv window and delta state): state
      * tensor i has n_state_slots slots of state_floats[i] floats; a sequence
      * owns one slot (lm_attn_batch.state_slot), the same in every tensor. */

@@ -36,10 +36,12 @@ int lm_mmap_open(lm_mmap *m, const char *path, lm_err *e) {
     }
     close(fd);
     m->path = lm_xstrdup(path);
+    if (m->data) lm_mmap_guard_add(m->data, m->size, path);
     return 0;
 }
 
 void lm_mmap_close(lm_mmap *m) {
+    if (m->data) lm_mmap_guard_remove(m->data);
     if (m->data) munmap((void *)m->data, m->size);
     free(m->path);
     memset(m, 0, sizeof *m);
@@ -59,11 +61,11 @@ char *lm_read_file(const char *path, size_t *len, lm_err *e) {
         n += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
+    int bad = ferror(f), err = errno;
     fclose(f);
     if (bad) {
         free(buf);
-        lm_errf(e, "%s: read error", path);
+        lm_errf(e, "%s: cannot read: %s", path, strerror(err));
         return NULL;
     }
     buf[n] = 0;

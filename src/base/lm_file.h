@@ -13,6 +13,11 @@ typedef struct lm_mmap {
 /* Maps path read-only. On failure fills e with "PATH: reason" and returns -1. */
 int lm_mmap_open(lm_mmap *m, const char *path, lm_err *e);
 void lm_mmap_close(lm_mmap *m);
+/* A mapping of path registered with the SIGBUS guard (mmap_guard.c): a
+ * fault in it, the file having shrunk underneath, exits with a message
+ * naming the file. lm_mmap_open and lm_mmap_close do this themselves. */
+void lm_mmap_guard_add(const void *addr, size_t size, const char *path);
+void lm_mmap_guard_remove(const void *addr);
 
 /* Reads a whole (small) file into a NUL-terminated buffer; *len excludes the NUL. */
 char *lm_read_file(const char *path, size_t *len, lm_err *e);

@@ -78,17 +78,34 @@ json_t *lm_chat_context(const lm_chat *c, const lm_chat_req *r) {
     return ctx;
 }
 
+/* A tool name inside <function=NAME>: the characters that would end the tag
+ * or the line (< > = and controls) as their JSON-style \uXXXX escape, so a
+ * name can never close the call markup; OpenAI's names never hold them. */
+static void write_xml_name(FILE *f, const char *name) {
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        if (*p < 0x20 || *p == '<' || *p == '>' || *p == '=' || *p == 0x7f) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+}
+
 /* The opening of a forced call, in the template's format; with r->tool_args
  * the whole call (string parameters of an XML call written raw, others as
  * JSON, as the templates write them). */
-static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in_think) {
+static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in_think, size_t *name_at,
+                                 size_t *name_end) {
     char *p = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&p, &n);
     LM_ASSERT(f);
     fputs(in_think ? "\n</think>\n\n<tool_call>\n" : "<tool_call>\n", f);
     if (r->tool_name && c->xml_tools) {
-        fprintf(f, "<function=%s>\n", r->tool_name);
+        fputs("<function=", f);
+        fflush(f);
+        *name_at = n;
+        write_xml_name(f, r->tool_name);
+        fflush(f);
+        *name_end = n;
+        fputs(">\n", f);
         if (r->tool_args) {
             const char *k;
             const json_t *v;
@@ -103,7 +120,13 @@ static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in
         json_t *jname = json_string(r->tool_name);
         char *quoted = json_dumps(jname, JSON_ENCODE_ANY); /* the name as a JSON string */
         json_decref(jname);
-        fprintf(f, "{\"name\": %s, \"arguments\": ", quoted);
+        fputs("{\"name\": ", f);
+        fflush(f);
+        *name_at = n;
+        fputs(quoted, f);
+        fflush(f);
+        *name_end = n;
+        fputs(", \"arguments\": ", f);
         free(quoted);
         if (r->tool_args) {
             char *args = json_dumps(r->tool_args, JSON_COMPACT);
@@ -118,14 +141,23 @@ static char *forced_call_prefill(const lm_chat *c, const lm_chat_req *r, bool in
 int lm_chat_render(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p, lm_err *e) {
     memset(p, 0, sizeof *p);
     json_t *ctx = lm_chat_context(c, r);
+    lm_chat_lits lits = { 0 };
+    if (!r->special_in_content) lm_chat_defuse(c->tok, ctx, &lits);
     char *text = NULL;
     size_t len = 0;
     int rc = lm_template_render(c->tpl, ctx, NULL, &text, &len, e);
     json_decref(ctx);
-    if (rc) return -1;
+    if (!rc && lits.tab) rc = lm_chat_restore(&lits, &text, &len, p, e);
+    lm_chat_lits_free(&lits);
+    if (rc) {
+        free(text);
+        return -1;
+    }
     p->start_in_reasoning = c->think && lm_reasoning_prompt_open(text, len, "<think>", "</think>");
     if (r->force_call) {
-        p->prefill = forced_call_prefill(c, r, p->start_in_reasoning);
+        size_t name_at = 0, name_end = 0;
+        p->prefill = forced_call_prefill(c, r, p->start_in_reasoning, &name_at, &name_end);
+        if (!r->special_in_content) lm_chat_prompt_add_literal(p, len + name_at, len + name_end);
         p->call_complete = r->tool_name && r->tool_args;
         size_t pl = strlen(p->prefill);
         text = lm_xrealloc(text, len + pl + 1);
@@ -140,5 +172,6 @@ int lm_chat_render(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p, lm
 void lm_chat_prompt_free(lm_chat_prompt *p) {
     free(p->text);
     free(p->prefill);
+    free(p->lit);
     memset(p, 0, sizeof *p);
 }

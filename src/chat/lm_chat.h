@@ -29,13 +29,13 @@
  *   kwargs                 merged at top level (chat_template_kwargs, e.g.
  *                          enable_thinking).
  *
- * Forced tool calls (tool_choice required / a named function): lumen has no
- * constrained decoding yet, so it steers instead: the assistant turn is
- * prefilled with the opening of a call in the template's own format (Hermes
- * JSON or Qwen3.5 XML), closing an open think block first. The model usually
- * continues the call; nothing guarantees it. Given the arguments too (the
- * server's --debug-tool-call), the prefill is the whole call and the answer
- * ends there. */
+ * Forced tool calls (tool_choice required / a named function): the assistant
+ * turn is prefilled with the opening of a call in the template's own format
+ * (Hermes JSON or Qwen3.5 XML), closing an open think block first; the
+ * server then holds the rest of the call to a grammar of the tools'
+ * parameters (server/constrain.c). Given the arguments too (the server's
+ * --debug-tool-call), the prefill is the whole call and the answer ends
+ * there. */
 #ifndef LM_CHAT_H
 #define LM_CHAT_H
 
@@ -62,6 +62,9 @@ typedef struct lm_chat_req {
     const char *tool_name;     /* with force_call: that function's, or NULL for any */
     const json_t *tool_args;   /* with tool_name: the call's arguments (an object),
                                   prefilled whole; NULL: the model writes them */
+    bool special_in_content;   /* special-token text in messages and tools becomes
+                                  control tokens (the old, unsafe way); else it is
+                                  literal text (chat_literal.c) */
 } lm_chat_req;
 
 typedef struct lm_chat_prompt {
@@ -72,6 +75,9 @@ typedef struct lm_chat_prompt {
     bool start_in_reasoning;   /* the prompt ends inside an open <think> block */
     bool call_complete;        /* the prefill is a whole tool call (tool_args): the
                                   answer ends with it */
+    lm_tok_span *lit;          /* [n_lit] ranges of text that the request wrote (message
+                                  content, tool names ...): tokenized as text only */
+    size_t n_lit, cap_lit;
 } lm_chat_prompt;
 
 /* Parses the chat template src (a C string; NULL: the tokenizer's own) for
@@ -84,5 +90,24 @@ json_t *lm_chat_context(const lm_chat *c, const lm_chat_req *r);
 /* Renders r into p (free with lm_chat_prompt_free, also after an error). */
 int lm_chat_render(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p, lm_err *e);
 void lm_chat_prompt_free(lm_chat_prompt *p);
+/* The prompt's ids: its text tokenized with no special token matched in its
+ * literal ranges (lm_tokenizer_encode_lit), none added around it. */
+int lm_chat_encode(lm_tokenizer *tok, const lm_chat_prompt *p, lm_tok_ids *out, lm_err *e);
+
+/* ---- literal text (chat_literal.c) ---- */
+
+/* The texts taken out of a context by lm_chat_defuse. */
+typedef struct lm_chat_lits {
+    struct lit_tab *tab;
+} lm_chat_lits;
+/* Swaps every special token's text in ctx's messages and tools for a marker. */
+void lm_chat_defuse(const lm_tokenizer *tok, json_t *ctx, lm_chat_lits *lits);
+/* Puts the texts back into a rendered text (replaced, *len updated) and
+ * records their ranges in p's literal ranges; -1 with e when there were too
+ * many to mark. */
+int lm_chat_restore(lm_chat_lits *lits, char **text, size_t *len, lm_chat_prompt *p, lm_err *e);
+void lm_chat_lits_free(lm_chat_lits *lits);
+/* Marks [start, end) of p's text literal (ranges added in order). */
+void lm_chat_prompt_add_literal(lm_chat_prompt *p, size_t start, size_t end);
 
 #endif

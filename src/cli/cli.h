@@ -50,6 +50,9 @@ typedef struct lm_common_opts {
  * --top-p, --min-p, --seed): groups for a command's table (options.h). */
 extern const lm_opt lm_cli_common_opts[];
 extern const lm_opt lm_cli_sampling_opts[];
+/* --kv-type, --kv-k, --kv-v into an lm_kv_types (commands default to bf16). */
+extern const lm_opt lm_cli_kv_opts[];
+#define LM_CLI_KV_DEFAULT ((lm_kv_types){ LM_KV_BF16, LM_KV_BF16 })
 /* The backend the options ask for. auto: CUDA when a GPU is present and the
  * model (NULL: not checked) fits in its free memory, else the CPU, saying
  * why on stderr. */

@@ -17,7 +17,8 @@
 typedef struct bench_opts {
     const char *model;
     int prompt_len, gen, reps, chunk, batch; /* batch 0: not batched */
-    bool no_look_ahead, no_membw;
+    bool no_look_ahead, no_membw, no_prefill;
+    lm_kv_types kv;
     lm_common_opts co;
 } bench_opts;
 
@@ -42,12 +43,18 @@ static const lm_opt k_opts[] = {
       "with --batch: wait for each step's ids before queuing the next (by default, where the backend offers it, "
       "each step is queued before the previous one's ids reach the host, its tokens fed forward on the device, as "
       "the engine does; \"look_ahead\" in the output says which ran)" },
+    { LM_OPT_FLAG, "--no-prefill", NULL, LM_OPT_AT(bench_opts, no_prefill), NULL,
+      "with --batch: no prefill; the first --prompt-len positions of each sequence keep the KV cache as allocated "
+      "(zeros), so decode at a long context is measured without spending its prefill (a decode step reads the "
+      "same bytes whatever they hold)" },
     { LM_OPT_FLAG, "--no-membw", NULL, LM_OPT_AT(bench_opts, no_membw), NULL, "skip the bandwidth measurement" },
+    { LM_OPT_GROUP, .off = offsetof(bench_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
 
-static const bench_opts k_defaults = { .prompt_len = 512, .gen = 64, .reps = 3, .chunk = 512 };
+static const bench_opts k_defaults = { .prompt_len = 512, .gen = 64, .reps = 3, .chunk = 512,
+                                       .kv = LM_CLI_KV_DEFAULT };
 
 static const lm_opt_cmd k_cmd = {
     .name = "bench",
@@ -107,12 +114,12 @@ static double backend_copy_bandwidth(lm_backend *be, int threads) {
  * have no prefix cache, so none of its conditions (room for two more
  * tokens, checkpoints, discarded rows of stopped requests) apply and every
  * step after the first chains. */
-static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int chunk, bool ahead, double *issue_ms,
-                             double *body_ms, lm_err *e) {
+static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len, int gen, int chunk, bool ahead,
+                             bool prefill, double *issue_ms, double *body_ms, lm_err *e) {
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
     lm_kv_cache *kv = NULL;
     double tps = -1;
-    if (lm_kv_cache_create_for(&kv, m, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
+    if (lm_kv_cache_create_for(&kv, m, kvt, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
     lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(B, chunk), B, B, kv->pool.n_state > 0);
     int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *toks = lm_xmalloc((size_t)chunk * sizeof *toks),
@@ -122,7 +129,8 @@ static double batched_decode(lm_model *m, int B, int prompt_len, int gen, int ch
         slots[s] = lm_kv_state_acquire(kv);
         if (lm_kv_seq_reserve(kv, &seqs[s], ctx, e)) goto done;
     }
-    for (int s = 0; s < B; s++) /* prefill one sequence at a time */
+    for (int s = 0; s < B; s++) next[s] = 1; /* without a prefill: any token */
+    for (int s = 0; prefill && s < B; s++) /* prefill one sequence at a time */
         for (int done = 0; done < prompt_len;) {
             int t = LM_MIN(chunk, prompt_len - done);
             for (int i = 0; i < t; i++) {
@@ -212,16 +220,19 @@ int lm_cmd_bench(int argc, char **argv) {
     if (batched) {
         double issue_ms = 0, body_ms = 0;
         const bool ahead = look_ahead && lm_model_look_ahead(m);
-        double tps = batched_decode(m, (int)batch, (int)prompt_len, (int)gen, (int)chunk, ahead, &issue_ms, &body_ms,
-                                    &e);
+        double tps = batched_decode(m, o.kv, (int)batch, (int)prompt_len, (int)gen, (int)chunk, ahead, !o.no_prefill,
+                                    &issue_ms, &body_ms, &e);
         if (tps < 0) goto fail;
         long replayed = 0, captured = 0;
         lm_backend_graph_counts(be, &replayed, &captured);
-        printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen\":%ld,"
+        char kvs[32];
+        printf("{\"model\":\"%s\",\"backend\":\"%s\",\"kv\":\"%s\",\"kv_bytes_per_token\":%zu,\"batch\":%ld,"
+               "\"prompt_len\":%ld,\"gen\":%ld,"
                "\"look_ahead\":%s,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,"
                "\"body_ms\":%.3f,\"graphs_replayed\":%ld",
-               model_path, be->name, batch, prompt_len, gen, ahead ? "true" : "false", tps, 1e3 * batch / tps,
-               issue_ms, body_ms, replayed);
+               model_path, be->name, lm_kv_types_str(o.kv, kvs, sizeof kvs),
+               lm_kv_bytes_per_token(o.kv, m->n_kv_layers, m->kv_width), batch, prompt_len, gen,
+               ahead ? "true" : "false", tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
         const bool gpu = !strcmp(be->name, "cuda");
         double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;
         if (bw > 0) printf(",\"copy_GB_s\":%.3f", bw * 1e-9);
@@ -237,7 +248,7 @@ int lm_cmd_bench(int argc, char **argv) {
         rc = 0;
         goto done;
     }
-    if (lm_runner_create(&r, m, (int)(prompt_len + gen + 1), (int)chunk, &e)) goto fail;
+    if (lm_runner_create_kv(&r, m, (int)(prompt_len + gen + 1), (int)chunk, o.kv, &e)) goto fail;
     prompt = lm_xmalloc((size_t)prompt_len * sizeof *prompt);
     uint64_t x = 88172645463325252ull;
     for (long i = 0; i < prompt_len; i++) {
@@ -266,10 +277,11 @@ int lm_cmd_bench(int argc, char **argv) {
     double bw = membw ? backend_copy_bandwidth(be, threads) : 0;
     /* a GPU has no separate streaming-read probe: its roofline is the copy figure */
     double rbw = membw ? (gpu ? bw : lm_read_bandwidth((size_t)1 << 30, threads, 5)) : 0;
-    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"weight_bytes\":%.0f,"
+    char kvs[32];
+    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"kv\":\"%s\",\"threads\":%d,\"weight_bytes\":%.0f,"
            "\"prompt_len\":%ld,\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.2f,"
            "\"gen\":%ld,\"decode_tok_s\":%.3f,\"decode_weight_GB_s\":%.3f",
-           model_path, be->name, threads, wbytes, prompt_len, prefill_tps,
+           model_path, be->name, lm_kv_types_str(o.kv, kvs, sizeof kvs), threads, wbytes, prompt_len, prefill_tps,
            2 * matmul_params(m) * prefill_tps * 1e-9, gen, decode_tps, wbytes * decode_tps * 1e-9);
     /* Two yardsticks: STREAM's copy figure counts read + write bytes; a decode
      * step only reads weights, so the streaming-read rate is its roofline. */

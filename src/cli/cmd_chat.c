@@ -38,6 +38,7 @@ typedef struct chat_opts {
     int n_gen, ctx;
     bool no_think, ignore_eos, stats;
     lm_sampler_params sp;
+    lm_kv_types kv;
     lm_common_opts co;
 } chat_opts;
 
@@ -56,12 +57,14 @@ static const lm_opt k_opts[] = {
     { LM_OPT_FLAG, "--no-think", NULL, LM_OPT_AT(chat_opts, no_think), NULL, "render with enable_thinking=false" },
     { LM_OPT_FLAG, "--stats", NULL, LM_OPT_AT(chat_opts, stats), NULL,
       "print each turn's token counts on stderr also when not typing at a terminal" },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(chat_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
 
 /* ctx 4096 is also what lm_textgen_open takes 0 for */
-static const chat_opts k_defaults = { .n_gen = 512, .ctx = 4096, .sp = { .temperature = 0.7f, .top_p = 0.95f } };
+static const chat_opts k_defaults = { .n_gen = 512, .ctx = 4096, .sp = { .temperature = 0.7f, .top_p = 0.95f },
+                                      .kv = LM_CLI_KV_DEFAULT };
 
 #define CHAT_HELP                                                                                     \
     "  /reset      clear the conversation and start over\n"                                         \
@@ -187,7 +190,8 @@ static int text_after_answer(chat_session *cs, char **post, bool *start_in_reaso
     size_t n = json_array_size(cs->messages);
     json_t *m = json_copy(cs->messages); /* shallow: the other messages are shared */
     json_array_set_new(m, n - 2, json_pack("{s:s,s:s}", "role", "assistant", "content", CHAT_MARK));
-    const lm_chat_req req = { .messages = m, .kwargs = cs->kwargs };
+    /* the terminal's user writes the messages: special-token text stays theirs to use */
+    const lm_chat_req req = { .messages = m, .kwargs = cs->kwargs, .special_in_content = true };
     lm_chat_prompt p;
     int rc = lm_chat_render(cs->chat, &req, &p, e);
     json_decref(m);
@@ -226,7 +230,7 @@ static int turn_ids(chat_session *cs, lm_tok_ids *ids, bool *start_in_reasoning,
         return bad ? -1 : 0;
     }
     /* the whole conversation: the template writes special tokens itself, as apply_chat_template does */
-    const lm_chat_req req = { .messages = cs->messages, .kwargs = cs->kwargs };
+    const lm_chat_req req = { .messages = cs->messages, .kwargs = cs->kwargs, .special_in_content = true };
     lm_chat_prompt p;
     int rc = lm_chat_render(cs->chat, &req, &p, e);
     if (!rc) rc = lm_tokenizer_encode(g->tok, p.text, p.len, false, ids, e);
@@ -340,7 +344,7 @@ int lm_cmd_chat(int argc, char **argv) {
     int rc = 1;
     lm_cli_progress pr;
     lm_cli_progress_begin(&pr, model_path);
-    if (lm_textgen_open(&cs.g, model, be, o.ctx, &o.sp, &pr.hook, &e)) {
+    if (lm_textgen_open(&cs.g, model, be, o.ctx, o.kv, &o.sp, &pr.hook, &e)) {
         lm_cli_progress_end(&pr);
         goto fail;
     }

@@ -14,6 +14,7 @@
 typedef struct eval_opts {
     const char *model, *text, *reference;
     int ctx;
+    lm_kv_types kv;
     lm_common_opts co;
 } eval_opts;
 
@@ -24,11 +25,14 @@ static const lm_opt k_opts[] = {
       "a model with the same vocabulary (e.g. the bf16 original) to measure KL(reference || model) and top-1 "
       "agreement against" },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(eval_opts, ctx), "N", "tokens per window", .ilo = 2, .ihi = 1 << 20 },
+    { LM_OPT_GROUP, .off = offsetof(eval_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(eval_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
 
-static const eval_opts k_defaults = { .ctx = 512 };
+/* f32 KV by default: eval measures a model (its weights' quantisation
+ * against a reference); --kv-type measures a cache format */
+static const eval_opts k_defaults = { .ctx = 512, .kv = { LM_KV_F32, LM_KV_F32 } };
 
 static const lm_opt_cmd k_cmd = {
     .name = "eval",
@@ -39,7 +43,10 @@ static const lm_opt_cmd k_cmd = {
              "tokens, windows, scored predictions, the mean negative log-likelihood (nats)\n"
              "and perplexity; with --reference also the reference's, KL(reference ||\n"
              "model) mean, 99th percentile and max over the positions (nats), and the\n"
-             "fraction of positions where both models' top token is the same.\n",
+             "fraction of positions where both models' top token is the same. --kv-type\n"
+             "is the model's KV cache format (here f32 unless given); the reference always\n"
+             "runs with an f32 cache, so --reference of the same model measures what a\n"
+             "format costs.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(eval_opts),
@@ -51,6 +58,8 @@ static void print_result(const eval_opts *o, const lm_eval_result *r) {
     json_object_set_new(j, "model", json_string(o->model));
     json_object_set_new(j, "text", json_string(o->text));
     json_object_set_new(j, "ctx", json_integer(o->ctx));
+    char kvs[32];
+    json_object_set_new(j, "kv", json_string(lm_kv_types_str(o->kv, kvs, sizeof kvs)));
     json_object_set_new(j, "tokens", json_integer(r->n_tokens));
     json_object_set_new(j, "windows", json_integer(r->n_windows));
     json_object_set_new(j, "scored", json_integer(r->n_scored));
@@ -111,7 +120,7 @@ int lm_cmd_eval(int argc, char **argv) {
     if (o.reference && !(ref = load(o.reference, be, &ref_src))) goto done;
     lm_eval_result r;
     if (lm_tokenizer_load_from(&tok, src, &e) || lm_tokenizer_encode(tok, text, len, true, &ids, &e) ||
-        lm_eval_run(m, ref, ids.ids, (int)ids.n, o.ctx, &r, &e)) {
+        lm_eval_run(m, ref, ids.ids, (int)ids.n, o.ctx, o.kv, &r, &e)) {
         fprintf(stderr, "lumen: %s\n", e.msg);
         goto done;
     }

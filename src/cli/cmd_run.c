@@ -15,6 +15,7 @@ typedef struct run_opts {
     int n_gen, ctx;
     bool ignore_eos;
     lm_sampler_params sp;
+    lm_kv_types kv;
     lm_common_opts co;
 } run_opts;
 
@@ -57,11 +58,13 @@ static const lm_opt k_opts[] = {
       "keep generating after an end-of-sequence token" },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(run_opts, ctx), "N", "context length", "the model's, capped to prompt + n",
       .ilo = 1, .ihi = 1 << 24 },
+    { LM_OPT_GROUP, .off = offsetof(run_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(run_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
 
-static const run_opts k_defaults = { .n_gen = 32, .sp = { .temperature = 0.0f, .top_p = 1.0f } };
+static const run_opts k_defaults = { .n_gen = 32, .sp = { .temperature = 0.0f, .top_p = 1.0f },
+                                     .kv = LM_CLI_KV_DEFAULT };
 
 static const lm_opt_cmd k_cmd = {
     .name = "run",
@@ -83,7 +86,7 @@ static void print_text(void *user, const char *t, size_t n) {
 
 /* -p: text in, streamed text out. */
 static int run_text(const lm_common_opts *co, const char *model_path, const char *text, int n_gen, int ctx,
-                    const lm_sampler_params *sp, bool ignore_eos) {
+                    lm_kv_types kv, const lm_sampler_params *sp, bool ignore_eos) {
     double t_open = lm_now(); /* a GGUF is parsed here: part of the load */
     lm_source *src = lm_cli_open_model(model_path);
     t_open = lm_now() - t_open;
@@ -101,7 +104,7 @@ static int run_text(const lm_common_opts *co, const char *model_path, const char
     double t0 = lm_now();
     lm_cli_progress pr;
     lm_cli_progress_begin(&pr, model_path);
-    if (lm_textgen_open(&g, src, be, ctx, sp, &pr.hook, &e)) {
+    if (lm_textgen_open(&g, src, be, ctx, kv, sp, &pr.hook, &e)) {
         lm_cli_progress_end(&pr);
         goto fail;
     }
@@ -146,7 +149,7 @@ int lm_cmd_run(int argc, char **argv) {
     const char *model_path = o.model;
     const long n_gen = o.n_gen, ctx = o.ctx;
     const bool ignore_eos = o.ignore_eos;
-    if (o.text) return run_text(&co, model_path, o.text, (int)n_gen, (int)ctx, &sp, ignore_eos);
+    if (o.text) return run_text(&co, model_path, o.text, (int)n_gen, (int)ctx, o.kv, &sp, ignore_eos);
     int32_t *prompt = o.ids;
     int n_prompt = o.n_ids;
 
@@ -169,7 +172,7 @@ int lm_cmd_run(int argc, char **argv) {
         lm_errf(&e, "prompt (%d) + generation (%ld) exceed the context of %d tokens", n_prompt, n_gen, want_ctx);
         goto fail;
     }
-    if (lm_runner_create(&r, m, want_ctx, 0, &e)) goto fail;
+    if (lm_runner_create_kv(&r, m, want_ctx, 0, o.kv, &e)) goto fail;
     s = lm_sampler_create(&sp, m->cfg.vocab);
     logits = lm_xmalloc((size_t)m->cfg.vocab * sizeof(float));
 

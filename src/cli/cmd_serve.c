@@ -41,7 +41,22 @@ static const lm_opt k_opts[] = {
     { LM_OPT_INT, "--max-body-mb", NULL, LM_OPT_AT(serve_opts, max_body_mb), "N",
       "largest request body in MiB; larger get 413", .ilo = 1, .ihi = 4096 },
     { LM_OPT_INT, "--max-connections", NULL, LM_OPT_AT(serve_opts, so.max_connections), "N",
-      "open connections at once", .ilo = 1, .ihi = 100000 },
+      "open connections at once; past it a request gets 503 with Retry-After (lowered to what ulimit -n allows)",
+      .ilo = 1, .ihi = 100000 },
+    { LM_OPT_INT, "--max-client-connections", NULL, LM_OPT_AT(serve_opts, so.max_client_connections), "N",
+      "open connections from one IP address; more are refused", "no cap", .ilo = 1, .ihi = 100000 },
+    { LM_OPT_INT, "--header-timeout", NULL, LM_OPT_AT(serve_opts, so.header_timeout_s), "S",
+      "a request's headers must arrive within S seconds of connecting (of the idle timeout, on a kept-alive "
+      "connection)", .ilo = 1, .ihi = 86400 },
+    { LM_OPT_INT, "--body-timeout", NULL, LM_OPT_AT(serve_opts, so.body_timeout_s), "S",
+      "a request's body must arrive within S seconds of its headers", .ilo = 1, .ihi = 86400 },
+    { LM_OPT_INT, "--shutdown-timeout", NULL, LM_OPT_AT(serve_opts, so.shutdown_timeout_s), "S",
+      "on SIGTERM or SIGINT, let running requests finish for up to S seconds, then end the rest with an error "
+      "event or a 503 (a second signal stops at once)", .ilo = 1, .ihi = 86400 },
+    { LM_OPT_STRING, "--allow-host", NULL, LM_OPT_AT(serve_opts, so.allow_hosts), "NAMES",
+      "host names (comma-separated; '*' = any) allowed in Host and Origin besides localhost, 127.0.0.1 and ::1; "
+      "a server on loopback, or given this option, refuses other Host and Origin headers with 403 (against DNS "
+      "rebinding and cross-site requests)", .ilo = 1 },
     { LM_OPT_SIZE, "--cache-ram", NULL, LM_OPT_AT(serve_opts, so.engine.cache_ram), "SIZE",
       "memory for the prefix cache: KV blocks and recurrent-state checkpoints of earlier prompts, reused when a new "
       "prompt starts the same way (SIZE in bytes or with K, M, G, e.g. 512M, 4G; 0 = off)",
@@ -61,7 +76,11 @@ static const lm_opt k_opts[] = {
       "NAME, leaves tool_choice auto or required and ends with a user message is answered with the call NAME(JSON) "
       "(JSON an object), written into the answer in the model's tool-call format; what the model would add is "
       "dropped. Answers after a tool result are the model's own", .ilo = 1 },
+    { LM_OPT_FLAG, "--special-in-content", NULL, LM_OPT_AT(serve_opts, so.special_in_content), NULL,
+      "unsafe: let special-token text in messages and tools (e.g. <|im_end|>) become control tokens, so a "
+      "message can end its turn; by default it is tokenized as plain text" },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
+    { LM_OPT_GROUP, .off = offsetof(serve_opts, so.engine.kv_type), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -69,8 +88,9 @@ static const lm_opt k_opts[] = {
 /* The server's and the engine's own defaults, spelled out so that --help
  * shows them; cache_ram SIZE_MAX: not given (see default_cache_ram). */
 static const serve_opts k_defaults = {
-    .so = { .port = 8080, .timeout_s = 30, .max_connections = 1024, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 256, .cache_ram = SIZE_MAX } },
+    .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
+            .shutdown_timeout_s = 30, .log_requests = true,
+            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX, .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
 

@@ -42,6 +42,32 @@ const lm_opt lm_cli_common_opts[] = {
     { .kind = LM_OPT_END },
 };
 
+/* --kv-type sets K and V; --kv-k and --kv-v then change one of them. */
+static bool parse_kv_type(void *dst, const char *v) { return lm_kv_types_parse(v, dst) == 0; }
+static bool parse_kv_k(void *dst, const char *v) {
+    int t = lm_kv_type_parse(v);
+    if (t >= 0) ((lm_kv_types *)dst)->k = (lm_kv_type)t;
+    return t >= 0;
+}
+static bool parse_kv_v(void *dst, const char *v) {
+    int t = lm_kv_type_parse(v);
+    if (t >= 0) ((lm_kv_types *)dst)->v = (lm_kv_type)t;
+    return t >= 0;
+}
+
+const lm_opt lm_cli_kv_opts[] = {
+    { LM_OPT_CUSTOM, "--kv-type", NULL, .off = 0, .size = sizeof(lm_kv_types), "T",
+      "KV cache format of K and V: f32, bf16, q8 (int8, a scale per 32 values), q4 (int4), q4r (int4 after a fixed "
+      "Hadamard rotation of each head: about half q4's divergence from f32); or K<k>V<v> with k, v in 32, 16, 8, 4, "
+      "4r (e.g. K8V4r)",
+      "bf16 (eval: f32)", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
+    { LM_OPT_CUSTOM, "--kv-k", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "K's format alone (after --kv-type)",
+      "--kv-type's", .parse = parse_kv_k, .want = "f32, bf16, q8, q4 or q4r" },
+    { LM_OPT_CUSTOM, "--kv-v", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "V's format alone (after --kv-type)",
+      "--kv-type's", .parse = parse_kv_v, .want = "f32, bf16, q8, q4 or q4r" },
+    { .kind = LM_OPT_END },
+};
+
 const lm_opt lm_cli_sampling_opts[] = {
     { LM_OPT_FLOAT, "--temp", NULL, LM_OPT_AT(lm_sampler_params, temperature), "T", "sampling temperature; 0 = greedy",
       .lo = 0, .hi = INFINITY },

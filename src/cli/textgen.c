@@ -8,15 +8,15 @@
  * is seen between chunks at no cost. */
 #define TEXTGEN_CHUNK 512
 
-int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, const lm_sampler_params *sp,
-                    const lm_load_progress *progress, lm_err *e) {
+int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, lm_kv_types kvt,
+                    const lm_sampler_params *sp, const lm_load_progress *progress, lm_err *e) {
     memset(g, 0, sizeof *g);
     if (lm_model_load_told(&g->model, src, be, progress, e)) return -1;
     if (lm_tokenizer_load_from(&g->tok, src, e)) return -1;
     /* a terminal session needs a modest context: the KV cache is sized by it */
     if (ctx <= 0) ctx = 4096;
     if (ctx > g->model->cfg.max_pos) ctx = g->model->cfg.max_pos;
-    if (lm_runner_create(&g->runner, g->model, ctx, TEXTGEN_CHUNK, e)) return -1;
+    if (lm_runner_create_kv(&g->runner, g->model, ctx, TEXTGEN_CHUNK, kvt, e)) return -1;
     g->sampler = lm_sampler_create(sp, g->model->cfg.vocab);
     g->logits = lm_xmalloc((size_t)g->model->cfg.vocab * sizeof(float));
     /* the tokenizer's eos, plus generation_config's list */

@@ -43,8 +43,10 @@
 void lm_cache_policy_create(lm_engine *en, size_t cache_blocks) {
     const lm_model *m = en->m;
     if (cache_blocks) {
-        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos; } id = {
-            m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos };
+        /* the KV format too: blocks of another format must never hit */
+        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos, k_type, v_type; } id = {
+            m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos,
+            en->kv->pool.k_type, en->kv->pool.v_type };
         uint64_t seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
         en->pc = lm_pcache_create(en->kv, en->o.cache_ram, en->ckpt_slots, seed);
     }

@@ -23,6 +23,7 @@
  * requests found under the lock are finished after it is dropped. */
 #include "engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,7 @@ void lm_req_unref(lm_request *r) {
     free(r->stop_tokens);
     lm_embed_pool_free(&r->pool);
     free(r->embedding);
+    lm_grammar_matcher_free(r->gm);
     free(r);
 }
 
@@ -103,11 +105,49 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
 }
 
 bool lm_req_plain_greedy(const lm_request *r) {
-    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0;
+    return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0 && !r->gm;
+}
+
+/* Most tokens one strict fill appends. */
+#define LM_FILL_MAX 32
+
+/* Strict fill (lm_engine_opts): the tokens the grammar forces after r's
+ * last one, taken as generated (no logprobs: nothing chose them); the next
+ * step feeds them with r's last token in one forward. */
+static void strict_fill(lm_engine *en, lm_request *r) {
+    int32_t ids[LM_FILL_MAX];
+    int room = LM_MIN(LM_MIN(r->p.max_tokens - r->n_generated, en->o.ctx - r->n_tokens), LM_FILL_MAX);
+    int n = room > 0 ? lm_grammar_fill(r->gm, ids, room) : 0;
+    for (int i = 0; i < n; i++) {
+        r->n_generated++;
+        en->step_generated++;
+        en->grammar_fill_tokens++;
+        lm_token_event ev = { .token = ids[i], .has_token = true, .n_prompt = r->n_prompt, .n_generated = r->n_generated };
+        req_emit(r, &ev);
+        r->tokens[r->n_tokens++] = ids[i];
+        lm_sampler_accept(r->sampler, ids[i]);
+    }
+    if (n && (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx)) req_finish(en, r, LM_FINISH_LENGTH, NULL);
 }
 
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
-    int32_t tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
+    int32_t tok;
+    if (r->gm && r->gm_live) {
+        LM_ASSERT(logits); /* a request with a grammar is never plain greedy */
+        const double t0 = lm_now();
+        int n = lm_grammar_mask(r->gm, en->gmask);
+        en->grammar_masks++;
+        en->grammar_mask_s += lm_now() - t0;
+        if (n == 0) {
+            req_finish(en, r, LM_FINISH_ERROR, "the grammar allows no token of this vocabulary here");
+            return;
+        }
+        tok = lm_sample_masked(r->sampler, logits, en->work, en->gmask);
+        if (!is_stop_token(r, tok)) LM_ASSERT(lm_grammar_accept(r->gm, tok));
+    } else {
+        tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
+        if (r->gm && tok == r->p.grammar_trigger) r->gm_live = true;
+    }
     if (r->t_first == 0) r->t_first = lm_now();
     r->n_generated++;
     en->step_generated++;
@@ -124,6 +164,7 @@ void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_
     r->tokens[r->n_tokens++] = tok;
     lm_sampler_accept(r->sampler, tok);
     if (r->n_generated >= r->p.max_tokens || r->n_tokens >= en->o.ctx) req_finish(en, r, LM_FINISH_LENGTH, NULL);
+    else if (r->gm && r->gm_live && en->o.strict_fill >= 0) strict_fill(en, r);
 }
 
 /* ---- admission ---- */
@@ -234,7 +275,8 @@ void lm_step_hand_out(lm_engine *en, lm_step *st) {
     lm_step_count(en, st->T, st->S, false, 0);
     for (int i = 0; i < st->S; i++) {
         lm_request *r = st->seq_req[i];
-        if (r->n_cached >= r->n_prompt) r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
+        if (r->n_cached >= r->n_prompt && r->tr.n_steps < r->p.max_tokens)
+            r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
         r->n_cached += st->seq_n[i];
         if (r->embed) embed_progress(en, st, i, r);
         else lm_cache_policy_progress(en, r);
@@ -287,9 +329,13 @@ static bool step_build(lm_engine *en, lm_step *st) {
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
         if (r->n_cached < r->n_prompt) continue;
-        int s = step_add(en, st, r, 1, &last);
-        step_out(en, st, r, last);
-        budget--;
+        /* its last token, and after a strict fill the tokens that follow;
+         * every later running request keeps room for its one token */
+        int want = r->n_tokens - r->n_cached;
+        int n = LM_MAX(1, LM_MIN(want, budget - (en->n_running - 1 - i)));
+        int s = step_add(en, st, r, n, &last);
+        if (n == want) step_out(en, st, r, last);
+        budget -= n;
         /* speculation's proposer may follow r's token with a draft; never
          * yet. Every later running request may still need its token. */
         budget -= lm_spec_propose(en, st, s, r, budget - (en->n_running - 1 - i));
@@ -370,6 +416,9 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&en->mu);
         en->st.generated_tokens += en->step_generated;
         en->step_generated = 0;
+        en->st.grammar_masks = en->grammar_masks;
+        en->st.grammar_mask_s = en->grammar_mask_s;
+        en->st.grammar_fill_tokens = en->grammar_fill_tokens;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
         lm_cache_policy_stats(en);
@@ -400,6 +449,7 @@ static void engine_destroy(lm_engine *en) {
     free(en->cur.seq_hn);
     free(en->hidden);
     free(en->work);
+    free(en->gmask);
     free(en);
 }
 
@@ -419,8 +469,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->bs = 16;
     int n_blocks = 0;
     size_t cache_blocks = 0;
-    if (lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
-        lm_kv_cache_create_for(&en->kv, m, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
+    if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
+        lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
         free(en);
         return -1;
     }
@@ -439,6 +489,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->cur.want_logits = lm_xmalloc(R);
     en->cur.logits = lm_xmalloc(R * (size_t)en->vocab * sizeof(float));
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
+    en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
@@ -472,6 +523,17 @@ void lm_engine_free(lm_engine *en) {
 
 int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
 
+const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n) {
+    const lm_kv_pool *p = &en->kv->pool;
+    const lm_kv_types t = { p->k_type, p->v_type };
+    const size_t per = lm_kv_bytes_per_token(t, p->n_layers, p->kv_width);
+    char name[32];
+    lm_kv_types_str(t, name, sizeof name);
+    snprintf(buf, n, "KV %s, %.1f KiB a token, %d tokens (%.2f GiB)", name, (double)per / 1024.0, en->o.kv_tokens,
+             (double)per * (double)en->o.kv_tokens / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
 /* A new request of a checked prompt (the caller's reference and the engine's). */
 static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt, const lm_gen_params *p,
                               lm_token_cb cb, void *user) {
@@ -495,6 +557,11 @@ static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
     r->step_batch = lm_xmalloc((size_t)LM_MAX(p->max_tokens, 1) * sizeof(int32_t));
     r->tr.diverge_pos = -1;
+    if (p->grammar) {
+        r->gm = lm_grammar_matcher_create(p->grammar, p->grammar_vocab);
+        r->gm_live = p->grammar_trigger <= 0;
+    }
+    r->p.grammar = NULL; /* the matcher holds its own reference */
     r->cb = cb;
     r->user = user;
     atomic_init(&r->refs, 2);
@@ -545,6 +612,8 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
     for (int i = 0; i < p->n_logit_bias; i++)
         if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= en->vocab)
             return lm_errf(e, "logit_bias token %d out of range [0, %d)", p->logit_bias[i].token, en->vocab), LM_ENGINE_ERROR;
+    if (p->grammar && (!p->grammar_vocab || lm_grammar_vocab_size(p->grammar_vocab) != en->vocab))
+        return lm_errf(e, "the grammar's vocabulary does not match the model's %d tokens", en->vocab), LM_ENGINE_ERROR;
     if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
         return lm_errf(e, "top_logprobs must be between 0 and %d", LM_MAX_TOP_LOGPROBS), LM_ENGINE_ERROR;
     return req_enqueue(en, req_create(en, prompt, n_prompt, p, cb, user), out, e);

@@ -74,6 +74,10 @@ struct lm_request {
     bool embed;
     lm_embed_pool pool;
     float *embedding;       /* [D] the pooled vector, at the end */
+    /* constrained decoding: the request's matcher, live once its trigger
+     * (if any) was generated */
+    lm_grammar_matcher *gm;
+    bool gm_live;
 };
 
 typedef struct lm_step_policy lm_step_policy;
@@ -133,6 +137,10 @@ struct lm_engine {
     lm_step cur;                 /* the step step() builds */
     lm_step *queued;             /* a forward already issued for the next step, or NULL */
     float *work;                 /* [V] biased/penalised copy for sampling */
+    uint32_t *gmask;             /* [V / 32] a grammar's token mask */
+    uint64_t grammar_masks;      /* published into st after each step */
+    double grammar_mask_s;
+    uint64_t grammar_fill_tokens;
     float *hidden;               /* [step_tokens][D] hidden rows of embedding requests; made at the first */
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */

@@ -53,7 +53,8 @@ static void lm_eval_row(lm_eval_acc *a, const float *lm_row, const float *ref_ro
     a->n_scored++;
 }
 
-int lm_eval_run(lm_model *m, lm_model *ref, const int32_t *ids, int n, int ctx, lm_eval_result *out, lm_err *e) {
+int lm_eval_run(lm_model *m, lm_model *ref, const int32_t *ids, int n, int ctx, lm_kv_types kvt, lm_eval_result *out,
+                lm_err *e) {
     memset(out, 0, sizeof *out);
     const int V = m->cfg.vocab;
     if (ctx < 2) return lm_errf(e, "the evaluation window must hold at least 2 tokens (got %d)", ctx);
@@ -64,7 +65,7 @@ int lm_eval_run(lm_model *m, lm_model *ref, const int32_t *ids, int n, int ctx, 
         if (ids[i] < 0 || ids[i] >= V) return lm_errf(e, "token %d (id %d) is outside the vocabulary", i, ids[i]);
     }
     lm_runner *rm = NULL, *rr = NULL;
-    if (lm_runner_create(&rm, m, ctx, LM_EVAL_CHUNK, e)) return -1;
+    if (lm_runner_create_kv(&rm, m, ctx, LM_EVAL_CHUNK, kvt, e)) return -1;
     if (ref && lm_runner_create(&rr, ref, ctx, LM_EVAL_CHUNK, e)) {
         lm_runner_free(rm);
         return -1;

@@ -8,21 +8,52 @@
 
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
                        int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
+    return lm_kv_cache_create_typed(out, be, n_layers, kv_width, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 0, block_size,
+                                    n_blocks, state, e);
+}
+
+int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, lm_err *e) {
+    if ((unsigned)t.k >= LM_KV_TYPE_COUNT || (unsigned)t.v >= LM_KV_TYPE_COUNT) return lm_errf(e, "bad KV format");
+    bool q = lm_kv_quantised(t.k) || lm_kv_quantised(t.v);
+    if (q && kv_width % LM_KV_GROUP)
+        return lm_errf(e, "KV format %s needs rows of whole %d-value scale groups (this model's KV rows: %lld values)",
+                       lm_kv_type_name(lm_kv_quantised(t.k) ? t.k : t.v), LM_KV_GROUP, (long long)kv_width);
+    if ((t.k == LM_KV_Q4R || t.v == LM_KV_Q4R) &&
+        (rot < 2 || rot > LM_KV_MAX_ROT || (rot & (rot - 1)) || head_dim % rot))
+        return lm_errf(e, "KV format q4r: no rotation width of 2..%d divides the head width %d", LM_KV_MAX_ROT,
+                       head_dim);
+    return 0;
+}
+
+int lm_kv_rot_for(int head_dim) {
+    int r = head_dim & -head_dim; /* the largest power of two dividing it */
+    return LM_MIN(r, LM_KV_ROT_DEFAULT);
+}
+
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width) {
+    return (size_t)n_layers * (lm_kv_row_bytes(t.k, kv_width) + lm_kv_row_bytes(t.v, kv_width));
+}
+
+int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, lm_kv_types types,
+                             int rot, int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
     *out = NULL;
     if (n_layers <= 0 || kv_width <= 0 || block_size <= 0 || n_blocks <= 0)
         return lm_errf(e, "bad KV cache geometry");
+    if (lm_kv_check_format(types, kv_width, (int)LM_MIN(kv_width, INT32_MAX), rot, e)) return -1;
     lm_kv_cache *c = lm_xcalloc(1, sizeof *c);
     c->be = be;
-    c->pool = (lm_kv_pool){ .n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks, .kv_width = kv_width };
-    c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(float *));
-    c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(float *));
-    size_t bytes = (size_t)n_blocks * (size_t)block_size * (size_t)kv_width * sizeof(float);
+    c->pool = (lm_kv_pool){ .n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks, .kv_width = kv_width,
+                            .k_type = types.k, .v_type = types.v, .rot = rot };
+    c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(void *));
+    c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(void *));
+    size_t rows = (size_t)n_blocks * (size_t)block_size;
+    size_t kbytes = rows * lm_kv_row_bytes(types.k, kv_width), vbytes = rows * lm_kv_row_bytes(types.v, kv_width);
     for (int l = 0; l < n_layers; l++) {
-        c->pool.k[l] = be->ops->alloc(be, bytes);
-        c->pool.v[l] = be->ops->alloc(be, bytes);
+        c->pool.k[l] = be->ops->alloc(be, kbytes);
+        c->pool.v[l] = be->ops->alloc(be, vbytes);
         if (!c->pool.k[l] || !c->pool.v[l]) {
             lm_kv_cache_free(c);
-            return lm_errf(e, "out of memory for the KV cache (%d layers x 2 x %zu bytes)", n_layers, bytes);
+            return lm_errf(e, "out of memory for the KV cache (%d layers x %zu bytes)", n_layers, kbytes + vbytes);
         }
     }
     c->free_list = lm_xmalloc((size_t)n_blocks * sizeof(int32_t));
@@ -52,13 +83,25 @@ int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t 
     return 0;
 }
 
-int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, int block_size, int n_blocks,
+int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, lm_kv_types types, int block_size, int n_blocks,
                            int state_slots, lm_err *e) {
     int64_t floats[64];
     int n = lm_model_state_spec(m, floats, 64);
     LM_ASSERT(n >= 0 && n <= 64);
     lm_state_spec st = { n, floats, state_slots };
-    return lm_kv_cache_create(out, m->be, m->n_kv_layers, m->kv_width, block_size, n_blocks, &st, e);
+    if (lm_kv_check_model(m, types, e)) return -1;
+    return lm_kv_cache_create_typed(out, m->be, m->n_kv_layers, m->kv_width, types, lm_kv_rot_for(m->cfg.head_dim),
+                                    block_size, n_blocks, &st, e);
+}
+
+int lm_kv_check_model(const lm_model *m, lm_kv_types types, lm_err *e) {
+    if (lm_kv_check_format(types, m->kv_width, m->cfg.head_dim, lm_kv_rot_for(m->cfg.head_dim), e)) return -1;
+    if ((lm_kv_quantised(types.k) || lm_kv_quantised(types.v)) &&
+        ((int64_t)m->cfg.n_kv_heads * m->cfg.head_dim) % LM_KV_GROUP)
+        return lm_errf(e, "KV format %s needs rows of whole %d-value scale groups (this model's layers write %lld)",
+                       lm_kv_type_name(lm_kv_quantised(types.k) ? types.k : types.v), LM_KV_GROUP,
+                       (long long)m->cfg.n_kv_heads * m->cfg.head_dim);
+    return 0;
 }
 
 void lm_kv_state_clear(lm_kv_cache *c, int32_t slot) {
@@ -170,13 +213,15 @@ void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows)
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(dst >= 0 && dst < p->n_blocks && src >= 0 && src < p->n_blocks && dst != src);
     LM_ASSERT(n_rows >= 0 && n_rows <= p->block_size);
-    size_t row = (size_t)p->kv_width * sizeof(float), blk = row * (size_t)p->block_size;
+    size_t kr = lm_kv_row_bytes(p->k_type, p->kv_width), kblk = kr * (size_t)p->block_size;
+    size_t vr = lm_kv_row_bytes(p->v_type, p->kv_width), vblk = vr * (size_t)p->block_size;
     for (int l = 0; l < p->n_layers; l++) {
-        c->be->ops->copy(c->be, (char *)p->k[l] + (size_t)dst * blk, (char *)p->k[l] + (size_t)src * blk, row * (size_t)n_rows);
-        c->be->ops->copy(c->be, (char *)p->v[l] + (size_t)dst * blk, (char *)p->v[l] + (size_t)src * blk, row * (size_t)n_rows);
+        c->be->ops->copy(c->be, (char *)p->k[l] + (size_t)dst * kblk, (char *)p->k[l] + (size_t)src * kblk, kr * (size_t)n_rows);
+        c->be->ops->copy(c->be, (char *)p->v[l] + (size_t)dst * vblk, (char *)p->v[l] + (size_t)src * vblk, vr * (size_t)n_rows);
     }
 }
 
 size_t lm_kv_block_bytes(const lm_kv_cache *c) {
-    return 2 * (size_t)c->pool.n_layers * (size_t)c->pool.block_size * (size_t)c->pool.kv_width * sizeof(float);
+    const lm_kv_pool *p = &c->pool;
+    return (size_t)p->block_size * lm_kv_bytes_per_token((lm_kv_types){ p->k_type, p->v_type }, p->n_layers, p->kv_width);
 }

@@ -30,6 +30,7 @@
 #ifndef LM_ENGINE_H
 #define LM_ENGINE_H
 
+#include "../grammar/lm_grammar.h"
 #include "../model/lm_model.h"
 #include "lm_sampler.h"
 
@@ -55,6 +56,16 @@ typedef struct lm_gen_params {
     int n_logit_bias;
     int top_logprobs;             /* 0..LM_MAX_TOP_LOGPROBS alternatives per token */
     bool logprobs;                /* report the chosen token's logprob */
+    /* Constrained decoding (lm_grammar.h): every generated token is one the
+     * grammar allows (its end only where the grammar may end; the vocab's
+     * end ids should be the stop tokens). NULL = none. The request takes
+     * its own reference; grammar_vocab must outlive the engine. With
+     * grammar_trigger > 0 (0: none; id 0 is never a trigger) the grammar
+     * applies from the token after the first grammar_trigger generated
+     * (free text before it: a think block ending in </think>). */
+    lm_grammar *grammar;
+    const lm_grammar_vocab *grammar_vocab;
+    int32_t grammar_trigger;
 } lm_gen_params;
 
 /* Why a request got fewer cached prompt tokens than it shares with an earlier
@@ -117,6 +128,8 @@ typedef struct lm_engine_opts {
     int max_queue;    /* most requests waiting for admission (default 256) */
     int step_tokens;  /* token budget of one forward (default 512) */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
+    lm_kv_types kv_type; /* element formats of K and V (lm_kv_type.h); zero: f32
+                          * (the CLI's default is bf16) */
     size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
                        * checkpoints kept for reuse); 0 = no prefix cache. The
                        * pool grows by cache_ram / block bytes blocks and, for
@@ -136,6 +149,11 @@ typedef struct lm_engine_opts {
                        * just stopped is discarded. Results are unchanged.
                        * 0 = on backends with their own memory (GPUs) that
                        * offer it, 1 = wherever offered, -1 = never */
+    int strict_fill;  /* a request with a grammar: where the grammar forces
+                       * the next bytes (a fixed key, a closing brace), their
+                       * tokens are appended without sampling and fed in
+                       * the next forward together (lm_grammar_fill). 0 = on,
+                       * -1 = off */
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
@@ -156,6 +174,10 @@ typedef struct lm_engine_stats {
     /* steps by batch size (sequences in the forward): bucket i counts steps
      * with 2^i <= size < 2^(i+1); the last bucket takes the rest */
     uint64_t batch_hist[8];
+    /* constrained decoding */
+    uint64_t grammar_masks;        /* token masks applied */
+    double grammar_mask_s;         /* seconds computing them */
+    uint64_t grammar_fill_tokens;  /* tokens appended by strict fill */
 } lm_engine_stats;
 
 typedef struct lm_engine lm_engine;
@@ -167,6 +189,10 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
 /* Cancels everything, joins the thread, frees the cache (not the model). */
 void lm_engine_free(lm_engine *en);
 int lm_engine_ctx(const lm_engine *en);
+/* "KV bf16, 32.0 KiB a token, 16384 tokens (0.50 GiB)": the cache's format,
+ * its bytes per token and the tokens it holds for running requests (the
+ * startup line). */
+const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n);
 
 /* Queues a request. prompt is copied. Returns LM_ENGINE_OK and a handle, or
  * LM_ENGINE_BUSY (queue full) / LM_ENGINE_ERROR (bad request: empty prompt,

@@ -26,7 +26,9 @@ typedef struct lm_eval_result {
 } lm_eval_result;
 
 /* Evaluates ids[n] with m (and ref, NULL for none; it must have m's
- * vocabulary size) in windows of ctx tokens (ctx >= 2). */
-int lm_eval_run(lm_model *m, lm_model *ref, const int32_t *ids, int n, int ctx, lm_eval_result *out, lm_err *e);
+ * vocabulary size) in windows of ctx tokens (ctx >= 2); m's KV cache in
+ * the formats kvt, ref's always f32. */
+int lm_eval_run(lm_model *m, lm_model *ref, const int32_t *ids, int n, int ctx, lm_kv_types kvt, lm_eval_result *out,
+                lm_err *e);
 
 #endif

@@ -29,15 +29,34 @@ typedef struct lm_kv_seq {
     int n_blocks, cap;
 } lm_kv_seq;
 
+/* An f32 cache. */
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
                        int block_size, int n_blocks, const lm_state_spec *state, lm_err *e);
+/* A cache whose K and V rows are in the formats types (lm_kv_type.h); rot:
+ * the rotation width of LM_KV_Q4R (lm_kv_rot_for), else ignored. */
+int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, lm_kv_types types,
+                             int rot, int block_size, int n_blocks, const lm_state_spec *state, lm_err *e);
+/* Whether a model of this KV width and head width can use the formats
+ * (quantised ones need heads of whole scale groups); -1 with e if not. */
+int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, lm_err *e);
+/* The rotation width for heads of head_dim values: its largest power-of-two
+ * divisor, at most LM_KV_ROT_DEFAULT. */
+#define LM_KV_ROT_DEFAULT 128
+int lm_kv_rot_for(int head_dim);
+/* KV bytes one token takes over n_layers layers (K and V) in these formats. */
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width);
 void lm_kv_cache_free(lm_kv_cache *c);
 
-/* The cache model m needs: its KV layers and width, and its recurrent state
- * with state_slots slots (ignored for attention-only models). */
+/* The cache model m needs: its KV layers and width in the formats types,
+ * and its recurrent state with state_slots slots (ignored for
+ * attention-only models). A format the model's heads cannot take is an
+ * error naming it. */
 struct lm_model;
-int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, int block_size, int n_blocks,
-                           int state_slots, lm_err *e);
+int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, lm_kv_types types, int block_size,
+                           int n_blocks, int state_slots, lm_err *e);
+/* Whether model m can keep its KV cache in the formats types; -1 with e
+ * naming the format and the width that does not fit. */
+int lm_kv_check_model(const struct lm_model *m, lm_kv_types types, lm_err *e);
 
 /* Makes seq's table cover positions [0, n_positions); -1 (with e) when the
  * pool is out of blocks, leaving seq as it was. */

@@ -21,8 +21,10 @@ typedef struct lm_runner {
     lm_batch_builder *bb; /* one chunk's batch */
 } lm_runner;
 
-/* ctx <= 0: the model's max_position_embeddings. chunk <= 0: 512. */
+/* ctx <= 0: the model's max_position_embeddings. chunk <= 0: 512. An f32
+ * KV cache (exact against references); _kv: in the formats kvt. */
 int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e);
+int lm_runner_create_kv(lm_runner **out, lm_model *m, int ctx, int chunk, lm_kv_types kvt, lm_err *e);
 void lm_runner_free(lm_runner *r);
 /* Forgets the sequence (its blocks go back to the pool). */
 void lm_runner_reset(lm_runner *r);

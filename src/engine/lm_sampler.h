@@ -57,6 +57,10 @@ bool lm_sampler_plain_greedy(const lm_sampler *s);
 /* lm_sample of logits with s's changes applied in work (host [vocab], the
  * caller's scratch; untouched when there are none). */
 int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work);
+/* lm_sample_adjusted with every token whose bit in allow (a token mask,
+ * lm_grammar.h: bit id % 32 of word id / 32) is clear left out; at least
+ * one must be set. Always writes work. */
+int lm_sample_masked(lm_sampler *s, const float *logits, float *work, const uint32_t *allow);
 /* Records a token the sequence took (the penalties count it). */
 void lm_sampler_accept(lm_sampler *s, int32_t tok);
 

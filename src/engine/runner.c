@@ -7,6 +7,10 @@
 #define LM_KV_BLOCK 16
 
 int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e) {
+    return lm_runner_create_kv(out, m, ctx, chunk, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, e);
+}
+
+int lm_runner_create_kv(lm_runner **out, lm_model *m, int ctx, int chunk, lm_kv_types kvt, lm_err *e) {
     *out = NULL;
     if (ctx <= 0) ctx = m->cfg.max_pos;
     if (chunk <= 0) chunk = 512;
@@ -15,7 +19,7 @@ int lm_runner_create(lm_runner **out, lm_model *m, int ctx, int chunk, lm_err *e
     r->ctx = ctx;
     r->chunk = chunk;
     int n_blocks = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
-    if (lm_kv_cache_create_for(&r->kv, m, LM_KV_BLOCK, n_blocks, 1, e)) {
+    if (lm_kv_cache_create_for(&r->kv, m, kvt, LM_KV_BLOCK, n_blocks, 1, e)) {
         free(r);
         return -1;
     }

@@ -155,6 +155,14 @@ int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work) {
     return lm_sample(s, adjusted(s, logits, work));
 }
 
+int lm_sample_masked(lm_sampler *s, const float *logits, float *work, const uint32_t *allow) {
+    const float *x = adjusted(s, logits, work);
+    if (x != work) memcpy(work, logits, (size_t)s->vocab * sizeof(float));
+    for (int v = 0; v < s->vocab; v++)
+        if (!((allow[v >> 5] >> (v & 31)) & 1)) work[v] = -INFINITY;
+    return lm_sample(s, work);
+}
+
 void lm_sampler_accept(lm_sampler *s, int32_t tok) {
     if (!s->counts) return;
     s->counts[tok]++;

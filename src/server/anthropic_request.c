@@ -396,7 +396,6 @@ static int parse_sampling(const srv *s, const json_t *body, bool counting, srv_r
          * whatever the model) */
         gp->max_tokens = (int)LM_MIN(json_integer_value(mt), (json_int_t)s->ctx);
         r->max_tokens_set = true;
-        r->max_tokens_cap = true;
     }
     const json_t *st = opt(body, "stream");
     if (st && !json_is_boolean(st)) return want(e, "stream", "a boolean", st);
@@ -476,7 +475,7 @@ int srv_anth_count_tokens(const srv *s, const char *body, size_t len, int *n, sr
     lm_err le = { { 0 } };
     int rc = srv_anth_parse(s, body, len, true, &r, e);
     if (!rc) rc = srv_chat_render(s, &r, &p, e);
-    if (!rc && lm_tokenizer_encode(s->tok, p.text, p.len, false, &ids, &le)) rc = srv_bad(e, "messages", "%s", le.msg);
+    if (!rc && lm_chat_encode(s->tok, &p, &ids, &le)) rc = srv_bad(e, "messages", "%s", le.msg);
     *n = rc ? 0 : (int)ids.n;
     lm_tok_ids_free(&ids);
     lm_chat_prompt_free(&p);

@@ -257,8 +257,8 @@ static void sink_end(srv_out *o) {
     if (!o->stream) return;
     if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
         srv_err e;
-        srv_fail(&e, 500, "api_error", NULL, NULL, "%s",
-                 o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
+        if (o->finish == LM_FINISH_ERROR) srv_fail(&e, 500, "api_error", NULL, NULL, "%s", o->error);
+        else srv_shutdown_error(&e);
         event(o, srv_anth_error_json(&e));
         return;
     }

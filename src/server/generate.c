@@ -152,16 +152,32 @@ static size_t job_pump(srv_job *j) {
 }
 
 /* Waits for events (1), silence for timeout_ms (0), or the client closing its
- * end of the connection (-1). timeout_ms < 0 waits without limit. */
+ * end of the connection (-1). timeout_ms < 0 waits without limit.
+ *
+ * The end of the client's data (POLLRDHUP) is either a close or a
+ * half-close (shutdown(SHUT_WR) after the request), which TCP does not tell
+ * apart until the server writes. A stream writes (tokens, and a keep-alive
+ * at least every SRV_HEARTBEAT_MS), and a write to a closed socket fails
+ * (POLLERR/POLLHUP, or MHD's send): so a stream takes POLLRDHUP for a
+ * half-close and keeps going. A plain answer writes nothing until the end,
+ * so there POLLRDHUP cancels, as nginx's client-abort check does: a client
+ * that left must not hold the engine for a whole answer. */
 static int job_wait(srv_job *j, int timeout_ms) {
-    struct pollfd p[2] = { { .fd = j->efd, .events = POLLIN }, { .fd = j->fd, .events = POLLRDHUP } };
+    struct pollfd p[2] = { { .fd = j->efd, .events = POLLIN },
+                           { .fd = j->fd, .events = j->half_closed ? 0 : POLLRDHUP } };
     int np = j->fd >= 0 ? 2 : 1;
     for (;;) {
         int r = poll(p, (nfds_t)np, timeout_ms);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
         if (r == 0) return 0;
-        if (np == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return -1;
+        if (np == 2 && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) return -1;
+        if (np == 2 && (p[1].revents & POLLRDHUP)) {
+            if (!j->streaming) return -1;
+            j->half_closed = true; /* watched no more for input; errors still show */
+            p[1].events = 0;
+            if (!(p[0].revents & POLLIN)) continue;
+        }
         uint64_t v;
         ssize_t rd = read(j->efd, &v, sizeof v);
         (void)rd;
@@ -285,13 +301,7 @@ static void stream_free(void *cls) { job_finish(cls); }
 
 /* ---- the endpoint -------------------------------------------------------------------------- */
 
-static int context_error(srv_err *e, const srv *s, int n_prompt, long max_tokens, bool mt_set, const char *what) {
-    if (mt_set)
-        return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
-                        "This model's maximum context length is %d tokens. However, you requested %ld tokens "
-                        "(%d in the %s, %ld for the completion). Please reduce the length of the %s or the "
-                        "completion.",
-                        s->ctx, n_prompt + max_tokens, n_prompt, what, max_tokens, what);
+static int context_error(srv_err *e, const srv *s, int n_prompt, const char *what) {
     return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
                     "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens. "
                     "Please reduce the length of the %s.",
@@ -321,7 +331,8 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
             if (!strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "%s", what);
             goto fail;
         }
-        if (lm_tokenizer_encode(s->tok, j->prompt.text, j->prompt.len, false, &ids, &le)) {
+        if (srv_constrain(s, &j->r, &j->prompt, &e)) goto fail;
+        if (lm_chat_encode(s->tok, &j->prompt, &ids, &le)) {
             srv_bad(&e, what, "%s", le.msg);
             goto fail;
         }
@@ -350,15 +361,17 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         srv_bad(&e, what, "The %s produced no tokens.", what);
         goto fail;
     }
+    if (kind != SRV_CHAT && srv_constrain(s, &j->r, NULL, &e)) goto fail;
     lm_gen_params *gp = &j->r.gp;
-    if (j->r.max_tokens_cap && ids.n < (size_t)s->ctx && (long)ids.n + gp->max_tokens > s->ctx)
-        gp->max_tokens = s->ctx - (int)ids.n; /* Anthropic's max_tokens is an upper bound */
     j->r.n_prompt_tokens = (int)ids.n;
-    if (ids.n >= (size_t)s->ctx || (j->r.max_tokens_set && (long)ids.n + gp->max_tokens > s->ctx)) {
-        context_error(&e, s, (int)ids.n, gp->max_tokens, j->r.max_tokens_set && !j->r.max_tokens_cap, what);
+    if (ids.n >= (size_t)s->ctx) {
+        context_error(&e, s, (int)ids.n, what);
         goto fail;
     }
-    if (!j->r.max_tokens_set) gp->max_tokens = s->ctx - (int)ids.n;
+    /* max_tokens is an upper bound on every route: past the room the prompt
+     * leaves it is cut to that room (finish_reason "length"), as
+     * llama-server does; agents send 8000 or 13107 whatever the context */
+    if (!j->r.max_tokens_set || (long)ids.n + gp->max_tokens > s->ctx) gp->max_tokens = s->ctx - (int)ids.n;
     /* another API's request has one choice (n is not part of it), whose
      * output the api sets up with its sink */
     job_set_choices(j, api ? 1 : LM_MAX(j->r.n, 1));
@@ -376,7 +389,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     pthread_mutex_lock(&s->jobs_mu);
     if (s->shutting_down) {
         pthread_mutex_unlock(&s->jobs_mu);
-        srv_fail(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        srv_shutdown_error(&e);
         goto fail;
     }
     int rc = LM_ENGINE_OK;
@@ -448,9 +461,9 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     for (int i = 0; i < j->n_ch; i++) {
         srv_out *o = &j->ch[i].out;
         if (!o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED)) {
-            srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
-                     o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
-            j->status = 500;
+            if (o->finish == LM_FINISH_ERROR) srv_fail(&e, 500, "server_error", NULL, NULL, "%s", o->error);
+            else srv_shutdown_error(&e);
+            j->status = e.status;
             enum MHD_Result ok = srv_respond_error(cc, c, &e);
             job_finish(j);
             return ok;

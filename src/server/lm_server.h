@@ -32,7 +32,15 @@ typedef struct lm_server_opts {
     lm_engine_opts engine;   /* ctx, parallel, queue ... (0 = engine defaults) */
     size_t max_body;         /* bytes of a request body (0: 8 MiB) */
     int timeout_s;           /* idle seconds before a slow client is dropped (0: 30) */
-    int max_connections;     /* open connections at once (0: 1024) */
+    int max_connections;     /* open connections at once (0: 4096); more get 503 */
+    int max_client_connections; /* open connections from one IP address (0: no cap) */
+    int header_timeout_s;    /* seconds for a request's headers to arrive (0: 10) */
+    int body_timeout_s;      /* seconds for a request's body to arrive (0: 60) */
+    int shutdown_timeout_s;  /* SIGTERM: seconds to drain before exit (0: 30) */
+    bool special_in_content; /* special-token text in messages and tools becomes control
+                                tokens (unsafe; the default tokenizes it as text) */
+    const char *allow_hosts; /* Host/Origin names allowed besides loopback's, comma-separated
+                                ("*" = any); NULL: loopback names only, checked when bound there */
     bool log_requests;       /* one line per request on stderr */
     const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
     const char *chat_template; /* template text replacing the model's own; NULL: the model's */
@@ -45,8 +53,9 @@ typedef struct lm_server_opts {
  * format/lm_source.h; not owned) onto be (not owned), starts the engine and
  * the HTTP daemon, prints "lumen: serving NAME on http://HOST:PORT" on
  * stderr, and serves until SIGINT or SIGTERM; then stops accepting, lets
- * running requests finish for a few seconds, cancels the rest and frees
- * everything. Returns 0, or -1 with e set when startup fails. */
+ * running requests finish for up to shutdown_timeout_s, ends the rest with
+ * an error each client can read, and frees everything (a second signal
+ * skips the wait). Returns 0, or -1 with e set when startup fails. */
 int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_err *e);
 
 #endif

@@ -146,6 +146,8 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     if (en) lm_engine_get_stats(en, &es);
     tbuf b = { lm_xmalloc(4096), 0, 4096 };
     pthread_mutex_lock(&m->mu);
+    const uint64_t g_compiles = m->grammar_compiles, g_hits = m->grammar_hits;
+    const double g_compile_s = m->grammar_compile_s;
     tprintf(&b, "# HELP lumen_requests_total HTTP requests by route and status.\n# TYPE lumen_requests_total counter\n");
     for (int r = 0; r < SRV_N_ROUTES; r++)
         for (int c = 0; c < 6; c++)
@@ -175,6 +177,20 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
             "Rows of look-ahead steps for requests that had stopped on the step before.", es.ahead_discarded);
     gauge(&b, "lumen_kv_blocks_free", "Free KV cache blocks.", es.kv_blocks_free);
     gauge(&b, "lumen_kv_blocks_total", "KV cache blocks.", es.kv_blocks_total);
+    counter(&b, "lumen_grammar_compiles_total", "Grammars compiled for structured output and tool calls.",
+            g_compiles);
+    counter(&b, "lumen_grammar_cache_hits_total", "Structured-output requests whose grammar was already compiled.",
+            g_hits);
+    tprintf(&b, "# HELP lumen_grammar_compile_seconds_total Time spent compiling grammars.\n"
+                "# TYPE lumen_grammar_compile_seconds_total counter\nlumen_grammar_compile_seconds_total %.6f\n",
+            g_compile_s);
+    counter(&b, "lumen_grammar_fill_tokens_total", "Tokens appended by strict fill (forced by a grammar, not sampled).",
+            es.grammar_fill_tokens);
+    counter(&b, "lumen_grammar_masks_total", "Token masks applied to logits (one per constrained token).",
+            es.grammar_masks);
+    tprintf(&b, "# HELP lumen_grammar_mask_seconds_total Time spent computing token masks.\n"
+                "# TYPE lumen_grammar_mask_seconds_total counter\nlumen_grammar_mask_seconds_total %.6f\n",
+            es.grammar_mask_s);
     batch_hist_text(&b, &es);
     cache_text(&b, &es, m->cache_ram);
     return b.p;

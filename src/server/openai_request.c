@@ -2,7 +2,7 @@
  * that lumen honours, checked for type and range, with OpenAI's defaults.
  *
  * Unknown fields are ignored (clients send many); fields lumen cannot honour
- * honestly (response_format other than text, several prompts) are
+ * honestly (several prompts, a schema it cannot enforce) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
  * chat_template_kwargs.
@@ -30,6 +30,11 @@ int srv_fail(srv_err *e, int status, const char *type, const char *code, const c
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+int srv_shutdown_error(srv_err *e) {
+    return srv_fail(e, 503, "server_error", "shutting_down", NULL,
+                    "The server is shutting down; the request was not finished. Retry it.");
 }
 
 const char *srv_json_type_name(const json_t *v) {
@@ -126,6 +131,7 @@ static int parse_logit_bias(const srv *s, const json_t *body, srv_req *r, srv_er
 
 /* Sampling, penalties, limits, logprobs, stop: shared by both endpoints. */
 static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e) {
+    /* response_format: constrain.c */
     lm_gen_params *gp = &r->gp;
     gp->sampling = (lm_sampler_params){ .temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0 };
     gp->repetition_penalty = 1;
@@ -157,10 +163,8 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
     const char *mt_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (get_int(body, mt_key, 1, INT32_MAX, &mt, &mt_set, e)) return -1;
     r->max_tokens_set = mt_set;
+    /* more than the context leaves is cut to it later (generate.c) */
     gp->max_tokens = mt_set ? (int)mt : 0;
-    if (mt_set && mt > s->ctx)
-        return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", mt_key,
-                        "'%s' is %lld, but this model's maximum context length is %d tokens.", mt_key, mt, s->ctx);
 
     gp->stop_tokens = s->stop_ids;
     gp->n_stop_tokens = s->n_stop_ids;
@@ -188,6 +192,9 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
         if (iu && !json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
         r->include_usage = json_is_true(iu);
     }
+
+    const json_t *rf = field(body, "response_format");
+    if (rf && srv_parse_response_format(s, rf, r, e)) return -1;
 
     const json_t *model = field(body, "model");
     if (model) {
@@ -321,6 +328,9 @@ static int parse_tools(const json_t *body, srv_req *r, srv_err *e) {
                            r->tool_name);
     }
     if (r->tool_choice == SRV_TOOLS_NONE) r->tools = NULL;
+    const json_t *ptc = field(body, "parallel_tool_calls");
+    if (ptc && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+    r->one_tool_call = json_is_false(ptc); /* the call grammar allows one call */
     return 0;
 }
 
@@ -375,15 +385,6 @@ static int parse_chat(const srv *s, const json_t *body, srv_req *r, srv_err *e) 
     const json_t *kw = field(body, "chat_template_kwargs");
     if (kw && !json_is_object(kw)) return bad_type(e, "chat_template_kwargs", "an object", kw);
     r->template_kwargs = kw;
-    const json_t *rf = field(body, "response_format");
-    if (rf) {
-        const json_t *t = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(t)) return bad_type(e, "response_format", "an object with a 'type'", rf);
-        if (strcmp(json_string_value(t), "text") != 0)
-            return srv_bad(e, "response_format",
-                           "response_format '%.40s' is not supported yet (no constrained decoding); use 'text'.",
-                           json_string_value(t));
-    }
     (void)s;
     return 0;
 }
@@ -475,6 +476,7 @@ void srv_req_free(srv_req *r) {
     json_decref(r->body);
     free(r->bias);
     free(r->prompt_ids);
+    lm_grammar_unref(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -493,7 +495,8 @@ int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *
     if (!s->chat)
         return srv_bad(e, NULL, "The model '%s' has no chat template; use /v1/completions with a raw prompt.",
                        s->model_name);
-    const lm_chat_req cr = srv_chat_req(r);
+    lm_chat_req cr = srv_chat_req(r);
+    cr.special_in_content = s->opts.special_in_content;
     lm_err le = { { 0 } };
     if (lm_chat_render(s->chat, &cr, p, &le))
         return srv_bad(e, "messages", "The chat template could not render these messages: %s", le.msg);

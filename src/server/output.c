@@ -345,8 +345,8 @@ static void stream_end(srv_out *o) {
     bool failed = !o->stopped && (o->finish == LM_FINISH_ERROR || o->finish == LM_FINISH_CANCELLED);
     if (failed) {
         srv_err e;
-        srv_fail(&e, 500, "server_error", NULL, NULL, "%s",
-                 o->finish == LM_FINISH_ERROR ? o->error : "The request was cancelled (the server is shutting down).");
+        if (o->finish == LM_FINISH_ERROR) srv_fail(&e, 500, "server_error", NULL, NULL, "%s", o->error);
+        else srv_shutdown_error(&e);
         srv_sse_put(o, srv_error_json(&e));
         if (!o->no_tail) srv_sse_done(o);
         return;

@@ -26,9 +26,9 @@
  *   max_output_tokens, temperature, top_p, stream
  *                                the chat fields of the same meaning
  * Refused with a 400 that says so: non-text input parts (images, files,
- * audio), item types other than those above, text.format other than text
- * (structured output is not built yet), background, conversation, prompt
- * templates. Accepted and echoed or ignored: store, metadata, include,
+ * audio), item types other than those above, text.format other than text,
+ * json_object and json_schema (those become the chat body's response_format),
+ * background, conversation, prompt templates. Accepted and echoed or ignored: store, metadata, include,
  * truncation, user, prompt_cache_key, parallel_tool_calls, service_tier,
  * safety_identifier, text.verbosity, stream_options, client_metadata. */
 #include <stdio.h>
@@ -390,10 +390,24 @@ static int check_text(const json_t *body, srv_err *e) {
     if (!fmt) return 0;
     const json_t *t = json_object_get(fmt, "type");
     if (!json_is_object(fmt) || !json_is_string(t)) return bad_type(e, "text.format", "an object with a 'type'", fmt);
-    if (!str_is(t, "text"))
-        return srv_bad(e, "text.format", "text.format '%.40s' is not supported yet (no structured output); use "
-                       "'text'.", json_string_value(t));
+    if (!str_is(t, "text") && !str_is(t, "json_object") && !str_is(t, "json_schema"))
+        return srv_bad(e, "text.format", "Invalid 'text.format.type': '%.40s' (expected text, json_object or json_schema).",
+                       json_string_value(t));
     return 0;
+}
+
+/* text.format as the chat body's response_format (constrain.c compiles it):
+ * Responses' json_schema is flat ({type, name, schema, strict}). */
+static void text_format(const json_t *body, json_t *chat) {
+    const json_t *fmt = field(field(body, "text"), "format");
+    if (!fmt || str_is(json_object_get(fmt, "type"), "text")) return;
+    json_t *rf = json_pack("{s:O}", "type", json_object_get(fmt, "type"));
+    if (str_is(json_object_get(fmt, "type"), "json_schema")) {
+        json_t *js = json_deep_copy(fmt);
+        json_object_del(js, "type");
+        json_object_set_new(rf, "json_schema", js);
+    }
+    json_object_set_new(chat, "response_format", rf);
 }
 
 /* The fields a response object repeats, with OpenAI's defaults. */
@@ -455,6 +469,7 @@ static json_t *to_chat(const srv *s, const json_t *body, const json_t *items, si
     if (check_text(body, e)) return NULL;
 
     json_t *chat = json_object();
+    text_format(body, chat);
     if (check_reasoning(body, s, chat, e)) goto fail;
     static const char *const same[] = { "model", "temperature", "top_p", "stream" };
     for (size_t i = 0; i < sizeof same / sizeof *same; i++)
@@ -462,12 +477,6 @@ static json_t *to_chat(const srv *s, const json_t *body, const json_t *items, si
     if ((v = field(body, "max_output_tokens"))) {
         if (!json_is_integer(v) || json_integer_value(v) < 1) {
             srv_bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer of at least 1.");
-            goto fail;
-        }
-        if (json_integer_value(v) > s->ctx) {
-            srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_output_tokens",
-                     "'max_output_tokens' is %lld, but this model's maximum context length is %d tokens.",
-                     (long long)json_integer_value(v), s->ctx);
             goto fail;
         }
         json_object_set(chat, "max_completion_tokens", (json_t *)v);

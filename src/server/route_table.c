@@ -14,8 +14,11 @@
 
 /* ---- the small routes ------------------------------------------------------------------ */
 
+/* 503 "draining" once SIGTERM is taken, so a load balancer stops sending
+ * before the server goes (Envoy's drain does the same). */
 static enum MHD_Result handle_health(srv *s, struct MHD_Connection *c, srv_conn *cc, const char *url) {
-    return srv_respond_json(cc, c, 200, json_pack("{s:s}", "status", "ok"));
+    bool draining = atomic_load(&s->draining);
+    return srv_respond_json(cc, c, draining ? 503 : 200, json_pack("{s:s}", "status", draining ? "draining" : "ok"));
 }
 
 static json_t *model_object(const srv *s) {

@@ -30,6 +30,8 @@
  *   responses_store.c  stored responses for previous_response_id (LRU)
  *   metrics.c          counters and histograms, Prometheus text
  *   trace.c            request ids (X-Request-Id) and the --trace JSON lines
+ *   http_guard.c       strict framing, the Host/Origin allow-list, log-safe text
+ *   deadlines.c        header and body deadlines (the reaper thread)
  *   web_page.c         GET / : the chat page of web/, compiled in (web_assets.h)
  */
 #ifndef LM_SERVER_INTERNAL_H
@@ -68,6 +70,9 @@ int srv_fail(srv_err *e, int status, const char *type, const char *code, const c
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* "an object", "an array", "a string", ... for an error message (openai_request.c). */
 const char *srv_json_type_name(const json_t *v);
+/* 503 shutting_down: a request refused, or cancelled, because the server
+ * is stopping (its clients may retry elsewhere or later). */
+int srv_shutdown_error(srv_err *e);
 /* 400 invalid_request_error. */
 #define srv_bad(e, param, ...) srv_fail((e), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
 /* {"error": {...}} (new reference). */
@@ -97,6 +102,8 @@ typedef struct srv_metrics {
     int connections;                     /* open HTTP connections */
     int streams;                         /* running SSE streams */
     size_t cache_ram;                    /* the prefix cache's budget (set once at start) */
+    uint64_t grammar_compiles, grammar_hits; /* structured output: compiled, found in the cache */
+    double grammar_compile_s;
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -130,6 +137,7 @@ typedef struct srv {
     pthread_mutex_t jobs_mu;   /* guards the job list and shutting_down */
     srv_job *jobs;             /* requests in the engine (for shutdown) */
     bool shutting_down;
+    atomic_bool draining;      /* SIGTERM taken: new generations get 503 */
     atomic_uint_fast64_t id_counter;
     char *debug_call_name;     /* --debug-tool-call: the function, or NULL */
     json_t *debug_call_args;   /* --debug-tool-call: its arguments (an object) */
@@ -137,7 +145,18 @@ typedef struct srv {
     bool trace_owned;          /* trace is a file we opened (not stderr) */
     pthread_mutex_t trace_mu;  /* one line at a time */
     bool trace_mu_init;
+    uint64_t trace_lost;       /* lines that could not be written (under trace_mu) */
     struct srv_resp_store *resp_store; /* /v1/responses with store: true; NULL = none kept */
+    bool check_host;           /* Host/Origin allow-list on (loopback bind or --allow-host) */
+    /* open sockets and where each is in its request (deadlines.c) */
+    pthread_mutex_t socks_mu;
+    struct srv_sock *socks;
+    int n_socks;
+    pthread_t reaper;
+    pthread_cond_t reaper_cv;
+    bool reaper_on, reaper_stop;
+    lm_grammar_vocab *gvocab;  /* the vocabulary as grammars see it (constrain.c) */
+    struct srv_grammars *grammars; /* compiled grammars by source (constrain.c) */
 } srv;
 
 /* Fills the text side of s from a tokenizer: stop ids (the tokenizer's eos
@@ -145,6 +164,42 @@ typedef struct srv {
  * tool-call formats). Used by lm_server_run and by tests (without a model). */
 void srv_init_text(srv *s, lm_tokenizer *tok, int n_vocab, const int *eos_ids, int n_eos);
 void srv_free_text(srv *s);
+
+/* ---- what a request must pass before it is routed (http_guard.c) ------------------------ */
+
+/* in as one log-safe line into out: bytes outside printable ASCII, and the backslash,
+ * as \xNN; cut to fit cap (>= 5). */
+void srv_log_text(const char *in, char *out, size_t cap);
+/* Whether a Host header value (a name or address, with an optional :port)
+ * names loopback, the bound address or one of --allow-host's names. */
+bool srv_host_allowed(const srv *s, const char *host, size_t len);
+/* Strict framing (400/501), then with s->check_host the Host/Origin
+ * allow-list (403) and a browser's Content-Type (415): 0, or -1 with e. */
+int srv_http_check(const srv *s, struct MHD_Connection *c, const char *version, bool post, srv_err *e);
+
+/* ---- deadlines for slow clients (deadlines.c) ------------------------------------------- */
+
+/* One open socket: which stage its current request is in, since when. */
+typedef enum srv_sock_stage { SRV_SOCK_HEADERS, SRV_SOCK_BODY, SRV_SOCK_ANSWER } srv_sock_stage;
+typedef struct srv_sock {
+    int fd;
+    srv_sock_stage stage;
+    double since;              /* lm_now() when the stage began */
+    bool served;               /* a request was answered: now a kept-alive connection */
+    struct srv_sock *next, *prev;
+} srv_sock;
+
+/* A socket opened / closed (MHD's connection notifications). */
+srv_sock *srv_sock_open(srv *s, int fd);
+void srv_sock_close(srv *s, srv_sock *k);
+/* k's request moved to stage (k may be NULL). */
+void srv_sock_stage_set(srv *s, srv_sock *k, srv_sock_stage stage);
+/* The thread that shuts sockets past their deadline down. */
+int srv_reaper_start(srv *s, lm_err *e);
+void srv_reaper_stop(srv *s);
+/* The sockets past their deadline at now, shut down; how many (the reaper's
+ * step, for tests). */
+int srv_reap(srv *s, double now);
 
 /* ---- request ids and trace lines (trace.c) ------------------------------------------ */
 
@@ -208,8 +263,8 @@ typedef struct srv_req {
     /* Anthropic's Messages API (anthropic_request.c) */
     bool one_tool_call;        /* keep only the first tool call */
     bool omit_thinking;        /* thinking blocks without their text (display: omitted) */
-    bool max_tokens_cap;       /* max_tokens is a cap: cut to what the context leaves */
     int n_prompt_tokens;       /* set by generate.c once the prompt is tokenized */
+    lm_grammar *grammar;       /* owned: response_format or a forced call (constrain.c) */
 } srv_req;
 
 /* Most choices one request may ask for (n); each is a sequence in the engine. */
@@ -234,6 +289,20 @@ int srv_req_parse(const srv *s, srv_kind kind, const char *body, size_t len, srv
  * request translated into a chat or completions body. */
 int srv_req_parse_json(const srv *s, srv_kind kind, json_t *body, srv_req *r, srv_err *e);
 void srv_req_free(srv_req *r);
+
+/* ---- structured output (constrain.c) ----------------------------------------------- */
+
+/* The grammar vocabulary and cache of s (after the stop ids and hidden
+ * tokens are known), and their end. */
+void srv_constrain_init(srv *s);
+void srv_constrain_free(srv *s);
+/* response_format into r->grammar; a 400 for an unknown type or a schema /
+ * grammar that cannot be honoured. */
+int srv_parse_response_format(const srv *s, const json_t *rf, srv_req *r, srv_err *e);
+/* After the prompt is rendered (p: NULL for completions): a forced tool
+ * call's grammar, and r->gp set up for whichever grammar r has. */
+int srv_constrain(const srv *s, srv_req *r, const lm_chat_prompt *p, srv_err *e);
+
 
 /* A chat request as the chat layer takes it (pointers into r). */
 lm_chat_req srv_chat_req(const srv_req *r);
@@ -357,6 +426,10 @@ typedef struct srv_conn {
     char *body;
     size_t body_len, body_cap;
     int status;            /* set once a response is queued */
+    srv_sock *sock;        /* the socket's deadline entry, or NULL */
+    bool too_big;          /* a chunked body past max_body: read, dropped, answered 413 */
+    size_t dropped;        /* bytes of it dropped */
+    bool close_after;      /* answered before the whole body was read: close the connection */
     bool job_logged;       /* a generation job logs and counts the request itself */
     double t0;
     char rid[SRV_RID_MAX + 8]; /* the request id (X-Request-Id) */
@@ -406,6 +479,7 @@ struct srv_job {
     int n_ids;
     bool in_list;
     bool gone;                 /* the client disconnected */
+    bool half_closed;          /* a stream's client ended its data (shutdown(SHUT_WR)) */
     bool streaming;
     int status;
     double t0, t_first, t_last;

@@ -15,13 +15,19 @@
  * event and the server's own timestamps know.
  *
  * When the prefix cache served fewer tokens than the prompt shares with an
- * earlier request, the line shows why (miss kind) and, for a divergence, the
- * text on both sides of it: the tokens both prompts share just before
- * diverge_pos, this prompt's tokens from there, and the earlier request's
- * tokens from there (decoded here: the engine deals in ids only). That is
- * what tells "the agent rewrote turn 3" from "the template changed a
- * whitespace". */
+ * earlier request, the line shows why (miss kind) and, for a divergence,
+ * this prompt's text around it: the tokens just before diverge_pos (which
+ * the earlier prompt had too) and this prompt's tokens from there (decoded
+ * here: the engine deals in ids only). The earlier request's side is never
+ * written: it may be another user's prompt, and a trace line is about its
+ * own request only.
+ *
+ * The file is created 0600 (prompts are private), and a line that cannot be
+ * written (a full disk) is counted and reported on stderr, not lost
+ * silently. */
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,8 +66,12 @@ int srv_trace_open(srv *s, const char *path, lm_err *e) {
         s->trace = stderr;
         return 0;
     }
-    s->trace = fopen(path, "a");
-    if (!s->trace) return lm_errf(e, "--trace %s: %s", path, strerror(errno));
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || !(s->trace = fdopen(fd, "a"))) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return lm_errf(e, "--trace %s: %s", path, strerror(err));
+    }
     s->trace_owned = true;
     return 0;
 }
@@ -124,12 +134,7 @@ static json_t *cache_json(const srv *s, const srv_trace_rec *r, const lm_request
     int pe = LM_MIN(r->n_prompt_ids, dp + SRV_TRACE_CONTEXT);
     json_object_set_new(c, "prompt", text_of(s, r->prompt + LM_MIN(dp, r->n_prompt_ids), LM_MAX(0, pe - dp)));
     json_object_set_new(c, "prompt_ids", ids_json(r->prompt + LM_MIN(dp, r->n_prompt_ids), LM_MAX(0, pe - dp)));
-    /* the earlier request from dp (its window may start before dp) */
-    int n_prev = LM_MIN(LM_MAX(tr->n_prev, 0), LM_TRACE_WINDOW);
-    int off = LM_MIN(LM_MAX(dp - tr->prev_start, 0), n_prev);
-    json_object_set_new(c, "prev", text_of(s, tr->prev_window + off, n_prev - off));
-    json_object_set_new(c, "prev_ids", ids_json(tr->prev_window + off, n_prev - off));
-    return c;
+    return c; /* not tr->prev_window: the earlier request's text is not this line's to show */
 }
 
 /* {"n", "min", "mean", "max"[, "sizes"]} of the decode steps' batch sizes. */
@@ -215,8 +220,15 @@ void srv_trace_write(srv *s, const srv_trace_rec *r) {
     line[n++] = '\n';
     line[n] = 0;
     pthread_mutex_lock(&s->trace_mu);
-    fwrite(line, 1, n, s->trace);
-    fflush(s->trace);
+    bool ok = fwrite(line, 1, n, s->trace) == n;
+    ok = fflush(s->trace) == 0 && ok;
+    int err = errno;
+    if (!ok) {
+        clearerr(s->trace);
+        if (s->trace_lost++ == 0 || (s->trace_lost & (s->trace_lost - 1)) == 0) /* the 1st, 2nd, 4th, 8th ... */
+            fprintf(stderr, "lumen: warning: --trace: a line could not be written (%s); %llu lost so far\n",
+                    strerror(err), (unsigned long long)s->trace_lost);
+    }
     pthread_mutex_unlock(&s->trace_mu);
     free(line);
 }

@@ -88,8 +88,14 @@ static void push_seg(tok_segs *o, size_t a, size_t b, int32_t added) {
     o->v[o->n++] = (tok_seg){ (uint32_t)a, (uint32_t)b, added };
 }
 
+bool tok_spans_overlap(const lm_tok_span *lit, size_t n_lit, size_t a, size_t b) {
+    for (size_t k = 0; k < n_lit; k++)
+        if (a < lit[k].end && lit[k].start < b) return true;
+    return false;
+}
+
 void tok_split_added(const lm_tokenizer *t, const tok_trie *trie, const char *s, size_t n,
-                     tok_segs *out) {
+                     const lm_tok_span *lit, size_t n_lit, tok_segs *out) {
     out->n = 0;
     size_t start_offset = 0;
     if (!trie->n) {
@@ -102,6 +108,7 @@ void tok_split_added(const lm_tokenizer *t, const tok_trie *trie, const char *s,
         size_t len = longest_at(trie, s, n, i, &ai);
         if (!len) { i++; continue; }
         const tok_added *a = &t->added[ai];
+        if (a->special && tok_spans_overlap(lit, n_lit, i, i + len)) { i++; continue; } /* literal text: no control token */
         size_t start = i, stop = i + len;
         i = stop;
         if (a->single_word) {
@@ -135,4 +142,12 @@ void tok_split_added(const lm_tokenizer *t, const tok_trie *trie, const char *s,
         i = stop; /* HF resumes at the match end; after rstrip, past the spaces */
     }
     push_seg(out, start_offset, n, -1);
+}
+
+size_t lm_tokenizer_special_at(const lm_tokenizer *t, const char *s, size_t n, size_t i) {
+    const tok_trie *trie = &t->trie_raw;
+    if (!trie->n || i >= n || is_cont((uint8_t)s[i]) || trie->root[(uint8_t)s[i]] < 0) return 0;
+    int32_t ai = -1;
+    size_t len = longest_at(trie, s, n, i, &ai);
+    return len && t->added[ai].special ? len : 0; /* the longest match is what encode would take */
 }

@@ -381,6 +381,55 @@ static const char *token_str(const lm_tokenizer *t, int32_t id, size_t *n) {
     return lm_tokenizer_id_to_token(t, id, n);
 }
 
+/* Whether the decoder chain has a stage of kind k. */
+static bool has_stage(const tok_decoder *d, tok_dec_kind k) {
+    if (!d) return false;
+    if (d->kind == k) return true;
+    for (int i = 0; d->kind == TOK_DEC_SEQUENCE && i < d->n_sub; i++)
+        if (has_stage(&d->sub[i], k)) return true;
+    return false;
+}
+
+bool lm_tokenizer_token_bytes(const lm_tokenizer *t, int32_t id, lm_tok_str *out) {
+    size_t n;
+    const char *s = token_str(t, id, &n);
+    out->len = 0;
+    tok_str_reserve(out, n + 1);
+    if (!s) return false;
+    bool added = id >= 0 && id < t->n_ids && t->added_of_id[id] >= 0;
+    uint8_t byte;
+    if (!added && has_stage(t->decoder, TOK_DEC_BYTELEVEL)) {
+        for (size_t i = 0; i < n;) {
+            int k;
+            uint32_t cp = tok_utf8_cp(s + i, n - i, &k);
+            int b = tok_cp_to_byte(cp);
+            if (b < 0) { /* not a mapped character: keep it as it is */
+                memcpy(out->s + out->len, s + i, (size_t)k);
+                out->len += (size_t)k;
+            } else {
+                out->s[out->len++] = (char)b;
+            }
+            i += (size_t)k;
+        }
+    } else if (!added && has_stage(t->decoder, TOK_DEC_BYTEFALLBACK) && is_byte_token(s, n, &byte)) {
+        out->s[out->len++] = (char)byte;
+    } else if (!added && has_stage(t->decoder, TOK_DEC_METASPACE)) {
+        for (size_t i = 0; i < n; i++) {
+            if (n - i >= 3 && !memcmp(s + i, "\xe2\x96\x81", 3)) {
+                out->s[out->len++] = ' ';
+                i += 2;
+            } else {
+                out->s[out->len++] = s[i];
+            }
+        }
+    } else {
+        memcpy(out->s, s, n);
+        out->len = n;
+    }
+    out->s[out->len] = 0;
+    return true;
+}
+
 void lm_detok_push(lm_detok *d, int32_t id, lm_tok_str *out) {
     size_t n;
     const char *s = token_str(d->t, id, &n);

@@ -79,6 +79,19 @@ void lm_tokenizer_free(lm_tokenizer *t);
  * failure the tokenizer cannot recover from (message in e). */
 int lm_tokenizer_encode(lm_tokenizer *t, const char *text, size_t len, bool add_special,
                         lm_tok_ids *out, lm_err *e);
+/* A byte range [start, end) of a text. */
+typedef struct lm_tok_span {
+    size_t start, end;
+} lm_tok_span;
+/* lm_tokenizer_encode where the n_lit ranges lit (sorted, not overlapping)
+ * are literal text: a special added token (<|im_end|>, ...) is not matched
+ * inside them, so text a user wrote can never become a control token; the
+ * rest tokenizes exactly as lm_tokenizer_encode does. */
+int lm_tokenizer_encode_lit(lm_tokenizer *t, const char *text, size_t len, bool add_special,
+                            const lm_tok_span *lit, size_t n_lit, lm_tok_ids *out, lm_err *e);
+/* The length of the special added token whose text starts at s[i] (the one
+ * lm_tokenizer_encode would match there), or 0. */
+size_t lm_tokenizer_special_at(const lm_tokenizer *t, const char *s, size_t n, size_t i);
 /* Replaces out's contents with the decoded text. skip_special drops tokens
  * marked special. */
 int lm_tokenizer_decode(const lm_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
@@ -104,6 +117,12 @@ int32_t lm_tokenizer_token_to_id(const lm_tokenizer *t, const char *s, size_t le
 /* The token's string (not NUL-terminated; *len set), or NULL for an unused id. */
 const char *lm_tokenizer_id_to_token(const lm_tokenizer *t, int32_t id, size_t *len);
 bool lm_tokenizer_is_special(const lm_tokenizer *t, int32_t id);
+/* The bytes token id adds to the text in the middle of a sequence (added
+ * tokens: their content; byte-level BPE: the unmapped bytes; byte fallback
+ * <0xXX>: that byte; metaspace: U+2581 as a space), raw, not made valid
+ * UTF-8: what a grammar matches token by token. Replaces out's contents;
+ * false for an unused id. */
+bool lm_tokenizer_token_bytes(const lm_tokenizer *t, int32_t id, lm_tok_str *out);
 /* Added tokens (the special ones and the others), in file order. */
 int lm_tokenizer_n_added(const lm_tokenizer *t);
 /* i-th added token: its id, content (NUL-terminated) and special flag. */

@@ -311,7 +311,10 @@ void tok_trie_init(tok_trie *t);
 /* Splits s into text segments and added-token segments per HF's rules
  * (leftmost-longest, single_word, lstrip, rstrip). */
 void tok_split_added(const lm_tokenizer *t, const tok_trie *trie, const char *s, size_t n,
-                     tok_segs *out);
+                     const lm_tok_span *lit, size_t n_lit, tok_segs *out);
+/* Whether [a, b) overlaps one of the n_lit ranges lit. A special token
+ * matched there is text (lm_tokenizer_encode_lit). */
+bool tok_spans_overlap(const lm_tok_span *lit, size_t n_lit, size_t a, size_t b);
 
 /* bpe.c: appends the ids of one pre-token. */
 void tok_bpe_word(const lm_tokenizer *t, tok_work *w, const char *s, size_t n, lm_tok_ids *out);

@@ -8,6 +8,7 @@
  *   5. with add_special, wrap in the post-processor's special ids. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../base/lm_file.h"
 #include "../format/lm_source.h"
@@ -169,7 +170,10 @@ int lm_tokenizer_load_json(lm_tokenizer **out, const char *json, size_t len, con
     lm_tokenizer *t = tok_alloc();
     if (tok_parse_json(t, json, len, label, e)) goto bad;
     if (config && tok_parse_config(t, config, config_len, "tokenizer_config.json", e)) goto bad;
-    if (tok_finish_setup(t, e)) goto bad;
+    if (tok_finish_setup(t, e)) {
+        lm_err_prefix(e, "%s", label); /* the checks across sections name the file too */
+        goto bad;
+    }
     *out = t;
     return 0;
 bad:
@@ -209,7 +213,9 @@ int lm_tokenizer_load_from(lm_tokenizer **out, const lm_source *src, lm_err *e) 
         if (cfg && strstr(e->msg, "tokenizer_config.json") == e->msg) lm_err_prefix(e, "%s", dir);
         goto out;
     }
-    if (lm_file_exists(jinja_path) && (jinja = lm_read_file(jinja_path, &jinja_len, NULL))) {
+    /* a template that is there but cannot be read is an error, not "no template" */
+    if (access(jinja_path, F_OK) == 0 && !(jinja = lm_read_file(jinja_path, &jinja_len, e))) goto out;
+    if (jinja) {
         free((*out)->chat_template);
         (*out)->chat_template = jinja;
         jinja = NULL;
@@ -276,7 +282,7 @@ static void encode_text(lm_tokenizer *t, tok_work *w, const char *s, size_t n, b
 }
 
 static void encode_with(lm_tokenizer *t, tok_work *w, const char *text, size_t len, bool add_special,
-                        lm_tok_ids *out) {
+                        const lm_tok_span *lit, size_t n_lit, lm_tok_ids *out) {
     if (!tok_utf8_valid(text, len)) {
         w->clean.len = 0;
         tok_utf8_lossy(&w->clean, text, len);
@@ -284,7 +290,7 @@ static void encode_with(lm_tokenizer *t, tok_work *w, const char *text, size_t l
     }
     if (add_special)
         for (int i = 0; i < t->post.n_pre; i++) tok_ids_push(out, t->post.pre[i]);
-    tok_split_added(t, &t->trie_raw, text, len, &w->segs);
+    tok_split_added(t, &t->trie_raw, text, len, lit, n_lit, &w->segs);
     for (size_t i = 0; i < w->segs.n; i++) {
         tok_seg sg = w->segs.v[i];
         if (sg.added >= 0) {
@@ -297,7 +303,10 @@ static void encode_with(lm_tokenizer *t, tok_work *w, const char *text, size_t l
             tok_normalize(t->normalizer, s, n, &w->norm, &w->ntmp, &w->rs);
             s = w->norm.s, n = w->norm.len;
         }
-        tok_split_added(t, &t->trie_norm, s, n, &w->nsegs);
+        /* normalizing moves offsets: a segment that touches literal text is literal whole */
+        const lm_tok_span all = { 0, n };
+        const bool in_lit = lit && tok_spans_overlap(lit, n_lit, sg.start, sg.end);
+        tok_split_added(t, &t->trie_norm, s, n, in_lit ? &all : NULL, in_lit, &w->nsegs);
         for (size_t j = 0; j < w->nsegs.n; j++) {
             tok_seg ns = w->nsegs.v[j];
             if (ns.added >= 0) tok_ids_push(out, t->added[ns.added].id);
@@ -310,16 +319,23 @@ static void encode_with(lm_tokenizer *t, tok_work *w, const char *text, size_t l
 
 int lm_tokenizer_encode(lm_tokenizer *t, const char *text, size_t len, bool add_special,
                         lm_tok_ids *out, lm_err *e) {
+    return lm_tokenizer_encode_lit(t, text, len, add_special, NULL, 0, out, e);
+}
+
+int lm_tokenizer_encode_lit(lm_tokenizer *t, const char *text, size_t len, bool add_special,
+                            const lm_tok_span *lit, size_t n_lit, lm_tok_ids *out, lm_err *e) {
     if (len && !text) return lm_errf(e, "encode: NULL text");
     if (len > (size_t)UINT32_MAX / 4) return lm_errf(e, "encode: text of %zu bytes is too long", len);
     if (!len) text = "";
+    if (n_lit && !tok_utf8_valid(text, len)) /* the lossy repair would move the literal ranges */
+        return lm_errf(e, "encode: a prompt with literal text must be valid UTF-8");
     if (pthread_mutex_trylock(&t->lock) == 0) {
-        encode_with(t, &t->work, text, len, add_special, out);
+        encode_with(t, &t->work, text, len, add_special, lit, n_lit, out);
         pthread_mutex_unlock(&t->lock);
     } else { /* another thread holds the cache: work without one */
         tok_work w;
         tok_work_init(&w, false);
-        encode_with(t, &w, text, len, add_special, out);
+        encode_with(t, &w, text, len, add_special, lit, n_lit, out);
         tok_work_free(&w);
     }
     return 0;

@@ -178,10 +178,25 @@ describe('lumen serve /v1/responses with the openai SDK', { skip: skip !== null 
     }
   });
 
+  test('text.format json_schema: output_text parses and follows the schema', async () => {
+    const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 12 }, n: { type: 'integer', minimum: 0, maximum: 9 } },
+                     required: ['name', 'n'], additionalProperties: false };
+    const r = await client.responses.create({ ...base, max_output_tokens: 120, temperature: 0, reasoning: { effort: 'none' },
+                                              text: { format: { type: 'json_schema', name: 'item', schema, strict: true } } });
+    assert.equal(r.status, 'completed');
+    const v = JSON.parse(r.output_text);
+    assert.deepEqual(Object.keys(v).sort(), ['n', 'name']);
+    assert.ok(Number.isInteger(v.n) && v.n >= 0 && v.n <= 9 && v.name.length <= 12);
+  });
+
   test('errors name the field', async () => {
     await assert.rejects(
-      client.responses.create({ ...base, text: { format: { type: 'json_schema', name: 'x', schema: {} } } }),
-      (err) => err.status === 400 && err.param === 'text.format' && /not supported yet/.test(err.message),
+      client.responses.create({ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }),
+      (err) => err.status === 400 && /'not' is not supported/.test(err.message),
+    );
+    await assert.rejects(
+      client.responses.create({ ...base, text: { format: { type: 'grammar' } } }),
+      (err) => err.status === 400 && err.param === 'text.format',
     );
     await assert.rejects(
       client.responses.create({ model: 'demo', input: [{ type: 'message', role: 'user', content: [{ type: 'input_image', image_url: 'x' }] }] }),

@@ -43,6 +43,7 @@ function args() {
     threads: 0,
     url: null,
     overhead: false,
+    defaults: false,
     serverArgs: [],
   };
   const a = process.argv.slice(2);
@@ -58,6 +59,7 @@ function args() {
     else if (k === '--threads') o.threads = Number(v());
     else if (k === '--url') o.url = v();
     else if (k === '--overhead') o.overhead = true;
+    else if (k === '--defaults') o.defaults = true; // the server's own --parallel and --max-connections
     else if (k === '--server-arg') o.serverArgs.push(v());
     else {
       console.error(`unknown option ${k}`);
@@ -68,8 +70,8 @@ function args() {
 }
 
 function startServerFor(o) {
-  const argv = ['serve', '-m', o.model, '--port', '0', '--quiet', '--parallel', String(o.parallel),
-    '--max-connections', String(o.clients + 64), ...o.serverArgs];
+  const sized = o.defaults ? [] : ['--parallel', String(o.parallel), '--max-connections', String(o.clients + 64)];
+  const argv = ['serve', '-m', o.model, '--port', '0', '--quiet', ...sized, ...o.serverArgs];
   if (o.threads) argv.push('--threads', String(o.threads));
   return startServer(o.bin, argv);
 }
@@ -95,6 +97,7 @@ function streamOnce(url, body) {
       { method: 'POST', agent, headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) } },
       (res) => {
         r.status = res.statusCode;
+        r.retryAfter = res.headers['retry-after'] ?? null;
         let buf = '';
         let finished = false;
         let done = false;
@@ -174,6 +177,8 @@ async function load(o, url, pid) {
       const r = await streamOnce(url, chatBody(o, n++));
       results.push(r);
       if (!r.ok && !r.status) await new Promise((res) => setTimeout(res, 50)); // connection refused: back off
+      // a well-behaved client waits as long as a 503's Retry-After says
+      if (r.status === 503 && r.retryAfter) await new Promise((res) => setTimeout(res, 1000 * Number(r.retryAfter)));
     }
   };
   const t0 = performance.now();
@@ -200,6 +205,9 @@ async function load(o, url, pid) {
     completed: ok.length,
     errors: errors.length,
     error_samples: [...new Set(errors.map((r) => r.error ?? `HTTP ${r.status}`))].slice(0, 3),
+    status_counts: results.reduce((m, r) => ((m[r.status || 'none'] = (m[r.status || 'none'] ?? 0) + 1), m), {}),
+    busy_503_with_retry_after: results.filter((r) => r.status === 503 && r.retryAfter).length,
+    other_5xx: results.filter((r) => r.status >= 500 && !(r.status === 503 && r.retryAfter)).length,
     dropped_streams: dropped.length + short.length,
     generated_tokens: tokens,
     tokens_per_s: round(tokens / wall, 1),

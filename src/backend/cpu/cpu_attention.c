@@ -18,7 +18,14 @@
  * rescaled by exp(m_old - m_new), then the chunk's exp(s - m) weights are
  * added. Every exponent is <= 0, so nothing overflows, and the result equals
  * the two-pass softmax up to rounding. No scratch beyond the stack is needed
- * whatever the context length. */
+ * whatever the context length.
+ *
+ * KV formats (lm_kv_type.h): f32 rows are read in place; other formats are
+ * decoded a run of at most LM_ATT_QROWS keys at a time (one KV block) into
+ * a stack tile that every head of the item then reads, so the cache is
+ * never copied wider. A rotated K (Q4R) is scored against the rotated
+ * query; a rotated V leaves the output rotated until the end, where it is
+ * turned back once per head. */
 #include "cpu_impl.h"
 
 #include <math.h>
@@ -28,6 +35,7 @@
 #define LM_ATT_CHUNK 128   /* keys scored at once, at most (stack buffer) */
 #define LM_ATT_HEADS 4     /* query heads of one kv head handled together */
 #define LM_ATT_MAX_DH 1024 /* head width bound for the on-stack accumulators */
+#define LM_ATT_QROWS 16    /* keys decoded at once from a non-f32 cache */
 
 /* ---- kv_write ----------------------------------------------------------- */
 
@@ -37,10 +45,9 @@ static void lm_kv_check_slot(const lm_kv_pool *kv, const lm_attn_batch *b, int t
     LM_ASSERT(blk >= 0 && blk < kv->n_blocks);
 }
 
-/* Offset, in floats, of position p's row in a layer's K or V array. */
-static int64_t lm_kv_off(const lm_kv_pool *kv, const int32_t *table, int32_t p) {
-    int64_t blk = table[p / kv->block_size];
-    return (blk * kv->block_size + p % kv->block_size) * kv->kv_width;
+/* Row index of position p in a layer's K or V array. */
+static int64_t lm_kv_row(const lm_kv_pool *kv, const int32_t *table, int32_t p) {
+    return (int64_t)table[p / kv->block_size] * kv->block_size + p % kv->block_size;
 }
 
 void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor *k,
@@ -49,13 +56,14 @@ void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor 
     LM_ASSERT(layer >= 0 && layer < kv->n_layers);
     LM_ASSERT(k->type == LM_F32 && v->type == LM_F32 && k->rows == b->n_tokens && v->rows == b->n_tokens);
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
-    size_t bytes = (size_t)k->cols * sizeof(float);
+    const size_t kb = lm_kv_row_bytes(kv->k_type, kv->kv_width), vb = lm_kv_row_bytes(kv->v_type, kv->kv_width);
     for (int t = 0; t < b->n_tokens; t++) {
         lm_kv_check_slot(kv, b, t);
-        const int32_t *table = b->block_tables[b->seq[t]];
-        int64_t off = lm_kv_off(kv, table, b->pos[t]);
-        memcpy(kv->k[layer] + off, (const float *)k->data + t * k->cols, bytes);
-        memcpy(kv->v[layer] + off, (const float *)v->data + t * v->cols, bytes);
+        int64_t r = lm_kv_row(kv, b->block_tables[b->seq[t]], b->pos[t]);
+        lm_kv_encode_row(kv->k_type, (char *)kv->k[layer] + r * kb, (const float *)k->data + t * k->cols, k->cols,
+                         kv->kv_width, kv->rot);
+        lm_kv_encode_row(kv->v_type, (char *)kv->v[layer] + r * vb, (const float *)v->data + t * v->cols, v->cols,
+                         kv->kv_width, kv->rot);
     }
 }
 
@@ -66,13 +74,29 @@ typedef struct lm_att {
     float *out;
     const float *q;
     const lm_kv_pool *kv;
-    const float *kl, *vl; /* this layer's K and V */
+    const char *kl, *vl;  /* this layer's K and V rows */
+    size_t kb, vb;        /* bytes a row */
     const lm_attn_batch *b;
     const lm_attn_params *p;
     int64_t q_cols, out_cols;
     int n_sub;            /* head subgroups per kv head */
     atomic_llong next;
 } lm_att;
+
+/* Rows [j0, j0 + n) (inside one block) of kv head columns [c0, c0 + Dh) of
+ * a layer's array in format t: a pointer into the pool and its row stride
+ * (f32), or decoded into buf [n][Dh] (stride Dh). */
+static const float *lm_att_rows(const lm_att *a, lm_kv_type t, const char *l, size_t rb, int64_t row, int n,
+                                int64_t c0, float *buf, int64_t *ld) {
+    const int Dh = a->p->head_dim;
+    if (t == LM_KV_F32) {
+        *ld = a->kv->kv_width;
+        return (const float *)(l + row * (int64_t)rb) + c0;
+    }
+    for (int j = 0; j < n; j++) lm_kv_decode(t, l + (row + j) * (int64_t)rb, c0, Dh, a->kv->kv_width, buf + j * Dh);
+    *ld = Dh;
+    return buf;
+}
 
 /* Query heads h0 .. h0+nh-1 (all reading the same kv head) of token t. The
  * keys are walked in runs that stay inside one KV block, so each run is a
@@ -81,24 +105,37 @@ typedef struct lm_att {
 static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
     const lm_attn_params *p = a->p;
     const lm_cpu_kern *k = a->k;
-    const int Dh = p->head_dim, bs = a->kv->block_size;
-    const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh, ld = a->kv->kv_width;
+    const lm_kv_pool *kv = a->kv;
+    const int Dh = p->head_dim, bs = kv->block_size;
+    const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh;
     const int32_t *table = a->b->block_tables[a->b->seq[t]];
     const int32_t pos = a->b->pos[t];
     const int32_t lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+    const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
+    const int chunk = f32 ? LM_ATT_CHUNK : LM_ATT_QROWS;
     float acc[LM_ATT_HEADS][LM_ATT_MAX_DH], m[LM_ATT_HEADS], s[LM_ATT_CHUNK];
+    /* decoded runs and rotated queries (untouched for f32) */
+    float kbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], vbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], qrot[LM_ATT_HEADS][LM_ATT_MAX_DH];
+    const float *qh[LM_ATT_HEADS];
     double l[LM_ATT_HEADS];
     for (int hh = 0; hh < nh; hh++) {
         memset(acc[hh], 0, (size_t)Dh * sizeof(float));
         m[hh] = -INFINITY;
         l[hh] = 0.0;
+        qh[hh] = a->q + t * a->q_cols + (int64_t)(h0 + hh) * Dh;
+        if (kv->k_type == LM_KV_Q4R) {
+            memcpy(qrot[hh], qh[hh], (size_t)Dh * sizeof(float));
+            for (int i = 0; i < Dh; i += kv->rot) lm_kv_rotate(qrot[hh] + i, kv->rot);
+            qh[hh] = qrot[hh];
+        }
     }
     for (int32_t j0 = lo; j0 <= pos;) {
-        int n = LM_MIN(bs - j0 % bs, LM_MIN(LM_ATT_CHUNK, pos - j0 + 1));
-        int64_t off = lm_kv_off(a->kv, table, j0) + goff;
+        int n = LM_MIN(bs - j0 % bs, LM_MIN(chunk, pos - j0 + 1));
+        int64_t row = lm_kv_row(kv, table, j0), ldk, ldv;
+        const float *kr = lm_att_rows(a, kv->k_type, a->kl, a->kb, row, n, goff, kbuf, &ldk);
+        const float *vr = lm_att_rows(a, kv->v_type, a->vl, a->vb, row, n, goff, vbuf, &ldv);
         for (int hh = 0; hh < nh; hh++) {
-            const float *qv = a->q + t * a->q_cols + (int64_t)(h0 + hh) * Dh;
-            k->attn_scores(qv, a->kl + off, ld, n, Dh, p->scale, s);
+            k->attn_scores(qh[hh], kr, ldk, n, Dh, p->scale, s);
             if (p->softcap > 0)
                 for (int j = 0; j < n; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
             float cmax = s[0];
@@ -112,7 +149,7 @@ static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
                 m[hh] = cmax;
             }
             l[hh] += k->attn_exp(s, n, m[hh]);
-            k->attn_accum(acc[hh], s, a->vl + off, ld, n, Dh);
+            k->attn_accum(acc[hh], s, vr, ldv, n, Dh);
         }
         j0 += n;
     }
@@ -120,6 +157,8 @@ static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
         float *o = a->out + t * a->out_cols + (int64_t)(h0 + hh) * Dh;
         float inv = (float)(1.0 / l[hh]);
         for (int i = 0; i < Dh; i++) o[i] = acc[hh][i] * inv;
+        if (kv->v_type == LM_KV_Q4R)
+            for (int i = 0; i < Dh; i += kv->rot) lm_kv_unrotate(o + i, kv->rot);
     }
 }
 
@@ -143,6 +182,9 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
     const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim;
     LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && Dh <= LM_ATT_MAX_DH);
     LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
+    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || kv->kv_width % LM_KV_GROUP == 0);
+    if (kv->k_type == LM_KV_Q4R || kv->v_type == LM_KV_Q4R)
+        LM_ASSERT(kv->rot >= 2 && kv->rot <= LM_KV_MAX_ROT && Dh % kv->rot == 0);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == b->n_tokens && out->rows == b->n_tokens);
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
     for (int t = 0; t < b->n_tokens; t++) {
@@ -155,6 +197,7 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
     }
     lm_att a = {
         .k = c->k, .out = out->data, .q = q->data, .kv = kv, .kl = kv->k[layer], .vl = kv->v[layer],
+        .kb = lm_kv_row_bytes(kv->k_type, kv->kv_width), .vb = lm_kv_row_bytes(kv->v_type, kv->kv_width),
         .b = b, .p = p, .q_cols = q->cols, .out_cols = out->cols,
         .n_sub = (H / Hkv + LM_ATT_HEADS - 1) / LM_ATT_HEADS,
     };

@@ -45,7 +45,14 @@
  * Precision: f32 throughout (f32 scores, f32 FMA accumulation, expf), as the
  * CPU backend, which keeps its denominator in double; agreement is ~1e-6
  * relative. Shared memory: (64*DP + 32*(DP+1) + 32*DP) floats, 131 KB at
- * Dh = 256 (opted in above 48 KB). */
+ * Dh = 256 (opted in above 48 KB).
+ *
+ * KV formats other than f32 (lm_kv_type.h): the decode kernel and the
+ * CUDA-core tiled kernel have a second instantiation (GEN) that decodes
+ * each K/V value from the cache's own rows as it loads them
+ * (att_kv_span, att_kv_at); the tensor-core kernel reads f32 only. A
+ * rotated K (Q4R) is met by rotating q into scratch first; a rotated V
+ * by un-rotating the output after (cuda_kv_format.cu). */
 #include "cuda_attention.h"
 
 #include <math.h>
@@ -85,8 +92,12 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
     if (b->n_tokens == 0) return;
     att_dev d = att_stage_memo(c, kv, b, 0, true);
+    if (kv->k_type != LM_KV_F32 || kv->v_type != LM_KV_F32) {
+        lm_cuda_kv_write_fmt(c, kv, layer, k, v, d);
+        return;
+    }
     lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0,
-                       kv->k[layer], kv->v[layer], (const float *)k->data, (const float *)v->data, k->cols,
+                       (float *)kv->k[layer], (float *)kv->v[layer], (const float *)k->data, (const float *)v->data, k->cols,
                        kv->kv_width, kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
 }
@@ -103,8 +114,9 @@ __device__ __forceinline__ float att_warp_sum(float x) {
     return x;
 }
 
-/* ND = DP / 32 accumulator columns per lane. grid (tiles, Hkv * n_sub, n_splits). */
-template <int ND>
+/* ND = DP / 32 accumulator columns per lane. grid (tiles, Hkv * n_sub, n_splits).
+ * GEN: K and V in any format (decoded as loaded), else f32. */
+template <int ND, bool GEN>
 __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
     constexpr int DP = ND * 32;
     extern __shared__ float4 att_smem4[];
@@ -154,9 +166,14 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args a) {
             float kx = 0.0f, vx = 0.0f;
             if (j <= k_hi && dd < a.Dh) {
                 const int64_t row = (int64_t)table[j / a.bs] * a.bs + j % a.bs;
-                const int64_t o = row * a.kv_ld + goff + dd;
-                kx = a.kl[o];
-                vx = a.vl[o];
+                if (GEN) {
+                    kx = att_kv_at(a.kt, a.kl, a.k_rb, a.k_cb, row, goff + dd);
+                    vx = att_kv_at(a.vt, a.vl, a.v_rb, a.v_cb, row, goff + dd);
+                } else {
+                    const int64_t o = row * a.kv_ld + goff + dd;
+                    kx = a.kl[o];
+                    vx = a.vl[o];
+                }
             }
             sK[jj * (DP + 1) + dd] = kx;
             sV[jj * DP + dd] = vx;
@@ -321,16 +338,26 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
     memset(&a, 0, sizeof a);
     a.out = (float *)out->data;
     a.q = (const float *)q->data;
-    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.kl = (const float *)kv->k[layer], a.vl = (const float *)kv->v[layer];
     a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
+    a.kt = kv->k_type, a.vt = kv->v_type;
+    a.k_rb = (int64_t)lm_kv_row_bytes(kv->k_type, kv->kv_width), a.v_rb = (int64_t)lm_kv_row_bytes(kv->v_type, kv->kv_width);
+    a.k_cb = (int64_t)lm_kv_codes_bytes(kv->k_type, kv->kv_width);
+    a.v_cb = (int64_t)lm_kv_codes_bytes(kv->v_type, kv->kv_width);
     a.d = d;
     a.bs = kv->block_size, a.H = p->n_heads, a.gsz = p->n_heads / p->n_kv_heads, a.Dh = p->head_dim;
     a.window = p->window, a.n_splits = ns;
     a.scale = p->scale, a.softcap = p->softcap;
-    if (ns > 1) {
-        const size_t rows = (size_t)T * (size_t)a.H * (size_t)ns;
-        float *part = (float *)lm_cuda_scratch(c, rows * ((size_t)a.Dh + 2) * sizeof(float));
-        a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
+    /* one scratch: the split partials, then a rotated copy of q (K in Q4R) */
+    const size_t rows = ns > 1 ? (size_t)T * (size_t)a.H * (size_t)ns : 0, hd = (size_t)a.H * (size_t)a.Dh;
+    const size_t qrot = kv->k_type == LM_KV_Q4R ? (size_t)T * hd : 0;
+    if (rows + qrot == 0) return a;
+    float *part = (float *)lm_cuda_scratch(c, (rows * ((size_t)a.Dh + 2) + qrot) * sizeof(float));
+    if (ns > 1) a.pm = part, a.pl = part + rows, a.pacc = part + 2 * rows;
+    if (qrot) {
+        float *qr = part + rows * ((size_t)a.Dh + 2);
+        lm_cuda_kv_rotate(c, qr, (int64_t)hd, a.q, a.q_ld, T, (int64_t)hd, kv->rot, false);
+        a.q = qr, a.q_ld = (int64_t)hd;
     }
     return a;
 }
@@ -341,6 +368,13 @@ static void att_combine(lm_cuda *c, const att_args *a, int T) {
     lm_cuda_launch_pdl(c, att_combine_kernel, dim3((unsigned)a->H, (unsigned)T), 128, 0, a->out, a->out_ld, a->pm,
                        a->pl, a->pacc, a->H, a->Dh, a->n_splits);
     LM_CUDA_LAUNCHED("att_combine_kernel");
+}
+
+/* A V in Q4R leaves the output rotated: turn each head back, in place. */
+static void att_unrotate(lm_cuda *c, const lm_kv_pool *kv, lm_tensor *out, const lm_attn_params *p, int T) {
+    if (kv->v_type != LM_KV_Q4R) return;
+    const int64_t hd = (int64_t)p->n_heads * p->head_dim;
+    lm_cuda_kv_rotate(c, (float *)out->data, out->cols, (const float *)out->data, out->cols, T, hd, kv->rot, true);
 }
 
 /* ---- decode: one block per (token, kv head, split) -------------------------------- */
@@ -390,7 +424,7 @@ __device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
     return x;
 }
 
-template <int DPL, int GM>
+template <int DPL, int GM, bool GEN>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 1) att_decode_kernel(att_args a) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
@@ -435,7 +469,13 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
 #pragma unroll
         for (int b = 0; b < KB; b++) {
             const int j = min(j0 + b, k_hi); /* past k_hi: a valid row, masked below */
-            const int64_t o = ((int64_t)table[j / a.bs] * a.bs + j % a.bs) * a.kv_ld + goff;
+            const int64_t row = (int64_t)table[j / a.bs] * a.bs + j % a.bs;
+            if (GEN) {
+                att_kv_span<DPL>(a.kt, a.kl, a.k_rb, a.k_cb, row, goff, kx[b]);
+                att_kv_span<DPL>(a.vt, a.vl, a.v_rb, a.v_cb, row, goff, vx[b]);
+                continue;
+            }
+            const int64_t o = row * a.kv_ld + goff;
 #pragma unroll
             for (int d = 0; d < DPL; d++) kx[b][d] = a.kl[o + d], vx[b][d] = a.vl[o + d];
         }
@@ -524,17 +564,23 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
 }
 
 /* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
-template <int DPL, int GM>
-static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
+template <int DPL, int GM, bool GEN>
+static void att_decode_launch_as(lm_cuda *c, dim3 grid, att_args *a) {
     a->n_sub = (a->gsz + GM - 1) / GM;
     grid.y *= (unsigned)a->n_sub;
     if (c->fused && a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
     const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
     if (smem > 48 * 1024)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM>, grid, ATT_DEC_WARPS * 32, smem, *a);
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM, GEN>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM, GEN>, grid, ATT_DEC_WARPS * 32, smem, *a);
     LM_CUDA_LAUNCHED("att_decode_kernel");
+}
+
+template <int DPL, int GM>
+static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
+    if (a->kt == LM_KV_F32 && a->vt == LM_KV_F32) att_decode_launch_as<DPL, GM, false>(c, grid, a);
+    else att_decode_launch_as<DPL, GM, true>(c, grid, a);
 }
 
 /* Few query tokens per sequence (decode, short drafts): one block per token.
@@ -569,17 +615,25 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     else if (Dh == 256) g4 ? att_decode_launch<8, 4>(c, grid, &a) : att_decode_launch<8, 8>(c, grid, &a);
     else att_decode_launch<16, 2>(c, grid, &a);
     att_combine(c, &a, T);
+    att_unrotate(c, kv, out, p, T);
+}
+
+template <int ND, bool GEN>
+static void att_launch_as(lm_cuda *c, dim3 grid, const att_args *a) {
+    const size_t smem = (size_t)(ATT_ROWS * ND * 32 + ATT_BK * (ND * 32 + 1) + ATT_BK * ND * 32) * sizeof(float);
+    static bool opted; /* per instantiation; the limit is a property of the kernel */
+    if (!opted)
+        LM_CUDA_CHECK(
+            cudaFuncSetAttribute(att_kernel<ND, GEN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = true;
+    lm_cuda_launch(c, att_kernel<ND, GEN>, grid, ATT_THREADS, smem, *a);
+    LM_CUDA_LAUNCHED("att_kernel");
 }
 
 template <int ND>
 static void att_launch(lm_cuda *c, dim3 grid, const att_args *a) {
-    const size_t smem = (size_t)(ATT_ROWS * ND * 32 + ATT_BK * (ND * 32 + 1) + ATT_BK * ND * 32) * sizeof(float);
-    static bool opted; /* per instantiation; the limit is a property of the kernel */
-    if (!opted)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    opted = true;
-    lm_cuda_launch(c, att_kernel<ND>, grid, ATT_THREADS, smem, *a);
-    LM_CUDA_LAUNCHED("att_kernel");
+    if (a->kt == LM_KV_F32 && a->vt == LM_KV_F32) att_launch_as<ND, false>(c, grid, a);
+    else att_launch_as<ND, true>(c, grid, a);
 }
 
 void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv, int layer,
@@ -589,6 +643,9 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens, S = b->n_seqs;
     LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && (Dh <= ATT_MAX_DH || Dh == 512));
     LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
+    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || kv->kv_width % LM_KV_GROUP == 0);
+    if (kv->k_type == LM_KV_Q4R || kv->v_type == LM_KV_Q4R)
+        LM_ASSERT(kv->rot >= 2 && kv->rot <= LM_KV_MAX_ROT && Dh % kv->rot == 0);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
     LM_ASSERT(q->cols >= (int64_t)H * Dh && out->cols >= (int64_t)H * Dh && out->data != q->data);
     if (T == 0 || lm_cuda_skip(c, LM_SKIP_ATTENTION)) return;
@@ -597,7 +654,8 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
         return;
     }
     /* query rows a block: the tensor-core kernel's 64 or 128, else 64 */
-    const int tc_rows = lm_att_tc_rows(c, Dh, q->cols, kv->kv_width, q->data, kv->k[layer], kv->v[layer]);
+    const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
+    const int tc_rows = f32 ? lm_att_tc_rows(c, Dh, q->cols, kv->kv_width, q->data, kv->k[layer], kv->v[layer]) : 0;
     const int rows = tc_rows ? tc_rows : ATT_ROWS;
     const int gsz = H / Hkv, hb = LM_MIN(gsz, rows), n_sub = (gsz + hb - 1) / hb, tpb = rows / hb;
 
@@ -660,4 +718,5 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     else if (Dh <= 128) att_launch<4>(c, grid, &a);
     else att_launch<8>(c, grid, &a);
     att_combine(c, &a, T);
+    att_unrotate(c, kv, out, p, T);
 }

@@ -7,6 +7,8 @@
 
 #include "cuda_internal.h"
 
+#include <cuda_fp16.h>
+
 #define ATT_ROWS 64 /* query rows (token, head) per block of the tiled kernels */
 #define ATT_MAX_SPLITS 64
 #define ATT_FULL 0xffffffffu /* every lane of a warp (shuffle masks) */
@@ -28,8 +30,10 @@ att_dev att_stage_memo(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b,
 
 typedef struct att_args {
     float *out;
-    const float *q, *kl, *vl;
+    const float *q, *kl, *vl; /* kl, vl: rows in the formats kt, vt (f32: kv_ld floats a row) */
     int64_t q_ld, out_ld, kv_ld;
+    int kt, vt;               /* lm_kv_type of K and V */
+    int64_t k_rb, v_rb, k_cb, v_cb; /* bytes a row, and where its scales start */
     att_dev d;
     const int32_t *tok;  /* token ids grouped by sequence */
     const int32_t *tiles; /* [n_tiles][4]: first index into tok, count, key lo, key hi */
@@ -38,6 +42,57 @@ typedef struct att_args {
     float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
     int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
 } att_args;
+
+/* ---- KV formats (lm_kv_type.h) on the device ------------------------------------ */
+
+/* Value c of row `row` of a layer's array in format t (rb bytes a row, its
+ * scales at byte cb); for LM_KV_Q4R still rotated. */
+__device__ __forceinline__ float att_kv_at(int t, const void *base, int64_t rb, int64_t cb, int64_t row, int64_t c) {
+    const unsigned char *r = (const unsigned char *)base + row * rb;
+    switch (t) {
+    case LM_KV_F32: return ((const float *)r)[c];
+    case LM_KV_BF16: return __uint_as_float((unsigned)((const unsigned short *)r)[c] << 16);
+    case LM_KV_Q8: return __half2float(__ushort_as_half(((const unsigned short *)(r + cb))[c / 32])) * (float)((const signed char *)r)[c];
+    default: {
+        const unsigned b = r[c / 2];
+        const int q = (int)((c & 1) ? b >> 4 : b & 15u) - 8;
+        return __half2float(__ushort_as_half(((const unsigned short *)(r + cb))[c / 32])) * (float)q;
+    }
+    }
+}
+
+/* n consecutive values from c (c and n within one scale group). */
+template <int N>
+__device__ __forceinline__ void att_kv_span(int t, const void *base, int64_t rb, int64_t cb, int64_t row, int64_t c,
+                                            float (&y)[N]) {
+    const unsigned char *r = (const unsigned char *)base + row * rb;
+    if (t == LM_KV_F32) {
+#pragma unroll
+        for (int i = 0; i < N; i++) y[i] = ((const float *)r)[c + i];
+    } else if (t == LM_KV_BF16) {
+#pragma unroll
+        for (int i = 0; i < N; i++) y[i] = __uint_as_float((unsigned)((const unsigned short *)r)[c + i] << 16);
+    } else {
+        const float d = __half2float(__ushort_as_half(((const unsigned short *)(r + cb))[c / 32]));
+        if (t == LM_KV_Q8) {
+#pragma unroll
+            for (int i = 0; i < N; i++) y[i] = d * (float)((const signed char *)r)[c + i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                const unsigned b = r[(c + i) / 2];
+                y[i] = d * (float)((int)(((c + i) & 1) ? b >> 4 : b & 15u) - 8);
+            }
+        }
+    }
+}
+
+/* cuda_kv_format.cu: kv_write into rows of non-f32 formats (d staged for
+ * the T tokens), and the rotation of LM_KV_Q4R on activation rows: y = R x
+ * (or R^T x when inverse) per rot-wide piece of the first cols columns. */
+void lm_cuda_kv_write_fmt(lm_cuda *c, lm_kv_pool *kv, int layer, const lm_tensor *k, const lm_tensor *v, att_dev d);
+void lm_cuda_kv_rotate(lm_cuda *c, float *y, int64_t y_ld, const float *x, int64_t x_ld, int T, int64_t cols, int rot,
+                       bool inverse);
 
 /* Row r of a tiled-attention block (tile = its record, hg its kv head, sub
  * its head subgroup): the token, query head, position and lowest key it

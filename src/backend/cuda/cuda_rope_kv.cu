@@ -71,7 +71,8 @@ static bool att_one_rope(const lm_rope_params *rq, const lm_rope_params *rk, con
 void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_tensor *v, const lm_rope_params *rq,
                            const lm_rope_params *rk, lm_kv_pool *kv, int layer, const lm_attn_batch *b) {
     lm_cuda *c = lm_cuda_of(be);
-    if (!att_one_rope(rq, rk, k, v)) {
+    /* the fused kernel writes f32 rows; other formats take the plain ops */
+    if (!att_one_rope(rq, rk, k, v) || kv->k_type != LM_KV_F32 || kv->v_type != LM_KV_F32) {
         lm_cuda_rope(be, q, b->pos, rq);
         lm_cuda_rope(be, k, b->pos, rk);
         lm_cuda_kv_write(be, kv, layer, k, v, b);
@@ -90,7 +91,7 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
     a.freq = lm_cuda_freq(c, rq->inv_freq, rq->rot_dim / 2);
     a.q = (float *)q->data, a.k = (float *)k->data, a.v = (const float *)v->data;
     a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.kv_ld = kv->kv_width;
-    a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.kl = (float *)kv->k[layer], a.vl = (float *)kv->v[layer];
     a.attn_factor = rq->attn_factor;
     a.Hq = rq->n_heads, a.Hkv = rk->n_heads, a.Dh = rq->head_dim, a.half = rq->rot_dim / 2, a.rot = rq->rot_dim;
     a.bs = kv->block_size, a.interleaved = rq->interleaved;
@@ -172,7 +173,8 @@ void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *
     const bool one = att_one_rope(rq, rk, k, v) && Dh <= 1024 && wq->rows == 1 && wq->cols == Dh && wk->rows == 1 &&
                      wk->cols == Dh && q->cols == (int64_t)rq->n_heads * Dh && qn->cols == q->cols &&
                      kn->cols == k->cols;
-    if (!one || lm_cuda_skip(c, LM_SKIP_NORM) || lm_cuda_skip(c, LM_SKIP_ROPE_KV)) {
+    if (!one || lm_cuda_skip(c, LM_SKIP_NORM) || lm_cuda_skip(c, LM_SKIP_ROPE_KV) || kv->k_type != LM_KV_F32 ||
+        kv->v_type != LM_KV_F32) {
         lm_cuda_rms_norm(be, qn, q, wq, eps, w_offset);
         lm_cuda_rms_norm(be, kn, k, wk, eps, w_offset);
         lm_cuda_rope_kv_write(be, qn, kn, v, rq, rk, kv, layer, b);
@@ -194,7 +196,7 @@ void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *
     a.wq = (const float *)wq->data, a.wk = (const float *)wk->data;
     a.qn = (float *)qn->data, a.kn = (float *)kn->data;
     a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.qn_ld = qn->cols, a.kn_ld = kn->cols;
-    a.kv_ld = kv->kv_width, a.kl = kv->k[layer], a.vl = kv->v[layer];
+    a.kv_ld = kv->kv_width, a.kl = (float *)kv->k[layer], a.vl = (float *)kv->v[layer];
     a.attn_factor = rq->attn_factor, a.eps = eps, a.w_off = w_offset;
     a.Hq = rq->n_heads, a.Hkv = rk->n_heads, a.Dh = Dh, a.half = rq->rot_dim / 2, a.bs = kv->block_size;
     a.interleaved = rq->interleaved;

@@ -1,0 +1,381 @@
+/* mask.c - the vocabulary as a byte trie, and the next-token mask.
+ *
+ * The trie is stored in preorder: node k has a byte, a depth, the first
+ * token whose bytes end there, and next[k], the node after its subtree. The
+ * mask walks it once, keeping the stack set of every depth on the current
+ * path; a byte no stack takes skips the whole subtree (next[k]). Nodes the
+ * walk makes are dropped afterwards (and per sibling as it goes).
+ *
+ * Masks are cached per grammar under a 128-bit hash of the stack set (the
+ * element positions of every stack, top to bottom, in a canonical order):
+ * equal stacks allow equal tokens, wherever they were reached from. */
+#define _GNU_SOURCE /* qsort_r */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_internal.h"
+
+/* The cache of one grammar holds at most this many bytes of masks. */
+#define G_CACHE_BYTES (64u << 20)
+/* ... and at most this many (a small vocabulary must not get a huge table). */
+#define G_CACHE_MAX 4096
+
+struct lm_grammar_vocab {
+    int n_vocab;
+    /* token bytes */
+    uint32_t *off, *len;    /* [n_vocab]; len 0: never produced */
+    char *arena;
+    uint8_t *is_end;        /* [n_vocab] */
+    int32_t *end_ids;
+    int n_end;
+    /* the trie, preorder */
+    int n_tn, max_depth;
+    uint8_t *tn_byte;
+    int32_t *tn_depth, *tn_next, *tn_tok;
+    int32_t *tok_next;      /* [n_vocab] next token with the same bytes, -1 */
+    /* the self-loop shortcut (walk): per node, the ASCII bytes below it (bit
+     * c of sub_ascii[2k + c / 64]) and whether any byte below is not ASCII;
+     * its subtree's tokens are order[tn_lo[k], tn_lo[tn_next[k]]) */
+    uint64_t *sub_ascii;    /* [2 n_tn] */
+    uint8_t *sub_high;      /* [n_tn] */
+    int32_t *tn_lo;         /* [n_tn + 1] */
+    int32_t *order;         /* [n_order] token ids in byte order (= trie preorder) */
+    int n_order;
+};
+
+bool gv_is_end(const lm_grammar_vocab *v, int32_t id) { return id >= 0 && id < v->n_vocab && v->is_end[id]; }
+
+const char *gv_bytes(const lm_grammar_vocab *v, int32_t id, size_t *n) {
+    if (id < 0 || id >= v->n_vocab || !v->len[id]) return NULL;
+    *n = v->len[id];
+    return v->arena + v->off[id];
+}
+
+int lm_grammar_vocab_size(const lm_grammar_vocab *v) { return v->n_vocab; }
+
+static int by_bytes(const void *a, const void *b, void *ctx) {
+    const lm_grammar_vocab *sort_v = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = sort_v->len[x], ly = sort_v->len[y];
+    int c = memcmp(sort_v->arena + sort_v->off[x], sort_v->arena + sort_v->off[y], LM_MIN(lx, ly));
+    if (c) return c;
+    return lx != ly ? (lx < ly ? -1 : 1) : (x < y ? -1 : 1);
+}
+
+lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes, const size_t *lens,
+                                          const int32_t *end_ids, int n_end) {
+    lm_grammar_vocab *v = lm_xcalloc(1, sizeof *v);
+    v->n_vocab = n_vocab;
+    v->off = lm_xcalloc((size_t)n_vocab, sizeof *v->off);
+    v->len = lm_xcalloc((size_t)n_vocab, sizeof *v->len);
+    v->is_end = lm_xcalloc((size_t)n_vocab, 1);
+    v->tok_next = lm_xmalloc((size_t)n_vocab * sizeof *v->tok_next);
+    v->end_ids = lm_xmalloc((size_t)(n_end + 1) * sizeof *v->end_ids);
+    for (int i = 0; i < n_end; i++)
+        if (end_ids[i] >= 0 && end_ids[i] < n_vocab && !v->is_end[end_ids[i]]) {
+            v->is_end[end_ids[i]] = 1;
+            v->end_ids[v->n_end++] = end_ids[i];
+        }
+    size_t total = 0;
+    for (int i = 0; i < n_vocab; i++)
+        if (bytes[i] && !v->is_end[i]) total += lens[i];
+    v->arena = lm_xmalloc(total + 1);
+    int32_t *order = lm_xmalloc((size_t)n_vocab * sizeof *order);
+    int n = 0;
+    size_t k = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        v->tok_next[i] = -1;
+        if (!bytes[i] || !lens[i] || v->is_end[i]) continue;
+        memcpy(v->arena + k, bytes[i], lens[i]);
+        v->off[i] = (uint32_t)k;
+        v->len[i] = (uint32_t)lens[i];
+        k += lens[i];
+        order[n++] = i;
+    }
+    qsort_r(order, (size_t)n, sizeof *order, by_bytes, v);
+    /* preorder trie: at most one node per token byte */
+    v->tn_byte = lm_xmalloc(total + 1);
+    v->tn_depth = lm_xmalloc((total + 1) * sizeof *v->tn_depth);
+    v->tn_next = lm_xmalloc((total + 1) * sizeof *v->tn_next);
+    v->tn_tok = lm_xmalloc((total + 1) * sizeof *v->tn_tok);
+    int32_t *path = NULL;
+    int open = 0, cap_path = 0;
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int t = 0; t < n; t++) {
+        int32_t id = order[t];
+        const char *s = v->arena + v->off[id];
+        uint32_t len = v->len[id], l = 0;
+        while (prev && l < len && l < prev_len && s[l] == prev[l]) l++;
+        for (; open > (int)l; open--) v->tn_next[path[open - 1]] = v->n_tn; /* subtrees that end */
+        if ((int)len > cap_path) {
+            cap_path = (int)len * 2;
+            path = lm_xrealloc(path, (size_t)cap_path * sizeof *path);
+        }
+        for (uint32_t d = l; d < len; d++) {
+            int32_t x = v->n_tn++;
+            v->tn_byte[x] = (uint8_t)s[d];
+            v->tn_depth[x] = (int32_t)d + 1;
+            v->tn_tok[x] = -1;
+            path[open++] = x;
+        }
+        v->max_depth = LM_MAX(v->max_depth, (int)len);
+        int32_t at = path[len - 1];
+        v->tok_next[id] = v->tn_tok[at];
+        v->tn_tok[at] = id;
+        prev = s, prev_len = len;
+    }
+    for (; open > 0; open--) v->tn_next[path[open - 1]] = v->n_tn;
+    free(path);
+    /* subtree byte sets, bottom up (children come after their parent) */
+    v->sub_ascii = lm_xcalloc(2 * (size_t)v->n_tn + 2, sizeof *v->sub_ascii);
+    v->sub_high = lm_xcalloc((size_t)v->n_tn + 1, 1);
+    v->tn_lo = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_lo);
+    for (int x = v->n_tn - 1; x >= 0; x--)
+        for (int c = x + 1; c < v->tn_next[x]; c = v->tn_next[c]) {
+            uint8_t b = v->tn_byte[c];
+            if (b < 128) v->sub_ascii[2 * x + b / 64] |= 1ull << (b & 63);
+            else v->sub_high[x] = 1;
+            v->sub_ascii[2 * x] |= v->sub_ascii[2 * c], v->sub_ascii[2 * x + 1] |= v->sub_ascii[2 * c + 1];
+            v->sub_high[x] |= v->sub_high[c];
+        }
+    int t = 0;
+    for (int x = 0; x < v->n_tn; x++) { /* the first token at or after node x, in order */
+        v->tn_lo[x] = t;
+        for (int32_t id = v->tn_tok[x]; id >= 0; id = v->tok_next[id]) t++;
+    }
+    v->tn_lo[v->n_tn] = t;
+    /* order[] must list ids exactly as the preorder meets them */
+    v->n_order = 0;
+    for (int x = 0; x < v->n_tn; x++)
+        for (int32_t id = v->tn_tok[x]; id >= 0; id = v->tok_next[id]) order[v->n_order++] = id;
+    v->order = order;
+    return v;
+}
+
+void lm_grammar_vocab_free(lm_grammar_vocab *v) {
+    if (!v) return;
+    free(v->off), free(v->len), free(v->arena), free(v->is_end), free(v->end_ids), free(v->tok_next);
+    free(v->tn_byte), free(v->tn_depth), free(v->tn_next), free(v->tn_tok);
+    free(v->sub_ascii), free(v->sub_high), free(v->tn_lo), free(v->order);
+    free(v);
+}
+
+/* ---- the walk ---- */
+
+static int allow_tokens(const lm_grammar_vocab *v, int32_t id, uint32_t *mask) {
+    int n = 0;
+    for (; id >= 0; id = v->tok_next[id], n++) mask[id >> 5] |= 1u << (id & 31);
+    return n;
+}
+
+/* Whether stacks x and y hold the same elements all the way down. */
+static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
+    while (x != y) {
+        if (x < 0 || y < 0 || m->nodes[x].pos != m->nodes[y].pos) return false;
+        x = m->nodes[x].parent, y = m->nodes[y].parent;
+    }
+    return true;
+}
+
+/* The ASCII bytes that take the current set back to itself (inside a JSON
+ * string: every character that needs no escape). A path of such bytes
+ * leaves the set as it was, so a trie subtree made only of them is allowed
+ * whole without walking it. */
+static void self_loops(lm_grammar_matcher *m, uint64_t loop[2]) {
+    loop[0] = loop[1] = 0;
+    g_ids *t = &m->tmp;
+    const int mark = m->n_nodes, n = m->cur.n;
+    for (int c = 0; c < 128 && n > 0; c++) {
+        t->n = 0;
+        for (int i = 0; i < n; i++) g_ids_push(t, m->cur.v[i]);
+        t->base = n;
+        gm_advance(m, 0, n, (uint8_t)c, t);
+        bool same = t->n - n == n;
+        for (int i = 0; i < n && same; i++) same = same_stack(m, t->v[n + i], m->cur.v[i]);
+        if (same) loop[c / 64] |= 1ull << (c & 63);
+        m->n_nodes = mark;
+    }
+    t->n = t->base = 0;
+}
+
+static int walk(lm_grammar_matcher *m, uint32_t *mask) {
+    const lm_grammar_vocab *v = m->v;
+    if (m->lvl_cap < v->max_depth + 1) {
+        m->lvl_cap = v->max_depth + 1;
+        m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
+        m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
+        m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
+        m->lvl_loop = lm_xrealloc(m->lvl_loop, (size_t)m->lvl_cap);
+    }
+    uint64_t loop[2];
+    self_loops(m, loop);
+    const int mark = m->n_nodes;
+    g_ids *L = &m->lvl;
+    L->n = 0;
+    for (int i = 0; i < m->cur.n; i++) g_ids_push(L, m->cur.v[i]);
+    m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark, m->lvl_loop[0] = 1;
+    int allowed = 0;
+    for (int k = 0; k < v->n_tn;) {
+        const int d = v->tn_depth[k];
+        const uint8_t b = v->tn_byte[k];
+        if (m->lvl_loop[d - 1] && b < 128 && ((loop[b / 64] >> (b & 63)) & 1)) {
+            /* back to the current set: the subtree is allowed whole when
+             * every byte below loops too, else walked with the same set */
+            if (!v->sub_high[k] && !(v->sub_ascii[2 * k] & ~loop[0]) && !(v->sub_ascii[2 * k + 1] & ~loop[1])) {
+                for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++, allowed++)
+                    mask[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
+                k = v->tn_next[k];
+                continue;
+            }
+            m->lvl_start[d] = 0, m->lvl_n[d] = m->lvl_n[0], m->lvl_nodes[d] = mark, m->lvl_loop[d] = 1;
+            allowed += allow_tokens(v, v->tn_tok[k], mask);
+            k++;
+            continue;
+        }
+        m->n_nodes = m->lvl_nodes[d - 1]; /* the previous sibling's nodes are garbage */
+        L->n = L->base = m->lvl_start[d] = LM_MAX(m->lvl_start[d - 1] + m->lvl_n[d - 1], m->lvl_n[0]);
+        gm_advance(m, m->lvl_start[d - 1], m->lvl_n[d - 1], b, L);
+        m->lvl_n[d] = L->n - m->lvl_start[d];
+        m->lvl_nodes[d] = m->n_nodes;
+        m->lvl_loop[d] = 0;
+        if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask);
+        k = m->lvl_n[d] > 0 ? k + 1 : v->tn_next[k];
+    }
+    m->n_nodes = mark;
+    L->base = 0;
+    return allowed;
+}
+
+/* ---- strict fill ---- */
+
+/* The longest token spelling a prefix of s[0, n) (-1: none), its length. */
+static int32_t longest_token(const lm_grammar_vocab *v, const char *s, size_t n, size_t *len) {
+    int32_t best = -1;
+    int k = 0, end = v->n_tn; /* the children of the current node: k .. end, by next[] */
+    for (size_t d = 0; d < n && k < end; d++) {
+        while (k < end && v->tn_byte[k] != (uint8_t)s[d]) k = v->tn_next[k];
+        if (k >= end) break;
+        if (v->tn_tok[k] >= 0) best = v->tn_tok[k], *len = d + 1;
+        end = v->tn_next[k];
+        k++;
+    }
+    return best;
+}
+
+int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap) {
+    char buf[256];
+    size_t n = lm_grammar_forced(m, buf, sizeof buf), at = 0;
+    int k = 0;
+    while (k < cap && at < n) {
+        size_t len = 0;
+        int32_t id = longest_token(m->v, buf + at, n - at, &len);
+        if (id < 0 || at + len >= n) break;
+        bool ok = lm_grammar_accept(m, id);
+        LM_ASSERT(ok); /* its bytes are forced */
+        ids[k++] = id;
+        at += len;
+    }
+    return k;
+}
+
+/* ---- the cache ---- */
+
+static uint64_t mix(uint64_t h, uint64_t x) {
+    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The set's key: each stack hashed twice (two seeds), each list sorted. */
+static void set_key(const lm_grammar_matcher *m, uint64_t *k1, uint64_t *k2) {
+    int n = m->cur.n;
+    uint64_t *h = lm_xmalloc((size_t)(2 * n + 1) * sizeof *h);
+    for (int i = 0; i < n; i++) {
+        uint64_t a = 1, b = 0x51ED270B27DD4DE5ull;
+        for (int32_t x = m->cur.v[i]; x >= 0; x = m->nodes[x].parent) {
+            a = mix(a, (uint64_t)m->nodes[x].pos);
+            b = mix(b ^ 0xA5A5A5A5u, (uint64_t)m->nodes[x].pos * 0x9E3779B1u);
+        }
+        h[i] = a, h[n + i] = b;
+    }
+    qsort(h, (size_t)n, sizeof *h, cmp_u64);
+    qsort(h + n, (size_t)n, sizeof *h, cmp_u64);
+    uint64_t a = mix(2, (uint64_t)m->cur.accepting), b = mix(3, (uint64_t)m->cur.accepting + 7);
+    for (int i = 0; i < n; i++) a = mix(a, h[i]), b = mix(b, h[n + i]);
+    free(h);
+    *k1 = a | 1; /* never 0: an empty slot */
+    *k2 = b;
+}
+
+static g_cache_ent *cache_find(lm_grammar *g, uint64_t k1, uint64_t k2) {
+    if (!g->cache_cap) return NULL;
+    for (int i = (int)(k1 & (uint64_t)(g->cache_cap - 1));; i = (i + 1) & (g->cache_cap - 1)) {
+        g_cache_ent *c = &g->cache[i];
+        if (!c->k1 || (c->k1 == k1 && c->k2 == k2)) return c;
+    }
+}
+
+static void cache_put(lm_grammar *g, int words, uint64_t k1, uint64_t k2, const uint32_t *mask, int n_allowed) {
+    size_t bytes = (size_t)words * 4;
+    int most = (int)LM_MAX(LM_MIN(G_CACHE_BYTES / bytes, G_CACHE_MAX), 16);
+    if (!g->cache_cap) {
+        int cap = 16;
+        while (cap < 2 * most) cap *= 2;
+        g->cache_cap = cap;
+        g->cache = lm_xcalloc((size_t)cap, sizeof *g->cache);
+    }
+    if (g->cache_n >= most) { /* full: start over (the states that matter come back at once) */
+        for (int i = 0; i < g->cache_cap; i++) free(g->cache[i].mask);
+        memset(g->cache, 0, (size_t)g->cache_cap * sizeof *g->cache);
+        g->cache_n = 0;
+    }
+    g_cache_ent *c = cache_find(g, k1, k2);
+    if (c->k1) return;
+    c->k1 = k1, c->k2 = k2;
+    c->mask = lm_xmalloc(bytes);
+    memcpy(c->mask, mask, bytes);
+    c->n_allowed = n_allowed;
+    g->cache_n++;
+}
+
+int lm_grammar_mask(lm_grammar_matcher *m, uint32_t *mask) {
+    const double t0 = lm_now();
+    const lm_grammar_vocab *v = m->v;
+    const int words = lm_grammar_mask_words(v->n_vocab);
+    lm_grammar *g = m->g;
+    if (m->ended) {
+        memset(mask, 0, (size_t)words * 4);
+        return 0;
+    }
+    uint64_t k1, k2;
+    set_key(m, &k1, &k2);
+    pthread_mutex_lock(&g->mu);
+    if (!g->cache_vocab) g->cache_vocab = v;
+    const bool cacheable = g->cache_vocab == v;
+    g_cache_ent *c = cacheable ? cache_find(g, k1, k2) : NULL;
+    if (c && c->k1) {
+        memcpy(mask, c->mask, (size_t)words * 4);
+        int n = c->n_allowed;
+        g->st.masks++, g->st.mask_hits++;
+        g->st.mask_s += lm_now() - t0;
+        pthread_mutex_unlock(&g->mu);
+        return n;
+    }
+    pthread_mutex_unlock(&g->mu);
+    memset(mask, 0, (size_t)words * 4);
+    int n = walk(m, mask);
+    if (m->cur.accepting)
+        for (int i = 0; i < v->n_end; i++, n++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
+    pthread_mutex_lock(&g->mu);
+    if (cacheable) cache_put(g, words, k1, k2, mask, n);
+    g->st.masks++;
+    g->st.mask_s += lm_now() - t0;
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}

@@ -1,0 +1,134 @@
+/* test_engine_grammar.c - requests with a grammar in the engine (issue
+ * #32): every token they get is one the grammar allows, and greedy results
+ * are the same alone, batched with plain greedy requests under the
+ * look-ahead, and again from the prefix cache. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/lm_engine.h"
+#include "grammar/lm_grammar.h"
+#include "lm_test.h"
+#include "test_util.h"
+#include "tokenizer/lm_tokenizer.h"
+
+enum { MAXT = 96 };
+
+typedef struct run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[MAXT];
+    int n;
+    bool done;
+    lm_finish finish;
+} run;
+
+static void on_tok(void *user, const lm_token_event *ev) {
+    run *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < MAXT) c->toks[c->n++] = ev->token;
+    if (ev->done) c->done = true, c->finish = ev->finish;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Runs the requests (grammar[i] NULL: plain greedy) in one engine, all
+ * submitted at once, `rounds` times one after the other (a later round
+ * finds the earlier's blocks in the prefix cache); out[round * n + i]. */
+static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *const *grammar,
+                    const lm_grammar_vocab *v, const int32_t *stop, run *all, int rounds) {
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    if (lm_engine_create(&en, m, o, &e)) {
+        fprintf(stderr, "  engine: %s\n", e.msg);
+        return;
+    }
+    lm_request *r[8];
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++) prompt[i] = (i * 131 + 7) % 3000 + 20;
+    for (int round = 0; round < rounds; round++) {
+    run *out = all + round * n;
+    for (int i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        pthread_mutex_init(&out[i].mu, NULL);
+        pthread_cond_init(&out[i].cv, NULL);
+        lm_gen_params p = { .sampling = { .temperature = 0 }, .repetition_penalty = 1, .max_tokens = MAXT,
+                            .stop_tokens = stop, .n_stop_tokens = 1, .grammar = grammar[i], .grammar_vocab = v };
+        if (lm_engine_submit(en, prompt, 24, &p, on_tok, &out[i], &r[i], &e) != LM_ENGINE_OK) {
+            fprintf(stderr, "  submit: %s\n", e.msg);
+            r[i] = NULL;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&out[i].mu);
+        while (r[i] && !out[i].done) pthread_cond_wait(&out[i].cv, &out[i].mu);
+        pthread_mutex_unlock(&out[i].mu);
+        if (r[i]) lm_request_release(r[i]);
+        pthread_mutex_destroy(&out[i].mu);
+        pthread_cond_destroy(&out[i].cv);
+    }
+    }
+    lm_engine_free(en);
+}
+
+LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
+    lm_err e = { { 0 } };
+    lm_tokenizer *tok = NULL;
+    LM_REQUIRE(lm_tokenizer_load(&tok, LUMEN_SOURCE_DIR "/models/demo", &e) == 0);
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    LM_REQUIRE(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) == 0);
+    const int V = m->cfg.vocab;
+    const char **bytes = calloc((size_t)V, sizeof *bytes);
+    size_t *lens = calloc((size_t)V, sizeof *lens);
+    lm_tok_str t = { 0 };
+    for (int id = 0; id < V && id < lm_tokenizer_n_vocab(tok); id++) {
+        if (lm_tokenizer_is_special(tok, id) || !lm_tokenizer_token_bytes(tok, id, &t)) continue;
+        char *c = malloc(t.len + 1);
+        memcpy(c, t.s, t.len);
+        bytes[id] = c, lens[id] = t.len;
+    }
+    int32_t stop = lm_tokenizer_token_to_id(tok, "<|im_end|>", 10);
+    lm_grammar_vocab *v = lm_grammar_vocab_create(V, bytes, lens, &stop, 1);
+    json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+                                "\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},\"ok\":{\"type\":\"boolean\"}},"
+                                "\"required\":[\"name\",\"n\",\"ok\"],\"additionalProperties\":false}", 0, NULL);
+    lm_grammar *g = NULL;
+    LM_REQUIRE(lm_grammar_from_schema(&g, schema, &e) == 0);
+    json_decref(schema);
+
+    /* alone, no look-ahead, no cache */
+    run solo[1];
+    lm_grammar *only[1] = { g };
+    run_all(m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, only, v, &stop, solo, 1);
+    LM_CHECK(solo[0].done && solo[0].n > 0);
+    /* the tokens spell a sentence of the grammar */
+    lm_grammar_matcher *gm = lm_grammar_matcher_create(g, v);
+    for (int i = 0; i < solo[0].n; i++) LM_CHECK_MSG(lm_grammar_accept(gm, solo[0].toks[i]), "token %d", i);
+    LM_CHECK(solo[0].finish != LM_FINISH_STOP || lm_grammar_done(gm));
+    lm_grammar_matcher_free(gm);
+
+    /* batched with plain greedy requests, look-ahead on, prefix cache on,
+     * twice (the second round from the cache) */
+    lm_grammar *mix[4] = { NULL, g, NULL, g };
+    lm_engine_opts o = { .ctx = 256, .parallel = 4, .look_ahead = 1, .cache_ram = 8u << 20 };
+    run plain[1];
+    lm_grammar *none[1] = { NULL };
+    run_all(m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, none, v, &stop, plain, 1);
+    run res[8];
+    run_all(m, &o, 4, mix, v, &stop, res, 2);
+    for (int i = 0; i < 8; i++) {
+        const run *want = mix[i % 4] ? &solo[0] : &plain[0];
+        LM_CHECK_MSG(res[i].n == want->n && !memcmp(res[i].toks, want->toks, (size_t)want->n * sizeof(int32_t)),
+                     "round %d request %d: %d tokens vs %d", i / 4, i % 4, res[i].n, want->n);
+    }
+    for (int id = 0; id < V; id++) free((char *)bytes[id]);
+    free(bytes), free(lens);
+    lm_tok_str_free(&t);
+    lm_grammar_unref(g);
+    lm_grammar_vocab_free(v);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    lm_tokenizer_free(tok);
+}

@@ -1,0 +1,206 @@
+/* test_grammar_schemas.c - the corpus of real-world JSON schemas in
+ * tests/data/schemas: every output a grammar lets through, over the demo
+ * model's real tokenizer, parses and validates against its schema
+ * (random walks through the token masks, several seeds; a small validator
+ * for the supported subset, patterns checked with PCRE2). Also: schemas
+ * lumen cannot honour are refused with the construct named. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/grammar/lm_grammar.h"
+#include "../src/tokenizer/lm_tokenizer.h"
+#include "lm_test.h"
+#include "schema_check.h"
+
+/* ---- random walks ---- */
+
+typedef struct demo_vocab {
+    lm_tokenizer *tok;
+    lm_grammar_vocab *v;
+    int n;
+    int32_t eos;
+    uint8_t *closing; /* [n] the token has a " } ] or , */
+} demo_vocab;
+
+static bool demo_vocab_load(demo_vocab *d) {
+    lm_err e = { { 0 } };
+    memset(d, 0, sizeof *d);
+    if (lm_tokenizer_load(&d->tok, "models/demo", &e)) return false;
+    d->n = lm_tokenizer_n_vocab(d->tok);
+    const char **b = calloc((size_t)d->n, sizeof *b);
+    size_t *l = calloc((size_t)d->n, sizeof *l);
+    d->closing = calloc((size_t)d->n, 1);
+    lm_tok_str t = { 0 };
+    for (int id = 0; id < d->n; id++) {
+        if (lm_tokenizer_is_special(d->tok, id) || !lm_tokenizer_token_bytes(d->tok, id, &t)) continue;
+        char *c = malloc(t.len + 1);
+        memcpy(c, t.s, t.len);
+        b[id] = c, l[id] = t.len;
+        for (size_t i = 0; i < t.len; i++) d->closing[id] |= strchr("\"}],", t.s[i]) != NULL && t.s[i];
+    }
+    lm_tok_str_free(&t);
+    d->eos = lm_tokenizer_token_to_id(d->tok, "<|im_end|>", 10);
+    d->v = lm_grammar_vocab_create(d->n, b, l, &d->eos, 1);
+    for (int id = 0; id < d->n; id++) free((char *)b[id]);
+    free(b), free(l);
+    return true;
+}
+
+static void demo_vocab_free(demo_vocab *d) {
+    lm_grammar_vocab_free(d->v);
+    lm_tokenizer_free(d->tok);
+    free(d->closing);
+}
+
+static uint64_t rnd(uint64_t *x) {
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    return *x;
+}
+
+/* One walk: random allowed tokens, leaning towards closing ones so the
+ * value ends; the text into out. false when it did not end in limit. */
+static bool walk(const demo_vocab *d, lm_grammar *g, uint64_t seed, lm_tok_str *out, int limit, int *mismatch) {
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, d->v);
+    uint32_t *mask = malloc((size_t)lm_grammar_mask_words(d->n) * 4);
+    int32_t *ids = malloc((size_t)d->n * sizeof *ids);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    out->len = 0;
+    bool ended = false;
+    for (int step = 0; step < limit && !ended; step++) {
+        lm_grammar_mask(m, mask);
+        if (mismatch && step < 60) /* the mask (with its shortcuts and cache) is exactly the tokens accepted one by one */
+            for (int id = 0; id < d->n; id++) {
+                bool ok = lm_grammar_accept(m, id);
+                if (ok) lm_grammar_rollback(m, 1);
+                *mismatch += ok != ((mask[id >> 5] >> (id & 31)) & 1);
+            }
+        int n = 0, nc = 0;
+        /* while checking masks, wander (long strings reach the self-loop shortcut) */
+        bool lean = (!mismatch || step >= 60) && rnd(&x) % 100 < (uint64_t)(40 + step / 4);
+        for (int id = 0; id < d->n; id++)
+            if ((mask[id >> 5] >> (id & 31)) & 1) ids[n++] = id;
+        if (lean) {
+            for (int i = 0; i < n; i++)
+                if (ids[i] == d->eos || d->closing[ids[i]]) ids[nc++] = ids[i];
+            if (nc) n = nc;
+        }
+        if (n == 0) break;
+        int32_t id = ids[rnd(&x) % (uint64_t)n];
+        if (!lm_grammar_accept(m, id)) break;
+        if (id == d->eos) {
+            ended = true;
+            break;
+        }
+        size_t bl;
+        lm_tok_str t = { 0 };
+        lm_tokenizer_token_bytes(d->tok, id, &t);
+        bl = t.len;
+        out->s = realloc(out->s, out->len + bl + 1);
+        memcpy(out->s + out->len, t.s, bl);
+        out->len += bl;
+        out->s[out->len] = 0;
+        lm_tok_str_free(&t);
+    }
+    free(mask), free(ids);
+    lm_grammar_matcher_free(m);
+    return ended;
+}
+
+LM_TEST(grammar_schema_corpus_outputs_validate) {
+    demo_vocab d;
+    if (!demo_vocab_load(&d)) {
+        LM_SKIP("models/demo/tokenizer.json not loadable");
+        return;
+    }
+    DIR *dir = opendir("tests/data/schemas");
+    LM_CHECK(dir);
+    if (!dir) return demo_vocab_free(&d);
+    int files = 0, outputs = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!strstr(de->d_name, ".json")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
+        json_t *schema = json_load_file(path, 0, NULL);
+        LM_CHECK_MSG(schema, "%s does not parse", path);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(!lm_grammar_from_schema(&g, schema, &e), "%s: %s", path, e.msg);
+        files++;
+        lm_tok_str out = { 0 };
+        int ended = 0;
+        for (uint64_t seed = 1; g && seed <= 8; seed++) {
+            int bad = 0;
+            bool fin = walk(&d, g, seed, &out, 1500, seed == 1 ? &bad : NULL);
+            LM_CHECK_MSG(bad == 0, "%s seed %d: %d mask bits differ from accepting the token", path, (int)seed, bad);
+            if (!fin) continue;
+            ended++;
+            json_error_t je;
+            json_t *v = json_loadb(out.s, out.len, 0, &je);
+            LM_CHECK_MSG(v, "%s seed %d: does not parse: %s\n%s", path, (int)seed, je.text, out.s);
+            LM_CHECK_MSG(!v || schema_valid(schema, schema, v), "%s seed %d: invalid:\n%s", path, (int)seed, out.s);
+            json_decref(v);
+            outputs++;
+        }
+        LM_CHECK_MSG(ended >= 4, "%s: only %d of 8 walks ended", path, ended);
+        free(out.s);
+        lm_grammar_unref(g);
+        json_decref(schema);
+    }
+    closedir(dir);
+    LM_CHECK(files >= 8 && outputs >= 32);
+    demo_vocab_free(&d);
+}
+
+LM_TEST(grammar_schema_unsupported_named) {
+    static const struct {
+        const char *schema, *names;
+    } bad[] = {
+        { "{\"type\":\"object\",\"not\":{}}", "'not'" },
+        { "{\"type\":\"object\",\"patternProperties\":{}}", "'patternProperties'" },
+        { "{\"type\":\"string\",\"format\":\"ipv6\"}", "ipv6" },
+        { "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences" },
+        { "{\"$ref\":\"#/$defs/missing\"}", "does not resolve" },
+        { "{\"allOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}", "allOf" },
+        { "{\"type\":\"number\",\"minimum\":-1.5}", "number bounds" },
+        { "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer" },
+    };
+    for (size_t i = 0; i < LM_COUNT(bad); i++) {
+        json_t *s = json_loads(bad[i].schema, 0, NULL);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(lm_grammar_from_schema(&g, s, &e) != 0 && strstr(e.msg, bad[i].names), "%s: '%s'", bad[i].schema,
+                     e.msg);
+        lm_grammar_unref(g);
+        json_decref(s);
+    }
+}
+
+/* Integer ranges: every value in [lo, hi] and nothing around it. */
+LM_TEST(grammar_schema_integer_ranges) {
+    static const int r[][2] = { { 0, 7 }, { 3, 120 }, { -50, -3 }, { -12, 130 }, { 99, 1001 } };
+    for (size_t i = 0; i < LM_COUNT(r); i++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}", r[i][0], r[i][1]);
+        json_t *s = json_loads(buf, 0, NULL);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(!lm_grammar_from_schema(&g, s, &e), "%s", e.msg);
+        json_decref(s);
+        if (!g) continue;
+        int32_t end = 0;
+        const char *one = "x";
+        size_t len = 1;
+        lm_grammar_vocab *v = lm_grammar_vocab_create(1, &one, &len, &end, 0);
+        for (int x = r[i][0] - 30; x <= r[i][1] + 30; x++) {
+            lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+            snprintf(buf, sizeof buf, "%d", x);
+            bool ok = lm_grammar_accept_bytes(m, buf, strlen(buf)) && lm_grammar_can_end(m);
+            LM_CHECK_MSG(ok == (x >= r[i][0] && x <= r[i][1]), "[%d, %d]: %d", r[i][0], r[i][1], x);
+            lm_grammar_matcher_free(m);
+        }
+        lm_grammar_vocab_free(v);
+        lm_grammar_unref(g);
+    }
+}
