@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "cli/options.h"
 #include "lm_test.h"
 #include "test_util.h"
@@ -288,4 +289,20 @@ LM_TEST(cli_options_every_command_keeps_its_options) {
         free(out);
         free(err);
     }
+}
+
+/* The KV format a command gets when none is given: bf16 on the CPU, f32 on
+ * CUDA (its reduced formats' attention is slower there); a side that was
+ * given keeps its format. */
+LM_TEST(cli_kv_default_follows_the_backend) {
+    lm_backend cpu = { .name = "cpu" }, cuda = { .name = "cuda" }, wrapped = { .name = "profiled", .inner = &cuda };
+    lm_kv_types kv = LM_CLI_KV_DEFAULT;
+    lm_cli_kv_resolve(&kv, &cpu);
+    LM_CHECK(kv.k == LM_KV_BF16 && kv.v == LM_KV_BF16);
+    kv = LM_CLI_KV_DEFAULT;
+    lm_cli_kv_resolve(&kv, &wrapped);
+    LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_F32);
+    kv = (lm_kv_types){ LM_CLI_KV_BACKEND, LM_KV_Q4R }; /* --kv-v q4r alone */
+    lm_cli_kv_resolve(&kv, &cuda);
+    LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_Q4R);
 }

@@ -96,6 +96,7 @@ static int run_text(const lm_common_opts *co, const char *model_path, const char
         lm_source_unref(src);
         return 1;
     }
+    lm_cli_kv_resolve(&kv, be);
     lm_err e = { { 0 } };
     lm_textgen g;
     lm_tok_ids ids = { 0 };
@@ -164,6 +165,7 @@ int lm_cmd_run(int argc, char **argv) {
     lm_sampler *s = NULL;
     float *logits = NULL;
     if (!be) goto done;
+    lm_cli_kv_resolve(&o.kv, be);
     double t0 = lm_now();
     if (lm_model_load_from(&m, src, be, &e)) goto fail;
     double t_load = lm_now() - t0 + t_open;

@@ -23,8 +23,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 (( $(df --output=size -BG /dev/shm | tail -n 1 | tr -dc 0-9) < 80 )) && mount -o remount,size=80G /dev/shm
 
 # the models are written in the background while the tests run
+# SHAPES="l8" leaves the 27B shape out (a shorter call)
+SHAPES=${SHAPES:-l8 q27}
 ( [[ -f /dev/shm/l8/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/l8 --shape llama-3.1-8b --threads 12
-  [[ -f /dev/shm/q27/model.safetensors ]] || "$C/bin/make_random_model" /dev/shm/q27 --shape qwen3.5-27b --threads 12
+  [[ $SHAPES != *q27* || -f /dev/shm/q27/model.safetensors ]] ||
+    "$C/bin/make_random_model" /dev/shm/q27 --shape qwen3.5-27b --threads 12
 ) > "$OUT/models.log" 2>&1 &
 mk=$!
 log "GPU tests: KV formats against the CPU"
@@ -48,7 +51,12 @@ fits() { # fits TAG MODEL_BYTES KV_BYTES_PER_TOKEN: the largest batch-1 context 
 t=$free_gib*2**20*0.9-$2; b=$3
 print('$1: KV %d B/token; fits %d tokens at batch 1, batch %d at 32k' % (b, t//b, t//(b*32768)))"
 }
-for shape in l8 q27; do
+for kv in f32 bf16; do # prefill over each cache format (the tensor-core attention reads it)
+  log "l8 prefill 4096, KV $kv"
+  "$L" bench -m /dev/shm/l8 --device cuda --kv-type $kv --prompt-len 4096 --chunk 4096 --gen 4 --reps 2 --no-membw 2>&1 |
+    tail -n 1 | grep -oE '"prefill_tok_s":[0-9.]*'
+done
+for shape in $SHAPES; do
   wbytes=$(stat -c %s /dev/shm/$shape/model.safetensors)
   for kv in bf16 q8 q4r q4 f32; do
     for ctx in 4096 32768 131000; do
