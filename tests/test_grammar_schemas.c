@@ -204,3 +204,31 @@ LM_TEST(grammar_schema_integer_ranges) {
         lm_grammar_unref(g);
     }
 }
+
+/* Claude Code's and opencode's Read tools bound offsets by
+ * Number.MAX_SAFE_INTEGER (2^53 - 1): accepted, and the bound holds. */
+LM_TEST(grammar_schema_integer_safe_integer_bound) {
+    json_t *s = json_loads("{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", 0, NULL);
+    lm_grammar *g = NULL;
+    lm_err e = { { 0 } };
+    const int rc = lm_grammar_from_schema(&g, s, &e);
+    json_decref(s);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    LM_REQUIRE(rc == 0);
+    int32_t end = 0;
+    const char *one = "x";
+    size_t len = 1;
+    lm_grammar_vocab *v = lm_grammar_vocab_create(1, &one, &len, &end, 0);
+    static const struct { const char *text; bool ok; } k[] = {
+        { "0", true }, { "120", true }, { "-9007199254740991", true }, { "9007199254740991", true },
+        { "9007199254740992", false }, { "-9007199254740992", false }, { "10000000000000000", false },
+    };
+    for (size_t i = 0; i < LM_COUNT(k); i++) {
+        lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+        bool ok = lm_grammar_accept_bytes(m, k[i].text, strlen(k[i].text)) && lm_grammar_can_end(m);
+        LM_CHECK_MSG(ok == k[i].ok, "%s: accepted %d", k[i].text, ok);
+        lm_grammar_matcher_free(m);
+    }
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}

@@ -177,7 +177,9 @@ static int get_bound(sc *c, const json_t *s, const char *key, bool integer, bool
     if (!x) return 0;
     if (!json_is_number(x)) return lm_errf(c->e, "'%s' must be a number", key);
     *v = json_number_value(x);
-    if (integer && fabs(*v) > 1e15) return lm_errf(c->e, "'%s' is out of range", key);
+    /* integers a double holds exactly: up to 2^53, so JavaScript's
+     * Number.MAX_SAFE_INTEGER, which agents' tools use as a bound, fits */
+    if (integer && fabs(*v) > 9007199254740992.0) return lm_errf(c->e, "'%s' is out of range", key);
     *has = true;
     return 0;
 }
