@@ -48,6 +48,21 @@ int gu_server_start(gu_server *s, const char *model_dir, const char *extra);
 int gu_server_stop(gu_server *s);
 /* Prints the server's log on stderr (after a failure). */
 void gu_server_dump_log(const gu_server *s);
+/* In a test: starts the server on DIR (a required check: the log is
+ * printed if it does not start), and stops it checking a clean exit. */
+#define GU_START(s, dir, extra)                                                  \
+    do {                                                                         \
+        if (gu_server_start(&(s), (dir), (extra))) {                             \
+            gu_server_dump_log(&(s));                                            \
+            LM_REQUIRE(!"server started");                                       \
+        }                                                                        \
+    } while (0)
+#define GU_STOP(s)                                                               \
+    do {                                                                         \
+        int rc_ = gu_server_stop(&(s));                                          \
+        if (rc_ != 0) gu_server_dump_log(&(s));                                  \
+        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);                    \
+    } while (0)
 
 /* The bundled demo model (models/demo of this checkout). */
 const char *gu_demo_dir(void);

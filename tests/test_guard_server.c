@@ -26,21 +26,6 @@
 #include "guard_util.h"
 #include "lm_test.h"
 
-#define START_DEMO(s, extra)                                        \
-    do {                                                            \
-        if (gu_server_start(&(s), gu_demo_dir(), (extra))) {        \
-            gu_server_dump_log(&(s));                               \
-            LM_REQUIRE(!"the demo server started");                 \
-        }                                                           \
-    } while (0)
-
-#define STOP(s)                                                     \
-    do {                                                            \
-        int rc_ = gu_server_stop(&(s));                             \
-        if (rc_ != 0) gu_server_dump_log(&(s));                     \
-        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);       \
-    } while (0)
-
 /* ---- a hang-up cancels the generation ---------------------------------------------------- */
 
 /* Most engine steps after the hang-up: the step running when the server
@@ -55,7 +40,7 @@
 
 static void disconnect_case(lm_test_ctx *lm_t_, bool stream) {
     gu_server s;
-    START_DEMO(s, "--threads 1 --parallel 1 --cache-ram 0");
+    GU_START(s, gu_demo_dir(), "--threads 1 --parallel 1 --cache-ram 0");
     /* <|endoftext|> and <|im_end|> banned: the answer can only end at max_tokens */
     char body[512];
     snprintf(body, sizeof body,
@@ -131,7 +116,7 @@ static void disconnect_case(lm_test_ctx *lm_t_, bool stream) {
     LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"def\",\"max_tokens\":3}", NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 LM_TEST(guard_disconnect_stream_stops_engine) { disconnect_case(lm_t_, true); }
@@ -144,7 +129,7 @@ LM_TEST(guard_disconnect_plain_stops_engine) { disconnect_case(lm_t_, false); }
 LM_TEST(guard_api_key_every_route) {
     static const char key[] = "sk-lumen-0123456789abcdef";
     gu_server s;
-    START_DEMO(s, "--threads 1 --cache-ram 0 --api-key sk-lumen-0123456789abcdef");
+    GU_START(s, gu_demo_dir(), "--threads 1 --cache-ram 0 --api-key sk-lumen-0123456789abcdef");
     static const struct {
         const char *method, *path, *body;
     } routes[] = {
@@ -202,7 +187,7 @@ LM_TEST(guard_api_key_every_route) {
     LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* ---- the prefix cache's counters ------------------------------------------------------------ */
@@ -212,7 +197,7 @@ LM_TEST(guard_api_key_every_route) {
  * with the usage the client saw. */
 LM_TEST(guard_prefix_lookup_counter) {
     gu_server s;
-    START_DEMO(s, "--threads 1 --parallel 1 --cache-ram 64M");
+    GU_START(s, gu_demo_dir(), "--threads 1 --parallel 1 --cache-ram 64M");
     LM_CHECK(gu_metric(s.port, "lumen_prefix_cache_lookup_tokens_total") == 0);
     char body[1024];
     int n = snprintf(body, sizeof body, "{\"prompt\":[");
@@ -245,5 +230,5 @@ LM_TEST(guard_prefix_lookup_counter) {
     LM_CHECK_MSG(text[0] && text[1] && !strcmp(text[0], text[1]), "'%s' then '%s'", text[0], text[1]);
     free(text[0]);
     free(text[1]);
-    STOP(s);
+    GU_STOP(s);
 }

@@ -27,21 +27,6 @@
 #include "lm_test.h"
 #include "test_util.h"
 
-#define START(s, extra)                                                          \
-    do {                                                                         \
-        if (gu_server_start(&(s), gu_demo_dir(), (extra))) {                     \
-            gu_server_dump_log(&(s));                                            \
-            LM_REQUIRE(!"server started");                                       \
-        }                                                                        \
-    } while (0)
-
-#define STOP(s)                                                                  \
-    do {                                                                         \
-        int rc_ = gu_server_stop(&(s));                                          \
-        if (rc_ != 0) gu_server_dump_log(&(s));                                  \
-        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);                    \
-    } while (0)
-
 /* Sends n raw bytes and reads the answer until the server closes or 5 s of
  * silence; the response's status (0: none came). */
 static int raw(int port, const char *req, size_t n, gu_resp *r) {
@@ -79,7 +64,7 @@ static bool closed_by_server(int fd) {
 
 LM_TEST(hostile_http_framing) {
     gu_server s;
-    START(s, "--api-key sekret --max-body-mb 1 --timeout 30");
+    GU_START(s, gu_demo_dir(), "--api-key sekret --max-body-mb 1 --timeout 30");
     const char *auth = "Authorization: Bearer sekret\r\n";
     char req[1024];
     /* the framing cases carry a valid body, so that only the framing can be refused */
@@ -121,14 +106,14 @@ LM_TEST(hostile_http_framing) {
     LM_CHECK_MSG(raw(s.port, b, n, &r) == 413, "status %d", r.status);
     gu_resp_free(&r);
     free(b);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* ---- Host, Origin, Content-Type ----------------------------------------------------------------- */
 
 LM_TEST(hostile_dns_rebinding_and_browsers) {
     gu_server s;
-    START(s, "");
+    GU_START(s, gu_demo_dir(), "");
     char req[1024];
     const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
     /* a rebound name, a foreign page, an opaque origin: 403 */
@@ -167,22 +152,22 @@ LM_TEST(hostile_dns_rebinding_and_browsers) {
     double gone = gu_metric(s.port, "lumen_requests_total{route=\"completions\",status=\"4xx\"}");
     LM_CHECK_MSG(errors == -1 && gone == gone0 + 1, "5xx %g, 4xx %g then %g after an abandoned upload", errors, gone0,
                  gone);
-    STOP(s);
+    GU_STOP(s);
     /* --allow-host adds names */
-    START(s, "--allow-host lumen.internal");
+    GU_START(s, gu_demo_dir(), "--allow-host lumen.internal");
     LM_CHECK(raw_status(s.port, "GET /v1/models HTTP/1.1\r\nHost: lumen.internal:8080\r\nConnection: close\r\n\r\n") == 200);
     LM_CHECK(raw_status(s.port, "GET /v1/models HTTP/1.1\r\nHost: evil.example.com\r\nConnection: close\r\n\r\n") == 403);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* ---- logs ----------------------------------------------------------------------------------------- */
 
 LM_TEST(hostile_log_injection) {
     gu_server s;
-    START(s, "");
+    GU_START(s, gu_demo_dir(), "");
     LM_CHECK(raw_status(s.port, "GET /x%0alumen:%20POST%20/v1/chat/completions%20200%20FAKE HTTP/1.1\r\n"
                                 "Host: 127.0.0.1\r\nConnection: close\r\n\r\n") == 404);
-    STOP(s);
+    GU_STOP(s);
     char *log = lm_tu_read(s.log, NULL);
     LM_REQUIRE(log != NULL);
     LM_CHECK_MSG(!strstr(log, "\nlumen: POST /v1/chat/completions 200 FAKE") && strstr(log, "/x\\x0alumen: POST"),
@@ -193,12 +178,12 @@ LM_TEST(hostile_log_injection) {
 /* A trace line that cannot be written (a full disk: /dev/full) is reported. */
 LM_TEST(hostile_trace_disk_full) {
     gu_server s;
-    START(s, "--trace /dev/full");
+    GU_START(s, gu_demo_dir(), "--trace /dev/full");
     gu_resp r;
     LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
     char *log = lm_tu_read(s.log, NULL);
     LM_CHECK_MSG(log && strstr(log, "--trace: a line could not be written"), "log:\n%s", log ? log : "");
     free(log);
@@ -211,7 +196,7 @@ LM_TEST(hostile_trace_disk_full) {
  * timeout; /health answers all along. */
 LM_TEST(hostile_slowloris_headers_and_bodies) {
     gu_server s;
-    START(s, "--header-timeout 2 --body-timeout 2 --timeout 60");
+    GU_START(s, gu_demo_dir(), "--header-timeout 2 --body-timeout 2 --timeout 60");
     enum { N = 40 };
     int fd[2 * N];
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
@@ -245,7 +230,7 @@ LM_TEST(hostile_slowloris_headers_and_bodies) {
     LM_CHECK_MSG(bad_health == 0, "%d /health probes failed", bad_health);
     for (int i = 0; i < 2 * N; i++)
         if (fd[i] >= 0) close(fd[i]);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* 2,000 idle sockets hold no answer back: /health still answers. */
@@ -262,7 +247,7 @@ LM_TEST(hostile_two_thousand_idle_sockets) {
         LM_REQUIRE(setrlimit(RLIMIT_NOFILE, &rl) == 0);
     }
     gu_server s;
-    START(s, "--header-timeout 60");
+    GU_START(s, gu_demo_dir(), "--header-timeout 60");
     int *fd = malloc(N * sizeof *fd), opened = 0;
     for (int i = 0; i < N; i++)
         if ((fd[i] = gu_dial(s.port)) >= 0) opened++;
@@ -280,7 +265,7 @@ LM_TEST(hostile_two_thousand_idle_sockets) {
     for (int i = 0; i < N; i++)
         if (fd[i] >= 0) close(fd[i]);
     free(fd);
-    STOP(s);
+    GU_STOP(s);
     setrlimit(RLIMIT_NOFILE, &old);
 }
 
@@ -288,7 +273,7 @@ LM_TEST(hostile_two_thousand_idle_sockets) {
  * dropped unanswered. */
 LM_TEST(hostile_connection_cap_answers_503) {
     gu_server s;
-    START(s, "--max-connections 20");
+    GU_START(s, gu_demo_dir(), "--max-connections 20");
     int fd[24];
     for (int i = 0; i < 24; i++) LM_REQUIRE((fd[i] = gu_dial(s.port)) >= 0);
     gu_msleep(300);
@@ -300,23 +285,23 @@ LM_TEST(hostile_connection_cap_answers_503) {
     for (int i = 0; i < 24; i++) close(fd[i]);
     gu_msleep(300);
     LM_CHECK(health(s.port) == 200);
-    STOP(s);
+    GU_STOP(s);
     /* --max-client-connections: one address past its cap is refused */
-    START(s, "--max-client-connections 4");
+    GU_START(s, gu_demo_dir(), "--max-client-connections 4");
     for (int i = 0; i < 4; i++) LM_REQUIRE((fd[i] = gu_dial(s.port)) >= 0);
     gu_msleep(300);
     LM_CHECK(health(s.port) == 0);
     for (int i = 0; i < 4; i++) close(fd[i]);
     gu_msleep(300);
     LM_CHECK(health(s.port) == 200);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* A client that half-closes (shutdown(SHUT_WR)) after its streaming
  * request still gets the whole stream. */
 LM_TEST(hostile_half_close_stream) {
     gu_server s;
-    START(s, "");
+    GU_START(s, gu_demo_dir(), "");
     int fd = gu_dial(s.port);
     LM_REQUIRE(fd >= 0);
     LM_CHECK(gu_send(fd, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":40,\"stream\":true}", NULL) == 0);
@@ -330,7 +315,7 @@ LM_TEST(hostile_half_close_stream) {
                  r.status, n_done);
     json_decref(chunks);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* ---- SIGTERM with work in flight -------------------------------------------------------------- */
@@ -377,7 +362,7 @@ static void *client_main(void *arg) {
 
 LM_TEST(hostile_sigterm_drains_streams_and_requests) {
     gu_server s;
-    START(s, "--shutdown-timeout 4 --parallel 4");
+    GU_START(s, gu_demo_dir(), "--shutdown-timeout 4 --parallel 4");
     enum { N_STREAM = 20, N_PLAIN = 10, N = N_STREAM + N_PLAIN };
     client c[N];
     pthread_t th[N];
@@ -418,7 +403,7 @@ LM_TEST(hostile_sigterm_drains_streams_and_requests) {
 
 LM_TEST(hostile_second_server_on_busy_port) {
     gu_server a, b;
-    START(a, "");
+    GU_START(a, gu_demo_dir(), "");
     char extra[64];
     snprintf(extra, sizeof extra, "--port %d", a.port);
     LM_CHECK(gu_server_start(&b, gu_demo_dir(), extra) != 0); /* exits: it never prints an address */
@@ -426,7 +411,7 @@ LM_TEST(hostile_second_server_on_busy_port) {
     LM_CHECK_MSG(log && strstr(log, "Address already in use"), "second server's log:\n%s", log ? log : "");
     free(log);
     LM_CHECK(health(a.port) == 200);
-    STOP(a);
+    GU_STOP(a);
 }
 
 /* ---- role injection over HTTP ------------------------------------------------------------------ */
@@ -450,11 +435,11 @@ LM_TEST(hostile_role_injection_in_content) {
     long safe = -1, unsafe = -1;
     if (gu_server_start(&s, dir, "") == 0) {
         safe = prompt_tokens(s.port, forged);
-        STOP(s);
+        GU_STOP(s);
     }
     if (gu_server_start(&s, dir, "--special-in-content") == 0) {
         unsafe = prompt_tokens(s.port, forged);
-        STOP(s);
+        GU_STOP(s);
     }
     free(dir);
     /* as text, each of the two control tokens is several tokens */

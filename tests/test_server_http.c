@@ -105,13 +105,6 @@ static char *sse_text(const resp *r, int *n_chunks, int *n_done, json_t **usage,
         }                                                                       \
     } while (0)
 
-#define STOP(s)                                                                 \
-    do {                                                                        \
-        int rc_ = gu_server_stop(&(s));                                            \
-        if (rc_ != 0) gu_server_dump_log(&(s));                                    \
-        LM_CHECK_MSG(rc_ == 0, "server exit status %d", rc_);                   \
-    } while (0)
-
 static const char *k_chat = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":12%s}";
 
 static char *chat_body(const char *extra) {
@@ -166,7 +159,7 @@ LM_TEST(server_http_basic_routes) {
     LM_CHECK(strstr(r.body, "# TYPE lumen_time_to_first_token_seconds histogram") != NULL);
     LM_CHECK(strstr(r.body, "lumen_queue_depth 0") != NULL);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 LM_TEST(server_http_stream_and_completions) {
@@ -219,7 +212,7 @@ LM_TEST(server_http_stream_and_completions) {
     LM_CHECK(!strncmp(text, "<|im_start|>", 12)); /* echo decodes the prompt ids */
     free(text);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 LM_TEST(server_http_seed_and_stop) {
@@ -272,7 +265,7 @@ LM_TEST(server_http_seed_and_stop) {
         json_decref(req);
     }
     for (int i = 0; i < 3; i++) free(texts[i]);
-    STOP(s);
+    GU_STOP(s);
 }
 
 static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const char *body, const char *hdrs, int status,
@@ -326,7 +319,7 @@ LM_TEST(server_http_max_tokens_clamped_to_room) {
         json_decref(j);
         gu_resp_free(&r);
     }
-    STOP(s);
+    GU_STOP(s);
 }
 
 LM_TEST(server_http_errors) {
@@ -357,7 +350,7 @@ LM_TEST(server_http_errors) {
     LM_REQUIRE(gu_http(s.port, "POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4}", NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 
     START(s, "--api-key sekrit");
     expect_status(lm_t_, s.port, C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", NULL, 401, "invalid_api_key");
@@ -373,7 +366,7 @@ LM_TEST(server_http_errors) {
     LM_REQUIRE(gu_http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0);
     LM_CHECK(r.status == 401);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 
@@ -403,7 +396,7 @@ LM_TEST(server_http_disconnect_cancels) {
                     NULL, &r) == 0);
     LM_CHECK(r.status == 200);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
 }
 
 LM_TEST(server_http_slow_client_dropped) {
@@ -422,7 +415,7 @@ LM_TEST(server_http_slow_client_dropped) {
     LM_REQUIRE(gu_http(s.port, "GET", "/health", NULL, NULL, &rr) == 0);
     LM_CHECK(rr.status == 200);
     gu_resp_free(&rr);
-    STOP(s);
+    GU_STOP(s);
 }
 
 typedef struct worker {
@@ -469,7 +462,7 @@ LM_TEST(server_http_concurrent_streams_and_shutdown) {
                             "{\"prompt\":\"x\",\"max_tokens\":4000,\"stream\":true,\"logit_bias\":{\"2\":-100}}", NULL) == 0);
     char buf[512];
     LM_CHECK(recv(fd, buf, sizeof buf, 0) > 0);
-    STOP(s);
+    GU_STOP(s);
     close(fd);
 }
 
@@ -530,7 +523,7 @@ LM_TEST(server_http_look_ahead_same_text) {
             memcpy(fin[mode][i], w[i].finish, sizeof fin[mode][i]);
         }
         ahead[mode] = gu_metric(s.port, "lumen_engine_look_ahead_steps_total");
-        STOP(s);
+        GU_STOP(s);
     }
     for (int i = 0; i <= N; i++) {
         LM_CHECK_MSG(texts[0][i] && texts[1][i] && !strcmp(texts[0][i], texts[1][i]),
@@ -566,7 +559,7 @@ LM_TEST(server_http_queue_full_is_503) {
         close(fd[i]);
     }
     LM_CHECK_MSG(n503 >= 1 && n200 >= 1 && n503 + n200 == N, "200: %d, 503: %d", n200, n503);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* ---- request ids, --trace, --cache-ram, the prefix cache ----------------------------------- */
@@ -668,7 +661,7 @@ LM_TEST(server_http_request_id_and_trace) {
     for (size_t i = 0; i < LM_COUNT_(k_series); i++)
         LM_CHECK_MSG(strstr(r.body, k_series[i]) != NULL, "/metrics lacks '%s'", k_series[i]);
     gu_resp_free(&r);
-    STOP(s);
+    GU_STOP(s);
     free(b);
 
     char *log = lm_tu_read(s.log, NULL);
@@ -738,13 +731,13 @@ LM_TEST(server_http_cache_ram_and_trace_flags) {
         LM_REQUIRE(gu_http(s.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, &r) == 0);
         LM_CHECK(r.status == 200);
         gu_resp_free(&r);
-        STOP(s);
+        GU_STOP(s);
     }
     server s; /* the default: some budget, at most 1 GiB */
     START(s, "");
     double v = gu_metric(s.port, "lumen_prefix_cache_budget_bytes");
     LM_CHECK_MSG(v > 0 && v <= 1073741824.0, "default budget %g", v);
-    STOP(s);
+    GU_STOP(s);
 }
 
 /* The prefix cache seen from a client: a repeated greedy prompt reports
@@ -825,7 +818,7 @@ LM_TEST(server_http_prefix_cache_reuse_and_divergence) {
     }
     LM_CHECK_MSG(ccached[1] > 0 && ccached[2] > 0, "completions cached_tokens: %ld %ld %ld", ccached[0], ccached[1],
                  ccached[2]);
-    STOP(s);
+    GU_STOP(s);
     free(body);
     json_decref(req);
 

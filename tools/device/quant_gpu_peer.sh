@@ -42,7 +42,7 @@ done
 if [[ ${SPLIT:-0} == 1 ]]; then # where a decode step goes: the same step with one kind of kernel left out (timing only)
   dec() { env "$@" "$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 2 --no-membw 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*'; }
   for b in 1 2 4; do log "LUMEN_CUDA_QSTAGED_BLOCKS=$b"; dec LUMEN_CUDA_QSTAGED_BLOCKS=$b; done
-  for k in attention rope_kv norm norm_tail gemv_n gemv_glu gemv_add gemv_down gemv_n,gemv_glu,gemv_add,gemv_down; do
+  for k in attention rope_kv norm gemv_n gemv_glu gemv_add gemv_down gemv_n,gemv_glu,gemv_add,gemv_down; do
     log "LUMEN_CUDA_SKIP=$k"; dec LUMEN_CUDA_SKIP=$k
   done
 fi

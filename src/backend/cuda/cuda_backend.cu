@@ -162,19 +162,23 @@ static bool lm_cuda_probe(int device, char *why, size_t n, char *name, size_t na
 
 bool lm_cuda_available(char *why, size_t n) { return lm_cuda_probe(0, why, n, NULL, 0); }
 
-bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
+/* The CUDA backend under any wrappers of be, or NULL for another backend. */
+static lm_cuda *lm_cuda_under(lm_backend *be) {
     be = lm_backend_base(be);
-    if (!be || strcmp(be->name, "cuda") != 0) return false;
-    lm_cuda *c = lm_cuda_of(be);
+    return be && !strcmp(be->name, "cuda") ? lm_cuda_of(be) : NULL;
+}
+
+bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
+    lm_cuda *c = lm_cuda_under(be);
+    if (!c) return false;
     const bool old = c->quant_exact;
     c->quant_exact = exact;
     return old;
 }
 
 bool lm_cuda_backend_qstaged(lm_backend *be, bool on) {
-    be = lm_backend_base(be);
-    if (!be || strcmp(be->name, "cuda") != 0) return false;
-    lm_cuda *c = lm_cuda_of(be);
+    lm_cuda *c = lm_cuda_under(be);
+    if (!c) return false;
     const bool old = c->qstaged;
     c->qstaged = on && c->qstaged_ok;
     return old;

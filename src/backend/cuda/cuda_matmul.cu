@@ -170,12 +170,13 @@ void lm_cuda_matmul_add(lm_backend *be, lm_tensor *y, const lm_tensor *x, const 
                         const lm_norm_out *norm) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(y->type == LM_F32 && y->rows == x->rows && y->cols == w->rows && y->data != x->data);
-    if (lm_qgemv_fused(x->rows, w->type) && lm_qgemv_fusable(x, &w, 1)) { /* quantised: the add in the GEMV */
+    /* quantised: the add in the GEMV, the norm after (cuda_qgemv_staged.cu: why not in it) */
+    if (lm_qgemv_fused(x->rows, w->type) && lm_qgemv_fusable(x, &w, 1)) {
         lm_cuda_use(c);
         lm_gemv_args q = lm_qgemv_args0((const float *)x->data, x->cols);
         lm_gemv_add(&q, 0, (float *)y->data, w->data, NULL, w->rows);
         lm_qgemv_run(c, (int)x->rows, &q, w->type, LM_GEMV_ADD);
-        if (norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset); /* cuda_qgemv_staged.cu: why apart */
+        if (norm) lm_cuda_rms_norm(be, norm->y, y, norm->w, norm->eps, norm->w_offset);
         return;
     }
     lm_gemv_args a = lm_gemv_args0((const float *)x->data, x->cols, x->rows, lm_gemv_tc(c, x->rows, w->type));
