@@ -6,6 +6,9 @@
 # carried, a base build: alternating) and by llama.cpp built for this CPU
 # from the source node-llama-cpp 3.21.1 bundles (CPU only, built in the
 # background meanwhile): prefill 512 and decode 64 at THREADS (default "16 8").
+# BINS: the lumen binaries compared, alternating (default "lumen_base lumen";
+# any bin/lumen_* carried); PEER=0 leaves llama.cpp out; PROFILE=1 adds
+# LUMEN_PROFILE=1's op table of bin/lumen's decode at 16 threads.
 # Carry .device-carry holding: bin/{lumen,bench_qdot} and optionally
 # bin/{lumen_base,bench_qdot_base} (CPU-only builds: cmake -DLUMEN_CUDA=OFF),
 # lib/ (their shared libraries outside glibc), template.gguf (the llama-g256
@@ -14,11 +17,12 @@ set -uo pipefail
 root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
 mkdir -p "$OUT"; t0=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
-mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
-(cd $LC && cmake -B b -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+PEER=${PEER:-1}
+[[ $PEER == 1 ]] && mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
+[[ $PEER == 1 ]] && (cd $LC && cmake -B b -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
  nice cmake --build b -j8 --target llama-bench) > "$OUT/lc_build.log" 2>&1 &
-bp=$!
+bp=$!; [[ $PEER == 1 ]] || bp=
 export LD_LIBRARY_PATH=$C/lib:${LD_LIBRARY_PATH:-}
 export CUDA_VISIBLE_DEVICES=
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L2|L3|Flags" | sed 's/\(Flags:.\{0,40\}\).*\(avx512_vnni\|amx\).*/\1 ... (has \2)/'
@@ -35,16 +39,23 @@ run_lumen() { # binary file threads
   timeout 120 "$1" bench -m "$2" --device cpu --threads "$3" --prompt-len 512 --gen 64 --reps 2 --no-membw 2>&1 |
     tail -n 1 | grep -oE '"prefill_tok_s":[0-9.]*|"decode_tok_s":[0-9.]*' | tr '\n' ' '; echo
 }
+if [[ ${PROFILE:-0} == 1 ]]; then
+  for k in q4km q8; do
+    log "LUMEN_PROFILE=1 lumen $k 16 threads, decode 64 after 16"
+    LUMEN_PROFILE=1 timeout 60 "$C/bin/lumen" bench -m $S/l1.$k.gguf --device cpu --threads 16 --prompt-len 16 --gen 64 --reps 1 --no-membw 2>&1 | tail -n 16
+  done
+fi
 for th in ${THREADS:-16 8}; do
   for k in q4km q8; do
     for round in 1 2; do
-      for b in lumen_base lumen; do
+      for b in ${BINS:-lumen_base lumen}; do
         [[ -x $C/bin/$b ]] || continue
         log "$b $k $th threads (round $round)"; run_lumen "$C/bin/$b" $S/l1.$k.gguf $th
       done
     done
   done
 done
+[[ $PEER == 1 ]] || { log done; exit 0; }
 log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }
 for th in ${THREADS:-16 8}; do
   for k in q4km q8; do
