@@ -25,7 +25,7 @@ PEER=${PEER:-1}
 bp=$!; [[ $PEER == 1 ]] || bp=
 export LD_LIBRARY_PATH=$C/lib:${LD_LIBRARY_PATH:-}
 export CUDA_VISIBLE_DEVICES=
-lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L2|L3|Flags" | sed 's/\(Flags:.\{0,40\}\).*\(avx512_vnni\|amx\).*/\1 ... (has \2)/'
+cat /sys/kernel/mm/transparent_hugepage/enabled; lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L2|L3|Flags" | sed 's/\(Flags:.\{0,40\}\).*\(avx512_vnni\|amx\).*/\1 ... (has \2)/'
 grep -o -w -E "avx512_vnni|avx_vnni|amx_int8|amx_tile|avx512_bf16" /proc/cpuinfo | sort | uniq -c
 for b in bench_qdot_base bench_qdot; do
   [[ -x $C/bin/$b ]] || continue
@@ -47,7 +47,7 @@ if [[ ${PROFILE:-0} == 1 ]]; then
 fi
 for th in ${THREADS:-16 8}; do
   for k in q4km q8; do
-    for round in 1 2; do
+    for round in $(seq ${ROUNDS:-2}); do
       for b in ${BINS:-lumen_base lumen}; do
         [[ -x $C/bin/$b ]] || continue
         log "$b $k $th threads (round $round)"; run_lumen "$C/bin/$b" $S/l1.$k.gguf $th
