@@ -47,7 +47,7 @@ test('long-context: prompt lengths come from the list asked for', () => {
 
 test('agent: recorded sessions replay turn by turn, tagged per seed', () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'bench-sessions-'));
-  const turns = [1, 2, 3].map((i) => ({ gap_ms: 100 * i, body: { model: 'x', stream: true,
+  const turns = [1, 2, 3].map((i) => ({ gap_ms: 100 * i, body: { model: 'x', stream: true, max_completion_tokens: 256,
     messages: [{ role: 'system', content: 'sys' }, { role: 'user', content: `turn ${i}` }], tools: [{ type: 'function' }] } }));
   writeFileSync(path.join(dir, 's.json'), JSON.stringify({ turns }));
   const fast = buildWorkload('agent', 5, { requests: 2, sessionsDir: dir });
@@ -58,6 +58,8 @@ test('agent: recorded sessions replay turn by turn, tagged per seed', () => {
   assert.equal(fast[1][0].body.messages[0].content, '[session 5-1] sys');
   assert.equal(fast[0][1].body.stream, undefined); // the client sets streaming
   assert.equal(fast[0][1].body.model, undefined);
+  assert.equal(fast[0][1].body.max_completion_tokens, undefined); // else it would win over max_tokens
+  assert.equal(fast[0][1].body.max_tokens, 64);
   assert.deepEqual(fast[0][1].body.tools, [{ type: 'function' }]);
   assert.equal(fast[0][1].gap_ms, 0);
   assert.equal(buildWorkload('agent', 5, { requests: 1, sessionsDir: dir, replayTiming: 'recorded' })[0][1].gap_ms, 200);

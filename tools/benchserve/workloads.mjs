@@ -9,7 +9,9 @@
 //   shared-prefix  many users, one long system prompt, short questions
 //   long-context   one document of 8k..128k (approximate) tokens + a question
 //   agent          recorded multi-turn agent sessions (sessions/*.json),
-//                  replayed turn by turn with their tool definitions
+//                  replayed turn by turn with their tool definitions; the
+//                  history holds the recorded answers, each turn generates
+//                  --output-len tokens
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -125,9 +127,10 @@ function agentWorkload(o, rng) {
       delete body.stream;
       delete body.stream_options;
       delete body.model;
+      delete body.max_completion_tokens; // it would win over max_tokens
       const m0 = body.messages?.[0];
       if (m0 && typeof m0.content === 'string') m0.content = tag + m0.content;
-      Object.assign(body, genFields(o, body.max_tokens ?? o.outputLen));
+      Object.assign(body, genFields(o, o.outputLen));
       return { body, gap_ms: o.replayTiming === 'recorded' ? (t.gap_ms ?? 0) : 0, session: rec.name };
     }));
   }
