@@ -57,7 +57,7 @@ describe('paired blocks: prefix cache on (A) vs off (B)', { skip: skip ?? false 
       for (let b = 0; b < 5; b++) {
         const order = blocks.filter((x) => x.block === b).sort((x, y) => x.position - y.position).map((x) => x.arm);
         assert.deepEqual(order, b % 2 ? [1, 0] : [0, 1], `block ${b} order`);
-        assert.ok(blocks.filter((x) => x.block === b).every((x) => x.seed === 3 + b));
+        assert.ok(blocks.filter((x) => x.block === b).every((x) => x.seed === 3 + (c - 1) * 5 + b), 'seeds');
       }
       for (const x of blocks) for (const q of x.requests) {
         assert.equal(q.error, null);

@@ -1,5 +1,6 @@
-// bench.mjs - the benchmark plan: for each concurrency, a discarded warm-up
-// run per arm, then `blocks` blocks, block b on workload seed seed+b with
+// bench.mjs - the benchmark plan: for each concurrency (the i-th of the
+// list), a discarded warm-up run per arm, then `blocks` blocks, block b on
+// workload seed seed + i*blocks + b with
 // the arms in AB order on even blocks and BA on odd ones (so neither arm
 // always runs second, on a warmer machine). Each run is scraped for
 // /metrics before and after. Returns the results object report.mjs reads.
@@ -65,13 +66,16 @@ export async function runBench(cfg, log = () => {}) {
       `TTFT p50 ${s.ttft_p50_ms?.toFixed(1)} ms, ${s.output_tok_s.toFixed(1)} output tok/s`);
     return r;
   };
-  for (const c of cfg.concurrency) {
+  for (const [ci, c] of cfg.concurrency.entries()) {
+    // every concurrency gets seeds of its own: the same prompts again would
+    // find the earlier concurrency's answers in a prefix cache
+    const base = cfg.seed + ci * cfg.blocks;
     for (let w = 0; w < cfg.warmup; w++)
-      for (let a = 0; a < arms.length; a++) await one(a, c, cfg.seed + WARMUP_SEED_OFFSET + w, -1, a);
+      for (let a = 0; a < arms.length; a++) await one(a, c, base + WARMUP_SEED_OFFSET + w, -1, a);
     const runs = [];
     for (let b = 0; b < cfg.blocks; b++) {
       const order = arms.length === 2 && b % 2 ? [1, 0] : arms.map((_, i) => i);
-      for (let p = 0; p < order.length; p++) runs.push(await one(order[p], c, cfg.seed + b, b, p));
+      for (let p = 0; p < order.length; p++) runs.push(await one(order[p], c, base + b, b, p));
     }
     results.runs.push(...runs);
     if (arms.length === 2) {

@@ -22,7 +22,7 @@ blocks over distinct workload seeds, and writes every request's timings.
   --workload W            ${WORKLOADS.join(' | ')} (default random)
   --concurrency N[,N...]  sessions in flight (default 1)
   --requests K            requests (agent: sessions) per run (default ${workloadDefaults.requests})
-  --blocks N              paired blocks, seeds SEED..SEED+N-1 (default ${MIN_BLOCKS}; ratios need >= ${MIN_BLOCKS})
+  --blocks N              paired blocks: the i-th concurrency's seeds are SEED+i*N..SEED+i*N+N-1 (default ${MIN_BLOCKS}; ratios need >= ${MIN_BLOCKS})
   --seed S                workload seed (default 1)
   --warmup N              discarded runs per arm and concurrency first (default 1)
   --input-len N           prompt tokens, approximate (random, shared-prefix question; default ${workloadDefaults.inputLen})
