@@ -37,8 +37,8 @@ function provenance(res) {
 <tr><th>created</th><td>${esc(res.created)}</td></tr>
 <tr><th>command</th><td><code>${esc(res.command)}</code></td></tr>
 <tr><th>machine</th><td>${esc(`${res.machine.hostname}: ${res.machine.cpus} × ${res.machine.cpu}, ${res.machine.platform}, node ${res.machine.node}`)}</td></tr>
-<tr><th>workload</th><td>${esc(cfg.workload)}, seed ${cfg.seed}, ${cfg.blocks} blocks, concurrency ${cfg.concurrency.join(', ')}, warm-up runs ${cfg.warmup}; ${esc(JSON.stringify(cfg.workload_options))}</td></tr>
-${res.arms.map((a, i) => `<tr><th>arm ${esc(a.name)}</th><td>${esc(a.url)} (model ${esc(a.model ?? '?')})${i ? '' : ''}</td></tr>`).join('\n')}
+<tr><th>workload</th><td>${esc(cfg.workload)}, seed ${cfg.seed}, ${cfg.blocks} blocks, concurrency ${cfg.concurrency.join(', ')}, warm-up runs ${cfg.warmup}, prompt text ${esc(cfg.corpus ?? '?')}; ${esc(JSON.stringify(cfg.workload_options))}</td></tr>
+${res.arms.map((a) => `<tr><th>arm ${esc(a.name)}</th><td>${esc(a.url)} (model ${esc(a.model ?? '?')})</td></tr>`).join('\n')}
 </table>`;
 }
 
