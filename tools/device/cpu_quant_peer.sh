@@ -8,7 +8,9 @@
 # background meanwhile): prefill 512 and decode 64 at THREADS (default "16 8").
 # BINS: the lumen binaries compared, alternating (default "lumen_base lumen";
 # any bin/lumen_* carried); PEER=0 leaves llama.cpp out; PROFILE=1 adds
-# LUMEN_PROFILE=1's op table of bin/lumen's decode at 16 threads.
+# LUMEN_PROFILE=1's op table of bin/lumen's decode at 16 threads; LONG=1
+# adds Q4_K_M decode of 32 after a 3,968-token context (the random file's
+# limit is 4,096) at 16 threads (llama.cpp: -d 3968).
 # Carry .device-carry holding: bin/{lumen,bench_qdot} and optionally
 # bin/{lumen_base,bench_qdot_base} (CPU-only builds: cmake -DLUMEN_CUDA=OFF),
 # lib/ (their shared libraries outside glibc), template.gguf (the llama-g256
@@ -55,6 +57,15 @@ for th in ${THREADS:-16 8}; do
     done
   done
 done
+run_long() { # binary
+  timeout 200 "$1" bench -m $S/l1.q4km.gguf --device cpu --threads 16 --prompt-len 3968 --chunk 512 --gen 32 --reps 2 \
+    --no-membw 2>&1 | tail -n 1 | grep -oE '"decode_tok_s":[0-9.]*'
+}
+if [[ ${LONG:-0} == 1 ]]; then
+  for round in 1 2; do
+    for b in ${BINS:-lumen_base lumen}; do log "$b q4km decode after 3968, 16 threads (round $round)"; run_long "$C/bin/$b"; done
+  done
+fi
 [[ $PEER == 1 ]] || { log done; exit 0; }
 log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }
 for th in ${THREADS:-16 8}; do
@@ -64,4 +75,9 @@ for th in ${THREADS:-16 8}; do
     log "lumen $k $th threads (after the peer)"; run_lumen "$C/bin/lumen" $S/l1.$k.gguf $th
   done
 done
+if [[ ${LONG:-0} == 1 ]]; then
+  log "llama.cpp q4km decode 32 at depth 3968, 16 threads"
+  "$LB/llama-bench" -o md -m $S/l1.q4km.gguf -ngl 0 -t 16 -p 0 -n 32 -d 3968 -r 2 2>/dev/null | grep -E "^\| [a-z]"
+  log "lumen (after the peer)"; run_long "$C/bin/lumen"
+fi
 log done
