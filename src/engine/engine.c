@@ -526,7 +526,7 @@ int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
 const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n) {
     const lm_kv_pool *p = &en->kv->pool;
     const lm_kv_types t = { p->k_type, p->v_type };
-    const size_t per = lm_kv_bytes_per_token(t, p->n_layers, p->kv_width);
+    const size_t per = lm_kv_pool_bytes_per_token(p);
     char name[32];
     lm_kv_types_str(t, name, sizeof name);
     snprintf(buf, n, "KV %s, %.1f KiB a token, %d tokens (%.2f GiB)", name, (double)per / 1024.0, en->o.kv_tokens,

@@ -54,7 +54,7 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     /* the prefix cache's blocks and checkpoint slots come on top */
     int64_t floats[64];
     int n_state = lm_model_state_spec(m, floats, 64);
-    size_t state_bytes = 0, block_bytes = (size_t)block * lm_kv_bytes_per_token(en->o.kv_type, m->n_kv_layers, m->kv_width);
+    size_t state_bytes = 0, block_bytes = (size_t)block * lm_kv_model_bytes_per_token(m, en->o.kv_type);
     for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
     en->stateful = n_state > 0;
     *cache_blocks = en->o.cache_ram / block_bytes;

@@ -8,8 +8,8 @@
 
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
                        int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
-    return lm_kv_cache_create_typed(out, be, n_layers, kv_width, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 0, block_size,
-                                    n_blocks, state, e);
+    return lm_kv_cache_create_typed(out, be, n_layers, kv_width, NULL, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 0,
+                                    block_size, n_blocks, state, e);
 }
 
 int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, lm_err *e) {
@@ -30,30 +30,56 @@ int lm_kv_rot_for(int head_dim) {
     return LM_MIN(r, LM_KV_ROT_DEFAULT);
 }
 
-size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width) {
-    return (size_t)n_layers * (lm_kv_row_bytes(t.k, kv_width) + lm_kv_row_bytes(t.v, kv_width));
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, const int64_t *layer_width, int64_t kv_width) {
+    size_t n = 0;
+    for (int l = 0; l < n_layers; l++) {
+        int64_t w = layer_width ? layer_width[l] : kv_width;
+        n += lm_kv_row_bytes(t.k, w) + lm_kv_row_bytes(t.v, w);
+    }
+    return n;
 }
 
-int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, lm_kv_types types,
-                             int rot, int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
+size_t lm_kv_model_bytes_per_token(const lm_model *m, lm_kv_types t) {
+    return lm_kv_bytes_per_token(t, m->n_kv_layers, m->kv_layer_width, m->kv_width);
+}
+
+size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p) {
+    return lm_kv_bytes_per_token((lm_kv_types){ p->k_type, p->v_type }, p->n_layers, p->layer_width, p->kv_width);
+}
+
+int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
+                             const int64_t *layer_width, lm_kv_types types, int rot, int block_size, int n_blocks,
+                             const lm_state_spec *state, lm_err *e) {
     *out = NULL;
     if (n_layers <= 0 || kv_width <= 0 || block_size <= 0 || n_blocks <= 0)
         return lm_errf(e, "bad KV cache geometry");
-    if (lm_kv_check_format(types, kv_width, (int)LM_MIN(kv_width, INT32_MAX), rot, e)) return -1;
+    for (int l = 0; layer_width && l < n_layers; l++)
+        if (layer_width[l] <= 0 || layer_width[l] > kv_width) return lm_errf(e, "bad KV cache geometry");
+    for (int l = 0; l < n_layers; l++) {
+        int64_t w = layer_width ? layer_width[l] : kv_width;
+        if (lm_kv_check_format(types, w, (int)LM_MIN(w, INT32_MAX), rot, e)) return -1;
+    }
     lm_kv_cache *c = lm_xcalloc(1, sizeof *c);
     c->be = be;
     c->pool = (lm_kv_pool){ .n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks, .kv_width = kv_width,
                             .k_type = types.k, .v_type = types.v, .rot = rot };
+    /* each layer's arrays at its own width: a model whose layers differ
+     * (Gemma 4: narrow sliding layers, wide global ones) pays for each
+     * layer what it writes, not the widest layer's rows everywhere */
+    int64_t *widths = lm_xmalloc((size_t)n_layers * sizeof(int64_t));
+    for (int l = 0; l < n_layers; l++) widths[l] = layer_width ? layer_width[l] : kv_width;
+    c->pool.layer_width = widths;
     c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(void *));
     c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(void *));
     size_t rows = (size_t)n_blocks * (size_t)block_size;
-    size_t kbytes = rows * lm_kv_row_bytes(types.k, kv_width), vbytes = rows * lm_kv_row_bytes(types.v, kv_width);
     for (int l = 0; l < n_layers; l++) {
+        size_t kbytes = rows * lm_kv_row_bytes(types.k, widths[l]), vbytes = rows * lm_kv_row_bytes(types.v, widths[l]);
         c->pool.k[l] = be->ops->alloc(be, kbytes);
         c->pool.v[l] = be->ops->alloc(be, vbytes);
         if (!c->pool.k[l] || !c->pool.v[l]) {
             lm_kv_cache_free(c);
-            return lm_errf(e, "out of memory for the KV cache (%d layers x %zu bytes)", n_layers, kbytes + vbytes);
+            return lm_errf(e, "out of memory for the KV cache (layer %d of %d: %zu bytes)", l, n_layers,
+                           kbytes + vbytes);
         }
     }
     c->free_list = lm_xmalloc((size_t)n_blocks * sizeof(int32_t));
@@ -90,12 +116,15 @@ int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, lm_kv_types typ
     LM_ASSERT(n >= 0 && n <= 64);
     lm_state_spec st = { n, floats, state_slots };
     if (lm_kv_check_model(m, types, e)) return -1;
-    return lm_kv_cache_create_typed(out, m->be, m->n_kv_layers, m->kv_width, types, lm_kv_rot_for(m->cfg.head_dim),
-                                    block_size, n_blocks, &st, e);
+    return lm_kv_cache_create_typed(out, m->be, m->n_kv_layers, m->kv_width, m->kv_layer_width, types,
+                                    lm_kv_rot_for(m->cfg.head_dim), block_size, n_blocks, &st, e);
 }
 
 int lm_kv_check_model(const lm_model *m, lm_kv_types types, lm_err *e) {
-    if (lm_kv_check_format(types, m->kv_width, m->cfg.head_dim, lm_kv_rot_for(m->cfg.head_dim), e)) return -1;
+    for (int l = 0; l < m->n_kv_layers; l++)
+        if (lm_kv_check_format(types, m->kv_layer_width ? m->kv_layer_width[l] : m->kv_width, m->cfg.head_dim,
+                               lm_kv_rot_for(m->cfg.head_dim), e))
+            return -1;
     if ((lm_kv_quantised(types.k) || lm_kv_quantised(types.v)) &&
         ((int64_t)m->cfg.n_kv_heads * m->cfg.head_dim) % LM_KV_GROUP)
         return lm_errf(e, "KV format %s needs rows of whole %d-value scale groups (this model's layers write %lld)",
@@ -154,6 +183,7 @@ void lm_kv_cache_free(lm_kv_cache *c) {
     }
     free(c->pool.k);
     free(c->pool.v);
+    free((void *)c->pool.layer_width);
     for (int i = 0; i < c->pool.n_state; i++)
         if (c->pool.state[i]) c->be->ops->free(c->be, c->pool.state[i]);
     free(c->pool.state);
@@ -213,15 +243,15 @@ void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows)
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(dst >= 0 && dst < p->n_blocks && src >= 0 && src < p->n_blocks && dst != src);
     LM_ASSERT(n_rows >= 0 && n_rows <= p->block_size);
-    size_t kr = lm_kv_row_bytes(p->k_type, p->kv_width), kblk = kr * (size_t)p->block_size;
-    size_t vr = lm_kv_row_bytes(p->v_type, p->kv_width), vblk = vr * (size_t)p->block_size;
     for (int l = 0; l < p->n_layers; l++) {
+        const int64_t w = lm_kv_layer_width(p, l);
+        size_t kr = lm_kv_row_bytes(p->k_type, w), kblk = kr * (size_t)p->block_size;
+        size_t vr = lm_kv_row_bytes(p->v_type, w), vblk = vr * (size_t)p->block_size;
         c->be->ops->copy(c->be, (char *)p->k[l] + (size_t)dst * kblk, (char *)p->k[l] + (size_t)src * kblk, kr * (size_t)n_rows);
         c->be->ops->copy(c->be, (char *)p->v[l] + (size_t)dst * vblk, (char *)p->v[l] + (size_t)src * vblk, vr * (size_t)n_rows);
     }
 }
 
 size_t lm_kv_block_bytes(const lm_kv_cache *c) {
-    const lm_kv_pool *p = &c->pool;
-    return (size_t)p->block_size * lm_kv_bytes_per_token((lm_kv_types){ p->k_type, p->v_type }, p->n_layers, p->kv_width);
+    return (size_t)c->pool.block_size * lm_kv_pool_bytes_per_token(&c->pool);
 }

@@ -33,9 +33,12 @@ typedef struct lm_kv_seq {
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
                        int block_size, int n_blocks, const lm_state_spec *state, lm_err *e);
 /* A cache whose K and V rows are in the formats types (lm_kv_type.h); rot:
- * the rotation width of LM_KV_Q4R (lm_kv_rot_for), else ignored. */
-int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, lm_kv_types types,
-                             int rot, int block_size, int n_blocks, const lm_state_spec *state, lm_err *e);
+ * the rotation width of LM_KV_Q4R (lm_kv_rot_for), else ignored.
+ * layer_width: [n_layers] values a row of each layer holds (each at most
+ * kv_width), copied; NULL: every layer kv_width. */
+int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
+                             const int64_t *layer_width, lm_kv_types types, int rot, int block_size, int n_blocks,
+                             const lm_state_spec *state, lm_err *e);
 /* Whether a model of this KV width and head width can use the formats
  * (quantised ones need heads of whole scale groups); -1 with e if not. */
 int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, lm_err *e);
@@ -43,15 +46,20 @@ int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, l
  * divisor, at most LM_KV_ROT_DEFAULT. */
 #define LM_KV_ROT_DEFAULT 128
 int lm_kv_rot_for(int head_dim);
-/* KV bytes one token takes over n_layers layers (K and V) in these formats. */
-size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width);
+/* KV bytes one token takes over n_layers layers (K and V) in these formats:
+ * the sum over layers of each one's rows (layer_width as above, NULL: every
+ * layer kv_width). */
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, const int64_t *layer_width, int64_t kv_width);
+/* The same for model m's KV layers, and for a pool. */
+struct lm_model;
+size_t lm_kv_model_bytes_per_token(const struct lm_model *m, lm_kv_types t);
+size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p);
 void lm_kv_cache_free(lm_kv_cache *c);
 
 /* The cache model m needs: its KV layers and width in the formats types,
  * and its recurrent state with state_slots slots (ignored for
  * attention-only models). A format the model's heads cannot take is an
  * error naming it. */
-struct lm_model;
 int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, lm_kv_types types, int block_size,
                            int n_blocks, int state_slots, lm_err *e);
 /* Whether model m can keep its KV cache in the formats types; -1 with e

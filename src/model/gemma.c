@@ -456,6 +456,10 @@ static int gemma_bind(lm_model *m, lm_err *e) {
     }
     m->n_kv_layers = g->n_kv_layers;
     m->kv_width = G->max_kv;
+    /* each KV layer at its own width (sliding layers are often narrower) */
+    m->kv_layer_width = lm_xmalloc((size_t)g->n_kv_layers * sizeof(int64_t));
+    for (int l = 0; l < g->n_kv_layers; l++)
+        m->kv_layer_width[l] = (int64_t)g->layer[l].n_kv_heads * g->layer[l].head_dim;
     return 0;
 }
 
