@@ -183,10 +183,10 @@ LM_TEST(gemma_load_kv_layout) {
     const size_t per = (32 + 32 + 48 + 32) * 2 * sizeof(float); /* not 4 x the widest layer's 48 */
     LM_CHECK(lm_model_kv_bytes_per_token(m) == per);
     const lm_kv_types f32 = { LM_KV_F32, LM_KV_F32 }, b16 = { LM_KV_BF16, LM_KV_BF16 };
-    LM_CHECK(lm_kv_model_bytes_per_token(m, f32) == per);
-    LM_CHECK(lm_kv_model_bytes_per_token(m, b16) == per / 2);
+    LM_CHECK(lm_kv_model_bytes_per_token(m, f32, 0) == per);
+    LM_CHECK(lm_kv_model_bytes_per_token(m, b16, 0) == per / 2);
     lm_kv_cache *kc = NULL;
-    LM_REQUIRE(lm_kv_cache_create_for(&kc, m, b16, 16, 4, 0, &e) == 0);
+    LM_REQUIRE(lm_kv_cache_create_for(&kc, m, b16, 16, 4, 0, 0, &e) == 0);
     LM_CHECK(lm_kv_pool_bytes_per_token(&kc->pool) == per / 2);
     LM_CHECK(lm_kv_block_bytes(kc) == 16 * per / 2);
     for (int l = 0; l < 4; l++) LM_CHECK(lm_kv_layer_width(&kc->pool, l) == want_w[l]);

@@ -39,6 +39,15 @@ typedef struct lm_kv_pool {
      * narrow layer (Gemma's sliding ones) takes only its own width; NULL:
      * every layer kv_width. Read it through lm_kv_layer_width. */
     const int64_t *layer_width;
+    /* Sliding-window layers kept in rings (ring_blocks > 0): a layer with
+     * layer_ring[l] has no block of the pool; each recurrent-state slot s
+     * holds ring_blocks blocks of it (block ids s * ring_blocks + j, its K
+     * and V arrays sized n_state_slots * ring_blocks blocks) that a
+     * sequence's positions reuse, block i at j = i % ring_blocks, so its
+     * memory follows the window, not the context. The model addresses them
+     * (gemma.c); kernels see a pool of that many blocks. */
+    int ring_blocks;
+    const bool *layer_ring; /* [n_layers], NULL without rings */
     lm_kv_type k_type, v_type; /* LM_KV_F32 (0) unless chosen */
     int rot;          /* LM_KV_Q4R: values per rotated piece (a power of two dividing every head) */
     void **k, **v;    /* [n_layers] -> [n_blocks][block_size] rows, backend memory */

@@ -121,7 +121,7 @@ static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
     lm_kv_cache *kv = NULL;
     double tps = -1;
-    if (lm_kv_cache_create_for(&kv, m, kvt, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
+    if (lm_kv_cache_create_for(&kv, m, kvt, bs, B * ((ctx + bs - 1) / bs), B, 0, e)) return -1;
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
     lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(B, chunk), B, B, kv->pool.n_state > 0);
     int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *toks = lm_xmalloc((size_t)chunk * sizeof *toks),
@@ -235,7 +235,7 @@ int lm_cmd_bench(int argc, char **argv) {
                "\"look_ahead\":%s,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,"
                "\"body_ms\":%.3f,\"graphs_replayed\":%ld",
                model_path, be->name, lm_kv_types_str(o.kv, kvs, sizeof kvs),
-               lm_kv_model_bytes_per_token(m, o.kv), batch, prompt_len, gen,
+               lm_kv_model_bytes_per_token(m, o.kv, 0), batch, prompt_len, gen,
                ahead ? "true" : "false", tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
         const bool gpu = !strcmp(be->name, "cuda");
         double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;

@@ -50,18 +50,34 @@ int lm_kv_rot_for(int head_dim);
  * the sum over layers of each one's rows (layer_width as above, NULL: every
  * layer kv_width). */
 size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, const int64_t *layer_width, int64_t kv_width);
-/* The same for model m's KV layers, and for a pool. */
+/* The same for model m's KV layers (those kept in rings left out when
+ * ring_blocks > 0), and for a pool's block layers. */
 struct lm_model;
-size_t lm_kv_model_bytes_per_token(const struct lm_model *m, lm_kv_types t);
+size_t lm_kv_model_bytes_per_token(const struct lm_model *m, lm_kv_types t, int ring_blocks);
 size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p);
+/* Bytes the rings of one state slot take (0 without rings). */
+size_t lm_kv_pool_ring_bytes(const lm_kv_pool *p);
+/* Blocks per sequence in which m's sliding-window layers can keep their
+ * window (lm_kv_pool.ring_blocks) when no forward gives a sequence more than
+ * max_chunk tokens: ceil((window - 1 + max_chunk) / block_size) + 1; 0 when
+ * the model has none or a ring would be no smaller than a ctx-token
+ * sequence's blocks. */
+int lm_kv_ring_for(const struct lm_model *m, int block_size, int ctx, int max_chunk);
+/* The per-slot state tensors of m's cache (floats each, into floats[max]):
+ * its recurrent state (lm_model_state_spec), then K and V of each ring
+ * layer; their count. */
+int lm_kv_model_state_spec(const struct lm_model *m, lm_kv_types t, int block_size, int ring_blocks, int64_t *floats,
+                           int max);
 void lm_kv_cache_free(lm_kv_cache *c);
 
 /* The cache model m needs: its KV layers and width in the formats types,
  * and its recurrent state with state_slots slots (ignored for
- * attention-only models). A format the model's heads cannot take is an
- * error naming it. */
+ * attention-only models). ring_blocks > 0 (lm_kv_ring_for): its sliding
+ * layers in rings of that many blocks per slot, state like the recurrent
+ * one (a slot per sequence, checkpoints, restores). A format the model's
+ * heads cannot take is an error naming it. */
 int lm_kv_cache_create_for(lm_kv_cache **out, const struct lm_model *m, lm_kv_types types, int block_size,
-                           int n_blocks, int state_slots, lm_err *e);
+                           int n_blocks, int state_slots, int ring_blocks, lm_err *e);
 /* Whether model m can keep its KV cache in the formats types; -1 with e
  * naming the format and the width that does not fit. */
 int lm_kv_check_model(const struct lm_model *m, lm_kv_types types, lm_err *e);
@@ -81,7 +97,7 @@ void lm_kv_block_unref(lm_kv_cache *c, int32_t b);
 /* Copies the first n_rows token rows of block src into block dst, every
  * layer, K and V (copy-on-write of a partly shared block). Backend ops only. */
 void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows);
-/* Bytes one block holds over all layers (K and V). */
+/* Bytes one block holds over all its layers (K and V; rings are not in blocks). */
 size_t lm_kv_block_bytes(const lm_kv_cache *c);
 
 /* A zeroed recurrent-state slot, or -1 when none is free (or the model has
@@ -94,7 +110,7 @@ void lm_kv_state_clear(lm_kv_cache *c, int32_t slot);
 int32_t lm_kv_state_take(lm_kv_cache *c);
 /* Copies slot src into slot dst, every state tensor (checkpoint, restore). */
 void lm_kv_state_copy(lm_kv_cache *c, int32_t dst, int32_t src);
-/* Bytes one slot holds over all state tensors (0 without state). */
+/* Bytes one slot holds over all state tensors, rings included (0 without state). */
 size_t lm_kv_state_bytes(const lm_kv_cache *c);
 
 #endif

@@ -62,6 +62,8 @@ typedef struct lm_model {
     int n_kv_layers;         /* KV cache layers (default n_layers; hybrids need fewer) */
     int64_t kv_width;        /* floats per token of the widest KV layer (default Hkv * Dh) */
     int64_t *kv_layer_width; /* [n_kv_layers] floats per token of each KV layer, owned; NULL: kv_width each */
+    bool *kv_layer_sliding;  /* [n_kv_layers] which KV layers only attend to cfg.sliding_window positions and
+                                may keep them in a ring (lm_kv_pool.ring_blocks), owned; NULL: none may */
     float *inv_freq;         /* [rot_dim / 2] host */
     int rot_dim;
     float rope_attn_factor;

@@ -203,6 +203,7 @@ void lm_model_free(lm_model *m) {
     free(m->owned);
     free(m->inv_freq);
     free(m->kv_layer_width);
+    free(m->kv_layer_sliding);
     lm_config_free(&m->cfg);
     lm_source_unref(m->source);
     free(m->path);
