@@ -27,8 +27,8 @@ LM_TEST(kv_type_names_and_sizes) {
     LM_CHECK(lm_kv_row_bytes(LM_KV_Q8, 1024) == 1088 && lm_kv_row_bytes(LM_KV_Q4, 1024) == 576);
     LM_CHECK(lm_kv_row_bytes(LM_KV_Q4R, 1024) == 576 && lm_kv_row_bytes(LM_KV_Q4, 32) == 32);
     /* Qwen3.5-27B's full-attention layers: 16 x 4 heads x 256 */
-    LM_CHECK(lm_kv_bytes_per_token((lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 16, NULL, 1024) == 131072);
-    LM_CHECK(lm_kv_bytes_per_token((lm_kv_types){ LM_KV_Q4R, LM_KV_Q4R }, 16, NULL, 1024) == 18432);
+    LM_CHECK(lm_kv_bytes_per_token((lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 16, 1024) == 131072);
+    LM_CHECK(lm_kv_bytes_per_token((lm_kv_types){ LM_KV_Q4R, LM_KV_Q4R }, 16, 1024) == 18432);
     LM_CHECK(lm_kv_rot_for(256) == 128 && lm_kv_rot_for(64) == 64 && lm_kv_rot_for(80) == 16);
 }
 

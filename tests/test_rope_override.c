@@ -16,8 +16,8 @@
 #include "test_util.h"
 
 static lm_model_config plain_config(void) {
-    return (lm_model_config){ .max_pos = 4096,
-                              .rope = { .type = LM_ROPE_DEFAULT, .theta = 10000.0, .factor = 1.0, .partial_factor = 1 } };
+    const lm_rope_config r = { .type = LM_ROPE_DEFAULT, .theta = 10000.0, .factor = 1.0, .partial_factor = 1 };
+    return (lm_model_config){ .max_pos = 4096, .rope = r };
 }
 
 LM_TEST(rope_override_sets_the_formulas_frequencies) {

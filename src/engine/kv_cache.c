@@ -34,14 +34,12 @@ int lm_kv_rot_for(int head_dim) {
     return LM_MIN(r, LM_KV_ROT_DEFAULT);
 }
 
-size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, const int64_t *layer_width, int64_t kv_width) {
-    size_t n = 0;
-    for (int l = 0; l < n_layers; l++) {
-        int64_t w = layer_width ? layer_width[l] : kv_width;
-        n += lm_kv_row_bytes(t.k, w) + lm_kv_row_bytes(t.v, w);
-    }
-    return n;
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width) {
+    return (size_t)n_layers * (lm_kv_row_bytes(t.k, kv_width) + lm_kv_row_bytes(t.v, kv_width));
 }
+
+/* K and V bytes of one token of a layer kv_width wide. */
+static size_t row_pair(lm_kv_types t, int64_t w) { return lm_kv_bytes_per_token(t, 1, w); }
 
 static int64_t model_width(const lm_model *m, int l) { return m->kv_layer_width ? m->kv_layer_width[l] : m->kv_width; }
 
@@ -53,7 +51,7 @@ size_t lm_kv_model_bytes_per_token(const lm_model *m, lm_kv_types t, int ring_bl
     size_t n = 0;
     for (int l = 0; l < m->n_kv_layers; l++)
         if (!model_ring_layer(m, l, ring_blocks))
-            n += lm_kv_row_bytes(t.k, model_width(m, l)) + lm_kv_row_bytes(t.v, model_width(m, l));
+            n += row_pair(t, model_width(m, l));
     return n;
 }
 
@@ -93,20 +91,19 @@ int lm_kv_model_state_spec(const lm_model *m, lm_kv_types t, int block_size, int
 
 static bool pool_ring_layer(const lm_kv_pool *p, int l) { return p->ring_blocks > 0 && p->layer_ring[l]; }
 
-size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p) {
+/* Bytes a token of the pool's block layers (ring false) or ring layers takes. */
+static size_t pool_token_bytes(const lm_kv_pool *p, bool ring) {
+    const lm_kv_types t = { p->k_type, p->v_type };
     size_t n = 0;
     for (int l = 0; l < p->n_layers; l++)
-        if (!pool_ring_layer(p, l))
-            n += lm_kv_row_bytes(p->k_type, lm_kv_layer_width(p, l)) + lm_kv_row_bytes(p->v_type, lm_kv_layer_width(p, l));
+        if (pool_ring_layer(p, l) == ring) n += row_pair(t, lm_kv_layer_width(p, l));
     return n;
 }
 
+size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p) { return pool_token_bytes(p, false); }
+
 size_t lm_kv_pool_ring_bytes(const lm_kv_pool *p) {
-    size_t n = 0;
-    for (int l = 0; l < p->n_layers; l++)
-        if (pool_ring_layer(p, l))
-            n += lm_kv_row_bytes(p->k_type, lm_kv_layer_width(p, l)) + lm_kv_row_bytes(p->v_type, lm_kv_layer_width(p, l));
-    return n * (size_t)p->ring_blocks * (size_t)p->block_size;
+    return pool_token_bytes(p, true) * (size_t)p->ring_blocks * (size_t)p->block_size;
 }
 
 int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
@@ -152,7 +149,8 @@ static int cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t
     size_t rows = (size_t)n_blocks * (size_t)block_size;
     for (int l = 0; l < n_layers; l++) {
         if (pool_ring_layer(&c->pool, l)) continue; /* in the state tensors below */
-        size_t kbytes = rows * lm_kv_row_bytes(types.k, widths[l]), vbytes = rows * lm_kv_row_bytes(types.v, widths[l]);
+        size_t kbytes = rows * lm_kv_row_bytes(types.k, widths[l]);
+        size_t vbytes = rows * lm_kv_row_bytes(types.v, widths[l]);
         c->pool.k[l] = be->ops->alloc(be, kbytes);
         c->pool.v[l] = be->ops->alloc(be, vbytes);
         if (!c->pool.k[l] || !c->pool.v[l]) {
@@ -202,8 +200,8 @@ int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, lm_kv_types typ
     if (lm_kv_check_model(m, types, e)) return -1;
     if (ring_blocks > 0 && !m->kv_layer_sliding) return lm_errf(e, "KV rings for a model without sliding layers");
     return cache_create(out, m->be, m->n_kv_layers, m->kv_width, m->kv_layer_width, types,
-                        lm_kv_rot_for(m->cfg.head_dim), block_size, n_blocks, &st, ring_blocks > 0 ? m->kv_layer_sliding : NULL,
-                        ring_blocks, e);
+                        lm_kv_rot_for(m->cfg.head_dim), block_size, n_blocks, &st,
+                        ring_blocks > 0 ? m->kv_layer_sliding : NULL, ring_blocks, e);
 }
 
 int lm_kv_check_model(const lm_model *m, lm_kv_types types, lm_err *e) {

@@ -46,12 +46,11 @@ int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, l
  * divisor, at most LM_KV_ROT_DEFAULT. */
 #define LM_KV_ROT_DEFAULT 128
 int lm_kv_rot_for(int head_dim);
-/* KV bytes one token takes over n_layers layers (K and V) in these formats:
- * the sum over layers of each one's rows (layer_width as above, NULL: every
- * layer kv_width). */
-size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, const int64_t *layer_width, int64_t kv_width);
-/* The same for model m's KV layers (those kept in rings left out when
- * ring_blocks > 0), and for a pool's block layers. */
+/* KV bytes one token takes over n_layers layers of kv_width (K and V) in these formats. */
+size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width);
+/* The same summed over model m's KV layers, each at its own width (those
+ * kept in rings left out when ring_blocks > 0), and over a pool's block
+ * layers (the figure of the startup line). */
 struct lm_model;
 size_t lm_kv_model_bytes_per_token(const struct lm_model *m, lm_kv_types t, int ring_blocks);
 size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p);
