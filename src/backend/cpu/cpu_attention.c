@@ -37,6 +37,12 @@
 #define LM_ATT_HEADS 4     /* query heads of one kv head handled together */
 #define LM_ATT_MAX_DH 1024 /* head width bound for the on-stack accumulators */
 #define LM_ATT_QROWS 16    /* keys decoded at once from a non-f32 cache */
+/* Queries (tokens x heads) of one item at most, and the floats their
+ * accumulators may fill (one token of LM_ATT_HEADS widest heads fits): wide
+ * heads get fewer tokens. */
+#define LM_ATT_TILE_Q 64
+#define LM_ATT_ACC_FLOATS 8192
+_Static_assert(LM_ATT_HEADS * LM_ATT_MAX_DH <= LM_ATT_ACC_FLOATS, "one token of an item always fits");
 
 /* ---- kv_write ----------------------------------------------------------- */
 
@@ -83,6 +89,7 @@ typedef struct lm_att {
     const lm_attn_params *p;
     int64_t q_cols, out_cols;
     int n_sub;            /* head subgroups per kv head */
+    int tile;             /* batch tokens an item takes (lm_att_tile) */
     atomic_llong next;
 } lm_att;
 
@@ -96,87 +103,135 @@ static const float *lm_att_rows(const lm_att *a, lm_kv_type t, const char *l, si
         *ld = a->width;
         return (const float *)(l + row * (int64_t)rb) + c0;
     }
-    for (int j = 0; j < n; j++) lm_kv_decode(t, l + (row + j) * (int64_t)rb, c0, Dh, a->width, buf + j * Dh);
+    lm_to_f32_fn widen = t == LM_KV_BF16 ? a->k->to_f32[LM_BF16] : NULL; /* vectorised, exact */
+    for (int j = 0; j < n; j++) {
+        const char *r = l + (row + j) * (int64_t)rb;
+        if (widen) widen(r + 2 * c0, buf + j * Dh, Dh);
+        else lm_kv_decode(t, r, c0, Dh, a->width, buf + j * Dh);
+    }
     *ld = Dh;
     return buf;
 }
 
-/* Query heads h0 .. h0+nh-1 (all reading the same kv head) of token t. The
- * keys are walked in runs that stay inside one KV block, so each run is a
- * strided array of rows; every head of the subgroup scores the run while it
- * is in L1. */
-static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
+/* The online softmax state of one (token, query head): its output
+ * accumulator, running maximum and denominator, and its query row. */
+typedef struct lm_att_q {
+    float *acc;
+    const float *q;
+    float m;
+    double l;
+} lm_att_q;
+
+/* Tokens t0 .. t0+nt-1 of one sequence, heads h0 .. h0+nh-1 (all reading
+ * the same kv head). The keys are walked in runs that stay inside one KV
+ * block (a strided array of rows, decoded once when the cache is not f32)
+ * and every (token, head) scores the run while it is in L1: in a prefill,
+ * one decoded run serves nt * nh queries. Token t sees keys [lo_t, pos_t]. */
+static void lm_att_run(const lm_att *a, int t0, int nt, int h0, int nh, float *accs) {
     const lm_attn_params *p = a->p;
     const lm_cpu_kern *k = a->k;
     const lm_kv_pool *kv = a->kv;
     const int Dh = p->head_dim, bs = kv->block_size;
     const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh;
-    const int32_t *table = a->b->block_tables[a->b->seq[t]];
-    const int32_t pos = a->b->pos[t];
-    const int32_t lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+    const int32_t *table = a->b->block_tables[a->b->seq[t0]];
+    int32_t lo = INT32_MAX, last = -1; /* keys any of the tokens sees */
+    for (int tt = 0; tt < nt; tt++) {
+        const int32_t pos = a->b->pos[t0 + tt];
+        lo = LM_MIN(lo, p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0);
+        last = LM_MAX(last, pos);
+    }
     const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
     const int chunk = f32 ? LM_ATT_CHUNK : LM_ATT_QROWS;
-    float acc[LM_ATT_HEADS][LM_ATT_MAX_DH], m[LM_ATT_HEADS], s[LM_ATT_CHUNK];
+    float s[LM_ATT_CHUNK];
     /* decoded runs and rotated queries (untouched for f32) */
-    float kbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], vbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], qrot[LM_ATT_HEADS][LM_ATT_MAX_DH];
-    const float *qh[LM_ATT_HEADS];
-    double l[LM_ATT_HEADS];
-    for (int hh = 0; hh < nh; hh++) {
-        memset(acc[hh], 0, (size_t)Dh * sizeof(float));
-        m[hh] = -INFINITY;
-        l[hh] = 0.0;
-        qh[hh] = a->q + t * a->q_cols + (int64_t)(h0 + hh) * Dh;
-        if (kv->k_type == LM_KV_Q4R) {
-            memcpy(qrot[hh], qh[hh], (size_t)Dh * sizeof(float));
-            for (int i = 0; i < Dh; i += kv->rot) lm_kv_rotate(qrot[hh] + i, kv->rot);
-            qh[hh] = qrot[hh];
+    float kbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], vbuf[LM_ATT_QROWS * LM_ATT_MAX_DH];
+    lm_att_q qs[LM_ATT_TILE_Q];
+    for (int i = 0; i < nt * nh; i++) {
+        const int tt = i / nh, hh = i % nh;
+        lm_att_q *e = &qs[i];
+        e->acc = accs + (size_t)i * Dh;
+        memset(e->acc, 0, (size_t)Dh * sizeof(float));
+        e->m = -INFINITY, e->l = 0.0;
+        e->q = a->q + (t0 + tt) * a->q_cols + (int64_t)(h0 + hh) * Dh;
+        if (kv->k_type == LM_KV_Q4R) { /* the rotated query in the second half of accs */
+            float *qr = accs + LM_ATT_ACC_FLOATS + (size_t)i * Dh;
+            memcpy(qr, e->q, (size_t)Dh * sizeof(float));
+            for (int c = 0; c < Dh; c += kv->rot) lm_kv_rotate(qr + c, kv->rot);
+            e->q = qr;
         }
     }
-    for (int32_t j0 = lo; j0 <= pos;) {
-        int n = LM_MIN(bs - j0 % bs, LM_MIN(chunk, pos - j0 + 1));
+    for (int32_t j0 = lo; j0 <= last;) {
+        const int n = LM_MIN(bs - j0 % bs, LM_MIN(chunk, last - j0 + 1));
         int64_t row = lm_kv_row(kv, table, j0), ldk, ldv;
         const float *kr = lm_att_rows(a, kv->k_type, a->kl, a->kb, row, n, goff, kbuf, &ldk);
         const float *vr = lm_att_rows(a, kv->v_type, a->vl, a->vb, row, n, goff, vbuf, &ldv);
-        for (int hh = 0; hh < nh; hh++) {
-            k->attn_scores(qh[hh], kr, ldk, n, Dh, p->scale, s);
-            if (p->softcap > 0)
-                for (int j = 0; j < n; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
-            float cmax = s[0];
-            for (int j = 1; j < n; j++) cmax = cmax > s[j] ? cmax : s[j];
-            if (cmax > m[hh]) {
-                if (m[hh] != -INFINITY) {
-                    float alpha = expf(m[hh] - cmax);
-                    k->scal(acc[hh], alpha, Dh);
-                    l[hh] *= alpha;
+        for (int tt = 0; tt < nt; tt++) {
+            const int32_t pos = a->b->pos[t0 + tt], tlo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+            const int ja = LM_MAX(0, tlo - j0), jb = LM_MIN(n, pos - j0 + 1); /* keys [ja, jb) of the run */
+            if (ja >= jb) continue;
+            const int nn = jb - ja;
+            for (int hh = 0; hh < nh; hh++) {
+                lm_att_q *e = &qs[tt * nh + hh];
+                k->attn_scores(e->q, kr + ja * ldk, ldk, nn, Dh, p->scale, s);
+                if (p->softcap > 0)
+                    for (int j = 0; j < nn; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
+                float cmax = s[0];
+                for (int j = 1; j < nn; j++) cmax = cmax > s[j] ? cmax : s[j];
+                if (cmax > e->m) {
+                    if (e->m != -INFINITY) {
+                        float alpha = expf(e->m - cmax);
+                        k->scal(e->acc, alpha, Dh);
+                        e->l *= alpha;
+                    }
+                    e->m = cmax;
                 }
-                m[hh] = cmax;
+                e->l += k->attn_exp(s, nn, e->m);
+                k->attn_accum(e->acc, s, vr + ja * ldv, ldv, nn, Dh);
             }
-            l[hh] += k->attn_exp(s, n, m[hh]);
-            k->attn_accum(acc[hh], s, vr, ldv, n, Dh);
         }
         j0 += n;
     }
-    for (int hh = 0; hh < nh; hh++) {
-        float *o = a->out + t * a->out_cols + (int64_t)(h0 + hh) * Dh;
-        float inv = (float)(1.0 / l[hh]);
-        for (int i = 0; i < Dh; i++) o[i] = acc[hh][i] * inv;
+    for (int i = 0; i < nt * nh; i++) {
+        const int tt = i / nh, hh = i % nh;
+        float *o = a->out + (t0 + tt) * a->out_cols + (int64_t)(h0 + hh) * Dh;
+        float inv = (float)(1.0 / qs[i].l);
+        for (int c = 0; c < Dh; c++) o[c] = qs[i].acc[c] * inv;
         if (kv->v_type == LM_KV_Q4R)
-            for (int i = 0; i < Dh; i += kv->rot) lm_kv_unrotate(o + i, kv->rot);
+            for (int c = 0; c < Dh; c += kv->rot) lm_kv_unrotate(o + c, kv->rot);
     }
 }
 
+/* Item i: tile i / per_tile of a->tile tokens (the last tiles, whose
+ * tokens see the most keys, first), kv head group and head subgroup
+ * i % per_tile. A tile is cut into runs of one sequence; a decode batch
+ * (one token a sequence) has runs of 1. */
 static void lm_att_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv;
-    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token;
+    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv, T = a->b->n_tokens;
+    const int64_t per_tile = (int64_t)Hkv * a->n_sub, n_tiles = (T + a->tile - 1) / a->tile, n = n_tiles * per_tile;
+    float accs[2 * LM_ATT_ACC_FLOATS]; /* accumulators, then rotated queries */
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
-        int t = (int)(i / per_token), g = (int)(i % per_token) / a->n_sub, sub = (int)(i % a->n_sub);
-        int h0 = g * gsz + sub * LM_ATT_HEADS;
-        lm_att_item(a, t, h0, LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS));
+        const int tile = (int)(n_tiles - 1 - i / per_tile), g = (int)(i % per_tile) / a->n_sub, sub = (int)(i % a->n_sub);
+        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        const int te = LM_MIN(T, (tile + 1) * a->tile);
+        for (int t0 = tile * a->tile; t0 < te;) {
+            int nt = 1;
+            while (t0 + nt < te && a->b->seq[t0 + nt] == a->b->seq[t0]) nt++;
+            lm_att_run(a, t0, nt, h0, nh, accs);
+            t0 += nt;
+        }
     }
+}
+
+/* Tokens an item takes: as many as the accumulators allow (nh heads of
+ * Dh), fewer while that would leave threads without ~4 items each. */
+static int lm_att_tile(int T, int64_t per_tile, int nh, int Dh, int threads) {
+    int most = LM_MIN(LM_ATT_TILE_Q / nh, LM_ATT_ACC_FLOATS / (nh * Dh));
+    int64_t fair = (int64_t)T * per_tile / (4 * (int64_t)threads);
+    return (int)LM_MAX(1, LM_MIN((int64_t)most, fair));
 }
 
 void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
@@ -206,6 +261,7 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
         .b = b, .p = p, .q_cols = q->cols, .out_cols = out->cols,
         .n_sub = (H / Hkv + LM_ATT_HEADS - 1) / LM_ATT_HEADS,
     };
+    a.tile = lm_att_tile(b->n_tokens, (int64_t)Hkv * a.n_sub, LM_MIN(H / Hkv, LM_ATT_HEADS), Dh, c->n_threads);
     atomic_init(&a.next, 0);
     if (c->n_threads == 1 || (int64_t)b->n_tokens * Hkv * a.n_sub == 1) lm_att_worker(&a, 0, 1);
     else lm_pool_run(c->pool, lm_att_worker, &a);
