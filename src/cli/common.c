@@ -81,10 +81,11 @@ const lm_opt lm_cli_rope_opts[] = {
     { LM_OPT_CHOICE, "--rope-scaling", NULL, LM_OPT_AT(lm_rope_override, scaling), NULL,
       "RoPE scaling over the model's config: none, linear (positions divided by --rope-scale) or yarn (YaRN: "
       "low frequencies interpolated, high ones kept, attention scaled by 0.1 ln F + 1)",
-      "the model's (config.json rope_scaling / GGUF rope.scaling.type)", .choices = k_rope_scaling },
+      "the model's: config.json rope_scaling or GGUF rope.scaling.type", .choices = k_rope_scaling },
     { LM_OPT_FLOAT, "--rope-scale", NULL, LM_OPT_AT(lm_rope_override, factor), "F",
-      "the scaling factor: the context grows to F x the original (needed when --rope-scaling names a type the model "
-      "does not have; alone, it changes the model's own linear, llama3 or YaRN factor)",
+      "the scaling factor; with linear or yarn the context limit grows to F x the original context (needed when "
+      "--rope-scaling names a type the model does not have; alone, it changes the model's own linear, llama3 or "
+      "YaRN factor)",
       "the model's", .lo = 0, .lo_open = true, .hi = 1e6 },
     { LM_OPT_FLOAT, "--rope-freq-base", NULL, LM_OPT_AT(lm_rope_override, freq_base), "B", "RoPE base (rope_theta)",
       "the model's", .lo = 0, .lo_open = true, .hi = INFINITY, .hi_open = true },
