@@ -60,7 +60,7 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
     int nb_seq[KS], n_blocks = 3;
     for (int q = 0; q < KS; q++) n_blocks += nb_seq[q] = (len[q] + KBS - 1) / KBS;
     lm_kv_cache *kc = NULL;
-    if (lm_kv_cache_create_typed(&kc, be, KLAYERS, W, kvt, rot, KBS, n_blocks, NULL, NULL)) return -1;
+    if (lm_kv_cache_create_typed(&kc, be, KLAYERS, W, NULL, kvt, rot, KBS, n_blocks, NULL, NULL)) return -1;
     lm_kv_pool *kv = &kc->pool;
     int32_t *perm = malloc((size_t)n_blocks * sizeof *perm);
     for (int i = 0; i < n_blocks; i++) perm[i] = i;

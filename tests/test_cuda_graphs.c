@@ -34,7 +34,7 @@ static int side_open(side *s, const char *dir, bool graphs, lm_err *e) {
     s->be = lm_cuda_backend_create(0, e);
     unsetenv("LUMEN_CUDA_GRAPHS");
     if (!s->be || lm_model_load(&s->m, dir, s->be, e)) return -1;
-    if (lm_kv_cache_create_for(&s->kv, s->m, (lm_kv_types){ 0 }, 16, 64, N_SEQ, e)) return -1;
+    if (lm_kv_cache_create_for(&s->kv, s->m, (lm_kv_types){ 0 }, 16, 64, N_SEQ, 0, e)) return -1;
     for (int i = 0; i < N_SEQ; i++) {
         s->slots[i] = lm_kv_state_acquire(s->kv);
         if (lm_kv_seq_reserve(s->kv, &s->seqs[i], 300, e)) return -1;

@@ -25,7 +25,7 @@
 static int run_batch(lm_model *m, float *out, lm_err *e) {
     const int V = m->cfg.vocab, T = N_A + N_B;
     lm_kv_cache *kv = NULL;
-    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, 16, 16, 2, e)) return -1;
+    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, 16, 16, 2, 0, e)) return -1;
     lm_kv_seq sa = { 0 }, sb = { 0 };
     int32_t slots[2] = { lm_kv_state_acquire(kv), lm_kv_state_acquire(kv) };
     int rc = -1;

@@ -20,7 +20,7 @@
 static int main_hidden(lm_model *m, const int32_t *ids, int T, float *hidden, lm_err *e) {
     const int n_blocks = (T + KV_BLOCK - 1) / KV_BLOCK;
     lm_kv_cache *kv = NULL;
-    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, KV_BLOCK, n_blocks, 1, e)) return -1;
+    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, KV_BLOCK, n_blocks, 1, 0, e)) return -1;
     lm_kv_seq seq = { 0 };
     int32_t slot = lm_kv_state_acquire(kv);
     int32_t *pos = malloc((size_t)T * sizeof *pos), *sq = calloc((size_t)T, sizeof *sq);

@@ -203,3 +203,50 @@ LM_TEST(engine_gemma3_concurrent_steps_15) { concurrent_equals_alone(lm_t_, "gem
 LM_TEST(engine_gemma3_concurrent_steps_16) { concurrent_equals_alone(lm_t_, "gemma3", WINDOW); }
 LM_TEST(engine_gemma4_concurrent_steps_17) { concurrent_equals_alone(lm_t_, "gemma4", WINDOW + 1); }
 LM_TEST(engine_gemma4_concurrent_steps_16) { concurrent_equals_alone(lm_t_, "gemma4", WINDOW); }
+
+/* Sliding-window layers that keep only their window (lm_kv_pool.ring_blocks):
+ * gemma4's five sliding layers (window 16, KV rows of 16 values) fed 16
+ * tokens a forward hold 3 blocks of a 325-token sequence, where its full
+ * layer holds all 21 (and they held 21 before); the greedy tokens and last
+ * logits equal the run that keeps every block. */
+LM_TEST(gemma4_sliding_window_ring_blocks) {
+    gfix f;
+    if (!gfix_open(&f, "gemma4")) {
+        gfix_close(&f);
+        LM_SKIP("fixture gemma4 not available");
+    }
+    const int ctx = f.n + GEN + 1;
+    LM_CHECK(lm_kv_ring_for(f.m, 16, ctx, WINDOW) == 3);   /* (15 + 16) / 16 rounded up, + 1 */
+    LM_CHECK(lm_kv_ring_for(f.m, 16, ctx, 512) == 0);      /* a 512-token chunk: no smaller than the context */
+    LM_CHECK(lm_kv_ring_for(f.m, 16, 48, WINDOW) == 0);     /* a context of three blocks: nothing to free */
+    lm_runner *r = NULL;
+    LM_REQUIRE(lm_runner_create(&r, f.m, ctx, WINDOW, NULL) == 0);
+    const lm_kv_pool *p = &r->kv->pool;
+    LM_REQUIRE(p->ring_blocks == 3 && p->layer_ring != NULL);
+    int ring_layers = 0;
+    for (int l = 0; l < p->n_layers; l++) ring_layers += p->layer_ring[l];
+    LM_CHECK(ring_layers == 5 && !p->layer_ring[5] && p->n_state_slots == 1);
+    /* the blocks of the pool serve the full layer only; each sliding layer has 3 */
+    LM_CHECK(lm_kv_pool_bytes_per_token(p) == 2 * 512 * sizeof(float));
+    LM_CHECK(lm_kv_pool_ring_bytes(p) == 5 * 2 * 16 * sizeof(float) * 3 * 16);
+    LM_CHECK(lm_kv_state_bytes(r->kv) == lm_kv_pool_ring_bytes(p));
+    int32_t next = 0;
+    LM_REQUIRE(lm_runner_eval_greedy(r, f.ids, f.n, &next, NULL) == 0);
+    for (int i = 0; i < GEN; i++) LM_REQUIRE(lm_runner_eval_greedy(r, &next, 1, &next, NULL) == 0);
+    LM_CHECK_MSG(r->seq.n_blocks == 21 && r->kv->n_free == 0, "full layer: %d blocks, %d free", r->seq.n_blocks,
+                 r->kv->n_free);
+    lm_runner_free(r);
+
+    int V = f.m->cfg.vocab;
+    float *kept = malloc((size_t)V * sizeof(float)), *ring = malloc((size_t)V * sizeof(float));
+    int32_t want[GEN], got[GEN];
+    LM_REQUIRE(run_cut(f.m, f.ids, f.n, NULL, 0, 512, kept, want) == 0);
+    LM_REQUIRE(run_cut(f.m, f.ids, f.n, NULL, 0, WINDOW, ring, got) == 0);
+    double d = 0;
+    for (int i = 0; i < V; i++) d = fmax(d, fabs((double)ring[i] - kept[i]));
+    LM_CHECK_MSG(d <= 1e-4, "last logits differ by %g", d);
+    LM_CHECK(memcmp(got, want, sizeof want) == 0);
+    free(kept);
+    free(ring);
+    gfix_close(&f);
+}

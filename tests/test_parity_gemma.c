@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "base/lm_file.h"
+#include "engine/lm_kv_cache.h"
 #include "engine/lm_parity.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
@@ -163,7 +164,9 @@ LM_TEST(gemma_load_bad_config) {
 }
 
 /* The loaded shapes say what the config meant: gemma4-x's KV cache has the
- * 4 non-shared layers and the width of the widest layer. */
+ * 4 non-shared layers (sliding, sliding, full, sliding), each at its own
+ * width, and a token costs the sum over them, in the model's figure, the
+ * cache's and the startup line's. */
 LM_TEST(gemma_load_kv_layout) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/gemma/gemma4-x", LUMEN_SOURCE_DIR);
@@ -173,7 +176,21 @@ LM_TEST(gemma_load_kv_layout) {
     LM_REQUIRE(lm_model_load(&m, dir, be, &e) == 0);
     LM_CHECK(m->n_kv_layers == 4);
     LM_CHECK(m->kv_width == 48); /* sliding: 2 KV heads of 16; global: 1 of 48 */
-    LM_CHECK(lm_model_kv_bytes_per_token(m) == 4 * 2 * 48 * sizeof(float));
+    const int64_t want_w[4] = { 32, 32, 48, 32 };
+    LM_REQUIRE(m->kv_layer_width != NULL);
+    for (int l = 0; l < 4; l++) LM_CHECK_MSG(m->kv_layer_width[l] == want_w[l], "layer %d: width %lld", l,
+                                             (long long)m->kv_layer_width[l]);
+    const size_t per = (32 + 32 + 48 + 32) * 2 * sizeof(float); /* not 4 x the widest layer's 48 */
+    LM_CHECK(lm_model_kv_bytes_per_token(m) == per);
+    const lm_kv_types f32 = { LM_KV_F32, LM_KV_F32 }, b16 = { LM_KV_BF16, LM_KV_BF16 };
+    LM_CHECK(lm_kv_model_bytes_per_token(m, f32, 0) == per);
+    LM_CHECK(lm_kv_model_bytes_per_token(m, b16, 0) == per / 2);
+    lm_kv_cache *kc = NULL;
+    LM_REQUIRE(lm_kv_cache_create_for(&kc, m, b16, 16, 4, 0, 0, &e) == 0);
+    LM_CHECK(lm_kv_pool_bytes_per_token(&kc->pool) == per / 2);
+    LM_CHECK(lm_kv_block_bytes(kc) == 16 * per / 2);
+    for (int l = 0; l < 4; l++) LM_CHECK(lm_kv_layer_width(&kc->pool, l) == want_w[l]);
+    lm_kv_cache_free(kc);
     lm_model_free(m);
     lm_backend_destroy(be);
 }

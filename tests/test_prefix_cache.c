@@ -151,7 +151,9 @@ static bool pc_open(pc_model *pm, const char *name, char *why, size_t n_why) {
     int64_t floats[64];
     int ns = lm_model_state_spec(pm->m, floats, 64);
     for (int i = 0; i < ns; i++) pm->state_bytes += (size_t)floats[i] * sizeof(float);
-    pm->stateful = ns > 0;
+    /* a sliding-window model keeps its window in rings, which are state, in
+     * the conversation's engine (ctx 256, steps of 64) */
+    pm->stateful = ns > 0 || lm_kv_ring_for(pm->m, 16, 256, 64) > 0;
     pm->block_bytes = (size_t)2 * (size_t)pm->m->n_kv_layers * 16 * (size_t)pm->m->kv_width * sizeof(float);
     return true;
 }

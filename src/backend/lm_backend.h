@@ -28,13 +28,26 @@ typedef struct lm_tensor {
  * block_size tokens in a pool; token position p of a sequence lives in block
  * table[p / block_size] at offset p % block_size. The engine owns which block
  * belongs to whom; the backend only reads and writes the slots it is told.
- * Rows are kv_width values in the format k_type / v_type (lm_kv_type.h),
- * lm_kv_row_bytes(type, kv_width) bytes each. */
+ * Rows of layer l are lm_kv_layer_width(pool, l) values in the format
+ * k_type / v_type (lm_kv_type.h), lm_kv_row_bytes(type, width) bytes each. */
 typedef struct lm_kv_pool {
     int n_layers;
     int block_size;   /* tokens per block */
     int n_blocks;     /* blocks per layer */
     int64_t kv_width; /* Hkv * Dh of the widest layer */
+    /* [n_layers] values a row of each layer holds (<= kv_width), so that a
+     * narrow layer (Gemma's sliding ones) takes only its own width; NULL:
+     * every layer kv_width. Read it through lm_kv_layer_width. */
+    const int64_t *layer_width;
+    /* Sliding-window layers kept in rings (ring_blocks > 0): a layer with
+     * layer_ring[l] has no block of the pool; each recurrent-state slot s
+     * holds ring_blocks blocks of it (block ids s * ring_blocks + j, its K
+     * and V arrays sized n_state_slots * ring_blocks blocks) that a
+     * sequence's positions reuse, block i at j = i % ring_blocks, so its
+     * memory follows the window, not the context. The model addresses them
+     * (gemma.c); kernels see a pool of that many blocks. */
+    int ring_blocks;
+    const bool *layer_ring; /* [n_layers], NULL without rings */
     lm_kv_type k_type, v_type; /* LM_KV_F32 (0) unless chosen */
     int rot;          /* LM_KV_Q4R: values per rotated piece (a power of two dividing every head) */
     void **k, **v;    /* [n_layers] -> [n_blocks][block_size] rows, backend memory */
@@ -46,6 +59,11 @@ typedef struct lm_kv_pool {
     int64_t *state_floats; /* [n_state] */
     float **state;         /* [n_state] -> [n_state_slots][state_floats[i]], backend memory */
 } lm_kv_pool;
+
+/* Values a row of layer l holds: its row stride in K and V. */
+static inline int64_t lm_kv_layer_width(const lm_kv_pool *p, int l) {
+    return p->layer_width ? p->layer_width[l] : p->kv_width;
+}
 
 /* What attention needs to know about a batch: for token t, its sequence
  * seq[t] and position pos[t]; each sequence's block table. */

@@ -59,6 +59,10 @@ extern const lm_opt lm_cli_sampling_opts[];
  * where the reduced formats' attention is still slower than f32's (H200,
  * 8B shape: bf16 prefill 0.61x, decode at 32k 0.57x of f32). */
 extern const lm_opt lm_cli_kv_opts[];
+/* --rope-scaling, --rope-scale, --rope-freq-base, --yarn-orig-ctx,
+ * --yarn-beta-fast, --yarn-beta-slow into an lm_rope_override (llama.cpp's
+ * names), which the model load applies over the model's config. */
+extern const lm_opt lm_cli_rope_opts[];
 #define LM_CLI_KV_BACKEND ((lm_kv_type)LM_KV_TYPE_COUNT)
 #define LM_CLI_KV_DEFAULT ((lm_kv_types){ LM_CLI_KV_BACKEND, LM_CLI_KV_BACKEND })
 void lm_cli_kv_resolve(lm_kv_types *kv, lm_backend *be);
@@ -80,7 +84,7 @@ int lm_cmd_chat(int argc, char **argv);
  *   lumen: loading NAME: 123 tensors, 0.4 / 1.5 GiB (27%)
  *   lumen: loading NAME: warming up
  *   lumen: NAME ready in 2.1 s
- * Its hook goes to lm_model_load_told, lm_textgen_open or the server. */
+ * Its hook goes to lm_model_load_with, lm_textgen_open or the server. */
 typedef struct lm_cli_progress {
     lm_load_progress hook;
     bool on;

@@ -19,6 +19,7 @@ typedef struct bench_opts {
     int prompt_len, gen, reps, chunk, batch; /* batch 0: not batched */
     bool no_look_ahead, no_membw, no_prefill;
     lm_kv_types kv;
+    lm_rope_override rope;
     lm_common_opts co;
 } bench_opts;
 
@@ -49,6 +50,7 @@ static const lm_opt k_opts[] = {
       "same bytes whatever they hold)" },
     { LM_OPT_FLAG, "--no-membw", NULL, LM_OPT_AT(bench_opts, no_membw), NULL, "skip the bandwidth measurement" },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, kv), .group = lm_cli_kv_opts },
+    { LM_OPT_GROUP, .off = offsetof(bench_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -119,7 +121,7 @@ static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len
     const int V = m->cfg.vocab, bs = 16, ctx = prompt_len + gen + 1;
     lm_kv_cache *kv = NULL;
     double tps = -1;
-    if (lm_kv_cache_create_for(&kv, m, kvt, bs, B * ((ctx + bs - 1) / bs), B, e)) return -1;
+    if (lm_kv_cache_create_for(&kv, m, kvt, bs, B * ((ctx + bs - 1) / bs), B, 0, e)) return -1;
     lm_kv_seq *seqs = lm_xcalloc((size_t)B, sizeof *seqs);
     lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(B, chunk), B, B, kv->pool.n_state > 0);
     int32_t *slots = lm_xmalloc((size_t)B * sizeof *slots), *toks = lm_xmalloc((size_t)chunk * sizeof *toks),
@@ -217,7 +219,8 @@ int lm_cmd_bench(int argc, char **argv) {
     int32_t *prompt = NULL;
     float *logits = NULL;
     int rc = 1;
-    if (lm_model_load_from(&m, src, be, &e)) goto fail;
+    const lm_model_load_opts lo = { NULL, o.rope };
+    if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;
     if (batched) {
         double issue_ms = 0, body_ms = 0;
         const bool ahead = look_ahead && lm_model_look_ahead(m);
@@ -232,7 +235,7 @@ int lm_cmd_bench(int argc, char **argv) {
                "\"look_ahead\":%s,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"body_issue_ms\":%.3f,"
                "\"body_ms\":%.3f,\"graphs_replayed\":%ld",
                model_path, be->name, lm_kv_types_str(o.kv, kvs, sizeof kvs),
-               lm_kv_bytes_per_token(o.kv, m->n_kv_layers, m->kv_width), batch, prompt_len, gen,
+               lm_kv_model_bytes_per_token(m, o.kv, 0), batch, prompt_len, gen,
                ahead ? "true" : "false", tps, 1e3 * batch / tps, issue_ms, body_ms, replayed);
         const bool gpu = !strcmp(be->name, "cuda");
         double bw = membw ? backend_copy_bandwidth(be, gpu ? 0 : lm_cpu_backend_threads(lm_backend_base(be))) : 0;

@@ -39,6 +39,7 @@ typedef struct chat_opts {
     bool no_think, ignore_eos, stats;
     lm_sampler_params sp;
     lm_kv_types kv;
+    lm_rope_override rope;
     lm_common_opts co;
 } chat_opts;
 
@@ -58,6 +59,7 @@ static const lm_opt k_opts[] = {
     { LM_OPT_FLAG, "--stats", NULL, LM_OPT_AT(chat_opts, stats), NULL,
       "print each turn's token counts on stderr also when not typing at a terminal" },
     { LM_OPT_GROUP, .off = offsetof(chat_opts, kv), .group = lm_cli_kv_opts },
+    { LM_OPT_GROUP, .off = offsetof(chat_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(chat_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -345,7 +347,8 @@ int lm_cmd_chat(int argc, char **argv) {
     int rc = 1;
     lm_cli_progress pr;
     lm_cli_progress_begin(&pr, model_path);
-    if (lm_textgen_open(&cs.g, model, be, o.ctx, o.kv, &o.sp, &pr.hook, &e)) {
+    const lm_model_load_opts lo = { &pr.hook, o.rope };
+    if (lm_textgen_open(&cs.g, model, be, o.ctx, o.kv, &o.sp, &lo, &e)) {
         lm_cli_progress_end(&pr);
         goto fail;
     }

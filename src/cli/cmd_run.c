@@ -16,6 +16,7 @@ typedef struct run_opts {
     bool ignore_eos;
     lm_sampler_params sp;
     lm_kv_types kv;
+    lm_rope_override rope;
     lm_common_opts co;
 } run_opts;
 
@@ -59,6 +60,7 @@ static const lm_opt k_opts[] = {
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(run_opts, ctx), "N", "context length", "the model's, capped to prompt + n",
       .ilo = 1, .ihi = 1 << 24 },
     { LM_OPT_GROUP, .off = offsetof(run_opts, kv), .group = lm_cli_kv_opts },
+    { LM_OPT_GROUP, .off = offsetof(run_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(run_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -86,7 +88,7 @@ static void print_text(void *user, const char *t, size_t n) {
 
 /* -p: text in, streamed text out. */
 static int run_text(const lm_common_opts *co, const char *model_path, const char *text, int n_gen, int ctx,
-                    lm_kv_types kv, const lm_sampler_params *sp, bool ignore_eos) {
+                    lm_kv_types kv, const lm_rope_override *rope, const lm_sampler_params *sp, bool ignore_eos) {
     double t_open = lm_now(); /* a GGUF is parsed here: part of the load */
     lm_source *src = lm_cli_open_model(model_path);
     t_open = lm_now() - t_open;
@@ -105,7 +107,8 @@ static int run_text(const lm_common_opts *co, const char *model_path, const char
     double t0 = lm_now();
     lm_cli_progress pr;
     lm_cli_progress_begin(&pr, model_path);
-    if (lm_textgen_open(&g, src, be, ctx, kv, sp, &pr.hook, &e)) {
+    const lm_model_load_opts lo = { &pr.hook, *rope };
+    if (lm_textgen_open(&g, src, be, ctx, kv, sp, &lo, &e)) {
         lm_cli_progress_end(&pr);
         goto fail;
     }
@@ -150,7 +153,7 @@ int lm_cmd_run(int argc, char **argv) {
     const char *model_path = o.model;
     const long n_gen = o.n_gen, ctx = o.ctx;
     const bool ignore_eos = o.ignore_eos;
-    if (o.text) return run_text(&co, model_path, o.text, (int)n_gen, (int)ctx, o.kv, &sp, ignore_eos);
+    if (o.text) return run_text(&co, model_path, o.text, (int)n_gen, (int)ctx, o.kv, &o.rope, &sp, ignore_eos);
     int32_t *prompt = o.ids;
     int n_prompt = o.n_ids;
 
@@ -167,7 +170,8 @@ int lm_cmd_run(int argc, char **argv) {
     if (!be) goto done;
     lm_cli_kv_resolve(&o.kv, be);
     double t0 = lm_now();
-    if (lm_model_load_from(&m, src, be, &e)) goto fail;
+    const lm_model_load_opts lo = { NULL, o.rope };
+    if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;
     double t_load = lm_now() - t0 + t_open;
     int want_ctx = ctx ? (int)ctx : LM_MIN(m->cfg.max_pos, n_prompt + (int)n_gen);
     if (n_prompt + n_gen > want_ctx) {

@@ -74,6 +74,33 @@ const lm_opt lm_cli_kv_opts[] = {
     { .kind = LM_OPT_END },
 };
 
+static const lm_opt_choice k_rope_scaling[] = {
+    { "none", LM_ROPE_SET_NONE }, { "linear", LM_ROPE_SET_LINEAR }, { "yarn", LM_ROPE_SET_YARN }, { NULL, 0 } };
+
+const lm_opt lm_cli_rope_opts[] = {
+    { LM_OPT_CHOICE, "--rope-scaling", NULL, LM_OPT_AT(lm_rope_override, scaling), NULL,
+      "RoPE scaling over the model's config: none, linear (positions divided by --rope-scale) or yarn (YaRN: "
+      "low frequencies interpolated, high ones kept, attention scaled by 0.1 ln F + 1)",
+      "the model's: config.json rope_scaling or GGUF rope.scaling.type", .choices = k_rope_scaling },
+    { LM_OPT_FLOAT, "--rope-scale", NULL, LM_OPT_AT(lm_rope_override, factor), "F",
+      "the scaling factor; with linear or yarn the context limit grows to F x the original context (needed when "
+      "--rope-scaling names a type the model does not have; alone, it changes the model's own linear, llama3 or "
+      "YaRN factor)",
+      "the model's", .lo = 0, .lo_open = true, .hi = 1e6 },
+    { LM_OPT_FLOAT, "--rope-freq-base", NULL, LM_OPT_AT(lm_rope_override, freq_base), "B", "RoPE base (rope_theta)",
+      "the model's", .lo = 0, .lo_open = true, .hi = INFINITY, .hi_open = true },
+    { LM_OPT_INT, "--yarn-orig-ctx", NULL, LM_OPT_AT(lm_rope_override, yarn_orig_ctx), "N",
+      "YaRN: the context the model was trained on (original_max_position_embeddings)",
+      "the model's, else max_position_embeddings", .ilo = 1, .ihi = 1 << 30 },
+    { LM_OPT_FLOAT, "--yarn-beta-fast", NULL, LM_OPT_AT(lm_rope_override, beta_fast), "R",
+      "YaRN: dims with more than R rotations over the original context keep their frequency", "the model's, else 32",
+      .lo = 0, .lo_open = true, .hi = 1e6 },
+    { LM_OPT_FLOAT, "--yarn-beta-slow", NULL, LM_OPT_AT(lm_rope_override, beta_slow), "R",
+      "YaRN: dims with fewer than R rotations are fully interpolated", "the model's, else 1", .lo = 0,
+      .lo_open = true, .hi = 1e6 },
+    { .kind = LM_OPT_END },
+};
+
 const lm_opt lm_cli_sampling_opts[] = {
     { LM_OPT_FLOAT, "--temp", NULL, LM_OPT_AT(lm_sampler_params, temperature), "T", "sampling temperature; 0 = greedy",
       .lo = 0, .hi = INFINITY },

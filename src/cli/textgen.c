@@ -9,9 +9,9 @@
 #define TEXTGEN_CHUNK 512
 
 int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, lm_kv_types kvt,
-                    const lm_sampler_params *sp, const lm_load_progress *progress, lm_err *e) {
+                    const lm_sampler_params *sp, const lm_model_load_opts *load, lm_err *e) {
     memset(g, 0, sizeof *g);
-    if (lm_model_load_told(&g->model, src, be, progress, e)) return -1;
+    if (lm_model_load_with(&g->model, src, be, load, e)) return -1;
     if (lm_tokenizer_load_from(&g->tok, src, e)) return -1;
     /* a terminal session needs a modest context: the KV cache is sized by it */
     if (ctx <= 0) ctx = 4096;
@@ -23,6 +23,7 @@ int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, lm_k
     int32_t te = lm_tokenizer_eos(g->tok);
     if (te >= 0) g->eos[g->n_eos++] = te;
     for (int i = 0; i < g->model->cfg.n_eos && g->n_eos < 16; i++) g->eos[g->n_eos++] = g->model->cfg.eos_ids[i];
+    const lm_load_progress *progress = load ? load->progress : NULL;
     if (progress && progress->stage) progress->stage(progress->user, NULL);
     return 0;
 }

@@ -49,10 +49,11 @@ typedef void (*lm_text_cb)(void *user, const char *text, size_t len);
 struct lm_load_progress;
 
 /* Loads model and tokenizer from one opened source (a folder or .gguf) onto
- * be; ctx <= 0 means 4096 (capped by the model's maximum). progress (NULL:
- * none) hears the load and, as its stage NULL, that the model is ready. */
+ * be, as load says (lm_model_load_with); ctx <= 0 means 4096 (capped by the
+ * model's maximum). load->progress (NULL: none) hears the load and, as its
+ * stage NULL, that the model is ready. */
 int lm_textgen_open(lm_textgen *g, lm_source *src, lm_backend *be, int ctx, lm_kv_types kvt,
-                    const lm_sampler_params *sp, const struct lm_load_progress *progress, lm_err *e);
+                    const lm_sampler_params *sp, const lm_model_load_opts *load, lm_err *e);
 void lm_textgen_close(lm_textgen *g);
 /* Forgets the sequence: the next run feeds its whole prompt. */
 void lm_textgen_forget(lm_textgen *g);

@@ -470,7 +470,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     int n_blocks = 0;
     size_t cache_blocks = 0;
     if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
-        lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks, en->o.parallel + en->ckpt_slots, e)) {
+        lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks,
+                               en->o.parallel + en->ckpt_slots, en->ring, e)) {
         free(en);
         return -1;
     }
@@ -526,11 +527,14 @@ int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
 const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n) {
     const lm_kv_pool *p = &en->kv->pool;
     const lm_kv_types t = { p->k_type, p->v_type };
-    const size_t per = lm_kv_bytes_per_token(t, p->n_layers, p->kv_width);
+    const size_t per = lm_kv_pool_bytes_per_token(p);
     char name[32];
     lm_kv_types_str(t, name, sizeof name);
-    snprintf(buf, n, "KV %s, %.1f KiB a token, %d tokens (%.2f GiB)", name, (double)per / 1024.0, en->o.kv_tokens,
-             (double)per * (double)en->o.kv_tokens / (1024.0 * 1024.0 * 1024.0));
+    int k = snprintf(buf, n, "KV %s, %.1f KiB a token, %d tokens (%.2f GiB)", name, (double)per / 1024.0,
+                     en->o.kv_tokens, (double)per * (double)en->o.kv_tokens / (1024.0 * 1024.0 * 1024.0));
+    if (p->ring_blocks > 0 && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, "; sliding-window layers in %d-token rings, %.1f KiB a sequence",
+                 p->ring_blocks * p->block_size, (double)lm_kv_pool_ring_bytes(p) / 1024.0);
     return buf;
 }
 

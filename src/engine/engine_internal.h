@@ -145,7 +145,8 @@ struct lm_engine {
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */
     lm_req_history *hist;
-    bool stateful;               /* the model has recurrent state */
+    bool stateful;               /* the model has recurrent state (or sliding-window rings) */
+    int ring;                    /* blocks per sequence of the sliding-window rings (lm_kv_ring_for); 0: none */
     int bs;                      /* tokens per KV block */
     int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
     int32_t *hit_blocks;         /* [ctx / bs + 2] lookup scratch */

@@ -52,9 +52,11 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     /* one spare block per sequence: budgets rarely end on a block boundary */
     *n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
     /* the prefix cache's blocks and checkpoint slots come on top */
-    int64_t floats[64];
-    int n_state = lm_model_state_spec(m, floats, 64);
-    size_t state_bytes = 0, block_bytes = (size_t)block * lm_kv_bytes_per_token(en->o.kv_type, m->n_kv_layers, m->kv_width);
+    /* sliding-window layers in rings that hold a window and a step's tokens */
+    en->ring = lm_kv_ring_for(m, block, en->o.ctx, en->o.step_tokens);
+    int64_t floats[128];
+    int n_state = lm_kv_model_state_spec(m, en->o.kv_type, block, en->ring, floats, 128);
+    size_t state_bytes = 0, block_bytes = (size_t)block * lm_kv_model_bytes_per_token(m, en->o.kv_type, en->ring);
     for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
     en->stateful = n_state > 0;
     *cache_blocks = en->o.cache_ram / block_bytes;

@@ -6,10 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, const int64_t *layer_width,
+                        lm_kv_types types, int rot, int block_size, int n_blocks, const lm_state_spec *state,
+                        const bool *ring, int ring_blocks, lm_err *e);
+
 int lm_kv_cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
                        int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
-    return lm_kv_cache_create_typed(out, be, n_layers, kv_width, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 0, block_size,
-                                    n_blocks, state, e);
+    return lm_kv_cache_create_typed(out, be, n_layers, kv_width, NULL, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, 0,
+                                    block_size, n_blocks, state, e);
 }
 
 int lm_kv_check_format(lm_kv_types t, int64_t kv_width, int head_dim, int rot, lm_err *e) {
@@ -34,26 +38,125 @@ size_t lm_kv_bytes_per_token(lm_kv_types t, int n_layers, int64_t kv_width) {
     return (size_t)n_layers * (lm_kv_row_bytes(t.k, kv_width) + lm_kv_row_bytes(t.v, kv_width));
 }
 
-int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, lm_kv_types types,
-                             int rot, int block_size, int n_blocks, const lm_state_spec *state, lm_err *e) {
+/* K and V bytes of one token of a layer kv_width wide. */
+static size_t row_pair(lm_kv_types t, int64_t w) { return lm_kv_bytes_per_token(t, 1, w); }
+
+static int64_t model_width(const lm_model *m, int l) { return m->kv_layer_width ? m->kv_layer_width[l] : m->kv_width; }
+
+static bool model_ring_layer(const lm_model *m, int l, int ring_blocks) {
+    return ring_blocks > 0 && m->kv_layer_sliding && m->kv_layer_sliding[l];
+}
+
+size_t lm_kv_model_bytes_per_token(const lm_model *m, lm_kv_types t, int ring_blocks) {
+    size_t n = 0;
+    for (int l = 0; l < m->n_kv_layers; l++)
+        if (!model_ring_layer(m, l, ring_blocks))
+            n += row_pair(t, model_width(m, l));
+    return n;
+}
+
+/* Sliding-window layers in rings (lm_kv_pool.ring_blocks), rather than per-layer
+ * block tables in this pool: a block id names a block of every layer, so
+ * freeing one for the sliding layers alone would free no memory unless they
+ * had an allocator, tables and prefix-cache entries of their own. As rings
+ * they are per-sequence state of a fixed size, which the recurrent-state
+ * machinery already owns, batches, checkpoints and restores: a prefix hit
+ * comes only at a checkpoint (a copy of the ring at a block boundary), so
+ * it never restores a block that was reused. The ring holds the window
+ * before a forward's first token and the forward's own tokens, so that
+ * nothing a forward reads is overwritten by its own writes. */
+int lm_kv_ring_for(const lm_model *m, int block_size, int ctx, int max_chunk) {
+    const int w = m->cfg.sliding_window;
+    bool any = false;
+    for (int l = 0; l < m->n_kv_layers; l++) any |= model_ring_layer(m, l, 1);
+    if (!any || w <= 0 || max_chunk <= 0 || block_size <= 0) return 0;
+    int r = (w - 1 + max_chunk + block_size - 1) / block_size + 1;
+    return (int64_t)r * block_size < ctx ? r : 0; /* else keeping every block is no bigger */
+}
+
+int lm_kv_model_state_spec(const lm_model *m, lm_kv_types t, int block_size, int ring_blocks, int64_t *floats,
+                           int max) {
+    int n = lm_model_state_spec(m, floats, max);
+    LM_ASSERT(n >= 0 && n <= max);
+    for (int l = 0; l < m->n_kv_layers; l++) {
+        if (!model_ring_layer(m, l, ring_blocks)) continue;
+        LM_ASSERT(n + 2 <= max);
+        size_t kb = lm_kv_row_bytes(t.k, model_width(m, l)), vb = lm_kv_row_bytes(t.v, model_width(m, l));
+        LM_ASSERT(kb % sizeof(float) == 0 && vb % sizeof(float) == 0);
+        floats[n++] = (int64_t)ring_blocks * block_size * (int64_t)(kb / sizeof(float));
+        floats[n++] = (int64_t)ring_blocks * block_size * (int64_t)(vb / sizeof(float));
+    }
+    return n;
+}
+
+static bool pool_ring_layer(const lm_kv_pool *p, int l) { return p->ring_blocks > 0 && p->layer_ring[l]; }
+
+/* Bytes a token of the pool's block layers (ring false) or ring layers takes. */
+static size_t pool_token_bytes(const lm_kv_pool *p, bool ring) {
+    const lm_kv_types t = { p->k_type, p->v_type };
+    size_t n = 0;
+    for (int l = 0; l < p->n_layers; l++)
+        if (pool_ring_layer(p, l) == ring) n += row_pair(t, lm_kv_layer_width(p, l));
+    return n;
+}
+
+size_t lm_kv_pool_bytes_per_token(const lm_kv_pool *p) { return pool_token_bytes(p, false); }
+
+size_t lm_kv_pool_ring_bytes(const lm_kv_pool *p) {
+    return pool_token_bytes(p, true) * (size_t)p->ring_blocks * (size_t)p->block_size;
+}
+
+int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width,
+                             const int64_t *layer_width, lm_kv_types types, int rot, int block_size, int n_blocks,
+                             const lm_state_spec *state, lm_err *e) {
+    return cache_create(out, be, n_layers, kv_width, layer_width, types, rot, block_size, n_blocks, state, NULL, 0, e);
+}
+
+/* lm_kv_cache_create_typed with rings: the layers ring names keep
+ * ring_blocks blocks per state slot in the last 2 x (ring layers) tensors
+ * of state (K, then V, layer by layer), not in the pool. */
+static int cache_create(lm_kv_cache **out, lm_backend *be, int n_layers, int64_t kv_width, const int64_t *layer_width,
+                        lm_kv_types types, int rot, int block_size, int n_blocks, const lm_state_spec *state,
+                        const bool *ring, int ring_blocks, lm_err *e) {
     *out = NULL;
     if (n_layers <= 0 || kv_width <= 0 || block_size <= 0 || n_blocks <= 0)
         return lm_errf(e, "bad KV cache geometry");
-    if (lm_kv_check_format(types, kv_width, (int)LM_MIN(kv_width, INT32_MAX), rot, e)) return -1;
+    for (int l = 0; layer_width && l < n_layers; l++)
+        if (layer_width[l] <= 0 || layer_width[l] > kv_width) return lm_errf(e, "bad KV cache geometry");
+    for (int l = 0; l < n_layers; l++) {
+        int64_t w = layer_width ? layer_width[l] : kv_width;
+        if (lm_kv_check_format(types, w, (int)LM_MIN(w, INT32_MAX), rot, e)) return -1;
+    }
     lm_kv_cache *c = lm_xcalloc(1, sizeof *c);
     c->be = be;
     c->pool = (lm_kv_pool){ .n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks, .kv_width = kv_width,
                             .k_type = types.k, .v_type = types.v, .rot = rot };
+    /* each layer's arrays at its own width: a model whose layers differ
+     * (Gemma 4: narrow sliding layers, wide global ones) pays for each
+     * layer what it writes, not the widest layer's rows everywhere */
+    int64_t *widths = lm_xmalloc((size_t)n_layers * sizeof(int64_t));
+    for (int l = 0; l < n_layers; l++) widths[l] = layer_width ? layer_width[l] : kv_width;
+    c->pool.layer_width = widths;
+    int n_ring = 0;
+    if (ring_blocks > 0) {
+        bool *rl = lm_xmalloc((size_t)n_layers * sizeof(bool));
+        for (int l = 0; l < n_layers; l++) n_ring += rl[l] = ring[l];
+        c->pool.layer_ring = rl;
+        c->pool.ring_blocks = ring_blocks;
+    }
     c->pool.k = lm_xcalloc((size_t)n_layers, sizeof(void *));
     c->pool.v = lm_xcalloc((size_t)n_layers, sizeof(void *));
     size_t rows = (size_t)n_blocks * (size_t)block_size;
-    size_t kbytes = rows * lm_kv_row_bytes(types.k, kv_width), vbytes = rows * lm_kv_row_bytes(types.v, kv_width);
     for (int l = 0; l < n_layers; l++) {
+        if (pool_ring_layer(&c->pool, l)) continue; /* in the state tensors below */
+        size_t kbytes = rows * lm_kv_row_bytes(types.k, widths[l]);
+        size_t vbytes = rows * lm_kv_row_bytes(types.v, widths[l]);
         c->pool.k[l] = be->ops->alloc(be, kbytes);
         c->pool.v[l] = be->ops->alloc(be, vbytes);
         if (!c->pool.k[l] || !c->pool.v[l]) {
             lm_kv_cache_free(c);
-            return lm_errf(e, "out of memory for the KV cache (%d layers x %zu bytes)", n_layers, kbytes + vbytes);
+            return lm_errf(e, "out of memory for the KV cache (layer %d of %d: %zu bytes)", l, n_layers,
+                           kbytes + vbytes);
         }
     }
     c->free_list = lm_xmalloc((size_t)n_blocks * sizeof(int32_t));
@@ -79,23 +182,33 @@ int lm_kv_cache_create_typed(lm_kv_cache **out, lm_backend *be, int n_layers, in
         for (int i = 0; i < p->n_state_slots; i++) c->free_slots[i] = p->n_state_slots - 1 - i;
         c->n_free_slots = p->n_state_slots;
     }
+    LM_ASSERT(c->pool.n_state >= 2 * n_ring);
+    for (int l = 0, i = c->pool.n_state - 2 * n_ring; l < n_layers; l++)
+        if (pool_ring_layer(&c->pool, l)) {
+            c->pool.k[l] = c->pool.state[i++];
+            c->pool.v[l] = c->pool.state[i++];
+        }
     *out = c;
     return 0;
 }
 
 int lm_kv_cache_create_for(lm_kv_cache **out, const lm_model *m, lm_kv_types types, int block_size, int n_blocks,
-                           int state_slots, lm_err *e) {
-    int64_t floats[64];
-    int n = lm_model_state_spec(m, floats, 64);
-    LM_ASSERT(n >= 0 && n <= 64);
+                           int state_slots, int ring_blocks, lm_err *e) {
+    int64_t floats[128];
+    int n = lm_kv_model_state_spec(m, types, block_size, ring_blocks, floats, 128);
     lm_state_spec st = { n, floats, state_slots };
     if (lm_kv_check_model(m, types, e)) return -1;
-    return lm_kv_cache_create_typed(out, m->be, m->n_kv_layers, m->kv_width, types, lm_kv_rot_for(m->cfg.head_dim),
-                                    block_size, n_blocks, &st, e);
+    if (ring_blocks > 0 && !m->kv_layer_sliding) return lm_errf(e, "KV rings for a model without sliding layers");
+    return cache_create(out, m->be, m->n_kv_layers, m->kv_width, m->kv_layer_width, types,
+                        lm_kv_rot_for(m->cfg.head_dim), block_size, n_blocks, &st,
+                        ring_blocks > 0 ? m->kv_layer_sliding : NULL, ring_blocks, e);
 }
 
 int lm_kv_check_model(const lm_model *m, lm_kv_types types, lm_err *e) {
-    if (lm_kv_check_format(types, m->kv_width, m->cfg.head_dim, lm_kv_rot_for(m->cfg.head_dim), e)) return -1;
+    for (int l = 0; l < m->n_kv_layers; l++)
+        if (lm_kv_check_format(types, m->kv_layer_width ? m->kv_layer_width[l] : m->kv_width, m->cfg.head_dim,
+                               lm_kv_rot_for(m->cfg.head_dim), e))
+            return -1;
     if ((lm_kv_quantised(types.k) || lm_kv_quantised(types.v)) &&
         ((int64_t)m->cfg.n_kv_heads * m->cfg.head_dim) % LM_KV_GROUP)
         return lm_errf(e, "KV format %s needs rows of whole %d-value scale groups (this model's layers write %lld)",
@@ -149,11 +262,14 @@ void lm_kv_state_release(lm_kv_cache *c, int32_t slot) {
 void lm_kv_cache_free(lm_kv_cache *c) {
     if (!c) return;
     for (int l = 0; l < c->pool.n_layers; l++) {
+        if (pool_ring_layer(&c->pool, l)) continue; /* state tensors, freed below */
         if (c->pool.k[l]) c->be->ops->free(c->be, c->pool.k[l]);
         if (c->pool.v[l]) c->be->ops->free(c->be, c->pool.v[l]);
     }
     free(c->pool.k);
     free(c->pool.v);
+    free((void *)c->pool.layer_width);
+    free((void *)c->pool.layer_ring);
     for (int i = 0; i < c->pool.n_state; i++)
         if (c->pool.state[i]) c->be->ops->free(c->be, c->pool.state[i]);
     free(c->pool.state);
@@ -213,15 +329,16 @@ void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows)
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(dst >= 0 && dst < p->n_blocks && src >= 0 && src < p->n_blocks && dst != src);
     LM_ASSERT(n_rows >= 0 && n_rows <= p->block_size);
-    size_t kr = lm_kv_row_bytes(p->k_type, p->kv_width), kblk = kr * (size_t)p->block_size;
-    size_t vr = lm_kv_row_bytes(p->v_type, p->kv_width), vblk = vr * (size_t)p->block_size;
     for (int l = 0; l < p->n_layers; l++) {
+        if (pool_ring_layer(p, l)) continue; /* rings are state: lm_kv_state_copy */
+        const int64_t w = lm_kv_layer_width(p, l);
+        size_t kr = lm_kv_row_bytes(p->k_type, w), kblk = kr * (size_t)p->block_size;
+        size_t vr = lm_kv_row_bytes(p->v_type, w), vblk = vr * (size_t)p->block_size;
         c->be->ops->copy(c->be, (char *)p->k[l] + (size_t)dst * kblk, (char *)p->k[l] + (size_t)src * kblk, kr * (size_t)n_rows);
         c->be->ops->copy(c->be, (char *)p->v[l] + (size_t)dst * vblk, (char *)p->v[l] + (size_t)src * vblk, vr * (size_t)n_rows);
     }
 }
 
 size_t lm_kv_block_bytes(const lm_kv_cache *c) {
-    const lm_kv_pool *p = &c->pool;
-    return (size_t)p->block_size * lm_kv_bytes_per_token((lm_kv_types){ p->k_type, p->v_type }, p->n_layers, p->kv_width);
+    return (size_t)c->pool.block_size * lm_kv_pool_bytes_per_token(&c->pool);
 }

@@ -19,7 +19,9 @@ int lm_runner_create_kv(lm_runner **out, lm_model *m, int ctx, int chunk, lm_kv_
     r->ctx = ctx;
     r->chunk = chunk;
     int n_blocks = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
-    if (lm_kv_cache_create_for(&r->kv, m, kvt, LM_KV_BLOCK, n_blocks, 1, e)) {
+    /* sliding-window layers in a ring that holds a window and a chunk */
+    int ring = lm_kv_ring_for(m, LM_KV_BLOCK, ctx, chunk);
+    if (lm_kv_cache_create_for(&r->kv, m, kvt, LM_KV_BLOCK, n_blocks, 1, ring, e)) {
         free(r);
         return -1;
     }

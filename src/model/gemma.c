@@ -285,6 +285,13 @@ typedef struct gemma {
     bool final_softcap;      /* applies g->final_softcap (not in multimodal gemma3) */
     int max_dh, max_kv, max_ff;
     gemma_scratch s;
+    /* the sliding layers' rings (lm_kv_pool.ring_blocks): the pool as their
+     * kernels see it and each sequence's ring table, rebuilt per forward */
+    lm_kv_pool ring_pool;
+    int32_t *ring_ids;
+    const int32_t **ring_tables;
+    size_t ring_ids_cap;
+    int ring_tables_cap;
 } gemma;
 
 /* Tensor names: HF text checkpoints use "model.", multimodal ones
@@ -456,6 +463,13 @@ static int gemma_bind(lm_model *m, lm_err *e) {
     }
     m->n_kv_layers = g->n_kv_layers;
     m->kv_width = G->max_kv;
+    /* each KV layer at its own width (sliding layers are often narrower) */
+    m->kv_layer_width = lm_xmalloc((size_t)g->n_kv_layers * sizeof(int64_t));
+    m->kv_layer_sliding = lm_xmalloc((size_t)g->n_kv_layers * sizeof(bool));
+    for (int l = 0; l < g->n_kv_layers; l++) {
+        m->kv_layer_width[l] = (int64_t)g->layer[l].n_kv_heads * g->layer[l].head_dim;
+        m->kv_layer_sliding[l] = c->layer_sliding[l] && c->sliding_window > 0;
+    }
     return 0;
 }
 
@@ -521,6 +535,51 @@ static void per_layer_inputs(lm_model *m, const lm_batch *b, const lm_tensor *x0
     op->scale(m->be, &ple, (float)M_SQRT1_2);
 }
 
+/* The batch as the ring layers see it (lm_kv_pool.ring_blocks): sequence
+ * s's block i is block i % R of its state slot's ring. A forward writes its
+ * tokens before any attention reads, so the blocks from the first token's
+ * window to the last token must all be distinct ring blocks. */
+static int ring_batch(gemma *G, const lm_kv_pool *kv, const lm_batch *b, int window, lm_attn_batch *rb, lm_err *e) {
+    const int R = kv->ring_blocks, bs = kv->block_size, S = b->n_seqs;
+    G->ring_pool = *kv;
+    G->ring_pool.n_blocks = kv->n_state_slots * R;
+    if (S > G->ring_tables_cap) {
+        G->ring_tables_cap = S;
+        G->ring_tables = lm_xrealloc(G->ring_tables, (size_t)S * sizeof *G->ring_tables);
+    }
+    LM_ASSERT(b->state_slot); /* rings are state: lm_model_check_batch asked for slots */
+    /* per sequence its first and last position in the batch */
+    int32_t *lo = lm_xmalloc(2 * (size_t)S * sizeof(int32_t)), *hi = lo + S;
+    for (int s = 0; s < S; s++) lo[s] = INT32_MAX, hi[s] = -1;
+    for (int t = 0; t < b->n_tokens; t++) {
+        lo[b->seq[t]] = LM_MIN(lo[b->seq[t]], b->pos[t]);
+        hi[b->seq[t]] = LM_MAX(hi[b->seq[t]], b->pos[t]);
+    }
+    size_t total = 0;
+    int rc = 0;
+    for (int s = 0; s < S && !rc; s++) {
+        if (hi[s] < 0) continue;
+        int first = LM_MAX(0, lo[s] - window + 1) / bs;
+        if (hi[s] / bs - first + 1 > R)
+            rc = lm_errf(e, "a forward gives sequence %d positions %d..%d, more than its sliding-window ring of %d "
+                            "tokens holds with the window", s, lo[s], hi[s], R * bs);
+        total += (size_t)(hi[s] / bs + 1);
+    }
+    if (!rc && total > G->ring_ids_cap) {
+        G->ring_ids_cap = total;
+        G->ring_ids = lm_xrealloc(G->ring_ids, total * sizeof(int32_t));
+    }
+    for (int s = 0, at = 0; s < S && !rc; s++) {
+        int32_t n = hi[s] < 0 ? 0 : hi[s] / bs + 1, *tab = n ? G->ring_ids + at : NULL;
+        for (int i = 0; i < n; i++) tab[i] = b->state_slot[s] * R + i % R;
+        G->ring_tables[s] = tab;
+        at += n;
+    }
+    free(lo);
+    *rb = (lm_attn_batch){ b->n_tokens, b->pos, b->seq, S, G->ring_tables, b->state_slot };
+    return rc;
+}
+
 static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits, lm_err *e) {
     const int T = b->n_tokens;
     gemma *G = m->impl;
@@ -536,8 +595,9 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     gemma_scratch *s = &G->s;
     const int64_t D = c->d_model, H = c->n_heads, P = g->ple_dim;
     lm_tensor x = view(&s->x, T, D), h = view(&s->h, T, D), o = view(&s->o, T, D);
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot }, rb = ab;
     bool tanh_gelu = c->act == LM_ACT_GELU_TANH;
+    if (kv->ring_blocks > 0 && ring_batch(G, kv, b, c->sliding_window, &rb, e)) return -1;
 
     lm_embed_tokens(m, &x, &m->embed, b);
     op->scale(be, &x, G->embed_scale);
@@ -546,6 +606,10 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
         const gemma_layer *L = &G->layers[l];
         const gemma_layer_cfg *lc = &g->layer[l];
         const int Dh = lc->head_dim, Hkv = lc->n_kv_heads;
+        /* a sliding layer kept in a ring reads and writes through it */
+        const bool ring = kv->ring_blocks > 0 && kv->layer_ring[lc->kv_layer];
+        lm_kv_pool *lkv = ring ? &G->ring_pool : kv;
+        const lm_attn_batch *lab = ring ? &rb : &ab;
         lm_tensor q = view(&s->q, T, H * Dh), qn = view(&s->qn, T, H * Dh), attn = view(&s->attn, T, H * Dh);
         lm_rope_params rq = { (int)H, Dh, Dh, false, L->inv_freq, L->rope_factor };
         lm_attn_params ap = { (int)H, Hkv, Dh, g->attn_scale, c->layer_sliding[l] ? c->sliding_window : 0, 0 };
@@ -569,9 +633,9 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
                 op->rms_norm(be, &vn, lc->k_eq_v ? &k : &v, &one, c->norm_eps, 0);
                 vw = &vn;
             }
-            op->kv_write(be, kv, lc->kv_layer, &kn, vw, &ab);
+            op->kv_write(be, lkv, lc->kv_layer, &kn, vw, lab);
         }
-        op->attention(be, &attn, &qn, kv, lc->kv_layer, &ab, &ap);
+        op->attention(be, &attn, &qn, lkv, lc->kv_layer, lab, &ap);
         op->matmul(be, &o, &attn, &L->wo, opt(&L->bo));
         op->rms_norm(be, &h, &o, &L->post_attn_norm, c->norm_eps, 0);
         op->add(be, &x, &h);
@@ -614,6 +678,8 @@ static void gemma_free(lm_model *m) {
     if (G->ones.data) m->be->ops->free(m->be, G->ones.data);
     for (int l = 0; l < m->cfg.n_layers; l++) free(G->layers[l].inv_freq);
     free(G->layers);
+    free(G->ring_ids);
+    free(G->ring_tables);
     free(G);
     m->impl = NULL;
 }

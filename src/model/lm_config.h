@@ -101,4 +101,34 @@ int lm_config_parse_moe(lm_model_config *c, json_t *root, const char *label, boo
  * attention factor that scales cos/sin (1 except for yarn). */
 float lm_rope_inv_freq(const lm_rope_config *r, int rot_dim, float *inv_freq);
 
+/* RoPE scaling asked for on the command line (--rope-scaling, --rope-scale,
+ * --rope-freq-base, --yarn-orig-ctx, --yarn-beta-fast, --yarn-beta-slow), over
+ * what config.json or the GGUF says. A zero field keeps the model's value. */
+typedef enum lm_rope_scaling_set {
+    LM_ROPE_SET_KEEP = 0, /* the model's own scaling type */
+    LM_ROPE_SET_NONE,
+    LM_ROPE_SET_LINEAR,
+    LM_ROPE_SET_YARN,
+} lm_rope_scaling_set;
+
+typedef struct lm_rope_override {
+    int scaling;          /* lm_rope_scaling_set */
+    double factor;        /* --rope-scale: context multiplier (linear: positions / factor) */
+    double freq_base;     /* --rope-freq-base: rope_theta */
+    int yarn_orig_ctx;    /* --yarn-orig-ctx: original_max_position_embeddings */
+    double beta_fast, beta_slow; /* --yarn-beta-fast / --yarn-beta-slow */
+} lm_rope_override;
+
+/* Applies o to c->rope (rope_override.c): the type chosen, else the
+ * model's; the factor given, else the model's for that type (a type the
+ * model does not have needs --rope-scale); YaRN's original context given,
+ * else the model's original or max_position_embeddings. A linear or YaRN
+ * scaling by factor F raises max_pos to F x the original context (YaRN's
+ * original, linear's max_position_embeddings) when that is more. -1 with e
+ * naming the options for a contradiction (--rope-scaling none with
+ * --rope-scale, --yarn-* without YaRN, --rope-scale on a model without
+ * scaling and no --rope-scaling) or a model whose rope cannot take it
+ * (gemma's per-layer-type ropes; a GGUF's Llama 3 frequency factors). */
+int lm_rope_override_apply(lm_model_config *c, const lm_rope_override *o, lm_err *e);
+
 #endif

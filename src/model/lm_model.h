@@ -60,7 +60,10 @@ typedef struct lm_model {
     void *impl;              /* the architecture's own weights and scratch */
     size_t weight_bytes;     /* bytes of weights a decode step reads */
     int n_kv_layers;         /* KV cache layers (default n_layers; hybrids need fewer) */
-    int64_t kv_width;        /* floats per token per KV layer (default Hkv * Dh) */
+    int64_t kv_width;        /* floats per token of the widest KV layer (default Hkv * Dh) */
+    int64_t *kv_layer_width; /* [n_kv_layers] floats per token of each KV layer, owned; NULL: kv_width each */
+    bool *kv_layer_sliding;  /* [n_kv_layers] which KV layers only attend to cfg.sliding_window positions and
+                                may keep them in a ring (lm_kv_pool.ring_blocks), owned; NULL: none may */
     float *inv_freq;         /* [rot_dim / 2] host */
     int rot_dim;
     float rope_attn_factor;
@@ -90,8 +93,15 @@ typedef struct lm_load_progress {
  * own as soon as this returns. A backend with its own memory (a GPU)
  * refuses a model whose tensors do not pass lm_model_fits, with the numbers. */
 int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e);
-/* lm_model_load_from telling p (NULL: nobody) how the binding goes. */
-int lm_model_load_told(lm_model **out, lm_source *src, lm_backend *be, const lm_load_progress *p, lm_err *e);
+/* What a load may be told besides the source: who hears how the binding
+ * goes (NULL: nobody) and RoPE scaling over the model's own (the command
+ * line's --rope-* options; zeroes keep the model's). */
+typedef struct lm_model_load_opts {
+    const lm_load_progress *progress;
+    lm_rope_override rope;
+} lm_model_load_opts;
+/* lm_model_load_from with o (NULL: as lm_model_load_from). */
+int lm_model_load_with(lm_model **out, lm_source *src, lm_backend *be, const lm_model_load_opts *o, lm_err *e);
 /* lm_model_load_from on a source opened from path and released after. */
 int lm_model_load(lm_model **out, const char *path, lm_backend *be, lm_err *e);
 

@@ -83,14 +83,14 @@ static void read_pooling(lm_model *m, const lm_gguf *g) {
 }
 
 int lm_model_load_from(lm_model **out, lm_source *src, lm_backend *be, lm_err *e) {
-    return lm_model_load_told(out, src, be, NULL, e);
+    return lm_model_load_with(out, src, be, NULL, e);
 }
 
-int lm_model_load_told(lm_model **out, lm_source *src, lm_backend *be, const lm_load_progress *p, lm_err *e) {
+int lm_model_load_with(lm_model **out, lm_source *src, lm_backend *be, const lm_model_load_opts *o, lm_err *e) {
     *out = NULL;
     lm_model *m = lm_xcalloc(1, sizeof *m);
     m->be = be;
-    m->progress = p;
+    m->progress = o ? o->progress : NULL;
     m->source = lm_source_ref(src);
     m->path = lm_xstrdup(lm_source_path(src));
     const lm_gguf *g = lm_source_gguf(src);
@@ -98,6 +98,7 @@ int lm_model_load_told(lm_model **out, lm_source *src, lm_backend *be, const lm_
     int rc = lm_source_kind_of(src) == LM_SOURCE_HF ? lm_config_load_hf(&m->cfg, m->path, e) : 0;
     if (!rc) rc = lm_source_weights(src, &m->weights, e);
     if (!rc && g) rc = lm_config_from_gguf(&m->cfg, g, e);
+    if (!rc && o) rc = lm_rope_override_apply(&m->cfg, &o->rope, e);
     if (!rc) read_pooling(m, g);
     if (!rc) rc = check_device_memory(m, e);
     if (!rc) {
@@ -201,6 +202,8 @@ void lm_model_free(lm_model *m) {
     for (int i = 0; i < m->n_owned; i++) m->be->ops->free(m->be, m->owned[i]);
     free(m->owned);
     free(m->inv_freq);
+    free(m->kv_layer_width);
+    free(m->kv_layer_sliding);
     lm_config_free(&m->cfg);
     lm_source_unref(m->source);
     free(m->path);
@@ -208,7 +211,9 @@ void lm_model_free(lm_model *m) {
 }
 
 size_t lm_model_kv_bytes_per_token(const lm_model *m) {
-    return (size_t)m->n_kv_layers * 2 * (size_t)m->kv_width * sizeof(float);
+    size_t n = 0;
+    for (int l = 0; l < m->n_kv_layers; l++) n += 2 * (size_t)(m->kv_layer_width ? m->kv_layer_width[l] : m->kv_width);
+    return n * sizeof(float);
 }
 
 size_t lm_model_weight_bytes(const lm_model *m) { return m->weight_bytes; }

@@ -45,6 +45,7 @@ typedef struct lm_server_opts {
     const char *trace_path;  /* append a JSON line per generation; "-" = stderr; NULL = off */
     const char *chat_template; /* template text replacing the model's own; NULL: the model's */
     const lm_load_progress *progress; /* told of the load and warm-up; NULL: nobody */
+    lm_rope_override rope;   /* --rope-* over the model's RoPE scaling (zeroes: the model's) */
     const char *debug_tool_call; /* "NAME=JSON": answer a user's turn that offers the tool NAME
                                     with that call (srv_debug_call_parse); NULL = off */
 } lm_server_opts;

@@ -443,7 +443,8 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     s->check_host = is_loopback(&ss) || (o->allow_hosts && strcmp(o->allow_hosts, "*"));
     if ((lfd = listen_on(s, &ss, sslen, o->port, e)) < 0) goto done;
     fit_descriptors(s, reserve);
-    if (lm_model_load_told(&s->model, model, be, o->progress, e)) goto done;
+    const lm_model_load_opts lo = { o->progress, o->rope };
+    if (lm_model_load_with(&s->model, model, be, &lo, e)) goto done;
     lm_tokenizer *tok = NULL;
     if (lm_tokenizer_load_from(&tok, model, e)) {
         lm_err_prefix(e, "tokenizer");

@@ -1,8 +1,9 @@
 /* cpu_attention.c - kv_write and causal attention over the paged KV pool.
  *
  * Position p of sequence s lives in block block_tables[s][p / bs], slot
- * p % bs, at row (block * bs + slot) of the layer's [n_blocks*bs][kv_width]
- * K and V arrays; kv head g occupies columns [g*Dh, (g+1)*Dh).
+ * p % bs, at row (block * bs + slot) of the layer's [n_blocks*bs][width]
+ * K and V arrays (width: lm_kv_layer_width, the layer's own); kv head g
+ * occupies columns [g*Dh, (g+1)*Dh).
  *
  * attention() computes, for every (token, query head) pair,
  *   out = sum_j softmax_j(cap(scale * q.k_j)) v_j   over j in [lo, pos]
@@ -67,15 +68,16 @@ void lm_cpu_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor 
     (void)be;
     LM_ASSERT(layer >= 0 && layer < kv->n_layers);
     LM_ASSERT(k->type == LM_F32 && v->type == LM_F32 && k->rows == b->n_tokens && v->rows == b->n_tokens);
-    LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
-    const size_t kb = lm_kv_row_bytes(kv->k_type, kv->kv_width), vb = lm_kv_row_bytes(kv->v_type, kv->kv_width);
+    const int64_t w = lm_kv_layer_width(kv, layer);
+    LM_ASSERT(k->cols == v->cols && k->cols <= w);
+    const size_t kb = lm_kv_row_bytes(kv->k_type, w), vb = lm_kv_row_bytes(kv->v_type, w);
     for (int t = 0; t < b->n_tokens; t++) {
         lm_kv_check_slot(kv, b, t);
         int64_t r = lm_kv_row(kv, b->block_tables[b->seq[t]], b->pos[t]);
         lm_kv_encode_row(kv->k_type, (char *)kv->k[layer] + r * kb, (const float *)k->data + t * k->cols, k->cols,
-                         kv->kv_width, kv->rot);
+                         w, kv->rot);
         lm_kv_encode_row(kv->v_type, (char *)kv->v[layer] + r * vb, (const float *)v->data + t * v->cols, v->cols,
-                         kv->kv_width, kv->rot);
+                         w, kv->rot);
     }
 }
 
@@ -87,6 +89,7 @@ typedef struct lm_att {
     const float *q;
     const lm_kv_pool *kv;
     const char *kl, *vl;  /* this layer's K and V rows */
+    int64_t width;        /* values a row (the layer's own) */
     size_t kb, vb;        /* bytes a row */
     const lm_attn_batch *b;
     const lm_attn_params *p;
@@ -107,14 +110,14 @@ static const float *lm_att_rows(const lm_att *a, lm_kv_type t, const char *l, si
                                 int64_t c0, float *buf, int64_t *ld) {
     const int Dh = a->p->head_dim;
     if (t == LM_KV_F32) {
-        *ld = a->kv->kv_width;
+        *ld = a->width;
         return (const float *)(l + row * (int64_t)rb) + c0;
     }
     lm_to_f32_fn widen = t == LM_KV_BF16 ? a->k->to_f32[LM_BF16] : NULL; /* vectorised, exact */
     for (int j = 0; j < n; j++) {
         const char *r = l + (row + j) * (int64_t)rb;
         if (widen) widen(r + 2 * c0, buf + j * Dh, Dh);
-        else lm_kv_decode(t, r, c0, Dh, a->kv->kv_width, buf + j * Dh);
+        else lm_kv_decode(t, r, c0, Dh, a->width, buf + j * Dh);
     }
     *ld = Dh;
     return buf;
@@ -399,8 +402,10 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
     lm_cpu *c = lm_cpu_get(be);
     const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim;
     LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && Dh <= LM_ATT_MAX_DH);
-    LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
-    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || kv->kv_width % LM_KV_GROUP == 0);
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers);
+    const int64_t w = lm_kv_layer_width(kv, layer);
+    LM_ASSERT((int64_t)Hkv * Dh <= w);
+    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || w % LM_KV_GROUP == 0);
     if (kv->k_type == LM_KV_Q4R || kv->v_type == LM_KV_Q4R)
         LM_ASSERT(kv->rot >= 2 && kv->rot <= LM_KV_MAX_ROT && Dh % kv->rot == 0);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == b->n_tokens && out->rows == b->n_tokens);
@@ -415,7 +420,7 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
     }
     lm_att a = {
         .k = c->k, .out = out->data, .q = q->data, .kv = kv, .kl = kv->k[layer], .vl = kv->v[layer],
-        .kb = lm_kv_row_bytes(kv->k_type, kv->kv_width), .vb = lm_kv_row_bytes(kv->v_type, kv->kv_width),
+        .width = w, .kb = lm_kv_row_bytes(kv->k_type, w), .vb = lm_kv_row_bytes(kv->v_type, w),
         .b = b, .p = p, .q_cols = q->cols, .out_cols = out->cols,
         .n_sub = (H / Hkv + LM_ATT_HEADS - 1) / LM_ATT_HEADS,
     };

@@ -1,7 +1,7 @@
 /* cuda_attention.cu - kv_write and causal attention over the paged KV pool
  * on the GPU (the forms fused with rope: cuda_rope_kv.cu). Semantics are
  * cpu_attention.c's: position p of sequence s lives in row (table[p / bs]
- * * bs + p % bs) of the layer's [n_blocks*bs][kv_width] K and V arrays, kv
+ * * bs + p % bs) of the layer's [n_blocks*bs][width] K and V arrays (its own width), kv
  * head g in columns [g*Dh, (g+1)*Dh), and
  *   out = sum_j softmax_j(cap(scale * q.k_j)) v_j   over j in [lo, pos]
  * with lo = pos - window + 1 on sliding layers (else 0).
@@ -89,7 +89,7 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     lm_cuda_use(c);
     LM_ASSERT(layer >= 0 && layer < kv->n_layers);
     LM_ASSERT(k->type == LM_F32 && v->type == LM_F32 && k->rows == b->n_tokens && v->rows == b->n_tokens);
-    LM_ASSERT(k->cols == v->cols && k->cols <= kv->kv_width);
+    LM_ASSERT(k->cols == v->cols && k->cols <= lm_kv_layer_width(kv, layer));
     if (b->n_tokens == 0) return;
     att_dev d = att_stage_memo(c, kv, b, 0, true);
     if (kv->k_type != LM_KV_F32 || kv->v_type != LM_KV_F32) {
@@ -98,7 +98,7 @@ void lm_cuda_kv_write(lm_backend *be, lm_kv_pool *kv, int layer, const lm_tensor
     }
     lm_cuda_launch_pdl(c, att_kv_write_kernel, dim3((unsigned)b->n_tokens, (unsigned)((k->cols + 127) / 128)), 128, 0,
                        (float *)kv->k[layer], (float *)kv->v[layer], (const float *)k->data, (const float *)v->data, k->cols,
-                       kv->kv_width, kv->block_size, d);
+                       lm_kv_layer_width(kv, layer), kv->block_size, d);
     LM_CUDA_LAUNCHED("att_kv_write_kernel");
 }
 
@@ -339,11 +339,12 @@ static att_args att_common_args(lm_cuda *c, lm_tensor *out, const lm_tensor *q, 
     a.out = (float *)out->data;
     a.q = (const float *)q->data;
     a.kl = (const float *)kv->k[layer], a.vl = (const float *)kv->v[layer];
-    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = kv->kv_width;
+    const int64_t w = lm_kv_layer_width(kv, layer);
+    a.q_ld = q->cols, a.out_ld = out->cols, a.kv_ld = w;
     a.kt = kv->k_type, a.vt = kv->v_type;
-    a.k_rb = (int64_t)lm_kv_row_bytes(kv->k_type, kv->kv_width), a.v_rb = (int64_t)lm_kv_row_bytes(kv->v_type, kv->kv_width);
-    a.k_cb = (int64_t)lm_kv_codes_bytes(kv->k_type, kv->kv_width);
-    a.v_cb = (int64_t)lm_kv_codes_bytes(kv->v_type, kv->kv_width);
+    a.k_rb = (int64_t)lm_kv_row_bytes(kv->k_type, w), a.v_rb = (int64_t)lm_kv_row_bytes(kv->v_type, w);
+    a.k_cb = (int64_t)lm_kv_codes_bytes(kv->k_type, w);
+    a.v_cb = (int64_t)lm_kv_codes_bytes(kv->v_type, w);
     a.d = d;
     a.bs = kv->block_size, a.H = p->n_heads, a.gsz = p->n_heads / p->n_kv_heads, a.Dh = p->head_dim;
     a.window = p->window, a.n_splits = ns;
@@ -642,8 +643,10 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     lm_cuda_use(c);
     const int H = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, T = b->n_tokens, S = b->n_seqs;
     LM_ASSERT(H > 0 && Hkv > 0 && H % Hkv == 0 && Dh > 0 && (Dh <= ATT_MAX_DH || Dh == 512));
-    LM_ASSERT((int64_t)Hkv * Dh <= kv->kv_width && layer >= 0 && layer < kv->n_layers);
-    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || kv->kv_width % LM_KV_GROUP == 0);
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers);
+    const int64_t w = lm_kv_layer_width(kv, layer);
+    LM_ASSERT((int64_t)Hkv * Dh <= w);
+    LM_ASSERT(!(lm_kv_quantised(kv->k_type) || lm_kv_quantised(kv->v_type)) || w % LM_KV_GROUP == 0);
     if (kv->k_type == LM_KV_Q4R || kv->v_type == LM_KV_Q4R)
         LM_ASSERT(kv->rot >= 2 && kv->rot <= LM_KV_MAX_ROT && Dh % kv->rot == 0);
     LM_ASSERT(q->type == LM_F32 && out->type == LM_F32 && q->rows == T && out->rows == T);
@@ -655,7 +658,7 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     }
     /* query rows a block: the tensor-core kernel's 64 or 128, else 64 */
     const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
-    const int tc_rows = f32 ? lm_att_tc_rows(c, Dh, q->cols, kv->kv_width, q->data, kv->k[layer], kv->v[layer]) : 0;
+    const int tc_rows = f32 ? lm_att_tc_rows(c, Dh, q->cols, w, q->data, kv->k[layer], kv->v[layer]) : 0;
     const int rows = tc_rows ? tc_rows : ATT_ROWS;
     const int gsz = H / Hkv, hb = LM_MIN(gsz, rows), n_sub = (gsz + hb - 1) / hb, tpb = rows / hb;
 

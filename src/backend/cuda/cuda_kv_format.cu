@@ -97,10 +97,11 @@ void lm_cuda_kv_write_fmt(lm_cuda *c, lm_kv_pool *kv, int layer, const lm_tensor
     a.x[0] = (const float *)k->data, a.x[1] = (const float *)v->data;
     a.l[0] = (unsigned char *)kv->k[layer], a.l[1] = (unsigned char *)kv->v[layer];
     a.t[0] = kv->k_type, a.t[1] = kv->v_type;
-    a.rb[0] = (int64_t)lm_kv_row_bytes(kv->k_type, kv->kv_width);
-    a.rb[1] = (int64_t)lm_kv_row_bytes(kv->v_type, kv->kv_width);
-    a.cb[0] = (int64_t)lm_kv_codes_bytes(kv->k_type, kv->kv_width);
-    a.cb[1] = (int64_t)lm_kv_codes_bytes(kv->v_type, kv->kv_width);
+    const int64_t w = lm_kv_layer_width(kv, layer);
+    a.rb[0] = (int64_t)lm_kv_row_bytes(kv->k_type, w);
+    a.rb[1] = (int64_t)lm_kv_row_bytes(kv->v_type, w);
+    a.cb[0] = (int64_t)lm_kv_codes_bytes(kv->k_type, w);
+    a.cb[1] = (int64_t)lm_kv_codes_bytes(kv->v_type, w);
     a.x_ld = cols, a.cols = cols, a.bs = kv->block_size, a.rot = rot ? kv->rot : 1;
     a.d = d;
     /* spans of whole rotation pieces */

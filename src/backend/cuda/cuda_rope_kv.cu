@@ -80,7 +80,7 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
     }
     lm_cuda_use(c);
     const int64_t T = b->n_tokens;
-    LM_ASSERT(layer >= 0 && layer < kv->n_layers && k->cols <= kv->kv_width);
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers && k->cols <= lm_kv_layer_width(kv, layer));
     LM_ASSERT(q->type == LM_F32 && k->type == LM_F32 && v->type == LM_F32);
     LM_ASSERT(q->rows == T && k->rows == T && v->rows == T);
     LM_ASSERT((int64_t)rq->n_heads * rq->head_dim <= q->cols && rq->rot_dim % 2 == 0 && rq->rot_dim <= rq->head_dim);
@@ -90,7 +90,7 @@ void lm_cuda_rope_kv_write(lm_backend *be, lm_tensor *q, lm_tensor *k, const lm_
     a.d = att_stage_memo(c, kv, b, 0, true);
     a.freq = lm_cuda_freq(c, rq->inv_freq, rq->rot_dim / 2);
     a.q = (float *)q->data, a.k = (float *)k->data, a.v = (const float *)v->data;
-    a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.kv_ld = kv->kv_width;
+    a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.kv_ld = lm_kv_layer_width(kv, layer);
     a.kl = (float *)kv->k[layer], a.vl = (float *)kv->v[layer];
     a.attn_factor = rq->attn_factor;
     a.Hq = rq->n_heads, a.Hkv = rk->n_heads, a.Dh = rq->head_dim, a.half = rq->rot_dim / 2, a.rot = rq->rot_dim;
@@ -182,7 +182,7 @@ void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *
     }
     lm_cuda_use(c);
     const int64_t T = b->n_tokens;
-    LM_ASSERT(layer >= 0 && layer < kv->n_layers && k->cols <= kv->kv_width);
+    LM_ASSERT(layer >= 0 && layer < kv->n_layers && k->cols <= lm_kv_layer_width(kv, layer));
     LM_ASSERT(q->type == LM_F32 && k->type == LM_F32 && v->type == LM_F32 && qn->type == LM_F32 &&
               kn->type == LM_F32 && wq->type == LM_F32 && wk->type == LM_F32);
     LM_ASSERT(q->rows == T && k->rows == T && v->rows == T && qn->rows == T && kn->rows == T);
@@ -196,7 +196,7 @@ void lm_cuda_norm_rope_kv_write(lm_backend *be, lm_tensor *qn, const lm_tensor *
     a.wq = (const float *)wq->data, a.wk = (const float *)wk->data;
     a.qn = (float *)qn->data, a.kn = (float *)kn->data;
     a.q_ld = q->cols, a.k_ld = k->cols, a.v_ld = v->cols, a.qn_ld = qn->cols, a.kn_ld = kn->cols;
-    a.kv_ld = kv->kv_width, a.kl = (float *)kv->k[layer], a.vl = (float *)kv->v[layer];
+    a.kv_ld = lm_kv_layer_width(kv, layer), a.kl = (float *)kv->k[layer], a.vl = (float *)kv->v[layer];
     a.attn_factor = rq->attn_factor, a.eps = eps, a.w_off = w_offset;
     a.Hq = rq->n_heads, a.Hkv = rk->n_heads, a.Dh = Dh, a.half = rq->rot_dim / 2, a.bs = kv->block_size;
     a.interleaved = rq->interleaved;
