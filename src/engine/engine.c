@@ -474,7 +474,12 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         free(en);
         return -1;
     }
-    lm_cache_policy_create(en, cache_blocks);
+    if (lm_cache_policy_create(en, cache_blocks, e)) {
+        lm_cache_policy_free(en);
+        lm_kv_cache_free(en->kv);
+        free(en);
+        return -1;
+    }
     en->spec = lm_spec_create(m);
     /* output rows: one per sequence, and a draft's after it */
     const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
