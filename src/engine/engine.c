@@ -648,3 +648,5 @@ void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s) {
     s->kv_blocks_total = en->kv->pool.n_blocks;
     pthread_mutex_unlock(&en->mu);
 }
+
+lm_disk_cache *lm_engine_disk_cache(lm_engine *en) { return en->dc; }

@@ -223,5 +223,7 @@ void lm_request_cancel(lm_request *r);
 void lm_request_release(lm_request *r);
 
 void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s);
+/* The disk tier (opts.cache_dir), NULL without one: tests inject faults. */
+lm_disk_cache *lm_engine_disk_cache(lm_engine *en);
 
 #endif
