@@ -175,6 +175,7 @@ json_t *srv_trace_json(const srv *s, const srv_trace_rec *r) {
     if (r->error) json_object_set_new(j, "error", srv_lossy_string(r->error));
     json_object_set_new(j, "n_prompt", json_integer(r->n_prompt));
     json_object_set_new(j, "n_cached", json_integer(r->n_cached));
+    if (tr) json_object_set_new(j, "n_cached_disk", json_integer(tr->n_cached_disk));
     json_object_set_new(j, "n_generated", json_integer(r->n_generated));
     json_object_set_new(j, "engine_trace", json_boolean(tr != NULL));
     json_t *sp = json_object();
