@@ -355,28 +355,26 @@ int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
     if (!lm_dcache_ready(dc, hash, kind)) return -1;
     char name[LM_DC_NAME_MAX];
     lm_dc_entry_name(name, hash, kind);
-    size_t tb = (size_t)n_tokens * sizeof(int32_t), len = sizeof(lm_dc_header) + tb + n;
-    uint8_t *buf = lm_xmalloc(len);
-    int err = lm_dc_entry_read(dc->dirfd, name, buf, len, &dc->faults);
-    const lm_dc_header *h = (const lm_dc_header *)buf;
+    size_t tb = (size_t)n_tokens * sizeof(int32_t), n_head = sizeof(lm_dc_header) + tb;
+    uint8_t *head = lm_xmalloc(n_head);
+    int err = lm_dc_entry_read(dc->dirfd, name, head, n_head, data, n, &dc->faults);
+    const lm_dc_header *h = (const lm_dc_header *)head;
     const char *bad = NULL;
     if (err == EBADMSG) bad = "wrong size (torn or truncated)";
     else if (err) {
         read_failed(dc, hash, kind, strerror(err), false);
-        free(buf);
+        free(head);
         return -1;
-    } else if (lm_dc_header_check(h, dc->ident, len) != LM_DC_OK) bad = "bad header (corrupt, or another model's)";
-    else if (!lm_dc_payload_ok(buf, len)) bad = "checksum mismatch";
+    } else if (lm_dc_header_check(h, dc->ident, n_head + n) != LM_DC_OK) bad = "bad header (corrupt, or another model's)";
+    else if (!lm_dc_payload_ok(head, n_head, data, n)) bad = "checksum mismatch";
     else if (h->hash != hash || h->parent != parent || h->kind != (uint32_t)kind || h->n_tokens != (uint32_t)n_tokens ||
-             memcmp(buf + sizeof *h, tokens, tb) != 0)
+             memcmp(head + sizeof *h, tokens, tb) != 0)
         bad = "holds another prefix";
+    free(head);
     if (bad) {
         read_failed(dc, hash, kind, bad, true);
-        free(buf);
         return -1;
     }
-    memcpy(data, buf + sizeof *h + tb, n);
-    free(buf);
     pthread_mutex_lock(&dc->mu);
     dc->st.reads++;
     int32_t i = find(dc, hash, kind);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -82,10 +83,16 @@ lm_dc_check lm_dc_header_check(const lm_dc_header *h, const uint64_t ident[2], u
     return LM_DC_OK;
 }
 
-bool lm_dc_payload_ok(const uint8_t *buf, size_t len) {
-    const lm_dc_header *h = (const lm_dc_header *)buf;
-    return len >= sizeof *h && h->payload_bytes == len - sizeof *h &&
-           XXH3_64bits(buf + sizeof *h, len - sizeof *h) == h->payload_xxh3;
+bool lm_dc_payload_ok(const uint8_t *head, size_t n_head, const void *data, size_t n) {
+    const lm_dc_header *h = (const lm_dc_header *)head;
+    XXH3_state_t *s = XXH3_createState();
+    LM_ASSERT(s);
+    XXH3_64bits_reset(s);
+    XXH3_64bits_update(s, head + sizeof *h, n_head - sizeof *h);
+    XXH3_64bits_update(s, data, n);
+    bool ok = h->payload_bytes == n_head - sizeof *h + n && XXH3_64bits_digest(s) == h->payload_xxh3;
+    XXH3_freeState(s);
+    return ok;
 }
 
 /* write(2) of all of buf; an injected fault fails it after half is out, as
@@ -120,19 +127,31 @@ int lm_dc_entry_write(int dirfd, const char *name, const lm_dc_blob *b, lm_dc_fa
     return 0;
 }
 
-int lm_dc_entry_read(int dirfd, const char *name, uint8_t *buf, size_t cap, lm_dc_faults *f) {
+int lm_dc_entry_read(int dirfd, const char *name, uint8_t *head, size_t n_head, void *data, size_t n,
+                     lm_dc_faults *f) {
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno;
     int err = lm_dc_fault(f, LM_DC_OP_READ);
     struct stat sb;
     if (!err && fstat(fd, &sb) != 0) err = errno;
-    if (!err && (uint64_t)sb.st_size != cap) err = EBADMSG;
-    for (size_t done = 0; !err && done < cap;) {
-        ssize_t r = read(fd, buf + done, cap - done);
+    if (!err && (uint64_t)sb.st_size != n_head + n) err = EBADMSG;
+    struct iovec iov[2] = { { head, n_head }, { data, n } };
+    int i = 0;
+    for (size_t left = n_head + n; !err && left > 0;) {
+        ssize_t r = readv(fd, iov + i, 2 - i);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) err = errno;
-        else if (r == 0) err = EBADMSG;
-        else done += (size_t)r;
+        if (r <= 0) {
+            err = r < 0 ? errno : EBADMSG;
+            break;
+        }
+        left -= (size_t)r;
+        for (size_t got = (size_t)r; got > 0;) { /* a short read: resume where it stopped */
+            size_t take = LM_MIN(got, iov[i].iov_len);
+            iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+            iov[i].iov_len -= take;
+            got -= take;
+            if (iov[i].iov_len == 0) i++;
+        }
     }
     close(fd);
     return err;

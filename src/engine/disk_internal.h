@@ -52,11 +52,13 @@ lm_dc_check lm_dc_header_check(const lm_dc_header *h, const uint64_t ident[2], u
 /* Writes blob as dirfd/name atomically (temp, fsync, rename, dir fsync).
  * 0, or an errno with no file left behind. */
 int lm_dc_entry_write(int dirfd, const char *name, const lm_dc_blob *b, lm_dc_faults *f);
-/* Reads dirfd/name into buf (cap bytes: the expected file size). 0, or an
- * errno (EIO and friends; EBADMSG when the size or a checksum is wrong). */
-int lm_dc_entry_read(int dirfd, const char *name, uint8_t *buf, size_t cap, lm_dc_faults *f);
-/* The payload checksum of a read file; false when it does not match. */
-bool lm_dc_payload_ok(const uint8_t *buf, size_t len);
+/* Reads dirfd/name, which must be head + n bytes long, into head (header
+ * and tokens) and data (straight into the caller's buffer: no copy). 0, or
+ * an errno (EIO and friends; EBADMSG when the size is wrong). */
+int lm_dc_entry_read(int dirfd, const char *name, uint8_t *head, size_t n_head, void *data, size_t n,
+                     lm_dc_faults *f);
+/* Whether the payload read that way matches the header's checksum. */
+bool lm_dc_payload_ok(const uint8_t *head, size_t n_head, const void *data, size_t n);
 
 /* ---- the writer (disk_writer.c) ---- */
 

@@ -56,7 +56,7 @@ bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
                   int n_tokens, const void *data, size_t n);
 /* Reads and checks an entry that must be (hash, kind) under parent, for
- * tokens[0, n_tokens), with n data bytes, into data. 0 on success (the
+ * tokens[0, n_tokens), with n data bytes, into data (left undefined on failure). 0 on success (the
  * entry becomes most recently used); -1 when it is absent or fails a check
  * (counted, logged, and the file deleted). */
 int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
