@@ -100,6 +100,10 @@ LM_TEST(disk_cache_reopen_keeps_entries) {
     dt_entry(3, toks, data);
     LM_CHECK(lm_dcache_get(dc, dt_hash(3), 999, LM_DC_KV, toks, DT_BS, data, DT_DATA) == -1);
     LM_CHECK(!lm_dcache_ready(dc, dt_hash(3), LM_DC_KV)); /* and the entry is gone */
+    dt_entry(4, toks, data);
+    toks[15]++;
+    LM_CHECK(lm_dcache_get(dc, dt_hash(4), dt_hash(3), LM_DC_KV, toks, DT_BS, data, DT_DATA) == -1);
+    LM_CHECK(!lm_dcache_ready(dc, dt_hash(4), LM_DC_KV));
     lm_dcache_close(dc);
     free(dir);
 }

@@ -12,6 +12,7 @@
 
 #include "engine/lm_disk_cache.h"
 #include "engine/lm_engine.h"
+#include "engine/lm_model_identity.h"
 #include "lm_test.h"
 #include "test_util.h"
 
@@ -235,4 +236,49 @@ LM_TEST(disk_cache_engine_needs_ram_cache) {
     LM_CHECK(lm_engine_create(&en, f.m, &o, &e) == -1 && strstr(e.msg, "in use"));
     lm_engine_free(a);
     dk_close(&f);
+}
+
+/* The identity follows the bytes, not the path: a copy elsewhere keeps it,
+ * one changed weight byte or another KV format changes it. */
+LM_TEST(disk_cache_identity_follows_weights) {
+    char *src = lm_test_fixture_path("models/llama");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *copy = lm_tu_mkdir("dk_ident_copy"), *edit = lm_tu_mkdir("dk_ident_edit");
+    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    for (size_t i = 0; i < LM_COUNT(files); i++) {
+        char a[1024], b[1024], c[1024];
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", copy, files[i]);
+        snprintf(c, sizeof c, "%s/%s", edit, files[i]);
+        size_t n;
+        char *d = lm_tu_read(a, &n);
+        LM_REQUIRE(d);
+        lm_tu_write(b, d, n);
+        if (i == 1) d[n - 3] ^= 1; /* the last tensor's last bytes */
+        lm_tu_write(c, d, n);
+        free(d);
+    }
+    const char *dirs[3] = { src, copy, edit };
+    uint64_t id[4][2];
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(1, &e);
+    LM_REQUIRE(be);
+    for (int i = 0; i < 3; i++) {
+        lm_model *m = NULL;
+        LM_REQUIRE(lm_model_load(&m, dirs[i], be, &e) == 0);
+        int kv = 0;
+        lm_model_identity(m, &kv, sizeof kv, id[i], NULL);
+        if (i == 0) {
+            kv = 1;
+            lm_model_identity(m, &kv, sizeof kv, id[3], NULL);
+        }
+        lm_model_free(m);
+    }
+    LM_CHECK(id[0][0] == id[1][0] && id[0][1] == id[1][1]);
+    LM_CHECK(id[0][0] != id[2][0] && id[0][1] != id[2][1]);
+    LM_CHECK(id[0][0] != id[3][0]);
+    lm_backend_destroy(be);
+    free(src);
+    free(copy);
+    free(edit);
 }
