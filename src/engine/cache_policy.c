@@ -157,6 +157,25 @@ void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep) {
 
 /* ---- admission ---- */
 
+void lm_cache_policy_prefetch(lm_engine *en) {
+    if (!en->dc) return;
+    pthread_mutex_lock(&en->mu);
+    /* only this thread takes requests off the queue: r stays valid unlocked */
+    lm_request *r = en->q_head;
+    pthread_mutex_unlock(&en->mu);
+    if (!r || r->embed || r->prefetched || atomic_load(&r->cancelled)) return;
+    r->prefetched = true;
+    hash_blocks(en, r, r->n_prompt);
+    lm_pcache_hit before, after;
+    lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &before, en->hit_blocks);
+    bool loaded = lm_disk_tier_extend(en, r, &before);
+    lm_pcache_unpin(en->pc);
+    if (!loaded) return;
+    lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &after, en->hit_blocks);
+    lm_pcache_unpin(en->pc);
+    r->prefetch_disk = LM_MAX(0, after.n_tokens - before.n_tokens);
+}
+
 void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit) {
     *hit = (lm_cache_hit){ .ram = { .cow_block = -1, .ckpt = -1 }, .blocks = en->hit_blocks, .t_lookup = lm_now() };
     if (en->pc) {
@@ -168,6 +187,8 @@ void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit) {
             lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit->ram, en->hit_blocks);
             hit->disk_tokens = LM_MAX(0, hit->ram.n_tokens - ram_tokens);
         }
+        /* what the prefetch loaded came from disk too, as far as it is still used */
+        hit->disk_tokens = LM_MIN(hit->ram.n_tokens, hit->disk_tokens + r->prefetch_disk);
     }
     hit->t_found = lm_now();
 }

@@ -13,7 +13,9 @@
  * and the RAM cache (and, for a hybrid, the latest checkpoint on the way);
  * the ordinary RAM lookup then serves them. Entries read are pinned so
  * that loading one never evicts another of the same prompt. The reads run
- * on the engine thread at admission, before the request's prefill.
+ * on the engine thread for the queue's head before it is admitted, outside
+ * the engine lock (lm_cache_policy_prefetch), and again at admission for
+ * anything evicted in between.
  *
  * Chain hashes are seeded with the model identity (model_identity.c), not
  * a path, so entries survive a restart and a moved model. */

@@ -398,11 +398,11 @@ static void *engine_main(void *arg) {
     for (;;) {
         lm_request *dead = NULL;
         pthread_mutex_lock(&en->mu);
+        while (!en->stopping && en->n_running == 0 && !en->q_head && !en->queued) pthread_cond_wait(&en->cv, &en->mu);
+        pthread_mutex_unlock(&en->mu);
+        lm_cache_policy_prefetch(en); /* disk reads for the queue head, outside the lock */
+        pthread_mutex_lock(&en->mu);
         admit(en, &dead);
-        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead && !en->queued) {
-            pthread_cond_wait(&en->cv, &en->mu);
-            admit(en, &dead);
-        }
         bool stop = en->stopping;
         pthread_mutex_unlock(&en->mu);
         finish_list(en, dead, LM_FINISH_CANCELLED);

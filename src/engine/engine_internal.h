@@ -66,6 +66,8 @@ struct lm_request {
     int n_hashes;
     int n_ins;              /* leading full blocks known to be in the cache */
     int n_hit;              /* prompt tokens served from the cache */
+    bool prefetched;        /* the disk tier has loaded what it holds of the prompt */
+    int prefetch_disk;      /* tokens that load added to the RAM cache's hit */
     bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
     uint64_t gen_ckpt;
     uint64_t hist_id;
@@ -193,6 +195,10 @@ typedef struct lm_cache_hit {
  * history and the lookup scratch. -1 with e when the disk tier cannot open. */
 int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e);
 void lm_cache_policy_free(lm_engine *en);
+/* Before admission (engine thread, mu not held): the disk tier's entries
+ * of the queue head's prompt into the RAM cache, once per request, so that
+ * admission finds them in RAM and no disk read runs under mu. */
+void lm_cache_policy_prefetch(lm_engine *en);
 /* At admission (under mu): what of r's prompt is cached. Every lookup is
  * followed by lm_cache_policy_restore or lm_cache_policy_unpin. */
 void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit);
