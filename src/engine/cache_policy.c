@@ -53,7 +53,9 @@ int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e) {
         uint64_t ident[2] = { 0, 0 }, seed;
         if (en->o.cache_dir) {
             /* entries outlive the process: name the model by its bytes, not its path */
-            lm_model_identity(m, &id, sizeof id, ident, NULL);
+            double t0 = lm_now();
+            lm_model_identity(m, &id, sizeof id, ident, &en->st.disk_identity_sampled);
+            en->st.disk_identity_s = lm_now() - t0;
             seed = ident[0];
         } else {
             seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);

@@ -164,11 +164,11 @@ static int take_lock(lm_disk_cache *dc, lm_err *e) {
         return lm_errf(e, "--cache-dir %s is in use by another lumen process%s%s%s; give each server its own directory",
                        dc->dir, *pid ? " (pid " : "", pid, *pid ? ")" : "");
     }
+    /* the pid only serves the message a second process prints: failing to write it is harmless */
     char line[32];
     int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
-    if (ftruncate(dc->lockfd, 0) != 0 || pwrite(dc->lockfd, line, (size_t)n, 0) != n) {
-        /* the pid is only for the message a second process prints */
-    }
+    bool told = ftruncate(dc->lockfd, 0) == 0 && pwrite(dc->lockfd, line, (size_t)n, 0) == n;
+    (void)told;
     return 0;
 }
 
@@ -361,7 +361,14 @@ int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
     const lm_dc_header *h = (const lm_dc_header *)head;
     const char *bad = NULL;
     if (err == EBADMSG) bad = "wrong size (torn or truncated)";
-    else if (err) {
+    else if (err == ENOENT) { /* evicted by the writer since the index said ready: a plain miss */
+        pthread_mutex_lock(&dc->mu);
+        int32_t i = find(dc, hash, kind);
+        if (i >= 0 && dc->e[i].state == E_READY) drop(dc, i);
+        pthread_mutex_unlock(&dc->mu);
+        free(head);
+        return -1;
+    } else if (err) {
         read_failed(dc, hash, kind, strerror(err), false);
         free(head);
         return -1;

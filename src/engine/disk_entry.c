@@ -77,7 +77,7 @@ void lm_dc_blob_make(lm_dc_blob *b, const lm_dc_header *h, const int32_t *tokens
 lm_dc_check lm_dc_header_check(const lm_dc_header *h, const uint64_t ident[2], uint64_t file_bytes) {
     if (h->magic != LM_DC_MAGIC || h->header_xxh3 != header_sum(h)) return LM_DC_CORRUPT;
     if (h->version != LM_DC_VERSION || h->ident[0] != ident[0] || h->ident[1] != ident[1]) return LM_DC_FOREIGN;
-    if (h->payload_bytes != file_bytes - sizeof *h || file_bytes < sizeof *h ||
+    if (file_bytes < sizeof *h || h->payload_bytes != file_bytes - sizeof *h ||
         h->payload_bytes < (uint64_t)h->n_tokens * sizeof(int32_t) || (h->kind != LM_DC_KV && h->kind != LM_DC_STATE))
         return LM_DC_CORRUPT;
     return LM_DC_OK;

@@ -182,6 +182,8 @@ typedef struct lm_engine_stats {
     uint64_t cache_disk_hit_tokens; /* of cache_hit_tokens, those read from the disk tier */
     bool disk_on;                  /* a disk tier exists: disk holds its figures */
     lm_dc_stats disk;
+    double disk_identity_s;        /* hashing the model's identity at start took this */
+    bool disk_identity_sampled;    /* its weights were sampled, not hashed whole */
     /* steps by batch size (sequences in the forward): bucket i counts steps
      * with 2^i <= size < 2^(i+1); the last bucket takes the rest */
     uint64_t batch_hist[8];

@@ -55,7 +55,8 @@ void lm_model_identity(const lm_model *m, const void *extra, size_t n_extra, uin
     const uint32_t version = LM_DC_VERSION;
     XXH3_128bits_update(s, &version, sizeof version);
     XXH3_128bits_update(s, extra, n_extra);
-    const lm_weight_source *ws = m->weights;
+    static const lm_weight_source none = { 0 };
+    const lm_weight_source *ws = m->weights ? m->weights : &none;
     bool whole = file_bytes(ws) <= LM_ID_FULL_BYTES;
     if (sampled) *sampled = !whole;
     if (ws->gguf) {
