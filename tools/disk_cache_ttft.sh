@@ -3,25 +3,27 @@
 # disk tier after a restart, against cold prefill and a RAM hit, all in the
 # same run (docs/benchmarks.md).
 #
-#   tools/disk_cache_ttft.sh [--bin build/release/lumen] [--model models/demo] [--tokens 4000]
+#   tools/disk_cache_ttft.sh [--bin build/release/lumen] [--model models/demo] [--tokens 4000] [--no-cold2]
 #
 # Run 1 (empty --cache-dir): prompt A cold, then A again (RAM hit). The
 # server is stopped (SIGTERM) and started again on the same directory.
-# Run 2: A (disk hit: nothing in RAM), then a fresh prompt B (cold, the
-# peer in the same process). Each request is /v1/completions with token ids
+# Run 2: A (disk hit: nothing in RAM), then a fresh prompt B (cold again,
+# in the restarted process; --no-cold2 leaves it out when a cold prefill
+# takes minutes: run 1's cold is the peer in the same run). Each request is /v1/completions with token ids
 # and max_tokens 1; TTFT is the server's trace span (arrival to first
 # token), n_cached and n_cached_disk come from the same trace line. A
 # model whose max_position_embeddings is below --tokens + 16 is served as a
 # copy (links to its files) with that raised, as tools/cachebench does: the
 # tokens are random anyway; this measures time.
 set -euo pipefail
-bin=build/release/lumen model=models/demo tokens=4000 port=18977
+bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --tokens) tokens=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
+    --no-cold2) cold2=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -65,6 +67,6 @@ ask "RAM hit (run 1)" "$work/a.json"
 kill -TERM $pid; wait $pid || true
 start
 ask "disk hit after restart" "$work/a.json"
-ask "cold (run 2, peer)" "$work/b.json"
+[ "$cold2" = 1 ] && ask "cold (run 2)" "$work/b.json"
 curl -sf "localhost:$port/metrics" | grep -E '^lumen_(prefix_cache_tier_hit_tokens_total|disk_cache_(entries|bytes|reads_total))'
 grep "disk cache" "$work/server.log" | tail -1

@@ -124,9 +124,12 @@ bool lm_cache_policy_may_checkpoint(const lm_engine *en, int n_cached) {
 
 void lm_cache_policy_progress(lm_engine *en, lm_request *r) {
     if (!en->pc) return;
-    int full = r->n_cached / en->bs;
+    int full = r->n_cached / en->bs, from = r->n_ins;
     hash_blocks(en, r, r->n_cached);
     while (r->n_ins < full && keep_block(en, r, r->n_ins) == 0) r->n_ins++;
+    /* prompt blocks go to disk as they fill, so the writer works during the
+     * prefill (generated ones wait for the end: no device copy per token) */
+    if (en->dc && r->n_cached <= r->n_prompt) lm_disk_tier_keep(en, r, from, r->n_ins);
     if (!en->stateful || r->n_cached % en->bs || r->n_cached == 0 || r->n_ins < full) return;
     uint64_t h = r->hashes[full - 1];
     if (r->n_cached <= r->n_prompt) {
@@ -149,7 +152,7 @@ static void keep_all(lm_engine *en, lm_request *r) {
     int full = r->n_cached / en->bs, ok = 0;
     while (ok < full && keep_block(en, r, ok) == 0) ok++;
     if (ok > 0) lm_pcache_touch(en->pc, r->hashes[ok - 1]);
-    if (en->dc) lm_disk_tier_keep(en, r, ok);
+    if (en->dc) lm_disk_tier_keep(en, r, 0, ok);
 }
 
 void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep) {

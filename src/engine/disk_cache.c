@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define WRITER_JOBS 256              /* entries the writer may have queued */
+#define WRITER_JOBS 4096             /* entries the writer may have queued */
 #define WRITER_BYTES ((size_t)256 << 20) /* and bytes */
 
 typedef enum { E_FREE, E_PENDING, E_READY } e_state;

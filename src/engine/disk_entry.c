@@ -8,7 +8,8 @@
  * O_EXCL, fsynced, renamed onto the name and the directory fsynced: a crash
  * at any point leaves the old state or the new one, plus at most a temp
  * file. Byte order is the host's (little-endian on every target lumen
- * builds for). */
+ * builds for). The directory is fsynced by the writer (disk_writer.c) in
+ * batches: until then a power loss may lose a renamed entry, never tear it. */
 #include "disk_internal.h"
 
 #include <errno.h>
@@ -122,8 +123,6 @@ int lm_dc_entry_write(int dirfd, const char *name, const lm_dc_blob *b, lm_dc_fa
         unlinkat(dirfd, tmp, 0);
         return err;
     }
-    /* the rename itself must reach the disk before the entry counts as written */
-    if (fsync(dirfd) != 0) return errno;
     return 0;
 }
 

@@ -49,8 +49,8 @@ void lm_dc_blob_make(lm_dc_blob *b, const lm_dc_header *h, const int32_t *tokens
 typedef enum lm_dc_check { LM_DC_OK, LM_DC_CORRUPT, LM_DC_FOREIGN } lm_dc_check;
 lm_dc_check lm_dc_header_check(const lm_dc_header *h, const uint64_t ident[2], uint64_t file_bytes);
 
-/* Writes blob as dirfd/name atomically (temp, fsync, rename, dir fsync).
- * 0, or an errno with no file left behind. */
+/* Writes blob as dirfd/name atomically (temp, fsync, rename; the caller
+ * fsyncs the directory). 0, or an errno with no file left behind. */
 int lm_dc_entry_write(int dirfd, const char *name, const lm_dc_blob *b, lm_dc_faults *f);
 /* Reads dirfd/name, which must be head + n bytes long, into head (header
  * and tokens) and data (straight into the caller's buffer: no copy). 0, or

@@ -2,9 +2,9 @@
  * its RAM prefix cache (cache_policy.c's two seams).
  *
  * Down: every block and checkpoint leaving the RAM cache (evicted, or a
- * checkpoint dropped for want of slots) and, at the end of every request,
- * its blocks and their checkpoints are queued for the disk unless already
- * there. The pool's bytes are copied out on the engine thread (a memcpy on
+ * checkpoint dropped for want of slots), every prompt block as it fills
+ * and, at the end of every request, its blocks and their checkpoints are
+ * queued for the disk unless already there. The pool's bytes are copied out on the engine thread (a memcpy on
  * the CPU; a device-to-host copy on a GPU); the file is written by the
  * writer thread.
  *
@@ -57,8 +57,8 @@ void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int
     }
 }
 
-void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int n_blocks) {
-    for (int i = 0; i < n_blocks; i++) {
+void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to) {
+    for (int i = from; i < to; i++) {
         uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
         lm_disk_tier_spill(en, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i],
                            lm_pcache_ckpt_of(en->pc, r->hashes[i]));

@@ -3,11 +3,16 @@
  * A ring of at most max_jobs entries holding at most max_bytes: the engine
  * thread pushes and never waits (a full ring refuses the entry); the writer
  * takes them in order, writes each atomically and reports the result. The
- * fsyncs are what makes a write slow, and they happen here, off the step. */
+ * fsyncs are what makes a write slow, and they happen here, off the step;
+ * the directory's is shared by a batch (when the ring empties, or every
+ * DIR_SYNC_EVERY entries). */
 #include "disk_internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
+
+#define DIR_SYNC_EVERY 64 /* entries renamed between directory fsyncs, at most */
 
 struct lm_dc_writer {
     pthread_t thread;
@@ -26,6 +31,7 @@ struct lm_dc_writer {
 
 static void *writer_main(void *arg) {
     lm_dc_writer *w = arg;
+    int unsynced = 0; /* entries renamed since the last directory fsync */
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (w->n == 0 && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
@@ -37,7 +43,15 @@ static void *writer_main(void *arg) {
         int err = lm_dc_entry_write(w->dirfd, name, &job.blob, w->faults);
         w->done(w->user, &job, err);
         free(job.blob.buf);
+        unsynced += !err;
         pthread_mutex_lock(&w->mu);
+        if (unsynced && (w->n == 1 || unsynced >= DIR_SYNC_EVERY)) {
+            /* the renames reach the disk: one directory fsync for a batch of entries */
+            pthread_mutex_unlock(&w->mu);
+            fsync(w->dirfd);
+            unsynced = 0;
+            pthread_mutex_lock(&w->mu);
+        }
         w->head = (w->head + 1) % w->max_jobs;
         w->n--;
         w->bytes -= job.blob.len;

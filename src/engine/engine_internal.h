@@ -229,8 +229,8 @@ void lm_disk_tier_close(lm_engine *en);
  * the entries of `hash` unless the disk has them. */
 void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block,
                         int32_t ckpt);
-/* r's first n_blocks full blocks and their checkpoints, at its end. */
-void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int n_blocks);
+/* r's full blocks [from, to) and their checkpoints (as they fill, and at its end). */
+void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to);
 /* Loads from disk into the RAM cache what extends r's RAM hit `ram` (the
  * RAM lookup's pins held); true when it loaded anything (look up again). */
 bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit *ram);
