@@ -282,3 +282,43 @@ LM_TEST(disk_cache_identity_follows_weights) {
     free(copy);
     free(edit);
 }
+
+/* A budget of four entries: the directory never holds more bytes than it,
+ * the index agrees with the files, eviction takes a chain from its end, and
+ * what is left still serves exactly. */
+LM_TEST(disk_cache_engine_small_budget) {
+    DK_OPEN_OR_SKIP(f, "llama", "dk_budget");
+    size_t entry = 72 + 16 * 4 + (size_t)2 * (size_t)f.m->n_kv_layers * 16 * (size_t)f.m->kv_width * sizeof(float);
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_ram = 32u << 20, .cache_dir = f.dir,
+                         .cache_disk = 4 * entry };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_dcache_flush(lm_engine_disk_cache(en));
+    lm_dc_stats st;
+    lm_dcache_get_stats(lm_engine_disk_cache(en), &st);
+    lm_engine_free(en);
+    size_t bytes = 0;
+    int n = 0;
+    DIR *d = opendir(f.dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (strlen(de->d_name) != 19) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", f.dir, de->d_name);
+        size_t len = 0;
+        free(lm_tu_read(path, &len));
+        bytes += len;
+        n++;
+    }
+    if (d) closedir(d);
+    LM_CHECK_MSG(n == 4 && bytes == 4 * entry && st.entries == 4 && st.bytes == bytes && st.evicted >= 2,
+                 "%d files, %zu bytes (entry %zu), evicted %llu", n, bytes, entry, (unsigned long long)st.evicted);
+    /* the chain's end went first: its first four blocks still serve */
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    LM_CHECK_MSG(r.n_cached == 64 && r.n_cached_disk == 64, "%d cached, %d from disk", r.n_cached, r.n_cached_disk);
+    lm_engine_free(en);
+    dk_close(&f);
+}

@@ -42,9 +42,9 @@
 #define LM_CKPT_EVERY_MIN_SLOTS 16
 
 int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e) {
+    static const char no_ram[] = "--cache-dir needs a RAM prefix cache (--cache-ram above 0): disk entries come back through it";
     const lm_model *m = en->m;
-    if (en->o.cache_dir && !cache_blocks)
-        return lm_errf(e, "--cache-dir needs a RAM prefix cache (--cache-ram above 0): disk entries come back through it");
+    if (en->o.cache_dir && !cache_blocks) return lm_errf(e, "%s", no_ram);
     if (cache_blocks) {
         /* the KV format too: blocks of another format must never hit */
         struct { int64_t vocab, layers, kv_layers, kv_width, max_pos, k_type, v_type, block, state; } id = {
@@ -61,8 +61,7 @@ int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e) {
             seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
         }
         en->pc = lm_pcache_create(en->kv, en->o.cache_ram, en->ckpt_slots, seed);
-        if (en->o.cache_dir && !en->pc)
-            return lm_errf(e, "--cache-dir needs a RAM prefix cache (--cache-ram above 0): disk entries come back through it");
+        if (en->o.cache_dir && !en->pc) return lm_errf(e, "%s", no_ram);
         if (en->o.cache_dir && lm_disk_tier_open(en, ident, e)) return -1;
     }
     en->hist = lm_hist_create(HIST_REQUESTS, HIST_TOKENS);

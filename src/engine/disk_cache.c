@@ -333,6 +333,16 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
     return -1;
 }
 
+void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind) {
+    pthread_mutex_lock(&dc->mu);
+    int32_t i = find(dc, hash, kind);
+    if (i >= 0) {
+        lru_unlink(dc, i);
+        lru_push_front(dc, i);
+    }
+    pthread_mutex_unlock(&dc->mu);
+}
+
 void lm_dcache_flush(lm_disk_cache *dc) { lm_dc_writer_flush(dc->writer); }
 
 /* ---- reads ---- */

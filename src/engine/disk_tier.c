@@ -57,12 +57,24 @@ void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int
     }
 }
 
+/* A chain's entries, leaf first and root last: the disk's LRU then evicts
+ * a chain from its end, as the RAM cache does, never its root first (which
+ * would strand every entry after it). */
+static void touch_chain(lm_engine *en, const lm_request *r, int from, int to) {
+    for (int i = to - 1; i >= from; i--) {
+        lm_dcache_touch(en->dc, r->hashes[i], LM_DC_STATE);
+        lm_dcache_touch(en->dc, r->hashes[i], LM_DC_KV);
+    }
+}
+
 void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to) {
+    /* in chain order: when the writer's queue overflows, the prefix's start is what gets in */
     for (int i = from; i < to; i++) {
         uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
         lm_disk_tier_spill(en, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i],
                            lm_pcache_ckpt_of(en->pc, r->hashes[i]));
     }
+    touch_chain(en, r, from, to);
 }
 
 /* Block i of r's prompt from disk into a pool block and the RAM cache
@@ -112,6 +124,7 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
     for (int i = ram->n_blocks; i < m; i++) lm_pcache_pin(en->pc, r->hashes[i]); /* the RAM part stays */
     int loaded = m;
     while (loaded < target && load_block(en, r, loaded)) loaded++;
+    touch_chain(en, r, 0, loaded);
     if (!en->stateful) return loaded > m;
     for (int k = loaded; k > ram->n_blocks; k--)
         if (lm_dcache_ready(en->dc, r->hashes[k - 1], LM_DC_STATE) && load_state(en, r, k)) return true;

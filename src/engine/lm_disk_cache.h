@@ -50,6 +50,9 @@ bool lm_dcache_has(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 /* Whether the entry is on disk (readable by lm_dcache_get). */
 bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 
+/* Makes the entry (if indexed) the most recently used. */
+void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+
 /* Queues an entry: n_tokens tokens and n data bytes, both copied. 0: queued;
  * 1: already on disk or queued (its LRU position refreshed); -1: dropped
  * (the queue is full). */
