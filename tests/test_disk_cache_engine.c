@@ -1,7 +1,8 @@
 /* test_disk_cache_engine.c - the disk tier under the engine: after a
  * restart (a new engine on the same --cache-dir) a prompt served from disk
- * gives exactly the tokens of a cold run, on an attention model and on the
- * demo hybrid (whose recurrent-state checkpoint comes from disk too), and
+ * gives exactly the tokens of a cold run, on attention models (llama,
+ * qwen3, gemma3 and gemma4 with sliding windows) and on the hybrids (demo,
+ * qwen3.5, qwen3-next: the recurrent-state checkpoint comes from disk too), and
  * every damaged or unreadable entry, or another format's, is recomputed
  * instead of served. */
 #include <dirent.h>
@@ -175,6 +176,10 @@ static void dk_restart(lm_test_ctx *lm_t_, const char *name, const char *tag) {
 LM_TEST(disk_cache_restart_exact_llama) { dk_restart(lm_t_, "llama", "dk_llama"); }
 LM_TEST(disk_cache_restart_exact_demo_hybrid) { dk_restart(lm_t_, "demo", "dk_demo"); }
 LM_TEST(disk_cache_restart_exact_qwen35_hybrid) { dk_restart(lm_t_, "qwen3.5", "dk_qwen35"); }
+LM_TEST(disk_cache_restart_exact_qwen3_next_hybrid) { dk_restart(lm_t_, "qwen3-next", "dk_qwen3next"); }
+LM_TEST(disk_cache_restart_exact_qwen3) { dk_restart(lm_t_, "qwen3", "dk_qwen3"); }
+LM_TEST(disk_cache_restart_exact_gemma3_sliding) { dk_restart(lm_t_, "gemma3", "dk_gemma3"); }
+LM_TEST(disk_cache_restart_exact_gemma4) { dk_restart(lm_t_, "gemma4", "dk_gemma4"); }
 
 /* Damage on disk between two runs: the second is still exact, hits less,
  * and counts what it found. */
