@@ -327,3 +327,22 @@ LM_TEST(disk_cache_engine_small_budget) {
     lm_engine_free(en);
     dk_close(&f);
 }
+
+/* kill -9 at random moments while the server writes its cache (8 rounds of
+ * tests/data/disk_cache_kill9.sh): the next server starts, deletes the
+ * torn temp files and answers exactly, from the cache. */
+LM_TEST(disk_cache_kill9_while_writing) {
+    if (lm_tu_run("command -v curl >/dev/null && command -v python3 >/dev/null", NULL, NULL) != 0)
+        LM_SKIP("needs curl and python3");
+    char *work = lm_tu_mkdir("dk_kill9"), cmd[4096], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "bash '%s/tests/data/disk_cache_kill9.sh' '%s' '%s/models/demo' '%s' 8", LUMEN_SOURCE_DIR,
+             lm_test_lumen_bin(), LUMEN_SOURCE_DIR, work);
+    int rc = lm_tu_run(cmd, &out, &err);
+    int cached = -1, temps = -1;
+    LM_CHECK_MSG(rc == 0 && out && sscanf(out, "ok %d %d", &cached, &temps) == 2, "rc %d: %s %s", rc, out ? out : "",
+                 err ? err : "");
+    LM_CHECK_MSG(cached >= 1024, "%d prompt tokens cached after the kills", cached);
+    free(out);
+    free(err);
+    free(work);
+}
