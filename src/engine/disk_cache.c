@@ -224,7 +224,7 @@ static int rebuild(lm_disk_cache *dc, lm_err *e) {
     int n = 0, cap = 0;
     for (struct dirent *de; (de = readdir(d));) scan_one(dc, de->d_name, &list, &n, &cap);
     closedir(d);
-    qsort(list, (size_t)n, sizeof *list, by_mtime);
+    if (n) qsort(list, (size_t)n, sizeof *list, by_mtime);
     for (int i = 0; i < n; i++) add(dc, list[i].hash, list[i].kind, E_READY, list[i].bytes);
     free(list);
     evict_to_budget(dc);
