@@ -58,7 +58,7 @@ ask() { # label file
 import json, sys
 t = json.loads(open(sys.argv[2]).read().splitlines()[-1])
 print(f"{sys.argv[1]:<22} ttft {t['ms']['ttft']:9.1f} ms  prompt {t['n_prompt']}  cached {t['n_cached']}"
-      f"  from disk {t.get('n_cached_disk', 0)}  lookup+disk read {t['ms']['cache_lookup']:.1f} ms")
+      f"  from disk {t.get('n_cached_disk', 0)}  disk reads {t['ms'].get('cache_disk_read', 0):.1f} ms")
 EOF
 }
 start

@@ -169,11 +169,13 @@ void lm_cache_policy_prefetch(lm_engine *en) {
     pthread_mutex_unlock(&en->mu);
     if (!r || r->embed || r->prefetched || atomic_load(&r->cancelled)) return;
     r->prefetched = true;
+    double t0 = lm_now();
     hash_blocks(en, r, r->n_prompt);
     lm_pcache_hit before, after;
     lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &before, en->hit_blocks);
     bool loaded = lm_disk_tier_extend(en, r, &before);
     lm_pcache_unpin(en->pc);
+    r->tr.disk_read_s += lm_now() - t0;
     if (!loaded) return;
     lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &after, en->hit_blocks);
     lm_pcache_unpin(en->pc);
@@ -185,7 +187,10 @@ void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit) {
     if (en->pc) {
         hash_blocks(en, r, r->n_prompt);
         lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit->ram, en->hit_blocks);
-        if (en->dc && lm_disk_tier_extend(en, r, &hit->ram)) {
+        double t0 = lm_now();
+        bool loaded = en->dc && lm_disk_tier_extend(en, r, &hit->ram);
+        if (en->dc) r->tr.disk_read_s += lm_now() - t0;
+        if (loaded) {
             int ram_tokens = hit->ram.n_tokens;
             lm_pcache_unpin(en->pc);
             lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit->ram, en->hit_blocks);

@@ -88,6 +88,8 @@ typedef enum lm_cache_miss {
 typedef struct lm_request_trace {
     double t_submit, t_admit, t_first, t_done;
     double lookup_s, restore_s;  /* prefix-cache lookup, KV/state restore */
+    double disk_read_s;          /* reading the disk tier's entries (before admission
+                                  * and in the lookup: part of lookup_s there) */
     int n_cached;                /* prompt tokens served from the cache */
     int n_cached_disk;           /* of those, read from the disk tier */
     int n_shared;                /* prompt tokens shared with the closest earlier request */
