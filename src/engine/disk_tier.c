@@ -96,19 +96,20 @@ static bool load_block(lm_engine *en, const lm_request *r, int i) {
     return ok;
 }
 
-/* The checkpoint at the end of block k - 1 from disk into the RAM cache. */
+/* The checkpoint at the end of block k - 1 from disk into the RAM cache:
+ * its slot first (making room may spill another checkpoint through
+ * dc_buf), then the read into dc_buf. */
 static bool load_state(lm_engine *en, const lm_request *r, int k) {
     uint64_t parent = k > 1 ? r->hashes[k - 2] : lm_pcache_seed(en->pc);
-    int32_t slot = lm_kv_state_take(en->kv);
+    int32_t slot = lm_pcache_checkpoint_slot(en->pc, r->hashes[k - 1]);
     if (slot < 0) return false;
-    bool ok = lm_dcache_get(en->dc, r->hashes[k - 1], parent, LM_DC_STATE, r->tokens + (size_t)(k - 1) * en->bs,
-                            en->bs, en->dc_buf, lm_kv_state_bytes(en->kv)) == 0;
-    if (ok) {
-        lm_kv_state_write(en->kv, slot, en->dc_buf);
-        ok = lm_pcache_checkpoint(en->pc, r->hashes[k - 1], slot) >= 0;
+    if (lm_dcache_get(en->dc, r->hashes[k - 1], parent, LM_DC_STATE, r->tokens + (size_t)(k - 1) * en->bs, en->bs,
+                      en->dc_buf, lm_kv_state_bytes(en->kv)) != 0) {
+        lm_pcache_drop_checkpoint(en->pc, r->hashes[k - 1]);
+        return false;
     }
-    lm_kv_state_release(en->kv, slot);
-    return ok;
+    lm_kv_state_write(en->kv, slot, en->dc_buf);
+    return true;
 }
 
 bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit *ram) {

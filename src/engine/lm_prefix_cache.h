@@ -65,6 +65,10 @@ int lm_pcache_insert(lm_prefix_cache *pc, uint64_t hash, uint64_t parent, const 
 /* Copies state slot `slot` into a checkpoint on entry `hash`. 1: made; 0: the
  * entry had one already; -1: the entry is gone or there is no room. */
 int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot);
+/* A new checkpoint on entry `hash` whose state the caller writes into the
+ * returned slot (a lower tier's restore; no spare slot needed); -1 when the
+ * entry is gone or has one, or there is no room. */
+int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash);
 /* Frees the checkpoint on entry `hash`, if any. */
 void lm_pcache_drop_checkpoint(lm_prefix_cache *pc, uint64_t hash);
 /* The state slot of entry `hash`'s checkpoint, or -1. */

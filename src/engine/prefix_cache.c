@@ -336,10 +336,9 @@ int lm_pcache_insert(lm_prefix_cache *pc, uint64_t hash, uint64_t parent, const 
     return 0;
 }
 
-int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot) {
-    int32_t i = find(pc, hash);
-    if (i < 0 || pc->max_ckpts == 0) return -1;
-    if (pc->e[i].ckpt >= 0) return 0;
+/* A state slot for a new checkpoint on entry i (making room for it), its
+ * contents left to the caller; -1 when there is no room. */
+static int32_t ckpt_reserve(lm_prefix_cache *pc, int32_t i) {
     pc->e[i].pins++;
     bool ok = true;
     while (ok && pc->n_ckpts >= pc->max_ckpts) {
@@ -358,10 +357,25 @@ int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot) {
     if (!ok) return -1;
     int32_t s = lm_kv_state_take(pc->kv);
     LM_ASSERT(s >= 0); /* the pool holds max_ckpts slots beyond the running sequences' */
-    lm_kv_state_copy(pc->kv, s, slot);
     pc->e[i].ckpt = s;
     pc->n_ckpts++;
+    return s;
+}
+
+int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot) {
+    int32_t i = find(pc, hash);
+    if (i < 0 || pc->max_ckpts == 0) return -1;
+    if (pc->e[i].ckpt >= 0) return 0;
+    int32_t s = ckpt_reserve(pc, i);
+    if (s < 0) return -1;
+    lm_kv_state_copy(pc->kv, s, slot);
     return 1;
+}
+
+int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash) {
+    int32_t i = find(pc, hash);
+    if (i < 0 || pc->max_ckpts == 0 || pc->e[i].ckpt >= 0) return -1;
+    return ckpt_reserve(pc, i);
 }
 
 int32_t lm_pcache_ckpt_of(const lm_prefix_cache *pc, uint64_t hash) {
