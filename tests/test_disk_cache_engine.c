@@ -41,8 +41,8 @@ static void dk_on_token(void *user, const lm_token_event *ev) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* One greedy request to its end. */
-static int dk_generate(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
+/* Submits one greedy request; NULL when refused. */
+static lm_request *dk_submit(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -51,13 +51,23 @@ static int dk_generate(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
     p.repetition_penalty = 1;
     p.max_tokens = DK_GEN;
     lm_request *r = NULL;
-    if (lm_engine_submit(en, ids, n, &p, dk_on_token, c, &r, NULL) != LM_ENGINE_OK) return -1;
+    return lm_engine_submit(en, ids, n, &p, dk_on_token, c, &r, NULL) == LM_ENGINE_OK ? r : NULL;
+}
+
+static void dk_wait(lm_request *r, dk_run *c) {
     pthread_mutex_lock(&c->mu);
     while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     lm_request_release(r);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+}
+
+/* One greedy request to its end. */
+static int dk_generate(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
+    lm_request *r = dk_submit(en, ids, n, c);
+    if (!r) return -1;
+    dk_wait(r, c);
     return 0;
 }
 
@@ -345,4 +355,31 @@ LM_TEST(disk_cache_kill9_while_writing) {
     free(out);
     free(err);
     free(work);
+}
+
+/* The disk entries of a request queued behind a running one are read
+ * while it waits (the only running slot busy, a hybrid's state slot too):
+ * it is still served from disk, exactly. */
+LM_TEST(disk_cache_prefetch_while_busy_demo) {
+    DK_OPEN_OR_SKIP(f, "demo", "dk_busy");
+    dk_fill(lm_t_, &f);
+    int32_t other[DK_N];
+    for (int i = 0; i < DK_N; i++) other[i] = 3 + (f.prompt[i] * 7 + 11) % (f.m->cfg.vocab - 3);
+    int32_t other_cold[DK_GEN];
+    LM_REQUIRE(lm_tu_greedy_alone(f.m, other, DK_N, DK_GEN, other_cold) == 0);
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .step_tokens = 16, .cache_ram = 32u << 20,
+                         .cache_dir = f.dir, .cache_disk = 64u << 20 };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    dk_run a, b;
+    lm_request *ra = dk_submit(en, other, DK_N, &a), *rb = dk_submit(en, f.prompt, DK_N, &b);
+    LM_REQUIRE(ra && rb);
+    dk_wait(ra, &a);
+    dk_wait(rb, &b);
+    LM_CHECK(a.n_cached == 0 && memcmp(a.toks, other_cold, sizeof a.toks) == 0);
+    LM_CHECK_MSG(b.n_cached == 96 && b.n_cached_disk == 96 && memcmp(b.toks, f.cold, sizeof b.toks) == 0,
+                 "queued behind a running request: %d cached, %d from disk", b.n_cached, b.n_cached_disk);
+    lm_engine_free(en);
+    dk_close(&f);
 }
