@@ -4,13 +4,14 @@
  * Down: every block and checkpoint leaving the RAM cache (evicted, or a
  * checkpoint dropped for want of slots), every prompt block as it fills
  * and, at the end of every request, its blocks and their checkpoints are
- * queued for the disk unless already there. The pool's bytes are copied out on the engine thread (a memcpy on
- * the CPU; a device-to-host copy on a GPU); the file is written by the
- * writer thread.
+ * queued for the disk unless already there. The pool's bytes are copied
+ * out on the engine thread (a memcpy on the CPU; a device-to-host copy on
+ * a GPU); the file is written by the writer thread.
  *
- * Up: at admission, when the prompt's chain continues on disk past what the
- * RAM cache holds, the blocks are read, checked and put back into the pool
- * and the RAM cache (and, for a hybrid, the latest checkpoint on the way);
+ * Up: before admission, when the prompt's chain continues on disk past
+ * what the RAM cache holds, the blocks are read, checked and put back into
+ * the pool and the RAM cache (and, for a hybrid, the latest checkpoint on
+ * the way);
  * the ordinary RAM lookup then serves them. Entries read are pinned so
  * that loading one never evicts another of the same prompt. The reads run
  * on the engine thread for the queue's head before it is admitted, outside
@@ -20,11 +21,8 @@
  * Chain hashes are seeded with the model identity (model_identity.c), not
  * a path, so entries survive a restart and a moved model. */
 #include "engine_internal.h"
-#include "lm_model_identity.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block, int32_t ckpt) {
     lm_engine *en = user;
