@@ -154,8 +154,10 @@ LM_TEST(disk_cache_budget_evicts_lru) {
     free(dir);
 }
 
-/* Each write-side fault: the write fails, is counted, leaves no file. */
+/* Each write-side fault: the write fails, is counted, leaves no file (and
+ * ENOSPC deletes the oldest eighth of the entries: here entry 0). */
 static void dt_write_fault(lm_test_ctx *lm_t_, const char *tag, lm_dc_op op, int err) {
+    const bool full = err == ENOSPC;
     char *dir = lm_tu_mkdir(tag);
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
@@ -167,16 +169,44 @@ static void dt_write_fault(lm_test_ctx *lm_t_, const char *tag, lm_dc_op op, int
     int n, t;
     size_t bytes;
     dt_count(dir, &n, &t, &bytes);
-    LM_CHECK_MSG(st.write_errors == 2 && st.writes == 2 && n == 2 && t == 0, "errors %llu writes %llu files %d temps %d",
-                 (unsigned long long)st.write_errors, (unsigned long long)st.writes, n, t);
-    LM_CHECK(dt_get(dc, 0) == 0 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == -1 && dt_get(dc, 3) == 0);
+    LM_CHECK_MSG(st.write_errors == 2 && st.writes == 2 && n == 2 - full && t == 0,
+                 "errors %llu writes %llu files %d temps %d", (unsigned long long)st.write_errors,
+                 (unsigned long long)st.writes, n, t);
+    LM_CHECK(dt_get(dc, 0) == (full ? -1 : 0) && dt_get(dc, 1) == -1 && dt_get(dc, 2) == -1 && dt_get(dc, 3) == 0);
     /* written again later, once the disk has room */
-    LM_CHECK(dt_put(dc, 4) == 2 && dt_get(dc, 1) == 0);
+    LM_CHECK(dt_put(dc, 4) == 2 + full && dt_get(dc, 1) == 0);
     lm_dcache_close(dc);
     free(dir);
 }
 
 LM_TEST(disk_cache_fault_enospc_write) { dt_write_fault(lm_t_, "dc_enospc", LM_DC_OP_WRITE, ENOSPC); }
+
+/* A disk full before the budget: each ENOSPC deletes the oldest eighth of
+ * the entries, so that newer ones can take their place. */
+LM_TEST(disk_cache_enospc_makes_room) {
+    char *dir = lm_tu_mkdir("dc_full");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 16);
+    lm_dcache_inject(dc, LM_DC_OP_WRITE, ENOSPC, 0, 1);
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    dt_entry(16, toks, data);
+    LM_CHECK(lm_dcache_put(dc, dt_hash(16), dt_hash(15), LM_DC_KV, toks, DT_BS, data, DT_DATA) == 0);
+    lm_dcache_flush(dc);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(st.write_errors == 1 && st.evicted == 2 && st.entries == 14, "errors %llu evicted %llu entries %d",
+                 (unsigned long long)st.write_errors, (unsigned long long)st.evicted, st.entries);
+    LM_CHECK(dt_get(dc, 0) == -1 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0 && dt_get(dc, 16) == -1);
+    /* the disk has room again: the entry that failed is written the next time */
+    LM_CHECK(lm_dcache_put(dc, dt_hash(16), dt_hash(15), LM_DC_KV, toks, DT_BS, data, DT_DATA) == 0);
+    lm_dcache_flush(dc);
+    LM_CHECK(dt_get(dc, 16) == 0);
+    lm_dcache_close(dc);
+    free(dir);
+}
 LM_TEST(disk_cache_fault_eio_fsync) { dt_write_fault(lm_t_, "dc_fsync", LM_DC_OP_FSYNC, EIO); }
 LM_TEST(disk_cache_fault_rename) { dt_write_fault(lm_t_, "dc_rename", LM_DC_OP_RENAME, EIO); }
 

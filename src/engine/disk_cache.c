@@ -139,9 +139,9 @@ static void remove_file(lm_disk_cache *dc, int32_t i) {
 }
 
 /* Least recently used READY entries go until the bytes fit the budget. */
-static void evict_to_budget(lm_disk_cache *dc) {
+static void evict_to(lm_disk_cache *dc, size_t bytes) {
     int32_t i = dc->lru_tail;
-    while (dc->bytes > dc->st.budget && i >= 0) {
+    while (dc->bytes > bytes && i >= 0) {
         int32_t prev = dc->e[i].prev;
         if (dc->e[i].state == E_READY) {
             remove_file(dc, i);
@@ -150,6 +150,8 @@ static void evict_to_budget(lm_disk_cache *dc) {
         i = prev;
     }
 }
+
+static void evict_to_budget(lm_disk_cache *dc) { evict_to(dc, dc->st.budget); }
 
 /* ---- open: lock, clean, rebuild ---- */
 
@@ -278,10 +280,14 @@ static void on_written(void *user, const lm_dc_job *job, int err) {
     pthread_mutex_lock(&dc->mu);
     int32_t i = find(dc, job->hash, job->kind);
     if (err) {
-        dc->st.write_errors++;
-        fprintf(stderr, "lumen: disk cache: writing an entry to %s failed: %s; it is not kept\n", dc->dir,
-                strerror(err));
+        /* one line for the 1st, 2nd, 4th, 8th ... failure: a full disk fails every write */
+        uint64_t n = ++dc->st.write_errors;
+        if ((n & (n - 1)) == 0)
+            fprintf(stderr, "lumen: disk cache: writing an entry to %s failed: %s; it is not kept (%llu so far)\n",
+                    dc->dir, strerror(err), (unsigned long long)n);
         if (i >= 0 && dc->e[i].state == E_PENDING) drop(dc, i);
+        /* the disk is fuller than the budget allows for: newer entries take the place of the oldest eighth */
+        if (err == ENOSPC) evict_to(dc, dc->bytes - dc->bytes / 8);
     } else if (i >= 0 && dc->e[i].state == E_PENDING) {
         dc->e[i].state = E_READY;
         dc->e[i].bytes = job->blob.len;
