@@ -77,6 +77,9 @@ root=$PWD
 node_step e2e tests/e2e 600
 # The chat page (GET /) in headless Chromium, driven by puppeteer-core.
 node_step web tests/web 300
+# lumen bench-serve: its statistics, workloads, client, and a paired run of
+# two lumen configurations whose report opens in headless Chromium.
+node_step bench tests/bench 300
 
 # Agents: real coding-agent CLIs from npm (pi-coding-agent, qwen-code, opencode,
 # Claude Code, Codex),

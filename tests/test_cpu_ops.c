@@ -394,11 +394,14 @@ typedef struct co_attn_cfg {
  * kv_write), then one batch mixes a decode token, a short continuation and a
  * long prefill chunk: kv_write + attention, checked against a reference that
  * reads the logical per-sequence K/V arrays directly. */
-static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
-    enum { S = 3, LAYERS = 2, LAYER = 1, MAXL = 200 };
+/* len[q]: total length of sequence q (MAXL at most); news[q]: how many of
+ * its last positions are in the batch. out_copy: when not NULL, receives a
+ * malloc'd copy of the output ([n][H][Dh]). */
+static int co_attn_run(lm_backend *be, const co_attn_cfg *cf, uint64_t *s, const int len[3], const int news[3],
+                       float **out_copy) {
+    enum { S = 3, LAYERS = 2, LAYER = 1 };
+    const int MAXL = LM_MAX(len[0], LM_MAX(len[1], len[2]));
     const int BS = cf->block_size;
-    const int len[S] = { 1, 23, MAXL }; /* total length of each sequence */
-    const int news[S] = { 1, 3, 65 }; /* how many of the last positions are in the batch */
     const int H = cf->H, Hkv = cf->Hkv, Dh = cf->Dh, KW = Hkv * Dh + 5; /* wider pool rows */
     int nb_seq[S], n_blocks = 0;
     for (int q = 0; q < S; q++) n_blocks += nb_seq[q] = (len[q] + BS - 1) / BS;
@@ -431,13 +434,16 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
     /* History: all positions not in the batch. Then the batch. */
     for (int pass = 0; pass < 2; pass++) {
         int n = 0;
-        int32_t pos[S * MAXL], seq[S * MAXL];
+        int32_t *pos = malloc(sizeof(int32_t) * S * (size_t)MAXL), *seq = malloc(sizeof(int32_t) * S * (size_t)MAXL);
         for (int q = 0; q < S; q++)
             for (int p = 0; p < len[q]; p++) {
                 bool in_batch = p >= len[q] - news[q];
                 if (in_batch == (pass == 1)) pos[n] = p, seq[n] = q, n++;
             }
-        if (n == 0) continue;
+        if (n == 0) {
+            free(pos), free(seq);
+            continue;
+        }
         float *kb = malloc((size_t)n * W * 4), *vb = malloc((size_t)n * W * 4);
         for (int t = 0; t < n; t++) {
             memcpy(kb + t * W, K + (seq[t] * MAXL + pos[t]) * W, (size_t)W * 4);
@@ -449,7 +455,10 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
         be->ops->kv_write(be, &kv, LAYER, &kt, &vt, &b);
         free(kb);
         free(vb);
-        if (pass == 0) continue;
+        if (pass == 0) {
+            free(pos), free(seq);
+            continue;
+        }
 
         float *qd = co_randv(s, n * H * Dh, 1.0f), *out = malloc((size_t)n * H * Dh * 4);
         lm_tensor qt = co_host(qd, n, H * Dh), ot = co_host(out, n, H * Dh);
@@ -493,7 +502,9 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
         }
         free(sc);
         free(qd);
-        free(out);
+        if (out_copy) *out_copy = out;
+        else free(out);
+        free(pos), free(seq);
         for (int l = 0; l < LAYERS; l++) {
             be->ops->free(be, kl[l]);
             be->ops->free(be, vl[l]);
@@ -506,6 +517,11 @@ static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
     }
     LM_ASSERT(!"unreachable");
     return 1;
+}
+
+static int co_attn_case(lm_backend *be, const co_attn_cfg *cf, uint64_t *s) {
+    const int len[3] = { 1, 23, 200 }, news[3] = { 1, 3, 65 };
+    return co_attn_run(be, cf, s, len, news, NULL);
 }
 
 static void co_attention(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
@@ -534,6 +550,47 @@ static void co_attention(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
     }
 }
 
+/* Contexts of several LM_ATT_SEG (512) key segments: a decode batch of
+ * single tokens (which splits its segments over threads when it has fewer
+ * items than threads) and a prefill whose tiles cross segment boundaries.
+ * Checked against the reference, and bit for bit across 1, 2 and 3
+ * threads: the split and the serial walk merge the same segments the same
+ * way, so the thread count never changes an output. */
+static void co_attention_long(lm_test_ctx *lm_t_, lm_cpu_isa isa) {
+    char why[256];
+    const co_attn_cfg cfgs[] = {
+        /* H Hkv Dh window softcap scale block_size */
+        { 4, 1, 64, 0, 0, 0.125f, 16 },  /* MQA: one item a token, so the decode splits */
+        { 4, 1, 32, 700, 0, 0.17f, 16 }, /* a window that starts inside a segment */
+        { 8, 2, 48, 0, 2.0f, 0.15f, 7 }, /* blocks that straddle segment ends, softcap */
+    };
+    const int len[3] = { 1, 1300, 1100 };
+    const int news[2][3] = { { 1, 1, 1 }, { 1, 40, 300 } }; /* decode, prefill */
+    for (size_t c = 0; c < LM_COUNT(cfgs); c++)
+        for (int k = 0; k < 2; k++) {
+            float *first = NULL;
+            for (size_t ti = 0; ti < LM_COUNT(co_threads); ti++) {
+                lm_backend *be = co_backend(isa, co_threads[ti], why, sizeof why);
+                if (!be) LM_SKIP("%s", why);
+                uint64_t s = 29; /* the same inputs for every thread count */
+                float *out = NULL;
+                int bad = co_attn_run(be, &cfgs[c], &s, len, news[k], &out);
+                LM_CHECK_MSG(bad == 0, "%s cfg %zu %s threads=%d: %d off the reference", lm_cpu_isa_name(isa), c,
+                             k ? "prefill" : "decode", co_threads[ti], bad);
+                const int n = news[k][0] + news[k][1] + news[k][2];
+                const size_t bytes = (size_t)n * (size_t)cfgs[c].H * (size_t)cfgs[c].Dh * sizeof(float);
+                if (!first) first = out;
+                else {
+                    LM_CHECK_MSG(memcmp(first, out, bytes) == 0, "%s cfg %zu %s: threads=%d differs from 1 thread",
+                                 lm_cpu_isa_name(isa), c, k ? "prefill" : "decode", co_threads[ti]);
+                    free(out);
+                }
+                lm_backend_destroy(be);
+            }
+            free(first);
+        }
+}
+
 /* ---- one test per (op, ISA) ------------------------------------------------- */
 
 #define CO_ISA_TESTS(op)                                               \
@@ -547,6 +604,7 @@ CO_ISA_TESTS(rope)
 CO_ISA_TESTS(elementwise)
 CO_ISA_TESTS(rows)
 CO_ISA_TESTS(attention)
+CO_ISA_TESTS(attention_long)
 
 /* ---- backend plumbing ----------------------------------------------------------- */
 

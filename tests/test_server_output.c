@@ -379,6 +379,13 @@ LM_TEST(server_request_validation) {
     LM_CHECK(r.tools == NULL); /* tool_choice none: no tools to the template or the parser */
     LM_CHECK(r.gp.n_stop_tokens == 1 && r.gp.stop_tokens[0] == 2);
     srv_req_free(&r);
+    /* ignore_eos: no stop tokens, so generation runs to max_tokens */
+    snprintf(b, sizeof b, "{%s,\"ignore_eos\":true}", M);
+    LM_CHECK_MSG(parse(&f, SRV_CHAT, b, &r, &e) == 0, "%s", e.msg);
+    LM_CHECK(r.gp.n_stop_tokens == 0);
+    srv_req_free(&r);
+    snprintf(b, sizeof b, "{%s,\"ignore_eos\":1}", M);
+    expect_error(lm_t_, &f, SRV_CHAT, b, 400, "ignore_eos");
     srv_fx_close(&f);
 }
 

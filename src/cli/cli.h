@@ -22,6 +22,9 @@ int lm_cmd_serve(int argc, char **argv);
 int lm_cmd_quantize(int argc, char **argv);
 int lm_cmd_eval(int argc, char **argv);
 int lm_cmd_convert(int argc, char **argv);
+/* bench-serve and report exec node on tools/benchserve (cmd_node_tool.c). */
+int lm_cmd_bench_serve(int argc, char **argv);
+int lm_cmd_report(int argc, char **argv);
 
 /* The quantisation mixes as --type choices (values: lm_mix_id), the mix of
  * one, and the one-line summary quantize and convert print. */

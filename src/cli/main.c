@@ -19,6 +19,8 @@ static const char *const k_usage =
     "  convert  write a Hugging Face folder as a GGUF file (DIR OUT.gguf --type BF16|Q8_0|...)\n"
     "  eval     perplexity of a text, and KL / top-1 against a reference model\n"
     "  serve    serve a model over an OpenAI-compatible HTTP API (-m MODEL)\n"
+    "  bench-serve  benchmark OpenAI-compatible servers: paired AB/BA blocks, intervals (node)\n"
+    "  report   a bench-serve results file as an HTML page (--html OUT) or Markdown\n"
     "  version  print the version\n"
     "\n"
     "MODEL is a Hugging Face folder (config.json + safetensors) or a .gguf file;\n"
@@ -42,6 +44,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return lm_cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return lm_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return lm_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-serve")) return lm_cmd_bench_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report")) return lm_cmd_report(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("lumen %s\n", LM_VERSION);
         return 0;

@@ -5,7 +5,7 @@
  * honestly (several prompts, a schema it cannot enforce) are
  * refused with a 400 that says so, rather than silently ignored. Extensions
  * that llama.cpp and vLLM also accept: top_k, min_p, repetition_penalty,
- * chat_template_kwargs.
+ * chat_template_kwargs, ignore_eos.
  *
  * A chat request's prompt is the chat layer's (chat/lm_chat.h): the request
  * handed over as an lm_chat_req, its failures answered as 400s. */
@@ -166,8 +166,12 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
     /* more than the context leaves is cut to it later (generate.c) */
     gp->max_tokens = mt_set ? (int)mt : 0;
 
+    /* ignore_eos (llama.cpp, vLLM): generation runs to max_tokens, so that
+     * benchmarks compare equal work; end-of-turn tokens are still not shown */
+    bool ignore_eos = false;
+    if (get_bool(body, "ignore_eos", &ignore_eos, e)) return -1;
     gp->stop_tokens = s->stop_ids;
-    gp->n_stop_tokens = s->n_stop_ids;
+    gp->n_stop_tokens = ignore_eos ? 0 : s->n_stop_ids;
     if (parse_logit_bias(s, body, r, e)) return -1;
 
     const json_t *stop = field(body, "stop");

@@ -36,6 +36,18 @@
 #define LM_ATT_HEADS 4     /* query heads of one kv head handled together */
 #define LM_ATT_MAX_DH 1024 /* head width bound for the on-stack accumulators */
 #define LM_ATT_QROWS 16    /* keys decoded at once from a non-f32 cache */
+/* Queries (tokens x heads) of one item at most, and the floats their
+ * accumulators may fill (one token of LM_ATT_HEADS widest heads fits): wide
+ * heads get fewer tokens. */
+#define LM_ATT_TILE_Q 64
+/* Keys of one softmax segment: a token's keys are cut at multiples of this
+ * and the segments merged, so that a long decode splits over threads with
+ * the very arithmetic of the serial walk. */
+#define LM_ATT_SEG 512
+/* Partial states a split decode may keep (floats of accumulators). */
+#define LM_ATT_SPLIT_MAX_FLOATS ((size_t)16 << 20)
+#define LM_ATT_ACC_FLOATS 8192
+_Static_assert(LM_ATT_HEADS * LM_ATT_MAX_DH <= LM_ATT_ACC_FLOATS, "one token of an item always fits");
 
 /* ---- kv_write ----------------------------------------------------------- */
 
@@ -80,6 +92,11 @@ typedef struct lm_att {
     const lm_attn_params *p;
     int64_t q_cols, out_cols;
     int n_sub;            /* head subgroups per kv head */
+    int tile;             /* batch tokens an item takes (lm_att_tile) */
+    int n_seg;            /* split decode: segments a token's item is cut into, at most */
+    const int32_t *seg0;  /* split decode: [T] first segment of each token's keys */
+    float *part_acc, *part_m;
+    double *part_l;
     atomic_llong next;
 } lm_att;
 
@@ -93,87 +110,288 @@ static const float *lm_att_rows(const lm_att *a, lm_kv_type t, const char *l, si
         *ld = a->kv->kv_width;
         return (const float *)(l + row * (int64_t)rb) + c0;
     }
-    for (int j = 0; j < n; j++) lm_kv_decode(t, l + (row + j) * (int64_t)rb, c0, Dh, a->kv->kv_width, buf + j * Dh);
+    lm_to_f32_fn widen = t == LM_KV_BF16 ? a->k->to_f32[LM_BF16] : NULL; /* vectorised, exact */
+    for (int j = 0; j < n; j++) {
+        const char *r = l + (row + j) * (int64_t)rb;
+        if (widen) widen(r + 2 * c0, buf + j * Dh, Dh);
+        else lm_kv_decode(t, r, c0, Dh, a->kv->kv_width, buf + j * Dh);
+    }
     *ld = Dh;
     return buf;
 }
 
-/* Query heads h0 .. h0+nh-1 (all reading the same kv head) of token t. The
- * keys are walked in runs that stay inside one KV block, so each run is a
- * strided array of rows; every head of the subgroup scores the run while it
- * is in L1. */
-static void lm_att_item(const lm_att *a, int t, int h0, int nh) {
+/* Output of token t, head h: the merged accumulator over its denominator,
+ * turned back when V is stored rotated. */
+static void lm_att_out(const lm_att *a, int t, int h, const float *acc, double l) {
+    const int Dh = a->p->head_dim;
+    float *o = a->out + t * a->out_cols + (int64_t)h * Dh;
+    float inv = (float)(1.0 / l);
+    for (int c = 0; c < Dh; c++) o[c] = acc[c] * inv;
+    if (a->kv->v_type == LM_KV_Q4R)
+        for (int c = 0; c < Dh; c += a->kv->rot) lm_kv_unrotate(o + c, a->kv->rot);
+}
+
+/* The online softmax state of one (token, query head): the segment being
+ * walked (acc, m, l: unnormalised output, maximum, denominator), the
+ * segments before it merged (tacc, tm, tl), and the query row. */
+typedef struct lm_att_q {
+    float *acc, *tacc;
+    const float *q;
+    float m, tm;
+    double l, tl;
+} lm_att_q;
+
+/* A softmax over keys A and one over keys B, merged into one over both: the
+ * same arithmetic in the serial walk and in the split decode, so a token's
+ * output never depends on which of the two ran it. */
+static void lm_att_merge(float *tm, double *tl, float *tacc, float m, double l, const float *acc, int Dh) {
+    if (m == -INFINITY) return; /* no key of this segment */
+    if (*tm == -INFINITY) {
+        memcpy(tacc, acc, (size_t)Dh * sizeof(float));
+        *tm = m, *tl = l;
+        return;
+    }
+    const float mx = *tm > m ? *tm : m, fa = expf(*tm - mx), fb = expf(m - mx);
+    for (int c = 0; c < Dh; c++) tacc[c] = tacc[c] * fa + acc[c] * fb;
+    *tl = *tl * fa + l * fb;
+    *tm = mx;
+}
+
+/* Keys [j0, j0 + n) (one KV block, one segment) into the segment states
+ * of tokens t0 .. t0+nt-1, heads h0 .. h0+nh-1: token t takes the keys of
+ * [lo_t, pos_t] among them. */
+static void lm_att_keys(const lm_att *a, int t0, int nt, int nh, lm_att_q *qs, int32_t j0, int n, const float *kr,
+                        int64_t ldk, const float *vr, int64_t ldv) {
     const lm_attn_params *p = a->p;
     const lm_cpu_kern *k = a->k;
-    const lm_kv_pool *kv = a->kv;
-    const int Dh = p->head_dim, bs = kv->block_size;
-    const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh;
-    const int32_t *table = a->b->block_tables[a->b->seq[t]];
-    const int32_t pos = a->b->pos[t];
-    const int32_t lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
-    const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
-    const int chunk = f32 ? LM_ATT_CHUNK : LM_ATT_QROWS;
-    float acc[LM_ATT_HEADS][LM_ATT_MAX_DH], m[LM_ATT_HEADS], s[LM_ATT_CHUNK];
-    /* decoded runs and rotated queries (untouched for f32) */
-    float kbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], vbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], qrot[LM_ATT_HEADS][LM_ATT_MAX_DH];
-    const float *qh[LM_ATT_HEADS];
-    double l[LM_ATT_HEADS];
-    for (int hh = 0; hh < nh; hh++) {
-        memset(acc[hh], 0, (size_t)Dh * sizeof(float));
-        m[hh] = -INFINITY;
-        l[hh] = 0.0;
-        qh[hh] = a->q + t * a->q_cols + (int64_t)(h0 + hh) * Dh;
-        if (kv->k_type == LM_KV_Q4R) {
-            memcpy(qrot[hh], qh[hh], (size_t)Dh * sizeof(float));
-            for (int i = 0; i < Dh; i += kv->rot) lm_kv_rotate(qrot[hh] + i, kv->rot);
-            qh[hh] = qrot[hh];
-        }
-    }
-    for (int32_t j0 = lo; j0 <= pos;) {
-        int n = LM_MIN(bs - j0 % bs, LM_MIN(chunk, pos - j0 + 1));
-        int64_t row = lm_kv_row(kv, table, j0), ldk, ldv;
-        const float *kr = lm_att_rows(a, kv->k_type, a->kl, a->kb, row, n, goff, kbuf, &ldk);
-        const float *vr = lm_att_rows(a, kv->v_type, a->vl, a->vb, row, n, goff, vbuf, &ldv);
+    const int Dh = p->head_dim;
+    float s[LM_ATT_CHUNK];
+    for (int tt = 0; tt < nt; tt++) {
+        const int32_t pos = a->b->pos[t0 + tt], tlo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+        const int ja = LM_MAX(0, tlo - j0), jb = LM_MIN(n, pos - j0 + 1); /* keys [ja, jb) of the run */
+        if (ja >= jb) continue;
+        const int nn = jb - ja;
         for (int hh = 0; hh < nh; hh++) {
-            k->attn_scores(qh[hh], kr, ldk, n, Dh, p->scale, s);
+            lm_att_q *e = &qs[tt * nh + hh];
+            k->attn_scores(e->q, kr + ja * ldk, ldk, nn, Dh, p->scale, s);
             if (p->softcap > 0)
-                for (int j = 0; j < n; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
+                for (int j = 0; j < nn; j++) s[j] = p->softcap * tanhf(s[j] / p->softcap);
             float cmax = s[0];
-            for (int j = 1; j < n; j++) cmax = cmax > s[j] ? cmax : s[j];
-            if (cmax > m[hh]) {
-                if (m[hh] != -INFINITY) {
-                    float alpha = expf(m[hh] - cmax);
-                    k->scal(acc[hh], alpha, Dh);
-                    l[hh] *= alpha;
+            for (int j = 1; j < nn; j++) cmax = cmax > s[j] ? cmax : s[j];
+            if (cmax > e->m) {
+                if (e->m != -INFINITY) {
+                    float alpha = expf(e->m - cmax);
+                    k->scal(e->acc, alpha, Dh);
+                    e->l *= alpha;
                 }
-                m[hh] = cmax;
+                e->m = cmax;
             }
-            l[hh] += k->attn_exp(s, n, m[hh]);
-            k->attn_accum(acc[hh], s, vr, ldv, n, Dh);
+            e->l += k->attn_exp(s, nn, e->m);
+            k->attn_accum(e->acc, s, vr + ja * ldv, ldv, nn, Dh);
         }
-        j0 += n;
-    }
-    for (int hh = 0; hh < nh; hh++) {
-        float *o = a->out + t * a->out_cols + (int64_t)(h0 + hh) * Dh;
-        float inv = (float)(1.0 / l[hh]);
-        for (int i = 0; i < Dh; i++) o[i] = acc[hh][i] * inv;
-        if (kv->v_type == LM_KV_Q4R)
-            for (int i = 0; i < Dh; i += kv->rot) lm_kv_unrotate(o + i, kv->rot);
     }
 }
 
+/* Where a split decode leaves the segment state of each of its nh heads:
+ * acc [nh][Dh], m [nh], l [nh]. */
+typedef struct lm_att_part {
+    float *acc, *m;
+    double *l;
+} lm_att_part;
+
+/* Tokens t0 .. t0+nt-1 of one sequence, heads h0 .. h0+nh-1 (all reading
+ * the same kv head). The keys are walked in runs that stay inside one KV
+ * block (a strided array of rows, decoded once when the cache is not f32)
+ * and every (token, head) scores the run while it is in L1: in a prefill,
+ * one decoded run serves nt * nh queries. Token t sees keys [lo_t, pos_t].
+ * Each LM_ATT_SEG-key segment is a softmax of its own, merged into the
+ * result in order (lm_att_merge). With part, only keys of segment `seg`
+ * are walked, and their state is stored there instead of the output. */
+static void lm_att_run(const lm_att *a, int t0, int nt, int h0, int nh, float *accs, int seg,
+                       const lm_att_part *part) {
+    const lm_attn_params *p = a->p;
+    const lm_kv_pool *kv = a->kv;
+    const int Dh = p->head_dim, bs = kv->block_size;
+    const int64_t goff = (int64_t)(h0 / (p->n_heads / p->n_kv_heads)) * Dh;
+    const int32_t *table = a->b->block_tables[a->b->seq[t0]];
+    int32_t lo = INT32_MAX, last = -1; /* keys any of the tokens sees */
+    for (int tt = 0; tt < nt; tt++) {
+        const int32_t pos = a->b->pos[t0 + tt];
+        lo = LM_MIN(lo, p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0);
+        last = LM_MAX(last, pos);
+    }
+    if (part) {
+        lo = LM_MAX(lo, seg * LM_ATT_SEG);
+        last = LM_MIN(last, (seg + 1) * LM_ATT_SEG - 1);
+    }
+    const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
+    const int chunk = f32 ? LM_ATT_CHUNK : LM_ATT_QROWS;
+    /* decoded runs and rotated queries (untouched for f32) */
+    float kbuf[LM_ATT_QROWS * LM_ATT_MAX_DH], vbuf[LM_ATT_QROWS * LM_ATT_MAX_DH];
+    lm_att_q qs[LM_ATT_TILE_Q];
+    for (int i = 0; i < nt * nh; i++) {
+        const int tt = i / nh, hh = i % nh;
+        lm_att_q *e = &qs[i];
+        e->acc = accs + (size_t)i * Dh;
+        e->tacc = accs + LM_ATT_ACC_FLOATS + (size_t)i * Dh;
+        memset(e->acc, 0, (size_t)Dh * sizeof(float));
+        e->m = e->tm = -INFINITY, e->l = e->tl = 0.0;
+        e->q = a->q + (t0 + tt) * a->q_cols + (int64_t)(h0 + hh) * Dh;
+        if (kv->k_type == LM_KV_Q4R) { /* the rotated query in the third part of accs */
+            float *qr = accs + 2 * LM_ATT_ACC_FLOATS + (size_t)i * Dh;
+            memcpy(qr, e->q, (size_t)Dh * sizeof(float));
+            for (int c = 0; c < Dh; c += kv->rot) lm_kv_rotate(qr + c, kv->rot);
+            e->q = qr;
+        }
+    }
+    for (int32_t j0 = lo; j0 <= last;) {
+        const int32_t seg_end = (j0 / LM_ATT_SEG + 1) * LM_ATT_SEG;
+        const int n = LM_MIN(LM_MIN(bs - j0 % bs, seg_end - j0), LM_MIN(chunk, last - j0 + 1));
+        int64_t row = lm_kv_row(kv, table, j0), ldk, ldv;
+        const float *kr = lm_att_rows(a, kv->k_type, a->kl, a->kb, row, n, goff, kbuf, &ldk);
+        const float *vr = lm_att_rows(a, kv->v_type, a->vl, a->vb, row, n, goff, vbuf, &ldv);
+        lm_att_keys(a, t0, nt, nh, qs, j0, n, kr, ldk, vr, ldv);
+        j0 += n;
+        if (!part && (j0 == seg_end || j0 > last)) /* a segment done: into the result */
+            for (int i = 0; i < nt * nh; i++) {
+                lm_att_q *e = &qs[i];
+                lm_att_merge(&e->tm, &e->tl, e->tacc, e->m, e->l, e->acc, Dh);
+                memset(e->acc, 0, (size_t)Dh * sizeof(float));
+                e->m = -INFINITY, e->l = 0.0;
+            }
+    }
+    if (part) {
+        for (int hh = 0; hh < nh; hh++) {
+            memcpy(part->acc + (size_t)hh * Dh, qs[hh].acc, (size_t)Dh * sizeof(float));
+            part->m[hh] = qs[hh].m, part->l[hh] = qs[hh].l;
+        }
+        return;
+    }
+    for (int i = 0; i < nt * nh; i++)
+        lm_att_out(a, t0 + i / nh, h0 + i % nh, qs[i].tacc, qs[i].tl);
+}
+
+/* Item i: tile i / per_tile of a->tile tokens (the last tiles, whose
+ * tokens see the most keys, first), kv head group and head subgroup
+ * i % per_tile. A tile is cut into runs of one sequence; a decode batch
+ * (one token a sequence) has runs of 1. */
 static void lm_att_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv;
-    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token;
+    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv, T = a->b->n_tokens;
+    const int64_t per_tile = (int64_t)Hkv * a->n_sub, n_tiles = (T + a->tile - 1) / a->tile, n = n_tiles * per_tile;
+    float accs[3 * LM_ATT_ACC_FLOATS]; /* segment accumulators, merged ones, rotated queries */
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
-        int t = (int)(i / per_token), g = (int)(i % per_token) / a->n_sub, sub = (int)(i % a->n_sub);
-        int h0 = g * gsz + sub * LM_ATT_HEADS;
-        lm_att_item(a, t, h0, LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS));
+        const int tile = (int)(n_tiles - 1 - i / per_tile), g = (int)(i % per_tile) / a->n_sub, sub = (int)(i % a->n_sub);
+        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        const int te = LM_MIN(T, (tile + 1) * a->tile);
+        for (int t0 = tile * a->tile; t0 < te;) {
+            int nt = 1;
+            while (t0 + nt < te && a->b->seq[t0 + nt] == a->b->seq[t0]) nt++;
+            lm_att_run(a, t0, nt, h0, nh, accs, 0, NULL);
+            t0 += nt;
+        }
     }
+}
+
+/* ---- split decode: one token's segments on several threads -------------- */
+
+/* The state of (token t, head item gs, segment s) of a split decode. */
+static lm_att_part lm_att_part_at(const lm_att *a, int64_t item) {
+    const int Dh = a->p->head_dim;
+    return (lm_att_part){ a->part_acc + (size_t)item * LM_ATT_HEADS * Dh, a->part_m + item * LM_ATT_HEADS,
+                          a->part_l + item * LM_ATT_HEADS };
+}
+
+/* Phase 1, item (t, gs, s): segment s of token t's keys. */
+static void lm_att_split_worker(void *v, int ith, int nth) {
+    (void)ith, (void)nth;
+    lm_att *a = v;
+    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv;
+    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token * a->n_seg;
+    float accs[3 * LM_ATT_ACC_FLOATS];
+    for (;;) {
+        int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
+        if (i >= n) break;
+        const int t = (int)(i / (per_token * a->n_seg)), gs = (int)(i / a->n_seg % per_token),
+                  s = (int)(i % a->n_seg);
+        const int g = gs / a->n_sub, sub = gs % a->n_sub;
+        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        const lm_att_part part = lm_att_part_at(a, i);
+        lm_att_run(a, t, 1, h0, nh, accs, a->seg0[t] + s, &part);
+    }
+}
+
+/* Phase 2, item (t, gs): its segments merged in order, as the serial walk
+ * merges them, then normalised into the output. */
+static void lm_att_combine_worker(void *v, int ith, int nth) {
+    (void)ith, (void)nth;
+    lm_att *a = v;
+    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv, Dh = a->p->head_dim;
+    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token;
+    float tacc[LM_ATT_MAX_DH];
+    for (;;) {
+        int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
+        if (i >= n) break;
+        const int t = (int)(i / per_token), g = (int)(i % per_token) / a->n_sub, sub = (int)(i % a->n_sub);
+        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        for (int hh = 0; hh < nh; hh++) {
+            float tm = -INFINITY;
+            double tl = 0.0;
+            for (int s = 0; s < a->n_seg; s++) {
+                const lm_att_part p = lm_att_part_at(a, i * a->n_seg + s);
+                lm_att_merge(&tm, &tl, tacc, p.m[hh], p.l[hh], p.acc + (size_t)hh * Dh, Dh);
+            }
+            lm_att_out(a, t, h0 + hh, tacc, tl);
+        }
+    }
+}
+
+/* Tokens an item takes: as many as the accumulators allow (nh heads of
+ * Dh), fewer while that would leave threads without ~4 items each. */
+static int lm_att_tile(int T, int64_t per_tile, int nh, int Dh, int threads) {
+    int most = LM_MIN(LM_ATT_TILE_Q / nh, LM_ATT_ACC_FLOATS / (nh * Dh));
+    int64_t fair = (int64_t)T * per_tile / (4 * (int64_t)threads);
+    return (int)LM_MAX(1, LM_MIN((int64_t)most, fair));
+}
+
+/* A batch of single tokens whose (token, head) items would leave threads
+ * idle while some token has several segments of keys (a long decode):
+ * each segment becomes an item of its own, then the segments of each
+ * token are merged. False (nothing done) when not worth it or the partial
+ * states would not fit LM_ATT_SPLIT_MAX_FLOATS. */
+static bool lm_att_split(lm_cpu *c, lm_att *a) {
+    const lm_attn_params *p = a->p;
+    const int T = a->b->n_tokens;
+    const int64_t per_token = (int64_t)p->n_kv_heads * a->n_sub;
+    if (c->n_threads == 1 || T * per_token >= 2 * (int64_t)c->n_threads) return false;
+    int n_seg = 1;
+    for (int t = 0; t < T; t++) {
+        const int32_t pos = a->b->pos[t], lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+        n_seg = LM_MAX(n_seg, pos / LM_ATT_SEG - lo / LM_ATT_SEG + 1);
+    }
+    const int64_t parts = T * per_token * n_seg;
+    if (n_seg == 1 || (size_t)parts * LM_ATT_HEADS * (size_t)p->head_dim > LM_ATT_SPLIT_MAX_FLOATS) return false;
+    const size_t acc_b = (size_t)parts * LM_ATT_HEADS * (size_t)p->head_dim * sizeof(float),
+                 l_b = (size_t)parts * LM_ATT_HEADS * sizeof(double), m_b = (size_t)parts * LM_ATT_HEADS * sizeof(float);
+    char *buf = lm_cpu_att_parts(c, acc_b + l_b + m_b + (size_t)T * sizeof(int32_t));
+    a->part_acc = (float *)buf;
+    a->part_l = (double *)(buf + acc_b);
+    a->part_m = (float *)(buf + acc_b + l_b);
+    int32_t *seg0 = (int32_t *)(buf + acc_b + l_b + m_b);
+    for (int t = 0; t < T; t++) {
+        const int32_t pos = a->b->pos[t], lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+        seg0[t] = lo / LM_ATT_SEG;
+    }
+    a->seg0 = seg0;
+    a->n_seg = n_seg;
+    atomic_init(&a->next, 0);
+    lm_pool_run(c->pool, lm_att_split_worker, a);
+    atomic_init(&a->next, 0);
+    lm_pool_run(c->pool, lm_att_combine_worker, a);
+    return true;
 }
 
 void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const lm_kv_pool *kv,
@@ -201,6 +419,8 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
         .b = b, .p = p, .q_cols = q->cols, .out_cols = out->cols,
         .n_sub = (H / Hkv + LM_ATT_HEADS - 1) / LM_ATT_HEADS,
     };
+    a.tile = lm_att_tile(b->n_tokens, (int64_t)Hkv * a.n_sub, LM_MIN(H / Hkv, LM_ATT_HEADS), Dh, c->n_threads);
+    if (a.tile == 1 && lm_att_split(c, &a)) return;
     atomic_init(&a.next, 0);
     if (c->n_threads == 1 || (int64_t)b->n_tokens * Hkv * a.n_sub == 1) lm_att_worker(&a, 0, 1);
     else lm_pool_run(c->pool, lm_att_worker, &a);

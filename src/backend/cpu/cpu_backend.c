@@ -119,6 +119,15 @@ static void lm_cpu_pfor_run(void *v, int ith, int nth) {
     }
 }
 
+void *lm_cpu_att_parts(lm_cpu *c, size_t bytes) {
+    if (bytes > c->att_parts_bytes) {
+        lm_afree(c->att_parts);
+        c->att_parts_bytes = (bytes + 4095) & ~(size_t)4095;
+        c->att_parts = lm_xaligned(c->att_parts_bytes);
+    }
+    return c->att_parts;
+}
+
 void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn, void *ctx) {
     if (n <= 0) return;
     if (c->n_threads == 1 || n == 1 || n * cost < LM_CPU_PAR_MIN) {
@@ -139,6 +148,7 @@ static void lm_cpu_destroy(lm_backend *be) {
     free(c->scratch);
     lm_afree(c->work);
     lm_afree(c->qx);
+    lm_afree(c->att_parts);
     free(c->last_ids);
     free(c);
 }

@@ -23,11 +23,16 @@ typedef struct lm_cpu {
     size_t scratch_bytes; /* per thread */
     void *work;           /* grow-only workspace of ops that call other ops (moe); caller thread only */
     size_t work_bytes;
+    void *att_parts;      /* grow-only partial states of a split decode (cpu_attention.c); caller thread */
+    size_t att_parts_bytes;
     int32_t *last_ids;    /* the last argmax_rows result (get_rows_argmax) */
     int64_t n_last_ids, cap_last_ids;
 } lm_cpu;
 
 static inline lm_cpu *lm_cpu_get(lm_backend *be) { return (lm_cpu *)be->impl; }
+
+/* The split decode's buffer, at least `bytes` long. Caller thread only. */
+void *lm_cpu_att_parts(lm_cpu *c, size_t bytes);
 
 /* Makes every thread's scratch at least `bytes` long. Caller thread only. */
 void lm_cpu_reserve(lm_cpu *c, size_t bytes);

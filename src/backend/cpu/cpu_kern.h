@@ -70,6 +70,10 @@ typedef struct lm_cpu_kern {
     float (*attn_exp)(float *s, int n, float m);
     void (*attn_accum)(float *o, const float *p, const float *v, int64_t ldv, int n, int dh);
     void (*scal)(float *y, float a, int64_t n); /* y *= a */
+    /* y = silu(g) * u over n values, every value by the same arithmetic
+     * (masked tails), so a value does not depend on where a batch cut it;
+     * NULL: the portable loop with libm's expf. */
+    void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
 } lm_cpu_kern;
 
 /* ---- quantised-activation GEMV (cpu_qdot_*.c) --------------------------

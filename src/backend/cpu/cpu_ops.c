@@ -101,11 +101,16 @@ typedef struct lm_ew_ctx {
     float *y;
     const float *a, *b;
     float s;
+    void (*silu)(float *y, const float *g, const float *u, int64_t n); /* the ISA's, or NULL */
 } lm_ew_ctx;
 
 static void lm_silu_range(void *v, int64_t i0, int64_t i1, int ith) {
     (void)ith;
     const lm_ew_ctx *c = v;
+    if (c->silu) {
+        c->silu(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
+        return;
+    }
     for (int64_t i = i0; i < i1; i++) {
         float g = c->a[i];
         c->y[i] = g / (1.0f + expf(-g)) * c->b[i];
@@ -130,19 +135,20 @@ static bool lm_same_shape(const lm_tensor *a, const lm_tensor *b) {
 
 void lm_cpu_silu_mul(lm_backend *be, lm_tensor *y, const lm_tensor *gate, const lm_tensor *up) {
     LM_ASSERT(lm_same_shape(y, gate) && lm_same_shape(y, up));
-    lm_ew_ctx c = { y->data, gate->data, up->data, 0 };
-    lm_cpu_parallel_for(lm_cpu_get(be), y->rows * y->cols, 20, lm_silu_range, &c);
+    lm_cpu *cpu = lm_cpu_get(be);
+    lm_ew_ctx c = { y->data, gate->data, up->data, 0, cpu->k->silu_mul };
+    lm_cpu_parallel_for(cpu, y->rows * y->cols, 20, lm_silu_range, &c);
 }
 
 void lm_cpu_add(lm_backend *be, lm_tensor *y, const lm_tensor *x) {
     LM_ASSERT(lm_same_shape(y, x));
-    lm_ew_ctx c = { y->data, x->data, NULL, 0 };
+    lm_ew_ctx c = { y->data, x->data, NULL, 0, NULL };
     lm_cpu_parallel_for(lm_cpu_get(be), y->rows * y->cols, 1, lm_add_range, &c);
 }
 
 void lm_cpu_scale(lm_backend *be, lm_tensor *y, float s) {
     LM_ASSERT(y->type == LM_F32);
-    lm_ew_ctx c = { y->data, NULL, NULL, s };
+    lm_ew_ctx c = { y->data, NULL, NULL, s, NULL };
     lm_cpu_parallel_for(lm_cpu_get(be), y->rows * y->cols, 1, lm_scale_range, &c);
 }
 

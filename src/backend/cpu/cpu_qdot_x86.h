@@ -50,23 +50,28 @@ LM_QD_AI __m256i lm_qd_dot(__m256i u, __m256i s) {
 #endif
 }
 
-/* Q6_K's two scales of a 32-value block j, from its 16 int8 scales sc16,
- * as the multiplier lm_qd_dot_sc wants: int16 x 16 (AVX2: applied to the
- * pair sums of vpmaddubsw) or int32 x 8 (VNNI: applied to the quad sums). */
+/* The two scales of a 32-value block j, from 16 int8 scales sc16 (Q6_K,
+ * Q3_K, Q2_K: one per 16 values), as the multiplier lm_qd_dot_sc wants:
+ * int16 x 16 (AVX2: applied to the pair sums of vpmaddubsw) or, for VNNI,
+ * int32 x 8 holding the scale in the low int16 and 0 in the high one, so
+ * that vpmaddwd multiplies the quad sums (which fit an int16, see below)
+ * by it: one cheap instruction where vpmulld takes two and ~10 cycles. */
 LM_QD_AI __m256i lm_qd_sc(__m128i sc16, int j) {
     __m128i pat = _mm_add_epi8(_mm_set_epi64x(0x0101010101010101ll, 0), _mm_set1_epi8((char)(2 * j)));
 #ifdef LM_QD_VNNI
     __m128i q = _mm_shuffle_epi8(sc16, _mm_unpacklo_epi32(pat, _mm_unpackhi_epi64(pat, pat)));
-    return _mm256_cvtepi8_epi32(q); /* bytes: 2j x4, 2j+1 x4 */
+    return _mm256_and_si256(_mm256_cvtepi8_epi32(q), _mm256_set1_epi32(0xffff)); /* bytes: 2j x4, 2j+1 x4 */
 #else
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pat)); /* 2j x8, 2j+1 x8 */
 #endif
 }
 
-/* As lm_qd_dot, each lane times its scale from lm_qd_sc. */
+/* As lm_qd_dot, each lane times its scale from lm_qd_sc. VNNI: a quad sum
+ * must fit an int16: true for the codes that come here (Q6_K's unsigned
+ * 0..63 against |x| <= 127: 4 x 63 x 127 = 32004; Q3_K / Q2_K far less). */
 LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, __m256i scv) {
 #ifdef LM_QD_VNNI
-    return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
+    return _mm256_madd_epi16(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
 #endif
@@ -132,6 +137,10 @@ typedef struct lm_qd_x {
 
 LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
                         float *out) {
+    /* The super-block types sum each super-block into fresh registers (two
+     * chains, even and odd blocks) and add that to acc once: the loop then
+     * carries one addition, not eight FMAs, so one core's out-of-order
+     * window overlaps super-blocks instead of waiting on the FMA latency. */
     __m256 acc[LM_GEMV_MAX_TOKENS], accm[LM_GEMV_MAX_TOKENS];
     float accs[LM_GEMV_MAX_TOKENS] = { 0 }; /* f32 offsets times the activation sums: Q4_1 / Q5_1's m, the affine biases */
     for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
@@ -213,8 +222,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             for (int t = 0; t < NT; t++)
                 _mm256_store_ps(sdx[t], _mm256_mul_ps(_mm256_set1_ps(dsb), _mm256_loadu_ps(x[t].d + sb * 8)));
             __m256i hm = dt == LM_Q3_K ? _mm256_loadu_si256((const __m256i *)blk) : _mm256_setzero_si256();
+            __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
+            for (int t = 0; t < NT; t++) se[t] = so[t] = _mm256_setzero_ps();
             for (int h = 0; h < 2; h++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * h));
+#pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     const int j = 4 * h + k;
                     __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
@@ -228,11 +240,13 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                     for (int t = 0; t < NT; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
                         if (dt == LM_Q3_K) xv = _mm256_sign_epi8(xv, w);
-                        __m256i p = lm_qd_dot_sc(u, xv, scv);
-                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot_sc(u, xv, scv));
+                        if (k & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
+                        else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
                     }
                 }
             }
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(se[t], so[t]));
         }
     } else if (dt == LM_Q4_K || dt == LM_Q5_K) { /* Q5_K: Q4_K + a fifth bit from qh */
         const int bb = dt == LM_Q4_K ? 144 : 176, qs_off = dt == LM_Q4_K ? 16 : 48;
@@ -261,6 +275,8 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
                 accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(minv, dx), sums, accm[t]);
             }
+            __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
+            for (int t = 0; t < NT; t++) se[t] = so[t] = _mm256_setzero_ps();
             for (int g = 0; g < 4; g++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * g));
                 __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
@@ -276,10 +292,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                     __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 32));
                     __m256 p0 = _mm256_cvtepi32_ps(lm_qd_dot(lo, x0));
                     __m256 p1 = _mm256_cvtepi32_ps(lm_qd_dot(hi, x1));
-                    acc[t] = _mm256_fmadd_ps(p0, _mm256_broadcast_ss(&sdx[t][2 * g]), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(p1, _mm256_broadcast_ss(&sdx[t][2 * g + 1]), acc[t]);
+                    se[t] = _mm256_fmadd_ps(p0, _mm256_broadcast_ss(&sdx[t][2 * g]), se[t]);
+                    so[t] = _mm256_fmadd_ps(p1, _mm256_broadcast_ss(&sdx[t][2 * g + 1]), so[t]);
                 }
             }
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(se[t], so[t]));
         }
     } else if (dt == LM_IQ4_XS) {
         const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lm_iq4nl_levels));
@@ -298,24 +315,40 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(ls));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
             for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, _mm256_loadu_ps(x[t].d + sb * 8)));
+            __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
+            for (int t = 0; t < NT; t++) se[t] = so[t] = _mm256_setzero_ps();
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m256i w = _mm256_shuffle_epi8(lv, lm_qd_nib32(blk + 8 + 16 * j));
                 __m256i aw = _mm256_sign_epi8(w, w);
                 for (int t = 0; t < NT; t++) {
                     __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
-                    __m256i p = lm_qd_dot(aw, _mm256_sign_epi8(xv, w));
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                    __m256 p = _mm256_cvtepi32_ps(lm_qd_dot(aw, _mm256_sign_epi8(xv, w)));
+                    if (j & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
+                    else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
                 }
             }
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(se[t], so[t]));
         }
-    } else { /* LM_Q6_K */
+    } else { /* LM_Q6_K: w = sc (q - 32), q = 0..63 */
+        /* The codes go in unsigned (no sign trick); the -32 comes off once
+         * a super-block from the activation's 16-value sums, as Q4_K's mins */
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 210;
             lm_qd_prefetch(blk, 210);
             __m128i sc16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            __m256i sc16w = _mm256_cvtepi8_epi16(sc16);
             __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
-            for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(d, _mm256_loadu_ps(x[t].d + sb * 8)));
+            for (int t = 0; t < NT; t++) {
+                __m256 dx = _mm256_mul_ps(d, _mm256_loadu_ps(x[t].d + sb * 8));
+                _mm256_store_ps(sdx[t], dx);
+                __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                __m256 off = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, sc16w)); /* per 32-value block */
+                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(32.0f)), off, accm[t]);
+            }
+            __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
+            for (int t = 0; t < NT; t++) se[t] = so[t] = _mm256_setzero_ps();
             for (int h = 0; h < 2; h++) {
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
                 __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -327,18 +360,19 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 w4[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
                 w4[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+#pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    __m256i w = _mm256_sub_epi8(w4[k], _mm256_set1_epi8(32));
-                    __m256i aw = _mm256_sign_epi8(w, w);
                     int j = 4 * h + k;
                     __m256i scv = lm_qd_sc(sc16, j);
                     for (int t = 0; t < NT; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
-                        __m256i p = lm_qd_dot_sc(aw, _mm256_sign_epi8(xv, w), scv);
-                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sdx[t][j]), acc[t]);
+                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot_sc(w4[k], xv, scv));
+                        if (k & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
+                        else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
                     }
                 }
             }
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(se[t], so[t]));
         }
     }
     for (int t = 0; t < NT; t++) out[t] = lm_qd_hsum(acc[t]) - lm_qd_hsum(accm[t]) + accs[t];
