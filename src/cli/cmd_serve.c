@@ -61,6 +61,15 @@ static const lm_opt k_opts[] = {
       "memory for the prefix cache: KV blocks and recurrent-state checkpoints of earlier prompts, reused when a new "
       "prompt starts the same way (SIZE in bytes or with K, M, G, e.g. 512M, 4G; 0 = off)",
       "a quarter of the memory available at start, at most 1G" },
+    { LM_OPT_STRING, "--cache-dir", NULL, LM_OPT_AT(serve_opts, so.engine.cache_dir), "DIR",
+      "keep the prefix cache on disk too, in DIR (created if missing; one server per DIR, a lock file says so): "
+      "KV blocks and hybrid models' recurrent-state checkpoints leaving the RAM cache and those of every finished "
+      "request are written there by a background thread (dropped, never waited for, when it falls behind) and read "
+      "back at admission, also after a restart or a crash. Entries are checksummed and tied to the model's weights, "
+      "config and KV format; a damaged or foreign entry is skipped and recomputed. Needs --cache-ram above 0",
+      .ilo = 1 },
+    { LM_OPT_SIZE, "--cache-disk", NULL, LM_OPT_AT(serve_opts, so.engine.cache_disk), "SIZE",
+      "bytes of entries --cache-dir may hold; past it the least recently used go (SIZE as for --cache-ram)", "16G" },
     { LM_OPT_STRING, "--trace", NULL, LM_OPT_AT(serve_opts, so.trace_path), "FILE",
       "append one JSON line per finished generation to FILE ('-' = stderr): its id, token counts, time spans "
       "(queue, cache lookup and restore, prefill, decode), batch sizes and what the prefix cache missed", .ilo = 1 },
@@ -91,7 +100,8 @@ static const lm_opt k_opts[] = {
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
             .shutdown_timeout_s = 30, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX, .kv_type = LM_CLI_KV_DEFAULT } },
+            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX, .cache_disk = (size_t)16 << 30,
+                        .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
 

@@ -16,16 +16,17 @@
  * answer + new message - hits. The history of recent requests tells why a
  * prompt hit less than it shares with one of them (lm_cache_miss).
  *
- * A lower tier (the disk cache, later) hooks in at two places only:
- * lm_cache_policy_lookup, which would extend the RAM hit from the tier
- * (load the blocks and checkpoint past it into the pool and the RAM cache,
- * then look up again), and keep_block, which every block the RAM cache
- * takes passes through (to write behind). Nothing else here knows where a
- * block came from.
+ * The disk tier (disk_tier.c) hooks in at two places only:
+ * lm_cache_policy_lookup, which extends the RAM hit from the disk (loads
+ * the blocks and checkpoint past it into the pool and the RAM cache, then
+ * looks up again), and the end of a request, whose blocks it writes behind
+ * (with what the RAM cache evicts, through its spill hook). Nothing else
+ * here knows where a block came from.
  *
  * Everything runs on the engine thread; admission (lookup, restore) runs
  * under en->mu and updates en->st there. */
 #include "engine_internal.h"
+#include "lm_model_identity.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,21 +41,36 @@
 #define LM_CKPT_EVERY 1024
 #define LM_CKPT_EVERY_MIN_SLOTS 16
 
-void lm_cache_policy_create(lm_engine *en, size_t cache_blocks) {
+int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e) {
+    static const char no_ram[] = "--cache-dir needs a RAM prefix cache (--cache-ram above 0): disk entries come back through it";
     const lm_model *m = en->m;
+    if (en->o.cache_dir && !cache_blocks) return lm_errf(e, "%s", no_ram);
     if (cache_blocks) {
         /* the KV format too: blocks of another format must never hit */
-        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos, k_type, v_type; } id = {
+        struct { int64_t vocab, layers, kv_layers, kv_width, max_pos, k_type, v_type, block, state; } id = {
             m->cfg.vocab, m->cfg.n_layers, m->n_kv_layers, m->kv_width, m->cfg.max_pos,
-            en->kv->pool.k_type, en->kv->pool.v_type };
-        uint64_t seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
+            en->kv->pool.k_type, en->kv->pool.v_type, en->bs, (int64_t)lm_kv_state_bytes(en->kv) };
+        uint64_t ident[2] = { 0, 0 }, seed;
+        if (en->o.cache_dir) {
+            /* entries outlive the process: name the model by its bytes, not its path */
+            double t0 = lm_now();
+            lm_model_identity(m, &id, sizeof id, ident, &en->st.disk_identity_sampled);
+            en->st.disk_identity_s = lm_now() - t0;
+            seed = ident[0];
+        } else {
+            seed = lm_pcache_model_seed(m->path, &id, sizeof id, m->weight_bytes);
+        }
         en->pc = lm_pcache_create(en->kv, en->o.cache_ram, en->ckpt_slots, seed);
+        if (en->o.cache_dir && !en->pc) return lm_errf(e, "%s", no_ram);
+        if (en->o.cache_dir && lm_disk_tier_open(en, ident, e)) return -1;
     }
     en->hist = lm_hist_create(HIST_REQUESTS, HIST_TOKENS);
     en->hit_blocks = lm_xmalloc(((size_t)en->o.ctx / (size_t)en->bs + 2) * sizeof(int32_t));
+    return 0;
 }
 
 void lm_cache_policy_free(lm_engine *en) {
+    if (en->dc) lm_disk_tier_close(en);
     lm_pcache_free(en->pc);
     lm_hist_free(en->hist);
     free(en->hit_blocks);
@@ -107,9 +123,12 @@ bool lm_cache_policy_may_checkpoint(const lm_engine *en, int n_cached) {
 
 void lm_cache_policy_progress(lm_engine *en, lm_request *r) {
     if (!en->pc) return;
-    int full = r->n_cached / en->bs;
+    int full = r->n_cached / en->bs, from = r->n_ins;
     hash_blocks(en, r, r->n_cached);
     while (r->n_ins < full && keep_block(en, r, r->n_ins) == 0) r->n_ins++;
+    /* prompt blocks go to disk as they fill, so the writer works during the
+     * prefill (generated ones wait for the end: no device copy per token) */
+    if (en->dc && r->n_cached <= r->n_prompt) lm_disk_tier_keep(en, r, from, r->n_ins);
     if (!en->stateful || r->n_cached % en->bs || r->n_cached == 0 || r->n_ins < full) return;
     uint64_t h = r->hashes[full - 1];
     if (r->n_cached <= r->n_prompt) {
@@ -132,6 +151,7 @@ static void keep_all(lm_engine *en, lm_request *r) {
     int full = r->n_cached / en->bs, ok = 0;
     while (ok < full && keep_block(en, r, ok) == 0) ok++;
     if (ok > 0) lm_pcache_touch(en->pc, r->hashes[ok - 1]);
+    if (en->dc) lm_disk_tier_keep(en, r, 0, ok);
 }
 
 void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep) {
@@ -141,12 +161,43 @@ void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep) {
 
 /* ---- admission ---- */
 
+void lm_cache_policy_prefetch(lm_engine *en) {
+    if (!en->dc) return;
+    pthread_mutex_lock(&en->mu);
+    /* only this thread takes requests off the queue: r stays valid unlocked */
+    lm_request *r = en->q_head;
+    pthread_mutex_unlock(&en->mu);
+    if (!r || r->embed || r->prefetched || atomic_load(&r->cancelled)) return;
+    r->prefetched = true;
+    double t0 = lm_now();
+    hash_blocks(en, r, r->n_prompt);
+    lm_pcache_hit before, after;
+    lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &before, en->hit_blocks);
+    bool loaded = lm_disk_tier_extend(en, r, &before);
+    lm_pcache_unpin(en->pc);
+    r->tr.disk_read_s += lm_now() - t0;
+    if (!loaded) return;
+    lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &after, en->hit_blocks);
+    lm_pcache_unpin(en->pc);
+    r->prefetch_disk = LM_MAX(0, after.n_tokens - before.n_tokens);
+}
+
 void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit) {
     *hit = (lm_cache_hit){ .ram = { .cow_block = -1, .ckpt = -1 }, .blocks = en->hit_blocks, .t_lookup = lm_now() };
     if (en->pc) {
         hash_blocks(en, r, r->n_prompt);
         lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit->ram, en->hit_blocks);
-        /* a lower tier would extend hit->ram here */
+        double t0 = lm_now();
+        bool loaded = en->dc && lm_disk_tier_extend(en, r, &hit->ram);
+        if (en->dc) r->tr.disk_read_s += lm_now() - t0;
+        if (loaded) {
+            int ram_tokens = hit->ram.n_tokens;
+            lm_pcache_unpin(en->pc);
+            lm_pcache_lookup(en->pc, r->tokens, r->n_prompt, r->hashes, en->stateful, &hit->ram, en->hit_blocks);
+            hit->disk_tokens = LM_MAX(0, hit->ram.n_tokens - ram_tokens);
+        }
+        /* what the prefetch loaded came from disk too, as far as it is still used */
+        hit->disk_tokens = LM_MIN(hit->ram.n_tokens, hit->disk_tokens + r->prefetch_disk);
     }
     hit->t_found = lm_now();
 }
@@ -189,7 +240,9 @@ void lm_cache_policy_restore(lm_engine *en, lm_request *r, const lm_cache_hit *h
     if (en->pc) {
         en->st.cache_lookup_tokens += (uint64_t)r->n_prompt;
         en->st.cache_hit_tokens += (uint64_t)h->n_tokens;
+        en->st.cache_disk_hit_tokens += (uint64_t)hit->disk_tokens;
     }
+    r->tr.n_cached_disk = hit->disk_tokens;
     en->st.miss_diverged += r->tr.miss == LM_MISS_DIVERGED;
     en->st.miss_evicted += r->tr.miss == LM_MISS_EVICTED;
     en->st.miss_state += r->tr.miss == LM_MISS_STATE;
@@ -203,4 +256,5 @@ void lm_cache_policy_stats(lm_engine *en) {
     en->st.cache_checkpoints = ps.checkpoints;
     en->st.cache_bytes = ps.bytes;
     en->st.cache_evicted_blocks = ps.evicted_blocks;
+    if ((en->st.disk_on = en->dc != NULL)) lm_dcache_get_stats(en->dc, &en->st.disk);
 }

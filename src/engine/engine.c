@@ -398,11 +398,11 @@ static void *engine_main(void *arg) {
     for (;;) {
         lm_request *dead = NULL;
         pthread_mutex_lock(&en->mu);
+        while (!en->stopping && en->n_running == 0 && !en->q_head && !en->queued) pthread_cond_wait(&en->cv, &en->mu);
+        pthread_mutex_unlock(&en->mu);
+        lm_cache_policy_prefetch(en); /* disk reads for the queue head, outside the lock */
+        pthread_mutex_lock(&en->mu);
         admit(en, &dead);
-        while (!en->stopping && en->n_running == 0 && !en->q_head && !dead && !en->queued) {
-            pthread_cond_wait(&en->cv, &en->mu);
-            admit(en, &dead);
-        }
         bool stop = en->stopping;
         pthread_mutex_unlock(&en->mu);
         finish_list(en, dead, LM_FINISH_CANCELLED);
@@ -475,7 +475,12 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         free(en);
         return -1;
     }
-    lm_cache_policy_create(en, cache_blocks);
+    if (lm_cache_policy_create(en, cache_blocks, e)) {
+        lm_cache_policy_free(en);
+        lm_kv_cache_free(en->kv);
+        free(en);
+        return -1;
+    }
     en->spec = lm_spec_create(m);
     /* output rows: one per sequence, and a draft's after it */
     const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
@@ -647,3 +652,5 @@ void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s) {
     s->kv_blocks_total = en->kv->pool.n_blocks;
     pthread_mutex_unlock(&en->mu);
 }
+
+lm_disk_cache *lm_engine_disk_cache(lm_engine *en) { return en->dc; }

@@ -6,7 +6,8 @@
  *                   admission, the step and its plain policy, the thread
  *   cache_policy.c  how the prefix cache is used: block hashes and inserts,
  *                   hybrid checkpoints, the lookup at admission, miss
- *                   diagnosis; the seam of a lower (disk) tier
+ *                   diagnosis; the seams of the disk tier
+ *   disk_tier.c     the disk tier under it: spills down, loads up
  *   lookahead.c     the greedy look-ahead: a step policy, and the chain of
  *                   device-fed forwards it shares with `lumen bench`
  *   spec.c          speculative decoding's seam (lm_spec.h): a step policy
@@ -31,6 +32,7 @@
 #include <stdatomic.h>
 
 #include "lm_batch_builder.h"
+#include "lm_disk_cache.h"
 #include "lm_engine.h"
 #include "lm_kv_cache.h"
 #include "lm_lookahead.h"
@@ -64,6 +66,8 @@ struct lm_request {
     int n_hashes;
     int n_ins;              /* leading full blocks known to be in the cache */
     int n_hit;              /* prompt tokens served from the cache */
+    bool prefetched;        /* the disk tier has loaded what it holds of the prompt */
+    int prefetch_disk;      /* tokens that load added to the RAM cache's hit */
     bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
     uint64_t gen_ckpt;
     uint64_t hist_id;
@@ -150,6 +154,8 @@ struct lm_engine {
     int bs;                      /* tokens per KV block */
     int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
     int32_t *hit_blocks;         /* [ctx / bs + 2] lookup scratch */
+    lm_disk_cache *dc;           /* the disk tier (disk_tier.c), NULL without one */
+    uint8_t *dc_buf;             /* [max(block bytes, state bytes)] its host copy of one entry */
     /* greedy look-ahead (lookahead.c) */
     bool ahead_on;
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
@@ -179,15 +185,21 @@ void lm_step_hand_out(lm_engine *en, lm_step *st);
 /* What admission found of a prompt (lm_cache_policy_lookup). */
 typedef struct lm_cache_hit {
     lm_pcache_hit ram;       /* the RAM cache's hit, its entries pinned */
+    int disk_tokens;         /* of ram.n_tokens, those the disk tier loaded for it */
     const int32_t *blocks;   /* [ram.n_blocks] its blocks, shared by reference */
     double t_lookup;         /* when the lookup began; restore_s counts from t_found */
     double t_found;
 } lm_cache_hit;
 
 /* Sets up the prefix cache (cache_blocks > 0: en->pc, with en->ckpt_slots
- * checkpoint slots), the request history and the lookup scratch. */
-void lm_cache_policy_create(lm_engine *en, size_t cache_blocks);
+ * checkpoint slots) and its disk tier (en->o.cache_dir), the request
+ * history and the lookup scratch. -1 with e when the disk tier cannot open. */
+int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e);
 void lm_cache_policy_free(lm_engine *en);
+/* Before admission (engine thread, mu not held): the disk tier's entries
+ * of the queue head's prompt into the RAM cache, once per request, so that
+ * admission finds them in RAM and no disk read runs under mu. */
+void lm_cache_policy_prefetch(lm_engine *en);
 /* At admission (under mu): what of r's prompt is cached. Every lookup is
  * followed by lm_cache_policy_restore or lm_cache_policy_unpin. */
 void lm_cache_policy_lookup(lm_engine *en, lm_request *r, lm_cache_hit *hit);
@@ -207,6 +219,22 @@ void lm_cache_policy_finish(lm_engine *en, lm_request *r, bool keep);
 bool lm_cache_policy_may_checkpoint(const lm_engine *en, int n_cached);
 /* The cache's figures into en->st (under mu). */
 void lm_cache_policy_stats(lm_engine *en);
+
+/* ---- disk_tier.c ---- */
+
+/* Opens en->o.cache_dir for entries of identity ident; hooks into en->pc. */
+int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e);
+/* Writes what is queued and closes. */
+void lm_disk_tier_close(lm_engine *en);
+/* Queues pool block `block` (if >= 0) and state slot `ckpt` (if >= 0) as
+ * the entries of `hash` unless the disk has them. */
+void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block,
+                        int32_t ckpt);
+/* r's full blocks [from, to) and their checkpoints (as they fill, and at its end). */
+void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to);
+/* Loads from disk into the RAM cache what extends r's RAM hit `ram` (the
+ * RAM lookup's pins held); true when it loaded anything (look up again). */
+bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit *ram);
 
 /* ---- lookahead.c ---- */
 

@@ -342,3 +342,47 @@ void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows)
 size_t lm_kv_block_bytes(const lm_kv_cache *c) {
     return (size_t)c->pool.block_size * lm_kv_pool_bytes_per_token(&c->pool);
 }
+
+int32_t lm_kv_block_take(lm_kv_cache *c) {
+    if (c->n_free == 0) return -1;
+    int32_t b = c->free_list[--c->n_free];
+    c->refs[b] = 1;
+    return b;
+}
+
+/* Block b's K and V of every layer to (to_host) or from host. */
+static void block_io(lm_kv_cache *c, int32_t b, uint8_t *host, bool to_host) {
+    const lm_kv_pool *p = &c->pool;
+    LM_ASSERT(b >= 0 && b < p->n_blocks);
+    size_t kblk = lm_kv_row_bytes(p->k_type, p->kv_width) * (size_t)p->block_size;
+    size_t vblk = lm_kv_row_bytes(p->v_type, p->kv_width) * (size_t)p->block_size;
+    for (int l = 0; l < p->n_layers; l++) {
+        char *k = (char *)p->k[l] + (size_t)b * kblk, *v = (char *)p->v[l] + (size_t)b * vblk;
+        if (to_host) {
+            c->be->ops->read(c->be, host, k, kblk);
+            c->be->ops->read(c->be, host + kblk, v, vblk);
+        } else {
+            c->be->ops->write(c->be, k, host, kblk);
+            c->be->ops->write(c->be, v, host + kblk, vblk);
+        }
+        host += kblk + vblk;
+    }
+}
+
+void lm_kv_block_read(lm_kv_cache *c, int32_t b, void *host) { block_io(c, b, host, true); }
+void lm_kv_block_write(lm_kv_cache *c, int32_t b, const void *host) { block_io(c, b, (uint8_t *)host, false); }
+
+static void state_io(lm_kv_cache *c, int32_t slot, uint8_t *host, bool to_host) {
+    const lm_kv_pool *p = &c->pool;
+    LM_ASSERT(slot >= 0 && slot < p->n_state_slots);
+    for (int i = 0; i < p->n_state; i++) {
+        size_t n = (size_t)p->state_floats[i] * sizeof(float);
+        char *s = (char *)p->state[i] + (size_t)slot * n;
+        if (to_host) c->be->ops->read(c->be, host, s, n);
+        else c->be->ops->write(c->be, s, host, n);
+        host += n;
+    }
+}
+
+void lm_kv_state_read(lm_kv_cache *c, int32_t slot, void *host) { state_io(c, slot, host, true); }
+void lm_kv_state_write(lm_kv_cache *c, int32_t slot, const void *host) { state_io(c, slot, (uint8_t *)host, false); }

@@ -32,6 +32,7 @@
 
 #include "../grammar/lm_grammar.h"
 #include "../model/lm_model.h"
+#include "lm_disk_cache.h"
 #include "lm_sampler.h"
 
 #define LM_MAX_TOP_LOGPROBS 20
@@ -87,7 +88,10 @@ typedef enum lm_cache_miss {
 typedef struct lm_request_trace {
     double t_submit, t_admit, t_first, t_done;
     double lookup_s, restore_s;  /* prefix-cache lookup, KV/state restore */
+    double disk_read_s;          /* reading the disk tier's entries (before admission
+                                  * and in the lookup: part of lookup_s there) */
     int n_cached;                /* prompt tokens served from the cache */
+    int n_cached_disk;           /* of those, read from the disk tier */
     int n_shared;                /* prompt tokens shared with the closest earlier request */
     lm_cache_miss miss;
     int diverge_pos;             /* first position where the prompt differs from the
@@ -136,6 +140,12 @@ typedef struct lm_engine_opts {
                        * hybrids, by checkpoint slots for up to half of it, on top
                        * of kv_tokens; admission evicts cache-only blocks (least
                        * recently used first) before a request has to wait. */
+    const char *cache_dir; /* the prefix cache's disk tier (lm_disk_cache.h): KV
+                            * blocks and checkpoints leaving the RAM cache and
+                            * those of every finished request are written here
+                            * and read back across restarts; NULL = none. Needs
+                            * cache_ram > 0 (entries come back through it). */
+    size_t cache_disk;     /* bytes of entries the directory may hold */
     int warmup;       /* one forward of the largest batch at creation, so that
                        * every activation and workspace buffer is allocated
                        * before the first request (a GPU that cannot hold them
@@ -171,6 +181,11 @@ typedef struct lm_engine_stats {
     int cache_blocks;              /* KV blocks held by the cache */
     int cache_checkpoints;         /* recurrent-state checkpoints held */
     size_t cache_bytes;            /* bytes the cache holds (<= cache_ram) */
+    uint64_t cache_disk_hit_tokens; /* of cache_hit_tokens, those read from the disk tier */
+    bool disk_on;                  /* a disk tier exists: disk holds its figures */
+    lm_dc_stats disk;
+    double disk_identity_s;        /* hashing the model's identity at start took this */
+    bool disk_identity_sampled;    /* its weights were sampled, not hashed whole */
     /* steps by batch size (sequences in the forward): bucket i counts steps
      * with 2^i <= size < 2^(i+1); the last bucket takes the rest */
     uint64_t batch_hist[8];
@@ -212,5 +227,7 @@ void lm_request_cancel(lm_request *r);
 void lm_request_release(lm_request *r);
 
 void lm_engine_get_stats(lm_engine *en, lm_engine_stats *s);
+/* The disk tier (opts.cache_dir), NULL without one: tests inject faults. */
+lm_disk_cache *lm_engine_disk_cache(lm_engine *en);
 
 #endif

@@ -98,6 +98,12 @@ void lm_kv_block_unref(lm_kv_cache *c, int32_t b);
 void lm_kv_block_copy_rows(lm_kv_cache *c, int32_t dst, int32_t src, int n_rows);
 /* Bytes one block holds over all its layers (K and V; rings are not in blocks). */
 size_t lm_kv_block_bytes(const lm_kv_cache *c);
+/* A free block with one reference, its contents left as they are; -1 when none. */
+int32_t lm_kv_block_take(lm_kv_cache *c);
+/* Block b to or from host memory of lm_kv_block_bytes: per layer its K rows,
+ * then its V rows, in the cache's own formats (the disk tier's payload). */
+void lm_kv_block_read(lm_kv_cache *c, int32_t b, void *host);
+void lm_kv_block_write(lm_kv_cache *c, int32_t b, const void *host);
 
 /* A zeroed recurrent-state slot, or -1 when none is free (or the model has
  * no recurrent state: then callers pass state_slot = NULL). */
@@ -111,5 +117,8 @@ int32_t lm_kv_state_take(lm_kv_cache *c);
 void lm_kv_state_copy(lm_kv_cache *c, int32_t dst, int32_t src);
 /* Bytes one slot holds over all state tensors, rings included (0 without state). */
 size_t lm_kv_state_bytes(const lm_kv_cache *c);
+/* Slot to or from host memory of lm_kv_state_bytes, state tensors in order. */
+void lm_kv_state_read(lm_kv_cache *c, int32_t slot, void *host);
+void lm_kv_state_write(lm_kv_cache *c, int32_t slot, const void *host);
 
 #endif

@@ -65,8 +65,23 @@ int lm_pcache_insert(lm_prefix_cache *pc, uint64_t hash, uint64_t parent, const 
 /* Copies state slot `slot` into a checkpoint on entry `hash`. 1: made; 0: the
  * entry had one already; -1: the entry is gone or there is no room. */
 int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot);
+/* A new checkpoint on entry `hash` whose state the caller writes into the
+ * returned slot (a lower tier's restore; no spare slot needed); -1 when the
+ * entry is gone or has one, or there is no room. */
+int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash);
 /* Frees the checkpoint on entry `hash`, if any. */
 void lm_pcache_drop_checkpoint(lm_prefix_cache *pc, uint64_t hash);
+/* The state slot of entry `hash`'s checkpoint, or -1. */
+int32_t lm_pcache_ckpt_of(const lm_prefix_cache *pc, uint64_t hash);
+/* Pins entry `hash` (if cached) until lm_pcache_unpin, like a lookup's hit. */
+void lm_pcache_pin(lm_prefix_cache *pc, uint64_t hash);
+/* Told about what leaves the cache, before it goes (a lower tier keeps it):
+ * an evicted block (block >= 0; ckpt its checkpoint's slot or -1), or a
+ * checkpoint dropped for want of slots (block -1). parent: the parent's
+ * hash, the seed for block 0. */
+typedef void (*lm_pcache_spill_fn)(void *user, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block,
+                                   int32_t ckpt);
+void lm_pcache_set_spill(lm_prefix_cache *pc, lm_pcache_spill_fn fn, void *user);
 /* Marks the chain ending at `hash` most recently used (leaf first, root last). */
 void lm_pcache_touch(lm_prefix_cache *pc, uint64_t hash);
 

@@ -40,7 +40,9 @@ struct lm_prefix_cache {
     int n_blocks, n_ckpts, max_ckpts;
     uint64_t evicted;
     uint64_t seed;
-    int32_t *pinned;        /* [cap] entries pinned by the last lookup */
+    int32_t *pinned;        /* [2 * cap + 2] entries pinned by the last lookup and lm_pcache_pin */
+    lm_pcache_spill_fn spill;
+    void *spill_user;
     int32_t *chain;         /* [cap] lookup scratch: the matched chain */
     int n_pinned;
 };
@@ -78,7 +80,7 @@ lm_prefix_cache *lm_pcache_create(lm_kv_cache *kv, size_t budget, int max_ckpts,
     pc->e = lm_xcalloc(cap, sizeof *pc->e);
     pc->toks = lm_xmalloc(cap * (size_t)pc->bs * sizeof(int32_t));
     pc->free_e = lm_xmalloc(cap * sizeof(int32_t));
-    pc->pinned = lm_xmalloc(cap * sizeof(int32_t));
+    pc->pinned = lm_xmalloc((2 * cap + 2) * sizeof(int32_t));
     pc->chain = lm_xmalloc(cap * sizeof(int32_t));
     for (int i = 0; i < pc->cap; i++) {
         pc->e[i].block = -1;
@@ -154,6 +156,18 @@ static void touch_chain(lm_prefix_cache *pc, int32_t i) {
 
 void lm_pcache_touch(lm_prefix_cache *pc, uint64_t hash) { touch_chain(pc, find(pc, hash)); }
 
+static void spill(lm_prefix_cache *pc, int32_t i, bool block) {
+    if (!pc->spill) return;
+    const pc_entry *x = &pc->e[i];
+    uint64_t parent = x->parent >= 0 ? pc->e[x->parent].hash : pc->seed;
+    pc->spill(pc->spill_user, x->hash, parent, pc->toks + (size_t)i * pc->bs, block ? x->block : -1, x->ckpt);
+}
+
+void lm_pcache_set_spill(lm_prefix_cache *pc, lm_pcache_spill_fn fn, void *user) {
+    pc->spill = fn;
+    pc->spill_user = user;
+}
+
 static void drop_ckpt(lm_prefix_cache *pc, int32_t i) {
     if (pc->e[i].ckpt < 0) return;
     lm_kv_state_release(pc->kv, pc->e[i].ckpt);
@@ -164,6 +178,7 @@ static void drop_ckpt(lm_prefix_cache *pc, int32_t i) {
 static void evict(lm_prefix_cache *pc, int32_t i) {
     pc_entry *x = &pc->e[i];
     LM_ASSERT(x->block >= 0 && x->n_children == 0 && x->pins == 0);
+    spill(pc, i, true);
     lru_unlink(pc, i);
     int32_t *link = &pc->bucket[x->hash & pc->mask];
     while (*link != i) link = &pc->e[*link].hnext;
@@ -321,28 +336,56 @@ int lm_pcache_insert(lm_prefix_cache *pc, uint64_t hash, uint64_t parent, const 
     return 0;
 }
 
-int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot) {
-    int32_t i = find(pc, hash);
-    if (i < 0 || pc->max_ckpts == 0) return -1;
-    if (pc->e[i].ckpt >= 0) return 0;
+/* A state slot for a new checkpoint on entry i (making room for it), its
+ * contents left to the caller; -1 when there is no room. */
+static int32_t ckpt_reserve(lm_prefix_cache *pc, int32_t i) {
     pc->e[i].pins++;
     bool ok = true;
     while (ok && pc->n_ckpts >= pc->max_ckpts) {
         /* out of checkpoint slots: the least recently used checkpoint goes */
         int32_t v = pc->lru_tail;
         while (v >= 0 && (pc->e[v].ckpt < 0 || pc->e[v].pins)) v = pc->e[v].prev;
-        if (v >= 0) drop_ckpt(pc, v);
-        else ok = false;
+        if (v >= 0) {
+            spill(pc, v, false);
+            drop_ckpt(pc, v);
+        } else {
+            ok = false;
+        }
     }
     ok = ok && fit_bytes(pc, pc->ckpt_bytes, i);
     pc->e[i].pins--;
     if (!ok) return -1;
     int32_t s = lm_kv_state_take(pc->kv);
     LM_ASSERT(s >= 0); /* the pool holds max_ckpts slots beyond the running sequences' */
-    lm_kv_state_copy(pc->kv, s, slot);
     pc->e[i].ckpt = s;
     pc->n_ckpts++;
+    return s;
+}
+
+int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot) {
+    int32_t i = find(pc, hash);
+    if (i < 0 || pc->max_ckpts == 0) return -1;
+    if (pc->e[i].ckpt >= 0) return 0;
+    int32_t s = ckpt_reserve(pc, i);
+    if (s < 0) return -1;
+    lm_kv_state_copy(pc->kv, s, slot);
     return 1;
+}
+
+int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash) {
+    int32_t i = find(pc, hash);
+    if (i < 0 || pc->max_ckpts == 0 || pc->e[i].ckpt >= 0) return -1;
+    return ckpt_reserve(pc, i);
+}
+
+int32_t lm_pcache_ckpt_of(const lm_prefix_cache *pc, uint64_t hash) {
+    int32_t i = find(pc, hash);
+    return i >= 0 ? pc->e[i].ckpt : -1;
+}
+
+void lm_pcache_pin(lm_prefix_cache *pc, uint64_t hash) {
+    int32_t i = find(pc, hash);
+    if (i >= 0 && pc->n_pinned < 2 * pc->cap + 2) pin(pc, i);
 }
 
 void lm_pcache_drop_checkpoint(lm_prefix_cache *pc, uint64_t hash) {

@@ -113,6 +113,33 @@ static void batch_hist_text(tbuf *b, const lm_engine_stats *es) {
             (unsigned long long)cum);
 }
 
+/* The prefix cache's disk tier: what it holds, wrote, read, and found wrong. */
+static void disk_text(tbuf *b, const lm_dc_stats *d) {
+    gauge(b, "lumen_disk_cache_budget_bytes", "Bytes the disk tier may hold (--cache-disk).", (long long)d->budget);
+    gauge(b, "lumen_disk_cache_bytes", "Bytes of this model's entries in --cache-dir.", (long long)d->bytes);
+    gauge(b, "lumen_disk_cache_entries", "This model's entries (KV blocks and state checkpoints) in --cache-dir.",
+          d->entries);
+    counter(b, "lumen_disk_cache_writes_total", "Entries written.", d->writes);
+    counter(b, "lumen_disk_cache_reads_total", "Entries read and verified.", d->reads);
+    counter(b, "lumen_disk_cache_evicted_total", "Entries deleted, least recently used first, over the budget.",
+            d->evicted);
+    counter(b, "lumen_disk_cache_dropped_total", "Entries not written because the writer's queue was full.",
+            d->dropped);
+    tprintf(b, "# HELP lumen_disk_cache_discarded_total Entries found bad and not served, by reason: write_error "
+               "(ENOSPC, EIO ...), read_error (EIO ...), corrupt (torn, truncated, checksum), foreign (another model, "
+               "KV format or version; left alone), temp (a write cut short by a crash, deleted at start).\n"
+               "# TYPE lumen_disk_cache_discarded_total counter\n");
+    const struct { const char *why; uint64_t n; } k[] = { { "write_error", d->write_errors },
+                                                          { "read_error", d->read_errors },
+                                                          { "corrupt", d->corrupt },
+                                                          { "foreign", d->foreign },
+                                                          { "temp", d->temp_cleaned } };
+    for (size_t i = 0; i < LM_COUNT(k); i++)
+        tprintf(b, "lumen_disk_cache_discarded_total{reason=\"%s\"} %llu\n", k[i].why, (unsigned long long)k[i].n);
+    tprintf(b, "# HELP lumen_disk_cache_open_seconds Time the index rebuild took at start.\n"
+               "# TYPE lumen_disk_cache_open_seconds gauge\nlumen_disk_cache_open_seconds %.6f\n", d->open_s);
+}
+
 /* The prefix cache: what was looked up and hit, what it holds, why it missed. */
 static void cache_text(tbuf *b, const lm_engine_stats *es, size_t budget) {
     gauge(b, "lumen_prefix_cache_budget_bytes", "Memory the prefix cache may use (--cache-ram; 0 = off).",
@@ -138,6 +165,14 @@ static void cache_text(tbuf *b, const lm_engine_stats *es, size_t budget) {
                "lumen_prefix_cache_misses_total{reason=\"state\"} %llu\n",
             (unsigned long long)es->miss_diverged, (unsigned long long)es->miss_evicted,
             (unsigned long long)es->miss_state);
+    tprintf(b, "# HELP lumen_prefix_cache_tier_hit_tokens_total Prompt tokens served from the prefix cache, by the tier "
+               "they came from: ram (held in memory), disk (read from --cache-dir).\n"
+               "# TYPE lumen_prefix_cache_tier_hit_tokens_total counter\n"
+               "lumen_prefix_cache_tier_hit_tokens_total{tier=\"ram\"} %llu\n"
+               "lumen_prefix_cache_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
+            (unsigned long long)(es->cache_hit_tokens - es->cache_disk_hit_tokens),
+            (unsigned long long)es->cache_disk_hit_tokens);
+    if (es->disk_on) disk_text(b, &es->disk);
 }
 
 char *srv_metrics_text(srv_metrics *m, lm_engine *en) {

@@ -488,6 +488,20 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s%s)\n", s->model_name,
             v6 ? "[" : "", s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab,
             lm_engine_kv_summary(s->en, kv, sizeof kv), cache, s->opts.api_key ? ", API key required" : "");
+    lm_disk_cache *dc = lm_engine_disk_cache(s->en);
+    if (dc) {
+        lm_dc_stats ds;
+        lm_engine_stats es;
+        lm_dcache_get_stats(dc, &ds);
+        lm_engine_get_stats(s->en, &es);
+        fprintf(stderr,
+                "lumen: disk cache %s: %d entries, %.1f of %.1f GiB, indexed in %.0f ms (skipped: %llu of another "
+                "model or format, %llu corrupt, %llu interrupted writes); model identity hashed in %.0f ms%s\n",
+                o->engine.cache_dir, ds.entries, (double)ds.bytes / (1 << 30), (double)ds.budget / (1 << 30),
+                ds.open_s * 1e3, (unsigned long long)ds.foreign, (unsigned long long)ds.corrupt,
+                (unsigned long long)ds.temp_cleaned, es.disk_identity_s * 1e3,
+                es.disk_identity_sampled ? " (weights sampled: larger than 1 GiB)" : "");
+    }
     fflush(stderr);
 
     drain(s, d, &sigs);

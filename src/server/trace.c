@@ -175,6 +175,7 @@ json_t *srv_trace_json(const srv *s, const srv_trace_rec *r) {
     if (r->error) json_object_set_new(j, "error", srv_lossy_string(r->error));
     json_object_set_new(j, "n_prompt", json_integer(r->n_prompt));
     json_object_set_new(j, "n_cached", json_integer(r->n_cached));
+    if (tr) json_object_set_new(j, "n_cached_disk", json_integer(tr->n_cached_disk));
     json_object_set_new(j, "n_generated", json_integer(r->n_generated));
     json_object_set_new(j, "engine_trace", json_boolean(tr != NULL));
     json_t *sp = json_object();
@@ -189,6 +190,7 @@ json_t *srv_trace_json(const srv *s, const srv_trace_rec *r) {
         json_object_set_new(sp, "queue", json_real(ms(tr->t_admit - tr->t_submit)));
         json_object_set_new(sp, "cache_lookup", json_real(ms(tr->lookup_s)));
         json_object_set_new(sp, "cache_restore", json_real(ms(tr->restore_s)));
+        if (tr->n_cached_disk || tr->disk_read_s > 0) json_object_set_new(sp, "cache_disk_read", json_real(ms(tr->disk_read_s)));
         json_object_set_new(sp, "prefill", json_real(ms(tr->t_first > 0 ? tr->t_first - tr->t_admit : 0)));
         json_object_set_new(sp, "decode", json_real(ms(tr->t_first > 0 ? tr->t_done - tr->t_first : 0)));
         json_object_set_new(sp, "engine", json_real(ms(tr->t_done - tr->t_submit)));

@@ -1,0 +1,131 @@
+/* disk_tier.c - how the engine uses the disk cache (lm_disk_cache.h) below
+ * its RAM prefix cache (cache_policy.c's two seams).
+ *
+ * Down: every block and checkpoint leaving the RAM cache (evicted, or a
+ * checkpoint dropped for want of slots), every prompt block as it fills
+ * and, at the end of every request, its blocks and their checkpoints are
+ * queued for the disk unless already there. The pool's bytes are copied
+ * out on the engine thread (a memcpy on the CPU; a device-to-host copy on
+ * a GPU); the file is written by the writer thread.
+ *
+ * Up: before admission, when the prompt's chain continues on disk past
+ * what the RAM cache holds, the blocks are read, checked and put back into
+ * the pool and the RAM cache (and, for a hybrid, the latest checkpoint on
+ * the way);
+ * the ordinary RAM lookup then serves them. Entries read are pinned so
+ * that loading one never evicts another of the same prompt. The reads run
+ * on the engine thread for the queue's head before it is admitted, outside
+ * the engine lock (lm_cache_policy_prefetch), and again at admission for
+ * anything evicted in between.
+ *
+ * Chain hashes are seeded with the model identity (model_identity.c), not
+ * a path, so entries survive a restart and a moved model. */
+#include "engine_internal.h"
+
+#include <stdlib.h>
+
+static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block, int32_t ckpt) {
+    lm_engine *en = user;
+    lm_disk_tier_spill(en, hash, parent, tokens, block, ckpt);
+}
+
+int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e) {
+    if (lm_dcache_open(&en->dc, en->o.cache_dir, en->o.cache_disk, ident, e)) return -1;
+    size_t bb = lm_kv_block_bytes(en->kv), sb = lm_kv_state_bytes(en->kv);
+    en->dc_buf = lm_xmalloc(LM_MAX(bb, sb));
+    lm_pcache_set_spill(en->pc, spill_cb, en);
+    return 0;
+}
+
+void lm_disk_tier_close(lm_engine *en) {
+    lm_dcache_close(en->dc);
+    free(en->dc_buf);
+    en->dc = NULL, en->dc_buf = NULL;
+}
+
+void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block,
+                        int32_t ckpt) {
+    if (block >= 0 && !lm_dcache_has(en->dc, hash, LM_DC_KV)) {
+        lm_kv_block_read(en->kv, block, en->dc_buf);
+        lm_dcache_put(en->dc, hash, parent, LM_DC_KV, tokens, en->bs, en->dc_buf, lm_kv_block_bytes(en->kv));
+    }
+    if (ckpt >= 0 && !lm_dcache_has(en->dc, hash, LM_DC_STATE)) {
+        lm_kv_state_read(en->kv, ckpt, en->dc_buf);
+        lm_dcache_put(en->dc, hash, parent, LM_DC_STATE, tokens, en->bs, en->dc_buf, lm_kv_state_bytes(en->kv));
+    }
+}
+
+/* A chain's entries, leaf first and root last: the disk's LRU then evicts
+ * a chain from its end, as the RAM cache does, never its root first (which
+ * would strand every entry after it). */
+static void touch_chain(lm_engine *en, const lm_request *r, int from, int to) {
+    for (int i = to - 1; i >= from; i--) {
+        lm_dcache_touch(en->dc, r->hashes[i], LM_DC_STATE);
+        lm_dcache_touch(en->dc, r->hashes[i], LM_DC_KV);
+    }
+}
+
+void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to) {
+    /* in chain order: when the writer's queue overflows, the prefix's start is what gets in */
+    for (int i = from; i < to; i++) {
+        uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
+        lm_disk_tier_spill(en, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i],
+                           lm_pcache_ckpt_of(en->pc, r->hashes[i]));
+    }
+    touch_chain(en, r, from, to);
+}
+
+/* Block i of r's prompt from disk into a pool block and the RAM cache
+ * (pinned); false when it cannot be. */
+static bool load_block(lm_engine *en, const lm_request *r, int i) {
+    if (!lm_pcache_make_room(en->pc, 1)) return false;
+    int32_t b = lm_kv_block_take(en->kv);
+    if (b < 0) return false;
+    uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
+    const int32_t *toks = r->tokens + (size_t)i * en->bs;
+    bool ok = lm_dcache_get(en->dc, r->hashes[i], parent, LM_DC_KV, toks, en->bs, en->dc_buf,
+                            lm_kv_block_bytes(en->kv)) == 0;
+    if (ok) {
+        lm_kv_block_write(en->kv, b, en->dc_buf);
+        ok = lm_pcache_insert(en->pc, r->hashes[i], parent, toks, b) == 0;
+    }
+    lm_kv_block_unref(en->kv, b); /* the cache's reference keeps it */
+    if (ok) lm_pcache_pin(en->pc, r->hashes[i]);
+    return ok;
+}
+
+/* The checkpoint at the end of block k - 1 from disk into the RAM cache:
+ * its slot first (making room may spill another checkpoint through
+ * dc_buf), then the read into dc_buf. */
+static bool load_state(lm_engine *en, const lm_request *r, int k) {
+    uint64_t parent = k > 1 ? r->hashes[k - 2] : lm_pcache_seed(en->pc);
+    int32_t slot = lm_pcache_checkpoint_slot(en->pc, r->hashes[k - 1]);
+    if (slot < 0) return false;
+    if (lm_dcache_get(en->dc, r->hashes[k - 1], parent, LM_DC_STATE, r->tokens + (size_t)(k - 1) * en->bs, en->bs,
+                      en->dc_buf, lm_kv_state_bytes(en->kv)) != 0) {
+        lm_pcache_drop_checkpoint(en->pc, r->hashes[k - 1]);
+        return false;
+    }
+    lm_kv_state_write(en->kv, slot, en->dc_buf);
+    return true;
+}
+
+bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit *ram) {
+    const int m = ram->kv_blocks;
+    /* a hybrid resumes from a checkpoint <= n - 1; attention copies up to the last full block */
+    const int max_full = en->stateful ? (r->n_prompt - 1) / en->bs : r->n_prompt / en->bs;
+    int end = m;
+    while (end < max_full && lm_dcache_ready(en->dc, r->hashes[end], LM_DC_KV)) end++;
+    int target = end;
+    if (en->stateful)
+        while (target > ram->n_blocks && !lm_dcache_ready(en->dc, r->hashes[target - 1], LM_DC_STATE)) target--;
+    if (target <= (en->stateful ? ram->n_blocks : m)) return false;
+    for (int i = ram->n_blocks; i < m; i++) lm_pcache_pin(en->pc, r->hashes[i]); /* the RAM part stays */
+    int loaded = m;
+    while (loaded < target && load_block(en, r, loaded)) loaded++;
+    touch_chain(en, r, 0, loaded);
+    if (!en->stateful) return loaded > m;
+    for (int k = loaded; k > ram->n_blocks; k--)
+        if (lm_dcache_ready(en->dc, r->hashes[k - 1], LM_DC_STATE) && load_state(en, r, k)) return true;
+    return loaded > m;
+}

@@ -1,0 +1,92 @@
+/* lm_disk_cache.h - the prefix cache's disk tier: KV blocks and recurrent-
+ * state checkpoints kept as files in one directory, so that they survive a
+ * restart or a crash.
+ *
+ * An entry is one file named by the chain hash of the prefix it ends
+ * (lm_prefix_cache.h) and its kind: "<hash>.kv" holds a block's tokens and
+ * its K/V in the cache's own formats, "<hash>.st" the recurrent state of a
+ * hybrid model at that block's end. Each file starts with a header (magic,
+ * version, model identity, hash, parent hash, token count, payload length
+ * and checksum, a checksum of the header itself; disk_entry.c) and is
+ * checked on every read: an entry that is torn, corrupt, of another model or
+ * format version, or unreadable is never served - it is counted, logged,
+ * deleted when it is ours, and the prefix is computed again.
+ *
+ * Writes go through a writer thread with a bounded queue (disk_writer.c):
+ * lm_dcache_put copies the entry and returns; when the queue is full the
+ * entry is dropped (counted), the caller never waits. A file appears
+ * atomically (temp file, fsync, rename, directory fsync), so a crash leaves
+ * either the whole entry or a temp file, which the next start deletes.
+ *
+ * The index (disk_cache.c) is rebuilt from the directory at start (headers
+ * read, not payloads) and kept in LRU order; files go, least recently used
+ * first, when the bytes pass the budget. One process owns a directory: a
+ * lock file (flock) refuses a second one with a clear error.
+ *
+ * Thread safety: every function may be called from any thread. */
+#ifndef LM_DISK_CACHE_H
+#define LM_DISK_CACHE_H
+
+#include "../base/lm_base.h"
+
+/* Bump when the header or payload layout changes: older entries then read
+ * as another format and are ignored. */
+#define LM_DC_VERSION 1
+
+typedef enum lm_dc_kind { LM_DC_KV = 1, LM_DC_STATE = 2 } lm_dc_kind;
+
+typedef struct lm_disk_cache lm_disk_cache;
+
+/* Opens (creating it if needed) and locks dir, deletes leftover temp files,
+ * rebuilds the index of entries of model identity ident (others are counted
+ * and left alone), evicts down to budget, starts the writer. -1 with e
+ * naming the directory and the reason (another process holds it, ...). */
+int lm_dcache_open(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2], lm_err *e);
+/* Writes what is queued, stops the writer, unlocks. */
+void lm_dcache_close(lm_disk_cache *dc);
+
+/* Whether the entry is on disk or queued to be. */
+bool lm_dcache_has(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+/* Whether the entry is on disk (readable by lm_dcache_get). */
+bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+
+/* Makes the entry (if indexed) the most recently used. */
+void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+
+/* Queues an entry: n_tokens tokens and n data bytes, both copied. 0: queued;
+ * 1: already on disk or queued (its LRU position refreshed); -1: dropped
+ * (the queue is full). */
+int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
+                  int n_tokens, const void *data, size_t n);
+/* Reads and checks an entry that must be (hash, kind) under parent, for
+ * tokens[0, n_tokens), with n data bytes, into data (left undefined on failure). 0 on success (the
+ * entry becomes most recently used); -1 when it is absent or fails a check
+ * (counted, logged, and the file deleted). */
+int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
+                  int n_tokens, void *data, size_t n);
+
+/* Waits until the writer has handled every queued entry (tests, shutdown). */
+void lm_dcache_flush(lm_disk_cache *dc);
+
+typedef struct lm_dc_stats {
+    int entries;            /* on disk, of this model */
+    size_t bytes, budget;
+    uint64_t writes;        /* entries written */
+    uint64_t dropped;       /* entries dropped: the writer's queue was full */
+    uint64_t write_errors;  /* writes that failed (ENOSPC, EIO, ...): nothing left behind */
+    uint64_t reads;         /* entries read and verified */
+    uint64_t read_errors;   /* reads that failed (EIO, vanished file) */
+    uint64_t corrupt;       /* torn, truncated or bit-flipped entries found (at start or on read) */
+    uint64_t foreign;       /* entries of another model, KV format or version, ignored */
+    uint64_t evicted;       /* entries deleted over the budget */
+    uint64_t temp_cleaned;  /* leftover temp files of interrupted writes deleted at start */
+    double open_s;          /* seconds lm_dcache_open took (index rebuild) */
+} lm_dc_stats;
+void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s);
+
+/* Fault injection (tests), as SQLite tests its I/O: after `skip` more
+ * successful calls of op, the next `times` calls fail with errno err. */
+typedef enum lm_dc_op { LM_DC_OP_WRITE, LM_DC_OP_FSYNC, LM_DC_OP_RENAME, LM_DC_OP_READ, LM_DC_OP_N } lm_dc_op;
+void lm_dcache_inject(lm_disk_cache *dc, lm_dc_op op, int err, int skip, int times);
+
+#endif

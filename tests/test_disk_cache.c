@@ -1,0 +1,331 @@
+/* test_disk_cache.c - the disk tier's files on their own (lm_disk_cache.h):
+ * entries survive a close and reopen; one process owns a directory; every
+ * injected I/O fault (ENOSPC on write, fsync, rename, EIO on read) and every
+ * damaged file (bit flip, truncation, another model's, another version's,
+ * a temp file left by a killed write) is detected, counted and never
+ * served; the byte budget holds by counting files and bytes. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "engine/disk_internal.h"
+#include "engine/lm_disk_cache.h"
+#include "lm_test.h"
+#include "test_util.h"
+
+#define DT_BS 16
+#define DT_DATA 4000
+
+static const uint64_t k_ident[2] = { 0x1234, 0x5678 };
+
+/* Entry k: tokens and data derived from k. */
+static void dt_entry(int k, int32_t *toks, uint8_t *data) {
+    for (int i = 0; i < DT_BS; i++) toks[i] = k * 100 + i;
+    for (int i = 0; i < DT_DATA; i++) data[i] = (uint8_t)(k * 7 + i);
+}
+
+static uint64_t dt_hash(int k) { return 0xabc000ull + (uint64_t)k; }
+
+/* Puts entries [0, n) and waits for the writer; how many were queued. */
+static int dt_put(lm_disk_cache *dc, int n) {
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    int queued = 0;
+    for (int k = 0; k < n; k++) {
+        dt_entry(k, toks, data);
+        queued += lm_dcache_put(dc, dt_hash(k), k ? dt_hash(k - 1) : 1, LM_DC_KV, toks, DT_BS, data, DT_DATA) == 0;
+        lm_dcache_flush(dc); /* one at a time: the test is about the files, not the queue */
+    }
+    return queued;
+}
+
+/* 0 when entry k reads back exactly. */
+static int dt_get(lm_disk_cache *dc, int k) {
+    int32_t toks[DT_BS];
+    uint8_t want[DT_DATA], got[DT_DATA];
+    dt_entry(k, toks, want);
+    if (lm_dcache_get(dc, dt_hash(k), k ? dt_hash(k - 1) : 1, LM_DC_KV, toks, DT_BS, got, DT_DATA)) return -1;
+    return memcmp(want, got, DT_DATA) == 0 ? 0 : -2;
+}
+
+/* Files in dir: entries, temp files, and their bytes. */
+static void dt_count(const char *dir, int *entries, int *temps, size_t *bytes) {
+    *entries = *temps = 0;
+    *bytes = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        uint64_t h;
+        lm_dc_kind kind;
+        char path[512];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (strncmp(de->d_name, "tmp-", 4) == 0) (*temps)++;
+        if (!lm_dc_entry_parse(de->d_name, &h, &kind) || stat(path, &sb) != 0) continue;
+        (*entries)++;
+        *bytes += (size_t)sb.st_size;
+    }
+    if (d) closedir(d);
+}
+
+static char *dt_file(const char *dir, int k) {
+    char name[LM_DC_NAME_MAX];
+    lm_dc_entry_name(name, dt_hash(k), LM_DC_KV);
+    char *p = malloc(strlen(dir) + LM_DC_NAME_MAX + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+LM_TEST(disk_cache_reopen_keeps_entries) {
+    char *dir = lm_tu_mkdir("dc_reopen");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    LM_CHECK(dt_put(dc, 20) == 20);
+    LM_CHECK(dt_put(dc, 20) == 0); /* already there */
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.entries == 20 && st.corrupt == 0 && st.foreign == 0);
+    for (int k = 0; k < 20; k++) LM_CHECK(dt_get(dc, k) == 0);
+    /* the wrong parent or tokens never read as a hit */
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    dt_entry(3, toks, data);
+    LM_CHECK(lm_dcache_get(dc, dt_hash(3), 999, LM_DC_KV, toks, DT_BS, data, DT_DATA) == -1);
+    LM_CHECK(!lm_dcache_ready(dc, dt_hash(3), LM_DC_KV)); /* and the entry is gone */
+    dt_entry(4, toks, data);
+    toks[15]++;
+    LM_CHECK(lm_dcache_get(dc, dt_hash(4), dt_hash(3), LM_DC_KV, toks, DT_BS, data, DT_DATA) == -1);
+    LM_CHECK(!lm_dcache_ready(dc, dt_hash(4), LM_DC_KV));
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+LM_TEST(disk_cache_lock_refuses_second_owner) {
+    char *dir = lm_tu_mkdir("dc_lock");
+    lm_disk_cache *a, *b;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&a, dir, 1 << 20, k_ident, &e) == 0);
+    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == -1);
+    LM_CHECK_MSG(strstr(e.msg, "in use by another lumen process") && strstr(e.msg, dir), "%s", e.msg);
+    lm_dcache_close(a);
+    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == 0); /* free again once the owner closes */
+    lm_dcache_close(b);
+    free(dir);
+}
+
+LM_TEST(disk_cache_budget_evicts_lru) {
+    char *dir = lm_tu_mkdir("dc_budget");
+    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 3 * one, k_ident, &e) == 0);
+    dt_put(dc, 2);
+    LM_CHECK(dt_get(dc, 0) == 0); /* 0 becomes more recent than 1 */
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    for (int k = 2; k < 10; k++) {
+        dt_entry(k, toks, data);
+        lm_dcache_put(dc, dt_hash(k), dt_hash(k - 1), LM_DC_KV, toks, DT_BS, data, DT_DATA);
+        lm_dcache_flush(dc);
+        if (k == 2) LM_CHECK(dt_get(dc, 0) == 0);
+    }
+    int n, t;
+    size_t bytes;
+    dt_count(dir, &n, &t, &bytes);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(n == 3 && bytes == 3 * one && st.entries == 3 && st.bytes == bytes && st.evicted == 7,
+                 "files %d bytes %zu entries %d evicted %llu", n, bytes, st.entries, (unsigned long long)st.evicted);
+    LM_CHECK(dt_get(dc, 9) == 0 && dt_get(dc, 8) == 0 && dt_get(dc, 1) == -1);
+    lm_dcache_close(dc);
+    /* a smaller budget at the next start evicts there */
+    LM_REQUIRE(lm_dcache_open(&dc, dir, one, k_ident, &e) == 0);
+    dt_count(dir, &n, &t, &bytes);
+    LM_CHECK(n == 1);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+/* Each write-side fault: the write fails, is counted, leaves no file (and
+ * ENOSPC deletes the oldest eighth of the entries: here entry 0). */
+static void dt_write_fault(lm_test_ctx *lm_t_, const char *tag, lm_dc_op op, int err) {
+    const bool full = err == ENOSPC;
+    char *dir = lm_tu_mkdir(tag);
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    lm_dcache_inject(dc, op, err, 1, 2); /* entry 0 is written, 1 and 2 fail, 3 is written */
+    dt_put(dc, 4);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    int n, t;
+    size_t bytes;
+    dt_count(dir, &n, &t, &bytes);
+    LM_CHECK_MSG(st.write_errors == 2 && st.writes == 2 && n == 2 - full && t == 0,
+                 "errors %llu writes %llu files %d temps %d", (unsigned long long)st.write_errors,
+                 (unsigned long long)st.writes, n, t);
+    LM_CHECK(dt_get(dc, 0) == (full ? -1 : 0) && dt_get(dc, 1) == -1 && dt_get(dc, 2) == -1 && dt_get(dc, 3) == 0);
+    /* written again later, once the disk has room */
+    LM_CHECK(dt_put(dc, 4) == 2 + full && dt_get(dc, 1) == 0);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+LM_TEST(disk_cache_fault_enospc_write) { dt_write_fault(lm_t_, "dc_enospc", LM_DC_OP_WRITE, ENOSPC); }
+
+/* A disk full before the budget: each ENOSPC deletes the oldest eighth of
+ * the entries, so that newer ones can take their place. */
+LM_TEST(disk_cache_enospc_makes_room) {
+    char *dir = lm_tu_mkdir("dc_full");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 16);
+    lm_dcache_inject(dc, LM_DC_OP_WRITE, ENOSPC, 0, 1);
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    dt_entry(16, toks, data);
+    LM_CHECK(lm_dcache_put(dc, dt_hash(16), dt_hash(15), LM_DC_KV, toks, DT_BS, data, DT_DATA) == 0);
+    lm_dcache_flush(dc);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(st.write_errors == 1 && st.evicted == 2 && st.entries == 14, "errors %llu evicted %llu entries %d",
+                 (unsigned long long)st.write_errors, (unsigned long long)st.evicted, st.entries);
+    LM_CHECK(dt_get(dc, 0) == -1 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0 && dt_get(dc, 16) == -1);
+    /* the disk has room again: the entry that failed is written the next time */
+    LM_CHECK(lm_dcache_put(dc, dt_hash(16), dt_hash(15), LM_DC_KV, toks, DT_BS, data, DT_DATA) == 0);
+    lm_dcache_flush(dc);
+    LM_CHECK(dt_get(dc, 16) == 0);
+    lm_dcache_close(dc);
+    free(dir);
+}
+LM_TEST(disk_cache_fault_eio_fsync) { dt_write_fault(lm_t_, "dc_fsync", LM_DC_OP_FSYNC, EIO); }
+LM_TEST(disk_cache_fault_rename) { dt_write_fault(lm_t_, "dc_rename", LM_DC_OP_RENAME, EIO); }
+
+LM_TEST(disk_cache_fault_eio_read) {
+    char *dir = lm_tu_mkdir("dc_eio");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    lm_dcache_inject(dc, LM_DC_OP_READ, EIO, 1, 1);
+    LM_CHECK(dt_get(dc, 0) == 0 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.read_errors == 1 && st.reads == 2 && st.entries == 2);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+/* Damages entry 1's file with f, then reopens: never served, counted. */
+static void dt_damaged(lm_test_ctx *lm_t_, const char *tag, void (*f)(const char *path), bool at_start) {
+    char *dir = lm_tu_mkdir(tag);
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    lm_dcache_close(dc);
+    char *p = dt_file(dir, 1);
+    f(p);
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(st.corrupt == (at_start ? 1u : 0u) && st.entries == (at_start ? 2 : 3), "corrupt %llu entries %d",
+                 (unsigned long long)st.corrupt, st.entries);
+    LM_CHECK(dt_get(dc, 0) == 0 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0);
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.corrupt == 1 && st.entries == 2 && access(p, F_OK) != 0); /* deleted */
+    lm_dcache_close(dc);
+    free(p);
+    free(dir);
+}
+
+static void flip_payload(const char *path) {
+    size_t n;
+    char *b = lm_tu_read(path, &n);
+    b[n - 5] ^= 0x10;
+    lm_tu_write(path, b, n);
+    free(b);
+}
+
+static void flip_header(const char *path) {
+    size_t n;
+    char *b = lm_tu_read(path, &n);
+    b[20] ^= 1; /* inside the identity */
+    lm_tu_write(path, b, n);
+    free(b);
+}
+
+static void truncate_file(const char *path) {
+    size_t n;
+    char *b = lm_tu_read(path, &n);
+    lm_tu_write(path, b, n - 100);
+    free(b);
+}
+
+LM_TEST(disk_cache_bit_flip_payload) { dt_damaged(lm_t_, "dc_flip", flip_payload, false); }
+LM_TEST(disk_cache_bit_flip_header) { dt_damaged(lm_t_, "dc_fliph", flip_header, true); }
+LM_TEST(disk_cache_truncated) { dt_damaged(lm_t_, "dc_trunc", truncate_file, true); }
+
+LM_TEST(disk_cache_foreign_and_temp_files) {
+    char *dir = lm_tu_mkdir("dc_foreign");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    lm_dcache_close(dc);
+    /* a kill -9 in the middle of a write leaves a temp file */
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s/tmp-0000000000abc003.kv", dir);
+    LM_REQUIRE(lm_tu_write(tmp, "torn", 4) == 0);
+    /* another model's view of the same directory: all three are foreign */
+    const uint64_t other[2] = { 0x1234, 0x5679 };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, other, &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.foreign == 3 && st.entries == 0 && st.temp_cleaned == 1 && access(tmp, F_OK) != 0);
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    dt_entry(0, toks, data);
+    LM_CHECK(lm_dcache_get(dc, dt_hash(0), 1, LM_DC_KV, toks, DT_BS, data, DT_DATA) == -1);
+    lm_dcache_close(dc);
+    /* left alone: the owner still finds them */
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.entries == 3 && dt_get(dc, 2) == 0);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+LM_TEST(disk_cache_other_version_is_foreign) {
+    char *dir = lm_tu_mkdir("dc_version");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 1);
+    lm_dcache_close(dc);
+    /* the same entry as a later format version would write it */
+    char *p = dt_file(dir, 0);
+    size_t n;
+    char *b = lm_tu_read(p, &n);
+    lm_dc_header *h = (lm_dc_header *)b;
+    h->version = LM_DC_VERSION + 1;
+    h->header_xxh3 = XXH3_64bits(h, offsetof(lm_dc_header, header_xxh3));
+    lm_tu_write(p, b, n);
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.foreign == 1 && st.entries == 0 && st.corrupt == 0 && dt_get(dc, 0) == -1);
+    lm_dcache_close(dc);
+    free(b);
+    free(p);
+    free(dir);
+}

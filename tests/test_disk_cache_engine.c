@@ -1,0 +1,385 @@
+/* test_disk_cache_engine.c - the disk tier under the engine: after a
+ * restart (a new engine on the same --cache-dir) a prompt served from disk
+ * gives exactly the tokens of a cold run, on attention models (llama,
+ * qwen3, gemma3 and gemma4 with sliding windows) and on the hybrids (demo,
+ * qwen3.5, qwen3-next: the recurrent-state checkpoint comes from disk too), and
+ * every damaged or unreadable entry, or another format's, is recomputed
+ * instead of served. */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/lm_disk_cache.h"
+#include "engine/lm_engine.h"
+#include "engine/lm_model_identity.h"
+#include "lm_test.h"
+#include "test_util.h"
+
+#define DK_N 100  /* prompt tokens: six full blocks and four more */
+#define DK_GEN 8
+
+typedef struct dk_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[DK_GEN];
+    int n, n_cached, n_cached_disk;
+    bool done;
+} dk_run;
+
+static void dk_on_token(void *user, const lm_token_event *ev) {
+    dk_run *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->has_token && c->n < DK_GEN) c->toks[c->n++] = ev->token;
+    if (ev->done) {
+        c->done = true;
+        c->n_cached = ev->n_cached;
+        c->n_cached_disk = ev->trace ? ev->trace->n_cached_disk : -1;
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Submits one greedy request; NULL when refused. */
+static lm_request *dk_submit(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    lm_gen_params p = { 0 };
+    p.sampling.top_p = 1;
+    p.repetition_penalty = 1;
+    p.max_tokens = DK_GEN;
+    lm_request *r = NULL;
+    return lm_engine_submit(en, ids, n, &p, dk_on_token, c, &r, NULL) == LM_ENGINE_OK ? r : NULL;
+}
+
+static void dk_wait(lm_request *r, dk_run *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    lm_request_release(r);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+/* One greedy request to its end. */
+static int dk_generate(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
+    lm_request *r = dk_submit(en, ids, n, c);
+    if (!r) return -1;
+    dk_wait(r, c);
+    return 0;
+}
+
+typedef struct dk_fix {
+    lm_backend *be;
+    lm_model *m;
+    char *dir;
+    int32_t prompt[DK_N];
+    int32_t cold[DK_GEN];
+    lm_kv_types kvt;
+} dk_fix;
+
+/* name: a fixture model, or "demo"; false (why filled) when it is missing. */
+static bool dk_open(dk_fix *f, const char *name, const char *tag, char *why, size_t n_why) {
+    memset(f, 0, sizeof *f);
+    char *dir;
+    if (strcmp(name, "demo") == 0) {
+        dir = malloc(strlen(LUMEN_SOURCE_DIR) + 16);
+        sprintf(dir, "%s/models/demo", LUMEN_SOURCE_DIR);
+    } else {
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s", name);
+        if (!(dir = lm_test_fixture_path(rel))) {
+            snprintf(why, n_why, "%s", lm_test_fixtures_why());
+            return false;
+        }
+    }
+    lm_err e = { { 0 } };
+    f->be = lm_tu_model_backend(2, &e);
+    bool ok = f->be && lm_model_load(&f->m, dir, f->be, &e) == 0;
+    free(dir);
+    if (!ok) {
+        snprintf(why, n_why, "%s: %s", name, e.msg);
+        return false;
+    }
+    uint32_t s = 11;
+    for (int i = 0; i < DK_N; i++) {
+        s = s * 1103515245u + 12345u;
+        f->prompt[i] = 3 + (int32_t)((s >> 8) % (uint32_t)(f->m->cfg.vocab - 3));
+    }
+    f->dir = lm_tu_mkdir(tag);
+    return lm_tu_greedy_alone(f->m, f->prompt, DK_N, DK_GEN, f->cold) == 0;
+}
+
+static void dk_close(dk_fix *f) {
+    lm_model_free(f->m);
+    lm_backend_destroy(f->be);
+    free(f->dir);
+}
+
+#define DK_OPEN_OR_SKIP(f, name, tag)                 \
+    dk_fix f;                                         \
+    do {                                              \
+        char why_[600] = "";                          \
+        if (!dk_open(&f, name, tag, why_, sizeof why_)) { \
+            dk_close(&f);                             \
+            LM_SKIP("%s", why_);                      \
+        }                                             \
+    } while (0)
+
+static lm_engine *dk_engine(lm_test_ctx *lm_t_, dk_fix *f) {
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 64, .cache_ram = 32u << 20,
+                         .cache_dir = f->dir, .cache_disk = 64u << 20, .kv_type = f->kvt };
+    LM_CHECK_MSG(lm_engine_create(&en, f->m, &o, &e) == 0, "%s", e.msg);
+    return en;
+}
+
+/* A cold run that leaves its blocks on disk; the engine is gone after. */
+static void dk_fill(lm_test_ctx *lm_t_, dk_fix *f) {
+    lm_engine *en = dk_engine(lm_t_, f);
+    if (!en) return;
+    dk_run r;
+    LM_CHECK(dk_generate(en, f->prompt, DK_N, &r) == 0);
+    LM_CHECK(r.n_cached == 0 && memcmp(r.toks, f->cold, sizeof r.toks) == 0);
+    lm_engine_free(en); /* writes what is queued */
+}
+
+/* Entry files in dir of kind ext ("kv", "st"). */
+static int dk_files(const char *dir, const char *ext) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t l = strlen(de->d_name);
+        n += l == 19 && strcmp(de->d_name + 17, ext) == 0;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* After a restart the repeat is served from disk, token for token. */
+static void dk_restart(lm_test_ctx *lm_t_, const char *name, const char *tag) {
+    DK_OPEN_OR_SKIP(f, name, tag);
+    dk_fill(lm_t_, &f);
+    bool hybrid = lm_model_state_spec(f.m, (int64_t[64]){ 0 }, 64) > 0;
+    LM_CHECK_MSG(dk_files(f.dir, "kv") >= DK_N / 16 && (!hybrid || dk_files(f.dir, "st") >= 1), "%d kv, %d st files",
+                 dk_files(f.dir, "kv"), dk_files(f.dir, "st"));
+    lm_engine *en = dk_engine(lm_t_, &f);
+    LM_REQUIRE(en);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
+    LM_CHECK_MSG(memcmp(r.toks, f.cold, sizeof r.toks) == 0, "%s: a disk hit changed the tokens", name);
+    LM_CHECK_MSG(r.n_cached == 96 && r.n_cached_disk == 96, "%s: %d cached, %d from disk", name, r.n_cached,
+                 r.n_cached_disk);
+    lm_engine_stats st;
+    lm_engine_get_stats(en, &st);
+    LM_CHECK(st.cache_disk_hit_tokens == 96 && st.disk_on && st.disk.reads >= 6 && st.disk.corrupt == 0);
+    /* the same again: RAM serves it now */
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
+    LM_CHECK(r.n_cached == 96 && r.n_cached_disk == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_engine_free(en);
+    dk_close(&f);
+}
+
+LM_TEST(disk_cache_restart_exact_llama) { dk_restart(lm_t_, "llama", "dk_llama"); }
+LM_TEST(disk_cache_restart_exact_demo_hybrid) { dk_restart(lm_t_, "demo", "dk_demo"); }
+LM_TEST(disk_cache_restart_exact_qwen35_hybrid) { dk_restart(lm_t_, "qwen3.5", "dk_qwen35"); }
+LM_TEST(disk_cache_restart_exact_qwen3_next_hybrid) { dk_restart(lm_t_, "qwen3-next", "dk_qwen3next"); }
+LM_TEST(disk_cache_restart_exact_qwen3) { dk_restart(lm_t_, "qwen3", "dk_qwen3"); }
+LM_TEST(disk_cache_restart_exact_gemma3_sliding) { dk_restart(lm_t_, "gemma3", "dk_gemma3"); }
+LM_TEST(disk_cache_restart_exact_gemma4) { dk_restart(lm_t_, "gemma4", "dk_gemma4"); }
+
+/* Damage on disk between two runs: the second is still exact, hits less,
+ * and counts what it found. */
+static void dk_damage(lm_test_ctx *lm_t_, const char *tag, int mode) {
+    DK_OPEN_OR_SKIP(f, "llama", tag);
+    dk_fill(lm_t_, &f);
+    /* mode 0: EIO on the 4th block's read; 1: a flipped payload byte in
+     * every entry; 2: the restarted engine keeps KV in another format */
+    if (mode == 2) f.kvt = (lm_kv_types){ LM_KV_BF16, LM_KV_BF16 }; /* another KV format: foreign */
+    lm_engine *en = dk_engine(lm_t_, &f);
+    LM_REQUIRE(en);
+    lm_disk_cache *dc = lm_engine_disk_cache(en);
+    LM_REQUIRE(dc);
+    if (mode == 0) lm_dcache_inject(dc, LM_DC_OP_READ, EIO, 3, 1); /* the 4th block's read fails */
+    if (mode == 1) {
+        /* flip a payload byte of every entry: the first block's read fails */
+        DIR *d = opendir(f.dir);
+        for (struct dirent *de; d && (de = readdir(d));) {
+            if (strlen(de->d_name) != 19) continue;
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", f.dir, de->d_name);
+            size_t n;
+            char *b = lm_tu_read(path, &n);
+            b[n - 1] ^= 0x40;
+            lm_tu_write(path, b, n);
+            free(b);
+        }
+        if (d) closedir(d);
+    }
+    int32_t want[DK_GEN];
+    LM_REQUIRE(lm_tu_greedy_alone_kv(f.m, f.kvt, f.prompt, DK_N, DK_GEN, want) == 0);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
+    LM_CHECK_MSG(memcmp(r.toks, want, sizeof r.toks) == 0, "mode %d: tokens differ from a cold run", mode);
+    lm_engine_stats st;
+    lm_engine_get_stats(en, &st);
+    if (mode == 0)
+        LM_CHECK_MSG(r.n_cached == 48 && st.disk.read_errors == 1, "EIO: %d cached, %llu read errors", r.n_cached,
+                     (unsigned long long)st.disk.read_errors);
+    if (mode == 1) LM_CHECK_MSG(r.n_cached == 0 && st.disk.corrupt == 1, "flip: %d cached", r.n_cached);
+    if (mode == 2) LM_CHECK_MSG(r.n_cached == 0 && st.disk.foreign >= 6, "foreign: %d cached", r.n_cached);
+    lm_engine_free(en);
+    dk_close(&f);
+}
+
+LM_TEST(disk_cache_engine_eio_recomputes) { dk_damage(lm_t_, "dk_eio", 0); }
+LM_TEST(disk_cache_engine_bit_flip_recomputes) { dk_damage(lm_t_, "dk_flip", 1); }
+LM_TEST(disk_cache_engine_other_kv_format_ignored) { dk_damage(lm_t_, "dk_foreign", 2); }
+
+LM_TEST(disk_cache_engine_needs_ram_cache) {
+    DK_OPEN_OR_SKIP(f, "llama", "dk_noram");
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_dir = f.dir, .cache_disk = 1 << 20 };
+    LM_CHECK(lm_engine_create(&en, f.m, &o, &e) == -1 && strstr(e.msg, "--cache-ram"));
+    /* and a second engine on a directory in use is refused */
+    lm_engine *a = dk_engine(lm_t_, &f);
+    o.cache_ram = 1 << 20;
+    LM_CHECK(lm_engine_create(&en, f.m, &o, &e) == -1 && strstr(e.msg, "in use"));
+    lm_engine_free(a);
+    dk_close(&f);
+}
+
+/* The identity follows the bytes, not the path: a copy elsewhere keeps it,
+ * one changed weight byte or another KV format changes it. */
+LM_TEST(disk_cache_identity_follows_weights) {
+    char *src = lm_test_fixture_path("models/llama");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *copy = lm_tu_mkdir("dk_ident_copy"), *edit = lm_tu_mkdir("dk_ident_edit");
+    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    for (size_t i = 0; i < LM_COUNT(files); i++) {
+        char a[1024], b[1024], c[1024];
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", copy, files[i]);
+        snprintf(c, sizeof c, "%s/%s", edit, files[i]);
+        size_t n;
+        char *d = lm_tu_read(a, &n);
+        LM_REQUIRE(d);
+        lm_tu_write(b, d, n);
+        if (i == 1) d[n - 3] ^= 1; /* the last tensor's last bytes */
+        lm_tu_write(c, d, n);
+        free(d);
+    }
+    const char *dirs[3] = { src, copy, edit };
+    uint64_t id[4][2];
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(1, &e);
+    LM_REQUIRE(be);
+    for (int i = 0; i < 3; i++) {
+        lm_model *m = NULL;
+        LM_REQUIRE(lm_model_load(&m, dirs[i], be, &e) == 0);
+        int kv = 0;
+        lm_model_identity(m, &kv, sizeof kv, id[i], NULL);
+        if (i == 0) {
+            kv = 1;
+            lm_model_identity(m, &kv, sizeof kv, id[3], NULL);
+        }
+        lm_model_free(m);
+    }
+    LM_CHECK(id[0][0] == id[1][0] && id[0][1] == id[1][1]);
+    LM_CHECK(id[0][0] != id[2][0] && id[0][1] != id[2][1]);
+    LM_CHECK(id[0][0] != id[3][0]);
+    lm_backend_destroy(be);
+    free(src);
+    free(copy);
+    free(edit);
+}
+
+/* A budget of four entries: the directory never holds more bytes than it,
+ * the index agrees with the files, eviction takes a chain from its end, and
+ * what is left still serves exactly. */
+LM_TEST(disk_cache_engine_small_budget) {
+    DK_OPEN_OR_SKIP(f, "llama", "dk_budget");
+    size_t entry = 72 + 16 * 4 + (size_t)2 * (size_t)f.m->n_kv_layers * 16 * (size_t)f.m->kv_width * sizeof(float);
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_ram = 32u << 20, .cache_dir = f.dir,
+                         .cache_disk = 4 * entry };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_dcache_flush(lm_engine_disk_cache(en));
+    lm_dc_stats st;
+    lm_dcache_get_stats(lm_engine_disk_cache(en), &st);
+    lm_engine_free(en);
+    size_t bytes = 0;
+    int n = 0;
+    DIR *d = opendir(f.dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (strlen(de->d_name) != 19) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", f.dir, de->d_name);
+        size_t len = 0;
+        free(lm_tu_read(path, &len));
+        bytes += len;
+        n++;
+    }
+    if (d) closedir(d);
+    LM_CHECK_MSG(n == 4 && bytes == 4 * entry && st.entries == 4 && st.bytes == bytes && st.evicted >= 2,
+                 "%d files, %zu bytes (entry %zu), evicted %llu", n, bytes, entry, (unsigned long long)st.evicted);
+    /* the chain's end went first: its first four blocks still serve */
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    LM_CHECK_MSG(r.n_cached == 64 && r.n_cached_disk == 64, "%d cached, %d from disk", r.n_cached, r.n_cached_disk);
+    lm_engine_free(en);
+    dk_close(&f);
+}
+
+/* kill -9 at random moments while the server writes its cache (8 rounds of
+ * tests/data/disk_cache_kill9.sh): the next server starts, deletes the
+ * torn temp files and answers exactly, from the cache. */
+LM_TEST(disk_cache_kill9_while_writing) {
+    if (lm_tu_run("command -v curl >/dev/null && command -v python3 >/dev/null", NULL, NULL) != 0)
+        LM_SKIP("needs curl and python3");
+    char *work = lm_tu_mkdir("dk_kill9"), cmd[4096], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "bash '%s/tests/data/disk_cache_kill9.sh' '%s' '%s/models/demo' '%s' 8", LUMEN_SOURCE_DIR,
+             lm_test_lumen_bin(), LUMEN_SOURCE_DIR, work);
+    int rc = lm_tu_run(cmd, &out, &err);
+    int cached = -1, temps = -1;
+    LM_CHECK_MSG(rc == 0 && out && sscanf(out, "ok %d %d", &cached, &temps) == 2, "rc %d: %s %s", rc, out ? out : "",
+                 err ? err : "");
+    LM_CHECK_MSG(cached >= 1024, "%d prompt tokens cached after the kills", cached);
+    free(out);
+    free(err);
+    free(work);
+}
+
+/* The disk entries of a request queued behind a running one are read
+ * while it waits (the only running slot busy, a hybrid's state slot too):
+ * it is still served from disk, exactly. */
+LM_TEST(disk_cache_prefetch_while_busy_demo) {
+    DK_OPEN_OR_SKIP(f, "demo", "dk_busy");
+    dk_fill(lm_t_, &f);
+    int32_t other[DK_N];
+    for (int i = 0; i < DK_N; i++) other[i] = 3 + (f.prompt[i] * 7 + 11) % (f.m->cfg.vocab - 3);
+    int32_t other_cold[DK_GEN];
+    LM_REQUIRE(lm_tu_greedy_alone(f.m, other, DK_N, DK_GEN, other_cold) == 0);
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .step_tokens = 16, .cache_ram = 32u << 20,
+                         .cache_dir = f.dir, .cache_disk = 64u << 20 };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    dk_run a, b;
+    lm_request *ra = dk_submit(en, other, DK_N, &a), *rb = dk_submit(en, f.prompt, DK_N, &b);
+    LM_REQUIRE(ra && rb);
+    dk_wait(ra, &a);
+    dk_wait(rb, &b);
+    LM_CHECK(a.n_cached == 0 && memcmp(a.toks, other_cold, sizeof a.toks) == 0);
+    LM_CHECK_MSG(b.n_cached == 96 && b.n_cached_disk == 96 && memcmp(b.toks, f.cold, sizeof b.toks) == 0,
+                 "queued behind a running request: %d cached, %d from disk", b.n_cached, b.n_cached_disk);
+    lm_engine_free(en);
+    dk_close(&f);
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# disk_cache_ttft.sh - time to first token of a long prompt served from the
+# disk tier after a restart, against cold prefill and a RAM hit, all in the
+# same run (docs/benchmarks.md).
+#
+#   tools/disk_cache_ttft.sh [--bin build/release/lumen] [--model models/demo] [--tokens 4000] [--no-cold2]
+#
+# Run 1 (empty --cache-dir): prompt A cold, then A again (RAM hit). The
+# server is stopped (SIGTERM) and started again on the same directory.
+# Run 2: A (disk hit: nothing in RAM), then a fresh prompt B (cold again,
+# in the restarted process; --no-cold2 leaves it out when a cold prefill
+# takes minutes: run 1's cold is the peer in the same run). Each request is /v1/completions with token ids
+# and max_tokens 1; TTFT is the server's trace span (arrival to first
+# token), n_cached and n_cached_disk come from the same trace line. A
+# model whose max_position_embeddings is below --tokens + 16 is served as a
+# copy (links to its files) with that raised, as tools/cachebench does: the
+# tokens are random anyway; this measures time.
+set -euo pipefail
+bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --tokens) tokens=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --no-cold2) cold2=0; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d)
+trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
+prompt() { python3 -c "import json,random;r=random.Random($1);print(json.dumps({'prompt':[r.randrange(3,4000) for _ in range($tokens)],'max_tokens':1,'temperature':0}))"; }
+ctx=$((tokens + 16))
+if python3 - "$model/config.json" "$ctx" "$work/model" <<'EOF'
+import json, os, sys
+cfg = json.load(open(sys.argv[1])); text = cfg.get('text_config', cfg)
+if text.get('max_position_embeddings', 0) >= int(sys.argv[2]): sys.exit(1)
+text['max_position_embeddings'] = int(sys.argv[2])
+src = os.path.dirname(os.path.abspath(sys.argv[1])); os.mkdir(sys.argv[3])
+for f in os.listdir(src):
+    if f != 'config.json': os.symlink(os.path.join(src, f), os.path.join(sys.argv[3], f))
+json.dump(cfg, open(os.path.join(sys.argv[3], 'config.json'), 'w'))
+EOF
+then model=$work/model; echo "serving a copy of the model with max_position_embeddings $ctx"; fi
+prompt 1 >"$work/a.json"
+prompt 2 >"$work/b.json"
+
+start() {
+  "$bin" serve -m "$model" --port "$port" --cache-dir "$work/cache" --cache-disk 4G --trace "$work/trace.jsonl" \
+    --quiet 2>>"$work/server.log" &
+  pid=$!
+  for _ in $(seq 1 200); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.1; done
+  echo "server did not start" >&2; cat "$work/server.log" >&2; exit 1
+}
+ask() { # label file
+  curl -sf "localhost:$port/v1/completions" -H 'content-type: application/json' -d @"$2" >/dev/null
+  python3 - "$1" "$work/trace.jsonl" <<'EOF'
+import json, sys
+t = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+print(f"{sys.argv[1]:<22} ttft {t['ms']['ttft']:9.1f} ms  prompt {t['n_prompt']}  cached {t['n_cached']}"
+      f"  from disk {t.get('n_cached_disk', 0)}  disk reads {t['ms'].get('cache_disk_read', 0):.1f} ms")
+EOF
+}
+start
+ask "cold (run 1)" "$work/a.json"
+ask "RAM hit (run 1)" "$work/a.json"
+kill -TERM $pid; wait $pid || true
+start
+ask "disk hit after restart" "$work/a.json"
+[ "$cold2" = 1 ] && ask "cold (run 2)" "$work/b.json"
+curl -sf "localhost:$port/metrics" | grep -E '^lumen_(prefix_cache_tier_hit_tokens_total|disk_cache_(entries|bytes|reads_total))'
+grep "disk cache" "$work/server.log" | tail -1
