@@ -350,13 +350,17 @@ int32_t lm_kv_block_take(lm_kv_cache *c) {
     return b;
 }
 
-/* Block b's K and V of every layer to (to_host) or from host. */
+/* Block b's K and V of every block layer (each at its own width; ring
+ * layers are state, lm_kv_state_read) to (to_host) or from host:
+ * lm_kv_block_bytes in all. */
 static void block_io(lm_kv_cache *c, int32_t b, uint8_t *host, bool to_host) {
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(b >= 0 && b < p->n_blocks);
-    size_t kblk = lm_kv_row_bytes(p->k_type, p->kv_width) * (size_t)p->block_size;
-    size_t vblk = lm_kv_row_bytes(p->v_type, p->kv_width) * (size_t)p->block_size;
     for (int l = 0; l < p->n_layers; l++) {
+        if (pool_ring_layer(p, l)) continue;
+        const int64_t w = lm_kv_layer_width(p, l);
+        size_t kblk = lm_kv_row_bytes(p->k_type, w) * (size_t)p->block_size;
+        size_t vblk = lm_kv_row_bytes(p->v_type, w) * (size_t)p->block_size;
         char *k = (char *)p->k[l] + (size_t)b * kblk, *v = (char *)p->v[l] + (size_t)b * vblk;
         if (to_host) {
             c->be->ops->read(c->be, host, k, kblk);
