@@ -25,6 +25,23 @@ function feed(buf, onData) {
   return buf;
 }
 
+// A kept-alive connection the server closed as the next request went out
+// (llama-server's HTTP library does this now and then under concurrency):
+// fetch fails with no response at all, not even a status. Such a request is
+// sent once more, on a new connection (`retries` counts it); its times
+// start at the first attempt. A refused connection is not retried.
+const STALE_SOCKET = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+
+async function post(url, init, rec) {
+  try {
+    return await fetch(url, init);
+  } catch (err) {
+    if (rec.retries || !STALE_SOCKET.has(err?.cause?.code) || init.signal.aborted) throw err;
+    rec.retries++;
+    return fetch(url, init);
+  }
+}
+
 // Sends body (stream forced on, usage asked for) to url's
 // /v1/chat/completions; resolves to the per-request record.
 export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey } = {}) {
@@ -33,15 +50,15 @@ export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey 
   const rec = {
     start_ms: performance.now(), ttft_ms: null, e2e_ms: null, itl_ms: [],
     prompt_tokens: null, cached_tokens: null, output_tokens: null, chunks: 0,
-    finish_reason: null, text: '', error: null,
+    finish_reason: null, text: '', error: null, retries: 0,
   };
   const headers = { 'content-type': 'application/json' };
   if (apiKey) headers.authorization = `Bearer ${apiKey}`;
   let last = null;
   try {
-    const res = await fetch(new URL('/v1/chat/completions', url), {
+    const res = await post(new URL('/v1/chat/completions', url), {
       method: 'POST', headers, body: JSON.stringify(req), signal: AbortSignal.timeout(timeoutMs),
-    });
+    }, rec);
     if (!res.ok) {
       rec.error = `HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`;
       return finish(rec);
@@ -75,9 +92,18 @@ export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey 
     feed(`${buf}\n\n`, onData);
     if (rec.output_tokens === null) rec.error = 'no usage in the stream (stream_options.include_usage ignored?)';
   } catch (err) {
-    rec.error = String(err?.message ?? err);
+    rec.error = describe(err);
   }
   return finish(rec);
+}
+
+// fetch's own message ("fetch failed") hides the reason in err.cause
+// (e.g. "other side closed", ECONNRESET): keep both.
+function describe(err) {
+  const msg = String(err?.message ?? err);
+  const cause = err?.cause;
+  if (!cause) return msg;
+  return `${msg}: ${[cause.code, cause.message].filter(Boolean).join(' ')}`;
 }
 
 function finish(rec) {
