@@ -25,20 +25,24 @@ function feed(buf, onData) {
   return buf;
 }
 
-// A kept-alive connection the server closed as the next request went out
-// (llama-server's HTTP library does this now and then under concurrency):
-// fetch fails with no response at all, not even a status. Such a request is
-// sent once more, on a new connection (`retries` counts it); its times
-// start at the first attempt. A refused connection is not retried.
+// A connection the server closed as the request went out (llama-server's
+// HTTP library does this now and then to kept-alive connections under
+// concurrency): fetch fails with no response at all, not even a status. The
+// request is sent again, up to MAX_RETRIES times (undici drops the closed
+// connection, and an idle one it takes next may be closed too); `retries`
+// counts them and the times start at the first attempt. A refused
+// connection is not retried.
 const STALE_SOCKET = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+const MAX_RETRIES = 3;
 
 async function post(url, init, rec) {
-  try {
-    return await fetch(url, init);
-  } catch (err) {
-    if (rec.retries || !STALE_SOCKET.has(err?.cause?.code) || init.signal.aborted) throw err;
-    rec.retries++;
-    return fetch(url, init);
+  for (;;) {
+    try {
+      return await fetch(url, init);
+    } catch (err) {
+      if (rec.retries >= MAX_RETRIES || !STALE_SOCKET.has(err?.cause?.code) || init.signal.aborted) throw err;
+      rec.retries++;
+    }
   }
 }
 
