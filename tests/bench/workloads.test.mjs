@@ -29,6 +29,20 @@ test('generated requests are greedy and of fixed length unless asked not to', ()
   assert.equal(q.body.ignore_eos, undefined);
 });
 
+test('extra body fields reach every request of every workload, and win', () => {
+  const extraBody = { logit_bias: { 7: -100 }, max_tokens: 5 };
+  for (const w of WORKLOADS) {
+    const s = buildWorkload(w, 2, { ...small, extraBody });
+    for (const t of s.flat()) {
+      assert.deepEqual(t.body.logit_bias, { 7: -100 }, w);
+      assert.equal(t.body.max_tokens, 5, w);
+    }
+  }
+  // each request has a copy: a server-side mutation of one cannot leak
+  const [[a], [b]] = buildWorkload('random', 2, { requests: 2, extraBody });
+  assert.notEqual(a.body.logit_bias, b.body.logit_bias);
+});
+
 test('shared-prefix: one system prompt, a different question per user', () => {
   const s = buildWorkload('shared-prefix', 3, { requests: 5, prefixLen: 500 });
   const systems = new Set(s.map(([t]) => t.body.messages[0].content));

@@ -28,9 +28,9 @@ async function serverModel(url, apiKey) {
 // A request as the results keep it: timings, counts, the output text.
 function keep(r) {
   const { session, turn, start_ms, ttft_ms, e2e_ms, itl_ms, prompt_tokens, cached_tokens, output_tokens,
-    finish_reason, text, error } = r;
+    finish_reason, text, error, retries } = r;
   return { session, turn, start_ms, ttft_ms, e2e_ms, itl_ms, prompt_tokens, cached_tokens, output_tokens,
-    finish_reason, text, error };
+    finish_reason, text, error, retries };
 }
 
 export async function runBench(cfg, log = () => {}) {

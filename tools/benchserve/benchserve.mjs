@@ -33,6 +33,8 @@ blocks over distinct workload seeds, and writes every request's timings.
   --sessions DIR          agent sessions (default tools/benchserve/sessions)
   --replay-timing T       agent: fast | recorded (the recorded think/tool time)
   --no-ignore-eos         let the model stop early (outputs then differ in length)
+  --extra-body JSON|@FILE fields added to every request, over the generated ones
+                          (e.g. '{"logit_bias":{"5":-100}}'; recorded in the results)
   --model NAME            the request's model field (default: the server's first)
   --api-key KEY           sent as a bearer token
   --timeout S             per-request limit in seconds (default 600)
@@ -69,6 +71,18 @@ const int1 = (s, what, min = 1) => {
   return n;
 };
 
+// --extra-body: a JSON object, inline or from @FILE.
+function extraBody(arg) {
+  let j;
+  try {
+    j = JSON.parse(arg.startsWith('@') ? readFileSync(arg.slice(1), 'utf8') : arg);
+  } catch (err) {
+    fail(`--extra-body: ${err.message}`);
+  }
+  if (j === null || typeof j !== 'object' || Array.isArray(j)) fail('--extra-body: a JSON object, e.g. \'{"top_k":1}\'');
+  return j;
+}
+
 function logger(quiet) {
   const tty = process.stderr.isTTY;
   return (line, transient = false) => {
@@ -82,7 +96,7 @@ async function benchMain(argv) {
   const o = parse(argv, {
     url: 'v', name: 'v', workload: 'v', concurrency: 'v', requests: 'v', blocks: 'v', seed: 'v', warmup: 'v',
     'input-len': 'v', 'output-len': 'v', range: 'v', 'prefix-len': 'v', 'context-lens': 'v', sessions: 'v',
-    'replay-timing': 'v', 'no-ignore-eos': 'flag', model: 'v', 'api-key': 'v', timeout: 'v', out: 'v', quiet: 'flag',
+    'replay-timing': 'v', 'no-ignore-eos': 'flag', 'extra-body': 'v', model: 'v', 'api-key': 'v', timeout: 'v', out: 'v', quiet: 'flag',
     help: 'flag', h: 'flag',
   });
   if (o.help || o.h) { process.stdout.write(`${USAGE}\n`); return; }
@@ -102,6 +116,7 @@ async function benchMain(argv) {
   if (o['context-lens']) wo.contextLens = ints(o['context-lens'], '--context-lens');
   if (o.range) { wo.range = Number(o.range); if (!(wo.range >= 0 && wo.range < 1)) fail('--range: a number in [0, 1)'); }
   if (o.sessions) wo.sessionsDir = o.sessions;
+  if (o['extra-body']) wo.extraBody = extraBody(o['extra-body']);
   const cfg = {
     urls, names: o.name ? o.name.split(',') : [], workload, workloadOptions: wo,
     concurrency: o.concurrency ? ints(o.concurrency, '--concurrency') : [1],

@@ -25,6 +25,27 @@ function feed(buf, onData) {
   return buf;
 }
 
+// A connection the server closed as the request went out (llama-server's
+// HTTP library does this now and then to kept-alive connections under
+// concurrency): fetch fails with no response at all, not even a status. The
+// request is sent again, up to MAX_RETRIES times (undici drops the closed
+// connection, and an idle one it takes next may be closed too); `retries`
+// counts them and the times start at the first attempt. A refused
+// connection is not retried.
+const STALE_SOCKET = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+const MAX_RETRIES = 3;
+
+async function post(url, init, rec) {
+  for (;;) {
+    try {
+      return await fetch(url, init);
+    } catch (err) {
+      if (rec.retries >= MAX_RETRIES || !STALE_SOCKET.has(err?.cause?.code) || init.signal.aborted) throw err;
+      rec.retries++;
+    }
+  }
+}
+
 // Sends body (stream forced on, usage asked for) to url's
 // /v1/chat/completions; resolves to the per-request record.
 export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey } = {}) {
@@ -33,15 +54,15 @@ export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey 
   const rec = {
     start_ms: performance.now(), ttft_ms: null, e2e_ms: null, itl_ms: [],
     prompt_tokens: null, cached_tokens: null, output_tokens: null, chunks: 0,
-    finish_reason: null, text: '', error: null,
+    finish_reason: null, text: '', error: null, retries: 0,
   };
   const headers = { 'content-type': 'application/json' };
   if (apiKey) headers.authorization = `Bearer ${apiKey}`;
   let last = null;
   try {
-    const res = await fetch(new URL('/v1/chat/completions', url), {
+    const res = await post(new URL('/v1/chat/completions', url), {
       method: 'POST', headers, body: JSON.stringify(req), signal: AbortSignal.timeout(timeoutMs),
-    });
+    }, rec);
     if (!res.ok) {
       rec.error = `HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`;
       return finish(rec);
@@ -75,9 +96,18 @@ export async function streamChat(url, body, { model, timeoutMs = 600000, apiKey 
     feed(`${buf}\n\n`, onData);
     if (rec.output_tokens === null) rec.error = 'no usage in the stream (stream_options.include_usage ignored?)';
   } catch (err) {
-    rec.error = String(err?.message ?? err);
+    rec.error = describe(err);
   }
   return finish(rec);
+}
+
+// fetch's own message ("fetch failed") hides the reason in err.cause
+// (e.g. "other side closed", ECONNRESET): keep both.
+function describe(err) {
+  const msg = String(err?.message ?? err);
+  const cause = err?.cause;
+  if (!cause) return msg;
+  return `${msg}: ${[cause.code, cause.message].filter(Boolean).join(' ')}`;
 }
 
 function finish(rec) {

@@ -65,11 +65,12 @@ function spread(rng, len, range) {
 }
 
 // The fields every generated request carries: greedy, a fixed output length
-// (ignore_eos, which lumen, llama-server and vLLM accept) unless asked not to.
+// (ignore_eos, which lumen, llama-server and vLLM accept) unless asked not to,
+// then the user's extra fields (--extra-body), which win.
 function genFields(o, maxTokens) {
   const f = { max_tokens: maxTokens, temperature: 0 };
   if (o.ignoreEos) f.ignore_eos = true;
-  return f;
+  return { ...f, ...structuredClone(o.extraBody ?? {}) };
 }
 
 function randomWorkload(o, rng) {
@@ -147,6 +148,7 @@ export const workloadDefaults = {
   ignoreEos: true,
   sessionsDir: defaultSessionsDir,
   replayTiming: 'fast',
+  extraBody: null,
 };
 
 // The sessions of workload `name` for `seed` (options: workloadDefaults).
