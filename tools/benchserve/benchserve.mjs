@@ -7,13 +7,13 @@ import { readFileSync, writeFileSync } from 'node:fs';
 
 import { runBench } from './bench.mjs';
 import { startRecorder } from './record.mjs';
-import { renderHtml, renderMarkdown } from './report.mjs';
+import { isEvalLine, renderHtml, renderMarkdown } from './report.mjs';
 import { MIN_BLOCKS } from './stats.mjs';
 import { WORKLOADS, workloadDefaults } from './workloads.mjs';
 
 const USAGE = `usage: lumen bench-serve --url URL[,URL2] --out RESULTS.json [options]
        lumen bench-serve record --upstream URL --out DIR [--listen PORT]
-       lumen report RESULTS.json... [--html OUT.html | -o OUT.html] [--markdown]
+       lumen report RESULTS.json... [EVAL.jsonl...] [--html OUT.html | -o OUT.html] [--markdown]
 
 bench-serve drives one server, or two (arms A and B) in alternating AB/BA
 blocks over distinct workload seeds, and writes every request's timings.
@@ -39,7 +39,11 @@ blocks over distinct workload seeds, and writes every request's timings.
   --api-key KEY           sent as a bearer token
   --timeout S             per-request limit in seconds (default 600)
   --out FILE              results JSON (required)
-  --quiet                 no progress lines`;
+  --quiet                 no progress lines
+
+report renders results files as one HTML page or Markdown tables; files of
+\`lumen eval\` output (its JSON lines, e.g. one per KV format or weight type)
+given beside them become the page's quality ledger.`;
 
 function fail(msg) {
   process.stderr.write(`lumen: ${msg}\n`);
@@ -149,15 +153,23 @@ async function recordMain(argv) {
 function reportMain(argv) {
   const o = parse(argv, { html: 'v', o: 'v', markdown: 'flag', help: 'flag', h: 'flag' });
   if (o.help || o.h || !o._.length) { process.stdout.write(`${USAGE}\n`); if (!o._.length && !o.help && !o.h) process.exit(2); return; }
-  const all = o._.map((f) => {
-    let j;
-    try { j = JSON.parse(readFileSync(f, 'utf8')); } catch (err) { fail(`report: cannot read ${f}: ${err.message}`); }
-    if (j.format !== 'lumen-bench-serve/1') fail(`report: ${f} is not a bench-serve results file`);
-    return j;
-  });
+  // each file: a bench-serve results file, or `lumen eval` output (JSON lines) for the quality ledger
+  const all = [], evals = [];
+  for (const f of o._) {
+    let text;
+    try { text = readFileSync(f, 'utf8'); } catch (err) { fail(`report: cannot read ${f}: ${err.message}`); }
+    let j = null;
+    try { j = JSON.parse(text); } catch { /* JSON lines, perhaps */ }
+    if (j?.format === 'lumen-bench-serve/1') { all.push(j); continue; }
+    const lines = text.split('\n').filter((l) => l.trim());
+    const parsed = lines.map((l) => { try { return JSON.parse(l); } catch { return null; } });
+    if (!lines.length || !parsed.every(isEvalLine)) fail(`report: ${f} is neither a bench-serve results file nor lumen eval output`);
+    evals.push(...parsed);
+  }
+  if (!all.length && !evals.length) fail('report: nothing to report');
   const html = o.html ?? o.o;
-  if (html) writeFileSync(html, renderHtml(all));
-  if (o.markdown || !html) process.stdout.write(renderMarkdown(all));
+  if (html) writeFileSync(html, renderHtml(all, evals));
+  if (o.markdown || !html) process.stdout.write(renderMarkdown(all, evals));
 }
 
 const [cmd, ...rest] = process.argv.slice(2);

@@ -4,8 +4,9 @@
 // at each concurrency, the paired ratios B/A with their intervals (or why
 // they are withheld), the greedy-output comparison, and plots: TTFT and
 // end-to-end CDFs, throughput against concurrency, cached tokens per agent
-// turn. Numbers carry data-* attributes so tests can check them against
-// the JSON.
+// turn; and a quality ledger of `lumen eval` lines given beside the results
+// (perplexity, and KL / top-1 agreement against a reference when measured).
+// Numbers carry data-* attributes so tests can check them against the JSON.
 import { cdfPoints, forestPlot, lineChart } from './svg.mjs';
 import { METRICS, quantile } from './stats.mjs';
 
@@ -108,6 +109,27 @@ function plots(res) {
   return `<div class="plots">${out.join('\n')}</div>`;
 }
 
+// `lumen eval` prints one JSON object a run; these are its fields, in order.
+const EVAL_COLS = [['model', 'model'], ['reference', 'reference'], ['kv', 'KV'], ['ctx', 'ctx'], ['scored', 'scored tokens'],
+  ['ppl', 'perplexity'], ['ref_ppl', 'reference perplexity'], ['kl_mean', 'KL mean (nats)'], ['kl_p99', 'KL p99'],
+  ['kl_max', 'KL max'], ['top1', 'top-1 agreement']];
+
+// Whether j is one `lumen eval` result line.
+export const isEvalLine = (j) => j !== null && typeof j === 'object' && typeof j.nll === 'number' && typeof j.ppl === 'number';
+
+// four significant digits; KL divergences of 1e-5 as 1.000e-5, not 0.00001000
+const fmtEval = (x) => (Number.isInteger(x) ? String(x) : x !== 0 && Math.abs(x) < 1e-3 ? x.toExponential(3) : x.toPrecision(4));
+const evalCell = (e, k) => (typeof e[k] === 'number' ? fmtEval(e[k]) : (e[k] ?? '–'));
+
+function evalLedger(evals) {
+  if (!evals.length) return '';
+  const head = `<tr>${EVAL_COLS.map(([, l]) => `<th>${esc(l)}</th>`).join('')}</tr>`;
+  const rows = evals.map((e, i) => `<tr>${EVAL_COLS.map(([k]) =>
+    `<td data-eval="${i}" data-key="${k}" data-value="${esc(e[k] ?? '')}">${esc(evalCell(e, k))}</td>`).join('')}</tr>`);
+  return `<section class="ledger"><h2>Quality ledger (lumen eval)</h2>
+<table class="eval">${head}\n${rows.join('\n')}</table></section>`;
+}
+
 const CSS = `body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}.prov td,.prov th{text-align:left}code{font-size:12px}
@@ -115,7 +137,7 @@ th{background:#f3f3f3}.prov td,.prov th{text-align:left}code{font-size:12px}
 .one{stroke:#888;stroke-dasharray:4 3}.withheld{fill:#a00}.plots{display:flex;flex-wrap:wrap;gap:12px}
 section{border-top:2px solid #ddd;margin-top:2em}`;
 
-export function renderHtml(all) {
+export function renderHtml(all, evals = []) {
   const sections = all.map((res, i) => `<section class="result" data-index="${i}">
 <h2>${esc(res.config.workload)}: ${res.arms.map((a) => esc(a.name)).join(' vs ')}</h2>
 ${provenance(res)}
@@ -129,11 +151,12 @@ ${plots(res)}
 <style>${CSS}</style></head>
 <body><h1>lumen bench-serve report</h1>
 ${sections.join('\n')}
+${evalLedger(evals)}
 </body></html>
 `;
 }
 
-export function renderMarkdown(all) {
+export function renderMarkdown(all, evals = []) {
   const out = [];
   for (const res of all) {
     out.push(`### ${res.config.workload}: ${res.arms.map((a) => a.name).join(' vs ')}`, '',
@@ -150,6 +173,12 @@ export function renderMarkdown(all) {
       for (const cmp of res.comparisons)
         out.push('', `Greedy outputs at concurrency ${cmp.concurrency}: ${cmp.outputs.differing} of ${cmp.outputs.compared} differ.`);
     }
+    out.push('');
+  }
+  if (evals.length) {
+    out.push('### Quality ledger (lumen eval)', '', `| ${EVAL_COLS.map(([, l]) => l).join(' | ')} |`,
+      `|${EVAL_COLS.map(() => '---|').join('')}`);
+    for (const e of evals) out.push(`| ${EVAL_COLS.map(([k]) => evalCell(e, k)).join(' | ')} |`);
     out.push('');
   }
   return out.join('\n');
