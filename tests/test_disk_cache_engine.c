@@ -254,6 +254,7 @@ LM_TEST(disk_cache_engine_needs_ram_cache) {
 }
 
 /* The identity follows the bytes, not the path: a copy elsewhere keeps it,
+ * a RoPE override (--rope-*) changes it,
  * one changed weight byte or another KV format changes it. */
 LM_TEST(disk_cache_identity_follows_weights) {
     char *src = lm_test_fixture_path("models/llama");
@@ -274,7 +275,7 @@ LM_TEST(disk_cache_identity_follows_weights) {
         free(d);
     }
     const char *dirs[3] = { src, copy, edit };
-    uint64_t id[4][2];
+    uint64_t id[5][2];
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(1, &e);
     LM_REQUIRE(be);
@@ -286,12 +287,18 @@ LM_TEST(disk_cache_identity_follows_weights) {
         if (i == 0) {
             kv = 1;
             lm_model_identity(m, &kv, sizeof kv, id[3], NULL);
+            /* what --rope-scale 2 makes of the same files (it only sets cfg.rope) */
+            kv = 0;
+            LM_REQUIRE(lm_rope_override_apply(&m->cfg, &(lm_rope_override){ .scaling = LM_ROPE_SET_LINEAR, .factor = 2 },
+                                              &e) == 0);
+            lm_model_identity(m, &kv, sizeof kv, id[4], NULL);
         }
         lm_model_free(m);
     }
     LM_CHECK(id[0][0] == id[1][0] && id[0][1] == id[1][1]);
     LM_CHECK(id[0][0] != id[2][0] && id[0][1] != id[2][1]);
     LM_CHECK(id[0][0] != id[3][0]);
+    LM_CHECK_MSG(id[0][0] != id[4][0] || id[0][1] != id[4][1], "a RoPE override keeps the identity");
     lm_backend_destroy(be);
     free(src);
     free(copy);

@@ -5,7 +5,9 @@
  * It hashes (XXH3-128) the configuration as the files state it (config.json
  * of a Hugging Face folder; a GGUF file's bytes before its tensor data, the
  * metadata), every tensor's name, type, shape and bytes, the caller's
- * extra (geometry and KV formats) and the cache version - never the path,
+ * extra (geometry and KV formats), the RoPE the model runs with (after
+ * --rope-* options, which change every cached K) and the cache version -
+ * never the path,
  * so a moved or copied model keeps its entries. Weights up to
  * LM_ID_FULL_BYTES are hashed whole; past that, each tensor's first, middle
  * and last LM_ID_SAMPLE bytes, which any fine-tune or requantisation
@@ -48,6 +50,14 @@ static size_t file_bytes(const lm_weight_source *ws) {
     return n;
 }
 
+/* Field by field: the struct's padding is not data. */
+static void hash_rope(XXH3_state_t *s, const lm_rope_config *r) {
+    const double v[] = { (double)r->type,    r->theta,          r->factor,    r->low_freq_factor,
+                         r->high_freq_factor, r->orig_max_pos,  r->beta_fast, r->beta_slow,
+                         r->attn_factor,      r->partial_factor, (double)r->interleaved, (double)r->freq_factors };
+    XXH3_128bits_update(s, v, sizeof v);
+}
+
 void lm_model_identity(const lm_model *m, const void *extra, size_t n_extra, uint64_t out[2], bool *sampled) {
     XXH3_state_t *s = XXH3_createState();
     LM_ASSERT(s);
@@ -55,6 +65,7 @@ void lm_model_identity(const lm_model *m, const void *extra, size_t n_extra, uin
     const uint32_t version = LM_DC_VERSION;
     XXH3_128bits_update(s, &version, sizeof version);
     XXH3_128bits_update(s, extra, n_extra);
+    hash_rope(s, &m->cfg.rope);
     static const lm_weight_source none = { 0 };
     const lm_weight_source *ws = m->weights ? m->weights : &none;
     bool whole = file_bytes(ws) <= LM_ID_FULL_BYTES;
