@@ -118,8 +118,10 @@ export function requestLines(log) {
 // and keeps each exchange: { method, url, body (parsed JSON or null), status,
 // response (the whole text, SSE included), aborted (the agent hung up before
 // the answer ended) }. The agent talks to the proxy, so
-// the test sees exactly what it sent and what lumen answered.
-export function startProxy(target) {
+// the test sees exactly what it sent and what lumen answered. rewrite, when
+// given, maps a JSON request body to the one forwarded to lumen (the exchange
+// keeps what the agent sent).
+export function startProxy(target, rewrite = null) {
   const exchanges = [];
   const t = new URL(target);
   const server = http.createServer((req, res) => {
@@ -135,6 +137,7 @@ export function startProxy(target) {
       }
       exchanges.push(ex);
       const headers = { ...req.headers, host: t.host };
+      const out = rewrite && ex.body && typeof ex.body === 'object' ? forwarded(ex.body, rewrite, headers) : raw;
       const up = http.request({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers }, (ur) => {
         ex.status = ur.statusCode;
         res.writeHead(ur.statusCode, ur.headers);
@@ -157,7 +160,7 @@ export function startProxy(target) {
         ex.aborted = true;
         up.destroy();
       });
-      up.end(raw);
+      up.end(out);
     });
   });
   return new Promise((resolve) => {
@@ -175,6 +178,15 @@ export function startProxy(target) {
       });
     });
   });
+}
+
+// The body rewrite(body) makes, as bytes, with headers' content-length set
+// to match.
+function forwarded(body, rewrite, headers) {
+  const out = Buffer.from(JSON.stringify(rewrite(structuredClone(body))), 'utf8');
+  headers['content-length'] = String(out.length);
+  delete headers['transfer-encoding'];
+  return out;
 }
 
 // The tool calls in a chat answer, streamed (SSE) or not:
@@ -253,15 +265,16 @@ export function describeRun(run, lumenLog) {
 // recording proxy, makes HOME and a working folder
 // (work) under a temp folder, calls setup({ home, work, url }) to write the
 // agent's config and return { cmd, args, env }, runs it, and stops
-// everything. Resolves to { run, log, exchanges, chats, lumenExit, work }.
-export async function runTurn({ name, lumenArgs = [], setup, timeoutMs = 120000 }) {
+// everything; rewrite is the proxy's (startProxy). Resolves to { run, log,
+// exchanges, chats, lumenExit, work }.
+export async function runTurn({ name, lumenArgs = [], setup, rewrite = null, timeoutMs = 120000 }) {
   const tmp = tempDir(name);
   const home = path.join(tmp.dir, 'home');
   const work = path.join(tmp.dir, 'work');
   mkdirSync(home, { recursive: true });
   mkdirSync(work, { recursive: true });
   const lumen = await startLumen(typeof lumenArgs === 'function' ? lumenArgs({ home, work }) : lumenArgs);
-  const proxy = await startProxy(lumen.url);
+  const proxy = await startProxy(lumen.url, rewrite);
   try {
     const { cmd, args, env = {}, input = '' } = await setup({ home, work, url: proxy.url });
     const run = await runAgent(cmd, args, { cwd: work, home, env, timeoutMs, input });
