@@ -160,6 +160,20 @@ static void lm_att_merge(float *tm, double *tl, float *tacc, float m, double l, 
     *tm = mx;
 }
 
+/* The first key position token t sees: pos - window + 1 on a sliding
+ * layer, else 0. */
+static inline int32_t lm_att_lo(const lm_attn_params *p, const lm_attn_batch *b, int t) {
+    return p->window > 0 ? LM_MAX(0, b->pos[t] - p->window + 1) : 0;
+}
+
+/* The heads of item (kv head group g, subgroup sub): *h0 and *nh of the
+ * group's n_heads / n_kv_heads, LM_ATT_HEADS at a time. */
+static inline void lm_att_heads(const lm_att *a, int g, int sub, int *h0, int *nh) {
+    const int gsz = a->p->n_heads / a->p->n_kv_heads;
+    *h0 = g * gsz + sub * LM_ATT_HEADS;
+    *nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+}
+
 /* Keys [j0, j0 + n) (one KV block, one segment) into the segment states
  * of tokens t0 .. t0+nt-1, heads h0 .. h0+nh-1: token t takes the keys of
  * [lo_t, pos_t] among them. */
@@ -170,7 +184,7 @@ static void lm_att_keys(const lm_att *a, int t0, int nt, int nh, lm_att_q *qs, i
     const int Dh = p->head_dim;
     float s[LM_ATT_CHUNK];
     for (int tt = 0; tt < nt; tt++) {
-        const int32_t pos = a->b->pos[t0 + tt], tlo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
+        const int32_t pos = a->b->pos[t0 + tt], tlo = lm_att_lo(p, a->b, t0 + tt);
         const int ja = LM_MAX(0, tlo - j0), jb = LM_MIN(n, pos - j0 + 1); /* keys [ja, jb) of the run */
         if (ja >= jb) continue;
         const int nn = jb - ja;
@@ -219,9 +233,8 @@ static void lm_att_run(const lm_att *a, int t0, int nt, int h0, int nh, float *a
     const int32_t *table = a->b->block_tables[a->b->seq[t0]];
     int32_t lo = INT32_MAX, last = -1; /* keys any of the tokens sees */
     for (int tt = 0; tt < nt; tt++) {
-        const int32_t pos = a->b->pos[t0 + tt];
-        lo = LM_MIN(lo, p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0);
-        last = LM_MAX(last, pos);
+        lo = LM_MIN(lo, lm_att_lo(p, a->b, t0 + tt));
+        last = LM_MAX(last, a->b->pos[t0 + tt]);
     }
     if (part) {
         lo = LM_MAX(lo, seg * LM_ATT_SEG);
@@ -281,14 +294,15 @@ static void lm_att_run(const lm_att *a, int t0, int nt, int h0, int nh, float *a
 static void lm_att_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv, T = a->b->n_tokens;
+    const int Hkv = a->p->n_kv_heads, T = a->b->n_tokens;
     const int64_t per_tile = (int64_t)Hkv * a->n_sub, n_tiles = (T + a->tile - 1) / a->tile, n = n_tiles * per_tile;
     float accs[3 * LM_ATT_ACC_FLOATS]; /* segment accumulators, merged ones, rotated queries */
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
         const int tile = (int)(n_tiles - 1 - i / per_tile), g = (int)(i % per_tile) / a->n_sub, sub = (int)(i % a->n_sub);
-        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        int h0, nh;
+        lm_att_heads(a, g, sub, &h0, &nh);
         const int te = LM_MIN(T, (tile + 1) * a->tile);
         for (int t0 = tile * a->tile; t0 < te;) {
             int nt = 1;
@@ -312,16 +326,15 @@ static lm_att_part lm_att_part_at(const lm_att *a, int64_t item) {
 static void lm_att_split_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv;
-    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token * a->n_seg;
+    const int64_t per_token = (int64_t)a->p->n_kv_heads * a->n_sub, n = a->b->n_tokens * per_token * a->n_seg;
     float accs[3 * LM_ATT_ACC_FLOATS];
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
         const int t = (int)(i / (per_token * a->n_seg)), gs = (int)(i / a->n_seg % per_token),
                   s = (int)(i % a->n_seg);
-        const int g = gs / a->n_sub, sub = gs % a->n_sub;
-        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        int h0, nh;
+        lm_att_heads(a, gs / a->n_sub, gs % a->n_sub, &h0, &nh);
         const lm_att_part part = lm_att_part_at(a, i);
         lm_att_run(a, t, 1, h0, nh, accs, a->seg0[t] + s, &part);
     }
@@ -332,14 +345,15 @@ static void lm_att_split_worker(void *v, int ith, int nth) {
 static void lm_att_combine_worker(void *v, int ith, int nth) {
     (void)ith, (void)nth;
     lm_att *a = v;
-    const int Hkv = a->p->n_kv_heads, gsz = a->p->n_heads / Hkv, Dh = a->p->head_dim;
-    const int64_t per_token = (int64_t)Hkv * a->n_sub, n = a->b->n_tokens * per_token;
+    const int Dh = a->p->head_dim;
+    const int64_t per_token = (int64_t)a->p->n_kv_heads * a->n_sub, n = a->b->n_tokens * per_token;
     float tacc[LM_ATT_MAX_DH];
     for (;;) {
         int64_t i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= n) break;
-        const int t = (int)(i / per_token), g = (int)(i % per_token) / a->n_sub, sub = (int)(i % a->n_sub);
-        const int h0 = g * gsz + sub * LM_ATT_HEADS, nh = LM_MIN(LM_ATT_HEADS, gsz - sub * LM_ATT_HEADS);
+        const int t = (int)(i / per_token);
+        int h0, nh;
+        lm_att_heads(a, (int)(i % per_token) / a->n_sub, (int)(i % a->n_sub), &h0, &nh);
         for (int hh = 0; hh < nh; hh++) {
             float tm = -INFINITY;
             double tl = 0.0;
@@ -371,10 +385,8 @@ static bool lm_att_split(lm_cpu *c, lm_att *a) {
     const int64_t per_token = (int64_t)p->n_kv_heads * a->n_sub;
     if (c->n_threads == 1 || T * per_token >= 2 * (int64_t)c->n_threads) return false;
     int n_seg = 1;
-    for (int t = 0; t < T; t++) {
-        const int32_t pos = a->b->pos[t], lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
-        n_seg = LM_MAX(n_seg, pos / LM_ATT_SEG - lo / LM_ATT_SEG + 1);
-    }
+    for (int t = 0; t < T; t++)
+        n_seg = LM_MAX(n_seg, a->b->pos[t] / LM_ATT_SEG - lm_att_lo(p, a->b, t) / LM_ATT_SEG + 1);
     const int64_t parts = T * per_token * n_seg;
     if (n_seg == 1 || (size_t)parts * LM_ATT_HEADS * (size_t)p->head_dim > LM_ATT_SPLIT_MAX_FLOATS) return false;
     const size_t acc_b = (size_t)parts * LM_ATT_HEADS * (size_t)p->head_dim * sizeof(float),
@@ -384,10 +396,7 @@ static bool lm_att_split(lm_cpu *c, lm_att *a) {
     a->part_l = (double *)(buf + acc_b);
     a->part_m = (float *)(buf + acc_b + l_b);
     int32_t *seg0 = (int32_t *)(buf + acc_b + l_b + m_b);
-    for (int t = 0; t < T; t++) {
-        const int32_t pos = a->b->pos[t], lo = p->window > 0 ? LM_MAX(0, pos - p->window + 1) : 0;
-        seg0[t] = lo / LM_ATT_SEG;
-    }
+    for (int t = 0; t < T; t++) seg0[t] = lm_att_lo(p, a->b, t) / LM_ATT_SEG;
     a->seg0 = seg0;
     a->n_seg = n_seg;
     atomic_init(&a->next, 0);
@@ -414,8 +423,7 @@ void lm_cpu_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const 
         lm_kv_check_slot(kv, b, t);
         /* Every block the token reads must exist: check the first and last. */
         const int32_t *table = b->block_tables[b->seq[t]];
-        int32_t lo = p->window > 0 ? LM_MAX(0, b->pos[t] - p->window + 1) : 0;
-        for (int32_t i = lo / kv->block_size; i <= b->pos[t] / kv->block_size; i++)
+        for (int32_t i = lm_att_lo(p, b, t) / kv->block_size; i <= b->pos[t] / kv->block_size; i++)
             LM_ASSERT(table[i] >= 0 && table[i] < kv->n_blocks);
     }
     lm_att a = {
