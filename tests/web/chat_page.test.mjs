@@ -69,6 +69,7 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
   const problems = []; // console errors, page errors, failed requests
   const bodies = []; // the chat requests the page sent
   let cannedBody = null; // set: chat requests get this stream instead of the server's
+  let contextLimit = 0; // set: chat requests of more messages get the server's context 400
 
   before(async () => {
     srv = await startServer(['--api-key', key, '--parallel', '1']);
@@ -92,6 +93,8 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
       if (!r.url().endsWith('/v1/chat/completions') || r.method() !== 'POST') return r.continue();
       const body = JSON.parse(r.postData());
       bodies.push(body);
+      if (contextLimit && body.messages.length > contextLimit)
+        return r.respond({ status: 400, contentType: 'application/json', body: JSON.stringify(overflow) });
       if (cannedBody) return r.respond({ status: 200, contentType: 'text/event-stream', body: cannedBody });
       return r.continue({ postData: JSON.stringify({ ...body, max_tokens: 300 }) });
     });
@@ -101,6 +104,12 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
     if (browser) await browser.close();
     if (srv) assert.equal(await srv.stop(), 0, `server did not exit cleanly:\n${srv.log()}`);
   });
+
+  // lumen's answer to a prompt that does not fit the context (generate.c)
+  const overflow = {
+    error: { message: 'the messages need 4100 tokens; the context holds 4096', type: 'invalid_request_error',
+      param: 'messages', code: 'context_length_exceeded' },
+  };
 
   const assistant = (i) => `#log .msg.assistant:nth-of-type(${2 * i + 2})`;
   const stateOf = (i) => page.$eval(assistant(i), (d) => d.dataset.state);
@@ -202,6 +211,40 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
       assert.equal(await page.$eval('#model', (d) => d.textContent), 'canned');
     } finally {
       cannedBody = null;
+    }
+  });
+
+  test('a conversation past the context leaves out its oldest turns', async () => {
+    // 10 messages so far (5 turns); the next request holds 11. Allow 6: the
+    // page must drop the 3 oldest turns (6 messages) to get there.
+    contextLimit = 6;
+    const sent = bodies.length;
+    try {
+      await sendMessage('A sixth message');
+      await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 60000 },
+        assistant(5));
+      assert.equal(await stateOf(5), 'done', await page.$eval(assistant(5), (d) => d.textContent));
+      const tries = bodies.slice(sent).map((b) => b.messages.length);
+      assert.deepEqual(tries, [11, 9, 7, 5]);
+      const last = bodies.at(-1).messages;
+      assert.equal(last[0].role, 'user');
+      assert.equal(last.at(-1).content, 'A sixth message');
+      assert.match(await page.$eval(`${assistant(5)} .note`, (d) => d.textContent), /oldest 6 messages/);
+      // the next turn starts where this one left off: 13 messages, 6 left
+      // out (7 sent), then one turn more
+      const first = last[0].content;
+      const before = bodies.length;
+      await sendMessage('A seventh');
+      await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 60000 },
+        assistant(6));
+      assert.equal(await stateOf(6), 'done');
+      assert.deepEqual(bodies.slice(before).map((b) => b.messages.length), [7, 5]);
+      assert.equal(bodies[before].messages[0].content, first);
+      assert.match(await page.$eval(`${assistant(6)} .note`, (d) => d.textContent), /oldest 8 messages/);
+    } finally {
+      contextLimit = 0;
+      // Chromium logs each 400 as a failed resource; those were asked for
+      for (let i = problems.length - 1; i >= 0; i--) if (/status of 400/.test(problems[i])) problems.splice(i, 1);
     }
   });
 

@@ -5,7 +5,10 @@
 // new one); the API key, when the server wants one, is kept in
 // sessionStorage (this tab only). Stop aborts the fetch: the server sees the
 // connection close and cancels the request; the part already shown stays in
-// the conversation, as in `lumen chat`. Text is only ever set as textContent.
+// the conversation, as in `lumen chat`. When the conversation outgrows the
+// model's context (a 400 with code context_length_exceeded), its oldest
+// turns are left out of the request, one at a time, until it fits; the page
+// still shows them and says so. Text is only ever set as textContent.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
@@ -78,14 +81,43 @@ async function* sseData(body) {
   }
 }
 
-async function errorText(res) {
+// A failed response as { text, code }: the server's message and error code
+// where it sent JSON, else the status alone.
+async function errorOf(res) {
   try {
     const body = await res.json();
-    if (body && body.error && body.error.message) return `${res.status}: ${body.error.message}`;
+    if (body && body.error && body.error.message)
+      return { text: `${res.status}: ${body.error.message}`, code: body.error.code || null };
   } catch (_) {
     // not JSON: the status says enough
   }
-  return `HTTP ${res.status}`;
+  return { text: `HTTP ${res.status}`, code: null };
+}
+
+// Where the oldest turn of messages[from..] ends: the index of the second
+// user message at or after from, or -1 when only one is left.
+function nextTurn(messages, from) {
+  for (let i = from + 1; i < messages.length; i++) if (messages[i].role === 'user') return i;
+  return -1;
+}
+
+// POSTs conv[conv.skip..] and returns the response; while the server says
+// the messages exceed the context, leaves out the oldest turn and retries
+// (conv.skip remembers it for later turns). Throws on any other failure.
+async function post(conv, headers, signal) {
+  for (;;) {
+    const res = await fetch('/v1/chat/completions', {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ messages: conv.slice(conv.skip || 0), stream: true }),
+      signal,
+    });
+    if (res.ok) return res;
+    const err = await errorOf(res);
+    const next = err.code === 'context_length_exceeded' ? nextTurn(conv, conv.skip || 0) : -1;
+    if (next < 0) throw new Error(err.text);
+    conv.skip = next;
+  }
 }
 
 async function send(text) {
@@ -106,13 +138,10 @@ async function send(text) {
     const headers = { 'Content-Type': 'application/json' };
     const key = keyInput.value.trim();
     if (key) headers.Authorization = `Bearer ${key}`;
-    const res = await fetch('/v1/chat/completions', {
-      method: 'POST',
-      headers,
-      body: JSON.stringify({ messages: conv, stream: true }),
-      signal: controller.signal,
-    });
-    if (!res.ok) throw new Error(await errorText(res));
+    const skipped = conv.skip || 0;
+    const res = await post(conv, headers, controller.signal);
+    if ((conv.skip || 0) > skipped)
+      view.note.textContent = `(the oldest ${conv.skip} messages no longer fit the context and were left out)`;
     for await (const data of sseData(res.body)) {
       if (data === '[DONE]') break;
       const chunk = JSON.parse(data);
@@ -132,7 +161,8 @@ async function send(text) {
       }
       chunks++;
       view.div.dataset.chunks = String(chunks);
-      if (choice.finish_reason === 'length') view.note.textContent = '(cut at the token limit)';
+      if (choice.finish_reason === 'length')
+        view.note.textContent = `${view.note.textContent} (cut at the token limit)`.trim();
       view.div.scrollIntoView({ block: 'end' });
     }
   } catch (err) {
