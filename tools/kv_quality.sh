@@ -13,9 +13,11 @@
 # Held-out text: the demo's own rule (tools/train_demo/train.py is_heldout:
 # sha1 of the path relative to /usr/lib, mod 50 == 0) applied to this
 # machine's /usr/lib/python3.*, files of 200 B to 200 kB in path order.
-# Usage: tools/kv_quality.sh [LUMEN [MODEL]] with CTXS, HAY, NEEDLES,
-# FORMATS and CHARS (held-out characters scored, default 60000: about 17k
-# tokens of the demo's) in the environment. Prints Markdown tables.
+# Usage: tools/kv_quality.sh [LUMEN [MODEL]] with CTXS, HAY, NEEDLES (0:
+# no needle table), FORMATS, CHARS (held-out characters scored, default
+# 60000: about 17k tokens of the demo's) and ROPE (options for both eval and
+# run, e.g. "--rope-scaling yarn --rope-scale 8" to go past the demo's 4,096
+# positions) in the environment. Prints Markdown tables.
 set -euo pipefail
 L=${1:-build/release/lumen}
 M=${2:-models/demo}
@@ -24,6 +26,7 @@ HAY=${HAY:-3000}
 NEEDLES=${NEEDLES:-12}
 FORMATS=${FORMATS:-"bf16 q8 q4 q4r K8V4r"}
 CHARS=${CHARS:-60000}
+read -r -a ROPE <<<"${ROPE:-}"
 T=${TMPDIR:-/tmp}/kv_quality.$$
 mkdir -p "$T"
 trap 'rm -rf "$T"' EXIT
@@ -48,12 +51,13 @@ echo "| format | ctx | KL mean | KL p99 | top-1 | ppl (f32: ref) |"
 echo "|---|---|---|---|---|---|"
 for ctx in $CTXS; do
   for kv in $FORMATS; do
-    j=$("$L" eval -m "$M" --reference "$M" --text "$T/scored.txt" --ctx "$ctx" --kv-type "$kv" 2>/dev/null)
+    j=$("$L" eval -m "$M" --reference "$M" --text "$T/scored.txt" --ctx "$ctx" --kv-type "$kv" "${ROPE[@]}" 2>/dev/null)
     python3 -c "
 import json,sys; r=json.loads(sys.argv[1])
 print('| %s | %d | %.2e | %.2e | %.4f | %.3f (%.3f) |' % (sys.argv[2], r['ctx'], r['kl_mean'], r['kl_p99'], r['top1'], r['ppl'], r['ref_ppl']))" "$j" "$kv"
   done
 done
+[[ $NEEDLES -gt 0 ]] || exit 0
 # the needles: one haystack per needle (depth i / NEEDLES), same for every format
 python3 - "$T" "$HAY" "$NEEDLES" <<'EOF'
 import os, random, sys
@@ -79,7 +83,7 @@ echo "|---|---|"
 for kv in f32 $FORMATS; do
   got=0
   for ((i = 0; i < NEEDLES; i++)); do
-    out=$("$L" run -m "$M" --kv-type "$kv" --temp 0 -n 8 -p "$(cat "$T/needle$i.txt")" 2>/dev/null || true)
+    out=$("$L" run -m "$M" --kv-type "$kv" --temp 0 -n 8 "${ROPE[@]}" -p "$(cat "$T/needle$i.txt")" 2>/dev/null || true)
     [[ $out == *"$(cat "$T/needle$i.want")"* ]] && got=$((got + 1))
   done
   echo "| $kv | $got |"

@@ -15,6 +15,7 @@ typedef struct eval_opts {
     const char *model, *text, *reference;
     int ctx;
     lm_kv_types kv;
+    lm_rope_override rope;
     lm_common_opts co;
 } eval_opts;
 
@@ -26,6 +27,7 @@ static const lm_opt k_opts[] = {
       "agreement against" },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(eval_opts, ctx), "N", "tokens per window", .ilo = 2, .ihi = 1 << 20 },
     { LM_OPT_GROUP, .off = offsetof(eval_opts, kv), .group = lm_cli_kv_opts },
+    { LM_OPT_GROUP, .off = offsetof(eval_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(eval_opts, co), .group = lm_cli_common_opts },
     { .kind = LM_OPT_END },
 };
@@ -46,7 +48,8 @@ static const lm_opt_cmd k_cmd = {
              "fraction of positions where both models' top token is the same. --kv-type\n"
              "is the model's KV cache format (here f32 unless given); the reference always\n"
              "runs with an f32 cache, so --reference of the same model measures what a\n"
-             "format costs.\n",
+             "format costs. The --rope-* options apply to both models (a format's cost\n"
+             "past the model's trained context, say).\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(eval_opts),
@@ -80,13 +83,15 @@ static void print_result(const eval_opts *o, const lm_eval_result *r) {
     json_decref(j);
 }
 
-/* Loads the model at path onto be (NULL after printing why). */
-static lm_model *load(const char *path, lm_backend *be, lm_source **src_out) {
+/* Loads the model at path onto be with rope's overrides (NULL after
+ * printing why). */
+static lm_model *load(const char *path, lm_backend *be, const lm_rope_override *rope, lm_source **src_out) {
     lm_source *src = lm_cli_open_model(path);
     if (!src) return NULL;
     lm_err e = { { 0 } };
     lm_model *m = NULL;
-    if (lm_model_load_from(&m, src, be, &e)) {
+    const lm_model_load_opts lo = { NULL, *rope };
+    if (lm_model_load_with(&m, src, be, &lo, &e)) {
         fprintf(stderr, "lumen: %s\n", e.msg);
         lm_source_unref(src);
         return NULL;
@@ -116,8 +121,8 @@ int lm_cmd_eval(int argc, char **argv) {
     lm_tokenizer *tok = NULL;
     lm_tok_ids ids = { 0 };
     lm_backend *be = lm_cli_backend(&o.co);
-    if (!be || !(m = load(o.model, be, &src))) goto done;
-    if (o.reference && !(ref = load(o.reference, be, &ref_src))) goto done;
+    if (!be || !(m = load(o.model, be, &o.rope, &src))) goto done;
+    if (o.reference && !(ref = load(o.reference, be, &o.rope, &ref_src))) goto done;
     lm_eval_result r;
     if (lm_tokenizer_load_from(&tok, src, &e) || lm_tokenizer_encode(tok, text, len, true, &ids, &e) ||
         lm_eval_run(m, ref, ids.ids, (int)ids.n, o.ctx, o.kv, &r, &e)) {
