@@ -9,10 +9,13 @@
  * [T] grouped token ids in one lm_cuda_stage. A sequence whose first token
  * has position 0 starts from a zero state whatever its slot holds.
  *
- * conv1d_state: one thread per (sequence, channel), grid (ceil(C/128), S).
- *   The K-1 previous inputs and the K taps sit in registers (K <= 16,
- *   unrolled loops with guards so that nothing is indexed dynamically); the
- *   window is written back to the slot oldest first after the last token.
+ * conv1d_state: one thread per (sequence, channel, 64-token block), grid
+ *   (ceil(C/128), S, ceil(longest / 64)), so a long prefill runs its
+ *   tokens in parallel. The K-1 previous inputs and the K taps sit in
+ *   registers (K <= 16, unrolled loops with guards so that nothing is
+ *   indexed dynamically); the first block of a sequence seeds them from the
+ *   slot, the others from x, and the first block writes the window back
+ *   (oldest first), so only it touches the state.
  * gated_delta: one block per (value head, sequence, group of state
  *   columns), grid (Hv, S, Dv / Dvb), the recurrent form token by token;
  *   columns split while there are fewer than ~2 blocks per multiprocessor
@@ -30,6 +33,14 @@
  *   form; both are the same sums in another order (agreement ~1e-6).
  *   gated_delta_gates is the same kernel computing delta_gates' two values
  *   per (token, head) itself (one launch less in the chain of a step).
+ * gated_delta, chunked: a sequence with at least lm_cuda.delta_chunk_min
+ *   tokens (16) takes delta_chunk_kernel, 64 tokens a step as tile
+ *   products in shared memory (its comment has the steps). The recurrent
+ *   kernel costs ~a token's chain of barriers and loads per token, the
+ *   chunked one a whole chunk's products whatever its length, so short
+ *   runs (decode, speculative drafts) stay recurrent; the crossover is
+ *   measured by tools/bench_cuda_delta.c. A batch of both kinds launches
+ *   both kernels, each skipping the other's sequences.
  * Both recurrent kernels read their state and staged ids before the PDL
  *   wait, so those loads overlap the kernel before.
  * delta_gates: elementwise, in double as the CPU backend.
@@ -41,6 +52,7 @@
 #include <string.h>
 
 #define CONV_MAX_K 16
+#define CONV_TT 64 /* tokens of one sequence per conv1d_state block */
 #define DELTA_MAX_ROWS 32  /* state rows per thread */
 #define DELTA_FULL 0xffffffffu
 #define DELTA_MAX_THREADS 512 /* Dv * ceil(Dk / 32): 128 x 128 heads take all of it */
@@ -51,9 +63,16 @@ typedef struct delta_seqs {
     const int32_t *pos, *slot, *start, *tok; /* device: [T], [S], [S+1], [T] */
 } delta_seqs;
 
+/* Token counts of the batch's sequences (host side): the most and the
+ * fewest of those that have tokens, and how many have at least `thr`. */
+typedef struct delta_counts {
+    int n_max, n_min, n_long;
+} delta_counts;
+
 /* Checks the batch (slots in range, consecutive positions per sequence) and
- * stages what the recurrent kernels need. */
-static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b) {
+ * stages what the recurrent kernels need; *cnt gets the counts (thr: see
+ * delta_counts). */
+static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int thr, delta_counts *cnt) {
     const int T = b->n_tokens, S = b->n_seqs;
     size_t n = 2 * (size_t)T + 2 * (size_t)S + 1;
     int32_t *h = (int32_t *)lm_xcalloc(n, sizeof(int32_t));
@@ -63,9 +82,14 @@ static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_ba
         LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S);
         start[b->seq[t] + 1]++;
     }
+    cnt->n_max = 0, cnt->n_min = INT32_MAX, cnt->n_long = 0;
     for (int s = 0; s < S; s++) { /* a sequence without tokens here may have no slot */
         slot[s] = b->state_slot[s];
         LM_ASSERT(start[s + 1] == 0 || (slot[s] >= 0 && slot[s] < kv->n_state_slots));
+        if (start[s + 1] == 0) continue;
+        cnt->n_max = LM_MAX(cnt->n_max, start[s + 1]);
+        cnt->n_min = LM_MIN(cnt->n_min, start[s + 1]);
+        cnt->n_long += start[s + 1] >= thr;
     }
     for (int s = 0; s < S; s++) start[s + 1] += start[s];
     int32_t *fill = (int32_t *)lm_xmalloc(((size_t)S + 1) * sizeof(int32_t));
@@ -90,13 +114,22 @@ __device__ __forceinline__ float delta_silu(float x) {
 
 /* ---- conv1d_state ---------------------------------------------------------------- */
 
+/* Block (channel group, sequence, z) takes tokens z * CONV_TT .. of its
+ * sequence; each output needs only the K-1 inputs before it, which a block
+ * past the first reads from x. Only the first block (z = 0) touches the
+ * state: it reads the old window and writes the new one, which is its own
+ * window when it holds the sequence's last token and otherwise the last K-1
+ * inputs (all in x: the sequence is longer than CONV_TT >= K-1). */
 __global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
                                   int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
     const int s = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int i0 = q.start[s], i1 = q.start[s + 1];
-    if (i0 == i1) return;
+    const int a0 = i0 + (int)blockIdx.z * CONV_TT;
+    if (a0 >= i1) return;
+    const int a1 = min(i1, a0 + CONV_TT);
+    const bool first = blockIdx.z == 0;
     /* Before the PDL wait (cuda_internal.h): the staged ids, the taps and
      * the window. No kernel that may still run writes them: the window is
      * this op's own state, last written by this layer a forward ago, and
@@ -104,18 +137,23 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
      * which start before their own waits) write only their outputs. */
     const int W = K - 1;
     float *st = state + (int64_t)q.slot[s] * slot_floats + st_off + c;
-    const bool zero = q.pos[q.tok[i0]] == 0;
+    const bool zero = !first || q.pos[q.tok[i0]] == 0;
     float wt[CONV_MAX_K], win[CONV_MAX_K];
     const float wlast = w[c * K + K - 1];
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; j++) {
         wt[j] = j < W ? w[c * K + j] : 0.0f;
-        const float old = j < W ? st[(int64_t)j * C] : 0.0f; /* read whatever the slot holds: no wait on zero */
+        const float old = j < W && first ? st[(int64_t)j * C] : 0.0f; /* read whatever the slot holds: no wait on zero */
         win[j] = zero ? 0.0f : old;
     }
     lm_pdl_wait();
     lm_pdl_trigger();
-    for (int i = i0; i < i1; i++) {
+    if (!first) {
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_K - 1; j++)
+            if (j < W) win[j] = x[(int64_t)q.tok[a0 - W + j] * C + c];
+    }
+    for (int i = a0; i < a1; i++) {
         const int64_t t = q.tok[i];
         const float xv = x[t * C + c];
         float acc = wlast * xv;
@@ -129,9 +167,10 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
             else if (j == W - 1) win[j] = xv;
         }
     }
+    if (!first) return;
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K - 1; j++)
-        if (j < W) st[(int64_t)j * C] = win[j];
+        if (j < W) st[(int64_t)j * C] = a1 == i1 ? win[j] : x[(int64_t)q.tok[i1 - W + j] * C + c];
 }
 
 void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_kv_pool *kv,
@@ -142,11 +181,12 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     const int K = (int)w->cols;
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
     LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
-    LM_ASSERT(K >= 1 && K <= CONV_MAX_K && y->data != x->data);
+    LM_ASSERT(K >= 1 && K <= CONV_MAX_K && K - 1 <= CONV_TT && y->data != x->data);
     lm_check_state_ref(kv, state, b, (int64_t)(K - 1) * C);
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
-    delta_seqs q = delta_stage(c, kv, b);
-    dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
+    delta_counts cnt;
+    delta_seqs q = delta_stage(c, kv, b, 1, &cnt);
+    dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs, (unsigned)((cnt.n_max + CONV_TT - 1) / CONV_TT));
     if (lm_cuda_skip(c, LM_SKIP_CONV)) return;
     lm_cuda_launch_pdl(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
                    kv->state[state.index], kv->state_floats[state.index], state.offset, q, C, K, silu);
@@ -202,7 +242,9 @@ typedef struct delta_args {
     delta_seqs q;
     int Hk, Hv, Dk, Dv, P;
     bool v_tiled; /* lm_delta_params.v_tiled */
-    int Dvb; /* state columns per block: Dv / gridDim.z */
+    int Dvb; /* state columns per block: Dv / gridDim.z (chunked: ceil(Dv / gridDim.z), a multiple of 4) */
+    int rec_max; /* sequences of fewer tokens take the recurrent kernel, the others the chunked one */
+    int DkP; /* chunked: Dk rounded up to a multiple of 4 */
 } delta_args;
 
 /* grid (Hv, S, Dv / Dvb), Dvb * P threads: the state's columns are
@@ -220,7 +262,7 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
     lm_pdl_trigger();
     const int h = blockIdx.x, s = blockIdx.y;
     const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
-    if (i0 == i1) return; /* block-uniform */
+    if (i0 == i1 || i1 - i0 >= a.rec_max) return; /* block-uniform */
     constexpr int R = DELTA_MAX_ROWS;
     const int Dk = DK > 0 ? DK : a.Dk, P = DK > 0 ? DK / R : a.P;
     const int Dv = a.Dv, Dvb = a.Dvb, nth = blockDim.x;
@@ -357,9 +399,371 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
     }
 }
 
+/* ---- gated_delta, chunked ------------------------------------------------------ */
+
+/* The chunked form of cpu_delta.c (its header has the algebra), for
+ * sequences with many tokens in the batch. Block (value head, sequence,
+ * column group z) keeps columns z Dvb .. z Dvb + Dvb - 1 of its state in
+ * shared memory and walks the sequence DCH tokens at a time; the columns of
+ * S (and of u and o) are independent given q, k, g and beta, so a head's
+ * columns spread over blocks. Per chunk, with G_i the cumulative log decay
+ * (double) and n <= DCH tokens (rows past n are zero):
+ *   L   q, k transposed to QT, KT [DkP][DCH] (L2-normed, q scaled by
+ *       1/sqrt(Dk)); v's columns to U [DCH][Dvb]; beta, e^{G_i},
+ *       e^{G_n - G_i}.
+ *   M1  An = -beta_i e^{G_i-G_j} k_i.k_j (j < i) and
+ *       Aqk = e^{G_i-G_j} q_i.k_j (j <= i), [DCH][DCH], 4x4 tiles of the
+ *       lower triangle, one a thread (136 of the 256).
+ *   M2  R = beta (V - e^G K S0), O = e^G Q S0: thread (r, cg) owns rows
+ *       4r .. 4r+3 and CT column quads cg, cg+16; R replaces V in U, O
+ *       stays in registers.
+ *   M3  U = (I - An)^-1 R, forward substitution in four 16-row blocks:
+ *       rows of block b first take -A's product with the rows solved
+ *       before (a tiled product), then a thread a column substitutes the
+ *       block's 16 rows in registers. (u = W_v - W_k S0 of the CPU form:
+ *       the same sums, W_k's product with S0 taken before the solve.)
+ *   M4  O += Aqk U, written out.
+ *   M5  S = e^{G_n} S0 + (e^{G_n-G} K)^T U: thread (r, cg) owns row quads
+ *       r, r+16, .. (PM of them) and the same column quads.
+ * Every product is f32 FMA on register tiles from shared memory, the
+ * decays exponents of differences <= 0 as in the CPU form. Shared:
+ * QT, KT [DkP][DCH_LD]; An, Aqk [DCH][DCH_LD]; U [DCH][Dvb]; S [DkP][Dvb];
+ * beta, e^G, e^{G_n-G} [DCH]; G [DCH] double (dch_smem_bytes). */
+#define DCH 64            /* tokens per chunk */
+#define DCH_LD 68         /* row stride of the [.][DCH] tiles: float4 rows, transposing writes 4-way */
+#define DCH_THREADS 256
+
+static size_t dch_smem_bytes(int DkP, int Dvb) {
+    return (size_t)(2 * DkP * DCH_LD + 2 * DCH * DCH_LD + DCH * Dvb + DkP * Dvb + 3 * DCH) * sizeof(float) +
+           DCH * sizeof(double);
+}
+
+__device__ __forceinline__ void dch_fma4(float4 &acc, float a, const float4 b) {
+    acc.x += a * b.x, acc.y += a * b.y, acc.z += a * b.z, acc.w += a * b.w;
+}
+
+/* CT column quads per thread (Dvb <= 64 CT), PM row quads per thread in M5
+ * (DkP <= 64 PM). */
+template <int CT, int PM>
+__global__ void __launch_bounds__(DCH_THREADS, 1) delta_chunk_kernel(delta_args a) {
+    extern __shared__ __align__(16) float dch_smem[];
+    __shared__ float egn; /* e^{G_n} */
+    lm_pdl_trigger();
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
+    if (i1 - i0 < a.rec_max) return; /* block-uniform; rec_max >= 1, so never empty */
+    const int Dk = a.Dk, DkP = a.DkP, Dv = a.Dv, Dvb = a.Dvb, tid = threadIdx.x;
+    const int v0 = blockIdx.z * Dvb;
+    float *QT = dch_smem, *KT = QT + DkP * DCH_LD, *An = KT + DkP * DCH_LD, *Aqk = An + DCH * DCH_LD;
+    float *U = Aqk + DCH * DCH_LD, *Sm = U + DCH * Dvb, *bet = Sm + DkP * Dvb, *eg = bet + DCH, *dn = eg + DCH;
+    double *G = reinterpret_cast<double *>(dn + DCH);
+
+    const int hk = a.v_tiled ? h % a.Hk : h / (a.Hv / a.Hk);
+    const int64_t qo = (int64_t)hk * Dk, ko = (int64_t)a.Hk * Dk + qo, vo = 2 * (int64_t)a.Hk * Dk + (int64_t)h * Dv;
+    const double qscale = 1.0 / sqrt((double)Dk);
+    float *Sg = a.state + (int64_t)a.q.slot[s] * a.slot_floats + a.st_off + (int64_t)h * Dk * Dv;
+
+    /* the state's columns before the PDL wait (see delta_rule_kernel) */
+    const bool zero = a.q.pos[a.q.tok[i0]] == 0;
+    for (int e = tid; e < DkP * Dvb; e += DCH_THREADS) {
+        const int d = e / Dvb, v = v0 + e % Dvb;
+        Sm[e] = (!zero && d < Dk && v < Dv) ? Sg[(int64_t)d * Dv + v] : 0.0f;
+    }
+    lm_pdl_wait();
+
+    const int r = tid >> 4, cg = tid & 15, lane = tid & 31;
+    bool cv[CT]; /* column quad m of this thread is in the block */
+#pragma unroll
+    for (int m = 0; m < CT; m++) cv[m] = 4 * (cg + 16 * m) < Dvb;
+
+    for (int c0 = i0; c0 < i1; c0 += DCH) {
+        const int n = min(DCH, i1 - c0);
+        /* L: raw q, k, v rows and the gates */
+        for (int e = tid; e < DCH * DkP; e += DCH_THREADS) {
+            const int i = e / DkP, d = e - i * DkP;
+            float qv = 0.0f, kv = 0.0f;
+            if (i < n && d < Dk) {
+                const float *row = a.qkv + (int64_t)a.q.tok[c0 + i] * a.qkv_ld;
+                qv = row[qo + d], kv = row[ko + d];
+            }
+            QT[d * DCH_LD + i] = qv, KT[d * DCH_LD + i] = kv;
+        }
+        for (int e = tid; e < DCH * Dvb; e += DCH_THREADS) {
+            const int i = e / Dvb, v = v0 + (e - i * Dvb);
+            U[e] = (i < n && v < Dv) ? a.qkv[(int64_t)a.q.tok[c0 + i] * a.qkv_ld + vo + v] : 0.0f;
+        }
+        if (tid < DCH) {
+            float g = 0.0f, be = 0.0f;
+            if (tid < n) {
+                const int64_t gi = (int64_t)a.q.tok[c0 + tid] * a.Hv + h;
+                g = a.g[gi], be = a.beta[gi];
+                if (a.a_log) delta_gate_pair(g, be, a.a_log[h], a.dt_bias[h], &g, &be);
+            }
+            bet[tid] = be, G[tid] = (double)g;
+        }
+        __syncthreads();
+        { /* L2 norms in double, as lm_l2norm: two threads a (q or k, row) */
+            const int rs = tid >> 1, half = tid & 1, i = rs & (DCH - 1);
+            float *M = rs < DCH ? QT : KT;
+            double ss = 0.0;
+            for (int d = half; d < Dk; d += 2) {
+                const double x = M[d * DCH_LD + i];
+                ss += x * x;
+            }
+            ss += __shfl_xor_sync(DELTA_FULL, ss, 1);
+            const float f = (float)((rs < DCH ? qscale : 1.0) / sqrt(ss + 1e-6));
+            for (int d = half; d < Dk; d += 2) M[d * DCH_LD + i] *= f;
+        }
+        if (tid < 32) { /* G: inclusive scan of the decays in double; e^G and e^{G_n - G} */
+            double lo = G[lane], hi = G[lane + 32];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const double x = __shfl_up_sync(DELTA_FULL, lo, o), y = __shfl_up_sync(DELTA_FULL, hi, o);
+                if (lane >= o) lo += x, hi += y;
+            }
+            hi += __shfl_sync(DELTA_FULL, lo, 31);
+            const double gn = __shfl_sync(DELTA_FULL, n - 1 < 32 ? lo : hi, (n - 1) & 31);
+            G[lane] = lo, G[lane + 32] = hi;
+            eg[lane] = (float)exp(lo), eg[lane + 32] = (float)exp(hi);
+            dn[lane] = lane < n ? (float)exp(gn - lo) : 0.0f;
+            dn[lane + 32] = lane + 32 < n ? (float)exp(gn - hi) : 0.0f;
+            if (lane == 0) egn = (float)exp(gn);
+        }
+        __syncthreads();
+        /* M1: the lower triangle's 136 4x4 tiles (ti, tj <= ti) */
+        if (tid < 136) {
+            int ti = 0, tj = tid;
+            while (tj > ti) tj -= ++ti;
+            float kk[4][4], qk[4][4];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+#pragma unroll
+                for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
+            for (int d = 0; d < DkP; d++) {
+                const float4 ka = *reinterpret_cast<const float4 *>(KT + d * DCH_LD + 4 * ti);
+                const float4 qa = *reinterpret_cast<const float4 *>(QT + d * DCH_LD + 4 * ti);
+                const float4 kb = *reinterpret_cast<const float4 *>(KT + d * DCH_LD + 4 * tj);
+                const float ka_[4] = { ka.x, ka.y, ka.z, ka.w }, qa_[4] = { qa.x, qa.y, qa.z, qa.w };
+                const float kb_[4] = { kb.x, kb.y, kb.z, kb.w };
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+#pragma unroll
+                    for (int y = 0; y < 4; y++) kk[x][y] += ka_[x] * kb_[y], qk[x][y] += qa_[x] * kb_[y];
+            }
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int i = 4 * ti + x;
+#pragma unroll
+                for (int y = 0; y < 4; y++) {
+                    const int j = 4 * tj + y;
+                    float an = 0.0f, aq = 0.0f;
+                    if (i < n && j <= i) {
+                        const float decay = (float)exp(G[i] - G[j]);
+                        aq = qk[x][y] * decay;
+                        if (j < i) an = kk[x][y] * (-bet[i] * decay);
+                    }
+                    An[i * DCH_LD + j] = an, Aqk[i * DCH_LD + j] = aq;
+                }
+            }
+        }
+        /* M2: K S0 and Q S0 for rows 4r .. 4r+3 */
+        float4 o[4][CT];
+        {
+            float4 ks[4][CT];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+#pragma unroll
+                for (int m = 0; m < CT; m++) ks[x][m] = o[x][m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int d = 0; d < DkP; d++) {
+                const float4 ka = *reinterpret_cast<const float4 *>(KT + d * DCH_LD + 4 * r);
+                const float4 qa = *reinterpret_cast<const float4 *>(QT + d * DCH_LD + 4 * r);
+                const float ka_[4] = { ka.x, ka.y, ka.z, ka.w }, qa_[4] = { qa.x, qa.y, qa.z, qa.w };
+#pragma unroll
+                for (int m = 0; m < CT; m++) {
+                    if (!cv[m]) continue;
+                    const float4 sb = *reinterpret_cast<const float4 *>(Sm + d * Dvb + 4 * (cg + 16 * m));
+#pragma unroll
+                    for (int x = 0; x < 4; x++) dch_fma4(ks[x][m], ka_[x], sb), dch_fma4(o[x][m], qa_[x], sb);
+                }
+            }
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int i = 4 * r + x;
+                const float b = bet[i], e = eg[i];
+#pragma unroll
+                for (int m = 0; m < CT; m++) {
+                    if (!cv[m]) continue;
+                    float4 *u = reinterpret_cast<float4 *>(U + i * Dvb + 4 * (cg + 16 * m));
+                    float4 vv = *u;
+                    vv.x = b * (vv.x - e * ks[x][m].x), vv.y = b * (vv.y - e * ks[x][m].y);
+                    vv.z = b * (vv.z - e * ks[x][m].z), vv.w = b * (vv.w - e * ks[x][m].w);
+                    *u = vv;
+                    o[x][m].x *= e, o[x][m].y *= e, o[x][m].z *= e, o[x][m].w *= e;
+                }
+            }
+        }
+        __syncthreads();
+        /* M3: U = (I - An)^-1 R, 16 rows at a time; M5's decayed keys */
+        const int nb = (n + 15) / 16;
+        for (int b = 0; b < nb; b++) {
+            if (b == 0) {
+                for (int e = tid; e < DkP * DCH; e += DCH_THREADS) {
+                    const int j = e & (DCH - 1);
+                    KT[(e / DCH) * DCH_LD + j] *= dn[j];
+                }
+            } else {
+                const int i = 16 * b + r;
+#pragma unroll
+                for (int m = 0; m < CT; m++) {
+                    if (!cv[m]) continue;
+                    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int j = 0; j < 16 * b; j++)
+                        dch_fma4(acc, An[i * DCH_LD + j], *reinterpret_cast<const float4 *>(U + j * Dvb + 4 * (cg + 16 * m)));
+                    float4 *u = reinterpret_cast<float4 *>(U + i * Dvb + 4 * (cg + 16 * m));
+                    float4 uu = *u;
+                    uu.x += acc.x, uu.y += acc.y, uu.z += acc.z, uu.w += acc.w;
+                    *u = uu;
+                }
+                __syncthreads();
+            }
+            if (tid < Dvb) {
+                float xr[16];
+                const float *Ab = An + 16 * b * DCH_LD + 16 * b;
+#pragma unroll
+                for (int ii = 0; ii < 16; ii++) xr[ii] = U[(16 * b + ii) * Dvb + tid];
+#pragma unroll
+                for (int ii = 1; ii < 16; ii++)
+#pragma unroll
+                    for (int jj = 0; jj < ii; jj++) xr[ii] += Ab[ii * DCH_LD + jj] * xr[jj];
+#pragma unroll
+                for (int ii = 0; ii < 16; ii++) U[(16 * b + ii) * Dvb + tid] = xr[ii];
+            }
+            __syncthreads();
+        }
+        /* M4: O += Aqk U (Aqk is zero above the diagonal: j < 4r + 4) */
+        for (int j4 = 0; j4 <= r; j4++) {
+            float4 aq[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) aq[x] = *reinterpret_cast<const float4 *>(Aqk + (4 * r + x) * DCH_LD + 4 * j4);
+#pragma unroll
+            for (int m = 0; m < CT; m++) {
+                if (!cv[m]) continue;
+#pragma unroll
+                for (int y = 0; y < 4; y++) {
+                    const float4 u = *reinterpret_cast<const float4 *>(U + (4 * j4 + y) * Dvb + 4 * (cg + 16 * m));
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        const float ax = y == 0 ? aq[x].x : y == 1 ? aq[x].y : y == 2 ? aq[x].z : aq[x].w;
+                        dch_fma4(o[x][m], ax, u);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int i = 4 * r + x;
+            if (i >= n) continue;
+            float *orow = a.out + (int64_t)a.q.tok[c0 + i] * a.out_ld + (int64_t)h * Dv;
+#pragma unroll
+            for (int m = 0; m < CT; m++) {
+                if (!cv[m]) continue;
+                const int v = v0 + 4 * (cg + 16 * m);
+                const float ov[4] = { o[x][m].x, o[x][m].y, o[x][m].z, o[x][m].w };
+#pragma unroll
+                for (int y = 0; y < 4; y++)
+                    if (v + y < Dv) orow[v + y] = ov[y];
+            }
+        }
+        /* M5: S = e^{G_n} S0 + (e^{G_n - G} K)^T U over the chunk's rows */
+        {
+            float4 sa[PM][4][CT];
+            const float en = egn;
+#pragma unroll
+            for (int p = 0; p < PM; p++)
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+#pragma unroll
+                    for (int m = 0; m < CT; m++) {
+                        const int d = 4 * (r + 16 * p) + x;
+                        if (d < DkP && cv[m]) {
+                            const float4 s0 = *reinterpret_cast<const float4 *>(Sm + d * Dvb + 4 * (cg + 16 * m));
+                            sa[p][x][m] = make_float4(en * s0.x, en * s0.y, en * s0.z, en * s0.w);
+                        } else {
+                            sa[p][x][m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        }
+                    }
+            const int nj = (n + 3) / 4;
+            for (int j4 = 0; j4 < nj; j4++) {
+                float4 u[4][CT];
+#pragma unroll
+                for (int y = 0; y < 4; y++)
+#pragma unroll
+                    for (int m = 0; m < CT; m++)
+                        u[y][m] = cv[m] ? *reinterpret_cast<const float4 *>(U + (4 * j4 + y) * Dvb + 4 * (cg + 16 * m))
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int p = 0; p < PM; p++) {
+                    if (4 * (r + 16 * p) >= DkP) continue;
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        const float4 k = *reinterpret_cast<const float4 *>(KT + (4 * (r + 16 * p) + x) * DCH_LD + 4 * j4);
+#pragma unroll
+                        for (int m = 0; m < CT; m++) {
+                            dch_fma4(sa[p][x][m], k.x, u[0][m]);
+                            dch_fma4(sa[p][x][m], k.y, u[1][m]);
+                            dch_fma4(sa[p][x][m], k.z, u[2][m]);
+                            dch_fma4(sa[p][x][m], k.w, u[3][m]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < PM; p++)
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+#pragma unroll
+                    for (int m = 0; m < CT; m++) {
+                        const int d = 4 * (r + 16 * p) + x;
+                        if (d < DkP && cv[m]) *reinterpret_cast<float4 *>(Sm + d * Dvb + 4 * (cg + 16 * m)) = sa[p][x][m];
+                    }
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < DkP * Dvb; e += DCH_THREADS) {
+        const int d = e / Dvb, v = v0 + e % Dvb;
+        if (d < Dk && v < Dv) Sg[(int64_t)d * Dv + v] = Sm[e];
+    }
+}
+
+/* Columns per block of the chunked kernel: Dv split over nz blocks, the
+ * split that minimises waves x a block's work per chunk in FMAs (M1 does
+ * not shrink with the columns, the rest does), within the opt-in shared
+ * memory. Returns 0 if no split fits. */
+static int dch_columns(const lm_cuda *c, int DkP, int Dv, int64_t n_heads_seqs) {
+    const int ct_max = DkP <= 128 ? 2 : 1;
+    const double m1 = 4352.0 * DkP, per_col = 192.0 * DkP + 4096.0;
+    int best = 0;
+    double best_cost = 0.0;
+    for (int nz = 1; nz <= 64; nz *= 2) {
+        const int Dvb = ((Dv + nz - 1) / nz + 3) / 4 * 4;
+        if (Dvb > 64 * ct_max) continue;
+        const size_t smem = dch_smem_bytes(DkP, Dvb);
+        if (smem > (size_t)c->smem_optin) continue;
+        const int64_t per_sm = LM_MAX(1, LM_MIN(2, (int64_t)(228 * 1024) / (int64_t)(smem + 1024))) /* registers: 2 at most */;
+        const int64_t blocks = n_heads_seqs * ((Dv + Dvb - 1) / Dvb);
+        const int64_t waves = (blocks + per_sm * LM_MAX(c->n_sms, 1) - 1) / (per_sm * LM_MAX(c->n_sms, 1));
+        const double cost = (double)waves * (m1 + per_col * Dvb);
+        if (!best || cost < best_cost) best = Dvb, best_cost = cost;
+        if (Dvb <= 16) break;
+    }
+    return best;
+}
+
 /* gated_delta; with a_log and dt_bias, g and beta are the raw projections
  * and the kernel applies delta_gates itself (g and beta are left as they
- * were). */
+ * were). Sequences with at least c->delta_chunk_min tokens take the chunked
+ * kernel, the others the recurrent one; a batch of both launches both (they
+ * touch disjoint sequences' outputs and state). */
 static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
                        const lm_tensor *beta, const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                        const lm_attn_batch *b, const lm_delta_params *p) {
@@ -368,7 +772,6 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
     lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
     const int P = (Dk + DELTA_MAX_ROWS - 1) / DELTA_MAX_ROWS;
-    LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
     if (b->n_tokens == 0 || b->n_seqs == 0) return;
     delta_args a;
     memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
@@ -378,29 +781,54 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     a.qkv_ld = qkv->cols, a.out_ld = out->cols;
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
-    a.q = delta_stage(c, kv, b);
+    /* the chunked kernel takes heads up to 256 wide */
+    const bool chunk_ok = c->delta_chunk_min > 0 && Dk <= 256 && Dv <= 256;
+    a.rec_max = chunk_ok ? c->delta_chunk_min : INT32_MAX;
+    delta_counts cnt;
+    a.q = delta_stage(c, kv, b, a.rec_max, &cnt);
     a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P, a.v_tiled = p->v_tiled;
-    /* split the columns while there are fewer than ~2 blocks per
-     * multiprocessor, in whole warps' worth of columns */
-    int n_cg = 1;
-    while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
-    a.Dvb = Dv / n_cg;
-    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
-    LM_ASSERT(smem <= 48 * 1024);
-    const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
     if (lm_cuda_skip(c, LM_SKIP_DELTA_RULE)) return;
-    /* Many blocks (batched decode): two a multiprocessor, on half the
-     * registers (a few state rows spill to local memory) for twice the
-     * warps in flight; few (one sequence): one, all rows in registers, the
-     * shorter chain */
-    const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
-    const bool many = (int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1);
-    if (Dk == 128 && a.Dvb % 32 == 0) {
-        if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 128>, grid, threads, smem, a);
-        else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 128>, grid, threads, smem, a);
-    } else if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 0>, grid, threads, smem, a);
-    else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 0>, grid, threads, smem, a);
-    LM_CUDA_LAUNCHED("delta_rule_kernel");
+    if (cnt.n_min < a.rec_max) { /* the recurrent kernel */
+        LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
+        /* split the columns while there are fewer than ~2 blocks per
+         * multiprocessor, in whole warps' worth of columns */
+        int n_cg = 1;
+        while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
+        a.Dvb = Dv / n_cg;
+        const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
+        LM_ASSERT(smem <= 48 * 1024);
+        const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
+        /* Many blocks (batched decode): two a multiprocessor, on half the
+         * registers (a few state rows spill to local memory) for twice the
+         * warps in flight; few (one sequence): one, all rows in registers, the
+         * shorter chain */
+        const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
+        const bool many = (int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1);
+        if (Dk == 128 && a.Dvb % 32 == 0) {
+            if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 128>, grid, threads, smem, a);
+            else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 128>, grid, threads, smem, a);
+        } else if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 0>, grid, threads, smem, a);
+        else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 0>, grid, threads, smem, a);
+        LM_CUDA_LAUNCHED("delta_rule_kernel");
+    }
+    if (cnt.n_max >= a.rec_max) { /* the chunked kernel */
+        a.DkP = (Dk + 3) / 4 * 4;
+        a.Dvb = dch_columns(c, a.DkP, Dv, (int64_t)Hv * cnt.n_long);
+        LM_ASSERT(a.Dvb > 0);
+        const size_t smem = dch_smem_bytes(a.DkP, a.Dvb);
+        const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)((Dv + a.Dvb - 1) / a.Dvb));
+        if (a.DkP <= 128) {
+            LM_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+            lm_cuda_launch_pdl(c, delta_chunk_kernel<2, 2>, grid, DCH_THREADS, smem, a);
+        } else {
+            LM_ASSERT(a.Dvb <= 64);
+            LM_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+            lm_cuda_launch_pdl(c, delta_chunk_kernel<1, 4>, grid, DCH_THREADS, smem, a);
+        }
+        LM_CUDA_LAUNCHED("delta_chunk_kernel");
+    }
 }
 
 void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
