@@ -432,6 +432,7 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
 #define DCH 64            /* tokens per chunk */
 #define DCH_LD 68         /* row stride of the [.][DCH] tiles: float4 rows, transposing writes 4-way */
 #define DCH_THREADS 256
+#define DCH_LU 8          /* loads in flight a thread in the chunk's load step */
 
 static size_t dch_smem_bytes(int DkP, int Dvb) {
     return (size_t)(2 * DkP * DCH_LD + 2 * DCH * DCH_LD + DCH * Dvb + DkP * Dvb + 3 * DCH) * sizeof(float) +
@@ -448,7 +449,6 @@ template <int CT, int PM>
 __global__ void __launch_bounds__(DCH_THREADS, 1) delta_chunk_kernel(delta_args a) {
     extern __shared__ __align__(16) float dch_smem[];
     __shared__ float egn; /* e^{G_n} */
-    lm_pdl_trigger();
     const int h = blockIdx.x, s = blockIdx.y;
     const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
     if (i1 - i0 < a.rec_max) return; /* block-uniform; rec_max >= 1, so never empty */
@@ -478,19 +478,38 @@ __global__ void __launch_bounds__(DCH_THREADS, 1) delta_chunk_kernel(delta_args 
 
     for (int c0 = i0; c0 < i1; c0 += DCH) {
         const int n = min(DCH, i1 - c0);
-        /* L: raw q, k, v rows and the gates */
-        for (int e = tid; e < DCH * DkP; e += DCH_THREADS) {
-            const int i = e / DkP, d = e - i * DkP;
-            float qv = 0.0f, kv = 0.0f;
-            if (i < n && d < Dk) {
-                const float *row = a.qkv + (int64_t)a.q.tok[c0 + i] * a.qkv_ld;
-                qv = row[qo + d], kv = row[ko + d];
+        /* L: raw q, k, v rows and the gates, DCH_LU elements a thread loaded
+         * before any is stored (one block a multiprocessor: the loads'
+         * latency is hidden by having many in flight, not by other warps) */
+        for (int e0 = tid; e0 < DCH * DkP; e0 += DCH_LU * DCH_THREADS) {
+            float qv[DCH_LU], kv[DCH_LU];
+#pragma unroll
+            for (int l = 0; l < DCH_LU; l++) {
+                const int e = e0 + l * DCH_THREADS, i = e / DkP, d = e - i * DkP;
+                qv[l] = kv[l] = 0.0f;
+                if (i < n && d < Dk) {
+                    const float *row = a.qkv + (int64_t)a.q.tok[c0 + i] * a.qkv_ld;
+                    qv[l] = row[qo + d], kv[l] = row[ko + d];
+                }
             }
-            QT[d * DCH_LD + i] = qv, KT[d * DCH_LD + i] = kv;
+#pragma unroll
+            for (int l = 0; l < DCH_LU; l++) {
+                const int e = e0 + l * DCH_THREADS, i = e / DkP, d = e - i * DkP;
+                if (i < DCH) QT[d * DCH_LD + i] = qv[l], KT[d * DCH_LD + i] = kv[l];
+            }
         }
-        for (int e = tid; e < DCH * Dvb; e += DCH_THREADS) {
-            const int i = e / Dvb, v = v0 + (e - i * Dvb);
-            U[e] = (i < n && v < Dv) ? a.qkv[(int64_t)a.q.tok[c0 + i] * a.qkv_ld + vo + v] : 0.0f;
+        for (int e0 = tid; e0 < DCH * Dvb; e0 += DCH_LU * DCH_THREADS) {
+            float vv[DCH_LU];
+#pragma unroll
+            for (int l = 0; l < DCH_LU; l++) {
+                const int e = e0 + l * DCH_THREADS, i = e / Dvb, v = v0 + (e - i * Dvb);
+                vv[l] = (i < n && v < Dv) ? a.qkv[(int64_t)a.q.tok[c0 + i] * a.qkv_ld + vo + v] : 0.0f;
+            }
+#pragma unroll
+            for (int l = 0; l < DCH_LU; l++) {
+                const int e = e0 + l * DCH_THREADS;
+                if (e < DCH * Dvb) U[e] = vv[l];
+            }
         }
         if (tid < DCH) {
             float g = 0.0f, be = 0.0f;
@@ -729,6 +748,9 @@ __global__ void __launch_bounds__(DCH_THREADS, 1) delta_chunk_kernel(delta_args 
         }
         __syncthreads();
     }
+    /* the kernel after this one may start only now: its blocks, waiting
+     * resident, would otherwise hold the room of this kernel's later waves */
+    lm_pdl_trigger();
     for (int e = tid; e < DkP * Dvb; e += DCH_THREADS) {
         const int d = e / Dvb, v = v0 + e % Dvb;
         if (d < Dk && v < Dv) Sg[(int64_t)d * Dv + v] = Sm[e];
