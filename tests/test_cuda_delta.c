@@ -22,7 +22,9 @@
  * 1e-4 (f32 sums in other orders on both sides; observed errors are
  * printed per case), conv1d_state 1e-5. The fused-gates form is checked bit
  * for bit against delta_gates + gated_delta on the chunked path.
- * Without a usable GPU every test skips with the reason. */
+ * Without a usable GPU every test skips with the reason, except
+ * cuda_delta_chunked_kernel_on_the_cpu: the kernel compiled as host C++
+ * (tests/host/cuda_delta_check.cpp). */
 #include "lm_test.h"
 
 #include "backend/lm_backend.h"
@@ -31,6 +33,30 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+/* ---- the kernel on the CPU ----------------------------------------------------- */
+
+/* The chunked kernel compiled for the CPU (tests/host/cuda_delta_check.cpp)
+ * against the double recurrence: runs without a GPU. */
+LM_TEST(cuda_delta_chunked_kernel_on_the_cpu) {
+#ifdef LUMEN_DELTA_CHECK_BIN
+    /* a run on the GPU machine carries lumen_tests alone (tools/device/pack.sh):
+     * the check ran where the binary was built */
+    if (getenv("LUMEN_FIXTURES_PARTIAL") && access(LUMEN_DELTA_CHECK_BIN, X_OK) != 0)
+        LM_SKIP("cuda_delta_check is not carried to this machine (LUMEN_FIXTURES_PARTIAL); it runs on the build machine");
+    char *out = NULL, *err = NULL;
+    const int rc = lm_tu_run("'" LUMEN_DELTA_CHECK_BIN "'", &out, &err);
+    printf("%s", out ? out : "");
+    LM_CHECK_MSG(rc == 0, "cuda_delta_check exit %d: %s%s", rc, out ? out : "", err ? err : "");
+    LM_CHECK(out && strstr(out, "chunked delta kernel: all within 2e-5") != NULL);
+    free(out), free(err);
+#else
+    LM_SKIP("built without a C++ compiler: cuda_delta_check not built");
+#endif
+}
 
 /* ---- helpers ------------------------------------------------------------------ */
 
