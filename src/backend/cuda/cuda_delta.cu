@@ -379,7 +379,8 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
 /* Columns per block of the chunked kernel: Dv split over nz blocks, the
  * split that minimises waves x a block's work per chunk in FMAs (M1 does
  * not shrink with the columns, the rest does), within the opt-in shared
- * memory. Returns 0 if no split fits. */
+ * memory. Qwen3.5-27B on an H200: 64 (96 blocks) for one sequence, 128
+ * for eight. Returns 0 if no split fits. */
 static int dch_columns(const lm_cuda *c, int DkP, int Dv, int64_t n_heads_seqs) {
     const int ct_max = DkP <= 128 ? 2 : 1;
     const double m1 = 4352.0 * DkP, per_col = 192.0 * DkP + 4096.0;
@@ -390,9 +391,9 @@ static int dch_columns(const lm_cuda *c, int DkP, int Dv, int64_t n_heads_seqs) 
         if (Dvb > 64 * ct_max) continue;
         const size_t smem = dch_smem_bytes(DkP, Dvb);
         if (smem > (size_t)c->smem_optin) continue;
-        const int64_t per_sm = LM_MAX(1, LM_MIN(2, (int64_t)(228 * 1024) / (int64_t)(smem + 1024))) /* registers: 2 at most */;
-        const int64_t blocks = n_heads_seqs * ((Dv + Dvb - 1) / Dvb);
-        const int64_t waves = (blocks + per_sm * LM_MAX(c->n_sms, 1) - 1) / (per_sm * LM_MAX(c->n_sms, 1));
+        /* one block a multiprocessor: ~150 registers a thread (ptxas) */
+        const int64_t blocks = n_heads_seqs * ((Dv + Dvb - 1) / Dvb), sms = LM_MAX(c->n_sms, 1);
+        const int64_t waves = (blocks + sms - 1) / sms;
         const double cost = (double)waves * (m1 + per_col * Dvb);
         if (!best || cost < best_cost) best = Dvb, best_cost = cost;
         if (Dvb <= 16) break;
@@ -422,8 +423,11 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     a.qkv_ld = qkv->cols, a.out_ld = out->cols;
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
-    /* the chunked kernel takes heads up to 256 wide */
-    const bool chunk_ok = c->delta_chunk_min > 0 && Dk <= 256 && Dv <= 256;
+    /* the chunked kernel takes heads up to 256 wide, where its narrowest
+     * column group fits the shared memory (dch_columns tries down to 16) */
+    const int DkP = (Dk + 3) / 4 * 4;
+    const bool chunk_ok = c->delta_chunk_min > 0 && Dk <= 256 && Dv <= 256 &&
+                          dch_smem_bytes(DkP, LM_MIN(16, (Dv + 3) / 4 * 4)) <= (size_t)c->smem_optin;
     a.rec_max = chunk_ok ? c->delta_chunk_min : INT32_MAX;
     delta_counts cnt;
     a.q = delta_stage(c, kv, b, a.rec_max, &cnt);
@@ -453,7 +457,7 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
         LM_CUDA_LAUNCHED("delta_rule_kernel");
     }
     if (cnt.n_max >= a.rec_max) { /* the chunked kernel */
-        a.DkP = (Dk + 3) / 4 * 4;
+        a.DkP = DkP;
         a.Dvb = dch_columns(c, a.DkP, Dv, (int64_t)Hv * cnt.n_long);
         LM_ASSERT(a.Dvb > 0);
         const size_t smem = dch_smem_bytes(a.DkP, a.Dvb);
