@@ -75,7 +75,7 @@ __device__ __forceinline__ void delta_gate_pair(double a, double b, double a_log
 #define DCH 64            /* tokens per chunk */
 #define DCH_LD 68         /* row stride of the [.][DCH] tiles: float4 rows, transposing writes 4-way */
 #define DCH_THREADS 256
-#define DCH_LU 8          /* loads in flight a thread in the chunk's load step */
+#define DCH_LU 16         /* loads in flight a thread in the chunk's load step */
 
 static inline size_t dch_smem_bytes(int DkP, int Dvb) {
     return (size_t)(2 * DkP * DCH_LD + 2 * DCH * DCH_LD + DCH * Dvb + DkP * Dvb + 3 * DCH) * sizeof(float) +
