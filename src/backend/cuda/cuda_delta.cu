@@ -390,7 +390,7 @@ static int dch_columns(const lm_cuda *c, int DkP, int Dv, int64_t n_heads_seqs) 
         const int Dvb = ((Dv + nz - 1) / nz + 3) / 4 * 4;
         if (Dvb > 64 * ct_max) continue;
         const size_t smem = dch_smem_bytes(DkP, Dvb);
-        if (smem > (size_t)c->smem_optin) continue;
+        if (smem + DCH_STATIC_SMEM > (size_t)c->smem_optin) continue;
         /* one block a multiprocessor: ~150 registers a thread (ptxas) */
         const int64_t blocks = n_heads_seqs * ((Dv + Dvb - 1) / Dvb), sms = LM_MAX(c->n_sms, 1);
         const int64_t waves = (blocks + sms - 1) / sms;
@@ -427,7 +427,7 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
      * column group fits the shared memory (dch_columns tries down to 16) */
     const int DkP = (Dk + 3) / 4 * 4;
     const bool chunk_ok = c->delta_chunk_min > 0 && Dk <= 256 && Dv <= 256 &&
-                          dch_smem_bytes(DkP, LM_MIN(16, (Dv + 3) / 4 * 4)) <= (size_t)c->smem_optin;
+                          dch_smem_bytes(DkP, LM_MIN(16, (Dv + 3) / 4 * 4)) + DCH_STATIC_SMEM <= (size_t)c->smem_optin;
     a.rec_max = chunk_ok ? c->delta_chunk_min : INT32_MAX;
     delta_counts cnt;
     a.q = delta_stage(c, kv, b, a.rec_max, &cnt);

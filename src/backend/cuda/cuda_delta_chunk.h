@@ -77,6 +77,8 @@ __device__ __forceinline__ void delta_gate_pair(double a, double b, double a_log
 #define DCH_THREADS 256
 #define DCH_LU 16         /* loads in flight a thread in the chunk's load step */
 
+#define DCH_STATIC_SMEM 64 /* bound on the kernel's static shared memory (egn), which the opt-in limit counts too */
+
 static inline size_t dch_smem_bytes(int DkP, int Dvb) {
     return (size_t)(2 * DkP * DCH_LD + 2 * DCH * DCH_LD + DCH * Dvb + DkP * Dvb + 3 * DCH) * sizeof(float) +
            DCH * sizeof(double);
