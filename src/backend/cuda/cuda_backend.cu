@@ -727,6 +727,11 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             const int n = v ? atoi(v) : 0;
             c->gemv_chunks = n > 0 ? n : LM_GEMV_CHUNKS_MAX;
         }
+        { /* LUMEN_CUDA_DELTA_CHUNK_MIN=n: the delta rule's crossover (cuda_delta.cu) */
+            const char *v = getenv("LUMEN_CUDA_DELTA_CHUNK_MIN");
+            c->delta_chunk_min = v ? LM_MAX(0, atoi(v)) : 16;
+            LM_CUDA_TRY(cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        }
     }
     return &x->be;
 fail:

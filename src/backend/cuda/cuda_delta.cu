@@ -9,10 +9,13 @@
  * [T] grouped token ids in one lm_cuda_stage. A sequence whose first token
  * has position 0 starts from a zero state whatever its slot holds.
  *
- * conv1d_state: one thread per (sequence, channel), grid (ceil(C/128), S).
- *   The K-1 previous inputs and the K taps sit in registers (K <= 16,
- *   unrolled loops with guards so that nothing is indexed dynamically); the
- *   window is written back to the slot oldest first after the last token.
+ * conv1d_state: one thread per (sequence, channel, 64-token block), grid
+ *   (ceil(C/128), S, ceil(longest / 64)), so a long prefill runs its
+ *   tokens in parallel. The K-1 previous inputs and the K taps sit in
+ *   registers (K <= 16, unrolled loops with guards so that nothing is
+ *   indexed dynamically); the first block of a sequence seeds them from the
+ *   slot, the others from x, and the first block writes the window back
+ *   (oldest first), so only it touches the state.
  * gated_delta: one block per (value head, sequence, group of state
  *   columns), grid (Hv, S, Dv / Dvb), the recurrent form token by token;
  *   columns split while there are fewer than ~2 blocks per multiprocessor
@@ -30,6 +33,15 @@
  *   form; both are the same sums in another order (agreement ~1e-6).
  *   gated_delta_gates is the same kernel computing delta_gates' two values
  *   per (token, head) itself (one launch less in the chain of a step).
+ * gated_delta, chunked: a sequence with at least lm_cuda.delta_chunk_min
+ *   tokens (16) takes delta_chunk_kernel, 64 tokens a step as tile
+ *   products in shared memory (cuda_delta_chunk.h has the steps, and
+ *   tests/host/cuda_delta_check.cpp runs it on the CPU). The recurrent
+ *   kernel costs ~a token's chain of barriers and loads per token, the
+ *   chunked one a whole chunk's products whatever its length, so short
+ *   runs (decode, speculative drafts) stay recurrent; the crossover is
+ *   measured by tools/bench_cuda_delta.c. A batch of both kinds launches
+ *   both kernels, each skipping the other's sequences.
  * Both recurrent kernels read their state and staged ids before the PDL
  *   wait, so those loads overlap the kernel before.
  * delta_gates: elementwise, in double as the CPU backend.
@@ -41,19 +53,26 @@
 #include <string.h>
 
 #define CONV_MAX_K 16
+#define CONV_TT 64 /* tokens of one sequence per conv1d_state block */
 #define DELTA_MAX_ROWS 32  /* state rows per thread */
 #define DELTA_FULL 0xffffffffu
 #define DELTA_MAX_THREADS 512 /* Dv * ceil(Dk / 32): 128 x 128 heads take all of it */
 
+#include "cuda_delta_chunk.h"
+
 /* ---- sequences and their state ---------------------------------------------- */
 
-typedef struct delta_seqs {
-    const int32_t *pos, *slot, *start, *tok; /* device: [T], [S], [S+1], [T] */
-} delta_seqs;
+
+/* Token counts of the batch's sequences (host side): the most and the
+ * fewest of those that have tokens, and how many have at least `thr`. */
+typedef struct delta_counts {
+    int n_max, n_min, n_long;
+} delta_counts;
 
 /* Checks the batch (slots in range, consecutive positions per sequence) and
- * stages what the recurrent kernels need. */
-static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b) {
+ * stages what the recurrent kernels need; *cnt gets the counts (thr: see
+ * delta_counts). */
+static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int thr, delta_counts *cnt) {
     const int T = b->n_tokens, S = b->n_seqs;
     size_t n = 2 * (size_t)T + 2 * (size_t)S + 1;
     int32_t *h = (int32_t *)lm_xcalloc(n, sizeof(int32_t));
@@ -63,9 +82,14 @@ static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_ba
         LM_ASSERT(b->seq[t] >= 0 && b->seq[t] < S);
         start[b->seq[t] + 1]++;
     }
+    cnt->n_max = 0, cnt->n_min = INT32_MAX, cnt->n_long = 0;
     for (int s = 0; s < S; s++) { /* a sequence without tokens here may have no slot */
         slot[s] = b->state_slot[s];
         LM_ASSERT(start[s + 1] == 0 || (slot[s] >= 0 && slot[s] < kv->n_state_slots));
+        if (start[s + 1] == 0) continue;
+        cnt->n_max = LM_MAX(cnt->n_max, start[s + 1]);
+        cnt->n_min = LM_MIN(cnt->n_min, start[s + 1]);
+        cnt->n_long += start[s + 1] >= thr;
     }
     for (int s = 0; s < S; s++) start[s + 1] += start[s];
     int32_t *fill = (int32_t *)lm_xmalloc(((size_t)S + 1) * sizeof(int32_t));
@@ -90,13 +114,22 @@ __device__ __forceinline__ float delta_silu(float x) {
 
 /* ---- conv1d_state ---------------------------------------------------------------- */
 
+/* Block (channel group, sequence, z) takes tokens z * CONV_TT .. of its
+ * sequence; each output needs only the K-1 inputs before it, which a block
+ * past the first reads from x. Only the first block (z = 0) touches the
+ * state: it reads the old window and writes the new one, which is its own
+ * window when it holds the sequence's last token and otherwise the last K-1
+ * inputs (all in x: the sequence is longer than CONV_TT >= K-1). */
 __global__ void delta_conv_kernel(float *y, const float *x, const float *w, float *state, int64_t slot_floats,
                                   int64_t st_off, delta_seqs q, int64_t C, int K, bool silu) {
     const int s = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int i0 = q.start[s], i1 = q.start[s + 1];
-    if (i0 == i1) return;
+    const int a0 = i0 + (int)blockIdx.z * CONV_TT;
+    if (a0 >= i1) return;
+    const int a1 = min(i1, a0 + CONV_TT);
+    const bool first = blockIdx.z == 0;
     /* Before the PDL wait (cuda_internal.h): the staged ids, the taps and
      * the window. No kernel that may still run writes them: the window is
      * this op's own state, last written by this layer a forward ago, and
@@ -104,18 +137,23 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
      * which start before their own waits) write only their outputs. */
     const int W = K - 1;
     float *st = state + (int64_t)q.slot[s] * slot_floats + st_off + c;
-    const bool zero = q.pos[q.tok[i0]] == 0;
+    const bool zero = !first || q.pos[q.tok[i0]] == 0;
     float wt[CONV_MAX_K], win[CONV_MAX_K];
     const float wlast = w[c * K + K - 1];
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; j++) {
         wt[j] = j < W ? w[c * K + j] : 0.0f;
-        const float old = j < W ? st[(int64_t)j * C] : 0.0f; /* read whatever the slot holds: no wait on zero */
+        const float old = j < W && first ? st[(int64_t)j * C] : 0.0f; /* read whatever the slot holds: no wait on zero */
         win[j] = zero ? 0.0f : old;
     }
     lm_pdl_wait();
     lm_pdl_trigger();
-    for (int i = i0; i < i1; i++) {
+    if (!first) {
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_K - 1; j++)
+            if (j < W) win[j] = x[(int64_t)q.tok[a0 - W + j] * C + c];
+    }
+    for (int i = a0; i < a1; i++) {
         const int64_t t = q.tok[i];
         const float xv = x[t * C + c];
         float acc = wlast * xv;
@@ -129,9 +167,10 @@ __global__ void delta_conv_kernel(float *y, const float *x, const float *w, floa
             else if (j == W - 1) win[j] = xv;
         }
     }
+    if (!first) return;
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K - 1; j++)
-        if (j < W) st[(int64_t)j * C] = win[j];
+        if (j < W) st[(int64_t)j * C] = a1 == i1 ? win[j] : x[(int64_t)q.tok[i1 - W + j] * C + c];
 }
 
 void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, lm_kv_pool *kv,
@@ -142,11 +181,12 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
     const int K = (int)w->cols;
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32 && w->type == LM_F32);
     LM_ASSERT(x->rows == b->n_tokens && y->rows == x->rows && y->cols == C && w->rows == C);
-    LM_ASSERT(K >= 1 && K <= CONV_MAX_K && y->data != x->data);
+    LM_ASSERT(K >= 1 && K <= CONV_MAX_K && K - 1 <= CONV_TT && y->data != x->data);
     lm_check_state_ref(kv, state, b, (int64_t)(K - 1) * C);
     if (b->n_tokens == 0 || b->n_seqs == 0 || C == 0) return;
-    delta_seqs q = delta_stage(c, kv, b);
-    dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs);
+    delta_counts cnt;
+    delta_seqs q = delta_stage(c, kv, b, 1, &cnt);
+    dim3 grid((unsigned)((C + 127) / 128), (unsigned)b->n_seqs, (unsigned)((cnt.n_max + CONV_TT - 1) / CONV_TT));
     if (lm_cuda_skip(c, LM_SKIP_CONV)) return;
     lm_cuda_launch_pdl(c, delta_conv_kernel, grid, 128, 0, (float *)y->data, (const float *)x->data, (const float *)w->data,
                    kv->state[state.index], kv->state_floats[state.index], state.offset, q, C, K, silu);
@@ -155,15 +195,6 @@ void lm_cuda_conv1d_state(lm_backend *be, lm_tensor *y, const lm_tensor *x, cons
 
 /* ---- delta_gates ------------------------------------------------------------------ */
 
-/* softplus as torch computes it (threshold 20: linear above). */
-__device__ __forceinline__ double delta_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
-
-/* g and beta of one (token, head); the fused form (gated_delta_gates) calls
- * it too, so both give the same bits. */
-__device__ __forceinline__ void delta_gate_pair(double a, double b, double a_log, double dt_bias, float *g, float *beta) {
-    *g = (float)(-exp(a_log) * delta_softplus(a + dt_bias));
-    *beta = (float)(1.0 / (1.0 + exp(-b)));
-}
 
 __global__ void delta_gates_kernel(float *g, float *beta, const float *a_log, const float *dt_bias, int64_t n,
                                    int64_t H) {
@@ -192,18 +223,6 @@ void lm_cuda_delta_gates(lm_backend *be, lm_tensor *g, lm_tensor *beta, const lm
 
 /* ---- gated_delta ------------------------------------------------------------------ */
 
-typedef struct delta_args {
-    float *out;
-    const float *qkv, *g, *beta;
-    const float *a_log, *dt_bias; /* not NULL: g and beta are the raw projections (the gates fused) */
-    int64_t qkv_ld, out_ld;
-    float *state;
-    int64_t slot_floats, st_off;
-    delta_seqs q;
-    int Hk, Hv, Dk, Dv, P;
-    bool v_tiled; /* lm_delta_params.v_tiled */
-    int Dvb; /* state columns per block: Dv / gridDim.z */
-} delta_args;
 
 /* grid (Hv, S, Dv / Dvb), Dvb * P threads: the state's columns are
  * independent (each needs q, k, its own v column and the scalars q.k,
@@ -220,7 +239,7 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
     lm_pdl_trigger();
     const int h = blockIdx.x, s = blockIdx.y;
     const int i0 = a.q.start[s], i1 = a.q.start[s + 1];
-    if (i0 == i1) return; /* block-uniform */
+    if (i0 == i1 || i1 - i0 >= a.rec_max) return; /* block-uniform */
     constexpr int R = DELTA_MAX_ROWS;
     const int Dk = DK > 0 ? DK : a.Dk, P = DK > 0 ? DK / R : a.P;
     const int Dv = a.Dv, Dvb = a.Dvb, nth = blockDim.x;
@@ -357,9 +376,36 @@ __global__ void __launch_bounds__(DELTA_MAX_THREADS, MINB) delta_rule_kernel(del
     }
 }
 
+/* Columns per block of the chunked kernel: Dv split over nz blocks, the
+ * split that minimises waves x a block's work per chunk in FMAs (M1 does
+ * not shrink with the columns, the rest does), within the opt-in shared
+ * memory. Qwen3.5-27B on an H200: 64 (96 blocks) for one sequence, 128
+ * for eight. Returns 0 if no split fits. */
+static int dch_columns(const lm_cuda *c, int DkP, int Dv, int64_t n_heads_seqs) {
+    const int ct_max = DkP <= 128 ? 2 : 1;
+    const double m1 = 4352.0 * DkP, per_col = 192.0 * DkP + 4096.0;
+    int best = 0;
+    double best_cost = 0.0;
+    for (int nz = 1; nz <= 64; nz *= 2) {
+        const int Dvb = ((Dv + nz - 1) / nz + 3) / 4 * 4;
+        if (Dvb > 64 * ct_max) continue;
+        const size_t smem = dch_smem_bytes(DkP, Dvb);
+        if (smem + DCH_STATIC_SMEM > (size_t)c->smem_optin) continue;
+        /* one block a multiprocessor: ~150 registers a thread (ptxas) */
+        const int64_t blocks = n_heads_seqs * ((Dv + Dvb - 1) / Dvb), sms = LM_MAX(c->n_sms, 1);
+        const int64_t waves = (blocks + sms - 1) / sms;
+        const double cost = (double)waves * (m1 + per_col * Dvb);
+        if (!best || cost < best_cost) best = Dvb, best_cost = cost;
+        if (Dvb <= 16) break;
+    }
+    return best;
+}
+
 /* gated_delta; with a_log and dt_bias, g and beta are the raw projections
  * and the kernel applies delta_gates itself (g and beta are left as they
- * were). */
+ * were). Sequences with at least c->delta_chunk_min tokens take the chunked
+ * kernel, the others the recurrent one; a batch of both launches both (they
+ * touch disjoint sequences' outputs and state). */
 static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
                        const lm_tensor *beta, const lm_tensor *a_log, const lm_tensor *dt_bias, lm_kv_pool *kv,
                        const lm_attn_batch *b, const lm_delta_params *p) {
@@ -368,7 +414,6 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim;
     lm_check_gated_delta(out, qkv, g, beta, kv, b, p);
     const int P = (Dk + DELTA_MAX_ROWS - 1) / DELTA_MAX_ROWS;
-    LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
     if (b->n_tokens == 0 || b->n_seqs == 0) return;
     delta_args a;
     memset(&a, 0, sizeof a); /* padding too: a graph pass hashes the bytes */
@@ -378,29 +423,57 @@ static void delta_rule(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, con
     a.qkv_ld = qkv->cols, a.out_ld = out->cols;
     a.state = kv->state[p->state.index];
     a.slot_floats = kv->state_floats[p->state.index], a.st_off = p->state.offset;
-    a.q = delta_stage(c, kv, b);
+    /* the chunked kernel takes heads up to 256 wide, where its narrowest
+     * column group fits the shared memory (dch_columns tries down to 16) */
+    const int DkP = (Dk + 3) / 4 * 4;
+    const bool chunk_ok = c->delta_chunk_min > 0 && Dk <= 256 && Dv <= 256 &&
+                          dch_smem_bytes(DkP, LM_MIN(16, (Dv + 3) / 4 * 4)) + DCH_STATIC_SMEM <= (size_t)c->smem_optin;
+    a.rec_max = chunk_ok ? c->delta_chunk_min : INT32_MAX;
+    delta_counts cnt;
+    a.q = delta_stage(c, kv, b, a.rec_max, &cnt);
     a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.P = P, a.v_tiled = p->v_tiled;
-    /* split the columns while there are fewer than ~2 blocks per
-     * multiprocessor, in whole warps' worth of columns */
-    int n_cg = 1;
-    while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
-    a.Dvb = Dv / n_cg;
-    const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
-    LM_ASSERT(smem <= 48 * 1024);
-    const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
     if (lm_cuda_skip(c, LM_SKIP_DELTA_RULE)) return;
-    /* Many blocks (batched decode): two a multiprocessor, on half the
-     * registers (a few state rows spill to local memory) for twice the
-     * warps in flight; few (one sequence): one, all rows in registers, the
-     * shorter chain */
-    const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
-    const bool many = (int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1);
-    if (Dk == 128 && a.Dvb % 32 == 0) {
-        if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 128>, grid, threads, smem, a);
-        else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 128>, grid, threads, smem, a);
-    } else if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 0>, grid, threads, smem, a);
-    else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 0>, grid, threads, smem, a);
-    LM_CUDA_LAUNCHED("delta_rule_kernel");
+    if (cnt.n_min < a.rec_max) { /* the recurrent kernel */
+        LM_ASSERT((int64_t)(Dv * P + 31) / 32 * 32 <= DELTA_MAX_THREADS); /* a thread per (column, row part) */
+        /* split the columns while there are fewer than ~2 blocks per
+         * multiprocessor, in whole warps' worth of columns */
+        int n_cg = 1;
+        while (Dv % (64 * n_cg) == 0 && (int64_t)Hv * b->n_seqs * n_cg < 2 * (int64_t)LM_MAX(c->n_sms, 1)) n_cg *= 2;
+        a.Dvb = Dv / n_cg;
+        const size_t smem = (2 * (size_t)Dk + 2 * (size_t)P * a.Dvb + (size_t)a.Dvb) * sizeof(float);
+        LM_ASSERT(smem <= 48 * 1024);
+        const unsigned threads = (unsigned)((a.Dvb * P + 31) / 32 * 32);
+        /* Many blocks (batched decode): two a multiprocessor, on half the
+         * registers (a few state rows spill to local memory) for twice the
+         * warps in flight; few (one sequence): one, all rows in registers, the
+         * shorter chain */
+        const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)n_cg);
+        const bool many = (int64_t)Hv * b->n_seqs * n_cg >= 4 * (int64_t)LM_MAX(c->n_sms, 1);
+        if (Dk == 128 && a.Dvb % 32 == 0) {
+            if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 128>, grid, threads, smem, a);
+            else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 128>, grid, threads, smem, a);
+        } else if (many) lm_cuda_launch_pdl(c, delta_rule_kernel<2, 0>, grid, threads, smem, a);
+        else lm_cuda_launch_pdl(c, delta_rule_kernel<1, 0>, grid, threads, smem, a);
+        LM_CUDA_LAUNCHED("delta_rule_kernel");
+    }
+    if (cnt.n_max >= a.rec_max) { /* the chunked kernel */
+        a.DkP = DkP;
+        a.Dvb = dch_columns(c, a.DkP, Dv, (int64_t)Hv * cnt.n_long);
+        LM_ASSERT(a.Dvb > 0);
+        const size_t smem = dch_smem_bytes(a.DkP, a.Dvb);
+        const dim3 grid((unsigned)Hv, (unsigned)b->n_seqs, (unsigned)((Dv + a.Dvb - 1) / a.Dvb));
+        if (a.DkP <= 128) {
+            LM_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+            lm_cuda_launch_pdl(c, delta_chunk_kernel<2, 2>, grid, DCH_THREADS, smem, a);
+        } else {
+            LM_ASSERT(a.Dvb <= 64);
+            LM_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+            lm_cuda_launch_pdl(c, delta_chunk_kernel<1, 4>, grid, DCH_THREADS, smem, a);
+        }
+        LM_CUDA_LAUNCHED("delta_chunk_kernel");
+    }
 }
 
 void lm_cuda_gated_delta(lm_backend *be, lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g,
