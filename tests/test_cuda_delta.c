@@ -4,7 +4,7 @@
  * Three backends see the same inputs: the CPU (the reference, which runs
  * several tokens of a sequence in its own chunked form and one token in the
  * recurrent form), the GPU as configured by default (sequences of at least
- * 16 tokens in the chunked kernel, shorter ones in the recurrent kernel, both
+ * 32 tokens in the chunked kernel, shorter ones in the recurrent kernel, both
  * in one batch), and the GPU with LUMEN_CUDA_DELTA_CHUNK_MIN=1 (every
  * sequence in the chunked kernel, a decoding token too). Every case
  * compares the outputs and every state slot (used or not) after the call.

@@ -729,7 +729,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
         }
         { /* LUMEN_CUDA_DELTA_CHUNK_MIN=n: the delta rule's crossover (cuda_delta.cu) */
             const char *v = getenv("LUMEN_CUDA_DELTA_CHUNK_MIN");
-            c->delta_chunk_min = v ? LM_MAX(0, atoi(v)) : 16;
+            c->delta_chunk_min = v ? LM_MAX(0, atoi(v)) : 32;
             LM_CUDA_TRY(cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         }
     }

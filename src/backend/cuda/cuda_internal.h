@@ -106,7 +106,7 @@ typedef struct lm_cuda {
     int later_head, later_n;
     /* gated_delta (cuda_delta.cu): a sequence with at least this many tokens
      * in the batch takes the chunked kernel, fewer the recurrent one
-     * (LUMEN_CUDA_DELTA_CHUNK_MIN, default 16; 0: never chunked) */
+     * (LUMEN_CUDA_DELTA_CHUNK_MIN, default 32; 0: never chunked) */
     int delta_chunk_min;
     int smem_optin; /* most dynamic shared memory a block may opt in to (bytes) */
 } lm_cuda;
