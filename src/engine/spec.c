@@ -1,36 +1,286 @@
-/* spec.c - speculative decoding's entry points (lm_spec.h), without a
- * proposer: they exist so that the step has one place that speculation
- * fills in, next to the look-ahead, rather than a special case inside
- * step(). Every function here is a no-op or unreachable until a proposer
- * and verification land. */
+/* spec.c - speculative decoding in the step (lm_spec.h): drafts into the
+ * batch, acceptance and rollback after the forward, the adaptive policy and
+ * the counters. The proposers are spec_lookup.c and spec_mtp.c.
+ *
+ * Each step's drafted sequences are recorded in row order (the step adds a
+ * sequence's t0 row and then its draft rows before the next sequence's), so
+ * the hand-out walks the rows once: a row that starts a record is verified
+ * with the k after it, any other row is a plain token. */
 #include "engine_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-lm_spec *lm_spec_create(lm_model *m) {
-    (void)m; /* no proposer is wired: the step never drafts */
-    return NULL;
+/* One drafted sequence of the step. */
+typedef struct spec_rec {
+    lm_request *r;
+    int s;              /* its batch sequence */
+    int row0;           /* output row of t0; drafts are rows row0 + 1 .. row0 + k */
+    int k;
+    int p;              /* position of t0 (r->n_cached before the step) */
+    int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
+    int32_t draft[LM_SPEC_MAX_DRAFT];
+} spec_rec;
+
+struct lm_spec {
+    lm_spec_mode mode;
+    int max_draft;
+    bool stateful;
+    spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
+    int n_rec;
+    /* the cost model: step seconds = a + b * tokens, least squares over
+     * recent steps (sums decay so that it follows the load) */
+    double sw, st, stt, sy, sty;
+    double draft_s_per;  /* smoothed seconds one proposal takes */
+    /* counters not yet in en->st */
+    lm_engine_stats add;
+};
+
+/* ---- setup ---- */
+
+int lm_spec_state_slots(const lm_engine_opts *o, bool stateful) {
+    return o->spec != LM_SPEC_OFF && stateful ? LM_MAX(o->parallel, 1) : 0;
 }
 
-void lm_spec_free(lm_spec *sp) { free(sp); }
-
-int lm_spec_max_draft(const lm_spec *sp) {
-    (void)sp; /* no proposer, no drafts */
+int lm_spec_create(lm_engine *en, lm_err *e) {
+    en->spec = NULL;
+    const lm_engine_opts *o = &en->o;
+    if (o->spec == LM_SPEC_OFF) return 0;
+    if (o->spec_draft < 0 || o->spec_draft > LM_SPEC_MAX_DRAFT)
+        return lm_errf(e, "draft length %d out of range [1, %d]", o->spec_draft, LM_SPEC_MAX_DRAFT);
+    if (o->spec == LM_SPEC_MTP)
+        return lm_errf(e, "speculative decoding with the MTP head is not built yet; use lookup");
+    if (o->spec == LM_SPEC_CALLBACK && !o->spec_cb) return lm_errf(e, "speculation by callback without a callback");
+    lm_spec *sp = lm_xcalloc(1, sizeof *sp);
+    sp->mode = o->spec;
+    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : 6;
+    sp->stateful = en->stateful;
+    sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
+    en->spec = sp;
     return 0;
 }
+
+void lm_spec_free(lm_spec *sp) {
+    if (!sp) return;
+    free(sp->rec);
+    free(sp);
+}
+
+int lm_spec_max_draft(const lm_spec *sp) { return sp ? sp->max_draft : 0; }
+
+/* ---- the adaptive policy ---- */
+
+/* The fitted step time of a forward of T tokens (a + b T); before enough
+ * steps, a guess that makes a token cost a tenth of a step. */
+static void cost_model(const lm_spec *sp, double *a, double *b) {
+    double det = sp->sw * sp->stt - sp->st * sp->st;
+    if (sp->sw >= 4 && det > 1e-9 * sp->sw * sp->sw) {
+        *b = (sp->sw * sp->sty - sp->st * sp->sy) / det;
+        *a = (sp->sy - *b * sp->st) / sp->sw;
+        if (*b > 0 && *a > 0) return;
+    }
+    double mean = sp->sw > 0 ? sp->sy / sp->sw : 1.0, tok = sp->sw > 0 ? sp->st / sp->sw : 1.0;
+    *b = mean / (10.0 + tok);
+    *a = mean - *b * tok;
+}
+
+static void cost_learn(lm_spec *sp, int T, double s) {
+    const double keep = 0.98;
+    sp->sw = sp->sw * keep + 1, sp->st = sp->st * keep + T, sp->stt = sp->stt * keep + (double)T * T;
+    sp->sy = sp->sy * keep + s, sp->sty = sp->sty * keep + (double)T * s;
+}
+
+/* How many draft tokens r should get this step (at most max): the k that
+ * maximises expected tokens per second of r's share of the step, 0 when
+ * none beats plain decoding by a margin; a one-token probe every so often
+ * keeps the estimate alive. */
+static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
+    lm_spec *sp = en->spec;
+    lm_spec_req *q = &r->spec;
+    double a, b;
+    cost_model(sp, &a, &b);
+    const double share = a / LM_MAX(S, 1) + b; /* r's part of a step without drafts */
+    double best = 1.0 / share, expect = 0, run = 1;
+    int k_best = 0;
+    for (int k = 1; k <= max; k++) {
+        run *= q->acc[k - 1];
+        expect += run;
+        /* a rejection on a stateful model feeds the accepted tokens again */
+        double tokens = 1 + expect, cost = share + b * k + sp->draft_s_per;
+        if (sp->stateful) { /* a rejection is followed by a step that feeds the run again, undrafted */
+            tokens += 1 - run;
+            cost += (1 - run) * (share + b * (1 + expect));
+        }
+        double rate = tokens / cost;
+        if (rate > best * 1.02) best = rate, k_best = k;
+    }
+    if (k_best == 0 && ++q->quiet >= 16) {
+        q->quiet = 0;
+        return LM_MIN(1, max);
+    }
+    if (k_best > 0) q->quiet = 0;
+    return k_best;
+}
+
+/* The acceptance estimates after a verification: positions 1..accepted were
+ * accepted, position accepted + 1 (if drafted) was not. */
+static void policy_learn(lm_spec_req *q, int k, int accepted) {
+    for (int i = 0; i < k && i <= accepted; i++) q->acc[i] = 0.85f * q->acc[i] + 0.15f * (i < accepted ? 1.0f : 0.0f);
+}
+
+/* ---- proposals ---- */
 
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
-    (void)st, (void)s, (void)r, (void)max;
-    LM_ASSERT(en->spec == NULL); /* a proposer would append its draft here */
-    return 0;
+    lm_spec *sp = en->spec;
+    if (!sp || r->p.no_spec || r->gm || r->embed) return 0;
+    /* only a sequence whose whole tail is in the batch with t0's row last */
+    if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
+    /* a stateful sequence drafts only from a state at t0: after a rejection
+     * the step that feeds the run again goes undrafted (the copy of the
+     * slot would otherwise be older than the run, and the run would grow) */
+    if (sp->stateful && st->seq_n[s] != 1) return 0;
+    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
+    /* a verification hands out at most k + 1 tokens: no draft past
+     * max_tokens or the context (so every draft position is a reserved one) */
+    int room = LM_MIN(r->p.max_tokens - r->n_generated, en->o.ctx - r->n_tokens) - 1;
+    max = LM_MIN(LM_MIN(max, room), sp->max_draft);
+    if (max <= 0) return 0;
+    const double t0 = lm_now();
+    int k = en->o.spec_fixed ? max : policy_k(en, r, max, en->n_running);
+    spec_rec *rc = &sp->rec[sp->n_rec];
+    if (k > 0 && sp->mode == LM_SPEC_CALLBACK) {
+        int n = en->o.spec_cb(en->o.spec_user, r->tokens, r->n_tokens, r->n_prompt, rc->draft, k);
+        k = LM_MAX(0, LM_MIN(k, n));
+    } else if (k > 0)
+        k = lm_lookup_propose(&r->spec, r->tokens, r->n_tokens, r->cap, rc->draft, k);
+    for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
+        if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
+    const double dt = lm_now() - t0;
+    sp->add.spec_draft_s += dt;
+    sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
+    if (k == 0) {
+        sp->add.spec_off_steps++;
+        return 0;
+    }
+    rc->snap = -1;
+    if (sp->stateful) {
+        rc->snap = lm_kv_state_take(en->kv);
+        if (rc->snap < 0) return 0; /* no spare slot: decode plainly */
+        lm_kv_state_copy(en->kv, rc->snap, r->slot);
+    }
+    rc->r = r, rc->s = s, rc->k = k, rc->p = r->n_cached + st->seq_n[s] - 1, rc->row0 = st->n_out - 1;
+    int last = lm_batch_add_tokens(en->bb, s, rc->draft, rc->p + 1, k);
+    for (int j = 0; j < k; j++) {
+        int o = lm_batch_add_out(en->bb, last - k + 1 + j);
+        st->row_req[o] = r;
+        st->n_out = o + 1;
+    }
+    st->seq_n[s] += k;
+    st->n_draft += k;
+    sp->n_rec++;
+    return k;
 }
 
-/* Acceptance and rollback would go here (lm_spec.h, points 3 and 4). A step
- * gets this policy only when it drafted, which no step does yet; without
- * drafts a speculative step is a plain one. */
+/* ---- acceptance and rollback ---- */
+
+/* Hands out rc's rows (t0's and its drafts') until a token differs from
+ * the draft or r ends, and leaves r's cache at what it accepted. */
+static void verify(lm_engine *en, lm_step *st, const spec_rec *rc) {
+    lm_spec *sp = en->spec;
+    lm_request *r = rc->r;
+    const int32_t fwd_slot = r->slot;
+    /* until the run is known, r stands at p: its tokens below p are cached,
+     * its state (on a stateful model) is the copy from before the forward,
+     * so that r ending mid-run leaves the prefix cache consistent */
+    if (r->tr.n_steps < r->p.max_tokens) r->step_batch[r->tr.n_steps++] = st->T;
+    if (rc->snap >= 0) r->slot = rc->snap;
+    r->n_cached = rc->p;
+    const int n0 = r->n_tokens;
+    int accepted = 0;
+    for (int j = 0; j <= rc->k; j++) {
+        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so far */
+        if (rc->snap < 0) r->n_cached = rc->p + j + 1;
+        const int o = rc->row0 + j;
+        lm_req_take_token(en, r, st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL, st->ids[o]);
+        if (r->state == LM_REQ_DONE || j == rc->k || r->tokens[r->n_tokens - 1] != rc->draft[j]) break;
+        accepted++;
+    }
+    const int m = r->n_tokens - n0; /* tokens appended (a stop token is not) */
+    sp->add.spec_verifies++;
+    sp->add.spec_verify_tokens += (uint64_t)(accepted + 1);
+    sp->add.spec_drafted += (uint64_t)rc->k;
+    sp->add.spec_accepted += (uint64_t)accepted;
+    for (int i = 0; i < rc->k; i++) {
+        sp->add.spec_pos_drafted[i] += i <= accepted;
+        sp->add.spec_pos_accepted[i] += i < accepted;
+    }
+    policy_learn(&r->spec, rc->k, accepted);
+    if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
+        if (rc->snap >= 0) lm_kv_state_release(en->kv, fwd_slot);
+        return;
+    }
+    if (rc->snap >= 0) {
+        if (accepted == rc->k) { /* the forward's state is at p + k + 1 = the accepted run */
+            r->slot = fwd_slot;
+            lm_kv_state_release(en->kv, rc->snap);
+            r->n_cached = rc->p + rc->k + 1;
+        } else { /* stay at p: the next step feeds t0 x1 .. xm again */
+            lm_kv_state_release(en->kv, fwd_slot);
+            sp->add.spec_replayed += (uint64_t)m;
+        }
+    } else {
+        r->n_cached = rc->p + m;
+    }
+    lm_cache_policy_progress(en, r);
+}
+
+/* Moves the step's counters into en->st (under mu). */
+static void publish(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    lm_engine_stats *a = &sp->add, *s = &en->st;
+    pthread_mutex_lock(&en->mu);
+    s->spec_verifies += a->spec_verifies, s->spec_verify_tokens += a->spec_verify_tokens;
+    s->spec_drafted += a->spec_drafted, s->spec_accepted += a->spec_accepted;
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
+        s->spec_pos_drafted[i] += a->spec_pos_drafted[i], s->spec_pos_accepted[i] += a->spec_pos_accepted[i];
+    s->spec_replayed += a->spec_replayed, s->spec_off_steps += a->spec_off_steps;
+    s->spec_draft_s += a->spec_draft_s, s->spec_verify_s += a->spec_verify_s;
+    pthread_mutex_unlock(&en->mu);
+    memset(a, 0, sizeof *a);
+}
+
 static void spec_hand_out(lm_engine *en, lm_step *st) {
-    LM_ASSERT(st->n_draft == 0);
-    lm_step_hand_out(en, st);
+    lm_spec *sp = en->spec;
+    LM_ASSERT(sp && st->n_draft > 0 && sp->n_rec > 0);
+    lm_step_count(en, st->T, st->S, false, 0);
+    /* sequences without a draft advance as in a plain step */
+    for (int i = 0, c = 0; i < st->S; i++) {
+        if (c < sp->n_rec && sp->rec[c].s == i) {
+            c++;
+            continue;
+        }
+        lm_step_advance(en, st, i);
+    }
+    for (int o = 0, c = 0; o < st->n_out;) {
+        if (c < sp->n_rec && sp->rec[c].row0 == o) {
+            verify(en, st, &sp->rec[c]);
+            o += sp->rec[c++].k + 1;
+            continue;
+        }
+        lm_req_take_token(en, st->row_req[o], st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL,
+                          st->ids[o]);
+        o++;
+    }
+    sp->n_rec = 0;
+    publish(en);
+}
+
+void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
+    lm_spec *sp = en->spec;
+    cost_learn(sp, st->T, forward_s);
+    if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
+    else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);
 }
 
 const lm_step_policy lm_spec_policy = {
