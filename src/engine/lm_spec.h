@@ -37,7 +37,10 @@
  *     a rejection r takes the copy (the state at p; a slot swap, no copy)
  *     and n_cached stays at p: the next step feeds t0 x1..xm again in front
  *     of its own token and draft ("replay", folded into a forward that runs
- *     anyway). docs/architecture.md has the measurement that chose this over
+ *     anyway; a rejection there goes back to the same copy, so the replayed
+ *     run grows until a draft is accepted whole, or until it reaches
+ *     LM_SPEC_MAX_REPLAY tokens and a step catches up undrafted).
+ *     docs/architecture.md has the measurement behind this choice over
  *     keeping the state after every position. A proposer with state of its
  *     own (the MTP head's K/V) rolls back the same way: its rows past the
  *     accepted position are rewritten.
@@ -62,6 +65,10 @@
 typedef struct lm_spec lm_spec;
 struct lm_step;
 struct lm_step_policy;
+
+/* Most tokens a stateful sequence feeds again after rejections before a
+ * step catches it up without a draft. */
+#define LM_SPEC_MAX_REPLAY 16
 
 /* n-gram lengths the lookup proposer matches, longest first. */
 #define LM_LOOKUP_NMIN 2

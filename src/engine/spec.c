@@ -17,7 +17,8 @@ typedef struct spec_rec {
     int s;              /* its batch sequence */
     int row0;           /* output row of t0; drafts are rows row0 + 1 .. row0 + k */
     int k;
-    int p;              /* position of t0 (r->n_cached before the step) */
+    int base;           /* r->n_cached before the step: the copied state's position */
+    int p;              /* position of t0 (base, or later after a rejection's replay) */
     int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
     int32_t draft[LM_SPEC_MAX_DRAFT];
 } spec_rec;
@@ -106,12 +107,9 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
         run *= q->acc[k - 1];
         expect += run;
         /* a rejection on a stateful model feeds the accepted tokens again */
-        double tokens = 1 + expect, cost = share + b * k + sp->draft_s_per;
-        if (sp->stateful) { /* a rejection is followed by a step that feeds the run again, undrafted */
-            tokens += 1 - run;
-            cost += (1 - run) * (share + b * (1 + expect));
-        }
-        double rate = tokens / cost;
+        double cost = share + b * k + sp->draft_s_per;
+        if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
+        double rate = (1 + expect) / cost;
         if (rate > best * 1.02) best = rate, k_best = k;
     }
     if (k_best == 0 && ++q->quiet >= 16) {
@@ -135,10 +133,10 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     if (!sp || r->p.no_spec || r->gm || r->embed) return 0;
     /* only a sequence whose whole tail is in the batch with t0's row last */
     if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
-    /* a stateful sequence drafts only from a state at t0: after a rejection
-     * the step that feeds the run again goes undrafted (the copy of the
-     * slot would otherwise be older than the run, and the run would grow) */
-    if (sp->stateful && st->seq_n[s] != 1) return 0;
+    /* a stateful sequence after a rejection feeds its run again in front of
+     * t0 and may draft after it: another rejection takes it back to the same
+     * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
+    if (sp->stateful && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
     if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
         for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
     /* a verification hands out at most k + 1 tokens: no draft past
@@ -169,7 +167,8 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
         if (rc->snap < 0) return 0; /* no spare slot: decode plainly */
         lm_kv_state_copy(en->kv, rc->snap, r->slot);
     }
-    rc->r = r, rc->s = s, rc->k = k, rc->p = r->n_cached + st->seq_n[s] - 1, rc->row0 = st->n_out - 1;
+    rc->r = r, rc->s = s, rc->k = k, rc->base = r->n_cached, rc->p = r->n_cached + st->seq_n[s] - 1;
+    rc->row0 = st->n_out - 1;
     int last = lm_batch_add_tokens(en->bb, s, rc->draft, rc->p + 1, k);
     for (int j = 0; j < k; j++) {
         int o = lm_batch_add_out(en->bb, last - k + 1 + j);
@@ -195,7 +194,7 @@ static void verify(lm_engine *en, lm_step *st, const spec_rec *rc) {
      * so that r ending mid-run leaves the prefix cache consistent */
     if (r->tr.n_steps < r->p.max_tokens) r->step_batch[r->tr.n_steps++] = st->T;
     if (rc->snap >= 0) r->slot = rc->snap;
-    r->n_cached = rc->p;
+    r->n_cached = rc->snap >= 0 ? rc->base : rc->p;
     const int n0 = r->n_tokens;
     int accepted = 0;
     for (int j = 0; j <= rc->k; j++) {
@@ -225,9 +224,9 @@ static void verify(lm_engine *en, lm_step *st, const spec_rec *rc) {
             r->slot = fwd_slot;
             lm_kv_state_release(en->kv, rc->snap);
             r->n_cached = rc->p + rc->k + 1;
-        } else { /* stay at p: the next step feeds t0 x1 .. xm again */
+        } else { /* stay at base: the next step feeds the run again */
             lm_kv_state_release(en->kv, fwd_slot);
-            sp->add.spec_replayed += (uint64_t)m;
+            sp->add.spec_replayed += (uint64_t)(rc->p - rc->base + m);
         }
     } else {
         r->n_cached = rc->p + m;
