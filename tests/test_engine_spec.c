@@ -14,6 +14,7 @@
 #include "engine/lm_engine.h"
 #include "engine/lm_spec.h"
 #include "format/safetensors.h"
+#include "model/lm_arch.h"
 #include "lm_test.h"
 #include "test_util.h"
 
@@ -223,6 +224,30 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
     sp_opts adaptive = { .mode = LM_SPEC_LOOKUP };
     sp_run(lm_t_, m, &adaptive, prompt, n_prompt, stops, on);
     sp_same(lm_t_, "lookup adaptive", off, on);
+
+    if (lm_model_draft(m)) { /* the model's MTP head: fixed depth 3, adaptive, and mixed with lookup */
+        sp_opts mtp = { .mode = LM_SPEC_MTP, .draft = 3, .fixed = true };
+        sp_run(lm_t_, m, &mtp, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "mtp", off, on);
+        sp_print(dir, "mtp", &on->st);
+        /* the demo's head: about two thirds of first guesses are the model's */
+        LM_CHECK(on->st.spec_pos_accepted[0] * 2 > on->st.spec_pos_drafted[0] && on->st.spec_pos_drafted[2] > 0);
+        sp_opts mtp_ad = { .mode = LM_SPEC_MTP };
+        sp_run(lm_t_, m, &mtp_ad, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "mtp adaptive", off, on);
+        sp_opts autom = { .mode = LM_SPEC_AUTO, .draft = 3, .fixed = true, .mixed = true };
+        sp_run(lm_t_, m, &autom, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "auto, mixed", off, on);
+        sp_print(dir, "auto, mixed", &on->st);
+        LM_CHECK(on->st.spec_verifies > 0);
+    } else { /* no head: --spec mtp is refused, auto is lookup */
+        lm_engine *en = NULL;
+        lm_engine_opts o = { .ctx = 128, .spec = LM_SPEC_MTP };
+        LM_CHECK(lm_engine_create(&en, m, &o, &e) != 0 && strstr(e.msg, "no MTP head"));
+        sp_opts autom = { .mode = LM_SPEC_AUTO, .draft = 3, .fixed = true, .mixed = true };
+        sp_run(lm_t_, m, &autom, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "auto, mixed", off, on);
+    }
 
     for (int mixed = 0; mixed < 2; mixed++) {
         oracle orc = { .ref = off };

@@ -6,6 +6,8 @@
  * not bad input). */
 #include "lm_batch_builder.h"
 
+#include "../model/lm_arch.h"
+
 #include <stdlib.h>
 
 struct lm_batch_builder {
@@ -110,4 +112,9 @@ int lm_batch_n_tokens(const lm_batch_builder *bb) { return bb->b.n_tokens; }
 
 int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e) {
     return lm_model_forward(m, kv, &bb->b, logits, e);
+}
+
+int lm_batch_forward_draft(lm_batch_builder *bb, lm_model *m, const lm_draft *d, lm_kv_pool *kv, const float *hidden,
+                           float *hidden_out, lm_err *e) {
+    return d->forward(m, kv, &bb->b, hidden, hidden_out, e);
 }

@@ -379,12 +379,14 @@ static void step(lm_engine *en) {
         st = &en->cur;
         if (!step_build(en, st)) return;
         st->policy = st->n_draft ? &lm_spec_policy : lm_ahead_claim(en, st) ? &lm_ahead_policy : &plain_policy;
+        if (en->spec) lm_spec_before_issue(en, st);
         const double t0 = lm_now();
         if (!step_issue(en, st)) return;
         if (en->spec) lm_spec_after_issue(en, st, lm_now() - t0);
     }
     if (st->policy->after_forward) st->policy->after_forward(en, st);
     st->policy->hand_out(en, st);
+    if (en->spec) lm_spec_after_hand_out(en, st);
     drop_done(en);
 }
 
@@ -441,6 +443,7 @@ static void engine_destroy(lm_engine *en) {
     lm_cache_policy_free(en);
     lm_kv_cache_free(en->kv);
     lm_spec_free(en->spec);
+    lm_mtp_free(en->spec_mtp);
     lm_ahead_free(en);
     lm_batch_builder_free(en->bb);
     free(en->running);

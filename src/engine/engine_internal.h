@@ -165,6 +165,7 @@ struct lm_engine {
     int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
     /* speculative decoding (spec.c): NULL when off */
     lm_spec *spec;
+    lm_spec_mtp *spec_mtp;       /* its MTP proposer (spec_mtp.c), NULL without */
 };
 
 /* ---- engine.c: requests and the plain step ---- */

@@ -84,10 +84,14 @@ typedef struct lm_spec_req {
     /* adaptive policy */
     float acc[LM_SPEC_MAX_DRAFT]; /* P(draft i + 1 accepted | draft i was), smoothed */
     int quiet;             /* decode steps since it last drafted */
-    /* MTP: positions whose hidden row is known, and that row */
-    int mtp_n;             /* the MTP head's K/V covers positions < mtp_n */
-    int hid_pos;           /* position of the hidden row in hid (-1: none) */
-    float *hid;            /* [D] the main model's final hidden state at hid_pos */
+    int k_last;            /* the draft length the policy chose last */
+    /* MTP (spec_mtp.c) */
+    int mtp_n;             /* the head's K/V cover positions < mtp_n */
+    int hid_pos;           /* position of the hidden row in hid */
+    float *hid;            /* [D] the model's final hidden state at hid_pos, NULL before the first */
+    int32_t mtp_draft[LM_SPEC_MAX_DRAFT]; /* the head's guesses after token mtp_draft_at - 1 */
+    int mtp_n_draft, mtp_draft_at;
+    int mtp_want;          /* how many guesses the next chain makes */
 } lm_spec_req;
 
 void lm_spec_req_free(lm_spec_req *q);
@@ -110,11 +114,27 @@ int lm_spec_max_draft(const lm_spec *sp);
 int lm_spec_propose(lm_engine *en, struct lm_step *st, int s, lm_request *r, int max);
 /* The policy of a step with drafts: acceptance and rollback (3 and 4). */
 extern const struct lm_step_policy lm_spec_policy;
+/* A built step, before its forward: the hidden rows the MTP proposer reads. */
+void lm_spec_before_issue(lm_engine *en, struct lm_step *st);
+/* After any step's hand-out: the MTP proposer's guesses for the next. */
+void lm_spec_after_hand_out(lm_engine *en, struct lm_step *st);
 /* After any built step's forward (forward_s: how long issuing it took):
  * the cost model learns from steps without drafts too. */
 void lm_spec_after_issue(lm_engine *en, struct lm_step *st, double forward_s);
 
 /* ---- proposers (spec_lookup.c, spec_mtp.c) ---- */
+
+typedef struct lm_spec_mtp lm_spec_mtp;
+/* The MTP proposer for en's model, NULL (e untouched) when the model has no
+ * draft head; NULL with e set when its pool cannot be made. */
+lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e);
+void lm_mtp_free(lm_spec_mtp *M);
+void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
+/* known[s]: where batch sequence s's real tokens end among those the step
+ * fed (-1: all of them were real). */
+void lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+/* The head's guesses after r's newest token (at most max), 0 when none. */
+int lm_mtp_propose(const lm_request *r, int32_t *draft, int max);
 
 /* Up to max tokens that followed the latest earlier occurrence of r's last
  * n tokens (n from LM_LOOKUP_NMAX down to LM_LOOKUP_NMIN) into draft. */

@@ -20,6 +20,7 @@ typedef struct spec_rec {
     int base;           /* r->n_cached before the step: the copied state's position */
     int p;              /* position of t0 (base, or later after a rejection's replay) */
     int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
+    int accepted;       /* after the hand-out: drafts accepted */
     int32_t draft[LM_SPEC_MAX_DRAFT];
 } spec_rec;
 
@@ -28,6 +29,7 @@ struct lm_spec {
     int max_draft;
     bool stateful;
     spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
+    int *known;         /* [parallel] lm_mtp_after_hand_out's */
     int n_rec;
     /* the cost model: step seconds = a + b * tokens, least squares over
      * recent steps (sums decay so that it follows the load) */
@@ -49,12 +51,20 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
     if (o->spec == LM_SPEC_OFF) return 0;
     if (o->spec_draft < 0 || o->spec_draft > LM_SPEC_MAX_DRAFT)
         return lm_errf(e, "draft length %d out of range [1, %d]", o->spec_draft, LM_SPEC_MAX_DRAFT);
-    if (o->spec == LM_SPEC_MTP)
-        return lm_errf(e, "speculative decoding with the MTP head is not built yet; use lookup");
     if (o->spec == LM_SPEC_CALLBACK && !o->spec_cb) return lm_errf(e, "speculation by callback without a callback");
+    en->spec_mtp = NULL;
+    if (o->spec == LM_SPEC_MTP || o->spec == LM_SPEC_AUTO) {
+        lm_err me = { { 0 } };
+        en->spec_mtp = lm_mtp_create(en, &me);
+        if (!en->spec_mtp && me.msg[0]) return lm_errf(e, "the MTP head's KV pool: %s", me.msg);
+        if (!en->spec_mtp && o->spec == LM_SPEC_MTP)
+            return lm_errf(e, "--spec mtp: %s has no MTP head (a qwen3_5 / qwen3_next checkpoint with mtp.* "
+                              "tensors); use --spec lookup or auto", en->m->path ? en->m->path : "the model");
+    }
     lm_spec *sp = lm_xcalloc(1, sizeof *sp);
+    sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
-    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : 6;
+    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
     sp->stateful = en->stateful;
     sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
     en->spec = sp;
@@ -63,6 +73,7 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
 
 void lm_spec_free(lm_spec *sp) {
     if (!sp) return;
+    free(sp->known);
     free(sp->rec);
     free(sp);
 }
@@ -139,26 +150,31 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     if (sp->stateful && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
     if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
         for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
+    const double t0 = lm_now();
     /* a verification hands out at most k + 1 tokens: no draft past
      * max_tokens or the context (so every draft position is a reserved one) */
     int room = LM_MIN(r->p.max_tokens - r->n_generated, en->o.ctx - r->n_tokens) - 1;
     max = LM_MIN(LM_MIN(max, room), sp->max_draft);
     if (max <= 0) return 0;
-    const double t0 = lm_now();
     int k = en->o.spec_fixed ? max : policy_k(en, r, max, en->n_running);
+    r->spec.k_last = k;
     spec_rec *rc = &sp->rec[sp->n_rec];
     if (k > 0 && sp->mode == LM_SPEC_CALLBACK) {
         int n = en->o.spec_cb(en->o.spec_user, r->tokens, r->n_tokens, r->n_prompt, rc->draft, k);
         k = LM_MAX(0, LM_MIN(k, n));
-    } else if (k > 0)
-        k = lm_lookup_propose(&r->spec, r->tokens, r->n_tokens, r->cap, rc->draft, k);
+    } else if (k > 0) {
+        int want = k;
+        k = 0;
+        if (sp->mode != LM_SPEC_MTP) k = lm_lookup_propose(&r->spec, r->tokens, r->n_tokens, r->cap, rc->draft, want);
+        if (k == 0 && en->spec_mtp) k = lm_mtp_propose(r, rc->draft, want);
+    }
     for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
         if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
     const double dt = lm_now() - t0;
     sp->add.spec_draft_s += dt;
     sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
     if (k == 0) {
-        sp->add.spec_off_steps++;
+        sp->add.spec_off_steps += r->spec.k_last == 0;
         return 0;
     }
     rc->snap = -1;
@@ -185,7 +201,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
 
 /* Hands out rc's rows (t0's and its drafts') until a token differs from
  * the draft or r ends, and leaves r's cache at what it accepted. */
-static void verify(lm_engine *en, lm_step *st, const spec_rec *rc) {
+static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
     lm_spec *sp = en->spec;
     lm_request *r = rc->r;
     const int32_t fwd_slot = r->slot;
@@ -206,6 +222,7 @@ static void verify(lm_engine *en, lm_step *st, const spec_rec *rc) {
         accepted++;
     }
     const int m = r->n_tokens - n0; /* tokens appended (a stop token is not) */
+    rc->accepted = accepted;
     sp->add.spec_verifies++;
     sp->add.spec_verify_tokens += (uint64_t)(accepted + 1);
     sp->add.spec_drafted += (uint64_t)rc->k;
@@ -271,8 +288,36 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
                           st->ids[o]);
         o++;
     }
-    sp->n_rec = 0;
     publish(en);
+}
+
+void lm_spec_before_issue(lm_engine *en, lm_step *st) {
+    if (en->spec_mtp) lm_mtp_before_issue(en, st);
+}
+
+void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
+    lm_spec *sp = en->spec;
+    if (en->spec_mtp) {
+        const double t0 = lm_now();
+        int n = 0;
+        for (int i = 0, c = 0; i < st->S; i++) {
+            sp->known[i] = -1;
+            if (c < sp->n_rec && sp->rec[c].s == i) {
+                const spec_rec *rc = &sp->rec[c++];
+                sp->known[i] = rc->p + 1 + rc->accepted; /* t0 and the accepted drafts */
+            }
+            lm_request *r = st->seq_req[i];
+            if (r->state == LM_REQ_RUNNING) {
+                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft : LM_MIN(sp->max_draft, r->spec.k_last + 1);
+                n += r->n_cached >= r->n_prompt;
+            }
+        }
+        lm_mtp_after_hand_out(en, st, sp->known);
+        const double dt = lm_now() - t0;
+        sp->add.spec_draft_s += dt;
+        if (n) sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt / n;
+    }
+    sp->n_rec = 0;
 }
 
 void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
