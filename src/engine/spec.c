@@ -97,7 +97,7 @@ static void cost_model(const lm_spec *sp, double *a, double *b) {
 }
 
 static void cost_learn(lm_spec *sp, int T, double s) {
-    const double keep = 0.98;
+    const double keep = 0.995; /* a long memory: one step's time is noisy */
     sp->sw = sp->sw * keep + 1, sp->st = sp->st * keep + T, sp->stt = sp->stt * keep + (double)T * T;
     sp->sy = sp->sy * keep + s, sp->sty = sp->sty * keep + (double)T * s;
 }
@@ -308,7 +308,11 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
             }
             lm_request *r = st->seq_req[i];
             if (r->state == LM_REQ_RUNNING) {
-                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft : LM_MIN(sp->max_draft, r->spec.k_last + 1);
+                /* the head's K/V and guesses cost a forward of their own: none while
+                 * the policy does not draft (but for the step before a probe) */
+                const lm_spec_req *q = &r->spec;
+                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
+                                 : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
                 n += r->n_cached >= r->n_prompt;
             }
         }
@@ -322,7 +326,11 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
 
 void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
     lm_spec *sp = en->spec;
-    cost_learn(sp, st->T, forward_s);
+    /* the cost model is of decode steps: a prefill chunk's tokens cost
+     * otherwise (another matmul regime), and would skew the slope */
+    bool decode = true;
+    for (int i = 0; i < st->S && decode; i++) decode = st->seq_req[i]->n_cached >= st->seq_req[i]->n_prompt;
+    if (decode) cost_learn(sp, st->T, forward_s);
     if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
     else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);
 }

@@ -113,6 +113,8 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
         lm_request *r = st->seq_req[s];
         if (M->h0[s] < 0 || r->state != LM_REQ_RUNNING) continue;
         lm_spec_req *q = &r->spec;
+        q->mtp_draft_at = -1;
+        if (q->mtp_want == 0 && r->n_cached >= r->n_prompt) continue; /* not drafting: a gap in its K/V */
         /* hidden rows of real tokens: [base, end_h) */
         const int base = M->base[s];
         const int end_h = LM_MIN(known[s] >= 0 ? known[s] : base + st->seq_n[s], r->n_tokens);
@@ -120,7 +122,6 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
         if (start < base && !(start == base - 1 && q->hid && q->hid_pos == start))
             start = base; /* a gap (a prefix-cache hit): the head's K/V there are the blocks' */
         const int end = LM_MIN(end_h, r->n_tokens - 1); /* positions whose next token is known */
-        q->mtp_draft_at = -1;
         if (end <= start) continue;
         if (n_tok + (end - start) > M->cap) break;
         int bs = lm_batch_add_seq(M->bb, r->seq.blocks, -1);
