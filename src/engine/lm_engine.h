@@ -105,6 +105,8 @@ typedef struct lm_request_trace {
     int32_t prev_window[LM_TRACE_WINDOW];
     int n_prefill_chunks;
     int n_steps;                 /* decode steps after the first token */
+    int spec_verifies;           /* of those, steps that fed a draft (speculative decoding) */
+    int spec_drafted, spec_accepted; /* draft tokens fed, and accepted */
     const int32_t *step_batch;   /* [n_steps] tokens in the forward of each decode step */
 } lm_request_trace;
 

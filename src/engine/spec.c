@@ -232,6 +232,9 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
         sp->add.spec_pos_accepted[i] += i < accepted;
     }
     policy_learn(&r->spec, rc->k, accepted);
+    r->tr.spec_verifies++;
+    r->tr.spec_drafted += rc->k;
+    r->tr.spec_accepted += accepted;
     if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
         if (rc->snap >= 0) lm_kv_state_release(en->kv, fwd_slot);
         return;
