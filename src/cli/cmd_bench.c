@@ -58,8 +58,9 @@ static const lm_opt k_opts[] = {
     { LM_OPT_STRING, "--prompts", NULL, LM_OPT_AT(bench_opts, prompts), "FILE",
       "with --spec: the workload, one JSON object per line with the prompt text in \"prompt\" (already in the "
       "chat template where it is a chat); each is generated greedily up to --gen tokens or an end token, --batch "
-      "at a time (default 1), once plainly and once speculating in each of --reps rounds (the best of each is "
-      "reported, with their ratio, and the two must give the same tokens)", .ilo = 1 },
+      "at a time (default 1), once plainly and once speculating in each of --reps rounds, in alternating order "
+      "(the best of each is reported with their ratio, and the median of the rounds' ratios; the two must give "
+      "the same tokens)", .ilo = 1 },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, eo), .group = lm_cli_spec_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, rope), .group = lm_cli_rope_opts },
@@ -263,32 +264,46 @@ static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m
     spec.spec = o->eo.spec, spec.spec_draft = o->eo.spec_draft, spec.spec_fixed = o->eo.spec_fixed;
     lm_gen_params gp = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = o->gen,
                          .stop_tokens = stops, .n_stop_tokens = n_stops };
-    double best_plain = 1e30, best_spec = 1e30;
+    double best_plain = 1e30, best_spec = 1e30, ratios[1000];
     lm_engine_stats st_plain = { 0 }, st_spec = { 0 }, st = { 0 };
     bool same = true;
     for (int rep = 0; rep < o->reps; rep++) {
-        double wall;
-        if (lm_egen_run(m, &plain, &gp, ref, n, NULL, NULL, &st, &wall, e)) goto done;
-        if (wall < best_plain) best_plain = wall, st_plain = st;
-        if (lm_egen_run(m, &spec, &gp, reqs, n, NULL, NULL, &st, &wall, e)) goto done;
-        if (wall < best_spec) best_spec = wall, st_spec = st;
+        /* alternate which goes first, so that a drift in the machine's load
+         * falls on both; each round's ratio is kept for the median */
+        double wall_p = 0, wall_s = 0;
+        for (int half = 0; half < 2; half++) {
+            if ((half ^ (rep & 1)) == 0) {
+                if (lm_egen_run(m, &plain, &gp, ref, n, NULL, NULL, &st, &wall_p, e)) goto done;
+                if (wall_p < best_plain) best_plain = wall_p, st_plain = st;
+            } else {
+                if (lm_egen_run(m, &spec, &gp, reqs, n, NULL, NULL, &st, &wall_s, e)) goto done;
+                if (wall_s < best_spec) best_spec = wall_s, st_spec = st;
+            }
+        }
+        ratios[rep] = wall_p / wall_s;
         generated = 0;
         for (int i = 0; i < n; i++) {
             same &= reqs[i].n_out == ref[i].n_out && !memcmp(reqs[i].out, ref[i].out, (size_t)ref[i].n_out * 4);
             generated += ref[i].n_out;
         }
     }
+    for (int i = 1; i < o->reps; i++) /* the rounds' ratios in order, for the median */
+        for (int j = i; j > 0 && ratios[j] < ratios[j - 1]; j--) {
+            double t = ratios[j];
+            ratios[j] = ratios[j - 1], ratios[j - 1] = t;
+        }
+    const double median = o->reps & 1 ? ratios[o->reps / 2] : (ratios[o->reps / 2 - 1] + ratios[o->reps / 2]) / 2;
     char js[1024], kvs[32];
     lm_egen_spec_json(&st_spec, js, sizeof js);
     const char *mode = o->eo.spec == LM_SPEC_MTP ? "mtp" : o->eo.spec == LM_SPEC_LOOKUP ? "lookup" : "auto";
     printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"prompts\":\"%s\",\"requests\":%d,"
            "\"batch\":%d,\"gen\":%d,\"spec\":\"%s\",\"spec_draft\":%d,\"spec_fixed\":%s,\"generated\":%d,"
            "\"same_tokens\":%s,\"plain_s\":%.4f,\"spec_s\":%.4f,\"plain_tok_s\":%.1f,\"spec_tok_s\":%.1f,"
-           "\"speedup\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
+           "\"speedup\":%.3f,\"speedup_median\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
            o->model, be->name, strcmp(be->name, "cuda") ? lm_cpu_backend_threads(lm_backend_base(be)) : 0,
            lm_kv_types_str(o->kv, kvs, sizeof kvs), o->prompts, n, B, o->gen, mode, o->eo.spec_draft,
            o->eo.spec_fixed ? "true" : "false", generated, same ? "true" : "false", best_plain, best_spec,
-           generated / best_plain, generated / best_spec, best_plain / best_spec,
+           generated / best_plain, generated / best_spec, best_plain / best_spec, median,
            (unsigned long long)st_plain.steps, (unsigned long long)st_spec.steps, js);
     rc = same ? 0 : lm_errf(e, "speculative decoding changed the greedy tokens");
 done:

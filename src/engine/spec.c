@@ -34,7 +34,10 @@ struct lm_spec {
     /* the cost model: step seconds = a + b * tokens, least squares over
      * recent steps (sums decay so that it follows the load) */
     double sw, st, stt, sy, sty;
-    double draft_s_per;  /* smoothed seconds one proposal takes */
+    double draft_s_per;  /* smoothed seconds one proposal takes (lookup, callback) */
+    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and step */
+    bool mtp_live;       /* this step runs the MTP head (mtp_worth) */
+    int mtp_quiet;       /* steps since the head last ran */
     /* counters not yet in en->st */
     lm_engine_stats add;
 };
@@ -118,7 +121,7 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
         run *= q->acc[k - 1];
         expect += run;
         /* a rejection on a stateful model feeds the accepted tokens again */
-        double cost = share + b * k + sp->draft_s_per;
+        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? sp->mtp_s_per : 0);
         if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * 1.02) best = rate, k_best = k;
@@ -294,13 +297,32 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
     publish(en);
 }
 
+/* Whether the MTP head can pay at this step's batch: even if 90 % of its
+ * first guesses were right, one guess a step must beat plain decoding
+ * against the head's own time. When it cannot, the head (its hidden rows,
+ * K/V and guesses) is skipped altogether; every 64 steps it runs anyway to
+ * measure its time again. */
+static bool mtp_worth(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    if (en->o.spec_fixed || sp->mtp_s_per == 0 || ++sp->mtp_quiet >= 64) return true;
+    double a, b;
+    cost_model(sp, &a, &b);
+    const double share = a / LM_MAX(en->n_running, 1) + b;
+    return 1.9 / (share + b + sp->mtp_s_per) > 1.02 / share;
+}
+
 void lm_spec_before_issue(lm_engine *en, lm_step *st) {
-    if (en->spec_mtp) lm_mtp_before_issue(en, st);
+    lm_spec *sp = en->spec;
+    sp->mtp_live = en->spec_mtp && mtp_worth(en);
+    if (sp->mtp_live) {
+        sp->mtp_quiet = 0;
+        lm_mtp_before_issue(en, st);
+    }
 }
 
 void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
-    if (en->spec_mtp) {
+    if (sp->mtp_live) {
         const double t0 = lm_now();
         int n = 0;
         for (int i = 0, c = 0; i < st->S; i++) {
@@ -322,7 +344,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
         lm_mtp_after_hand_out(en, st, sp->known);
         const double dt = lm_now() - t0;
         sp->add.spec_draft_s += dt;
-        if (n) sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt / n;
+        if (n) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
     }
     sp->n_rec = 0;
 }
