@@ -333,8 +333,10 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
             }
             lm_request *r = st->seq_req[i];
             if (r->state == LM_REQ_RUNNING) {
-                /* the head's K/V and guesses cost a forward of their own: none while
-                 * the policy does not draft (but for the step before a probe) */
+                /* chained guesses cost a forward each: none while the policy does
+                 * not draft (but for the step before a probe); the head's K/V
+                 * follow regardless, since a gap in them costs most of its
+                 * acceptance (measured: 0.92 -> ~0.3 on the code workload) */
                 const lm_spec_req *q = &r->spec;
                 r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
                                  : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);

@@ -56,7 +56,10 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e) {
     }
     const size_t P = (size_t)en->o.parallel;
     M->D = en->m->cfg.d_model;
-    M->cap = en->o.step_tokens + (int)P * (LM_SPEC_MAX_REPLAY + 2);
+    /* a catch-up covers at most what one forward fed (and a carried
+     * position each): within the step budget the warm-up sized the
+     * activations for, so a GPU never grows them mid-request */
+    M->cap = en->o.step_tokens;
     M->bb = lm_batch_builder_create(M->cap, (int)P, (int)P, false);
     M->hid_in = lm_xmalloc((size_t)M->cap * (size_t)M->D * sizeof(float));
     M->hid_out = lm_xmalloc(P * (size_t)M->D * sizeof(float));
@@ -114,7 +117,6 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
         if (M->h0[s] < 0 || r->state != LM_REQ_RUNNING) continue;
         lm_spec_req *q = &r->spec;
         q->mtp_draft_at = -1;
-        if (q->mtp_want == 0 && r->n_cached >= r->n_prompt) continue; /* not drafting: a gap in its K/V */
         /* hidden rows of real tokens: [base, end_h) */
         const int base = M->base[s];
         const int end_h = LM_MIN(known[s] >= 0 ? known[s] : base + st->seq_n[s], r->n_tokens);
@@ -137,7 +139,7 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
             memcpy(q->hid, en->hidden + (size_t)(M->h0[s] + end - base) * D, D * sizeof(float));
             q->hid_pos = end;
         }
-        if (end == r->n_tokens - 1) { /* its last row guesses the token after the newest */
+        if (end == r->n_tokens - 1 && q->mtp_want > 0) { /* its last row guesses the token after the newest */
             lm_batch_add_out(M->bb, last);
             M->out_req[n_out++] = r;
         }
