@@ -903,5 +903,25 @@ LM_TEST(server_http_speculation) {
     LM_CHECK(metric_now(s.port, "lumen_spec_verify_steps_total") > 0);
     free(texts[0]), free(texts[1]);
     expect_status(lm_t_, s.port, "/v1/completions", "{\"prompt\":\"x\",\"speculative\":\"no\"}", NULL, 400, NULL);
+    /* the Anthropic route takes the same field; a greedy answer is the same with it off */
+    const char *msg = "{\"model\":\"x\",\"max_tokens\":24,\"temperature\":0,\"messages\":[{\"role\":\"user\","
+                      "\"content\":\"Write a Python function `sq`: Return x squared.\"}]%s}";
+    char *ans[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, msg, i ? ",\"speculative\":false" : "");
+        resp r;
+        LM_REQUIRE(gu_http(s.port, "POST", "/v1/messages", body, NULL, &r) == 0);
+        LM_CHECK_MSG(r.status == 200, "%d: %s", r.status, r.body);
+        ans[i] = strndup(r.body ? r.body : "", r.body_len);
+        gu_resp_free(&r);
+    }
+    json_t *a0 = json_loads(ans[0], 0, NULL), *a1 = json_loads(ans[1], 0, NULL);
+    LM_CHECK(a0 && a1 && json_equal(json_object_get(a0, "content"), json_object_get(a1, "content")));
+    json_decref(a0), json_decref(a1), free(ans[0]), free(ans[1]);
+    snprintf(body, sizeof body, msg, ",\"speculative\":1");
+    resp r;
+    LM_REQUIRE(gu_http(s.port, "POST", "/v1/messages", body, NULL, &r) == 0);
+    LM_CHECK_MSG(r.status == 400, "%d: %s", r.status, r.body);
+    gu_resp_free(&r);
     GU_STOP(s);
 }
