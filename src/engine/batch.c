@@ -110,6 +110,8 @@ void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want
 
 int lm_batch_n_tokens(const lm_batch_builder *bb) { return bb->b.n_tokens; }
 
+int lm_batch_n_out(const lm_batch_builder *bb) { return bb->b.n_out; }
+
 int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e) {
     return lm_model_forward(m, kv, &bb->b, logits, e);
 }

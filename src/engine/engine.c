@@ -512,6 +512,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
         engine_destroy(en);
         return -1;
     }
+    if (en->spec) lm_spec_calibrate(en);
     en->st.kv_blocks_free = en->kv->n_free;
     if (pthread_create(&en->thread, NULL, engine_main, en) != 0) {
         lm_engine_free(en);

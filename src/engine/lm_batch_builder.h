@@ -54,8 +54,9 @@ int lm_batch_n_hidden(const lm_batch_builder *bb);
  * are there (lm_model_wait_argmax). */
 void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later);
 
-/* Tokens in the batch so far. */
+/* Tokens in the batch so far; output rows asked for. */
 int lm_batch_n_tokens(const lm_batch_builder *bb);
+int lm_batch_n_out(const lm_batch_builder *bb);
 
 /* lm_model_forward of the batch; logits (host) receives [n_out][V] for the
  * outputs asked for (see lm_batch.out_argmax for which), NULL for none. */

@@ -121,6 +121,11 @@ extern const struct lm_step_policy lm_spec_policy;
 void lm_spec_before_issue(lm_engine *en, struct lm_step *st);
 /* After any step's hand-out: the MTP proposer's guesses for the next. */
 void lm_spec_after_hand_out(lm_engine *en, struct lm_step *st);
+/* Before the first request: times forwards of 1 and 1 + max draft tokens
+ * and, with the MTP proposer, one of the head, on a scratch sequence, so
+ * that the adaptive policy starts from this machine's costs rather than a
+ * guess (the first requests would otherwise pay for learning them). */
+void lm_spec_calibrate(lm_engine *en);
 /* After any built step's forward (forward_s: how long issuing it took):
  * the cost model learns from steps without drafts too. */
 void lm_spec_after_issue(lm_engine *en, struct lm_step *st, double forward_s);
@@ -136,6 +141,11 @@ void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
 /* known[s]: where batch sequence s's real tokens end among those the step
  * fed (-1: all of them were real). */
 void lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+/* The head over a batch of the caller's (its rows' hidden states: hidden;
+ * at most parallel out rows), its K/V into the head's pool
+ * (lm_spec_calibrate's timing). */
+struct lm_batch_builder;
+int lm_mtp_forward_scratch(lm_engine *en, struct lm_batch_builder *bb, const float *hidden, lm_err *e);
 /* The head's guesses after r's newest token (at most max), 0 when none. */
 int lm_mtp_propose(const lm_request *r, int32_t *draft, int max);
 

@@ -351,6 +351,62 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     sp->n_rec = 0;
 }
 
+/* The best of 3 forwards of T tokens of the scratch sequence at position
+ * pos (head: the MTP head's, over zero hidden rows), seconds; 0 on an error. */
+static double time_forward(lm_engine *en, lm_batch_builder *bb, const int32_t *table, int32_t slot, int pos, int T,
+                           bool head, float *hidden) {
+    int32_t ids[64] = { 0 }, out[64];
+    LM_ASSERT(T <= 64);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        lm_batch_reset(bb);
+        int s = lm_batch_add_seq(bb, table, slot);
+        int last = lm_batch_add_tokens(bb, s, ids, pos, T);
+        /* a verify has a row per token; the head a guess per sequence */
+        for (int i = head ? T - 1 : 0; i < T; i++) lm_batch_add_out(bb, last - T + 1 + i);
+        lm_batch_set_argmax(bb, out, NULL, false);
+        lm_err e = { { 0 } };
+        const double t0 = lm_now();
+        int rc = head ? lm_mtp_forward_scratch(en, bb, hidden, &e) : lm_batch_forward(bb, en->m, &en->kv->pool, NULL, &e);
+        if (rc) return 0;
+        best = LM_MIN(best, lm_now() - t0);
+    }
+    return best;
+}
+
+void lm_spec_calibrate(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    const int k = LM_MIN(sp->max_draft, en->o.step_tokens - 1);
+    const int pos = LM_MIN(LM_MIN(32, en->o.ctx - k - 1), en->o.step_tokens);
+    if (k < 1 || pos < 1) return;
+    lm_kv_seq seq = { 0 };
+    if (lm_kv_seq_reserve(en->kv, &seq, pos + k + 1, NULL)) return;
+    int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
+    if (en->stateful && slot < 0) {
+        lm_kv_seq_release(en->kv, &seq);
+        return;
+    }
+    lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(pos, k + 1), 1, LM_MAX(pos, k + 1), en->stateful);
+    float *hidden = lm_xcalloc((size_t)LM_MAX(pos, k + 1) * (size_t)en->m->cfg.d_model, sizeof(float));
+    double t1 = 0, tk = 0, th = 0;
+    /* positions before the timed ones hold real K/V (and the head's) */
+    time_forward(en, bb, seq.blocks, slot, 0, pos, false, NULL);
+    if (en->spec_mtp) time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
+    for (int round = 0; round < 3; round++) { /* alternating, each learnt as a decode step would be */
+        t1 = time_forward(en, bb, seq.blocks, slot, pos, 1, false, NULL);
+        tk = time_forward(en, bb, seq.blocks, slot, pos, k + 1, false, NULL);
+        if (t1 > 0) cost_learn(sp, 1, t1);
+        if (tk > 0) cost_learn(sp, k + 1, tk);
+    }
+    if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
+    /* a step's head work: the catch-up and a chained guess */
+    if (th > 0) sp->mtp_s_per = 2 * th;
+    free(hidden);
+    lm_batch_builder_free(bb);
+    if (slot >= 0) lm_kv_state_release(en->kv, slot);
+    lm_kv_seq_release(en->kv, &seq);
+}
+
 void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
     lm_spec *sp = en->spec;
     /* the cost model is of decode steps: a prefill chunk's tokens cost

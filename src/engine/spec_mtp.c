@@ -185,3 +185,9 @@ int lm_mtp_propose(const lm_request *r, int32_t *draft, int max) {
     memcpy(draft, q->mtp_draft, (size_t)k * sizeof *draft);
     return k;
 }
+
+int lm_mtp_forward_scratch(lm_engine *en, lm_batch_builder *bb, const float *hidden, lm_err *e) {
+    lm_spec_mtp *M = en->spec_mtp;
+    LM_ASSERT(lm_batch_n_out(bb) <= en->o.parallel); /* M->hid_out's rows */
+    return lm_batch_forward_draft(bb, en->m, M->d, &M->kv->pool, hidden, M->hid_out, e);
+}
