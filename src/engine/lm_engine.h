@@ -107,6 +107,8 @@ typedef struct lm_request_trace {
     int n_steps;                 /* decode steps after the first token */
     int spec_verifies;           /* of those, steps that fed a draft (speculative decoding) */
     int spec_drafted, spec_accepted; /* draft tokens fed, and accepted */
+    double spec_draft_s;         /* its share of the time spent proposing drafts */
+    double spec_verify_s;        /* the forwards of its steps that verified a draft */
     const int32_t *step_batch;   /* [n_steps] tokens in the forward of each decode step */
 } lm_request_trace;
 

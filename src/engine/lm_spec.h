@@ -88,6 +88,7 @@ typedef struct lm_spec_req {
     float acc[LM_SPEC_MAX_DRAFT]; /* P(draft i + 1 accepted | draft i was), smoothed */
     int quiet;             /* decode steps since it last drafted */
     int k_last;            /* the draft length the policy chose last */
+    bool head_share;       /* this step's MTP head time is partly its */
     /* MTP (spec_mtp.c) */
     int mtp_n;             /* the head's K/V cover positions < mtp_n */
     int hid_pos;           /* position of the hidden row in hid */

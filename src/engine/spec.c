@@ -21,6 +21,7 @@ typedef struct spec_rec {
     int p;              /* position of t0 (base, or later after a rejection's replay) */
     int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
     int accepted;       /* after the hand-out: drafts accepted */
+    bool from_mtp;      /* the MTP head's guesses */
     int32_t draft[LM_SPEC_MAX_DRAFT];
 } spec_rec;
 
@@ -38,6 +39,8 @@ struct lm_spec {
     double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and step */
     bool mtp_live;       /* this step runs the MTP head (mtp_worth) */
     int mtp_quiet;       /* steps since the head last ran */
+    double last_forward_s; /* the step's forward, for the requests' traces */
+    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences, smoothed */
     /* counters not yet in en->st */
     lm_engine_stats add;
 };
@@ -67,6 +70,7 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
     lm_spec *sp = lm_xcalloc(1, sizeof *sp);
     sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) sp->mtp_acc[i] = 0.9f;
     sp->max_draft = o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
     sp->stateful = en->stateful;
     sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
@@ -121,7 +125,9 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
         run *= q->acc[k - 1];
         expect += run;
         /* a rejection on a stateful model feeds the accepted tokens again */
-        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? sp->mtp_s_per : 0);
+        /* while the head runs its catch-up is paid anyway: only the chained
+         * guesses beyond the first are this choice's (about half its time each) */
+        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
         if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * 1.02) best = rate, k_best = k;
@@ -162,6 +168,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     int k = en->o.spec_fixed ? max : policy_k(en, r, max, en->n_running);
     r->spec.k_last = k;
     spec_rec *rc = &sp->rec[sp->n_rec];
+    rc->from_mtp = false;
     if (k > 0 && sp->mode == LM_SPEC_CALLBACK) {
         int n = en->o.spec_cb(en->o.spec_user, r->tokens, r->n_tokens, r->n_prompt, rc->draft, k);
         k = LM_MAX(0, LM_MIN(k, n));
@@ -169,12 +176,14 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
         int want = k;
         k = 0;
         if (sp->mode != LM_SPEC_MTP) k = lm_lookup_propose(&r->spec, r->tokens, r->n_tokens, r->cap, rc->draft, want);
-        if (k == 0 && en->spec_mtp) k = lm_mtp_propose(r, rc->draft, want);
+        rc->from_mtp = false;
+        if (k == 0 && en->spec_mtp) k = lm_mtp_propose(r, rc->draft, want), rc->from_mtp = k > 0;
     }
     for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
         if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
     const double dt = lm_now() - t0;
     sp->add.spec_draft_s += dt;
+    r->tr.spec_draft_s += dt;
     sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
     if (k == 0) {
         sp->add.spec_off_steps += r->spec.k_last == 0;
@@ -235,7 +244,11 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
         sp->add.spec_pos_accepted[i] += i < accepted;
     }
     policy_learn(&r->spec, rc->k, accepted);
+    if (rc->from_mtp)
+        for (int i = 0; i < rc->k && i <= accepted; i++)
+            sp->mtp_acc[i] = 0.95f * sp->mtp_acc[i] + 0.05f * (i < accepted ? 1.0f : 0.0f);
     r->tr.spec_verifies++;
+    r->tr.spec_verify_s += sp->last_forward_s;
     r->tr.spec_drafted += rc->k;
     r->tr.spec_accepted += accepted;
     if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
@@ -297,18 +310,27 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
     publish(en);
 }
 
-/* Whether the MTP head can pay at this step's batch: even if 90 % of its
- * first guesses were right, one guess a step must beat plain decoding
- * against the head's own time. When it cannot, the head (its hidden rows,
- * K/V and guesses) is skipped altogether; every 64 steps it runs anyway to
- * measure its time again. */
+/* Whether the MTP head pays at this step's batch: with its acceptance so
+ * far over all sequences (per position, smoothed; 0.9 before any), some
+ * depth must beat plain decoding against the head's own time (its
+ * catch-up, and half that per chained guess). When none does, the head
+ * (its hidden rows, K/V and guesses) is skipped altogether; every 64 steps
+ * it runs anyway to measure itself again. */
 static bool mtp_worth(lm_engine *en) {
     lm_spec *sp = en->spec;
     if (en->o.spec_fixed || sp->mtp_s_per == 0 || ++sp->mtp_quiet >= 64) return true;
     double a, b;
     cost_model(sp, &a, &b);
     const double share = a / LM_MAX(en->n_running, 1) + b;
-    return 1.9 / (share + b + sp->mtp_s_per) > 1.02 / share;
+    double expect = 0, run = 1;
+    for (int k = 1; k <= sp->max_draft; k++) {
+        run *= sp->mtp_acc[k - 1];
+        expect += run;
+        double cost = share + b * k + sp->mtp_s_per * (1 + 0.5 * (k - 1));
+        if (sp->stateful) cost += (1 - run) * b * (1 + expect);
+        if ((1 + expect) / cost > 1.02 / share) return true;
+    }
+    return false;
 }
 
 void lm_spec_before_issue(lm_engine *en, lm_step *st) {
@@ -332,6 +354,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
                 sp->known[i] = rc->p + 1 + rc->accepted; /* t0 and the accepted drafts */
             }
             lm_request *r = st->seq_req[i];
+            if (r->state == LM_REQ_RUNNING && r->n_cached >= r->n_prompt) r->spec.head_share = true;
             if (r->state == LM_REQ_RUNNING) {
                 /* chained guesses cost a forward each: none while the policy does
                  * not draft (but for the step before a probe); the head's K/V
@@ -347,6 +370,10 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
         const double dt = lm_now() - t0;
         sp->add.spec_draft_s += dt;
         if (n) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
+        for (int i = 0; i < st->S; i++) { /* each decoding sequence's share of the head's time */
+            lm_request *r = st->seq_req[i];
+            if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
+        }
     }
     sp->n_rec = 0;
 }
@@ -414,6 +441,7 @@ void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
     bool decode = true;
     for (int i = 0; i < st->S && decode; i++) decode = st->seq_req[i]->n_cached >= st->seq_req[i]->n_prompt;
     if (decode) cost_learn(sp, st->T, forward_s);
+    sp->last_forward_s = forward_s;
     if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
     else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);
 }
