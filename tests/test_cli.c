@@ -254,3 +254,29 @@ LM_TEST(cli_bench_batched_decode_on_demo_model) {
     free(out);
     free(err);
 }
+
+/* run --spec: the same text as plain decoding with each mode on the demo
+ * model (its MTP head, lookup, auto); a separate draft model is refused as
+ * not built, naming the option. */
+LM_TEST(cli_run_spec_same_text) {
+    const char *base = "run -p 'def add(a, b):\n    return a + b\n\n\ndef sub(a, b):' -n 48 --temp 0 --ignore-eos";
+    char args[512], *plain = NULL, *out = NULL, *err = NULL;
+    int rc = lumen(base, &plain, &err);
+    LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
+    free(err);
+    static const char *const modes[] = { "mtp", "lookup", "auto", "mtp --spec-draft 2 --spec-fixed" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "%s --spec %s", base, modes[i]);
+        out = err = NULL;
+        rc = lumen(args, &out, &err);
+        LM_CHECK_MSG(rc == 0, "--spec %s: exit %d: %s", modes[i], rc, err);
+        LM_CHECK_MSG(plain && out && !strcmp(plain, out), "--spec %s: '%s' vs '%s'", modes[i], out, plain);
+        LM_CHECK_MSG(err && strstr(err, "\"verify_steps\":"), "--spec %s: no counters: %s", modes[i], err);
+        free(out), free(err);
+    }
+    out = err = NULL;
+    rc = lumen("run --prompt-ids 1,2,3 --spec draft:/tmp/x", &out, &err);
+    LM_CHECK_MSG(rc == 2 && err && strstr(err, "--spec") && strstr(err, "draft:PATH, is not built"), "exit %d: %s",
+                 rc, err);
+    free(out), free(err), free(plain);
+}

@@ -5,6 +5,7 @@
 #define LM_CLI_H
 
 #include "../backend/lm_backend.h"
+#include "../engine/lm_engine.h"
 #include "../engine/lm_sampler.h"
 #include "../format/lm_source.h"
 #include "../model/lm_model.h"
@@ -63,6 +64,8 @@ extern const lm_opt lm_cli_kv_opts[];
  * --yarn-beta-fast, --yarn-beta-slow into an lm_rope_override (llama.cpp's
  * names), which the model load applies over the model's config. */
 extern const lm_opt lm_cli_rope_opts[];
+/* --spec, --spec-draft, --spec-fixed into an lm_engine_opts (its spec fields). */
+extern const lm_opt lm_cli_spec_opts[];
 #define LM_CLI_KV_BACKEND ((lm_kv_type)LM_KV_TYPE_COUNT)
 #define LM_CLI_KV_DEFAULT ((lm_kv_types){ LM_CLI_KV_BACKEND, LM_CLI_KV_BACKEND })
 void lm_cli_kv_resolve(lm_kv_types *kv, lm_backend *be);

@@ -12,7 +12,11 @@
 #include "../engine/lm_lookahead.h"
 #include "../engine/lm_runner.h"
 #include "../engine/lm_sampler.h"
+#include "../tokenizer/lm_tokenizer.h"
 #include "cli.h"
+#include "enginegen.h"
+
+#include <jansson.h>
 
 typedef struct bench_opts {
     const char *model;
@@ -20,6 +24,8 @@ typedef struct bench_opts {
     bool no_look_ahead, no_membw, no_prefill;
     lm_kv_types kv;
     lm_rope_override rope;
+    lm_engine_opts eo;       /* --spec */
+    const char *prompts;     /* --prompts FILE */
     lm_common_opts co;
 } bench_opts;
 
@@ -49,6 +55,13 @@ static const lm_opt k_opts[] = {
       "(zeros), so decode at a long context is measured without spending its prefill (a decode step reads the "
       "same bytes whatever they hold)" },
     { LM_OPT_FLAG, "--no-membw", NULL, LM_OPT_AT(bench_opts, no_membw), NULL, "skip the bandwidth measurement" },
+    { LM_OPT_STRING, "--prompts", NULL, LM_OPT_AT(bench_opts, prompts), "FILE",
+      "with --spec: the workload, one JSON object per line with the prompt text in \"prompt\" (already in the "
+      "chat template where it is a chat); each is generated greedily up to --gen tokens or an end token, --batch "
+      "at a time (default 1), once plainly and once speculating in each of --reps rounds, in alternating order "
+      "(the best of each is reported with their ratio, and the median of the rounds' ratios; the two must give "
+      "the same tokens)", .ilo = 1 },
+    { LM_OPT_GROUP, .off = offsetof(bench_opts, eo), .group = lm_cli_spec_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(bench_opts, co), .group = lm_cli_common_opts },
@@ -66,7 +79,9 @@ static const lm_opt_cmd k_cmd = {
              "machine's memory bandwidth measured in the same run with the same threads\n"
              "(a STREAM-like copy, counting read + write bytes, and a streaming read),\n"
              "and decode speed as a fraction of the read roofline (weight bytes per token\n"
-             "over read bandwidth) and of the copy figure.\n",
+             "over read bandwidth) and of the copy figure. With --spec and --prompts, it\n"
+             "instead runs a workload through the engine with and without speculative\n"
+             "decoding in the same run and prints both and their ratio.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(bench_opts),
@@ -193,6 +208,116 @@ done:
     return tps;
 }
 
+/* --prompts: the "prompt" of every JSON line, tokenized; -1 with e. */
+static int read_prompts(const char *path, lm_tokenizer *tok, lm_egen_req **out, int *n_out, lm_err *e) {
+    FILE *f = fopen(path, "r");
+    if (!f) return lm_errf(e, "cannot open %s", path);
+    lm_egen_req *reqs = NULL;
+    int n = 0, cap = 0, line = 0, rc = 0;
+    char *buf = NULL;
+    size_t bcap = 0;
+    while (rc == 0 && getline(&buf, &bcap, f) > 0) {
+        line++;
+        if (buf[strspn(buf, " \t\r\n")] == 0) continue;
+        json_error_t je;
+        json_t *j = json_loads(buf, 0, &je);
+        const char *text = j ? json_string_value(json_object_get(j, "prompt")) : NULL;
+        lm_tok_ids ids = { 0 };
+        if (!text) rc = lm_errf(e, "%s:%d: not a JSON object with a \"prompt\" string", path, line);
+        else if (lm_tokenizer_encode(tok, text, strlen(text), true, &ids, e) == 0 && ids.n > 0) {
+            if (n == cap) reqs = lm_xrealloc(reqs, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *reqs);
+            reqs[n++] = (lm_egen_req){ .ids = ids.ids, .n = (int)ids.n };
+        } else {
+            lm_tok_ids_free(&ids);
+        }
+        json_decref(j);
+    }
+    free(buf);
+    fclose(f);
+    if (rc == 0 && n == 0) rc = lm_errf(e, "%s holds no prompt", path);
+    *out = reqs, *n_out = n;
+    return rc;
+}
+
+/* bench --spec: the workload plainly and speculating, --reps rounds of each. */
+static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m, lm_err *e) {
+    lm_tokenizer *tok = NULL;
+    lm_egen_req *reqs = NULL, *ref = NULL;
+    int n = 0, rc = -1;
+    if (lm_tokenizer_load_from(&tok, src, e) || read_prompts(o->prompts, tok, &reqs, &n, e)) goto done;
+    int32_t stops[16];
+    int n_stops = 0;
+    if (lm_tokenizer_eos(tok) >= 0) stops[n_stops++] = lm_tokenizer_eos(tok);
+    for (int k = 0; k < m->cfg.n_eos && n_stops < 16; k++) stops[n_stops++] = m->cfg.eos_ids[k];
+    const int B = o->batch > 0 ? o->batch : 1;
+    int max_prompt = 0, generated = 0;
+    for (int i = 0; i < n; i++) max_prompt = LM_MAX(max_prompt, reqs[i].n);
+    ref = lm_xcalloc((size_t)n, sizeof *ref);
+    for (int i = 0; i < n; i++) {
+        reqs[i].out = lm_xmalloc((size_t)o->gen * sizeof(int32_t));
+        ref[i] = reqs[i];
+        ref[i].out = lm_xmalloc((size_t)o->gen * sizeof(int32_t));
+    }
+    lm_engine_opts plain = { .ctx = LM_MIN(m->cfg.max_pos, max_prompt + o->gen), .parallel = B, .kv_type = o->kv,
+                             .step_tokens = 512 };
+    lm_engine_opts spec = plain;
+    spec.spec = o->eo.spec, spec.spec_draft = o->eo.spec_draft, spec.spec_fixed = o->eo.spec_fixed;
+    lm_gen_params gp = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = o->gen,
+                         .stop_tokens = stops, .n_stop_tokens = n_stops };
+    double best_plain = 1e30, best_spec = 1e30, ratios[1000];
+    lm_engine_stats st_plain = { 0 }, st_spec = { 0 }, st = { 0 };
+    bool same = true;
+    for (int rep = 0; rep < o->reps; rep++) {
+        /* alternate which goes first, so that a drift in the machine's load
+         * falls on both; each round's ratio is kept for the median */
+        double wall_p = 0, wall_s = 0;
+        for (int half = 0; half < 2; half++) {
+            if ((half ^ (rep & 1)) == 0) {
+                if (lm_egen_run(m, &plain, &gp, ref, n, NULL, NULL, &st, &wall_p, e)) goto done;
+                if (wall_p < best_plain) best_plain = wall_p, st_plain = st;
+            } else {
+                if (lm_egen_run(m, &spec, &gp, reqs, n, NULL, NULL, &st, &wall_s, e)) goto done;
+                if (wall_s < best_spec) best_spec = wall_s, st_spec = st;
+            }
+        }
+        ratios[rep] = wall_p / wall_s;
+        generated = 0;
+        for (int i = 0; i < n; i++) {
+            same &= reqs[i].n_out == ref[i].n_out && !memcmp(reqs[i].out, ref[i].out, (size_t)ref[i].n_out * 4);
+            generated += ref[i].n_out;
+        }
+    }
+    for (int i = 1; i < o->reps; i++) /* the rounds' ratios in order, for the median */
+        for (int j = i; j > 0 && ratios[j] < ratios[j - 1]; j--) {
+            double t = ratios[j];
+            ratios[j] = ratios[j - 1], ratios[j - 1] = t;
+        }
+    const double median = o->reps & 1 ? ratios[o->reps / 2] : (ratios[o->reps / 2 - 1] + ratios[o->reps / 2]) / 2;
+    char js[1024], kvs[32];
+    lm_egen_spec_json(&st_spec, js, sizeof js);
+    const char *mode = o->eo.spec == LM_SPEC_MTP ? "mtp" : o->eo.spec == LM_SPEC_LOOKUP ? "lookup" : "auto";
+    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"prompts\":\"%s\",\"requests\":%d,"
+           "\"batch\":%d,\"gen\":%d,\"spec\":\"%s\",\"spec_draft\":%d,\"spec_fixed\":%s,\"generated\":%d,"
+           "\"same_tokens\":%s,\"plain_s\":%.4f,\"spec_s\":%.4f,\"plain_tok_s\":%.1f,\"spec_tok_s\":%.1f,"
+           "\"speedup\":%.3f,\"speedup_median\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
+           o->model, be->name, strcmp(be->name, "cuda") ? lm_cpu_backend_threads(lm_backend_base(be)) : 0,
+           lm_kv_types_str(o->kv, kvs, sizeof kvs), o->prompts, n, B, o->gen, mode, o->eo.spec_draft,
+           o->eo.spec_fixed ? "true" : "false", generated, same ? "true" : "false", best_plain, best_spec,
+           generated / best_plain, generated / best_spec, best_plain / best_spec, median,
+           (unsigned long long)st_plain.steps, (unsigned long long)st_spec.steps, js);
+    rc = same ? 0 : lm_errf(e, "speculative decoding changed the greedy tokens");
+done:
+    for (int i = 0; i < n; i++) {
+        free((void *)reqs[i].ids);
+        free(reqs[i].out);
+        if (ref) free(ref[i].out);
+    }
+    free(reqs);
+    free(ref);
+    lm_tokenizer_free(tok);
+    return rc;
+}
+
 int lm_cmd_bench(int argc, char **argv) {
     bench_opts o;
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
@@ -221,6 +346,15 @@ int lm_cmd_bench(int argc, char **argv) {
     int rc = 1;
     const lm_model_load_opts lo = { NULL, o.rope };
     if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;
+    if (o.eo.spec != LM_SPEC_OFF) {
+        if (!o.prompts) {
+            lm_errf(&e, "bench --spec needs a workload: --prompts FILE");
+            goto fail;
+        }
+        if (bench_spec(&o, src, be, m, &e)) goto fail;
+        rc = 0;
+        goto done;
+    }
     if (batched) {
         double issue_ms = 0, body_ms = 0;
         const bool ahead = look_ahead && lm_model_look_ahead(m);

@@ -6,6 +6,7 @@
 #include "../engine/lm_runner.h"
 #include "../engine/lm_sampler.h"
 #include "cli.h"
+#include "enginegen.h"
 #include "textgen.h"
 
 typedef struct run_opts {
@@ -17,6 +18,7 @@ typedef struct run_opts {
     lm_sampler_params sp;
     lm_kv_types kv;
     lm_rope_override rope;
+    lm_engine_opts eo;   /* --spec: generation goes through the engine */
     lm_common_opts co;
 } run_opts;
 
@@ -59,6 +61,7 @@ static const lm_opt k_opts[] = {
       "keep generating after an end-of-sequence token" },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(run_opts, ctx), "N", "context length", "the model's, capped to prompt + n",
       .ilo = 1, .ihi = 1 << 24 },
+    { LM_OPT_GROUP, .off = offsetof(run_opts, eo), .group = lm_cli_spec_opts },
     { LM_OPT_GROUP, .off = offsetof(run_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(run_opts, rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(run_opts, co), .group = lm_cli_common_opts },
@@ -74,7 +77,8 @@ static const lm_opt_cmd k_cmd = {
     .about = "With -p, encodes the text with the model's tokenizer (special tokens as the\n"
              "tokenizer adds them), generates, and streams the generated text to stdout.\n"
              "With --prompt-ids, feeds the ids and prints the generated ids on one line.\n"
-             "Timing goes to stderr.\n",
+             "Timing goes to stderr. With --spec, generation runs through the server's\n"
+             "engine with speculative decoding, and stderr also gets its counters.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(run_opts),
@@ -136,6 +140,98 @@ done:
     return rc;
 }
 
+/* --spec: the request through the engine; text streamed as it comes. */
+typedef struct spec_print {
+    lm_detok *d;         /* -p: text; NULL: ids */
+    int n;
+} spec_print;
+
+static void spec_token(void *user, int i, int32_t tok) {
+    (void)i;
+    spec_print *p = user;
+    if (p->d) {
+        lm_tok_str out = { 0 };
+        lm_detok_push(p->d, tok, &out);
+        if (out.len) fwrite(out.s, 1, out.len, stdout);
+        lm_tok_str_free(&out);
+    } else {
+        printf(p->n ? " %d" : "%d", tok);
+    }
+    p->n++;
+    fflush(stdout);
+}
+
+static int run_spec(run_opts *o) {
+    lm_err e = { { 0 } };
+    lm_source *src = lm_cli_open_model(o->model);
+    lm_backend *be = src ? lm_cli_backend_for(&o->co, src) : NULL;
+    lm_model *m = NULL;
+    lm_tokenizer *tok = NULL;
+    lm_tok_ids ids = { 0 };
+    spec_print pr = { 0 };
+    int rc = 1;
+    if (!be) goto done;
+    lm_cli_kv_resolve(&o->kv, be);
+    const lm_model_load_opts lo = { NULL, o->rope };
+    double t0 = lm_now();
+    if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;
+    const int32_t *prompt = o->ids;
+    int n_prompt = o->n_ids;
+    int32_t stops[16];
+    int n_stops = 0;
+    if (o->text) {
+        if (lm_tokenizer_load_from(&tok, src, &e) || lm_tokenizer_encode(tok, o->text, strlen(o->text), true, &ids, &e))
+            goto fail;
+        if (ids.n == 0) {
+            lm_errf(&e, "the prompt encodes to no tokens");
+            goto fail;
+        }
+        prompt = ids.ids, n_prompt = (int)ids.n;
+        pr.d = lm_detok_create(tok, true);
+        int32_t te = lm_tokenizer_eos(tok);
+        if (te >= 0) stops[n_stops++] = te;
+    }
+    for (int k = 0; k < m->cfg.n_eos && n_stops < 16; k++) stops[n_stops++] = m->cfg.eos_ids[k];
+    const double t_load = lm_now() - t0;
+    lm_engine_opts eo = o->eo;
+    eo.parallel = 1;
+    eo.kv_type = o->kv;
+    eo.ctx = o->ctx ? o->ctx : LM_MIN(m->cfg.max_pos, n_prompt + o->n_gen);
+    lm_gen_params gp = { .sampling = o->sp, .repetition_penalty = 1, .max_tokens = LM_MAX(o->n_gen, 1),
+                         .stop_tokens = stops, .n_stop_tokens = o->ignore_eos ? 0 : n_stops };
+    lm_egen_req q = { .ids = prompt, .n = n_prompt, .out = lm_xmalloc((size_t)gp.max_tokens * sizeof(int32_t)) };
+    lm_engine_stats st;
+    double wall = 0;
+    int r = lm_egen_run(m, &eo, &gp, &q, 1, spec_token, &pr, &st, &wall, &e);
+    free(q.out);
+    if (pr.d) {
+        lm_tok_str out = { 0 };
+        lm_detok_finish(pr.d, &out);
+        if (out.len) fwrite(out.s, 1, out.len, stdout);
+        lm_tok_str_free(&out);
+    }
+    printf("\n");
+    if (r) goto fail;
+    char js[1024];
+    lm_egen_spec_json(&st, js, sizeof js);
+    fprintf(stderr, "load %.3f s | %d prompt tokens, %d generated in %.3f s (%.1f tok/s, prefill included) | "
+                    "%llu forwards | speculation {%s}\n",
+            t_load, n_prompt, pr.n, wall, pr.n / wall, (unsigned long long)st.steps, js);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "lumen: %s\n", e.msg);
+done:
+    if (pr.d) lm_detok_free(pr.d);
+    lm_tok_ids_free(&ids);
+    lm_tokenizer_free(tok);
+    lm_model_free(m);
+    lm_source_unref(src);
+    lm_backend_destroy(be);
+    free(o->ids);
+    return rc;
+}
+
 int lm_cmd_run(int argc, char **argv) {
     run_opts o;
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
@@ -148,6 +244,7 @@ int lm_cmd_run(int argc, char **argv) {
         free(o.ids);
         return parsed;
     }
+    if (o.eo.spec != LM_SPEC_OFF) return run_spec(&o);
     const lm_common_opts co = o.co;
     const lm_sampler_params sp = o.sp;
     const char *model_path = o.model;

@@ -89,6 +89,7 @@ static const lm_opt k_opts[] = {
       "unsafe: let special-token text in messages and tools (e.g. <|im_end|>) become control tokens, so a "
       "message can end its turn; by default it is tokenized as plain text" },
     { LM_OPT_FLAG, "--quiet", NULL, LM_OPT_AT(serve_opts, quiet), NULL, "no line per request on stderr" },
+    { LM_OPT_GROUP, .off = offsetof(serve_opts, so.engine), .group = lm_cli_spec_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, so.engine.kv_type), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, so.rope), .group = lm_cli_rope_opts },
     { LM_OPT_GROUP, .off = offsetof(serve_opts, co), .group = lm_cli_common_opts },

@@ -42,6 +42,39 @@ const lm_opt lm_cli_common_opts[] = {
     { .kind = LM_OPT_END },
 };
 
+/* --spec MODE; draft:PATH is spelt out as not built rather than taken for
+ * a typo. */
+static bool parse_spec(void *dst, const char *v) {
+    lm_engine_opts *o = dst;
+    if (!strcmp(v, "off")) o->spec = LM_SPEC_OFF;
+    else if (!strcmp(v, "lookup")) o->spec = LM_SPEC_LOOKUP;
+    else if (!strcmp(v, "mtp")) o->spec = LM_SPEC_MTP;
+    else if (!strcmp(v, "auto")) o->spec = LM_SPEC_AUTO;
+    else return false;
+    return true;
+}
+
+const lm_opt lm_cli_spec_opts[] = {
+    { LM_OPT_CUSTOM, "--spec", NULL, LM_OPT_AT(lm_engine_opts, spec), "MODE",
+      "speculative decoding: each step also checks guessed next tokens, in the same forward, and keeps those the "
+      "model agrees with; the tokens are those of plain decoding (greedy), a sampled request keeps its "
+      "distribution and, seeded, its tokens. MODE: lookup (guesses from n-grams of the prompt and the answer so "
+      "far: pays when the answer copies its input), mtp (the model's own multi-token-prediction head: Qwen3.5 / "
+      "Qwen3-Next checkpoints with mtp.* tensors; an error on other models), auto (lookup where it has a guess, "
+      "else the MTP head if there is one) or off. A separate draft model (draft:PATH) is not built. Per sequence, "
+      "the number of guesses follows their measured acceptance and the step's measured cost, and drops to none "
+      "where guessing does not pay; grammar-constrained requests do not speculate",
+      "off", .parse = parse_spec,
+      .want = "lookup, mtp, auto or off (a separate draft model, draft:PATH, is not built)" },
+    { LM_OPT_INT, "--spec-draft", NULL, LM_OPT_AT(lm_engine_opts, spec_draft), "N",
+      "most guessed tokens per sequence and step", "3 for mtp, 6 for lookup and auto", .ilo = 1,
+      .ihi = LM_SPEC_MAX_DRAFT },
+    { LM_OPT_FLAG, "--spec-fixed", NULL, LM_OPT_AT(lm_engine_opts, spec_fixed), NULL,
+      "always guess --spec-draft tokens where the proposer has them, without the adaptive policy (for measuring "
+      "one depth)" },
+    { .kind = LM_OPT_END },
+};
+
 /* --kv-type sets K and V; --kv-k and --kv-v then change one of them. */
 static bool parse_kv_type(void *dst, const char *v) { return lm_kv_types_parse(v, dst) == 0; }
 static bool parse_kv_k(void *dst, const char *v) {

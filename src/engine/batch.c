@@ -6,6 +6,8 @@
  * not bad input). */
 #include "lm_batch_builder.h"
 
+#include "../model/lm_arch.h"
+
 #include <stdlib.h>
 
 struct lm_batch_builder {
@@ -108,6 +110,13 @@ void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want
 
 int lm_batch_n_tokens(const lm_batch_builder *bb) { return bb->b.n_tokens; }
 
+int lm_batch_n_out(const lm_batch_builder *bb) { return bb->b.n_out; }
+
 int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e) {
     return lm_model_forward(m, kv, &bb->b, logits, e);
+}
+
+int lm_batch_forward_draft(lm_batch_builder *bb, lm_model *m, const lm_draft *d, lm_kv_pool *kv, const float *hidden,
+                           float *hidden_out, lm_err *e) {
+    return d->forward(m, kv, &bb->b, hidden, hidden_out, e);
 }

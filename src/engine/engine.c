@@ -12,11 +12,11 @@
  * may have issued it already during the last step (the look-ahead queues
  * step N+1 before step N's ids are read): then the step takes that forward
  * as it is. Either way the step's policy (lm_step_policy) finishes it:
- * after_forward (the look-ahead queues the next step; speculation, later,
- * has nothing to do there), then hand_out, which for a plain step advances
+ * after_forward (the look-ahead queues the next step; speculation has
+ * nothing to do there), then hand_out, which for a plain step advances
  * every sequence by its tokens and gives each sequence whose last row came
  * out its next token. Which policy a built step gets is decided in one
- * place, step(): speculation when it drafted (never yet), the look-ahead
+ * place, step(): speculation when it drafted (spec.c), the look-ahead
  * when lm_ahead_claim allows, else plain.
  *
  * Callbacks run on this thread without en->mu: finished and cancelled
@@ -40,6 +40,7 @@ void lm_req_unref(lm_request *r) {
     lm_embed_pool_free(&r->pool);
     free(r->embedding);
     lm_grammar_matcher_free(r->gm);
+    lm_spec_req_free(&r->spec);
     free(r);
 }
 
@@ -271,16 +272,18 @@ static void embed_progress(lm_engine *en, lm_step *st, int s, lm_request *r) {
     req_finish(en, r, LM_FINISH_STOP, NULL);
 }
 
+void lm_step_advance(lm_engine *en, lm_step *st, int i) {
+    lm_request *r = st->seq_req[i];
+    if (r->n_cached >= r->n_prompt && r->tr.n_steps < r->p.max_tokens)
+        r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
+    r->n_cached += st->seq_n[i];
+    if (r->embed) embed_progress(en, st, i, r);
+    else lm_cache_policy_progress(en, r);
+}
+
 void lm_step_hand_out(lm_engine *en, lm_step *st) {
     lm_step_count(en, st->T, st->S, false, 0);
-    for (int i = 0; i < st->S; i++) {
-        lm_request *r = st->seq_req[i];
-        if (r->n_cached >= r->n_prompt && r->tr.n_steps < r->p.max_tokens)
-            r->step_batch[r->tr.n_steps++] = st->T; /* a decode step */
-        r->n_cached += st->seq_n[i];
-        if (r->embed) embed_progress(en, st, i, r);
-        else lm_cache_policy_progress(en, r);
-    }
+    for (int i = 0; i < st->S; i++) lm_step_advance(en, st, i);
     for (int i = 0; i < st->n_out; i++)
         lm_req_take_token(en, st->row_req[i], st->want_logits[i] ? st->logits + (size_t)i * en->vocab : NULL,
                           st->ids[i]);
@@ -336,8 +339,8 @@ static bool step_build(lm_engine *en, lm_step *st) {
         int s = step_add(en, st, r, n, &last);
         if (n == want) step_out(en, st, r, last);
         budget -= n;
-        /* speculation's proposer may follow r's token with a draft; never
-         * yet. Every later running request may still need its token. */
+        /* speculation's proposer may follow r's token with a draft (lm_spec.h);
+         * every later running request may still need its token */
         budget -= lm_spec_propose(en, st, s, r, budget - (en->n_running - 1 - i));
     }
     for (int i = 0; i < en->n_running && budget > 0; i++) {
@@ -376,10 +379,14 @@ static void step(lm_engine *en) {
         st = &en->cur;
         if (!step_build(en, st)) return;
         st->policy = st->n_draft ? &lm_spec_policy : lm_ahead_claim(en, st) ? &lm_ahead_policy : &plain_policy;
+        if (en->spec) lm_spec_before_issue(en, st);
+        const double t0 = lm_now();
         if (!step_issue(en, st)) return;
+        if (en->spec) lm_spec_after_issue(en, st, lm_now() - t0);
     }
     if (st->policy->after_forward) st->policy->after_forward(en, st);
     st->policy->hand_out(en, st);
+    if (en->spec) lm_spec_after_hand_out(en, st);
     drop_done(en);
 }
 
@@ -436,6 +443,7 @@ static void engine_destroy(lm_engine *en) {
     lm_cache_policy_free(en);
     lm_kv_cache_free(en->kv);
     lm_spec_free(en->spec);
+    lm_mtp_free(en->spec_mtp);
     lm_ahead_free(en);
     lm_batch_builder_free(en->bb);
     free(en->running);
@@ -471,17 +479,17 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     size_t cache_blocks = 0;
     if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
         lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks,
-                               en->o.parallel + en->ckpt_slots, en->ring, e)) {
+                               en->o.parallel + en->ckpt_slots + lm_spec_state_slots(&en->o, en->stateful),
+                               en->ring, e)) {
         free(en);
         return -1;
     }
-    if (lm_cache_policy_create(en, cache_blocks, e)) {
+    if (lm_cache_policy_create(en, cache_blocks, e) || lm_spec_create(en, e)) {
         lm_cache_policy_free(en);
         lm_kv_cache_free(en->kv);
         free(en);
         return -1;
     }
-    en->spec = lm_spec_create(m);
     /* output rows: one per sequence, and a draft's after it */
     const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
     en->bb = lm_batch_builder_create(en->o.step_tokens, (int)P, (int)R, en->kv->pool.n_state > 0);
@@ -497,12 +505,14 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
     en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
+    if (en->spec) en->ahead_on = false; /* a drafted step reads every row on the host (lm_spec.h) */
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
     if (lm_fit_warm_up(en, e)) {
         engine_destroy(en);
         return -1;
     }
+    if (en->spec) lm_spec_calibrate(en);
     en->st.kv_blocks_free = en->kv->n_free;
     if (pthread_create(&en->thread, NULL, engine_main, en) != 0) {
         lm_engine_free(en);

@@ -10,8 +10,9 @@
  *   disk_tier.c     the disk tier under it: spills down, loads up
  *   lookahead.c     the greedy look-ahead: a step policy, and the chain of
  *                   device-fed forwards it shares with `lumen bench`
- *   spec.c          speculative decoding's seam (lm_spec.h): a step policy
- *                   with no proposer yet
+ *   spec.c          speculative decoding (lm_spec.h): drafts into the step,
+ *                   the verifying step policy, the adaptive draft length;
+ *                   spec_lookup.c and spec_mtp.c its proposers
  *   fit.c           KV sizing against device memory, the warm-up forward
  *   batch.c, sampler.c, prefix_cache.c, kv_cache.c: the parts they use.
  *
@@ -82,6 +83,7 @@ struct lm_request {
      * (if any) was generated */
     lm_grammar_matcher *gm;
     bool gm_live;
+    lm_spec_req spec;       /* speculative decoding (spec.c), zero when it never drafted */
 };
 
 typedef struct lm_step_policy lm_step_policy;
@@ -94,7 +96,7 @@ typedef struct lm_step {
     const lm_step_policy *policy;
     bool queued;             /* issued by the last step's policy (look-ahead), not built by this one */
     int T, S, n_out;         /* tokens, sequences, output rows */
-    int n_draft;             /* draft tokens among T (lm_spec.h); always 0 today */
+    int n_draft;             /* draft tokens among T (lm_spec.h) */
     lm_request **seq_req;    /* [S] request of each batch sequence */
     int *seq_n;              /* [S] its tokens in this forward */
     lm_request **row_req;    /* [n_out] request of each output row */
@@ -161,8 +163,9 @@ struct lm_engine {
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
                                   * each holds a reference to its requests */
     int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
-    /* speculative decoding (spec.c): NULL, no proposer exists yet */
+    /* speculative decoding (spec.c): NULL when off */
     lm_spec *spec;
+    lm_spec_mtp *spec_mtp;       /* its MTP proposer (spec_mtp.c), NULL without */
 };
 
 /* ---- engine.c: requests and the plain step ---- */
@@ -176,6 +179,8 @@ bool lm_req_plain_greedy(const lm_request *r);
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy);
 /* A forward of T tokens over S sequences into the stats (takes mu). */
 void lm_step_count(lm_engine *en, int T, int S, bool ahead, uint64_t discarded);
+/* Batch sequence i of st advances by its tokens (trace, cache, embedding). */
+void lm_step_advance(lm_engine *en, lm_step *st, int i);
 /* The plain hand-out: count the step, advance every sequence by its
  * tokens, then one token per output row. */
 void lm_step_hand_out(lm_engine *en, lm_step *st);

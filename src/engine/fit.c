@@ -82,11 +82,12 @@ int lm_fit_warm_up(lm_engine *en, lm_err *e) {
     lm_backend_mem_info(en->m->be, &free_b, &total_b);
     if (en->o.warmup < 0 || (en->o.warmup == 0 && total_b == 0)) return 0;
     const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
-    const int n_out = LM_MIN(en->o.parallel, T);
+    /* every running sequence's row, and its draft's (lm_spec.h) */
+    const int n_out = LM_MIN(en->o.parallel * (1 + lm_spec_max_draft(en->spec)), T);
     lm_kv_seq seq = { 0 };
     if (lm_kv_seq_reserve(en->kv, &seq, T, e)) return -1;
     int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
-    /* the step's builder and id rows: T <= step_tokens, n_out <= parallel */
+    /* the step's builder and id rows: T <= step_tokens, n_out <= its rows */
     lm_batch_builder *bb = en->bb;
     lm_batch_reset(bb);
     int s = lm_batch_add_seq(bb, seq.blocks, slot);

@@ -54,11 +54,17 @@ int lm_batch_n_hidden(const lm_batch_builder *bb);
  * are there (lm_model_wait_argmax). */
 void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later);
 
-/* Tokens in the batch so far. */
+/* Tokens in the batch so far; output rows asked for. */
 int lm_batch_n_tokens(const lm_batch_builder *bb);
+int lm_batch_n_out(const lm_batch_builder *bb);
 
 /* lm_model_forward of the batch; logits (host) receives [n_out][V] for the
  * outputs asked for (see lm_batch.out_argmax for which), NULL for none. */
 int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e);
+/* The model's draft head d (lm_arch.h) over the batch: hidden [T][D] its
+ * input rows, hidden_out [n_out][D] its out rows' own (host). */
+struct lm_draft;
+int lm_batch_forward_draft(lm_batch_builder *bb, lm_model *m, const struct lm_draft *d, lm_kv_pool *kv,
+                           const float *hidden, float *hidden_out, lm_err *e);
 
 #endif

@@ -67,6 +67,9 @@ typedef struct lm_gen_params {
     lm_grammar *grammar;
     const lm_grammar_vocab *grammar_vocab;
     int32_t grammar_trigger;
+    /* Speculative decoding (lm_engine_opts.spec) skips this request: its
+     * tokens come one forward each. Output is the same either way. */
+    bool no_spec;
 } lm_gen_params;
 
 /* Why a request got fewer cached prompt tokens than it shares with an earlier
@@ -102,6 +105,10 @@ typedef struct lm_request_trace {
     int32_t prev_window[LM_TRACE_WINDOW];
     int n_prefill_chunks;
     int n_steps;                 /* decode steps after the first token */
+    int spec_verifies;           /* of those, steps that fed a draft (speculative decoding) */
+    int spec_drafted, spec_accepted; /* draft tokens fed, and accepted */
+    double spec_draft_s;         /* its share of the time spent proposing drafts */
+    double spec_verify_s;        /* the forwards of its steps that verified a draft */
     const int32_t *step_batch;   /* [n_steps] tokens in the forward of each decode step */
 } lm_request_trace;
 
@@ -125,6 +132,26 @@ typedef struct lm_token_event {
 } lm_token_event;
 
 typedef void (*lm_token_cb)(void *user, const lm_token_event *ev);
+
+/* Where speculative decoding's drafts come from (lm_spec.h). Whatever the
+ * proposer, a greedy request gets exactly the tokens of plain decoding and
+ * a sampled one keeps its distribution. */
+typedef enum lm_spec_mode {
+    LM_SPEC_OFF = 0,
+    LM_SPEC_LOOKUP,   /* n-grams of the request's own prompt and output */
+    LM_SPEC_MTP,      /* the model's MTP head (qwen3_5 / qwen3_next with mtp.*) */
+    LM_SPEC_AUTO,     /* lookup where it has a hit, else the MTP head where
+                       * the model has one */
+    LM_SPEC_CALLBACK, /* lm_engine_opts.spec_cb (tests, a caller's own drafter) */
+} lm_spec_mode;
+
+/* A caller's proposer (LM_SPEC_CALLBACK): up to max tokens to follow
+ * tokens[0, n_tokens) (the first n_prompt the prompt) into draft; returns
+ * how many. Runs on the engine thread. */
+typedef int (*lm_spec_cb)(void *user, const int32_t *tokens, int n_tokens, int n_prompt, int32_t *draft, int max);
+
+/* Most draft tokens a sequence gets in one step. */
+#define LM_SPEC_MAX_DRAFT 8
 
 typedef struct lm_engine_opts {
     int ctx;          /* most tokens per sequence (prompt + generated); 0 = model max */
@@ -164,6 +191,17 @@ typedef struct lm_engine_opts {
                        * tokens are appended without sampling and fed in
                        * the next forward together (lm_grammar_fill). 0 = on,
                        * -1 = off */
+    lm_spec_mode spec; /* speculative decoding (lm_spec.h); off by default.
+                        * A model without what the mode needs (LM_SPEC_MTP
+                        * without an MTP head) is an error at creation. */
+    int spec_draft;    /* most draft tokens per sequence and step, 1 ..
+                        * LM_SPEC_MAX_DRAFT; 0 = the proposer's default (MTP
+                        * 2, lookup 6); the adaptive policy picks at most this */
+    bool spec_fixed;   /* no adaptive policy: every decode step drafts as many
+                        * as the proposer has, up to spec_draft (tests, and
+                        * benchmarks of one depth) */
+    lm_spec_cb spec_cb; /* LM_SPEC_CALLBACK's proposer and its argument */
+    void *spec_user;
 } lm_engine_opts;
 
 typedef struct lm_engine_stats {
@@ -193,6 +231,17 @@ typedef struct lm_engine_stats {
     uint64_t grammar_masks;        /* token masks applied */
     double grammar_mask_s;         /* seconds computing them */
     uint64_t grammar_fill_tokens;  /* tokens appended by strict fill */
+    /* speculative decoding (lm_engine_opts.spec) */
+    uint64_t spec_verifies;        /* sequences that a step fed with a draft */
+    uint64_t spec_verify_tokens;   /* tokens those verifications handed out */
+    uint64_t spec_drafted;         /* draft tokens fed */
+    uint64_t spec_accepted;        /* of those, accepted */
+    uint64_t spec_pos_drafted[LM_SPEC_MAX_DRAFT];  /* draft tokens fed at draft position i + 1 */
+    uint64_t spec_pos_accepted[LM_SPEC_MAX_DRAFT]; /* of those, accepted */
+    uint64_t spec_replayed;        /* tokens fed again after a rejection (recurrent state) */
+    uint64_t spec_off_steps;       /* decode steps where the adaptive policy did not draft */
+    double spec_draft_s;           /* seconds proposing drafts */
+    double spec_verify_s;          /* seconds in forwards of steps with drafts */
 } lm_engine_stats;
 
 typedef struct lm_engine lm_engine;

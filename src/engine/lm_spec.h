@@ -1,17 +1,16 @@
 /* lm_spec.h - speculative decoding's place in the engine: the contract, and
- * the entry points the step calls. Nothing speculates yet: no proposer
- * exists, lm_spec_create returns NULL, lm_spec_propose adds no draft, and
- * no step runs lm_spec_policy.
+ * the entry points the step calls (spec.c: the verifier and the adaptive
+ * policy; spec_lookup.c: the n-gram proposer; spec_mtp.c: the MTP head's).
  *
  * The contract, for one decoding sequence r in one step:
  *
  *  1. Proposer. While the step's batch is built, right after r's next
  *     token t0, a proposer guesses up to k tokens d1..dk to follow it: the
- *     model's own draft head (lm_arch.draft, e.g. the MTP head Qwen3.5
- *     checkpoints carry, lm_qwen35.h), a small draft model, or n-grams of
- *     r's own tokens. k is bounded by the step's token budget, by r's
- *     max_tokens and by the context, so the drafts stay inside the blocks r
- *     reserved at admission.
+ *     model's own draft head (the MTP head Qwen3.5 checkpoints carry,
+ *     lm_qwen35.h) or n-grams of r's own tokens. k is bounded by the step's
+ *     token budget, by r's max_tokens and by the context, so the drafts stay
+ *     inside the blocks r reserved at admission, and by the adaptive policy
+ *     below.
  *  2. Verifier. The step's one forward feeds t0 d1..dk at positions
  *     p..p+k (consecutive tokens of one sequence, like a prefill chunk) with
  *     an output row each: row j is the model's next-token distribution
@@ -20,21 +19,47 @@
  *     sampler, bias and penalties); while x_j == d_j, row j gives x_j+1. The
  *     m <= k + 1 tokens x1..xm are handed out one by one as ordinary tokens
  *     (stop tokens, max_tokens and the context end them early), so greedy
- *     output is byte-identical to plain decoding. Rejection sampling against
- *     the draft's probabilities would change a seeded request's tokens, so
- *     it can only be a request-level choice.
+ *     output is the tokens of plain decoding. A sampled request draws every
+ *     row with its own sampler, in order, and keeps drafting only while the
+ *     draw equals the draft: each token is still drawn from the model's
+ *     distribution given the tokens before it, with the same generator
+ *     calls as plain decoding, so a seeded request gives the same tokens
+ *     with and without speculation. (Rejection sampling against the draft's
+ *     probabilities would accept more but change a seeded request's tokens,
+ *     so it is not used.)
  *  4. Rollback. The forward wrote K/V at p..p+k and advanced r's recurrent
  *     state through all k + 1 tokens. Paged K/V needs nothing: n_cached
  *     grows by m, later forwards overwrite the rows past it, and the prefix
- *     cache only ever takes blocks below n_cached. Recurrent state cannot be
- *     stepped back: the verifier must keep the state after each draft
- *     position (or copy the slot before the forward and replay x1..xm) and
- *     leave r's slot at p + m. A proposer with state of its own (its K/V,
- *     an MTP layer) rolls back the same way.
+ *     cache only ever takes blocks below n_cached. Recurrent state (Gated
+ *     DeltaNet conv window and delta state, sliding-window rings) cannot be
+ *     stepped back; the verifier copies r's slot to a spare slot before the
+ *     forward. When every draft is accepted the forward's state is r's. On
+ *     a rejection r takes the copy (the state at p; a slot swap, no copy)
+ *     and n_cached stays at p: the next step feeds t0 x1..xm again in front
+ *     of its own token and draft ("replay", folded into a forward that runs
+ *     anyway; a rejection there goes back to the same copy, so the replayed
+ *     run grows until a draft is accepted whole, or until it reaches
+ *     LM_SPEC_MAX_REPLAY tokens and a step catches up undrafted).
+ *     docs/architecture.md has the measurement against keeping the state
+ *     after every draft position: that would be cheaper (the copy is ~1 %
+ *     of a step, a replayed token ~45 % on the demo on the CPU) but needs
+ *     the gated-delta and conv ops of every backend to write per-position
+ *     state; this path needs no backend change. A proposer with state of its
+ *     own (the MTP head's K/V) rolls back the same way: its rows past the
+ *     accepted position are rewritten.
+ *
+ * Adaptive policy: per sequence, an estimate of the chance that draft
+ * position i is accepted given i - 1 was, and a model of the step's cost
+ * (time = a + b * tokens, fitted from the steps it sees, plus the time to
+ * propose), choose each step the k that maximises tokens per second; k = 0
+ * when no k beats plain decoding, with a one-token probe now and then to
+ * notice that drafts pay again.
  *
  * A step with drafts is never the look-ahead's (lm_ahead_claim wants one
  * token per sequence, its ids on the device; speculation reads every row on
- * the host): step() gives it lm_spec_policy instead. */
+ * the host): step() gives it lm_spec_policy instead, and with speculation on
+ * the look-ahead is off. Grammar-constrained requests (masks) and
+ * embeddings do not speculate. */
 #ifndef LM_SPEC_H
 #define LM_SPEC_H
 
@@ -44,22 +69,89 @@ typedef struct lm_spec lm_spec;
 struct lm_step;
 struct lm_step_policy;
 
-/* The engine's proposer for m, NULL when there is none: always NULL today.
- * No proposer is wired yet; an architecture's lm_draft (none has one) is
- * where the first will come from. */
-lm_spec *lm_spec_create(lm_model *m);
+/* Most tokens a stateful sequence feeds again after rejections before a
+ * step catches it up without a draft. */
+#define LM_SPEC_MAX_REPLAY 16
+
+/* n-gram lengths the lookup proposer matches, longest first. */
+#define LM_LOOKUP_NMIN 2
+#define LM_LOOKUP_NMAX 4
+
+/* A request's own speculation state (lm_request.spec). */
+typedef struct lm_spec_req {
+    /* lookup: for each n-gram length n, a hash table of the position that
+     * followed the latest n tokens of that hash (-1: empty) */
+    int32_t *ngram[LM_LOOKUP_NMAX - LM_LOOKUP_NMIN + 1];
+    uint32_t ngram_mask;   /* table size - 1 */
+    int n_indexed;         /* positions < n_indexed are in the tables */
+    /* adaptive policy */
+    float acc[LM_SPEC_MAX_DRAFT]; /* P(draft i + 1 accepted | draft i was), smoothed */
+    int quiet;             /* decode steps since it last drafted */
+    int k_last;            /* the draft length the policy chose last */
+    bool head_share;       /* this step's MTP head time is partly its */
+    /* MTP (spec_mtp.c) */
+    int mtp_n;             /* the head's K/V cover positions < mtp_n */
+    int hid_pos;           /* position of the hidden row in hid */
+    float *hid;            /* [D] the model's final hidden state at hid_pos, NULL before the first */
+    int32_t mtp_draft[LM_SPEC_MAX_DRAFT]; /* the head's guesses after token mtp_draft_at - 1 */
+    int mtp_n_draft, mtp_draft_at;
+    int mtp_want;          /* how many guesses the next chain makes */
+} lm_spec_req;
+
+void lm_spec_req_free(lm_spec_req *q);
+
+/* Sets en->spec for en->o.spec (NULL when off); -1 with e when the model
+ * lacks what the mode needs. Call once the KV cache exists. */
+int lm_spec_create(lm_engine *en, lm_err *e);
 void lm_spec_free(lm_spec *sp);
+/* Extra recurrent-state slots speculation needs for mode (one snapshot per
+ * running sequence on a stateful model). */
+int lm_spec_state_slots(const lm_engine_opts *o, bool stateful);
 /* Most draft tokens a step adds to one sequence (0 without a proposer); the
  * engine sizes its output rows for 1 + this per sequence. */
 int lm_spec_max_draft(const lm_spec *sp);
-/* Called by the step for every decoding sequence s (request r, its token
- * t0 just added to the batch): may append up to max draft tokens after it,
- * each with an output row, counting them in the step's n_draft. Returns how
- * many. Without a proposer it returns 0 and touches nothing. */
+/* Called by the step for every decoding sequence s (request r, its tokens
+ * up to t0 just added to the batch): may append up to max draft tokens
+ * after them, each with an output row, counting them in the step's
+ * n_draft. Returns how many. Without a proposer it returns 0 and touches
+ * nothing. */
 int lm_spec_propose(lm_engine *en, struct lm_step *st, int s, lm_request *r, int max);
-/* The policy of a step with drafts: acceptance and rollback (3 and 4).
- * Verification is not written; its hand-out asserts the step has no
- * drafts, which holds while no proposer exists. */
+/* The policy of a step with drafts: acceptance and rollback (3 and 4). */
 extern const struct lm_step_policy lm_spec_policy;
+/* A built step, before its forward: the hidden rows the MTP proposer reads. */
+void lm_spec_before_issue(lm_engine *en, struct lm_step *st);
+/* After any step's hand-out: the MTP proposer's guesses for the next. */
+void lm_spec_after_hand_out(lm_engine *en, struct lm_step *st);
+/* Before the first request: times forwards of 1 and 1 + max draft tokens
+ * and, with the MTP proposer, one of the head, on a scratch sequence, so
+ * that the adaptive policy starts from this machine's costs rather than a
+ * guess (the first requests would otherwise pay for learning them). */
+void lm_spec_calibrate(lm_engine *en);
+/* After any built step's forward (forward_s: how long issuing it took):
+ * the cost model learns from steps without drafts too. */
+void lm_spec_after_issue(lm_engine *en, struct lm_step *st, double forward_s);
+
+/* ---- proposers (spec_lookup.c, spec_mtp.c) ---- */
+
+typedef struct lm_spec_mtp lm_spec_mtp;
+/* The MTP proposer for en's model, NULL (e untouched) when the model has no
+ * draft head; NULL with e set when its pool cannot be made. */
+lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e);
+void lm_mtp_free(lm_spec_mtp *M);
+void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
+/* known[s]: where batch sequence s's real tokens end among those the step
+ * fed (-1: all of them were real). */
+void lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+/* The head over a batch of the caller's (its rows' hidden states: hidden;
+ * at most parallel out rows), its K/V into the head's pool
+ * (lm_spec_calibrate's timing). */
+struct lm_batch_builder;
+int lm_mtp_forward_scratch(lm_engine *en, struct lm_batch_builder *bb, const float *hidden, lm_err *e);
+/* The head's guesses after r's newest token (at most max), 0 when none. */
+int lm_mtp_propose(const lm_request *r, int32_t *draft, int max);
+
+/* Up to max tokens that followed the latest earlier occurrence of r's last
+ * n tokens (n from LM_LOOKUP_NMAX down to LM_LOOKUP_NMIN) into draft. */
+int lm_lookup_propose(lm_spec_req *q, const int32_t *tokens, int n_tokens, int cap, int32_t *draft, int max);
 
 #endif

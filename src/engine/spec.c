@@ -1,36 +1,449 @@
-/* spec.c - speculative decoding's entry points (lm_spec.h), without a
- * proposer: they exist so that the step has one place that speculation
- * fills in, next to the look-ahead, rather than a special case inside
- * step(). Every function here is a no-op or unreachable until a proposer
- * and verification land. */
+/* spec.c - speculative decoding in the step (lm_spec.h): drafts into the
+ * batch, acceptance and rollback after the forward, the adaptive policy and
+ * the counters. The proposers are spec_lookup.c and spec_mtp.c.
+ *
+ * Each step's drafted sequences are recorded in row order (the step adds a
+ * sequence's t0 row and then its draft rows before the next sequence's), so
+ * the hand-out walks the rows once: a row that starts a record is verified
+ * with the k after it, any other row is a plain token. */
 #include "engine_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-lm_spec *lm_spec_create(lm_model *m) {
-    (void)m; /* no proposer is wired: the step never drafts */
-    return NULL;
+/* One drafted sequence of the step. */
+typedef struct spec_rec {
+    lm_request *r;
+    int s;              /* its batch sequence */
+    int row0;           /* output row of t0; drafts are rows row0 + 1 .. row0 + k */
+    int k;
+    int base;           /* r->n_cached before the step: the copied state's position */
+    int p;              /* position of t0 (base, or later after a rejection's replay) */
+    int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
+    int accepted;       /* after the hand-out: drafts accepted */
+    bool from_mtp;      /* the MTP head's guesses */
+    int32_t draft[LM_SPEC_MAX_DRAFT];
+} spec_rec;
+
+struct lm_spec {
+    lm_spec_mode mode;
+    int max_draft;
+    bool stateful;
+    spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
+    int *known;         /* [parallel] lm_mtp_after_hand_out's */
+    int n_rec;
+    /* the cost model: step seconds = a + b * tokens, least squares over
+     * recent steps (sums decay so that it follows the load) */
+    double sw, st, stt, sy, sty;
+    double draft_s_per;  /* smoothed seconds one proposal takes (lookup, callback) */
+    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and step */
+    bool mtp_live;       /* this step runs the MTP head (mtp_worth) */
+    int mtp_quiet;       /* steps since the head last ran */
+    double last_forward_s; /* the step's forward, for the requests' traces */
+    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences, smoothed */
+    /* counters not yet in en->st */
+    lm_engine_stats add;
+};
+
+/* ---- setup ---- */
+
+int lm_spec_state_slots(const lm_engine_opts *o, bool stateful) {
+    return o->spec != LM_SPEC_OFF && stateful ? LM_MAX(o->parallel, 1) : 0;
 }
 
-void lm_spec_free(lm_spec *sp) { free(sp); }
-
-int lm_spec_max_draft(const lm_spec *sp) {
-    (void)sp; /* no proposer, no drafts */
+int lm_spec_create(lm_engine *en, lm_err *e) {
+    en->spec = NULL;
+    const lm_engine_opts *o = &en->o;
+    if (o->spec == LM_SPEC_OFF) return 0;
+    if (o->spec_draft < 0 || o->spec_draft > LM_SPEC_MAX_DRAFT)
+        return lm_errf(e, "draft length %d out of range [1, %d]", o->spec_draft, LM_SPEC_MAX_DRAFT);
+    if (o->spec == LM_SPEC_CALLBACK && !o->spec_cb) return lm_errf(e, "speculation by callback without a callback");
+    en->spec_mtp = NULL;
+    if (o->spec == LM_SPEC_MTP || o->spec == LM_SPEC_AUTO) {
+        lm_err me = { { 0 } };
+        en->spec_mtp = lm_mtp_create(en, &me);
+        if (!en->spec_mtp && me.msg[0]) return lm_errf(e, "the MTP head's KV pool: %s", me.msg);
+        if (!en->spec_mtp && o->spec == LM_SPEC_MTP)
+            return lm_errf(e, "--spec mtp: %s has no MTP head (a qwen3_5 / qwen3_next checkpoint with mtp.* "
+                              "tensors); use --spec lookup or auto", en->m->path ? en->m->path : "the model");
+    }
+    lm_spec *sp = lm_xcalloc(1, sizeof *sp);
+    sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
+    sp->mode = o->spec;
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) sp->mtp_acc[i] = 0.9f;
+    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
+    sp->stateful = en->stateful;
+    sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
+    en->spec = sp;
     return 0;
 }
+
+void lm_spec_free(lm_spec *sp) {
+    if (!sp) return;
+    free(sp->known);
+    free(sp->rec);
+    free(sp);
+}
+
+int lm_spec_max_draft(const lm_spec *sp) { return sp ? sp->max_draft : 0; }
+
+/* ---- the adaptive policy ---- */
+
+/* The fitted step time of a forward of T tokens (a + b T); before enough
+ * steps, a guess that makes a token cost a tenth of a step. */
+static void cost_model(const lm_spec *sp, double *a, double *b) {
+    double det = sp->sw * sp->stt - sp->st * sp->st;
+    if (sp->sw >= 4 && det > 1e-9 * sp->sw * sp->sw) {
+        *b = (sp->sw * sp->sty - sp->st * sp->sy) / det;
+        *a = (sp->sy - *b * sp->st) / sp->sw;
+        if (*b > 0 && *a > 0) return;
+    }
+    double mean = sp->sw > 0 ? sp->sy / sp->sw : 1.0, tok = sp->sw > 0 ? sp->st / sp->sw : 1.0;
+    *b = mean / (10.0 + tok);
+    *a = mean - *b * tok;
+}
+
+static void cost_learn(lm_spec *sp, int T, double s) {
+    const double keep = 0.995; /* a long memory: one step's time is noisy */
+    sp->sw = sp->sw * keep + 1, sp->st = sp->st * keep + T, sp->stt = sp->stt * keep + (double)T * T;
+    sp->sy = sp->sy * keep + s, sp->sty = sp->sty * keep + (double)T * s;
+}
+
+/* How many draft tokens r should get this step (at most max): the k that
+ * maximises expected tokens per second of r's share of the step, 0 when
+ * none beats plain decoding by a margin; a one-token probe every so often
+ * keeps the estimate alive. */
+static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
+    lm_spec *sp = en->spec;
+    lm_spec_req *q = &r->spec;
+    double a, b;
+    cost_model(sp, &a, &b);
+    const double share = a / LM_MAX(S, 1) + b; /* r's part of a step without drafts */
+    double best = 1.0 / share, expect = 0, run = 1;
+    int k_best = 0;
+    for (int k = 1; k <= max; k++) {
+        run *= q->acc[k - 1];
+        expect += run;
+        /* a rejection on a stateful model feeds the accepted tokens again */
+        /* while the head runs its catch-up is paid anyway: only the chained
+         * guesses beyond the first are this choice's (about half its time each) */
+        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
+        if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
+        double rate = (1 + expect) / cost;
+        if (rate > best * 1.02) best = rate, k_best = k;
+    }
+    if (k_best == 0 && ++q->quiet >= 16) {
+        q->quiet = 0;
+        return LM_MIN(1, max);
+    }
+    if (k_best > 0) q->quiet = 0;
+    return k_best;
+}
+
+/* The acceptance estimates after a verification: positions 1..accepted were
+ * accepted, position accepted + 1 (if drafted) was not. */
+static void policy_learn(lm_spec_req *q, int k, int accepted) {
+    for (int i = 0; i < k && i <= accepted; i++) q->acc[i] = 0.85f * q->acc[i] + 0.15f * (i < accepted ? 1.0f : 0.0f);
+}
+
+/* ---- proposals ---- */
 
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
-    (void)st, (void)s, (void)r, (void)max;
-    LM_ASSERT(en->spec == NULL); /* a proposer would append its draft here */
-    return 0;
+    lm_spec *sp = en->spec;
+    if (!sp || r->p.no_spec || r->gm || r->embed) return 0;
+    /* only a sequence whose whole tail is in the batch with t0's row last */
+    if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
+    /* a stateful sequence after a rejection feeds its run again in front of
+     * t0 and may draft after it: another rejection takes it back to the same
+     * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
+    if (sp->stateful && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
+    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
+    const double t0 = lm_now();
+    /* a verification hands out at most k + 1 tokens: no draft past
+     * max_tokens or the context (so every draft position is a reserved one) */
+    int room = LM_MIN(r->p.max_tokens - r->n_generated, en->o.ctx - r->n_tokens) - 1;
+    max = LM_MIN(LM_MIN(max, room), sp->max_draft);
+    if (max <= 0) return 0;
+    int k = en->o.spec_fixed ? max : policy_k(en, r, max, en->n_running);
+    r->spec.k_last = k;
+    spec_rec *rc = &sp->rec[sp->n_rec];
+    rc->from_mtp = false;
+    if (k > 0 && sp->mode == LM_SPEC_CALLBACK) {
+        int n = en->o.spec_cb(en->o.spec_user, r->tokens, r->n_tokens, r->n_prompt, rc->draft, k);
+        k = LM_MAX(0, LM_MIN(k, n));
+    } else if (k > 0) {
+        int want = k;
+        k = 0;
+        if (sp->mode != LM_SPEC_MTP) k = lm_lookup_propose(&r->spec, r->tokens, r->n_tokens, r->cap, rc->draft, want);
+        rc->from_mtp = false;
+        if (k == 0 && en->spec_mtp) k = lm_mtp_propose(r, rc->draft, want), rc->from_mtp = k > 0;
+    }
+    for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
+        if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
+    const double dt = lm_now() - t0;
+    sp->add.spec_draft_s += dt;
+    r->tr.spec_draft_s += dt;
+    sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
+    if (k == 0) {
+        sp->add.spec_off_steps += r->spec.k_last == 0;
+        return 0;
+    }
+    rc->snap = -1;
+    if (sp->stateful) {
+        rc->snap = lm_kv_state_take(en->kv);
+        if (rc->snap < 0) return 0; /* no spare slot: decode plainly */
+        lm_kv_state_copy(en->kv, rc->snap, r->slot);
+    }
+    rc->r = r, rc->s = s, rc->k = k, rc->base = r->n_cached, rc->p = r->n_cached + st->seq_n[s] - 1;
+    rc->row0 = st->n_out - 1;
+    int last = lm_batch_add_tokens(en->bb, s, rc->draft, rc->p + 1, k);
+    for (int j = 0; j < k; j++) {
+        int o = lm_batch_add_out(en->bb, last - k + 1 + j);
+        st->row_req[o] = r;
+        st->n_out = o + 1;
+    }
+    st->seq_n[s] += k;
+    st->n_draft += k;
+    sp->n_rec++;
+    return k;
 }
 
-/* Acceptance and rollback would go here (lm_spec.h, points 3 and 4). A step
- * gets this policy only when it drafted, which no step does yet; without
- * drafts a speculative step is a plain one. */
+/* ---- acceptance and rollback ---- */
+
+/* Hands out rc's rows (t0's and its drafts') until a token differs from
+ * the draft or r ends, and leaves r's cache at what it accepted. */
+static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
+    lm_spec *sp = en->spec;
+    lm_request *r = rc->r;
+    const int32_t fwd_slot = r->slot;
+    /* until the run is known, r stands at p: its tokens below p are cached,
+     * its state (on a stateful model) is the copy from before the forward,
+     * so that r ending mid-run leaves the prefix cache consistent */
+    if (r->tr.n_steps < r->p.max_tokens) r->step_batch[r->tr.n_steps++] = st->T;
+    if (rc->snap >= 0) r->slot = rc->snap;
+    r->n_cached = rc->snap >= 0 ? rc->base : rc->p;
+    const int n0 = r->n_tokens;
+    int accepted = 0;
+    for (int j = 0; j <= rc->k; j++) {
+        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so far */
+        if (rc->snap < 0) r->n_cached = rc->p + j + 1;
+        const int o = rc->row0 + j;
+        lm_req_take_token(en, r, st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL, st->ids[o]);
+        if (r->state == LM_REQ_DONE || j == rc->k || r->tokens[r->n_tokens - 1] != rc->draft[j]) break;
+        accepted++;
+    }
+    const int m = r->n_tokens - n0; /* tokens appended (a stop token is not) */
+    rc->accepted = accepted;
+    sp->add.spec_verifies++;
+    sp->add.spec_verify_tokens += (uint64_t)(accepted + 1);
+    sp->add.spec_drafted += (uint64_t)rc->k;
+    sp->add.spec_accepted += (uint64_t)accepted;
+    for (int i = 0; i < rc->k; i++) {
+        sp->add.spec_pos_drafted[i] += i <= accepted;
+        sp->add.spec_pos_accepted[i] += i < accepted;
+    }
+    policy_learn(&r->spec, rc->k, accepted);
+    if (rc->from_mtp)
+        for (int i = 0; i < rc->k && i <= accepted; i++)
+            sp->mtp_acc[i] = 0.95f * sp->mtp_acc[i] + 0.05f * (i < accepted ? 1.0f : 0.0f);
+    r->tr.spec_verifies++;
+    r->tr.spec_verify_s += sp->last_forward_s;
+    r->tr.spec_drafted += rc->k;
+    r->tr.spec_accepted += accepted;
+    if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
+        if (rc->snap >= 0) lm_kv_state_release(en->kv, fwd_slot);
+        return;
+    }
+    if (rc->snap >= 0) {
+        if (accepted == rc->k) { /* the forward's state is at p + k + 1 = the accepted run */
+            r->slot = fwd_slot;
+            lm_kv_state_release(en->kv, rc->snap);
+            r->n_cached = rc->p + rc->k + 1;
+        } else { /* stay at base: the next step feeds the run again */
+            lm_kv_state_release(en->kv, fwd_slot);
+            sp->add.spec_replayed += (uint64_t)(rc->p - rc->base + m);
+        }
+    } else {
+        r->n_cached = rc->p + m;
+    }
+    lm_cache_policy_progress(en, r);
+}
+
+/* Moves the step's counters into en->st (under mu). */
+static void publish(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    lm_engine_stats *a = &sp->add, *s = &en->st;
+    pthread_mutex_lock(&en->mu);
+    s->spec_verifies += a->spec_verifies, s->spec_verify_tokens += a->spec_verify_tokens;
+    s->spec_drafted += a->spec_drafted, s->spec_accepted += a->spec_accepted;
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
+        s->spec_pos_drafted[i] += a->spec_pos_drafted[i], s->spec_pos_accepted[i] += a->spec_pos_accepted[i];
+    s->spec_replayed += a->spec_replayed, s->spec_off_steps += a->spec_off_steps;
+    s->spec_draft_s += a->spec_draft_s, s->spec_verify_s += a->spec_verify_s;
+    pthread_mutex_unlock(&en->mu);
+    memset(a, 0, sizeof *a);
+}
+
 static void spec_hand_out(lm_engine *en, lm_step *st) {
-    LM_ASSERT(st->n_draft == 0);
-    lm_step_hand_out(en, st);
+    lm_spec *sp = en->spec;
+    LM_ASSERT(sp && st->n_draft > 0 && sp->n_rec > 0);
+    lm_step_count(en, st->T, st->S, false, 0);
+    /* sequences without a draft advance as in a plain step */
+    for (int i = 0, c = 0; i < st->S; i++) {
+        if (c < sp->n_rec && sp->rec[c].s == i) {
+            c++;
+            continue;
+        }
+        lm_step_advance(en, st, i);
+    }
+    for (int o = 0, c = 0; o < st->n_out;) {
+        if (c < sp->n_rec && sp->rec[c].row0 == o) {
+            verify(en, st, &sp->rec[c]);
+            o += sp->rec[c++].k + 1;
+            continue;
+        }
+        lm_req_take_token(en, st->row_req[o], st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL,
+                          st->ids[o]);
+        o++;
+    }
+    publish(en);
+}
+
+/* Whether the MTP head pays at this step's batch: with its acceptance so
+ * far over all sequences (per position, smoothed; 0.9 before any), some
+ * depth must beat plain decoding against the head's own time (its
+ * catch-up, and half that per chained guess). When none does, the head
+ * (its hidden rows, K/V and guesses) is skipped altogether; every 64 steps
+ * it runs anyway to measure itself again. */
+static bool mtp_worth(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    if (en->o.spec_fixed || sp->mtp_s_per == 0 || ++sp->mtp_quiet >= 64) return true;
+    double a, b;
+    cost_model(sp, &a, &b);
+    const double share = a / LM_MAX(en->n_running, 1) + b;
+    double expect = 0, run = 1;
+    for (int k = 1; k <= sp->max_draft; k++) {
+        run *= sp->mtp_acc[k - 1];
+        expect += run;
+        double cost = share + b * k + sp->mtp_s_per * (1 + 0.5 * (k - 1));
+        if (sp->stateful) cost += (1 - run) * b * (1 + expect);
+        if ((1 + expect) / cost > 1.02 / share) return true;
+    }
+    return false;
+}
+
+void lm_spec_before_issue(lm_engine *en, lm_step *st) {
+    lm_spec *sp = en->spec;
+    sp->mtp_live = en->spec_mtp && mtp_worth(en);
+    if (sp->mtp_live) {
+        sp->mtp_quiet = 0;
+        lm_mtp_before_issue(en, st);
+    }
+}
+
+void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
+    lm_spec *sp = en->spec;
+    if (sp->mtp_live) {
+        const double t0 = lm_now();
+        int n = 0;
+        for (int i = 0, c = 0; i < st->S; i++) {
+            sp->known[i] = -1;
+            if (c < sp->n_rec && sp->rec[c].s == i) {
+                const spec_rec *rc = &sp->rec[c++];
+                sp->known[i] = rc->p + 1 + rc->accepted; /* t0 and the accepted drafts */
+            }
+            lm_request *r = st->seq_req[i];
+            if (r->state == LM_REQ_RUNNING && r->n_cached >= r->n_prompt) r->spec.head_share = true;
+            if (r->state == LM_REQ_RUNNING) {
+                /* chained guesses cost a forward each: none while the policy does
+                 * not draft (but for the step before a probe); the head's K/V
+                 * follow regardless, since a gap in them costs most of its
+                 * acceptance (measured: 0.92 -> ~0.3 on the code workload) */
+                const lm_spec_req *q = &r->spec;
+                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
+                                 : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
+                n += r->n_cached >= r->n_prompt;
+            }
+        }
+        lm_mtp_after_hand_out(en, st, sp->known);
+        const double dt = lm_now() - t0;
+        sp->add.spec_draft_s += dt;
+        if (n) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
+        for (int i = 0; i < st->S; i++) { /* each decoding sequence's share of the head's time */
+            lm_request *r = st->seq_req[i];
+            if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
+        }
+    }
+    sp->n_rec = 0;
+}
+
+/* The best of 3 forwards of T tokens of the scratch sequence at position
+ * pos (head: the MTP head's, over zero hidden rows), seconds; 0 on an error. */
+static double time_forward(lm_engine *en, lm_batch_builder *bb, const int32_t *table, int32_t slot, int pos, int T,
+                           bool head, float *hidden) {
+    int32_t ids[64] = { 0 }, out[64];
+    LM_ASSERT(T <= 64);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        lm_batch_reset(bb);
+        int s = lm_batch_add_seq(bb, table, slot);
+        int last = lm_batch_add_tokens(bb, s, ids, pos, T);
+        /* a verify has a row per token; the head a guess per sequence */
+        for (int i = head ? T - 1 : 0; i < T; i++) lm_batch_add_out(bb, last - T + 1 + i);
+        lm_batch_set_argmax(bb, out, NULL, false);
+        lm_err e = { { 0 } };
+        const double t0 = lm_now();
+        int rc = head ? lm_mtp_forward_scratch(en, bb, hidden, &e) : lm_batch_forward(bb, en->m, &en->kv->pool, NULL, &e);
+        if (rc) return 0;
+        best = LM_MIN(best, lm_now() - t0);
+    }
+    return best;
+}
+
+void lm_spec_calibrate(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    const int k = LM_MIN(sp->max_draft, en->o.step_tokens - 1);
+    const int pos = LM_MIN(LM_MIN(32, en->o.ctx - k - 1), en->o.step_tokens);
+    if (k < 1 || pos < 1) return;
+    lm_kv_seq seq = { 0 };
+    if (lm_kv_seq_reserve(en->kv, &seq, pos + k + 1, NULL)) return;
+    int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
+    if (en->stateful && slot < 0) {
+        lm_kv_seq_release(en->kv, &seq);
+        return;
+    }
+    lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(pos, k + 1), 1, LM_MAX(pos, k + 1), en->stateful);
+    float *hidden = lm_xcalloc((size_t)LM_MAX(pos, k + 1) * (size_t)en->m->cfg.d_model, sizeof(float));
+    double t1 = 0, tk = 0, th = 0;
+    /* positions before the timed ones hold real K/V (and the head's) */
+    time_forward(en, bb, seq.blocks, slot, 0, pos, false, NULL);
+    if (en->spec_mtp) time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
+    for (int round = 0; round < 3; round++) { /* alternating, each learnt as a decode step would be */
+        t1 = time_forward(en, bb, seq.blocks, slot, pos, 1, false, NULL);
+        tk = time_forward(en, bb, seq.blocks, slot, pos, k + 1, false, NULL);
+        if (t1 > 0) cost_learn(sp, 1, t1);
+        if (tk > 0) cost_learn(sp, k + 1, tk);
+    }
+    if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
+    /* a step's head work: the catch-up and a chained guess */
+    if (th > 0) sp->mtp_s_per = 2 * th;
+    free(hidden);
+    lm_batch_builder_free(bb);
+    if (slot >= 0) lm_kv_state_release(en->kv, slot);
+    lm_kv_seq_release(en->kv, &seq);
+}
+
+void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
+    lm_spec *sp = en->spec;
+    /* the cost model is of decode steps: a prefill chunk's tokens cost
+     * otherwise (another matmul regime), and would skew the slope */
+    bool decode = true;
+    for (int i = 0; i < st->S && decode; i++) decode = st->seq_req[i]->n_cached >= st->seq_req[i]->n_prompt;
+    if (decode) cost_learn(sp, st->T, forward_s);
+    sp->last_forward_s = forward_s;
+    if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
+    else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);
 }
 
 const lm_step_policy lm_spec_policy = {

@@ -14,18 +14,23 @@
 #include "lm_model.h"
 
 /* A model's draft of its own next tokens, for speculative decoding (the
- * contract is in engine/lm_spec.h): an MTP head such as Qwen3.5's
- * (lm_qwen35.h) would be one. Optional: NULL for every architecture today,
- * and nothing calls it yet. */
+ * contract is in engine/lm_spec.h): a head that, from the model's final
+ * hidden state at position t and the token at t + 1, guesses the token at
+ * t + 2 (the MTP head Qwen3.5 checkpoints carry, lm_qwen35.h). Optional:
+ * NULL for architectures without one. */
 typedef struct lm_draft {
-    int max_tokens; /* most tokens one proposal holds */
-    /* Up to max tokens likely to follow `last` at position pos of a
-     * sequence whose hidden state is output row `row` of the model's last
-     * forward, into draft; returns how many (0: no guess). May run forwards
-     * of its own on m's backend, with K/V under the sequence's block table
-     * in kv (layers of its own). */
-    int (*propose)(lm_model *m, lm_kv_pool *kv, const int32_t *block_table, int row, int32_t last, int pos,
-                   int32_t *draft, int max, lm_err *e);
+    /* KV layers (each of the model's kv_width) the head keeps in a pool of
+     * its own; 0 when this model has no head (a checkpoint without it). */
+    int (*kv_layers)(const lm_model *m);
+    /* One forward of the head over b: b->tokens[i] is the token after
+     * position b->pos[i], hidden [T][D] (host) the model's final hidden
+     * state there (lm_batch.hidden_out of a forward, or an earlier call's
+     * hidden_out when chaining guesses); K/V of every token go to kv (the
+     * head's pool, same block tables as the model's). For the out rows:
+     * the guess into b->out_argmax, the head's own final hidden state into
+     * hidden_out [n_out][D] (host). Not concurrently with a forward. */
+    int (*forward)(lm_model *m, lm_kv_pool *kv, const lm_batch *b, const float *hidden, float *hidden_out,
+                   lm_err *e);
 } lm_draft;
 
 typedef struct lm_arch {

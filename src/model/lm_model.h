@@ -133,6 +133,10 @@ void lm_model_wait_argmax(lm_model *m);
  * positions, sequences, logit rows, state slots), for other entry points. */
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e);
 
+/* The model's own draft head for speculative decoding (lm_arch.h's
+ * lm_draft), NULL when it has none. */
+const struct lm_draft *lm_model_draft(const lm_model *m);
+
 /* Recurrent state per sequence: writes up to max sizes (floats per slot of
  * each state tensor) and returns how many there are (0 for attention-only). */
 int lm_model_state_spec(const lm_model *m, int64_t *floats, int max);

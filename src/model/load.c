@@ -218,6 +218,11 @@ size_t lm_model_kv_bytes_per_token(const lm_model *m) {
 
 size_t lm_model_weight_bytes(const lm_model *m) { return m->weight_bytes; }
 
+const lm_draft *lm_model_draft(const lm_model *m) {
+    const lm_draft *d = m->arch->draft;
+    return d && d->kv_layers(m) > 0 ? d : NULL;
+}
+
 int lm_model_state_spec(const lm_model *m, int64_t *floats, int max) {
     return m->arch->state_spec ? m->arch->state_spec(m, floats, max) : 0;
 }

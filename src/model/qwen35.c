@@ -729,8 +729,10 @@ int lm_qwen35_forward_hidden(lm_model *m, lm_kv_pool *kv, const lm_batch *b, flo
     return q35_run(m, kv, b, logits, hidden_out, e);
 }
 
-int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const float *hidden, float *logits,
-                          lm_err *e) {
+/* The MTP head over b (lm_qwen35_mtp_forward), its out rows' final hidden
+ * states (after mtp.norm) into hidden_out when not NULL. */
+static int mtp_run(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const float *hidden, float *logits,
+                   float *hidden_out, lm_err *e) {
     const lm_qwen35_mtp *M = lm_qwen35_mtp_head(m);
     if (!M) return lm_errf(e, "%s: the model has no MTP head", m->path);
     if (mtp_kv->n_layers < M->n_layers || mtp_kv->kv_width < m->kv_width)
@@ -757,9 +759,29 @@ int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, co
     op->matmul(be, &x, &h, &M->fc_emb, NULL);
     op->add(be, &x, &o);
     layers_run(&st, M->layers, M->n_layers, &x, &h);
-    head(m, s, &x, &M->norm, b, logits, NULL);
+    head(m, s, &x, &M->norm, b, logits, hidden_out);
     return 0;
 }
+
+int lm_qwen35_mtp_forward(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const float *hidden, float *logits,
+                          lm_err *e) {
+    return mtp_run(m, mtp_kv, b, hidden, logits, NULL, e);
+}
+
+/* ---- the draft hook (lm_arch.h): the MTP head, chained through its own
+ * hidden state beyond the first guess ---- */
+
+static int q35_draft_layers(const lm_model *m) {
+    const lm_qwen35_mtp *M = lm_qwen35_mtp_head(m);
+    return M ? M->n_layers : 0;
+}
+
+static int q35_draft_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, const float *hidden, float *hidden_out,
+                             lm_err *e) {
+    return mtp_run(m, kv, b, hidden, NULL, hidden_out, e);
+}
+
+static const lm_draft k_q35_draft = { .kv_layers = q35_draft_layers, .forward = q35_draft_forward };
 
 /* ---- state, lifetime, registration ------------------------------------------------ */
 
@@ -803,6 +825,7 @@ const lm_arch lm_arch_qwen35 = {
     .forward = q35_forward,
     .free = q35_free,
     .state_spec = q35_state_spec,
+    .draft = &k_q35_draft,
 };
 
 static bool is_q35(const lm_model *m) { return m && m->arch == &lm_arch_qwen35 && m->impl; }

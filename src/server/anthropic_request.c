@@ -387,6 +387,10 @@ static int parse_sampling(const srv *s, const json_t *body, bool counting, srv_r
     gp->repetition_penalty = 1;
     gp->stop_tokens = s->stop_ids;
     gp->n_stop_tokens = s->n_stop_ids;
+    /* speculative (lumen, as on the OpenAI routes): false opts out of --spec */
+    const json_t *sp = opt(body, "speculative");
+    if (sp && !json_is_boolean(sp)) return want(e, "speculative", "a boolean", sp);
+    gp->no_spec = sp && json_is_false(sp);
 
     const json_t *mt = opt(body, "max_tokens");
     if (!mt && !counting) return srv_bad(e, "max_tokens", "max_tokens: Field required.");

@@ -113,6 +113,36 @@ static void batch_hist_text(tbuf *b, const lm_engine_stats *es) {
             (unsigned long long)cum);
 }
 
+/* Speculative decoding (--spec): acceptance per draft position, tokens
+ * per verify step, time drafting and verifying. */
+static void spec_text(tbuf *b, const lm_engine_stats *es) {
+    counter(b, "lumen_spec_verify_steps_total", "Sequences a step fed with draft tokens to verify (--spec).",
+            es->spec_verifies);
+    counter(b, "lumen_spec_verify_tokens_total", "Tokens those verifications handed out (accepted drafts + 1 each).",
+            es->spec_verify_tokens);
+    counter(b, "lumen_spec_draft_tokens_total", "Draft tokens fed.", es->spec_drafted);
+    counter(b, "lumen_spec_accepted_tokens_total", "Draft tokens accepted.", es->spec_accepted);
+    counter(b, "lumen_spec_replayed_tokens_total",
+            "Tokens a hybrid model fed again after a rejected draft (its recurrent state was rolled back).",
+            es->spec_replayed);
+    counter(b, "lumen_spec_undrafted_steps_total",
+            "Decode steps of sequences the adaptive policy kept from drafting (it did not pay).", es->spec_off_steps);
+    const char *d = "lumen_spec_position_draft_tokens_total", *a = "lumen_spec_position_accepted_tokens_total";
+    tprintf(b, "# HELP %s Draft tokens fed at each draft position.\n# TYPE %s counter\n", d, d);
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
+        tprintf(b, "%s{position=\"%d\"} %llu\n", d, i + 1, (unsigned long long)es->spec_pos_drafted[i]);
+    tprintf(b, "# HELP %s Of those, accepted (acceptance at a position: this over the draft count).\n# TYPE %s "
+               "counter\n", a, a);
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
+        tprintf(b, "%s{position=\"%d\"} %llu\n", a, i + 1, (unsigned long long)es->spec_pos_accepted[i]);
+    tprintf(b, "# HELP lumen_spec_draft_seconds_total Time proposing drafts (lookup, the MTP head's forwards).\n"
+               "# TYPE lumen_spec_draft_seconds_total counter\nlumen_spec_draft_seconds_total %.6f\n",
+            es->spec_draft_s);
+    tprintf(b, "# HELP lumen_spec_verify_seconds_total Time in forwards of steps that verified drafts.\n"
+               "# TYPE lumen_spec_verify_seconds_total counter\nlumen_spec_verify_seconds_total %.6f\n",
+            es->spec_verify_s);
+}
+
 /* The prefix cache's disk tier: what it holds, wrote, read, and found wrong. */
 static void disk_text(tbuf *b, const lm_dc_stats *d) {
     gauge(b, "lumen_disk_cache_budget_bytes", "Bytes the disk tier may hold (--cache-disk).", (long long)d->budget);
@@ -226,6 +256,7 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     tprintf(&b, "# HELP lumen_grammar_mask_seconds_total Time spent computing token masks.\n"
                 "# TYPE lumen_grammar_mask_seconds_total counter\nlumen_grammar_mask_seconds_total %.6f\n",
             es.grammar_mask_s);
+    spec_text(&b, &es);
     batch_hist_text(&b, &es);
     cache_text(&b, &es, m->cache_ram);
     return b.p;

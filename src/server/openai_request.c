@@ -172,6 +172,11 @@ static int parse_common(const srv *s, const json_t *body, srv_req *r, srv_err *e
     if (get_bool(body, "ignore_eos", &ignore_eos, e)) return -1;
     gp->stop_tokens = s->stop_ids;
     gp->n_stop_tokens = ignore_eos ? 0 : s->n_stop_ids;
+    /* speculative (lumen): false opts this request out of speculative
+     * decoding (--spec); its tokens are the same either way */
+    bool spec = true;
+    if (get_bool(body, "speculative", &spec, e)) return -1;
+    gp->no_spec = !spec;
     if (parse_logit_bias(s, body, r, e)) return -1;
 
     const json_t *stop = field(body, "stop");

@@ -471,7 +471,7 @@ static json_t *to_chat(const srv *s, const json_t *body, const json_t *items, si
     json_t *chat = json_object();
     text_format(body, chat);
     if (check_reasoning(body, s, chat, e)) goto fail;
-    static const char *const same[] = { "model", "temperature", "top_p", "stream" };
+    static const char *const same[] = { "model", "temperature", "top_p", "stream", "speculative" };
     for (size_t i = 0; i < sizeof same / sizeof *same; i++)
         if ((v = field(body, same[i]))) json_object_set(chat, same[i], (json_t *)v);
     if ((v = field(body, "max_output_tokens"))) {

@@ -205,6 +205,15 @@ json_t *srv_trace_json(const srv *s, const srv_trace_rec *r) {
     if (tr) {
         json_object_set_new(j, "prefill_chunks", json_integer(tr->n_prefill_chunks));
         json_object_set_new(j, "decode_steps", steps_json(tr));
+        if (tr->spec_verifies) {
+            json_t *sj = json_object();
+            json_object_set_new(sj, "verify_steps", json_integer(tr->spec_verifies));
+            json_object_set_new(sj, "drafted", json_integer(tr->spec_drafted));
+            json_object_set_new(sj, "accepted", json_integer(tr->spec_accepted));
+            json_object_set_new(sj, "draft_ms", json_real(ms(tr->spec_draft_s)));
+            json_object_set_new(sj, "verify_ms", json_real(ms(tr->spec_verify_s)));
+            json_object_set_new(j, "speculation", sj);
+        }
         json_object_set_new(j, "cache", cache_json(s, r, tr));
     }
     return j;
