@@ -390,3 +390,64 @@ LM_TEST(disk_cache_prefetch_while_busy_demo) {
     lm_engine_free(en);
     dk_close(&f);
 }
+
+/* ---- a disk hit that ends inside a block ---- */
+
+/* tokens: the fixture's prompt up to `shared`, then tokens of its own (each
+ * differing from the prompt's there) up to n. */
+static void dk_fork(const dk_fix *f, int shared, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) /* shifted by 1 to 7 ids, wrapping past the vocabulary's end */
+        out[i] = i < shared ? f->prompt[i] : 3 + (f->prompt[i] - 3 + 1 + i % 7) % (f->m->cfg.vocab - 3);
+}
+
+/* A new engine on f's directory (a restart) serves ids exactly as a cold
+ * run does, want_cached of its tokens from the cache, all of them from disk. */
+static void dk_serve_after_restart(lm_test_ctx *lm_t_, dk_fix *f, const int32_t *ids, int n, int want_cached,
+                                   const char *what) {
+    int32_t cold[DK_GEN];
+    LM_REQUIRE(lm_tu_greedy_alone(f->m, ids, n, DK_GEN, cold) == 0);
+    lm_engine *en = dk_engine(lm_t_, f);
+    LM_REQUIRE(en);
+    dk_run r;
+    LM_CHECK(dk_generate(en, ids, n, &r) == 0);
+    LM_CHECK_MSG(memcmp(r.toks, cold, sizeof r.toks) == 0, "%s: the disk hit changed the tokens", what);
+    LM_CHECK_MSG(r.n_cached == want_cached && r.n_cached_disk == want_cached, "%s: %d cached, %d from disk, want %d",
+                 what, r.n_cached, r.n_cached_disk, want_cached);
+    lm_engine_free(en);
+}
+
+/* Attention: after a restart, a prompt that leaves the cached one inside a
+ * block reuses that block's shared rows from disk (copy-on-write), as a RAM
+ * hit does: diverging at 90 (block 5 of 6), being the first 90 tokens (the
+ * hit stops at 89: the last token is computed), diverging at 10 (inside
+ * the first block). Each after its own restart, so RAM holds nothing. */
+LM_TEST(disk_cache_mid_block_exact_llama) {
+    DK_OPEN_OR_SKIP(f, "llama", "dk_mid_llama");
+    dk_fill(lm_t_, &f);
+    int32_t ids[DK_N];
+    dk_fork(&f, 90, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 90, "diverging at 90");
+    dk_serve_after_restart(lm_t_, &f, f.prompt, 90, 89, "the first 90 tokens");
+    dk_fork(&f, 10, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 10, "diverging at 10");
+    dk_close(&f);
+}
+
+/* A hybrid cannot resume inside a block (its recurrent state exists only
+ * at checkpoints): after a restart, a prompt diverging at 90 from a cached
+ * 100-token turn resumes from the checkpoint at 48 (an earlier 50-token
+ * turn's end), read from disk, and gives exactly a cold run's tokens. */
+LM_TEST(disk_cache_mid_block_exact_demo_hybrid) {
+    DK_OPEN_OR_SKIP(f, "demo", "dk_mid_demo");
+    lm_engine *en = dk_engine(lm_t_, &f);
+    LM_REQUIRE(en);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, 50, &r) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_engine_free(en);
+    int32_t ids[DK_N];
+    dk_fork(&f, 90, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 48, "diverging at 90");
+    dk_serve_after_restart(lm_t_, &f, f.prompt, 90, 48, "the first 90 tokens");
+    dk_close(&f);
+}

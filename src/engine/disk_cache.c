@@ -28,11 +28,11 @@
 typedef enum { E_FREE, E_PENDING, E_READY } e_state;
 
 typedef struct dc_entry {
-    uint64_t hash;
+    uint64_t hash, parent;   /* the prefix it ends, and the one before it */
     lm_dc_kind kind;
     e_state state;
     size_t bytes;            /* file size */
-    int32_t hnext, prev, next;
+    int32_t hnext, pnext, prev, next; /* next in its hash bucket, in its parent bucket; LRU */
 } dc_entry;
 
 struct lm_disk_cache {
@@ -44,7 +44,8 @@ struct lm_disk_cache {
     int cap, n_ready;
     int32_t *free_e;         /* [cap] stack */
     int n_free;
-    int32_t *bucket;         /* [nb] */
+    int32_t *bucket;         /* [nb] by (hash, kind) */
+    int32_t *pbucket;        /* [nb] by parent: a prefix's children (a hit ending mid-block) */
     size_t nb;
     int32_t lru_head, lru_tail;
     size_t bytes;            /* of READY entries */
@@ -57,6 +58,10 @@ struct lm_disk_cache {
 
 static size_t bucket_of(const lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind) {
     return (size_t)((hash ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull) & (dc->nb - 1));
+}
+
+static size_t pbucket_of(const lm_disk_cache *dc, uint64_t parent) {
+    return (size_t)((parent * 0x9e3779b97f4a7c15ull) >> 17 & (dc->nb - 1));
 }
 
 static int32_t find(const lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind) {
@@ -83,21 +88,28 @@ static void lru_push_front(lm_disk_cache *dc, int32_t i) {
     if (dc->lru_tail < 0) dc->lru_tail = i;
 }
 
+/* Links entry i into its two buckets. */
+static void link_buckets(lm_disk_cache *dc, int32_t i) {
+    size_t b = bucket_of(dc, dc->e[i].hash, dc->e[i].kind), p = pbucket_of(dc, dc->e[i].parent);
+    dc->e[i].hnext = dc->bucket[b];
+    dc->bucket[b] = i;
+    dc->e[i].pnext = dc->pbucket[p];
+    dc->pbucket[p] = i;
+}
+
 static void rehash(lm_disk_cache *dc, size_t nb) {
     free(dc->bucket);
+    free(dc->pbucket);
     dc->nb = nb;
     dc->bucket = lm_xmalloc(nb * sizeof(int32_t));
-    for (size_t b = 0; b < nb; b++) dc->bucket[b] = -1;
-    for (int32_t i = 0; i < dc->cap; i++) {
-        if (dc->e[i].state == E_FREE) continue;
-        size_t b = bucket_of(dc, dc->e[i].hash, dc->e[i].kind);
-        dc->e[i].hnext = dc->bucket[b];
-        dc->bucket[b] = i;
-    }
+    dc->pbucket = lm_xmalloc(nb * sizeof(int32_t));
+    for (size_t b = 0; b < nb; b++) dc->bucket[b] = dc->pbucket[b] = -1;
+    for (int32_t i = 0; i < dc->cap; i++)
+        if (dc->e[i].state != E_FREE) link_buckets(dc, i);
 }
 
 /* A new entry at the LRU head (the table grows as needed). */
-static int32_t add(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, e_state state, size_t bytes) {
+static int32_t add(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, e_state state, size_t bytes) {
     if (dc->n_free == 0) {
         int old = dc->cap, cap = old ? old * 2 : 1024;
         dc->e = lm_xrealloc(dc->e, (size_t)cap * sizeof *dc->e);
@@ -110,10 +122,9 @@ static int32_t add(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, e_state st
         rehash(dc, (size_t)cap * 2);
     }
     int32_t i = dc->free_e[--dc->n_free];
-    dc->e[i] = (dc_entry){ .hash = hash, .kind = kind, .state = state, .bytes = bytes, .prev = -1, .next = -1 };
-    size_t b = bucket_of(dc, hash, kind);
-    dc->e[i].hnext = dc->bucket[b];
-    dc->bucket[b] = i;
+    dc->e[i] = (dc_entry){ .hash = hash, .parent = parent, .kind = kind, .state = state, .bytes = bytes, .prev = -1,
+                           .next = -1 };
+    link_buckets(dc, i);
     lru_push_front(dc, i);
     if (state == E_READY) dc->bytes += bytes, dc->n_ready++;
     return i;
@@ -124,6 +135,9 @@ static void drop(lm_disk_cache *dc, int32_t i) {
     int32_t *link = &dc->bucket[bucket_of(dc, x->hash, x->kind)];
     while (*link != i) link = &dc->e[*link].hnext;
     *link = x->hnext;
+    link = &dc->pbucket[pbucket_of(dc, x->parent)];
+    while (*link != i) link = &dc->e[*link].pnext;
+    *link = x->pnext;
     lru_unlink(dc, i);
     if (x->state == E_READY) dc->bytes -= x->bytes, dc->n_ready--;
     x->state = E_FREE;
@@ -174,7 +188,7 @@ static int take_lock(lm_disk_cache *dc, lm_err *e) {
     return 0;
 }
 
-typedef struct found { uint64_t hash; lm_dc_kind kind; size_t bytes; double mtime; } found;
+typedef struct found { uint64_t hash, parent; lm_dc_kind kind; size_t bytes; double mtime; } found;
 
 static int by_mtime(const void *a, const void *b) {
     double x = ((const found *)a)->mtime, y = ((const found *)b)->mtime;
@@ -212,7 +226,7 @@ static void scan_one(lm_disk_cache *dc, const char *name, found **list, int *n, 
         *cap = *cap ? *cap * 2 : 1024;
         *list = lm_xrealloc(*list, (size_t)*cap * sizeof **list);
     }
-    (*list)[(*n)++] = (found){ hash, kind, (size_t)sb.st_size, (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec };
+    (*list)[(*n)++] = (found){ hash, h.parent, kind, (size_t)sb.st_size, (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec };
 }
 
 static int rebuild(lm_disk_cache *dc, lm_err *e) {
@@ -227,7 +241,7 @@ static int rebuild(lm_disk_cache *dc, lm_err *e) {
     for (struct dirent *de; (de = readdir(d));) scan_one(dc, de->d_name, &list, &n, &cap);
     closedir(d);
     if (n) qsort(list, (size_t)n, sizeof *list, by_mtime);
-    for (int i = 0; i < n; i++) add(dc, list[i].hash, list[i].kind, E_READY, list[i].bytes);
+    for (int i = 0; i < n; i++) add(dc, list[i].hash, list[i].parent, list[i].kind, E_READY, list[i].bytes);
     free(list);
     evict_to_budget(dc);
     return 0;
@@ -269,6 +283,7 @@ void lm_dcache_close(lm_disk_cache *dc) {
     free(dc->e);
     free(dc->free_e);
     free(dc->bucket);
+    free(dc->pbucket);
     free(dc->dir);
     free(dc);
 }
@@ -322,7 +337,7 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
         lru_unlink(dc, i);
         lru_push_front(dc, i);
     } else {
-        add(dc, hash, kind, E_PENDING, 0);
+        add(dc, hash, parent, kind, E_PENDING, 0);
     }
     pthread_mutex_unlock(&dc->mu);
     if (i >= 0) return 1;
@@ -407,6 +422,46 @@ int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
     }
     pthread_mutex_unlock(&dc->mu);
     return 0;
+}
+
+int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint64_t *out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&dc->mu);
+    for (int32_t i = dc->pbucket[pbucket_of(dc, parent)]; i >= 0 && n < max; i = dc->e[i].pnext)
+        if (dc->e[i].parent == parent && dc->e[i].kind == kind && dc->e[i].state == E_READY) out[n++] = dc->e[i].hash;
+    pthread_mutex_unlock(&dc->mu);
+    return n;
+}
+
+int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, int32_t *tokens, int n_tokens) {
+    if (!lm_dcache_ready(dc, hash, kind)) return -1;
+    char name[LM_DC_NAME_MAX];
+    lm_dc_entry_name(name, hash, kind);
+    size_t tb = (size_t)n_tokens * sizeof(int32_t), n_head = sizeof(lm_dc_header) + tb;
+    uint8_t *head = lm_xmalloc(n_head);
+    int fd = openat(dc->dirfd, name, O_RDONLY | O_CLOEXEC);
+    int err = fd < 0 ? errno : lm_dc_fault(&dc->faults, LM_DC_OP_READ);
+    struct stat sb;
+    if (!err && fstat(fd, &sb) != 0) err = errno;
+    if (!err) {
+        ssize_t r = pread(fd, head, n_head, 0);
+        err = r < 0 ? errno : (size_t)r != n_head ? EBADMSG : 0;
+    }
+    if (fd >= 0) close(fd);
+    const lm_dc_header *h = (const lm_dc_header *)head;
+    int rc = -1;
+    if (err == ENOENT) { /* evicted since: a plain miss */
+    } else if (err == EBADMSG) read_failed(dc, hash, kind, "too short (torn or truncated)", true);
+    else if (err) read_failed(dc, hash, kind, strerror(err), false);
+    else if (lm_dc_header_check(h, dc->ident, (uint64_t)sb.st_size) != LM_DC_OK || h->hash != hash ||
+             h->parent != parent || h->kind != (uint32_t)kind || h->n_tokens != (uint32_t)n_tokens)
+        read_failed(dc, hash, kind, "bad header (corrupt, or another prefix's)", true);
+    else {
+        memcpy(tokens, head + sizeof *h, tb);
+        rc = 0;
+    }
+    free(head);
+    return rc;
 }
 
 void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s) {

@@ -65,6 +65,16 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
 int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
                   int n_tokens, void *data, size_t n);
 
+/* The hashes of up to max entries of kind on disk whose parent is parent
+ * (the blocks that continue a prefix); how many. */
+int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint64_t *out, int max);
+/* Reads only the header and tokens of entry (hash, kind), which must be
+ * under parent and hold n_tokens tokens, into tokens: what a hit ending
+ * inside the block compares with the prompt before the whole entry is read
+ * (lm_dcache_get checks the payload then). 0, or -1 when it is absent or
+ * fails a check (counted, logged, deleted, as by lm_dcache_get). */
+int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, int32_t *tokens, int n_tokens);
+
 /* Waits until the writer has handled every queued entry (tests, shutdown). */
 void lm_dcache_flush(lm_disk_cache *dc);
 
