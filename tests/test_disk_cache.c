@@ -113,7 +113,7 @@ LM_TEST(disk_cache_lock_refuses_second_owner) {
     lm_disk_cache *a, *b;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&a, dir, 1 << 20, k_ident, &e) == 0);
-    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == -1);
+    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == LM_DC_REFUSED);
     LM_CHECK_MSG(strstr(e.msg, "in use by another lumen process") && strstr(e.msg, dir), "%s", e.msg);
     lm_dcache_close(a);
     LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == 0); /* free again once the owner closes */
@@ -327,5 +327,63 @@ LM_TEST(disk_cache_other_version_is_foreign) {
     lm_dcache_close(dc);
     free(b);
     free(p);
+    free(dir);
+}
+
+/* A header read that fails while the index is rebuilt (EIO): that entry is
+ * counted, deleted and never served; the others are. */
+LM_TEST(disk_cache_fault_eio_scan) {
+    char *dir = lm_tu_mkdir("dc_scan");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, "scan:EIO:1:1", &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    int n, t, ok = 0;
+    size_t bytes;
+    dt_count(dir, &n, &t, &bytes);
+    for (int k = 0; k < 3; k++) ok += dt_get(dc, k) == 0;
+    LM_CHECK_MSG(st.read_errors == 1 && st.entries == 2 && n == 2 && ok == 2, "errors %llu entries %d files %d read %d",
+                 (unsigned long long)st.read_errors, st.entries, n, ok);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+/* The fault spec a server takes from LUMEN_DISK_FAULTS: each op and errno
+ * by name or number, skip and times; a malformed one refuses to open. */
+LM_TEST(disk_cache_fault_spec) {
+    char *dir = lm_tu_mkdir("dc_spec");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, "write:EIO:1:1,read:5:0:1", &e) == 0);
+    dt_put(dc, 3); /* entry 1's write fails */
+    LM_CHECK(dt_get(dc, 0) == -1 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0); /* the first read fails (EIO, 5) */
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(st.write_errors == 1 && st.read_errors == 1 && st.reads == 1, "write errors %llu read errors %llu",
+                 (unsigned long long)st.write_errors, (unsigned long long)st.read_errors);
+    lm_dcache_close(dc);
+    static const char *bad[] = { "write", "wrote:EIO", "read:EWHAT", "read:EIO:-1", "fsync:0" };
+    for (size_t i = 0; i < LM_COUNT(bad); i++) {
+        e.msg[0] = 0;
+        LM_CHECK_MSG(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, bad[i], &e) == LM_DC_REFUSED &&
+                         strstr(e.msg, "OP:ERR"),
+                     "'%s' accepted: %s", bad[i], e.msg);
+    }
+    free(dir);
+}
+
+/* A --cache-dir that is a regular file: -1 (the directory cannot be used;
+ * the engine then runs without a disk tier), not LM_DC_REFUSED. */
+LM_TEST(disk_cache_dir_is_a_file) {
+    char *dir = lm_tu_mkdir("dc_notdir"), path[1024];
+    snprintf(path, sizeof path, "%s/file", dir);
+    lm_tu_write(path, "x", 1);
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_CHECK(lm_dcache_open(&dc, path, 1 << 20, k_ident, &e) == -1 && !dc && strstr(e.msg, "Not a directory"));
     free(dir);
 }

@@ -451,3 +451,41 @@ LM_TEST(disk_cache_mid_block_exact_demo_hybrid) {
     dk_serve_after_restart(lm_t_, &f, f.prompt, 90, 48, "the first 90 tokens");
     dk_close(&f);
 }
+
+/* ---- faults under a real server (tests/data/disk_cache_faults.sh) ---- */
+
+/* One case of the script: the server starts, answers exactly, and its log
+ * and /metrics say what it discarded. A case the machine cannot run (a
+ * tmpfs mount refused, permissions as root) is a skip that says why. */
+static void dk_server_fault(lm_test_ctx *lm_t_, const char *c) {
+    if (lm_tu_run("command -v curl >/dev/null && command -v python3 >/dev/null", NULL, NULL) != 0)
+        LM_SKIP("needs curl and python3");
+    char tag[64], *work, cmd[4096], *out = NULL, *err = NULL;
+    snprintf(tag, sizeof tag, "dk_fault_%s", c);
+    work = lm_tu_mkdir(tag);
+    snprintf(cmd, sizeof cmd, "bash '%s/tests/data/disk_cache_faults.sh' '%s' '%s/models/demo' '%s' %s",
+             LUMEN_SOURCE_DIR, lm_test_lumen_bin(), LUMEN_SOURCE_DIR, work, c);
+    int rc = lm_tu_run(cmd, &out, &err);
+    free(work);
+    if (rc == 0 && out && strncmp(out, "skip: ", 6) == 0) {
+        out[strcspn(out, "\n")] = 0;
+        char why[512];
+        snprintf(why, sizeof why, "%s", out + 6);
+        free(out);
+        free(err);
+        LM_SKIP("%s", why);
+    }
+    LM_CHECK_MSG(rc == 0 && out && strncmp(out, "ok", 2) == 0, "%s: rc %d: %s %s", c, rc, out ? out : "",
+                 err ? err : "");
+    free(out);
+    free(err);
+}
+
+LM_TEST(disk_cache_server_fault_enospc_write) { dk_server_fault(lm_t_, "write"); }
+LM_TEST(disk_cache_server_fault_fsync) { dk_server_fault(lm_t_, "fsync"); }
+LM_TEST(disk_cache_server_fault_rename) { dk_server_fault(lm_t_, "rename"); }
+LM_TEST(disk_cache_server_fault_eio_read) { dk_server_fault(lm_t_, "read"); }
+LM_TEST(disk_cache_server_fault_eio_scan) { dk_server_fault(lm_t_, "scan"); }
+LM_TEST(disk_cache_server_dir_is_a_file) { dk_server_fault(lm_t_, "notdir"); }
+LM_TEST(disk_cache_server_dir_unreadable) { dk_server_fault(lm_t_, "unreadable"); }
+LM_TEST(disk_cache_server_tmpfs_fills_up) { dk_server_fault(lm_t_, "tmpfs"); }

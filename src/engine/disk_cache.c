@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,8 +178,9 @@ static int take_lock(lm_disk_cache *dc, lm_err *e) {
         ssize_t n = pread(dc->lockfd, pid, sizeof pid - 1, 0);
         pid[n > 0 ? n : 0] = 0;
         pid[strcspn(pid, "\n")] = 0;
-        return lm_errf(e, "--cache-dir %s is in use by another lumen process%s%s%s; give each server its own directory",
-                       dc->dir, *pid ? " (pid " : "", pid, *pid ? ")" : "");
+        lm_errf(e, "--cache-dir %s is in use by another lumen process%s%s%s; give each server its own directory",
+                dc->dir, *pid ? " (pid " : "", pid, *pid ? ")" : "");
+        return LM_DC_REFUSED;
     }
     /* the pid only serves the message a second process prints: failing to write it is harmless */
     char line[32];
@@ -205,11 +207,21 @@ static void scan_one(lm_disk_cache *dc, const char *name, found **list, int *n, 
     }
     if (!lm_dc_entry_parse(name, &hash, &kind)) return;
     int fd = openat(dc->dirfd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+    int err = fd < 0 ? errno : lm_dc_fault(&dc->faults, LM_DC_OP_SCAN);
     lm_dc_header h;
     struct stat sb;
-    bool got = fstat(fd, &sb) == 0 && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h;
-    close(fd);
+    if (!err && fstat(fd, &sb) != 0) err = errno;
+    ssize_t got_n = err ? 0 : pread(fd, &h, sizeof h, 0);
+    if (got_n < 0) err = errno;
+    if (fd >= 0) close(fd);
+    if (err == ENOENT) return;
+    if (err) { /* unreadable (EIO, EACCES): never served, and deleted as a bad entry is */
+        fprintf(stderr, "lumen: disk cache: %s/%s cannot be read: %s; deleted\n", dc->dir, name, strerror(err));
+        unlinkat(dc->dirfd, name, 0);
+        dc->st.read_errors++;
+        return;
+    }
+    bool got = got_n == (ssize_t)sizeof h;
     lm_dc_check c = got ? lm_dc_header_check(&h, dc->ident, (uint64_t)sb.st_size) : LM_DC_CORRUPT;
     if (c == LM_DC_OK && (h.hash != hash || h.kind != (uint32_t)kind)) c = LM_DC_CORRUPT;
     if (c == LM_DC_FOREIGN) {
@@ -250,6 +262,11 @@ static int rebuild(lm_disk_cache *dc, lm_err *e) {
 static void on_written(void *user, const lm_dc_job *job, int err);
 
 int lm_dcache_open(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2], lm_err *e) {
+    return lm_dcache_open_with_faults(out, dir, budget, ident, NULL, e);
+}
+
+int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2],
+                               const char *faults, lm_err *e) {
     *out = NULL;
     double t0 = lm_now();
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return lm_errf(e, "--cache-dir %s: %s", dir, strerror(errno));
@@ -262,11 +279,12 @@ int lm_dcache_open(lm_disk_cache **out, const char *dir, size_t budget, const ui
     pthread_mutex_init(&dc->mu, NULL);
     rehash(dc, 16);
     dc->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = dc->dirfd < 0 ? lm_errf(e, "--cache-dir %s: %s", dir, strerror(errno)) : take_lock(dc, e);
+    int rc = lm_dcache_inject_spec(dc, faults, e) ? LM_DC_REFUSED : 0;
+    if (!rc) rc = dc->dirfd < 0 ? lm_errf(e, "--cache-dir %s: %s", dir, strerror(errno)) : take_lock(dc, e);
     if (!rc) rc = rebuild(dc, e);
     if (rc) {
         lm_dcache_close(dc);
-        return -1;
+        return rc;
     }
     dc->writer = lm_dc_writer_create(dc->dirfd, WRITER_JOBS, WRITER_BYTES, &dc->faults, on_written, dc);
     dc->st.open_s = lm_now() - t0;
@@ -476,4 +494,30 @@ void lm_dcache_inject(lm_disk_cache *dc, lm_dc_op op, int err, int skip, int tim
     atomic_store(&dc->faults.err[op], err);
     atomic_store(&dc->faults.skip[op], skip);
     atomic_store(&dc->faults.times[op], times);
+}
+
+int lm_dcache_inject_spec(lm_disk_cache *dc, const char *spec, lm_err *e) {
+    static const char *const ops[LM_DC_OP_N] = { "write", "fsync", "rename", "read", "scan" };
+    static const struct { const char *name; int err; } errs[] = {
+        { "ENOSPC", ENOSPC }, { "EIO", EIO }, { "EACCES", EACCES }, { "EROFS", EROFS }, { "EDQUOT", EDQUOT },
+        { "ENOENT", ENOENT },
+    };
+    for (const char *p = spec; p && *p;) {
+        size_t len = strcspn(p, ",");
+        char item[64], op[16] = "", er[16] = "";
+        int skip = 0, times = INT_MAX, k = -1, err = 0;
+        snprintf(item, sizeof item, "%.*s", (int)LM_MIN(len, sizeof item - 1), p);
+        int n = sscanf(item, "%15[a-z]:%15[A-Z0-9]:%d:%d", op, er, &skip, &times);
+        for (int i = 0; i < LM_DC_OP_N; i++)
+            if (strcmp(op, ops[i]) == 0) k = i;
+        for (size_t i = 0; i < LM_COUNT(errs); i++)
+            if (strcmp(er, errs[i].name) == 0) err = errs[i].err;
+        if (!err && er[0] >= '0' && er[0] <= '9') err = atoi(er);
+        if (n < 2 || k < 0 || err <= 0 || skip < 0 || times < 0)
+            return lm_errf(e, "disk cache faults: '%s' is not OP:ERR[:SKIP[:TIMES]] (OP write, fsync, rename, read "
+                              "or scan; ERR ENOSPC, EIO, ... or a number)", item);
+        lm_dcache_inject(dc, (lm_dc_op)k, err, skip, times);
+        p += len + (p[len] == ',');
+    }
+    return 0;
 }

@@ -22,6 +22,7 @@
  * a path, so entries survive a restart and a moved model. */
 #include "engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +32,16 @@ static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *
 }
 
 int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e) {
-    if (lm_dcache_open(&en->dc, en->o.cache_dir, en->o.cache_disk, ident, e)) return -1;
+    int rc = lm_dcache_open_with_faults(&en->dc, en->o.cache_dir, en->o.cache_disk, ident, en->o.cache_faults, e);
+    if (rc == LM_DC_REFUSED) return -1;
+    if (rc) {
+        /* the disk tier only saves work: a directory it cannot use (not a
+         * directory, unreadable) leaves the server on its RAM cache, said
+         * loudly here and in /metrics (lumen_disk_cache_enabled 0) */
+        fprintf(stderr, "lumen: disk cache off: %s; serving with the RAM prefix cache only\n", e->msg);
+        en->st.disk_failed = true;
+        return 0;
+    }
     size_t bb = lm_kv_block_bytes(en->kv), sb = lm_kv_state_bytes(en->kv);
     en->dc_buf = lm_xmalloc(LM_MAX(bb, sb));
     lm_pcache_set_spill(en->pc, spill_cb, en);

@@ -39,9 +39,16 @@ typedef struct lm_disk_cache lm_disk_cache;
 
 /* Opens (creating it if needed) and locks dir, deletes leftover temp files,
  * rebuilds the index of entries of model identity ident (others are counted
- * and left alone), evicts down to budget, starts the writer. -1 with e
- * naming the directory and the reason (another process holds it, ...). */
+ * and left alone), evicts down to budget, starts the writer. With e naming
+ * the directory and the reason: -1 when the directory cannot be used (not a
+ * directory, unreadable, ...), LM_DC_REFUSED when another process holds it
+ * (or the fault spec is malformed): a server must not start then. */
 int lm_dcache_open(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2], lm_err *e);
+#define LM_DC_REFUSED (-2)
+/* The same with faults injected from the start (lm_dcache_inject_spec; NULL
+ * or "" for none): a test's way into a server process (LUMEN_DISK_FAULTS). */
+int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2],
+                               const char *faults, lm_err *e);
 /* Writes what is queued, stops the writer, unlocks. */
 void lm_dcache_close(lm_disk_cache *dc);
 
@@ -95,8 +102,17 @@ typedef struct lm_dc_stats {
 void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s);
 
 /* Fault injection (tests), as SQLite tests its I/O: after `skip` more
- * successful calls of op, the next `times` calls fail with errno err. */
-typedef enum lm_dc_op { LM_DC_OP_WRITE, LM_DC_OP_FSYNC, LM_DC_OP_RENAME, LM_DC_OP_READ, LM_DC_OP_N } lm_dc_op;
+ * successful calls of op, the next `times` calls fail with errno err. The
+ * ops: an entry's write(2), its fsync, its rename, an entry's read (or
+ * peek), and the header read of each file while the index is rebuilt. */
+typedef enum lm_dc_op {
+    LM_DC_OP_WRITE, LM_DC_OP_FSYNC, LM_DC_OP_RENAME, LM_DC_OP_READ, LM_DC_OP_SCAN, LM_DC_OP_N
+} lm_dc_op;
 void lm_dcache_inject(lm_disk_cache *dc, lm_dc_op op, int err, int skip, int times);
+/* The same from text: "OP:ERR[:SKIP[:TIMES]]", comma-separated, OP one of
+ * write fsync rename read scan, ERR a name (ENOSPC EIO EACCES EROFS EDQUOT
+ * ENOENT) or a number; TIMES defaults to every call. -1 with e on a
+ * malformed spec. */
+int lm_dcache_inject_spec(lm_disk_cache *dc, const char *spec, lm_err *e);
 
 #endif
