@@ -387,3 +387,24 @@ LM_TEST(disk_cache_dir_is_a_file) {
     LM_CHECK(lm_dcache_open(&dc, path, 1 << 20, k_ident, &e) == -1 && !dc && strstr(e.msg, "Not a directory"));
     free(dir);
 }
+
+/* The LRU order survives a restart for entries that were read: a read
+ * refreshes the file's time, by which the next start orders the index, so
+ * an entry read after newer ones were written outlives them. */
+LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
+    char *dir = lm_tu_mkdir("dc_lru_restart");
+    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    usleep(20000); /* file times a clear step apart */
+    LM_CHECK(dt_get(dc, 0) == 0);
+    lm_dcache_close(dc);
+    /* a budget of two: the start keeps the two most recent, 0 (read) and 2 */
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 2 * one, k_ident, &e) == 0);
+    LM_CHECK_MSG(dt_get(dc, 0) == 0 && dt_get(dc, 2) == 0 && dt_get(dc, 1) == -1, "0: %d, 1: %d, 2: %d",
+                 dt_get(dc, 0), dt_get(dc, 1), dt_get(dc, 2));
+    lm_dcache_close(dc);
+    free(dir);
+}
