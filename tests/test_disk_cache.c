@@ -1,6 +1,7 @@
 /* test_disk_cache.c - the disk tier's files on their own (lm_disk_cache.h):
  * entries survive a close and reopen; one process owns a directory; every
- * injected I/O fault (ENOSPC on write, fsync, rename, EIO on read) and every
+ * injected I/O fault (ENOSPC on write, fsync, rename, EIO on read and on
+ * the header reads at start, also from a text spec) and every
  * damaged file (bit flip, truncation, another model's, another version's,
  * a temp file left by a killed write) is detected, counted and never
  * served; the byte budget holds by counting files and bytes. */

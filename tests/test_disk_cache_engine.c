@@ -4,7 +4,11 @@
  * qwen3, gemma3 and gemma4 with sliding windows) and on the hybrids (demo,
  * qwen3.5, qwen3-next: the recurrent-state checkpoint comes from disk too), and
  * every damaged or unreadable entry, or another format's, is recomputed
- * instead of served. */
+ * instead of served. A hit that ends inside a block is exact too (an
+ * attention model copies the shared rows from disk; a hybrid resumes at
+ * its checkpoint). Under a real server (tests/data/disk_cache_faults.sh):
+ * each I/O fault, a cache directory that cannot be used, a tmpfs that
+ * fills up - the server starts, answers exactly and reports it. */
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>

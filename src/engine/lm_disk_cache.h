@@ -19,8 +19,10 @@
  * either the whole entry or a temp file, which the next start deletes.
  *
  * The index (disk_cache.c) is rebuilt from the directory at start (headers
- * read, not payloads) and kept in LRU order; files go, least recently used
- * first, when the bytes pass the budget. One process owns a directory: a
+ * read, not payloads) and kept in LRU order (at start, by file time, which
+ * a write or a read refreshes); files go, least recently used first, when
+ * the bytes pass the budget. It knows each entry's parent, so the blocks
+ * continuing a prefix can be listed (a hit ending inside a block). One process owns a directory: a
  * lock file (flock) refuses a second one with a clear error.
  *
  * Thread safety: every function may be called from any thread. */
