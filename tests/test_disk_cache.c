@@ -409,3 +409,25 @@ LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
     lm_dcache_close(dc);
     free(dir);
 }
+
+/* An entry used from RAM only (touched, never read from disk) stays recent
+ * across a restart too: the writer sets its file's time, at most once per
+ * interval (0 here). */
+LM_TEST(disk_cache_touch_keeps_entry_recent_across_restart) {
+    char *dir = lm_tu_mkdir("dc_touch_restart");
+    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    usleep(20000); /* file times a clear step apart */
+    lm_dcache_set_touch_interval(dc, 0);
+    lm_dcache_touch(dc, dt_hash(0), LM_DC_KV);
+    lm_dcache_flush(dc);
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 2 * one, k_ident, &e) == 0);
+    int g0 = dt_get(dc, 0), g1 = dt_get(dc, 1), g2 = dt_get(dc, 2);
+    LM_CHECK_MSG(g0 == 0 && g2 == 0 && g1 == -1, "0: %d, 1: %d, 2: %d", g0, g1, g2);
+    lm_dcache_close(dc);
+    free(dir);
+}

@@ -33,6 +33,7 @@ typedef struct dc_entry {
     lm_dc_kind kind;
     e_state state;
     size_t bytes;            /* file size */
+    double ftime;            /* lm_now() when its file's time was last set (written, read, touched) */
     int32_t hnext, pnext, prev, next; /* next in its hash bucket, in its parent bucket; LRU */
 } dc_entry;
 
@@ -53,7 +54,13 @@ struct lm_disk_cache {
     lm_dc_stats st;
     lm_dc_faults faults;
     lm_dc_writer *writer;
+    double touch_every_s;    /* a touch sets the file's time at most this often */
 };
+
+/* The file times carry the LRU order across a restart (the index is rebuilt
+ * in their order): a write and a read set them; an entry used from RAM is
+ * touched, and the writer sets its file's time, at most once a minute. */
+#define TOUCH_EVERY_S 60.0
 
 /* ---- the table ---- */
 
@@ -123,8 +130,8 @@ static int32_t add(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind
         rehash(dc, (size_t)cap * 2);
     }
     int32_t i = dc->free_e[--dc->n_free];
-    dc->e[i] = (dc_entry){ .hash = hash, .parent = parent, .kind = kind, .state = state, .bytes = bytes, .prev = -1,
-                           .next = -1 };
+    dc->e[i] = (dc_entry){ .hash = hash, .parent = parent, .kind = kind, .state = state, .bytes = bytes,
+                           .ftime = -1e300, .prev = -1, .next = -1 };
     link_buckets(dc, i);
     lru_push_front(dc, i);
     if (state == E_READY) dc->bytes += bytes, dc->n_ready++;
@@ -276,6 +283,7 @@ int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budg
     dc->ident[0] = ident[0], dc->ident[1] = ident[1];
     dc->lru_head = dc->lru_tail = -1;
     dc->st.budget = budget;
+    dc->touch_every_s = TOUCH_EVERY_S;
     pthread_mutex_init(&dc->mu, NULL);
     rehash(dc, 16);
     dc->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -324,6 +332,7 @@ static void on_written(void *user, const lm_dc_job *job, int err) {
     } else if (i >= 0 && dc->e[i].state == E_PENDING) {
         dc->e[i].state = E_READY;
         dc->e[i].bytes = job->blob.len;
+        dc->e[i].ftime = lm_now();
         dc->bytes += job->blob.len;
         dc->n_ready++;
         dc->st.writes++;
@@ -375,10 +384,22 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
 void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind) {
     pthread_mutex_lock(&dc->mu);
     int32_t i = find(dc, hash, kind);
+    bool stale = false;
     if (i >= 0) {
         lru_unlink(dc, i);
         lru_push_front(dc, i);
+        double now = lm_now();
+        if ((stale = dc->e[i].state == E_READY && now - dc->e[i].ftime >= dc->touch_every_s)) dc->e[i].ftime = now;
     }
+    pthread_mutex_unlock(&dc->mu);
+    /* the writer sets the file's time (no blob: a touch); a busy writer skips it */
+    lm_dc_job job = { .hash = hash, .kind = kind };
+    if (stale) (void)lm_dc_writer_push(dc->writer, &job);
+}
+
+void lm_dcache_set_touch_interval(lm_disk_cache *dc, double seconds) {
+    pthread_mutex_lock(&dc->mu);
+    dc->touch_every_s = seconds;
     pthread_mutex_unlock(&dc->mu);
 }
 
@@ -437,6 +458,7 @@ int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
     if (i >= 0) {
         lru_unlink(dc, i);
         lru_push_front(dc, i);
+        dc->e[i].ftime = lm_now(); /* the read set the file's time */
     }
     pthread_mutex_unlock(&dc->mu);
     return 0;

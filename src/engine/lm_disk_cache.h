@@ -59,8 +59,12 @@ bool lm_dcache_has(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 /* Whether the entry is on disk (readable by lm_dcache_get). */
 bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 
-/* Makes the entry (if indexed) the most recently used. */
+/* Makes the entry (if indexed) the most recently used; and, at most once a
+ * minute per entry, has the writer set its file's time, so that the order
+ * survives a restart for entries used from RAM only. */
 void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+/* Tests: how often a touch may set an entry's file time (default 60 s). */
+void lm_dcache_set_touch_interval(lm_disk_cache *dc, double seconds);
 
 /* Queues an entry: n_tokens tokens and n data bytes, both copied. 0: queued;
  * 1: already on disk or queued (its LRU position refreshed); -1: dropped
