@@ -389,6 +389,20 @@ LM_TEST(disk_cache_dir_is_a_file) {
     free(dir);
 }
 
+/* Puts entries [0, n) with file times a clear step apart (the kernel's
+ * file clock is coarse: entries written in one tick would tie). */
+static void dt_put_spaced(lm_disk_cache *dc, int n) {
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    for (int k = 0; k < n; k++) {
+        usleep(20000);
+        dt_entry(k, toks, data);
+        lm_dcache_put(dc, dt_hash(k), k ? dt_hash(k - 1) : 1, LM_DC_KV, toks, DT_BS, data, DT_DATA);
+        lm_dcache_flush(dc);
+    }
+    usleep(20000);
+}
+
 /* The LRU order survives a restart for entries that were read: a read
  * refreshes the file's time, by which the next start orders the index, so
  * an entry read after newer ones were written outlives them. */
@@ -398,8 +412,7 @@ LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
-    dt_put(dc, 3);
-    usleep(20000); /* file times a clear step apart */
+    dt_put_spaced(dc, 3);
     LM_CHECK(dt_get(dc, 0) == 0);
     lm_dcache_close(dc);
     /* a budget of two: the start keeps the two most recent, 0 (read) and 2 */
@@ -419,8 +432,7 @@ LM_TEST(disk_cache_touch_keeps_entry_recent_across_restart) {
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
-    dt_put(dc, 3);
-    usleep(20000); /* file times a clear step apart */
+    dt_put_spaced(dc, 3);
     lm_dcache_set_touch_interval(dc, 0);
     lm_dcache_touch(dc, dt_hash(0), LM_DC_KV);
     lm_dcache_flush(dc);
