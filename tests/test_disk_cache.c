@@ -1,6 +1,7 @@
 /* test_disk_cache.c - the disk tier's files on their own (lm_disk_cache.h):
  * entries survive a close and reopen; one process owns a directory; every
- * injected I/O fault (ENOSPC on write, fsync, rename, EIO on read) and every
+ * injected I/O fault (ENOSPC on write, fsync, rename, EIO on read and on
+ * the header reads at start, also from a text spec) and every
  * damaged file (bit flip, truncation, another model's, another version's,
  * a temp file left by a killed write) is detected, counted and never
  * served; the byte budget holds by counting files and bytes. */
@@ -113,7 +114,7 @@ LM_TEST(disk_cache_lock_refuses_second_owner) {
     lm_disk_cache *a, *b;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&a, dir, 1 << 20, k_ident, &e) == 0);
-    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == -1);
+    LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == LM_DC_REFUSED);
     LM_CHECK_MSG(strstr(e.msg, "in use by another lumen process") && strstr(e.msg, dir), "%s", e.msg);
     lm_dcache_close(a);
     LM_CHECK(lm_dcache_open(&b, dir, 1 << 20, k_ident, &e) == 0); /* free again once the owner closes */
@@ -327,5 +328,118 @@ LM_TEST(disk_cache_other_version_is_foreign) {
     lm_dcache_close(dc);
     free(b);
     free(p);
+    free(dir);
+}
+
+/* A header read that fails while the index is rebuilt (EIO): that entry is
+ * counted, deleted and never served; the others are. */
+LM_TEST(disk_cache_fault_eio_scan) {
+    char *dir = lm_tu_mkdir("dc_scan");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put(dc, 3);
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, "scan:EIO:1:1", &e) == 0);
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    int n, t, ok = 0;
+    size_t bytes;
+    dt_count(dir, &n, &t, &bytes);
+    for (int k = 0; k < 3; k++) ok += dt_get(dc, k) == 0;
+    LM_CHECK_MSG(st.read_errors == 1 && st.entries == 2 && n == 2 && ok == 2, "errors %llu entries %d files %d read %d",
+                 (unsigned long long)st.read_errors, st.entries, n, ok);
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+/* The fault spec a server takes from LUMEN_DISK_FAULTS: each op and errno
+ * by name or number, skip and times; a malformed one refuses to open. */
+LM_TEST(disk_cache_fault_spec) {
+    char *dir = lm_tu_mkdir("dc_spec");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, "write:EIO:1:1,read:5:0:1", &e) == 0);
+    dt_put(dc, 3); /* entry 1's write fails */
+    LM_CHECK(dt_get(dc, 0) == -1 && dt_get(dc, 1) == -1 && dt_get(dc, 2) == 0); /* the first read fails (EIO, 5) */
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(st.write_errors == 1 && st.read_errors == 1 && st.reads == 1, "write errors %llu read errors %llu",
+                 (unsigned long long)st.write_errors, (unsigned long long)st.read_errors);
+    lm_dcache_close(dc);
+    static const char *bad[] = { "write", "wrote:EIO", "read:EWHAT", "read:EIO:-1", "fsync:0" };
+    for (size_t i = 0; i < LM_COUNT(bad); i++) {
+        e.msg[0] = 0;
+        LM_CHECK_MSG(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, bad[i], &e) == LM_DC_REFUSED &&
+                         strstr(e.msg, "OP:ERR"),
+                     "'%s' accepted: %s", bad[i], e.msg);
+    }
+    free(dir);
+}
+
+/* A --cache-dir that is a regular file: -1 (the directory cannot be used;
+ * the engine then runs without a disk tier), not LM_DC_REFUSED. */
+LM_TEST(disk_cache_dir_is_a_file) {
+    char *dir = lm_tu_mkdir("dc_notdir"), path[1024];
+    snprintf(path, sizeof path, "%s/file", dir);
+    lm_tu_write(path, "x", 1);
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_CHECK(lm_dcache_open(&dc, path, 1 << 20, k_ident, &e) == -1 && !dc && strstr(e.msg, "Not a directory"));
+    free(dir);
+}
+
+/* Puts entries [0, n) with file times a clear step apart (the kernel's
+ * file clock is coarse: entries written in one tick would tie). */
+static void dt_put_spaced(lm_disk_cache *dc, int n) {
+    int32_t toks[DT_BS];
+    uint8_t data[DT_DATA];
+    for (int k = 0; k < n; k++) {
+        usleep(20000);
+        dt_entry(k, toks, data);
+        lm_dcache_put(dc, dt_hash(k), k ? dt_hash(k - 1) : 1, LM_DC_KV, toks, DT_BS, data, DT_DATA);
+        lm_dcache_flush(dc);
+    }
+    usleep(20000);
+}
+
+/* The LRU order survives a restart for entries that were read: a read
+ * refreshes the file's time, by which the next start orders the index, so
+ * an entry read after newer ones were written outlives them. */
+LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
+    char *dir = lm_tu_mkdir("dc_lru_restart");
+    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
+    dt_put_spaced(dc, 3);
+    LM_CHECK(dt_get(dc, 0) == 0);
+    lm_dcache_close(dc);
+    /* a budget of two: the start keeps the two most recent, 0 (read) and 2 */
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 2 * one, k_ident, &e) == 0);
+    LM_CHECK_MSG(dt_get(dc, 0) == 0 && dt_get(dc, 2) == 0 && dt_get(dc, 1) == -1, "0: %d, 1: %d, 2: %d",
+                 dt_get(dc, 0), dt_get(dc, 1), dt_get(dc, 2));
+    lm_dcache_close(dc);
+    free(dir);
+}
+
+/* An entry used from RAM only (touched, never read from disk) stays recent
+ * across a restart too: the writer sets its file's time, at most once per
+ * interval (0 here). */
+LM_TEST(disk_cache_touch_keeps_entry_recent_across_restart) {
+    char *dir = lm_tu_mkdir("dc_touch_restart");
+    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
+    dt_put_spaced(dc, 3);
+    lm_dcache_set_touch_interval(dc, 0);
+    lm_dcache_touch(dc, dt_hash(0), LM_DC_KV);
+    lm_dcache_flush(dc);
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 2 * one, k_ident, &e) == 0);
+    int g0 = dt_get(dc, 0), g1 = dt_get(dc, 1), g2 = dt_get(dc, 2);
+    LM_CHECK_MSG(g0 == 0 && g2 == 0 && g1 == -1, "0: %d, 1: %d, 2: %d", g0, g1, g2);
+    lm_dcache_close(dc);
     free(dir);
 }

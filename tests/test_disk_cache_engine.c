@@ -4,7 +4,11 @@
  * qwen3, gemma3 and gemma4 with sliding windows) and on the hybrids (demo,
  * qwen3.5, qwen3-next: the recurrent-state checkpoint comes from disk too), and
  * every damaged or unreadable entry, or another format's, is recomputed
- * instead of served. */
+ * instead of served. A hit that ends inside a block is exact too (an
+ * attention model copies the shared rows from disk; a hybrid resumes at
+ * its checkpoint). Under a real server (tests/data/disk_cache_faults.sh):
+ * each I/O fault, a cache directory that cannot be used, a tmpfs that
+ * fills up - the server starts, answers exactly and reports it. */
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -390,3 +394,102 @@ LM_TEST(disk_cache_prefetch_while_busy_demo) {
     lm_engine_free(en);
     dk_close(&f);
 }
+
+/* ---- a disk hit that ends inside a block ---- */
+
+/* tokens: the fixture's prompt up to `shared`, then tokens of its own (each
+ * differing from the prompt's there) up to n. */
+static void dk_fork(const dk_fix *f, int shared, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) /* shifted by 1 to 7 ids, wrapping past the vocabulary's end */
+        out[i] = i < shared ? f->prompt[i] : 3 + (f->prompt[i] - 3 + 1 + i % 7) % (f->m->cfg.vocab - 3);
+}
+
+/* A new engine on f's directory (a restart) serves ids exactly as a cold
+ * run does, want_cached of its tokens from the cache, all of them from disk. */
+static void dk_serve_after_restart(lm_test_ctx *lm_t_, dk_fix *f, const int32_t *ids, int n, int want_cached,
+                                   const char *what) {
+    int32_t cold[DK_GEN];
+    LM_REQUIRE(lm_tu_greedy_alone(f->m, ids, n, DK_GEN, cold) == 0);
+    lm_engine *en = dk_engine(lm_t_, f);
+    LM_REQUIRE(en);
+    dk_run r;
+    LM_CHECK(dk_generate(en, ids, n, &r) == 0);
+    LM_CHECK_MSG(memcmp(r.toks, cold, sizeof r.toks) == 0, "%s: the disk hit changed the tokens", what);
+    LM_CHECK_MSG(r.n_cached == want_cached && r.n_cached_disk == want_cached, "%s: %d cached, %d from disk, want %d",
+                 what, r.n_cached, r.n_cached_disk, want_cached);
+    lm_engine_free(en);
+}
+
+/* Attention: after a restart, a prompt that leaves the cached one inside a
+ * block reuses that block's shared rows from disk (copy-on-write), as a RAM
+ * hit does: diverging at 90 (block 5 of 6), being the first 90 tokens (the
+ * hit stops at 89: the last token is computed), diverging at 10 (inside
+ * the first block). Each after its own restart, so RAM holds nothing. */
+LM_TEST(disk_cache_mid_block_exact_llama) {
+    DK_OPEN_OR_SKIP(f, "llama", "dk_mid_llama");
+    dk_fill(lm_t_, &f);
+    int32_t ids[DK_N];
+    dk_fork(&f, 90, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 90, "diverging at 90");
+    dk_serve_after_restart(lm_t_, &f, f.prompt, 90, 89, "the first 90 tokens");
+    dk_fork(&f, 10, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 10, "diverging at 10");
+    dk_close(&f);
+}
+
+/* A hybrid cannot resume inside a block (its recurrent state exists only
+ * at checkpoints): after a restart, a prompt diverging at 90 from a cached
+ * 100-token turn resumes from the checkpoint at 48 (an earlier 50-token
+ * turn's end), read from disk, and gives exactly a cold run's tokens. */
+LM_TEST(disk_cache_mid_block_exact_demo_hybrid) {
+    DK_OPEN_OR_SKIP(f, "demo", "dk_mid_demo");
+    lm_engine *en = dk_engine(lm_t_, &f);
+    LM_REQUIRE(en);
+    dk_run r;
+    LM_CHECK(dk_generate(en, f.prompt, 50, &r) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_engine_free(en);
+    int32_t ids[DK_N];
+    dk_fork(&f, 90, DK_N, ids);
+    dk_serve_after_restart(lm_t_, &f, ids, DK_N, 48, "diverging at 90");
+    dk_serve_after_restart(lm_t_, &f, f.prompt, 90, 48, "the first 90 tokens");
+    dk_close(&f);
+}
+
+/* ---- faults under a real server (tests/data/disk_cache_faults.sh) ---- */
+
+/* One case of the script: the server starts, answers exactly, and its log
+ * and /metrics say what it discarded. A case the machine cannot run (a
+ * tmpfs mount refused, permissions as root) is a skip that says why. */
+static void dk_server_fault(lm_test_ctx *lm_t_, const char *c) {
+    if (lm_tu_run("command -v curl >/dev/null && command -v python3 >/dev/null", NULL, NULL) != 0)
+        LM_SKIP("needs curl and python3");
+    char tag[64], *work, cmd[4096], *out = NULL, *err = NULL;
+    snprintf(tag, sizeof tag, "dk_fault_%s", c);
+    work = lm_tu_mkdir(tag);
+    snprintf(cmd, sizeof cmd, "bash '%s/tests/data/disk_cache_faults.sh' '%s' '%s/models/demo' '%s' %s",
+             LUMEN_SOURCE_DIR, lm_test_lumen_bin(), LUMEN_SOURCE_DIR, work, c);
+    int rc = lm_tu_run(cmd, &out, &err);
+    free(work);
+    if (rc == 0 && out && strncmp(out, "skip: ", 6) == 0) {
+        out[strcspn(out, "\n")] = 0;
+        char why[512];
+        snprintf(why, sizeof why, "%s", out + 6);
+        free(out);
+        free(err);
+        LM_SKIP("%s", why);
+    }
+    LM_CHECK_MSG(rc == 0 && out && strncmp(out, "ok", 2) == 0, "%s: rc %d: %s %s", c, rc, out ? out : "",
+                 err ? err : "");
+    free(out);
+    free(err);
+}
+
+LM_TEST(disk_cache_server_fault_enospc_write) { dk_server_fault(lm_t_, "write"); }
+LM_TEST(disk_cache_server_fault_fsync) { dk_server_fault(lm_t_, "fsync"); }
+LM_TEST(disk_cache_server_fault_rename) { dk_server_fault(lm_t_, "rename"); }
+LM_TEST(disk_cache_server_fault_eio_read) { dk_server_fault(lm_t_, "read"); }
+LM_TEST(disk_cache_server_fault_eio_scan) { dk_server_fault(lm_t_, "scan"); }
+LM_TEST(disk_cache_server_dir_is_a_file) { dk_server_fault(lm_t_, "notdir"); }
+LM_TEST(disk_cache_server_dir_unreadable) { dk_server_fault(lm_t_, "unreadable"); }
+LM_TEST(disk_cache_server_tmpfs_fills_up) { dk_server_fault(lm_t_, "tmpfs"); }

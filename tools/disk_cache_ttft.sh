@@ -4,6 +4,7 @@
 # same run (docs/benchmarks.md).
 #
 #   tools/disk_cache_ttft.sh [--bin build/release/lumen] [--model models/demo] [--tokens 4000] [--no-cold2]
+#                            [--drop-caches] [--dd-mib 1024] [--work DIR]
 #
 # Run 1 (empty --cache-dir): prompt A cold, then A again (RAM hit). The
 # server is stopped (SIGTERM) and started again on the same directory.
@@ -15,8 +16,15 @@
 # model whose max_position_embeddings is below --tokens + 16 is served as a
 # copy (links to its files) with that raised, as tools/cachebench does: the
 # tokens are random anyway; this measures time.
+#
+# --drop-caches drops the page cache (/proc/sys/vm/drop_caches, as root)
+# before the restart, so that the disk hit reads the disk, not memory; the
+# restore rate (bytes of the entries read over the trace's disk-read time)
+# is printed beside the disk's sequential read rate measured in the same
+# run: dd of a --dd-mib file in the cache's filesystem, read with
+# iflag=direct (0 leaves it out). --work puts the cache on another disk.
 set -euo pipefail
-bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1
+bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1 drop=0 dd_mib=1024 base=
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -24,10 +32,13 @@ while [ $# -gt 0 ]; do
     --tokens) tokens=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --no-cold2) cold2=0; shift ;;
+    --drop-caches) drop=1; shift ;;
+    --dd-mib) dd_mib=$2; shift 2 ;;
+    --work) base=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-work=$(mktemp -d)
+work=$(mktemp -d ${base:+-p "$base"})
 trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 prompt() { python3 -c "import json,random;r=random.Random($1);print(json.dumps({'prompt':[r.randrange(3,4000) for _ in range($tokens)],'max_tokens':1,'temperature':0}))"; }
 ctx=$((tokens + 16))
@@ -54,17 +65,39 @@ start() {
 }
 ask() { # label file
   curl -sf "localhost:$port/v1/completions" -H 'content-type: application/json' -d @"$2" >/dev/null
-  python3 - "$1" "$work/trace.jsonl" <<'EOF'
-import json, sys
+  python3 - "$1" "$work/trace.jsonl" "$work/cache" <<'EOF'
+import json, os, sys
 t = json.loads(open(sys.argv[2]).read().splitlines()[-1])
-print(f"{sys.argv[1]:<22} ttft {t['ms']['ttft']:9.1f} ms  prompt {t['n_prompt']}  cached {t['n_cached']}"
-      f"  from disk {t.get('n_cached_disk', 0)}  disk reads {t['ms'].get('cache_disk_read', 0):.1f} ms")
+disk, read_ms = t.get('n_cached_disk', 0), t['ms'].get('cache_disk_read', 0)
+line = (f"{sys.argv[1]:<22} ttft {t['ms']['ttft']:9.1f} ms  prompt {t['n_prompt']}  cached {t['n_cached']}"
+        f"  from disk {disk}  disk reads {read_ms:.1f} ms")
+if disk and read_ms > 0:
+    # what a disk hit reads: its KV blocks and (a hybrid) one state checkpoint
+    sizes = {}
+    for f in os.listdir(sys.argv[3]):
+        if f.endswith(('.kv', '.st')): sizes[f[-2:]] = os.path.getsize(os.path.join(sys.argv[3], f))
+    b = (disk + 15) // 16 * sizes.get('kv', 0) + sizes.get('st', 0)
+    line += f"  restore {b / 2**20:.1f} MiB at {b / 2**20 / (read_ms / 1e3):.0f} MiB/s"
+print(line)
 EOF
+}
+seqread() { # the disk's sequential read rate, in the cache's filesystem
+  [ "$dd_mib" -gt 0 ] || return 0
+  dd if=/dev/urandom of="$work/dd.bin" bs=1M count="$dd_mib" status=none
+  sync
+  echo "disk sequential read ($dd_mib MiB, dd iflag=direct bs=4M): $(dd if="$work/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -n 1)"
+  rm -f "$work/dd.bin"
 }
 start
 ask "cold (run 1)" "$work/a.json"
 ask "RAM hit (run 1)" "$work/a.json"
 kill -TERM $pid; wait $pid || true
+seqread
+if [ "$drop" = 1 ]; then
+  sync
+  if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then echo "page cache dropped before the restart"
+  else echo "could not drop the page cache: the disk hit may read memory"; fi
+fi
 start
 ask "disk hit after restart" "$work/a.json"
 [ "$cold2" = 1 ] && ask "cold (run 2)" "$work/b.json"

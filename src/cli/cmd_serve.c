@@ -154,6 +154,8 @@ int lm_cmd_serve(int argc, char **argv) {
     so.max_body = (size_t)o.max_body_mb << 20;
     so.log_requests = !o.quiet;
     if (!so.api_key && (so.api_key = getenv("LUMEN_API_KEY")) && !*so.api_key) so.api_key = NULL;
+    /* tests only: I/O faults for the disk tier (lm_dcache_inject_spec), e.g. "write:ENOSPC" */
+    so.engine.cache_faults = getenv("LUMEN_DISK_FAULTS");
     const bool cache_set = so.engine.cache_ram != SIZE_MAX;
     if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
     if (!cache_set) so.engine.cache_ram = default_cache_ram();

@@ -152,6 +152,10 @@ int lm_dc_entry_read(int dirfd, const char *name, uint8_t *head, size_t n_head, 
             if (iov[i].iov_len == 0) i++;
         }
     }
+    /* a read makes the file recent: the index rebuilt at the next start
+     * orders the LRU by modification time (best effort: a read-only
+     * directory still serves) */
+    if (!err && futimens(fd, NULL) != 0) {}
     close(fd);
     return err;
 }

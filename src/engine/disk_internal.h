@@ -65,7 +65,7 @@ bool lm_dc_payload_ok(const uint8_t *head, size_t n_head, const void *data, size
 typedef struct lm_dc_job {
     uint64_t hash;
     lm_dc_kind kind;
-    lm_dc_blob blob;
+    lm_dc_blob blob;         /* buf NULL: a touch - only the file's time is set, done is not called */
 } lm_dc_job;
 
 typedef struct lm_dc_writer lm_dc_writer;

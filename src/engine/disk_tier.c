@@ -22,7 +22,9 @@
  * a path, so entries survive a restart and a moved model. */
 #include "engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block, int32_t ckpt) {
     lm_engine *en = user;
@@ -30,7 +32,16 @@ static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *
 }
 
 int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e) {
-    if (lm_dcache_open(&en->dc, en->o.cache_dir, en->o.cache_disk, ident, e)) return -1;
+    int rc = lm_dcache_open_with_faults(&en->dc, en->o.cache_dir, en->o.cache_disk, ident, en->o.cache_faults, e);
+    if (rc == LM_DC_REFUSED) return -1;
+    if (rc) {
+        /* the disk tier only saves work: a directory it cannot use (not a
+         * directory, unreadable) leaves the server on its RAM cache, said
+         * loudly here and in /metrics (lumen_disk_cache_enabled 0) */
+        fprintf(stderr, "lumen: disk cache off: %s; serving with the RAM prefix cache only\n", e->msg);
+        en->st.disk_failed = true;
+        return 0;
+    }
     size_t bb = lm_kv_block_bytes(en->kv), sb = lm_kv_state_bytes(en->kv);
     en->dc_buf = lm_xmalloc(LM_MAX(bb, sb));
     lm_pcache_set_spill(en->pc, spill_cb, en);
@@ -110,6 +121,45 @@ static bool load_state(lm_engine *en, const lm_request *r, int k) {
     return true;
 }
 
+#define MAX_CHILDREN 16 /* disk blocks continuing one prefix that a mid-block hit compares */
+#define BLOCK_MAX 64    /* tokens of a block, at most (the engine's are 16) */
+
+/* An attention model whose prompt leaves the cached chain inside block k
+ * (its first k blocks cached, the k-th not): the block on disk under the
+ * same parent that shares the most leading tokens with the prompt, into
+ * the pool and the RAM cache (pinned), whose lookup then copies those rows
+ * (copy-on-write), as it does for a block held in RAM. Only the tokens are
+ * read to compare; the chosen entry is then read and checked whole. */
+static bool load_partial(lm_engine *en, const lm_request *r, int k) {
+    const int limit = r->n_prompt - 1; /* the last prompt token is always computed */
+    const int avail = LM_MIN(en->bs, limit - k * en->bs);
+    if (avail <= 0) return false;
+    uint64_t parent = k ? r->hashes[k - 1] : lm_pcache_seed(en->pc), kids[MAX_CHILDREN], best_hash = 0;
+    int n = lm_dcache_children(en->dc, parent, LM_DC_KV, kids, MAX_CHILDREN), best = 0;
+    int32_t toks[BLOCK_MAX], best_toks[BLOCK_MAX];
+    LM_ASSERT(en->bs <= BLOCK_MAX);
+    const int32_t *want = r->tokens + (size_t)k * en->bs;
+    for (int c = 0; c < n; c++) {
+        if (lm_pcache_has(en->pc, kids[c])) continue; /* the RAM lookup sees it already */
+        if (lm_dcache_peek(en->dc, kids[c], parent, LM_DC_KV, toks, en->bs) != 0) continue;
+        int l = 0;
+        while (l < avail && toks[l] == want[l]) l++;
+        if (l > best) best = l, best_hash = kids[c], memcpy(best_toks, toks, (size_t)en->bs * sizeof *toks);
+    }
+    if (best == 0 || !lm_pcache_make_room(en->pc, 1)) return false;
+    int32_t b = lm_kv_block_take(en->kv);
+    if (b < 0) return false;
+    bool ok = lm_dcache_get(en->dc, best_hash, parent, LM_DC_KV, best_toks, en->bs, en->dc_buf,
+                            lm_kv_block_bytes(en->kv)) == 0;
+    if (ok) {
+        lm_kv_block_write(en->kv, b, en->dc_buf);
+        ok = lm_pcache_insert(en->pc, best_hash, parent, best_toks, b) == 0;
+    }
+    lm_kv_block_unref(en->kv, b);
+    if (ok) lm_pcache_pin(en->pc, best_hash);
+    return ok;
+}
+
 bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit *ram) {
     const int m = ram->kv_blocks;
     /* a hybrid resumes from a checkpoint <= n - 1; attention copies up to the last full block */
@@ -119,12 +169,15 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
     int target = end;
     if (en->stateful)
         while (target > ram->n_blocks && !lm_dcache_ready(en->dc, r->hashes[target - 1], LM_DC_STATE)) target--;
-    if (target <= (en->stateful ? ram->n_blocks : m)) return false;
+    /* attention: past the last full block the prompt shares, part of the next */
+    bool partial = !en->stateful && end * en->bs < r->n_prompt - 1;
+    if (target <= (en->stateful ? ram->n_blocks : m) && !partial) return false;
     for (int i = ram->n_blocks; i < m; i++) lm_pcache_pin(en->pc, r->hashes[i]); /* the RAM part stays */
     int loaded = m;
+    if (target - m > 1) lm_dcache_willneed(en->dc, r->hashes + m, target - m, LM_DC_KV);
     while (loaded < target && load_block(en, r, loaded)) loaded++;
     touch_chain(en, r, 0, loaded);
-    if (!en->stateful) return loaded > m;
+    if (!en->stateful) return (loaded == end && partial && load_partial(en, r, loaded)) || loaded > m;
     for (int k = loaded; k > ram->n_blocks; k--)
         if (lm_dcache_ready(en->dc, r->hashes[k - 1], LM_DC_STATE) && load_state(en, r, k)) return true;
     return loaded > m;

@@ -5,11 +5,14 @@
  * takes them in order, writes each atomically and reports the result. The
  * fsyncs are what makes a write slow, and they happen here, off the step;
  * the directory's is shared by a batch (when the ring empties, or every
- * DIR_SYNC_EVERY entries). */
+ * DIR_SYNC_EVERY entries). A job without a blob is a touch: the writer
+ * sets that file's time (the LRU order a restart reads). */
 #include "disk_internal.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define DIR_SYNC_EVERY 64 /* entries renamed between directory fsyncs, at most */
@@ -40,10 +43,14 @@ static void *writer_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
         char name[LM_DC_NAME_MAX];
         lm_dc_entry_name(name, job.hash, job.kind);
-        int err = lm_dc_entry_write(w->dirfd, name, &job.blob, w->faults);
-        w->done(w->user, &job, err);
-        free(job.blob.buf);
-        unsynced += !err;
+        if (job.blob.buf) {
+            int err = lm_dc_entry_write(w->dirfd, name, &job.blob, w->faults);
+            w->done(w->user, &job, err);
+            free(job.blob.buf);
+            unsynced += !err;
+        } else if (utimensat(w->dirfd, name, NULL, 0) != 0) {
+            /* a touch of a file evicted meanwhile: nothing to keep recent */
+        }
         pthread_mutex_lock(&w->mu);
         if (unsynced && (w->n == 1 || unsynced >= DIR_SYNC_EVERY)) {
             /* the renames reach the disk: one directory fsync for a batch of entries */
@@ -80,8 +87,10 @@ lm_dc_writer *lm_dc_writer_create(int dirfd, int max_jobs, size_t max_bytes, lm_
 
 bool lm_dc_writer_push(lm_dc_writer *w, lm_dc_job *job) {
     pthread_mutex_lock(&w->mu);
-    /* one entry larger than max_bytes still goes through an empty ring */
-    bool room = w->n < w->max_jobs && (w->n == 0 || w->bytes + job->blob.len <= w->max_bytes);
+    /* one entry larger than max_bytes still goes through an empty ring; a
+     * touch (no blob) only into a ring at most half full: entries first */
+    bool room = w->n < (job->blob.buf ? w->max_jobs : w->max_jobs / 2) &&
+                (w->n == 0 || w->bytes + job->blob.len <= w->max_bytes);
     if (room) {
         w->ring[(w->head + w->n) % w->max_jobs] = *job;
         w->n++;

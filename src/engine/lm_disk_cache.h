@@ -19,8 +19,10 @@
  * either the whole entry or a temp file, which the next start deletes.
  *
  * The index (disk_cache.c) is rebuilt from the directory at start (headers
- * read, not payloads) and kept in LRU order; files go, least recently used
- * first, when the bytes pass the budget. One process owns a directory: a
+ * read, not payloads) and kept in LRU order (at start, by file time, which
+ * a write or a read refreshes); files go, least recently used first, when
+ * the bytes pass the budget. It knows each entry's parent, so the blocks
+ * continuing a prefix can be listed (a hit ending inside a block). One process owns a directory: a
  * lock file (flock) refuses a second one with a clear error.
  *
  * Thread safety: every function may be called from any thread. */
@@ -39,9 +41,16 @@ typedef struct lm_disk_cache lm_disk_cache;
 
 /* Opens (creating it if needed) and locks dir, deletes leftover temp files,
  * rebuilds the index of entries of model identity ident (others are counted
- * and left alone), evicts down to budget, starts the writer. -1 with e
- * naming the directory and the reason (another process holds it, ...). */
+ * and left alone), evicts down to budget, starts the writer. With e naming
+ * the directory and the reason: -1 when the directory cannot be used (not a
+ * directory, unreadable, ...), LM_DC_REFUSED when another process holds it
+ * (or the fault spec is malformed): a server must not start then. */
 int lm_dcache_open(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2], lm_err *e);
+#define LM_DC_REFUSED (-2)
+/* The same with faults injected from the start (lm_dcache_inject_spec; NULL
+ * or "" for none): a test's way into a server process (LUMEN_DISK_FAULTS). */
+int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budget, const uint64_t ident[2],
+                               const char *faults, lm_err *e);
 /* Writes what is queued, stops the writer, unlocks. */
 void lm_dcache_close(lm_disk_cache *dc);
 
@@ -50,8 +59,12 @@ bool lm_dcache_has(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 /* Whether the entry is on disk (readable by lm_dcache_get). */
 bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 
-/* Makes the entry (if indexed) the most recently used. */
+/* Makes the entry (if indexed) the most recently used; and, at most once a
+ * minute per entry, has the writer set its file's time, so that the order
+ * survives a restart for entries used from RAM only. */
 void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
+/* Tests: how often a touch may set an entry's file time (default 60 s). */
+void lm_dcache_set_touch_interval(lm_disk_cache *dc, double seconds);
 
 /* Queues an entry: n_tokens tokens and n data bytes, both copied. 0: queued;
  * 1: already on disk or queued (its LRU position refreshed); -1: dropped
@@ -64,6 +77,23 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
  * (counted, logged, and the file deleted). */
 int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
                   int n_tokens, void *data, size_t n);
+
+/* The hashes of up to max entries of kind on disk whose parent is parent
+ * (the blocks that continue a prefix); how many. */
+int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint64_t *out, int max);
+/* Reads only the header and tokens of entry (hash, kind), which must be
+ * under parent and hold n_tokens tokens, into tokens: what a hit ending
+ * inside the block compares with the prompt before the whole entry is read
+ * (lm_dcache_get checks the payload then). 0, or -1 when it is absent or
+ * fails a check (counted, logged, deleted, as by lm_dcache_get). */
+int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, int32_t *tokens, int n_tokens);
+
+/* Asks the kernel to start reading the n entries (hash[i], kind) now, all
+ * at once (POSIX_FADV_WILLNEED), so that the lm_dcache_get calls that
+ * follow one by one find them in memory instead of each waiting for its
+ * own read: a restore of thousands of small files is bound by the disk's
+ * latency, not its bandwidth. Absent files are skipped. */
+void lm_dcache_willneed(lm_disk_cache *dc, const uint64_t *hash, int n, lm_dc_kind kind);
 
 /* Waits until the writer has handled every queued entry (tests, shutdown). */
 void lm_dcache_flush(lm_disk_cache *dc);
@@ -85,8 +115,17 @@ typedef struct lm_dc_stats {
 void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s);
 
 /* Fault injection (tests), as SQLite tests its I/O: after `skip` more
- * successful calls of op, the next `times` calls fail with errno err. */
-typedef enum lm_dc_op { LM_DC_OP_WRITE, LM_DC_OP_FSYNC, LM_DC_OP_RENAME, LM_DC_OP_READ, LM_DC_OP_N } lm_dc_op;
+ * successful calls of op, the next `times` calls fail with errno err. The
+ * ops: an entry's write(2), its fsync, its rename, an entry's read (or
+ * peek), and the header read of each file while the index is rebuilt. */
+typedef enum lm_dc_op {
+    LM_DC_OP_WRITE, LM_DC_OP_FSYNC, LM_DC_OP_RENAME, LM_DC_OP_READ, LM_DC_OP_SCAN, LM_DC_OP_N
+} lm_dc_op;
 void lm_dcache_inject(lm_disk_cache *dc, lm_dc_op op, int err, int skip, int times);
+/* The same from text: "OP:ERR[:SKIP[:TIMES]]", comma-separated, OP one of
+ * write fsync rename read scan, ERR a name (ENOSPC EIO EACCES EROFS EDQUOT
+ * ENOENT) or a number; TIMES defaults to every call. -1 with e on a
+ * malformed spec. */
+int lm_dcache_inject_spec(lm_disk_cache *dc, const char *spec, lm_err *e);
 
 #endif

@@ -173,6 +173,8 @@ typedef struct lm_engine_opts {
                             * and read back across restarts; NULL = none. Needs
                             * cache_ram > 0 (entries come back through it). */
     size_t cache_disk;     /* bytes of entries the directory may hold */
+    const char *cache_faults; /* tests only: faults injected into the disk tier's
+                               * I/O (lm_dcache_inject_spec); NULL = none */
     int warmup;       /* one forward of the largest batch at creation, so that
                        * every activation and workspace buffer is allocated
                        * before the first request (a GPU that cannot hold them
@@ -221,6 +223,7 @@ typedef struct lm_engine_stats {
     size_t cache_bytes;            /* bytes the cache holds (<= cache_ram) */
     uint64_t cache_disk_hit_tokens; /* of cache_hit_tokens, those read from the disk tier */
     bool disk_on;                  /* a disk tier exists: disk holds its figures */
+    bool disk_failed;              /* cache_dir was given but could not be used: no disk tier */
     lm_dc_stats disk;
     double disk_identity_s;        /* hashing the model's identity at start took this */
     bool disk_identity_sampled;    /* its weights were sampled, not hashed whole */

@@ -71,6 +71,8 @@ int lm_pcache_checkpoint(lm_prefix_cache *pc, uint64_t hash, int32_t slot);
 int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash);
 /* Frees the checkpoint on entry `hash`, if any. */
 void lm_pcache_drop_checkpoint(lm_prefix_cache *pc, uint64_t hash);
+/* Whether entry `hash` is cached. */
+bool lm_pcache_has(const lm_prefix_cache *pc, uint64_t hash);
 /* The state slot of entry `hash`'s checkpoint, or -1. */
 int32_t lm_pcache_ckpt_of(const lm_prefix_cache *pc, uint64_t hash);
 /* Pins entry `hash` (if cached) until lm_pcache_unpin, like a lookup's hit. */

@@ -378,6 +378,8 @@ int32_t lm_pcache_checkpoint_slot(lm_prefix_cache *pc, uint64_t hash) {
     return ckpt_reserve(pc, i);
 }
 
+bool lm_pcache_has(const lm_prefix_cache *pc, uint64_t hash) { return find(pc, hash) >= 0; }
+
 int32_t lm_pcache_ckpt_of(const lm_prefix_cache *pc, uint64_t hash) {
     int32_t i = find(pc, hash);
     return i >= 0 ? pc->e[i].ckpt : -1;

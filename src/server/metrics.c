@@ -202,6 +202,11 @@ static void cache_text(tbuf *b, const lm_engine_stats *es, size_t budget) {
                "lumen_prefix_cache_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
             (unsigned long long)(es->cache_hit_tokens - es->cache_disk_hit_tokens),
             (unsigned long long)es->cache_disk_hit_tokens);
+    if (es->disk_on || es->disk_failed)
+        gauge(b, "lumen_disk_cache_enabled",
+              "1: the prefix cache's disk tier (--cache-dir) is in use; 0: it was asked for but its directory could not "
+              "be used (the log says why) and only the RAM cache serves.",
+              es->disk_on);
     if (es->disk_on) disk_text(b, &es->disk);
 }
 
