@@ -17,6 +17,7 @@
 #include "lm_test.h"
 
 #include "backend/lm_backend.h"
+#include "test_util.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -77,16 +78,10 @@ typedef struct dt_batch {
 static void dt_batch_make(dt_batch *d, int S, const int *n, const int *pos0, const int *slot) {
     memset(d, 0, sizeof *d);
     d->S = S;
-    int used[8] = { 0 };
-    for (bool more = true; more;) {
-        more = false;
-        for (int s = 0; s < S; s++)
-            if (used[s] < n[s]) {
-                d->pos[d->T] = pos0[s] + used[s]++;
-                d->seq[d->T++] = s;
-                more = true;
-            }
-    }
+    int total = 0;
+    for (int s = 0; s < S; s++) total += n[s];
+    LM_ASSERT(S <= 8 && total <= 1024);
+    d->T = lm_tu_round_robin(S, n, pos0, d->pos, d->seq);
     for (int s = 0; s < S; s++) d->slot[s] = slot[s];
     d->b = (lm_attn_batch){ .n_tokens = d->T, .pos = d->pos, .seq = d->seq, .n_seqs = S, .state_slot = d->slot };
 }

@@ -29,6 +29,7 @@
 #include "backend/lm_dtype.h"
 #include "engine/lm_kv_cache.h"
 #include "model/lm_blocks.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -108,20 +109,10 @@ static float *ca_read(lm_backend *be, const void *src, size_t n) {
     return p;
 }
 
-/* max |got - ref| / max(|ref|, floor); NaN anywhere counts as infinite. */
-static double ca_err(const float *got, const float *ref, size_t n, double floor) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]) / fmax(fabs((double)ref[i]), floor);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-    }
-    return m;
-}
-
-/* Reads n floats at p[0] / p[1] from each backend and returns ca_err. */
+/* Reads n floats at p[0] / p[1] from each backend and returns lm_tu_rel_err. */
 static double ca_cmp(const ca_be *be, void *const p[2], size_t n, double floor) {
     float *ref = ca_read(be->b[0], p[0], n), *got = ca_read(be->b[1], p[1], n);
-    double e = ca_err(got, ref, n, floor);
+    double e = lm_tu_rel_err(got, ref, n, floor);
     free(ref);
     free(got);
     return e;
@@ -143,17 +134,7 @@ static ca_batch ca_batch_make(int S, const int *n, const int *pos0) {
     for (int s = 0; s < S; s++) d.T += n[s];
     d.pos = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
     d.seq = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
-    int used[16] = { 0 }, t = 0;
-    LM_ASSERT(S <= 16);
-    for (bool more = true; more;) {
-        more = false;
-        for (int s = 0; s < S; s++)
-            if (used[s] < n[s]) {
-                d.pos[t] = pos0[s] + used[s]++;
-                d.seq[t++] = s;
-                more = true;
-            }
-    }
+    lm_tu_round_robin(S, n, pos0, d.pos, d.seq);
     return d;
 }
 

@@ -139,16 +139,6 @@ static float *cd_read(lm_backend *be, const void *src, size_t n) {
     return p;
 }
 
-/* max |got - ref| / max(|ref|, 1); NaN anywhere counts as infinite. */
-static double cd_err(const float *got, const float *ref, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]) / fmax(fabs((double)ref[i]), 1.0);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-    }
-    return m;
-}
-
 /* Tokens of S sequences dealt round-robin: sequence s has n[s] tokens from
  * position pos0[s]. */
 typedef struct cd_batch {
@@ -161,17 +151,7 @@ static cd_batch cd_batch_make(int S, const int *n, const int *pos0) {
     for (int s = 0; s < S; s++) d.T += n[s];
     d.pos = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
     d.seq = malloc((size_t)LM_MAX(d.T, 1) * sizeof(int32_t));
-    int used[16] = { 0 }, t = 0;
-    LM_ASSERT(S <= 16);
-    for (bool more = true; more;) {
-        more = false;
-        for (int s = 0; s < S; s++)
-            if (used[s] < n[s]) {
-                d.pos[t] = pos0[s] + used[s]++;
-                d.seq[t++] = s;
-                more = true;
-            }
-    }
+    lm_tu_round_robin(S, n, pos0, d.pos, d.seq);
     return d;
 }
 
@@ -251,7 +231,7 @@ static void cd_delta_call(lm_test_ctx *lm_t_, const cd_be *be, cd_state *ps, cd_
     }
     for (int b = 1; b < CD_NB; b++) {
         if (!o[b]) continue;
-        const double eo = cd_err(o[b], o[0], (size_t)T * O), es = cd_err(st[b], st[0], nst);
+        const double eo = lm_tu_rel_err(o[b], o[0], (size_t)T * O, 1.0), es = lm_tu_rel_err(st[b], st[0], nst, 1.0);
         printf("  %s, %s GPU: out %.2g, state %.2g\n", what, b == 1 ? "default" : "all-chunked", eo, es);
         LM_CHECK_MSG(eo <= 1e-4 && es <= 1e-4, "%s (%s GPU): out err %.3g, state err %.3g", what,
                      b == 1 ? "default" : "all-chunked", eo, es);
@@ -431,7 +411,7 @@ LM_TEST(cuda_conv_token_parallel) {
                 st[b] = cd_read(bk, ps.st[b], nst);
                 lm_tensor_release(bk, &x), lm_tensor_release(bk, &w), lm_tensor_release(bk, &yt);
             }
-            const double ey = cd_err(y[1], y[0], (size_t)d.T * C), es = cd_err(st[1], st[0], nst);
+            const double ey = lm_tu_rel_err(y[1], y[0], (size_t)d.T * C, 1.0), es = lm_tu_rel_err(st[1], st[0], nst, 1.0);
             printf("  K %d call %d: y %.2g, window %.2g\n", K, call + 1, ey, es);
             LM_CHECK_MSG(ey <= 1e-5 && es <= 1e-5, "conv K %d call %d: y err %.3g, window err %.3g", K, call + 1, ey,
                          es);

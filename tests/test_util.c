@@ -239,3 +239,26 @@ double lm_tu_top2_margin(const float *x, int n) {
         if (i != a && x[i] > s) s = x[i];
     return (double)x[a] - s;
 }
+
+double lm_tu_rel_err(const float *got, const float *ref, size_t n, double floor) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]) / fmax(fabs((double)ref[i]), floor);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+int lm_tu_round_robin(int S, const int *n, const int *pos0, int32_t *pos, int32_t *seq) {
+    int t = 0;
+    for (int i = 0, more = 1; more; i++) {
+        more = 0;
+        for (int s = 0; s < S; s++)
+            if (i < n[s]) {
+                pos[t] = pos0[s] + i;
+                seq[t++] = s;
+                more = 1;
+            }
+    }
+    return t;
+}

@@ -20,6 +20,14 @@ char *lm_tu_mkdir(const char *tag);
 /* How far the largest of x[0..n) stands above the second largest: a greedy
  * pick closer than a known error to its runner-up may flip. */
 double lm_tu_top2_margin(const float *x, int n);
+/* max |got - ref| / max(|ref|, floor) over n values; NaN anywhere counts as
+ * infinite. */
+double lm_tu_rel_err(const float *got, const float *ref, size_t n, double floor);
+/* The tokens of S sequences dealt round-robin (so sequences interleave in a
+ * batch): sequence s has n[s] tokens from position pos0[s]. Writes each
+ * token's position and sequence into pos and seq (room for the sum of n)
+ * and returns the token count. */
+int lm_tu_round_robin(int S, const int *n, const int *pos0, int32_t *pos, int32_t *seq);
 
 /* Model-level tests run on the backend LUMEN_TEST_DEVICE names: "cuda" runs
  * them on the GPU (the device machine runs the suite both ways), anything
