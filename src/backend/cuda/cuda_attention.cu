@@ -47,10 +47,11 @@
  * relative. Shared memory: (64*DP + 32*(DP+1) + 32*DP) floats, 131 KB at
  * Dh = 256 (opted in above 48 KB).
  *
- * KV formats other than f32 (lm_kv_type.h): the decode kernel and the
- * CUDA-core tiled kernel have a second instantiation (GEN) that decodes
- * each K/V value from the cache's own rows as it loads them
- * (att_kv_span, att_kv_at); the tensor-core kernel reads f32 only. A
+ * KV formats other than f32 (lm_kv_type.h): the decode kernel has an
+ * instantiation per format (att_kv_raw: rows loaded as they lie, widened
+ * where used), the CUDA-core tiled kernel a second one (GEN) that decodes
+ * each K/V value as it loads it (att_kv_span, att_kv_at); the tensor-core
+ * kernel reads f32 and bf16 (K and V alike). A
  * rotated K (Q4R) is met by rotating q into scratch first; a rotated V
  * by un-rotating the output after (cuda_kv_format.cu). */
 #include "cuda_attention.h"
@@ -425,7 +426,7 @@ __device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
     return x;
 }
 
-template <int DPL, int GM, bool GEN>
+template <int DPL, int GM, int KT, int VT>
 __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 1) att_decode_kernel(att_args a) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
@@ -466,27 +467,22 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
     static_assert((NP & (NP - 1)) == 0 && NP <= 32, "pairs a lane: a power of two up to the warp");
     const int pi = lane >> SH, own_h = pi / KB, own_b = pi % KB; /* this lane's pair */
     float m_own = -INFINITY, l_own = 0.0f;
-    auto load = [&](int j0, float (&kx)[KB][DPL], float (&vx)[KB][DPL]) {
+    /* R groups of raw rows in flight (att_kv_raw): the f32 rows' registers
+     * allow one, the narrower formats' two, so that about as many bytes
+     * wait on memory per warp */
+    using RK = att_kv_raw<KT, DPL>;
+    using RV = att_kv_raw<VT, DPL>;
+    constexpr int R = KT == LM_KV_F32 && VT == LM_KV_F32 ? 1 : 2;
+    auto load = [&](int j0, RK (&kr)[KB], RV (&vr)[KB]) {
 #pragma unroll
         for (int b = 0; b < KB; b++) {
             const int j = min(j0 + b, k_hi); /* past k_hi: a valid row, masked below */
             const int64_t row = (int64_t)table[j / a.bs] * a.bs + j % a.bs;
-            if (GEN) {
-                att_kv_span<DPL>(a.kt, a.kl, a.k_rb, a.k_cb, row, goff, kx[b]);
-                att_kv_span<DPL>(a.vt, a.vl, a.v_rb, a.v_cb, row, goff, vx[b]);
-                continue;
-            }
-            const int64_t o = row * a.kv_ld + goff;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) kx[b][d] = a.kl[o + d], vx[b][d] = a.vl[o + d];
+            kr[b].load(a.kt, a.kl, a.k_rb, a.k_cb, row, goff);
+            vr[b].load(a.vt, a.vl, a.v_rb, a.v_cb, row, goff);
         }
     };
-    float kx[KB][DPL], vx[KB][DPL];
-    constexpr int STEP = ATT_DEC_WARPS * KB;
-    if (k_lo + warp * KB <= k_hi) load(k_lo + warp * KB, kx, vx);
-    for (int j0 = k_lo + warp * KB; j0 <= k_hi; j0 += STEP) {
-        float kn[KB][DPL] = {}, vn[KB][DPL] = {};
-        if (j0 + STEP <= k_hi) load(j0 + STEP, kn, vn);
+    auto keys = [&](int j0, const float (&kx)[KB][DPL], const float (&vx)[KB][DPL]) {
         float sc[NP];
 #pragma unroll
         for (int i = 0; i < GM; i++)
@@ -524,10 +520,26 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
                 for (int d = 0; d < DPL; d++) acc[i][d] += p * vx[b][d];
             }
         }
+    };
+    constexpr int STEP = ATT_DEC_WARPS * KB;
+    RK kr[R][KB];
+    RV vr[R][KB];
 #pragma unroll
-        for (int b = 0; b < KB; b++)
+    for (int r = 0; r < R; r++)
+        if (k_lo + warp * KB + r * STEP <= k_hi) load(k_lo + warp * KB + r * STEP, kr[r], vr[r]);
+    /* group j: widen ring slot r (the wait for its loads is here), refill
+     * the slot with group j + R STEP, then score group j */
+    for (int j0 = k_lo + warp * KB; j0 <= k_hi; j0 += R * STEP) {
 #pragma unroll
-            for (int d = 0; d < DPL; d++) kx[b][d] = kn[b][d], vx[b][d] = vn[b][d];
+        for (int r = 0; r < R; r++) {
+            const int j = j0 + r * STEP;
+            if (j > k_hi) break;
+            float kx[KB][DPL], vx[KB][DPL];
+#pragma unroll
+            for (int b = 0; b < KB; b++) kr[r][b].widen(kx[b]), vr[r][b].widen(vx[b]);
+            if (j + R * STEP <= k_hi) load(j + R * STEP, kr[r], vr[r]);
+            keys(j, kx, vx);
+        }
     }
     /* merge the warps: head i's m and l from the first lane of its pairs */
 #pragma unroll
@@ -565,23 +577,30 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
 }
 
 /* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
-template <int DPL, int GM, bool GEN>
+template <int DPL, int GM, int KT, int VT>
 static void att_decode_launch_as(lm_cuda *c, dim3 grid, att_args *a) {
     a->n_sub = (a->gsz + GM - 1) / GM;
     grid.y *= (unsigned)a->n_sub;
     if (c->fused && a->n_splits > 1 && (int64_t)grid.x * grid.y <= LM_CUDA_COUNTERS - 1) a->cnt = c->counters + 1;
     const size_t smem = (size_t)ATT_DEC_WARPS * LM_MIN(a->gsz, GM) * DPL * 32 * sizeof(float);
     if (smem > 48 * 1024)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM, GEN>,
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_decode_kernel<DPL, GM, KT, VT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM, GEN>, grid, ATT_DEC_WARPS * 32, smem, *a);
+    lm_cuda_launch_pdl(c, att_decode_kernel<DPL, GM, KT, VT>, grid, ATT_DEC_WARPS * 32, smem, *a);
     LM_CUDA_LAUNCHED("att_decode_kernel");
 }
 
+/* The formats of one type for K and V, and K8V4 (q4r reads as q4), have
+ * kernels of their own; other mixes take the run-time switch. */
 template <int DPL, int GM>
 static void att_decode_launch(lm_cuda *c, dim3 grid, att_args *a) {
-    if (a->kt == LM_KV_F32 && a->vt == LM_KV_F32) att_decode_launch_as<DPL, GM, false>(c, grid, a);
-    else att_decode_launch_as<DPL, GM, true>(c, grid, a);
+    const int kt = a->kt == LM_KV_Q4R ? LM_KV_Q4 : a->kt, vt = a->vt == LM_KV_Q4R ? LM_KV_Q4 : a->vt;
+    if (kt == LM_KV_F32 && vt == LM_KV_F32) att_decode_launch_as<DPL, GM, LM_KV_F32, LM_KV_F32>(c, grid, a);
+    else if (kt == LM_KV_BF16 && vt == LM_KV_BF16) att_decode_launch_as<DPL, GM, LM_KV_BF16, LM_KV_BF16>(c, grid, a);
+    else if (kt == LM_KV_Q8 && vt == LM_KV_Q8) att_decode_launch_as<DPL, GM, LM_KV_Q8, LM_KV_Q8>(c, grid, a);
+    else if (kt == LM_KV_Q4 && vt == LM_KV_Q4) att_decode_launch_as<DPL, GM, LM_KV_Q4, LM_KV_Q4>(c, grid, a);
+    else if (kt == LM_KV_Q8 && vt == LM_KV_Q4) att_decode_launch_as<DPL, GM, LM_KV_Q8, LM_KV_Q4>(c, grid, a);
+    else att_decode_launch_as<DPL, GM, ATT_KV_ANY, ATT_KV_ANY>(c, grid, a);
 }
 
 /* Few query tokens per sequence (decode, short drafts): one block per token.
@@ -598,12 +617,12 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     int max_range = 1;
     for (int t = 0; t < T; t++)
         max_range = LM_MAX(max_range, p->window > 0 ? LM_MIN(b->pos[t] + 1, p->window) : b->pos[t] + 1);
-    /* splits: about two blocks per SM, each split at least ATT_DEC_MIN_KEYS
+    /* splits: about att_blocks_sm (2) blocks per SM, each split at least ATT_DEC_MIN_KEYS
      * keys of the range rounded up to a power of two (so that the launch, and
      * a CUDA graph of the step, changes at doublings, not every few tokens) */
     int range2 = 1;
     while (range2 < max_range) range2 *= 2;
-    const int64_t base = (int64_t)T * Hkv, target = 2 * (int64_t)LM_MAX(c->n_sms, 1);
+    const int64_t base = (int64_t)T * Hkv, target = (int64_t)c->att_blocks_sm * LM_MAX(c->n_sms, 1);
     int ns = (int)LM_MAX((int64_t)1, (target + base - 1) / base);
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (range2 + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
@@ -657,8 +676,8 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
         return;
     }
     /* query rows a block: the tensor-core kernel's 64 or 128, else 64 */
-    const bool f32 = kv->k_type == LM_KV_F32 && kv->v_type == LM_KV_F32;
-    const int tc_rows = f32 ? lm_att_tc_rows(c, Dh, q->cols, w, q->data, kv->k[layer], kv->v[layer]) : 0;
+    const bool tc_kv = kv->k_type == kv->v_type && (kv->k_type == LM_KV_F32 || kv->k_type == LM_KV_BF16);
+    const int tc_rows = tc_kv ? lm_att_tc_rows(c, Dh, q->cols, w, q->data, kv->k[layer], kv->v[layer]) : 0;
     const int rows = tc_rows ? tc_rows : ATT_ROWS;
     const int gsz = H / Hkv, hb = LM_MIN(gsz, rows), n_sub = (gsz + hb - 1) / hb, tpb = rows / hb;
 

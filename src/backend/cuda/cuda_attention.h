@@ -87,6 +87,71 @@ __device__ __forceinline__ void att_kv_span(int t, const void *base, int64_t rb,
     }
 }
 
+/* A lane's N consecutive values (from c, inside one scale group) of a row in
+ * format KT as they lie in memory, and their widening to f32 apart from the
+ * load. The decode kernel loads keys ahead of their use: widening at the
+ * load would wait on it there and serialise the loads; a raw word waits
+ * only where it is widened. KT = LM_KV_Q4 also reads LM_KV_Q4R rows (the
+ * rotation is undone outside). ATT_KV_ANY: the format is known only at run
+ * time (rare K/V mixes), widened at the load by att_kv_span. */
+#define ATT_KV_ANY (-1)
+template <int KT, int N> struct att_kv_raw {
+    static constexpr int BYTES = KT == LM_KV_F32 ? 4 * N : KT == LM_KV_BF16 ? 2 * N : KT == LM_KV_Q8 ? N : N / 2;
+    static constexpr int NW = BYTES < 4 ? 1 : BYTES / 4;
+    unsigned w[NW];
+    unsigned short s; /* the group's f16 scale (q8, q4) */
+
+    /* rows and c put every load on a multiple of its size: rows are padded
+     * to 16 bytes (f32 and bf16 rows are whole heads), c a multiple of N */
+    __device__ __forceinline__ void load(int, const void *base, int64_t rb, int64_t cb, int64_t row, int64_t c) {
+        const unsigned char *r = (const unsigned char *)base + row * rb, *p = r + c * BYTES / N;
+        if constexpr (BYTES >= 16) {
+#pragma unroll
+            for (int i = 0; i < BYTES / 16; i++) {
+                const uint4 v = ((const uint4 *)p)[i];
+                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+            }
+        } else if constexpr (BYTES == 8) {
+            const uint2 v = *(const uint2 *)p;
+            w[0] = v.x, w[1] = v.y;
+        } else if constexpr (BYTES == 4) {
+            w[0] = *(const unsigned *)p;
+        } else if constexpr (BYTES == 2) {
+            w[0] = *(const unsigned short *)p;
+        } else {
+            w[0] = *p;
+        }
+        if constexpr (KT == LM_KV_Q8 || KT == LM_KV_Q4) s = ((const unsigned short *)(r + cb))[c / 32];
+    }
+    /* the same products as att_kv_span: results equal bit for bit */
+    __device__ __forceinline__ void widen(float (&y)[N]) const {
+        if constexpr (KT == LM_KV_F32) {
+#pragma unroll
+            for (int i = 0; i < N; i++) y[i] = __uint_as_float(w[i]);
+        } else if constexpr (KT == LM_KV_BF16) {
+#pragma unroll
+            for (int i = 0; i < N; i++) y[i] = __uint_as_float(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
+        } else {
+            const float d = __half2float(__ushort_as_half(s));
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                if constexpr (KT == LM_KV_Q8) y[i] = d * (float)(signed char)(w[i / 4] >> (8 * (i % 4)));
+                else y[i] = d * (float)((int)((w[i / 8] >> (4 * (i % 8))) & 15u) - 8);
+            }
+        }
+    }
+};
+template <int N> struct att_kv_raw<ATT_KV_ANY, N> {
+    float y[N];
+    __device__ __forceinline__ void load(int t, const void *base, int64_t rb, int64_t cb, int64_t row, int64_t c) {
+        att_kv_span<N>(t, base, rb, cb, row, c, y);
+    }
+    __device__ __forceinline__ void widen(float (&o)[N]) const {
+#pragma unroll
+        for (int i = 0; i < N; i++) o[i] = y[i];
+    }
+};
+
 /* cuda_kv_format.cu: kv_write into rows of non-f32 formats (d staged for
  * the T tokens), and the rotation of LM_KV_Q4R on activation rows: y = R x
  * (or R^T x when inverse) per rot-wide piece of the first cols columns. */
@@ -123,8 +188,8 @@ __device__ __forceinline__ void att_tile_split(const att_args &a, int4 tile, int
  * the CUDA-core kernel's (to ~1e-6). lm_att_tc_rows: the query rows a block
  * takes (64 or 128; the host cuts its tiles so), or 0 where the kernel does
  * not apply: tensor cores off or absent, a head wider than 256, or rows that
- * 16-byte loads cannot read. lm_att_tc_launch then runs it on a grid of
- * tiles cut so. */
+ * 16-byte loads cannot read. K and V in f32, or both in bf16. lm_att_tc_launch
+ * then runs it on a grid of tiles cut so. */
 int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
                    const void *vl);
 void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);

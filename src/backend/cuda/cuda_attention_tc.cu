@@ -10,6 +10,8 @@
  * l and accumulator rescaled, then O += P V.
  *
  * Both products are mma.sync m16n8k8 on TF32 operands with f32 accumulation.
+ * A bf16 cache (B16) is widened as its rows come in; a bf16 value is TF32
+ * exactly, so K and V then go to the tensor cores unsplit (two products).
  * TF32 keeps 10 of f32's 23 mantissa bits, so each operand x is split as
  * big = tf32(x), small = x - big (to ~2^-22 of x as the tensor cores read
  * it) and a product taken as small*big + big*small + big*big (small*small,
@@ -73,6 +75,26 @@ __device__ __forceinline__ void att_tc_mma3(float *d, const uint32_t *ab, const 
     att_tc_mma(d, ab, bb);
 }
 
+/* A B operand (K, V): split as above, or when it was a bf16 (B16) taken
+ * whole: 8 significant bits fit TF32's 11, its small part is zero. */
+template <bool B16> __device__ __forceinline__ void att_tc_operand(float x, uint32_t &big, uint32_t &small) {
+    if (B16) big = __float_as_uint(x), small = 0;
+    else att_tc_split(x, big, small);
+}
+
+/* d += A B, B's small part skipped when it is zero (B16): the sum is the
+ * three-product one's bit for bit, as its middle product adds zeros. */
+template <bool B16>
+__device__ __forceinline__ void att_tc_mma_b(float *d, const uint32_t *ab, const uint32_t *as, const uint32_t *bb,
+                                             const uint32_t *bs) {
+    if (B16) {
+        att_tc_mma(d, as, bb);
+        att_tc_mma(d, ab, bb);
+    } else {
+        att_tc_mma3(d, ab, as, bb, bs);
+    }
+}
+
 /* 16 bytes global -> shared, zeros when !ok (then nothing is read; base,
  * a valid global address, stands in for src). */
 __device__ __forceinline__ void att_tc_cp16(float *dst, const float *src, const float *base, bool ok) {
@@ -95,7 +117,7 @@ __device__ __forceinline__ float att_tc_sum4(float x) {
  * MT m16 tiles of rows a warp (ROWS = 64 MT rows a block): with two, each
  * K and V fragment loaded and split serves two mma, not one.
  * grid (tiles, Hkv * n_sub, n_splits). */
-template <int DP, int BK, int MT>
+template <int DP, int BK, int MT, bool B16>
 __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     constexpr int SP = DP + 4, NT = BK / 8, ND = DP / 8, ROWS = ATT_TC_WARPS * 16 * MT;
     extern __shared__ float4 att_tc_smem4[];
@@ -148,6 +170,18 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
             const int jj = i / (DP / 4), c4 = 4 * (i % (DP / 4)), j = j0 + jj;
             const bool ok = j <= k_hi && c4 < a.Dh;
             const int64_t kr = ok ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : 0;
+            if (B16) { /* widened on the way: 8 bytes a row piece, zeros past the range */
+                att_kv_raw<LM_KV_BF16, 4> rk, rv;
+                float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;
+                if (ok) {
+                    rk.load(0, a.kl, a.k_rb, 0, kr, goff + c4), rv.load(0, a.vl, a.v_rb, 0, kr, goff + c4);
+                    float y[4];
+                    rk.widen(y), kx = make_float4(y[0], y[1], y[2], y[3]);
+                    rv.widen(y), vx = make_float4(y[0], y[1], y[2], y[3]);
+                }
+                *(float4 *)(sK + jj * SP + c4) = kx, *(float4 *)(sV + jj * SP + c4) = vx;
+                continue;
+            }
             const int64_t off = kr * a.kv_ld + goff + c4;
             att_tc_cp16(sK + jj * SP + c4, a.kl + off, a.kl, ok);
             att_tc_cp16(sV + jj * SP + c4, a.vl + off, a.vl, ok);
@@ -176,10 +210,10 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 uint32_t kb[2], ks[2];
-                att_tc_split(sK[(n * 8 + g) * SP + kk + t], kb[0], ks[0]);
-                att_tc_split(sK[(n * 8 + g) * SP + kk + t + 4], kb[1], ks[1]);
+                att_tc_operand<B16>(sK[(n * 8 + g) * SP + kk + t], kb[0], ks[0]);
+                att_tc_operand<B16>(sK[(n * 8 + g) * SP + kk + t + 4], kb[1], ks[1]);
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) att_tc_mma3(s[mt][n], qb[mt], qs[mt], kb, ks);
+                for (int mt = 0; mt < MT; mt++) att_tc_mma_b<B16>(s[mt][n], qb[mt], qs[mt], kb, ks);
             }
         }
 
@@ -238,10 +272,10 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
 #pragma unroll
             for (int d = 0; d < ND; d++) {
                 uint32_t vb[2], vs[2];
-                att_tc_split(v0[d * 8], vb[0], vs[0]);
-                att_tc_split(v1[d * 8], vb[1], vs[1]);
+                att_tc_operand<B16>(v0[d * 8], vb[0], vs[0]);
+                att_tc_operand<B16>(v1[d * 8], vb[1], vs[1]);
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) att_tc_mma3(o[mt][d], pb[mt], pq[mt], vb, vs);
+                for (int mt = 0; mt < MT; mt++) att_tc_mma_b<B16>(o[mt][d], pb[mt], pq[mt], vb, vs);
             }
         }
     }
@@ -273,15 +307,15 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
         }
 }
 
-template <int DP, int BK, int MT>
+template <int DP, int BK, int MT, bool B16>
 static void att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     const size_t smem = (size_t)(ATT_TC_WARPS * 16 * MT + 2 * BK) * (DP + 4) * sizeof(float);
     static bool opted; /* per instantiation; the limit is a property of the kernel */
     if (!opted)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_tc_kernel<DP, BK, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        LM_CUDA_CHECK(cudaFuncSetAttribute(att_tc_kernel<DP, BK, MT, B16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
     opted = true;
-    lm_cuda_launch(c, att_tc_kernel<DP, BK, MT>, grid, ATT_TC_THREADS, smem, *a);
+    lm_cuda_launch(c, att_tc_kernel<DP, BK, MT, B16>, grid, ATT_TC_THREADS, smem, *a);
     LM_CUDA_LAUNCHED("att_tc_kernel");
 }
 
@@ -297,7 +331,9 @@ int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const 
 
 void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     /* the row counts lm_att_tc_rows promised: 128 up to 128 wide, else 64 */
-    if (a->Dh <= 64) att_tc_launch<64, 64, 2>(c, grid, a);
-    else if (a->Dh <= 128) att_tc_launch<128, 32, 2>(c, grid, a);
-    else att_tc_launch<256, 32, 1>(c, grid, a);
+    const bool b16 = a->kt == LM_KV_BF16; /* lm_att_tc_rows: then V too */
+    if (a->Dh <= 64) b16 ? att_tc_launch<64, 64, 2, true>(c, grid, a) : att_tc_launch<64, 64, 2, false>(c, grid, a);
+    else if (a->Dh <= 128)
+        b16 ? att_tc_launch<128, 32, 2, true>(c, grid, a) : att_tc_launch<128, 32, 2, false>(c, grid, a);
+    else b16 ? att_tc_launch<256, 32, 1, true>(c, grid, a) : att_tc_launch<256, 32, 1, false>(c, grid, a);
 }
