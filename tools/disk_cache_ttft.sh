@@ -4,7 +4,8 @@
 # same run (docs/benchmarks.md).
 #
 #   tools/disk_cache_ttft.sh [--bin build/release/lumen] [--model models/demo] [--tokens 4000] [--no-cold2]
-#                            [--drop-caches] [--dd-mib 1024] [--work DIR]
+#                            [--drop-caches] [--dd-mib 1024] [--work DIR] [--cache-disk 4G]
+#                            [--serve-args "ARGS"]
 #
 # Run 1 (empty --cache-dir): prompt A cold, then A again (RAM hit). The
 # server is stopped (SIGTERM) and started again on the same directory.
@@ -23,8 +24,10 @@
 # is printed beside the disk's sequential read rate measured in the same
 # run: dd of a --dd-mib file in the cache's filesystem, read with
 # iflag=direct (0 leaves it out). --work puts the cache on another disk.
+# --cache-disk sizes the disk tier (a 32k prompt of an 8B model takes 4 GiB
+# in bf16); --serve-args are more `lumen serve` options (--kv-type bf16).
 set -euo pipefail
-bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1 drop=0 dd_mib=1024 base=
+bin=build/release/lumen model=models/demo tokens=4000 port=18977 cold2=1 drop=0 dd_mib=1024 base= disk=4G serve_args=
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -35,6 +38,8 @@ while [ $# -gt 0 ]; do
     --drop-caches) drop=1; shift ;;
     --dd-mib) dd_mib=$2; shift 2 ;;
     --work) base=$2; shift 2 ;;
+    --cache-disk) disk=$2; shift 2 ;;
+    --serve-args) serve_args=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -57,10 +62,11 @@ prompt 1 >"$work/a.json"
 prompt 2 >"$work/b.json"
 
 start() {
-  "$bin" serve -m "$model" --port "$port" --cache-dir "$work/cache" --cache-disk 4G --trace "$work/trace.jsonl" \
-    --quiet 2>>"$work/server.log" &
+  # shellcheck disable=SC2086 # serve_args: several options
+  "$bin" serve -m "$model" --port "$port" --cache-dir "$work/cache" --cache-disk "$disk" --trace "$work/trace.jsonl" \
+    --quiet $serve_args 2>>"$work/server.log" &
   pid=$!
-  for _ in $(seq 1 200); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.1; done
+  for _ in $(seq 1 1200); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.1; done
   echo "server did not start" >&2; cat "$work/server.log" >&2; exit 1
 }
 ask() { # label file

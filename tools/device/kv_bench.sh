@@ -4,7 +4,7 @@
 # batched == solo and cached == cold tests per format with models on the
 # GPU), then batch-1 decode tok/s of the Llama-3.1-8B and Qwen3.5-27B shapes
 # (random bf16 models, tools/make_random_model.c, in /dev/shm) at 4k, 32k
-# and 128k context per KV format, with the KV bytes a token and the largest
+# and 128k context (CTXS) per KV format, with the KV bytes a token and the largest
 # context (batch 1) and batch (at 32k) that fit the GPU beside the weights.
 # Decode runs with `lumen bench --batch 1 --no-prefill`: the context is
 # there as allocated (zeros), read in full each step, without spending
@@ -38,9 +38,9 @@ LUMEN_TEST_DEVICE=cuda timeout 120 "$C/bin/lumen_tests" _kv_ 2>&1 | tee "$OUT/en
 log "waiting for the random models"; wait $mk || { cat "$OUT/models.log"; exit 1; }
 
 free_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-bench() { # bench TAG MODEL KV CTX
+bench() { # bench TAG MODEL KV CTX (env BLK: LUMEN_CUDA_ATT_BLOCKS_SM)
   local j
-  j=$("$L" bench -m "$2" --device cuda --kv-type "$3" --batch 1 --prompt-len "$4" --gen 32 --no-prefill --no-membw \
+  j=$(LUMEN_CUDA_ATT_BLOCKS_SM=${BLK:-} "$L" bench -m "$2" --device cuda --kv-type "$3" --batch 1 --prompt-len "$4" --gen 32 --no-prefill --no-membw \
       2>"$OUT/bench.err" | tail -n 1)
   [[ $j == "{"* ]] || { echo "$1 $3 ctx $4: failed: $(tail -n 2 "$OUT/bench.err")"; return; }
   echo "{\"tag\":\"$1\",\"ctx\":$4,${j:1}" >> "$OUT/kv_bench.jsonl"
@@ -59,7 +59,7 @@ done
 for shape in $SHAPES; do
   wbytes=$(stat -c %s /dev/shm/$shape/model.safetensors)
   for kv in bf16 q8 q4r q4 f32; do
-    for ctx in 4096 32768 131000; do
+    for ctx in ${CTXS:-4096 32768 131000}; do
       [[ $kv == f32 && $ctx == 131000 && $shape == l8 ]] && continue # 32 GiB of f32 KV: measured at 4k and 32k
       [[ $kv == q4 && $ctx != 32768 ]] && continue                   # plain q4: one point, for its cost
       bench $shape /dev/shm/$shape $kv $ctx
@@ -67,6 +67,13 @@ for shape in $SHAPES; do
     per=$(grep "\"tag\":\"$shape\"" "$OUT/kv_bench.jsonl" | grep "\"kv\":\"$kv\"" | head -n 1 |
           grep -oE '"kv_bytes_per_token":[0-9]*' | cut -d: -f2)
     [[ -n $per ]] && fits "$shape $kv" "$wbytes" "$per"
+  done
+done
+# BLOCKS="4 8": the 32k points again with the decode attention's split
+# target at that many blocks an SM (default 2)
+for shape in $SHAPES; do
+  for b in ${BLOCKS:-}; do
+    for kv in bf16 q8 q4r f32; do BLK=$b bench "$shape-blk$b" /dev/shm/$shape $kv 32768; done
   done
 done
 log done
