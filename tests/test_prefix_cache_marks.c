@@ -3,10 +3,10 @@
  * chat messages meet (lm_gen_params.prompt_marks).
  *
  * A hybrid's recurrent state exists only where it was checkpointed. The
- * cached prompt A (300 tokens, messages starting at 0, 40, 130 and 200) is
- * checkpointed at the block end below each message start and every 64
- * tokens inside its last message; without the marks its only checkpoint
- * is at 288. A prompt departing inside A's last message (at 261) resumes
+ * cached prompt A (300 tokens, messages ending at 40, 130, 200 and 296)
+ * is checkpointed at the block end below each message end and every 64
+ * tokens inside its last message (200-296); without the marks its only
+ * checkpoint is at 288. A prompt departing inside A's last message (at 261) resumes
  * at 256, one departing at a message boundary (130) at 128: fewer than 64
  * tokens recomputed, and exactly the tokens of a cold run (greedy). The
  * same after a restart, the checkpoints read from the disk tier. Runs on
@@ -22,7 +22,7 @@
 #define MK_N 300
 #define MK_GEN 6
 
-static const int32_t mk_marks[] = { 0, 40, 130, 200 };
+static const int32_t mk_marks[] = { 40, 130, 200, 296 };
 
 typedef struct mk_run {
     pthread_mutex_t mu;
@@ -165,7 +165,7 @@ static void mk_ram(lm_test_ctx *lm_t_, const char *name) {
     LM_CHECK(r.n_cached == 0);
     LM_REQUIRE(mk_generate(en, f.in_last, MK_N, 4, &r) == 0);
     mk_expect(lm_t_, name, "inside the last message", &r, 256, f.cold_in, false);
-    LM_REQUIRE(mk_generate(en, f.at_bound, MK_N, 3, &r) == 0);
+    LM_REQUIRE(mk_generate(en, f.at_bound, MK_N, 2, &r) == 0);
     mk_expect(lm_t_, name, "at a message boundary", &r, 128, f.cold_at, false);
     lm_engine_stats st;
     lm_engine_get_stats(en, &st);
@@ -191,7 +191,7 @@ static void mk_disk(lm_test_ctx *lm_t_, const char *name, const char *tag) {
     lm_engine_free(en);
     en = mk_engine(lm_t_, &f, dir);
     LM_REQUIRE(en);
-    LM_CHECK(mk_generate(en, f.at_bound, MK_N, 3, &r) == 0);
+    LM_CHECK(mk_generate(en, f.at_bound, MK_N, 2, &r) == 0);
     mk_expect(lm_t_, name, "at a message boundary, after a restart", &r, 128, f.cold_at, true);
     lm_engine_free(en);
     free(dir);

@@ -11,7 +11,7 @@
  * later requests can share them. Hybrids take checkpoints at the last
  * block boundary <= the prompt end and <= the prompt end - 1 (prefill
  * chunks are cut there), every 1024 prompt tokens when the pool has 16 or
- * more checkpoint slots, where the request's chat messages meet and densely
+ * more checkpoint slots, where the request's chat messages end and densely
  * inside its last message (lm_cache_policy_plan), and at every block
  * boundary reached while
  * generating (keeping only the latest), so that a next turn - prompt +
@@ -43,11 +43,12 @@
 #define LM_CKPT_EVERY 1024
 #define LM_CKPT_EVERY_MIN_SLOTS 16
 
-/* Where the server marks message boundaries (lm_gen_params.prompt_marks),
- * a hybrid checkpoints at the block end at or below each, and inside the
- * last message every LM_CKPT_FINE tokens, widened so that there are at most
- * LM_CKPT_FINE_MAX: a prompt departing there then replays fewer than
- * LM_CKPT_FINE tokens (the last message up to 1,024 tokens long). */
+/* Where the server marks message ends (lm_gen_params.prompt_marks), a
+ * hybrid checkpoints at the block end at or below each, and inside the last
+ * marked message (between the last two marks) every LM_CKPT_FINE tokens,
+ * widened so that there are at most LM_CKPT_FINE_MAX: a prompt departing
+ * there then replays fewer than LM_CKPT_FINE tokens (when that message is
+ * up to 1,024 tokens long). */
 #define LM_CKPT_FINE 64
 #define LM_CKPT_FINE_MAX 16
 
@@ -114,19 +115,20 @@ void lm_cache_policy_plan(const lm_engine *en, lm_request *r, const int32_t *mar
     if (!en->pc || !en->stateful || !marks || n <= 0) return;
     const int bs = en->bs;
     int32_t *at = lm_xmalloc(((size_t)n + LM_CKPT_FINE_MAX + 2) * sizeof *at);
-    int k = 0, last = -1;
+    int k = 0, last = -1, prev = 0; /* the last two marks: the last message lies between */
     for (int i = 0; i < n; i++) {
         if (marks[i] <= 0 || marks[i] > r->n_prompt) continue;
         at[k++] = marks[i] / bs * bs;
-        last = LM_MAX(last, marks[i]);
+        if (marks[i] > last) prev = LM_MAX(last, 0), last = marks[i];
+        else if (marks[i] > prev && marks[i] < last) prev = marks[i];
     }
     if (last >= 0) {
         /* inside the last message, where a retried or rewritten turn departs:
          * at most LM_CKPT_FINE_MAX more, LM_CKPT_FINE apart or wider */
-        int base = last / bs * bs;
-        int step = LM_MAX(LM_CKPT_FINE, (r->n_prompt - base + LM_CKPT_FINE_MAX - 1) / LM_CKPT_FINE_MAX);
+        int base = prev / bs * bs;
+        int step = LM_MAX(LM_CKPT_FINE, (last - base + LM_CKPT_FINE_MAX - 1) / LM_CKPT_FINE_MAX);
         step = (step + bs - 1) / bs * bs;
-        for (int p = base + step; p < r->n_prompt && k < n + LM_CKPT_FINE_MAX + 2; p += step) at[k++] = p;
+        for (int p = base + step; p < last && k < n + LM_CKPT_FINE_MAX + 2; p += step) at[k++] = p;
     }
     qsort(at, (size_t)k, sizeof *at, cmp_i32);
     int u = 0;
