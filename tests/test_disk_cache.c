@@ -443,3 +443,43 @@ LM_TEST(disk_cache_touch_keeps_entry_recent_across_restart) {
     lm_dcache_close(dc);
     free(dir);
 }
+
+/* lm_dcache_get_batch reads 40 entries at once, each into its own buffer,
+ * exactly as 40 lm_dcache_get would: every one read back, the damaged one
+ * refused (counted and deleted), one absent refused, the rest unaffected. */
+LM_TEST(disk_cache_batch_read_matches_single_reads) {
+    enum { N = 40, BAD = 17 };
+    char *dir = lm_tu_mkdir("dc_batch");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 8 << 20, k_ident, &e) == 0);
+    LM_REQUIRE(dt_put(dc, N) == N);
+    char *bad = dt_file(dir, BAD);
+    size_t n;
+    char *b = lm_tu_read(bad, &n);
+    LM_REQUIRE(b);
+    b[n - 1] ^= 0x40;
+    lm_tu_write(bad, b, n);
+    free(b);
+    static int32_t toks[N + 1][DT_BS];
+    static uint8_t want[N + 1][DT_DATA], got[N + 1][DT_DATA];
+    lm_dc_read rd[N + 1];
+    int rc[N + 1];
+    for (int k = 0; k <= N; k++) { /* entry N was never written */
+        dt_entry(k, toks[k], want[k]);
+        memset(got[k], 0, DT_DATA);
+        rd[k] = (lm_dc_read){ .hash = dt_hash(k), .parent = k ? dt_hash(k - 1) : 1, .kind = LM_DC_KV,
+                              .tokens = toks[k], .n_tokens = DT_BS, .data = got[k], .n = DT_DATA };
+    }
+    lm_dcache_get_batch(dc, rd, N + 1, rc);
+    for (int k = 0; k <= N; k++) {
+        bool ok = k != BAD && k != N;
+        LM_CHECK_MSG(ok ? rc[k] == 0 && memcmp(got[k], want[k], DT_DATA) == 0 : rc[k] == -1, "entry %d: rc %d", k, rc[k]);
+    }
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK(st.reads == N - 1 && st.corrupt == 1 && st.entries == N - 1 && access(bad, F_OK) != 0);
+    lm_dcache_close(dc);
+    free(bad);
+    free(dir);
+}
