@@ -504,6 +504,17 @@ int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind
     return rc;
 }
 
+void lm_dcache_willneed(lm_disk_cache *dc, const uint64_t *hash, int n, lm_dc_kind kind) {
+    char name[LM_DC_NAME_MAX];
+    for (int i = 0; i < n; i++) {
+        lm_dc_entry_name(name, hash[i], kind);
+        int fd = openat(dc->dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED); /* advice: its failure changes nothing */
+        close(fd);
+    }
+}
+
 void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s) {
     pthread_mutex_lock(&dc->mu);
     *s = dc->st;

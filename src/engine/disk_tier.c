@@ -11,8 +11,7 @@
  * Up: before admission, when the prompt's chain continues on disk past
  * what the RAM cache holds, the blocks are read, checked and put back into
  * the pool and the RAM cache (and, for a hybrid, the latest checkpoint on
- * the way); the reads of up to a window of blocks run at once on reader
- * threads (lm_dcache_get_batch), the puts then in chain order;
+ * the way);
  * the ordinary RAM lookup then serves them. Entries read are pinned so
  * that loading one never evicts another of the same prompt. The reads run
  * on the engine thread for the queue's head before it is admitted, outside
@@ -26,11 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A restore reads its blocks a window at a time, all of a window at once
- * (lm_dcache_get_batch): at most WINDOW_MAX blocks and WINDOW_BYTES. */
-#define WINDOW_MAX 1024
-#define WINDOW_BYTES ((size_t)64 << 20)
 
 static void spill_cb(void *user, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block, int32_t ckpt) {
     lm_engine *en = user;
@@ -50,8 +44,6 @@ int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e) {
     }
     size_t bb = lm_kv_block_bytes(en->kv), sb = lm_kv_state_bytes(en->kv);
     en->dc_buf = lm_xmalloc(LM_MAX(bb, sb));
-    en->dc_win_n = (int)LM_MAX(1, LM_MIN(WINDOW_MAX, WINDOW_BYTES / bb));
-    en->dc_win = lm_xmalloc((size_t)en->dc_win_n * bb);
     lm_pcache_set_spill(en->pc, spill_cb, en);
     return 0;
 }
@@ -59,8 +51,7 @@ int lm_disk_tier_open(lm_engine *en, const uint64_t ident[2], lm_err *e) {
 void lm_disk_tier_close(lm_engine *en) {
     lm_dcache_close(en->dc);
     free(en->dc_buf);
-    free(en->dc_win);
-    en->dc = NULL, en->dc_buf = NULL, en->dc_win = NULL;
+    en->dc = NULL, en->dc_buf = NULL;
 }
 
 void lm_disk_tier_spill(lm_engine *en, uint64_t hash, uint64_t parent, const int32_t *tokens, int32_t block,
@@ -95,39 +86,23 @@ void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to) {
     touch_chain(en, r, from, to);
 }
 
-/* Block i of r's prompt, read into data, into a pool block and the RAM
- * cache (pinned); false when it cannot be. */
-static bool put_block(lm_engine *en, const lm_request *r, int i, const void *data) {
+/* Block i of r's prompt from disk into a pool block and the RAM cache
+ * (pinned); false when it cannot be. */
+static bool load_block(lm_engine *en, const lm_request *r, int i) {
     if (!lm_pcache_make_room(en->pc, 1)) return false;
     int32_t b = lm_kv_block_take(en->kv);
     if (b < 0) return false;
     uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
-    lm_kv_block_write(en->kv, b, data);
-    bool ok = lm_pcache_insert(en->pc, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, b) == 0;
+    const int32_t *toks = r->tokens + (size_t)i * en->bs;
+    bool ok = lm_dcache_get(en->dc, r->hashes[i], parent, LM_DC_KV, toks, en->bs, en->dc_buf,
+                            lm_kv_block_bytes(en->kv)) == 0;
+    if (ok) {
+        lm_kv_block_write(en->kv, b, en->dc_buf);
+        ok = lm_pcache_insert(en->pc, r->hashes[i], parent, toks, b) == 0;
+    }
     lm_kv_block_unref(en->kv, b); /* the cache's reference keeps it */
     if (ok) lm_pcache_pin(en->pc, r->hashes[i]);
     return ok;
-}
-
-/* Blocks [from, to) of r's prompt from disk, a window read at once, then
- * put in chain order; the end of the run loaded (a failed read ends it). */
-static int load_blocks(lm_engine *en, const lm_request *r, int from, int to) {
-    const size_t bb = lm_kv_block_bytes(en->kv);
-    lm_dc_read rd[WINDOW_MAX];
-    int rc[WINDOW_MAX], loaded = from;
-    while (loaded < to) {
-        int w = LM_MIN(to - loaded, en->dc_win_n);
-        for (int k = 0; k < w; k++) {
-            int i = loaded + k;
-            rd[k] = (lm_dc_read){ .hash = r->hashes[i], .parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc),
-                                  .kind = LM_DC_KV, .tokens = r->tokens + (size_t)i * en->bs, .n_tokens = en->bs,
-                                  .data = en->dc_win + (size_t)k * bb, .n = bb };
-        }
-        lm_dcache_get_batch(en->dc, rd, w, rc);
-        for (int k = 0; k < w; k++, loaded++)
-            if (rc[k] != 0 || !put_block(en, r, loaded, rd[k].data)) return loaded;
-    }
-    return loaded;
 }
 
 /* The checkpoint at the end of block k - 1 from disk into the RAM cache:
@@ -198,7 +173,9 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
     bool partial = !en->stateful && end * en->bs < r->n_prompt - 1;
     if (target <= (en->stateful ? ram->n_blocks : m) && !partial) return false;
     for (int i = ram->n_blocks; i < m; i++) lm_pcache_pin(en->pc, r->hashes[i]); /* the RAM part stays */
-    int loaded = load_blocks(en, r, m, target);
+    int loaded = m;
+    if (target - m > 1) lm_dcache_willneed(en->dc, r->hashes + m, target - m, LM_DC_KV);
+    while (loaded < target && load_block(en, r, loaded)) loaded++;
     touch_chain(en, r, 0, loaded);
     if (!en->stateful) return (loaded == end && partial && load_partial(en, r, loaded)) || loaded > m;
     for (int k = loaded; k > ram->n_blocks; k--)

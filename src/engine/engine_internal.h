@@ -161,8 +161,6 @@ struct lm_engine {
     int32_t *hit_blocks;         /* [ctx / bs + 2] lookup scratch */
     lm_disk_cache *dc;           /* the disk tier (disk_tier.c), NULL without one */
     uint8_t *dc_buf;             /* [max(block bytes, state bytes)] its host copy of one entry */
-    uint8_t *dc_win;             /* [dc_win_n][block bytes] a restore's blocks, read at once */
-    int dc_win_n;
     /* greedy look-ahead (lookahead.c) */
     bool ahead_on;
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;

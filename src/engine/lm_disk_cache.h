@@ -78,19 +78,6 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
 int lm_dcache_get(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
                   int n_tokens, void *data, size_t n);
 
-/* One read of lm_dcache_get_batch: lm_dcache_get's arguments. */
-typedef struct lm_dc_read {
-    uint64_t hash, parent;
-    lm_dc_kind kind;
-    const int32_t *tokens;
-    int n_tokens;
-    void *data;
-    size_t n;
-} lm_dc_read;
-/* lm_dcache_get of each of rd[0, n), rc[i] its result, several at once on
- * reader threads (disk_batch.c): a restore's small reads overlap. */
-void lm_dcache_get_batch(lm_disk_cache *dc, const lm_dc_read *rd, int n, int *rc);
-
 /* The hashes of up to max entries of kind on disk whose parent is parent
  * (the blocks that continue a prefix); how many. */
 int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint64_t *out, int max);
@@ -100,6 +87,13 @@ int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint
  * (lm_dcache_get checks the payload then). 0, or -1 when it is absent or
  * fails a check (counted, logged, deleted, as by lm_dcache_get). */
 int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, int32_t *tokens, int n_tokens);
+
+/* Asks the kernel to start reading the n entries (hash[i], kind) now, all
+ * at once (POSIX_FADV_WILLNEED), so that the lm_dcache_get calls that
+ * follow one by one find them in memory instead of each waiting for its
+ * own read: a restore of thousands of small files is bound by the disk's
+ * latency, not its bandwidth. Absent files are skipped. */
+void lm_dcache_willneed(lm_disk_cache *dc, const uint64_t *hash, int n, lm_dc_kind kind);
 
 /* Waits until the writer has handled every queued entry (tests, shutdown). */
 void lm_dcache_flush(lm_disk_cache *dc);
