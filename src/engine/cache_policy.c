@@ -114,34 +114,34 @@ static int cmp_i32(const void *a, const void *b) {
 void lm_cache_policy_plan(const lm_engine *en, lm_request *r, const int32_t *marks, int n) {
     if (!en->pc || !en->stateful || !marks || n <= 0) return;
     const int bs = en->bs;
-    int32_t *at = lm_xmalloc(((size_t)n + LM_CKPT_FINE_MAX + 2) * sizeof *at);
-    int k = 0, last = -1, prev = 0; /* the last two marks: the last message lies between */
-    for (int i = 0; i < n; i++) {
-        if (marks[i] <= 0 || marks[i] > r->n_prompt) continue;
-        at[k++] = marks[i] / bs * bs;
-        if (marks[i] > last) prev = LM_MAX(last, 0), last = marks[i];
-        else if (marks[i] > prev && marks[i] < last) prev = marks[i];
-    }
-    if (last >= 0) {
-        /* inside the last message, where a retried or rewritten turn departs:
-         * at most LM_CKPT_FINE_MAX more, LM_CKPT_FINE apart or wider */
-        int base = prev / bs * bs;
+    int32_t *at = lm_xmalloc(((size_t)n + LM_CKPT_FINE_MAX) * sizeof *at);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (marks[i] > 0 && marks[i] <= r->n_prompt) at[k++] = marks[i];
+    qsort(at, (size_t)k, sizeof *at, cmp_i32);
+    if (k > 0) {
+        /* inside the last message (between the last two marks), where a
+         * retried or rewritten turn departs: fewer than LM_CKPT_FINE_MAX
+         * more, LM_CKPT_FINE apart or wider */
+        int last = at[k - 1], base = k > 1 ? at[k - 2] / bs * bs : 0;
         int step = LM_MAX(LM_CKPT_FINE, (last - base + LM_CKPT_FINE_MAX - 1) / LM_CKPT_FINE_MAX);
         step = (step + bs - 1) / bs * bs;
-        for (int p = base + step; p < last && k < n + LM_CKPT_FINE_MAX + 2; p += step) at[k++] = p;
+        for (int p = base + step; p < last && k < n + LM_CKPT_FINE_MAX; p += step) at[k++] = p;
     }
+    /* the block end at or below each; sorted, once each */
+    for (int i = 0; i < k; i++) at[i] = at[i] / bs * bs;
     qsort(at, (size_t)k, sizeof *at, cmp_i32);
     int u = 0;
     for (int i = 0; i < k; i++)
         if (at[i] > 0 && (u == 0 || at[i] != at[u - 1])) at[u++] = at[i];
-    /* the latest ones when there are more than half the slots: a prompt
-     * departs from an earlier one late more often than early */
-    int keep = LM_MIN(u, LM_MAX(1, en->ckpt_slots / 2)), drop = u - keep;
-    if (keep == 0) {
+    if (u == 0) {
         free(at);
         return;
     }
-    memmove(at, at + drop, (size_t)keep * sizeof *at);
+    /* the latest ones when there are more than half the slots: a prompt
+     * departs from an earlier one late more often than early */
+    int keep = LM_MIN(u, LM_MAX(1, en->ckpt_slots / 2));
+    memmove(at, at + (u - keep), (size_t)keep * sizeof *at);
     r->ckpt_at = at;
     r->n_ckpt_at = keep;
 }

@@ -315,7 +315,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     srv_job *j = job_create(s, cc, c);
     j->api = api;
     lm_tok_ids ids = { 0 };
-    int32_t *marks = NULL; /* where the chat messages meet, in tokens (the engine copies them) */
+    int32_t *marks = NULL; /* where the chat messages end, in tokens (the engine copies them) */
     char *echo = NULL;
     size_t echo_len = 0;
     const char *what = api ? api->what : kind == SRV_CHAT ? "messages" : "prompt";
