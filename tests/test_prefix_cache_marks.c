@@ -1,16 +1,17 @@
 /* test_prefix_cache_marks.c - a hybrid model reuses all but a few tokens of
  * a prompt that departs from a cached one, when the caller marked where the
- * chat messages meet (lm_gen_params.prompt_marks).
+ * chat messages end (lm_gen_params.prompt_marks).
  *
  * A hybrid's recurrent state exists only where it was checkpointed. The
  * cached prompt A (300 tokens, messages ending at 40, 130, 200 and 296)
  * is checkpointed at the block end below each message end and every 64
  * tokens inside its last message (200-296); without the marks its only
- * checkpoint is at 288. A prompt departing inside A's last message (at 261) resumes
- * at 256, one departing at a message boundary (130) at 128: fewer than 64
- * tokens recomputed, and exactly the tokens of a cold run (greedy). The
- * same after a restart, the checkpoints read from the disk tier. Runs on
- * the demo and the qwen3.5 and qwen3-next fixtures. */
+ * checkpoint is at 288. A prompt departing inside A's last message (at
+ * 261) resumes at 256, one departing at a message boundary (130) at 128:
+ * fewer than 64 tokens recomputed, and exactly the tokens of a cold run
+ * (greedy). The same after a restart, the checkpoints read from the disk
+ * tier. Runs on the demo and the qwen3.5 and qwen3-next fixtures. And the
+ * checkpoints share the byte budget with the blocks. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,3 +205,31 @@ LM_TEST(prefix_cache_marks_exact_qwen3_next) { mk_ram(lm_t_, "qwen3-next"); }
 LM_TEST(disk_cache_marks_restart_exact_demo) { mk_disk(lm_t_, "demo", "mk_demo"); }
 LM_TEST(disk_cache_marks_restart_exact_qwen35) { mk_disk(lm_t_, "qwen3.5", "mk_qwen35"); }
 LM_TEST(disk_cache_marks_restart_exact_qwen3_next) { mk_disk(lm_t_, "qwen3-next", "mk_qwen3_next"); }
+
+/* Checkpoints share the byte budget with blocks: with room for a fraction
+ * of A's blocks and checkpoints, the cache stays within --cache-ram (the
+ * oldest blocks and checkpoints go), and answers stay exact. */
+LM_TEST(prefix_cache_marks_within_budget_demo) {
+    MK_OPEN_OR_SKIP(f, "demo");
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    const size_t budget = 1u << 20; /* a checkpoint of the demo is ~420 KiB, a block 32 KiB */
+    lm_engine_opts o = { .ctx = 512, .parallel = 1, .step_tokens = 128, .cache_ram = budget };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
+    mk_run r;
+    LM_REQUIRE(mk_generate(en, f.a, MK_N, 4, &r) == 0);
+    LM_REQUIRE(mk_generate(en, f.in_last, MK_N, 4, &r) == 0);
+    LM_CHECK_MSG(r.n == MK_GEN && memcmp(r.toks, f.cold_in, sizeof r.toks) == 0, "tokens differ from a cold run");
+    lm_engine_stats st;
+    lm_engine_get_stats(en, &st);
+    /* counted here from the model's shapes, not from the cache's own sum */
+    int64_t fl[64];
+    size_t sb = 0, bb = (size_t)2 * (size_t)f.m->n_kv_layers * 16 * (size_t)f.m->kv_width * sizeof(float);
+    for (int i = 0, ns = lm_model_state_spec(f.m, fl, 64); i < ns; i++) sb += (size_t)fl[i] * sizeof(float);
+    size_t held = (size_t)st.cache_blocks * bb + (size_t)st.cache_checkpoints * sb;
+    LM_CHECK_MSG(held <= budget && st.cache_checkpoints >= 1 && st.cache_evicted_blocks > 0,
+                 "%d blocks and %d checkpoints: %zu bytes of %zu, %llu evicted", st.cache_blocks,
+                 st.cache_checkpoints, held, budget, (unsigned long long)st.cache_evicted_blocks);
+    lm_engine_free(en);
+    mk_close(&f);
+}
