@@ -1,10 +1,10 @@
 /* test_server_marks.c - the server tells the engine where a chat prompt's
- * messages meet, so that the demo hybrid reuses all but a few tokens of a
+ * messages end, so that the demo hybrid reuses all but a few tokens of a
  * conversation whose last message changed (lm_chat_mark_messages, then
  * lm_gen_params.prompt_marks), and answers exactly as a cold server does.
  *
  * Three servers on the demo: one with a RAM and disk cache serves turn A
- * and then B (A with its last user message changed near its end); a
+ * and then B (A with its last user message changed in its middle); a
  * second on the same --cache-dir serves C (A with the last user message
  * replaced whole: a departure at a message boundary) from disk; a third
  * without a cache gives the cold answers. The trace says what each shared
