@@ -173,5 +173,6 @@ void lm_chat_prompt_free(lm_chat_prompt *p) {
     free(p->text);
     free(p->prefill);
     free(p->lit);
+    free(p->marks);
     memset(p, 0, sizeof *p);
 }

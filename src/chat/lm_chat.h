@@ -78,6 +78,9 @@ typedef struct lm_chat_prompt {
     lm_tok_span *lit;          /* [n_lit] ranges of text that the request wrote (message
                                   content, tool names ...): tokenized as text only */
     size_t n_lit, cap_lit;
+    size_t *marks;             /* [n_marks] ascending byte offsets where messages' contents
+                                  end (lm_chat_mark_messages); NULL: none known */
+    size_t n_marks;
 } lm_chat_prompt;
 
 /* Parses the chat template src (a C string; NULL: the tokenizer's own) for
@@ -93,6 +96,15 @@ void lm_chat_prompt_free(lm_chat_prompt *p);
 /* The prompt's ids: its text tokenized with no special token matched in its
  * literal ranges (lm_tokenizer_encode_lit), none added around it. */
 int lm_chat_encode(lm_tokenizer *tok, const lm_chat_prompt *p, lm_tok_ids *out, lm_err *e);
+
+/* ---- message boundaries (chat_marks.c) ---- */
+
+/* Sets p's marks (p rendered from r): where each message's content ends in
+ * p's text; none when the template's rendering does not show it exactly. */
+void lm_chat_mark_messages(const lm_chat *c, const lm_chat_req *r, lm_chat_prompt *p);
+/* p's marks as token offsets into ids[0, n) (p's text tokenized): *out
+ * (malloc'd, ascending) and their count; 0 and NULL when unknown. */
+int lm_chat_mark_tokens(const lm_tokenizer *tok, const lm_chat_prompt *p, const int32_t *ids, int n, int32_t **out);
 
 /* ---- literal text (chat_literal.c) ---- */
 

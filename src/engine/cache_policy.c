@@ -11,7 +11,9 @@
  * later requests can share them. Hybrids take checkpoints at the last
  * block boundary <= the prompt end and <= the prompt end - 1 (prefill
  * chunks are cut there), every 1024 prompt tokens when the pool has 16 or
- * more checkpoint slots, and at every block boundary reached while
+ * more checkpoint slots, where the request's chat messages end and densely
+ * inside its last message (lm_cache_policy_plan), and at every block
+ * boundary reached while
  * generating (keeping only the latest), so that a next turn - prompt +
  * answer + new message - hits. The history of recent requests tells why a
  * prompt hit less than it shares with one of them (lm_cache_miss).
@@ -40,6 +42,15 @@
  * last multiple before the divergence instead of from nothing. */
 #define LM_CKPT_EVERY 1024
 #define LM_CKPT_EVERY_MIN_SLOTS 16
+
+/* Where the server marks message ends (lm_gen_params.prompt_marks), a
+ * hybrid checkpoints at the block end at or below each, and inside the last
+ * marked message (between the last two marks) every LM_CKPT_FINE tokens,
+ * widened so that there are at most LM_CKPT_FINE_MAX: a prompt departing
+ * there then replays fewer than LM_CKPT_FINE tokens (when that message is
+ * up to 1,024 tokens long). */
+#define LM_CKPT_FINE 64
+#define LM_CKPT_FINE_MAX 16
 
 int lm_cache_policy_create(lm_engine *en, size_t cache_blocks, lm_err *e) {
     static const char no_ram[] = "--cache-dir needs a RAM prefix cache (--cache-ram above 0): disk entries come back through it";
@@ -95,12 +106,55 @@ static int keep_block(lm_engine *en, lm_request *r, int i) {
 
 /* ---- checkpoints ---- */
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void lm_cache_policy_plan(const lm_engine *en, lm_request *r, const int32_t *marks, int n) {
+    if (!en->pc || !en->stateful || !marks || n <= 0) return;
+    const int bs = en->bs;
+    int32_t *at = lm_xmalloc(((size_t)n + LM_CKPT_FINE_MAX) * sizeof *at);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (marks[i] > 0 && marks[i] <= r->n_prompt) at[k++] = marks[i];
+    qsort(at, (size_t)k, sizeof *at, cmp_i32);
+    if (k > 0) {
+        /* inside the last message (between the last two marks), where a
+         * retried or rewritten turn departs: fewer than LM_CKPT_FINE_MAX
+         * more, LM_CKPT_FINE apart or wider */
+        int last = at[k - 1], base = k > 1 ? at[k - 2] / bs * bs : 0;
+        int step = LM_MAX(LM_CKPT_FINE, (last - base + LM_CKPT_FINE_MAX - 1) / LM_CKPT_FINE_MAX);
+        step = (step + bs - 1) / bs * bs;
+        for (int p = base + step; p < last && k < n + LM_CKPT_FINE_MAX; p += step) at[k++] = p;
+    }
+    /* the block end at or below each; sorted, once each */
+    for (int i = 0; i < k; i++) at[i] = at[i] / bs * bs;
+    qsort(at, (size_t)k, sizeof *at, cmp_i32);
+    int u = 0;
+    for (int i = 0; i < k; i++)
+        if (at[i] > 0 && (u == 0 || at[i] != at[u - 1])) at[u++] = at[i];
+    if (u == 0) {
+        free(at);
+        return;
+    }
+    /* the latest ones when there are more than half the slots: a prompt
+     * departs from an earlier one late more often than early */
+    int keep = LM_MIN(u, LM_MAX(1, en->ckpt_slots / 2));
+    memmove(at, at + (u - keep), (size_t)keep * sizeof *at);
+    r->ckpt_at = at;
+    r->n_ckpt_at = keep;
+}
+
 /* The prompt checkpoint positions of a hybrid: the last block boundary
  * <= n_prompt - 1 (a repeat of the prompt hits it) and <= n_prompt (a prompt
- * that extends this one hits it), and the multiples of LM_CKPT_EVERY. */
+ * that extends this one hits it), the multiples of LM_CKPT_EVERY, and the
+ * request's planned ones (message boundaries). */
 static bool is_prompt_ckpt(const lm_engine *en, const lm_request *r, int pos) {
     if (pos <= 0) return false;
     if (en->ckpt_slots >= LM_CKPT_EVERY_MIN_SLOTS && pos % LM_CKPT_EVERY == 0) return true;
+    if (r->n_ckpt_at && bsearch(&(int32_t){ pos }, r->ckpt_at, (size_t)r->n_ckpt_at, sizeof(int32_t), cmp_i32))
+        return true;
     return pos == (r->n_prompt - 1) / en->bs * en->bs || pos == r->n_prompt / en->bs * en->bs;
 }
 

@@ -37,6 +37,7 @@ void lm_req_unref(lm_request *r) {
     free(r->hashes);
     free(r->step_batch);
     free(r->stop_tokens);
+    free(r->ckpt_at);
     lm_embed_pool_free(&r->pool);
     free(r->embedding);
     lm_grammar_matcher_free(r->gm);
@@ -575,6 +576,8 @@ static lm_request *req_create(lm_engine *en, const int32_t *prompt, int n_prompt
     r->p.logit_bias = NULL, r->p.n_logit_bias = 0; /* the sampler has its own copy */
     r->hashes = lm_xmalloc(((size_t)r->cap / (size_t)en->bs + 1) * sizeof(uint64_t));
     r->step_batch = lm_xmalloc((size_t)LM_MAX(p->max_tokens, 1) * sizeof(int32_t));
+    lm_cache_policy_plan(en, r, p->prompt_marks, p->n_prompt_marks);
+    r->p.prompt_marks = NULL, r->p.n_prompt_marks = 0; /* the caller's; ckpt_at is what is kept */
     r->tr.diverge_pos = -1;
     if (p->grammar) {
         r->gm = lm_grammar_matcher_create(p->grammar, p->grammar_vocab);

@@ -69,6 +69,9 @@ struct lm_request {
     int n_hit;              /* prompt tokens served from the cache */
     bool prefetched;        /* the disk tier has loaded what it holds of the prompt */
     int prefetch_disk;      /* tokens that load added to the RAM cache's hit */
+    int32_t *ckpt_at;       /* [n_ckpt_at] ascending block ends past the ordinary ones where a
+                             * hybrid checkpoints its prompt (lm_cache_policy_plan) */
+    int n_ckpt_at;
     bool has_gen_ckpt;      /* this request made the checkpoint on entry gen_ckpt */
     uint64_t gen_ckpt;
     uint64_t hist_id;
@@ -214,6 +217,9 @@ void lm_cache_policy_unpin(lm_engine *en);
 /* r holds the hit's blocks and its state slot: copy the partly shared
  * block and the checkpoint in, record the trace, the diagnosis and stats. */
 void lm_cache_policy_restore(lm_engine *en, lm_request *r, const lm_cache_hit *hit);
+/* r's extra prompt checkpoint positions (r->ckpt_at) from the message
+ * boundaries the caller marked (lm_gen_params.prompt_marks). */
+void lm_cache_policy_plan(const lm_engine *en, lm_request *r, const int32_t *marks, int n);
 /* A prefill chunk of n tokens of r, cut at the next checkpoint position. */
 int lm_cache_policy_cut(const lm_engine *en, const lm_request *r, int n);
 /* After a forward: r's filled blocks into the cache, its checkpoint. */

@@ -70,6 +70,15 @@ typedef struct lm_gen_params {
     /* Speculative decoding (lm_engine_opts.spec) skips this request: its
      * tokens come one forward each. Output is the same either way. */
     bool no_spec;
+    /* Token offsets in the prompt where its chat messages end (the
+     * server's rendering knows them, the engine does not): a hybrid model
+     * checkpoints its recurrent state there and densely inside the last
+     * marked message (between the last two marks), where a later prompt is
+     * most likely to depart from this one. Hints only: any values are
+     * safe, out-of-range ones ignored. The engine copies what it needs at
+     * submit. NULL = none. */
+    const int32_t *prompt_marks;
+    int n_prompt_marks;
 } lm_gen_params;
 
 /* Why a request got fewer cached prompt tokens than it shares with an earlier

@@ -315,6 +315,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
     srv_job *j = job_create(s, cc, c);
     j->api = api;
     lm_tok_ids ids = { 0 };
+    int32_t *marks = NULL; /* where the chat messages end, in tokens (the engine copies them) */
     char *echo = NULL;
     size_t echo_len = 0;
     const char *what = api ? api->what : kind == SRV_CHAT ? "messages" : "prompt";
@@ -331,11 +332,14 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
             if (!strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "%s", what);
             goto fail;
         }
+        srv_chat_marks(s, &j->r, &j->prompt);
         if (srv_constrain(s, &j->r, &j->prompt, &e)) goto fail;
         if (lm_chat_encode(s->tok, &j->prompt, &ids, &le)) {
             srv_bad(&e, what, "%s", le.msg);
             goto fail;
         }
+        j->r.gp.n_prompt_marks = lm_chat_mark_tokens(s->tok, &j->prompt, ids.ids, (int)ids.n, &marks);
+        j->r.gp.prompt_marks = marks;
     } else if (j->r.prompt_ids) {
         ids.ids = lm_xmalloc((size_t)j->r.n_prompt_ids * sizeof *ids.ids);
         memcpy(ids.ids, j->r.prompt_ids, (size_t)j->r.n_prompt_ids * sizeof *ids.ids);
@@ -399,6 +403,9 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, srv_conn *cc, 
         rc = lm_engine_submit(s->en, ids.ids, (int)ids.n, gp, on_token, &j->ch[i], &j->ch[i].req, &le);
     }
     gp->sampling.seed = seed;
+    gp->prompt_marks = NULL, gp->n_prompt_marks = 0;
+    free(marks);
+    marks = NULL;
     if (rc != LM_ENGINE_OK) /* the choices already in are dropped: the request fails whole */
         for (int i = 0; i < j->n_ch; i++) {
             if (j->ch[i].req) lm_request_release(j->ch[i].req);
@@ -496,6 +503,7 @@ fail:
         srv_trace_write(s, &tr);
     }
     free(echo);
+    free(marks);
     lm_tok_ids_free(&ids);
     cc->job_logged = false;
     job_finish(j);

@@ -499,6 +499,12 @@ lm_chat_req srv_chat_req(const srv_req *r) {
                           .tool_args = force ? r->tool_args : NULL };
 }
 
+void srv_chat_marks(const srv *s, const srv_req *r, lm_chat_prompt *p) {
+    lm_chat_req cr = srv_chat_req(r);
+    cr.special_in_content = s->opts.special_in_content;
+    lm_chat_mark_messages(s->chat, &cr, p);
+}
+
 int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e) {
     memset(p, 0, sizeof *p);
     if (!s->chat)

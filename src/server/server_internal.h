@@ -309,6 +309,9 @@ lm_chat_req srv_chat_req(const srv_req *r);
 /* The prompt of a chat request through the model's template; 400 errors
  * (no template, a render failure) name the messages. */
 int srv_chat_render(const srv *s, const srv_req *r, lm_chat_prompt *p, srv_err *e);
+/* Where p's messages end (p rendered from r): the engine's hint for hybrid
+ * checkpoints (lm_chat_mark_messages). */
+void srv_chat_marks(const srv *s, const srv_req *r, lm_chat_prompt *p);
 
 /* ---- output (output.c) ------------------------------------------------------------------ */
 
