@@ -170,3 +170,27 @@ LM_TEST(grammar_strict_fill) {
     lm_grammar_vocab_free(v);
     lm_grammar_unref(g);
 }
+
+/* A JSON string is one state whatever character came last: after "é" (a
+ * two-byte character) the mask comes from the cache entry made after "a". */
+LM_TEST(grammar_string_state_after_multibyte_char) {
+    lm_grammar *g = gbnf("root ::= \"\\\"\" [^\"\\\\]* \"\\\"\"\n");
+    LM_REQUIRE(g);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    uint32_t *mask = calloc((size_t)lm_grammar_mask_words(n), 4);
+    LM_CHECK(lm_grammar_accept_bytes(m, "\"a", 2));
+    int a = lm_grammar_mask(m, mask);
+    lm_grammar_stats s0, s1;
+    lm_grammar_get_stats(g, &s0);
+    LM_CHECK(lm_grammar_accept_bytes(m, "\xc3\xa9", 2));
+    LM_CHECK(lm_grammar_mask(m, mask) == a);
+    lm_grammar_get_stats(g, &s1);
+    LM_CHECK_MSG(s1.mask_hits == s0.mask_hits + 1, "hits %llu -> %llu", (unsigned long long)s0.mask_hits,
+                 (unsigned long long)s1.mask_hits);
+    free(mask);
+    lm_grammar_matcher_free(m);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}

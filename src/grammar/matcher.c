@@ -25,14 +25,23 @@ static int32_t node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent) {
 }
 
 
-/* Adds the stack (pos, parent) unless the set (from out->base) has it. */
+/* Adds the stack (pos, parent) unless the set (from out->base) has it. A
+ * top that has ended its alternative pops on any byte, so the stack is its
+ * parent's: folding it keeps equal states equal in content (the self-loop
+ * test and the caches compare stacks by content; a JSON string after a
+ * two-byte character is then the state it is after an ASCII one). */
 static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids *out) {
+    int32_t id = -1;
+    while (parent >= 0 && (m->g->el[pos].type == G_END || m->g->el[pos].type == G_ALT)) {
+        id = parent;
+        pos = m->nodes[id].pos, parent = m->nodes[id].parent;
+    }
     for (int i = out->base; i < out->n; i++) {
         const g_node *x = &m->nodes[out->v[i]];
         if (x->pos == pos && x->parent == parent) return;
     }
     if (out->n - out->base >= G_MAX_STACKS) return;
-    g_ids_push(out, node_new(m, pos, parent));
+    g_ids_push(out, id >= 0 ? id : node_new(m, pos, parent));
 }
 
 /* Every way the stack (pos, parent) takes byte c, appended to out: a
