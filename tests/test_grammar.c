@@ -194,3 +194,41 @@ LM_TEST(grammar_string_state_after_multibyte_char) {
     lm_grammar_vocab_free(v);
     lm_grammar_unref(g);
 }
+
+/* Tokens the mask and one-by-one acceptance disagree on, at m's state. */
+static int mask_disagreements(lm_grammar_matcher *m, int n) {
+    uint32_t *mask = calloc((size_t)lm_grammar_mask_words(n), 4);
+    int allowed = lm_grammar_mask(m, mask), count = 0, bad = 0;
+    for (int id = 0; id < n; id++) {
+        bool bit = (mask[id >> 5] >> (id & 31)) & 1;
+        count += bit;
+        bool ok = lm_grammar_accept(m, id);
+        if (ok) lm_grammar_rollback(m, 1);
+        bad += bit != ok;
+    }
+    free(mask);
+    return bad + (count != allowed);
+}
+
+/* Counted repetitions (a chain of sets, one per count left) whose bytes
+ * part ways only some counts in: "false" fits [a-z]{0,3} [a-m]{0,3} from
+ * no state, "name" does; masks at every count must agree with accepting
+ * each token, including after a two-byte character. */
+LM_TEST(grammar_mask_counted_repetition) {
+    lm_grammar *g = gbnf("root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n");
+    LM_REQUIRE(g);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    static const char *texts[] = { "abcab.", "\"ab\xc3\xa9x\"" };
+    for (size_t t = 0; t < LM_COUNT(texts); t++) {
+        lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+        for (size_t at = 0; at <= strlen(texts[t]); at++) {
+            int bad = mask_disagreements(m, n);
+            LM_CHECK_MSG(bad == 0, "'%s' after %zu bytes: %d tokens disagree", texts[t], at, bad);
+            if (at < strlen(texts[t])) LM_CHECK(lm_grammar_accept_bytes(m, texts[t] + at, 1));
+        }
+        lm_grammar_matcher_free(m);
+    }
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}

@@ -155,8 +155,17 @@ struct lm_grammar_matcher {
     /* the mask walk (mask.c): sets by trie depth */
     g_ids lvl;
     int *lvl_start, *lvl_n, *lvl_nodes;
-    uint8_t *lvl_loop;   /* the set at this depth is the current one (self_loops) */
+    uint8_t *lvl_loop;   /* the set at this depth is the chain's (chain in mask.c) */
     int lvl_cap;
+    /* the chain (mask.c): ch[off[d], off[d] + n[d]) is the set after d
+     * bytes of class k[d - 1]; ch_len: the last nonempty one */
+    g_ids ch;
+    int *ch_off, *ch_n, ch_len;
+    uint64_t (*ch_k)[2];
+    /* while probing, step() narrows probe to the ASCII bytes that every
+     * byte set it tests holds exactly when it holds the byte stepped */
+    bool probing;
+    uint64_t probe[2];
 };
 
 /* Appends to out (deduplicated from out->base) the stacks of the set

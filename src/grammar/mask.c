@@ -38,6 +38,7 @@ struct lm_grammar_vocab {
      * its subtree's tokens are order[tn_lo[k], tn_lo[tn_next[k]]) */
     uint64_t *sub_ascii;    /* [2 n_tn] */
     uint8_t *sub_high;      /* [n_tn] */
+    int32_t *tn_maxd;       /* [n_tn] the deepest node of k's subtree */
     int32_t *tn_lo;         /* [n_tn + 1] */
     int32_t *order;         /* [n_order] token ids in byte order (= trie preorder) */
     int n_order;
@@ -131,14 +132,18 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
     v->sub_ascii = lm_xcalloc(2 * (size_t)v->n_tn + 2, sizeof *v->sub_ascii);
     v->sub_high = lm_xcalloc((size_t)v->n_tn + 1, 1);
     v->tn_lo = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_lo);
-    for (int x = v->n_tn - 1; x >= 0; x--)
+    v->tn_maxd = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_maxd);
+    for (int x = v->n_tn - 1; x >= 0; x--) {
+        v->tn_maxd[x] = v->tn_depth[x];
         for (int c = x + 1; c < v->tn_next[x]; c = v->tn_next[c]) {
             uint8_t b = v->tn_byte[c];
             if (b < 128) v->sub_ascii[2 * x + b / 64] |= 1ull << (b & 63);
             else v->sub_high[x] = 1;
             v->sub_ascii[2 * x] |= v->sub_ascii[2 * c], v->sub_ascii[2 * x + 1] |= v->sub_ascii[2 * c + 1];
             v->sub_high[x] |= v->sub_high[c];
+            v->tn_maxd[x] = LM_MAX(v->tn_maxd[x], v->tn_maxd[c]);
         }
+    }
     int t = 0;
     for (int x = 0; x < v->n_tn; x++) { /* the first token at or after node x, in order */
         v->tn_lo[x] = t;
@@ -157,7 +162,7 @@ void lm_grammar_vocab_free(lm_grammar_vocab *v) {
     if (!v) return;
     free(v->off), free(v->len), free(v->arena), free(v->is_end), free(v->end_ids), free(v->tok_next);
     free(v->tn_byte), free(v->tn_depth), free(v->tn_next), free(v->tn_tok);
-    free(v->sub_ascii), free(v->sub_high), free(v->tn_lo), free(v->order);
+    free(v->sub_ascii), free(v->sub_high), free(v->tn_maxd), free(v->tn_lo), free(v->order);
     free(v);
 }
 
@@ -178,39 +183,79 @@ static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
     return true;
 }
 
-/* The ASCII bytes that take the current set back to itself (inside a JSON
- * string: every character that needs no escape). A path of such bytes
- * leaves the set as it was, so a trie subtree made only of them is allowed
- * whole without walking it. */
-static void self_loops(lm_grammar_matcher *m, uint64_t loop[2]) {
-    loop[0] = loop[1] = 0;
-    g_ids *t = &m->tmp;
-    const int mark = m->n_nodes, n = m->cur.n;
-    for (int c = 0; c < 128 && n > 0; c++) {
-        t->n = 0;
-        for (int i = 0; i < n; i++) g_ids_push(t, m->cur.v[i]);
-        t->base = n;
-        gm_advance(m, 0, n, (uint8_t)c, t);
-        bool same = t->n - n == n;
-        for (int i = 0; i < n && same; i++) same = same_stack(m, t->v[n + i], m->cur.v[i]);
-        if (same) loop[c / 64] |= 1ull << (c & 63);
-        m->n_nodes = mark;
+/* Past this many stacks a chain set is not kept (the walk advances as usual). */
+#define G_CHAIN_STACKS 64
+
+/* The chain: most of a mask is tokens of "ordinary" bytes (the characters
+ * of a JSON string), each of which takes the set down the same path. C[0]
+ * is the current set and C[d + 1] the set after byte r from C[d]; while
+ * stepping r, step() reports (probing) the ASCII bytes that every byte set
+ * it tests holds exactly when it holds r: those take the very same path,
+ * so k[d], the ones that did so at every depth up to d, lead from C[0]
+ * along any path of length d + 1 to C[d + 1]. The walk then allows a trie
+ * subtree of k bytes whole, or reuses C[d] without stepping. A string
+ * with maxLength is such a chain (each character count its own set); a
+ * string without is one whose sets repeat (C[1] = C[0]), and then every
+ * depth reuses it without stepping again. */
+static void chain(lm_grammar_matcher *m, int max_depth) {
+    g_ids *C = &m->ch;
+    C->n = C->base = 0;
+    m->ch_len = 0;
+    m->ch_off[0] = 0, m->ch_n[0] = m->cur.n;
+    for (int i = 0; i < m->cur.n; i++) g_ids_push(C, m->cur.v[i]);
+    static const char reps[] = "e0a \"{";
+    uint8_t r = 0;
+    uint64_t k[2] = { ~0ull, ~0ull };
+    for (int d = 0; d < max_depth; d++) {
+        const int off = m->ch_off[d], n = m->ch_n[d];
+        if (n == 0 || n > G_CHAIN_STACKS) return;
+        for (int t = d ? -1 : 0; d ? t < 0 : reps[t]; t++) {
+            if (!d) r = (uint8_t)reps[t];
+            C->n = C->base = off + n;
+            m->probing = true, m->probe[0] = m->probe[1] = ~0ull;
+            gm_advance(m, off, n, r, C);
+            m->probing = false;
+            if (C->n > C->base) break;
+        }
+        const int n2 = C->n - C->base;
+        if (n2 == 0) return;
+        k[0] &= m->probe[0], k[1] &= m->probe[1];
+        m->ch_k[d][0] = k[0], m->ch_k[d][1] = k[1];
+        m->ch_off[d + 1] = C->base, m->ch_n[d + 1] = n2, m->ch_len = d + 1;
+        bool same = n2 == n;
+        for (int i = 0; i < n && same; i++) same = same_stack(m, C->v[off + i], C->v[C->base + i]);
+        if (same) { /* the set repeats: so does everything after it */
+            C->n = C->base;
+            for (int e = d; e < max_depth; e++) {
+                m->ch_k[e][0] = k[0], m->ch_k[e][1] = k[1];
+                m->ch_off[e + 1] = off, m->ch_n[e + 1] = n;
+            }
+            m->ch_len = max_depth;
+            return;
+        }
     }
-    t->n = t->base = 0;
 }
+
+static void walk_alloc(lm_grammar_matcher *m, int depth) {
+    if (m->lvl_cap >= depth + 1) return;
+    m->lvl_cap = depth + 1;
+    m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
+    m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
+    m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
+    m->lvl_loop = lm_xrealloc(m->lvl_loop, (size_t)m->lvl_cap);
+    m->ch_off = lm_xrealloc(m->ch_off, (size_t)m->lvl_cap * sizeof *m->ch_off);
+    m->ch_n = lm_xrealloc(m->ch_n, (size_t)m->lvl_cap * sizeof *m->ch_n);
+    m->ch_k = lm_xrealloc(m->ch_k, (size_t)m->lvl_cap * sizeof *m->ch_k);
+}
+
+static bool in_k(const uint64_t k[2], uint8_t b) { return b < 128 && ((k[b >> 6] >> (b & 63)) & 1); }
 
 static int walk(lm_grammar_matcher *m, uint32_t *mask) {
     const lm_grammar_vocab *v = m->v;
-    if (m->lvl_cap < v->max_depth + 1) {
-        m->lvl_cap = v->max_depth + 1;
-        m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
-        m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
-        m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
-        m->lvl_loop = lm_xrealloc(m->lvl_loop, (size_t)m->lvl_cap);
-    }
-    uint64_t loop[2];
-    self_loops(m, loop);
-    const int mark = m->n_nodes;
+    walk_alloc(m, v->max_depth);
+    const int mark0 = m->n_nodes;
+    chain(m, v->max_depth);
+    const int mark = m->n_nodes; /* the chain's nodes stay until the walk ends */
     g_ids *L = &m->lvl;
     L->n = 0;
     for (int i = 0; i < m->cur.n; i++) g_ids_push(L, m->cur.v[i]);
@@ -219,16 +264,21 @@ static int walk(lm_grammar_matcher *m, uint32_t *mask) {
     for (int k = 0; k < v->n_tn;) {
         const int d = v->tn_depth[k];
         const uint8_t b = v->tn_byte[k];
-        if (m->lvl_loop[d - 1] && b < 128 && ((loop[b / 64] >> (b & 63)) & 1)) {
-            /* back to the current set: the subtree is allowed whole when
-             * every byte below loops too, else walked with the same set */
-            if (!v->sub_high[k] && !(v->sub_ascii[2 * k] & ~loop[0]) && !(v->sub_ascii[2 * k + 1] & ~loop[1])) {
+        if (m->lvl_loop[d - 1] && d <= m->ch_len && in_k(m->ch_k[d - 1], b)) {
+            /* the set here is C[d]: the subtree is allowed whole when all
+             * its bytes are of the chain's class down to a nonempty set */
+            const int D = v->tn_maxd[k];
+            if (!v->sub_high[k] && D <= m->ch_len && !(v->sub_ascii[2 * k] & ~m->ch_k[D - 1][0]) &&
+                !(v->sub_ascii[2 * k + 1] & ~m->ch_k[D - 1][1])) {
                 for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++, allowed++)
                     mask[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
                 k = v->tn_next[k];
                 continue;
             }
-            m->lvl_start[d] = 0, m->lvl_n[d] = m->lvl_n[0], m->lvl_nodes[d] = mark, m->lvl_loop[d] = 1;
+            m->n_nodes = m->lvl_nodes[d - 1];
+            L->n = m->lvl_start[d] = LM_MAX(m->lvl_start[d - 1] + m->lvl_n[d - 1], m->lvl_n[0]);
+            for (int i = 0; i < m->ch_n[d]; i++) g_ids_push(L, m->ch.v[m->ch_off[d] + i]);
+            m->lvl_n[d] = m->ch_n[d], m->lvl_nodes[d] = m->n_nodes, m->lvl_loop[d] = 1;
             allowed += allow_tokens(v, v->tn_tok[k], mask);
             k++;
             continue;
@@ -242,7 +292,7 @@ static int walk(lm_grammar_matcher *m, uint32_t *mask) {
         if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask);
         k = m->lvl_n[d] > 0 ? k + 1 : v->tn_next[k];
     }
-    m->n_nodes = mark;
+    m->n_nodes = mark0;
     L->base = 0;
     return allowed;
 }

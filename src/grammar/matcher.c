@@ -44,6 +44,15 @@ static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids 
     g_ids_push(out, id >= 0 ? id : node_new(m, pos, parent));
 }
 
+/* Whether set s holds c; while probing, also the ASCII bytes that agree
+ * with c on s (chain in mask.c: bytes that agree on every test step()
+ * makes take exactly c's path). */
+static inline bool takes(lm_grammar_matcher *m, const g_set *s, uint8_t c) {
+    const bool in = g_set_has(s, c);
+    if (m->probing) m->probe[0] &= in ? s->w[0] : ~s->w[0], m->probe[1] &= in ? s->w[1] : ~s->w[1];
+    return in;
+}
+
 /* Every way the stack (pos, parent) takes byte c, appended to out: a
  * reference expands only the alternatives whose first bytes hold c (or
  * that can match nothing, to look past them); an end returns to the
@@ -54,7 +63,7 @@ static void step(lm_grammar_matcher *m, int32_t pos, int32_t parent, uint8_t c, 
     for (;;) {
         const g_elem x = el[pos];
         if (x.type == G_BYTES) {
-            if (g_set_has(&g->sets[x.arg], c)) add_stack(m, pos + 1, parent, out);
+            if (takes(m, &g->sets[x.arg], c)) add_stack(m, pos + 1, parent, out);
             return;
         }
         if (x.type == G_END || x.type == G_ALT) {
@@ -63,11 +72,11 @@ static void step(lm_grammar_matcher *m, int32_t pos, int32_t parent, uint8_t c, 
             parent = m->nodes[parent].parent;
             continue;
         }
-        if (!g_set_has(&g->first[pos], c) && !g->nullable[pos]) return;
+        if (!g->nullable[pos] && !takes(m, &g->first[pos], c)) return;
         uint8_t after = el[pos + 1].type;
         int32_t ret = -2; /* made on first use */
         for (int32_t a = g->rule_start[x.arg];;) {
-            if (g_set_has(&g->first[a], c) || g->nullable[a]) {
+            if (g->nullable[a] || takes(m, &g->first[a], c)) {
                 if (ret == -2) ret = after == G_END || after == G_ALT ? parent : node_new(m, pos + 1, parent);
                 step(m, a, ret, c, out);
             }
@@ -132,6 +141,10 @@ void lm_grammar_matcher_free(lm_grammar_matcher *m) {
     free(m->lvl_n);
     free(m->lvl_nodes);
     free(m->lvl_loop);
+    free(m->ch.v);
+    free(m->ch_off);
+    free(m->ch_n);
+    free(m->ch_k);
     free(m);
 }
 
