@@ -17,7 +17,7 @@ static lm_grammar *gbnf(const char *s) {
  * multi-byte tokens, and id 0 as the end token. */
 static lm_grammar_vocab *small_vocab(int *n_out) {
     static const char *multi[] = { "{\"", "\":", "\",", "true", "false", "null", "name", "age", "  ", "\"}", "12",
-                                   "abc", "é", "\xc3", "\xa9", "<tool_call>" };
+                                   "abc", "é", "\xc3", "\xa9", "<tool_call>", "éa" };
     int n = 1 + 96 + (int)LM_COUNT(multi);
     const char **b = calloc((size_t)n, sizeof *b);
     size_t *l = calloc((size_t)n, sizeof *l);
@@ -212,23 +212,33 @@ static int mask_disagreements(lm_grammar_matcher *m, int n) {
 
 /* Counted repetitions (a chain of sets, one per count left) whose bytes
  * part ways only some counts in: "false" fits [a-z]{0,3} [a-m]{0,3} from
- * no state, "name" does; masks at every count must agree with accepting
+ * no state, "name" does; "abc" fits [a-z]{2} "c"? although the chain of
+ * [a-z] ends after two; "éa" does not fit ([a-z] | [^\x00-\x7f] "!"){0,4}
+ * although every character of both kinds is one count. Masks at every count must agree with accepting
  * each token, including after a two-byte character. */
 LM_TEST(grammar_mask_counted_repetition) {
-    lm_grammar *g = gbnf("root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n");
-    LM_REQUIRE(g);
+    static const struct {
+        const char *gbnf, *text;
+    } cases[] = {
+        { "root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n", "abcab." },
+        { "root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n", "\"ab\xc3\xa9x\"" },
+        { "root ::= [a-z]{2} \"c\"? \".\"\n", "abc." },
+        { "root ::= ([a-z] | [^\\x00-\\x7f] \"!\"){0,4} \".\"\n", "a\xc3\xa9!b." },
+    };
     int n;
     lm_grammar_vocab *v = small_vocab(&n);
-    static const char *texts[] = { "abcab.", "\"ab\xc3\xa9x\"" };
-    for (size_t t = 0; t < LM_COUNT(texts); t++) {
+    for (size_t t = 0; t < LM_COUNT(cases); t++) {
+        lm_grammar *g = gbnf(cases[t].gbnf);
+        LM_REQUIRE(g);
         lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
-        for (size_t at = 0; at <= strlen(texts[t]); at++) {
+        const char *text = cases[t].text;
+        for (size_t at = 0; at <= strlen(text); at++) {
             int bad = mask_disagreements(m, n);
-            LM_CHECK_MSG(bad == 0, "'%s' after %zu bytes: %d tokens disagree", texts[t], at, bad);
-            if (at < strlen(texts[t])) LM_CHECK(lm_grammar_accept_bytes(m, texts[t] + at, 1));
+            LM_CHECK_MSG(bad == 0, "'%s' after %zu bytes: %d tokens disagree", text, at, bad);
+            if (at < strlen(text)) LM_CHECK(lm_grammar_accept_bytes(m, text + at, 1));
         }
         lm_grammar_matcher_free(m);
+        lm_grammar_unref(g);
     }
     lm_grammar_vocab_free(v);
-    lm_grammar_unref(g);
 }

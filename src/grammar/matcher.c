@@ -49,7 +49,8 @@ static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids 
  * makes take exactly c's path). */
 static inline bool takes(lm_grammar_matcher *m, const g_set *s, uint8_t c) {
     const bool in = g_set_has(s, c);
-    if (m->probing) m->probe[0] &= in ? s->w[0] : ~s->w[0], m->probe[1] &= in ? s->w[1] : ~s->w[1];
+    if (m->probing)
+        for (int w = 0; w < 4; w++) m->probe[w] &= in ? s->w[w] : ~s->w[w];
     return in;
 }
 
@@ -140,11 +141,12 @@ void lm_grammar_matcher_free(lm_grammar_matcher *m) {
     free(m->lvl_start);
     free(m->lvl_n);
     free(m->lvl_nodes);
-    free(m->lvl_loop);
+    free(m->lvl_chain);
     free(m->ch.v);
     free(m->ch_off);
     free(m->ch_n);
     free(m->ch_k);
+    free(m->ch_u8);
     free(m);
 }
 
