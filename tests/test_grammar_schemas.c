@@ -207,6 +207,13 @@ LM_TEST(grammar_schema_unsupported_named) {
         { "{\"allOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}", "allOf" },
         { "{\"type\":\"number\",\"minimum\":-1.5}", "number bounds" },
         { "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer" },
+        /* oneOf whose branches overlap: "exactly one" cannot be a grammar of alternatives */
+        { "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", "oneOf branches 0 and 1" },
+        { "{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"},{\"type\":\"number\"}]}", "oneOf branches 0 and 2" },
+        { "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"a\",\"b\"]}},\"required\":[\"kind\"]},"
+          "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"b\"}},\"required\":[\"kind\"]}]}", "oneOf branches 0 and 1" },
+        { "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},"
+          "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}", "oneOf branches 0 and 1" },
     };
     for (size_t i = 0; i < LM_COUNT(bad); i++) {
         json_t *s = json_loads(bad[i].schema, 0, NULL);
@@ -214,6 +221,31 @@ LM_TEST(grammar_schema_unsupported_named) {
         lm_err e = { { 0 } };
         LM_CHECK_MSG(lm_grammar_from_schema(&g, s, &e) != 0 && strstr(e.msg, bad[i].names), "%s: '%s'", bad[i].schema,
                      e.msg);
+        lm_grammar_unref(g);
+        json_decref(s);
+    }
+}
+
+/* oneOf where lumen can show the branches exclude each other compiles
+ * (and then "at least one" is "exactly one"): types, const/enum values, a
+ * required discriminator (through $ref), a required property the other
+ * branch forbids. */
+LM_TEST(grammar_schema_oneof_exclusive_accepted) {
+    static const char *ok[] = {
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":\"null\"}]}",
+        "{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[3,\"1\"]},{\"const\":true}]}",
+        "{\"$defs\":{\"click\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"click\"}},\"required\":[\"kind\"]}},"
+        "\"oneOf\":[{\"$ref\":\"#/$defs/click\"},{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"key\",\"scroll\"]}},"
+        "\"required\":[\"kind\"]}]}",
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"],"
+        "\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"],"
+        "\"additionalProperties\":false}]}",
+    };
+    for (size_t i = 0; i < LM_COUNT(ok); i++) {
+        json_t *s = json_loads(ok[i], 0, NULL);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(s && lm_grammar_from_schema(&g, s, &e) == 0, "%s: %s", ok[i], e.msg);
         lm_grammar_unref(g);
         json_decref(s);
     }

@@ -211,6 +211,8 @@ LM_TEST(server_structured_output_refusals) {
         { "{\"type\":\"grammar\",\"grammar\":\"root ::= x\\n\"}", "response_format", "'x' is used but never defined" },
         { "{\"type\":\"regex\",\"regex\":\"(a)\\\\1\"}", "response_format", "backreferences" },
         { "{\"type\":\"xml\"}", "response_format", "'xml'" },
+        { "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\","
+          "\"minLength\":2}]}}}", "response_format", "oneOf branches 0 and 1 may both match" },
     };
     for (size_t i = 0; i < LM_COUNT(bad); i++) {
         json_t *b = chat_body("hi", 10, 0, 0);
