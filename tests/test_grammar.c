@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/grammar/lm_grammar.h"
+#include "../src/grammar/grammar_internal.h" /* the stack count (grammar_shared_prefix_one_stack) */
 #include "lm_test.h"
 
 static lm_grammar *gbnf(const char *s) {
@@ -241,4 +241,29 @@ LM_TEST(grammar_mask_counted_repetition) {
         lm_grammar_unref(g);
     }
     lm_grammar_vocab_free(v);
+}
+
+/* Alternatives that begin alike are factored: through their shared prefix
+ * one parse stack stands for all of them (a mask steps each stack per
+ * trie node: 250 tool calls were 250 stacks), and the language is the
+ * same, masks included. */
+LM_TEST(grammar_shared_prefix_one_stack) {
+    lm_grammar *g = gbnf("root ::= \"tool_ab\" \"1\" | \"tool_ab2\" | \"tool_ac\" x | \"tool_\" | \"to\"\nx ::= [0-9]+\n");
+    LM_REQUIRE(g);
+    static const char *yes[] = { "tool_ab1", "tool_ab2", "tool_ac77", "tool_", "to" };
+    static const char *no[] = { "tool_ab", "tool_ac", "tool_ab12", "tool", "tool_x" };
+    for (size_t i = 0; i < LM_COUNT(yes); i++) LM_CHECK_MSG(accepts(g, yes[i]), "%s", yes[i]);
+    for (size_t i = 0; i < LM_COUNT(no); i++) LM_CHECK_MSG(!accepts(g, no[i]), "%s", no[i]);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    const char *text = "tool_ac7";
+    for (size_t at = 0; at <= strlen(text); at++) {
+        LM_CHECK_MSG(mask_disagreements(m, n) == 0, "after %zu bytes", at);
+        if (at >= 1 && at <= 5) LM_CHECK_MSG(m->cur.n == 1, "after %zu bytes: %d stacks", at, m->cur.n);
+        if (at < strlen(text)) LM_CHECK(lm_grammar_accept_bytes(m, text + at, 1));
+    }
+    lm_grammar_matcher_free(m);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
 }
