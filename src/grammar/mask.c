@@ -6,6 +6,11 @@
  * path; a byte no stack takes skips the whole subtree (next[k]). Nodes the
  * walk makes are dropped afterwards (and per sibling as it goes).
  *
+ * Most of a big mask is tokens of "ordinary" characters (inside a JSON
+ * string) that all take the sets down one path: the walk first builds
+ * that path (the chain, below) and then allows whole subtrees of such
+ * characters, or reuses the chain's set, without stepping the stacks.
+ *
  * Masks are cached per grammar under a 128-bit hash of the stack set (the
  * element positions of every stack, top to bottom, in a canonical order):
  * equal stacks allow equal tokens, wherever they were reached from. */
@@ -38,7 +43,6 @@ struct lm_grammar_vocab {
      * its subtree's tokens are order[tn_lo[k], tn_lo[tn_next[k]]) */
     uint64_t *sub_ascii;    /* [2 n_tn] */
     uint8_t *sub_high;      /* [n_tn] */
-    int32_t *tn_maxd;       /* [n_tn] the deepest node of k's subtree */
     /* the most characters on a path of k's subtree read from k's byte as
      * a character's first (a token may end inside one: it counts), or 0
      * when some path there is not UTF-8 */
@@ -181,16 +185,13 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
     v->sub_ascii = lm_xcalloc(2 * (size_t)v->n_tn + 2, sizeof *v->sub_ascii);
     v->sub_high = lm_xcalloc((size_t)v->n_tn + 1, 1);
     v->tn_lo = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_lo);
-    v->tn_maxd = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_maxd);
     for (int x = v->n_tn - 1; x >= 0; x--) {
-        v->tn_maxd[x] = v->tn_depth[x];
         for (int c = x + 1; c < v->tn_next[x]; c = v->tn_next[c]) {
             uint8_t b = v->tn_byte[c];
             if (b < 128) v->sub_ascii[2 * x + b / 64] |= 1ull << (b & 63);
             else v->sub_high[x] = 1;
             v->sub_ascii[2 * x] |= v->sub_ascii[2 * c], v->sub_ascii[2 * x + 1] |= v->sub_ascii[2 * c + 1];
             v->sub_high[x] |= v->sub_high[c];
-            v->tn_maxd[x] = LM_MAX(v->tn_maxd[x], v->tn_maxd[c]);
         }
     }
     utf8_counts(v);
@@ -219,7 +220,7 @@ void lm_grammar_vocab_free(lm_grammar_vocab *v) {
     if (!v) return;
     free(v->off), free(v->len), free(v->arena), free(v->is_end), free(v->end_ids), free(v->tok_next);
     free(v->tn_byte), free(v->tn_depth), free(v->tn_next), free(v->tn_tok);
-    free(v->sub_ascii), free(v->sub_high), free(v->tn_maxd), free(v->u8_chars), free(v->ord_chars), free(v->tn_lo), free(v->order);
+    free(v->sub_ascii), free(v->sub_high), free(v->u8_chars), free(v->ord_chars), free(v->tn_lo), free(v->order);
     free(v);
 }
 
