@@ -27,8 +27,8 @@ static int32_t node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent) {
 
 /* Adds the stack (pos, parent) unless the set (from out->base) has it. A
  * top that has ended its alternative pops on any byte, so the stack is its
- * parent's: folding it keeps equal states equal in content (the self-loop
- * test and the caches compare stacks by content; a JSON string after a
+ * parent's: folding it keeps equal states equal in content (the mask's
+ * chain and cache compare stacks by content; a JSON string after a
  * two-byte character is then the state it is after an ASCII one). */
 static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids *out) {
     int32_t id = -1;
@@ -44,9 +44,9 @@ static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids 
     g_ids_push(out, id >= 0 ? id : node_new(m, pos, parent));
 }
 
-/* Whether set s holds c; while probing, also the ASCII bytes that agree
- * with c on s (chain in mask.c: bytes that agree on every test step()
- * makes take exactly c's path). */
+/* Whether set s holds c; while probing, also narrows m->probe to the
+ * bytes that agree with c on s (chain in mask.c: bytes that agree on
+ * every test step() makes take exactly c's path). */
 static inline bool takes(lm_grammar_matcher *m, const g_set *s, uint8_t c) {
     const bool in = g_set_has(s, c);
     if (m->probing)
