@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/grammar/lm_grammar.h"
+#include "../src/grammar/grammar_internal.h" /* the stack count (grammar_shared_prefix_one_stack) */
 #include "lm_test.h"
 
 static lm_grammar *gbnf(const char *s) {
@@ -17,7 +17,7 @@ static lm_grammar *gbnf(const char *s) {
  * multi-byte tokens, and id 0 as the end token. */
 static lm_grammar_vocab *small_vocab(int *n_out) {
     static const char *multi[] = { "{\"", "\":", "\",", "true", "false", "null", "name", "age", "  ", "\"}", "12",
-                                   "abc", "é", "\xc3", "\xa9", "<tool_call>" };
+                                   "abc", "é", "\xc3", "\xa9", "<tool_call>", "éa" };
     int n = 1 + 96 + (int)LM_COUNT(multi);
     const char **b = calloc((size_t)n, sizeof *b);
     size_t *l = calloc((size_t)n, sizeof *l);
@@ -166,6 +166,103 @@ LM_TEST(grammar_strict_fill) {
     LM_CHECK(lm_grammar_accept_bytes(m, " t", 2));
     LM_CHECK(lm_grammar_fill(m, ids, 2) == 2); /* "rue}" forced: r, u within the cap */
     LM_CHECK(lm_grammar_fill(m, ids, 16) == 1 && lm_grammar_forced(m, forced, sizeof forced) == 1 && forced[0] == '}');
+    lm_grammar_matcher_free(m);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}
+
+/* A JSON string is one state whatever character came last: after "é" (a
+ * two-byte character) the mask comes from the cache entry made after "a". */
+LM_TEST(grammar_string_state_after_multibyte_char) {
+    lm_grammar *g = gbnf("root ::= \"\\\"\" [^\"\\\\]* \"\\\"\"\n");
+    LM_REQUIRE(g);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    uint32_t *mask = calloc((size_t)lm_grammar_mask_words(n), 4);
+    LM_CHECK(lm_grammar_accept_bytes(m, "\"a", 2));
+    int a = lm_grammar_mask(m, mask);
+    lm_grammar_stats s0, s1;
+    lm_grammar_get_stats(g, &s0);
+    LM_CHECK(lm_grammar_accept_bytes(m, "\xc3\xa9", 2));
+    LM_CHECK(lm_grammar_mask(m, mask) == a);
+    lm_grammar_get_stats(g, &s1);
+    LM_CHECK_MSG(s1.mask_hits == s0.mask_hits + 1, "hits %llu -> %llu", (unsigned long long)s0.mask_hits,
+                 (unsigned long long)s1.mask_hits);
+    free(mask);
+    lm_grammar_matcher_free(m);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}
+
+/* Tokens the mask and one-by-one acceptance disagree on, at m's state. */
+static int mask_disagreements(lm_grammar_matcher *m, int n) {
+    uint32_t *mask = calloc((size_t)lm_grammar_mask_words(n), 4);
+    int allowed = lm_grammar_mask(m, mask), count = 0, bad = 0;
+    for (int id = 0; id < n; id++) {
+        bool bit = (mask[id >> 5] >> (id & 31)) & 1;
+        count += bit;
+        bool ok = lm_grammar_accept(m, id);
+        if (ok) lm_grammar_rollback(m, 1);
+        bad += bit != ok;
+    }
+    free(mask);
+    return bad + (count != allowed);
+}
+
+/* Counted repetitions (a chain of sets, one per count left) whose bytes
+ * part ways only some counts in: "false" fits [a-z]{0,3} [a-m]{0,3} from
+ * no state, "name" does; "abc" fits [a-z]{2} "c"? although the chain of
+ * [a-z] ends after two; "éa" does not fit ([a-z] | [^\x00-\x7f] "!"){0,4}
+ * although every character of both kinds is one count. Masks at every count must agree with accepting
+ * each token, including after a two-byte character. */
+LM_TEST(grammar_mask_counted_repetition) {
+    static const struct {
+        const char *gbnf, *text;
+    } cases[] = {
+        { "root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n", "abcab." },
+        { "root ::= [a-z]{0,3} [a-m]{0,3} \".\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n", "\"ab\xc3\xa9x\"" },
+        { "root ::= [a-z]{2} \"c\"? \".\"\n", "abc." },
+        { "root ::= ([a-z] | [^\\x00-\\x7f] \"!\"){0,4} \".\"\n", "a\xc3\xa9!b." },
+    };
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    for (size_t t = 0; t < LM_COUNT(cases); t++) {
+        lm_grammar *g = gbnf(cases[t].gbnf);
+        LM_REQUIRE(g);
+        lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+        const char *text = cases[t].text;
+        for (size_t at = 0; at <= strlen(text); at++) {
+            int bad = mask_disagreements(m, n);
+            LM_CHECK_MSG(bad == 0, "'%s' after %zu bytes: %d tokens disagree", text, at, bad);
+            if (at < strlen(text)) LM_CHECK(lm_grammar_accept_bytes(m, text + at, 1));
+        }
+        lm_grammar_matcher_free(m);
+        lm_grammar_unref(g);
+    }
+    lm_grammar_vocab_free(v);
+}
+
+/* Alternatives that begin alike are factored: through their shared prefix
+ * one parse stack stands for all of them (a mask steps each stack per
+ * trie node: 250 tool calls were 250 stacks), and the language is the
+ * same, masks included. */
+LM_TEST(grammar_shared_prefix_one_stack) {
+    lm_grammar *g = gbnf("root ::= \"tool_ab\" \"1\" | \"tool_ab2\" | \"tool_ac\" x | \"tool_\" | \"to\"\nx ::= [0-9]+\n");
+    LM_REQUIRE(g);
+    static const char *yes[] = { "tool_ab1", "tool_ab2", "tool_ac77", "tool_", "to" };
+    static const char *no[] = { "tool_ab", "tool_ac", "tool_ab12", "tool", "tool_x" };
+    for (size_t i = 0; i < LM_COUNT(yes); i++) LM_CHECK_MSG(accepts(g, yes[i]), "%s", yes[i]);
+    for (size_t i = 0; i < LM_COUNT(no); i++) LM_CHECK_MSG(!accepts(g, no[i]), "%s", no[i]);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    const char *text = "tool_ac7";
+    for (size_t at = 0; at <= strlen(text); at++) {
+        LM_CHECK_MSG(mask_disagreements(m, n) == 0, "after %zu bytes", at);
+        if (at >= 1 && at <= 5) LM_CHECK_MSG(m->cur.n == 1, "after %zu bytes: %d stacks", at, m->cur.n);
+        if (at < strlen(text)) LM_CHECK(lm_grammar_accept_bytes(m, text + at, 1));
+    }
     lm_grammar_matcher_free(m);
     lm_grammar_vocab_free(v);
     lm_grammar_unref(g);

@@ -21,12 +21,14 @@ typedef struct demo_vocab {
     int n;
     int32_t eos;
     uint8_t *closing; /* [n] the token has a " } ] or , */
+    int stride;       /* masks are checked on ids id % stride == step % stride */
 } demo_vocab;
 
-static bool demo_vocab_load(demo_vocab *d) {
+static bool demo_vocab_load(demo_vocab *d, const char *dir, int stride) {
     lm_err e = { { 0 } };
     memset(d, 0, sizeof *d);
-    if (lm_tokenizer_load(&d->tok, "models/demo", &e)) return false;
+    d->stride = stride;
+    if (lm_tokenizer_load(&d->tok, dir, &e)) return false;
     d->n = lm_tokenizer_n_vocab(d->tok);
     const char **b = calloc((size_t)d->n, sizeof *b);
     size_t *l = calloc((size_t)d->n, sizeof *l);
@@ -41,6 +43,7 @@ static bool demo_vocab_load(demo_vocab *d) {
     }
     lm_tok_str_free(&t);
     d->eos = lm_tokenizer_token_to_id(d->tok, "<|im_end|>", 10);
+    if (d->eos < 0) d->eos = lm_tokenizer_eos(d->tok);
     d->v = lm_grammar_vocab_create(d->n, b, l, &d->eos, 1);
     for (int id = 0; id < d->n; id++) free((char *)b[id]);
     free(b), free(l);
@@ -70,7 +73,7 @@ static bool walk(const demo_vocab *d, lm_grammar *g, uint64_t seed, lm_tok_str *
     for (int step = 0; step < limit && !ended; step++) {
         lm_grammar_mask(m, mask);
         if (mismatch && step < 60) /* the mask (with its shortcuts and cache) is exactly the tokens accepted one by one */
-            for (int id = 0; id < d->n; id++) {
+            for (int id = step % d->stride; id < d->n; id += d->stride) {
                 bool ok = lm_grammar_accept(m, id);
                 if (ok) lm_grammar_rollback(m, 1);
                 *mismatch += ok != ((mask[id >> 5] >> (id & 31)) & 1);
@@ -109,7 +112,7 @@ static bool walk(const demo_vocab *d, lm_grammar *g, uint64_t seed, lm_tok_str *
 
 LM_TEST(grammar_schema_corpus_outputs_validate) {
     demo_vocab d;
-    if (!demo_vocab_load(&d)) {
+    if (!demo_vocab_load(&d, "models/demo", 1)) {
         LM_SKIP("models/demo/tokenizer.json not loadable");
         return;
     }
@@ -153,6 +156,45 @@ LM_TEST(grammar_schema_corpus_outputs_validate) {
     demo_vocab_free(&d);
 }
 
+/* The same property over the Qwen3 vocabulary (151,669 ids: long tokens,
+ * much UTF-8), where the mask's shortcuts do most of the work: the first
+ * 60 masks of one walk per schema equal accepting each token, checked on
+ * every 24th id (a different residue each step). */
+LM_TEST(grammar_schema_corpus_masks_qwen3) {
+    demo_vocab d;
+    char *qwen3 = lm_test_fixture_path("tokenizers/qwen3");
+    bool have = qwen3 && demo_vocab_load(&d, qwen3, 24);
+    free(qwen3);
+    if (!have) {
+        LM_SKIP("%s", lm_test_fixtures_why());
+        return;
+    }
+    DIR *dir = opendir("tests/data/schemas");
+    LM_REQUIRE(dir);
+    int files = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!strstr(de->d_name, ".json")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
+        json_t *schema = json_load_file(path, 0, NULL);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(schema && !lm_grammar_from_schema(&g, schema, &e), "%s: %s", path, e.msg);
+        lm_tok_str out = { 0 };
+        int bad = 0;
+        if (g) walk(&d, g, 3, &out, 60, &bad);
+        LM_CHECK_MSG(bad == 0, "%s: %d mask bits differ from accepting the token", path, bad);
+        files += g != NULL;
+        free(out.s);
+        lm_grammar_unref(g);
+        json_decref(schema);
+    }
+    closedir(dir);
+    LM_CHECK(files >= 8);
+    demo_vocab_free(&d);
+}
+
 LM_TEST(grammar_schema_unsupported_named) {
     static const struct {
         const char *schema, *names;
@@ -165,6 +207,13 @@ LM_TEST(grammar_schema_unsupported_named) {
         { "{\"allOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}", "allOf" },
         { "{\"type\":\"number\",\"minimum\":-1.5}", "number bounds" },
         { "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer" },
+        /* oneOf whose branches overlap: "exactly one" cannot be a grammar of alternatives */
+        { "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", "oneOf branches 0 and 1" },
+        { "{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"},{\"type\":\"number\"}]}", "oneOf branches 0 and 2" },
+        { "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"a\",\"b\"]}},\"required\":[\"kind\"]},"
+          "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"b\"}},\"required\":[\"kind\"]}]}", "oneOf branches 0 and 1" },
+        { "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},"
+          "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}", "oneOf branches 0 and 1" },
     };
     for (size_t i = 0; i < LM_COUNT(bad); i++) {
         json_t *s = json_loads(bad[i].schema, 0, NULL);
@@ -172,6 +221,31 @@ LM_TEST(grammar_schema_unsupported_named) {
         lm_err e = { { 0 } };
         LM_CHECK_MSG(lm_grammar_from_schema(&g, s, &e) != 0 && strstr(e.msg, bad[i].names), "%s: '%s'", bad[i].schema,
                      e.msg);
+        lm_grammar_unref(g);
+        json_decref(s);
+    }
+}
+
+/* oneOf where lumen can show the branches exclude each other compiles
+ * (and then "at least one" is "exactly one"): types, const/enum values, a
+ * required discriminator (through $ref), a required property the other
+ * branch forbids. */
+LM_TEST(grammar_schema_oneof_exclusive_accepted) {
+    static const char *ok[] = {
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":\"null\"}]}",
+        "{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[3,\"1\"]},{\"const\":true}]}",
+        "{\"$defs\":{\"click\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"click\"}},\"required\":[\"kind\"]}},"
+        "\"oneOf\":[{\"$ref\":\"#/$defs/click\"},{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"key\",\"scroll\"]}},"
+        "\"required\":[\"kind\"]}]}",
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"],"
+        "\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"],"
+        "\"additionalProperties\":false}]}",
+    };
+    for (size_t i = 0; i < LM_COUNT(ok); i++) {
+        json_t *s = json_loads(ok[i], 0, NULL);
+        lm_grammar *g = NULL;
+        lm_err e = { { 0 } };
+        LM_CHECK_MSG(s && lm_grammar_from_schema(&g, s, &e) == 0, "%s: %s", ok[i], e.msg);
         lm_grammar_unref(g);
         json_decref(s);
     }

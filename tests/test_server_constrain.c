@@ -115,6 +115,20 @@ LM_TEST(server_structured_output_on_demo) {
     LM_CHECK_MSG(st == 200 && (lm_streq(c, "yes!") || lm_streq(c, "no!")), "grammar: %s", c);
     json_decref(r);
 
+    /* properties come in the order the schema declares them, not sorted */
+    b = chat_body("Flags as JSON.", 80, 0.0, 0);
+    json_object_set_new(b, "response_format",
+                        json_loads("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"o\",\"schema\":{\"type\":"
+                                   "\"object\",\"properties\":{\"zeta\":{\"type\":\"boolean\"},\"alpha\":{\"enum\":"
+                                   "[1,2]},\"mid\":{\"type\":\"boolean\"}},\"required\":[\"zeta\",\"alpha\",\"mid\"],"
+                                   "\"additionalProperties\":false}}}", 0, NULL));
+    r = post(s.port, "/v1/chat/completions", b, &st);
+    c = msg_content(r);
+    const char *kz = c ? strstr(c, "\"zeta\"") : NULL, *ka = c ? strstr(c, "\"alpha\"") : NULL;
+    const char *km = c ? strstr(c, "\"mid\"") : NULL;
+    LM_CHECK_MSG(st == 200 && kz && ka && km && kz < ka && ka < km, "declared order: %d %s", st, c);
+    json_decref(r);
+
     /* the Responses API's text.format */
     json_t *ws = load_schema("weather_tool");
     b = json_pack("{s:s,s:i,s:f,s:{s:{s:s,s:s,s:O}},s:{s:s}}", "input", "Weather as JSON.", "max_output_tokens", 200,
@@ -197,6 +211,8 @@ LM_TEST(server_structured_output_refusals) {
         { "{\"type\":\"grammar\",\"grammar\":\"root ::= x\\n\"}", "response_format", "'x' is used but never defined" },
         { "{\"type\":\"regex\",\"regex\":\"(a)\\\\1\"}", "response_format", "backreferences" },
         { "{\"type\":\"xml\"}", "response_format", "'xml'" },
+        { "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\","
+          "\"minLength\":2}]}}}", "response_format", "oneOf branches 0 and 1 may both match" },
     };
     for (size_t i = 0; i < LM_COUNT(bad); i++) {
         json_t *b = chat_body("hi", 10, 0, 0);

@@ -696,8 +696,8 @@ LM_TEST(server_debug_tool_call) {
         "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{}\"}}]},"
         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],\"tools\":%s}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":%s,\"tool_choice\":\"none\"}",
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":%s,"
-        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+        ("{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":%s,"
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}"),
         "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}]%.0s}",
     };
     for (size_t i = 0; i < LM_COUNT(other); i++) {

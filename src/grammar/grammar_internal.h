@@ -155,8 +155,19 @@ struct lm_grammar_matcher {
     /* the mask walk (mask.c): sets by trie depth */
     g_ids lvl;
     int *lvl_start, *lvl_n, *lvl_nodes;
-    uint8_t *lvl_loop;   /* the set at this depth is the current one (self_loops) */
+    int32_t *lvl_chain;  /* the set at this depth is the chain's C[lvl_chain], or -1 */
     int lvl_cap;
+    /* the chain (mask.c): ch[off[d], off[d] + n[d]) is the set after d
+     * bytes of class k[d - 1]; ch_len: the last nonempty one */
+    g_ids ch;
+    int *ch_off, *ch_n, ch_len;
+    uint64_t (*ch_k)[2];
+    uint64_t ch_dead[4]; /* bytes that take C[ch_len] to nothing (0: not known) */
+    int8_t *ch_u8;       /* every UTF-8 character takes C[i] to C[i + 1]: 1 yes, 0 no, -1 not known yet */
+    /* while probing, step() narrows probe to the bytes that every byte set
+     * it tests holds exactly when it holds the byte stepped */
+    bool probing;
+    uint64_t probe[4];
 };
 
 /* Appends to out (deduplicated from out->base) the stacks of the set

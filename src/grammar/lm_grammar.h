@@ -15,7 +15,9 @@
  * accepted so far leave open; stacks are persistent lists in a node arena,
  * so a step shares everything below the top. The next token's mask walks
  * the vocabulary as a byte trie (lm_grammar_vocab) with the stacks, pruning
- * a whole subtree at the first byte no stack takes. Masks are cached per
+ * a whole subtree at the first byte no stack takes and allowing a whole
+ * subtree of characters that provably take the stacks down one path (a
+ * string's characters, counted or not: mask.c's chain). Masks are cached per
  * grammar by the stack set they were computed for: a JSON value revisits a
  * few states (inside a string, after a comma, ...) again and again, and
  * each is computed once. PCRE2 cannot drive this (it matches a subject, it

@@ -6,6 +6,11 @@
  * path; a byte no stack takes skips the whole subtree (next[k]). Nodes the
  * walk makes are dropped afterwards (and per sibling as it goes).
  *
+ * Most of a big mask is tokens of "ordinary" characters (inside a JSON
+ * string) that all take the sets down one path: the walk first builds
+ * that path (the chain, below) and then allows whole subtrees of such
+ * characters, or reuses the chain's set, without stepping the stacks.
+ *
  * Masks are cached per grammar under a 128-bit hash of the stack set (the
  * element positions of every stack, top to bottom, in a canonical order):
  * equal stacks allow equal tokens, wherever they were reached from. */
@@ -38,6 +43,11 @@ struct lm_grammar_vocab {
      * its subtree's tokens are order[tn_lo[k], tn_lo[tn_next[k]]) */
     uint64_t *sub_ascii;    /* [2 n_tn] */
     uint8_t *sub_high;      /* [n_tn] */
+    /* the most characters on a path of k's subtree read from k's byte as
+     * a character's first (a token may end inside one: it counts), or 0
+     * when some path there is not UTF-8 */
+    uint8_t *u8_chars;      /* [n_tn] */
+    uint8_t *ord_chars;     /* [n_order] characters of token order[i] (a partial one counts), 255: not UTF-8 */
     int32_t *tn_lo;         /* [n_tn + 1] */
     int32_t *order;         /* [n_order] token ids in byte order (= trie preorder) */
     int n_order;
@@ -52,6 +62,50 @@ const char *gv_bytes(const lm_grammar_vocab *v, int32_t id, size_t *n) {
 }
 
 int lm_grammar_vocab_size(const lm_grammar_vocab *v) { return v->n_vocab; }
+
+/* UTF-8 as a DFA: where a byte leads from each position in a character
+ * (-1: not UTF-8). */
+enum { U_START, U_CONT1, U_CONT2, U_CONT3, U_E0, U_ED, U_F0, U_F4, U_STATES };
+
+static int utf8_next(int s, uint8_t b) {
+    switch (s) {
+    case U_START:
+        if (b < 0x80) return U_START;
+        if (b >= 0xC2 && b <= 0xDF) return U_CONT1;
+        if (b == 0xE0) return U_E0;
+        if (b == 0xED) return U_ED;
+        if (b >= 0xE1 && b <= 0xEF) return U_CONT2;
+        if (b == 0xF0) return U_F0;
+        if (b == 0xF4) return U_F4;
+        if (b >= 0xF1 && b <= 0xF3) return U_CONT3;
+        return -1;
+    case U_CONT1: return b >= 0x80 && b <= 0xBF ? U_START : -1;
+    case U_CONT2: return b >= 0x80 && b <= 0xBF ? U_CONT1 : -1;
+    case U_CONT3: return b >= 0x80 && b <= 0xBF ? U_CONT2 : -1;
+    case U_E0: return b >= 0xA0 && b <= 0xBF ? U_CONT1 : -1;
+    case U_ED: return b >= 0x80 && b <= 0x9F ? U_CONT1 : -1;
+    case U_F0: return b >= 0x90 && b <= 0xBF ? U_CONT2 : -1;
+    default: return b >= 0x80 && b <= 0x8F ? U_CONT2 : -1; /* U_F4 */
+    }
+}
+
+/* u8_chars, bottom up for every DFA state (children come after their
+ * parent; only the start state's count is kept). */
+static void utf8_counts(lm_grammar_vocab *v) {
+    int16_t (*cnt)[U_STATES] = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *cnt); /* -1: not UTF-8 */
+    v->u8_chars = lm_xmalloc((size_t)v->n_tn + 1);
+    for (int x = v->n_tn - 1; x >= 0; x--) {
+        for (int s = 0; s < U_STATES; s++) {
+            const int s2 = utf8_next(s, v->tn_byte[x]);
+            int best = 0;
+            for (int c = x + 1; c < v->tn_next[x] && s2 >= 0 && best >= 0; c = v->tn_next[c])
+                best = cnt[c][s2] < 0 ? -1 : LM_MAX(best, cnt[c][s2]);
+            cnt[x][s] = (int16_t)(s2 < 0 || best < 0 ? -1 : best + (s == U_START));
+        }
+        v->u8_chars[x] = (uint8_t)LM_MIN(LM_MAX(cnt[x][U_START], 0), 255);
+    }
+    free(cnt);
+}
 
 static int by_bytes(const void *a, const void *b, void *ctx) {
     const lm_grammar_vocab *sort_v = ctx;
@@ -131,7 +185,7 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
     v->sub_ascii = lm_xcalloc(2 * (size_t)v->n_tn + 2, sizeof *v->sub_ascii);
     v->sub_high = lm_xcalloc((size_t)v->n_tn + 1, 1);
     v->tn_lo = lm_xmalloc(((size_t)v->n_tn + 1) * sizeof *v->tn_lo);
-    for (int x = v->n_tn - 1; x >= 0; x--)
+    for (int x = v->n_tn - 1; x >= 0; x--) {
         for (int c = x + 1; c < v->tn_next[x]; c = v->tn_next[c]) {
             uint8_t b = v->tn_byte[c];
             if (b < 128) v->sub_ascii[2 * x + b / 64] |= 1ull << (b & 63);
@@ -139,6 +193,8 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
             v->sub_ascii[2 * x] |= v->sub_ascii[2 * c], v->sub_ascii[2 * x + 1] |= v->sub_ascii[2 * c + 1];
             v->sub_high[x] |= v->sub_high[c];
         }
+    }
+    utf8_counts(v);
     int t = 0;
     for (int x = 0; x < v->n_tn; x++) { /* the first token at or after node x, in order */
         v->tn_lo[x] = t;
@@ -150,6 +206,13 @@ lm_grammar_vocab *lm_grammar_vocab_create(int n_vocab, const char *const *bytes,
     for (int x = 0; x < v->n_tn; x++)
         for (int32_t id = v->tn_tok[x]; id >= 0; id = v->tok_next[id]) order[v->n_order++] = id;
     v->order = order;
+    v->ord_chars = lm_xmalloc((size_t)v->n_order + 1);
+    for (int i = 0; i < v->n_order; i++) {
+        const uint8_t *b = (const uint8_t *)v->arena + v->off[order[i]];
+        int st = U_START, nc = 0;
+        for (uint32_t j = 0; j < v->len[order[i]] && st >= 0; j++) nc += st == U_START, st = utf8_next(st, b[j]);
+        v->ord_chars[i] = (uint8_t)(st < 0 ? 255 : LM_MIN(nc, 254));
+    }
     return v;
 }
 
@@ -157,7 +220,7 @@ void lm_grammar_vocab_free(lm_grammar_vocab *v) {
     if (!v) return;
     free(v->off), free(v->len), free(v->arena), free(v->is_end), free(v->end_ids), free(v->tok_next);
     free(v->tn_byte), free(v->tn_depth), free(v->tn_next), free(v->tn_tok);
-    free(v->sub_ascii), free(v->sub_high), free(v->tn_lo), free(v->order);
+    free(v->sub_ascii), free(v->sub_high), free(v->u8_chars), free(v->ord_chars), free(v->tn_lo), free(v->order);
     free(v);
 }
 
@@ -178,71 +241,196 @@ static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
     return true;
 }
 
-/* The ASCII bytes that take the current set back to itself (inside a JSON
- * string: every character that needs no escape). A path of such bytes
- * leaves the set as it was, so a trie subtree made only of them is allowed
- * whole without walking it. */
-static void self_loops(lm_grammar_matcher *m, uint64_t loop[2]) {
-    loop[0] = loop[1] = 0;
-    g_ids *t = &m->tmp;
-    const int mark = m->n_nodes, n = m->cur.n;
-    for (int c = 0; c < 128 && n > 0; c++) {
-        t->n = 0;
-        for (int i = 0; i < n; i++) g_ids_push(t, m->cur.v[i]);
-        t->base = n;
-        gm_advance(m, 0, n, (uint8_t)c, t);
-        bool same = t->n - n == n;
-        for (int i = 0; i < n && same; i++) same = same_stack(m, t->v[n + i], m->cur.v[i]);
-        if (same) loop[c / 64] |= 1ull << (c & 63);
-        m->n_nodes = mark;
+/* Past this many stacks a chain set is not kept (the walk advances as usual). */
+#define G_CHAIN_STACKS 64
+
+/* The chain: most of a mask is tokens of "ordinary" bytes (the characters
+ * of a JSON string), each of which takes the set down the same path. C[0]
+ * is the current set and C[d + 1] the set after byte r from C[d]; while
+ * stepping r, step() reports (probing) the ASCII bytes that every byte set
+ * it tests holds exactly when it holds r: those take the very same path,
+ * so k[d], the ones that did so at every depth up to d, lead from C[0]
+ * along any path of length d + 1 to C[d + 1]. The walk then allows a trie
+ * subtree of k bytes whole, or reuses C[d] without stepping. A string
+ * with maxLength is such a chain (each character count its own set); a
+ * string without is one whose sets repeat (C[1] = C[0]), and then every
+ * depth reuses it without stepping again. */
+static void chain(lm_grammar_matcher *m, int max_depth) {
+    g_ids *C = &m->ch;
+    C->n = C->base = 0;
+    m->ch_len = 0;
+    memset(m->ch_dead, 0, sizeof m->ch_dead);
+    m->ch_off[0] = 0, m->ch_n[0] = m->cur.n;
+    memset(m->ch_u8, -1, (size_t)max_depth + 1);
+    for (int i = 0; i < m->cur.n; i++) g_ids_push(C, m->cur.v[i]);
+    static const char reps[] = "e0a \"{";
+    uint8_t r = 0;
+    uint64_t k[2] = { ~0ull, ~0ull };
+    for (int d = 0; d < max_depth; d++) {
+        const int off = m->ch_off[d], n = m->ch_n[d];
+        if (n == 0 || n > G_CHAIN_STACKS) return;
+        for (int t = d ? -1 : 0; d ? t < 0 : reps[t]; t++) {
+            if (!d) r = (uint8_t)reps[t];
+            C->n = C->base = off + n;
+            m->probing = true, memset(m->probe, 0xFF, sizeof m->probe);
+            gm_advance(m, off, n, r, C);
+            m->probing = false;
+            if (C->n > C->base) break;
+        }
+        const int n2 = C->n - C->base;
+        if (n2 == 0) { /* the chain ends here for every byte like r */
+            memcpy(m->ch_dead, m->probe, sizeof m->ch_dead);
+            return;
+        }
+        k[0] &= m->probe[0], k[1] &= m->probe[1];
+        m->ch_k[d][0] = k[0], m->ch_k[d][1] = k[1];
+        m->ch_off[d + 1] = C->base, m->ch_n[d + 1] = n2, m->ch_len = d + 1;
+        bool same = n2 == n;
+        for (int i = 0; i < n && same; i++) same = same_stack(m, C->v[off + i], C->v[C->base + i]);
+        if (same) { /* the set repeats: so does everything after it */
+            C->n = C->base;
+            for (int e = d; e < max_depth; e++) {
+                m->ch_k[e][0] = k[0], m->ch_k[e][1] = k[1];
+                m->ch_off[e + 1] = off, m->ch_n[e + 1] = n;
+            }
+            m->ch_len = max_depth;
+            return;
+        }
     }
+}
+
+static void walk_alloc(lm_grammar_matcher *m, int depth) {
+    if (m->lvl_cap >= depth + 1) return;
+    m->lvl_cap = depth + 1;
+    m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
+    m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
+    m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
+    m->lvl_chain = lm_xrealloc(m->lvl_chain, (size_t)m->lvl_cap * sizeof *m->lvl_chain);
+    m->ch_u8 = lm_xrealloc(m->ch_u8, (size_t)m->lvl_cap);
+    m->ch_off = lm_xrealloc(m->ch_off, (size_t)m->lvl_cap * sizeof *m->ch_off);
+    m->ch_n = lm_xrealloc(m->ch_n, (size_t)m->lvl_cap * sizeof *m->ch_n);
+    m->ch_k = lm_xrealloc(m->ch_k, (size_t)m->lvl_cap * sizeof *m->ch_k);
+}
+
+static bool in_k(const uint64_t k[2], uint8_t b) { return b < 128 && ((k[b >> 6] >> (b & 63)) & 1); }
+
+/* Whether sets x[0, n) and y[0, n) hold the same stacks. */
+static bool same_set(const lm_grammar_matcher *m, const int32_t *x, const int32_t *y, int n) {
+    for (int i = 0; i < n; i++) {
+        bool found = false;
+        for (int j = 0; j < n && !found; j++) found = same_stack(m, x[i], y[j]);
+        if (!found) return false;
+    }
+    return true;
+}
+
+/* Whether every UTF-8 character (not only the ASCII ones of the chain's
+ * class) takes C[i] to C[i + 1]: each shape of character stepped once
+ * with probing, which must find every byte of the shape's range at each
+ * position taking the stepped byte's path. Memoised per i. */
+static bool chain_utf8(lm_grammar_matcher *m, int i) {
+    static const uint8_t shapes[][4][2] = {
+        { { 0xC2, 0xDF }, { 0x80, 0xBF } },
+        { { 0xE0, 0xE0 }, { 0xA0, 0xBF }, { 0x80, 0xBF } },
+        { { 0xE1, 0xEC }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xED, 0xED }, { 0x80, 0x9F }, { 0x80, 0xBF } },
+        { { 0xEE, 0xEF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF0, 0xF0 }, { 0x90, 0xBF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF1, 0xF3 }, { 0x80, 0xBF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF4, 0xF4 }, { 0x80, 0x8F }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+    };
+    if (m->ch_u8[i] >= 0) return m->ch_u8[i] > 0;
+    if (i > 0 && m->ch_off[i] == m->ch_off[i - 1] && m->ch_off[i + 1] == m->ch_off[i] && m->ch_u8[i - 1] >= 0)
+        return (m->ch_u8[i] = m->ch_u8[i - 1]) > 0; /* a repeating set */
+    const int mark = m->n_nodes;
+    g_ids *t = &m->tmp;
+    bool ok = true;
+    for (size_t s = 0; s < LM_COUNT(shapes) && ok; s++) {
+        t->n = 0;
+        for (int j = 0; j < m->ch_n[i]; j++) g_ids_push(t, m->ch.v[m->ch_off[i] + j]);
+        int off = 0, n = m->ch_n[i];
+        for (int p = 0; p < 4 && shapes[s][p][0] && ok; p++) {
+            const uint8_t lo = shapes[s][p][0], hi = shapes[s][p][1];
+            t->base = t->n;
+            m->probing = true, memset(m->probe, 0xFF, sizeof m->probe);
+            gm_advance(m, off, n, lo, t);
+            m->probing = false;
+            off = t->base, n = t->n - t->base;
+            ok = n > 0;
+            for (int c = lo; c <= hi && ok; c++) ok = (m->probe[c >> 6] >> (c & 63)) & 1;
+        }
+        ok = ok && n == m->ch_n[i + 1] && same_set(m, t->v + off, m->ch.v + m->ch_off[i + 1], n);
+    }
+    m->n_nodes = mark;
     t->n = t->base = 0;
+    m->ch_u8[i] = ok;
+    return ok;
+}
+
+/* How the chain decides the trie subtree at k, entered from C[j] (j bytes
+ * in): its paths are characters the chain takes, so a token there is
+ * allowed when it stays within the nonempty sets. 0: it does not decide
+ * (walk on); 1: every token is allowed; 2: those of at most ch_len
+ * characters are (its deepest ones are too long). */
+static int chain_subtree(lm_grammar_matcher *m, int k, int j) {
+    const lm_grammar_vocab *v = m->v;
+    const int n = LM_MIN(v->u8_chars[k], m->ch_len - j);
+    const uint8_t b = v->tn_byte[k];
+    if (n <= 0) return 0;
+    const uint64_t *K = m->ch_k[j + n - 1];
+    if ((b < 128 && !in_k(K, b)) || (v->sub_ascii[2 * k] & ~K[0]) || (v->sub_ascii[2 * k + 1] & ~K[1])) return 0;
+    const bool high = b >= 128 || v->sub_high[k];
+    if (n < v->u8_chars[k]) { /* the longer tokens must end the chain, not go on past it */
+        const uint64_t *D = m->ch_dead;
+        if ((b < 128 && !in_k(D, b)) || (v->sub_ascii[2 * k] & ~D[0]) || (v->sub_ascii[2 * k + 1] & ~D[1]) ||
+            (high && ~(D[2] & D[3])))
+            return 0;
+    }
+    if (high)
+        for (int i = j; i < j + n; i++)
+            if (!chain_utf8(m, i)) return 0;
+    return n == v->u8_chars[k] ? 1 : 2;
 }
 
 static int walk(lm_grammar_matcher *m, uint32_t *mask) {
     const lm_grammar_vocab *v = m->v;
-    if (m->lvl_cap < v->max_depth + 1) {
-        m->lvl_cap = v->max_depth + 1;
-        m->lvl_start = lm_xrealloc(m->lvl_start, (size_t)m->lvl_cap * sizeof *m->lvl_start);
-        m->lvl_n = lm_xrealloc(m->lvl_n, (size_t)m->lvl_cap * sizeof *m->lvl_n);
-        m->lvl_nodes = lm_xrealloc(m->lvl_nodes, (size_t)m->lvl_cap * sizeof *m->lvl_nodes);
-        m->lvl_loop = lm_xrealloc(m->lvl_loop, (size_t)m->lvl_cap);
-    }
-    uint64_t loop[2];
-    self_loops(m, loop);
-    const int mark = m->n_nodes;
+    walk_alloc(m, v->max_depth);
+    const int mark0 = m->n_nodes;
+    chain(m, v->max_depth);
+    const int mark = m->n_nodes; /* the chain's nodes stay until the walk ends */
     g_ids *L = &m->lvl;
     L->n = 0;
     for (int i = 0; i < m->cur.n; i++) g_ids_push(L, m->cur.v[i]);
-    m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark, m->lvl_loop[0] = 1;
+    m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark, m->lvl_chain[0] = 0;
     int allowed = 0;
     for (int k = 0; k < v->n_tn;) {
-        const int d = v->tn_depth[k];
+        const int d = v->tn_depth[k], j = m->lvl_chain[d - 1];
         const uint8_t b = v->tn_byte[k];
-        if (m->lvl_loop[d - 1] && b < 128 && ((loop[b / 64] >> (b & 63)) & 1)) {
-            /* back to the current set: the subtree is allowed whole when
-             * every byte below loops too, else walked with the same set */
-            if (!v->sub_high[k] && !(v->sub_ascii[2 * k] & ~loop[0]) && !(v->sub_ascii[2 * k + 1] & ~loop[1])) {
-                for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++, allowed++)
+        const int how = j >= 0 ? chain_subtree(m, k, j) : 0;
+        if (how) { /* j == d - 1 ASCII characters lead here: a token's count is its own */
+            for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++)
+                if (how == 1 || v->ord_chars[i] <= m->ch_len) {
                     mask[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
-                k = v->tn_next[k];
-                continue;
-            }
-            m->lvl_start[d] = 0, m->lvl_n[d] = m->lvl_n[0], m->lvl_nodes[d] = mark, m->lvl_loop[d] = 1;
-            allowed += allow_tokens(v, v->tn_tok[k], mask);
-            k++;
+                    allowed++;
+                }
+            k = v->tn_next[k];
             continue;
         }
         m->n_nodes = m->lvl_nodes[d - 1]; /* the previous sibling's nodes are garbage */
         L->n = L->base = m->lvl_start[d] = LM_MAX(m->lvl_start[d - 1] + m->lvl_n[d - 1], m->lvl_n[0]);
-        gm_advance(m, m->lvl_start[d - 1], m->lvl_n[d - 1], b, L);
+        if (j >= 0 && j < m->ch_len && in_k(m->ch_k[j], b)) { /* the set here is C[j + 1]: no step */
+            for (int i = 0; i < m->ch_n[j + 1]; i++) g_ids_push(L, m->ch.v[m->ch_off[j + 1] + i]);
+            m->lvl_chain[d] = j + 1;
+        } else {
+            gm_advance(m, m->lvl_start[d - 1], m->lvl_n[d - 1], b, L);
+            m->lvl_chain[d] = -1;
+        }
         m->lvl_n[d] = L->n - m->lvl_start[d];
         m->lvl_nodes[d] = m->n_nodes;
-        m->lvl_loop[d] = 0;
         if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask);
         k = m->lvl_n[d] > 0 ? k + 1 : v->tn_next[k];
     }
-    m->n_nodes = mark;
+    m->n_nodes = mark0;
     L->base = 0;
     return allowed;
 }

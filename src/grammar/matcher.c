@@ -25,14 +25,33 @@ static int32_t node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent) {
 }
 
 
-/* Adds the stack (pos, parent) unless the set (from out->base) has it. */
+/* Adds the stack (pos, parent) unless the set (from out->base) has it. A
+ * top that has ended its alternative pops on any byte, so the stack is its
+ * parent's: folding it keeps equal states equal in content (the mask's
+ * chain and cache compare stacks by content; a JSON string after a
+ * two-byte character is then the state it is after an ASCII one). */
 static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids *out) {
+    int32_t id = -1;
+    while (parent >= 0 && (m->g->el[pos].type == G_END || m->g->el[pos].type == G_ALT)) {
+        id = parent;
+        pos = m->nodes[id].pos, parent = m->nodes[id].parent;
+    }
     for (int i = out->base; i < out->n; i++) {
         const g_node *x = &m->nodes[out->v[i]];
         if (x->pos == pos && x->parent == parent) return;
     }
     if (out->n - out->base >= G_MAX_STACKS) return;
-    g_ids_push(out, node_new(m, pos, parent));
+    g_ids_push(out, id >= 0 ? id : node_new(m, pos, parent));
+}
+
+/* Whether set s holds c; while probing, also narrows m->probe to the
+ * bytes that agree with c on s (chain in mask.c: bytes that agree on
+ * every test step() makes take exactly c's path). */
+static inline bool takes(lm_grammar_matcher *m, const g_set *s, uint8_t c) {
+    const bool in = g_set_has(s, c);
+    if (m->probing)
+        for (int w = 0; w < 4; w++) m->probe[w] &= in ? s->w[w] : ~s->w[w];
+    return in;
 }
 
 /* Every way the stack (pos, parent) takes byte c, appended to out: a
@@ -45,7 +64,7 @@ static void step(lm_grammar_matcher *m, int32_t pos, int32_t parent, uint8_t c, 
     for (;;) {
         const g_elem x = el[pos];
         if (x.type == G_BYTES) {
-            if (g_set_has(&g->sets[x.arg], c)) add_stack(m, pos + 1, parent, out);
+            if (takes(m, &g->sets[x.arg], c)) add_stack(m, pos + 1, parent, out);
             return;
         }
         if (x.type == G_END || x.type == G_ALT) {
@@ -54,11 +73,11 @@ static void step(lm_grammar_matcher *m, int32_t pos, int32_t parent, uint8_t c, 
             parent = m->nodes[parent].parent;
             continue;
         }
-        if (!g_set_has(&g->first[pos], c) && !g->nullable[pos]) return;
+        if (!g->nullable[pos] && !takes(m, &g->first[pos], c)) return;
         uint8_t after = el[pos + 1].type;
         int32_t ret = -2; /* made on first use */
         for (int32_t a = g->rule_start[x.arg];;) {
-            if (g_set_has(&g->first[a], c) || g->nullable[a]) {
+            if (g->nullable[a] || takes(m, &g->first[a], c)) {
                 if (ret == -2) ret = after == G_END || after == G_ALT ? parent : node_new(m, pos + 1, parent);
                 step(m, a, ret, c, out);
             }
@@ -122,7 +141,12 @@ void lm_grammar_matcher_free(lm_grammar_matcher *m) {
     free(m->lvl_start);
     free(m->lvl_n);
     free(m->lvl_nodes);
-    free(m->lvl_loop);
+    free(m->lvl_chain);
+    free(m->ch.v);
+    free(m->ch_off);
+    free(m->ch_n);
+    free(m->ch_k);
+    free(m->ch_u8);
     free(m);
 }
 

@@ -4,8 +4,11 @@
  * parameters, config files):
  *   type (one or a list; "null" in it = nullable), nullable (OpenAPI)
  *   enum, const                      any JSON values, written compactly
- *   anyOf, oneOf                     alternatives (oneOf's exclusivity is
- *                                    not enforced), allOf of one schema
+ *   anyOf, oneOf                     alternatives; oneOf only when its
+ *                                    branches provably exclude each other
+ *                                    (see oneof_exclusive), so that
+ *                                    "exactly one" is "at least one";
+ *                                    allOf of one schema
  *   $ref                             "#", "#/$defs/..", "#/definitions/..",
  *                                    any JSON pointer into the document;
  *                                    recursion allowed
@@ -475,6 +478,127 @@ static const json_t *resolve(sc *c, const char *ref) {
     return at;
 }
 
+/* ---- oneOf ----
+ *
+ * A grammar of alternatives accepts a value that matches several of them;
+ * oneOf must refuse it. Deciding overlap in general is as hard as schema
+ * containment, so lumen accepts oneOf only where it can show that no
+ * value matches two branches, the way real schemas are written: the
+ * branches take different JSON types, or different const/enum values, or
+ * are objects with a required property (a discriminator such as "kind")
+ * whose const/enum values or types differ, or one requires a property
+ * the other forbids (additionalProperties false). Anything else is a 400
+ * naming the two branches; anyOf says "overlap is fine". */
+
+enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_FRAC = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64, T_ANY = 127 };
+
+static const json_t *deref(sc *c, const json_t *s) {
+    for (int i = 0; i < 16 && json_is_object(s) && json_is_string(json_object_get(s, "$ref")); i++)
+        s = resolve(c, json_string_value(json_object_get(s, "$ref")));
+    return s;
+}
+
+static int value_type(const json_t *v) {
+    if (json_is_null(v)) return T_NULL;
+    if (json_is_boolean(v)) return T_BOOL;
+    if (json_is_integer(v)) return T_INT;
+    if (json_is_real(v)) return json_real_value(v) == floor(json_real_value(v)) ? T_INT : T_FRAC;
+    if (json_is_string(v)) return T_STR;
+    return json_is_array(v) ? T_ARR : T_OBJ;
+}
+
+static int name_type(const char *t) {
+    static const char *const names[] = { "null", "boolean", "integer", "number", "string", "array", "object" };
+    static const int bits[] = { T_NULL, T_BOOL, T_INT, T_INT | T_FRAC, T_STR, T_ARR, T_OBJ };
+    for (size_t i = 0; i < LM_COUNT(names); i++)
+        if (!strcmp(t, names[i])) return bits[i];
+    return T_ANY;
+}
+
+/* The JSON types schema s admits (T_ANY when it cannot tell). */
+static int types_of(sc *c, const json_t *s, int depth) {
+    s = deref(c, s);
+    if (!json_is_object(s) || depth > 8) return T_ANY;
+    const json_t *x;
+    int t = 0;
+    if ((x = json_object_get(s, "const"))) return value_type(x);
+    if ((x = json_object_get(s, "enum"))) {
+        for (size_t i = 0; i < json_array_size(x); i++) t |= value_type(json_array_get(x, i));
+        return json_array_size(x) ? t : T_ANY;
+    }
+    if ((x = json_object_get(s, "anyOf")) || (x = json_object_get(s, "oneOf"))) {
+        for (size_t i = 0; i < json_array_size(x); i++) t |= types_of(c, json_array_get(x, i), depth + 1);
+        return t ? t : T_ANY;
+    }
+    if ((x = json_object_get(s, "allOf")) && json_array_size(x) == 1) return types_of(c, json_array_get(x, 0), depth + 1);
+    if ((x = json_object_get(s, "type"))) {
+        if (json_is_string(x)) t = name_type(json_string_value(x));
+        for (size_t i = 0; json_is_array(x) && i < json_array_size(x); i++)
+            t |= json_is_string(json_array_get(x, i)) ? name_type(json_string_value(json_array_get(x, i))) : T_ANY;
+        return t | (json_is_true(json_object_get(s, "nullable")) ? T_NULL : 0);
+    }
+    if (json_object_get(s, "properties")) return T_OBJ;
+    if (json_object_get(s, "items") || json_object_get(s, "prefixItems")) return T_ARR;
+    return T_ANY;
+}
+
+/* Whether no value matches both a and b by type or by const/enum values. */
+static bool values_exclusive(sc *c, const json_t *a, const json_t *b) {
+    a = deref(c, a), b = deref(c, b);
+    if (!(types_of(c, a, 0) & types_of(c, b, 0))) return true;
+    const json_t *va = json_object_get(a, "const"), *vb = json_object_get(b, "const");
+    const json_t *ea = json_object_get(a, "enum"), *eb = json_object_get(b, "enum");
+    if (!(va || json_is_array(ea)) || !(vb || json_is_array(eb))) return false;
+    size_t na = va ? 1 : json_array_size(ea), nb = vb ? 1 : json_array_size(eb);
+    for (size_t i = 0; i < na; i++)
+        for (size_t j = 0; j < nb; j++)
+            if (json_equal(va ? va : json_array_get(ea, i), vb ? vb : json_array_get(eb, j))) return false;
+    return true;
+}
+
+static bool requires(const json_t *s, const char *key) {
+    const json_t *req = json_object_get(s, "required");
+    for (size_t i = 0; i < json_array_size(req); i++)
+        if (json_is_string(json_array_get(req, i)) && !strcmp(json_string_value(json_array_get(req, i)), key)) return true;
+    return false;
+}
+
+/* Whether object schema a requires a property that b forbids or that
+ * takes values b's same required property never does. */
+static bool object_excludes(sc *c, const json_t *a, const json_t *b) {
+    const json_t *req = json_object_get(a, "required"), *pa = json_object_get(a, "properties");
+    const json_t *pb = json_object_get(b, "properties");
+    for (size_t i = 0; i < json_array_size(req); i++) {
+        const char *k = json_string_value(json_array_get(req, i));
+        if (!k) continue;
+        const json_t *sb = json_object_get(pb, k);
+        if (!sb && json_is_false(json_object_get(b, "additionalProperties"))) return true;
+        if (sb && json_object_get(pa, k) && requires(b, k) && values_exclusive(c, json_object_get(pa, k), sb)) return true;
+    }
+    return false;
+}
+
+static bool branches_exclusive(sc *c, const json_t *a, const json_t *b) {
+    if (values_exclusive(c, a, b)) return true;
+    a = deref(c, a), b = deref(c, b);
+    if (!json_is_object(a) || !json_is_object(b)) return false;
+    if ((types_of(c, a, 0) & types_of(c, b, 0)) != T_OBJ) return false; /* both may be something else too */
+    return object_excludes(c, a, b) || object_excludes(c, b, a);
+}
+
+static int oneof_exclusive(sc *c, const json_t *branches) {
+    for (size_t i = 0; i < json_array_size(branches); i++)
+        for (size_t j = i + 1; j < json_array_size(branches); j++)
+            if (!branches_exclusive(c, json_array_get(branches, i), json_array_get(branches, j)))
+                return lm_errf(c->e,
+                               "oneOf branches %zu and %zu may both match one value: lumen enforces oneOf only when "
+                               "the branches differ in type, in const/enum values, in a required property's "
+                               "const/enum values or type, or when one requires a property the other forbids "
+                               "(use anyOf if overlap is fine)",
+                               i, j);
+    return 0;
+}
+
 static int put_type(sc *c, const json_t *s, const char *type) {
     const char *P = c->prefix;
     if (!strcmp(type, "string")) return put_string(c, s);
@@ -546,6 +670,7 @@ static int put_schema(sc *c, const json_t *s) {
     int n = 0;
     if (any) {
         if (!json_is_array(any) || !json_array_size(any)) return lm_errf(c->e, "'anyOf' / 'oneOf' must be a non-empty array");
+        if (!json_object_get(s, "anyOf") && oneof_exclusive(c, any)) return -1;
         for (size_t i = 0; i < json_array_size(any); i++) {
             int r;
             if (schema_rule(c, json_array_get(any, i), &r)) return lm_err_prefix(c->e, "anyOf[%zu]", i);

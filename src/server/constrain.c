@@ -131,8 +131,10 @@ static lm_grammar *get_grammar(const srv *s, int kind, const char *text, lm_err 
     return g;
 }
 
+/* The key keeps the members' order: properties are written in the order
+ * the schema declares them, so two orders are two grammars. */
 static lm_grammar *schema_grammar(const srv *s, const json_t *schema, lm_err *le) {
-    char *text = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
     lm_grammar *g = get_grammar(s, K_SCHEMA, text, le);
     free(text);
     return g;
