@@ -81,6 +81,7 @@ typedef struct sp_opts {
     int draft;
     bool fixed;
     bool mixed;      /* requests 1 and 3 opt out (no_spec) */
+    bool replay;     /* lm_engine_opts.spec_replay */
     oracle *orc;
 } sp_opts;
 
@@ -98,7 +99,7 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
     lm_engine *en = NULL;
     lm_engine_opts o = { .ctx = 320, .parallel = 4, .step_tokens = 64, .cache_ram = (size_t)64 << 20,
                          .spec = so->mode, .spec_draft = so->draft, .spec_fixed = so->fixed,
-                         .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc };
+                         .spec_replay = so->replay, .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc };
     if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
         LM_CHECK_MSG(0, "%s", e.msg);
         return;
@@ -189,7 +190,9 @@ static bool load_prompt(lm_test_ctx *lm_t_, const char *dir, int32_t *prompt, in
 
 /* Plain decoding against: lookup (fixed length 4, and adaptive), the
  * oracle with a rejection at every position (fixed length 3, alone and
- * beside requests that opt out). */
+ * beside requests that opt out; on a model with recurrent state with both
+ * rollbacks, the state kept per position where the backend offers it and
+ * the copy-and-replay). */
 static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);
@@ -249,12 +252,19 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
         sp_same(lm_t_, "auto, mixed", off, on);
     }
 
-    for (int mixed = 0; mixed < 2; mixed++) {
+    const bool per_pos = lm_model_state_out(m); /* a hybrid on the CPU */
+    for (int run = 0; run < (per_pos ? 4 : 2); run++) {
+        const bool mixed = run & 1, replay = run >= 2;
         oracle orc = { .ref = off };
-        sp_opts os = { .mode = LM_SPEC_CALLBACK, .draft = 3, .fixed = true, .mixed = mixed, .orc = &orc };
+        sp_opts os = { .mode = LM_SPEC_CALLBACK, .draft = 3, .fixed = true, .mixed = mixed, .replay = replay,
+                       .orc = &orc };
+        const char *what = mixed ? (replay ? "oracle, mixed, replay" : "oracle, mixed")
+                                 : (replay ? "oracle, replay" : "oracle");
         sp_run(lm_t_, m, &os, prompt, n_prompt, stops, on);
-        sp_same(lm_t_, mixed ? "oracle, mixed" : "oracle", off, on);
-        sp_print(dir, mixed ? "oracle, mixed" : "oracle", &on->st);
+        sp_same(lm_t_, what, off, on);
+        sp_print(dir, what, &on->st);
+        /* a rejection feeds tokens again only where the state is not kept per position */
+        if (per_pos) LM_CHECK(replay ? on->st.spec_replayed > 0 : on->st.spec_replayed == 0);
         for (int i = 0; i < 3; i++) /* rejected at every position, accepted at every position */
             LM_CHECK_MSG(on->st.spec_pos_accepted[i] > 0 && on->st.spec_pos_accepted[i] < on->st.spec_pos_drafted[i],
                          "position %d: %llu of %llu accepted", i + 1,

@@ -72,6 +72,10 @@ const lm_opt lm_cli_spec_opts[] = {
     { LM_OPT_FLAG, "--spec-fixed", NULL, LM_OPT_AT(lm_engine_opts, spec_fixed), NULL,
       "always guess --spec-draft tokens where the proposer has them, without the adaptive policy (for measuring "
       "one depth)" },
+    { LM_OPT_FLAG, "--spec-replay", NULL, LM_OPT_AT(lm_engine_opts, spec_replay), NULL,
+      "roll back a rejected guess's recurrent state (Qwen3.5's linear attention) from a copy taken before the "
+      "check, feeding the accepted tokens again, rather than from the state kept after every guessed position "
+      "(the default where the backend keeps it: the CPU; for measuring one against the other)" },
     { .kind = LM_OPT_END },
 };
 

@@ -202,6 +202,11 @@ typedef struct lm_engine_opts {
     bool spec_fixed;   /* no adaptive policy: every decode step drafts as many
                         * as the proposer has, up to spec_draft (tests, and
                         * benchmarks of one depth) */
+    bool spec_replay;  /* roll back a rejected draft's recurrent state by a
+                        * copy from before the verify and feeding the
+                        * accepted tokens again, even where the backend
+                        * keeps the state after every position (the
+                        * default there; lm_spec.h): tests, benchmarks */
     lm_spec_cb spec_cb; /* LM_SPEC_CALLBACK's proposer and its argument */
     void *spec_user;
 } lm_engine_opts;

@@ -32,21 +32,28 @@
  *     grows by m, later forwards overwrite the rows past it, and the prefix
  *     cache only ever takes blocks below n_cached. Recurrent state (Gated
  *     DeltaNet conv window and delta state, sliding-window rings) cannot be
- *     stepped back; the verifier copies r's slot to a spare slot before the
- *     forward. When every draft is accepted the forward's state is r's. On
- *     a rejection r takes the copy (the state at p; a slot swap, no copy)
- *     and n_cached stays at p: the next step feeds t0 x1..xm again in front
- *     of its own token and draft ("replay", folded into a forward that runs
- *     anyway; a rejection there goes back to the same copy, so the replayed
- *     run grows until a draft is accepted whole, or until it reaches
- *     LM_SPEC_MAX_REPLAY tokens and a step catches up undrafted).
- *     docs/architecture.md has the measurement against keeping the state
- *     after every draft position: that would be cheaper (the copy is ~1 %
- *     of a step, a replayed token ~45 % on the demo on the CPU) but needs
- *     the gated-delta and conv ops of every backend to write per-position
- *     state; this path needs no backend change. A proposer with state of its
- *     own (the MTP head's K/V) rolls back the same way: its rows past the
- *     accepted position are rewritten.
+ *     stepped back; two ways:
+ *     - per position, where the backend keeps it (lm_model_state_out: the
+ *       CPU's recurrent ops; Gated DeltaNet models): the verify forward
+ *       also writes r's state after t0 and after each draft but the last
+ *       into spare slots (lm_batch_set_state_out). With j drafts accepted
+ *       r takes the slot of position p + j (a swap of slot ids, no copy),
+ *       the others go back, and nothing is fed again;
+ *     - copy and replay, elsewhere (CUDA, Gemma's rings, or
+ *       lm_engine_opts.spec_replay): the verifier copies r's slot to a
+ *       spare one before the forward. When every draft is accepted the
+ *       forward's state is r's. On a rejection r takes the copy (the state
+ *       at p; a slot swap) and n_cached stays at p: the next step feeds t0
+ *       x1..xm again in front of its own token and draft ("replay", folded
+ *       into a forward that runs anyway; a rejection there goes back to
+ *       the same copy, so the replayed run grows until a draft is accepted
+ *       whole, or until it reaches LM_SPEC_MAX_REPLAY tokens and a step
+ *       catches up undrafted).
+ *     Measured (docs/architecture.md): a token fed again costs ~45 % of a
+ *     step on the demo on the CPU; keeping the state per position costs
+ *     the slot writes, within the noise of a verify forward. A proposer
+ *     with state of its own (the MTP head's K/V) rolls back the same way
+ *     either way: its rows past the accepted position are rewritten.
  *
  * Adaptive policy: per sequence, an estimate of the chance that draft
  * position i is accepted given i - 1 was, and a model of the step's cost
@@ -104,9 +111,10 @@ void lm_spec_req_free(lm_spec_req *q);
  * lacks what the mode needs. Call once the KV cache exists. */
 int lm_spec_create(lm_engine *en, lm_err *e);
 void lm_spec_free(lm_spec *sp);
-/* Extra recurrent-state slots speculation needs for mode (one snapshot per
- * running sequence on a stateful model). */
-int lm_spec_state_slots(const lm_engine_opts *o, bool stateful);
+/* Extra recurrent-state slots speculation needs on a stateful model: one
+ * per draft position and running sequence where the state is kept per
+ * position, else one snapshot per running sequence. */
+int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool stateful);
 /* Most draft tokens a step adds to one sequence (0 without a proposer); the
  * engine sizes its output rows for 1 + this per sequence. */
 int lm_spec_max_draft(const lm_spec *sp);

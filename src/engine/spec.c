@@ -19,7 +19,9 @@ typedef struct spec_rec {
     int k;
     int base;           /* r->n_cached before the step: the copied state's position */
     int p;              /* position of t0 (base, or later after a rejection's replay) */
-    int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
+    int32_t snap;       /* replay rollback: the copy of r's slot before the forward, else -1 */
+    int n_pp;           /* per-position rollback: k, else 0 */
+    int32_t pp[LM_SPEC_MAX_DRAFT]; /* slot j: r's state after position p + j (t0 and j drafts) */
     int accepted;       /* after the hand-out: drafts accepted */
     bool from_mtp;      /* the MTP head's guesses */
     int32_t draft[LM_SPEC_MAX_DRAFT];
@@ -29,6 +31,7 @@ struct lm_spec {
     lm_spec_mode mode;
     int max_draft;
     bool stateful;
+    bool per_pos;       /* stateful, rolled back from the state after each position */
     spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
     int *known;         /* [parallel] lm_mtp_after_hand_out's */
     int n_rec;
@@ -47,8 +50,20 @@ struct lm_spec {
 
 /* ---- setup ---- */
 
-int lm_spec_state_slots(const lm_engine_opts *o, bool stateful) {
-    return o->spec != LM_SPEC_OFF && stateful ? LM_MAX(o->parallel, 1) : 0;
+/* The most draft tokens a step gives one sequence. */
+static int draft_len(const lm_engine_opts *o) {
+    return o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
+}
+
+/* Whether a rejection rolls back to the state kept after its position. */
+static bool per_pos(const lm_engine_opts *o, const lm_model *m, bool stateful) {
+    return stateful && !o->spec_replay && lm_model_state_out(m);
+}
+
+int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool stateful) {
+    if (o->spec == LM_SPEC_OFF || !stateful) return 0;
+    const int P = LM_MAX(o->parallel, 1);
+    return per_pos(o, m, stateful) ? P * LM_MIN(draft_len(o), LM_SPEC_MAX_DRAFT) : P;
 }
 
 int lm_spec_create(lm_engine *en, lm_err *e) {
@@ -71,8 +86,9 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
     sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
     for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) sp->mtp_acc[i] = 0.9f;
-    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
+    sp->max_draft = draft_len(o);
     sp->stateful = en->stateful;
+    sp->per_pos = per_pos(o, en->m, en->stateful);
     sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
     en->spec = sp;
     return 0;
@@ -124,11 +140,10 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
     for (int k = 1; k <= max; k++) {
         run *= q->acc[k - 1];
         expect += run;
-        /* a rejection on a stateful model feeds the accepted tokens again */
         /* while the head runs its catch-up is paid anyway: only the chained
          * guesses beyond the first are this choice's (about half its time each) */
         double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
-        if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
+        if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * 1.02) best = rate, k_best = k;
     }
@@ -156,7 +171,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     /* a stateful sequence after a rejection feeds its run again in front of
      * t0 and may draft after it: another rejection takes it back to the same
      * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
-    if (sp->stateful && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
+    if (sp->stateful && !sp->per_pos && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
     if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
         for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
     const double t0 = lm_now();
@@ -189,15 +204,22 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
         sp->add.spec_off_steps += r->spec.k_last == 0;
         return 0;
     }
-    rc->snap = -1;
-    if (sp->stateful) {
+    rc->snap = -1, rc->n_pp = 0;
+    if (sp->per_pos) { /* a slot for the state after t0 and each draft but the last */
+        int32_t slot;
+        while (rc->n_pp < k && (slot = lm_kv_state_take(en->kv)) >= 0) rc->pp[rc->n_pp++] = slot;
+        if (rc->n_pp == 0) return 0; /* no spare slot: decode plainly */
+        k = rc->n_pp;
+    } else if (sp->stateful) {
         rc->snap = lm_kv_state_take(en->kv);
-        if (rc->snap < 0) return 0; /* no spare slot: decode plainly */
+        if (rc->snap < 0) return 0;
         lm_kv_state_copy(en->kv, rc->snap, r->slot);
     }
     rc->r = r, rc->s = s, rc->k = k, rc->base = r->n_cached, rc->p = r->n_cached + st->seq_n[s] - 1;
     rc->row0 = st->n_out - 1;
+    const int t0_row = lm_batch_n_tokens(en->bb) - 1;
     int last = lm_batch_add_tokens(en->bb, s, rc->draft, rc->p + 1, k);
+    for (int j = 0; j < rc->n_pp; j++) lm_batch_set_state_out(en->bb, t0_row + j, rc->pp[j]);
     for (int j = 0; j < k; j++) {
         int o = lm_batch_add_out(en->bb, last - k + 1 + j);
         st->row_req[o] = r;
@@ -225,9 +247,13 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
     r->n_cached = rc->snap >= 0 ? rc->base : rc->p;
     const int n0 = r->n_tokens;
     int accepted = 0;
+    int32_t held = r->slot; /* r's slot when its last token was handed out */
     for (int j = 0; j <= rc->k; j++) {
-        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so far */
+        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so
+         * far; per position, r's state is the one after it */
         if (rc->snap < 0) r->n_cached = rc->p + j + 1;
+        if (rc->n_pp) r->slot = j < rc->n_pp ? rc->pp[j] : fwd_slot;
+        held = r->slot;
         const int o = rc->row0 + j;
         lm_req_take_token(en, r, st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL, st->ids[o]);
         if (r->state == LM_REQ_DONE || j == rc->k || r->tokens[r->n_tokens - 1] != rc->draft[j]) break;
@@ -251,6 +277,11 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
     r->tr.spec_verify_s += sp->last_forward_s;
     r->tr.spec_drafted += rc->k;
     r->tr.spec_accepted += accepted;
+    if (rc->n_pp) { /* keep the slot of the accepted position (released already if r is done) */
+        for (int j = 0; j < rc->n_pp; j++)
+            if (rc->pp[j] != held) lm_kv_state_release(en->kv, rc->pp[j]);
+        if (fwd_slot != held) lm_kv_state_release(en->kv, fwd_slot);
+    }
     if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
         if (rc->snap >= 0) lm_kv_state_release(en->kv, fwd_slot);
         return;
@@ -327,7 +358,7 @@ static bool mtp_worth(lm_engine *en) {
         run *= sp->mtp_acc[k - 1];
         expect += run;
         double cost = share + b * k + sp->mtp_s_per * (1 + 0.5 * (k - 1));
-        if (sp->stateful) cost += (1 - run) * b * (1 + expect);
+        if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect);
         if ((1 + expect) / cost > 1.02 / share) return true;
     }
     return false;
