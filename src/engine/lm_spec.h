@@ -80,6 +80,12 @@ struct lm_step_policy;
  * step catches it up without a draft. */
 #define LM_SPEC_MAX_REPLAY 16
 
+/* The MTP head runs for a sequence only where it is expected to beat
+ * plain decoding by this factor, its own time counted; a decoding sequence
+ * where it does not for this many steps in a row has it turned off. */
+#define LM_SPEC_HEAD_MARGIN 1.05
+#define LM_SPEC_HEAD_POOR 8
+
 /* n-gram lengths the lookup proposer matches, longest first. */
 #define LM_LOOKUP_NMIN 2
 #define LM_LOOKUP_NMAX 4
@@ -96,6 +102,9 @@ typedef struct lm_spec_req {
     int quiet;             /* decode steps since it last drafted */
     int k_last;            /* the draft length the policy chose last */
     bool head_share;       /* this step's MTP head time is partly its */
+    bool mtp_seen;         /* the head's policy has decided on it once */
+    bool mtp_off;          /* the head does not pay for it: never runs for it again */
+    int mtp_poor;          /* decode steps in a row where the head did not pay */
     /* MTP (spec_mtp.c) */
     int mtp_n;             /* the head's K/V cover positions < mtp_n */
     int hid_pos;           /* position of the hidden row in hid */
@@ -148,8 +157,11 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e);
 void lm_mtp_free(lm_spec_mtp *M);
 void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
 /* known[s]: where batch sequence s's real tokens end among those the step
- * fed (-1: all of them were real). */
-void lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+ * fed (-1: all of them were real). Returns the tokens the head was fed. */
+int lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+/* Whether r's positions go through the head (it speculates, and the
+ * policy has not turned the head off for it). */
+bool lm_mtp_tracked(const lm_request *r);
 /* The head over a batch of the caller's (its rows' hidden states: hidden;
  * at most parallel out rows), its K/V into the head's pool
  * (lm_spec_calibrate's timing). */

@@ -39,9 +39,10 @@ struct lm_spec {
      * recent steps (sums decay so that it follows the load) */
     double sw, st, stt, sy, sty;
     double draft_s_per;  /* smoothed seconds one proposal takes (lookup, callback) */
-    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and step */
-    bool mtp_live;       /* this step runs the MTP head (mtp_worth) */
-    int mtp_quiet;       /* steps since the head last ran */
+    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and decode step */
+    double mtp_tok_s;    /* smoothed seconds of its catch-up per token over prompt chunks */
+    bool mtp_live;       /* this step runs the MTP head for some sequence */
+    unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
     double last_forward_s; /* the step's forward, for the requests' traces */
     float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences, smoothed */
     /* counters not yet in en->st */
@@ -142,7 +143,7 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
         expect += run;
         /* while the head runs its catch-up is paid anyway: only the chained
          * guesses beyond the first are this choice's (about half its time each) */
-        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
+        double cost = share + b * k + sp->draft_s_per + (lm_mtp_tracked(r) ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
         if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * 1.02) best = rate, k_best = k;
@@ -172,8 +173,8 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
      * t0 and may draft after it: another rejection takes it back to the same
      * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
     if (sp->stateful && !sp->per_pos && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
-    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
-        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
+    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries; the head's from all sequences */
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->mtp_acc[i] : 0.6f;
     const double t0 = lm_now();
     /* a verification hands out at most k + 1 tokens: no draft past
      * max_tokens or the context (so every draft position is a reserved one) */
@@ -341,36 +342,62 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
     publish(en);
 }
 
-/* Whether the MTP head pays at this step's batch: with its acceptance so
- * far over all sequences (per position, smoothed; 0.9 before any), some
- * depth must beat plain decoding against the head's own time (its
- * catch-up, and half that per chained guess). When none does, the head
- * (its hidden rows, K/V and guesses) is skipped altogether; every 64 steps
- * it runs anyway to measure itself again. */
-static bool mtp_worth(lm_engine *en) {
-    lm_spec *sp = en->spec;
-    if (en->o.spec_fixed || sp->mtp_s_per == 0 || ++sp->mtp_quiet >= 64) return true;
+/* ---- the MTP head's policy, per sequence ---- */
+
+/* Whether drafting with the head pays for a sequence whose drafts are
+ * accepted with acc (per position, given the one before) against plain
+ * decoding, with the head's own time counted: each step's catch-up
+ * (mtp_s_per) and half that per chained guess, plus extra seconds a step.
+ * The margin keeps a sequence that gains too little for the model's error
+ * off the head. */
+static bool head_pays(const lm_spec *sp, const float *acc, int S, double extra) {
     double a, b;
     cost_model(sp, &a, &b);
-    const double share = a / LM_MAX(en->n_running, 1) + b;
+    const double share = a / LM_MAX(S, 1) + b, h = sp->mtp_s_per;
     double expect = 0, run = 1;
     for (int k = 1; k <= sp->max_draft; k++) {
-        run *= sp->mtp_acc[k - 1];
+        run *= acc[k - 1];
         expect += run;
-        double cost = share + b * k + sp->mtp_s_per * (1 + 0.5 * (k - 1));
+        double cost = share + b * k + h * (1 + 0.5 * (k - 1)) + extra;
         if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect);
-        if ((1 + expect) / cost > 1.02 / share) return true;
+        if ((1 + expect) / cost > LM_SPEC_HEAD_MARGIN / share) return true;
     }
     return false;
 }
 
+/* Turns the head off for r for good when it does not pay (the head's K/V
+ * cannot skip positions: a gap costs most of its acceptance, so it is not
+ * turned back on). Before r's first catch-up: with the acceptance of all
+ * sequences so far, the prompt's catch-up spread over the answer counted
+ * (every 8th sequence that would be left off runs it anyway, so that the
+ * shared acceptance keeps being measured). Decoding: with r's own
+ * acceptance, after LM_SPEC_HEAD_POOR steps in a row where it did not pay. */
+static void head_decide(lm_engine *en, lm_request *r) {
+    lm_spec *sp = en->spec;
+    lm_spec_req *q = &r->spec;
+    if (en->o.spec_fixed || q->mtp_off || sp->mtp_s_per == 0) return;
+    if (!q->mtp_seen) {
+        q->mtp_seen = true;
+        const int steps = LM_MAX(1, LM_MIN(r->p.max_tokens, en->o.ctx - r->n_tokens));
+        const double extra = sp->mtp_tok_s * (r->n_tokens - r->n_cached) / steps;
+        if (!head_pays(sp, sp->mtp_acc, en->n_running, extra) && ++sp->mtp_left_off % 8 != 0) q->mtp_off = true;
+        return;
+    }
+    if (r->n_cached < r->n_prompt) return;
+    if (head_pays(sp, q->acc[0] > 0 ? q->acc : sp->mtp_acc, en->n_running, 0)) q->mtp_poor = 0;
+    else if (++q->mtp_poor >= LM_SPEC_HEAD_POOR) q->mtp_off = true;
+}
+
 void lm_spec_before_issue(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
-    sp->mtp_live = en->spec_mtp && mtp_worth(en);
-    if (sp->mtp_live) {
-        sp->mtp_quiet = 0;
-        lm_mtp_before_issue(en, st);
+    sp->mtp_live = false;
+    if (!en->spec_mtp) return;
+    for (int s = 0; s < st->S; s++) {
+        lm_request *r = st->seq_req[s];
+        head_decide(en, r);
+        sp->mtp_live |= lm_mtp_tracked(r);
     }
+    if (sp->mtp_live) lm_mtp_before_issue(en, st);
 }
 
 void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
@@ -378,6 +405,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     if (sp->mtp_live) {
         const double t0 = lm_now();
         int n = 0;
+        bool prefill = false; /* a catch-up over a prompt chunk: not a decode step's cost */
         for (int i = 0, c = 0; i < st->S; i++) {
             sp->known[i] = -1;
             if (c < sp->n_rec && sp->rec[c].s == i) {
@@ -385,22 +413,24 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
                 sp->known[i] = rc->p + 1 + rc->accepted; /* t0 and the accepted drafts */
             }
             lm_request *r = st->seq_req[i];
-            if (r->state == LM_REQ_RUNNING && r->n_cached >= r->n_prompt) r->spec.head_share = true;
-            if (r->state == LM_REQ_RUNNING) {
-                /* chained guesses cost a forward each: none while the policy does
-                 * not draft (but for the step before a probe); the head's K/V
-                 * follow regardless, since a gap in them costs most of its
-                 * acceptance (measured: 0.92 -> ~0.3 on the code workload) */
-                const lm_spec_req *q = &r->spec;
-                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
-                                 : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
-                n += r->n_cached >= r->n_prompt;
-            }
+            if (r->state != LM_REQ_RUNNING || !lm_mtp_tracked(r)) continue;
+            prefill |= st->seq_n[i] > 1 + sp->max_draft;
+            if (r->n_cached >= r->n_prompt) r->spec.head_share = true;
+            /* chained guesses cost a forward each: none while the policy does
+             * not draft (but for the step before a probe); the head's K/V
+             * follow regardless while it is on for r, since a gap in them
+             * costs most of its acceptance (measured: 0.92 -> ~0.3 on the
+             * code workload) */
+            const lm_spec_req *q = &r->spec;
+            r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
+                             : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
+            n += r->n_cached >= r->n_prompt;
         }
-        lm_mtp_after_hand_out(en, st, sp->known);
+        const int n_tok = lm_mtp_after_hand_out(en, st, sp->known);
         const double dt = lm_now() - t0;
         sp->add.spec_draft_s += dt;
-        if (n) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
+        if (n && !prefill) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
+        if (prefill && n_tok > 0) sp->mtp_tok_s = 0.7 * sp->mtp_tok_s + 0.3 * dt / n_tok;
         for (int i = 0; i < st->S; i++) { /* each decoding sequence's share of the head's time */
             lm_request *r = st->seq_req[i];
             if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
@@ -446,10 +476,10 @@ void lm_spec_calibrate(lm_engine *en) {
     }
     lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(pos, k + 1), 1, LM_MAX(pos, k + 1), en->stateful);
     float *hidden = lm_xcalloc((size_t)LM_MAX(pos, k + 1) * (size_t)en->m->cfg.d_model, sizeof(float));
-    double t1 = 0, tk = 0, th = 0;
+    double t1 = 0, tk = 0, th = 0, tp = 0;
     /* positions before the timed ones hold real K/V (and the head's) */
     time_forward(en, bb, seq.blocks, slot, 0, pos, false, NULL);
-    if (en->spec_mtp) time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
+    if (en->spec_mtp) tp = time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
     for (int round = 0; round < 3; round++) { /* alternating, each learnt as a decode step would be */
         t1 = time_forward(en, bb, seq.blocks, slot, pos, 1, false, NULL);
         tk = time_forward(en, bb, seq.blocks, slot, pos, k + 1, false, NULL);
@@ -459,6 +489,7 @@ void lm_spec_calibrate(lm_engine *en) {
     if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
     /* a step's head work: the catch-up and a chained guess */
     if (th > 0) sp->mtp_s_per = 2 * th;
+    if (tp > 0) sp->mtp_tok_s = tp / pos;
     free(hidden);
     lm_batch_builder_free(bb);
     if (slot >= 0) lm_kv_state_release(en->kv, slot);
