@@ -55,12 +55,15 @@
  *     with state of its own (the MTP head's K/V) rolls back the same way
  *     either way: its rows past the accepted position are rewritten.
  *
- * Adaptive policy: per sequence, an estimate of the chance that draft
- * position i is accepted given i - 1 was, and a model of the step's cost
- * (time = a + b * tokens, fitted from the steps it sees, plus the time to
- * propose), choose each step the k that maximises tokens per second; k = 0
- * when no k beats plain decoding, with a one-token probe now and then to
- * notice that drafts pay again.
+ * Adaptive policy (spec_policy.c): per sequence, an estimate of the chance
+ * that draft position i is accepted given i - 1 was, and a model of the
+ * step's cost (time = a + b * tokens, fitted from the steps it sees, plus
+ * the time to propose), choose each step the k that maximises tokens per
+ * second; k = 0 when no k beats plain decoding, with a one-token probe now
+ * and then to notice that drafts pay again. The MTP head runs per
+ * sequence, only where it is expected to pay with its own time counted
+ * (spec.c's head_decide); where it does not it is off for that sequence
+ * for good, so the sequence decodes as plain decoding does.
  *
  * A step with drafts is never the look-ahead's (lm_ahead_claim wants one
  * token per sequence, its ids on the device; speculation reads every row on
@@ -124,6 +127,10 @@ void lm_spec_free(lm_spec *sp);
  * per draft position and running sequence where the state is kept per
  * position, else one snapshot per running sequence. */
 int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool stateful);
+/* Bytes of a block (block tokens) of the MTP head's own KV pool, which has
+ * as many blocks as the engine's (lm_mtp_create); 0 when the mode does not
+ * use the head or the model has none. */
+size_t lm_spec_head_block_bytes(const lm_engine_opts *o, const lm_model *m, int block);
 /* Most draft tokens a step adds to one sequence (0 without a proposer); the
  * engine sizes its output rows for 1 + this per sequence. */
 int lm_spec_max_draft(const lm_spec *sp);
@@ -148,6 +155,45 @@ void lm_spec_calibrate(lm_engine *en);
  * the cost model learns from steps without drafts too. */
 void lm_spec_after_issue(lm_engine *en, struct lm_step *st, double forward_s);
 
+/* ---- the adaptive policy (spec_policy.c) ---- */
+
+/* A draft length is chosen only where it beats plain decoding by this
+ * factor (the model's error, the draft's bookkeeping). */
+#define LM_SPEC_DRAFT_MARGIN 1.02
+
+typedef struct lm_spec_cost {
+    int max_draft;
+    bool replay;          /* a rejection feeds the accepted run again (copy-and-replay rollback) */
+    double sw, st, stt, sy, sty; /* least-squares sums of decode steps: weight, T, T^2, seconds, T seconds */
+    double draft_s_per;   /* smoothed seconds one proposal takes (lookup, callback) */
+    double mtp_s_per;     /* smoothed seconds of the MTP head a decoding sequence and step */
+    double mtp_tok_s;     /* smoothed seconds of its catch-up a prompt token */
+    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences */
+} lm_spec_cost;
+
+void lm_spec_cost_init(lm_spec_cost *c, int max_draft, bool replay);
+/* A decode step of T tokens took s seconds. */
+void lm_spec_cost_learn(lm_spec_cost *c, int T, double s);
+/* The fitted step time a + b T; before enough steps, a guess that makes a
+ * token cost a tenth of a step. */
+void lm_spec_cost_model(const lm_spec_cost *c, double *a, double *b);
+/* The draft length (at most max) that maximises the expected tokens per
+ * second of a sequence with acceptance acc among S running; 0 when none
+ * beats plain decoding by LM_SPEC_DRAFT_MARGIN. head: the MTP head runs for
+ * it (its chained guesses cost). */
+int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool head);
+/* Whether some depth with the head beats plain decoding by
+ * LM_SPEC_HEAD_MARGIN with the head's own time counted (each step's
+ * catch-up, half that per chained guess) and extra seconds a step. */
+bool lm_spec_head_pays(const lm_spec_cost *c, const float *acc, int S, double extra);
+/* The head's work after a step took dt seconds: n_tok tokens fed, for
+ * n_decoding decoding sequences; prefill: it caught up over a prompt
+ * chunk (then only the per-token time learns). */
+void lm_spec_head_learn(lm_spec_cost *c, double dt, int n_decoding, int n_tok, bool prefill);
+/* After a verify of k drafts with accepted accepted: positions 1..accepted
+ * were accepted, accepted + 1 (if drafted) was not; rate: the smoothing. */
+void lm_spec_acc_learn(float *acc, int k, int accepted, float rate);
+
 /* ---- proposers (spec_lookup.c, spec_mtp.c) ---- */
 
 typedef struct lm_spec_mtp lm_spec_mtp;
@@ -155,6 +201,8 @@ typedef struct lm_spec_mtp lm_spec_mtp;
  * draft head; NULL with e set when its pool cannot be made. */
 lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e);
 void lm_mtp_free(lm_spec_mtp *M);
+/* Bytes of the head's KV pool (0 for NULL). */
+size_t lm_mtp_bytes(const lm_spec_mtp *M);
 void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
 /* known[s]: where batch sequence s's real tokens end among those the step
  * fed (-1: all of them were real). Returns the tokens the head was fed. */

@@ -8,6 +8,8 @@
  * with the k after it, any other row is a plain token. */
 #include "engine_internal.h"
 
+#include "../model/lm_arch.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,16 +37,10 @@ struct lm_spec {
     spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
     int *known;         /* [parallel] lm_mtp_after_hand_out's */
     int n_rec;
-    /* the cost model: step seconds = a + b * tokens, least squares over
-     * recent steps (sums decay so that it follows the load) */
-    double sw, st, stt, sy, sty;
-    double draft_s_per;  /* smoothed seconds one proposal takes (lookup, callback) */
-    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and decode step */
-    double mtp_tok_s;    /* smoothed seconds of its catch-up per token over prompt chunks */
+    lm_spec_cost c;     /* the adaptive policy's costs and the head's acceptance (spec_policy.c) */
     bool mtp_live;       /* this step runs the MTP head for some sequence */
     unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
     double last_forward_s; /* the step's forward, for the requests' traces */
-    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences, smoothed */
     /* counters not yet in en->st */
     lm_engine_stats add;
 };
@@ -67,6 +63,12 @@ int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool statefu
     return per_pos(o, m, stateful) ? P * LM_MIN(draft_len(o), LM_SPEC_MAX_DRAFT) : P;
 }
 
+size_t lm_spec_head_block_bytes(const lm_engine_opts *o, const lm_model *m, int block) {
+    const lm_draft *d = o->spec == LM_SPEC_MTP || o->spec == LM_SPEC_AUTO ? lm_model_draft(m) : NULL;
+    if (!d) return 0;
+    return (size_t)block * lm_kv_bytes_per_token((lm_kv_types){ LM_KV_F32, LM_KV_F32 }, d->kv_layers(m), m->kv_width);
+}
+
 int lm_spec_create(lm_engine *en, lm_err *e) {
     en->spec = NULL;
     const lm_engine_opts *o = &en->o;
@@ -86,10 +88,10 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
     lm_spec *sp = lm_xcalloc(1, sizeof *sp);
     sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
-    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) sp->mtp_acc[i] = 0.9f;
     sp->max_draft = draft_len(o);
     sp->stateful = en->stateful;
     sp->per_pos = per_pos(o, en->m, en->stateful);
+    lm_spec_cost_init(&sp->c, sp->max_draft, sp->stateful && !sp->per_pos);
     sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
     en->spec = sp;
     return 0;
@@ -106,60 +108,19 @@ int lm_spec_max_draft(const lm_spec *sp) { return sp ? sp->max_draft : 0; }
 
 /* ---- the adaptive policy ---- */
 
-/* The fitted step time of a forward of T tokens (a + b T); before enough
- * steps, a guess that makes a token cost a tenth of a step. */
-static void cost_model(const lm_spec *sp, double *a, double *b) {
-    double det = sp->sw * sp->stt - sp->st * sp->st;
-    if (sp->sw >= 4 && det > 1e-9 * sp->sw * sp->sw) {
-        *b = (sp->sw * sp->sty - sp->st * sp->sy) / det;
-        *a = (sp->sy - *b * sp->st) / sp->sw;
-        if (*b > 0 && *a > 0) return;
-    }
-    double mean = sp->sw > 0 ? sp->sy / sp->sw : 1.0, tok = sp->sw > 0 ? sp->st / sp->sw : 1.0;
-    *b = mean / (10.0 + tok);
-    *a = mean - *b * tok;
-}
-
-static void cost_learn(lm_spec *sp, int T, double s) {
-    const double keep = 0.995; /* a long memory: one step's time is noisy */
-    sp->sw = sp->sw * keep + 1, sp->st = sp->st * keep + T, sp->stt = sp->stt * keep + (double)T * T;
-    sp->sy = sp->sy * keep + s, sp->sty = sp->sty * keep + (double)T * s;
-}
-
 /* How many draft tokens r should get this step (at most max): the k that
  * maximises expected tokens per second of r's share of the step, 0 when
  * none beats plain decoding by a margin; a one-token probe every so often
  * keeps the estimate alive. */
 static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
-    lm_spec *sp = en->spec;
     lm_spec_req *q = &r->spec;
-    double a, b;
-    cost_model(sp, &a, &b);
-    const double share = a / LM_MAX(S, 1) + b; /* r's part of a step without drafts */
-    double best = 1.0 / share, expect = 0, run = 1;
-    int k_best = 0;
-    for (int k = 1; k <= max; k++) {
-        run *= q->acc[k - 1];
-        expect += run;
-        /* while the head runs its catch-up is paid anyway: only the chained
-         * guesses beyond the first are this choice's (about half its time each) */
-        double cost = share + b * k + sp->draft_s_per + (lm_mtp_tracked(r) ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
-        if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
-        double rate = (1 + expect) / cost;
-        if (rate > best * 1.02) best = rate, k_best = k;
-    }
-    if (k_best == 0 && ++q->quiet >= 16) {
+    const int k = lm_spec_best_k(&en->spec->c, q->acc, max, S, lm_mtp_tracked(r));
+    if (k == 0 && ++q->quiet >= 16) {
         q->quiet = 0;
         return LM_MIN(1, max);
     }
-    if (k_best > 0) q->quiet = 0;
-    return k_best;
-}
-
-/* The acceptance estimates after a verification: positions 1..accepted were
- * accepted, position accepted + 1 (if drafted) was not. */
-static void policy_learn(lm_spec_req *q, int k, int accepted) {
-    for (int i = 0; i < k && i <= accepted; i++) q->acc[i] = 0.85f * q->acc[i] + 0.15f * (i < accepted ? 1.0f : 0.0f);
+    if (k > 0) q->quiet = 0;
+    return k;
 }
 
 /* ---- proposals ---- */
@@ -174,7 +135,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
      * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
     if (sp->stateful && !sp->per_pos && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
     if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries; the head's from all sequences */
-        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->mtp_acc[i] : 0.6f;
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->c.mtp_acc[i] : 0.6f;
     const double t0 = lm_now();
     /* a verification hands out at most k + 1 tokens: no draft past
      * max_tokens or the context (so every draft position is a reserved one) */
@@ -200,7 +161,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     const double dt = lm_now() - t0;
     sp->add.spec_draft_s += dt;
     r->tr.spec_draft_s += dt;
-    sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
+    sp->c.draft_s_per = 0.9 * sp->c.draft_s_per + 0.1 * dt;
     if (k == 0) {
         sp->add.spec_off_steps += r->spec.k_last == 0;
         return 0;
@@ -270,10 +231,8 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
         sp->add.spec_pos_drafted[i] += i <= accepted;
         sp->add.spec_pos_accepted[i] += i < accepted;
     }
-    policy_learn(&r->spec, rc->k, accepted);
-    if (rc->from_mtp)
-        for (int i = 0; i < rc->k && i <= accepted; i++)
-            sp->mtp_acc[i] = 0.95f * sp->mtp_acc[i] + 0.05f * (i < accepted ? 1.0f : 0.0f);
+    lm_spec_acc_learn(r->spec.acc, rc->k, accepted, 0.15f);
+    if (rc->from_mtp) lm_spec_acc_learn(sp->c.mtp_acc, rc->k, accepted, 0.05f);
     r->tr.spec_verifies++;
     r->tr.spec_verify_s += sp->last_forward_s;
     r->tr.spec_drafted += rc->k;
@@ -344,27 +303,6 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
 
 /* ---- the MTP head's policy, per sequence ---- */
 
-/* Whether drafting with the head pays for a sequence whose drafts are
- * accepted with acc (per position, given the one before) against plain
- * decoding, with the head's own time counted: each step's catch-up
- * (mtp_s_per) and half that per chained guess, plus extra seconds a step.
- * The margin keeps a sequence that gains too little for the model's error
- * off the head. */
-static bool head_pays(const lm_spec *sp, const float *acc, int S, double extra) {
-    double a, b;
-    cost_model(sp, &a, &b);
-    const double share = a / LM_MAX(S, 1) + b, h = sp->mtp_s_per;
-    double expect = 0, run = 1;
-    for (int k = 1; k <= sp->max_draft; k++) {
-        run *= acc[k - 1];
-        expect += run;
-        double cost = share + b * k + h * (1 + 0.5 * (k - 1)) + extra;
-        if (sp->stateful && !sp->per_pos) cost += (1 - run) * b * (1 + expect);
-        if ((1 + expect) / cost > LM_SPEC_HEAD_MARGIN / share) return true;
-    }
-    return false;
-}
-
 /* Turns the head off for r for good when it does not pay (the head's K/V
  * cannot skip positions: a gap costs most of its acceptance, so it is not
  * turned back on). Before r's first catch-up: with the acceptance of all
@@ -375,16 +313,16 @@ static bool head_pays(const lm_spec *sp, const float *acc, int S, double extra) 
 static void head_decide(lm_engine *en, lm_request *r) {
     lm_spec *sp = en->spec;
     lm_spec_req *q = &r->spec;
-    if (en->o.spec_fixed || q->mtp_off || sp->mtp_s_per == 0) return;
+    if (en->o.spec_fixed || q->mtp_off || sp->c.mtp_s_per == 0) return;
     if (!q->mtp_seen) {
         q->mtp_seen = true;
         const int steps = LM_MAX(1, LM_MIN(r->p.max_tokens, en->o.ctx - r->n_tokens));
-        const double extra = sp->mtp_tok_s * (r->n_tokens - r->n_cached) / steps;
-        if (!head_pays(sp, sp->mtp_acc, en->n_running, extra) && ++sp->mtp_left_off % 8 != 0) q->mtp_off = true;
+        const double extra = sp->c.mtp_tok_s * (r->n_tokens - r->n_cached) / steps;
+        if (!lm_spec_head_pays(&sp->c, sp->c.mtp_acc, en->n_running, extra) && ++sp->mtp_left_off % 8 != 0) q->mtp_off = true;
         return;
     }
     if (r->n_cached < r->n_prompt) return;
-    if (head_pays(sp, q->acc[0] > 0 ? q->acc : sp->mtp_acc, en->n_running, 0)) q->mtp_poor = 0;
+    if (lm_spec_head_pays(&sp->c, q->acc[0] > 0 ? q->acc : sp->c.mtp_acc, en->n_running, 0)) q->mtp_poor = 0;
     else if (++q->mtp_poor >= LM_SPEC_HEAD_POOR) q->mtp_off = true;
 }
 
@@ -429,8 +367,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
         const int n_tok = lm_mtp_after_hand_out(en, st, sp->known);
         const double dt = lm_now() - t0;
         sp->add.spec_draft_s += dt;
-        if (n && !prefill) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
-        if (prefill && n_tok > 0) sp->mtp_tok_s = 0.7 * sp->mtp_tok_s + 0.3 * dt / n_tok;
+        lm_spec_head_learn(&sp->c, dt, n, n_tok, prefill);
         for (int i = 0; i < st->S; i++) { /* each decoding sequence's share of the head's time */
             lm_request *r = st->seq_req[i];
             if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
@@ -483,13 +420,13 @@ void lm_spec_calibrate(lm_engine *en) {
     for (int round = 0; round < 3; round++) { /* alternating, each learnt as a decode step would be */
         t1 = time_forward(en, bb, seq.blocks, slot, pos, 1, false, NULL);
         tk = time_forward(en, bb, seq.blocks, slot, pos, k + 1, false, NULL);
-        if (t1 > 0) cost_learn(sp, 1, t1);
-        if (tk > 0) cost_learn(sp, k + 1, tk);
+        if (t1 > 0) lm_spec_cost_learn(&sp->c, 1, t1);
+        if (tk > 0) lm_spec_cost_learn(&sp->c, k + 1, tk);
     }
     if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
     /* a step's head work: the catch-up and a chained guess */
-    if (th > 0) sp->mtp_s_per = 2 * th;
-    if (tp > 0) sp->mtp_tok_s = tp / pos;
+    if (th > 0) sp->c.mtp_s_per = 2 * th;
+    if (tp > 0) sp->c.mtp_tok_s = tp / pos;
     free(hidden);
     lm_batch_builder_free(bb);
     if (slot >= 0) lm_kv_state_release(en->kv, slot);
@@ -502,7 +439,7 @@ void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
      * otherwise (another matmul regime), and would skew the slope */
     bool decode = true;
     for (int i = 0; i < st->S && decode; i++) decode = st->seq_req[i]->n_cached >= st->seq_req[i]->n_prompt;
-    if (decode) cost_learn(sp, st->T, forward_s);
+    if (decode) lm_spec_cost_learn(&sp->c, st->T, forward_s);
     sp->last_forward_s = forward_s;
     if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
     else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);
