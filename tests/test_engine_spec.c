@@ -298,6 +298,51 @@ LM_TEST(engine_spec_same_tokens_qwen3_next) { spec_same_fixture(lm_t_, "qwen3-ne
 LM_TEST(engine_spec_same_tokens_gemma3) { spec_same_fixture(lm_t_, "gemma3"); }
 LM_TEST(engine_spec_same_tokens_gemma4) { spec_same_fixture(lm_t_, "gemma4"); }
 
+/* Memory fitting counts what speculation adds to the caches (the MTP
+ * head's K/V pool, spare state slots: per position or snapshots), so that a
+ * GPU's budget is checked against what is allocated: on the demo (a hybrid
+ * with a head) and a plain transformer, with and without a prefix cache. */
+static void fit_case(lm_test_ctx *lm_t_, const char *dir) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(1, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    if (!(lm_model_load(&m, dir, be, &e) == 0)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        lm_backend_destroy(be);
+        return;
+    }
+    static const lm_spec_mode modes[] = { LM_SPEC_OFF, LM_SPEC_LOOKUP, LM_SPEC_MTP, LM_SPEC_AUTO };
+    size_t base = 0;
+    for (int i = 0; i < 4 * 2 * 2; i++) {
+        lm_spec_mode mode = modes[i / 4];
+        if (mode == LM_SPEC_MTP && !lm_model_draft(m)) continue;
+        lm_engine_opts o = { .ctx = 256, .parallel = 3, .spec = mode, .spec_replay = i & 1,
+                             .cache_ram = i & 2 ? (size_t)8 << 20 : 0, .warmup = -1 };
+        lm_engine *en = NULL;
+        if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
+            LM_CHECK_MSG(0, "%s", e.msg);
+            continue;
+        }
+        size_t counted = 0, held = lm_engine_cache_bytes(en, &counted);
+        LM_CHECK_MSG(counted == held, "%s, spec %d, replay %d, cache %d: fitting counted %zu bytes, the caches hold %zu",
+                     dir, (int)mode, i & 1, (i & 2) != 0, counted, held);
+        if (i == 0) base = held;
+        else if (mode != LM_SPEC_OFF && !(i & 2) && (lm_model_draft(m) || lm_model_state_out(m)))
+            LM_CHECK(held > base); /* the head's pool or spare slots */
+        lm_engine_free(en);
+    }
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}
+
+LM_TEST(engine_spec_fit_counts_its_memory) {
+    fit_case(lm_t_, LUMEN_SOURCE_DIR "/models/demo");
+    char *dir = lm_test_fixture_path("models/llama");
+    if (dir) fit_case(lm_t_, dir);
+    free(dir);
+}
+
 /* The lookup proposer: the tokens after the latest earlier occurrence of
  * the longest matching n-gram (4 down to 2), as many as asked and known. */
 LM_TEST(engine_spec_lookup_drafts) {

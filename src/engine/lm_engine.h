@@ -279,6 +279,10 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
 int lm_engine_submit_embed(lm_engine *en, const int32_t *prompt, int n_prompt, lm_token_cb cb, void *user,
                            lm_request **out, lm_err *e);
 void lm_request_cancel(lm_request *r);
+/* Bytes of KV blocks and state slots the engine's caches hold (the MTP
+ * head's pool included); counted (may be NULL): what its memory fitting
+ * counted for them, which a device's budget was checked against. */
+size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted);
 /* Cancels if still running and drops the caller's reference; after it the
  * callback is never called again. */
 void lm_request_release(lm_request *r);

@@ -72,6 +72,10 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e) {
     return M;
 }
 
+size_t lm_mtp_bytes(const lm_spec_mtp *M) {
+    return M ? (size_t)M->kv->pool.n_blocks * lm_kv_block_bytes(M->kv) : 0;
+}
+
 void lm_mtp_free(lm_spec_mtp *M) {
     if (!M) return;
     lm_kv_cache_free(M->kv);
