@@ -68,8 +68,13 @@
  * A step with drafts is never the look-ahead's (lm_ahead_claim wants one
  * token per sequence, its ids on the device; speculation reads every row on
  * the host): step() gives it lm_spec_policy instead, and with speculation on
- * the look-ahead is off. Grammar-constrained requests (masks) and
- * embeddings do not speculate. */
+ * the look-ahead is off. Embeddings do not speculate. A grammar-constrained
+ * request speculates with lookup (or a callback), never the MTP head: its
+ * draft is cut at the first token its grammar refuses (checked on its
+ * matcher and rolled back) and at a stop token, before it joins the batch;
+ * each verified row is then sampled under its mask as any of its tokens,
+ * and a strict fill after a row ends the run there (the rows after it do
+ * not follow the forced tokens). */
 #ifndef LM_SPEC_H
 #define LM_SPEC_H
 

@@ -125,9 +125,34 @@ static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
 
 /* ---- proposals ---- */
 
+/* A grammar-constrained request: the longest head of the draft that its
+ * grammar allows, checked token by token on its matcher and then rolled
+ * back (the hand-out accepts what it hands out). Before the grammar is
+ * live the draft ends after its trigger token, past which it would apply;
+ * a stop token ends it too (the request would end there). */
+static int grammar_cut(lm_request *r, const int32_t *draft, int k) {
+    int n = 0, taken = 0;
+    for (; n < k; n++) {
+        bool stop = false;
+        for (int i = 0; i < r->p.n_stop_tokens; i++) stop |= r->stop_tokens[i] == draft[n];
+        if (stop) break;
+        if (!r->gm_live) {
+            if (draft[n] == r->p.grammar_trigger) {
+                n++;
+                break;
+            }
+            continue;
+        }
+        if (!lm_grammar_accept(r->gm, draft[n])) break;
+        taken++;
+    }
+    if (taken) lm_grammar_rollback(r->gm, taken);
+    return n;
+}
+
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     lm_spec *sp = en->spec;
-    if (!sp || r->p.no_spec || r->gm || r->embed) return 0;
+    if (!sp || r->p.no_spec || r->embed) return 0;
     /* only a sequence whose whole tail is in the batch with t0's row last */
     if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
     /* a stateful sequence after a rejection feeds its run again in front of
@@ -158,6 +183,7 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     }
     for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
         if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
+    if (r->gm && k > 0) k = grammar_cut(r, rc->draft, k);
     const double dt = lm_now() - t0;
     sp->add.spec_draft_s += dt;
     r->tr.spec_draft_s += dt;
@@ -216,9 +242,13 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
         if (rc->snap < 0) r->n_cached = rc->p + j + 1;
         if (rc->n_pp) r->slot = j < rc->n_pp ? rc->pp[j] : fwd_slot;
         held = r->slot;
-        const int o = rc->row0 + j;
+        const int o = rc->row0 + j, before = r->n_tokens;
         lm_req_take_token(en, r, st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL, st->ids[o]);
-        if (r->state == LM_REQ_DONE || j == rc->k || r->tokens[r->n_tokens - 1] != rc->draft[j]) break;
+        /* a strict fill (grammar) appended forced tokens: the rows after this
+         * one do not follow them */
+        if (r->state == LM_REQ_DONE || j == rc->k || r->n_tokens != before + 1 ||
+            r->tokens[r->n_tokens - 1] != rc->draft[j])
+            break;
         accepted++;
     }
     const int m = r->n_tokens - n0; /* tokens appended (a stop token is not) */
@@ -256,7 +286,7 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
             sp->add.spec_replayed += (uint64_t)(rc->p - rc->base + m);
         }
     } else {
-        r->n_cached = rc->p + m;
+        r->n_cached = rc->p + accepted + 1; /* t0 and the accepted drafts (not a strict fill's tokens) */
     }
     lm_cache_policy_progress(en, r);
 }
