@@ -79,7 +79,7 @@ LM_TEST(spec_policy_head_pays_with_its_own_time) {
     lm_spec_cost_init(&c, 3, true);
     learn_machine(&c, 0.26e-3, 0.12e-3, 3, 20);
     c.mtp_s_per = 0.18e-3;
-    fill(acc, 0.85f);
+    fill(acc, 0.9f);
     lm_spec_cost p = c;
     p.replay = false;
     LM_CHECK(lm_spec_head_pays(&p, acc, 1, 0) && !lm_spec_head_pays(&c, acc, 1, 0));

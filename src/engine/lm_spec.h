@@ -91,7 +91,7 @@ struct lm_step_policy;
 /* The MTP head runs for a sequence only where it is expected to beat
  * plain decoding by this factor, its own time counted; a decoding sequence
  * where it does not for this many steps in a row has it turned off. */
-#define LM_SPEC_HEAD_MARGIN 1.05
+#define LM_SPEC_HEAD_MARGIN 1.10
 #define LM_SPEC_HEAD_POOR 8
 
 /* n-gram lengths the lookup proposer matches, longest first. */
