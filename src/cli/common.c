@@ -63,7 +63,8 @@ const lm_opt lm_cli_spec_opts[] = {
       "Qwen3-Next checkpoints with mtp.* tensors; an error on other models), auto (lookup where it has a guess, "
       "else the MTP head if there is one) or off. A separate draft model (draft:PATH) is not built. Per sequence, "
       "the number of guesses follows their measured acceptance and the step's measured cost, and drops to none "
-      "where guessing does not pay; grammar-constrained requests do not speculate",
+      "where guessing does not pay; a grammar-constrained request takes lookup guesses only, cut where its "
+      "grammar refuses them",
       "off", .parse = parse_spec,
       .want = "lookup, mtp, auto or off (a separate draft model, draft:PATH, is not built)" },
     { LM_OPT_INT, "--spec-draft", NULL, LM_OPT_AT(lm_engine_opts, spec_draft), "N",

@@ -198,7 +198,8 @@ typedef struct lm_engine_opts {
                         * without an MTP head) is an error at creation. */
     int spec_draft;    /* most draft tokens per sequence and step, 1 ..
                         * LM_SPEC_MAX_DRAFT; 0 = the proposer's default (MTP
-                        * 2, lookup 6); the adaptive policy picks at most this */
+                        * 3, lookup and auto 6); the adaptive policy picks at
+                        * most this */
     bool spec_fixed;   /* no adaptive policy: every decode step drafts as many
                         * as the proposer has, up to spec_draft (tests, and
                         * benchmarks of one depth) */
