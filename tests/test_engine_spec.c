@@ -81,6 +81,7 @@ typedef struct sp_opts {
     int draft;
     bool fixed;
     bool mixed;      /* requests 1 and 3 opt out (no_spec) */
+    bool replay;     /* lm_engine_opts.spec_replay */
     oracle *orc;
 } sp_opts;
 
@@ -98,7 +99,7 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
     lm_engine *en = NULL;
     lm_engine_opts o = { .ctx = 320, .parallel = 4, .step_tokens = 64, .cache_ram = (size_t)64 << 20,
                          .spec = so->mode, .spec_draft = so->draft, .spec_fixed = so->fixed,
-                         .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc };
+                         .spec_replay = so->replay, .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc };
     if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
         LM_CHECK_MSG(0, "%s", e.msg);
         return;
@@ -189,7 +190,9 @@ static bool load_prompt(lm_test_ctx *lm_t_, const char *dir, int32_t *prompt, in
 
 /* Plain decoding against: lookup (fixed length 4, and adaptive), the
  * oracle with a rejection at every position (fixed length 3, alone and
- * beside requests that opt out). */
+ * beside requests that opt out; on a model with recurrent state with both
+ * rollbacks, the state kept per position where the backend offers it and
+ * the copy-and-replay). */
 static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);
@@ -249,12 +252,19 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
         sp_same(lm_t_, "auto, mixed", off, on);
     }
 
-    for (int mixed = 0; mixed < 2; mixed++) {
+    const bool per_pos = lm_model_state_out(m); /* a hybrid on the CPU */
+    for (int run = 0; run < (per_pos ? 4 : 2); run++) {
+        const bool mixed = run & 1, replay = run >= 2;
         oracle orc = { .ref = off };
-        sp_opts os = { .mode = LM_SPEC_CALLBACK, .draft = 3, .fixed = true, .mixed = mixed, .orc = &orc };
+        sp_opts os = { .mode = LM_SPEC_CALLBACK, .draft = 3, .fixed = true, .mixed = mixed, .replay = replay,
+                       .orc = &orc };
+        const char *what = mixed ? (replay ? "oracle, mixed, replay" : "oracle, mixed")
+                                 : (replay ? "oracle, replay" : "oracle");
         sp_run(lm_t_, m, &os, prompt, n_prompt, stops, on);
-        sp_same(lm_t_, mixed ? "oracle, mixed" : "oracle", off, on);
-        sp_print(dir, mixed ? "oracle, mixed" : "oracle", &on->st);
+        sp_same(lm_t_, what, off, on);
+        sp_print(dir, what, &on->st);
+        /* a rejection feeds tokens again only where the state is not kept per position */
+        if (per_pos) LM_CHECK(replay ? on->st.spec_replayed > 0 : on->st.spec_replayed == 0);
         for (int i = 0; i < 3; i++) /* rejected at every position, accepted at every position */
             LM_CHECK_MSG(on->st.spec_pos_accepted[i] > 0 && on->st.spec_pos_accepted[i] < on->st.spec_pos_drafted[i],
                          "position %d: %llu of %llu accepted", i + 1,
@@ -287,6 +297,51 @@ LM_TEST(engine_spec_same_tokens_qwen3_5) { spec_same_fixture(lm_t_, "qwen3.5"); 
 LM_TEST(engine_spec_same_tokens_qwen3_next) { spec_same_fixture(lm_t_, "qwen3-next"); }
 LM_TEST(engine_spec_same_tokens_gemma3) { spec_same_fixture(lm_t_, "gemma3"); }
 LM_TEST(engine_spec_same_tokens_gemma4) { spec_same_fixture(lm_t_, "gemma4"); }
+
+/* Memory fitting counts what speculation adds to the caches (the MTP
+ * head's K/V pool, spare state slots: per position or snapshots), so that a
+ * GPU's budget is checked against what is allocated: on the demo (a hybrid
+ * with a head) and a plain transformer, with and without a prefix cache. */
+static void fit_case(lm_test_ctx *lm_t_, const char *dir) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(1, &e);
+    LM_REQUIRE(be != NULL);
+    lm_model *m = NULL;
+    if (!(lm_model_load(&m, dir, be, &e) == 0)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        lm_backend_destroy(be);
+        return;
+    }
+    static const lm_spec_mode modes[] = { LM_SPEC_OFF, LM_SPEC_LOOKUP, LM_SPEC_MTP, LM_SPEC_AUTO };
+    size_t base = 0;
+    for (int i = 0; i < 4 * 2 * 2; i++) {
+        lm_spec_mode mode = modes[i / 4];
+        if (mode == LM_SPEC_MTP && !lm_model_draft(m)) continue;
+        lm_engine_opts o = { .ctx = 256, .parallel = 3, .spec = mode, .spec_replay = i & 1,
+                             .cache_ram = i & 2 ? (size_t)8 << 20 : 0, .warmup = -1 };
+        lm_engine *en = NULL;
+        if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
+            LM_CHECK_MSG(0, "%s", e.msg);
+            continue;
+        }
+        size_t counted = 0, held = lm_engine_cache_bytes(en, &counted);
+        LM_CHECK_MSG(counted == held, "%s, spec %d, replay %d, cache %d: fitting counted %zu bytes, the caches hold %zu",
+                     dir, (int)mode, i & 1, (i & 2) != 0, counted, held);
+        if (i == 0) base = held;
+        else if (mode != LM_SPEC_OFF && !(i & 2) && (lm_model_draft(m) || lm_model_state_out(m)))
+            LM_CHECK(held > base); /* the head's pool or spare slots */
+        lm_engine_free(en);
+    }
+    lm_model_free(m);
+    lm_backend_destroy(be);
+}
+
+LM_TEST(engine_spec_fit_counts_its_memory) {
+    fit_case(lm_t_, LUMEN_SOURCE_DIR "/models/demo");
+    char *dir = lm_test_fixture_path("models/llama");
+    if (dir) fit_case(lm_t_, dir);
+    free(dir);
+}
 
 /* The lookup proposer: the tokens after the latest earlier occurrence of
  * the longest matching n-gram (4 down to 2), as many as asked and known. */

@@ -74,6 +74,13 @@ typedef struct lm_attn_batch {
     int n_seqs;
     const int32_t *const *block_tables;  /* [S] -> block ids covering positions 0..max pos */
     const int32_t *state_slot;           /* [S] recurrent-state slot, NULL without state */
+    /* [T] or NULL: a slot that also receives the sequence's recurrent state
+     * as it is right after token t (-1: none); the sequence's own slot
+     * still ends at its last token. Speculative decoding's per-position
+     * state: a rejected draft rolls back to the state after the last
+     * accepted token without feeding anything again. Only the recurrent
+     * ops of a backend with lm_backend_ops.state_out write it. */
+    const int32_t *state_out;
 } lm_attn_batch;
 
 typedef struct lm_attn_params {
@@ -226,6 +233,9 @@ struct lm_backend_ops {
     void (*moe)(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits,
                 const lm_moe_params *p);
     /* Gated DeltaNet ops (see lm_state_ref, lm_delta_params). */
+    /* true: conv1d_state, gated_delta and gated_delta_gates write
+     * lm_attn_batch.state_out; false: the batch must not have it. */
+    bool state_out;
     /* Causal depthwise conv of each sequence's x [T][C] with w [C][K] (f32),
      * continuing from the sequence's last K-1 inputs ([K-1][C] floats at
      * `state`, updated): y[t][c] = silu?(sum_j w[c][j] x[t-K+1+j][c]). y must

@@ -7,6 +7,8 @@ void lm_check_state_ref(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batc
     LM_ASSERT(b->state_slot != NULL);
     LM_ASSERT(r.index >= 0 && r.index < kv->n_state && r.offset >= 0);
     LM_ASSERT(r.offset + floats <= kv->state_floats[r.index]);
+    for (int t = 0; b->state_out && t < b->n_tokens; t++)
+        LM_ASSERT(b->state_out[t] >= -1 && b->state_out[t] < kv->n_state_slots);
 }
 
 void lm_check_gated_delta(const lm_tensor *out, const lm_tensor *qkv, const lm_tensor *g, const lm_tensor *beta,

@@ -262,6 +262,7 @@ static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m
                              .step_tokens = 512 };
     lm_engine_opts spec = plain;
     spec.spec = o->eo.spec, spec.spec_draft = o->eo.spec_draft, spec.spec_fixed = o->eo.spec_fixed;
+    spec.spec_replay = o->eo.spec_replay;
     lm_gen_params gp = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = o->gen,
                          .stop_tokens = stops, .n_stop_tokens = n_stops };
     double best_plain = 1e30, best_spec = 1e30, ratios[1000];
@@ -297,12 +298,13 @@ static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m
     lm_egen_spec_json(&st_spec, js, sizeof js);
     const char *mode = o->eo.spec == LM_SPEC_MTP ? "mtp" : o->eo.spec == LM_SPEC_LOOKUP ? "lookup" : "auto";
     printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"prompts\":\"%s\",\"requests\":%d,"
-           "\"batch\":%d,\"gen\":%d,\"spec\":\"%s\",\"spec_draft\":%d,\"spec_fixed\":%s,\"generated\":%d,"
-           "\"same_tokens\":%s,\"plain_s\":%.4f,\"spec_s\":%.4f,\"plain_tok_s\":%.1f,\"spec_tok_s\":%.1f,"
+           "\"batch\":%d,\"gen\":%d,\"spec\":\"%s\",\"spec_draft\":%d,\"spec_fixed\":%s,\"spec_replay\":%s,"
+           "\"generated\":%d,\"same_tokens\":%s,\"plain_s\":%.4f,\"spec_s\":%.4f,\"plain_tok_s\":%.1f,\"spec_tok_s\":%.1f,"
            "\"speedup\":%.3f,\"speedup_median\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
            o->model, be->name, strcmp(be->name, "cuda") ? lm_cpu_backend_threads(lm_backend_base(be)) : 0,
            lm_kv_types_str(o->kv, kvs, sizeof kvs), o->prompts, n, B, o->gen, mode, o->eo.spec_draft,
-           o->eo.spec_fixed ? "true" : "false", generated, same ? "true" : "false", best_plain, best_spec,
+           o->eo.spec_fixed ? "true" : "false", o->eo.spec_replay ? "true" : "false", generated, same ? "true" : "false",
+           best_plain, best_spec,
            generated / best_plain, generated / best_spec, best_plain / best_spec, median,
            (unsigned long long)st_plain.steps, (unsigned long long)st_spec.steps, js);
     rc = same ? 0 : lm_errf(e, "speculative decoding changed the greedy tokens");

@@ -63,7 +63,8 @@ const lm_opt lm_cli_spec_opts[] = {
       "Qwen3-Next checkpoints with mtp.* tensors; an error on other models), auto (lookup where it has a guess, "
       "else the MTP head if there is one) or off. A separate draft model (draft:PATH) is not built. Per sequence, "
       "the number of guesses follows their measured acceptance and the step's measured cost, and drops to none "
-      "where guessing does not pay; grammar-constrained requests do not speculate",
+      "where guessing does not pay; a grammar-constrained request takes lookup guesses only, cut where its "
+      "grammar refuses them",
       "off", .parse = parse_spec,
       .want = "lookup, mtp, auto or off (a separate draft model, draft:PATH, is not built)" },
     { LM_OPT_INT, "--spec-draft", NULL, LM_OPT_AT(lm_engine_opts, spec_draft), "N",
@@ -72,6 +73,10 @@ const lm_opt lm_cli_spec_opts[] = {
     { LM_OPT_FLAG, "--spec-fixed", NULL, LM_OPT_AT(lm_engine_opts, spec_fixed), NULL,
       "always guess --spec-draft tokens where the proposer has them, without the adaptive policy (for measuring "
       "one depth)" },
+    { LM_OPT_FLAG, "--spec-replay", NULL, LM_OPT_AT(lm_engine_opts, spec_replay), NULL,
+      "roll back a rejected guess's recurrent state (Qwen3.5's linear attention) from a copy taken before the "
+      "check, feeding the accepted tokens again, rather than from the state kept after every guessed position "
+      "(the default where the backend keeps it: the CPU; for measuring one against the other)" },
     { .kind = LM_OPT_END },
 };
 

@@ -19,6 +19,7 @@ struct lm_batch_builder {
     int32_t *slots;           /* [max_seqs] */
     int32_t *rows;            /* [max_out] */
     int32_t *hidden_rows;     /* [max_tokens] */
+    int32_t *state_out;       /* [max_tokens] -1 but where lm_batch_set_state_out said */
     lm_batch b;               /* counts live in b.n_tokens, b.n_seqs, b.n_out */
 };
 
@@ -34,6 +35,7 @@ lm_batch_builder *lm_batch_builder_create(int max_tokens, int max_seqs, int max_
     bb->slots = lm_xcalloc((size_t)max_seqs, sizeof(int32_t));
     bb->rows = lm_xmalloc((size_t)LM_MAX(max_out, 1) * sizeof(int32_t));
     bb->hidden_rows = lm_xmalloc((size_t)max_tokens * sizeof(int32_t));
+    bb->state_out = lm_xmalloc((size_t)max_tokens * sizeof(int32_t));
     lm_batch_reset(bb);
     return bb;
 }
@@ -41,7 +43,7 @@ lm_batch_builder *lm_batch_builder_create(int max_tokens, int max_seqs, int max_
 void lm_batch_builder_free(lm_batch_builder *bb) {
     if (!bb) return;
     free(bb->tokens), free(bb->pos), free(bb->seq);
-    free(bb->tables), free(bb->slots), free(bb->rows), free(bb->hidden_rows);
+    free(bb->tables), free(bb->slots), free(bb->rows), free(bb->hidden_rows), free(bb->state_out);
     free(bb);
 }
 
@@ -66,6 +68,7 @@ static int add_token(lm_batch_builder *bb, int s, int pos) {
     int t = bb->b.n_tokens++;
     bb->pos[t] = pos;
     bb->seq[t] = s;
+    bb->state_out[t] = -1;
     return t;
 }
 
@@ -96,6 +99,12 @@ int lm_batch_add_hidden(lm_batch_builder *bb, int row) {
     LM_ASSERT(bb->b.n_hidden < bb->max_tokens && row >= 0 && row < bb->b.n_tokens);
     bb->hidden_rows[bb->b.n_hidden] = row;
     return bb->b.n_hidden++;
+}
+
+void lm_batch_set_state_out(lm_batch_builder *bb, int row, int32_t slot) {
+    LM_ASSERT(bb->stateful && row >= 0 && row < bb->b.n_tokens && slot >= 0);
+    bb->state_out[row] = slot;
+    bb->b.state_out = bb->state_out;
 }
 
 void lm_batch_set_hidden(lm_batch_builder *bb, float *out) { bb->b.hidden_out = out; }

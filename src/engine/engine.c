@@ -480,7 +480,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     size_t cache_blocks = 0;
     if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
         lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks,
-                               en->o.parallel + en->ckpt_slots + lm_spec_state_slots(&en->o, en->stateful),
+                               en->o.parallel + en->ckpt_slots + lm_spec_state_slots(&en->o, m, en->stateful),
                                en->ring, e)) {
         free(en);
         return -1;

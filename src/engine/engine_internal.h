@@ -158,6 +158,7 @@ struct lm_engine {
     int ring;                    /* blocks per sequence of the sliding-window rings (lm_kv_ring_for); 0: none */
     int bs;                      /* tokens per KV block */
     int ckpt_slots;              /* recurrent-state slots set aside for checkpoints */
+    size_t fit_bytes;            /* the caches' device bytes as lm_fit_memory counted them */
     int32_t *hit_blocks;         /* [ctx / bs + 2] lookup scratch */
     lm_disk_cache *dc;           /* the disk tier (disk_tier.c), NULL without one */
     uint8_t *dc_buf;             /* [max(block bytes, state bytes)] its host copy of one entry */

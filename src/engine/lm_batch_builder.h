@@ -41,6 +41,10 @@ int lm_batch_add_from_argmax(lm_batch_builder *bb, int s, int pos);
 /* Asks for the output (logits or argmax) of token row `row`; returns the
  * output index, the order of lm_batch.out_rows. */
 int lm_batch_add_out(lm_batch_builder *bb, int row);
+/* Asks for token row `row`'s sequence's recurrent state right after it to
+ * be written to state slot `slot` too (lm_batch.state_out; only where
+ * lm_model_state_out allows). */
+void lm_batch_set_state_out(lm_batch_builder *bb, int row, int32_t slot);
 /* Asks for the hidden state after the final norm of token row `row`
  * (embeddings); returns its index among the batch's hidden rows, where
  * lm_batch_set_hidden's buffer receives it. */

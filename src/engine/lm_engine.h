@@ -207,10 +207,16 @@ typedef struct lm_engine_opts {
                         * without an MTP head) is an error at creation. */
     int spec_draft;    /* most draft tokens per sequence and step, 1 ..
                         * LM_SPEC_MAX_DRAFT; 0 = the proposer's default (MTP
-                        * 2, lookup 6); the adaptive policy picks at most this */
+                        * 3, lookup and auto 6); the adaptive policy picks at
+                        * most this */
     bool spec_fixed;   /* no adaptive policy: every decode step drafts as many
                         * as the proposer has, up to spec_draft (tests, and
                         * benchmarks of one depth) */
+    bool spec_replay;  /* roll back a rejected draft's recurrent state by a
+                        * copy from before the verify and feeding the
+                        * accepted tokens again, even where the backend
+                        * keeps the state after every position (the
+                        * default there; lm_spec.h): tests, benchmarks */
     lm_spec_cb spec_cb; /* LM_SPEC_CALLBACK's proposer and its argument */
     void *spec_user;
 } lm_engine_opts;
@@ -283,6 +289,10 @@ int lm_engine_submit(lm_engine *en, const int32_t *prompt, int n_prompt, const l
 int lm_engine_submit_embed(lm_engine *en, const int32_t *prompt, int n_prompt, lm_token_cb cb, void *user,
                            lm_request **out, lm_err *e);
 void lm_request_cancel(lm_request *r);
+/* Bytes of KV blocks and state slots the engine's caches hold (the MTP
+ * head's pool included); counted (may be NULL): what its memory fitting
+ * counted for them, which a device's budget was checked against. */
+size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted);
 /* Cancels if still running and drops the caller's reference; after it the
  * callback is never called again. */
 void lm_request_release(lm_request *r);

@@ -32,34 +32,49 @@
  *     grows by m, later forwards overwrite the rows past it, and the prefix
  *     cache only ever takes blocks below n_cached. Recurrent state (Gated
  *     DeltaNet conv window and delta state, sliding-window rings) cannot be
- *     stepped back; the verifier copies r's slot to a spare slot before the
- *     forward. When every draft is accepted the forward's state is r's. On
- *     a rejection r takes the copy (the state at p; a slot swap, no copy)
- *     and n_cached stays at p: the next step feeds t0 x1..xm again in front
- *     of its own token and draft ("replay", folded into a forward that runs
- *     anyway; a rejection there goes back to the same copy, so the replayed
- *     run grows until a draft is accepted whole, or until it reaches
- *     LM_SPEC_MAX_REPLAY tokens and a step catches up undrafted).
- *     docs/architecture.md has the measurement against keeping the state
- *     after every draft position: that would be cheaper (the copy is ~1 %
- *     of a step, a replayed token ~45 % on the demo on the CPU) but needs
- *     the gated-delta and conv ops of every backend to write per-position
- *     state; this path needs no backend change. A proposer with state of its
- *     own (the MTP head's K/V) rolls back the same way: its rows past the
- *     accepted position are rewritten.
+ *     stepped back; two ways:
+ *     - per position, where the backend keeps it (lm_model_state_out: the
+ *       CPU's recurrent ops; Gated DeltaNet models): the verify forward
+ *       also writes r's state after t0 and after each draft but the last
+ *       into spare slots (lm_batch_set_state_out). With j drafts accepted
+ *       r takes the slot of position p + j (a swap of slot ids, no copy),
+ *       the others go back, and nothing is fed again;
+ *     - copy and replay, elsewhere (CUDA, Gemma's rings, or
+ *       lm_engine_opts.spec_replay): the verifier copies r's slot to a
+ *       spare one before the forward. When every draft is accepted the
+ *       forward's state is r's. On a rejection r takes the copy (the state
+ *       at p; a slot swap) and n_cached stays at p: the next step feeds t0
+ *       x1..xm again in front of its own token and draft ("replay", folded
+ *       into a forward that runs anyway; a rejection there goes back to
+ *       the same copy, so the replayed run grows until a draft is accepted
+ *       whole, or until it reaches LM_SPEC_MAX_REPLAY tokens and a step
+ *       catches up undrafted).
+ *     Measured (docs/architecture.md): a token fed again costs ~45 % of a
+ *     step on the demo on the CPU; keeping the state per position costs
+ *     the slot writes, within the noise of a verify forward. A proposer
+ *     with state of its own (the MTP head's K/V) rolls back the same way
+ *     either way: its rows past the accepted position are rewritten.
  *
- * Adaptive policy: per sequence, an estimate of the chance that draft
- * position i is accepted given i - 1 was, and a model of the step's cost
- * (time = a + b * tokens, fitted from the steps it sees, plus the time to
- * propose), choose each step the k that maximises tokens per second; k = 0
- * when no k beats plain decoding, with a one-token probe now and then to
- * notice that drafts pay again.
+ * Adaptive policy (spec_policy.c): per sequence, an estimate of the chance
+ * that draft position i is accepted given i - 1 was, and a model of the
+ * step's cost (time = a + b * tokens, fitted from the steps it sees, plus
+ * the time to propose), choose each step the k that maximises tokens per
+ * second; k = 0 when no k beats plain decoding, with a one-token probe now
+ * and then to notice that drafts pay again. The MTP head runs per
+ * sequence, only where it is expected to pay with its own time counted
+ * (spec.c's head_decide); where it does not it is off for that sequence
+ * for good, so the sequence decodes as plain decoding does.
  *
  * A step with drafts is never the look-ahead's (lm_ahead_claim wants one
  * token per sequence, its ids on the device; speculation reads every row on
  * the host): step() gives it lm_spec_policy instead, and with speculation on
- * the look-ahead is off. Grammar-constrained requests (masks) and
- * embeddings do not speculate. */
+ * the look-ahead is off. Embeddings do not speculate. A grammar-constrained
+ * request speculates with lookup (or a callback), never the MTP head: its
+ * draft is cut at the first token its grammar refuses (checked on its
+ * matcher and rolled back) and at a stop token, before it joins the batch;
+ * each verified row is then sampled under its mask as any of its tokens,
+ * and a strict fill after a row ends the run there (the rows after it do
+ * not follow the forced tokens). */
 #ifndef LM_SPEC_H
 #define LM_SPEC_H
 
@@ -72,6 +87,12 @@ struct lm_step_policy;
 /* Most tokens a stateful sequence feeds again after rejections before a
  * step catches it up without a draft. */
 #define LM_SPEC_MAX_REPLAY 16
+
+/* The MTP head runs for a sequence only where it is expected to beat
+ * plain decoding by this factor, its own time counted; a decoding sequence
+ * where it does not for this many steps in a row has it turned off. */
+#define LM_SPEC_HEAD_MARGIN 1.10
+#define LM_SPEC_HEAD_POOR 8
 
 /* n-gram lengths the lookup proposer matches, longest first. */
 #define LM_LOOKUP_NMIN 2
@@ -89,6 +110,9 @@ typedef struct lm_spec_req {
     int quiet;             /* decode steps since it last drafted */
     int k_last;            /* the draft length the policy chose last */
     bool head_share;       /* this step's MTP head time is partly its */
+    bool mtp_seen;         /* the head's policy has decided on it once */
+    bool mtp_off;          /* the head does not pay for it: never runs for it again */
+    int mtp_poor;          /* decode steps in a row where the head did not pay */
     /* MTP (spec_mtp.c) */
     int mtp_n;             /* the head's K/V cover positions < mtp_n */
     int hid_pos;           /* position of the hidden row in hid */
@@ -104,9 +128,14 @@ void lm_spec_req_free(lm_spec_req *q);
  * lacks what the mode needs. Call once the KV cache exists. */
 int lm_spec_create(lm_engine *en, lm_err *e);
 void lm_spec_free(lm_spec *sp);
-/* Extra recurrent-state slots speculation needs for mode (one snapshot per
- * running sequence on a stateful model). */
-int lm_spec_state_slots(const lm_engine_opts *o, bool stateful);
+/* Extra recurrent-state slots speculation needs on a stateful model: one
+ * per draft position and running sequence where the state is kept per
+ * position, else one snapshot per running sequence. */
+int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool stateful);
+/* Bytes of a block (block tokens) of the MTP head's own KV pool, which has
+ * as many blocks as the engine's (lm_mtp_create); 0 when the mode does not
+ * use the head or the model has none. */
+size_t lm_spec_head_block_bytes(const lm_engine_opts *o, const lm_model *m, int block);
 /* Most draft tokens a step adds to one sequence (0 without a proposer); the
  * engine sizes its output rows for 1 + this per sequence. */
 int lm_spec_max_draft(const lm_spec *sp);
@@ -131,6 +160,45 @@ void lm_spec_calibrate(lm_engine *en);
  * the cost model learns from steps without drafts too. */
 void lm_spec_after_issue(lm_engine *en, struct lm_step *st, double forward_s);
 
+/* ---- the adaptive policy (spec_policy.c) ---- */
+
+/* A draft length is chosen only where it beats plain decoding by this
+ * factor (the model's error, the draft's bookkeeping). */
+#define LM_SPEC_DRAFT_MARGIN 1.02
+
+typedef struct lm_spec_cost {
+    int max_draft;
+    bool replay;          /* a rejection feeds the accepted run again (copy-and-replay rollback) */
+    double sw, st, stt, sy, sty; /* least-squares sums of decode steps: weight, T, T^2, seconds, T seconds */
+    double draft_s_per;   /* smoothed seconds one proposal takes (lookup, callback) */
+    double mtp_s_per;     /* smoothed seconds of the MTP head a decoding sequence and step */
+    double mtp_tok_s;     /* smoothed seconds of its catch-up a prompt token */
+    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences */
+} lm_spec_cost;
+
+void lm_spec_cost_init(lm_spec_cost *c, int max_draft, bool replay);
+/* A decode step of T tokens took s seconds. */
+void lm_spec_cost_learn(lm_spec_cost *c, int T, double s);
+/* The fitted step time a + b T; before enough steps, a guess that makes a
+ * token cost a tenth of a step. */
+void lm_spec_cost_model(const lm_spec_cost *c, double *a, double *b);
+/* The draft length (at most max) that maximises the expected tokens per
+ * second of a sequence with acceptance acc among S running; 0 when none
+ * beats plain decoding by LM_SPEC_DRAFT_MARGIN. head: the MTP head runs for
+ * it (its chained guesses cost). */
+int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool head);
+/* Whether some depth with the head beats plain decoding by
+ * LM_SPEC_HEAD_MARGIN with the head's own time counted (each step's
+ * catch-up, half that per chained guess) and extra seconds a step. */
+bool lm_spec_head_pays(const lm_spec_cost *c, const float *acc, int S, double extra);
+/* The head's work after a step took dt seconds: n_tok tokens fed, for
+ * n_decoding decoding sequences; prefill: it caught up over a prompt
+ * chunk (then only the per-token time learns). */
+void lm_spec_head_learn(lm_spec_cost *c, double dt, int n_decoding, int n_tok, bool prefill);
+/* After a verify of k drafts with accepted accepted: positions 1..accepted
+ * were accepted, accepted + 1 (if drafted) was not; rate: the smoothing. */
+void lm_spec_acc_learn(float *acc, int k, int accepted, float rate);
+
 /* ---- proposers (spec_lookup.c, spec_mtp.c) ---- */
 
 typedef struct lm_spec_mtp lm_spec_mtp;
@@ -138,10 +206,15 @@ typedef struct lm_spec_mtp lm_spec_mtp;
  * draft head; NULL with e set when its pool cannot be made. */
 lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e);
 void lm_mtp_free(lm_spec_mtp *M);
+/* Bytes of the head's KV pool (0 for NULL). */
+size_t lm_mtp_bytes(const lm_spec_mtp *M);
 void lm_mtp_before_issue(lm_engine *en, struct lm_step *st);
 /* known[s]: where batch sequence s's real tokens end among those the step
- * fed (-1: all of them were real). */
-void lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+ * fed (-1: all of them were real). Returns the tokens the head was fed. */
+int lm_mtp_after_hand_out(lm_engine *en, struct lm_step *st, const int *known);
+/* Whether r's positions go through the head (it speculates, and the
+ * policy has not turned the head off for it). */
+bool lm_mtp_tracked(const lm_request *r);
 /* The head over a batch of the caller's (its rows' hidden states: hidden;
  * at most parallel out rows), its K/V into the head's pool
  * (lm_spec_calibrate's timing). */

@@ -8,6 +8,8 @@
  * with the k after it, any other row is a plain token. */
 #include "engine_internal.h"
 
+#include "../model/lm_arch.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +21,9 @@ typedef struct spec_rec {
     int k;
     int base;           /* r->n_cached before the step: the copied state's position */
     int p;              /* position of t0 (base, or later after a rejection's replay) */
-    int32_t snap;       /* stateful: the copy of r's slot before the forward, else -1 */
+    int32_t snap;       /* replay rollback: the copy of r's slot before the forward, else -1 */
+    int n_pp;           /* per-position rollback: k, else 0 */
+    int32_t pp[LM_SPEC_MAX_DRAFT]; /* slot j: r's state after position p + j (t0 and j drafts) */
     int accepted;       /* after the hand-out: drafts accepted */
     bool from_mtp;      /* the MTP head's guesses */
     int32_t draft[LM_SPEC_MAX_DRAFT];
@@ -29,26 +33,40 @@ struct lm_spec {
     lm_spec_mode mode;
     int max_draft;
     bool stateful;
+    bool per_pos;       /* stateful, rolled back from the state after each position */
     spec_rec *rec;      /* [parallel] this step's drafted sequences, in row order */
     int *known;         /* [parallel] lm_mtp_after_hand_out's */
     int n_rec;
-    /* the cost model: step seconds = a + b * tokens, least squares over
-     * recent steps (sums decay so that it follows the load) */
-    double sw, st, stt, sy, sty;
-    double draft_s_per;  /* smoothed seconds one proposal takes (lookup, callback) */
-    double mtp_s_per;    /* smoothed seconds of the MTP head's forwards per sequence and step */
-    bool mtp_live;       /* this step runs the MTP head (mtp_worth) */
-    int mtp_quiet;       /* steps since the head last ran */
+    lm_spec_cost c;     /* the adaptive policy's costs and the head's acceptance (spec_policy.c) */
+    bool mtp_live;       /* this step runs the MTP head for some sequence */
+    unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
     double last_forward_s; /* the step's forward, for the requests' traces */
-    float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences, smoothed */
     /* counters not yet in en->st */
     lm_engine_stats add;
 };
 
 /* ---- setup ---- */
 
-int lm_spec_state_slots(const lm_engine_opts *o, bool stateful) {
-    return o->spec != LM_SPEC_OFF && stateful ? LM_MAX(o->parallel, 1) : 0;
+/* The most draft tokens a step gives one sequence. */
+static int draft_len(const lm_engine_opts *o) {
+    return o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
+}
+
+/* Whether a rejection rolls back to the state kept after its position. */
+static bool per_pos(const lm_engine_opts *o, const lm_model *m, bool stateful) {
+    return stateful && !o->spec_replay && lm_model_state_out(m);
+}
+
+int lm_spec_state_slots(const lm_engine_opts *o, const lm_model *m, bool stateful) {
+    if (o->spec == LM_SPEC_OFF || !stateful) return 0;
+    const int P = LM_MAX(o->parallel, 1);
+    return per_pos(o, m, stateful) ? P * LM_MIN(draft_len(o), LM_SPEC_MAX_DRAFT) : P;
+}
+
+size_t lm_spec_head_block_bytes(const lm_engine_opts *o, const lm_model *m, int block) {
+    const lm_draft *d = o->spec == LM_SPEC_MTP || o->spec == LM_SPEC_AUTO ? lm_model_draft(m) : NULL;
+    if (!d) return 0;
+    return (size_t)block * lm_kv_bytes_per_token((lm_kv_types){ LM_KV_F32, LM_KV_F32 }, d->kv_layers(m), m->kv_width);
 }
 
 int lm_spec_create(lm_engine *en, lm_err *e) {
@@ -70,9 +88,10 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
     lm_spec *sp = lm_xcalloc(1, sizeof *sp);
     sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
-    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) sp->mtp_acc[i] = 0.9f;
-    sp->max_draft = o->spec_draft > 0 ? o->spec_draft : o->spec == LM_SPEC_MTP ? 3 : 6;
+    sp->max_draft = draft_len(o);
     sp->stateful = en->stateful;
+    sp->per_pos = per_pos(o, en->m, en->stateful);
+    lm_spec_cost_init(&sp->c, sp->max_draft, sp->stateful && !sp->per_pos);
     sp->rec = lm_xcalloc((size_t)o->parallel, sizeof *sp->rec);
     en->spec = sp;
     return 0;
@@ -89,76 +108,59 @@ int lm_spec_max_draft(const lm_spec *sp) { return sp ? sp->max_draft : 0; }
 
 /* ---- the adaptive policy ---- */
 
-/* The fitted step time of a forward of T tokens (a + b T); before enough
- * steps, a guess that makes a token cost a tenth of a step. */
-static void cost_model(const lm_spec *sp, double *a, double *b) {
-    double det = sp->sw * sp->stt - sp->st * sp->st;
-    if (sp->sw >= 4 && det > 1e-9 * sp->sw * sp->sw) {
-        *b = (sp->sw * sp->sty - sp->st * sp->sy) / det;
-        *a = (sp->sy - *b * sp->st) / sp->sw;
-        if (*b > 0 && *a > 0) return;
-    }
-    double mean = sp->sw > 0 ? sp->sy / sp->sw : 1.0, tok = sp->sw > 0 ? sp->st / sp->sw : 1.0;
-    *b = mean / (10.0 + tok);
-    *a = mean - *b * tok;
-}
-
-static void cost_learn(lm_spec *sp, int T, double s) {
-    const double keep = 0.995; /* a long memory: one step's time is noisy */
-    sp->sw = sp->sw * keep + 1, sp->st = sp->st * keep + T, sp->stt = sp->stt * keep + (double)T * T;
-    sp->sy = sp->sy * keep + s, sp->sty = sp->sty * keep + (double)T * s;
-}
-
 /* How many draft tokens r should get this step (at most max): the k that
  * maximises expected tokens per second of r's share of the step, 0 when
  * none beats plain decoding by a margin; a one-token probe every so often
  * keeps the estimate alive. */
 static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
-    lm_spec *sp = en->spec;
     lm_spec_req *q = &r->spec;
-    double a, b;
-    cost_model(sp, &a, &b);
-    const double share = a / LM_MAX(S, 1) + b; /* r's part of a step without drafts */
-    double best = 1.0 / share, expect = 0, run = 1;
-    int k_best = 0;
-    for (int k = 1; k <= max; k++) {
-        run *= q->acc[k - 1];
-        expect += run;
-        /* a rejection on a stateful model feeds the accepted tokens again */
-        /* while the head runs its catch-up is paid anyway: only the chained
-         * guesses beyond the first are this choice's (about half its time each) */
-        double cost = share + b * k + sp->draft_s_per + (sp->mtp_live ? 0.5 * sp->mtp_s_per * (k - 1) : 0);
-        if (sp->stateful) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
-        double rate = (1 + expect) / cost;
-        if (rate > best * 1.02) best = rate, k_best = k;
-    }
-    if (k_best == 0 && ++q->quiet >= 16) {
+    const int k = lm_spec_best_k(&en->spec->c, q->acc, max, S, lm_mtp_tracked(r));
+    if (k == 0 && ++q->quiet >= 16) {
         q->quiet = 0;
         return LM_MIN(1, max);
     }
-    if (k_best > 0) q->quiet = 0;
-    return k_best;
-}
-
-/* The acceptance estimates after a verification: positions 1..accepted were
- * accepted, position accepted + 1 (if drafted) was not. */
-static void policy_learn(lm_spec_req *q, int k, int accepted) {
-    for (int i = 0; i < k && i <= accepted; i++) q->acc[i] = 0.85f * q->acc[i] + 0.15f * (i < accepted ? 1.0f : 0.0f);
+    if (k > 0) q->quiet = 0;
+    return k;
 }
 
 /* ---- proposals ---- */
 
+/* A grammar-constrained request: the longest head of the draft that its
+ * grammar allows, checked token by token on its matcher and then rolled
+ * back (the hand-out accepts what it hands out). Before the grammar is
+ * live the draft ends after its trigger token, past which it would apply;
+ * a stop token ends it too (the request would end there). */
+static int grammar_cut(lm_request *r, const int32_t *draft, int k) {
+    int n = 0, taken = 0;
+    for (; n < k; n++) {
+        bool stop = false;
+        for (int i = 0; i < r->p.n_stop_tokens; i++) stop |= r->stop_tokens[i] == draft[n];
+        if (stop) break;
+        if (!r->gm_live) {
+            if (draft[n] == r->p.grammar_trigger) {
+                n++;
+                break;
+            }
+            continue;
+        }
+        if (!lm_grammar_accept(r->gm, draft[n])) break;
+        taken++;
+    }
+    if (taken) lm_grammar_rollback(r->gm, taken);
+    return n;
+}
+
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     lm_spec *sp = en->spec;
-    if (!sp || r->p.no_spec || r->gm || r->embed) return 0;
+    if (!sp || r->p.no_spec || r->embed) return 0;
     /* only a sequence whose whole tail is in the batch with t0's row last */
     if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
     /* a stateful sequence after a rejection feeds its run again in front of
      * t0 and may draft after it: another rejection takes it back to the same
      * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
-    if (sp->stateful && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
-    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries */
-        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = 0.6f;
+    if (sp->stateful && !sp->per_pos && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
+    if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries; the head's from all sequences */
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->c.mtp_acc[i] : 0.6f;
     const double t0 = lm_now();
     /* a verification hands out at most k + 1 tokens: no draft past
      * max_tokens or the context (so every draft position is a reserved one) */
@@ -181,23 +183,31 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     }
     for (int j = 0; j < k; j++) /* a caller's draft stops at a token the model does not have */
         if (rc->draft[j] < 0 || rc->draft[j] >= en->vocab) k = j;
+    if (r->gm && k > 0) k = grammar_cut(r, rc->draft, k);
     const double dt = lm_now() - t0;
     sp->add.spec_draft_s += dt;
     r->tr.spec_draft_s += dt;
-    sp->draft_s_per = 0.9 * sp->draft_s_per + 0.1 * dt;
+    sp->c.draft_s_per = 0.9 * sp->c.draft_s_per + 0.1 * dt;
     if (k == 0) {
         sp->add.spec_off_steps += r->spec.k_last == 0;
         return 0;
     }
-    rc->snap = -1;
-    if (sp->stateful) {
+    rc->snap = -1, rc->n_pp = 0;
+    if (sp->per_pos) { /* a slot for the state after t0 and each draft but the last */
+        int32_t slot;
+        while (rc->n_pp < k && (slot = lm_kv_state_take(en->kv)) >= 0) rc->pp[rc->n_pp++] = slot;
+        if (rc->n_pp == 0) return 0; /* no spare slot: decode plainly */
+        k = rc->n_pp;
+    } else if (sp->stateful) {
         rc->snap = lm_kv_state_take(en->kv);
-        if (rc->snap < 0) return 0; /* no spare slot: decode plainly */
+        if (rc->snap < 0) return 0;
         lm_kv_state_copy(en->kv, rc->snap, r->slot);
     }
     rc->r = r, rc->s = s, rc->k = k, rc->base = r->n_cached, rc->p = r->n_cached + st->seq_n[s] - 1;
     rc->row0 = st->n_out - 1;
+    const int t0_row = lm_batch_n_tokens(en->bb) - 1;
     int last = lm_batch_add_tokens(en->bb, s, rc->draft, rc->p + 1, k);
+    for (int j = 0; j < rc->n_pp; j++) lm_batch_set_state_out(en->bb, t0_row + j, rc->pp[j]);
     for (int j = 0; j < k; j++) {
         int o = lm_batch_add_out(en->bb, last - k + 1 + j);
         st->row_req[o] = r;
@@ -225,12 +235,20 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
     r->n_cached = rc->snap >= 0 ? rc->base : rc->p;
     const int n0 = r->n_tokens;
     int accepted = 0;
+    int32_t held = r->slot; /* r's slot when its last token was handed out */
     for (int j = 0; j <= rc->k; j++) {
-        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so far */
+        /* the token fed at p + j is t0 (j = 0) or a draft equal to the run so
+         * far; per position, r's state is the one after it */
         if (rc->snap < 0) r->n_cached = rc->p + j + 1;
-        const int o = rc->row0 + j;
+        if (rc->n_pp) r->slot = j < rc->n_pp ? rc->pp[j] : fwd_slot;
+        held = r->slot;
+        const int o = rc->row0 + j, before = r->n_tokens;
         lm_req_take_token(en, r, st->want_logits[o] ? st->logits + (size_t)o * en->vocab : NULL, st->ids[o]);
-        if (r->state == LM_REQ_DONE || j == rc->k || r->tokens[r->n_tokens - 1] != rc->draft[j]) break;
+        /* a strict fill (grammar) appended forced tokens: the rows after this
+         * one do not follow them */
+        if (r->state == LM_REQ_DONE || j == rc->k || r->n_tokens != before + 1 ||
+            r->tokens[r->n_tokens - 1] != rc->draft[j])
+            break;
         accepted++;
     }
     const int m = r->n_tokens - n0; /* tokens appended (a stop token is not) */
@@ -243,14 +261,17 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
         sp->add.spec_pos_drafted[i] += i <= accepted;
         sp->add.spec_pos_accepted[i] += i < accepted;
     }
-    policy_learn(&r->spec, rc->k, accepted);
-    if (rc->from_mtp)
-        for (int i = 0; i < rc->k && i <= accepted; i++)
-            sp->mtp_acc[i] = 0.95f * sp->mtp_acc[i] + 0.05f * (i < accepted ? 1.0f : 0.0f);
+    lm_spec_acc_learn(r->spec.acc, rc->k, accepted, 0.15f);
+    if (rc->from_mtp) lm_spec_acc_learn(sp->c.mtp_acc, rc->k, accepted, 0.05f);
     r->tr.spec_verifies++;
     r->tr.spec_verify_s += sp->last_forward_s;
     r->tr.spec_drafted += rc->k;
     r->tr.spec_accepted += accepted;
+    if (rc->n_pp) { /* keep the slot of the accepted position (released already if r is done) */
+        for (int j = 0; j < rc->n_pp; j++)
+            if (rc->pp[j] != held) lm_kv_state_release(en->kv, rc->pp[j]);
+        if (fwd_slot != held) lm_kv_state_release(en->kv, fwd_slot);
+    }
     if (r->state == LM_REQ_DONE) { /* its slot (the copy) is released; the forward's goes too */
         if (rc->snap >= 0) lm_kv_state_release(en->kv, fwd_slot);
         return;
@@ -265,7 +286,7 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
             sp->add.spec_replayed += (uint64_t)(rc->p - rc->base + m);
         }
     } else {
-        r->n_cached = rc->p + m;
+        r->n_cached = rc->p + accepted + 1; /* t0 and the accepted drafts (not a strict fill's tokens) */
     }
     lm_cache_policy_progress(en, r);
 }
@@ -310,36 +331,41 @@ static void spec_hand_out(lm_engine *en, lm_step *st) {
     publish(en);
 }
 
-/* Whether the MTP head pays at this step's batch: with its acceptance so
- * far over all sequences (per position, smoothed; 0.9 before any), some
- * depth must beat plain decoding against the head's own time (its
- * catch-up, and half that per chained guess). When none does, the head
- * (its hidden rows, K/V and guesses) is skipped altogether; every 64 steps
- * it runs anyway to measure itself again. */
-static bool mtp_worth(lm_engine *en) {
+/* ---- the MTP head's policy, per sequence ---- */
+
+/* Turns the head off for r for good when it does not pay (the head's K/V
+ * cannot skip positions: a gap costs most of its acceptance, so it is not
+ * turned back on). Before r's first catch-up: with the acceptance of all
+ * sequences so far, the prompt's catch-up spread over the answer counted
+ * (every 8th sequence that would be left off runs it anyway, so that the
+ * shared acceptance keeps being measured). Decoding: with r's own
+ * acceptance, after LM_SPEC_HEAD_POOR steps in a row where it did not pay. */
+static void head_decide(lm_engine *en, lm_request *r) {
     lm_spec *sp = en->spec;
-    if (en->o.spec_fixed || sp->mtp_s_per == 0 || ++sp->mtp_quiet >= 64) return true;
-    double a, b;
-    cost_model(sp, &a, &b);
-    const double share = a / LM_MAX(en->n_running, 1) + b;
-    double expect = 0, run = 1;
-    for (int k = 1; k <= sp->max_draft; k++) {
-        run *= sp->mtp_acc[k - 1];
-        expect += run;
-        double cost = share + b * k + sp->mtp_s_per * (1 + 0.5 * (k - 1));
-        if (sp->stateful) cost += (1 - run) * b * (1 + expect);
-        if ((1 + expect) / cost > 1.02 / share) return true;
+    lm_spec_req *q = &r->spec;
+    if (en->o.spec_fixed || q->mtp_off || sp->c.mtp_s_per == 0) return;
+    if (!q->mtp_seen) {
+        q->mtp_seen = true;
+        const int steps = LM_MAX(1, LM_MIN(r->p.max_tokens, en->o.ctx - r->n_tokens));
+        const double extra = sp->c.mtp_tok_s * (r->n_tokens - r->n_cached) / steps;
+        if (!lm_spec_head_pays(&sp->c, sp->c.mtp_acc, en->n_running, extra) && ++sp->mtp_left_off % 8 != 0) q->mtp_off = true;
+        return;
     }
-    return false;
+    if (r->n_cached < r->n_prompt) return;
+    if (lm_spec_head_pays(&sp->c, q->acc[0] > 0 ? q->acc : sp->c.mtp_acc, en->n_running, 0)) q->mtp_poor = 0;
+    else if (++q->mtp_poor >= LM_SPEC_HEAD_POOR) q->mtp_off = true;
 }
 
 void lm_spec_before_issue(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
-    sp->mtp_live = en->spec_mtp && mtp_worth(en);
-    if (sp->mtp_live) {
-        sp->mtp_quiet = 0;
-        lm_mtp_before_issue(en, st);
+    sp->mtp_live = false;
+    if (!en->spec_mtp) return;
+    for (int s = 0; s < st->S; s++) {
+        lm_request *r = st->seq_req[s];
+        head_decide(en, r);
+        sp->mtp_live |= lm_mtp_tracked(r);
     }
+    if (sp->mtp_live) lm_mtp_before_issue(en, st);
 }
 
 void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
@@ -347,6 +373,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     if (sp->mtp_live) {
         const double t0 = lm_now();
         int n = 0;
+        bool prefill = false; /* a catch-up over a prompt chunk: not a decode step's cost */
         for (int i = 0, c = 0; i < st->S; i++) {
             sp->known[i] = -1;
             if (c < sp->n_rec && sp->rec[c].s == i) {
@@ -354,22 +381,23 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
                 sp->known[i] = rc->p + 1 + rc->accepted; /* t0 and the accepted drafts */
             }
             lm_request *r = st->seq_req[i];
-            if (r->state == LM_REQ_RUNNING && r->n_cached >= r->n_prompt) r->spec.head_share = true;
-            if (r->state == LM_REQ_RUNNING) {
-                /* chained guesses cost a forward each: none while the policy does
-                 * not draft (but for the step before a probe); the head's K/V
-                 * follow regardless, since a gap in them costs most of its
-                 * acceptance (measured: 0.92 -> ~0.3 on the code workload) */
-                const lm_spec_req *q = &r->spec;
-                r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
-                                 : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
-                n += r->n_cached >= r->n_prompt;
-            }
+            if (r->state != LM_REQ_RUNNING || !lm_mtp_tracked(r)) continue;
+            prefill |= st->seq_n[i] > 1 + sp->max_draft;
+            if (r->n_cached >= r->n_prompt) r->spec.head_share = true;
+            /* chained guesses cost a forward each: none while the policy does
+             * not draft (but for the step before a probe); the head's K/V
+             * follow regardless while it is on for r, since a gap in them
+             * costs most of its acceptance (measured: 0.92 -> ~0.3 on the
+             * code workload) */
+            const lm_spec_req *q = &r->spec;
+            r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
+                             : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
+            n += r->n_cached >= r->n_prompt;
         }
-        lm_mtp_after_hand_out(en, st, sp->known);
+        const int n_tok = lm_mtp_after_hand_out(en, st, sp->known);
         const double dt = lm_now() - t0;
         sp->add.spec_draft_s += dt;
-        if (n) sp->mtp_s_per = 0.9 * sp->mtp_s_per + 0.1 * dt / n;
+        lm_spec_head_learn(&sp->c, dt, n, n_tok, prefill);
         for (int i = 0; i < st->S; i++) { /* each decoding sequence's share of the head's time */
             lm_request *r = st->seq_req[i];
             if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
@@ -415,19 +443,20 @@ void lm_spec_calibrate(lm_engine *en) {
     }
     lm_batch_builder *bb = lm_batch_builder_create(LM_MAX(pos, k + 1), 1, LM_MAX(pos, k + 1), en->stateful);
     float *hidden = lm_xcalloc((size_t)LM_MAX(pos, k + 1) * (size_t)en->m->cfg.d_model, sizeof(float));
-    double t1 = 0, tk = 0, th = 0;
+    double t1 = 0, tk = 0, th = 0, tp = 0;
     /* positions before the timed ones hold real K/V (and the head's) */
     time_forward(en, bb, seq.blocks, slot, 0, pos, false, NULL);
-    if (en->spec_mtp) time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
+    if (en->spec_mtp) tp = time_forward(en, bb, seq.blocks, -1, 0, pos, true, hidden);
     for (int round = 0; round < 3; round++) { /* alternating, each learnt as a decode step would be */
         t1 = time_forward(en, bb, seq.blocks, slot, pos, 1, false, NULL);
         tk = time_forward(en, bb, seq.blocks, slot, pos, k + 1, false, NULL);
-        if (t1 > 0) cost_learn(sp, 1, t1);
-        if (tk > 0) cost_learn(sp, k + 1, tk);
+        if (t1 > 0) lm_spec_cost_learn(&sp->c, 1, t1);
+        if (tk > 0) lm_spec_cost_learn(&sp->c, k + 1, tk);
     }
     if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
     /* a step's head work: the catch-up and a chained guess */
-    if (th > 0) sp->mtp_s_per = 2 * th;
+    if (th > 0) sp->c.mtp_s_per = 2 * th;
+    if (tp > 0) sp->c.mtp_tok_s = tp / pos;
     free(hidden);
     lm_batch_builder_free(bb);
     if (slot >= 0) lm_kv_state_release(en->kv, slot);
@@ -440,7 +469,7 @@ void lm_spec_after_issue(lm_engine *en, lm_step *st, double forward_s) {
      * otherwise (another matmul regime), and would skew the slope */
     bool decode = true;
     for (int i = 0; i < st->S && decode; i++) decode = st->seq_req[i]->n_cached >= st->seq_req[i]->n_prompt;
-    if (decode) cost_learn(sp, st->T, forward_s);
+    if (decode) lm_spec_cost_learn(&sp->c, st->T, forward_s);
     sp->last_forward_s = forward_s;
     if (st->n_draft > 0) sp->add.spec_verify_s += forward_s;
     else if (sp->add.spec_off_steps || sp->add.spec_draft_s > 0) publish(en);

@@ -72,6 +72,10 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e) {
     return M;
 }
 
+size_t lm_mtp_bytes(const lm_spec_mtp *M) {
+    return M ? (size_t)M->kv->pool.n_blocks * lm_kv_block_bytes(M->kv) : 0;
+}
+
 void lm_mtp_free(lm_spec_mtp *M) {
     if (!M) return;
     lm_kv_cache_free(M->kv);
@@ -80,8 +84,7 @@ void lm_mtp_free(lm_spec_mtp *M) {
     free(M);
 }
 
-/* Whether r's positions go through the head. */
-static bool tracked(const lm_request *r) { return !r->embed && !r->p.no_spec && !r->gm; }
+bool lm_mtp_tracked(const lm_request *r) { return !r->embed && !r->p.no_spec && !r->gm && !r->spec.mtp_off; }
 
 void lm_mtp_before_issue(lm_engine *en, lm_step *st) {
     lm_spec_mtp *M = en->spec_mtp;
@@ -89,7 +92,7 @@ void lm_mtp_before_issue(lm_engine *en, lm_step *st) {
     for (int s = 0, row = 0; s < st->S; row += st->seq_n[s++]) {
         M->h0[s] = -1;
         lm_request *r = st->seq_req[s];
-        if (!tracked(r)) continue;
+        if (!lm_mtp_tracked(r)) continue;
         M->h0[s] = lm_batch_n_hidden(en->bb);
         M->base[s] = r->n_cached;
         for (int i = 0; i < st->seq_n[s]; i++) lm_batch_add_hidden(en->bb, row + i);
@@ -107,7 +110,7 @@ static bool head_forward(lm_engine *en, lm_spec_mtp *M) {
     return lm_batch_forward_draft(M->bb, en->m, M->d, &M->kv->pool, M->hid_in, M->hid_out, &e) == 0;
 }
 
-void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
+int lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
     lm_spec_mtp *M = en->spec_mtp;
     const size_t D = (size_t)M->D;
     lm_batch_reset(M->bb);
@@ -144,7 +147,7 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
             M->out_req[n_out++] = r;
         }
     }
-    if (n_tok == 0 || !head_forward(en, M)) return;
+    if (n_tok == 0 || !head_forward(en, M)) return 0;
     /* chained guesses while the policy wants more */
     int n = n_out;
     (void)st;
@@ -168,7 +171,8 @@ void lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
             memcpy(M->hid_in + (size_t)k * D, M->hid_prev + (size_t)i * D, D * sizeof(float));
             M->out_req[k++] = r;
         }
-        if (k == 0 || !head_forward(en, M)) return;
+        if (k == 0 || !head_forward(en, M)) return n_tok;
+        n_tok += k;
         for (int i = 0; i < k; i++) {
             lm_spec_req *q = &M->out_req[i]->spec;
             q->mtp_draft[j] = M->ids[i];

@@ -169,7 +169,7 @@ void lm_attn_forward(lm_model *m, lm_dec_scratch *s, const lm_attn_layer *L, int
     lm_tensor kn = lm_tensor_rows(&s->kn, 0, T), attn = lm_tensor_rows(&s->attn, 0, T);
     lm_tensor o = lm_tensor_rows(&s->o, 0, T);
 
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot, NULL };
     lm_rope_params rq = { c->n_heads, c->head_dim, m->rot_dim, c->rope.interleaved, m->inv_freq, m->rope_attn_factor };
     lm_rope_params rk = rq;
     rk.n_heads = c->n_kv_heads;

@@ -576,7 +576,7 @@ static int ring_batch(gemma *G, const lm_kv_pool *kv, const lm_batch *b, int win
         at += n;
     }
     free(lo);
-    *rb = (lm_attn_batch){ b->n_tokens, b->pos, b->seq, S, G->ring_tables, b->state_slot };
+    *rb = (lm_attn_batch){ b->n_tokens, b->pos, b->seq, S, G->ring_tables, b->state_slot, NULL };
     return rc;
 }
 
@@ -595,7 +595,7 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
     gemma_scratch *s = &G->s;
     const int64_t D = c->d_model, H = c->n_heads, P = g->ple_dim;
     lm_tensor x = view(&s->x, T, D), h = view(&s->h, T, D), o = view(&s->o, T, D);
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot }, rb = ab;
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot, NULL }, rb = ab;
     bool tanh_gelu = c->act == LM_ACT_GELU_TANH;
     if (kv->ring_blocks > 0 && ring_batch(G, kv, b, c->sliding_window, &rb, e)) return -1;
 

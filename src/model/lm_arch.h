@@ -49,6 +49,9 @@ typedef struct lm_arch {
     void (*free)(lm_model *m); /* frees m->impl and what forward allocated */
     /* Recurrent state per sequence (NULL: none); see lm_model_state_spec. */
     int (*state_spec)(const lm_model *m, int64_t *floats, int max);
+    /* Its state is only conv1d_state's and gated_delta's, so a backend that
+     * writes them per position can honour lm_batch.state_out. */
+    bool state_per_pos;
     /* Speculative decoding's draft from the model itself (NULL: none). */
     const lm_draft *draft;
 } lm_arch;

@@ -24,6 +24,10 @@ typedef struct lm_batch {
     int n_seqs;                          /* S */
     const int32_t *const *block_tables;  /* [S] KV blocks covering positions 0..max pos */
     const int32_t *state_slot;           /* [S] recurrent-state slots; NULL if the model has none */
+    /* [T] or NULL: a slot that also receives token t's sequence's state as
+     * it is right after t (-1: none); see lm_attn_batch.state_out. Only
+     * where lm_model_state_out says so. */
+    const int32_t *state_out;
     int n_out;                           /* rows that need logits */
     const int32_t *out_rows;             /* [n_out] token indices in [0, T) */
     /* Optional greedy output: with out_argmax (host [n_out]) the backend
@@ -132,6 +136,10 @@ void lm_model_wait_argmax(lm_model *m);
 /* The checks lm_model_forward makes before running a batch (token ids,
  * positions, sequences, logit rows, state slots), for other entry points. */
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e);
+
+/* Whether batches may carry state_out: the architecture's whole state is
+ * what the recurrent ops keep, and the backend writes it per position. */
+bool lm_model_state_out(const lm_model *m);
 
 /* The model's own draft head for speculative decoding (lm_arch.h's
  * lm_draft), NULL when it has none. */

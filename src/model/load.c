@@ -153,6 +153,11 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
     for (int s = 0; kv->n_state > 0 && s < b->n_seqs; s++)
         if (b->state_slot[s] < 0 || b->state_slot[s] >= kv->n_state_slots)
             return lm_errf(e, "state slot %d out of range [0, %d)", b->state_slot[s], kv->n_state_slots);
+    if (b->state_out && !(kv->n_state > 0 && lm_model_state_out(m)))
+        return lm_errf(e, "per-position state asked of a model or backend that does not keep it");
+    for (int t = 0; b->state_out && t < b->n_tokens; t++)
+        if (b->state_out[t] < -1 || b->state_out[t] >= kv->n_state_slots)
+            return lm_errf(e, "state_out slot %d out of range [-1, %d)", b->state_out[t], kv->n_state_slots);
     return 0;
 }
 
@@ -164,7 +169,7 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
  * launches a forward makes apart from the data (positions, ids, tables). */
 static uint64_t lm_batch_shape_key(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, const float *logits) {
     uint64_t h = XXH3_64bits_withSeed(&m, sizeof m, 0);
-    int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL,
+    int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL, b->state_out != NULL,
                       b->out_argmax != NULL, b->out_logits != NULL, logits != NULL, b->tokens == NULL,
                       b->argmax_later, b->n_hidden };
     h = XXH3_64bits_withSeed(hdr, sizeof hdr, h);
@@ -221,6 +226,10 @@ size_t lm_model_weight_bytes(const lm_model *m) { return m->weight_bytes; }
 const lm_draft *lm_model_draft(const lm_model *m) {
     const lm_draft *d = m->arch->draft;
     return d && d->kv_layers(m) > 0 ? d : NULL;
+}
+
+bool lm_model_state_out(const lm_model *m) {
+    return m->arch->state_per_pos && lm_backend_base(m->be)->ops->state_out;
 }
 
 int lm_model_state_spec(const lm_model *m, int64_t *floats, int max) {

@@ -707,7 +707,7 @@ static int q35_run(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logits
     const int T = b->n_tokens;
     if (check_batch(q, b, e) || scratch_ensure(m, &q->s, T, b->n_out, e)) return -1;
     q35_scratch *s = &q->s;
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot };
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, b->state_slot, b->state_out };
     q35_step st = { m, s, kv, &ab, b->pos, T };
     lm_tensor x = rows(&s->x, T), h = rows(&s->h, T);
     lm_embed_tokens(m, &x, &m->embed, b);
@@ -747,7 +747,7 @@ static int mtp_run(lm_model *m, lm_kv_pool *mtp_kv, const lm_batch *b, const flo
     lm_backend *be = m->be;
     const struct lm_backend_ops *op = be->ops;
     q35_scratch *s = &q->s;
-    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, NULL };
+    lm_attn_batch ab = { T, b->pos, b->seq, b->n_seqs, b->block_tables, NULL, NULL };
     q35_step st = { m, s, mtp_kv, &ab, b->pos, T };
     lm_tensor x = rows(&s->x, T), h = rows(&s->h, T), o = rows(&s->o, T);
     /* x = fc [n_e(embed(next)) ; n_h(hidden)] = fc_emb n_e(...) + fc_hidden n_h(...) */
@@ -825,6 +825,7 @@ const lm_arch lm_arch_qwen35 = {
     .forward = q35_forward,
     .free = q35_free,
     .state_spec = q35_state_spec,
+    .state_per_pos = true,
     .draft = &k_q35_draft,
 };
 

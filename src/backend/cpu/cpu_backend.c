@@ -206,6 +206,7 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .kv_write = lm_cpu_kv_write,
     .attention = lm_cpu_attention,
     .moe = lm_cpu_moe,
+    .state_out = true,
     .conv1d_state = lm_cpu_conv1d_state,
     .delta_gates = lm_cpu_delta_gates,
     .gated_delta = lm_cpu_gated_delta,

@@ -14,7 +14,7 @@
  * (decoding) takes the recurrent step: with alpha = exp(g),
  *   u = beta (v - alpha S^T k);  o = alpha S^T q + (q.k) u;  S = alpha S + k u^T
  * (two passes over S: one read, one read-write). Several tokens (a prefill
- * chunk) go through the chunked form, LM_DELTA_CHUNK tokens at a time:
+ * chunk, a verify forward) go through the chunked form, LM_DELTA_CHUNK tokens at a time:
  * with G_i the cumulative log decay inside the chunk and S0 its initial
  * state, every token's update u_i solves the unit lower-triangular system
  *   u_i + sum_{j<i} beta_i e^{G_i-G_j} (k_i.k_j) u_j = beta_i v_i - beta_i e^{G_i} S0^T k_i
@@ -44,11 +44,17 @@ static int lm_seq_next(const lm_attn_batch *b, int s, int from) {
     return b->n_tokens;
 }
 
-static float *lm_state_at(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int s) {
-    int32_t slot = b->state_slot[s];
+static float *lm_slot_at(const lm_kv_pool *kv, lm_state_ref r, int32_t slot) {
     LM_ASSERT(slot >= 0 && slot < kv->n_state_slots);
     return kv->state[r.index] + (int64_t)slot * kv->state_floats[r.index] + r.offset;
 }
+
+static float *lm_state_at(const lm_kv_pool *kv, lm_state_ref r, const lm_attn_batch *b, int s) {
+    return lm_slot_at(kv, r, b->state_slot[s]);
+}
+
+/* The slot that receives the state after token t (lm_attn_batch.state_out), -1: none. */
+static int32_t lm_state_out(const lm_attn_batch *b, int t) { return b->state_out ? b->state_out[t] : -1; }
 
 /* ---- silu ---------------------------------------------------------------------- */
 
@@ -115,6 +121,11 @@ static void lm_conv_item(const lm_conv_ctx *c, int s, int64_t c0, int64_t nc) {
         if (W > 0) {
             memcpy(win[head], xb, sizeof xb);
             head = (head + 1) % W;
+        }
+        const int32_t out = lm_state_out(b, t);
+        if (out >= 0) { /* the window after t, oldest first, as the state holds it */
+            float *o = lm_slot_at(c->kv, c->st, out) + c0;
+            for (int j = 0; j < W; j++) memcpy(o + j * c->C, win[(head + j) % W], (size_t)nc * sizeof(float));
         }
     }
     for (int j = 0; j < W; j++) memcpy(st + j * c->C, win[(head + j) % W], (size_t)nc * sizeof(float));
@@ -327,15 +338,25 @@ static void lm_delta_item(const lm_delta_ctx *c, int s, int h, float *work) {
         lm_delta_step(c, S, t, h, work);
         return;
     }
+    /* A chunk ends at a token whose state is asked for (state_out), which
+     * is then copied out; a chunk of one token takes the recurrent step, so
+     * a verify forward that asks after every token computes what decoding
+     * one token at a time would. */
+    bool emits = false;
+    for (int u = t; u < T && !emits; u = lm_seq_next(b, s, u + 1)) emits = lm_state_out(b, u) >= 0;
     int idx[LM_DELTA_CHUNK];
     while (t < T) {
         int n = 0;
-        for (; t < T && n < LM_DELTA_CHUNK; t = lm_seq_next(b, s, t + 1)) {
+        int32_t out = -1;
+        for (; t < T && n < LM_DELTA_CHUNK && out < 0; t = lm_seq_next(b, s, t + 1)) {
             LM_ASSERT(b->pos[t] == prev + 1);
             prev = b->pos[t];
             idx[n++] = t;
+            out = lm_state_out(b, t);
         }
-        lm_delta_chunk(c, S, idx, n, h, work);
+        if (n == 1 && emits) lm_delta_step(c, S, idx[0], h, work);
+        else lm_delta_chunk(c, S, idx, n, h, work);
+        if (out >= 0) memcpy(lm_slot_at(c->kv, p->state, out) + h * hs, S, (size_t)hs * sizeof(float));
     }
 }
 

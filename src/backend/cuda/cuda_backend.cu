@@ -582,6 +582,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .kv_write = */ lm_cuda_kv_write,
     /* .attention = */ lm_cuda_attention,
     /* .moe = */ lm_cuda_moe,
+    /* .state_out = */ false, /* speculation rolls back by replay here (lm_spec.h) */
     /* .conv1d_state = */ lm_cuda_conv1d_state,
     /* .delta_gates = */ lm_cuda_delta_gates,
     /* .gated_delta = */ lm_cuda_gated_delta,

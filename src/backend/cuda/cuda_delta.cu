@@ -77,6 +77,7 @@ typedef struct delta_counts {
  * delta_counts). */
 static delta_seqs delta_stage(lm_cuda *c, const lm_kv_pool *kv, const lm_attn_batch *b, int thr, delta_counts *cnt) {
     const int T = b->n_tokens, S = b->n_seqs;
+    LM_ASSERT(!b->state_out); /* lm_backend_ops.state_out is false: speculation replays instead */
     size_t n = 2 * (size_t)T + 2 * (size_t)S + 1;
     int32_t *h = (int32_t *)lm_xcalloc(n, sizeof(int32_t));
     int32_t *pos = h, *slot = h + T, *start = slot + S, *tok = start + S + 1;
