@@ -291,18 +291,30 @@ LM_TEST(cli_options_every_command_keeps_its_options) {
     }
 }
 
-/* The KV format a command gets when none is given: bf16 on the CPU, f32 on
- * CUDA (its reduced formats' attention is slower there); a side that was
- * given keeps its format. */
-LM_TEST(cli_kv_default_follows_the_backend) {
-    lm_backend cpu = { .name = "cpu" }, cuda = { .name = "cuda" }, wrapped = { .name = "profiled", .inner = &cuda };
-    lm_kv_types kv = LM_CLI_KV_DEFAULT;
-    lm_cli_kv_resolve(&kv, &cpu);
+/* The KV format a command gets: bf16 on both sides unless given; a side
+ * given alone keeps the other's default, and --kv-k/--kv-v after
+ * --kv-type override its side. */
+static lm_kv_types kv_parse(const char *line) {
+    static const lm_kv_types defaults = LM_CLI_KV_DEFAULT;
+    const lm_opt_cmd cmd = { .name = "tst", .usage = "lumen tst [options]", .about = "KV.\n",
+                             .opts = lm_cli_kv_opts, .defaults = &defaults, .size = sizeof defaults };
+    char buf[256], *argv[16] = { "tst" };
+    int argc = 1;
+    snprintf(buf, sizeof buf, "%s", line);
+    for (char *w = strtok(buf, " "); w && argc < 16; w = strtok(NULL, " ")) argv[argc++] = w;
+    lm_kv_types kv;
+    FILE *null = fopen("/dev/null", "w");
+    const int rc = lm_opts_parse_io(&cmd, &kv, argc, argv, null, null);
+    fclose(null);
+    if (rc != -1) kv.k = kv.v = (lm_kv_type)-1; /* -1: parsed, go on */
+    return kv;
+}
+
+LM_TEST(cli_kv_default_is_bf16) {
+    lm_kv_types kv = kv_parse("");
     LM_CHECK(kv.k == LM_KV_BF16 && kv.v == LM_KV_BF16);
-    kv = LM_CLI_KV_DEFAULT;
-    lm_cli_kv_resolve(&kv, &wrapped);
-    LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_F32);
-    kv = (lm_kv_types){ LM_CLI_KV_BACKEND, LM_KV_Q4R }; /* --kv-v q4r alone */
-    lm_cli_kv_resolve(&kv, &cuda);
-    LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_Q4R);
+    kv = kv_parse("--kv-v q4r");
+    LM_CHECK(kv.k == LM_KV_BF16 && kv.v == LM_KV_Q4R);
+    kv = kv_parse("--kv-type q8 --kv-k f32");
+    LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_Q8);
 }

@@ -66,7 +66,11 @@ start() {
   "$bin" serve -m "$model" --port "$port" --cache-dir "$work/cache" --cache-disk "$disk" --trace "$work/trace.jsonl" \
     --quiet $serve_args 2>>"$work/server.log" &
   pid=$!
-  for _ in $(seq 1 1200); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.1; done
+  for _ in $(seq 1 1200); do
+    curl -sf "localhost:$port/health" >/dev/null && return
+    kill -0 $pid 2>/dev/null || break # it exited: say why now
+    sleep 0.1
+  done
   echo "server did not start" >&2; cat "$work/server.log" >&2; exit 1
 }
 ask() { # label file

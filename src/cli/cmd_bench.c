@@ -339,7 +339,6 @@ int lm_cmd_bench(int argc, char **argv) {
         lm_source_unref(src);
         return 1;
     }
-    lm_cli_kv_resolve(&o.kv, be);
     lm_err e = { { 0 } };
     lm_model *m = NULL;
     lm_runner *r = NULL;

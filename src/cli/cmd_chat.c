@@ -340,7 +340,6 @@ int lm_cmd_chat(int argc, char **argv) {
         lm_source_unref(model);
         return 1;
     }
-    lm_cli_kv_resolve(&o.kv, be);
     chat_session cs = { .messages = json_array(), .system = o.system };
     cs.kwargs = o.no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
     lm_line_input *in = NULL;

@@ -102,7 +102,6 @@ static int run_text(const lm_common_opts *co, const char *model_path, const char
         lm_source_unref(src);
         return 1;
     }
-    lm_cli_kv_resolve(&kv, be);
     lm_err e = { { 0 } };
     lm_textgen g;
     lm_tok_ids ids = { 0 };
@@ -171,7 +170,6 @@ static int run_spec(run_opts *o) {
     spec_print pr = { 0 };
     int rc = 1;
     if (!be) goto done;
-    lm_cli_kv_resolve(&o->kv, be);
     const lm_model_load_opts lo = { NULL, o->rope };
     double t0 = lm_now();
     if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;
@@ -265,7 +263,6 @@ int lm_cmd_run(int argc, char **argv) {
     lm_sampler *s = NULL;
     float *logits = NULL;
     if (!be) goto done;
-    lm_cli_kv_resolve(&o.kv, be);
     double t0 = lm_now();
     const lm_model_load_opts lo = { NULL, o.rope };
     if (lm_model_load_with(&m, src, be, &lo, &e)) goto fail;

@@ -166,7 +166,6 @@ int lm_cmd_serve(int argc, char **argv) {
         lm_source_unref(model);
         return 1;
     }
-    lm_cli_kv_resolve(&so.engine.kv_type, be);
     lm_err e = { { 0 } };
     char *tpl = NULL;
     int rc = 0;

@@ -93,18 +93,12 @@ static bool parse_kv_v(void *dst, const char *v) {
     return t >= 0;
 }
 
-void lm_cli_kv_resolve(lm_kv_types *kv, lm_backend *be) {
-    const lm_kv_type def = be && !strcmp(lm_backend_base(be)->name, "cuda") ? LM_KV_F32 : LM_KV_BF16;
-    if (kv->k == LM_CLI_KV_BACKEND) kv->k = def;
-    if (kv->v == LM_CLI_KV_BACKEND) kv->v = def;
-}
-
 const lm_opt lm_cli_kv_opts[] = {
     { LM_OPT_CUSTOM, "--kv-type", NULL, .off = 0, .size = sizeof(lm_kv_types), "T",
       "KV cache format of K and V: f32, bf16, q8 (int8, a scale per 32 values), q4 (int4), q4r (int4 after a fixed "
       "Hadamard rotation of each head: about half q4's divergence from f32); or K<k>V<v> with k, v in 32, 16, 8, 4, "
       "4r (e.g. K8V4r)",
-      "bf16 on the CPU, f32 on CUDA (eval: f32)", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
+      "bf16 (eval: f32)", .parse = parse_kv_type, .want = "f32, bf16, q8, q4, q4r or K<bits>V<bits>" },
     { LM_OPT_CUSTOM, "--kv-k", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "K's format alone (after --kv-type)",
       "--kv-type's", .parse = parse_kv_k, .want = "f32, bf16, q8, q4 or q4r" },
     { LM_OPT_CUSTOM, "--kv-v", NULL, .off = 0, .size = sizeof(lm_kv_types), "T", "V's format alone (after --kv-type)",

@@ -732,7 +732,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             const char *v = getenv("LUMEN_CUDA_DELTA_CHUNK_MIN");
             c->delta_chunk_min = v ? LM_MAX(0, atoi(v)) : 32;
             const char *b = getenv("LUMEN_CUDA_ATT_BLOCKS_SM"); /* decode attention's blocks an SM (cuda_attention.cu) */
-            c->att_blocks_sm = b && atoi(b) > 0 ? LM_MIN(atoi(b), 8) : 2;
+            c->att_blocks_sm = b && atoi(b) > 0 ? LM_MIN(atoi(b), 8) : 4;
             LM_CUDA_TRY(cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         }
     }

@@ -108,7 +108,7 @@ typedef struct lm_cuda {
      * in the batch takes the chunked kernel, fewer the recurrent one
      * (LUMEN_CUDA_DELTA_CHUNK_MIN, default 32; 0: never chunked) */
     int delta_chunk_min;
-    int att_blocks_sm; /* the decode attention's split target: blocks an SM (LUMEN_CUDA_ATT_BLOCKS_SM, default 2) */
+    int att_blocks_sm; /* the decode attention's split target: blocks an SM (LUMEN_CUDA_ATT_BLOCKS_SM, default 4) */
     int smem_optin; /* most dynamic shared memory a block may opt in to (bytes) */
 } lm_cuda;
 
