@@ -88,26 +88,7 @@ static void mk_tokens(int32_t *out, int n, uint32_t s, int V) {
 /* name: a fixture model, or "demo"; false (why filled) when missing. */
 static bool mk_open(mk_fix *f, const char *name, char *why, size_t n_why) {
     memset(f, 0, sizeof *f);
-    char *dir;
-    if (strcmp(name, "demo") == 0) {
-        dir = malloc(strlen(LUMEN_SOURCE_DIR) + 16);
-        sprintf(dir, "%s/models/demo", LUMEN_SOURCE_DIR);
-    } else {
-        char rel[128];
-        snprintf(rel, sizeof rel, "models/%s", name);
-        if (!(dir = lm_test_fixture_path(rel))) {
-            snprintf(why, n_why, "%s", lm_test_fixtures_why());
-            return false;
-        }
-    }
-    lm_err e = { { 0 } };
-    f->be = lm_tu_model_backend(2, &e);
-    bool ok = f->be && lm_model_load(&f->m, dir, f->be, &e) == 0;
-    free(dir);
-    if (!ok) {
-        snprintf(why, n_why, "%s: %s", name, e.msg);
-        return false;
-    }
+    if (!lm_tu_load_named(name, &f->be, &f->m, why, n_why)) return false;
     int V = f->m->cfg.vocab;
     mk_tokens(f->a, MK_N, 5, V);
     /* departs inside the last message, at 261; at the boundary 130 */

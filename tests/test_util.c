@@ -106,6 +106,27 @@ void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, 
     free(dir);
 }
 
+bool lm_tu_load_named(const char *name, lm_backend **be, lm_model **m, char *why, size_t n_why) {
+    char *dir;
+    if (strcmp(name, "demo") == 0) {
+        dir = malloc(strlen(LUMEN_SOURCE_DIR) + 16);
+        sprintf(dir, "%s/models/demo", LUMEN_SOURCE_DIR);
+    } else {
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s", name);
+        if (!(dir = lm_test_fixture_path(rel))) {
+            snprintf(why, n_why, "%s", lm_test_fixtures_why());
+            return false;
+        }
+    }
+    lm_err e = { { 0 } };
+    *be = lm_tu_model_backend(2, &e);
+    bool ok = *be && lm_model_load(m, dir, *be, &e) == 0;
+    free(dir);
+    if (!ok) snprintf(why, n_why, "%s: %s", name, e.msg);
+    return ok;
+}
+
 int lm_tu_greedy_alone(lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out) {
     return lm_tu_greedy_alone_kv(m, (lm_kv_types){ LM_KV_F32, LM_KV_F32 }, prompt, n, gen, out);
 }

@@ -45,8 +45,13 @@ void lm_tu_parity(lm_test_ctx *lm_t_, const char *dir, lm_cpu_isa isa, int threa
 /* The same on ../shared/fixtures/models/NAME (3 prompts), skipping without fixtures. */
 void lm_tu_parity_fixture(lm_test_ctx *lm_t_, const char *name, lm_cpu_isa isa, int threads);
 
-/* Greedy tokens of prompt alone through the plain runner; 0 on success. */
 struct lm_model;
+/* Loads "demo" (models/demo) or the fixture models/NAME on the test backend
+ * (lm_tu_model_backend, 2 threads); false with why filled when it is
+ * missing or does not load (*be may then be set: the caller frees it). */
+bool lm_tu_load_named(const char *name, lm_backend **be, struct lm_model **m, char *why, size_t n_why);
+
+/* Greedy tokens of prompt alone through the plain runner; 0 on success. */
 int lm_tu_greedy_alone(struct lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out);
 /* The same with the runner's KV cache in the formats kvt. */
 int lm_tu_greedy_alone_kv(struct lm_model *m, lm_kv_types kvt, const int32_t *prompt, int n, int gen, int32_t *out);
