@@ -188,21 +188,31 @@ static bool load_prompt(lm_test_ctx *lm_t_, const char *dir, int32_t *prompt, in
     return ok;
 }
 
+/* The model in dir on the test backend with this many threads; false (the
+ * failure counted, nothing left to free) when the backend or the model
+ * does not come up. */
+static bool sp_load(lm_test_ctx *lm_t_, const char *dir, int threads, lm_backend **be, lm_model **m) {
+    lm_err e = { { 0 } };
+    *m = NULL;
+    *be = lm_tu_model_backend(threads, &e);
+    LM_CHECK_MSG(*be != NULL, "%s", e.msg);
+    if (!*be) return false;
+    if (lm_model_load(m, dir, *be, &e) == 0) return true;
+    LM_CHECK_MSG(0, "%s", e.msg);
+    lm_backend_destroy(*be);
+    return false;
+}
+
 /* Plain decoding against: lookup (fixed length 4, and adaptive), the
  * oracle with a rejection at every position (fixed length 3, alone and
  * beside requests that opt out; on a model with recurrent state with both
  * rollbacks, the state kept per position where the backend offers it and
  * the copy-and-replay). */
 static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
-    lm_err e = { { 0 } };
-    lm_backend *be = lm_tu_model_backend(2, &e);
-    LM_REQUIRE(be != NULL);
+    lm_backend *be = NULL;
     lm_model *m = NULL;
-    if (!(lm_model_load(&m, dir, be, &e) == 0)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        lm_backend_destroy(be);
-        return;
-    }
+    if (!sp_load(lm_t_, dir, 2, &be, &m)) return;
+    lm_err e = { { 0 } };
     int32_t prompt[96];
     int n_prompt = 0;
     if (!load_prompt(lm_t_, dir, prompt, &n_prompt)) goto done;
@@ -303,15 +313,10 @@ LM_TEST(engine_spec_same_tokens_gemma4) { spec_same_fixture(lm_t_, "gemma4"); }
  * GPU's budget is checked against what is allocated: on the demo (a hybrid
  * with a head) and a plain transformer, with and without a prefix cache. */
 static void fit_case(lm_test_ctx *lm_t_, const char *dir) {
-    lm_err e = { { 0 } };
-    lm_backend *be = lm_tu_model_backend(1, &e);
-    LM_REQUIRE(be != NULL);
+    lm_backend *be = NULL;
     lm_model *m = NULL;
-    if (!(lm_model_load(&m, dir, be, &e) == 0)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        lm_backend_destroy(be);
-        return;
-    }
+    if (!sp_load(lm_t_, dir, 1, &be, &m)) return;
+    lm_err e = { { 0 } };
     static const lm_spec_mode modes[] = { LM_SPEC_OFF, LM_SPEC_LOOKUP, LM_SPEC_MTP, LM_SPEC_AUTO };
     size_t base = 0;
     for (int i = 0; i < 4 * 2 * 2; i++) {
