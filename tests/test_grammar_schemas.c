@@ -110,22 +110,35 @@ static bool walk(const demo_vocab *d, lm_grammar *g, uint64_t seed, lm_tok_str *
     return ended;
 }
 
+#define CORPUS_DIR "tests/data/schemas"
+
+/* The corpus's next schema (a .json file of CORPUS_DIR, opened as dir):
+ * its path into path and its JSON into *schema (NULL when it does not
+ * parse); false after the last. */
+static bool corpus_next(DIR *dir, char *path, size_t n_path, json_t **schema) {
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!strstr(de->d_name, ".json")) continue;
+        snprintf(path, n_path, CORPUS_DIR "/%s", de->d_name);
+        *schema = json_load_file(path, 0, NULL);
+        return true;
+    }
+    return false;
+}
+
 LM_TEST(grammar_schema_corpus_outputs_validate) {
     demo_vocab d;
     if (!demo_vocab_load(&d, "models/demo", 1)) {
         LM_SKIP("models/demo/tokenizer.json not loadable");
         return;
     }
-    DIR *dir = opendir("tests/data/schemas");
+    DIR *dir = opendir(CORPUS_DIR);
     LM_CHECK(dir);
     if (!dir) return demo_vocab_free(&d);
     int files = 0, outputs = 0;
-    struct dirent *de;
-    while ((de = readdir(dir))) {
-        if (!strstr(de->d_name, ".json")) continue;
-        char path[512];
-        snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
-        json_t *schema = json_load_file(path, 0, NULL);
+    char path[512];
+    json_t *schema;
+    while (corpus_next(dir, path, sizeof path, &schema)) {
         LM_CHECK_MSG(schema, "%s does not parse", path);
         lm_grammar *g = NULL;
         lm_err e = { { 0 } };
@@ -169,15 +182,12 @@ LM_TEST(grammar_schema_corpus_masks_qwen3) {
         LM_SKIP("%s", lm_test_fixtures_why());
         return;
     }
-    DIR *dir = opendir("tests/data/schemas");
+    DIR *dir = opendir(CORPUS_DIR);
     LM_REQUIRE(dir);
     int files = 0;
-    struct dirent *de;
-    while ((de = readdir(dir))) {
-        if (!strstr(de->d_name, ".json")) continue;
-        char path[512];
-        snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
-        json_t *schema = json_load_file(path, 0, NULL);
+    char path[512];
+    json_t *schema;
+    while (corpus_next(dir, path, sizeof path, &schema)) {
         lm_grammar *g = NULL;
         lm_err e = { { 0 } };
         LM_CHECK_MSG(schema && !lm_grammar_from_schema(&g, schema, &e), "%s: %s", path, e.msg);
