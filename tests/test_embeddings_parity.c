@@ -226,29 +226,6 @@ LM_TEST(embed_parity_cls_raw) {
 
 /* ---- the engine: batching and the prefix cache ---- */
 
-typedef struct gen_collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[64];
-    int n, n_cached;
-    bool done;
-} gen_collect;
-
-static void on_gen(void *user, const lm_token_event *ev) {
-    gen_collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < 64) c->toks[c->n++] = ev->token;
-    if (ev->done) c->done = true, c->n_cached = ev->n_cached;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void gen_wait(gen_collect *c) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
-
 typedef struct emb_fixture {
     lm_backend *be;
     lm_model *m;
@@ -303,15 +280,14 @@ static void batched_with_generation(lm_test_ctx *lm_t_, const char *name) {
     float *alone[NE];
     int D = 0;
     for (int k = 0; k < NE; k++) alone[k] = embed_ids(en, f.ids + k, elen[k], &D);
-    gen_collect g[2];
+    lm_tu_collect g[2];
     lm_request *gr[2];
     lm_gen_params p = { .max_tokens = GEN, .repetition_penalty = 1 };
     p.sampling.top_p = 1;
     for (int i = 0; i < 2; i++) {
-        memset(&g[i], 0, sizeof g[i]);
-        pthread_mutex_init(&g[i].mu, NULL);
-        pthread_cond_init(&g[i].cv, NULL);
-        LM_REQUIRE(lm_engine_submit(en, f.ids + 20 * i, glen[i], &p, on_gen, &g[i], &gr[i], &e) == LM_ENGINE_OK);
+        lm_tu_collect_init(&g[i]);
+        LM_REQUIRE(lm_engine_submit(en, f.ids + 20 * i, glen[i], &p, lm_tu_collect_on_token, &g[i], &gr[i], &e) ==
+                   LM_ENGINE_OK);
     }
     for (int k = 0; k < NE; k++) { /* while the generations run */
         int n = 0;
@@ -324,9 +300,10 @@ static void batched_with_generation(lm_test_ctx *lm_t_, const char *name) {
         free(alone[k]);
     }
     for (int i = 0; i < 2; i++) {
-        gen_wait(&g[i]);
+        lm_tu_collect_wait(&g[i]);
         LM_CHECK(g[i].n == GEN && memcmp(g[i].toks, solo[i], sizeof solo[i]) == 0);
         lm_request_release(gr[i]);
+        lm_tu_collect_destroy(&g[i]);
     }
     lm_engine_free(en);
     emb_fixture_close(&f);
@@ -357,14 +334,14 @@ LM_TEST(embed_engine_prefix_cache) {
     lm_gen_params p = { .max_tokens = 2, .repetition_penalty = 1 };
     p.sampling.top_p = 1;
     for (int round = 0; round < 2; round++) { /* the second round's prompt is cached by the first */
-        gen_collect g = { .done = false };
-        pthread_mutex_init(&g.mu, NULL);
-        pthread_cond_init(&g.cv, NULL);
+        lm_tu_collect g;
+        lm_tu_collect_init(&g);
         lm_request *r = NULL;
-        LM_REQUIRE(lm_engine_submit(en, f.ids, 64, &p, on_gen, &g, &r, &e) == LM_ENGINE_OK);
-        gen_wait(&g);
+        LM_REQUIRE(lm_engine_submit(en, f.ids, 64, &p, lm_tu_collect_on_token, &g, &r, &e) == LM_ENGINE_OK);
+        lm_tu_collect_wait(&g);
         LM_CHECK_MSG(round == 0 ? g.n_cached == 0 : g.n_cached >= 48, "round %d: %d cached", round, g.n_cached);
         lm_request_release(r);
+        lm_tu_collect_destroy(&g);
     }
     lm_engine_get_stats(en, &st);
     uint64_t hits = st.cache_hit_tokens;

@@ -1,6 +1,5 @@
 /* test_engine.c - the scheduler: continuous batching gives every request the
  * tokens it gets alone, cancellation frees the cache, limits are enforced. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,52 +9,6 @@
 #include "lm_test.h"
 #include "test_util.h"
 #include "format/safetensors.h"
-
-typedef struct collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[512];
-    int n;
-    bool done;
-    lm_finish finish;
-    float logprob0;
-    int n_top0;
-} collect;
-
-static void on_token(void *user, const lm_token_event *ev) {
-    collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < 512) {
-        if (c->n == 0) {
-            c->logprob0 = ev->logprob;
-            c->n_top0 = ev->n_top;
-        }
-        c->toks[c->n++] = ev->token;
-    }
-    if (ev->done) {
-        c->done = true;
-        c->finish = ev->finish;
-    }
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collect_init(collect *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-}
-
-static void collect_wait(collect *c, int min_tokens) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->done && c->n < min_tokens) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collect_destroy(collect *c) {
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
-}
 
 typedef struct fixture {
     lm_backend *be;
@@ -174,18 +127,18 @@ LM_TEST(engine_reference_greedy) {
     LM_REQUIRE(n == 64 && ref_ids(&f, "prompt1.greedy_ids", want, 24) == 24);
     lm_engine *en = NULL;
     LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 128 }, NULL) == 0);
-    collect c;
-    collect_init(&c);
+    lm_tu_collect c;
+    lm_tu_collect_init(&c);
     lm_request *r;
     lm_gen_params p = greedy(24);
     p.logprobs = true;
     p.top_logprobs = 5;
-    LM_REQUIRE(lm_engine_submit(en, ids, n, &p, on_token, &c, &r, NULL) == LM_ENGINE_OK);
-    collect_wait(&c, 1 << 30);
+    LM_REQUIRE(lm_engine_submit(en, ids, n, &p, lm_tu_collect_on_token, &c, &r, NULL) == LM_ENGINE_OK);
+    lm_tu_collect_wait(&c);
     LM_CHECK(c.n == 24 && memcmp(c.toks, want, sizeof want) == 0);
     LM_CHECK(c.n_top0 == 5 && c.logprob0 < 0 && c.logprob0 > -20);
     lm_request_release(r);
-    collect_destroy(&c);
+    lm_tu_collect_destroy(&c);
     lm_engine_free(en);
     fixture_close(&f);
 }
@@ -199,27 +152,27 @@ LM_TEST(engine_cancel_frees_cache) {
     lm_engine *en = NULL;
     LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 4096, .parallel = 1 }, NULL) == 0);
     int32_t ids[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
-    collect a, b;
-    collect_init(&a);
-    collect_init(&b);
+    lm_tu_collect a, b;
+    lm_tu_collect_init(&a);
+    lm_tu_collect_init(&b);
     lm_request *ra, *rb;
     lm_gen_params p = greedy(4000);
-    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, on_token, &a, &ra, NULL) == LM_ENGINE_OK);
+    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, lm_tu_collect_on_token, &a, &ra, NULL) == LM_ENGINE_OK);
     /* b waits: parallel = 1 */
-    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, on_token, &b, &rb, NULL) == LM_ENGINE_OK);
-    collect_wait(&a, 3);
+    LM_REQUIRE(lm_engine_submit(en, ids, 8, &p, lm_tu_collect_on_token, &b, &rb, NULL) == LM_ENGINE_OK);
+    lm_tu_collect_wait_tokens(&a, 3);
     lm_request_cancel(ra);
-    collect_wait(&a, 1 << 30);
+    lm_tu_collect_wait(&a);
     LM_CHECK(a.finish == LM_FINISH_CANCELLED && a.n < 4000);
-    collect_wait(&b, 2); /* b got admitted once a let go */
+    lm_tu_collect_wait_tokens(&b, 2); /* b got admitted once a let go */
     LM_CHECK(b.n >= 2);
     lm_request_release(rb); /* release without waiting: cancels */
     lm_request_release(ra);
     lm_engine_stats st;
     wait_idle(en, &st); /* the engine finishes b asynchronously */
     LM_CHECK(st.running == 0 && st.kv_blocks_free == st.kv_blocks_total);
-    collect_destroy(&a);
-    collect_destroy(&b);
+    lm_tu_collect_destroy(&a);
+    lm_tu_collect_destroy(&b);
     lm_engine_free(en);
     fixture_close(&f);
 }
@@ -236,22 +189,24 @@ LM_TEST(engine_limits_and_errors) {
     lm_err e = { { 0 } };
     lm_request *r[5] = { 0 };
     lm_gen_params p = greedy(61);
-    LM_CHECK(lm_engine_submit(en, ids, 4, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR && strstr(e.msg, "exceed the context"));
+    LM_CHECK(lm_engine_submit(en, ids, 4, &p, lm_tu_collect_on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR &&
+             strstr(e.msg, "exceed the context"));
     p.max_tokens = 10;
-    LM_CHECK(lm_engine_submit(en, bad, 2, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR && strstr(e.msg, "out of range"));
-    LM_CHECK(lm_engine_submit(en, ids, 0, &p, on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR);
+    LM_CHECK(lm_engine_submit(en, bad, 2, &p, lm_tu_collect_on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR &&
+             strstr(e.msg, "out of range"));
+    LM_CHECK(lm_engine_submit(en, ids, 0, &p, lm_tu_collect_on_token, NULL, &r[0], &e) == LM_ENGINE_ERROR);
     /* stop tokens end generation with STOP: stop on whatever greedy emits first */
     int32_t first;
     LM_REQUIRE(lm_tu_greedy_alone(f.m, ids, 4, 1, &first) == 0);
     p.stop_tokens = &first;
     p.n_stop_tokens = 1;
-    collect c;
-    collect_init(&c);
-    LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, on_token, &c, &r[0], &e) == LM_ENGINE_OK);
-    collect_wait(&c, 1 << 30);
+    lm_tu_collect c;
+    lm_tu_collect_init(&c);
+    LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, lm_tu_collect_on_token, &c, &r[0], &e) == LM_ENGINE_OK);
+    lm_tu_collect_wait(&c);
     LM_CHECK(c.finish == LM_FINISH_STOP && c.n == 0);
     lm_request_release(r[0]);
-    collect_destroy(&c);
+    lm_tu_collect_destroy(&c);
     lm_engine_free(en);
     fixture_close(&f);
 }
@@ -265,22 +220,22 @@ LM_TEST(engine_seeded_sampling_repeats) {
     lm_engine *en = NULL;
     LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 128, .parallel = 3 }, NULL) == 0);
     int32_t ids[4] = { 5, 6, 7, 8 };
-    collect c[3];
+    lm_tu_collect c[3];
     lm_request *r[3];
     for (int i = 0; i < 3; i++) {
         lm_gen_params p = greedy(16);
         p.sampling.temperature = 1.3f;
         p.sampling.seed = i == 2 ? 99 : 42;
         p.frequency_penalty = 0.5f;
-        collect_init(&c[i]);
-        LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, on_token, &c[i], &r[i], NULL) == LM_ENGINE_OK);
+        lm_tu_collect_init(&c[i]);
+        LM_REQUIRE(lm_engine_submit(en, ids, 4, &p, lm_tu_collect_on_token, &c[i], &r[i], NULL) == LM_ENGINE_OK);
     }
-    for (int i = 0; i < 3; i++) collect_wait(&c[i], 1 << 30);
+    for (int i = 0; i < 3; i++) lm_tu_collect_wait(&c[i]);
     LM_CHECK(c[0].n == 16 && c[1].n == 16 && memcmp(c[0].toks, c[1].toks, sizeof(int32_t) * 16) == 0);
     LM_CHECK(memcmp(c[0].toks, c[2].toks, sizeof(int32_t) * 16) != 0);
     for (int i = 0; i < 3; i++) {
         lm_request_release(r[i]);
-        collect_destroy(&c[i]);
+        lm_tu_collect_destroy(&c[i]);
     }
     lm_engine_free(en);
     fixture_close(&f);
@@ -305,16 +260,16 @@ LM_TEST(engine_warmup_changes_nothing) {
         wait_idle(en, &st);
         LM_CHECK_MSG(st.kv_blocks_free == st.kv_blocks_total, "warmup %d: %d of %d blocks free", o.warmup,
                      st.kv_blocks_free, st.kv_blocks_total);
-        collect c;
-        collect_init(&c);
+        lm_tu_collect c;
+        lm_tu_collect_init(&c);
         lm_request *r;
         lm_gen_params p = greedy(16);
-        LM_REQUIRE(lm_engine_submit(en, prompt, 20, &p, on_token, &c, &r, NULL) == LM_ENGINE_OK);
-        collect_wait(&c, 1 << 30);
+        LM_REQUIRE(lm_engine_submit(en, prompt, 20, &p, lm_tu_collect_on_token, &c, &r, NULL) == LM_ENGINE_OK);
+        lm_tu_collect_wait(&c);
         LM_CHECK(c.n == 16);
         memcpy(got[w], c.toks, sizeof got[w]);
         lm_request_release(r);
-        collect_destroy(&c);
+        lm_tu_collect_destroy(&c);
         lm_engine_free(en);
     }
     LM_CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
@@ -352,33 +307,33 @@ static void la_run(lm_test_ctx *lm_t_, lm_model *m, int look_ahead, const int32_
         LM_CHECK_MSG(0, "%s", e.msg);
         return;
     }
-    collect c[LA_N];
+    lm_tu_collect c[LA_N];
     lm_request *r[LA_N] = { 0 };
     int32_t again[256];
     for (int i = 0; i < LA_N; i++) {
-        collect_init(&c[i]);
+        lm_tu_collect_init(&c[i]);
         lm_gen_params p = greedy(max_tokens[i]);
         p.stop_tokens = &stops[i];
         p.n_stop_tokens = stops[i] >= 0;
         const int32_t *ids = prompt + i;
         int n = n_prompt - 8 - i;
         if (i == LA_N - 1) { /* request 4's prompt and answer, then a few more prompt tokens */
-            for (int k = 0; k < LA_N - 1; k++) collect_wait(&c[k], 1 << 30);
+            for (int k = 0; k < LA_N - 1; k++) lm_tu_collect_wait(&c[k]);
             n = 0;
             for (int k = 0; k < n_prompt - 8 - 4; k++) again[n++] = prompt[4 + k];
             for (int k = 0; k < c[4].n; k++) again[n++] = c[4].toks[k];
             for (int k = 0; k < 5; k++) again[n++] = prompt[k];
             ids = again;
         }
-        LM_REQUIRE(lm_engine_submit(en, ids, n, &p, on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
+        LM_REQUIRE(lm_engine_submit(en, ids, n, &p, lm_tu_collect_on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
     }
     for (int i = 0; i < LA_N; i++) {
-        collect_wait(&c[i], 1 << 30);
+        lm_tu_collect_wait(&c[i]);
         out->n[i] = LM_MIN(c[i].n, LA_MAX);
         memcpy(out->toks[i], c[i].toks, (size_t)out->n[i] * sizeof(int32_t));
         out->finish[i] = c[i].finish;
         lm_request_release(r[i]);
-        collect_destroy(&c[i]);
+        lm_tu_collect_destroy(&c[i]);
     }
     for (int i = 0; i < 2000; i++) { /* stats are published after each step */
         lm_engine_get_stats(en, &out->st);

@@ -4,7 +4,6 @@
  * same greedy tokens and (within the cache tolerance) the same logits as one
  * forward; and concurrent requests through the engine, prefilled in steps of
  * 15, 16 and 17 tokens, give exactly the tokens each gives alone. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -119,33 +118,6 @@ LM_TEST(gemma4_chunked_prefill_around_window_exact) { chunked_prefill_exact(lm_t
 
 /* ---- concurrent requests through the engine --------------------------------- */
 
-typedef struct collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[GEN];
-    int n;
-    bool done;
-    lm_finish finish;
-} collect;
-
-static void on_token(void *user, const lm_token_event *ev) {
-    collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < GEN) c->toks[c->n++] = ev->token;
-    if (ev->done) {
-        c->done = true;
-        c->finish = ev->finish;
-    }
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collect_wait_done(collect *c) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
-
 static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int step_tokens) {
     gfix f;
     if (!gfix_open(&f, model)) {
@@ -164,20 +136,19 @@ static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int s
     lm_engine *en = NULL;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    collect c[N];
+    lm_tu_collect c[N];
     lm_request *req[N];
     lm_gen_params p = { 0 };
     p.sampling.top_p = 1;
     p.repetition_penalty = 1;
     p.max_tokens = GEN;
     for (int i = 0; i < N; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
-        LM_CHECK(lm_engine_submit(en, f.ids + offs[i], lens[i], &p, on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
+        lm_tu_collect_init(&c[i]);
+        LM_CHECK(lm_engine_submit(en, f.ids + offs[i], lens[i], &p, lm_tu_collect_on_token, &c[i], &req[i], &e) ==
+                 LM_ENGINE_OK);
     }
     for (int i = 0; i < N; i++) {
-        collect_wait_done(&c[i]);
+        lm_tu_collect_wait(&c[i]);
         LM_CHECK_MSG(c[i].finish == LM_FINISH_LENGTH && c[i].n == GEN, "%s request %d: %d tokens", model, i, c[i].n);
         LM_CHECK_MSG(memcmp(c[i].toks, solo[i], sizeof solo[i]) == 0,
                      "%s request %d (len %d, steps of %d) differs from alone", model, i, lens[i], step_tokens);
@@ -192,8 +163,7 @@ static void concurrent_equals_alone(lm_test_ctx *lm_t_, const char *model, int s
     }
     for (int i = 0; i < N; i++) {
         lm_request_release(req[i]);
-        pthread_mutex_destroy(&c[i].mu);
-        pthread_cond_destroy(&c[i].cv);
+        lm_tu_collect_destroy(&c[i]);
     }
     lm_engine_free(en);
     gfix_close(&f);

@@ -3,7 +3,6 @@
  * are the same alone, batched with plain greedy requests under the
  * look-ahead, again from the prefix cache, and speculating (issue #30:
  * drafts the grammar refuses are cut before the verify). */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,29 +15,12 @@
 
 enum { MAXT = 96 };
 
-typedef struct run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[MAXT];
-    int n;
-    bool done;
-    lm_finish finish;
-} run;
-
-static void on_tok(void *user, const lm_token_event *ev) {
-    run *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < MAXT) c->toks[c->n++] = ev->token;
-    if (ev->done) c->done = true, c->finish = ev->finish;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
 /* Runs the requests (grammar[i] NULL: plain greedy) in one engine, all
  * submitted at once, `rounds` times one after the other (a later round
  * finds the earlier's blocks in the prefix cache); out[round * n + i]. */
 static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *const *grammar,
-                    const lm_grammar_vocab *v, const int32_t *stop, run *all, int rounds, lm_engine_stats *st) {
+                    const lm_grammar_vocab *v, const int32_t *stop, lm_tu_collect *all, int rounds,
+                    lm_engine_stats *st) {
     lm_engine *en = NULL;
     lm_err e = { { 0 } };
     if (lm_engine_create(&en, m, o, &e)) {
@@ -49,25 +31,22 @@ static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *con
     int32_t prompt[24];
     for (int i = 0; i < 24; i++) prompt[i] = (i * 131 + 7) % 3000 + 20;
     for (int round = 0; round < rounds; round++) {
-    run *out = all + round * n;
+    lm_tu_collect *out = all + round * n;
     for (int i = 0; i < n; i++) {
-        memset(&out[i], 0, sizeof out[i]);
-        pthread_mutex_init(&out[i].mu, NULL);
-        pthread_cond_init(&out[i].cv, NULL);
+        lm_tu_collect_init(&out[i]);
         lm_gen_params p = { .sampling = { .temperature = 0 }, .repetition_penalty = 1, .max_tokens = MAXT,
                             .stop_tokens = stop, .n_stop_tokens = 1, .grammar = grammar[i], .grammar_vocab = v };
-        if (lm_engine_submit(en, prompt, 24, &p, on_tok, &out[i], &r[i], &e) != LM_ENGINE_OK) {
+        if (lm_engine_submit(en, prompt, 24, &p, lm_tu_collect_on_token, &out[i], &r[i], &e) != LM_ENGINE_OK) {
             fprintf(stderr, "  submit: %s\n", e.msg);
             r[i] = NULL;
         }
     }
     for (int i = 0; i < n; i++) {
-        pthread_mutex_lock(&out[i].mu);
-        while (r[i] && !out[i].done) pthread_cond_wait(&out[i].cv, &out[i].mu);
-        pthread_mutex_unlock(&out[i].mu);
-        if (r[i]) lm_request_release(r[i]);
-        pthread_mutex_destroy(&out[i].mu);
-        pthread_cond_destroy(&out[i].cv);
+        if (r[i]) {
+            lm_tu_collect_wait(&out[i]);
+            lm_request_release(r[i]);
+        }
+        lm_tu_collect_destroy(&out[i]);
     }
     }
     for (int i = 0; st && i < 2000; i++) { /* stats are published after each step */
@@ -84,7 +63,7 @@ static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *con
  * draft token at position calls % (max + 1) (none when that is past the
  * draft), or at position 0 every time (always_bad). */
 typedef struct g_oracle {
-    const run *want[2];
+    const lm_tu_collect *want[2];
     int32_t bad;
     bool always_bad;
     int calls;
@@ -94,7 +73,7 @@ static int g_propose(void *user, const int32_t *tokens, int n_tokens, int n_prom
     g_oracle *o = user;
     const int g = n_tokens - n_prompt;
     for (int w = 0; w < 2; w++) {
-        const run *ref = o->want[w];
+        const lm_tu_collect *ref = o->want[w];
         if (!ref || g > ref->n || memcmp(tokens + n_prompt, ref->toks, (size_t)g * sizeof(int32_t))) continue;
         int k = LM_MIN(max, ref->n - g);
         if (k <= 0) return 0;
@@ -134,7 +113,7 @@ LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
     json_decref(schema);
 
     /* alone, no look-ahead, no cache */
-    run solo[1];
+    lm_tu_collect solo[1];
     lm_grammar *only[1] = { g };
     run_all(m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, only, v, &stop, solo, 1, NULL);
     LM_CHECK(solo[0].done && solo[0].n > 0);
@@ -148,13 +127,13 @@ LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
      * twice (the second round from the cache) */
     lm_grammar *mix[4] = { NULL, g, NULL, g };
     lm_engine_opts o = { .ctx = 256, .parallel = 4, .look_ahead = 1, .cache_ram = 8u << 20 };
-    run plain[1];
+    lm_tu_collect plain[1];
     lm_grammar *none[1] = { NULL };
     run_all(m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, none, v, &stop, plain, 1, NULL);
-    run res[8];
+    lm_tu_collect res[8];
     run_all(m, &o, 4, mix, v, &stop, res, 2, NULL);
     for (int i = 0; i < 8; i++) {
-        const run *want = mix[i % 4] ? &solo[0] : &plain[0];
+        const lm_tu_collect *want = mix[i % 4] ? &solo[0] : &plain[0];
         LM_CHECK_MSG(res[i].n == want->n && !memcmp(res[i].toks, want->toks, (size_t)want->n * sizeof(int32_t)),
                      "round %d request %d: %d tokens vs %d", i / 4, i % 4, res[i].n, want->n);
     }
@@ -172,7 +151,7 @@ LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
         lm_engine_stats st = { 0 };
         run_all(m, &so, 4, mix, v, &stop, res, 2, &st);
         for (int i = 0; i < 8; i++) {
-            const run *want = mix[i % 4] ? &solo[0] : &plain[0];
+            const lm_tu_collect *want = mix[i % 4] ? &solo[0] : &plain[0];
             LM_CHECK_MSG(res[i].n == want->n && !memcmp(res[i].toks, want->toks, (size_t)want->n * sizeof(int32_t)),
                          "speculating (replay %d), round %d request %d: %d tokens vs %d", replay, i / 4, i % 4,
                          res[i].n, want->n);

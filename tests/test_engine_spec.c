@@ -6,7 +6,6 @@
  * the same tokens; and sampled tokens keep their distribution (chi-square
  * over many seeds, different seeds on the two sides). */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,30 +19,6 @@
 
 #define SP_N 6
 #define SP_MAX 48
-
-typedef struct sp_collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[SP_MAX];
-    int n;
-    bool done;
-    lm_finish finish;
-} sp_collect;
-
-static void sp_on_token(void *user, const lm_token_event *ev) {
-    sp_collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < SP_MAX) c->toks[c->n++] = ev->token;
-    if (ev->done) c->done = true, c->finish = ev->finish;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void sp_wait(sp_collect *c) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
 
 typedef struct sp_result {
     int32_t toks[SP_N][SP_MAX];
@@ -104,13 +79,11 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
         LM_CHECK_MSG(0, "%s", e.msg);
         return;
     }
-    sp_collect c[SP_N];
+    lm_tu_collect c[SP_N];
     lm_request *r[SP_N] = { 0 };
     int32_t again[320];
     for (int i = 0; i < SP_N; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
+        lm_tu_collect_init(&c[i]);
         lm_gen_params p = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = max_tokens[i] };
         p.stop_tokens = &stops[i];
         p.n_stop_tokens = stops[i] >= 0;
@@ -118,7 +91,7 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
         const int32_t *ids = prompt + i;
         int n = n_prompt - 8 - i;
         if (i == SP_N - 1) {
-            for (int k = 0; k < SP_N - 1; k++) sp_wait(&c[k]);
+            for (int k = 0; k < SP_N - 1; k++) lm_tu_collect_wait(&c[k]);
             n = 0;
             for (int k = 0; k < n_prompt - 8 - 4; k++) again[n++] = prompt[4 + k];
             for (int k = 0; k < c[4].n; k++) again[n++] = c[4].toks[k];
@@ -126,16 +99,15 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
             ids = again;
         }
         if (so->orc) so->orc->n_prompt[i] = n;
-        LM_REQUIRE(lm_engine_submit(en, ids, n, &p, sp_on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
+        LM_REQUIRE(lm_engine_submit(en, ids, n, &p, lm_tu_collect_on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
     }
     for (int i = 0; i < SP_N; i++) {
-        sp_wait(&c[i]);
+        lm_tu_collect_wait(&c[i]);
         out->n[i] = c[i].n;
         memcpy(out->toks[i], c[i].toks, (size_t)c[i].n * sizeof(int32_t));
         out->finish[i] = c[i].finish;
         lm_request_release(r[i]);
-        pthread_mutex_destroy(&c[i].mu);
-        pthread_cond_destroy(&c[i].cv);
+        lm_tu_collect_destroy(&c[i]);
     }
     for (int i = 0; i < 2000; i++) { /* stats are published after each step */
         lm_engine_get_stats(en, &out->st);
@@ -390,27 +362,25 @@ static void sample_run(lm_test_ctx *lm_t_, lm_model *m, lm_spec_mode mode, oracl
     lm_engine_opts o = { .ctx = 128, .parallel = 8, .max_queue = CH_SEEDS + 1, .step_tokens = 128, .spec = mode, .spec_draft = 3,
                          .spec_fixed = true, .spec_cb = orc ? oracle_propose : NULL, .spec_user = orc };
     LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
-    sp_collect *c = calloc(CH_SEEDS, sizeof *c);
+    lm_tu_collect *c = calloc(CH_SEEDS, sizeof *c);
     lm_request **r = calloc(CH_SEEDS, sizeof *r);
     for (int i = 0; i < CH_SEEDS; i++) {
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
+        lm_tu_collect_init(&c[i]);
         lm_gen_params p = { .sampling = { .temperature = 1, .top_k = 8, .top_p = 1, .seed = seed0 + (uint64_t)i },
                             .repetition_penalty = 1, .max_tokens = CH_TOKENS };
         int rc = LM_ENGINE_BUSY;
         while (rc == LM_ENGINE_BUSY) {
-            rc = lm_engine_submit(en, prompt, n_prompt, &p, sp_on_token, &c[i], &r[i], &e);
-            if (rc == LM_ENGINE_BUSY) sp_wait(&c[i - 1]);
+            rc = lm_engine_submit(en, prompt, n_prompt, &p, lm_tu_collect_on_token, &c[i], &r[i], &e);
+            if (rc == LM_ENGINE_BUSY) lm_tu_collect_wait(&c[i - 1]);
         }
         LM_REQUIRE(rc == LM_ENGINE_OK);
     }
     for (int i = 0; i < CH_SEEDS; i++) {
-        sp_wait(&c[i]);
+        lm_tu_collect_wait(&c[i]);
         LM_CHECK(c[i].n == CH_TOKENS);
         memcpy(toks[i], c[i].toks, sizeof toks[i]);
         lm_request_release(r[i]);
-        pthread_mutex_destroy(&c[i].mu);
-        pthread_cond_destroy(&c[i].cv);
+        lm_tu_collect_destroy(&c[i]);
     }
     free(c), free(r);
     lm_engine_free(en);
@@ -479,17 +449,15 @@ LM_TEST(engine_spec_sampling_keeps_distribution) {
         lm_engine *en = NULL;
         lm_engine_opts o = { .ctx = 128, .parallel = 1 };
         LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
-        sp_collect c = { 0 };
-        pthread_mutex_init(&c.mu, NULL);
-        pthread_cond_init(&c.cv, NULL);
+        lm_tu_collect c;
+        lm_tu_collect_init(&c);
         lm_gen_params p = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = CH_TOKENS };
         lm_request *r = NULL;
-        LM_REQUIRE(lm_engine_submit(en, prompt, 6, &p, sp_on_token, &c, &r, &e) == LM_ENGINE_OK);
-        sp_wait(&c);
-        for (int i = 0; i < SP_N; i++) ref->n[i] = c.n, memcpy(ref->toks[i], c.toks, sizeof c.toks);
+        LM_REQUIRE(lm_engine_submit(en, prompt, 6, &p, lm_tu_collect_on_token, &c, &r, &e) == LM_ENGINE_OK);
+        lm_tu_collect_wait(&c);
+        for (int i = 0; i < SP_N; i++) ref->n[i] = c.n, memcpy(ref->toks[i], c.toks, sizeof ref->toks[i]);
         lm_request_release(r);
-        pthread_mutex_destroy(&c.mu);
-        pthread_cond_destroy(&c.cv);
+        lm_tu_collect_destroy(&c);
         lm_engine_free(en);
     }
     oracle orc = { .ref = ref, .n_prompt = { 6, 6, 6, 6, 6, 6 } };

@@ -24,7 +24,6 @@
  *    repetition dividing negative logits) must give other tokens: the test
  *    provably tells them apart. */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +33,7 @@
 #include "guard_util.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
+#include "test_util.h"
 
 /* ---- the sampler ---- */
 
@@ -90,23 +90,6 @@ LM_TEST(guard_sampler_top_p_boundary_and_temperature) {
 }
 
 /* ---- penalties through the engine ---- */
-
-typedef struct pen_collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[64];
-    int n;
-    bool done;
-} pen_collect;
-
-static void pen_on_token(void *user, const lm_token_event *ev) {
-    pen_collect *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < 64) c->toks[c->n++] = ev->token;
-    if (ev->done) c->done = true;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
 
 typedef struct pen {
     float presence, frequency, repetition;
@@ -214,10 +197,8 @@ LM_TEST(guard_penalties_match_definitions) {
             int safe = expected_tokens(m, prompt, n_prompt, cases[k].q, &sp, DEF, GEN, want);
             lm_engine *en = NULL;
             LM_REQUIRE(lm_engine_create(&en, m, &o, &e) == 0);
-            pen_collect c;
-            memset(&c, 0, sizeof c);
-            pthread_mutex_init(&c.mu, NULL);
-            pthread_cond_init(&c.cv, NULL);
+            lm_tu_collect c;
+            lm_tu_collect_init(&c);
             lm_gen_params p = { 0 };
             p.sampling = sp;
             p.presence_penalty = cases[k].q.presence;
@@ -225,10 +206,9 @@ LM_TEST(guard_penalties_match_definitions) {
             p.repetition_penalty = cases[k].q.repetition;
             p.max_tokens = GEN;
             lm_request *req = NULL;
-            LM_REQUIRE(lm_engine_submit(en, prompt, n_prompt, &p, pen_on_token, &c, &req, &e) == LM_ENGINE_OK);
-            pthread_mutex_lock(&c.mu);
-            while (!c.done) pthread_cond_wait(&c.cv, &c.mu);
-            pthread_mutex_unlock(&c.mu);
+            LM_REQUIRE(lm_engine_submit(en, prompt, n_prompt, &p, lm_tu_collect_on_token, &c, &req, &e) ==
+                       LM_ENGINE_OK);
+            lm_tu_collect_wait(&c);
             lm_request_release(req);
             lm_engine_free(en);
             int same = 0;
@@ -249,8 +229,7 @@ LM_TEST(guard_penalties_match_definitions) {
                                  "case %zu: the mistake %d gives the same tokens: no teeth", k, cases[k].teeth);
                 }
             }
-            pthread_mutex_destroy(&c.mu);
-            pthread_cond_destroy(&c.cv);
+            lm_tu_collect_destroy(&c);
         }
     }
     gu_ref_free(&ref);

@@ -145,29 +145,50 @@ int lm_tu_greedy_alone_kv(lm_model *m, lm_kv_types kvt, const int32_t *prompt, i
     return rc;
 }
 
-#define TU_N 6
-#define TU_MAX_GEN 64
+void lm_tu_collect_init(lm_tu_collect *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
 
-typedef struct tu_collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[TU_MAX_GEN];
-    int n;
-    bool done;
-    lm_finish finish;
-} tu_collect;
+void lm_tu_collect_destroy(lm_tu_collect *c) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
 
-static void tu_on_token(void *user, const lm_token_event *ev) {
-    tu_collect *c = user;
+void lm_tu_collect_on_token(void *user, const lm_token_event *ev) {
+    lm_tu_collect *c = user;
     pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < TU_MAX_GEN) c->toks[c->n++] = ev->token;
+    if (ev->has_token && c->n < LM_TU_COLLECT_MAX) {
+        if (c->n == 0) {
+            c->logprob0 = ev->logprob;
+            c->n_top0 = ev->n_top;
+        }
+        c->toks[c->n++] = ev->token;
+    }
     if (ev->done) {
         c->done = true;
         c->finish = ev->finish;
+        c->n_cached = ev->n_cached;
     }
-    pthread_cond_signal(&c->cv);
+    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
+
+void lm_tu_collect_wait(lm_tu_collect *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void lm_tu_collect_wait_tokens(lm_tu_collect *c, int min_tokens) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && c->n < min_tokens) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+#define TU_N 6
+#define TU_MAX_GEN 64
 
 void lm_tu_engine_concurrent_equals_alone(lm_test_ctx *lm_t_, const char *dir, int step_tokens, int threads,
                                           int gen) {
@@ -211,30 +232,26 @@ void lm_tu_engine_concurrent_equals_alone_kv(lm_test_ctx *lm_t_, const char *dir
     lm_engine_opts o = { .ctx = 512, .parallel = 4, .step_tokens = step_tokens, .kv_type = kvt };
     lm_engine *en = NULL;
     LM_CHECK_MSG(lm_engine_create(&en, m, &o, &e) == 0, "%s", e.msg);
-    tu_collect c[TU_N];
+    lm_tu_collect c[TU_N];
     lm_request *req[TU_N] = { 0 };
     lm_gen_params p = { 0 };
     p.sampling.top_p = 1;
     p.repetition_penalty = 1;
     p.max_tokens = gen;
     for (int i = 0; en && i < TU_N; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
-        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, tu_on_token, &c[i], &req[i], &e) == LM_ENGINE_OK);
+        lm_tu_collect_init(&c[i]);
+        LM_CHECK(lm_engine_submit(en, prompts[i], lens[i], &p, lm_tu_collect_on_token, &c[i], &req[i], &e) ==
+                 LM_ENGINE_OK);
     }
     for (int i = 0; en && i < TU_N; i++) {
         if (!req[i]) continue;
-        pthread_mutex_lock(&c[i].mu);
-        while (!c[i].done) pthread_cond_wait(&c[i].cv, &c[i].mu);
-        pthread_mutex_unlock(&c[i].mu);
+        lm_tu_collect_wait(&c[i]);
         LM_CHECK(c[i].finish == LM_FINISH_LENGTH || c[i].finish == LM_FINISH_STOP);
         LM_CHECK_MSG(c[i].n == gen || c[i].finish == LM_FINISH_STOP, "request %d: %d tokens", i, c[i].n);
         LM_CHECK_MSG(memcmp(c[i].toks, solo[i], (size_t)c[i].n * sizeof(int32_t)) == 0,
                      "request %d (len %d) differs from alone", i, lens[i]);
         lm_request_release(req[i]);
-        pthread_mutex_destroy(&c[i].mu);
-        pthread_cond_destroy(&c[i].cv);
+        lm_tu_collect_destroy(&c[i]);
     }
     if (en) {
         /* stats are published after each step, a moment after the last final event */

@@ -2,9 +2,11 @@
 #ifndef LM_TEST_UTIL_H
 #define LM_TEST_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/lm_engine.h"
 #include "engine/lm_parity.h"
 #include "lm_test.h"
 
@@ -55,6 +57,34 @@ bool lm_tu_load_named(const char *name, lm_backend **be, struct lm_model **m, ch
 int lm_tu_greedy_alone(struct lm_model *m, const int32_t *prompt, int n, int gen, int32_t *out);
 /* The same with the runner's KV cache in the formats kvt. */
 int lm_tu_greedy_alone_kv(struct lm_model *m, lm_kv_types kvt, const int32_t *prompt, int n, int gen, int32_t *out);
+
+/* What an engine request hands its callback, collected for a test: the
+ * first LM_TU_COLLECT_MAX tokens, the first token's logprob and number of
+ * top alternatives, and from the final event its finish reason and the
+ * prompt tokens the cache served. Submit with lm_tu_collect_on_token and
+ * the collector as its user pointer. */
+#define LM_TU_COLLECT_MAX 512
+typedef struct lm_tu_collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[LM_TU_COLLECT_MAX];
+    int n;
+    bool done;
+    lm_finish finish;
+    int n_cached;
+    float logprob0;
+    int n_top0;
+} lm_tu_collect;
+
+/* Empties c (before its request is submitted); lm_tu_collect_destroy after. */
+void lm_tu_collect_init(lm_tu_collect *c);
+void lm_tu_collect_destroy(lm_tu_collect *c);
+/* The engine callback: user is the lm_tu_collect. */
+void lm_tu_collect_on_token(void *user, const lm_token_event *ev);
+/* Waits until the request is done. */
+void lm_tu_collect_wait(lm_tu_collect *c);
+/* Waits until the request is done or has min_tokens tokens. */
+void lm_tu_collect_wait_tokens(lm_tu_collect *c, int min_tokens);
 
 /* Continuous batching is exact: six requests of different lengths (1 to 300
  * tokens, cut from prompt2.ids of DIR/reference.safetensors) submitted at
