@@ -10,13 +10,14 @@
 # the checkout must fit 64 MiB, which the fat CUDA binary, node and the
 # demo model together do not: MODEL=.device-carry/model (a fixture) then.
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/nodebin; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+mkdir -p /tmp/nodebin
 xz -dc "$C/node.xz" > /tmp/nodebin/node && chmod +x /tmp/nodebin/node
 [[ -f $C/bin/lumen.xz ]] && xz -d "$C/bin/lumen.xz" && chmod +x "$C/bin/lumen"
 [[ -f $C/lib.tar.xz ]] && tar -C "$C" -xJf "$C/lib.tar.xz"
 M=${MODEL:-models/demo}
-export PATH=/tmp/nodebin:$PATH LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PATH=/tmp/nodebin:$PATH
+dev_libs
 export LUMEN_BENCHSERVE=$root/tools/benchserve/benchserve.mjs
 L=$C/bin/lumen
 node --version; nvidia-smi --query-gpu=name --format=csv,noheader

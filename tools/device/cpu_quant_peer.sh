@@ -16,9 +16,8 @@
 # lib/ (their shared libraries outside glibc), template.gguf (the llama-g256
 # Q4_K_M fixture) and llamacpp-src.tar.xz (see quant_peer.sh).
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
-mkdir -p "$OUT"; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
 PEER=${PEER:-1}
 [[ $PEER == 1 ]] && mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
 [[ $PEER == 1 ]] && (cd $LC && cmake -B b -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

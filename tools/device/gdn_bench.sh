@@ -34,9 +34,9 @@ if [[ ${1:-} == pack ]]; then
   exit 0
 fi
 if [[ -f $C/pack.tar.xz || -d $C/bin ]]; then
-  [[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
-  cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
-  export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}
+  source tools/device/lib.sh
+  dev_extract
+  dev_libs cublas
   export LUMEN_FIXTURES_PARTIAL=1 # the host-side kernel check stayed on the build machine: it skips
   B=$C/bin
 else

@@ -10,18 +10,10 @@
 # Modes run in the order given (bench SET... last): `cuda parity bench prefill`.
 # Logs go to $OUT (what comes back) as well as stdout.
 set -uo pipefail
-root=$PWD
-C=$root/.device-carry
-[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
-# The binaries were built at /work/main and carry that path (demo model,
-# tests/data); point it here.
-mkdir -p /work && ln -sfn "$root" /work/main
-cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}
-# the pack holds one of two fixture sets: the others' tests skip, saying so
-export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1 LUMEN_BIN=$C/bin/lumen
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# the pack holds one of the fixture sets: the others' tests skip, saying so
+dev_unpack cublas
+export LUMEN_BIN=$C/bin/lumen
 L=$C/bin/lumen
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 cuda_tests() { timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60; }

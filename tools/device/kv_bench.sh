@@ -12,12 +12,8 @@
 # (fixtures: LUMEN_DEVICE_FIXTURES="llama qwen3" is enough). Results:
 # $OUT/kv_bench.jsonl (one bench line each, tagged) and the log.
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
-[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
-mkdir -p /work && ln -sfn "$root" /work/main
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+dev_unpack
 L=$C/bin/lumen
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 (( $(df --output=size -BG /dev/shm | tail -n 1 | tr -dc 0-9) < 80 )) && mount -o remount,size=80G /dev/shm

@@ -12,18 +12,15 @@
 # from LUMEN_DEVICE_KERNEL_BENCH=1 LUMEN_DEVICE_FIXTURES="gguf/llama-g256/model.Q4_K_M.gguf ..." tools/device/pack.sh
 # plus llamacpp-src.tar.xz (see quant_peer.sh).
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; LC=/tmp/lc; LB=$LC/b/bin; mkdir -p "$OUT"; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+LC=/tmp/lc; LB=$LC/b/bin
 PEER=${PEER:-1}
 [[ $PEER == 1 ]] && mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
 [[ $PEER == 1 ]] && (cd $LC && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
  cmake --build b -j14 --target llama-bench llama-batched-bench) > "$OUT/lc_build.log" 2>&1 &
 bp=$!; [[ $PEER == 1 ]] || bp=
-[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
-mkdir -p /work && ln -sfn "$root" /work/main
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+dev_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 log "GPU quant tests"; timeout 150 "$C/bin/lumen_tests" cuda_q 2>&1 | tee -a "$OUT/cuda_q.log" | grep -E "FAIL|passed|check failed|prompt:"
 L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf

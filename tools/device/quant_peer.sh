@@ -7,9 +7,8 @@
 # Carry .device-carry (pack.sh, with gguf/llama-g256/model.Q4_K_M.gguf) holding also
 # llamacpp-src.tar.xz (the bundled source without .git, docs, models, examples, tests).
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
-mkdir -p "$OUT"; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
 mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
 (cd $LC && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
@@ -25,7 +24,7 @@ log "llama.cpp batched"; "$LB/llama-batched-bench" -m $q -ngl 99 -fa 1 -c 20000 
 log "lumen 8B Q4_K_M decode again (same run, after the peer)"
 "$C/bin/lumen" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 --no-membw 2>&1 | tail -n 2
 (( SECONDS - t0 < 420 )) || { log "no time left for the CPU comparison"; exit 0; }
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+dev_libs
 for k in q4km q8; do
   f=$S/l1.$k.gguf
   python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $f $k >/dev/null || continue

@@ -7,12 +7,8 @@
 # .device-carry/specw 8`): the GPU image's Python library holds other files.
 # Results: $OUT/spec_gpu.jsonl and the logs.
 set -uo pipefail
-root=$PWD; C=$root/.device-carry; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$SECONDS
-log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
-[[ -f $C/pack.tar.xz && ! -d $C/bin ]] && tar -C "$C" -xJf "$C/pack.tar.xz"
-mkdir -p /work && ln -sfn "$root" /work/main
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+dev_unpack
 L=$C/bin/lumen
 log "speculation exactness, models on the GPU"
 LUMEN_TEST_DEVICE=cuda timeout 240 "$C/bin/lumen_tests" engine_spec 2>&1 | tee "$OUT/spec_tests.log" |

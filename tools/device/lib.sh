@@ -1,0 +1,37 @@
+# lib.sh - the start the device scripts share, sourced by each (on the GPU
+# machine, from the checkout's root): root, the carry C, $OUT made, log
+# with the seconds since the start, and the steps that ready a carry that
+# tools/device/pack.sh made.
+root=$PWD
+C=$root/.device-carry
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+t0=$SECONDS
+log() { echo "[$(date +%T) +$((SECONDS - t0))s] $*"; }
+
+# pack.sh's archive unpacked, once: bin/, lib/ and fixtures/ beside it.
+dev_extract() {
+  if [[ -f $C/pack.tar.xz && ! -d $C/bin ]]; then tar -C "$C" -xJf "$C/pack.tar.xz"; fi
+}
+
+# The carried libraries ahead of CUDA's; `dev_libs cublas` adds the cuBLAS
+# of the image's Python nvidia package after those (an empty entry when it
+# has none).
+dev_libs() {
+  local cublas_dir=
+  if [[ ${1:-} == cublas ]]; then
+    cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true):
+  fi
+  export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${cublas_dir}${LD_LIBRARY_PATH:-}
+}
+
+# Everything a pack.sh carry needs: unpacked, /work/main pointed here (the
+# binaries were built there and carry that path for models/demo and
+# tests/data), the libraries found (dev_libs' argument passed on) and the
+# tests sent to the carried fixtures (the absent sets' tests skip, saying so).
+dev_unpack() {
+  dev_extract
+  mkdir -p /work && ln -sfn "$root" /work/main
+  dev_libs "$@"
+  export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+}
