@@ -268,9 +268,10 @@ static double *cu_cond(const float *x, const float *w, int64_t T, int64_t O, int
     return c;
 }
 
-/* Runs one matmul shape on both backends; returns the number of bad outputs. */
-static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t I, bool with_bias, double tol,
-                          uint64_t seed) {
+/* Runs one matmul shape on both backends; returns the number of bad outputs.
+ * x_bf16: the CPU reference gets x rounded to bf16 (the GPU gets it whole). */
+static int cu_matmul_case_x(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t I, bool with_bias, double tol,
+                            uint64_t seed, bool x_bf16) {
     uint64_t s = seed;
     float *wdeq;
     void *wh = cu_weight(wt, O, I, &s, &wdeq);
@@ -283,7 +284,10 @@ static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t
         fprintf(stderr, "  upload: %s\n", e.msg);
         return 1;
     }
-    lm_tensor xc = cu_put(p->cpu, xh, T, I), xg = cu_put(p->gpu, xh, T, I);
+    lm_tensor xg = cu_put(p->gpu, xh, T, I);
+    if (x_bf16)
+        for (int64_t i = 0; i < T * I; i++) xh[i] = lm_bf16_to_f32(lm_f32_to_bf16(xh[i]));
+    lm_tensor xc = cu_put(p->cpu, xh, T, I);
     lm_tensor bc = cu_put(p->cpu, bh, 1, O), bg = cu_put(p->gpu, bh, 1, O);
     lm_tensor yc = cu_put(p->cpu, NULL, T, O), yg = cu_put(p->gpu, NULL, T, O);
     p->cpu->ops->matmul(p->cpu, &yc, &xc, &wc, with_bias ? &bc : NULL);
@@ -309,6 +313,11 @@ static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t
     free(xh);
     free(bh);
     return bad;
+}
+
+static int cu_matmul_case(cu_pair *p, lm_dtype wt, int64_t T, int64_t O, int64_t I, bool with_bias, double tol,
+                          uint64_t seed) {
+    return cu_matmul_case_x(p, wt, T, O, I, with_bias, tol, seed, false);
 }
 
 static const lm_dtype cu_wtypes[] = { LM_BF16, LM_F16, LM_F32 };
@@ -380,17 +389,30 @@ LM_TEST(cuda_matmul_views_and_range) {
     cu_close(&p);
 }
 
-/* LUMEN_CUDA_GEMM=bf16: activations rounded to bf16 above the GEMV range. */
+/* bf16 activations (lm_cuda_backend_bf16_act; LUMEN_CUDA_GEMM=bf16 at
+ * creation): over bf16 weights every path - GEMV on CUDA cores (1-4
+ * tokens), on tensor cores (5-8), cuBLAS above - gives the products of x
+ * rounded to bf16, so each matches the CPU fed the rounded x as tightly as
+ * the exact mode matches the CPU fed x (a GEMV left unrounded is ~2^-9
+ * relative off). f16 weights keep their own f16 split: within 1e-2. */
 LM_TEST(cuda_matmul_bf16_mode) {
-    char why[512];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    cu_pair p;
-    LM_REQUIRE(cu_open_with(&p, "LUMEN_CUDA_GEMM", "bf16", why, sizeof why));
+    CU_SETUP(p);
+    LM_CHECK(!lm_cuda_backend_bf16_act(p.gpu, true)); /* exact by default */
+    static const int64_t Ts[] = { 1, 3, 5, 8, 9, 64 };
     uint64_t seed = 7;
-    for (size_t wi = 0; wi < 2; wi++) {
-        int bad = cu_matmul_case(&p, cu_wtypes[wi], 64, 130, 1000, true, 1e-2, seed++);
-        LM_CHECK_MSG(bad == 0, "%d bad (%s)", bad, lm_dtype_name(cu_wtypes[wi]));
-    }
+    for (size_t ti = 0; ti < LM_COUNT(Ts); ti++)
+        for (int bias = 0; bias < 2; bias++) {
+            int bad = cu_matmul_case_x(&p, LM_BF16, Ts[ti], 130, 1000, bias, 2e-5, seed++, true);
+            LM_CHECK_MSG(bad == 0, "%d bad: bf16 weights, T=%lld bias=%d", bad, (long long)Ts[ti], bias);
+        }
+    int bad = cu_matmul_case(&p, LM_F16, 64, 130, 1000, true, 1e-2, seed++);
+    LM_CHECK_MSG(bad == 0, "%d bad (f16)", bad);
+    LM_CHECK(lm_cuda_backend_bf16_act(p.gpu, false));
+    cu_close(&p);
+    /* the variable at creation */
+    char why[512];
+    LM_REQUIRE(cu_open_with(&p, "LUMEN_CUDA_GEMM", "bf16", why, sizeof why));
+    LM_CHECK(lm_cuda_backend_bf16_act(p.gpu, true));
     cu_close(&p);
 }
 

@@ -15,6 +15,11 @@ bool lm_cuda_available(char *why, size_t n) {
     return false;
 }
 
+bool lm_cuda_backend_bf16_act(lm_backend *be, bool on) {
+    (void)be, (void)on;
+    return false;
+}
+
 bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
     (void)be, (void)exact;
     return false;

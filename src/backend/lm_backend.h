@@ -375,6 +375,17 @@ bool lm_cuda_available(char *why, size_t n);
  * several times the instructions). LUMEN_CUDA_QUANT_EXACT=1 sets true at
  * creation. Returns the old setting; false and no effect without CUDA. */
 bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact);
+/* Matrix products over bf16 weights on the GPU: false (the default) keeps
+ * f32 activations exact (above 8 tokens split in three bf16 terms for
+ * the tensor cores, three products); true rounds the activations to bf16
+ * at every such product, GEMV and GEMM alike (one product, as llama.cpp
+ * and vLLM do), so that a token's products are the same whatever path
+ * computes them and batching or caching changes only the order of the
+ * f32 sums, as in the exact mode. Tensor-core GEMVs of 5-8 tokens then
+ * follow (LUMEN_CUDA_GEMV_TC=0 keeps them off). LUMEN_CUDA_GEMM=bf16 sets
+ * true at creation. Set before the first forward (graphs record the mode).
+ * Returns the old setting; false and no effect without CUDA. */
+bool lm_cuda_backend_bf16_act(lm_backend *be, bool on);
 /* Q4_K and Q6_K GEMVs with int8 activations (sm_90): true (the default
  * there) streams the rows through shared memory with bulk copies
  * (cuda_qgemv_staged.cu); false takes the slice kernel (cuda_qgemv.cu), for

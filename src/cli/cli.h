@@ -41,18 +41,28 @@ void lm_cli_print_report(const char *out, const struct lm_quant_mix *mix, const 
 /* Options every model command takes. */
 typedef enum lm_device_choice { LM_DEVICE_AUTO = 0, LM_DEVICE_CPU, LM_DEVICE_CUDA } lm_device_choice;
 
+/* --gpu-precision: how matrix products over bf16 weights treat their
+ * activations on the GPU (lm_cuda_backend_bf16_act). DEFAULT: bf16, unless
+ * LUMEN_CUDA_GEMM is set (then the backend's own reading of it stands);
+ * `lumen parity` asks for exact. */
+typedef enum lm_gpu_precision { LM_GPU_PREC_DEFAULT = 0, LM_GPU_PREC_EXACT, LM_GPU_PREC_BF16 } lm_gpu_precision;
+
 typedef struct lm_common_opts {
     int threads;     /* 0 = every core */
     lm_cpu_isa isa;
     lm_device_choice device;
     int gpu;         /* CUDA device index */
     size_t gpu_memory; /* --gpu-memory: most GPU memory to use, 0 = all there is */
+    lm_gpu_precision gpu_precision;
 } lm_common_opts;
 
 /* The options above as a table (--threads, --isa, --device, --gpu-memory),
  * and the sampling options into an lm_sampler_params (--temp, --top-k,
  * --top-p, --min-p, --seed): groups for a command's table (options.h). */
 extern const lm_opt lm_cli_common_opts[];
+/* --device's value (auto, cpu, cuda, cuda:N) into o's device and gpu; false
+ * when it is none of those. */
+bool lm_cli_parse_device(lm_common_opts *o, const char *v);
 extern const lm_opt lm_cli_sampling_opts[];
 /* --kv-type, --kv-k, --kv-v into an lm_kv_types. A command starts from
  * LM_CLI_KV_DEFAULT, bf16 on every backend: on the CPU its KL against f32

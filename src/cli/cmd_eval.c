@@ -17,7 +17,15 @@ typedef struct eval_opts {
     lm_kv_types kv;
     lm_rope_override rope;
     lm_common_opts co;
+    lm_common_opts ref_co; /* --reference-device: the reference's backend */
+    bool ref_device;
 } eval_opts;
+
+static bool parse_ref_device(void *dst, const char *v) {
+    eval_opts *o = dst;
+    o->ref_device = true;
+    return lm_cli_parse_device(&o->ref_co, v);
+}
 
 static const lm_opt k_opts[] = {
     { LM_OPT_STRING, "--model", "-m", LM_OPT_AT(eval_opts, model), "PATH", "the model to evaluate (folder or .gguf)" },
@@ -25,6 +33,10 @@ static const lm_opt k_opts[] = {
     { LM_OPT_STRING, "--reference", NULL, LM_OPT_AT(eval_opts, reference), "PATH",
       "a model with the same vocabulary (e.g. the bf16 original) to measure KL(reference || model) and top-1 "
       "agreement against" },
+    { LM_OPT_CUSTOM, "--reference-device", NULL, LM_OPT_AT(eval_opts, ref_co), "NAME",
+      "run the reference on another device (auto, cpu, cuda, cuda:N): --reference-device cpu with the same model "
+      "measures what the GPU's arithmetic (--gpu-precision) costs against the CPU's f32",
+      "the model's device", .parse = parse_ref_device, .want = "auto, cpu, cuda or cuda:N" },
     { LM_OPT_INT, "--ctx", NULL, LM_OPT_AT(eval_opts, ctx), "N", "tokens per window", .ilo = 2, .ihi = 1 << 20 },
     { LM_OPT_GROUP, .off = offsetof(eval_opts, kv), .group = lm_cli_kv_opts },
     { LM_OPT_GROUP, .off = offsetof(eval_opts, rope), .group = lm_cli_rope_opts },
@@ -120,9 +132,14 @@ int lm_cmd_eval(int argc, char **argv) {
     lm_model *m = NULL, *ref = NULL;
     lm_tokenizer *tok = NULL;
     lm_tok_ids ids = { 0 };
-    lm_backend *be = lm_cli_backend(&o.co);
+    lm_backend *be = lm_cli_backend(&o.co), *ref_be = NULL;
     if (!be || !(m = load(o.model, be, &o.rope, &src))) goto done;
-    if (o.reference && !(ref = load(o.reference, be, &o.rope, &ref_src))) goto done;
+    if (o.ref_device) {
+        lm_common_opts ro = o.co;
+        ro.device = o.ref_co.device, ro.gpu = o.ref_co.gpu;
+        if (!(ref_be = lm_cli_backend(&ro))) goto done;
+    }
+    if (o.reference && !(ref = load(o.reference, ref_be ? ref_be : be, &o.rope, &ref_src))) goto done;
     lm_eval_result r;
     if (lm_tokenizer_load_from(&tok, src, &e) || lm_tokenizer_encode(tok, text, len, true, &ids, &e) ||
         lm_eval_run(m, ref, ids.ids, (int)ids.n, o.ctx, o.kv, &r, &e)) {
@@ -138,6 +155,7 @@ done:
     lm_model_free(m);
     if (ref_src) lm_source_unref(ref_src);
     if (src) lm_source_unref(src);
+    if (ref_be) lm_backend_destroy(ref_be);
     if (be) lm_backend_destroy(be);
     free(text);
     return rc;

@@ -11,9 +11,7 @@
 
 /* ---- the shared option tables ---------------------------------------------------------- */
 
-/* --device auto | cpu | cuda | cuda:N sets two fields: the device and the GPU. */
-static bool parse_device(void *dst, const char *v) {
-    lm_common_opts *o = dst;
+bool lm_cli_parse_device(lm_common_opts *o, const char *v) {
     long long n = 0;
     if (!strcmp(v, "auto")) o->device = LM_DEVICE_AUTO;
     else if (!strcmp(v, "cpu")) o->device = LM_DEVICE_CPU;
@@ -23,9 +21,15 @@ static bool parse_device(void *dst, const char *v) {
     return true;
 }
 
+static bool parse_device(void *dst, const char *v) { return lm_cli_parse_device(dst, v); }
+
 static const lm_opt_choice k_isa[] = {
     { "auto", LM_ISA_AUTO }, { "scalar", LM_ISA_SCALAR }, { "avx2", LM_ISA_AVX2 }, { "avx512", LM_ISA_AVX512 },
     { NULL, 0 },
+};
+
+static const lm_opt_choice k_gpu_precision[] = {
+    { "bf16", LM_GPU_PREC_BF16 }, { "exact", LM_GPU_PREC_EXACT }, { NULL, 0 },
 };
 
 const lm_opt lm_cli_common_opts[] = {
@@ -39,8 +43,19 @@ const lm_opt lm_cli_common_opts[] = {
     { LM_OPT_SIZE, "--gpu-memory", NULL, LM_OPT_AT(lm_common_opts, gpu_memory), "SIZE",
       "most GPU memory to use, e.g. 20G; weights, KV cache and prefix cache fit inside it", "all that is free",
       .ilo = 1 },
+    { LM_OPT_CHOICE, "--gpu-precision", NULL, LM_OPT_AT(lm_common_opts, gpu_precision), NULL,
+      "activations of the GPU's matrix products over bf16 weights: bf16 (rounded to bf16 at each product, as "
+      "llama.cpp and vLLM do: one tensor-core product) or exact (kept f32: three products above 8 tokens, "
+      "the CPU's results to ~1e-6). Either way batching and caching change only the order of f32 sums",
+      "bf16 (exact for lumen parity)", .choices = k_gpu_precision },
     { .kind = LM_OPT_END },
 };
+
+/* The backend's precision as the options ask (lm_gpu_precision). */
+static void apply_gpu_precision(const lm_common_opts *o, lm_backend *be) {
+    if (o->gpu_precision == LM_GPU_PREC_DEFAULT && getenv("LUMEN_CUDA_GEMM")) return;
+    lm_cuda_backend_bf16_act(be, o->gpu_precision != LM_GPU_PREC_EXACT);
+}
 
 /* --spec MODE; draft:PATH is spelt out as not built rather than taken for
  * a typo. */
@@ -170,8 +185,12 @@ static lm_backend *choose_backend(const lm_common_opts *o, lm_source *model) {
     if (o->device == LM_DEVICE_CPU) return cpu_backend(o);
     if (o->device == LM_DEVICE_CUDA) {
         lm_backend *be = lm_cuda_backend_create(o->gpu, &e);
-        if (!be) fprintf(stderr, "lumen: --device cuda: %s\n", e.msg);
-        else if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
+        if (!be) {
+            fprintf(stderr, "lumen: --device cuda: %s\n", e.msg);
+            return NULL;
+        }
+        if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
+        apply_gpu_precision(o, be);
         return be;
     }
     char why[256];
@@ -182,6 +201,7 @@ static lm_backend *choose_backend(const lm_common_opts *o, lm_source *model) {
         return cpu_backend(o);
     }
     if (o->gpu_memory) lm_backend_set_memory_limit(be, o->gpu_memory);
+    apply_gpu_precision(o, be);
     /* the loader's measure (a model it would refuse runs on the CPU); a
      * model that cannot be opened is left for the load to report. The
      * weight table stays open in the source for that load. */

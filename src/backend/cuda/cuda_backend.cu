@@ -168,6 +168,14 @@ static lm_cuda *lm_cuda_under(lm_backend *be) {
     return be && !strcmp(be->name, "cuda") ? lm_cuda_of(be) : NULL;
 }
 
+bool lm_cuda_backend_bf16_act(lm_backend *be, bool on) {
+    lm_cuda *c = lm_cuda_under(be);
+    if (!c) return false;
+    const bool old = c->gemm_mode == LM_CUDA_GEMM_BF16;
+    c->gemm_mode = on ? LM_CUDA_GEMM_BF16 : LM_CUDA_GEMM_SPLIT;
+    return old;
+}
+
 bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact) {
     lm_cuda *c = lm_cuda_under(be);
     if (!c) return false;
@@ -715,7 +723,9 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             LM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
-            c->gemv_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_GEMV_TC", false);
+            c->gemv_tc_ok = major >= 8;
+            const char *tc = getenv("LUMEN_CUDA_GEMV_TC");
+            c->gemv_tc = tc && *tc ? (strcmp(tc, "0") ? 1 : 0) : -1;
             c->quant_exact = lm_cuda_env_flag("LUMEN_CUDA_QUANT_EXACT", false);
             c->qstaged_ok = major >= 9;
             c->qstaged = c->qstaged_ok && lm_cuda_env_flag("LUMEN_CUDA_QSTAGED", true);

@@ -31,9 +31,9 @@
  * copy rate; [14336][4096] is 117 MB (~28 us), the [128256][4096] output
  * head 1.05 GB (~250 us). At T = 8 the kernel does 8 FMAs per 2 weight
  * bytes: 19 TFMA/s at full bandwidth, ~60% of the f32 FMA peak, which is why
- * GEMV stops at T = 8 and cuBLAS takes over. With LUMEN_CUDA_GEMV_TC=1 the
- * GEMVs of 5-8 tokens over bf16 rows run the FMAs on tensor cores instead
- * (16-row blocks, see TC in lm_gemv_kernel). */
+ * GEMV stops at T = 8 and cuBLAS takes over. With bf16 activations (or
+ * LUMEN_CUDA_GEMV_TC=1) the GEMVs of 5-8 tokens over bf16 rows run the
+ * FMAs on tensor cores instead (16-row blocks, see TC in lm_gemv_kernel). */
 #include "cuda_internal.h"
 
 #include <cuda_bf16.h>
@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
      * tokens as one n8 tile (mma m16n8k16, bf16 in, f32 accumulation). x is
      * split into three bf16 terms (hi, mid, lo as lm_split_bf16_kernel) and
      * the tile multiplied by each, so products are exact and the sum is f32
-     * as on CUDA cores (not the same bits: LUMEN_CUDA_GEMV_TC is opt-in).
+     * as on CUDA cores (not the same bits: opt-in, lm_gemv_tc); with bf16
+     * activations (a.x_bf16) hi alone, one mma.
      * Warp w takes a contiguous run of 32-element chunks; lane (g, c) =
      * (lane / 4, lane % 4) loads 16 bytes of tile rows g and g + 8 at
      * element 8c of the chunk and token g's 8 x values there. The mma's k
@@ -228,9 +229,11 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                     }
                     th[j] = pack(h[0], h[1]), tm[j] = pack(md[0], md[1]), tl[j] = pack(l[0], l[1]);
                 }
-                mma(dt[0], va, vb, false, tl[0], tl[1]), mma(dt[1], va, vb, false, tm[0], tm[1]);
+                if (!a.x_bf16) { /* bf16 activations: hi is x, the other terms zero */
+                    mma(dt[0], va, vb, false, tl[0], tl[1]), mma(dt[1], va, vb, false, tm[0], tm[1]);
+                    mma(dt[0], va, vb, true, tl[2], tl[3]), mma(dt[1], va, vb, true, tm[2], tm[3]);
+                }
                 mma(dt[2], va, vb, false, th[0], th[1]);
-                mma(dt[0], va, vb, true, tl[2], tl[3]), mma(dt[1], va, vb, true, tm[2], tm[3]);
                 mma(dt[2], va, vb, true, th[2], th[3]);
             };
             auto ld = [&](const unsigned char *p, int64_t kc) {
@@ -289,6 +292,12 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                     }
                 } else {
                     xv[0] = *xp;
+                }
+                if constexpr (WT == LM_BF16) {
+                    if (a.x_bf16) {
+    #pragma unroll
+                        for (int j = 0; j < EPC; j++) xv[j] = __bfloat162float(__float2bfloat16_rn(xv[j]));
+                    }
                 }
             };
             /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
@@ -513,8 +522,13 @@ bool lm_gemv_vec(const lm_gemv_args *a, int n, lm_dtype wt) {
 }
 
 void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode, bool vec) {
+    lm_gemv_args b;
     switch (wt) {
-    case LM_BF16: lm_gemv_t<LM_BF16>(c, T, a, mode, vec); break;
+    case LM_BF16:
+        b = *a;
+        b.x_bf16 = c->gemm_mode == LM_CUDA_GEMM_BF16;
+        lm_gemv_t<LM_BF16>(c, T, &b, mode, vec);
+        break;
     case LM_F16: lm_gemv_t<LM_F16>(c, T, a, mode, vec); break;
     case LM_F32: lm_gemv_t<LM_F32>(c, T, a, mode, vec); break;
     default: LM_ASSERT(!"gemv: weight type");
@@ -523,12 +537,15 @@ void lm_gemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mode
 
 /* Whether a GEMV of T tokens over bf16 rows takes tensor-core tiles (16
  * rows a block): from LM_GEMV_TC_MIN_T tokens, where the CUDA-core form is
- * bound by its FMAs, when LUMEN_CUDA_GEMV_TC=1 (sm_80+). Opt-in: a token's
- * bits then depend on how many share its batch (the CUDA-core GEMV gives
- * the same bits for 1 to 8), which the exactness tests forbid by default.
- * The caller has checked 16-byte chunks. */
+ * bound by its FMAs (sm_80+), with bf16 activations or LUMEN_CUDA_GEMV_TC=1.
+ * A token's bits then depend on how many share its batch (the CUDA-core
+ * GEMV gives the same bits for 1 to 8): with exact activations the
+ * exactness tests forbid that by default; with bf16 ones the products are
+ * the same and only the order of the sums differs, as between GEMV and
+ * GEMM. The caller has checked 16-byte chunks. */
 bool lm_gemv_tc(const lm_cuda *c, int64_t T, lm_dtype wt) {
-    return c->gemv_tc && wt == LM_BF16 && T >= LM_GEMV_TC_MIN_T;
+    const bool on = c->gemv_tc < 0 ? c->gemm_mode == LM_CUDA_GEMM_BF16 : c->gemv_tc == 1;
+    return on && c->gemv_tc_ok && wt == LM_BF16 && T >= LM_GEMV_TC_MIN_T;
 }
 
 /* A plain args block: no matrices yet (first_block past every block). */
@@ -577,6 +594,7 @@ static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned 
     /* MoE groups: a block takes LM_MOE_ROW_GROUPS groups of rows */
     const int64_t rb = MOE == LM_MOE_GROUPS ? LM_MOE_ROW_GROUPS : 1, row_groups = a->first_block[LM_GEMV_MAXM];
     const dim3 grid((unsigned)((row_groups + rb - 1) / rb), grid_y);
+    a->x_bf16 = wt == LM_BF16 && c->gemm_mode == LM_CUDA_GEMM_BF16;
     if (wt == LM_BF16) {
         if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
         else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);

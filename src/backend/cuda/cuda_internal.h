@@ -72,7 +72,7 @@ typedef struct lm_cuda {
         float *dev;
     } freq[LM_CUDA_FREQ_SLOTS];
     int freq_next; /* slot replaced next */
-    int gemm_mode; /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 when LUMEN_CUDA_GEMM=bf16 */
+    int gemm_mode; /* LM_CUDA_GEMM_SPLIT, or LM_CUDA_GEMM_BF16 (lm_cuda_backend_bf16_act, LUMEN_CUDA_GEMM=bf16) */
     /* graph passes (cuda_graph.cu): mode, running hash of the pass's launches,
      * number of the pass (a new one at each start) */
     int gmode;
@@ -89,7 +89,8 @@ typedef struct lm_cuda {
     bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention_stage.cu: staged batches of the current graph pass */
-    bool gemv_tc; /* sm_80+, LUMEN_CUDA_GEMV_TC=1 (opt-in): GEMVs of 5-8 tokens on tensor cores (cuda_gemv.cu) */
+    bool gemv_tc_ok; /* sm_80+: GEMVs of 5-8 tokens can run on tensor cores (cuda_gemv.cu) */
+    int gemv_tc;     /* LUMEN_CUDA_GEMV_TC: 1 on, 0 off, -1 (unset) with bf16 activations only */
     int gemv_chunks; /* most chunks of a row a GEMV thread takes: LM_GEMV_CHUNKS_MAX, or LUMEN_CUDA_GEMV_CHUNKS */
     bool quant_exact; /* quantised GEMVs in exact f32 arithmetic (LUMEN_CUDA_QUANT_EXACT=1); else int8 activations */
     bool qstaged_ok; /* sm_90+: the staged Q4_K / Q6_K decode GEMV can run (cuda_qgemv_staged.cu) */
@@ -544,6 +545,9 @@ typedef struct lm_gemv_args {
     /* the quantised GEMV (cuda_qgemv.cu): tokens of x and y when fewer than
      * the kernel's T (the rest are not read or written); 0: T */
     int n_tok;
+    /* bf16 activations (lm_cuda_backend_bf16_act, bf16 rows): x rounded
+     * to bf16 as it is read, so the GEMV's products are the GEMM's */
+    int x_bf16;
 } lm_gemv_args;
 
 static inline bool lm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
