@@ -515,6 +515,36 @@ LM_TEST(server_responses_stream_reasoning_text_call) {
     fx_close(&f);
 }
 
+/* What Codex got when the demo model thought until its end of sequence
+ * (tools offered, tool_choice auto): the whole answer is one completed
+ * reasoning item, its held-back tail (a partial close tag) included, and no
+ * message item; every token counts as reasoning. */
+LM_TEST(server_responses_stream_unclosed_think) {
+    fx f;
+    if (!fx_open(&f)) SKIP_NO_FIXTURE();
+    if (!f.s.chat || !f.s.chat->think) {
+        fx_close(&f);
+        LM_SKIP("the qwen3 fixture's template does not think");
+    }
+    run u;
+    const char *chunks[] = { "<think>\nThe user wants code.\n\nMaybe a <tool_call> later. </thi" };
+    LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, chunks, 1, LM_FINISH_STOP));
+    check_sequence(lm_t_, &u);
+    LM_CHECK(lm_streq(str_at(u.response, "status"), "completed"));
+    LM_REQUIRE(json_array_size(json_object_get(u.response, "output")) == 1);
+    const json_t *rs = out_item(&u, 0);
+    LM_CHECK(lm_streq(str_at(rs, "type"), "reasoning") && lm_streq(str_at(rs, "status"), "completed"));
+    json_t *rc = json_array_get(json_object_get(rs, "content"), 0);
+    LM_CHECK_MSG(lm_streq(str_at(rc, "text"), "The user wants code.\n\nMaybe a <tool_call> later. </thi"), "text '%s'",
+                 str_at(rc, "text"));
+    json_t *usage = json_object_get(u.response, "usage");
+    json_int_t out = json_integer_value(json_object_get(usage, "output_tokens"));
+    LM_CHECK(out > 0 &&
+             json_integer_value(json_object_get(json_object_get(usage, "output_tokens_details"), "reasoning_tokens")) == out);
+    run_free(&u);
+    fx_close(&f);
+}
+
 LM_TEST(server_responses_length_cut_and_failure) {
     fx f;
     if (!fx_open(&f)) SKIP_NO_FIXTURE();
