@@ -677,9 +677,11 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
         return;
     }
     /* query rows a block: the tensor-core kernel's 64 or 128, else 64 */
+    const int bf_rows = lm_att_bf16_rows(c, Dh, q->cols, w, kv->k_type, kv->v_type, q->data, kv->k[layer], kv->v[layer]);
     const bool tc_kv = kv->k_type == kv->v_type && (kv->k_type == LM_KV_F32 || kv->k_type == LM_KV_BF16);
-    const int tc_rows = tc_kv ? lm_att_tc_rows(c, Dh, q->cols, w, q->data, kv->k[layer], kv->v[layer]) : 0;
-    const int rows = tc_rows ? tc_rows : ATT_ROWS;
+    const int tc_rows =
+        bf_rows ? 0 : tc_kv ? lm_att_tc_rows(c, Dh, q->cols, w, q->data, kv->k[layer], kv->v[layer]) : 0;
+    const int rows = bf_rows ? bf_rows : tc_rows ? tc_rows : ATT_ROWS;
     const int gsz = H / Hkv, hb = LM_MIN(gsz, rows), n_sub = (gsz + hb - 1) / hb, tpb = rows / hb;
 
     /* Work list: tokens grouped by sequence (batch order inside one), cut
@@ -736,7 +738,8 @@ void lm_cuda_attention(lm_backend *be, lm_tensor *out, const lm_tensor *q, const
     a.tiles = d.extra + T;
     a.hb = hb, a.n_sub = n_sub;
     dim3 grid((unsigned)n_tiles, (unsigned)(Hkv * n_sub), (unsigned)ns);
-    if (tc_rows) lm_att_tc_launch(c, grid, &a);
+    if (bf_rows) lm_att_bf16_launch(c, grid, &a);
+    else if (tc_rows) lm_att_tc_launch(c, grid, &a);
     else if (Dh <= 64) att_launch<2>(c, grid, &a);
     else if (Dh <= 128) att_launch<4>(c, grid, &a);
     else att_launch<8>(c, grid, &a);

@@ -193,5 +193,13 @@ __device__ __forceinline__ void att_tile_split(const att_args &a, int4 tile, int
 int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
                    const void *vl);
 void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);
+/* The same with bf16 activations over a bf16 cache (cuda_attention_bf16.cu):
+ * q and the softmax weights rounded to bf16, one bf16 mma a product.
+ * lm_att_bf16_rows: 64, or 0 where it does not apply (exact activations,
+ * another format, a head wider than 128 or not a multiple of 8, rows
+ * 16-byte loads cannot read); kv_ld: the cache row's width in values. */
+int lm_att_bf16_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, int kt, int vt, const void *q,
+                     const void *kl, const void *vl);
+void lm_att_bf16_launch(lm_cuda *c, dim3 grid, const att_args *a);
 
 #endif
