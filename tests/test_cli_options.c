@@ -318,3 +318,27 @@ LM_TEST(cli_kv_default_is_bf16) {
     kv = kv_parse("--kv-type q8 --kv-k f32");
     LM_CHECK(kv.k == LM_KV_F32 && kv.v == LM_KV_Q8);
 }
+
+/* --gpu-precision: unset (the backend's own setting, exact unless
+ * LUMEN_CUDA_GEMM=bf16), exact or bf16; anything else is refused. */
+static int prec_parse(const char *line) {
+    static const lm_common_opts defaults = { 0 };
+    const lm_opt_cmd cmd = { .name = "tst", .usage = "lumen tst [options]", .about = "GPU.\n",
+                             .opts = lm_cli_common_opts, .defaults = &defaults, .size = sizeof defaults };
+    char buf[256], *argv[16] = { "tst" };
+    int argc = 1;
+    snprintf(buf, sizeof buf, "%s", line);
+    for (char *w = strtok(buf, " "); w && argc < 16; w = strtok(NULL, " ")) argv[argc++] = w;
+    lm_common_opts co;
+    FILE *null = fopen("/dev/null", "w");
+    const int rc = lm_opts_parse_io(&cmd, &co, argc, argv, null, null);
+    fclose(null);
+    return rc == -1 ? (int)co.gpu_precision : -1;
+}
+
+LM_TEST(cli_gpu_precision_choices) {
+    LM_CHECK(prec_parse("") == LM_GPU_PREC_DEFAULT);
+    LM_CHECK(prec_parse("--gpu-precision exact") == LM_GPU_PREC_EXACT);
+    LM_CHECK(prec_parse("--gpu-precision bf16") == LM_GPU_PREC_BF16);
+    LM_CHECK(prec_parse("--gpu-precision fp8") == -1);
+}

@@ -375,15 +375,20 @@ bool lm_cuda_available(char *why, size_t n);
  * several times the instructions). LUMEN_CUDA_QUANT_EXACT=1 sets true at
  * creation. Returns the old setting; false and no effect without CUDA. */
 bool lm_cuda_backend_quant_exact(lm_backend *be, bool exact);
-/* Matrix products over bf16 weights on the GPU: false (the default) keeps
- * f32 activations exact (above 8 tokens split in three bf16 terms for
- * the tensor cores, three products); true rounds the activations to bf16
- * at every such product, GEMV and GEMM alike (one product, as llama.cpp
- * and vLLM do), so that a token's products are the same whatever path
- * computes them and batching or caching changes only the order of the
- * f32 sums, as in the exact mode. Tensor-core GEMVs of 5-8 tokens then
- * follow (LUMEN_CUDA_GEMV_TC=0 keeps them off). LUMEN_CUDA_GEMM=bf16 sets
- * true at creation. Set before the first forward (graphs record the mode).
+/* Matrix products over bf16 weights, and the tiled attention over a bf16
+ * cache, on the GPU: false (the default) keeps f32 activations exact
+ * (above 8 tokens split in three bf16 terms for the tensor cores, three
+ * products; attention on split TF32 operands); true rounds them to bf16
+ * (one product, as llama.cpp and vLLM do): at every product, GEMV and GEMM
+ * alike, so that a token's products are the same whatever path computes
+ * them, and in the tiled attention (queries and softmax weights,
+ * cuda_attention_bf16.cu). The order of f32 sums still differs between
+ * paths, and a bf16 rounding amplifies such a difference where a value
+ * sits on a rounding boundary: cached, batched and speculated logits agree
+ * to ~0.1 on the demo (~1e-5 exact), so greedy tokens can change at near
+ * ties. Tensor-core GEMVs of 5-8 tokens follow the mode
+ * (LUMEN_CUDA_GEMV_TC=0 keeps them off). LUMEN_CUDA_GEMM=bf16 sets true at
+ * creation. Set before the first forward (graphs record the mode).
  * Returns the old setting; false and no effect without CUDA. */
 bool lm_cuda_backend_bf16_act(lm_backend *be, bool on);
 /* Q4_K and Q6_K GEMVs with int8 activations (sm_90): true (the default

@@ -41,10 +41,12 @@ void lm_cli_print_report(const char *out, const struct lm_quant_mix *mix, const 
 /* Options every model command takes. */
 typedef enum lm_device_choice { LM_DEVICE_AUTO = 0, LM_DEVICE_CPU, LM_DEVICE_CUDA } lm_device_choice;
 
-/* --gpu-precision: how matrix products over bf16 weights treat their
- * activations on the GPU (lm_cuda_backend_bf16_act). DEFAULT: bf16, unless
- * LUMEN_CUDA_GEMM is set (then the backend's own reading of it stands);
- * `lumen parity` asks for exact. */
+/* --gpu-precision: how matrix products over bf16 weights and the tiled
+ * attention treat their activations on the GPU (lm_cuda_backend_bf16_act).
+ * DEFAULT leaves the backend as created: exact, or bf16 where
+ * LUMEN_CUDA_GEMM=bf16. Exact stays the default because bf16 activations
+ * let caching, batching and speculation change greedy tokens at near ties
+ * (docs/history/34-gpu-precision.md). */
 typedef enum lm_gpu_precision { LM_GPU_PREC_DEFAULT = 0, LM_GPU_PREC_EXACT, LM_GPU_PREC_BF16 } lm_gpu_precision;
 
 typedef struct lm_common_opts {

@@ -100,7 +100,7 @@ int lm_cmd_parity(int argc, char **argv) {
     parity_opts o;
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
     if (parsed >= 0) return parsed;
-    /* parity checks the arithmetic against a reference: f32 unless asked */
+    /* parity checks the arithmetic against a reference: exact unless asked */
     if (o.co.gpu_precision == LM_GPU_PREC_DEFAULT) o.co.gpu_precision = LM_GPU_PREC_EXACT;
     if (o.oracle && (!o.model || o.dir)) {
         fprintf(stderr, "lumen parity: --oracle checks --model FILE.gguf and takes no DIR (see lumen parity --help)\n");
