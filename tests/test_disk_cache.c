@@ -55,32 +55,54 @@ static int dt_get(lm_disk_cache *dc, int k) {
     return memcmp(want, got, DT_DATA) == 0 ? 0 : -2;
 }
 
-/* Files in dir: entries, temp files, and their bytes. */
-static void dt_count(const char *dir, int *entries, int *temps, size_t *bytes) {
-    *entries = *temps = 0;
+/* Files in dir: packs, temp files, and their bytes. */
+static void dt_count(const char *dir, int *packs, int *temps, size_t *bytes) {
+    *packs = *temps = 0;
     *bytes = 0;
     DIR *d = opendir(dir);
     for (struct dirent *de; d && (de = readdir(d));) {
-        uint64_t h;
-        lm_dc_kind kind;
+        uint64_t id;
         char path[512];
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         if (strncmp(de->d_name, "tmp-", 4) == 0) (*temps)++;
-        if (!lm_dc_entry_parse(de->d_name, &h, &kind) || stat(path, &sb) != 0) continue;
-        (*entries)++;
+        if (!lm_dc_pack_parse(de->d_name, &id) || stat(path, &sb) != 0) continue;
+        (*packs)++;
         *bytes += (size_t)sb.st_size;
     }
     if (d) closedir(d);
 }
 
-static char *dt_file(const char *dir, int k) {
-    char name[LM_DC_NAME_MAX];
-    lm_dc_entry_name(name, dt_hash(k), LM_DC_KV);
-    char *p = malloc(strlen(dir) + LM_DC_NAME_MAX + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
+/* The path of the pack holding entry k, and its record there (NULL when
+ * no pack lists it). */
+static char *dt_find(const char *dir, int k, lm_dc_record *out) {
+    DIR *d = opendir(dir);
+    char *found = NULL;
+    for (struct dirent *de; d && !found && (de = readdir(d));) {
+        uint64_t id;
+        if (!lm_dc_pack_parse(de->d_name, &id)) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        size_t n;
+        char *b = lm_tu_read(path, &n);
+        const lm_dc_pack_header *h = (const lm_dc_pack_header *)b;
+        for (uint32_t j = 0; b && n >= lm_dc_head_bytes((int)h->n_entries) && j < h->n_entries && !found; j++) {
+            const lm_dc_record *r = (const lm_dc_record *)(b + sizeof *h) + j;
+            if (r->hash == dt_hash(k)) found = strdup(path), *out = *r;
+        }
+        free(b);
+    }
+    if (d) closedir(d);
+    return found;
 }
+
+static char *dt_file(const char *dir, int k) {
+    lm_dc_record r;
+    return dt_find(dir, k, &r);
+}
+
+/* Bytes of a pack holding n of the test's entries. */
+static size_t dt_pack_bytes(int n) { return lm_dc_head_bytes(n) + (size_t)n * (DT_BS * 4 + DT_DATA); }
 
 LM_TEST(disk_cache_reopen_keeps_entries) {
     char *dir = lm_tu_mkdir("dc_reopen");
@@ -124,7 +146,7 @@ LM_TEST(disk_cache_lock_refuses_second_owner) {
 
 LM_TEST(disk_cache_budget_evicts_lru) {
     char *dir = lm_tu_mkdir("dc_budget");
-    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    size_t one = dt_pack_bytes(1);
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&dc, dir, 3 * one, k_ident, &e) == 0);
@@ -235,6 +257,7 @@ static void dt_damaged(lm_test_ctx *lm_t_, const char *tag, void (*f)(const char
     dt_put(dc, 3);
     lm_dcache_close(dc);
     char *p = dt_file(dir, 1);
+    LM_REQUIRE(p);
     f(p);
     LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
     lm_dc_stats st;
@@ -315,11 +338,12 @@ LM_TEST(disk_cache_other_version_is_foreign) {
     lm_dcache_close(dc);
     /* the same entry as a later format version would write it */
     char *p = dt_file(dir, 0);
+    LM_REQUIRE(p);
     size_t n;
     char *b = lm_tu_read(p, &n);
-    lm_dc_header *h = (lm_dc_header *)b;
+    lm_dc_pack_header *h = (lm_dc_pack_header *)b;
     h->version = LM_DC_VERSION + 1;
-    h->header_xxh3 = XXH3_64bits(h, offsetof(lm_dc_header, header_xxh3));
+    h->header_xxh3 = XXH3_64bits(h, offsetof(lm_dc_pack_header, header_xxh3));
     lm_tu_write(p, b, n);
     LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
     lm_dc_stats st;
@@ -408,7 +432,7 @@ static void dt_put_spaced(lm_disk_cache *dc, int n) {
  * an entry read after newer ones were written outlives them. */
 LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
     char *dir = lm_tu_mkdir("dc_lru_restart");
-    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    size_t one = dt_pack_bytes(1);
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
@@ -428,7 +452,7 @@ LM_TEST(disk_cache_read_keeps_entry_recent_across_restart) {
  * interval (0 here). */
 LM_TEST(disk_cache_touch_keeps_entry_recent_across_restart) {
     char *dir = lm_tu_mkdir("dc_touch_restart");
-    size_t one = sizeof(lm_dc_header) + DT_BS * 4 + DT_DATA;
+    size_t one = dt_pack_bytes(1);
     lm_disk_cache *dc;
     lm_err e = { { 0 } };
     LM_REQUIRE(lm_dcache_open(&dc, dir, 8 * one, k_ident, &e) == 0);
