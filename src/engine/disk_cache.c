@@ -6,7 +6,8 @@
  * payload lies, its checksum, state) in a growable array found through
  * hash buckets and linked into one LRU list (head = most recently used),
  * and packs (the files) each listing its entries in file order. Puts build
- * a pack (lm_dcache_batch_begin/end: a chain's blocks go into one file);
+ * a pack (lm_dcache_batch_begin/end: a chain's blocks go into one file,
+ * its checkpoints into another);
  * its entries are PENDING until the writer reports the file in place
  * (READY) or failed (removed); only READY entries are read or evicted.
  *
@@ -70,6 +71,15 @@ typedef struct dc_pack {
     double ftime;            /* lm_now() when its file's time was last set (written, read, touched) */
 } dc_pack;
 
+/* A pack being built: its slot (-1: none), records and payloads. */
+typedef struct dc_build {
+    int32_t pack;
+    lm_dc_record *rec;
+    int n_rec, cap_rec;
+    uint8_t *body;
+    size_t body_len, body_cap;
+} dc_build;
+
 struct lm_disk_cache {
     pthread_mutex_t mu;
     char *dir;
@@ -89,13 +99,8 @@ struct lm_disk_cache {
     int n_free_p;
     uint64_t next_id;        /* the next pack's number: above every one in the directory */
     size_t bytes;            /* of READY packs' files */
-    /* the pack being built: its slot (-1: none), records and payloads */
     int batch_depth;
-    int32_t open;
-    lm_dc_record *rec;
-    int n_rec, cap_rec;
-    uint8_t *body;
-    size_t body_len, body_cap;
+    dc_build build[2];       /* by kind - 1: a restore reads KV blocks, with no checkpoints between them */
     uint64_t write_failures; /* packs: the log's cadence */
     lm_dc_stats st;
     lm_dc_faults faults;
@@ -443,7 +448,7 @@ int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budg
     dc->lockfd = -1;
     dc->ident[0] = ident[0], dc->ident[1] = ident[1];
     dc->lru_head = dc->lru_tail = -1;
-    dc->open = -1;
+    dc->build[0].pack = dc->build[1].pack = -1;
     dc->next_id = 1;
     dc->st.budget = budget;
     dc->touch_every_s = TOUCH_EVERY_S;
@@ -464,13 +469,14 @@ int lm_dcache_open_with_faults(lm_disk_cache **out, const char *dir, size_t budg
     return 0;
 }
 
-static int seal(lm_disk_cache *dc);
+static int seal(lm_disk_cache *dc, dc_build *b);
 
 void lm_dcache_close(lm_disk_cache *dc) {
     if (!dc) return;
     if (dc->writer) {
         pthread_mutex_lock(&dc->mu);
-        if (dc->open >= 0) seal(dc); /* a batch left open is written too */
+        for (int k = 0; k < 2; k++) /* a batch left open is written too */
+            if (dc->build[k].pack >= 0) seal(dc, &dc->build[k]);
         pthread_mutex_unlock(&dc->mu);
     }
     lm_dc_writer_free(dc->writer);
@@ -484,8 +490,7 @@ void lm_dcache_close(lm_disk_cache *dc) {
     free(dc->pbucket);
     free(dc->p);
     free(dc->free_p);
-    free(dc->rec);
-    free(dc->body);
+    for (int k = 0; k < 2; k++) free(dc->build[k].rec), free(dc->build[k].body);
     free(dc->rbuf);
     free(dc->dir);
     free(dc);
@@ -526,15 +531,14 @@ static void on_written(void *user, const lm_dc_job *job, int err) {
 
 /* Hands the pack being built to the writer (under mu). 0, or -1 when its
  * queue is full: the entries are dropped. */
-static int seal(lm_disk_cache *dc) {
-    int32_t k = dc->open;
-    dc->open = -1;
-    lm_dc_job job = { .pack = dc->p[k].id, .slot = k,
-                      .blob = { .body = dc->body, .body_len = dc->body_len } };
-    dc->body = NULL;
-    dc->body_len = dc->body_cap = 0;
-    lm_dc_pack_seal(&job.blob, dc->ident, dc->rec, dc->n_rec);
-    dc->n_rec = 0;
+static int seal(lm_disk_cache *dc, dc_build *b) {
+    int32_t k = b->pack;
+    b->pack = -1;
+    lm_dc_job job = { .pack = dc->p[k].id, .slot = k, .blob = { .body = b->body, .body_len = b->body_len } };
+    b->body = NULL;
+    b->body_len = b->body_cap = 0;
+    lm_dc_pack_seal(&job.blob, dc->ident, b->rec, b->n_rec);
+    b->n_rec = 0;
     for (int32_t i = dc->p[k].first; i >= 0; i = dc->e[i].knext) dc->e[i].offset += job.blob.head_len;
     if (lm_dc_writer_push(dc->writer, &job)) return 0;
     free(job.blob.head);
@@ -556,7 +560,9 @@ void lm_dcache_batch_begin(lm_disk_cache *dc) {
 void lm_dcache_batch_end(lm_disk_cache *dc) {
     pthread_mutex_lock(&dc->mu);
     LM_ASSERT(dc->batch_depth > 0);
-    if (--dc->batch_depth == 0 && dc->open >= 0) seal(dc);
+    if (--dc->batch_depth == 0)
+        for (int k = 0; k < 2; k++)
+            if (dc->build[k].pack >= 0) seal(dc, &dc->build[k]);
     pthread_mutex_unlock(&dc->mu);
 }
 
@@ -575,14 +581,14 @@ bool lm_dcache_ready(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind) {
     return ready;
 }
 
-/* n bytes at the end of the pack being built. */
-static uint8_t *body_append(lm_disk_cache *dc, size_t n) {
-    if (dc->body_len + n > dc->body_cap) {
-        dc->body_cap = LM_MAX(dc->body_len + n, dc->body_cap * 2);
-        dc->body = lm_xrealloc(dc->body, dc->body_cap);
+/* n bytes at the end of pack being built. */
+static uint8_t *body_append(dc_build *b, size_t n) {
+    if (b->body_len + n > b->body_cap) {
+        b->body_cap = LM_MAX(b->body_len + n, b->body_cap * 2);
+        b->body = lm_xrealloc(b->body, b->body_cap);
     }
-    dc->body_len += n;
-    return dc->body + dc->body_len - n;
+    b->body_len += n;
+    return b->body + b->body_len - n;
 }
 
 int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, const int32_t *tokens,
@@ -595,22 +601,23 @@ int lm_dcache_put(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind 
         pthread_mutex_unlock(&dc->mu);
         return 1;
     }
-    if (dc->open < 0) dc->open = pack_new(dc, dc->next_id++, E_PENDING);
+    dc_build *b = &dc->build[kind - 1];
+    if (b->pack < 0) b->pack = pack_new(dc, dc->next_id++, E_PENDING);
     size_t tb = (size_t)n_tokens * sizeof(int32_t);
-    uint64_t at = dc->body_len; /* from the body's start until the pack is sealed */
-    uint8_t *dst = body_append(dc, tb + n);
+    uint64_t at = b->body_len; /* from the body's start until the pack is sealed */
+    uint8_t *dst = body_append(b, tb + n);
     memcpy(dst, tokens, tb);
     memcpy(dst + tb, data, n);
-    if (dc->n_rec == dc->cap_rec) {
-        dc->cap_rec = dc->cap_rec ? dc->cap_rec * 2 : 64;
-        dc->rec = lm_xrealloc(dc->rec, (size_t)dc->cap_rec * sizeof *dc->rec);
+    if (b->n_rec == b->cap_rec) {
+        b->cap_rec = b->cap_rec ? b->cap_rec * 2 : 64;
+        b->rec = lm_xrealloc(b->rec, (size_t)b->cap_rec * sizeof *b->rec);
     }
-    lm_dc_record *r = &dc->rec[dc->n_rec++];
+    lm_dc_record *r = &b->rec[b->n_rec++];
     *r = (lm_dc_record){ .hash = hash, .parent = parent, .offset = at, .bytes = tb + n,
                          .payload_xxh3 = XXH3_64bits(dst, tb + n), .kind = (uint32_t)kind,
                          .n_tokens = (uint32_t)n_tokens };
-    add(dc, r, dc->open, E_PENDING, false);
-    int rc = dc->batch_depth == 0 || dc->body_len >= PACK_BYTES || dc->n_rec >= (int)LM_DC_PACK_MAX ? seal(dc) : 0;
+    add(dc, r, b->pack, E_PENDING, false);
+    int rc = dc->batch_depth == 0 || b->body_len >= PACK_BYTES || b->n_rec >= (int)LM_DC_PACK_MAX ? seal(dc, b) : 0;
     pthread_mutex_unlock(&dc->mu);
     return rc;
 }

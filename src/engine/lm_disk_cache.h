@@ -5,9 +5,9 @@
  * An entry is named by the chain hash of the prefix it ends
  * (lm_prefix_cache.h) and its kind: a block's tokens and its K/V in the
  * cache's own formats (KV), or the recurrent state of a hybrid model at
- * that block's end (STATE). Entries written together - the puts between
- * lm_dcache_batch_begin and _end, a chain's blocks in chain order - share
- * one file, a pack "<number>.pk": a header (magic, version, model
+ * that block's end (STATE). Entries of a kind written together - the puts
+ * between lm_dcache_batch_begin and _end, a chain's blocks in chain order -
+ * share one file, a pack "<number>.pk": a header (magic, version, model
  * identity), a table of the entries (hash, parent hash, kind, token count,
  * where the payload lies, its checksum; all checksummed), then the
  * payloads (disk_entry.c). A restore reads a pack's run of entries with
@@ -74,9 +74,9 @@ void lm_dcache_touch(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind);
 /* Tests: how often a touch may set an entry's file time (default 60 s). */
 void lm_dcache_set_touch_interval(lm_disk_cache *dc, double seconds);
 
-/* Entries put from here to the matching _end go into one pack (several
- * when they pass 8 MiB), handed to the writer at the end; batches nest. A
- * put outside a batch is a pack of its own, queued at once. */
+/* Entries put from here to the matching _end go into one pack per kind
+ * (several when they pass 8 MiB), handed to the writer at the end; batches
+ * nest. A put outside a batch is a pack of its own, queued at once. */
 void lm_dcache_batch_begin(lm_disk_cache *dc);
 void lm_dcache_batch_end(lm_disk_cache *dc);
 
