@@ -11,7 +11,8 @@
  * chunk writes); and one plain file of the same total size. Each round,
  * for each way, drops the page cache (/proc/sys/vm/drop_caches: needs
  * root) and reads every entry the way the tier restores a prompt
- * (lm_dcache_get one after another: read, checksum, compare):
+ * (lm_dcache_willneed on all, then lm_dcache_get one after another: read,
+ * checksum, compare):
  *   single    the one-entry packs
  *   packs     the PACK-entry packs
  *   seq       the plain file, read(2) in 4 MiB pieces: the disk's
@@ -54,6 +55,7 @@ static double read_all(lm_disk_cache *dc, int way, int n, size_t bytes, uint8_t 
     }
     uint64_t *h = lm_xmalloc((size_t)n * sizeof *h);
     for (int k = 0; k < n; k++) h[k] = k_base[way] + (uint64_t)k;
+    lm_dcache_willneed(dc, h, n, LM_DC_KV);
     int ok = 0;
     int32_t toks[16];
     for (int k = 0; k < n; k++) {

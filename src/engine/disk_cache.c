@@ -689,23 +689,19 @@ static void read_error(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, const 
     else read_failed(dc, hash, kind, strerror(err), false);
 }
 
-/* The payload of w in the read buffer: from it when it is there, else
- * read with what follows it in the pack, up to SPAN_BYTES, in one read
- * (aligned for O_DIRECT: a block before and after it may come too; under
- * rmu). NULL with *err on failure. */
+/* The bytes [off, off + n) of pack in the read buffer: from it when they
+ * are there, else read with what follows them in the pack, up to
+ * SPAN_BYTES (under rmu). NULL with *err on failure. */
 static const uint8_t *span(lm_disk_cache *dc, const where *w, int *err) {
     if (w->pack == dc->rpack && w->offset >= dc->rlo && w->offset + w->bytes <= dc->rhi)
         return dc->rbuf + (w->offset - dc->rlo);
-    if (!dc->rbuf) LM_ASSERT(posix_memalign((void **)&dc->rbuf, LM_DC_ALIGN, SPAN_BYTES + 2 * LM_DC_ALIGN) == 0);
-    uint64_t end = LM_MAX(w->offset + w->bytes, LM_MIN(w->pack_end, w->offset + SPAN_BYTES));
-    uint64_t lo = w->offset / LM_DC_ALIGN * LM_DC_ALIGN, hi = (end + LM_DC_ALIGN - 1) / LM_DC_ALIGN * LM_DC_ALIGN;
-    size_t got;
+    if (!dc->rbuf) dc->rbuf = lm_xmalloc(SPAN_BYTES);
+    size_t len = (size_t)LM_MAX(w->bytes, LM_MIN(w->pack_end - w->offset, (uint64_t)SPAN_BYTES));
+    struct iovec iov = { dc->rbuf, len };
     dc->rhi = dc->rlo;
-    *err = lm_dc_pack_read_span(dc->dirfd, w->pack, lo, dc->rbuf, (size_t)(hi - lo), &got, &dc->faults);
-    if (!*err && lo + got < w->offset + w->bytes) *err = EBADMSG;
-    if (*err) return NULL;
-    dc->rpack = w->pack, dc->rlo = lo, dc->rhi = lo + got;
-    return dc->rbuf + (w->offset - lo);
+    if ((*err = lm_dc_pack_read(dc->dirfd, w->pack, w->offset, &iov, 1, &dc->faults))) return NULL;
+    dc->rpack = w->pack, dc->rlo = w->offset, dc->rhi = w->offset + len;
+    return dc->rbuf;
 }
 
 static uint64_t sum2(const void *a, size_t na, const void *b, size_t nb) {
@@ -794,6 +790,34 @@ int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind
     pthread_mutex_unlock(&dc->rmu);
     if (err) read_error(dc, hash, kind, &w, err);
     return err ? -1 : 0;
+}
+
+void lm_dcache_willneed(lm_disk_cache *dc, const uint64_t *hash, int n, lm_dc_kind kind) {
+    /* the entries' byte ranges, merged per pack: one advice per run of a pack */
+    typedef struct { uint64_t pack, lo, hi; } range;
+    range *r = lm_xmalloc((size_t)LM_MAX(n, 1) * sizeof *r);
+    int nr = 0;
+    pthread_mutex_lock(&dc->mu);
+    for (int k = 0; k < n; k++) {
+        int32_t i = find(dc, hash[k], kind);
+        if (i < 0 || dc->e[i].state != E_READY) continue;
+        const dc_entry *x = &dc->e[i];
+        uint64_t id = dc->p[x->pack].id;
+        if (nr && r[nr - 1].pack == id && x->offset >= r[nr - 1].lo && x->offset <= r[nr - 1].hi + SPAN_BYTES)
+            r[nr - 1].hi = LM_MAX(r[nr - 1].hi, x->offset + x->bytes);
+        else
+            r[nr++] = (range){ id, x->offset, x->offset + x->bytes };
+    }
+    pthread_mutex_unlock(&dc->mu);
+    char name[LM_DC_NAME_MAX];
+    for (int k = 0; k < nr; k++) {
+        lm_dc_pack_name(name, r[k].pack);
+        int fd = openat(dc->dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        (void)posix_fadvise(fd, (off_t)r[k].lo, (off_t)(r[k].hi - r[k].lo), POSIX_FADV_WILLNEED); /* advice */
+        close(fd);
+    }
+    free(r);
 }
 
 void lm_dcache_get_stats(lm_disk_cache *dc, lm_dc_stats *s) {

@@ -12,7 +12,6 @@
  * temp file. Byte order is the host's (little-endian on every target lumen
  * builds for). The directory is fsynced by the writer (disk_writer.c) in
  * batches: until then a power loss may lose a renamed pack, never tear it. */
-#define _GNU_SOURCE /* O_DIRECT */
 #include "disk_internal.h"
 
 #include <errno.h>
@@ -160,41 +159,6 @@ int lm_dc_pack_read(int dirfd, uint64_t id, uint64_t off, struct iovec *iov, int
      * orders the LRU by modification time (best effort: a read-only
      * directory still serves) */
     if (!err && futimens(fd, NULL) != 0) {}
-    close(fd);
-    return err;
-}
-
-int lm_dc_pack_read_span(int dirfd, uint64_t id, uint64_t off, uint8_t *buf, size_t len, size_t *got,
-                         lm_dc_faults *f) {
-    char name[LM_DC_NAME_MAX];
-    lm_dc_pack_name(name, id);
-    *got = 0;
-    /* O_DIRECT: one large read from the device, no copy through the page
-     * cache, no readahead state to build; a file system without it (tmpfs
-     * on older kernels) reads through the page cache */
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_DIRECT);
-    bool direct = fd >= 0;
-    if (fd < 0 && errno == EINVAL) fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno;
-    int err = lm_dc_fault(f, LM_DC_OP_READ);
-    while (!err && *got < len) {
-        ssize_t r = pread(fd, buf + *got, len - *got, (off_t)(off + *got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && errno == EINVAL && direct) { /* alignment the device refuses: through the page cache */
-            int fd2 = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
-            if (fd2 < 0) err = errno;
-            else close(fd), fd = fd2, direct = false;
-            continue;
-        }
-        if (r < 0) {
-            err = errno;
-            break;
-        }
-        size_t asked = len - *got;
-        *got += (size_t)r;
-        if ((size_t)r < asked) break; /* short: the file's end */
-    }
-    if (!err && futimens(fd, NULL) != 0) {} /* recent for the next start's LRU, as lm_dc_pack_read */
     close(fd);
     return err;
 }

@@ -83,14 +83,6 @@ int lm_dc_pack_write(int dirfd, const char *name, const lm_dc_blob *b, lm_dc_fau
  * such pack; EBADMSG: the file ends first). */
 int lm_dc_pack_read(int dirfd, uint64_t id, uint64_t off, struct iovec *iov, int n_iov, lm_dc_faults *f);
 
-/* Reads up to len bytes of pack id from off into buf (off, len and buf
- * aligned to LM_DC_ALIGN), from the device where the file system allows
- * (O_DIRECT); *got: the bytes read, fewer at the file's end. Refreshes the
- * file time. 0, or an errno (ENOENT: no such pack). */
-#define LM_DC_ALIGN 4096
-int lm_dc_pack_read_span(int dirfd, uint64_t id, uint64_t off, uint8_t *buf, size_t len, size_t *got,
-                         lm_dc_faults *f);
-
 /* ---- the writer (disk_writer.c) ---- */
 
 typedef struct lm_dc_job {

@@ -178,6 +178,7 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
     if (target <= (en->stateful ? ram->n_blocks : m) && !partial) return false;
     for (int i = ram->n_blocks; i < m; i++) lm_pcache_pin(en->pc, r->hashes[i]); /* the RAM part stays */
     int loaded = m;
+    if (target - m > 1) lm_dcache_willneed(en->dc, r->hashes + m, target - m, LM_DC_KV);
     while (loaded < target && load_block(en, r, loaded)) loaded++;
     touch_chain(en, r, 0, loaded);
     if (!en->stateful) return (loaded == end && partial && load_partial(en, r, loaded)) || loaded > m;

@@ -102,6 +102,12 @@ int lm_dcache_children(lm_disk_cache *dc, uint64_t parent, lm_dc_kind kind, uint
  * fails a check (counted, logged, deleted, as by lm_dcache_get). */
 int lm_dcache_peek(lm_disk_cache *dc, uint64_t hash, uint64_t parent, lm_dc_kind kind, int32_t *tokens, int n_tokens);
 
+/* Asks the kernel to start reading the n entries (hash[i], kind) now, all
+ * at once (POSIX_FADV_WILLNEED on each pack's run of them), so that the
+ * lm_dcache_get calls that follow find them in memory while the first are
+ * checked. Absent entries are skipped. */
+void lm_dcache_willneed(lm_disk_cache *dc, const uint64_t *hash, int n, lm_dc_kind kind);
+
 /* Waits until the writer has handled every queued entry (tests, shutdown). */
 void lm_dcache_flush(lm_disk_cache *dc);
 
