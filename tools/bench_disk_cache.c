@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     t0 = lm_now();
     big_ok &= lm_dcache_get(dc, 1, 0, LM_DC_KV, toks, 16, b, big) == 0;
     double t_cold = lm_now() - t0;
-    printf("entries %d of %zu KiB: written (fsync each) in %.2f s (%.0f entries/s)\n", n, kib, t_write,
+    printf("entries %d of %zu KiB: written (packs of 32, fsync each) in %.2f s (%.0f entries/s)\n", n, kib, t_write,
            n / t_write);
     printf("reopen: %d entries indexed in %.1f ms\n", st.entries, st.open_s * 1e3);
     printf("read back %d/%d: %.2f s, %.0f MiB/s\n", ok, n, t_read, (double)n * (double)bytes / (1 << 20) / t_read);
