@@ -674,3 +674,24 @@ LM_TEST(disk_cache_v1_files_deleted) {
     lm_dcache_close(dc);
     free(dir);
 }
+
+/* A restore reads a pack once: the first entry's read takes the pack's
+ * entries after it too, and they are served (each checked) from that
+ * read; a read failing after the first would refuse one of them. */
+LM_TEST(disk_cache_pack_one_read) {
+    char *dir = lm_tu_mkdir("dc_pack_once");
+    lm_disk_cache *dc;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_dcache_open(&dc, dir, 1 << 20, k_ident, &e) == 0);
+    dt_put_pack(dc, 8);
+    lm_dcache_close(dc);
+    LM_REQUIRE(lm_dcache_open_with_faults(&dc, dir, 1 << 20, k_ident, "read:EIO:1", &e) == 0);
+    int ok = 0;
+    for (int k = 0; k < 8; k++) ok += dt_get(dc, k) == 0;
+    lm_dc_stats st;
+    lm_dcache_get_stats(dc, &st);
+    LM_CHECK_MSG(ok == 8 && st.reads == 8 && st.read_errors == 0, "%d served, %llu read errors", ok,
+                 (unsigned long long)st.read_errors);
+    lm_dcache_close(dc);
+    free(dir);
+}

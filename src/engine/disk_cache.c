@@ -21,9 +21,9 @@
  * copy on the disk), and the cost is bounded: a pack holds at most
  * PACK_BYTES.
  *
- * A read takes a span of its pack (up to SPAN_BYTES from the entry on)
- * into a buffer in one read, and the reads of the entries that follow in
- * the same pack come from it: a restore of thousands of blocks is tens of
+ * A read takes a span of its pack (whole entries, up to SPAN_BYTES from
+ * the entry on) into a buffer in one read, and the reads of the entries
+ * that follow in the same pack come from it: a restore of thousands of blocks is tens of
  * large reads. Every entry's checksum is verified on every read.
  *
  * At start the directory is scanned and each pack's header and table read
@@ -48,7 +48,7 @@
 #define WRITER_JOBS 4096                  /* packs the writer may have queued */
 #define WRITER_BYTES ((size_t)256 << 20)  /* and bytes */
 #define PACK_BYTES ((size_t)8 << 20)      /* a pack is sealed once its payloads reach this */
-#define SPAN_BYTES ((size_t)8 << 20)      /* a read takes up to this much of a pack at once */
+#define SPAN_BYTES ((size_t)16 << 20)     /* a read takes up to this much of a pack: one of entries <= 8 MiB whole */
 
 typedef enum { E_FREE, E_PENDING, E_READY } e_state;
 
@@ -651,7 +651,8 @@ void lm_dcache_flush(lm_disk_cache *dc) { lm_dc_writer_flush(dc->writer); }
 
 /* What a read needs of a READY entry, copied under the lock. */
 typedef struct where {
-    uint64_t pack, offset, bytes, xxh3, parent, pack_end;
+    uint64_t hash, pack, offset, bytes, xxh3, parent;
+    lm_dc_kind kind;
     uint32_t n_tokens;
 } where;
 
@@ -661,7 +662,7 @@ static bool locate(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, where *w) 
     bool ok = i >= 0 && dc->e[i].state == E_READY;
     if (ok) {
         const dc_entry *x = &dc->e[i];
-        *w = (where){ dc->p[x->pack].id, x->offset, x->bytes, x->xxh3, x->parent, dc->p[x->pack].size, x->n_tokens };
+        *w = (where){ hash, dc->p[x->pack].id, x->offset, x->bytes, x->xxh3, x->parent, kind, x->n_tokens };
     }
     pthread_mutex_unlock(&dc->mu);
     return ok;
@@ -684,19 +685,27 @@ static void read_failed(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, const
  * meanwhile (evicted, its file cut or deleted), else counted as bad. */
 static void read_error(lm_disk_cache *dc, uint64_t hash, lm_dc_kind kind, const where *w, int err) {
     where now;
-    if (!locate(dc, hash, kind, &now) || now.pack != w->pack || now.pack_end < w->offset + w->bytes) return;
+    if (!locate(dc, hash, kind, &now) || now.pack != w->pack) return;
     if (err == EBADMSG) read_failed(dc, hash, kind, "its file ends early (torn or truncated)", true);
     else read_failed(dc, hash, kind, strerror(err), false);
 }
 
-/* The bytes [off, off + n) of pack in the read buffer: from it when they
- * are there, else read with what follows them in the pack, up to
- * SPAN_BYTES (under rmu). NULL with *err on failure. */
+/* The payload of w in the read buffer: from it when it is there, else read
+ * with the entries that follow it in the pack, whole, up to SPAN_BYTES
+ * (under rmu). NULL with *err on failure. */
 static const uint8_t *span(lm_disk_cache *dc, const where *w, int *err) {
     if (w->pack == dc->rpack && w->offset >= dc->rlo && w->offset + w->bytes <= dc->rhi)
         return dc->rbuf + (w->offset - dc->rlo);
     if (!dc->rbuf) dc->rbuf = lm_xmalloc(SPAN_BYTES);
-    size_t len = (size_t)LM_MAX(w->bytes, LM_MIN(w->pack_end - w->offset, (uint64_t)SPAN_BYTES));
+    /* the entries after it in its pack that fit whole (none cut in two: it would be read twice) */
+    uint64_t end = w->offset + w->bytes;
+    pthread_mutex_lock(&dc->mu);
+    int32_t i = find(dc, w->hash, w->kind);
+    for (int32_t j = i >= 0 && dc->e[i].offset == w->offset ? dc->e[i].knext : -1;
+         j >= 0 && dc->e[j].offset + dc->e[j].bytes - w->offset <= SPAN_BYTES; j = dc->e[j].knext)
+        end = dc->e[j].offset + dc->e[j].bytes;
+    pthread_mutex_unlock(&dc->mu);
+    size_t len = (size_t)(end - w->offset);
     struct iovec iov = { dc->rbuf, len };
     dc->rhi = dc->rlo;
     if ((*err = lm_dc_pack_read(dc->dirfd, w->pack, w->offset, &iov, 1, &dc->faults))) return NULL;
