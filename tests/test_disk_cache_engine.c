@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/disk_internal.h"
 #include "engine/lm_disk_cache.h"
 #include "engine/lm_engine.h"
 #include "engine/lm_model_identity.h"
@@ -132,16 +133,36 @@ static void dk_fill(lm_test_ctx *lm_t_, dk_fix *f) {
     lm_engine_free(en); /* writes what is queued */
 }
 
-/* Entry files in dir of kind ext ("kv", "st"). */
-static int dk_files(const char *dir, const char *ext) {
+/* The records of dir's packs, in file order within each pack, and the
+ * packs' total bytes; how many records. */
+static int dk_records(const char *dir, lm_dc_record *out, int max, size_t *bytes, int *packs) {
     int n = 0;
+    *bytes = 0, *packs = 0;
     DIR *d = opendir(dir);
     for (struct dirent *de; d && (de = readdir(d));) {
-        size_t l = strlen(de->d_name);
-        n += l == 19 && strcmp(de->d_name + 17, ext) == 0;
+        uint64_t id;
+        if (!lm_dc_pack_parse(de->d_name, &id)) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        size_t len = 0;
+        char *b = lm_tu_read(path, &len);
+        const lm_dc_pack_header *h = (const lm_dc_pack_header *)b;
+        *bytes += len, (*packs)++;
+        for (uint32_t j = 0; b && len >= lm_dc_head_bytes((int)h->n_entries) && j < h->n_entries && n < max; j++)
+            out[n++] = ((const lm_dc_record *)(b + sizeof *h))[j];
+        free(b);
     }
     if (d) closedir(d);
     return n;
+}
+
+/* Entries in dir's packs of kind. */
+static int dk_files(const char *dir, lm_dc_kind kind) {
+    lm_dc_record rec[256];
+    size_t bytes;
+    int packs, n = dk_records(dir, rec, 256, &bytes, &packs), k = 0;
+    for (int i = 0; i < n; i++) k += rec[i].kind == (uint32_t)kind;
+    return k;
 }
 
 /* After a restart the repeat is served from disk, token for token. */
@@ -149,8 +170,8 @@ static void dk_restart(lm_test_ctx *lm_t_, const char *name, const char *tag) {
     DK_OPEN_OR_SKIP(f, name, tag);
     dk_fill(lm_t_, &f);
     bool hybrid = lm_model_state_spec(f.m, (int64_t[64]){ 0 }, 64) > 0;
-    LM_CHECK_MSG(dk_files(f.dir, "kv") >= DK_N / 16 && (!hybrid || dk_files(f.dir, "st") >= 1), "%d kv, %d st files",
-                 dk_files(f.dir, "kv"), dk_files(f.dir, "st"));
+    LM_CHECK_MSG(dk_files(f.dir, LM_DC_KV) >= DK_N / 16 && (!hybrid || dk_files(f.dir, LM_DC_STATE) >= 1),
+                 "%d kv, %d st entries", dk_files(f.dir, LM_DC_KV), dk_files(f.dir, LM_DC_STATE));
     lm_engine *en = dk_engine(lm_t_, &f);
     LM_REQUIRE(en);
     dk_run r;
@@ -181,28 +202,36 @@ LM_TEST(disk_cache_restart_exact_gemma4) { dk_restart(lm_t_, "gemma4", "dk_gemma
 static void dk_damage(lm_test_ctx *lm_t_, const char *tag, int mode) {
     DK_OPEN_OR_SKIP(f, "llama", tag);
     dk_fill(lm_t_, &f);
-    /* mode 0: EIO on the 4th block's read; 1: a flipped payload byte in
-     * every entry; 2: the restarted engine keeps KV in another format */
+    /* mode 0: EIO on the first read; 1: a flipped payload byte in the 4th
+     * block, in the middle of the prompt's pack; 2: the restarted engine
+     * keeps KV in another format */
     if (mode == 2) f.kvt = (lm_kv_types){ LM_KV_BF16, LM_KV_BF16 }; /* another KV format: foreign */
     lm_engine *en = dk_engine(lm_t_, &f);
     LM_REQUIRE(en);
     lm_disk_cache *dc = lm_engine_disk_cache(en);
     LM_REQUIRE(dc);
-    if (mode == 0) lm_dcache_inject(dc, LM_DC_OP_READ, EIO, 3, 1); /* the 4th block's read fails */
+    if (mode == 0) lm_dcache_inject(dc, LM_DC_OP_READ, EIO, 0, 1); /* the read of the prompt's pack fails */
     if (mode == 1) {
-        /* flip a payload byte of every entry: the first block's read fails */
         DIR *d = opendir(f.dir);
+        int flipped = 0;
         for (struct dirent *de; d && (de = readdir(d));) {
-            if (strlen(de->d_name) != 19) continue;
+            uint64_t id;
+            if (!lm_dc_pack_parse(de->d_name, &id)) continue;
             char path[1024];
             snprintf(path, sizeof path, "%s/%s", f.dir, de->d_name);
             size_t n;
             char *b = lm_tu_read(path, &n);
-            b[n - 1] ^= 0x40;
+            const lm_dc_pack_header *h = (const lm_dc_pack_header *)b;
+            const lm_dc_record *rec = (const lm_dc_record *)(b + sizeof *h);
+            for (uint32_t j = 0; j < h->n_entries; j++)
+                if (rec[j].kind == LM_DC_KV && rec[j].n_tokens == 16 &&
+                    memcmp(b + rec[j].offset, f.prompt + 48, 16 * sizeof(int32_t)) == 0) /* block 3's tokens */
+                    b[rec[j].offset + rec[j].bytes - 1] ^= 0x40, flipped++;
             lm_tu_write(path, b, n);
             free(b);
         }
         if (d) closedir(d);
+        LM_REQUIRE(flipped == 1);
     }
     int32_t want[DK_GEN];
     LM_REQUIRE(lm_tu_greedy_alone_kv(f.m, f.kvt, f.prompt, DK_N, DK_GEN, want) == 0);
@@ -212,9 +241,11 @@ static void dk_damage(lm_test_ctx *lm_t_, const char *tag, int mode) {
     lm_engine_stats st;
     lm_engine_get_stats(en, &st);
     if (mode == 0)
-        LM_CHECK_MSG(r.n_cached == 48 && st.disk.read_errors == 1, "EIO: %d cached, %llu read errors", r.n_cached,
+        LM_CHECK_MSG(r.n_cached == 0 && st.disk.read_errors == 1, "EIO: %d cached, %llu read errors", r.n_cached,
                      (unsigned long long)st.disk.read_errors);
-    if (mode == 1) LM_CHECK_MSG(r.n_cached == 0 && st.disk.corrupt == 1, "flip: %d cached", r.n_cached);
+    /* the three blocks before it still serve, from the same pack */
+    if (mode == 1)
+        LM_CHECK_MSG(r.n_cached == 48 && r.n_cached_disk == 48 && st.disk.corrupt == 1, "flip: %d cached", r.n_cached);
     if (mode == 2) LM_CHECK_MSG(r.n_cached == 0 && st.disk.foreign >= 6, "foreign: %d cached", r.n_cached);
     lm_engine_free(en);
     dk_close(&f);
@@ -290,16 +321,17 @@ LM_TEST(disk_cache_identity_follows_weights) {
     free(edit);
 }
 
-/* A budget of four entries: the directory never holds more bytes than it,
- * the index agrees with the files, eviction takes a chain from its end, and
- * what is left still serves exactly. */
+/* A budget of the prompt's pack cut to four blocks: the directory never
+ * holds more bytes than it, the index agrees with the files, eviction takes
+ * the chain from its end by truncating the pack, and what is left still
+ * serves exactly. */
 LM_TEST(disk_cache_engine_small_budget) {
     DK_OPEN_OR_SKIP(f, "llama", "dk_budget");
-    size_t entry = 72 + 16 * 4 + (size_t)2 * (size_t)f.m->n_kv_layers * 16 * (size_t)f.m->kv_width * sizeof(float);
+    size_t entry = 16 * 4 + (size_t)2 * (size_t)f.m->n_kv_layers * 16 * (size_t)f.m->kv_width * sizeof(float);
+    size_t budget = lm_dc_head_bytes(DK_N / 16) + 4 * entry; /* one pack of the six blocks, four left */
     lm_engine *en = NULL;
     lm_err e = { { 0 } };
-    lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_ram = 32u << 20, .cache_dir = f.dir,
-                         .cache_disk = 4 * entry };
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_ram = 32u << 20, .cache_dir = f.dir, .cache_disk = budget };
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
     dk_run r;
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
@@ -307,21 +339,14 @@ LM_TEST(disk_cache_engine_small_budget) {
     lm_dc_stats st;
     lm_dcache_get_stats(lm_engine_disk_cache(en), &st);
     lm_engine_free(en);
-    size_t bytes = 0;
-    int n = 0;
-    DIR *d = opendir(f.dir);
-    for (struct dirent *de; d && (de = readdir(d));) {
-        if (strlen(de->d_name) != 19) continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", f.dir, de->d_name);
-        size_t len = 0;
-        free(lm_tu_read(path, &len));
-        bytes += len;
-        n++;
-    }
-    if (d) closedir(d);
-    LM_CHECK_MSG(n == 4 && bytes == 4 * entry && st.entries == 4 && st.bytes == bytes && st.evicted >= 2,
-                 "%d files, %zu bytes (entry %zu), evicted %llu", n, bytes, entry, (unsigned long long)st.evicted);
+    size_t bytes;
+    int packs;
+    lm_dc_record rec[16];
+    int n = dk_records(f.dir, rec, 16, &bytes, &packs);
+    LM_CHECK_MSG(packs == 1 && n == DK_N / 16 && bytes == budget && st.entries == 4 && st.bytes == bytes &&
+                     st.evicted == 2,
+                 "%d packs of %d records, %zu bytes (budget %zu), %d entries, evicted %llu", packs, n, bytes, budget,
+                 st.entries, (unsigned long long)st.evicted);
     /* the chain's end went first: its first four blocks still serve */
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);

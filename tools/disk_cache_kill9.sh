@@ -87,5 +87,5 @@ for i in $(seq 1 "$n"); do
 done
 echo "disk_cache_kill9: $n iterations in $(($(date +%s) - t0)) s, $fails failed; at the starts: $temps temp files" \
   "of interrupted writes deleted, $corrupt corrupt entries; the check prompt's cached tokens" \
-  "min $cmin / mean $((csum / n)) / max $cmax; $(ls "$cache" | grep -c -E '\.(kv|st)$') entries left"
+  "min $cmin / mean $((csum / n)) / max $cmax; $(ls "$cache" | grep -c -E '\.pk$') packs left"
 [ "$fails" = 0 ]

@@ -82,10 +82,19 @@ disk, read_ms = t.get('n_cached_disk', 0), t['ms'].get('cache_disk_read', 0)
 line = (f"{sys.argv[1]:<22} ttft {t['ms']['ttft']:9.1f} ms  prompt {t['n_prompt']}  cached {t['n_cached']}"
         f"  from disk {disk}  disk reads {read_ms:.1f} ms")
 if disk and read_ms > 0:
-    # what a disk hit reads: its KV blocks and (a hybrid) one state checkpoint
+    # what a disk hit reads: its KV blocks and (a hybrid) one state checkpoint;
+    # an entry's size from a one-entry file (format 1) or a pack's table (2)
+    import struct
     sizes = {}
     for f in os.listdir(sys.argv[3]):
-        if f.endswith(('.kv', '.st')): sizes[f[-2:]] = os.path.getsize(os.path.join(sys.argv[3], f))
+        p = os.path.join(sys.argv[3], f)
+        if f.endswith(('.kv', '.st')): sizes[f[-2:]] = os.path.getsize(p)
+        if f.endswith('.pk'):
+            b = open(p, 'rb').read(1 << 20)
+            for j in range(struct.unpack_from('<I', b, 8)[0]):
+                if 48 + 48 * (j + 1) > len(b): break
+                nbytes, kind = struct.unpack_from('<Q', b, 48 + 48 * j + 24)[0], struct.unpack_from('<I', b, 48 + 48 * j + 40)[0]
+                sizes['kv' if kind == 1 else 'st'] = 48 + nbytes
     b = (disk + 15) // 16 * sizes.get('kv', 0) + sizes.get('st', 0)
     line += f"  restore {b / 2**20:.1f} MiB at {b / 2**20 / (read_ms / 1e3):.0f} MiB/s"
 print(line)

@@ -4,7 +4,8 @@
  * Down: every block and checkpoint leaving the RAM cache (evicted, or a
  * checkpoint dropped for want of slots), every prompt block as it fills
  * and, at the end of every request, its blocks and their checkpoints are
- * queued for the disk unless already there. The pool's bytes are copied
+ * queued for the disk unless already there; those of one prefill chunk or
+ * one request's end as one pack, in chain order. The pool's bytes are copied
  * out on the engine thread (a memcpy on the CPU; a device-to-host copy on
  * a GPU); the file is written by the writer thread.
  *
@@ -77,12 +78,15 @@ static void touch_chain(lm_engine *en, const lm_request *r, int from, int to) {
 }
 
 void lm_disk_tier_keep(lm_engine *en, const lm_request *r, int from, int to) {
-    /* in chain order: when the writer's queue overflows, the prefix's start is what gets in */
+    /* in chain order, into one pack: a restore reads them with one read;
+     * when the writer's queue overflows, the prefix's start is what gets in */
+    lm_dcache_batch_begin(en->dc);
     for (int i = from; i < to; i++) {
         uint64_t parent = i ? r->hashes[i - 1] : lm_pcache_seed(en->pc);
         lm_disk_tier_spill(en, r->hashes[i], parent, r->tokens + (size_t)i * en->bs, r->seq.blocks[i],
                            lm_pcache_ckpt_of(en->pc, r->hashes[i]));
     }
+    lm_dcache_batch_end(en->dc);
     touch_chain(en, r, from, to);
 }
 

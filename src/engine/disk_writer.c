@@ -1,12 +1,12 @@
 /* disk_writer.c - the disk tier's writer thread (disk_internal.h).
  *
- * A ring of at most max_jobs entries holding at most max_bytes: the engine
- * thread pushes and never waits (a full ring refuses the entry); the writer
+ * A ring of at most max_jobs packs holding at most max_bytes: the engine
+ * thread pushes and never waits (a full ring refuses the pack); the writer
  * takes them in order, writes each atomically and reports the result. The
  * fsyncs are what makes a write slow, and they happen here, off the step;
  * the directory's is shared by a batch (when the ring empties, or every
- * DIR_SYNC_EVERY entries). A job without a blob is a touch: the writer
- * sets that file's time (the LRU order a restart reads). */
+ * DIR_SYNC_EVERY packs). A job without a blob is a touch: the writer sets
+ * that pack's file time (the LRU order a restart reads). */
 #include "disk_internal.h"
 
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DIR_SYNC_EVERY 64 /* entries renamed between directory fsyncs, at most */
+#define DIR_SYNC_EVERY 64 /* packs renamed between directory fsyncs, at most */
 
 struct lm_dc_writer {
     pthread_t thread;
@@ -34,7 +34,7 @@ struct lm_dc_writer {
 
 static void *writer_main(void *arg) {
     lm_dc_writer *w = arg;
-    int unsynced = 0; /* entries renamed since the last directory fsync */
+    int unsynced = 0; /* packs renamed since the last directory fsync */
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (w->n == 0 && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
@@ -42,18 +42,19 @@ static void *writer_main(void *arg) {
         lm_dc_job job = w->ring[w->head]; /* stays counted in n until written: flush waits for it */
         pthread_mutex_unlock(&w->mu);
         char name[LM_DC_NAME_MAX];
-        lm_dc_entry_name(name, job.hash, job.kind);
-        if (job.blob.buf) {
-            int err = lm_dc_entry_write(w->dirfd, name, &job.blob, w->faults);
+        lm_dc_pack_name(name, job.pack);
+        if (job.blob.head) {
+            int err = lm_dc_pack_write(w->dirfd, name, &job.blob, w->faults);
             w->done(w->user, &job, err);
-            free(job.blob.buf);
+            free(job.blob.head);
+            free(job.blob.body);
             unsynced += !err;
         } else if (utimensat(w->dirfd, name, NULL, 0) != 0) {
             /* a touch of a file evicted meanwhile: nothing to keep recent */
         }
         pthread_mutex_lock(&w->mu);
         if (unsynced && (w->n == 1 || unsynced >= DIR_SYNC_EVERY)) {
-            /* the renames reach the disk: one directory fsync for a batch of entries */
+            /* the renames reach the disk: one directory fsync for a batch of packs */
             pthread_mutex_unlock(&w->mu);
             fsync(w->dirfd);
             unsynced = 0;
@@ -61,7 +62,7 @@ static void *writer_main(void *arg) {
         }
         w->head = (w->head + 1) % w->max_jobs;
         w->n--;
-        w->bytes -= job.blob.len;
+        w->bytes -= job.blob.head_len + job.blob.body_len;
         if (w->n == 0) pthread_cond_broadcast(&w->idle_cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -87,14 +88,14 @@ lm_dc_writer *lm_dc_writer_create(int dirfd, int max_jobs, size_t max_bytes, lm_
 
 bool lm_dc_writer_push(lm_dc_writer *w, lm_dc_job *job) {
     pthread_mutex_lock(&w->mu);
-    /* one entry larger than max_bytes still goes through an empty ring; a
+    /* one pack larger than max_bytes still goes through an empty ring; a
      * touch (no blob) only into a ring at most half full: entries first */
-    bool room = w->n < (job->blob.buf ? w->max_jobs : w->max_jobs / 2) &&
-                (w->n == 0 || w->bytes + job->blob.len <= w->max_bytes);
+    size_t len = job->blob.head_len + job->blob.body_len;
+    bool room = w->n < (job->blob.head ? w->max_jobs : w->max_jobs / 2) && (w->n == 0 || w->bytes + len <= w->max_bytes);
     if (room) {
         w->ring[(w->head + w->n) % w->max_jobs] = *job;
         w->n++;
-        w->bytes += job->blob.len;
+        w->bytes += len;
         pthread_cond_signal(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);

@@ -157,13 +157,15 @@ static void disk_text(tbuf *b, const lm_dc_stats *d) {
             d->dropped);
     tprintf(b, "# HELP lumen_disk_cache_discarded_total Entries found bad and not served, by reason: write_error "
                "(ENOSPC, EIO ...), read_error (EIO ...), corrupt (torn, truncated, checksum), foreign (another model, "
-               "KV format or version; left alone), temp (a write cut short by a crash, deleted at start).\n"
+               "KV format or version; left alone), temp (a write cut short by a crash, deleted at start), old_format (files "
+               "of an older cache format, deleted at start).\n"
                "# TYPE lumen_disk_cache_discarded_total counter\n");
     const struct { const char *why; uint64_t n; } k[] = { { "write_error", d->write_errors },
                                                           { "read_error", d->read_errors },
                                                           { "corrupt", d->corrupt },
                                                           { "foreign", d->foreign },
-                                                          { "temp", d->temp_cleaned } };
+                                                          { "temp", d->temp_cleaned },
+                                                          { "old_format", d->old_format } };
     for (size_t i = 0; i < LM_COUNT(k); i++)
         tprintf(b, "lumen_disk_cache_discarded_total{reason=\"%s\"} %llu\n", k[i].why, (unsigned long long)k[i].n);
     tprintf(b, "# HELP lumen_disk_cache_open_seconds Time the index rebuild took at start.\n"

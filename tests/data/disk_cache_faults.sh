@@ -7,9 +7,11 @@
 #   write, fsync, rename  every write fails at that call (ENOSPC, EIO, EIO,
 #                         injected through LUMEN_DISK_FAULTS): nothing is
 #                         kept, no temp file is left, a restart starts clean
-#   read                  the second entry read at a restart fails (EIO):
-#                         that entry is deleted, the prefix recomputed
-#   scan                  a header read while the index is rebuilt fails
+#   read                  the second read at a restart fails (EIO: the
+#                         second pack's): that entry is dropped, the rest
+#                         of the prefix recomputed
+#   scan                  a header read while the index is rebuilt fails:
+#                         that pack is deleted
 #   notdir                --cache-dir names a regular file: the server
 #                         starts on its RAM cache, lumen_disk_cache_enabled 0
 #   unreadable            the same for a directory of mode 000 (as root,
@@ -75,7 +77,7 @@ write | fsync | rename)
   [ "$(metric lumen_disk_cache_writes_total)" = 0 ] || fail "$case fault: entries counted as written"
   logged "failed: $msg"
   stop
-  left=$(ls "$cache" | grep -c -E '^tmp-|\.(kv|st)$')
+  left=$(ls "$cache" | grep -c -E '^tmp-|\.pk$')
   [ "$left" = 0 ] || fail "$case fault: $left files left in the cache: $(ls "$cache")"
   start "$cache"
   out=$(ask 1)
@@ -89,19 +91,19 @@ read | scan)
   start "$cache"
   text 1 >/dev/null
   stop
-  entries=$(ls "$cache" | grep -c -E '\.(kv|st)$')
-  [ "$entries" -ge 8 ] || fail "only $entries entries written"
+  packs=$(ls "$cache" | grep -c -E '\.pk$')
+  [ "$packs" -ge 2 ] || fail "only $packs packs written"
   if [ "$case" = read ]; then
     start "$cache" "read:EIO:1:1"
   else
     start "$cache" "scan:EIO:0:1"
     logged "cannot be read: Input/output error; deleted"
-    [ "$(ls "$cache" | grep -c -E '\.(kv|st)$')" = $((entries - 1)) ] || fail "scan fault: the entry was not deleted"
+    [ "$(ls "$cache" | grep -c -E '\.pk$')" = $((packs - 1)) ] || fail "scan fault: the pack was not deleted"
   fi
   out=$(ask 1)
   [ "$(echo "$out" | field "['choices'][0]['text']")" = "$ref" ] || fail "$case fault: the answer differs"
   cached=$(echo "$out" | field "['usage']['prompt_tokens_details']['cached_tokens']")
-  [ "$case" = scan ] || logged "Input/output error; deleted, the prefix is computed again"
+  [ "$case" = scan ] || logged "Input/output error; dropped, the prefix is computed again"
   [ "$(discarded read_error)" = 1 ] || fail "$case fault: read_error is '$(discarded read_error)'"
   stop
   start "$cache"
