@@ -2,7 +2,7 @@
  * the request translation (input items, tools, tool_choice, reasoning, bad
  * input with the field that is wrong), the events and the response object
  * built from token events (text, reasoning + text + a call, a length cut, an
- * engine error), the same answer however its text is split into tokens, and
+ * engine error, reasoning summaries), the same answer however its text is split into tokens, and
  * the store behind previous_response_id (chaining and eviction).
  *
  * Token events are made from the qwen3 fixture's tokenizer, as
