@@ -2,7 +2,7 @@
  * the request translation (input items, tools, tool_choice, reasoning, bad
  * input with the field that is wrong), the events and the response object
  * built from token events (text, reasoning + text + a call, a length cut, an
- * engine error), the same answer however its text is split into tokens, and
+ * engine error, reasoning summaries), the same answer however its text is split into tokens, and
  * the store behind previous_response_id (chaining and eviction).
  *
  * Token events are made from the qwen3 fixture's tokenizer, as
@@ -376,7 +376,7 @@ static void check_sequence(lm_test_ctx *lm_t_, const run *u) {
     json_t *output = json_object_get(u->response, "output");
     int open = -1;          /* the output_index of the open item */
     const char *item_id = NULL;
-    char text[4096] = "";
+    char text[4096] = "", summary[4096] = ""; /* the open item's deltas: content, summary */
     size_t done_items = 0;
     for (size_t i = 2; i + 1 < n; i++) {
         json_t *ev = json_array_get(u->events, i);
@@ -387,7 +387,7 @@ static void check_sequence(lm_test_ctx *lm_t_, const run *u) {
             open = oi;
             item_id = json_string_value(json_object_get(json_object_get(ev, "item"), "id"));
             LM_CHECK(lm_streq(json_string_value(json_object_get(json_object_get(ev, "item"), "status")), "in_progress"));
-            text[0] = 0;
+            text[0] = summary[0] = 0;
             continue;
         }
         LM_CHECK_MSG(open == oi, "%s at output_index %d, open %d", t, oi, open);
@@ -400,15 +400,20 @@ static void check_sequence(lm_test_ctx *lm_t_, const run *u) {
             continue;
         }
         LM_CHECK(lm_streq(json_string_value(json_object_get(ev, "item_id")), item_id));
+        bool sum = strstr(t, "reasoning_summary_") != NULL;
+        char *acc = sum ? summary : text;
         const char *delta = json_string_value(json_object_get(ev, "delta"));
         if (delta) {
-            LM_CHECK(strlen(text) + strlen(delta) < sizeof text);
-            strncat(text, delta, sizeof text - strlen(text) - 1);
+            LM_CHECK(strlen(acc) + strlen(delta) < sizeof text);
+            strncat(acc, delta, sizeof text - strlen(acc) - 1);
         }
         const char *full = json_string_value(json_object_get(ev, strstr(t, "arguments") ? "arguments" : "text"));
-        if (strstr(t, ".done") && strcmp(t, "response.content_part.done"))
-            LM_CHECK_MSG(lm_streq(full, text), "%s: '%s' vs deltas '%s'", t, full ? full : "(null)", text);
+        if (strstr(t, ".done") && !strstr(t, "part.done"))
+            LM_CHECK_MSG(lm_streq(full, acc), "%s: '%s' vs deltas '%s'", t, full ? full : "(null)", acc);
+        if (strstr(t, "part.done")) /* a part's text is its deltas too */
+            LM_CHECK(lm_streq(json_string_value(json_object_get(json_object_get(ev, "part"), "text")), acc));
         if (strstr(t, "content_part.")) LM_CHECK(json_integer_value(json_object_get(ev, "content_index")) == 0);
+        if (sum) LM_CHECK(json_integer_value(json_object_get(ev, "summary_index")) == 0);
     }
     LM_CHECK(open == -1 && done_items == json_array_size(output));
     json_t *last = json_object_get(json_array_get(u->events, n - 1), "response");
@@ -541,6 +546,178 @@ LM_TEST(server_responses_stream_unclosed_think) {
     json_int_t out = json_integer_value(json_object_get(usage, "output_tokens"));
     LM_CHECK(out > 0 &&
              json_integer_value(json_object_get(json_object_get(usage, "output_tokens_details"), "reasoning_tokens")) == out);
+    run_free(&u);
+    fx_close(&f);
+}
+
+/* ---- reasoning.summary: the reasoning text as the item's summary ---------------------- */
+
+static const char *k_summary_body =
+    "{\"input\":\"weather?\",\"stream\":true,\"reasoning\":{\"summary\":\"auto\"},\"tools\":[{\"type\":\"function\","
+    "\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]}";
+
+static size_t count_summary_events(const run *u) {
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(u->events); i++)
+        n += strstr(ev_type(json_array_get(u->events, i)), "reasoning_summary") != NULL;
+    return n;
+}
+
+/* The first item's events as short names, each summary delta checked to be
+ * followed by the reasoning_text delta of the same text and the pairs
+ * written once as "deltas". */
+static void first_item_outline(lm_test_ctx *lm_t_, const run *u, char *out, size_t cap) {
+    out[0] = 0;
+    bool in_deltas = false;
+    for (size_t i = 2; i < json_array_size(u->events); i++) {
+        const json_t *ev = json_array_get(u->events, i);
+        const char *t = ev_type(ev) + strlen("response.");
+        if (!strcmp(t, "reasoning_summary_text.delta")) {
+            const json_t *next = json_array_get(u->events, ++i);
+            LM_CHECK_MSG(lm_streq(ev_type(next), "response.reasoning_text.delta") &&
+                             json_equal(json_object_get(ev, "delta"), json_object_get(next, "delta")),
+                         "summary delta %zu is not followed by the same reasoning_text delta", i - 1);
+            if (!in_deltas) strncat(out, "deltas ", cap - strlen(out) - 1);
+            in_deltas = true;
+            continue;
+        }
+        in_deltas = false;
+        strncat(out, t, cap - strlen(out) - 1);
+        strncat(out, " ", cap - strlen(out) - 1);
+        if (!strcmp(t, "output_item.done")) return;
+    }
+}
+
+/* With reasoning.summary (what Codex sends: "auto"), the reasoning item's
+ * summary is its text, streamed with the summary events around the
+ * reasoning_text ones; the message and the call carry no summary. */
+LM_TEST(server_responses_stream_reasoning_summary) {
+    fx f;
+    if (!fx_open(&f)) SKIP_NO_FIXTURE();
+    if (!f.s.chat || !f.s.chat->think) {
+        fx_close(&f);
+        LM_SKIP("the qwen3 fixture's template does not think");
+    }
+    run u;
+    LM_REQUIRE(run_answer(lm_t_, &f, &u, k_summary_body, &k_answer, 1, LM_FINISH_STOP));
+    check_sequence(lm_t_, &u);
+    LM_REQUIRE(json_array_size(json_object_get(u.response, "output")) == 3);
+    const json_t *rs = out_item(&u, 0);
+    LM_REQUIRE(json_array_size(json_object_get(rs, "summary")) == 1);
+    json_t *sp = json_array_get(json_object_get(rs, "summary"), 0);
+    LM_CHECK(lm_streq(str_at(sp, "type"), "summary_text"));
+    LM_CHECK_MSG(lm_streq(str_at(sp, "text"), "The user wants weather."), "summary '%s'", str_at(sp, "text"));
+    LM_CHECK(lm_streq(str_at(json_array_get(json_object_get(rs, "content"), 0), "text"), "The user wants weather."));
+    LM_CHECK(!json_object_get(out_item(&u, 1), "summary") && !json_object_get(out_item(&u, 2), "summary"));
+    LM_CHECK(lm_streq(str_at(json_object_get(u.response, "reasoning"), "summary"), "auto"));
+    char outline[1024];
+    first_item_outline(lm_t_, &u, outline, sizeof outline);
+    LM_CHECK_MSG(lm_streq(outline, "output_item.added reasoning_summary_part.added content_part.added deltas "
+                                   "reasoning_summary_text.done reasoning_summary_part.done reasoning_text.done "
+                                   "content_part.done output_item.done "),
+                 "outline: %s", outline);
+    /* the summary events are the reasoning item's only */
+    size_t n_sum = 0;
+    for (size_t i = 0; i < json_array_size(u.events); i++) {
+        const json_t *ev = json_array_get(u.events, i);
+        if (!strstr(ev_type(ev), "reasoning_summary")) continue;
+        n_sum++;
+        LM_CHECK(lm_streq(str_at(ev, "item_id"), str_at(rs, "id")));
+        LM_CHECK(json_integer_value(json_object_get(ev, "output_index")) == 0);
+    }
+    LM_CHECK(n_sum >= 5 && n_sum == count_summary_events(&u));
+    const json_t *added = json_array_get(u.events, 2);
+    LM_CHECK(json_array_size(json_object_get(json_object_get(added, "item"), "summary")) == 0);
+    run_free(&u);
+
+    /* without reasoning.summary: no summary events, summary [] */
+    LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, &k_answer, 1, LM_FINISH_STOP));
+    check_sequence(lm_t_, &u);
+    LM_CHECK(count_summary_events(&u) == 0);
+    LM_CHECK(json_is_array(json_object_get(out_item(&u, 0), "summary")) &&
+             json_array_size(json_object_get(out_item(&u, 0), "summary")) == 0);
+    run_free(&u);
+    fx_close(&f);
+}
+
+/* Not streamed, the item in output carries the summary; stored and sent
+ * back through previous_response_id, its text becomes the reasoning once
+ * (content and summary hold the same text). */
+LM_TEST(server_responses_summary_not_streamed_and_stored) {
+    fx f;
+    if (!fx_open(&f)) SKIP_NO_FIXTURE();
+    if (!f.s.chat || !f.s.chat->think) {
+        fx_close(&f);
+        LM_SKIP("the qwen3 fixture's template does not think");
+    }
+    run u;
+    const char *chunks[] = { "<think>\nPondering.\n</think>\n\nHi." };
+    LM_REQUIRE(run_answer(lm_t_, &f, &u, "{\"input\":\"hi\",\"reasoning\":{\"summary\":\"detailed\"}}", chunks, 1,
+                          LM_FINISH_STOP));
+    LM_CHECK(json_array_size(u.events) == 0); /* not streamed: no bytes */
+    LM_REQUIRE(json_array_size(json_object_get(u.response, "output")) == 2);
+    const json_t *rs = out_item(&u, 0);
+    json_t *sp = json_array_get(json_object_get(rs, "summary"), 0);
+    LM_CHECK(json_array_size(json_object_get(rs, "summary")) == 1 && lm_streq(str_at(sp, "type"), "summary_text"));
+    LM_CHECK_MSG(lm_streq(str_at(sp, "text"), "Pondering."), "summary '%s'", str_at(sp, "text"));
+    LM_CHECK(lm_streq(str_at(json_object_get(u.response, "reasoning"), "summary"), "detailed"));
+    json_t *items = json_copy(u.q.items);
+    json_array_extend(items, (json_t *)srv_resp_build_output(u.b));
+    char id[48];
+    snprintf(id, sizeof id, "%s", srv_resp_build_id(u.b));
+    srv_resp_store_put(f.s.resp_store, id, items);
+    json_decref(items);
+    run_free(&u);
+
+    char body[256];
+    snprintf(body, sizeof body, "{\"previous_response_id\":\"%s\",\"input\":\"More?\"}", id);
+    srv_resp_req q;
+    srv_req r;
+    srv_err e;
+    LM_REQUIRE(parse(&f, body, &q, &r, &e) == 0);
+    LM_REQUIRE(json_array_size(r.messages) == 3);
+    LM_CHECK_MSG(lm_streq(msg_field(&r, 1, "reasoning_content"), "Pondering."), "reasoning_content '%s'",
+                 msg_field(&r, 1, "reasoning_content"));
+    LM_CHECK(!q.summary); /* this request asked for none */
+    srv_resp_req_free(&q);
+    srv_req_free(&r);
+    /* a reasoning item the client sends back with its summary only */
+    LM_REQUIRE(parse(&f, "{\"input\":[{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"S.\"}]},"
+                         "{\"role\":\"assistant\",\"content\":\"A.\"},{\"role\":\"user\",\"content\":\"B\"}]}",
+                     &q, &r, &e) == 0);
+    LM_CHECK(lm_streq(msg_field(&r, 0, "reasoning_content"), "S."));
+    srv_resp_req_free(&q);
+    srv_req_free(&r);
+    fx_close(&f);
+}
+
+/* The unclosed think block of server_responses_stream_unclosed_think, with
+ * a summary: it holds the whole text, the held-back tail included. */
+LM_TEST(server_responses_stream_unclosed_think_summary) {
+    fx f;
+    if (!fx_open(&f)) SKIP_NO_FIXTURE();
+    if (!f.s.chat || !f.s.chat->think) {
+        fx_close(&f);
+        LM_SKIP("the qwen3 fixture's template does not think");
+    }
+    run u;
+    const char *chunks[] = { "<think>\nThe user wants code.\n\nMaybe a <tool_call> later. </thi" };
+    LM_REQUIRE(run_answer(lm_t_, &f, &u, k_summary_body, chunks, 1, LM_FINISH_STOP));
+    check_sequence(lm_t_, &u);
+    LM_REQUIRE(json_array_size(json_object_get(u.response, "output")) == 1);
+    const json_t *rs = out_item(&u, 0);
+    LM_CHECK(lm_streq(str_at(rs, "status"), "completed"));
+    json_t *sp = json_array_get(json_object_get(rs, "summary"), 0);
+    LM_CHECK_MSG(lm_streq(str_at(sp, "text"), "The user wants code.\n\nMaybe a <tool_call> later. </thi"),
+                 "summary '%s'", str_at(sp, "text"));
+    size_t n = json_array_size(u.events);
+    LM_CHECK(lm_streq(ev_type(json_array_get(u.events, n - 1)), "response.completed"));
+    char outline[1024];
+    first_item_outline(lm_t_, &u, outline, sizeof outline);
+    LM_CHECK_MSG(lm_streq(outline, "output_item.added reasoning_summary_part.added content_part.added deltas "
+                                   "reasoning_summary_text.done reasoning_summary_part.done reasoning_text.done "
+                                   "content_part.done output_item.done "),
+                 "outline: %s", outline);
     run_free(&u);
     fx_close(&f);
 }

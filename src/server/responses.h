@@ -56,6 +56,7 @@ typedef struct srv_resp_req {
                             this request's input as items (owned) */
     json_t *echo;        /* the request fields a response object repeats (owned) */
     bool stream, store;
+    bool summary;        /* reasoning.summary was asked for (any level) */
 } srv_resp_req;
 
 /* Parses and validates a Responses body, looks up previous_response_id in

@@ -23,6 +23,8 @@
  *   reasoning.effort             the template's thinking switch
  *                                (enable_thinking): "none" and "minimal" turn
  *                                it off, others leave it on
+ *   reasoning.summary            the reasoning item also carries its text as
+ *                                its summary (responses_stream.c)
  *   max_output_tokens, temperature, top_p, stream
  *                                the chat fields of the same meaning
  * Refused with a 400 that says so: non-text input parts (images, files,
@@ -570,6 +572,7 @@ int srv_resp_parse(const srv *s, const char *body, size_t len, srv_resp_req *q, 
         return srv_bad(e, "input", "Missing required parameter: 'input'.");
     json_t *chat = to_chat(s, b, q->items, first_new, e);
     if (!chat) return -1;
+    q->summary = field(field(b, "reasoning"), "summary") != NULL; /* valid: to_chat checked it */
     q->echo = echo_fields(b, q->store);
     if (srv_req_parse_json(s, SRV_CHAT, chat, r, e)) {
         /* a chat field refused by the chat parser: name it as this API does */

@@ -5,8 +5,11 @@
  * reference. An answer is a list of output items, each opened, filled and
  * closed in order; only one text item is open at a time:
  *   reasoning      {id "rs_", type, summary [], content [{type reasoning_text,
- *                   text}], status}: the model's think block, as text (lumen
- *                   writes no summary and no encrypted_content)
+ *                   text}], status}: the model's think block, as text (no
+ *                   encrypted_content). With reasoning.summary asked for,
+ *                   summary is [{type summary_text, text}] with that same
+ *                   text: lumen has no summariser, and Codex shows a
+ *                   reasoning item only from its summary
  *   message        {id "msg_", type, status, role assistant, content
  *                   [{type output_text, text, annotations [], logprobs []}]}
  *   function_call  {id "fc_", type, status, arguments, call_id, name}
@@ -17,6 +20,11 @@
  *     response.output_text.delta | response.reasoning_text.delta ...,
  *     response.output_text.done | response.reasoning_text.done,
  *     response.content_part.done, response.output_item.done
+ *   a reasoning item with a summary adds, on summary_index 0:
+ *     response.reasoning_summary_part.added after output_item.added, a
+ *     response.reasoning_summary_text.delta before each reasoning_text.delta,
+ *     response.reasoning_summary_text.done and
+ *     response.reasoning_summary_part.done before reasoning_text.done
  *   per call: response.output_item.added, response.function_call_arguments
  *     .delta (the whole arguments: calls arrive complete), .done,
  *     response.output_item.done
@@ -127,6 +135,21 @@ static json_t *item_event(const srv_resp_build *b, const char *type, bool conten
     return ev;
 }
 
+/* A summary event: {type, item_id, output_index, summary_index}; the one
+ * summary part is the whole reasoning text, so its index is 0. */
+static json_t *summary_event(const srv_resp_build *b, const char *type) {
+    json_t *ev = item_event(b, type, false);
+    json_object_set_new(ev, "summary_index", json_integer(0));
+    return ev;
+}
+
+static json_t *summary_part(const char *text, size_t n) {
+    return json_pack("{s:s,s:o}", "type", "summary_text", "text", json_stringn_nocheck(text ? text : "", n));
+}
+
+/* Whether the open item is reasoning that carries a summary. */
+static bool summarised(const srv_resp_build *b) { return b->open == OPEN_REASONING && b->q->summary; }
+
 static json_t *text_part(const srv_resp_build *b, bool reasoning, const char *text, size_t n) {
     json_t *p = json_pack("{s:s}", "type", reasoning ? "reasoning_text" : "output_text");
     if (!reasoning) json_object_set_new(p, "annotations", json_array());
@@ -142,7 +165,11 @@ static json_t *open_item_json(const srv_resp_build *b, const char *status, bool 
     json_t *it = json_object();
     json_object_set_new(it, "id", json_string(b->item_id));
     json_object_set_new(it, "type", json_string(rs ? "reasoning" : "message"));
-    if (rs) json_object_set_new(it, "summary", json_array());
+    if (rs) {
+        json_t *summary = json_array();
+        if (with_text && summarised(b)) json_array_append_new(summary, summary_part(b->text.s, b->text.len));
+        json_object_set_new(it, "summary", summary);
+    }
     json_object_set_new(it, "status", json_string(status));
     if (!rs) json_object_set_new(it, "role", json_string("assistant"));
     json_t *content = json_array();
@@ -154,7 +181,16 @@ static json_t *open_item_json(const srv_resp_build *b, const char *status, bool 
 static void close_item(srv_resp_build *b, srv_out *o, const char *status) {
     if (b->open == OPEN_NONE) return;
     bool rs = b->open == OPEN_REASONING;
-    json_t *ev = item_event(b, rs ? "response.reasoning_text.done" : "response.output_text.done", true);
+    json_t *ev;
+    if (summarised(b)) {
+        ev = summary_event(b, "response.reasoning_summary_text.done");
+        json_object_set_new(ev, "text", json_stringn_nocheck(b->text.s ? b->text.s : "", b->text.len));
+        emit(b, o, ev);
+        ev = summary_event(b, "response.reasoning_summary_part.done");
+        json_object_set_new(ev, "part", summary_part(b->text.s, b->text.len));
+        emit(b, o, ev);
+    }
+    ev = item_event(b, rs ? "response.reasoning_text.done" : "response.output_text.done", true);
     json_object_set_new(ev, "text", json_stringn_nocheck(b->text.s ? b->text.s : "", b->text.len));
     if (!rs) json_object_set_new(ev, "logprobs", json_array());
     emit(b, o, ev);
@@ -179,6 +215,11 @@ static void open_text_item(srv_resp_build *b, srv_out *o, open_item kind) {
     json_object_set_new(ev, "output_index", json_integer(out_index(b)));
     json_object_set_new(ev, "item", open_item_json(b, "in_progress", false));
     emit(b, o, ev);
+    if (summarised(b)) {
+        ev = summary_event(b, "response.reasoning_summary_part.added");
+        json_object_set_new(ev, "part", summary_part("", 0));
+        emit(b, o, ev);
+    }
     ev = item_event(b, "response.content_part.added", true);
     json_object_set_new(ev, "part", text_part(b, kind == OPEN_REASONING, "", 0));
     emit(b, o, ev);
@@ -195,7 +236,13 @@ static void text_delta(srv_resp_build *b, srv_out *o, open_item kind, const char
     b->text.len += n;
     b->text.s[b->text.len] = 0;
     bool rs = kind == OPEN_REASONING;
-    json_t *ev = item_event(b, rs ? "response.reasoning_text.delta" : "response.output_text.delta", true);
+    json_t *ev;
+    if (summarised(b)) {
+        ev = summary_event(b, "response.reasoning_summary_text.delta");
+        json_object_set_new(ev, "delta", json_stringn_nocheck(s, n));
+        emit(b, o, ev);
+    }
+    ev = item_event(b, rs ? "response.reasoning_text.delta" : "response.output_text.delta", true);
     json_object_set_new(ev, "delta", json_stringn_nocheck(s, n));
     if (!rs) json_object_set_new(ev, "logprobs", json_array());
     emit(b, o, ev);

@@ -24,7 +24,7 @@
 // its answers ramble on until the context is full: lumen then answers
 // status "incomplete" (max_output_tokens), which Codex reports as a failed
 // turn. Less often it stays inside <think> until its end of sequence, and
-// the turn completes with nothing shown (see allReasoning). These two
+// the turn completes with only reasoning shown (see allReasoning). These two
 // outcomes (and only they, each checked on both sides) are retried with the
 // next of a few requests in the demo's training format, up to 10 times; any
 // other failure fails the test at once.
@@ -134,23 +134,24 @@ async function answerEvents(ex) {
   return events();
 }
 
-// The turn completed with nothing shown because the demo model (sampling at
-// Codex's temperature) stayed inside <think> until its end of sequence:
-// lumen's one answer streamed reasoning items only, all completed. Codex
-// shows a reasoning item only from its summary, which lumen does not write
-// (the think text is the item's reasoning_text content), so nothing at all
-// appears. (Codex's usage for a resumed turn is the thread's total: such a
-// turn reports the first turn's answer as non-reasoning output too.)
+// The turn completed with reasoning alone because the demo model (sampling
+// at Codex's temperature) stayed inside <think> until its end of sequence:
+// lumen's one answer streamed reasoning items only, all completed. Codex asks
+// for reasoning.summary and shows a reasoning item from its summary (lumen's
+// is the think text itself), so it shows those items, one each, and no
+// message (a lumen that wrote no summary would show nothing: not retried).
+// (Codex's usage for a resumed turn is the thread's total: such a turn
+// reports the first turn's answer as non-reasoning output too.)
 async function allReasoning(run, posts) {
   if (!run.events.some((e) => e.type === 'turn.completed') || posts.length !== 1) return false;
   const shown = run.events.filter((e) => e.type === 'item.completed'
     && !(e.item.type === 'error' && benign.some((re) => re.test(e.item.message))));
-  if (shown.length) return false;
+  if (shown.some((e) => e.item.type !== 'reasoning')) return false;
   const events = await answerEvents(posts[0]);
   const last = events.at(-1);
   if (last?.type !== 'response.completed' || !last.response.output.length) return false;
   const added = events.filter((e) => e.type === 'response.output_item.added');
-  return added.every((e) => e.item.type === 'reasoning')
+  return added.every((e) => e.item.type === 'reasoning') && shown.length === last.response.output.length
     && last.response.output.every((it) => it.type === 'reasoning' && it.status === 'completed');
 }
 
