@@ -317,7 +317,7 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
     const sent = await sendLong(await messageOf('Too long.', 4200), 4);
     assert.deepEqual(sent, [], 'nothing was sent');
     assert.equal(await stateOf(4), 'error');
-    assert.match(await noteOf(4), /This message and the system prompt are too long for the model: about \d+ tokens, and its context holds 4096/);
+    assert.match(await noteOf(4), /This message is too long for the model: about \d+ tokens with the system prompt, and its context holds 4096,/);
     assert.equal(await page.$eval('#log .msg.user:nth-of-type(9) .note', (d) => d.textContent), '(not sent)');
     assert.equal(await page.$eval('#status', (d) => d.textContent), 'failed');
     // the conversation goes on where it was, without the refused message;

@@ -185,6 +185,7 @@ async function send(text) {
     conv.push({ role: 'assistant', content });
   }
   view.div.dataset.state = outcome;
+  view.div.scrollIntoView({ block: 'end' }); // a note added last is in view too
   if (state.controller === controller) {
     state.controller = null;
     busy(false);

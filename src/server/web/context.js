@@ -76,9 +76,9 @@ async function planRequest(conv, system, headers, signal) {
   for (let next; total + budget > ctx && (next = nextTurn(conv, skip)) >= 0; skip = next)
     for (let i = skip; i < next; i++) total -= cost(i);
   if (ctx - total < minimumReply(ctx)) {
-    const what = system ? 'This message and the system prompt are' : 'This message is';
-    throw new TooLongError(`${what} too long for the model: about ${total} tokens, and its context holds ` +
-      `${ctx}, of which ${minimumReply(ctx)} must stay free for the answer. Shorten ${system ? 'them' : 'it'}.`);
+    const withSystem = system ? ' with the system prompt' : '';
+    throw new TooLongError(`This message is too long for the model: about ${total} tokens${withSystem}, and its ` +
+      `context holds ${ctx}, of which ${minimumReply(ctx)} must stay free for the answer. Shorten it.`);
   }
   return { skip, maxTokens: Math.min(budget, ctx - total), ctx };
 }
