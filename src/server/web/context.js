@@ -22,9 +22,6 @@ const minimumReply = (ctx) => Math.min(256, replyBudget(ctx));
 
 const fit = { ctx: 0, counts: new Map() }; // the context size once known; tokens per text
 
-// A message that cannot be sent because it alone does not fit.
-class TooLongError extends Error {}
-
 // Where the oldest turn of messages[from..] ends: the index of the second
 // user message at or after from, or -1 when only one is left.
 function nextTurn(messages, from) {
@@ -59,8 +56,8 @@ async function tokensOf(text, headers, signal) {
 // ctx }, skip being where the messages sent start (conv.skip or later) and
 // maxTokens the answer's budget. null when the server does not tell the
 // context size or the counts: then everything goes, as from any client.
-// Throws TooLongError when the system prompt and the newest message alone
-// leave the answer too little room.
+// Throws, naming the limit, when the system prompt and the newest message
+// alone leave the answer too little room.
 async function planRequest(conv, system, headers, signal) {
   const ctx = await contextSize(headers, signal);
   if (!ctx) return null;
@@ -77,7 +74,7 @@ async function planRequest(conv, system, headers, signal) {
     for (let i = skip; i < next; i++) total -= cost(i);
   if (ctx - total < minimumReply(ctx)) {
     const withSystem = system ? ' with the system prompt' : '';
-    throw new TooLongError(`This message is too long for the model: about ${total} tokens${withSystem}, and its ` +
+    throw new Error(`This message is too long for the model: about ${total} tokens${withSystem}, and its ` +
       `context holds ${ctx}, of which ${minimumReply(ctx)} must stay free for the answer. Shorten it.`);
   }
   return { skip, maxTokens: Math.min(budget, ctx - total), ctx };
