@@ -58,12 +58,13 @@ LM_TEST(server_chat_page) {
     }
     expect_file(lm_t_, s.port, "/", "index.html", "text/html; charset=utf-8");
     expect_file(lm_t_, s.port, "/assets/chat.js", "chat.js", "text/javascript; charset=utf-8");
+    expect_file(lm_t_, s.port, "/assets/context.js", "context.js", "text/javascript; charset=utf-8");
     expect_file(lm_t_, s.port, "/assets/chat.css", "chat.css", "text/css; charset=utf-8");
     gu_resp r = { 0 };
     /* the page loads its files from /assets only, and nothing inline */
     LM_CHECK(gu_http(s.port, "GET", "/", NULL, NULL, &r) == 0);
-    LM_CHECK(r.body && strstr(r.body, "src=\"/assets/chat.js\"") && !strstr(r.body, "<script>") &&
-             !strstr(r.body, "style="));
+    LM_CHECK(r.body && strstr(r.body, "src=\"/assets/chat.js\"") && strstr(r.body, "src=\"/assets/context.js\"") &&
+             !strstr(r.body, "<script>") && !strstr(r.body, "style="));
     gu_resp_free(&r);
     static const struct {
         const char *method, *url;

@@ -2,7 +2,9 @@
 // Chromium (Debian's /usr/bin/chromium, or CHROMIUM), driven by puppeteer-core
 // (pinned in package.json): a person types the API key and a message, the
 // answer streams in, the conversation goes back with the next message, Stop
-// aborts a request, and the page logs no error on the way.
+// aborts a request, a conversation longer than the model's context goes on
+// (its oldest turns left out, the system prompt kept), and the page logs no
+// error on the way.
 //
 // The server runs the bundled demo model with --parallel 1 and an API key.
 // To stop a request deterministically the test first occupies the one slot
@@ -70,6 +72,7 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
   const bodies = []; // the chat requests the page sent
   let cannedBody = null; // set: chat requests get this stream instead of the server's
   let contextLimit = 0; // set: chat requests of more messages get the server's context 400
+  let overflowAll = false; // set: every chat request gets the server's context 400
 
   before(async () => {
     srv = await startServer(['--api-key', key, '--parallel', '1']);
@@ -84,16 +87,15 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
     });
     page.on('pageerror', (e) => problems.push(`page error: ${e}`));
     // Every request passes one handler: a canned test answers chat requests
-    // itself; otherwise they go to the server with a token limit added, since
-    // the page asks for none and the demo model may then write to the end of
-    // its 4,096-token context, so that the next turn, carrying that answer,
-    // no longer fits (a 400) - a flaky failure of the conversation tests.
+    // itself; otherwise they go to the server with their answers cut to 300
+    // tokens, to keep the tests quick (the page's own budget is 1,024 on the
+    // demo model's 4,096-token context). bodies keeps what the page sent.
     await page.setRequestInterception(true);
     page.on('request', (r) => {
       if (!r.url().endsWith('/v1/chat/completions') || r.method() !== 'POST') return r.continue();
       const body = JSON.parse(r.postData());
       bodies.push(body);
-      if (contextLimit && body.messages.length > contextLimit)
+      if (overflowAll || (contextLimit && body.messages.length > contextLimit))
         return r.respond({ status: 400, contentType: 'application/json', body: JSON.stringify(overflow) });
       if (cannedBody) return r.respond({ status: 200, contentType: 'text/event-stream', body: cannedBody });
       return r.continue({ postData: JSON.stringify({ ...body, max_tokens: 300 }) });
@@ -244,6 +246,105 @@ describe('the chat page in headless Chromium', { skip: skip !== null }, () => {
     } finally {
       contextLimit = 0;
       // Chromium logs each 400 as a failed resource; those were asked for
+      for (let i = problems.length - 1; i >= 0; i--) if (/status of 400/.test(problems[i])) problems.splice(i, 1);
+    }
+  });
+
+  // How many tokens the served model makes of text.
+  async function tokensOf(text) {
+    const res = await fetch(`${srv.url}/tokenize`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ content: text }),
+    });
+    return (await res.json()).tokens.length;
+  }
+
+  // A message of at least n tokens, starting with label.
+  async function messageOf(label, n) {
+    const sentence = 'The quick brown fox jumps over the lazy dog, and then it runs far away. ';
+    const each = await tokensOf(sentence);
+    return `${label} ${sentence.repeat(Math.ceil(n / each))}`.trim();
+  }
+
+  // Sends text as a paste would (typing thousands of keys is slow) and waits
+  // for answer i to finish; returns the chat requests the page sent for it.
+  async function sendLong(text, i) {
+    const sent = bodies.length;
+    await page.$eval('#input', (el, v) => { el.value = v; }, text);
+    await page.focus('#input');
+    await page.keyboard.press('Enter');
+    await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.state !== 'streaming', { timeout: 60000 },
+      assistant(i));
+    return bodies.slice(sent);
+  }
+
+  const noteOf = (i) => page.$eval(`${assistant(i)} .note`, (d) => d.textContent);
+  const system = 'You are a patient assistant.';
+
+  test('a conversation longer than the context goes on; the system prompt stays', async () => {
+    await page.click('#new');
+    await page.click('#system-box summary');
+    await page.type('#system', system);
+    // 4 user messages of 1,100 tokens: the 3rd no longer fits with the 1st
+    // turn in the 3,072 tokens the answer's budget leaves of the context
+    const texts = [];
+    for (let i = 0; i < 4; i++) texts.push(await messageOf(`Message ${i + 1}.`, 1100));
+    const notes = [];
+    for (let i = 0; i < 4; i++) {
+      const sent = await sendLong(texts[i], i);
+      assert.equal(await stateOf(i), 'done', await noteOf(i));
+      assert.equal(sent.length, 1, 'one request a turn: the page left out turns before the server had to refuse');
+      const messages = sent[0].messages;
+      assert.deepEqual(messages[0], { role: 'system', content: system });
+      assert.equal(messages[1].role, 'user');
+      assert.equal(messages.at(-1).content, texts[i]);
+      assert.ok(sent[0].max_tokens >= 256 && sent[0].max_tokens <= 1024, `max_tokens ${sent[0].max_tokens}`);
+      notes.push(await noteOf(i));
+      assert.equal(messages.length, 1 + 2 * Math.min(i + 1, 2) - 1, `turn ${i + 1}: ${messages.length} messages`);
+    }
+    assert.doesNotMatch(notes[0] + notes[1], /left out/);
+    assert.match(notes[2], /oldest 2 messages no longer fit the model's context \(4096 tokens\) and were left out/);
+    assert.match(notes[3], /oldest 4 messages/);
+    // the conversation on the page holds more than the context does
+    const shown = await page.$$eval('#log .msg .text', (l) => l.map((d) => d.textContent));
+    let total = 0;
+    for (const t of shown) total += await tokensOf(t);
+    assert.ok(total > 4096, `the conversation holds ${total} tokens`);
+  });
+
+  test('a message too long for the context alone is refused, naming the limit', async () => {
+    const sent = await sendLong(await messageOf('Too long.', 4200), 4);
+    assert.deepEqual(sent, [], 'nothing was sent');
+    assert.equal(await stateOf(4), 'error');
+    assert.match(await noteOf(4), /This message is too long for the model: about \d+ tokens with the system prompt, and its context holds 4096,/);
+    assert.equal(await page.$eval('#log .msg.user:nth-of-type(9) .note', (d) => d.textContent), '(not sent)');
+    assert.equal(await page.$eval('#status', (d) => d.textContent), 'failed');
+    // the conversation goes on where it was, without the refused message;
+    // a short one fits with the two turns before it again
+    const next = await sendLong('A short one', 5);
+    assert.equal(await stateOf(5), 'done');
+    assert.equal(next.length, 1);
+    const messages = next[0].messages;
+    assert.deepEqual(messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'assistant', 'user']);
+    assert.deepEqual([0, 1, 3, 5].map((i) => messages[i].content.slice(0, 11)),
+      [system.slice(0, 11), 'Message 3. ', 'Message 4. ', 'A short one']);
+  });
+
+  test("a 400 for length that leaving out turns cannot fix shows the server's message", async () => {
+    overflowAll = true;
+    try {
+      const sent = await sendLong('Once more', 6);
+      // the page left out one turn after another, then gave up: the last
+      // try held the system prompt and the message alone
+      const tries = sent.map((b) => b.messages.length);
+      assert.ok(tries.length >= 2, `tries: ${tries}`);
+      tries.forEach((n, i) => assert.equal(n, tries[0] - 2 * i, `tries: ${tries}`));
+      assert.deepEqual(sent.at(-1).messages, [{ role: 'system', content: system }, { role: 'user', content: 'Once more' }]);
+      assert.equal(await stateOf(6), 'error');
+      assert.equal(await noteOf(6), `400: ${overflow.error.message}`);
+    } finally {
+      overflowAll = false;
       for (let i = problems.length - 1; i >= 0; i--) if (/status of 400/.test(problems[i])) problems.splice(i, 1);
     }
   });

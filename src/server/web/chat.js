@@ -2,13 +2,14 @@
 // /v1/chat/completions with stream: true, reads the server-sent events as
 // they arrive and shows the answer growing; reasoning goes into a collapsed
 // <details>. The conversation lives in this page only (reloading starts a
-// new one); the API key, when the server wants one, is kept in
+// new one); the system prompt, when one is typed, goes first in every
+// request; the API key, when the server wants one, is kept in
 // sessionStorage (this tab only). Stop aborts the fetch: the server sees the
 // connection close and cancels the request; the part already shown stays in
-// the conversation, as in `lumen chat`. When the conversation outgrows the
-// model's context (a 400 with code context_length_exceeded), its oldest
-// turns are left out of the request, one at a time, until it fits; the page
-// still shows them and says so. Text is only ever set as textContent.
+// the conversation, as in `lumen chat`. Before sending, context.js leaves
+// out the oldest turns that no longer fit the model's context and sets the
+// answer's token budget; the page still shows those turns and says that
+// they were left out. Text is only ever set as textContent.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
@@ -94,22 +95,19 @@ async function errorOf(res) {
   return { text: `HTTP ${res.status}`, code: null };
 }
 
-// Where the oldest turn of messages[from..] ends: the index of the second
-// user message at or after from, or -1 when only one is left.
-function nextTurn(messages, from) {
-  for (let i = from + 1; i < messages.length; i++) if (messages[i].role === 'user') return i;
-  return -1;
-}
-
-// POSTs conv[conv.skip..] and returns the response; while the server says
-// the messages exceed the context, leaves out the oldest turn and retries
-// (conv.skip remembers it for later turns). Throws on any other failure.
-async function post(conv, headers, signal) {
+// POSTs the system prompt and conv[conv.skip..] and returns the response;
+// while the server says they exceed the context (the page's count is an
+// estimate), leaves out the oldest turn and retries (conv.skip remembers it
+// for later turns). Throws on any other failure, with the server's message.
+async function post(conv, system, maxTokens, headers, signal) {
   for (;;) {
+    const messages = (system ? [{ role: 'system', content: system }] : []).concat(conv.slice(conv.skip || 0));
+    const request = { messages, stream: true };
+    if (maxTokens) request.max_tokens = maxTokens;
     const res = await fetch('/v1/chat/completions', {
       method: 'POST',
       headers,
-      body: JSON.stringify({ messages: conv.slice(conv.skip || 0), stream: true }),
+      body: JSON.stringify(request),
       signal,
     });
     if (res.ok) return res;
@@ -134,14 +132,19 @@ async function send(text) {
   let reasoning = '';
   let chunks = 0;
   let outcome = 'done';
+  const skipped = conv.skip || 0;
   try {
     const headers = { 'Content-Type': 'application/json' };
     const key = keyInput.value.trim();
     if (key) headers.Authorization = `Bearer ${key}`;
-    const skipped = conv.skip || 0;
-    const res = await post(conv, headers, controller.signal);
-    if ((conv.skip || 0) > skipped)
-      view.note.textContent = `(the oldest ${conv.skip} messages no longer fit the context and were left out)`;
+    const system = $('system').value.trim();
+    const plan = await planRequest(conv, system, headers, controller.signal);
+    if (plan) conv.skip = plan.skip;
+    const res = await post(conv, system, plan && plan.maxTokens, headers, controller.signal);
+    if ((conv.skip || 0) > skipped) {
+      const where = plan ? `the model's context (${plan.ctx} tokens)` : 'the context';
+      view.note.textContent = `(the oldest ${conv.skip} messages no longer fit ${where} and were left out)`;
+    }
     for await (const data of sseData(res.body)) {
       if (data === '[DONE]') break;
       const chunk = JSON.parse(data);
@@ -176,11 +179,13 @@ async function send(text) {
   if (outcome === 'error' && !content) {
     // nothing came back: the message is not part of the conversation
     conv.pop();
+    conv.skip = skipped;
     user.note.textContent = '(not sent)';
   } else {
     conv.push({ role: 'assistant', content });
   }
   view.div.dataset.state = outcome;
+  view.div.scrollIntoView({ block: 'end' }); // a note added last is in view too
   if (state.controller === controller) {
     state.controller = null;
     busy(false);
@@ -211,6 +216,7 @@ $('stop').addEventListener('click', () => {
 $('new').addEventListener('click', () => {
   if (state.controller) state.controller.abort();
   state.messages = [];
+  forgetTokenCounts();
   $('log').replaceChildren();
   status('');
   $('input').focus();
