@@ -291,22 +291,29 @@ LM_TEST(cli_options_every_command_keeps_its_options) {
     }
 }
 
+/* Parses one line of options (words split at spaces) with the table opts
+ * into dst (size bytes, starting from defaults) as a command named "tst"
+ * would; lm_opts_parse_io's result (-1: parsed, go on). */
+static int parse_line(const lm_opt *opts, const void *defaults, void *dst, size_t size, const char *line) {
+    const lm_opt_cmd cmd = { .name = "tst", .usage = "lumen tst [options]", .about = "Options.\n",
+                             .opts = opts, .defaults = defaults, .size = size };
+    char buf[256], *argv[16] = { "tst" };
+    int argc = 1;
+    snprintf(buf, sizeof buf, "%s", line);
+    for (char *w = strtok(buf, " "); w && argc < 16; w = strtok(NULL, " ")) argv[argc++] = w;
+    FILE *null = fopen("/dev/null", "w");
+    const int rc = lm_opts_parse_io(&cmd, dst, argc, argv, null, null);
+    fclose(null);
+    return rc;
+}
+
 /* The KV format a command gets: bf16 on both sides unless given; a side
  * given alone keeps the other's default, and --kv-k/--kv-v after
  * --kv-type override its side. */
 static lm_kv_types kv_parse(const char *line) {
     static const lm_kv_types defaults = LM_CLI_KV_DEFAULT;
-    const lm_opt_cmd cmd = { .name = "tst", .usage = "lumen tst [options]", .about = "KV.\n",
-                             .opts = lm_cli_kv_opts, .defaults = &defaults, .size = sizeof defaults };
-    char buf[256], *argv[16] = { "tst" };
-    int argc = 1;
-    snprintf(buf, sizeof buf, "%s", line);
-    for (char *w = strtok(buf, " "); w && argc < 16; w = strtok(NULL, " ")) argv[argc++] = w;
     lm_kv_types kv;
-    FILE *null = fopen("/dev/null", "w");
-    const int rc = lm_opts_parse_io(&cmd, &kv, argc, argv, null, null);
-    fclose(null);
-    if (rc != -1) kv.k = kv.v = (lm_kv_type)-1; /* -1: parsed, go on */
+    if (parse_line(lm_cli_kv_opts, &defaults, &kv, sizeof kv, line) != -1) kv.k = kv.v = (lm_kv_type)-1;
     return kv;
 }
 
@@ -323,17 +330,8 @@ LM_TEST(cli_kv_default_is_bf16) {
  * LUMEN_CUDA_GEMM=bf16), exact or bf16; anything else is refused. */
 static int prec_parse(const char *line) {
     static const lm_common_opts defaults = { 0 };
-    const lm_opt_cmd cmd = { .name = "tst", .usage = "lumen tst [options]", .about = "GPU.\n",
-                             .opts = lm_cli_common_opts, .defaults = &defaults, .size = sizeof defaults };
-    char buf[256], *argv[16] = { "tst" };
-    int argc = 1;
-    snprintf(buf, sizeof buf, "%s", line);
-    for (char *w = strtok(buf, " "); w && argc < 16; w = strtok(NULL, " ")) argv[argc++] = w;
     lm_common_opts co;
-    FILE *null = fopen("/dev/null", "w");
-    const int rc = lm_opts_parse_io(&cmd, &co, argc, argv, null, null);
-    fclose(null);
-    return rc == -1 ? (int)co.gpu_precision : -1;
+    return parse_line(lm_cli_common_opts, &defaults, &co, sizeof co, line) == -1 ? (int)co.gpu_precision : -1;
 }
 
 LM_TEST(cli_gpu_precision_choices) {
