@@ -25,51 +25,25 @@
 #define DK_N 100  /* prompt tokens: six full blocks and four more */
 #define DK_GEN 8
 
-typedef struct dk_run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[DK_GEN];
-    int n, n_cached, n_cached_disk;
-    bool done;
-} dk_run;
-
-static void dk_on_token(void *user, const lm_token_event *ev) {
-    dk_run *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < DK_GEN) c->toks[c->n++] = ev->token;
-    if (ev->done) {
-        c->done = true;
-        c->n_cached = ev->n_cached;
-        c->n_cached_disk = ev->trace ? ev->trace->n_cached_disk : -1;
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
 /* Submits one greedy request; NULL when refused. */
-static lm_request *dk_submit(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+static lm_request *dk_submit(lm_engine *en, const int32_t *ids, int n, lm_tu_collect *c) {
+    lm_tu_collect_init(c);
     lm_gen_params p = { 0 };
     p.sampling.top_p = 1;
     p.repetition_penalty = 1;
     p.max_tokens = DK_GEN;
     lm_request *r = NULL;
-    return lm_engine_submit(en, ids, n, &p, dk_on_token, c, &r, NULL) == LM_ENGINE_OK ? r : NULL;
+    return lm_engine_submit(en, ids, n, &p, lm_tu_collect_on_token, c, &r, NULL) == LM_ENGINE_OK ? r : NULL;
 }
 
-static void dk_wait(lm_request *r, dk_run *c) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+static void dk_wait(lm_request *r, lm_tu_collect *c) {
+    lm_tu_collect_wait(c);
     lm_request_release(r);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
+    lm_tu_collect_destroy(c);
 }
 
 /* One greedy request to its end. */
-static int dk_generate(lm_engine *en, const int32_t *ids, int n, dk_run *c) {
+static int dk_generate(lm_engine *en, const int32_t *ids, int n, lm_tu_collect *c) {
     lm_request *r = dk_submit(en, ids, n, c);
     if (!r) return -1;
     dk_wait(r, c);
@@ -127,9 +101,9 @@ static lm_engine *dk_engine(lm_test_ctx *lm_t_, dk_fix *f) {
 static void dk_fill(lm_test_ctx *lm_t_, dk_fix *f) {
     lm_engine *en = dk_engine(lm_t_, f);
     if (!en) return;
-    dk_run r;
+    lm_tu_collect r;
     LM_CHECK(dk_generate(en, f->prompt, DK_N, &r) == 0);
-    LM_CHECK(r.n_cached == 0 && memcmp(r.toks, f->cold, sizeof r.toks) == 0);
+    LM_CHECK(r.n_cached == 0 && memcmp(r.toks, f->cold, DK_GEN * sizeof(int32_t)) == 0);
     lm_engine_free(en); /* writes what is queued */
 }
 
@@ -174,9 +148,9 @@ static void dk_restart(lm_test_ctx *lm_t_, const char *name, const char *tag) {
                  "%d kv, %d st entries", dk_files(f.dir, LM_DC_KV), dk_files(f.dir, LM_DC_STATE));
     lm_engine *en = dk_engine(lm_t_, &f);
     LM_REQUIRE(en);
-    dk_run r;
+    lm_tu_collect r;
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
-    LM_CHECK_MSG(memcmp(r.toks, f.cold, sizeof r.toks) == 0, "%s: a disk hit changed the tokens", name);
+    LM_CHECK_MSG(memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0, "%s: a disk hit changed the tokens", name);
     LM_CHECK_MSG(r.n_cached == 96 && r.n_cached_disk == 96, "%s: %d cached, %d from disk", name, r.n_cached,
                  r.n_cached_disk);
     lm_engine_stats st;
@@ -184,7 +158,7 @@ static void dk_restart(lm_test_ctx *lm_t_, const char *name, const char *tag) {
     LM_CHECK(st.cache_disk_hit_tokens == 96 && st.disk_on && st.disk.reads >= 6 && st.disk.corrupt == 0);
     /* the same again: RAM serves it now */
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
-    LM_CHECK(r.n_cached == 96 && r.n_cached_disk == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    LM_CHECK(r.n_cached == 96 && r.n_cached_disk == 0 && memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0);
     lm_engine_free(en);
     dk_close(&f);
 }
@@ -235,9 +209,9 @@ static void dk_damage(lm_test_ctx *lm_t_, const char *tag, int mode) {
     }
     int32_t want[DK_GEN];
     LM_REQUIRE(lm_tu_greedy_alone_kv(f.m, f.kvt, f.prompt, DK_N, DK_GEN, want) == 0);
-    dk_run r;
+    lm_tu_collect r;
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0);
-    LM_CHECK_MSG(memcmp(r.toks, want, sizeof r.toks) == 0, "mode %d: tokens differ from a cold run", mode);
+    LM_CHECK_MSG(memcmp(r.toks, want, DK_GEN * sizeof(int32_t)) == 0, "mode %d: tokens differ from a cold run", mode);
     lm_engine_stats st;
     lm_engine_get_stats(en, &st);
     if (mode == 0)
@@ -333,8 +307,8 @@ LM_TEST(disk_cache_engine_small_budget) {
     lm_err e = { { 0 } };
     lm_engine_opts o = { .ctx = 256, .parallel = 1, .cache_ram = 32u << 20, .cache_dir = f.dir, .cache_disk = budget };
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    dk_run r;
-    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    lm_tu_collect r;
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0);
     lm_dcache_flush(lm_engine_disk_cache(en));
     lm_dc_stats st;
     lm_dcache_get_stats(lm_engine_disk_cache(en), &st);
@@ -349,7 +323,7 @@ LM_TEST(disk_cache_engine_small_budget) {
                  st.entries, (unsigned long long)st.evicted);
     /* the chain's end went first: its first four blocks still serve */
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0);
     LM_CHECK_MSG(r.n_cached == 64 && r.n_cached_disk == 64, "%d cached, %d from disk", r.n_cached, r.n_cached_disk);
     lm_engine_free(en);
     dk_close(&f);
@@ -389,13 +363,13 @@ LM_TEST(disk_cache_prefetch_while_busy_demo) {
     lm_engine_opts o = { .ctx = 256, .parallel = 1, .step_tokens = 16, .cache_ram = 32u << 20,
                          .cache_dir = f.dir, .cache_disk = 64u << 20 };
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    dk_run a, b;
+    lm_tu_collect a, b;
     lm_request *ra = dk_submit(en, other, DK_N, &a), *rb = dk_submit(en, f.prompt, DK_N, &b);
     LM_REQUIRE(ra && rb);
     dk_wait(ra, &a);
     dk_wait(rb, &b);
-    LM_CHECK(a.n_cached == 0 && memcmp(a.toks, other_cold, sizeof a.toks) == 0);
-    LM_CHECK_MSG(b.n_cached == 96 && b.n_cached_disk == 96 && memcmp(b.toks, f.cold, sizeof b.toks) == 0,
+    LM_CHECK(a.n_cached == 0 && memcmp(a.toks, other_cold, DK_GEN * sizeof(int32_t)) == 0);
+    LM_CHECK_MSG(b.n_cached == 96 && b.n_cached_disk == 96 && memcmp(b.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0,
                  "queued behind a running request: %d cached, %d from disk", b.n_cached, b.n_cached_disk);
     lm_engine_free(en);
     dk_close(&f);
@@ -418,9 +392,9 @@ static void dk_serve_after_restart(lm_test_ctx *lm_t_, dk_fix *f, const int32_t 
     LM_REQUIRE(lm_tu_greedy_alone(f->m, ids, n, DK_GEN, cold) == 0);
     lm_engine *en = dk_engine(lm_t_, f);
     LM_REQUIRE(en);
-    dk_run r;
+    lm_tu_collect r;
     LM_CHECK(dk_generate(en, ids, n, &r) == 0);
-    LM_CHECK_MSG(memcmp(r.toks, cold, sizeof r.toks) == 0, "%s: the disk hit changed the tokens", what);
+    LM_CHECK_MSG(memcmp(r.toks, cold, DK_GEN * sizeof(int32_t)) == 0, "%s: the disk hit changed the tokens", what);
     LM_CHECK_MSG(r.n_cached == want_cached && r.n_cached_disk == want_cached, "%s: %d cached, %d from disk, want %d",
                  what, r.n_cached, r.n_cached_disk, want_cached);
     lm_engine_free(en);
@@ -451,9 +425,9 @@ LM_TEST(disk_cache_mid_block_exact_demo_hybrid) {
     DK_OPEN_OR_SKIP(f, "demo", "dk_mid_demo");
     lm_engine *en = dk_engine(lm_t_, &f);
     LM_REQUIRE(en);
-    dk_run r;
+    lm_tu_collect r;
     LM_CHECK(dk_generate(en, f.prompt, 50, &r) == 0);
-    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, sizeof r.toks) == 0);
+    LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0);
     lm_engine_free(en);
     int32_t ids[DK_N];
     dk_fork(&f, 90, DK_N, ids);

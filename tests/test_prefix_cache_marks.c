@@ -25,33 +25,9 @@
 
 static const int32_t mk_marks[] = { 40, 130, 200, 296 };
 
-typedef struct mk_run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[MK_GEN];
-    int n, n_cached, n_cached_disk, n_shared;
-    bool done;
-} mk_run;
-
-static void mk_on_token(void *user, const lm_token_event *ev) {
-    mk_run *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->has_token && c->n < MK_GEN) c->toks[c->n++] = ev->token;
-    if (ev->done) {
-        c->done = true;
-        c->n_cached = ev->n_cached;
-        c->n_cached_disk = ev->trace ? ev->trace->n_cached_disk : -1;
-        c->n_shared = ev->trace ? ev->trace->n_shared : -1;
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
 /* One greedy request with the first n_marks of mk_marks, to its end. */
-static int mk_generate(lm_engine *en, const int32_t *ids, int n, int n_marks, mk_run *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+static int mk_generate(lm_engine *en, const int32_t *ids, int n, int n_marks, lm_tu_collect *c) {
+    lm_tu_collect_init(c);
     lm_gen_params p = { 0 };
     p.sampling.top_p = 1;
     p.repetition_penalty = 1;
@@ -59,15 +35,12 @@ static int mk_generate(lm_engine *en, const int32_t *ids, int n, int n_marks, mk
     p.prompt_marks = mk_marks;
     p.n_prompt_marks = n_marks;
     lm_request *r = NULL;
-    int rc = lm_engine_submit(en, ids, n, &p, mk_on_token, c, &r, NULL) == LM_ENGINE_OK ? 0 : -1;
+    int rc = lm_engine_submit(en, ids, n, &p, lm_tu_collect_on_token, c, &r, NULL) == LM_ENGINE_OK ? 0 : -1;
     if (!rc) {
-        pthread_mutex_lock(&c->mu);
-        while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-        pthread_mutex_unlock(&c->mu);
+        lm_tu_collect_wait(c);
         lm_request_release(r);
     }
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
+    lm_tu_collect_destroy(c);
     return rc;
 }
 
@@ -127,10 +100,10 @@ static lm_engine *mk_engine(lm_test_ctx *lm_t_, mk_fix *f, const char *cache_dir
 }
 
 /* r served `want` cached tokens (from disk when disk) and the cold tokens. */
-static void mk_expect(lm_test_ctx *lm_t_, const char *name, const char *what, const mk_run *r, int want,
+static void mk_expect(lm_test_ctx *lm_t_, const char *name, const char *what, const lm_tu_collect *r, int want,
                       const int32_t *cold, bool disk) {
-    LM_CHECK_MSG(r->n == MK_GEN && memcmp(r->toks, cold, sizeof r->toks) == 0, "%s, %s: the tokens differ from a cold run",
-                 name, what);
+    LM_CHECK_MSG(r->n == MK_GEN && memcmp(r->toks, cold, MK_GEN * sizeof(int32_t)) == 0,
+                 "%s, %s: the tokens differ from a cold run", name, what);
     LM_CHECK_MSG(r->n_cached == want && r->n_shared - r->n_cached < 64, "%s, %s: %d cached of %d shared (want %d)", name,
                  what, r->n_cached, r->n_shared, want);
     if (disk) LM_CHECK_MSG(r->n_cached_disk == want, "%s, %s: %d from disk", name, what, r->n_cached_disk);
@@ -142,7 +115,7 @@ static void mk_ram(lm_test_ctx *lm_t_, const char *name) {
     MK_OPEN_OR_SKIP(f, name);
     lm_engine *en = mk_engine(lm_t_, &f, NULL);
     LM_REQUIRE(en);
-    mk_run r;
+    lm_tu_collect r;
     LM_REQUIRE(mk_generate(en, f.a, MK_N, 4, &r) == 0);
     LM_CHECK(r.n_cached == 0);
     LM_REQUIRE(mk_generate(en, f.in_last, MK_N, 4, &r) == 0);
@@ -163,7 +136,7 @@ static void mk_disk(lm_test_ctx *lm_t_, const char *name, const char *tag) {
     char *dir = lm_tu_mkdir(tag);
     lm_engine *en = mk_engine(lm_t_, &f, dir);
     LM_REQUIRE(en);
-    mk_run r;
+    lm_tu_collect r;
     LM_CHECK(mk_generate(en, f.a, MK_N, 4, &r) == 0 && r.n_cached == 0);
     lm_engine_free(en); /* writes what is queued */
     en = mk_engine(lm_t_, &f, dir);
@@ -197,10 +170,10 @@ LM_TEST(prefix_cache_marks_within_budget_demo) {
     const size_t budget = 1u << 20; /* a checkpoint of the demo is ~420 KiB, a block 32 KiB */
     lm_engine_opts o = { .ctx = 512, .parallel = 1, .step_tokens = 128, .cache_ram = budget };
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
-    mk_run r;
+    lm_tu_collect r;
     LM_REQUIRE(mk_generate(en, f.a, MK_N, 4, &r) == 0);
     LM_REQUIRE(mk_generate(en, f.in_last, MK_N, 4, &r) == 0);
-    LM_CHECK_MSG(r.n == MK_GEN && memcmp(r.toks, f.cold_in, sizeof r.toks) == 0, "tokens differ from a cold run");
+    LM_CHECK_MSG(r.n == MK_GEN && memcmp(r.toks, f.cold_in, sizeof f.cold_in) == 0, "tokens differ from a cold run");
     lm_engine_stats st;
     lm_engine_get_stats(en, &st);
     /* counted here from the model's shapes, not from the cache's own sum */

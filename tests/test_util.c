@@ -170,6 +170,8 @@ void lm_tu_collect_on_token(void *user, const lm_token_event *ev) {
         c->done = true;
         c->finish = ev->finish;
         c->n_cached = ev->n_cached;
+        c->n_cached_disk = ev->trace ? ev->trace->n_cached_disk : -1;
+        c->n_shared = ev->trace ? ev->trace->n_shared : -1;
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);

@@ -60,9 +60,11 @@ int lm_tu_greedy_alone_kv(struct lm_model *m, lm_kv_types kvt, const int32_t *pr
 
 /* What an engine request hands its callback, collected for a test: the
  * first LM_TU_COLLECT_MAX tokens, the first token's logprob and number of
- * top alternatives, and from the final event its finish reason and the
- * prompt tokens the cache served. Submit with lm_tu_collect_on_token and
- * the collector as its user pointer. */
+ * top alternatives, and from the final event its finish reason, the
+ * prompt tokens the cache served and, from its trace (-1 without one), how
+ * many of them came from disk and how many the cache shared before its
+ * checkpoints cut the hit. Submit with lm_tu_collect_on_token and the
+ * collector as its user pointer. */
 #define LM_TU_COLLECT_MAX 512
 typedef struct lm_tu_collect {
     pthread_mutex_t mu;
@@ -71,7 +73,7 @@ typedef struct lm_tu_collect {
     int n;
     bool done;
     lm_finish finish;
-    int n_cached;
+    int n_cached, n_cached_disk, n_shared;
     float logprob0;
     int n_top0;
 } lm_tu_collect;
