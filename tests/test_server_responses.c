@@ -32,6 +32,18 @@ static void fx_close(fx *f) {
 
 #define SKIP_NO_FIXTURE() LM_SKIP("../shared/fixtures/models/qwen3 not found")
 
+/* Opens the fixture as f, or skips the test: without the fixture, or when
+ * its template does not think. */
+#define FX_OPEN_THINKING(f)                                             \
+    fx f;                                                               \
+    do {                                                                \
+        if (!fx_open(&f)) SKIP_NO_FIXTURE();                            \
+        if (!f.s.chat || !f.s.chat->think) {                            \
+            fx_close(&f);                                               \
+            LM_SKIP("the qwen3 fixture's template does not think");     \
+        }                                                               \
+    } while (0)
+
 static int parse(fx *f, const char *body, srv_resp_req *q, srv_req *r, srv_err *e) {
     memset(e, 0, sizeof *e);
     return srv_resp_parse(&f->s, body, strlen(body), q, r, e);
@@ -483,12 +495,7 @@ static const char *k_answer =
     "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
 LM_TEST(server_responses_stream_reasoning_text_call) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, &k_answer, 1, LM_FINISH_STOP));
     check_sequence(lm_t_, &u);
@@ -525,12 +532,7 @@ LM_TEST(server_responses_stream_reasoning_text_call) {
  * reasoning item, its held-back tail (a partial close tag) included, and no
  * message item; every token counts as reasoning. */
 LM_TEST(server_responses_stream_unclosed_think) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     const char *chunks[] = { "<think>\nThe user wants code.\n\nMaybe a <tool_call> later. </thi" };
     LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, chunks, 1, LM_FINISH_STOP));
@@ -592,12 +594,7 @@ static void first_item_outline(lm_test_ctx *lm_t_, const run *u, char *out, size
  * summary is its text, streamed with the summary events around the
  * reasoning_text ones; the message and the call carry no summary. */
 LM_TEST(server_responses_stream_reasoning_summary) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     LM_REQUIRE(run_answer(lm_t_, &f, &u, k_summary_body, &k_answer, 1, LM_FINISH_STOP));
     check_sequence(lm_t_, &u);
@@ -644,12 +641,7 @@ LM_TEST(server_responses_stream_reasoning_summary) {
  * back through previous_response_id, its text becomes the reasoning once
  * (content and summary hold the same text). */
 LM_TEST(server_responses_summary_not_streamed_and_stored) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     const char *chunks[] = { "<think>\nPondering.\n</think>\n\nHi." };
     LM_REQUIRE(run_answer(lm_t_, &f, &u, "{\"input\":\"hi\",\"reasoning\":{\"summary\":\"detailed\"}}", chunks, 1,
@@ -694,12 +686,7 @@ LM_TEST(server_responses_summary_not_streamed_and_stored) {
 /* The unclosed think block of server_responses_stream_unclosed_think, with
  * a summary: it holds the whole text, the held-back tail included. */
 LM_TEST(server_responses_stream_unclosed_think_summary) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     const char *chunks[] = { "<think>\nThe user wants code.\n\nMaybe a <tool_call> later. </thi" };
     LM_REQUIRE(run_answer(lm_t_, &f, &u, k_summary_body, chunks, 1, LM_FINISH_STOP));
@@ -788,12 +775,7 @@ static char *type_outline(const json_t *events) {
 }
 
 LM_TEST(server_responses_every_split_point) {
-    fx f;
-    if (!fx_open(&f)) SKIP_NO_FIXTURE();
-    if (!f.s.chat || !f.s.chat->think) {
-        fx_close(&f);
-        LM_SKIP("the qwen3 fixture's template does not think");
-    }
+    FX_OPEN_THINKING(f);
     run u;
     LM_REQUIRE(run_answer(lm_t_, &f, &u, k_tools_body, &k_answer, 1, LM_FINISH_STOP));
     char *want = normalised(u.response), *want_outline = type_outline(u.events);
