@@ -1,5 +1,6 @@
-/* cuda_attention.h - what the attention kernels of cuda_attention.cu and
- * cuda_attention_tc.cu share: the staged batch and the launch arguments;
+/* cuda_attention.h - what the attention kernels of cuda_attention.cu,
+ * cuda_attention_tc.cu and cuda_attention_bf16.cu share: the staged batch,
+ * the launch arguments and small device helpers;
  * and the staging (cuda_attention_stage.cu), which the KV writes of
  * cuda_attention.cu and cuda_rope_kv.cu share with the attention. */
 #ifndef LUMEN_CUDA_ATTENTION_H
@@ -158,6 +159,25 @@ template <int N> struct att_kv_raw<ATT_KV_ANY, N> {
 void lm_cuda_kv_write_fmt(lm_cuda *c, lm_kv_pool *kv, int layer, const lm_tensor *k, const lm_tensor *v, att_dev d);
 void lm_cuda_kv_rotate(lm_cuda *c, float *y, int64_t y_ld, const float *x, int64_t x_ld, int T, int64_t cols, int rot,
                        bool inverse);
+
+/* 16 bytes global -> shared by cp.async, zeros when !ok (then nothing is
+ * read; base, a valid global address, stands in for src). */
+__device__ __forceinline__ void att_cp16(void *dst, const void *src, const void *base, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(ok ? src : base), "r"(n) : "memory");
+}
+
+/* The max and the sum over the 4 lanes of an mma row (lanes 4g .. 4g + 3). */
+__device__ __forceinline__ float att_max4(float x) {
+    x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 1));
+    return fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 2));
+}
+
+__device__ __forceinline__ float att_sum4(float x) {
+    x += __shfl_xor_sync(ATT_FULL, x, 1);
+    return x + __shfl_xor_sync(ATT_FULL, x, 2);
+}
 
 /* Row r of a tiled-attention block (tile = its record, hg its kv head, sub
  * its head subgroup): the token, query head, position and lowest key it

@@ -71,13 +71,6 @@ __device__ __forceinline__ float att_bf_exp2(float x) {
     return y;
 }
 
-/* 16 bytes global -> shared, zeros when !ok (then base, a valid address, is named and nothing read). */
-__device__ __forceinline__ void att_bf_cp16(__nv_bfloat16 *dst, const void *src, const void *base, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(ok ? src : base), "r"(ok ? 16 : 0)
-                 : "memory");
-}
-
 /* DP: head width padded to 64 or 128 (zeros past Dh). grid (tiles, Hkv * n_sub, n_splits). */
 template <int DP>
 __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
@@ -121,8 +114,8 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
         for (int jj = rr; jj < BK; jj += RPI) {
             const int kr = s_row[st][jj];
             const bool ok = kr >= 0 && col_ok;
-            att_bf_cp16(dk + jj * SP, kbase + (int64_t)kr * a.k_rb, a.kl, ok);
-            att_bf_cp16(dv + jj * SP, vbase + (int64_t)kr * a.v_rb, a.vl, ok);
+            att_cp16(dk + jj * SP, kbase + (int64_t)kr * a.k_rb, a.kl, ok);
+            att_cp16(dv + jj * SP, vbase + (int64_t)kr * a.v_rb, a.vl, ok);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -214,9 +207,7 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
             float al[2], mb[2], ps[2] = { 0.0f, 0.0f };
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                float v = fmaxf(mx[hf], __shfl_xor_sync(ATT_FULL, mx[hf], 1));
-                v = fmaxf(v, __shfl_xor_sync(ATT_FULL, v, 2));
-                const float mn = fmaxf(m[hf], v);
+                const float mn = fmaxf(m[hf], att_max4(mx[hf]));
                 al[hf] = mn != -INFINITY ? att_bf_exp2(m[hf] - mn) : 1.0f; /* 0 when m was -inf */
                 m[hf] = mn;
                 mb[hf] = mn != -INFINITY ? mn : 0.0f; /* a row with no key yet: every p is exp2(-inf) = 0 */
@@ -230,11 +221,7 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
                     ps[e >> 1] += p;
                 }
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float v = ps[hf] + __shfl_xor_sync(ATT_FULL, ps[hf], 1);
-                v += __shfl_xor_sync(ATT_FULL, v, 2);
-                l[hf] = l[hf] * al[hf] + v;
-            }
+            for (int hf = 0; hf < 2; hf++) l[hf] = l[hf] * al[hf] + att_sum4(ps[hf]);
 #pragma unroll
             for (int n = 0; n < ND; n++) o[n][0] *= al[0], o[n][1] *= al[0], o[n][2] *= al[1], o[n][3] *= al[1];
             /* O += P V: k-step kp takes keys 16kp .. 16kp + 15, n-tiles 2kp and 2kp + 1 of S */

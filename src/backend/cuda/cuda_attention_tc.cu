@@ -95,24 +95,6 @@ __device__ __forceinline__ void att_tc_mma_b(float *d, const uint32_t *ab, const
     }
 }
 
-/* 16 bytes global -> shared, zeros when !ok (then nothing is read; base,
- * a valid global address, stands in for src). */
-__device__ __forceinline__ void att_tc_cp16(float *dst, const float *src, const float *base, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    const int n = ok ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(ok ? src : base), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ float att_tc_max4(float x) {
-    x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 1));
-    return fmaxf(x, __shfl_xor_sync(ATT_FULL, x, 2));
-}
-
-__device__ __forceinline__ float att_tc_sum4(float x) {
-    x += __shfl_xor_sync(ATT_FULL, x, 1);
-    return x + __shfl_xor_sync(ATT_FULL, x, 2);
-}
-
 /* DP: head width padded (a multiple of 32, zeros past Dh); BK keys a tile;
  * MT m16 tiles of rows a warp (ROWS = 64 MT rows a block): with two, each
  * K and V fragment loaded and split serves two mma, not one.
@@ -138,7 +120,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
     for (int i = tid; i < ROWS * (DP / 4); i += ATT_TC_THREADS) {
         const int r = i / (DP / 4), c4 = 4 * (i % (DP / 4));
         const bool ok = r_tok[r] >= 0 && c4 < a.Dh;
-        att_tc_cp16(sQ + r * SP + c4, a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + c4, a.q, ok);
+        att_cp16(sQ + r * SP + c4, a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + c4, a.q, ok);
     }
 
     int k_lo, k_hi;
@@ -183,8 +165,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
                 continue;
             }
             const int64_t off = kr * a.kv_ld + goff + c4;
-            att_tc_cp16(sK + jj * SP + c4, a.kl + off, a.kl, ok);
-            att_tc_cp16(sV + jj * SP + c4, a.vl + off, a.vl, ok);
+            att_cp16(sK + jj * SP + c4, a.kl + off, a.kl, ok);
+            att_cp16(sV + jj * SP + c4, a.vl + off, a.vl, ok);
         }
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
@@ -237,7 +219,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
             float al[2], ps[2] = { 0.0f, 0.0f };
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const float mn = fmaxf(m[mt][hf], att_tc_max4(mx[hf]));
+                const float mn = fmaxf(m[mt][hf], att_max4(mx[hf]));
                 al[hf] = mn != -INFINITY ? expf(m[mt][hf] - mn) : 1.0f; /* 0 when m was -inf */
                 m[mt][hf] = mn;
             }
@@ -251,7 +233,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) att_tc_kernel(att_args a) {
                     ps[e >> 1] += p;
                 }
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) l[mt][hf] = l[mt][hf] * al[hf] + att_tc_sum4(ps[hf]);
+            for (int hf = 0; hf < 2; hf++) l[mt][hf] = l[mt][hf] * al[hf] + att_sum4(ps[hf]);
 #pragma unroll
             for (int n = 0; n < ND; n++)
                 o[mt][n][0] *= al[0], o[mt][n][1] *= al[0], o[mt][n][2] *= al[1], o[mt][n][3] *= al[1];
