@@ -317,10 +317,13 @@ LM_TEST(disk_cache_engine_small_budget) {
     int packs;
     lm_dc_record rec[16];
     int n = dk_records(f.dir, rec, 16, &bytes, &packs);
+    /* the prefill's pack may be written and cut before the request ends
+     * (a fast writer): the end then writes the two blocks cut again, and
+     * they go too; either way all but four are evicted */
     LM_CHECK_MSG(packs == 1 && n == DK_N / 16 && bytes == budget && st.entries == 4 && st.bytes == bytes &&
-                     st.evicted == 2,
-                 "%d packs of %d records, %zu bytes (budget %zu), %d entries, evicted %llu", packs, n, bytes, budget,
-                 st.entries, (unsigned long long)st.evicted);
+                     (st.writes == 6 || st.writes == 8) && st.evicted == st.writes - 4,
+                 "%d packs of %d records, %zu bytes (budget %zu), %d entries, %llu written, evicted %llu", packs, n,
+                 bytes, budget, st.entries, (unsigned long long)st.writes, (unsigned long long)st.evicted);
     /* the chain's end went first: its first four blocks still serve */
     LM_REQUIRE(lm_engine_create(&en, f.m, &o, &e) == 0);
     LM_CHECK(dk_generate(en, f.prompt, DK_N, &r) == 0 && memcmp(r.toks, f.cold, DK_GEN * sizeof(int32_t)) == 0);
