@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/engine_internal.h"
 #include "engine/lm_engine.h"
 #include "grammar/lm_grammar.h"
 #include "lm_test.h"
@@ -18,6 +19,8 @@ enum { MAXT = 96 };
 /* Runs the requests (grammar[i] NULL: plain greedy) in one engine, all
  * submitted at once, `rounds` times one after the other (a later round
  * finds the earlier's blocks in the prefix cache); out[round * n + i]. */
+static float run_temperature; /* 0: greedy; else sampled with request i's seed i + 1 */
+
 static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *const *grammar,
                     const lm_grammar_vocab *v, const int32_t *stop, lm_tu_collect *all, int rounds,
                     lm_engine_stats *st) {
@@ -34,7 +37,8 @@ static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *con
     lm_tu_collect *out = all + round * n;
     for (int i = 0; i < n; i++) {
         lm_tu_collect_init(&out[i]);
-        lm_gen_params p = { .sampling = { .temperature = 0 }, .repetition_penalty = 1, .max_tokens = MAXT,
+        lm_gen_params p = { .sampling = { .temperature = run_temperature, .seed = (uint64_t)i + 1 },
+                            .repetition_penalty = 1, .max_tokens = MAXT,
                             .stop_tokens = stop, .n_stop_tokens = 1, .grammar = grammar[i], .grammar_vocab = v };
         if (lm_engine_submit(en, prompt, 24, &p, lm_tu_collect_on_token, &out[i], &r[i], &e) != LM_ENGINE_OK) {
             fprintf(stderr, "  submit: %s\n", e.msg);
@@ -85,32 +89,69 @@ static int g_propose(void *user, const int32_t *tokens, int n_tokens, int n_prom
     return 0;
 }
 
-LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
+/* The demo model, its vocabulary for grammars, and a small object schema. */
+typedef struct eg_fix {
+    lm_tokenizer *tok;
+    lm_backend *be;
+    lm_model *m;
+    const char **bytes;
+    size_t *lens;
+    lm_grammar_vocab *v;
+    lm_grammar *g;
+    int32_t stop;
+} eg_fix;
+
+static bool eg_open(eg_fix *f) {
     lm_err e = { { 0 } };
-    lm_tokenizer *tok = NULL;
-    LM_REQUIRE(lm_tokenizer_load(&tok, LUMEN_SOURCE_DIR "/models/demo", &e) == 0);
-    lm_backend *be = lm_tu_model_backend(2, &e);
-    LM_REQUIRE(be != NULL);
-    lm_model *m = NULL;
-    LM_REQUIRE(lm_model_load(&m, LUMEN_SOURCE_DIR "/models/demo", be, &e) == 0);
-    const int V = m->cfg.vocab;
-    const char **bytes = calloc((size_t)V, sizeof *bytes);
-    size_t *lens = calloc((size_t)V, sizeof *lens);
+    *f = (eg_fix){ 0 };
+    if (lm_tokenizer_load(&f->tok, LUMEN_SOURCE_DIR "/models/demo", &e) || !(f->be = lm_tu_model_backend(2, &e)) ||
+        lm_model_load(&f->m, LUMEN_SOURCE_DIR "/models/demo", f->be, &e)) {
+        fprintf(stderr, "  demo model: %s\n", e.msg);
+        return false;
+    }
+    const int V = f->m->cfg.vocab;
+    f->bytes = calloc((size_t)V, sizeof *f->bytes);
+    f->lens = calloc((size_t)V, sizeof *f->lens);
     lm_tok_str t = { 0 };
-    for (int id = 0; id < V && id < lm_tokenizer_n_vocab(tok); id++) {
-        if (lm_tokenizer_is_special(tok, id) || !lm_tokenizer_token_bytes(tok, id, &t)) continue;
+    for (int id = 0; id < V && id < lm_tokenizer_n_vocab(f->tok); id++) {
+        if (lm_tokenizer_is_special(f->tok, id) || !lm_tokenizer_token_bytes(f->tok, id, &t)) continue;
         char *c = malloc(t.len + 1);
         memcpy(c, t.s, t.len);
-        bytes[id] = c, lens[id] = t.len;
+        f->bytes[id] = c, f->lens[id] = t.len;
     }
-    int32_t stop = lm_tokenizer_token_to_id(tok, "<|im_end|>", 10);
-    lm_grammar_vocab *v = lm_grammar_vocab_create(V, bytes, lens, &stop, 1);
+    lm_tok_str_free(&t);
+    f->stop = lm_tokenizer_token_to_id(f->tok, "<|im_end|>", 10);
+    f->v = lm_grammar_vocab_create(V, f->bytes, f->lens, &f->stop, 1);
     json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
                                 "\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},\"ok\":{\"type\":\"boolean\"}},"
                                 "\"required\":[\"name\",\"n\",\"ok\"],\"additionalProperties\":false}", 0, NULL);
-    lm_grammar *g = NULL;
-    LM_REQUIRE(lm_grammar_from_schema(&g, schema, &e) == 0);
+    int rc = lm_grammar_from_schema(&f->g, schema, &e);
     json_decref(schema);
+    return rc == 0;
+}
+
+static void eg_close(eg_fix *f) {
+    for (int id = 0; f->m && id < f->m->cfg.vocab; id++) free((char *)f->bytes[id]);
+    free(f->bytes), free(f->lens);
+    lm_grammar_unref(f->g);
+    lm_grammar_vocab_free(f->v);
+    lm_model_free(f->m);
+    lm_backend_destroy(f->be);
+    lm_tokenizer_free(f->tok);
+}
+
+static bool same(const lm_tu_collect *a, const lm_tu_collect *b) {
+    return a->n == b->n && !memcmp(a->toks, b->toks, (size_t)a->n * sizeof(int32_t));
+}
+
+LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
+    eg_fix f;
+    LM_REQUIRE(eg_open(&f));
+    lm_model *m = f.m;
+    lm_tokenizer *tok = f.tok;
+    lm_grammar_vocab *v = f.v;
+    lm_grammar *g = f.g;
+    int32_t stop = f.stop;
 
     /* alone, no look-ahead, no cache */
     lm_tu_collect solo[1];
@@ -169,12 +210,150 @@ LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
     for (int i = 0; i < 2; i++)
         LM_CHECK(res[i].n == solo[0].n && !memcmp(res[i].toks, solo[0].toks, (size_t)solo[0].n * sizeof(int32_t)));
     LM_CHECK_MSG(rst.spec_drafted == 0, "%llu refused draft tokens verified", (unsigned long long)rst.spec_drafted);
-    for (int id = 0; id < V; id++) free((char *)bytes[id]);
-    free(bytes), free(lens);
-    lm_tok_str_free(&t);
-    lm_grammar_unref(g);
-    lm_grammar_vocab_free(v);
-    lm_model_free(m);
-    lm_backend_destroy(be);
-    lm_tokenizer_free(tok);
+    eg_close(&f);
+}
+
+/* Masks computed while the forward runs (lm_engine_opts.mask_ahead) give
+ * the same tokens as masks computed after it, greedy and sampled, batched
+ * with plain requests under the look-ahead, from the prefix cache, with
+ * strict fill on and off, and speculating (a draft's rows get theirs from
+ * the matcher after the draft tokens before them); with it on every mask
+ * the hand-out applies came from the helper. */
+LM_TEST(engine_grammar_masks_ahead_exact) {
+    eg_fix f;
+    LM_REQUIRE(eg_open(&f));
+    const int32_t special = lm_tokenizer_token_to_id(f.tok, "<|im_start|>", 12);
+    LM_REQUIRE(special >= 0);
+    lm_grammar *mix[4] = { NULL, f.g, NULL, f.g }, *all4[4] = { f.g, f.g, f.g, f.g };
+    lm_tu_collect greedy[8], ref[8], got[8];
+    for (int c = 0; c < 5; c++) {
+        /* 0: mixed greedy batch, look-ahead, cache, two rounds; 1: the same,
+         * strict fill off; 2: sampled, all four constrained; 3, 4:
+         * speculating on the right answers with a refused token at every
+         * position in turn, per-position rollback and replay */
+        lm_engine_opts o = { .ctx = 256, .parallel = 4, .look_ahead = 1, .cache_ram = 8u << 20,
+                             .strict_fill = c == 1 ? -1 : 0 };
+        lm_grammar *const *gr = c == 2 ? all4 : mix;
+        run_temperature = c == 2 ? 0.9f : 0;
+        g_oracle orc = { { &greedy[1], &greedy[0] }, special, false, 0 };
+        if (c >= 3) {
+            o.look_ahead = 0;
+            o.spec = LM_SPEC_CALLBACK, o.spec_draft = 3, o.spec_fixed = true, o.spec_replay = c == 4;
+            o.spec_cb = g_propose, o.spec_user = &orc;
+        }
+        lm_engine_stats st_off = { 0 }, st_on = { 0 };
+        o.mask_ahead = -1;
+        /* speculating: against the greedy results of case 0 */
+        if (c < 3) run_all(f.m, &o, 4, gr, f.v, &f.stop, ref, 2, &st_off);
+        else memcpy(ref, greedy, sizeof ref);
+        orc.calls = 0;
+        o.mask_ahead = 1;
+        run_all(f.m, &o, 4, gr, f.v, &f.stop, got, 2, &st_on);
+        for (int i = 0; i < 8; i++)
+            LM_CHECK_MSG(ref[i].done && same(&got[i], &ref[i]), "case %d, round %d request %d: %d tokens vs %d", c,
+                         i / 4, i % 4, got[i].n, ref[i].n);
+        if (c < 3) LM_CHECK_MSG(st_off.grammar_masks > 0 && st_off.grammar_masks_ahead == 0, "case %d off: %llu of %llu",
+                                c, (unsigned long long)st_off.grammar_masks_ahead,
+                                (unsigned long long)st_off.grammar_masks);
+        LM_CHECK_MSG(st_on.grammar_masks > 0 && st_on.grammar_masks_ahead == st_on.grammar_masks,
+                     "case %d on: %llu of %llu masks from the helper", c,
+                     (unsigned long long)st_on.grammar_masks_ahead, (unsigned long long)st_on.grammar_masks);
+        if (c >= 3) LM_CHECK(st_on.spec_verifies > 0 && st_on.spec_accepted > 0);
+        if (c == 0) memcpy(greedy, ref, sizeof greedy);
+    }
+    run_temperature = 0;
+    eg_close(&f);
+}
+
+/* The first token mask allows, or -1. */
+static int32_t first_allowed(const uint32_t *mask, int V, int32_t not) {
+    for (int id = 0; id < V; id++)
+        if ((mask[id / 32] >> (id % 32) & 1) && id != not) return id;
+    return -1;
+}
+
+static bool mask_eq(const uint32_t *a, const uint32_t *b, int V) {
+    return !memcmp(a, b, (size_t)lm_grammar_mask_words(V) * sizeof *a);
+}
+
+/* The helper's masks one by one: a draft's rows get the masks after the
+ * draft tokens before them; a request that moved elsewhere since the post
+ * (another token handed out, or the grammar stepped on without a token, as
+ * a strict fill does) or a mask of an older post is not taken. */
+LM_TEST(engine_grammar_mask_ahead_rows) {
+    eg_fix f;
+    LM_REQUIRE(eg_open(&f));
+    const int V = f.m->cfg.vocab, W = lm_grammar_mask_words(V);
+    lm_grammar_matcher *gm = lm_grammar_matcher_create(f.g, f.v);
+    uint32_t *want[3];
+    int32_t d[3];
+    LM_REQUIRE(lm_grammar_accept_bytes(gm, "{\"name\": \"", 10));
+    for (int i = 0; i < 3; i++) { /* the inline masks along a path of allowed tokens */
+        want[i] = malloc((size_t)W * 4);
+        LM_REQUIRE(lm_grammar_mask(gm, want[i]) > 1);
+        d[i] = first_allowed(want[i], V, -1);
+        LM_REQUIRE(d[i] >= 0 && lm_grammar_accept(gm, d[i]));
+    }
+    lm_grammar_rollback(gm, 3);
+    int32_t toks[16] = { 7 };
+    lm_request r = { .gm = gm, .gm_live = true, .state = LM_REQ_RUNNING, .tokens = toks, .n_tokens = 1, .cap = 16 };
+    lm_batch_builder *bb = lm_batch_builder_create(8, 1, 3, false);
+    int32_t table[1] = { 0 };
+    lm_request *rows[3] = { &r, &r, &r };
+    lm_step st = { .n_out = 3, .row_req = rows };
+    lm_mask_ahead *ma = lm_mask_ahead_create(V, 3);
+    LM_REQUIRE(ma);
+    /* post: t0 then the draft d0 d1 (rows 0, 1, 2) */
+    lm_batch_add_seq(bb, table, -1);
+    int32_t fed[3] = { 7, d[0], d[1] };
+    int last = lm_batch_add_tokens(bb, 0, fed, 0, 3);
+    for (int i = 0; i < 3; i++) lm_batch_add_out(bb, last - 2 + i);
+    double mask_s;
+    LM_CHECK(lm_mask_ahead_start(ma, &st, bb) == 1);
+    lm_mask_ahead_wait(ma, &mask_s);
+    LM_CHECK(lm_grammar_steps(gm) == 1); /* the helper rolled back what it accepted */
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        const uint32_t *got = lm_mask_ahead_take(ma, &r, &n);
+        LM_CHECK_MSG(got && mask_eq(got, want[i], V), "row %d", i);
+        LM_REQUIRE(lm_grammar_accept(gm, d[i]));
+        toks[r.n_tokens++] = d[i];
+    }
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) == NULL); /* past the post's rows */
+    lm_grammar_rollback(gm, 3);
+    r.n_tokens = 1;
+    /* another token than the draft's at row 0: row 1 is not its mask */
+    LM_CHECK(lm_mask_ahead_start(ma, &st, bb) == 1);
+    lm_mask_ahead_wait(ma, &mask_s);
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) != NULL);
+    const int32_t other = first_allowed(want[0], V, d[0]);
+    LM_REQUIRE(other >= 0 && lm_grammar_accept(gm, other));
+    toks[r.n_tokens++] = other;
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) == NULL);
+    lm_grammar_rollback(gm, 1);
+    r.n_tokens = 1;
+    /* the draft's token, then the grammar stepped on without one */
+    LM_CHECK(lm_mask_ahead_start(ma, &st, bb) == 1);
+    lm_mask_ahead_wait(ma, &mask_s);
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) != NULL);
+    LM_REQUIRE(lm_grammar_accept(gm, d[0]));
+    toks[r.n_tokens++] = d[0];
+    LM_REQUIRE(lm_grammar_accept(gm, d[1]));
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) == NULL);
+    lm_grammar_rollback(gm, 2);
+    r.n_tokens = 1;
+    /* an older post's masks */
+    LM_CHECK(lm_mask_ahead_start(ma, &st, bb) == 1);
+    lm_mask_ahead_wait(ma, &mask_s);
+    lm_request *none[3] = { NULL, NULL, NULL };
+    lm_request plain = { .state = LM_REQ_RUNNING };
+    none[0] = none[1] = none[2] = &plain;
+    lm_step other_st = { .n_out = 3, .row_req = none };
+    LM_CHECK(lm_mask_ahead_start(ma, &other_st, bb) == 0);
+    LM_CHECK(lm_mask_ahead_take(ma, &r, &n) == NULL);
+    lm_mask_ahead_free(ma);
+    lm_batch_builder_free(bb);
+    for (int i = 0; i < 3; i++) free(want[i]);
+    lm_grammar_matcher_free(gm);
+    eg_close(&f);
 }

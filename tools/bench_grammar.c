@@ -15,7 +15,9 @@
  *    without and one with, and its mask time per mask; the tools are only in
  *    the grammar: 250 tool definitions do not fit the demo model's
  *    4,096-token context), and a schema of long fixed keys with strict
- *    fill off and on, each the best of 3 runs. */
+ *    fill off and on, each the best of 3 runs.
+ * 3. Masks computed during the forward against after it (mask_ahead): four
+ *    constrained requests at once, 7 rounds alternating which goes first. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +227,85 @@ static void decode_vs(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v, con
            k ? 100.0 * (double)(s1.mask_hits - s0.mask_hits) / (double)k : 0.0);
 }
 
+/* Four constrained requests at once (different prompts), greedy, with
+ * the masks computed after each forward (mask_ahead -1) or during it (1):
+ * tokens per second over the whole batch, and the masks' time per token,
+ * all of it and the part the engine thread spent after the forwards. */
+typedef struct batch_run {
+    double tok_s, mask_us, wait_us;
+} batch_run;
+
+static batch_run decode_batch(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v, int mask_ahead) {
+    enum { N = 4, PROMPT = 32 };
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    lm_engine_opts o = { .ctx = 2048, .parallel = N, .mask_ahead = mask_ahead };
+    batch_run br = { 0 };
+    if (lm_engine_create(&en, m, &o, &e)) {
+        fprintf(stderr, "engine: %s\n", e.msg);
+        return br;
+    }
+    done_wait d[N];
+    lm_request *r[N];
+    int32_t prompt[N][PROMPT];
+    lm_engine_stats s0, s1;
+    lm_engine_get_stats(en, &s0);
+    const double t0 = lm_now();
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < PROMPT; i++) prompt[k][i] = (i * 131 + 7 + 977 * k) % 3000 + 20;
+        d[k] = (done_wait){ .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+        lm_gen_params p = { .sampling = { .temperature = 0 }, .repetition_penalty = 1, .max_tokens = 256,
+                            .grammar = g, .grammar_vocab = v };
+        if (lm_engine_submit(en, prompt[k], PROMPT, &p, on_tok, &d[k], &r[k], &e) != LM_ENGINE_OK) {
+            fprintf(stderr, "submit: %s\n", e.msg);
+            exit(1);
+        }
+    }
+    int tokens = 0;
+    for (int k = 0; k < N; k++) {
+        pthread_mutex_lock(&d[k].mu);
+        while (!d[k].done) pthread_cond_wait(&d[k].cv, &d[k].mu);
+        pthread_mutex_unlock(&d[k].mu);
+        lm_request_release(r[k]);
+        tokens += d[k].n;
+    }
+    const double dt = lm_now() - t0;
+    for (int i = 0; i < 1000; i++) { /* the stats are published after the step */
+        lm_engine_get_stats(en, &s1);
+        if (s1.running == 0) break;
+    }
+    lm_engine_free(en);
+    const double masks = (double)(s1.grammar_masks - s0.grammar_masks);
+    br.tok_s = tokens / dt;
+    br.mask_us = masks > 0 ? (s1.grammar_mask_s - s0.grammar_mask_s) / masks * 1e6 : 0;
+    br.wait_us = masks > 0 ? (s1.grammar_wait_s - s0.grammar_wait_s) / masks * 1e6 : 0;
+    return br;
+}
+
+/* decode_batch off and on, alternating which goes first, ROUNDS rounds:
+ * the median ratio on / off, and the mask times of each. */
+static void masks_ahead_vs(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v, const char *what) {
+    enum { ROUNDS = 7 };
+    double ratio[ROUNDS], off_t[ROUNDS], on_t[ROUNDS], mask[2] = { 0 }, wait[2] = { 0 };
+    for (int i = 0; i < ROUNDS; i++) {
+        batch_run off, on;
+        if (i & 1) on = decode_batch(m, g, v, 1);
+        off = decode_batch(m, g, v, -1);
+        if (!(i & 1)) on = decode_batch(m, g, v, 1);
+        ratio[i] = off.tok_s > 0 ? on.tok_s / off.tok_s : 0;
+        off_t[i] = off.tok_s, on_t[i] = on.tok_s;
+        mask[0] += off.mask_us / ROUNDS, wait[0] += off.wait_us / ROUNDS;
+        mask[1] += on.mask_us / ROUNDS, wait[1] += on.wait_us / ROUNDS;
+    }
+    qsort(ratio, ROUNDS, sizeof *ratio, cmp_d);
+    qsort(off_t, ROUNDS, sizeof *off_t, cmp_d);
+    qsort(on_t, ROUNDS, sizeof *on_t, cmp_d);
+    printf("  %-40s after: %7.1f tok/s, masks %.2f us a token (%.2f after the forward)\n", what, off_t[ROUNDS / 2],
+           mask[0], wait[0]);
+    printf("  %-40s during: %7.1f tok/s, masks %.2f us a token (%.2f after the forward): median ratio %.3f "
+           "(%.3f-%.3f)\n", "", on_t[ROUNDS / 2], mask[1], wait[1], ratio[ROUNDS / 2], ratio[0], ratio[ROUNDS - 1]);
+}
+
 int main(int argc, char **argv) {
     const char *tok_dir = "../shared/fixtures/tokenizers/qwen3", *model_dir = "models/demo";
     int threads = 2;
@@ -320,6 +401,10 @@ int main(int argc, char **argv) {
     printf("  %-40s %7.1f tok/s (%d tokens)\n", "no grammar", base, nt);
     decode_vs(m, gt, dv, "JSON schema (a long string)");
     decode_vs(m, g250, dv, "250-tool call grammar");
+    printf("masks during the forward (mask_ahead), 4 constrained requests at once, %d threads, 7 rounds:\n",
+           threads);
+    masks_ahead_vs(m, gt, dv, "JSON schema (a long string)");
+    masks_ahead_vs(m, g250, dv, "250-tool call grammar");
     uint64_t s_off, s_on;
     int n_off, n_on;
     double off = decode(m, gk, dv, -1, 1000, &n_off, &s_off);

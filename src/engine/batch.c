@@ -121,6 +121,11 @@ int lm_batch_n_tokens(const lm_batch_builder *bb) { return bb->b.n_tokens; }
 
 int lm_batch_n_out(const lm_batch_builder *bb) { return bb->b.n_out; }
 
+int32_t lm_batch_out_token(const lm_batch_builder *bb, int o) {
+    LM_ASSERT(o >= 0 && o < bb->b.n_out);
+    return bb->tokens[bb->rows[o]];
+}
+
 int lm_batch_forward(lm_batch_builder *bb, lm_model *m, lm_kv_pool *kv, float *logits, lm_err *e) {
     return lm_model_forward(m, kv, &bb->b, logits, e);
 }

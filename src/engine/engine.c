@@ -136,15 +136,24 @@ void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_
     int32_t tok;
     if (r->gm && r->gm_live) {
         LM_ASSERT(logits); /* a request with a grammar is never plain greedy */
-        const double t0 = lm_now();
-        int n = lm_grammar_mask(r->gm, en->gmask);
+        int n;
+        const uint32_t *mask = lm_mask_ahead_take(en->ma, r, &n);
+        if (!mask) { /* not computed during the forward, or no longer r's */
+            const double t0 = lm_now();
+            n = lm_grammar_mask(r->gm, en->gmask);
+            mask = en->gmask;
+            const double dt = lm_now() - t0;
+            en->grammar_mask_s += dt;
+            en->grammar_wait_s += dt;
+        } else {
+            en->grammar_masks_ahead++;
+        }
         en->grammar_masks++;
-        en->grammar_mask_s += lm_now() - t0;
         if (n == 0) {
             req_finish(en, r, LM_FINISH_ERROR, "the grammar allows no token of this vocabulary here");
             return;
         }
-        tok = lm_sample_masked(r->sampler, logits, en->work, en->gmask);
+        tok = lm_sample_masked(r->sampler, logits, en->work, mask);
         if (!is_stop_token(r, tok)) LM_ASSERT(lm_grammar_accept(r->gm, tok));
     } else {
         tok = logits ? lm_sample_adjusted(r->sampler, logits, en->work) : greedy;
@@ -366,7 +375,14 @@ static bool step_build(lm_engine *en, lm_step *st) {
 static bool step_issue(lm_engine *en, lm_step *st) {
     lm_batch_set_argmax(en->bb, st->ids, st->want_logits, st->policy->argmax_later);
     lm_err e = { { 0 } };
-    if (lm_batch_forward(en->bb, en->m, &en->kv->pool, st->logits, &e) == 0) return true;
+    const bool masks = en->ma && lm_mask_ahead_start(en->ma, st, en->bb) > 0;
+    const int rc = lm_batch_forward(en->bb, en->m, &en->kv->pool, st->logits, &e);
+    if (masks) {
+        double mask_s;
+        en->grammar_wait_s += lm_mask_ahead_wait(en->ma, &mask_s);
+        en->grammar_mask_s += mask_s;
+    }
+    if (rc == 0) return true;
     for (int i = 0; i < en->n_running; i++) retire(en, en->running[i], LM_FINISH_ERROR, e.msg);
     en->n_running = 0;
     return false;
@@ -426,6 +442,8 @@ static void *engine_main(void *arg) {
         en->step_generated = 0;
         en->st.grammar_masks = en->grammar_masks;
         en->st.grammar_mask_s = en->grammar_mask_s;
+        en->st.grammar_wait_s = en->grammar_wait_s;
+        en->st.grammar_masks_ahead = en->grammar_masks_ahead;
         en->st.grammar_fill_tokens = en->grammar_fill_tokens;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;
@@ -446,6 +464,7 @@ static void engine_destroy(lm_engine *en) {
     lm_spec_free(en->spec);
     lm_mtp_free(en->spec_mtp);
     lm_ahead_free(en);
+    lm_mask_ahead_free(en->ma);
     lm_batch_builder_free(en->bb);
     free(en->running);
     free(en->cur.seq_req);
@@ -506,6 +525,9 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
     en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
+    size_t free_b = 0, total_b = 0; /* total > 0: a backend with its own memory */
+    lm_backend_mem_info(m->be, &free_b, &total_b);
+    if (en->o.mask_ahead > 0 || (en->o.mask_ahead == 0 && total_b > 0)) en->ma = lm_mask_ahead_create(en->vocab, (int)R);
     if (en->spec) en->ahead_on = false; /* a drafted step reads every row on the host (lm_spec.h) */
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);

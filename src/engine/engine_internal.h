@@ -86,9 +86,15 @@ struct lm_request {
      * (if any) was generated */
     lm_grammar_matcher *gm;
     bool gm_live;
+    /* masks computed during the forward (mask_ahead.c): rows pre_row0 ..
+     * pre_row0 + pre_n - 1 of the post pre_serial, from the matcher at
+     * step pre_steps0; pre_next the next to hand out */
+    uint64_t pre_serial;
+    int pre_row0, pre_n, pre_next, pre_steps0;
     lm_spec_req spec;       /* speculative decoding (spec.c), zero when it never drafted */
 };
 
+typedef struct lm_mask_ahead lm_mask_ahead;
 typedef struct lm_step_policy lm_step_policy;
 
 /* One step's forward as the scheduler sees it: which request owns each
@@ -167,6 +173,10 @@ struct lm_engine {
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
                                   * each holds a reference to its requests */
     int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
+    /* grammar masks computed while the forward runs (mask_ahead.c): NULL when off */
+    lm_mask_ahead *ma;
+    double grammar_wait_s;       /* the engine thread's time on masks after the forwards */
+    uint64_t grammar_masks_ahead; /* masks taken from the helper */
     /* speculative decoding (spec.c): NULL when off */
     lm_spec *spec;
     lm_spec_mtp *spec_mtp;       /* its MTP proposer (spec_mtp.c), NULL without */
@@ -255,6 +265,24 @@ void lm_ahead_free(lm_engine *en);
 /* Whether the built step st may run under the look-ahead policy. */
 bool lm_ahead_claim(const lm_engine *en, const lm_step *st);
 extern const lm_step_policy lm_ahead_policy;
+
+/* ---- mask_ahead.c ---- */
+
+/* A helper thread for masks over vocab ids, rows output rows a step at
+ * most; NULL when no thread can be started (masks are then computed
+ * inline). */
+lm_mask_ahead *lm_mask_ahead_create(int vocab, int rows);
+void lm_mask_ahead_free(lm_mask_ahead *ma);
+/* Posts the masks of st's rows whose request has a live grammar (bb the
+ * step's built batch, before its forward); returns how many requests. The
+ * engine thread leaves their matchers alone until lm_mask_ahead_wait. */
+int lm_mask_ahead_start(lm_mask_ahead *ma, const lm_step *st, const lm_batch_builder *bb);
+/* Until the post's masks are done (computing what the helper has not
+ * started); returns the seconds it took, *mask_s the computing time. */
+double lm_mask_ahead_wait(lm_mask_ahead *ma, double *mask_s);
+/* r's next mask of the post if r stands where it was computed for (sets
+ * *count, the tokens it allows), else NULL. */
+const uint32_t *lm_mask_ahead_take(lm_mask_ahead *ma, lm_request *r, int *count);
 
 /* ---- fit.c ---- */
 

@@ -58,6 +58,8 @@ int lm_batch_n_hidden(const lm_batch_builder *bb);
  * are there (lm_model_wait_argmax). */
 void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later);
 
+/* The token fed at output o's row. */
+int32_t lm_batch_out_token(const lm_batch_builder *bb, int o);
 /* Tokens in the batch so far; output rows asked for. */
 int lm_batch_n_tokens(const lm_batch_builder *bb);
 int lm_batch_n_out(const lm_batch_builder *bb);

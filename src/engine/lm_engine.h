@@ -202,6 +202,13 @@ typedef struct lm_engine_opts {
                        * tokens are appended without sampling and fed in
                        * the next forward together (lm_grammar_fill). 0 = on,
                        * -1 = off */
+    int mask_ahead;   /* grammar token masks computed by a helper thread
+                       * while the step's forward runs, instead of after
+                       * its logits (the hand-out picks them up; results
+                       * are unchanged). 0 = on backends with their own
+                       * memory (GPUs: the host waits for the forward
+                       * anyway), 1 = always (a CPU forward then shares the
+                       * cores with it), -1 = never */
     lm_spec_mode spec; /* speculative decoding (lm_spec.h); off by default.
                         * A model without what the mode needs (LM_SPEC_MTP
                         * without an MTP head) is an error at creation. */
@@ -247,7 +254,10 @@ typedef struct lm_engine_stats {
     uint64_t batch_hist[8];
     /* constrained decoding */
     uint64_t grammar_masks;        /* token masks applied */
+    uint64_t grammar_masks_ahead;  /* of which computed while a forward ran (mask_ahead) */
     double grammar_mask_s;         /* seconds computing them */
+    double grammar_wait_s;         /* of which the engine thread spent after the
+                                    * forwards (the rest ran during them) */
     uint64_t grammar_fill_tokens;  /* tokens appended by strict fill */
     /* speculative decoding (lm_engine_opts.spec) */
     uint64_t spec_verifies;        /* sequences that a step fed with a draft */

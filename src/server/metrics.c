@@ -263,6 +263,13 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
     tprintf(&b, "# HELP lumen_grammar_mask_seconds_total Time spent computing token masks.\n"
                 "# TYPE lumen_grammar_mask_seconds_total counter\nlumen_grammar_mask_seconds_total %.6f\n",
             es.grammar_mask_s);
+    counter(&b, "lumen_grammar_masks_ahead_total", "Of those, masks computed while the forward ran.",
+            es.grammar_masks_ahead);
+    tprintf(&b,
+            "# HELP lumen_grammar_mask_wait_seconds_total Of that, time the engine spent on masks after the forwards "
+            "(the rest ran while they did).\n"
+            "# TYPE lumen_grammar_mask_wait_seconds_total counter\nlumen_grammar_mask_wait_seconds_total %.6f\n",
+            es.grammar_wait_s);
     spec_text(&b, &es);
     batch_hist_text(&b, &es);
     cache_text(&b, &es, m->cache_ram);
