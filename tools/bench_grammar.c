@@ -1,6 +1,7 @@
 /* bench_grammar.c - structured output's costs (issue #32).
  *
- *   bench_grammar [--tokenizer DIR] [--model DIR] [--threads N]
+ *   bench_grammar [--tokenizer DIR] [--model DIR] [--threads N] [--device cpu|cuda] [--requests N]
+ *                 [--only-ahead 1]
  *
  * 1. Token masks over a real vocabulary (default: the Qwen3 tokenizer of
  *    ../shared/fixtures, 151,669 ids): the vocabulary's trie build, each
@@ -16,8 +17,11 @@
  *    the grammar: 250 tool definitions do not fit the demo model's
  *    4,096-token context), and a schema of long fixed keys with strict
  *    fill off and on, each the best of 3 runs.
- * 3. Masks computed during the forward against after it (mask_ahead): four
- *    constrained requests at once, 7 rounds alternating which goes first. */
+ * 3. Masks computed during the forward against after it (mask_ahead):
+ *    --requests (4) constrained requests at once, 7 rounds alternating
+ *    which goes first.
+ * Parts 2 and 3 run the model on --device (cpu; cuda: the first GPU);
+ * --only-ahead 1 runs part 3 alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,8 +239,11 @@ typedef struct batch_run {
     double tok_s, mask_us, wait_us;
 } batch_run;
 
+static int n_requests = 4;
+
 static batch_run decode_batch(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v, int mask_ahead) {
-    enum { N = 4, PROMPT = 32 };
+    enum { NMAX = 64, PROMPT = 32 };
+    const int N = n_requests;
     lm_engine *en = NULL;
     lm_err e = { { 0 } };
     lm_engine_opts o = { .ctx = 2048, .parallel = N, .mask_ahead = mask_ahead };
@@ -245,9 +252,9 @@ static batch_run decode_batch(lm_model *m, lm_grammar *g, const lm_grammar_vocab
         fprintf(stderr, "engine: %s\n", e.msg);
         return br;
     }
-    done_wait d[N];
-    lm_request *r[N];
-    int32_t prompt[N][PROMPT];
+    done_wait d[NMAX];
+    lm_request *r[NMAX];
+    int32_t prompt[NMAX][PROMPT];
     lm_engine_stats s0, s1;
     lm_engine_get_stats(en, &s0);
     const double t0 = lm_now();
@@ -309,10 +316,19 @@ static void masks_ahead_vs(lm_model *m, lm_grammar *g, const lm_grammar_vocab *v
 int main(int argc, char **argv) {
     const char *tok_dir = "../shared/fixtures/tokenizers/qwen3", *model_dir = "models/demo";
     int threads = 2;
+    const char *device = "cpu";
+    bool only_ahead = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--tokenizer")) tok_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else if (!strcmp(argv[i], "--requests")) n_requests = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only-ahead")) only_ahead = atoi(argv[i + 1]) != 0;
+    }
+    if (n_requests < 1 || n_requests > 64 || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
+        fprintf(stderr, "bench_grammar: --requests 1..64, --device cpu|cuda\n");
+        return 2;
     }
     lm_err e = { { 0 } };
     lm_tokenizer *tok = NULL;
@@ -327,7 +343,7 @@ int main(int argc, char **argv) {
     DIR *dir = opendir("tests/data/schemas");
     struct dirent *de;
     printf("compile (best of 5):\n");
-    while (dir && (de = readdir(dir))) {
+    while (!only_ahead && dir && (de = readdir(dir))) {
         if (!strstr(de->d_name, ".json")) continue;
         char path[512];
         snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
@@ -360,7 +376,7 @@ int main(int argc, char **argv) {
     if (lm_grammar_from_gbnf(&tools, tg, strlen(tg), &e)) return fprintf(stderr, "250 tools: %s\n", e.msg), 1;
     printf("250 tools: %zu bytes of GBNF compiled in %.1f ms\n", strlen(tg), (lm_now() - t0) * 1e3);
     times tall = { 0 }, tmiss = { 0 };
-    walks(tools, v, n, end, 8, &tall, &tmiss);
+    if (!only_ahead) walks(tools, v, n, end, 8, &tall, &tmiss);
     t_print("250 tools, every mask", &tall);
     t_print("250 tools, computed", &tmiss);
     lm_grammar_unref(tools);
@@ -369,7 +385,8 @@ int main(int argc, char **argv) {
 
     /* decode on the demo model */
     lm_tokenizer *dt = NULL;
-    lm_backend *be = lm_cpu_backend_create(threads, LM_ISA_AUTO, &e);
+    lm_backend *be = !strcmp(device, "cuda") ? lm_cuda_backend_create(0, &e)
+                                             : lm_cpu_backend_create(threads, LM_ISA_AUTO, &e);
     lm_model *m = NULL;
     if (!be || lm_tokenizer_load(&dt, model_dir, &e) || lm_model_load(&m, model_dir, be, &e))
         return fprintf(stderr, "%s: %s\n", model_dir, e.msg), 1;
@@ -394,25 +411,29 @@ int main(int argc, char **argv) {
     if (lm_grammar_from_schema(&gt, text, &e) || lm_grammar_from_schema(&gk, keys, &e) ||
         lm_grammar_from_gbnf(&g250, rep, strlen(rep), &e))
         return fprintf(stderr, "%s\n", e.msg), 1;
-    printf("decode, demo model, %d threads, greedy, one request:\n", threads);
+    printf("decode, %s on %s, %d threads, greedy, one request:\n", model_dir, device, threads);
     int nt;
     uint64_t steps;
-    double base = decode(m, NULL, NULL, -1, 256, &nt, &steps);
-    printf("  %-40s %7.1f tok/s (%d tokens)\n", "no grammar", base, nt);
-    decode_vs(m, gt, dv, "JSON schema (a long string)");
-    decode_vs(m, g250, dv, "250-tool call grammar");
-    printf("masks during the forward (mask_ahead), 4 constrained requests at once, %d threads, 7 rounds:\n",
-           threads);
+    if (!only_ahead) {
+        double base = decode(m, NULL, NULL, -1, 256, &nt, &steps);
+        printf("  %-40s %7.1f tok/s (%d tokens)\n", "no grammar", base, nt);
+        decode_vs(m, gt, dv, "JSON schema (a long string)");
+        decode_vs(m, g250, dv, "250-tool call grammar");
+    }
+    printf("masks during the forward (mask_ahead), %d constrained requests at once, %d threads, 7 rounds:\n",
+           n_requests, threads);
     masks_ahead_vs(m, gt, dv, "JSON schema (a long string)");
     masks_ahead_vs(m, g250, dv, "250-tool call grammar");
     uint64_t s_off, s_on;
     int n_off, n_on;
-    double off = decode(m, gk, dv, -1, 1000, &n_off, &s_off);
-    double on = decode(m, gk, dv, 0, 1000, &n_on, &s_on);
-    printf("  %-40s %7.1f tok/s (%d tokens, %llu steps)\n", "long fixed keys, strict fill off", off, n_off,
-           (unsigned long long)s_off);
-    printf("  %-40s %7.1f tok/s (%d tokens, %llu steps) = %.2fx\n", "long fixed keys, strict fill on", on, n_on,
-           (unsigned long long)s_on, on / off);
+    if (!only_ahead) {
+        double off = decode(m, gk, dv, -1, 1000, &n_off, &s_off);
+        double on = decode(m, gk, dv, 0, 1000, &n_on, &s_on);
+        printf("  %-40s %7.1f tok/s (%d tokens, %llu steps)\n", "long fixed keys, strict fill off", off, n_off,
+               (unsigned long long)s_off);
+        printf("  %-40s %7.1f tok/s (%d tokens, %llu steps) = %.2fx\n", "long fixed keys, strict fill on", on, n_on,
+               (unsigned long long)s_on, on / off);
+    }
     free(rep), free(tg_any), free(tg);
     json_decref(text), json_decref(keys);
     lm_grammar_unref(gt), lm_grammar_unref(gk), lm_grammar_unref(g250);
