@@ -57,6 +57,7 @@ typedef struct sp_opts {
     bool fixed;
     bool mixed;      /* requests 1 and 3 opt out (no_spec) */
     bool replay;     /* lm_engine_opts.spec_replay */
+    bool ahead;      /* lm_engine_opts.look_ahead on (else the default: off on the CPU) */
     oracle *orc;
 } sp_opts;
 
@@ -74,7 +75,8 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
     lm_engine *en = NULL;
     lm_engine_opts o = { .ctx = 320, .parallel = 4, .step_tokens = 64, .cache_ram = (size_t)64 << 20,
                          .spec = so->mode, .spec_draft = so->draft, .spec_fixed = so->fixed,
-                         .spec_replay = so->replay, .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc };
+                         .spec_replay = so->replay, .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc,
+                         .look_ahead = so->ahead ? 1 : 0 };
     if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
         LM_CHECK_MSG(0, "%s", e.msg);
         return;
@@ -209,6 +211,21 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
     sp_opts adaptive = { .mode = LM_SPEC_LOOKUP };
     sp_run(lm_t_, m, &adaptive, prompt, n_prompt, stops, on);
     sp_same(lm_t_, "lookup adaptive", off, on);
+
+    if (lm_model_look_ahead(m)) {
+        /* the look-ahead beside lookup: it queues plain steps while no
+         * sequence would draft, and never while every step drafts (fixed) */
+        sp_opts la = { .mode = LM_SPEC_LOOKUP, .ahead = true };
+        sp_run(lm_t_, m, &la, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "lookup adaptive, look-ahead", off, on);
+        LM_CHECK_MSG(on->st.ahead_steps > 0, "%llu look-ahead steps", (unsigned long long)on->st.ahead_steps);
+        sp_opts laf = { .mode = LM_SPEC_LOOKUP, .draft = 4, .fixed = true, .ahead = true };
+        sp_run(lm_t_, m, &laf, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "lookup fixed, look-ahead", off, on);
+        LM_CHECK_MSG(on->st.ahead_steps == 0, "fixed lookup: %llu look-ahead steps",
+                     (unsigned long long)on->st.ahead_steps);
+        if (strstr(dir, "models/demo")) LM_CHECK(on->st.spec_verifies > 0);
+    }
 
     if (lm_model_draft(m)) { /* the model's MTP head: fixed depth 3, adaptive, and mixed with lookup */
         sp_opts mtp = { .mode = LM_SPEC_MTP, .draft = 3, .fixed = true };

@@ -528,7 +528,9 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     size_t free_b = 0, total_b = 0; /* total > 0: a backend with its own memory */
     lm_backend_mem_info(m->be, &free_b, &total_b);
     if (en->o.mask_ahead > 0 || (en->o.mask_ahead == 0 && total_b > 0)) en->ma = lm_mask_ahead_create(en->vocab, (int)R);
-    if (en->spec) en->ahead_on = false; /* a drafted step reads every row on the host (lm_spec.h) */
+    /* the MTP head reads every step's hidden rows on the host; a callback's
+     * proposals cannot be foreseen (lm_spec.h) */
+    if (en->spec_mtp || en->o.spec == LM_SPEC_CALLBACK) en->ahead_on = false;
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
     if (lm_fit_warm_up(en, e)) {

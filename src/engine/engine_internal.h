@@ -263,7 +263,7 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
 void lm_ahead_create(lm_engine *en);
 void lm_ahead_free(lm_engine *en);
 /* Whether the built step st may run under the look-ahead policy. */
-bool lm_ahead_claim(const lm_engine *en, const lm_step *st);
+bool lm_ahead_claim(lm_engine *en, const lm_step *st);
 extern const lm_step_policy lm_ahead_policy;
 
 /* ---- mask_ahead.c ---- */

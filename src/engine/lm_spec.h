@@ -67,8 +67,13 @@
  *
  * A step with drafts is never the look-ahead's (lm_ahead_claim wants one
  * token per sequence, its ids on the device; speculation reads every row on
- * the host): step() gives it lm_spec_policy instead, and with speculation on
- * the look-ahead is off. Embeddings do not speculate. A grammar-constrained
+ * the host): step() gives it lm_spec_policy instead. A step where no
+ * sequence drafts may be claimed by the look-ahead, which then queues the
+ * next ones without proposals while no sequence would draft
+ * (lm_spec_would_draft: the policy says it pays and the lookup has a
+ * hit), so sequences the policy turned off decode at the look-ahead's
+ * pace. Not with the MTP head (it reads every step's hidden rows on the
+ * host) or a callback proposer. Embeddings do not speculate. A grammar-constrained
  * request speculates with lookup (or a callback), never the MTP head: its
  * draft is cut at the first token its grammar refuses (checked on its
  * matcher and rolled back) and at a stop token, before it joins the batch;
@@ -145,6 +150,12 @@ int lm_spec_max_draft(const lm_spec *sp);
  * n_draft. Returns how many. Without a proposer it returns 0 and touches
  * nothing. */
 int lm_spec_propose(lm_engine *en, struct lm_step *st, int s, lm_request *r, int max);
+/* Whether r may draft if its next step is built rather than queued by the
+ * look-ahead: the policy would draft for it and the lookup proposer has a
+ * hit on its tokens so far (always true for a callback proposer, a fixed
+ * depth or a request that never drafted; counts a plain step towards the
+ * policy's probe otherwise). The look-ahead's chain stops for it. */
+bool lm_spec_would_draft(lm_engine *en, lm_request *r);
 /* The policy of a step with drafts: acceptance and rollback (3 and 4). */
 extern const struct lm_step_policy lm_spec_policy;
 /* A built step, before its forward: the hidden rows the MTP proposer reads. */

@@ -50,7 +50,7 @@ void lm_ahead_free(lm_engine *en) {
  * decodes greedily with room for two more tokens, and for a hybrid with a
  * prefix cache, reading those ids will not take a state checkpoint (it
  * would be issued after the queued forward and see its state). */
-static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
+static bool ahead_ok(lm_engine *en, lm_request *const *reqs, int n) {
     if (!en->ahead_on || n == 0 || n != en->n_running) return false;
     for (int i = 0; i < n; i++) {
         const lm_request *r = reqs[i];
@@ -59,10 +59,13 @@ static bool ahead_ok(const lm_engine *en, lm_request *const *reqs, int n) {
             return false;
         if (lm_cache_policy_may_checkpoint(en, r->n_cached + 1)) return false;
     }
+    /* speculation: only while no sequence would draft (a chained step has none) */
+    for (int i = 0; en->spec && i < n; i++)
+        if (lm_spec_would_draft(en, reqs[i])) return false;
     return true;
 }
 
-bool lm_ahead_claim(const lm_engine *en, const lm_step *st) {
+bool lm_ahead_claim(lm_engine *en, const lm_step *st) {
     /* a decode step of every running request, all greedy */
     return st->T == st->S && st->n_out == st->S && ahead_ok(en, st->seq_req, st->S);
 }

@@ -150,6 +150,17 @@ static int grammar_cut(lm_request *r, const int32_t *draft, int k) {
     return n;
 }
 
+bool lm_spec_would_draft(lm_engine *en, lm_request *r) {
+    lm_spec *sp = en->spec;
+    if (!sp || r->p.no_spec || r->embed) return false;
+    if (sp->mode == LM_SPEC_CALLBACK || en->o.spec_fixed || r->spec.acc[0] == 0) return true;
+    lm_spec_req *q = &r->spec;
+    if (lm_spec_best_k(&sp->c, q->acc, sp->max_draft, en->n_running, false) == 0)
+        return ++q->quiet >= 15; /* a plain step, counted as policy_k does; stop before its probe */
+    int32_t draft[1];
+    return lm_lookup_propose(q, r->tokens, r->n_tokens, r->cap, draft, 1) > 0;
+}
+
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     lm_spec *sp = en->spec;
     if (!sp || r->p.no_spec || r->embed) return 0;
