@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_kern.h"
 #include "engine/lm_kv_cache.h"
 #include "kv_format_case.h"
 #include "lm_test.h"
@@ -103,6 +104,50 @@ LM_TEST(kv_cache_refuses_formats_that_do_not_fit) {
              strstr(e.msg, "q4r"));
     LM_CHECK(lm_kv_check_format((lm_kv_types){ LM_KV_BF16, LM_KV_BF16 }, 48, 16, 0, NULL) == 0);
     LM_CHECK(lm_kv_check_format((lm_kv_types){ LM_KV_Q4R, LM_KV_Q8 }, 96, 96, 32, NULL) == 0);
+}
+
+/* The ISA tables' group decoders equal the reference bit for bit: rows of
+ * random values with outliers, zero groups and f16-subnormal scales, every
+ * group-aligned slice of a 256-wide row. */
+LM_TEST(kv_group_decoders_match_reference) {
+    enum { W = 256 };
+    const lm_cpu_kern *tabs[] = { &lm_cpu_kern_avx2, &lm_cpu_kern_avx512 };
+    const lm_cpu_isa isas[] = { LM_ISA_AVX2, LM_ISA_AVX512 };
+    const lm_kv_type types[] = { LM_KV_Q8, LM_KV_Q4, LM_KV_Q4R };
+    uint32_t seed = 7;
+    int checked = 0;
+    for (int ti = 0; ti < 2; ti++) {
+        if (isas[ti] > lm_cpu_isa_detect()) {
+            printf("  skip %s: this CPU lacks it\n", lm_cpu_isa_name(isas[ti]));
+            continue;
+        }
+        for (int k = 0; k < 3; k++) {
+            const lm_kv_to_f32_fn fn = tabs[ti]->kv_to_f32[types[k]];
+            LM_CHECK_MSG(fn != NULL, "%s has no %s decoder", lm_cpu_isa_name(isas[ti]), lm_kv_type_name(types[k]));
+            if (!fn) continue;
+            for (int trial = 0; trial < 20; trial++) {
+                float x[W], want[W], got[W];
+                uint8_t row[1024];
+                for (int i = 0; i < W; i++) {
+                    seed = seed * 1664525u + 1013904223u;
+                    const float u = (float)(seed >> 8) / 16777216.0f - 0.5f;
+                    const int g = i / 32;
+                    x[i] = g == 2 ? 0.0f : g == 3 ? u * 1e-6f : u * (i % 61 == 3 ? 40.0f : 1.0f) * (float)(trial + 1);
+                }
+                lm_kv_encode_row(types[k], row, x, W, W, 64);
+                for (int c0 = 0; c0 < W; c0 += 32)
+                    for (int n = 32; c0 + n <= W; n += 96) {
+                        lm_kv_decode(types[k], row, c0, n, W, want);
+                        memset(got, 0xFF, sizeof got);
+                        fn(row, c0, n, W, got);
+                        checked++;
+                        LM_CHECK_MSG(memcmp(want, got, (size_t)n * sizeof(float)) == 0, "%s %s trial %d [%d, %d)",
+                                     lm_cpu_isa_name(isas[ti]), lm_kv_type_name(types[k]), trial, c0, c0 + n);
+                    }
+            }
+        }
+    }
+    if (checked == 0) LM_SKIP("this CPU has neither AVX2 nor AVX-512");
 }
 
 /* ---- attention per format, every ISA ------------------------------------------ */

@@ -113,10 +113,13 @@ static const float *lm_att_rows(const lm_att *a, lm_kv_type t, const char *l, si
         *ld = a->width;
         return (const float *)(l + row * (int64_t)rb) + c0;
     }
-    lm_to_f32_fn widen = t == LM_KV_BF16 ? a->k->to_f32[LM_BF16] : NULL; /* vectorised, exact */
+    /* vectorised and exact: bf16 widening; whole scale groups of a quantised row */
+    lm_to_f32_fn widen = t == LM_KV_BF16 ? a->k->to_f32[LM_BF16] : NULL;
+    lm_kv_to_f32_fn groups = c0 % LM_KV_GROUP == 0 && Dh % LM_KV_GROUP == 0 ? a->k->kv_to_f32[t] : NULL;
     for (int j = 0; j < n; j++) {
         const char *r = l + (row + j) * (int64_t)rb;
         if (widen) widen(r + 2 * c0, buf + j * Dh, Dh);
+        else if (groups) groups(r, c0, Dh, a->width, buf + j * Dh);
         else lm_kv_decode(t, r, c0, Dh, a->width, buf + j * Dh);
     }
     *ld = Dh;

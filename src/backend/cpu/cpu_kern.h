@@ -46,6 +46,10 @@ typedef void (*lm_pack_fn)(const void *w, size_t ldw, int nv, int64_t kc, float 
 /* Widens n contiguous values to f32. */
 typedef void (*lm_to_f32_fn)(const void *src, float *dst, int64_t n);
 
+/* Values [c0, c0 + n) of a w-wide KV row to f32 as lm_kv_decode does, bit
+ * for bit; c0 and n multiples of LM_KV_GROUP. */
+typedef void (*lm_kv_to_f32_fn)(const void *row, int64_t c0, int64_t n, int64_t w, float *y);
+
 typedef struct lm_cpu_kern {
     lm_cpu_isa isa;
     /* GEMV (few tokens): per dtype, NULL where the driver must first widen the
@@ -70,6 +74,8 @@ typedef struct lm_cpu_kern {
     float (*attn_exp)(float *s, int n, float m);
     void (*attn_accum)(float *o, const float *p, const float *v, int64_t ldv, int n, int dh);
     void (*scal)(float *y, float a, int64_t n); /* y *= a */
+    /* Quantised KV rows to f32 per format (NULL: lm_kv_decode). */
+    lm_kv_to_f32_fn kv_to_f32[LM_KV_TYPE_COUNT];
     /* y = silu(g) * u over n values, every value by the same arithmetic
      * (masked tails), so a value does not depend on where a batch cut it;
      * NULL: the portable loop with libm's expf. */
@@ -148,6 +154,10 @@ void lm_cpu_a4_bf16_to_f32_avx2(const void *src, float *dst, int64_t n);
 void lm_cpu_a4_f16_to_f32_avx2(const void *src, float *dst, int64_t n);
 void lm_cpu_a8_bf16_to_f32_avx2(const void *src, float *dst, int64_t n);
 void lm_cpu_a8_f16_to_f32_avx2(const void *src, float *dst, int64_t n);
+
+/* Q8 and Q4 / Q4R KV rows to f32, bit-identical to lm_kv_decode (cpu_kv_avx2.c). */
+void lm_cpu_kv_q8_to_f32_avx2(const void *row, int64_t c0, int64_t n, int64_t w, float *y);
+void lm_cpu_kv_q4_to_f32_avx2(const void *row, int64_t c0, int64_t n, int64_t w, float *y);
 
 extern const lm_cpu_kern lm_cpu_kern_scalar;
 extern const lm_cpu_kern lm_cpu_kern_avx2;

@@ -357,4 +357,6 @@ const lm_cpu_kern lm_cpu_kern_avx2 = {
     .attn_exp = lm_y_attn_exp,
     .attn_accum = lm_y_attn_accum,
     .scal = lm_y_scal,
+    .kv_to_f32 = { [LM_KV_Q8] = lm_cpu_kv_q8_to_f32_avx2, [LM_KV_Q4] = lm_cpu_kv_q4_to_f32_avx2,
+                   [LM_KV_Q4R] = lm_cpu_kv_q4_to_f32_avx2 },
 };

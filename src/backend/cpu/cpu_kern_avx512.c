@@ -415,4 +415,6 @@ const lm_cpu_kern lm_cpu_kern_avx512 = {
     .attn_accum = lm_z_attn_accum,
     .scal = lm_z_scal,
     .silu_mul = lm_z_silu_mul,
+    .kv_to_f32 = { [LM_KV_Q8] = lm_cpu_kv_q8_to_f32_avx2, [LM_KV_Q4] = lm_cpu_kv_q4_to_f32_avx2,
+                   [LM_KV_Q4R] = lm_cpu_kv_q4_to_f32_avx2 },
 };
