@@ -22,6 +22,7 @@
 #include "cpu_kern.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define LM_AI static inline __attribute__((always_inline))
 #ifndef LM_Z_MR
@@ -394,6 +395,43 @@ static void lm_z_scal(float *y, float a, int64_t n) {
     }
 }
 
+/* ---- quantised KV rows (cpu_kv_avx2.c's, 16 values a vector) ---- */
+
+LM_AI __m512 lm_z_kv_scale(const uint8_t *row, int64_t codes_bytes, int64_t i) {
+    uint16_t h;
+    memcpy(&h, row + codes_bytes + 2 * (i / LM_KV_GROUP), 2);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+static void lm_z_kv_q8_to_f32(const void *rowp, int64_t c0, int64_t n, int64_t w, float *y) {
+    const uint8_t *row = rowp;
+    const int64_t cb = (int64_t)lm_kv_codes_bytes(LM_KV_Q8, w);
+    for (int64_t i = c0; i < c0 + n; i += LM_KV_GROUP, y += LM_KV_GROUP) {
+        const __m512 d = lm_z_kv_scale(row, cb, i);
+        for (int k = 0; k < LM_KV_GROUP; k += 16) {
+            const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i + k)));
+            _mm512_storeu_ps(y + k, _mm512_mul_ps(_mm512_cvtepi32_ps(c), d));
+        }
+    }
+}
+
+static void lm_z_kv_q4_to_f32(const void *rowp, int64_t c0, int64_t n, int64_t w, float *y) {
+    const uint8_t *row = rowp;
+    const int64_t cb = (int64_t)lm_kv_codes_bytes(LM_KV_Q4, w);
+    const __m128i low = _mm_set1_epi8(15);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (int64_t i = c0; i < c0 + n; i += LM_KV_GROUP, y += LM_KV_GROUP) {
+        const __m512 d = lm_z_kv_scale(row, cb, i);
+        /* value 2j in byte j's low nibble, 2j + 1 in its high one */
+        const __m128i b = _mm_loadu_si128((const __m128i *)(row + i / 2));
+        const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+        const __m512i v0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), eight);
+        const __m512i v1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), eight);
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(v0), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(v1), d));
+    }
+}
+
 const lm_cpu_kern lm_cpu_kern_avx512 = {
     .isa = LM_ISA_AVX512,
     .gemv_rows = 4,
@@ -415,6 +453,5 @@ const lm_cpu_kern lm_cpu_kern_avx512 = {
     .attn_accum = lm_z_attn_accum,
     .scal = lm_z_scal,
     .silu_mul = lm_z_silu_mul,
-    .kv_to_f32 = { [LM_KV_Q8] = lm_cpu_kv_q8_to_f32_avx2, [LM_KV_Q4] = lm_cpu_kv_q4_to_f32_avx2,
-                   [LM_KV_Q4R] = lm_cpu_kv_q4_to_f32_avx2 },
+    .kv_to_f32 = { [LM_KV_Q8] = lm_z_kv_q8_to_f32, [LM_KV_Q4] = lm_z_kv_q4_to_f32, [LM_KV_Q4R] = lm_z_kv_q4_to_f32 },
 };

@@ -1,5 +1,6 @@
-/* cpu_kv_avx2.c - quantised KV rows widened to f32 with AVX2 (both x86
- * tables' kv_to_f32), for the attention's key and value tiles.
+/* cpu_kv_avx2.c - quantised KV rows widened to f32 with AVX2 (the AVX2
+ * table's kv_to_f32; the AVX-512 table has the same with 16 values a
+ * vector), for the attention's key and value tiles.
  *
  * The reference (kv_type.c's lm_kv_decode) takes one value at a time; a
  * decode step over a long context spent a third of its time there (q8,
