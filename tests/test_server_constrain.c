@@ -8,6 +8,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <pcre2.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,6 +190,14 @@ LM_TEST(server_structured_output_on_demo) {
     free(first);
     json_decref(schema);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_masks_total") > 0);
+    /* masks computed during the forwards (on by default on a GPU only) are
+     * among the masks; without them every mask's time is spent after the
+     * forwards */
+    const double ahead = gu_metric(s.port, "lumen_grammar_masks_ahead_total");
+    LM_CHECK(ahead >= 0 && ahead <= gu_metric(s.port, "lumen_grammar_masks_total"));
+    const double wait_s = gu_metric(s.port, "lumen_grammar_mask_wait_seconds_total");
+    LM_CHECK(wait_s >= 0);
+    if (ahead == 0) LM_CHECK(fabs(wait_s - gu_metric(s.port, "lumen_grammar_mask_seconds_total")) <= 2e-6);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_fill_tokens_total") > 0);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_compiles_total") >= 4);
     LM_CHECK(gu_metric(s.port, "lumen_grammar_cache_hits_total") >= 3);
