@@ -106,6 +106,13 @@ static bool is_stop_token(const lm_request *r, int32_t tok) {
     return false;
 }
 
+bool lm_engine_opt_on(const lm_engine *en, int opt) {
+    if (opt != 0) return opt > 0;
+    size_t free_b = 0, total_b = 0; /* total > 0: a backend with its own memory */
+    lm_backend_mem_info(en->m->be, &free_b, &total_b);
+    return total_b > 0;
+}
+
 bool lm_req_plain_greedy(const lm_request *r) {
     return lm_sampler_plain_greedy(r->sampler) && !r->p.logprobs && r->p.top_logprobs == 0 && !r->gm;
 }
@@ -525,9 +532,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
     en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
-    size_t free_b = 0, total_b = 0; /* total > 0: a backend with its own memory */
-    lm_backend_mem_info(m->be, &free_b, &total_b);
-    if (en->o.mask_ahead > 0 || (en->o.mask_ahead == 0 && total_b > 0)) en->ma = lm_mask_ahead_create(en->vocab, (int)R);
+    if (lm_engine_opt_on(en, en->o.mask_ahead)) en->ma = lm_mask_ahead_create(en->vocab, (int)R);
     /* the MTP head reads every step's hidden rows on the host; a callback's
      * proposals cannot be foreseen (lm_spec.h) */
     if (en->spec_mtp || en->o.spec == LM_SPEC_CALLBACK) en->ahead_on = false;

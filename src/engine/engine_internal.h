@@ -184,6 +184,10 @@ struct lm_engine {
 
 /* ---- engine.c: requests and the plain step ---- */
 
+/* An option whose 0 means "on backends with their own memory (GPUs)",
+ * above 0 always and below 0 never (warmup, look_ahead, mask_ahead). */
+bool lm_engine_opt_on(const lm_engine *en, int opt);
+
 void lm_req_unref(lm_request *r);
 /* Whether r's next token is the backend's argmax of the model's logits
  * (nothing needs the logits on the host). */

@@ -94,9 +94,7 @@ size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted) {
  * released. The prefix cache never sees it. Runs before the engine thread
  * starts, so it borrows the step's builder. */
 int lm_fit_warm_up(lm_engine *en, lm_err *e) {
-    size_t free_b = 0, total_b = 0;
-    lm_backend_mem_info(en->m->be, &free_b, &total_b);
-    if (en->o.warmup < 0 || (en->o.warmup == 0 && total_b == 0)) return 0;
+    if (!lm_engine_opt_on(en, en->o.warmup)) return 0;
     const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
     /* every running sequence's row, and its draft's (lm_spec.h) */
     const int n_out = LM_MIN(en->o.parallel * (1 + lm_spec_max_draft(en->spec)), T);

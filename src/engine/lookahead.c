@@ -29,9 +29,7 @@ int lm_lookahead_queue(lm_model *m, lm_kv_pool *kv, lm_batch_builder *bb, int32_
 /* ---- the engine's policy ---- */
 
 void lm_ahead_create(lm_engine *en) {
-    size_t free_b = 0, total_b = 0;
-    lm_backend_mem_info(en->m->be, &free_b, &total_b);
-    en->ahead_on = lm_model_look_ahead(en->m) && (en->o.look_ahead > 0 || (en->o.look_ahead == 0 && total_b > 0));
+    en->ahead_on = lm_model_look_ahead(en->m) && lm_engine_opt_on(en, en->o.look_ahead);
     const size_t P = (size_t)en->o.parallel;
     for (int k = 0; k < 2; k++) {
         lm_step *q = &en->ahead[k];

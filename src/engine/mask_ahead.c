@@ -48,6 +48,7 @@ struct lm_mask_ahead {
     pthread_mutex_t mu;
     pthread_cond_t go, fin;
     pthread_t th;
+    bool started;    /* th runs */
 };
 
 /* Job j's masks: row 0 from the matcher as it is, row i after the row's
@@ -107,7 +108,8 @@ lm_mask_ahead *lm_mask_ahead_create(int vocab, int rows) {
     pthread_mutex_init(&ma->mu, NULL);
     pthread_cond_init(&ma->go, NULL);
     pthread_cond_init(&ma->fin, NULL);
-    if (pthread_create(&ma->th, NULL, helper_main, ma) != 0) {
+    ma->started = pthread_create(&ma->th, NULL, helper_main, ma) == 0;
+    if (!ma->started) {
         /* no helper: masks are computed inline, as without one */
         lm_mask_ahead_free(ma);
         return NULL;
@@ -117,7 +119,7 @@ lm_mask_ahead *lm_mask_ahead_create(int vocab, int rows) {
 
 void lm_mask_ahead_free(lm_mask_ahead *ma) {
     if (!ma) return;
-    if (ma->th) {
+    if (ma->started) {
         pthread_mutex_lock(&ma->mu);
         ma->stop = true;
         pthread_cond_signal(&ma->go);
