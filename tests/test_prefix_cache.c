@@ -377,6 +377,32 @@ LM_TEST(prefix_cache_miss_state_qwen35) {
     pc_close(&pm);
 }
 
+/* cache_ram LM_CACHE_RAM_AUTO: on a backend with its own memory a quarter
+ * of what it had free when the engine was made, else at most 1 GiB of the
+ * host's; either way a cache that serves a repeated prompt. */
+LM_TEST(prefix_cache_auto_budget) {
+    PC_OPEN_OR_SKIP(pm, "llama");
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(pm.be, &free_b, &total_b);
+    lm_engine_opts o = { .ctx = 128, .parallel = 1, .cache_ram = LM_CACHE_RAM_AUTO };
+    lm_engine *en = NULL;
+    LM_REQUIRE(lm_engine_create(&en, pm.m, &o, NULL) == 0);
+    const size_t got = lm_engine_cache_ram(en);
+    if (total_b > 0) /* the device's free memory, read again by the engine before it allocates */
+        LM_CHECK_MSG(got == free_b / 4, "%zu against %zu free", got, free_b);
+    else
+        LM_CHECK_MSG(got > 0 && got <= (size_t)1 << 30, "%zu", got);
+    int32_t a[40];
+    pc_tokens(a, 40, 5, pm.m->cfg.vocab);
+    pc_collect c1, c2;
+    LM_REQUIRE(pc_run(en, a, 40, 2, &c1) == 0 && pc_run(en, a, 40, 2, &c2) == 0);
+    LM_CHECK_MSG(c2.n_cached == 32, "cached %d", c2.n_cached); /* its two full blocks */
+    pc_destroy(&c1);
+    pc_destroy(&c2);
+    lm_engine_free(en);
+    pc_close(&pm);
+}
+
 /* A hybrid prompt that departs from a long earlier one after position 1060
  * resumes from the periodic checkpoint at 1024 (not from nothing) and still
  * gives the cold run's tokens; the 32 shared tokens past the checkpoint are

@@ -60,7 +60,8 @@ static const lm_opt k_opts[] = {
     { LM_OPT_SIZE, "--cache-ram", NULL, LM_OPT_AT(serve_opts, so.engine.cache_ram), "SIZE",
       "memory for the prefix cache: KV blocks and recurrent-state checkpoints of earlier prompts, reused when a new "
       "prompt starts the same way (SIZE in bytes or with K, M, G, e.g. 512M, 4G; 0 = off)",
-      "a quarter of the memory available at start, at most 1G" },
+      "a quarter of the memory available at start, at most 1G; on a GPU, where the cache's blocks live in its memory, "
+      "a quarter of what it has free after the weights" },
     { LM_OPT_STRING, "--cache-dir", NULL, LM_OPT_AT(serve_opts, so.engine.cache_dir), "DIR",
       "keep the prefix cache on disk too, in DIR (created if missing; one server per DIR, a lock file says so): "
       "KV blocks and hybrid models' recurrent-state checkpoints leaving the RAM cache and those of every finished "
@@ -97,11 +98,11 @@ static const lm_opt k_opts[] = {
 };
 
 /* The server's and the engine's own defaults, spelled out so that --help
- * shows them; cache_ram SIZE_MAX: not given (see default_cache_ram). */
+ * shows them; cache_ram LM_CACHE_RAM_AUTO: not given (the engine chooses). */
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
             .shutdown_timeout_s = 30, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = SIZE_MAX, .cache_disk = (size_t)16 << 30,
+            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = LM_CACHE_RAM_AUTO, .cache_disk = (size_t)16 << 30,
                         .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
@@ -124,27 +125,6 @@ static const lm_opt_cmd k_cmd = {
     .size = sizeof(serve_opts),
 };
 
-/* The default prefix-cache budget: a quarter of MemAvailable, at most 1 GiB
- * (the cache is an optimisation; it must not push the machine into swap). */
-static size_t default_cache_ram(void) {
-    size_t cap = (size_t)1 << 30, avail = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned long long kb;
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            avail = (size_t)kb << 10;
-            break;
-        }
-    }
-    if (f) fclose(f);
-    if (!avail) {
-        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        if (pages > 0 && psz > 0) avail = (size_t)pages * (size_t)psz;
-    }
-    return avail ? LM_MIN(cap, avail / 4) : cap;
-}
-
 int lm_cmd_serve(int argc, char **argv) {
     serve_opts o;
     int parsed = lm_opts_parse(&k_cmd, &o, argc, argv);
@@ -156,9 +136,7 @@ int lm_cmd_serve(int argc, char **argv) {
     if (!so.api_key && (so.api_key = getenv("LUMEN_API_KEY")) && !*so.api_key) so.api_key = NULL;
     /* tests only: I/O faults for the disk tier (lm_dcache_inject_spec), e.g. "write:ENOSPC" */
     so.engine.cache_faults = getenv("LUMEN_DISK_FAULTS");
-    const bool cache_set = so.engine.cache_ram != SIZE_MAX;
     if (!so.model_path && !(so.model_path = lm_cli_default_model())) return 2;
-    if (!cache_set) so.engine.cache_ram = default_cache_ram();
     lm_source *model = lm_cli_open_model(so.model_path);
     if (!model) return 1;
     lm_backend *be = lm_cli_backend_for(&co, model);

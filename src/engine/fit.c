@@ -14,6 +14,41 @@
 #include "engine_internal.h"
 
 #include <stdio.h>
+#include <unistd.h>
+
+/* The host's available memory (MemAvailable; free pages where /proc is
+ * absent), 0 when unknown. */
+static size_t host_available(void) {
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            avail = (size_t)kb << 10;
+            break;
+        }
+    }
+    if (f) fclose(f);
+    if (!avail) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && psz > 0) avail = (size_t)pages * (size_t)psz;
+    }
+    return avail;
+}
+
+/* LM_CACHE_RAM_AUTO (lm_engine.h): on a GPU the cache's blocks live in its
+ * memory, where a 1 GiB cap would hold 8k tokens of an 8B model's bf16 KV;
+ * a quarter of what the weights leave keeps room for the running KV. */
+static size_t default_cache_ram(const lm_engine *en) {
+    size_t free_b = 0, total_b = 0;
+    lm_backend_mem_info(en->m->be, &free_b, &total_b);
+    if (total_b > 0) return free_b / 4;
+    const size_t cap = (size_t)1 << 30, avail = host_available();
+    return avail ? LM_MIN(cap, avail / 4) : cap;
+}
+
+size_t lm_engine_cache_ram(const lm_engine *en) { return en->o.cache_ram; }
 
 /* On a backend with its own memory the default KV pool (parallel * ctx
  * tokens at the model's full context) can be far beyond it. Shrinks the KV
@@ -51,6 +86,7 @@ static int fit_device_memory(lm_engine *en, const lm_engine_opts *opts, size_t b
 int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size_t *cache_blocks, lm_err *e) {
     const lm_model *m = en->m;
     const int block = en->bs;
+    if (en->o.cache_ram == LM_CACHE_RAM_AUTO) en->o.cache_ram = default_cache_ram(en);
     /* one spare block per sequence: budgets rarely end on a block boundary */
     *n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
     /* the prefix cache's blocks and checkpoint slots come on top */

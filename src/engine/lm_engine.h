@@ -171,7 +171,8 @@ typedef struct lm_engine_opts {
     lm_kv_types kv_type; /* element formats of K and V (lm_kv_type.h); zero: f32
                           * (the CLI's default is bf16) */
     size_t cache_ram; /* prefix-cache budget in bytes (KV blocks and recurrent-state
-                       * checkpoints kept for reuse); 0 = no prefix cache. The
+                       * checkpoints kept for reuse); 0 = no prefix cache;
+                       * LM_CACHE_RAM_AUTO = chosen at creation (lm_engine_cache_ram). The
                        * pool grows by cache_ram / block bytes blocks and, for
                        * hybrids, by checkpoint slots for up to half of it, on top
                        * of kv_tokens; admission evicts cache-only blocks (least
@@ -281,6 +282,12 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
 /* Cancels everything, joins the thread, frees the cache (not the model). */
 void lm_engine_free(lm_engine *en);
 int lm_engine_ctx(const lm_engine *en);
+/* lm_engine_opts.cache_ram as the engine uses it. LM_CACHE_RAM_AUTO becomes,
+ * on a backend with its own memory (a GPU), a quarter of what it has free
+ * once the weights are in; on the host, a quarter of the memory available,
+ * at most 1 GiB (the cache must not push the machine into swap). */
+#define LM_CACHE_RAM_AUTO SIZE_MAX
+size_t lm_engine_cache_ram(const lm_engine *en);
 /* "KV bf16, 32.0 KiB a token, 16384 tokens (0.50 GiB)": the cache's format,
  * its bytes per token and the tokens it holds for running requests (the
  * startup line). */

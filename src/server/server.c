@@ -411,7 +411,6 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     s->created = (int64_t)time(NULL);
     snprintf(s->fingerprint, sizeof s->fingerprint, "fp_lumen");
     srv_metrics_init(&s->metrics);
-    s->metrics.cache_ram = o->engine.cache_ram;
     pthread_mutex_init(&s->jobs_mu, NULL);
     pthread_mutex_init(&s->socks_mu, NULL);
     pthread_cond_init(&s->reaper_cv, NULL);
@@ -456,6 +455,7 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     if (lm_engine_create(&s->en, s->model, &o->engine, e)) goto done;
     if (o->progress && o->progress->stage) o->progress->stage(o->progress->user, NULL);
     s->ctx = lm_engine_ctx(s->en);
+    s->metrics.cache_ram = lm_engine_cache_ram(s->en);
 
     if (srv_reaper_start(s, e)) goto done;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC |
@@ -482,8 +482,8 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
         port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                  : ((struct sockaddr_in *)&bound)->sin_port);
     char cache[64] = "prefix cache off";
-    if (o->engine.cache_ram)
-        snprintf(cache, sizeof cache, "prefix cache %.0f MiB", (double)o->engine.cache_ram / (1 << 20));
+    if (s->metrics.cache_ram)
+        snprintf(cache, sizeof cache, "prefix cache %.0f MiB", (double)s->metrics.cache_ram / (1 << 20));
     char kv[128];
     fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s%s)\n", s->model_name,
             v6 ? "[" : "", s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab,
