@@ -188,6 +188,10 @@ struct lm_backend_ops {
     int (*upload_weights)(lm_backend *be, int n, lm_tensor *const *t, const void *const *host_data, lm_err *e);
     void (*read)(lm_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*write)(lm_backend *be, void *dst, const void *host_src, size_t bytes);
+    /* Optional (NULL: read one by one): n reads, all done on return. A GPU
+     * queues them into pinned memory and waits once, where a read into
+     * pageable memory waits for each (a KV block is two regions a layer). */
+    void (*read_n)(lm_backend *be, int n, void *const *host_dst, const void *const *src, const size_t *bytes);
     /* Backend-to-backend: zero bytes at dst; copy bytes from src to dst. */
     void (*clear)(lm_backend *be, void *dst, size_t bytes);
     void (*copy)(lm_backend *be, void *dst, const void *src, size_t bytes);

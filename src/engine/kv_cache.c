@@ -350,12 +350,25 @@ int32_t lm_kv_block_take(lm_kv_cache *c) {
     return b;
 }
 
+/* n regions to host, back to back: one read_n where the backend has it. */
+static void read_regions(lm_backend *be, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    if (be->ops->read_n) be->ops->read_n(be, n, dst, src, bytes);
+    else
+        for (int i = 0; i < n; i++) be->ops->read(be, dst[i], src[i], bytes[i]);
+}
+
+#define IO_REGIONS 64 /* regions a read_n takes at once */
+
 /* Block b's K and V of every block layer (each at its own width; ring
  * layers are state, lm_kv_state_read) to (to_host) or from host:
  * lm_kv_block_bytes in all. */
 static void block_io(lm_kv_cache *c, int32_t b, uint8_t *host, bool to_host) {
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(b >= 0 && b < p->n_blocks);
+    void *dst[IO_REGIONS];
+    const void *src[IO_REGIONS];
+    size_t len[IO_REGIONS];
+    int n = 0;
     for (int l = 0; l < p->n_layers; l++) {
         if (pool_ring_layer(p, l)) continue;
         const int64_t w = lm_kv_layer_width(p, l);
@@ -363,14 +376,16 @@ static void block_io(lm_kv_cache *c, int32_t b, uint8_t *host, bool to_host) {
         size_t vblk = lm_kv_row_bytes(p->v_type, w) * (size_t)p->block_size;
         char *k = (char *)p->k[l] + (size_t)b * kblk, *v = (char *)p->v[l] + (size_t)b * vblk;
         if (to_host) {
-            c->be->ops->read(c->be, host, k, kblk);
-            c->be->ops->read(c->be, host + kblk, v, vblk);
+            if (n + 2 > IO_REGIONS) read_regions(c->be, n, dst, src, len), n = 0;
+            dst[n] = host, src[n] = k, len[n++] = kblk;
+            dst[n] = host + kblk, src[n] = v, len[n++] = vblk;
         } else {
             c->be->ops->write(c->be, k, host, kblk);
             c->be->ops->write(c->be, v, host + kblk, vblk);
         }
         host += kblk + vblk;
     }
+    if (n) read_regions(c->be, n, dst, src, len);
 }
 
 void lm_kv_block_read(lm_kv_cache *c, int32_t b, void *host) { block_io(c, b, host, true); }
@@ -379,13 +394,22 @@ void lm_kv_block_write(lm_kv_cache *c, int32_t b, const void *host) { block_io(c
 static void state_io(lm_kv_cache *c, int32_t slot, uint8_t *host, bool to_host) {
     const lm_kv_pool *p = &c->pool;
     LM_ASSERT(slot >= 0 && slot < p->n_state_slots);
+    void *dst[IO_REGIONS];
+    const void *src[IO_REGIONS];
+    size_t len[IO_REGIONS];
+    int k = 0;
     for (int i = 0; i < p->n_state; i++) {
         size_t n = (size_t)p->state_floats[i] * sizeof(float);
         char *s = (char *)p->state[i] + (size_t)slot * n;
-        if (to_host) c->be->ops->read(c->be, host, s, n);
-        else c->be->ops->write(c->be, s, host, n);
+        if (to_host) {
+            if (k == IO_REGIONS) read_regions(c->be, k, dst, src, len), k = 0;
+            dst[k] = host, src[k] = s, len[k++] = n;
+        } else {
+            c->be->ops->write(c->be, s, host, n);
+        }
         host += n;
     }
+    if (k) read_regions(c->be, k, dst, src, len);
 }
 
 void lm_kv_state_read(lm_kv_cache *c, int32_t slot, void *host) { state_io(c, slot, host, true); }

@@ -70,6 +70,8 @@ typedef struct lm_cuda_ctx {
     size_t mm_ws_cap;
     void *deq_ws; /* lm_cuda_dequant_ws */
     size_t deq_ws_cap;
+    unsigned char *rd_host; /* pinned landing area of read_n (lazy) */
+    size_t rd_cap;
     char dev_name[256];
 } lm_cuda_ctx;
 
@@ -230,6 +232,34 @@ static void lm_cuda_read(lm_backend *be, void *host_dst, const void *src, size_t
     }
     if (bytes) LM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* The copies land in one pinned buffer, queued back to back, and the host
+ * waits once; then they are spread into the callers' buffers. Inside a
+ * capture, or when no pinned memory can be had, they are plain reads. */
+static void lm_cuda_read_n(lm_backend *be, int n, void *const *host_dst, const void *const *src,
+                           const size_t *bytes) {
+    lm_cuda_ctx *x = lm_cuda_ctx_of(be);
+    lm_cuda *c = &x->c;
+    lm_cuda_use(c);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += bytes[i];
+    if (c->gmode == LM_G_OFF && total > x->rd_cap) {
+        if (x->rd_host) LM_CUDA_CHECK(cudaFreeHost(x->rd_host));
+        x->rd_cap = 0;
+        if (cudaMallocHost((void **)&x->rd_host, total) == cudaSuccess) x->rd_cap = total;
+        else x->rd_host = NULL, (void)cudaGetLastError();
+    }
+    if (c->gmode != LM_G_OFF || total > x->rd_cap) {
+        for (int i = 0; i < n; i++) lm_cuda_read(be, host_dst[i], src[i], bytes[i]);
+        return;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; off += bytes[i++])
+        if (bytes[i]) LM_CUDA_CHECK(cudaMemcpyAsync(x->rd_host + off, src[i], bytes[i], cudaMemcpyDeviceToHost, c->stream));
+    LM_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    off = 0;
+    for (int i = 0; i < n; off += bytes[i++]) memcpy(host_dst[i], x->rd_host + off, bytes[i]);
 }
 
 /* Pageable source: the runtime has consumed host_src when this returns (it
@@ -538,6 +568,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     }
     free(x->retired);
     if (c->stage_host) (void)cudaFreeHost(c->stage_host);
+    if (x->rd_host) (void)cudaFreeHost(x->rd_host);
     if (c->stage_dev) (void)cudaFree(c->stage_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
     if (c->counters) (void)cudaFree(c->counters);
@@ -574,6 +605,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .upload_weights = */ lm_cuda_upload_weights,
     /* .read = */ lm_cuda_read,
     /* .write = */ lm_cuda_write,
+    /* .read_n = */ lm_cuda_read_n,
     /* .clear = */ lm_cuda_clear,
     /* .copy = */ lm_cuda_copy,
     /* .matmul = */ lm_cuda_matmul,
