@@ -237,6 +237,16 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
         sp_opts mtp_ad = { .mode = LM_SPEC_MTP };
         sp_run(lm_t_, m, &mtp_ad, prompt, n_prompt, stops, on);
         sp_same(lm_t_, "mtp adaptive", off, on);
+        if (lm_model_look_ahead(m)) { /* queued steps only while no running sequence has the head on */
+            sp_opts mla = { .mode = LM_SPEC_MTP, .mixed = true, .ahead = true };
+            sp_run(lm_t_, m, &mla, prompt, n_prompt, stops, on);
+            sp_same(lm_t_, "mtp adaptive beside opt-outs, look-ahead", off, on);
+            printf("  %s: mtp with the look-ahead: %llu look-ahead steps\n", dir,
+                   (unsigned long long)on->st.ahead_steps);
+            sp_opts ala = { .mode = LM_SPEC_AUTO, .ahead = true };
+            sp_run(lm_t_, m, &ala, prompt, n_prompt, stops, on);
+            sp_same(lm_t_, "auto adaptive, look-ahead", off, on);
+        }
         sp_opts autom = { .mode = LM_SPEC_AUTO, .draft = 3, .fixed = true, .mixed = true };
         sp_run(lm_t_, m, &autom, prompt, n_prompt, stops, on);
         sp_same(lm_t_, "auto, mixed", off, on);

@@ -134,3 +134,45 @@ LM_TEST(spec_policy_never_below_plain) {
                         }
     LM_CHECK(drafted > cases / 10 && drafted < cases); /* the grid has both */
 }
+
+/* The wall-clock penalty of a step with drafts (lm_spec_draft_penalty):
+ * nothing until both kinds of step were timed LM_SPEC_WALL_MIN times, then
+ * the difference (never below 0), charged to a drafting sequence whole. On
+ * a machine like the H200 with the demo model (a step ~0.39 ms whatever
+ * its tokens; a step with drafts 0.28 ms more, its look-ahead lost), nearly
+ * sure drafts still pay alone but not among 8 sequences. */
+LM_TEST(spec_policy_draft_penalty) {
+    const double a = 0.39e-3, b = 0.005e-3, pen = 0.28e-3;
+    lm_spec_cost c;
+    lm_spec_cost_init(&c, 3, false);
+    learn_machine(&c, a, b, 3, 20);
+    float acc[LM_SPEC_MAX_DRAFT];
+    fill(acc, 0.99f);
+    LM_CHECK(lm_spec_best_k(&c, acc, 3, 8, false) > 0);
+    for (int i = 0; i < LM_SPEC_WALL_MIN; i++) lm_spec_wall_learn(&c, true, 12, a + b * 12 + pen);
+    for (int i = 0; i < LM_SPEC_WALL_MIN - 1; i++) lm_spec_wall_learn(&c, false, 8, a + b * 8);
+    LM_CHECK(lm_spec_draft_penalty(&c) == 0);
+    lm_spec_wall_learn(&c, false, 8, a + b * 8);
+    LM_CHECK_MSG(fabs(lm_spec_draft_penalty(&c) - pen) < 1e-9, "penalty %g", lm_spec_draft_penalty(&c));
+    LM_CHECK(lm_spec_best_k(&c, acc, 3, 8, false) == 0);
+    LM_CHECK(lm_spec_best_k(&c, acc, 3, 1, false) > 0);
+    LM_CHECK(!lm_spec_head_pays(&c, acc, 8, 0));
+    /* drafting steps that run faster than plain ones cost nothing extra */
+    for (int i = 0; i < 60; i++) lm_spec_wall_learn(&c, true, 12, a);
+    LM_CHECK(lm_spec_draft_penalty(&c) == 0 && lm_spec_best_k(&c, acc, 3, 8, false) > 0);
+}
+
+/* Probes further apart while a drafting step costs much: with the
+ * penalty above (0.28 ms on 0.39 ms steps) ~72 steps, else every 16. */
+LM_TEST(spec_policy_probe_interval) {
+    lm_spec_cost c;
+    lm_spec_cost_init(&c, 3, false);
+    learn_machine(&c, 0.39e-3, 0.005e-3, 3, 20);
+    LM_CHECK(lm_spec_probe_every(&c, 8) == LM_SPEC_PROBE_EVERY);
+    for (int i = 0; i < LM_SPEC_WALL_MIN; i++) {
+        lm_spec_wall_learn(&c, true, 12, 0.39e-3 + 12 * 0.005e-3 + 0.28e-3);
+        lm_spec_wall_learn(&c, false, 8, 0.39e-3 + 8 * 0.005e-3);
+    }
+    const int every = lm_spec_probe_every(&c, 8);
+    LM_CHECK_MSG(every >= 60 && every <= 75, "%d", every);
+}

@@ -399,6 +399,7 @@ static bool step_issue(lm_engine *en, lm_step *st) {
 static void step(lm_engine *en) {
     lm_step *st = en->queued; /* issued by the last step's policy */
     en->queued = NULL;
+    if (en->spec) lm_spec_step_start(en);
     if (!st) {
         st = &en->cur;
         if (!step_build(en, st)) return;
@@ -533,9 +534,10 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);
     if (lm_engine_opt_on(en, en->o.mask_ahead)) en->ma = lm_mask_ahead_create(en->vocab, (int)R);
-    /* the MTP head reads every step's hidden rows on the host; a callback's
-     * proposals cannot be foreseen (lm_spec.h) */
-    if (en->spec_mtp || en->o.spec == LM_SPEC_CALLBACK) en->ahead_on = false;
+    /* a callback's proposals cannot be foreseen (lm_spec.h); the MTP head
+     * reads every step's hidden rows on the host, so its sequences are
+     * never the look-ahead's (lookahead.c) */
+    if (en->o.spec == LM_SPEC_CALLBACK) en->ahead_on = false;
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
     if (lm_fit_warm_up(en, e)) {

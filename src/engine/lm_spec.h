@@ -72,8 +72,9 @@
  * next ones without proposals while no sequence would draft
  * (lm_spec_would_draft: the policy says it pays and the lookup has a
  * hit), so sequences the policy turned off decode at the look-ahead's
- * pace. Not with the MTP head (it reads every step's hidden rows on the
- * host) or a callback proposer. Embeddings do not speculate. A grammar-constrained
+ * pace. With the MTP head only while no running sequence has it on (it
+ * reads every step's hidden rows on the host); never with a callback
+ * proposer. Embeddings do not speculate. A grammar-constrained
  * request speculates with lookup (or a callback), never the MTP head: its
  * draft is cut at the first token its grammar refuses (checked on its
  * matcher and rolled back) and at a stop token, before it joins the batch;
@@ -98,6 +99,19 @@ struct lm_step_policy;
  * where it does not for this many steps in a row has it turned off. */
 #define LM_SPEC_HEAD_MARGIN 1.10
 #define LM_SPEC_HEAD_POOR 8
+
+/* Probes: a sequence the policy turned off drafts one token after
+ * LM_SPEC_PROBE_EVERY plain steps (lm_spec_probe_every: more while a step
+ * with drafts costs much), on a step where the others due probe too (each
+ * step with a draft pays the penalty of lm_spec_draft_penalty once,
+ * however many sequences draft in it); and after LM_SPEC_PLAIN_EVERY
+ * steps with drafts (LM_SPEC_PLAIN_FIRST while the plain steps' wall time
+ * is not yet known), LM_SPEC_PLAIN_RUN steps draft nothing, so that plain
+ * steps are timed at the look-ahead's pace (the first of a run is not). */
+#define LM_SPEC_PROBE_EVERY 16
+#define LM_SPEC_PLAIN_EVERY 256
+#define LM_SPEC_PLAIN_FIRST 8
+#define LM_SPEC_PLAIN_RUN 4
 
 /* n-gram lengths the lookup proposer matches, longest first. */
 #define LM_LOOKUP_NMIN 2
@@ -160,8 +174,11 @@ bool lm_spec_would_draft(lm_engine *en, lm_request *r);
 extern const struct lm_step_policy lm_spec_policy;
 /* A built step, before its forward: the hidden rows the MTP proposer reads. */
 void lm_spec_before_issue(lm_engine *en, struct lm_step *st);
-/* After any step's hand-out: the MTP proposer's guesses for the next. */
+/* After any step's hand-out: the MTP proposer's guesses for the next; the
+ * step's kind noted for its wall time, which lm_spec_step_start (at the
+ * start of every step) learns from. */
 void lm_spec_after_hand_out(lm_engine *en, struct lm_step *st);
+void lm_spec_step_start(lm_engine *en);
 /* Before the first request: times forwards of 1 and 1 + max draft tokens
  * and, with the MTP proposer, one of the head, on a scratch sequence, so
  * that the adaptive policy starts from this machine's costs rather than a
@@ -185,6 +202,11 @@ typedef struct lm_spec_cost {
     double mtp_s_per;     /* smoothed seconds of the MTP head a decoding sequence and step */
     double mtp_tok_s;     /* smoothed seconds of its catch-up a prompt token */
     float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences */
+    /* whole decode steps by the wall clock (one step's start to the next's:
+     * host work and a look-ahead's overlap included) less the fitted b T,
+     * smoothed over steps with drafts and over steps without */
+    double wall_draft, wall_plain;
+    int n_wall_draft, n_wall_plain;
 } lm_spec_cost;
 
 void lm_spec_cost_init(lm_spec_cost *c, int max_draft, bool replay);
@@ -193,10 +215,25 @@ void lm_spec_cost_learn(lm_spec_cost *c, int T, double s);
 /* The fitted step time a + b T; before enough steps, a guess that makes a
  * token cost a tenth of a step. */
 void lm_spec_cost_model(const lm_spec_cost *c, double *a, double *b);
+/* A whole decode step of T tokens, with drafts or without, took s seconds
+ * of wall time. */
+void lm_spec_wall_learn(lm_spec_cost *c, bool drafted, int T, double s);
+/* What a step pays for having drafts at all beyond its tokens: the wall
+ * time of drafting steps over plain ones at the same T (on a GPU, plain
+ * steps overlap the host's work through the look-ahead and drafting ones
+ * cannot); 0 until both kinds have LM_SPEC_WALL_MIN steps. */
+#define LM_SPEC_WALL_MIN 4
+double lm_spec_draft_penalty(const lm_spec_cost *c);
+/* Steps between probe steps with S sequences running: LM_SPEC_PROBE_EVERY,
+ * or as many as keep the probes' penalties near 1 % of the steps' time,
+ * at most LM_SPEC_PROBE_MAX. */
+#define LM_SPEC_PROBE_MAX 1024
+int lm_spec_probe_every(const lm_spec_cost *c, int S);
 /* The draft length (at most max) that maximises the expected tokens per
  * second of a sequence with acceptance acc among S running; 0 when none
  * beats plain decoding by LM_SPEC_DRAFT_MARGIN. head: the MTP head runs for
- * it (its chained guesses cost). */
+ * it (its chained guesses cost). The step's draft penalty is charged to
+ * the sequence whole, as if it drafted alone. */
 int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool head);
 /* Whether some depth with the head beats plain decoding by
  * LM_SPEC_HEAD_MARGIN with the head's own time counted (each step's

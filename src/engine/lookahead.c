@@ -56,6 +56,7 @@ static bool ahead_ok(lm_engine *en, lm_request *const *reqs, int n) {
         if (r->n_cached < r->n_prompt || r->n_generated + 2 > r->p.max_tokens || r->n_tokens + 2 > en->o.ctx)
             return false;
         if (lm_cache_policy_may_checkpoint(en, r->n_cached + 1)) return false;
+        if (en->spec_mtp && lm_mtp_tracked(r)) return false; /* the head reads its hidden rows */
     }
     /* speculation: only while no sequence would draft (a chained step has none) */
     for (int i = 0; en->spec && i < n; i++)

@@ -41,6 +41,15 @@ struct lm_spec {
     bool mtp_live;       /* this step runs the MTP head for some sequence */
     unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
     double last_forward_s; /* the step's forward, for the requests' traces */
+    /* whole steps by the wall clock (lm_spec_step_start) */
+    double t_step;       /* when the step being timed started */
+    bool timed;          /* the step handed out last is one to learn from */
+    bool last_drafted, last_plain; /* its kind; whether the one before drafted nothing */
+    int last_T;
+    uint64_t steps;      /* steps handed out */
+    uint64_t probe_step; /* the step the last probe joined (steps at its build) */
+    int since_plain;     /* steps with drafts since the last without */
+    int plain_left;      /* plain steps still owed by a forced run */
     /* counters not yet in en->st */
     lm_engine_stats add;
 };
@@ -112,11 +121,20 @@ int lm_spec_max_draft(const lm_spec *sp) { return sp ? sp->max_draft : 0; }
  * maximises expected tokens per second of r's share of the step, 0 when
  * none beats plain decoding by a margin; a one-token probe every so often
  * keeps the estimate alive. */
+/* Whether a probe may join the step being built (ahead: the next one):
+ * the one another probe joined, or one far enough from it
+ * (lm_spec_probe_every: further apart while a drafting step costs much). */
+static bool probe_ok(const lm_spec *sp, uint64_t step, int S) {
+    return step == sp->probe_step || step - sp->probe_step >= (uint64_t)lm_spec_probe_every(&sp->c, S);
+}
+
 static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
+    lm_spec *sp = en->spec;
     lm_spec_req *q = &r->spec;
-    const int k = lm_spec_best_k(&en->spec->c, q->acc, max, S, lm_mtp_tracked(r));
-    if (k == 0 && ++q->quiet >= 16) {
+    const int k = lm_spec_best_k(&sp->c, q->acc, max, S, lm_mtp_tracked(r));
+    if (k == 0 && ++q->quiet >= LM_SPEC_PROBE_EVERY && probe_ok(sp, sp->steps, S)) {
         q->quiet = 0;
+        sp->probe_step = sp->steps;
         return LM_MIN(1, max);
     }
     if (k > 0) q->quiet = 0;
@@ -150,20 +168,28 @@ static int grammar_cut(lm_request *r, const int32_t *draft, int k) {
     return n;
 }
 
+/* The adaptive policy owes plain steps (LM_SPEC_PLAIN_EVERY). */
+static bool plain_owed(const lm_engine *en) {
+    const lm_spec *sp = en->spec;
+    return sp->plain_left > 0 && sp->mode != LM_SPEC_CALLBACK && !en->o.spec_fixed;
+}
+
 bool lm_spec_would_draft(lm_engine *en, lm_request *r) {
     lm_spec *sp = en->spec;
     if (!sp || r->p.no_spec || r->embed) return false;
+    if (sp->mode == LM_SPEC_MTP) return lm_mtp_tracked(r); /* its only proposer */
     if (sp->mode == LM_SPEC_CALLBACK || en->o.spec_fixed || r->spec.acc[0] == 0) return true;
+    if (plain_owed(en)) return false;
     lm_spec_req *q = &r->spec;
-    if (lm_spec_best_k(&sp->c, q->acc, sp->max_draft, en->n_running, false) == 0)
-        return ++q->quiet >= 15; /* a plain step, counted as policy_k does; stop before its probe */
+    if (lm_spec_best_k(&sp->c, q->acc, sp->max_draft, en->n_running, false) == 0) /* counted as policy_k does; */
+        return ++q->quiet >= LM_SPEC_PROBE_EVERY - 1 && probe_ok(sp, sp->steps + 1, en->n_running); /* stop before a probe */
     int32_t draft[1];
     return lm_lookup_propose(q, r->tokens, r->n_tokens, r->cap, draft, 1) > 0;
 }
 
 int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     lm_spec *sp = en->spec;
-    if (!sp || r->p.no_spec || r->embed) return 0;
+    if (!sp || r->p.no_spec || r->embed || plain_owed(en)) return 0;
     /* only a sequence whose whole tail is in the batch with t0's row last */
     if (st->seq_n[s] != r->n_tokens - r->n_cached || st->n_out == 0 || st->row_req[st->n_out - 1] != r) return 0;
     /* a stateful sequence after a rejection feeds its run again in front of
@@ -379,6 +405,33 @@ void lm_spec_before_issue(lm_engine *en, lm_step *st) {
     if (sp->mtp_live) lm_mtp_before_issue(en, st);
 }
 
+/* The step just handed out, for its wall time (lm_spec_step_start): a
+ * decode step (every sequence generating before it) after which some
+ * sequence runs on, so that the engine does not wait idle before the next;
+ * and the forced plain runs' count. */
+static void note_step(lm_engine *en, const lm_step *st) {
+    lm_spec *sp = en->spec;
+    bool decode = st->S > 0, running = false;
+    for (int i = 0; i < st->S; i++) {
+        const lm_request *r = st->seq_req[i];
+        const int fed = st->seq_n ? st->seq_n[i] : 1; /* a look-ahead step has one token a sequence */
+        decode &= r->n_generated >= 2 && fed <= 1 + sp->max_draft;
+        running |= r->state == LM_REQ_RUNNING;
+    }
+    const bool drafted = st->n_draft > 0;
+    sp->timed = decode && running;
+    sp->last_plain = !sp->last_drafted;
+    sp->last_drafted = drafted, sp->last_T = st->T;
+    sp->steps++;
+    if (!drafted) {
+        sp->since_plain = 0;
+        if (sp->plain_left > 0) sp->plain_left--;
+    } else if (++sp->since_plain >= (sp->c.n_wall_plain >= LM_SPEC_WALL_MIN ? LM_SPEC_PLAIN_EVERY : LM_SPEC_PLAIN_FIRST)) {
+        sp->since_plain = 0;
+        sp->plain_left = LM_SPEC_PLAIN_RUN;
+    }
+}
+
 void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
     if (sp->mtp_live) {
@@ -415,6 +468,18 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
         }
     }
     sp->n_rec = 0;
+    sp->mtp_live = false; /* a queued step after this one runs no head (lm_spec_before_issue sets it) */
+    note_step(en, st);
+}
+
+void lm_spec_step_start(lm_engine *en) {
+    lm_spec *sp = en->spec;
+    const double now = lm_now();
+    /* a plain step right after one with drafts ran without the look-ahead's overlap */
+    if (sp->timed && (sp->last_drafted || sp->last_plain))
+        lm_spec_wall_learn(&sp->c, sp->last_drafted, sp->last_T, now - sp->t_step);
+    sp->timed = false;
+    sp->t_step = now;
 }
 
 /* The best of 3 forwards of T tokens of the scratch sequence at position

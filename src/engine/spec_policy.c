@@ -41,10 +41,34 @@ void lm_spec_cost_model(const lm_spec_cost *c, double *a, double *b) {
     *a = mean - *b * tok;
 }
 
+void lm_spec_wall_learn(lm_spec_cost *c, bool drafted, int T, double s) {
+    double a, b;
+    lm_spec_cost_model(c, &a, &b);
+    const double x = s - b * T;
+    double *w = drafted ? &c->wall_draft : &c->wall_plain;
+    int *n = drafted ? &c->n_wall_draft : &c->n_wall_plain;
+    *w = *n ? 0.9 * *w + 0.1 * x : x;
+    if (*n < INT32_MAX) (*n)++;
+}
+
+double lm_spec_draft_penalty(const lm_spec_cost *c) {
+    if (c->n_wall_draft < LM_SPEC_WALL_MIN || c->n_wall_plain < LM_SPEC_WALL_MIN) return 0;
+    return LM_MAX(0.0, c->wall_draft - c->wall_plain);
+}
+
+int lm_spec_probe_every(const lm_spec_cost *c, int S) {
+    double a, b;
+    lm_spec_cost_model(c, &a, &b);
+    const double step = a + b * LM_MAX(S, 1), pen = lm_spec_draft_penalty(c);
+    const double every = step > 0 ? 100.0 * pen / step : 0; /* the probes' penalties: ~1 % of the steps' time */
+    return every > LM_SPEC_PROBE_MAX ? LM_SPEC_PROBE_MAX : LM_MAX(LM_SPEC_PROBE_EVERY, (int)every);
+}
+
 int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool head) {
     double a, b;
     lm_spec_cost_model(c, &a, &b);
     const double share = a / LM_MAX(S, 1) + b; /* the sequence's part of a step without drafts */
+    const double pen = lm_spec_draft_penalty(c);
     double best = 1.0 / share, expect = 0, run = 1;
     int k_best = 0;
     for (int k = 1; k <= max; k++) {
@@ -52,7 +76,7 @@ int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool
         expect += run;
         /* while the head runs its catch-up is paid anyway: only the chained
          * guesses beyond the first are this choice's (about half its time each) */
-        double cost = share + b * k + c->draft_s_per + (head ? 0.5 * c->mtp_s_per * (k - 1) : 0);
+        double cost = share + b * k + c->draft_s_per + pen + (head ? 0.5 * c->mtp_s_per * (k - 1) : 0);
         if (c->replay) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * LM_SPEC_DRAFT_MARGIN) best = rate, k_best = k;
@@ -64,6 +88,7 @@ bool lm_spec_head_pays(const lm_spec_cost *c, const float *acc, int S, double ex
     double a, b;
     lm_spec_cost_model(c, &a, &b);
     const double share = a / LM_MAX(S, 1) + b, h = c->mtp_s_per;
+    extra += lm_spec_draft_penalty(c);
     double expect = 0, run = 1;
     for (int k = 1; k <= c->max_draft; k++) {
         run *= acc[k - 1];
