@@ -38,6 +38,11 @@ for spec in $SHAPES; do
   cp "$TOK/$tok"/tokenizer*.json "$dir/"
   for n in $TOKENS; do
     log "$shape: $n tokens"
+    # the same prefill with no prefix cache and no disk tier: what the cold
+    # TTFT below pays beyond it is the disk tier's copies (and HTTP)
+    "$BIN/lumen" bench -m "$dir" --device "$DEVICE" --prompt-len "$n" --gen 2 --reps 1 --no-membw 2>/dev/null |
+      tail -n 1 | grep -oE '"prefill_(tok_s|ms)":[^,]*' | tr '\n' ' ' || true
+    echo
     # KV and checkpoints of n tokens fit twice over (bf16 KV)
     bash tools/disk_cache_ttft.sh --bin "$BIN/lumen" --model "$dir" --tokens "$n" --drop-caches --no-cold2 \
       --work "$WORK" --cache-disk 16G --serve-args "--device $DEVICE --ctx $((n + 16)) --parallel 1" ||

@@ -10,7 +10,9 @@
 # The GPU tests of the engine's grammar requests run first
 # (LUMEN_TEST_DEVICE=cuda lumen_tests engine_grammar). Elsewhere: BIN (the
 # binaries, default the carry's), DEVICE (cuda), REQUESTS ("" leaves the
-# Qwen3-shaped model out).
+# Qwen3-shaped model out), LAYERS (its layers, default 8), DEMO (0 leaves
+# the demo out), FULL (1: every part of the bench on the Qwen3-shaped
+# model, decode with and without a grammar included, at one request).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [[ -z ${BIN:-} ]]; then
@@ -23,18 +25,28 @@ fi
 B=$BIN
 DEVICE=${DEVICE:-cuda}
 REQUESTS=${REQUESTS-1 8 32}
-log "tests"
-LUMEN_TEST_DEVICE=$DEVICE "$B/lumen_tests" engine_grammar 2>&1 | tail -n 5
-if [[ -d models/demo ]]; then
+if [[ -x $B/lumen_tests ]]; then
+  log "tests"
+  LUMEN_TEST_DEVICE=$DEVICE "$B/lumen_tests" engine_grammar 2>&1 | tail -n 5
+else
+  log "no lumen_tests in the carry: the tests left out"
+fi
+if [[ -d models/demo && ${DEMO:-1} != 0 ]]; then
   log "demo model"
   "$B/bench_grammar" --tokenizer "$TOK" --device "$DEVICE" --requests 8 2>&1 | tail -n 16
 fi
 [[ -n $REQUESTS ]] || exit 0
 dir=/tmp/rand-qwen3-8b
-"$B/make_random_model" "$dir" --shape qwen3-8b --layers 8 | tail -n 1
+LAYERS=${LAYERS:-8}
+"$B/make_random_model" "$dir" --shape qwen3-8b --layers "$LAYERS" | tail -n 1
 cp "$TOK"/tokenizer*.json "$dir/"
+if [[ ${FULL:-0} == 1 ]]; then
+  log "qwen3-8b shape ($LAYERS layers), every part, one request"
+  "$B/bench_grammar" --tokenizer "$TOK" --model "$dir" --device "$DEVICE" --requests 1 2>&1 | tail -n 20
+  REQUESTS=
+fi
 for n in $REQUESTS; do
-  log "qwen3-8b shape (8 layers), $n requests"
+  log "qwen3-8b shape ($LAYERS layers), $n requests"
   "$B/bench_grammar" --tokenizer "$TOK" --model "$dir" --device "$DEVICE" --requests "$n" --only-ahead 1 2>&1 |
     tail -n 5
 done

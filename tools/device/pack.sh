@@ -18,7 +18,8 @@ cmake -S . -B build/dev -DCMAKE_BUILD_TYPE=Release -DLUMEN_CUDA_ARCHS=90-real >/
 # (LUMEN_DEVICE_GDN_BENCH=1: tools/device/gdn_bench.sh), bench_grammar
 # (LUMEN_DEVICE_GRAMMAR_BENCH=1: tools/device/grammar_gpu.sh) only when
 # asked: each lumen binary carries every kernel, and the upload limit is tight
-bins="lumen lumen_tests make_random_model${LUMEN_DEVICE_KERNEL_BENCH:+ bench_cuda_gemv}${LUMEN_DEVICE_HANDOFF_BENCH:+ bench_handoff}${LUMEN_DEVICE_GDN_BENCH:+ bench_cuda_delta}${LUMEN_DEVICE_GRAMMAR_BENCH:+ bench_grammar}"
+# LUMEN_DEVICE_BINS replaces the first three (a call that needs only a bench)
+bins="${LUMEN_DEVICE_BINS:-lumen lumen_tests make_random_model}${LUMEN_DEVICE_KERNEL_BENCH:+ bench_cuda_gemv}${LUMEN_DEVICE_HANDOFF_BENCH:+ bench_handoff}${LUMEN_DEVICE_GDN_BENCH:+ bench_cuda_delta}${LUMEN_DEVICE_GRAMMAR_BENCH:+ bench_grammar}"
 cmake --build build/dev -j2 --target $bins
 rm -rf .device-carry
 mkdir -p .device-carry/bin .device-carry/lib .device-carry/fixtures/models
