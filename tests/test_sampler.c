@@ -90,3 +90,29 @@ LM_TEST(argmax_first_max_nan_never_wins) {
     LM_CHECK(ids[0] == 1 && ids[1] == 0);
     lm_backend_destroy(be);
 }
+
+/* Greedy under a grammar mask: the first allowed id of the largest logit,
+ * never a refused one (even where every allowed logit is -inf or NaN), and
+ * the same id whether the sampler takes the greedy shortcut or goes
+ * through a logit bias of 0 (the copying path). */
+LM_TEST(sampler_masked_greedy) {
+    enum { V = 70 };
+    float x[V];
+    for (int v = 0; v < V; v++) x[v] = (float)(v % 10);
+    uint32_t allow[3] = { 0, 0, 0 };
+    const int ok[] = { 2, 13, 33, 39, 64, 69 }; /* logits 2, 3, 3, 9, 4, 9 */
+    for (size_t i = 0; i < LM_COUNT(ok); i++) allow[ok[i] >> 5] |= 1u << (ok[i] & 31);
+    lm_sampler_params p = { .temperature = 0, .top_p = 1 };
+    lm_sampler *s = lm_sampler_create(&p, V), *b = lm_sampler_create(&p, V);
+    lm_logit_bias zero = { .token = 0, .bias = 0 };
+    lm_sampler_adjust(b, &(lm_logit_adjust){ .bias = &zero, .n_bias = 1, .repetition_penalty = 1 }, NULL, 0);
+    LM_REQUIRE(lm_sampler_plain_greedy(s) && !lm_sampler_plain_greedy(b));
+    float work[V];
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 39 && lm_sample_masked(b, x, work, allow) == 39);
+    x[39] = NAN; /* NaN never wins: the next 9 */
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 69);
+    for (size_t i = 0; i < LM_COUNT(ok); i++) x[ok[i]] = -INFINITY;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 2); /* the first allowed, not id 0 */
+    lm_sampler_free(s);
+    lm_sampler_free(b);
+}

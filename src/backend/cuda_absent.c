@@ -1,6 +1,7 @@
 /* cuda_absent.c - the CUDA entry points in a build without nvcc: every GPU
  * request fails with a message that says so. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "lm_backend.h"
 
@@ -37,6 +38,16 @@ void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes
 }
 
 void lm_backend_sync(lm_backend *be) { (void)be; }
+
+void *lm_backend_host_alloc(lm_backend *be, size_t bytes) {
+    (void)be;
+    return lm_xmalloc(bytes);
+}
+
+void lm_backend_host_free(lm_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured) {
     (void)be;

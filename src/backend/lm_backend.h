@@ -415,6 +415,12 @@ void lm_backend_set_memory_limit(lm_backend *be, size_t bytes);
 void lm_backend_graph_counts(lm_backend *be, long *replayed, long *captured);
 /* Waits until every op enqueued on be has run (no-op on the CPU). */
 void lm_backend_sync(lm_backend *be);
+/* Host memory that reads from be land in fastest: pinned on a GPU (a read
+ * into pageable memory is staged by the driver, ~5x slower for the
+ * logits of a 150k vocabulary), plain elsewhere; uninitialised, aborts when
+ * none can be had. Freed by lm_backend_host_free with the same be. */
+void *lm_backend_host_alloc(lm_backend *be, size_t bytes);
+void lm_backend_host_free(lm_backend *be, void *p);
 /* The CUDA backend's MoE routing of T tokens, on host arrays (for tests
  * against lm_moe_route): logits [T][E], scale [E] or NULL; sel and w [T][k]
  * get each token's experts in ascending order with their weights. Returns

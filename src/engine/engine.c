@@ -480,7 +480,7 @@ static void engine_destroy(lm_engine *en) {
     free(en->cur.row_req);
     free(en->cur.ids);
     free(en->cur.want_logits);
-    free(en->cur.logits);
+    lm_backend_host_free(en->m->be, en->cur.logits);
     free(en->cur.seq_h0);
     free(en->cur.seq_hn);
     free(en->hidden);
@@ -529,7 +529,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->cur.row_req = lm_xcalloc(R, sizeof *en->cur.row_req);
     en->cur.ids = lm_xmalloc(R * sizeof *en->cur.ids);
     en->cur.want_logits = lm_xmalloc(R);
-    en->cur.logits = lm_xmalloc(R * (size_t)en->vocab * sizeof(float));
+    /* the rows a forward reads back for sampling: pinned on a GPU */
+    en->cur.logits = lm_backend_host_alloc(en->m->be, R * (size_t)en->vocab * sizeof(float));
     en->work = lm_xmalloc((size_t)en->vocab * sizeof(float));
     en->gmask = lm_xmalloc((size_t)lm_grammar_mask_words(en->vocab) * sizeof *en->gmask);
     lm_ahead_create(en);

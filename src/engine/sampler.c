@@ -155,7 +155,22 @@ int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work) {
     return lm_sample(s, adjusted(s, logits, work));
 }
 
+/* Greedy under a mask with nothing to adjust: the first allowed id of the
+ * largest logit (NaN never wins; the first allowed id when nothing does),
+ * read from the mask's set bits, without copying the row. */
+static int masked_argmax(const float *x, int V, const uint32_t *allow) {
+    int best = -1;
+    for (int w = 0; w < (V + 31) / 32; w++)
+        for (uint32_t bits = allow[w]; bits; bits &= bits - 1) {
+            const int v = w * 32 + __builtin_ctz(bits);
+            if (v >= V) break;
+            if (best < 0 || x[v] > x[best] || (x[best] != x[best] && x[v] == x[v])) best = v;
+        }
+    return best < 0 ? 0 : best;
+}
+
 int lm_sample_masked(lm_sampler *s, const float *logits, float *work, const uint32_t *allow) {
+    if (lm_sampler_plain_greedy(s)) return masked_argmax(logits, s->vocab, allow);
     const float *x = adjusted(s, logits, work);
     if (x != work) memcpy(work, logits, (size_t)s->vocab * sizeof(float));
     for (int v = 0; v < s->vocab; v++)

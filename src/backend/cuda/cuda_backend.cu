@@ -786,6 +786,30 @@ fail:
 
 /* ---- backend-independent queries ---------------------------------------------------- */
 
+void *lm_backend_host_alloc(lm_backend *be, size_t bytes) {
+    be = lm_backend_base(be);
+    if (!lm_is_cuda(be)) return lm_xmalloc(bytes);
+    lm_cuda_use(lm_cuda_of(be));
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "lumen: out of pinned host memory (%zu bytes)\n", bytes);
+        abort();
+    }
+    return p;
+}
+
+void lm_backend_host_free(lm_backend *be, void *p) {
+    be = lm_backend_base(be);
+    if (!p) return;
+    if (!lm_is_cuda(be)) {
+        free(p);
+        return;
+    }
+    lm_cuda_use(lm_cuda_of(be));
+    (void)cudaFreeHost(p);
+}
+
 void lm_backend_mem_info(lm_backend *be, size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = 0;
     *total_bytes = 0;
