@@ -1,6 +1,7 @@
 /* test_sampler.c - the sampler draws from the distribution it is given, its
  * filters cut what they should, and a seed fixes the draws. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/lm_backend.h"
@@ -115,4 +116,83 @@ LM_TEST(sampler_masked_greedy) {
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 2); /* the first allowed, not id 0 */
     lm_sampler_free(s);
     lm_sampler_free(b);
+}
+
+static const float *ref_prob;
+
+static int ref_desc(const void *x, const void *y) {
+    const int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    if (ref_prob[a] != ref_prob[b]) return ref_prob[a] > ref_prob[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* The reference the filters must equal: every id sorted by probability
+ * (ties by id), then top_k, top_p and min_p on that order (id order when
+ * nothing filters). */
+static int ref_kept(const float *prob, int n, const lm_sampler_params *p, int32_t *ids) {
+    for (int i = 0; i < n; i++) ids[i] = i;
+    if (p->top_k <= 0 && !(p->top_p > 0 && p->top_p < 1) && p->min_p <= 0) return n; /* no filter: id order */
+    ref_prob = prob;
+    qsort(ids, (size_t)n, sizeof *ids, ref_desc);
+    int keep = n;
+    if (p->top_k > 0 && p->top_k < keep) keep = p->top_k;
+    if (p->top_p > 0 && p->top_p < 1) {
+        double c = 0;
+        for (int i = 0; i < keep; i++)
+            if ((c += prob[ids[i]]) >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+    }
+    if (p->min_p > 0) {
+        int k = 1;
+        while (k < keep && prob[ids[k]] >= p->min_p * prob[ids[0]]) k++;
+        keep = k;
+    }
+    return keep;
+}
+
+/* The filters sort only the head of the distribution (a heap for top_k, a
+ * threshold lowered until the head holds the answer): the same ids in the
+ * same order as sorting every id, over peaked, flat and tied logits and
+ * every combination of the filters. */
+LM_TEST(sampler_filters_match_full_sort) {
+    enum { V = 3000 };
+    static float x[V], p_got[V], prob[V];
+    static int32_t got[V], want[V];
+    uint64_t z = 7;
+    const int top_ks[] = { 0, 1, 7, 40, 1500, 2999, 5000 };
+    const float top_ps[] = { 1, 0.3f, 0.9f, 0.999f }, min_ps[] = { 0, 0.01f, 0.5f }, temps[] = { 0.3f, 1, 4 };
+    int cases = 0, bad = 0;
+    for (int shape = 0; shape < 3; shape++) {
+        for (int v = 0; v < V; v++) {
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            const double u = (double)(z >> 11) / 9007199254740992.0;
+            x[v] = shape == 0 ? (float)(8 * u * u * u * u) /* peaked */
+                 : shape == 1 ? (float)u                   /* flat */
+                              : (float)((z >> 20) % 4);    /* four values: ties */
+        }
+        for (size_t a = 0; a < LM_COUNT(top_ks); a++)
+            for (size_t b = 0; b < LM_COUNT(top_ps); b++)
+                for (size_t c = 0; c < LM_COUNT(min_ps); c++)
+                    for (size_t d = 0; d < LM_COUNT(temps); d++) {
+                        lm_sampler_params p = { .temperature = temps[d], .top_k = top_ks[a], .top_p = top_ps[b],
+                                                .min_p = min_ps[c] };
+                        lm_sampler *s = lm_sampler_create(&p, V);
+                        const int n = lm_sampler_kept(s, x, got, p_got);
+                        lm_sampler_free(s);
+                        /* the sampler's softmax, to the bit */
+                        float mx = x[lm_argmax(x, V)];
+                        double sum = 0;
+                        for (int v = 0; v < V; v++) sum += (prob[v] = expf((x[v] - mx) / p.temperature));
+                        for (int v = 0; v < V; v++) prob[v] = (float)(prob[v] / sum);
+                        const int m = ref_kept(prob, V, &p, want);
+                        const bool same = n == m && !memcmp(got, want, (size_t)n * sizeof *got);
+                        if (!same && bad++ < 3)
+                            LM_CHECK_MSG(0, "shape %d top_k %d top_p %g min_p %g T %g: %d ids against %d", shape,
+                                         p.top_k, (double)p.top_p, (double)p.min_p, (double)p.temperature, n, m);
+                        cases++;
+                    }
+    }
+    LM_CHECK(cases > 0 && bad == 0);
 }

@@ -27,6 +27,10 @@ typedef struct lm_sampler lm_sampler;
 lm_sampler *lm_sampler_create(const lm_sampler_params *p, int vocab);
 void lm_sampler_free(lm_sampler *s);
 int lm_sample(lm_sampler *s, const float *logits);
+/* Tests: the ids a draw at the sampler's temperature picks from, after its
+ * filters, in the order they are summed (ids[0, n) and their probabilities
+ * p; every id when nothing filters); returns n. ids, p: [vocab]. */
+int lm_sampler_kept(lm_sampler *s, const float *logits, int32_t *ids, float *p);
 /* Whether s always takes the largest logit (temperature 0): lm_argmax. */
 bool lm_sampler_greedy(const lm_sampler *s);
 

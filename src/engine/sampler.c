@@ -63,30 +63,79 @@ static int by_prob_desc(const void *a, const void *b, void *ctx) {
 
 bool lm_sampler_greedy(const lm_sampler *s) { return s->p.temperature <= 0; }
 
-int lm_sample(lm_sampler *s, const float *logits) {
-    if (s->p.temperature <= 0) return lm_argmax(logits, s->vocab);
-    int n = s->vocab;
+/* Whether id a comes before id b in by_prob_desc's order. */
+static inline bool before(const float *p, int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
+
+/* idx[0, k): the k first ids of by_prob_desc's order over n, sorted: a
+ * heap of the best so far (its root the worst of them), one compare for
+ * most ids. */
+static void top_ids(const float *p, int n, int k, int32_t *idx) {
+    int h = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (h == k && !before(p, i, idx[0])) continue;
+        int at;
+        if (h < k) { /* sift up from the end */
+            for (at = h++; at > 0 && before(p, idx[(at - 1) / 2], i); at = (at - 1) / 2) idx[at] = idx[(at - 1) / 2];
+        } else { /* replace the root, sift down */
+            at = 0;
+            for (;;) {
+                int c = 2 * at + 1;
+                if (c >= k) break;
+                if (c + 1 < k && before(p, idx[c], idx[c + 1])) c++;
+                if (!before(p, i, idx[c])) break;
+                idx[at] = idx[c], at = c;
+            }
+        }
+        idx[at] = i;
+    }
+    qsort_r(idx, (size_t)h, sizeof(int32_t), by_prob_desc, (void *)p);
+}
+
+/* s->prob: the softmax of logits at the sampler's temperature. */
+static void probs(lm_sampler *s, const float *logits) {
+    const int n = s->vocab;
     float maxv = logits[lm_argmax(logits, n)];
     double sum = 0;
     for (int i = 0; i < n; i++) {
         s->prob[i] = expf((logits[i] - maxv) / s->p.temperature);
         sum += s->prob[i];
-        s->idx[i] = i;
     }
     for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
-    if (s->p.top_k <= 0 && !(s->p.top_p > 0 && s->p.top_p < 1) && s->p.min_p <= 0) {
-        /* no filter: draw from the whole distribution without sorting it */
-        double r = next_uniform(s), c = 0;
-        for (int i = 0; i < n; i++) {
-            c += s->prob[i];
-            if (r < c) return i;
+}
+
+static bool filtered(const lm_sampler *s) {
+    return s->p.top_k > 0 || (s->p.top_p > 0 && s->p.top_p < 1) || s->p.min_p > 0;
+}
+
+/* The filters keep a prefix of the ids sorted by probability (by_prob_desc):
+ * s->idx[0, keep), returns keep. Sorting a 150k vocabulary took ~20 ms a
+ * token: a top_k up to 1024 is taken by a heap, otherwise only the ids at
+ * or above a threshold are sorted (every other id is below all of them,
+ * so their order is the full order's head), the threshold lowered until
+ * that head holds the answer. */
+static int filter_ids(lm_sampler *s) {
+    const int n = s->vocab;
+    const bool top_p = s->p.top_p > 0 && s->p.top_p < 1;
+    int keep;
+    if (s->p.top_k > 0 && s->p.top_k <= 1024 && s->p.top_k < n) { /* the k best; the rest is cut */
+        top_ids(s->prob, n, s->p.top_k, s->idx);
+        keep = s->p.top_k;
+    } else {
+        const float pmax = s->prob[lm_argmax(s->prob, n)];
+        for (float t = s->p.min_p > 0 ? s->p.min_p * pmax : pmax * 0.1f;; t = t > 1e-30f ? t * 0.1f : 0) {
+            int m = 0;
+            for (int i = 0; i < n; i++)
+                if (t == 0 || s->prob[i] >= t) s->idx[m++] = i;
+            qsort_r(s->idx, (size_t)m, sizeof(int32_t), by_prob_desc, s->prob);
+            keep = m;
+            bool whole = m == n || (s->p.min_p > 0 && t <= s->p.min_p * pmax); /* min_p cuts all the rest */
+            if (s->p.top_k > 0 && s->p.top_k <= keep) keep = s->p.top_k, whole = true;
+            double c = 0;
+            for (int i = 0; top_p && !whole && i < keep; i++) whole = (c += s->prob[s->idx[i]]) >= s->p.top_p;
+            if (whole) break;
         }
-        return lm_argmax(s->prob, n);
     }
-    qsort_r(s->idx, (size_t)n, sizeof(int32_t), by_prob_desc, s->prob);
-    int keep = n;
-    if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
-    if (s->p.top_p > 0 && s->p.top_p < 1) {
+    if (top_p) {
         double c = 0;
         for (int i = 0; i < keep; i++) {
             c += s->prob[s->idx[i]];
@@ -102,6 +151,30 @@ int lm_sample(lm_sampler *s, const float *logits) {
         while (k < keep && s->prob[s->idx[k]] >= floor_p) k++;
         keep = k;
     }
+    return keep;
+}
+
+int lm_sampler_kept(lm_sampler *s, const float *logits, int32_t *ids, float *p) {
+    probs(s, logits);
+    const int n = s->vocab, keep = filtered(s) ? filter_ids(s) : n;
+    for (int i = 0; i < keep; i++) ids[i] = filtered(s) ? s->idx[i] : i, p[i] = s->prob[ids[i]];
+    return keep;
+}
+
+int lm_sample(lm_sampler *s, const float *logits) {
+    if (s->p.temperature <= 0) return lm_argmax(logits, s->vocab);
+    const int n = s->vocab;
+    probs(s, logits);
+    if (!filtered(s)) {
+        /* no filter: draw from the whole distribution without sorting it */
+        double r = next_uniform(s), c = 0;
+        for (int i = 0; i < n; i++) {
+            c += s->prob[i];
+            if (r < c) return i;
+        }
+        return lm_argmax(s->prob, n);
+    }
+    const int keep = filter_ids(s);
     double total = 0;
     for (int i = 0; i < keep; i++) total += s->prob[s->idx[i]];
     double r = next_uniform(s) * total, c = 0;
