@@ -174,9 +174,9 @@ bool lm_spec_would_draft(lm_engine *en, lm_request *r);
 extern const struct lm_step_policy lm_spec_policy;
 /* A built step, before its forward: the hidden rows the MTP proposer reads. */
 void lm_spec_before_issue(lm_engine *en, struct lm_step *st);
-/* After any step's hand-out: the MTP proposer's guesses for the next; the
- * step's kind noted for its wall time, which lm_spec_step_start (at the
- * start of every step) learns from. */
+/* After any step's hand-out: the MTP proposer's guesses for the next, and
+ * the step's wall time since lm_spec_step_start (at the start of every
+ * engine step) learnt by its kind. */
 void lm_spec_after_hand_out(lm_engine *en, struct lm_step *st);
 void lm_spec_step_start(lm_engine *en);
 /* Before the first request: times forwards of 1 and 1 + max draft tokens
@@ -202,8 +202,9 @@ typedef struct lm_spec_cost {
     double mtp_s_per;     /* smoothed seconds of the MTP head a decoding sequence and step */
     double mtp_tok_s;     /* smoothed seconds of its catch-up a prompt token */
     float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences */
-    /* whole decode steps by the wall clock (one step's start to the next's:
-     * host work and a look-ahead's overlap included) less the fitted b T,
+    /* whole decode steps by the wall clock (the engine's step from its start
+     * to the end of the hand-out: host work included, and with the
+     * look-ahead the next step's issue overlapping) less the fitted b T,
      * smoothed over steps with drafts and over steps without */
     double wall_draft, wall_plain;
     int n_wall_draft, n_wall_plain;

@@ -42,10 +42,8 @@ struct lm_spec {
     unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
     double last_forward_s; /* the step's forward, for the requests' traces */
     /* whole steps by the wall clock (lm_spec_step_start) */
-    double t_step;       /* when the step being timed started */
-    bool timed;          /* the step handed out last is one to learn from */
-    bool last_drafted, last_plain; /* its kind; whether the one before drafted nothing */
-    int last_T;
+    double t_step;       /* when the step being handed out started (lm_spec_step_start) */
+    bool last_drafted;   /* the step handed out before it had drafts */
     uint64_t steps;      /* steps handed out */
     uint64_t probe_step; /* the step the last probe joined (steps at its build) */
     int since_plain;     /* steps with drafts since the last without */
@@ -405,23 +403,23 @@ void lm_spec_before_issue(lm_engine *en, lm_step *st) {
     if (sp->mtp_live) lm_mtp_before_issue(en, st);
 }
 
-/* The step just handed out, for its wall time (lm_spec_step_start): a
- * decode step (every sequence generating before it) after which some
- * sequence runs on, so that the engine does not wait idle before the next;
- * and the forced plain runs' count. */
+/* The step just handed out: its wall time, from the start of the engine's
+ * step (lm_spec_step_start; admission and idle waits fall outside) to now,
+ * if it was a decode step (every sequence generating before it) - a plain
+ * one only after another plain one (after a drafting step nothing
+ * overlapped it); and the forced plain runs' count. */
 static void note_step(lm_engine *en, const lm_step *st) {
     lm_spec *sp = en->spec;
-    bool decode = st->S > 0, running = false;
+    bool decode = st->S > 0;
     for (int i = 0; i < st->S; i++) {
-        const lm_request *r = st->seq_req[i];
         const int fed = st->seq_n ? st->seq_n[i] : 1; /* a look-ahead step has one token a sequence */
-        decode &= r->n_generated >= 2 && fed <= 1 + sp->max_draft;
-        running |= r->state == LM_REQ_RUNNING;
+        decode &= st->seq_req[i]->n_generated >= 2 && fed <= 1 + sp->max_draft;
     }
     const bool drafted = st->n_draft > 0;
-    sp->timed = decode && running;
-    sp->last_plain = !sp->last_drafted;
-    sp->last_drafted = drafted, sp->last_T = st->T;
+    if (decode && sp->t_step > 0 && (drafted || !sp->last_drafted))
+        lm_spec_wall_learn(&sp->c, drafted, st->T, lm_now() - sp->t_step);
+    sp->t_step = 0;
+    sp->last_drafted = drafted;
     sp->steps++;
     if (!drafted) {
         sp->since_plain = 0;
@@ -472,15 +470,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     note_step(en, st);
 }
 
-void lm_spec_step_start(lm_engine *en) {
-    lm_spec *sp = en->spec;
-    const double now = lm_now();
-    /* a plain step right after one with drafts ran without the look-ahead's overlap */
-    if (sp->timed && (sp->last_drafted || sp->last_plain))
-        lm_spec_wall_learn(&sp->c, sp->last_drafted, sp->last_T, now - sp->t_step);
-    sp->timed = false;
-    sp->t_step = now;
-}
+void lm_spec_step_start(lm_engine *en) { en->spec->t_step = lm_now(); }
 
 /* The best of 3 forwards of T tokens of the scratch sequence at position
  * pos (head: the MTP head's, over zero hidden rows), seconds; 0 on an error. */
