@@ -110,10 +110,31 @@ LM_TEST(sampler_masked_greedy) {
     LM_REQUIRE(lm_sampler_plain_greedy(s) && !lm_sampler_plain_greedy(b));
     float work[V];
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 39 && lm_sample_masked(b, x, work, allow) == 39);
+    x[0] = x[40] = 100.0f; /* refused ids, whatever their logits */
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 39 && lm_sample_masked(b, x, work, allow) == 39);
+    x[0] = 0.0f, x[40] = 0.0f;
     x[39] = NAN; /* NaN never wins: the next 9 */
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 69);
     for (size_t i = 0; i < LM_COUNT(ok); i++) x[ok[i]] = -INFINITY;
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 2); /* the first allowed, not id 0 */
+    /* words that allow all 32 ids are read as spans; a last word's bits
+     * past the vocabulary are ignored */
+    for (int v = 0; v < V; v++) x[v] = (float)(v % 10);
+    allow[0] = allow[1] = ~0u, allow[2] = 1u << 5; /* ids 0-63 and 69 */
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 9 && lm_sample_masked(b, x, work, allow) == 9);
+    x[9] = NAN;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 19);
+    x[40] = 50.0f;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 40);
+    x[63] = 55.0f; /* a span's last id */
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 63);
+    allow[2] = ~0u; /* ids 64-95: only 64-69 exist */
+    x[69] = 60.0f;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 69);
+    for (int v = 0; v < V; v++) x[v] = -INFINITY;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 0);
+    allow[0] = 0;
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 32);
     lm_sampler_free(s);
     lm_sampler_free(b);
 }

@@ -230,16 +230,61 @@ int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work) {
 
 /* Greedy under a mask with nothing to adjust: the first allowed id of the
  * largest logit (NaN never wins; the first allowed id when nothing does),
- * read from the mask's set bits, without copying the row. */
+ * without copying the row. Two passes over the mask's words: the maximum
+ * (runs of words that allow all 32 ids read as one span, a JSON string's
+ * mask being mostly such words), then its first allowed id. */
+/* The largest of x[0, n) (NaN never wins; -inf when none): 8 independent
+ * lanes, which the compiler vectorises as in lm_argmax. */
+static float span_max(const float *x, int n) {
+    float m[8];
+    for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+    float best = m[0];
+    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best;
+    return best;
+}
+
 static int masked_argmax(const float *x, int V, const uint32_t *allow) {
-    int best = -1;
-    for (int w = 0; w < (V + 31) / 32; w++)
-        for (uint32_t bits = allow[w]; bits; bits &= bits - 1) {
-            const int v = w * 32 + __builtin_ctz(bits);
-            if (v >= V) break;
-            if (best < 0 || x[v] > x[best] || (x[best] != x[best] && x[v] == x[v])) best = v;
+    const int W = (V + 31) / 32;
+    float m = -INFINITY;
+    for (int w = 0; w < W;) {
+        int e = w; /* a run of words that allow every id, read as one span */
+        while (e < W && allow[e] == ~0u && 32 * e + 32 <= V) e++;
+        if (e > w) {
+            const float mw = span_max(x + 32 * w, 32 * (e - w));
+            m = mw > m ? mw : m;
+            w = e;
+            continue;
         }
-    return best < 0 ? 0 : best;
+        for (uint32_t b = allow[w]; b; b &= b - 1) {
+            const int v = 32 * w + __builtin_ctz(b);
+            if (v < V && x[v] > m) m = x[v];
+        }
+        w++;
+    }
+    int first = -1;
+    for (int w = 0; w < W;) {
+        int e = w;
+        while (e < W && allow[e] == ~0u && 32 * e + 32 <= V) e++;
+        if (e > w) {
+            for (int v = 32 * w; v < 32 * e; v++)
+                if (x[v] == m) return v;
+            if (first < 0) first = 32 * w;
+            w = e;
+            continue;
+        }
+        for (uint32_t b = allow[w]; b; b &= b - 1) {
+            const int v = 32 * w + __builtin_ctz(b);
+            if (v >= V) break;
+            if (x[v] == m) return v;
+            if (first < 0) first = v;
+        }
+        w++;
+    }
+    return first < 0 ? 0 : first;
 }
 
 int lm_sample_masked(lm_sampler *s, const float *logits, float *work, const uint32_t *allow) {
