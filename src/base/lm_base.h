@@ -20,6 +20,8 @@ typedef struct lm_err {
 
 /* The first index of the largest of x[0..n) (NaN never wins). */
 int lm_argmax(const float *x, int n);
+/* The largest of x[0, n); NaN never wins; -inf when nothing does. */
+float lm_max(const float *x, int n);
 
 /* Formats into e (if non-NULL) and returns -1, so `return lm_errf(...)` works. */
 int lm_errf(lm_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

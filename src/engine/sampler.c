@@ -233,20 +233,6 @@ int lm_sample_adjusted(lm_sampler *s, const float *logits, float *work) {
  * without copying the row. Two passes over the mask's words: the maximum
  * (runs of words that allow all 32 ids read as one span, a JSON string's
  * mask being mostly such words), then its first allowed id. */
-/* The largest of x[0, n) (NaN never wins; -inf when none): 8 independent
- * lanes, which the compiler vectorises as in lm_argmax. */
-static float span_max(const float *x, int n) {
-    float m[8];
-    for (int k = 0; k < 8; k++) m[k] = -INFINITY;
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
-    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
-    float best = m[0];
-    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best;
-    return best;
-}
-
 static int masked_argmax(const float *x, int V, const uint32_t *allow) {
     const int W = (V + 31) / 32;
     float m = -INFINITY;
@@ -254,7 +240,7 @@ static int masked_argmax(const float *x, int V, const uint32_t *allow) {
         int e = w; /* a run of words that allow every id, read as one span */
         while (e < W && allow[e] == ~0u && 32 * e + 32 <= V) e++;
         if (e > w) {
-            const float mw = span_max(x + 32 * w, 32 * (e - w));
+            const float mw = lm_max(x + 32 * w, 32 * (e - w));
             m = mw > m ? mw : m;
             w = e;
             continue;
