@@ -17,16 +17,24 @@
  *     deviation <= sqrt(sum w^2 / 12) xmax / 127; bound: 6 of those plus the
  *     exact mode's (a wrong code, scale or group moves an output by far
  *     more)
- *   GEMM (T > 8, widened to bf16): against the reference over the bf16-
- *     rounded block values, 1e-4 cond + 1e-6 (the bf16 path's split-x bound);
- *     this catches a single wrong value, which the 2^-9 rounding would hide
+ *   GEMM (T > 8) in the default mode: up to 128 tokens over rows of whole
+ *     256-value units int8 activations on tensor cores (cuda_mmq.cu: x
+ *     rounded per 32 values by the group's own largest magnitude, <= the
+ *     token's, so the GEMV's int8 bound holds); else weights widened to
+ *     bf16 and x rounded to bf16 (2^-9 relative each: 2^-8 cond). The bound
+ *     is the sum of both, whichever path ran
+ *   GEMM in the exact mode (weights widened to bf16, x in three bf16
+ *     terms): against the reference over the bf16-rounded block values,
+ *     1e-4 cond + 1e-6; this catches a single wrong value, which the 2^-9
+ *     rounding would hide
  *   get_rows of a quantised table: exact (the same f32 products as the CPU)
  *   matmul_n over quantised matrices: bitwise equal to separate matmuls;
  *     matmul_glu and matmul_add likewise equal to the ops they fuse
  *   models (GGUF fixtures, CPU with exact quantised dots): every step fed
  *     one token at a time (all GEMVs, graph-replayed) within 1e-3 of the
  *     CPU with exact activations, 2e-1 with int8 ones; a batched prompt
- *     (GEMM on bf16-widened weights) within 1e-1; the same argmax wherever
+ *     within 1e-1 (exact mode: bf16-widened weights) and 2e-1 (int8
+ *     activations on tensor cores); the same argmax wherever
  *     the CPU's top-2 margin exceeds twice that step's largest diff.
  * Skips without a GPU, printing why; the decoders alone also run on the
  * CPU (cuda_quant_decoders_on_the_cpu). */
@@ -155,9 +163,10 @@ static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64
     g->ops->matmul(g, &y, &x, &w, bias ? &b : NULL);
     lm_cuda_backend_quant_exact(g, false);
     float *yh = cq_get(g, &y);
-    const bool gemm = T > 8;
+    /* the exact mode's GEMM widens to bf16: its reference takes the widened values */
+    const bool gemm = T > 8 && exact, bf16 = T > 8 && !exact;
     float *wf = cq_widen(t, wh + (size_t)skip * rb, O, I, gemm);
-    const double tol = gemm ? 1e-4 : 2e-5;
+    const double tol = gemm ? 1e-4 : bf16 ? 1.0 / 256 : 2e-5;
     int bad = 0;
     for (int64_t ti = 0; ti < T; ti++) {
         double xmax = 0;
@@ -168,7 +177,7 @@ static int cq_matmul_case(lm_backend *g, lm_dtype t, int64_t T, int64_t O, int64
                 const double p = (double)xh[ti * I + i] * wf[o * I + i];
                 ref += p, cond += fabs(p), w2 += (double)wf[o * I + i] * wf[o * I + i];
             }
-            const double i8 = exact || gemm ? 0.0 : 6.0 * sqrt(w2 / 12.0) * xmax / 127.0;
+            const double i8 = exact ? 0.0 : 6.0 * sqrt(w2 / 12.0) * xmax / 127.0;
             const double got = yh[ti * O + o];
             if (!(fabs(got - ref) <= tol * cond + 1e-6 + i8)) {
                 if (bad < 3)
@@ -207,10 +216,12 @@ LM_TEST(cuda_quant_decoders_on_the_cpu) {
 #endif
 }
 
-/* Every type, T = 1..9, 17, 64, 300 (GEMV up to 8, widening GEMM above),
- * odd row counts (a block's last row group partly past O), rows of 1, 3 and
- * 16 blocks (threads with one slice, several, and none), with and without
- * bias, and the same at a row offset (MoE expert rows). */
+/* Every type, T = 1..9, 17, 64, 300 (GEMV up to 8; above, the int8 tensor-
+ * core GEMM or, exact, the widening one), odd row counts (a block's last
+ * row group partly past O), rows of 1, 3 and 16 blocks (threads with one
+ * slice, several, and none; the int8 GEMM splits 16-block rows of few
+ * output tiles over 4 groups of blocks), with and without bias, and the
+ * same at a row offset (MoE expert rows). */
 LM_TEST(cuda_qmatmul_vs_reference) {
     CQ_SETUP(g);
     static const int64_t Ts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64, 300 };
@@ -225,7 +236,7 @@ LM_TEST(cuda_qmatmul_vs_reference) {
                 if (T * O * I > (int64_t)40 << 20) continue; /* the reference's time */
                 const bool bias = (k + si) % 2 == 0;
                 for (int64_t skip = 0; skip <= 3; skip += 3)
-                    for (int exact = 0; exact <= (T <= 8); exact++) {
+                    for (int exact = 0; exact <= 1; exact++) {
                         const int bad = cq_matmul_case(g, t, T, O, I, skip, bias, exact, seed++);
                         LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld O=%lld I=%lld skip=%lld bias=%d exact=%d", bad,
                                      lm_dtype_name(t), (long long)T, (long long)O, (long long)I, (long long)skip, bias,
@@ -237,7 +248,8 @@ LM_TEST(cuda_qmatmul_vs_reference) {
 }
 
 /* A model-sized row (4,096 values) and more rows than one block group:
- * the shapes decode actually runs, at batch 1 and 8. */
+ * the shapes decode actually runs, at batch 1 and 8, and 40 (the int8
+ * GEMM's tiles of 64 tokens, 8 row tiles, I split in four). */
 LM_TEST(cuda_qmatmul_model_rows) {
     CQ_SETUP(g);
     uint64_t seed = 901;
@@ -245,9 +257,11 @@ LM_TEST(cuda_qmatmul_model_rows) {
      * there), then the slice kernel that other GPUs and types take */
     for (int staged = 1; staged >= 0; staged--) {
         lm_cuda_backend_qstaged(g, staged);
+        static const int64_t Ts[] = { 1, 8, 40 };
         for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++)
-            for (int64_t T = 1; T <= 8; T += 7)
-                for (int exact = 0; exact <= 1; exact++) {
+            for (size_t k = 0; k < LM_COUNT(Ts); k++)
+                for (int exact = 0; exact <= 1 && (Ts[k] <= 8 || staged); exact++) { /* 40 tokens: once */
+                    const int64_t T = Ts[k];
                     const int bad = cq_matmul_case(g, cq_types[ti], T, 515, 4096, 0, false, exact, seed++);
                     LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [515][4096] exact=%d staged=%d", bad,
                                  lm_dtype_name(cq_types[ti]), (long long)T, exact, staged);
@@ -530,14 +544,15 @@ static void cq_model(lm_test_ctx *lm_t_, const char *type) {
         lm_runner_free(r);
     }
     CQ_REQUIRE(cq_run(mc, prompt, feed, false, lc, &e) == 0, "cpu: %s", e.msg);
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
         /* 0: stepwise with exact f32 activations; 1: stepwise with int8
          * activations (the default: 0.065-0.11 on the H200, 2026-12-02;
-         * twice that); 2: batched, the weights widened to bf16 (2^-9
-         * relative a weight: 0.063-0.087) */
+         * twice that); 2: batched in the exact mode, the weights widened
+         * to bf16 (2^-9 relative a weight: 0.063-0.087); 3: batched with
+         * int8 activations on tensor cores (the default), as pass 1 */
         const int sw = pass < 2;
-        const double tol = pass == 0 ? 1e-3 : pass == 1 ? 2e-1 : 1e-1;
-        lm_cuda_backend_quant_exact(gpu, pass == 0);
+        const double tol = pass == 0 ? 1e-3 : pass == 2 ? 1e-1 : 2e-1;
+        lm_cuda_backend_quant_exact(gpu, pass == 0 || pass == 2);
         CQ_REQUIRE(cq_run(mg, prompt, feed, sw == 1, lg, &e) == 0, "gpu: %s", e.msg);
         double worst = 0;
         int checked = 0, differ = 0, equal = 0;
@@ -556,7 +571,8 @@ static void cq_model(lm_test_ctx *lm_t_, const char *type) {
             }
         }
         printf("  %s %s prompt: GPU vs CPU max |logit diff| %.3g (tol %.0e); argmax equal at %d/%d clear steps\n",
-               type, pass == 0 ? "stepwise exact" : pass == 1 ? "stepwise int8" : "batched", worst, tol,
+               type, pass == 0 ? "stepwise exact" : pass == 1 ? "stepwise int8" : pass == 2 ? "batched exact" : "batched int8",
+               worst, tol,
                checked - differ, checked);
         LM_CHECK(worst <= tol);
         LM_CHECK(differ == 0);

@@ -8,8 +8,11 @@
  * type's alignment allows it) are decoded slice by slice: every value is
  * written exactly once, equals lm_dequant_row's bit for bit, and the GEMV's
  * per-group sums (code * x summed, scaled once) give the plain dot product
- * within 1e-5 of sum |x w|. Exit status 0 when all hold; the failures are
- * printed. Run by the test cuda_quant_decoders_on_the_cpu. */
+ * within 1e-5 of sum |x w|. The int8 tensor-core GEMM's fragments
+ * (cuda_mmq_types.h) likewise: every lane's codes of every group, times its
+ * scale (minus its min), equal lm_dequant_row's values. Exit status 0 when
+ * all hold; the failures are printed. Run by the test
+ * cuda_quant_decoders_on_the_cpu. */
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -73,8 +76,15 @@ static int __dp4a(int a, int b, int c) {
     return c;
 }
 static float __fsub_rn(float a, float b) { return a - b; }
+template <class T> static T __ldg(const T *p) { return __ldcs(p); }
+static unsigned __vsub4(unsigned a, unsigned b) { /* per byte, wrapping */
+    unsigned r = 0;
+    for (int e = 0; e < 4; e++) r |= ((((a >> (8 * e)) & 0xffu) - ((b >> (8 * e)) & 0xffu)) & 0xffu) << (8 * e);
+    return r;
+}
 
 #include "backend/cuda/cuda_quant.h"
+#include "backend/cuda/cuda_mmq_types.h"
 
 static uint64_t qc_state = 12345;
 static unsigned qc_rnd() {
@@ -118,9 +128,40 @@ static int qc_check_i8(const char *name, const uint8_t *w, const float *ref, con
     return bad;
 }
 
+/* The int8 GEMM's view of row w (I values, ref its lm_dequant_row): for
+ * every unit of 256 values, lane tig of a quad and group g, the fragment
+ * codes (u8 with a min, else s8) at k = 4 tig.. and 16 + 4 tig.. of the
+ * group, as scale * code (- min), equal ref bit for bit. */
+template <lm_dtype QT> static int qc_check_mq(const char *name, const uint8_t *w, const float *ref, int I) {
+    using M = lm_mq<QT>;
+    constexpr int KF = M::G / 16;
+    int bad = 0;
+    for (int u = 0; u < I / 256; u++)
+        for (int tig = 0; tig < 4; tig++) {
+            typename M::raw r;
+            M::load(r, w, u, tig);
+            for (int g = 0; g < 256 / M::G; g++) {
+                unsigned a[KF];
+                float sc, mn;
+                M::frag(r, g, a);
+                M::sm(r, g, sc, mn);
+                for (int f = 0; f < KF; f++)
+                    for (int e = 0; e < 4; e++) {
+                        const unsigned byte = (a[f] >> (8 * e)) & 0xffu;
+                        const float code = M::MIN ? (float)byte : (float)(signed char)byte;
+                        const float v = M::MIN ? __fsub_rn(__fmul_rn(sc, code), mn) : __fmul_rn(sc, code);
+                        const int at = 256 * u + M::G * g + 16 * f + 4 * tig + e;
+                        if (memcmp(&v, &ref[at], 4) != 0 && bad++ < 5)
+                            printf("%s: int8 GEMM fragment, value %d: %.9g, lm_dequant_row %.9g\n", name, at, v, ref[at]);
+                    }
+            }
+        }
+    return bad;
+}
+
 template <lm_dtype QT> static int qc_check(const char *name) {
     using Q = lm_q<QT>;
-    const int nb = 7, I = nb * Q::BV;
+    const int nb = Q::BV == 256 ? 7 : 16, I = nb * Q::BV; /* 16: two units of the int8 GEMM */
     const size_t bytes = lm_dtype_row_bytes(QT, I);
     uint8_t *buf = (uint8_t *)aligned_alloc(16, (bytes + 47) / 16 * 16);
     float *ref = (float *)malloc(I * sizeof(float)), *got = (float *)malloc(I * sizeof(float));
@@ -179,6 +220,7 @@ template <lm_dtype QT> static int qc_check(const char *name) {
         if (!(fabs(dot - want) <= 1e-5 * cond) && bad++ < 5)
             printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
         bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
+        bad += qc_check_mq<QT>(name, w, ref, I);
     }
     printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
     free(buf), free(ref), free(got), free(x);

@@ -6,7 +6,9 @@
  * Prefill (lm_qgemm): the weight is widened to bf16 into a grow-only
  * workspace (lm_cuda_dequant_ws, at most LM_DEQUANT_WS_BYTES: larger
  * matrices go in row chunks) and multiplied by the bf16 tensor-core path of
- * cuda_gemm.cu (activations split in three terms unless LUMEN_CUDA_GEMM=bf16).
+ * cuda_gemm.cu (activations split in three terms in the exact mode,
+ * lm_cuda_backend_quant_exact; else rounded to bf16). Fewer tokens take
+ * cuda_mmq.cu (cuda_matmul.cu picks).
  * The widening costs one read of the quantised weight and a write and read
  * of its bf16 form, small against the product's flops at hundreds of tokens.
  * bf16 holds 8 significant bits, so a widened value is the block value
@@ -103,8 +105,8 @@ __global__ void lm_qgemm_place_kernel(float *y, const float *p, int64_t T, int64
  * cuda_gemm.cu's bf16 product, straight into y when the whole matrix fits
  * the workspace, else in row chunks through a [T][chunk] product that a
  * kernel places into y's columns. */
-void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
-              int64_t O, int64_t I) {
+static void lm_qgemm_widened(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt,
+                             const float *bias, int64_t O, int64_t I) {
     LM_ASSERT(lm_cuda_qtype(wt) && I % lm_dtype_block(wt) == 0);
     const size_t row_bytes = (size_t)I * 2, qrow = lm_dtype_row_bytes(wt, I);
     int64_t chunk = (int64_t)(LM_DEQUANT_WS_BYTES / row_bytes) / 16 * 16;
@@ -126,4 +128,17 @@ void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm
         lm_cuda_launch(c, lm_qgemm_place_kernel, lm_grid_1d(c, T * n, 256), 256, 0, y, (const float *)p, T, O, r0, n);
         LM_CUDA_LAUNCHED("qgemm_place");
     }
+}
+
+/* lm_qgemm_widened with x as three bf16 terms in the exact mode, else
+ * rounded to bf16 (one product instead of three: 2.6x the 4k prefill of a
+ * Llama-8B Q4_K_M on the H200). The default mode rounds x coarser still in
+ * the GEMV and cuda_mmq.cu (int8 a 32 values), so bf16 loses nothing it
+ * keeps elsewhere. */
+void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
+              int64_t O, int64_t I) {
+    const int mode = c->gemm_mode;
+    if (!c->quant_exact) c->gemm_mode = LM_CUDA_GEMM_BF16;
+    lm_qgemm_widened(c, T, y, x, w, wt, bias, O, I);
+    c->gemm_mode = mode;
 }

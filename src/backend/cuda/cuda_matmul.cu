@@ -6,8 +6,10 @@
  *
  * x and y are f32; W is bf16, f16 or f32 in its stored layout [O][I], or
  * GGUF blocks (lm_cuda_qtype): cuda_qgemv.cu up to LM_GEMV_MAX_T tokens,
- * cuda_dequant.cu's widening to bf16 above. */
+ * above int8 tensor cores on the blocks (cuda_mmq.cu), or in the exact mode
+ * (and shapes it does not take) cuda_dequant.cu's widening to bf16. */
 #include "cuda_internal.h"
+#include "cuda_mmq.h"
 
 /* ---- entry ---------------------------------------------------------------------------- */
 
@@ -35,6 +37,8 @@ void lm_cuda_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     if (lm_cuda_qtype(w->type)) {
         if (T <= LM_GEMV_MAX_T && lm_qgemv_ok((const float *)x->data, w->data, w->type))
             lm_qgemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
+        else if (lm_mmq_takes(c, T, (const float *)x->data, w->data, w->type, I))
+            lm_mmq(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
         else lm_qgemm(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
     } else if (T <= LM_GEMV_MAX_T) lm_gemv(c, (int)T, yp, (const float *)x->data, w->data, w->type, bp, O, I);
     else lm_gemm1(c, T, yp, (const float *)x->data, w->data, w->type, bp, O, I, false);
