@@ -50,7 +50,7 @@
 #include "test_util.h"
 
 static const lm_dtype cq_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL,
-                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS };
+                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS, LM_FP8_B128 };
 
 static uint64_t cq_next(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -60,14 +60,16 @@ static uint64_t cq_next(uint64_t *s) {
 /* Uniform in [-1, 1). */
 static float cq_unit(uint64_t *s) { return (float)(cq_next(s) & 0xffffff) / (float)0x800000 - 1.0f; }
 
-/* Byte offsets of a block's f16 scales (-1: none). */
+/* Byte offsets of a block's f16 scales (-1: none; FP8_B128's is f32, cq_weight sets it). */
 static void cq_f16_fields(lm_dtype t, int *a, int *b) {
-    *a = 0, *b = -1;
+    *a = t == LM_FP8_B128 ? -1 : 0, *b = -1;
     if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q4_1 || t == LM_Q5_1) *b = 2;
     if (t == LM_Q6_K) *a = 208;
 }
 
-/* rows x I values of type t: random bytes, f16 scales random in +-[2^-8, 2^-5]. */
+/* rows x I values of type t: random bytes, f16 scales random in +-[2^-8,
+ * 2^-5] (FP8_B128: an f32 scale in +-[2^-8, 2^-6], as e4m3 codes reach 448;
+ * no NaN code, which no checkpoint holds). */
 static uint8_t *cq_weight(lm_dtype t, int64_t rows, int64_t I, uint64_t *s) {
     const size_t bytes = (size_t)rows * lm_dtype_row_bytes(t, I);
     uint8_t *w = malloc(bytes + 1);
@@ -75,6 +77,12 @@ static uint8_t *cq_weight(lm_dtype t, int64_t rows, int64_t I, uint64_t *s) {
     const int bb = lm_dtype_block_bytes(t);
     int fa, fb;
     cq_f16_fields(t, &fa, &fb);
+    for (size_t off = 0; t == LM_FP8_B128 && off < bytes; off += (size_t)bb) {
+        const float v = ldexpf(1.0f + 0.5f * cq_unit(s), -7 - (int)(cq_next(s) % 2)) * (cq_next(s) & 1 ? -1.0f : 1.0f);
+        memcpy(w + off, &v, 4);
+        for (int k = 4; k < bb; k++)
+            if ((w[off + k] & 0x7f) == 0x7f) w[off + k] ^= 1;
+    }
     for (size_t off = 0; off < bytes; off += (size_t)bb) {
         const int f[2] = { fa, fb };
         for (int k = 0; k < 2; k++) {

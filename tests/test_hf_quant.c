@@ -439,7 +439,7 @@ LM_TEST(hf_quant_cuda_refuses_with_type) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_cuda_backend_create(0, &e);
     LM_REQUIRE(be);
-    static const lm_dtype types[] = { LM_FP8_B128, LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
+    static const lm_dtype types[] = { LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
     static uint8_t data[4 * 132 * 2];
     for (size_t i = 0; i < LM_COUNT(types); i++) {
         lm_tensor w = { .type = types[i], .rows = 4, .cols = 256 };
@@ -448,6 +448,78 @@ LM_TEST(hf_quant_cuda_refuses_with_type) {
                      "%s: got \"%s\"", lm_dtype_name(types[i]), e.msg);
     }
     lm_backend_destroy(be);
+}
+
+/* An FP8 checkpoint on the GPU (its FP8_B128 rows uploaded as stored)
+ * against the CPU's exact path: fed a token at a time (the GEMV: exact
+ * block values, f32 sums), 1e-3; the whole prompt at once (weights widened
+ * to bf16, x in three bf16 terms in the exact mode, rounded to bf16
+ * otherwise), 0.1 and 0.2 (the GGUF types' bounds, test_cuda_quant.c). */
+static float *hq_gpu_logits(const char *dir, const int32_t *tokens, int n, bool exact, bool stepwise, int vocab,
+                            lm_err *e) {
+    lm_backend *be = lm_cuda_backend_create(0, e);
+    if (!be) return NULL;
+    lm_cuda_backend_quant_exact(be, exact);
+    lm_model *m = NULL;
+    lm_runner *r = NULL;
+    float *out = NULL;
+    if (!lm_model_load(&m, dir, be, e) && !lm_runner_create(&r, m, 256, 0, e) && m->cfg.vocab == vocab) {
+        out = malloc((size_t)n * (size_t)vocab * sizeof *out);
+        int rc = stepwise ? 0 : lm_runner_eval(r, tokens, n, true, out, e);
+        for (int i = 0; stepwise && i < n && !rc; i++)
+            rc = lm_runner_eval(r, tokens + i, 1, false, out + (size_t)i * (size_t)vocab, e);
+        if (rc) {
+            free(out);
+            out = NULL;
+        }
+    }
+    lm_runner_free(r);
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    return out;
+}
+
+LM_TEST(hf_quant_cuda_fp8_model) {
+    char why[512];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
+    char *src = lm_test_fixture_path("gguf/llama-g256");
+    if (!src || !lm_test_have_fixture("gguf/llama-g256/model.safetensors")) {
+        free(src);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    char *q = lm_tu_mkdir("fp8-cuda");
+    LM_REQUIRE(hqg_convert(src, HQG_FP8_BLOCK, q, NULL, why, sizeof why) == 0);
+    enum { N = 40 };
+    int32_t tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = (int32_t)((i * 131 + 7) % 1000 + 3);
+    lm_err e = { { 0 } };
+    int V = 0;
+    float *ref = hq_logits(q, tokens, N, true, false, &V, &e);
+    LM_CHECK_MSG(ref, "%s", e.msg);
+    LM_REQUIRE(ref);
+    static const struct {
+        bool exact, stepwise;
+        double tol;
+        const char *what;
+    } pass[] = { { true, true, 1e-3, "a token at a time, exact" },
+                 { false, true, 1e-3, "a token at a time, default" },
+                 { true, false, 1e-1, "whole prompt, exact" },
+                 { false, false, 2e-1, "whole prompt, default" } };
+    for (size_t k = 0; k < LM_COUNT(pass); k++) {
+        float *g = hq_gpu_logits(q, tokens, N, pass[k].exact, pass[k].stepwise, V, &e);
+        LM_CHECK_MSG(g, "%s: %s", pass[k].what, e.msg);
+        if (!g) continue;
+        const double worst = hq_max_diff(ref, g, (size_t)N * (size_t)V);
+        int same = 0;
+        for (int i = 0; i < N; i++) same += lm_argmax(ref + (size_t)i * V, V) == lm_argmax(g + (size_t)i * V, V);
+        fprintf(stderr, "  FP8 on the GPU, %s: max |logit - CPU exact| %.3g (tol %.0e), argmax equal at %d/%d\n",
+                pass[k].what, worst, pass[k].tol, same, N);
+        LM_CHECK(worst <= pass[k].tol);
+        free(g);
+    }
+    free(ref);
+    free(q);
+    free(src);
 }
 
 /* The AVX2 FP8 widener (both x86 tables use it) gives lm_dequant_row's

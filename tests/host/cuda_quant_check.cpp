@@ -8,7 +8,7 @@
  * type's alignment allows it) are decoded slice by slice: every value is
  * written exactly once, equals lm_dequant_row's bit for bit, and the GEMV's
  * per-group sums (code * x summed, scaled once) give the plain dot product
- * within 1e-5 of sum |x w|. The int8 tensor-core GEMM's fragments
+ * within 1e-5 of sum |x w| (FP8_B128's e4m3 codes too). The int8 tensor-core GEMM's fragments
  * (cuda_mmq_types.h) likewise: every lane's codes of every group, times its
  * scale (minus its min), equal lm_dequant_row's values. Exit status 0 when
  * all hold; the failures are printed. Run by the test
@@ -161,7 +161,7 @@ template <lm_dtype QT> static int qc_check_mq(const char *name, const uint8_t *w
 
 template <lm_dtype QT> static int qc_check(const char *name) {
     using Q = lm_q<QT>;
-    const int nb = Q::BV == 256 ? 7 : 16, I = nb * Q::BV; /* 16: two units of the int8 GEMM */
+    const int nb = Q::BV == 32 ? 16 : 7, I = nb * Q::BV; /* 16: two units of the int8 GEMM */
     const size_t bytes = lm_dtype_row_bytes(QT, I);
     uint8_t *buf = (uint8_t *)aligned_alloc(16, (bytes + 47) / 16 * 16);
     float *ref = (float *)malloc(I * sizeof(float)), *got = (float *)malloc(I * sizeof(float));
@@ -174,7 +174,14 @@ template <lm_dtype QT> static int qc_check(const char *name) {
         const bool two = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_Q4_1 || QT == LM_Q5_1; /* d and dmin / m */
         const int f0 = QT == LM_Q6_K ? 208 : 0, f1 = two ? 2 : -1;
         for (size_t off = 0; off < bytes; off += (size_t)lm_dtype_block_bytes(QT)) { /* finite f16 scales */
-            uint16_t h = lm_f32_to_f16(0.01f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * ((qc_rnd() & 1) ? -1.0f : 1.0f));
+            const float sc = 0.01f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * ((qc_rnd() & 1) ? -1.0f : 1.0f);
+            if (QT == LM_FP8_B128) { /* an f32 scale, and no NaN code (never a weight; the GPU reads it as 480) */
+                memcpy(w + off, &sc, 4);
+                for (int k = 4; k < 132; k++)
+                    if ((w[off + k] & 0x7f) == 0x7f) w[off + k] ^= 1;
+                continue;
+            }
+            uint16_t h = lm_f32_to_f16(sc);
             memcpy(w + off + f0, &h, 2);
             if (f1 >= 0) {
                 h = lm_f32_to_f16(0.003f * (1.0f + (float)(qc_rnd() % 100) / 50.0f));
@@ -219,8 +226,10 @@ template <lm_dtype QT> static int qc_check(const char *name) {
         }
         if (!(fabs(dot - want) <= 1e-5 * cond) && bad++ < 5)
             printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
-        bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
-        bad += qc_check_mq<QT>(name, w, ref, I);
+        if constexpr (Q::OFF >= 0) { /* integer codes: the int8 GEMV's and GEMM's forms */
+            bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
+            bad += qc_check_mq<QT>(name, w, ref, I);
+        }
     }
     printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
     free(buf), free(ref), free(got), free(x);
@@ -231,6 +240,6 @@ int main() {
     const int bad = qc_check<LM_Q8_0>("Q8_0") + qc_check<LM_Q4_0>("Q4_0") + qc_check<LM_Q4_1>("Q4_1") +
                     qc_check<LM_Q5_0>("Q5_0") + qc_check<LM_Q5_1>("Q5_1") + qc_check<LM_IQ4_NL>("IQ4_NL") +
                     qc_check<LM_Q4_K>("Q4_K") + qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") +
-                    qc_check<LM_IQ4_XS>("IQ4_XS");
+                    qc_check<LM_IQ4_XS>("IQ4_XS") + qc_check<LM_FP8_B128>("FP8_B128");
     return bad != 0;
 }

@@ -590,10 +590,11 @@ void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm
               int64_t O, int64_t I, bool acc);
 
 /* ---- quantised weights: cuda_quant.h (block decoders), cuda_qgemv.cu, cuda_dequant.cu ---- */
-/* Whether the GPU kernels read GGUF blocks of type t (uploaded as stored). */
+/* Whether the GPU kernels read blocks of type t (uploaded as stored): the
+ * GGUF types, and FP8_B128 (Hugging Face FP8 repacked at load). */
 static inline bool lm_cuda_qtype(lm_dtype t) {
     return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_1 || t == LM_Q5_0 || t == LM_Q5_1 || t == LM_IQ4_NL ||
-           t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS;
+           t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS || t == LM_FP8_B128;
 }
 /* The GEMV over quantised rows for T <= LM_GEMV_MAX_T: whether it takes x
  * and w (alignment); an args block for it (then lm_gemv_add per matrix,

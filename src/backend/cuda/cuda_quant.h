@@ -15,7 +15,7 @@
  * Each type gives: slice(blk, j) -> raw registers (scales already
  * decoded); codes(raw, q): the slice's q-th group of 4 consecutive values
  * (q < Q = VPS / 4, a constant after unrolling) as 4 bytes, value = scale
- * * (byte - OFF) - min; scale(raw, g) and, for types with MIN, minv(raw,
+ * * (byte - OFF) - min (FP8_B128: e4m3 bytes, OFF < 0); scale(raw, g) and, for types with MIN, minv(raw,
  * g) of scale group g = q / QG; at(j, q): where group q starts within the
  * block. lm_q_quad gives the values as lm_dequant_row does (the same f32
  * products in the same order: d * sub-scale first, then * q, minus the
@@ -380,12 +380,56 @@ template <> struct lm_q<LM_Q6_K> {
     static __device__ __forceinline__ int at(int j, int q) { return 128 * (j >> 2) + 8 * (j & 3) + 32 * (q >> 1) + 4 * (q & 1); }
 };
 
-/* The slice's q-th 4 values (byte - OFF) as floats. */
+/* FP8_B128 (Hugging Face FP8, repacked at load): {f32 scale; e4m3 q[128]},
+ * x = scale * q; slice j takes q[16j, 16j + 16). Its codes are e4m3 bytes,
+ * not integers (OFF < 0): lm_q_vals reads each as the f16 with the same
+ * sign, exponent and mantissa bits placed 7 bits up (S.EEEE.MMM ->
+ * S.0EEEE.MMM0000000), which is the e4m3 value / 256 exactly, subnormals
+ * included; the scale carries the 256 (scale * 256 * (q / 256) rounds as
+ * scale * q: both factors scale by powers of two). S.1111.111, NaN in e4m3
+ * and never a weight, reads as 480. */
+template <> struct lm_q<LM_FP8_B128> {
+    static constexpr int BV = 128, BB = 132, LPB = 8, Q = 4, QG = 4, OFF = -1;
+    static constexpr bool MIN = false, FULL = false;
+    struct raw {
+        float d;
+        unsigned q[4];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        const unsigned *p = (const unsigned *)(blk + 4 + 16 * j); /* blocks are 4-byte aligned */
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.q[i] = __ldcs(p + i);
+        r.d = __ldcs((const float *)blk) * 256.0f;
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) { return r.q[q]; }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return 16 * j + 4 * q; }
+};
+
+/* Four e4m3 bytes as floats / 256 (lm_q<LM_FP8_B128>): two bytes at a time
+ * placed as f16 bit patterns by a byte permute, a mask and a shift. */
+static __device__ __forceinline__ void lm_q_e4m3x4(unsigned v, float (&f)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const unsigned u = __byte_perm(v, 0u, h ? 0x3424u : 0x1404u); /* bytes 2h, 2h + 1 at bits 8 and 24 */
+        const unsigned p = (u & 0x80008000u) | ((u >> 1) & 0x3f803f80u);
+        f[2 * h] = lm_q_f16((unsigned short)(p & 0xffffu)), f[2 * h + 1] = lm_q_f16((unsigned short)(p >> 16));
+    }
+}
+
+/* The slice's q-th 4 values (byte - OFF) as floats (e4m3 codes: / 256). */
 template <class Q>
 static __device__ __forceinline__ void lm_q_vals(const typename Q::raw &r, int q, float (&f)[4]) {
     const unsigned v = Q::codes(r, q);
+    if constexpr (Q::OFF < 0) {
+        lm_q_e4m3x4(v, f);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; e++) f[e] = lm_q_bytef(v, e, (float)Q::OFF);
+        for (int e = 0; e < 4; e++) f[e] = lm_q_bytef(v, e, (float)Q::OFF);
+    }
 }
 
 /* The slice's q-th 4 values as lm_dequant_row computes them: scale * value
