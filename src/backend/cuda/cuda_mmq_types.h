@@ -9,16 +9,16 @@
 
 /* A 32-bit word at a 2-byte aligned address (two aligned loads and a
  * funnel shift; the word after a tensor's last block is padding,
- * LM_CUDA_QUANT_PAD), and at a 4-byte aligned one. Plain loads: the four
- * lanes of a quad read neighbouring words, which L1 serves. */
+ * LM_CUDA_QUANT_PAD), and at a 4-byte aligned one. Plain loads, not the
+ * evict-first ones of cuda_quant.h: the four lanes of a quad read
+ * neighbouring words, which L1 then serves (and no read-only path:
+ * test cuda_sources_no_readonly_loads says why). */
 static __device__ __forceinline__ unsigned lm_mq_w2(const unsigned char *p) {
     const unsigned *b = (const unsigned *)((uintptr_t)p & ~(uintptr_t)3);
-    return __funnelshift_r(__ldg(b), __ldg(b + 1), ((unsigned)(uintptr_t)p & 2u) * 8u);
+    return __funnelshift_r(b[0], b[1], ((unsigned)(uintptr_t)p & 2u) * 8u);
 }
-static __device__ __forceinline__ unsigned lm_mq_w4(const unsigned char *p) { return __ldg((const unsigned *)p); }
-static __device__ __forceinline__ float lm_mq_h(const unsigned char *p) {
-    return lm_q_f16(__ldg((const unsigned short *)p));
-}
+static __device__ __forceinline__ unsigned lm_mq_w4(const unsigned char *p) { return *(const unsigned *)p; }
+static __device__ __forceinline__ float lm_mq_h(const unsigned char *p) { return lm_q_f16(*(const unsigned short *)p); }
 
 /* Per type: G values a scale group (32; Q6_K 16), RB bytes a row's unit of
  * 256 values, MIN (codes u8 and value = scale * code - min; else codes s8
@@ -46,7 +46,7 @@ template <> struct lm_mq<LM_Q4_K> { /* qs[32p, 32p + 32): group 2p low nibbles, 
     };
     static __device__ __forceinline__ void load(raw &r, const unsigned char *row, int u, int tig) {
         const unsigned char *b = row + (size_t)u * RB;
-        r.h = __ldg((const uint4 *)b);
+        r.h = *(const uint4 *)b;
 #pragma unroll
         for (int i = 0; i < 8; i++) r.q[i] = lm_mq_w4(b + 16 + 16 * i + 4 * tig);
     }
@@ -66,7 +66,7 @@ template <> struct lm_mq<LM_Q5_K> { /* Q4_K's layout (qs at 48) plus bit g of qh
     };
     static __device__ __forceinline__ void load(raw &r, const unsigned char *row, int u, int tig) {
         const unsigned char *b = row + (size_t)u * RB;
-        r.h = __ldg((const uint4 *)b);
+        r.h = *(const uint4 *)b;
         r.qh[0] = lm_mq_w4(b + 16 + 4 * tig), r.qh[1] = lm_mq_w4(b + 32 + 4 * tig);
 #pragma unroll
         for (int i = 0; i < 8; i++) r.q[i] = lm_mq_w4(b + 48 + 16 * i + 4 * tig);
@@ -121,7 +121,7 @@ template <> struct lm_mq<LM_IQ4_XS> {
     };
     static __device__ __forceinline__ void load(raw &r, const unsigned char *row, int u, int tig) {
         const unsigned char *b = row + (size_t)u * RB;
-        r.h = __ldg((const uint2 *)b);
+        r.h = *(const uint2 *)b;
 #pragma unroll
         for (int g = 0; g < 8; g++) r.q[g] = lm_mq_w4(b + 8 + 16 * g + 4 * tig);
     }
