@@ -50,7 +50,7 @@
 #include "test_util.h"
 
 static const lm_dtype cq_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL,
-                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS, LM_FP8_B128 };
+                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS, LM_Q2_K, LM_Q3_K, LM_FP8_B128 };
 
 static uint64_t cq_next(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -65,6 +65,8 @@ static void cq_f16_fields(lm_dtype t, int *a, int *b) {
     *a = t == LM_FP8_B128 ? -1 : 0, *b = -1;
     if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q4_1 || t == LM_Q5_1) *b = 2;
     if (t == LM_Q6_K) *a = 208;
+    if (t == LM_Q2_K) *a = 80, *b = 82;
+    if (t == LM_Q3_K) *a = 108;
 }
 
 /* rows x I values of type t: random bytes, f16 scales random in +-[2^-8,
@@ -524,9 +526,11 @@ static int cq_run(lm_model *m, const int32_t *prompt, const int32_t *feed, bool 
 static void cq_model(lm_test_ctx *lm_t_, const char *type) {
     char why[256];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
-    char rel[128];
+    char rel[128], local[512];
     snprintf(rel, sizeof rel, "gguf/llama-g256/model.%s.gguf", type);
-    char *path = lm_test_fixture_path(rel);
+    /* tests/data/gguf first (the types that ship with the repository), then the shared fixtures */
+    snprintf(local, sizeof local, "%s/tests/data/%s", LUMEN_SOURCE_DIR, rel);
+    char *path = access(local, R_OK) == 0 ? strdup(local) : lm_test_fixture_path(rel);
     if (!path) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err e = { { 0 } };
     lm_backend *cpu = lm_cpu_backend_create(2, LM_ISA_AUTO, &e), *gpu = lm_cuda_backend_create(0, &e);
@@ -599,3 +603,4 @@ LM_TEST(cuda_qmodel_q4_k_m) { cq_model(lm_t_, "Q4_K_M"); }
 LM_TEST(cuda_qmodel_q5_k_m) { cq_model(lm_t_, "Q5_K_M"); }
 LM_TEST(cuda_qmodel_q6_k) { cq_model(lm_t_, "Q6_K"); }
 LM_TEST(cuda_qmodel_iq4_xs) { cq_model(lm_t_, "IQ4_XS"); }
+LM_TEST(cuda_qmodel_q2_k) { cq_model(lm_t_, "Q2_K"); } /* llama.cpp's Q2_K mix: Q2_K, Q3_K and Q4_K tensors */

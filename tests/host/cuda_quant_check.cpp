@@ -76,7 +76,6 @@ static int __dp4a(int a, int b, int c) {
     return c;
 }
 static float __fsub_rn(float a, float b) { return a - b; }
-template <class T> static T __ldg(const T *p) { return __ldcs(p); }
 static unsigned __vsub4(unsigned a, unsigned b) { /* per byte, wrapping */
     unsigned r = 0;
     for (int e = 0; e < 4; e++) r |= ((((a >> (8 * e)) & 0xffu) - ((b >> (8 * e)) & 0xffu)) & 0xffu) << (8 * e);
@@ -167,12 +166,13 @@ template <lm_dtype QT> static int qc_check(const char *name) {
     float *ref = (float *)malloc(I * sizeof(float)), *got = (float *)malloc(I * sizeof(float));
     float *x = (float *)malloc(I * sizeof(float));
     int bad = 0;
-    const bool wide = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_IQ4_XS; /* 8- or 16-byte loads */
+    const bool wide = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_IQ4_XS || QT == LM_Q2_K || QT == LM_FP8_B128; /* 4- to 16-byte loads */
     for (int shift = 0; shift <= (wide ? 0 : 2); shift += 2) {
         uint8_t *w = buf + shift;
         for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)qc_rnd();
         const bool two = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_Q4_1 || QT == LM_Q5_1; /* d and dmin / m */
-        const int f0 = QT == LM_Q6_K ? 208 : 0, f1 = two ? 2 : -1;
+        const int f0 = QT == LM_Q6_K ? 208 : QT == LM_Q2_K ? 80 : QT == LM_Q3_K ? 108 : 0;
+        const int f1 = QT == LM_Q2_K ? 82 : two ? 2 : -1;
         for (size_t off = 0; off < bytes; off += (size_t)lm_dtype_block_bytes(QT)) { /* finite f16 scales */
             const float sc = 0.01f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * ((qc_rnd() & 1) ? -1.0f : 1.0f);
             if (QT == LM_FP8_B128) { /* an f32 scale, and no NaN code (never a weight; the GPU reads it as 480) */
@@ -226,10 +226,10 @@ template <lm_dtype QT> static int qc_check(const char *name) {
         }
         if (!(fabs(dot - want) <= 1e-5 * cond) && bad++ < 5)
             printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
-        if constexpr (Q::OFF >= 0) { /* integer codes: the int8 GEMV's and GEMM's forms */
+        if constexpr (Q::OFF >= 0) /* integer codes: the int8 GEMV's form */
             bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
+        if constexpr (Q::OFF >= 0 && QT != LM_Q2_K && QT != LM_Q3_K) /* and the int8 GEMM's (cuda_mmq.cu) */
             bad += qc_check_mq<QT>(name, w, ref, I);
-        }
     }
     printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
     free(buf), free(ref), free(got), free(x);
@@ -240,6 +240,7 @@ int main() {
     const int bad = qc_check<LM_Q8_0>("Q8_0") + qc_check<LM_Q4_0>("Q4_0") + qc_check<LM_Q4_1>("Q4_1") +
                     qc_check<LM_Q5_0>("Q5_0") + qc_check<LM_Q5_1>("Q5_1") + qc_check<LM_IQ4_NL>("IQ4_NL") +
                     qc_check<LM_Q4_K>("Q4_K") + qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") +
-                    qc_check<LM_IQ4_XS>("IQ4_XS") + qc_check<LM_FP8_B128>("FP8_B128");
+                    qc_check<LM_IQ4_XS>("IQ4_XS") + qc_check<LM_Q2_K>("Q2_K") + qc_check<LM_Q3_K>("Q3_K") +
+                    qc_check<LM_FP8_B128>("FP8_B128");
     return bad != 0;
 }

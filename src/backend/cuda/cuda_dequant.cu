@@ -80,6 +80,8 @@ static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int
     case LM_Q5_K: lm_dequant_one<LM_Q5_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
     case LM_Q6_K: lm_dequant_one<LM_Q6_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
     case LM_IQ4_XS: lm_dequant_one<LM_IQ4_XS, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q2_K: lm_dequant_one<LM_Q2_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_Q3_K: lm_dequant_one<LM_Q3_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
     case LM_FP8_B128: lm_dequant_one<LM_FP8_B128, BF16>(c, g, out, wb, I, ids, row0, n); break;
     default: LM_ASSERT(!"dequant: weight type");
     }

@@ -594,7 +594,8 @@ void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm
  * GGUF types, and FP8_B128 (Hugging Face FP8 repacked at load). */
 static inline bool lm_cuda_qtype(lm_dtype t) {
     return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_1 || t == LM_Q5_0 || t == LM_Q5_1 || t == LM_IQ4_NL ||
-           t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS || t == LM_FP8_B128;
+           t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS || t == LM_Q2_K || t == LM_Q3_K ||
+           t == LM_FP8_B128;
 }
 /* The GEMV over quantised rows for T <= LM_GEMV_MAX_T: whether it takes x
  * and w (alignment); an args block for it (then lm_gemv_add per matrix,

@@ -291,10 +291,10 @@ bool lm_qgemv_fused(int64_t T, lm_dtype wt) {
 }
 
 /* Whether the quantised kernels read w: at the alignment its type's loads
- * need (16 bytes for Q4_K / Q5_K, 8 for IQ4_XS, 4 for FP8_B128, 2 for the rest; always so
+ * need (16 bytes for Q4_K / Q5_K, 8 for IQ4_XS, 4 for FP8_B128 and Q2_K, 2 for the rest; always so
  * for uploaded weights and row views of them). */
 bool lm_qweight_ok(const void *w, lm_dtype wt) {
-    const uintptr_t need = wt == LM_Q4_K || wt == LM_Q5_K ? 16 : wt == LM_IQ4_XS ? 8 : wt == LM_FP8_B128 ? 4 : 2;
+    const uintptr_t need = wt == LM_Q4_K || wt == LM_Q5_K ? 16 : wt == LM_IQ4_XS ? 8 : wt == LM_FP8_B128 || wt == LM_Q2_K ? 4 : 2;
     return lm_cuda_qtype(wt) && ((uintptr_t)w % need) == 0;
 }
 
@@ -336,6 +336,8 @@ void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mod
     case LM_Q5_K: lm_qgemv_t<LM_Q5_K>(c, T, a, mode); break;
     case LM_Q6_K: lm_qgemv_t<LM_Q6_K>(c, T, a, mode); break;
     case LM_IQ4_XS: lm_qgemv_t<LM_IQ4_XS>(c, T, a, mode); break;
+    case LM_Q2_K: lm_qgemv_t<LM_Q2_K>(c, T, a, mode); break;
+    case LM_Q3_K: lm_qgemv_t<LM_Q3_K>(c, T, a, mode); break;
     case LM_FP8_B128: lm_qgemv_t<LM_FP8_B128>(c, T, a, mode); break;
     default: LM_ASSERT(!"qgemv: weight type");
     }
@@ -389,6 +391,8 @@ void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *con
     case LM_Q5_K: lm_qmoe_go<LM_Q5_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q6_K: lm_qmoe_go<LM_Q6_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_IQ4_XS: lm_qmoe_go<LM_IQ4_XS>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q2_K: lm_qmoe_go<LM_Q2_K>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q3_K: lm_qmoe_go<LM_Q3_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_FP8_B128: lm_qmoe_go<LM_FP8_B128>(c, &a, (unsigned)pairs, glu); break;
     default: LM_ASSERT(!"qmoe gemv: weight type");
     }

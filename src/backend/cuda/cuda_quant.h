@@ -380,6 +380,83 @@ template <> struct lm_q<LM_Q6_K> {
     static __device__ __forceinline__ int at(int j, int q) { return 128 * (j >> 2) + 8 * (j & 3) + 32 * (q >> 1) + 4 * (q & 1); }
 };
 
+/* Q2_K: {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}; value v = 128h + 32k
+ * + l has the 2-bit code (qs[32h + l] >> 2k) & 3 and the scale byte
+ * scales[v / 16] (low nibble scale, high nibble min): x = d * sc * q - dmin
+ * * m. Slice j = 4h + i takes l in [8i, 8i + 8) for all four k (Q6_K's
+ * slicing): 8 bytes of qs, a scale group a k (two quads). Blocks of 84
+ * bytes keep every word 4-byte aligned. */
+template <> struct lm_q<LM_Q2_K> {
+    static constexpr int BV = 256, BB = 84, LPB = 8, Q = 8, QG = 2, OFF = 0;
+    static constexpr bool MIN = true, FULL = false;
+    struct raw {
+        float ds[4], ms[4];
+        unsigned q[2];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const int h = j >> 2, i = j & 3;
+        raw r;
+        const unsigned *qs = (const unsigned *)(blk + 16 + 32 * h + 8 * i);
+        r.q[0] = __ldcs(qs), r.q[1] = __ldcs(qs + 1);
+        const unsigned *sw = (const unsigned *)(blk + 8 * h); /* scales[8h .. 8h + 8): k's byte 2k + i / 2 */
+        const unsigned s0 = __ldcs(sw), s1 = __ldcs(sw + 1), dd = __ldcs((const unsigned *)(blk + 80));
+        const float d = lm_q_f16((unsigned short)(dd & 0xffffu)), dmin = lm_q_f16((unsigned short)(dd >> 16));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int b = 2 * k + (i >> 1);
+            const unsigned sc = ((b < 4 ? s0 : s1) >> (8 * (b & 3))) & 0xffu;
+            r.ds[k] = d * lm_q_bytef(sc & 15u, 0, 0.0f), r.ms[k] = dmin * lm_q_bytef(sc >> 4, 0, 0.0f);
+        }
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) { return (r.q[q & 1] >> (2 * (q >> 1))) & 0x03030303u; }
+    static __device__ __forceinline__ float scale(const raw &r, int g) { return r.ds[g]; }
+    static __device__ __forceinline__ float minv(const raw &r, int g) { return r.ms[g]; }
+    static __device__ __forceinline__ int at(int j, int q) { return 128 * (j >> 2) + 32 * (q >> 1) + 8 * (j & 3) + 4 * (q & 1); }
+};
+
+/* Q3_K: {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}; value v = 128h +
+ * 32k + l has Q2_K's code q2 and the bit (hmask[l] >> (4h + k)) & 1 (clear:
+ * q = q2 - 4, set: q2), x = d * (scale[v / 16] - 32) * q: the code byte is
+ * q2 + 4 * bit (OFF 4). Slices as Q2_K's. The 16 six-bit scales: the low
+ * nibble of scale n is nibble n / 8 of byte n % 8, its top 2 bits bits
+ * 2(n / 4) of byte 8 + n % 4 (lm_q3k_scale in dtype.c). Blocks of 110
+ * bytes: words joined by funnel shifts. */
+template <> struct lm_q<LM_Q3_K> {
+    static constexpr int BV = 256, BB = 110, LPB = 8, Q = 8, QG = 2, OFF = 4;
+    static constexpr bool MIN = false, FULL = false;
+    struct raw {
+        float ds[4];
+        unsigned q[2], hb[2];
+        int hs;
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        const int h = j >> 2, i = j & 3;
+        raw r;
+        unsigned sc[3];
+        lm_q_words<2>(blk + 32 + 32 * h + 8 * i, r.q);
+        lm_q_words<2>(blk + 8 * i, r.hb);
+        lm_q_words<3>(blk + 96, sc);
+        const float d = lm_q_f16_at(blk + 108);
+        r.hs = 4 * h;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int n = 8 * h + 2 * k + (i >> 1), lo = n & 7, hi = 8 + (n & 3);
+            const unsigned lw = lo < 4 ? sc[0] : sc[1], hw = sc[2];
+            const unsigned v = ((lw >> (8 * (lo & 3) + 4 * (n >> 3))) & 15u) | (((hw >> (8 * (hi & 3) + 2 * (n >> 2))) & 3u) << 4);
+            r.ds[k] = d * lm_q_bytef(v, 0, 32.0f);
+        }
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
+        const int k = q >> 1, e = q & 1;
+        return ((r.q[e] >> (2 * k)) & 0x03030303u) | (((r.hb[e] >> (r.hs + k)) & 0x01010101u) << 2);
+    }
+    static __device__ __forceinline__ float scale(const raw &r, int g) { return r.ds[g]; }
+    static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
+    static __device__ __forceinline__ int at(int j, int q) { return lm_q<LM_Q2_K>::at(j, q); }
+};
+
 /* FP8_B128 (Hugging Face FP8, repacked at load): {f32 scale; e4m3 q[128]},
  * x = scale * q; slice j takes q[16j, 16j + 16). Its codes are e4m3 bytes,
  * not integers (OFF < 0): lm_q_vals reads each as the f16 with the same
