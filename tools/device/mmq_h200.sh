@@ -9,7 +9,8 @@
 # alternating: batched decode 16 / 32 / 64 / 128 and 4k prefill; and
 # llama.cpp built from the source node-llama-cpp 3.21.1 bundles (built in
 # the background meanwhile; PEER=0 leaves it out): llama-bench pp4096 /
-# tg128 and llama-batched-bench at 1-128.
+# tg128 and llama-batched-bench at 1-128. TESTS=0 leaves the tests out,
+# ROUNDS=n sets the alternating rounds (2).
 # Carry .device-carry from
 #   LUMEN_DEVICE_BINS="lumen lumen_tests" LUMEN_DEVICE_FIXTURES=gguf/llama-g256 tools/device/pack.sh
 # plus /work/keep/llamacpp-src.tar.xz copied into it (see quant_peer.sh).
@@ -27,7 +28,7 @@ if [[ $PEER == 1 ]]; then
 fi
 dev_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-log "GPU quant tests"
+[[ ${TESTS:-1} == 1 ]] && log "GPU quant tests" &&
 timeout 240 "$C/bin/lumen_tests" cuda_q 2>&1 | tee -a "$OUT/cuda_q.log" | grep -E "FAIL|passed|check failed|prompt:|bad outputs" | head -60
 L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf
 python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b >/dev/null || exit 1
@@ -45,7 +46,7 @@ if [[ ${SWEEP:-1} == 1 ]]; then # where the int8 GEMM and the widened bf16 produ
   log "batch 16: 8 blocks an SM / split 8 $(bat 16 LUMEN_CUDA_MMQ_PER_SM=8 LUMEN_CUDA_MMQ_SPLIT=8), default $(bat 16) tok/s"
 fi
 for B in 12 16; do log "batch $B: 16-token tiles (default) $(bat $B) / 32-token tiles $(bat $B LUMEN_CUDA_MMQ_NT=4) tok/s"; done
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
   for B in 16 32 64 128; do
     log "round $round batch $B: default $(bat $B) / before (widened, three x terms) $(bat $B LUMEN_CUDA_MMQ=0 LUMEN_CUDA_QUANT_EXACT=1) tok/s"
   done
