@@ -5,7 +5,11 @@
 # (CUDA, sm_90; built in the background meanwhile), then both on the CPU at 16 threads on a
 # random Llama-3.2-1B Q4_K_M / Q8_0 (GPU hidden), while time is left.
 # Carry .device-carry (pack.sh, with gguf/llama-g256/model.Q4_K_M.gguf) holding also
-# llamacpp-src.tar.xz (the bundled source without .git, docs, models, examples, tests).
+# llamacpp-src.tar.xz (the bundled source without .git, docs, models, examples, tests):
+#   git clone tools/llamacpp/node_modules/node-llama-cpp/llama/gitRelease.bundle S && cd S &&
+#   tar --exclude=./.git --exclude=./docs --exclude=./models --exclude=./examples --exclude=./tests \
+#       --exclude=./tools/server/webui --exclude=./media -cJf llamacpp-src.tar.xz .
+# (top-level folders only: tools/mtmd/models is part of the build).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 LC=/tmp/lc; LB=$LC/b/bin; S=/dev/shm
