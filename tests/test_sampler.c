@@ -202,7 +202,7 @@ LM_TEST(sampler_filters_match_full_sort) {
                         lm_sampler *s = lm_sampler_create(&p, V);
                         const int n = lm_sampler_kept(s, x, got, p_got);
                         lm_sampler_free(s);
-                        /* the sampler's softmax, to the bit */
+                        /* the sampler's softmax (its sum in one chain here, four there: the same floats) */
                         float mx = x[lm_argmax(x, V)];
                         double sum = 0;
                         for (int v = 0; v < V; v++) sum += (prob[v] = expf((x[v] - mx) / p.temperature));
