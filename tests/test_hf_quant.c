@@ -294,14 +294,10 @@ typedef struct hq_model_case {
     double tol_decode;
 } hq_model_case;
 
-/* Logits of every position of tokens on the model in dir, on the CPU:
- * exact (quantised rows widened to f32) or with the int8-activation GEMV;
- * all at once (GEMM) or one token a step (GEMV). */
-static float *hq_logits(const char *dir, const int32_t *tokens, int n, bool exact, bool stepwise, int *vocab,
-                        lm_err *e) {
-    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, e);
-    if (!be) return NULL;
-    lm_cpu_backend_quant_exact(be, exact);
+/* Logits of every position of tokens on the model in dir, on backend be:
+ * all at once (GEMM) or one token a step (GEMV); *vocab gets its vocabulary. */
+static float *hq_run(lm_backend *be, const char *dir, const int32_t *tokens, int n, bool stepwise, int *vocab,
+                     lm_err *e) {
     lm_model *m = NULL;
     lm_runner *r = NULL;
     float *out = NULL;
@@ -318,6 +314,17 @@ static float *hq_logits(const char *dir, const int32_t *tokens, int n, bool exac
     }
     lm_runner_free(r);
     lm_model_free(m);
+    return out;
+}
+
+/* The same on the CPU: exact (quantised rows widened to f32) or with the
+ * int8-activation GEMV. */
+static float *hq_logits(const char *dir, const int32_t *tokens, int n, bool exact, bool stepwise, int *vocab,
+                        lm_err *e) {
+    lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, e);
+    if (!be) return NULL;
+    lm_cpu_backend_quant_exact(be, exact);
+    float *out = hq_run(be, dir, tokens, n, stepwise, vocab, e);
     lm_backend_destroy(be);
     return out;
 }
@@ -455,30 +462,6 @@ LM_TEST(hf_quant_cuda_refuses_with_type) {
  * block values, f32 sums), 1e-3; the whole prompt at once (weights widened
  * to bf16, x in three bf16 terms in the exact mode, rounded to bf16
  * otherwise), 0.1 and 0.2 (the GGUF types' bounds, test_cuda_quant.c). */
-static float *hq_gpu_logits(const char *dir, const int32_t *tokens, int n, bool exact, bool stepwise, int vocab,
-                            lm_err *e) {
-    lm_backend *be = lm_cuda_backend_create(0, e);
-    if (!be) return NULL;
-    lm_cuda_backend_quant_exact(be, exact);
-    lm_model *m = NULL;
-    lm_runner *r = NULL;
-    float *out = NULL;
-    if (!lm_model_load(&m, dir, be, e) && !lm_runner_create(&r, m, 256, 0, e) && m->cfg.vocab == vocab) {
-        out = malloc((size_t)n * (size_t)vocab * sizeof *out);
-        int rc = stepwise ? 0 : lm_runner_eval(r, tokens, n, true, out, e);
-        for (int i = 0; stepwise && i < n && !rc; i++)
-            rc = lm_runner_eval(r, tokens + i, 1, false, out + (size_t)i * (size_t)vocab, e);
-        if (rc) {
-            free(out);
-            out = NULL;
-        }
-    }
-    lm_runner_free(r);
-    lm_model_free(m);
-    lm_backend_destroy(be);
-    return out;
-}
-
 LM_TEST(hf_quant_cuda_fp8_model) {
     char why[512];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
@@ -506,9 +489,18 @@ LM_TEST(hf_quant_cuda_fp8_model) {
                  { true, false, 1e-1, "whole prompt, exact" },
                  { false, false, 2e-1, "whole prompt, default" } };
     for (size_t k = 0; k < LM_COUNT(pass); k++) {
-        float *g = hq_gpu_logits(q, tokens, N, pass[k].exact, pass[k].stepwise, V, &e);
-        LM_CHECK_MSG(g, "%s: %s", pass[k].what, e.msg);
-        if (!g) continue;
+        lm_backend *gpu = lm_cuda_backend_create(0, &e);
+        LM_CHECK_MSG(gpu, "%s", e.msg);
+        if (!gpu) break;
+        lm_cuda_backend_quant_exact(gpu, pass[k].exact);
+        int Vg = 0;
+        float *g = hq_run(gpu, q, tokens, N, pass[k].stepwise, &Vg, &e);
+        lm_backend_destroy(gpu);
+        LM_CHECK_MSG(g && Vg == V, "%s: %s", pass[k].what, e.msg);
+        if (!g || Vg != V) {
+            free(g);
+            continue;
+        }
         const double worst = hq_max_diff(ref, g, (size_t)N * (size_t)V);
         int same = 0;
         for (int i = 0; i < N; i++) same += lm_argmax(ref + (size_t)i * V, V) == lm_argmax(g + (size_t)i * V, V);
