@@ -242,23 +242,13 @@ template <> struct lm_mq<LM_Q5_1> {
     static __device__ __forceinline__ void sm(const raw &r, int g, float &s, float &m) { s = r.d[g], m = -r.m[g]; }
 };
 
-template <> struct lm_mq<LM_IQ4_NL> {
-    static constexpr int G = 32, RB = 8 * 18;
-    static constexpr bool MIN = false;
-    struct raw {
-        unsigned q[8];
-        float d[8];
-    };
-    static __device__ __forceinline__ void load(raw &r, const unsigned char *row, int u, int tig) {
-        const unsigned char *b = row + (size_t)u * RB;
-#pragma unroll
-        for (int k = 0; k < 8; k++) r.q[k] = lm_mq_w2(b + 18 * k + 2 + 4 * tig), r.d[k] = lm_mq_h(b + 18 * k);
-    }
+/* IQ4_NL: Q4_0's block (f16 d, 16 bytes of nibbles) with the nibbles
+ * indexing the IQ4 levels */
+template <> struct lm_mq<LM_IQ4_NL> : lm_mq<LM_Q4_0> {
     static __device__ __forceinline__ void frag(const raw &r, int g, unsigned (&a)[2]) {
         a[0] = lm_q_iq4_levels(r.q[g] & 0x0f0f0f0fu) ^ 0x80808080u;
         a[1] = lm_q_iq4_levels((r.q[g] >> 4) & 0x0f0f0f0fu) ^ 0x80808080u;
     }
-    static __device__ __forceinline__ void sm(const raw &r, int g, float &s, float &m) { s = r.d[g], m = 0.0f; }
 };
 
 #endif
