@@ -157,8 +157,15 @@ typedef struct ca_pool {
     int32_t *perm, *tables[CA_MAXS];
 } ca_pool;
 
-static bool ca_pool_make(ca_pool *p, const ca_be *be, int64_t kv_width, int S, const int *n, const int *pos0,
-                         uint64_t *rng) {
+/* Bytes of one layer's K or V rows in format t (a multiple of 4 here). */
+static size_t ca_pool_bytes(const ca_pool *p, lm_kv_type t) {
+    return (size_t)p->n_blocks * CA_BS * lm_kv_row_bytes(t, p->kv_width);
+}
+
+/* types NULL: f32 rows; else rows in those formats (rot: LM_KV_Q4R's). The
+ * pool's bytes are random either way. */
+static bool ca_pool_make_typed(ca_pool *p, const ca_be *be, int64_t kv_width, const lm_kv_types *types, int rot, int S,
+                               const int *n, const int *pos0, uint64_t *rng) {
     memset(p, 0, sizeof *p);
     LM_ASSERT(S <= CA_MAXS);
     int nb[CA_MAXS], total = 0;
@@ -179,20 +186,30 @@ static bool ca_pool_make(ca_pool *p, const ca_be *be, int64_t kv_width, int S, c
     }
     for (int s = 0, at = 0; s < S; at += nb[s], s++) p->tables[s] = p->perm + at;
     lm_err e;
-    for (int b = 0; b < 2; b++)
-        if (lm_kv_cache_create(&p->kc[b], be->b[b], CA_LAYERS, kv_width, CA_BS, p->n_blocks, NULL, &e) != 0) {
+    for (int b = 0; b < 2; b++) {
+        const int rc = types ? lm_kv_cache_create_typed(&p->kc[b], be->b[b], CA_LAYERS, kv_width, NULL, *types, rot,
+                                                        CA_BS, p->n_blocks, NULL, &e)
+                             : lm_kv_cache_create(&p->kc[b], be->b[b], CA_LAYERS, kv_width, CA_BS, p->n_blocks, NULL, &e);
+        if (rc != 0) {
             fprintf(stderr, "  kv cache: %s\n", e.msg);
             return false;
         }
-    size_t nf = (size_t)p->n_blocks * CA_BS * (size_t)kv_width;
-    float *k = ca_host(nf, rng, -1, 1), *v = ca_host(nf, rng, -1, 1);
+    }
+    const lm_kv_types t = types ? *types : (lm_kv_types){ LM_KV_F32, LM_KV_F32 };
+    const size_t kb = ca_pool_bytes(p, t.k), vb = ca_pool_bytes(p, t.v);
+    float *k = ca_host(kb / sizeof(float), rng, -1, 1), *v = ca_host(vb / sizeof(float), rng, -1, 1);
     for (int b = 0; b < 2; b++) {
-        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.k[CA_LAYER], k, nf * sizeof(float));
-        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.v[CA_LAYER], v, nf * sizeof(float));
+        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.k[CA_LAYER], k, kb);
+        be->b[b]->ops->write(be->b[b], p->kc[b]->pool.v[CA_LAYER], v, vb);
     }
     free(k);
     free(v);
     return true;
+}
+
+static bool ca_pool_make(ca_pool *p, const ca_be *be, int64_t kv_width, int S, const int *n, const int *pos0,
+                         uint64_t *rng) {
+    return ca_pool_make_typed(p, be, kv_width, NULL, 0, S, n, pos0, rng);
 }
 
 static void ca_pool_free(ca_pool *p) {
@@ -380,11 +397,22 @@ typedef struct ca_rope_case {
     int64_t kvw, qc, kc; /* pool width, q and k columns */
 } ca_rope_case;
 
+/* KV formats the fused rope tests write: written by the kernel (f32, bf16),
+ * a quantised side (the kernel's rope, then the format's kv_write), and
+ * mixes. LM_KV_Q4R rotates by CA_KV_ROT: it divides every head width and
+ * the pool width there. */
+#define CA_KV_ROT 32
+static const lm_kv_types ca_rope_formats[] = {
+    { LM_KV_F32, LM_KV_F32 }, { LM_KV_BF16, LM_KV_BF16 }, { LM_KV_BF16, LM_KV_F32 },
+    { LM_KV_Q8, LM_KV_BF16 }, { LM_KV_Q4R, LM_KV_Q4 },
+};
+
 static bool ca_rope_case_make(ca_rope_case *r, const ca_be *be, int Hq, int Hkv, int Dh, int rot, bool inter,
-                              float factor, bool split_freq, int S, const int *n, const int *pos0, uint64_t *seed) {
+                              float factor, bool split_freq, const lm_kv_types *types, int S, const int *n,
+                              const int *pos0, uint64_t *seed) {
     LM_ASSERT(rot / 2 <= 128);
     r->kvw = (int64_t)Hkv * Dh + 32, r->qc = (int64_t)Hq * Dh, r->kc = (int64_t)Hkv * Dh;
-    if (!ca_pool_make(&r->pool, be, r->kvw, S, n, pos0, seed)) return false;
+    if (!ca_pool_make_typed(&r->pool, be, r->kvw, types, CA_KV_ROT, S, n, pos0, seed)) return false;
     r->d = ca_batch_make(S, n, pos0);
     r->ab = (lm_attn_batch){ .n_tokens = r->d.T, .pos = r->d.pos, .seq = r->d.seq, .n_seqs = S,
                              .block_tables = (const int32_t *const *)r->pool.tables, .state_slot = NULL };
@@ -401,9 +429,18 @@ static void ca_rope_case_free(ca_rope_case *r) {
     ca_pool_free(&r->pool);
 }
 
-/* The fused rope of q and k + KV write against rope, rope, kv_write on the
- * CPU: full and partial rotary, both pair layouts, a yarn-like attention
- * factor, and q and k with different frequency arrays (the fallback). */
+/* The GPU's K and V pools of layer CA_LAYER (formats t), read back. */
+static void ca_read_pools(const ca_be *be, const ca_pool *p, lm_kv_types t, float **K, float **V) {
+    lm_backend *g = be->b[1];
+    *K = ca_read(g, p->kc[1]->pool.k[CA_LAYER], ca_pool_bytes(p, t.k) / sizeof(float));
+    *V = ca_read(g, p->kc[1]->pool.v[CA_LAYER], ca_pool_bytes(p, t.v) / sizeof(float));
+}
+
+/* The fused rope of q and k + KV write: on the GPU bit for bit against
+ * rope, rope, kv_write on the GPU (q, k and both pools) in every KV format
+ * of ca_rope_formats, and for f32 against the same on the CPU: full and
+ * partial rotary, both pair layouts, a yarn-like attention factor, and q
+ * and k with different frequency arrays (the fallback). */
 LM_TEST(cuda_rope_kv_write_fused) {
     CA_OPEN(be);
     LM_REQUIRE(be.b[1]->ops->rope_kv_write != NULL);
@@ -414,39 +451,72 @@ LM_TEST(cuda_rope_kv_write_fused) {
     uint64_t seed = 4242;
     const int S = 3, n[] = { 20, 1, 33 }, pos0[] = { 0, 47, 14 };
     for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
-        ca_rope_case rc;
-        LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, cfgs[ci].Dh, cfgs[ci].rot, cfgs[ci].inter,
-                                     cfgs[ci].factor, cfgs[ci].split_freq, S, n, pos0, &seed));
-        float *qh = ca_host((size_t)rc.d.T * rc.qc, &seed, -1, 1), *kh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
-        float *vh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
-        lm_tensor q[2], k[2], v[2];
-        for (int b = 0; b < 2; b++) {
-            lm_backend *x = be.b[b];
-            q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
-            v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
-            /* the GPU's fused op; the CPU (no such op) composes rope, rope, kv_write */
-            lm_op_rope_kv_write(x, &q[b], &k[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
+        for (size_t fi = 0; fi < LM_COUNT(ca_rope_formats); fi++) {
+            const lm_kv_types ft = ca_rope_formats[fi];
+            const bool f32 = ft.k == LM_KV_F32 && ft.v == LM_KV_F32;
+            ca_rope_case rc;
+            LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, cfgs[ci].Dh, cfgs[ci].rot, cfgs[ci].inter,
+                                         cfgs[ci].factor, cfgs[ci].split_freq, &ft, S, n, pos0, &seed));
+            const size_t nq = (size_t)rc.d.T * rc.qc, nk = (size_t)rc.d.T * rc.kc;
+            float *qh = ca_host(nq, &seed, -1, 1), *kh = ca_host(nk, &seed, -1, 1), *vh = ca_host(nk, &seed, -1, 1);
+            lm_backend *g = be.b[1];
+            lm_kv_pool *gp = &rc.pool.kc[1]->pool;
+            /* the composed GPU ops first, from the pools' first bytes */
+            float *K0, *V0, *cK, *cV;
+            ca_read_pools(&be, &rc.pool, ft, &K0, &V0);
+            lm_tensor cq = ca_tensor(g, rc.d.T, rc.qc, qh), ck = ca_tensor(g, rc.d.T, rc.kc, kh);
+            lm_tensor cv = ca_tensor(g, rc.d.T, rc.kc, vh);
+            g->ops->rope(g, &cq, rc.ab.pos, &rc.rq);
+            g->ops->rope(g, &ck, rc.ab.pos, &rc.rk);
+            g->ops->kv_write(g, gp, CA_LAYER, &ck, &cv, &rc.ab);
+            ca_read_pools(&be, &rc.pool, ft, &cK, &cV);
+            g->ops->write(g, gp->k[CA_LAYER], K0, ca_pool_bytes(&rc.pool, ft.k));
+            g->ops->write(g, gp->v[CA_LAYER], V0, ca_pool_bytes(&rc.pool, ft.v));
+            lm_tensor q[2], k[2], v[2];
+            for (int b = 0; b < 2; b++) {
+                lm_backend *x = be.b[b];
+                q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
+                v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
+                /* the GPU's fused op; the CPU (no such op) composes rope, rope, kv_write */
+                lm_op_rope_kv_write(x, &q[b], &k[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
+            }
+            float *fK, *fV;
+            ca_read_pools(&be, &rc.pool, ft, &fK, &fV);
+            float *a1 = ca_read(g, cq.data, nq), *a2 = ca_read(g, q[1].data, nq);
+            float *b1 = ca_read(g, ck.data, nk), *b2 = ca_read(g, k[1].data, nk);
+            const bool same = !memcmp(a1, a2, nq * sizeof(float)) && !memcmp(b1, b2, nk * sizeof(float)) &&
+                              !memcmp(cK, fK, ca_pool_bytes(&rc.pool, ft.k)) &&
+                              !memcmp(cV, fV, ca_pool_bytes(&rc.pool, ft.v));
+            printf("  config %zu, K %s V %s: fused %s the composed GPU ops", ci, lm_kv_type_name(ft.k),
+                   lm_kv_type_name(ft.v), same ? "bitwise equal to" : "DIFFERS from");
+            LM_CHECK(same);
+            if (f32) {
+                void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
+                void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
+                void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
+                const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
+                double eq = ca_cmp(&be, pq, nq, 1.0), ek = ca_cmp(&be, pk, nk, 1.0);
+                double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0); /* absolute */
+                printf("; against the CPU: q %.2g, k %.2g, K pool %.2g, V pool %.2g", eq, ek, eK, eV);
+                LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
+            }
+            printf("\n");
+            free(K0), free(V0), free(cK), free(cV), free(fK), free(fV), free(a1), free(a2), free(b1), free(b2);
+            lm_tensor_release(g, &cq), lm_tensor_release(g, &ck), lm_tensor_release(g, &cv);
+            ca_release(&be, q), ca_release(&be, k), ca_release(&be, v);
+            free(qh), free(kh), free(vh);
+            ca_rope_case_free(&rc);
         }
-        void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
-        void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], rc.pool.kc[1]->pool.k[CA_LAYER] };
-        void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], rc.pool.kc[1]->pool.v[CA_LAYER] };
-        const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
-        double eq = ca_cmp(&be, pq, (size_t)rc.d.T * rc.qc, 1.0), ek = ca_cmp(&be, pk, (size_t)rc.d.T * rc.kc, 1.0);
-        double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0); /* absolute */
-        printf("  config %zu: q %.2g, k %.2g, K pool %.2g, V pool %.2g\n", ci, eq, ek, eK, eV);
-        LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
-        ca_release(&be, q), ca_release(&be, k), ca_release(&be, v);
-        free(qh), free(kh), free(vh);
-        ca_rope_case_free(&rc);
     }
     ca_close(&be);
 }
 
 /* The fused per-head norms + rope + KV write on the GPU against the same
- * three steps on the GPU (bit for bit: qn, kn and the whole pool) and on
- * the CPU (1e-6): head widths 64, 80, 128 and 256, full and partial
- * rotary, both pair layouts, norm weight offsets 0 and 1 (Qwen3.5's 1 + w),
- * and different frequency arrays for q and k (the composed fallback). */
+ * three steps on the GPU (bit for bit: qn, kn and the whole pool, in every
+ * KV format of ca_rope_formats) and, for f32, on the CPU (1e-6): head
+ * widths 64, 80, 128 and 256, full and partial rotary, both pair layouts,
+ * norm weight offsets 0 and 1 (Qwen3.5's 1 + w), and different frequency
+ * arrays for q and k (the composed fallback). */
 LM_TEST(cuda_norm_rope_kv_write_fused) {
     CA_OPEN(be);
     LM_REQUIRE(be.b[1]->ops->norm_rope_kv_write != NULL);
@@ -458,50 +528,58 @@ LM_TEST(cuda_norm_rope_kv_write_fused) {
     uint64_t seed = 5151;
     const int S = 3, n[] = { 9, 1, 17 }, pos0[] = { 0, 47, 14 };
     for (size_t ci = 0; ci < LM_COUNT(cfgs); ci++) {
-        const int Dh = cfgs[ci].Dh;
-        ca_rope_case rc;
-        LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, Dh, cfgs[ci].rot, cfgs[ci].inter, 1.0f,
-                                     cfgs[ci].split_freq, S, n, pos0, &seed));
-        float *qh = ca_host((size_t)rc.d.T * rc.qc, &seed, -2, 2), *kh = ca_host((size_t)rc.d.T * rc.kc, &seed, -2, 2);
-        float *vh = ca_host((size_t)rc.d.T * rc.kc, &seed, -1, 1);
-        float *wqh = ca_host((size_t)Dh, &seed, 0.5f, 1.5f), *wkh = ca_host((size_t)Dh, &seed, -0.5f, 0.5f);
-        lm_tensor q[2], k[2], v[2], qn[2], kn[2], wq[2], wk[2];
-        for (int b = 0; b < 2; b++) {
-            lm_backend *x = be.b[b];
-            q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
-            v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
-            qn[b] = ca_poisoned(x, rc.d.T, rc.qc), kn[b] = ca_poisoned(x, rc.d.T, rc.kc);
-            wq[b] = ca_tensor(x, 1, Dh, wqh), wk[b] = ca_tensor(x, 1, Dh, wkh);
-            x->ops->rms_norm(x, &qn[b], &q[b], &wq[b], 1e-6f, cfgs[ci].off);
-            x->ops->rms_norm(x, &kn[b], &k[b], &wk[b], 1e-6f, cfgs[ci].off);
-            lm_op_rope_kv_write(x, &qn[b], &kn[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
+        for (size_t fi = 0; fi < LM_COUNT(ca_rope_formats); fi++) {
+            const lm_kv_types ft = ca_rope_formats[fi];
+            const bool f32 = ft.k == LM_KV_F32 && ft.v == LM_KV_F32;
+            const int Dh = cfgs[ci].Dh;
+            ca_rope_case rc;
+            LM_REQUIRE(ca_rope_case_make(&rc, &be, cfgs[ci].Hq, cfgs[ci].Hkv, Dh, cfgs[ci].rot, cfgs[ci].inter, 1.0f,
+                                         cfgs[ci].split_freq, &ft, S, n, pos0, &seed));
+            const size_t nq = (size_t)rc.d.T * rc.qc, nk = (size_t)rc.d.T * rc.kc;
+            float *qh = ca_host(nq, &seed, -2, 2), *kh = ca_host(nk, &seed, -2, 2), *vh = ca_host(nk, &seed, -1, 1);
+            float *wqh = ca_host((size_t)Dh, &seed, 0.5f, 1.5f), *wkh = ca_host((size_t)Dh, &seed, -0.5f, 0.5f);
+            lm_tensor q[2], k[2], v[2], qn[2], kn[2], wq[2], wk[2];
+            for (int b = 0; b < 2; b++) {
+                lm_backend *x = be.b[b];
+                q[b] = ca_tensor(x, rc.d.T, rc.qc, qh), k[b] = ca_tensor(x, rc.d.T, rc.kc, kh);
+                v[b] = ca_tensor(x, rc.d.T, rc.kc, vh);
+                qn[b] = ca_poisoned(x, rc.d.T, rc.qc), kn[b] = ca_poisoned(x, rc.d.T, rc.kc);
+                wq[b] = ca_tensor(x, 1, Dh, wqh), wk[b] = ca_tensor(x, 1, Dh, wkh);
+                x->ops->rms_norm(x, &qn[b], &q[b], &wq[b], 1e-6f, cfgs[ci].off);
+                x->ops->rms_norm(x, &kn[b], &k[b], &wk[b], 1e-6f, cfgs[ci].off);
+                lm_op_rope_kv_write(x, &qn[b], &kn[b], &v[b], &rc.rq, &rc.rk, &rc.pool.kc[b]->pool, CA_LAYER, &rc.ab);
+            }
+            lm_backend *g = be.b[1];
+            lm_kv_pool *gp = &rc.pool.kc[1]->pool;
+            float *cq = ca_read(g, qn[1].data, nq), *ck = ca_read(g, kn[1].data, nk), *cK, *cV;
+            ca_read_pools(&be, &rc.pool, ft, &cK, &cV);
+            g->ops->norm_rope_kv_write(g, &qn[1], &q[1], &kn[1], &k[1], &v[1], &wq[1], &wk[1], 1e-6f, cfgs[ci].off,
+                                       &rc.rq, &rc.rk, gp, CA_LAYER, &rc.ab);
+            float *fq2 = ca_read(g, qn[1].data, nq), *fk2 = ca_read(g, kn[1].data, nk), *fK, *fV;
+            ca_read_pools(&be, &rc.pool, ft, &fK, &fV);
+            const bool same = !memcmp(cq, fq2, nq * sizeof(float)) && !memcmp(ck, fk2, nk * sizeof(float)) &&
+                              !memcmp(cK, fK, ca_pool_bytes(&rc.pool, ft.k)) &&
+                              !memcmp(cV, fV, ca_pool_bytes(&rc.pool, ft.v));
+            printf("  config %zu, K %s V %s: fused %s the composed GPU ops", ci, lm_kv_type_name(ft.k),
+                   lm_kv_type_name(ft.v), same ? "bitwise equal to" : "DIFFERS from");
+            LM_CHECK(same);
+            if (f32) {
+                const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
+                void *pq[2] = { qn[0].data, qn[1].data }, *pk[2] = { kn[0].data, kn[1].data };
+                void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
+                void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
+                double eq = ca_cmp(&be, pq, nq, 1.0), ek = ca_cmp(&be, pk, nk, 1.0);
+                double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0);
+                printf("; against the CPU: qn %.2g, kn %.2g, K %.2g, V %.2g", eq, ek, eK, eV);
+                LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
+            }
+            printf("\n");
+            free(cq), free(ck), free(cK), free(cV), free(fq2), free(fk2), free(fK), free(fV);
+            ca_release(&be, q), ca_release(&be, k), ca_release(&be, v), ca_release(&be, qn), ca_release(&be, kn);
+            ca_release(&be, wq), ca_release(&be, wk);
+            free(qh), free(kh), free(vh), free(wqh), free(wkh);
+            ca_rope_case_free(&rc);
         }
-        lm_backend *g = be.b[1];
-        const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
-        const size_t nq = (size_t)rc.d.T * rc.qc, nk = (size_t)rc.d.T * rc.kc;
-        lm_kv_pool *gp = &rc.pool.kc[1]->pool;
-        float *cq = ca_read(g, qn[1].data, nq), *ck = ca_read(g, kn[1].data, nk);
-        float *cK = ca_read(g, gp->k[CA_LAYER], nf), *cV = ca_read(g, gp->v[CA_LAYER], nf);
-        g->ops->norm_rope_kv_write(g, &qn[1], &q[1], &kn[1], &k[1], &v[1], &wq[1], &wk[1], 1e-6f, cfgs[ci].off, &rc.rq,
-                                   &rc.rk, gp, CA_LAYER, &rc.ab);
-        float *fq2 = ca_read(g, qn[1].data, nq), *fk2 = ca_read(g, kn[1].data, nk);
-        float *fK = ca_read(g, gp->k[CA_LAYER], nf), *fV = ca_read(g, gp->v[CA_LAYER], nf);
-        const bool same = memcmp(cq, fq2, nq * sizeof(float)) == 0 && memcmp(ck, fk2, nk * sizeof(float)) == 0 &&
-                          memcmp(cK, fK, nf * sizeof(float)) == 0 && memcmp(cV, fV, nf * sizeof(float)) == 0;
-        void *pq[2] = { qn[0].data, qn[1].data }, *pk[2] = { kn[0].data, kn[1].data };
-        void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
-        void *pV[2] = { rc.pool.kc[0]->pool.v[CA_LAYER], gp->v[CA_LAYER] };
-        double eq = ca_cmp(&be, pq, nq, 1.0), ek = ca_cmp(&be, pk, nk, 1.0);
-        double eK = ca_cmp(&be, pK, nf, 1.0), eV = ca_cmp(&be, pV, nf, 1.0);
-        printf("  config %zu: fused %s the composed GPU ops; against the CPU: qn %.2g, kn %.2g, K %.2g, V %.2g\n", ci,
-               same ? "bitwise equal to" : "DIFFERS from", eq, ek, eK, eV);
-        LM_CHECK(same);
-        LM_CHECK(eq <= 1e-6 && ek <= 1e-6 && eK <= 1e-6 && eV == 0);
-        free(cq), free(ck), free(cK), free(cV), free(fq2), free(fk2), free(fK), free(fV);
-        ca_release(&be, q), ca_release(&be, k), ca_release(&be, v), ca_release(&be, qn), ca_release(&be, kn);
-        ca_release(&be, wq), ca_release(&be, wk);
-        free(qh), free(kh), free(vh), free(wqh), free(wkh);
-        ca_rope_case_free(&rc);
     }
     ca_close(&be);
 }

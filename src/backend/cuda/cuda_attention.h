@@ -153,6 +153,20 @@ template <int N> struct att_kv_raw<ATT_KV_ANY, N> {
     }
 };
 
+/* f32 to bf16 bits, rounded to nearest even with NaNs kept quiet, as
+ * lm_f32_to_bf16 on the CPU. */
+__device__ __forceinline__ unsigned short att_bf16_bits(float x) {
+    const unsigned u = __float_as_uint(x);
+    return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Column c of a cache row in f32 or bf16 (the formats written value by
+ * value; the quantised ones need a whole scale group: lm_cuda_kv_write_fmt). */
+__device__ __forceinline__ void att_kv_put(unsigned char *row, bool bf16, int64_t c, float x) {
+    if (bf16) ((unsigned short *)row)[c] = att_bf16_bits(x);
+    else ((float *)row)[c] = x;
+}
+
 /* cuda_kv_format.cu: kv_write into rows of non-f32 formats (d staged for
  * the T tokens), and the rotation of LM_KV_Q4R on activation rows: y = R x
  * (or R^T x when inverse) per rot-wide piece of the first cols columns. */

@@ -65,10 +65,7 @@ __global__ void kvf_write_kernel(kvf_args a) {
         return;
     }
     if (t == LM_KV_BF16) {
-        /* round to nearest even, as lm_f32_to_bf16 */
-        const unsigned u = __float_as_uint(x);
-        const unsigned h = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        ((unsigned short *)r)[c] = (unsigned short)h;
+        ((unsigned short *)r)[c] = att_bf16_bits(x);
         return;
     }
     /* quantised: cols is a multiple of 32, so the warp is one whole group */
