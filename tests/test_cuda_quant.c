@@ -281,14 +281,30 @@ LM_TEST(cuda_qmatmul_model_rows) {
     lm_backend_destroy(g);
 }
 
+/* Another type of cq_types with t's block size (the mixes of K_M files:
+ * Q6_K v beside Q4_K q and k), or t when there is none. */
+static lm_dtype cq_other_type(lm_dtype t) {
+    if (t == LM_Q4_K) return LM_Q6_K; /* both staged (cuda_qgemv_staged.cu) */
+    for (size_t i = 0; i < LM_COUNT(cq_types); i++)
+        if (cq_types[i] == t)
+            for (size_t j = 1; j < LM_COUNT(cq_types); j++) {
+                const lm_dtype u = cq_types[(i + j) % LM_COUNT(cq_types)];
+                if (lm_dtype_block(u) == lm_dtype_block(t)) return u;
+            }
+    return t;
+}
+
 /* matmul_n over quantised matrices (q/k/v of a quantised model: one
- * launch) gives each matrix the bits of its own matmul. */
+ * launch, or one a block type when they differ) gives each matrix the bits
+ * of its own matmul. */
 LM_TEST(cuda_qmatmul_n_equals_separate) {
     CQ_SETUP(g);
     LM_REQUIRE(g->ops->matmul_n != NULL);
     uint64_t s = 55;
-    for (size_t ti = 0; ti < LM_COUNT(cq_types); ti++) {
-        const lm_dtype t = cq_types[ti];
+    for (size_t ti = 0; ti < 2 * LM_COUNT(cq_types); ti++) {
+        const lm_dtype t = cq_types[ti % LM_COUNT(cq_types)];
+        const bool mixed = ti >= LM_COUNT(cq_types); /* the middle matrix of another type */
+        const lm_dtype ts[3] = { t, mixed ? cq_other_type(t) : t, t };
         const int64_t Os[3] = { 64, 17, 33 };
         for (int it = 0; it < 8; it++) {
             /* T = 1, 3, 5, 7 at rows of 2 blocks, then of 8 for the
@@ -302,8 +318,8 @@ LM_TEST(cuda_qmatmul_n_equals_separate) {
             uint8_t *wh[3];
             lm_err e = { { 0 } };
             for (int i = 0; i < 3; i++) {
-                wh[i] = cq_weight(t, Os[i], I, &s);
-                w[i] = (lm_tensor){ .type = t, .rows = Os[i], .cols = I };
+                wh[i] = cq_weight(ts[i], Os[i], I, &s);
+                w[i] = (lm_tensor){ .type = ts[i], .rows = Os[i], .cols = I };
                 CQ_REQUIRE(g->ops->upload_weight(g, &w[i], wh[i], &e) == 0, "%s", e.msg);
                 yn[i] = cq_put(g, NULL, T, Os[i]);
                 y1[i] = cq_put(g, NULL, T, Os[i]);
@@ -314,8 +330,9 @@ LM_TEST(cuda_qmatmul_n_equals_separate) {
             g->ops->matmul_n(g, 3, yp, &x, wp, NULL);
             for (int i = 0; i < 3; i++) {
                 float *a = cq_get(g, &yn[i]), *b = cq_get(g, &y1[i]);
-                LM_CHECK_MSG(memcmp(a, b, (size_t)(T * Os[i]) * sizeof(float)) == 0, "%s T=%lld I=%lld matrix %d differs",
-                             lm_dtype_name(t), (long long)T, (long long)I, i);
+                LM_CHECK_MSG(memcmp(a, b, (size_t)(T * Os[i]) * sizeof(float)) == 0,
+                             "%s (%s between) T=%lld I=%lld matrix %d differs", lm_dtype_name(t), lm_dtype_name(ts[1]),
+                             (long long)T, (long long)I, i);
                 free(a), free(b);
                 lm_tensor_release(g, &yn[i]);
                 lm_tensor_release(g, &y1[i]);

@@ -85,6 +85,20 @@ static bool lm_gemm_stacked(lm_cuda *c, const lm_tensor *x, const lm_tensor *con
     return true;
 }
 
+/* x by n quantised matrices of one block type (lm_qgemv_fusable) in one launch. */
+static void lm_cuda_qgemv_n(lm_cuda *c, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                            const lm_tensor *const *bias) {
+    lm_cuda_use(c);
+    lm_gemv_args a = lm_qgemv_args0((const float *)x->data, x->cols);
+    for (int i = 0; i < n; i++) {
+        const lm_tensor *b = bias ? bias[i] : NULL;
+        LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
+        LM_ASSERT(y[i]->data != x->data && (!b || (b->type == LM_F32 && b->rows * b->cols == w[i]->rows)));
+        lm_gemv_add(&a, i, (float *)y[i]->data, w[i]->data, b ? (const float *)b->data : NULL, w[i]->rows);
+    }
+    lm_qgemv_run(c, (int)x->rows, &a, w[0]->type, LM_GEMV_STORE);
+}
+
 void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                       const lm_tensor *const *bias) {
     LM_ASSERT(n >= 1 && n <= LM_GEMV_MAXM);
@@ -99,21 +113,28 @@ void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tenso
         }
         if (n > 1 && lm_gemm_stacked(c, x, w, &o)) return;
     }
-    const bool quant = lm_qgemv_fusable(x, w, n);
-    if (!quant && !lm_gemv_fusable(x, w, n)) {
-        for (int i = 0; i < n; i++) lm_cuda_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
+    if (lm_qgemv_fusable(x, w, n)) { /* the matrices' rows in one launch */
+        lm_cuda_qgemv_n(c, n, y, x, w, bias);
         return;
     }
-    if (quant) { /* the matrices' rows in one launch */
-        lm_cuda_use(c);
-        lm_gemv_args a = lm_qgemv_args0((const float *)x->data, x->cols);
+    if (n > 1 && lm_qgemv_fusable(x, w, 1)) { /* mixed block types (Q4_K_M's Q6_K v): one launch a type */
         for (int i = 0; i < n; i++) {
-            const lm_tensor *b = bias ? bias[i] : NULL;
-            LM_ASSERT(y[i]->type == LM_F32 && y[i]->rows == x->rows && y[i]->cols == w[i]->rows);
-            LM_ASSERT(y[i]->data != x->data && (!b || (b->type == LM_F32 && b->rows * b->cols == w[i]->rows)));
-            lm_gemv_add(&a, i, (float *)y[i]->data, w[i]->data, b ? (const float *)b->data : NULL, w[i]->rows);
+            bool first = true; /* the first matrix of its type takes the others of that type */
+            for (int j = 0; j < i; j++) first = first && w[j]->type != w[i]->type;
+            if (!first) continue;
+            lm_tensor *ys[LM_GEMV_MAXM] = { 0 };
+            const lm_tensor *ws[LM_GEMV_MAXM] = { 0 }, *bs[LM_GEMV_MAXM] = { 0 };
+            int m = 0;
+            for (int j = i; j < n; j++)
+                if (w[j]->type == w[i]->type) ys[m] = y[j], ws[m] = w[j], bs[m] = bias ? bias[j] : NULL, m++;
+            if (lm_qgemv_fusable(x, ws, m)) lm_cuda_qgemv_n(c, m, ys, x, ws, bs);
+            else
+                for (int j = 0; j < m; j++) lm_cuda_matmul(be, ys[j], x, ws[j], bs[j]);
         }
-        lm_qgemv_run(c, (int)x->rows, &a, w[0]->type, LM_GEMV_STORE);
+        return;
+    }
+    if (!lm_gemv_fusable(x, w, n)) {
+        for (int i = 0; i < n; i++) lm_cuda_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
         return;
     }
     lm_cuda_use(c);
