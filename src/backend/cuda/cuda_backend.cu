@@ -764,6 +764,9 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             if (c->qstaged_ok) lm_sgemv_init(c);
             const char *qb = getenv("LUMEN_CUDA_QSTAGED_BLOCKS");
             c->qstaged_blocks = qb ? LM_MAX(0, LM_MIN(atoi(qb), 8)) : 0;
+            const char *qs = getenv("LUMEN_CUDA_QSTAGED_STAGE"), *qi = getenv("LUMEN_CUDA_QSTAGED_INFLIGHT");
+            c->qstaged_stage_kb = qs ? LM_MAX(0, LM_MIN(atoi(qs), 96)) : 0;
+            c->qstaged_inflight_kb = qi ? LM_MAX(0, LM_MIN(atoi(qi), 200)) : 0;
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");

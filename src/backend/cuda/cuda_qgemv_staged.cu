@@ -38,9 +38,10 @@
  * 396 tok/s against 323 with it), the separate rms_norm launch far less. */
 #include "cuda_quant.h"
 
-#define LM_SG_MAXST 8              /* stages a block keeps in flight, at most */
+#define LM_SG_MAXST 16             /* stages a block keeps in flight, at most */
 #define LM_SG_THREADS 288          /* a producer warp and 8 consumer warps */
 #define LM_SG_SMEM (220 * 1024)    /* dynamic shared memory a block may take (sm_90 allows 227 KB) */
+#define LM_SG_STAGE (16 * 1024)    /* bytes of weights a stage aims at (whole rows, at least one) */
 #define LM_SG_INFLIGHT (64 * 1024) /* bytes of weights a block aims to keep in flight */
 
 enum { LM_SG_PLAIN = 0, LM_SG_ADD, LM_SG_GLU };
@@ -329,19 +330,21 @@ typedef struct lm_sg_plan {
 static int lm_sg_block_bytes(lm_dtype wt) { return wt == LM_Q4_K ? 144 : 210; }
 
 /* The shape of a launch for rows of I values of type wt, T tokens: rows a
- * stage (~16 KB of weights), stages in flight (~64 KB, at most nst_max,
- * fewer when shared memory is short); false when it does not fit. */
-static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max, lm_sg_plan *p) {
+ * stage (~stage bytes of weights), stages in flight (~inflight bytes, at
+ * most nst_max, fewer when shared memory is short); false when it does not
+ * fit. */
+static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max, int stage, int inflight,
+                            lm_sg_plan *p) {
     memset(p, 0, sizeof *p);
     if (I <= 0 || I % 256 != 0 || I > (1 << 20)) return false;
     p->U = (int)(I / 64);
     p->row_bytes = (int)(I / 256) * lm_sg_block_bytes(wt);
     if (p->row_bytes % 16 != 0) return false;
     const int mats = glu ? 2 : 1;
-    p->rs = LM_MAX(1, 16 * 1024 / (p->row_bytes * mats));
+    p->rs = LM_MAX(1, stage / (p->row_bytes * mats));
     p->stage_bytes = (p->rs * p->row_bytes * mats + 16 + 127) / 128 * 128; /* 16 spare bytes: lm_sg_words */
     const size_t fixed = 2 * LM_SG_MAXST * 8 + (size_t)T * I + 2 * (size_t)T * (I / 32) * 4;
-    p->nst = LM_MIN(nst_max, LM_MAX(2, (LM_SG_INFLIGHT + p->stage_bytes - 1) / p->stage_bytes));
+    p->nst = LM_MIN(LM_MIN(nst_max, LM_SG_MAXST), LM_MAX(2, (inflight + p->stage_bytes - 1) / p->stage_bytes));
     while (p->nst > 2 && (size_t)p->nst * p->stage_bytes + fixed > LM_SG_SMEM) p->nst--;
     p->off_bar = p->nst * p->stage_bytes;
     p->off_xq = p->off_bar + 2 * LM_SG_MAXST * 8;
@@ -357,7 +360,7 @@ static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max
 bool lm_sgemv_takes(const lm_cuda *c, const lm_gemv_args *a, lm_dtype wt) {
     if (!c->qstaged || c->quant_exact || (wt != LM_Q4_K && wt != LM_Q6_K)) return false;
     lm_sg_plan p;
-    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, &p)) return false;
+    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, LM_SG_STAGE, LM_SG_INFLIGHT, &p)) return false;
     for (int m = 0; m < LM_GEMV_MAXM; m++)
         if (a->w[m] && ((uintptr_t)a->w[m] & 15u) != 0) return false;
     return true;
@@ -419,7 +422,10 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     LM_ASSERT(mode == LM_GEMV_STORE || T <= 4);
     const bool glu = kind == LM_SG_GLU;
     lm_sg_plan p;
-    LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, &p));
+    const int stage = c->qstaged_stage_kb > 0 ? c->qstaged_stage_kb * 1024 : LM_SG_STAGE;
+    const int inflight = c->qstaged_inflight_kb > 0 ? c->qstaged_inflight_kb * 1024 : LM_SG_INFLIGHT;
+    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, &p)) /* a timing knob too large */
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE, LM_SG_INFLIGHT, &p));
     lm_sgemv_args s;
     memset(&s, 0, sizeof s); /* every byte set: a graph pass hashes them */
     int64_t total = 0;
@@ -439,7 +445,8 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     const int64_t stages = (rpb + p.rs - 1) / p.rs;
     if (stages < p.nst) { /* fewer, evener stages: less shared memory, more blocks an SM */
         const int rs = (int)((rpb + stages - 1) / stages);
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, &p));
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, &p) ||
+                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE, LM_SG_INFLIGHT, &p));
         p.rs = rs; /* no more rows a stage than planned: the stage buffers still fit */
     }
     s.first_block[0] = 0;
