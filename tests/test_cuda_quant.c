@@ -50,7 +50,8 @@
 #include "test_util.h"
 
 static const lm_dtype cq_types[] = { LM_Q8_0, LM_Q4_0, LM_Q4_1, LM_Q5_0, LM_Q5_1, LM_IQ4_NL,
-                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS, LM_Q2_K, LM_Q3_K, LM_FP8_B128 };
+                                     LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_IQ4_XS, LM_Q2_K, LM_Q3_K, LM_FP8_B128,
+                                     LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
 
 static uint64_t cq_next(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -60,10 +61,13 @@ static uint64_t cq_next(uint64_t *s) {
 /* Uniform in [-1, 1). */
 static float cq_unit(uint64_t *s) { return (float)(cq_next(s) & 0xffffff) / (float)0x800000 - 1.0f; }
 
-/* Byte offsets of a block's f16 scales (-1: none; FP8_B128's is f32, cq_weight sets it). */
+static bool cq_affine(lm_dtype t) { return t == LM_A4_BF16 || t == LM_A4_F16 || t == LM_A8_BF16 || t == LM_A8_F16; }
+
+/* Byte offsets of a block's f16 scales (-1: none; FP8_B128's is f32, cq_weight sets it; the
+ * affine _BF16 types' scale and bias are bf16). */
 static void cq_f16_fields(lm_dtype t, int *a, int *b) {
     *a = t == LM_FP8_B128 ? -1 : 0, *b = -1;
-    if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q4_1 || t == LM_Q5_1) *b = 2;
+    if (t == LM_Q4_K || t == LM_Q5_K || t == LM_Q4_1 || t == LM_Q5_1 || cq_affine(t)) *b = 2;
     if (t == LM_Q6_K) *a = 208;
     if (t == LM_Q2_K) *a = 80, *b = 82;
     if (t == LM_Q3_K) *a = 108;
@@ -91,7 +95,7 @@ static uint8_t *cq_weight(lm_dtype t, int64_t rows, int64_t I, uint64_t *s) {
             if (f[k] < 0) continue;
             float v = ldexpf(1.0f + 0.5f * cq_unit(s), -5 - (int)(cq_next(s) % 4));
             if (cq_next(s) & 1) v = -v;
-            const uint16_t h = lm_f32_to_f16(v);
+            const uint16_t h = t == LM_A4_BF16 || t == LM_A8_BF16 ? lm_f32_to_bf16(v) : lm_f32_to_f16(v);
             memcpy(w + off + f[k], &h, 2);
         }
     }

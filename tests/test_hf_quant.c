@@ -438,31 +438,13 @@ LM_TEST(hf_quant_model_fp8_short_rows) {
     free(src);
 }
 
-/* The GPU kernels do not read these types yet: a weight of one is refused
- * by the CUDA backend with the type named, never run wrongly. */
-LM_TEST(hf_quant_cuda_refuses_with_type) {
-    char why[512];
-    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
-    lm_err e = { { 0 } };
-    lm_backend *be = lm_cuda_backend_create(0, &e);
-    LM_REQUIRE(be);
-    static const lm_dtype types[] = { LM_A4_BF16, LM_A4_F16, LM_A8_BF16, LM_A8_F16 };
-    static uint8_t data[4 * 132 * 2];
-    for (size_t i = 0; i < LM_COUNT(types); i++) {
-        lm_tensor w = { .type = types[i], .rows = 4, .cols = 256 };
-        int rc = be->ops->upload_weight(be, &w, data, &e);
-        LM_CHECK_MSG(rc != 0 && strstr(e.msg, lm_dtype_name(types[i])) && strstr(e.msg, "cuda backend"),
-                     "%s: got \"%s\"", lm_dtype_name(types[i]), e.msg);
-    }
-    lm_backend_destroy(be);
-}
-
-/* An FP8 checkpoint on the GPU (its FP8_B128 rows uploaded as stored)
- * against the CPU's exact path: fed a token at a time (the GEMV: exact
- * block values, f32 sums), 1e-3; the whole prompt at once (weights widened
- * to bf16, x in three bf16 terms in the exact mode, rounded to bf16
- * otherwise), 0.1 and 0.2 (the GGUF types' bounds, test_cuda_quant.c). */
-LM_TEST(hf_quant_cuda_fp8_model) {
+/* A checkpoint of llama-g256 repacked by scheme (FP8, MLX affine) on the
+ * GPU (its blocks uploaded as stored) against the CPU's exact path: fed a
+ * token at a time (the GEMV: exact block values, f32 sums), 1e-3; the
+ * whole prompt at once (weights widened to bf16, x in three bf16 terms in
+ * the exact mode, rounded to bf16 otherwise), 0.1 and 0.2 (the GGUF
+ * types' bounds, test_cuda_quant.c). */
+static void hq_cuda_model(lm_test_ctx *lm_t_, hqg_scheme scheme, const char *label) {
     char why[512];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("%s", why);
     char *src = lm_test_fixture_path("gguf/llama-g256");
@@ -470,8 +452,8 @@ LM_TEST(hf_quant_cuda_fp8_model) {
         free(src);
         LM_SKIP("%s", lm_test_fixtures_why());
     }
-    char *q = lm_tu_mkdir("fp8-cuda");
-    LM_REQUIRE(hqg_convert(src, HQG_FP8_BLOCK, q, NULL, why, sizeof why) == 0);
+    char *q = lm_tu_mkdir(label);
+    LM_REQUIRE(hqg_convert(src, scheme, q, NULL, why, sizeof why) == 0);
     enum { N = 40 };
     int32_t tokens[N];
     for (int i = 0; i < N; i++) tokens[i] = (int32_t)((i * 131 + 7) % 1000 + 3);
@@ -504,8 +486,8 @@ LM_TEST(hf_quant_cuda_fp8_model) {
         const double worst = hq_max_diff(ref, g, (size_t)N * (size_t)V);
         int same = 0;
         for (int i = 0; i < N; i++) same += lm_argmax(ref + (size_t)i * V, V) == lm_argmax(g + (size_t)i * V, V);
-        fprintf(stderr, "  FP8 on the GPU, %s: max |logit - CPU exact| %.3g (tol %.0e), argmax equal at %d/%d\n",
-                pass[k].what, worst, pass[k].tol, same, N);
+        fprintf(stderr, "  %s on the GPU, %s: max |logit - CPU exact| %.3g (tol %.0e), argmax equal at %d/%d\n",
+                label, pass[k].what, worst, pass[k].tol, same, N);
         LM_CHECK(worst <= pass[k].tol);
         free(g);
     }
@@ -513,6 +495,10 @@ LM_TEST(hf_quant_cuda_fp8_model) {
     free(q);
     free(src);
 }
+
+LM_TEST(hf_quant_cuda_fp8_model) { hq_cuda_model(lm_t_, HQG_FP8_BLOCK, "fp8-cuda"); }
+LM_TEST(hf_quant_cuda_mlx4_model) { hq_cuda_model(lm_t_, HQG_MLX4_G64, "mlx4-cuda"); }
+LM_TEST(hf_quant_cuda_mlx8_model) { hq_cuda_model(lm_t_, HQG_MLX8_G32, "mlx8-cuda"); }
 
 /* The AVX2 FP8 widener (both x86 tables use it) gives lm_dequant_row's
  * bits for every code and sign, subnormals and NaN included. */

@@ -170,7 +170,9 @@ template <lm_dtype QT> static int qc_check(const char *name) {
     for (int shift = 0; shift <= (wide ? 0 : 2); shift += 2) {
         uint8_t *w = buf + shift;
         for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)qc_rnd();
-        const bool two = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_Q4_1 || QT == LM_Q5_1; /* d and dmin / m */
+        const bool aff = QT == LM_A4_BF16 || QT == LM_A4_F16 || QT == LM_A8_BF16 || QT == LM_A8_F16; /* s and b */
+        const bool bf = QT == LM_A4_BF16 || QT == LM_A8_BF16;
+        const bool two = QT == LM_Q4_K || QT == LM_Q5_K || QT == LM_Q4_1 || QT == LM_Q5_1 || aff; /* d and dmin / m */
         const int f0 = QT == LM_Q6_K ? 208 : QT == LM_Q2_K ? 80 : QT == LM_Q3_K ? 108 : 0;
         const int f1 = QT == LM_Q2_K ? 82 : two ? 2 : -1;
         for (size_t off = 0; off < bytes; off += (size_t)lm_dtype_block_bytes(QT)) { /* finite f16 scales */
@@ -181,10 +183,11 @@ template <lm_dtype QT> static int qc_check(const char *name) {
                     if ((w[off + k] & 0x7f) == 0x7f) w[off + k] ^= 1;
                 continue;
             }
-            uint16_t h = lm_f32_to_f16(sc);
+            uint16_t h = bf ? lm_f32_to_bf16(sc) : lm_f32_to_f16(sc);
             memcpy(w + off + f0, &h, 2);
             if (f1 >= 0) {
-                h = lm_f32_to_f16(0.003f * (1.0f + (float)(qc_rnd() % 100) / 50.0f));
+                const float m = 0.003f * (1.0f + (float)(qc_rnd() % 100) / 50.0f) * (aff && (qc_rnd() & 1) ? -1.0f : 1.0f);
+                h = bf ? lm_f32_to_bf16(m) : lm_f32_to_f16(m);
                 memcpy(w + off + f1, &h, 2);
             }
         }
@@ -228,7 +231,8 @@ template <lm_dtype QT> static int qc_check(const char *name) {
             printf("%s: the GEMV's grouped sum %.9g, the plain dot %.9g (sum |x w| %.3g)\n", name, dot, want, cond);
         if constexpr (Q::OFF >= 0) /* integer codes: the int8 GEMV's form */
             bad += qc_check_i8<Q>(name, w, ref, x, nb, want);
-        if constexpr (Q::OFF >= 0 && QT != LM_Q2_K && QT != LM_Q3_K) /* and the int8 GEMM's (cuda_mmq.cu) */
+        if constexpr (Q::OFF >= 0 && QT != LM_Q2_K && QT != LM_Q3_K && QT != LM_A4_BF16 && QT != LM_A4_F16 &&
+                      QT != LM_A8_BF16 && QT != LM_A8_F16) /* and the int8 GEMM's (cuda_mmq.cu) */
             bad += qc_check_mq<QT>(name, w, ref, I);
     }
     printf("%s: %s\n", name, bad ? "DIFFERENT" : "equal");
@@ -241,6 +245,7 @@ int main() {
                     qc_check<LM_Q5_0>("Q5_0") + qc_check<LM_Q5_1>("Q5_1") + qc_check<LM_IQ4_NL>("IQ4_NL") +
                     qc_check<LM_Q4_K>("Q4_K") + qc_check<LM_Q5_K>("Q5_K") + qc_check<LM_Q6_K>("Q6_K") +
                     qc_check<LM_IQ4_XS>("IQ4_XS") + qc_check<LM_Q2_K>("Q2_K") + qc_check<LM_Q3_K>("Q3_K") +
-                    qc_check<LM_FP8_B128>("FP8_B128");
+                    qc_check<LM_FP8_B128>("FP8_B128") + qc_check<LM_A4_BF16>("A4_BF16") + qc_check<LM_A4_F16>("A4_F16") +
+                    qc_check<LM_A8_BF16>("A8_BF16") + qc_check<LM_A8_F16>("A8_F16");
     return bad != 0;
 }

@@ -337,7 +337,8 @@ static size_t lm_cuda_weight_bytes(const lm_tensor *t, lm_err *e) {
     if (!elt && !quant) {
         lm_errf(e,
                 "cuda backend: weight [%lld][%lld] has type %s, which the GPU kernels do not support "
-                "(supported: f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, FP8_B128; "
+                "(supported: f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, FP8_B128, "
+                "A4_BF16, A4_F16, A8_BF16, A8_F16; "
                 "others run on the CPU backend)",
                 (long long)t->rows, (long long)t->cols, known ? lm_dtype_name(t->type) : "unknown");
         return 0;

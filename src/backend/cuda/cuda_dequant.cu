@@ -83,6 +83,10 @@ static void lm_dequant_go(lm_cuda *c, void *out, const void *w, lm_dtype wt, int
     case LM_Q2_K: lm_dequant_one<LM_Q2_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
     case LM_Q3_K: lm_dequant_one<LM_Q3_K, BF16>(c, g, out, wb, I, ids, row0, n); break;
     case LM_FP8_B128: lm_dequant_one<LM_FP8_B128, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_A4_BF16: lm_dequant_one<LM_A4_BF16, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_A4_F16: lm_dequant_one<LM_A4_F16, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_A8_BF16: lm_dequant_one<LM_A8_BF16, BF16>(c, g, out, wb, I, ids, row0, n); break;
+    case LM_A8_F16: lm_dequant_one<LM_A8_F16, BF16>(c, g, out, wb, I, ids, row0, n); break;
     default: LM_ASSERT(!"dequant: weight type");
     }
     LM_CUDA_LAUNCHED("dequant");

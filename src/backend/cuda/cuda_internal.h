@@ -597,7 +597,7 @@ void lm_gemm1(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm
 static inline bool lm_cuda_qtype(lm_dtype t) {
     return t == LM_Q8_0 || t == LM_Q4_0 || t == LM_Q4_1 || t == LM_Q5_0 || t == LM_Q5_1 || t == LM_IQ4_NL ||
            t == LM_Q4_K || t == LM_Q5_K || t == LM_Q6_K || t == LM_IQ4_XS || t == LM_Q2_K || t == LM_Q3_K ||
-           t == LM_FP8_B128;
+           t == LM_FP8_B128 || t == LM_A4_BF16 || t == LM_A4_F16 || t == LM_A8_BF16 || t == LM_A8_F16;
 }
 /* The GEMV over quantised rows for T <= LM_GEMV_MAX_T: whether it takes x
  * and w (alignment); an args block for it (then lm_gemv_add per matrix,

@@ -339,6 +339,10 @@ void lm_qgemv_run(lm_cuda *c, int T, const lm_gemv_args *a, lm_dtype wt, int mod
     case LM_Q2_K: lm_qgemv_t<LM_Q2_K>(c, T, a, mode); break;
     case LM_Q3_K: lm_qgemv_t<LM_Q3_K>(c, T, a, mode); break;
     case LM_FP8_B128: lm_qgemv_t<LM_FP8_B128>(c, T, a, mode); break;
+    case LM_A4_BF16: lm_qgemv_t<LM_A4_BF16>(c, T, a, mode); break;
+    case LM_A4_F16: lm_qgemv_t<LM_A4_F16>(c, T, a, mode); break;
+    case LM_A8_BF16: lm_qgemv_t<LM_A8_BF16>(c, T, a, mode); break;
+    case LM_A8_F16: lm_qgemv_t<LM_A8_F16>(c, T, a, mode); break;
     default: LM_ASSERT(!"qgemv: weight type");
     }
 }
@@ -394,6 +398,10 @@ void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *con
     case LM_Q2_K: lm_qmoe_go<LM_Q2_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_Q3_K: lm_qmoe_go<LM_Q3_K>(c, &a, (unsigned)pairs, glu); break;
     case LM_FP8_B128: lm_qmoe_go<LM_FP8_B128>(c, &a, (unsigned)pairs, glu); break;
+    case LM_A4_BF16: lm_qmoe_go<LM_A4_BF16>(c, &a, (unsigned)pairs, glu); break;
+    case LM_A4_F16: lm_qmoe_go<LM_A4_F16>(c, &a, (unsigned)pairs, glu); break;
+    case LM_A8_BF16: lm_qmoe_go<LM_A8_BF16>(c, &a, (unsigned)pairs, glu); break;
+    case LM_A8_F16: lm_qmoe_go<LM_A8_F16>(c, &a, (unsigned)pairs, glu); break;
     default: LM_ASSERT(!"qmoe gemv: weight type");
     }
 }

@@ -24,8 +24,9 @@
  *
  * FULL types get every GEMV kernel (1, 2, 4, 8 tokens, fused forms); the
  * others (Q4_1, Q5_0, Q5_1, IQ4_NL: in K-quant files only where a row is
- * not whole 256-value blocks) a 1- and an 8-token kernel, since each
- * kernel adds machine code to every binary.
+ * not whole 256-value blocks; Q2_K, Q3_K, FP8_B128 and MLX's affine A4 / A8)
+ * a 1- and an 8-token kernel, since each kernel adds machine code to every
+ * binary.
  *
  * Bytes become floats through the exponent trick (2^23 + b as bits, minus
  * 2^23 + OFF: exact), one byte permute and one add: the int-to-float
@@ -485,6 +486,46 @@ template <> struct lm_q<LM_FP8_B128> {
     static __device__ __forceinline__ float minv(const raw &, int) { return 0.0f; }
     static __device__ __forceinline__ int at(int j, int q) { return 16 * j + 4 * q; }
 };
+
+/* MLX affine blocks (lm_dtype.h): {scale s; bias b; codes}, x = s * q + b:
+ * a min of -b, as Q4_1's "+ m". A4 is Q4_1's layout (its nibbles and a
+ * 4-byte header); A8 holds 32 unsigned bytes, 2 slices of 16 as Q8_0's.
+ * The _F16 types have f16 s and b, the _BF16 ones bf16 (its bits << 16:
+ * exact). */
+template <bool BF> static __device__ __forceinline__ float lm_q_aff_half(const unsigned char *p) {
+    const unsigned short h = __ldcs((const unsigned short *)p);
+    return BF ? __int_as_float((int)((unsigned)h << 16)) : lm_q_f16(h);
+}
+template <bool BF> struct lm_q_a4 : lm_q<LM_Q4_1> {
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<2>(blk + 4 + 8 * j, r.q);
+        r.d = lm_q_aff_half<BF>(blk), r.nm = -lm_q_aff_half<BF>(blk + 2);
+        return r;
+    }
+};
+template <> struct lm_q<LM_A4_F16> : lm_q_a4<false> {};
+template <> struct lm_q<LM_A4_BF16> : lm_q_a4<true> {};
+template <bool BF> struct lm_q_a8 {
+    static constexpr int BV = 32, BB = 36, LPB = 2, Q = 4, QG = 4, OFF = 0;
+    static constexpr bool MIN = true, FULL = false;
+    struct raw {
+        float d, nm;
+        unsigned q[4];
+    };
+    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
+        raw r;
+        lm_q_words<4>(blk + 4 + 16 * j, r.q);
+        r.d = lm_q_aff_half<BF>(blk), r.nm = -lm_q_aff_half<BF>(blk + 2);
+        return r;
+    }
+    static __device__ __forceinline__ unsigned codes(const raw &r, int q) { return r.q[q]; }
+    static __device__ __forceinline__ float scale(const raw &r, int) { return r.d; }
+    static __device__ __forceinline__ float minv(const raw &r, int) { return r.nm; }
+    static __device__ __forceinline__ int at(int j, int q) { return 16 * j + 4 * q; }
+};
+template <> struct lm_q<LM_A8_F16> : lm_q_a8<false> {};
+template <> struct lm_q<LM_A8_BF16> : lm_q_a8<true> {};
 
 /* Four e4m3 bytes as floats / 256 (lm_q<LM_FP8_B128>): two bytes at a time
  * placed as f16 bit patterns by a byte permute, a mask and a shift. */
