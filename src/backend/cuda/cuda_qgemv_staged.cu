@@ -41,7 +41,8 @@
 #define LM_SG_MAXST 16             /* stages a block keeps in flight, at most */
 #define LM_SG_THREADS 288          /* a producer warp and 8 consumer warps */
 #define LM_SG_SMEM (220 * 1024)    /* dynamic shared memory a block may take (sm_90 allows 227 KB) */
-#define LM_SG_STAGE (16 * 1024)    /* bytes of weights a stage aims at (whole rows, at least one) */
+#define LM_SG_STAGE (32 * 1024)    /* bytes of weights a stage aims at (whole rows, at least one) */
+#define LM_SG_STAGE_MIN (16 * 1024) /* ... where that does not fit the shared memory */
 #define LM_SG_INFLIGHT (64 * 1024) /* bytes of weights a block aims to keep in flight */
 
 enum { LM_SG_PLAIN = 0, LM_SG_ADD, LM_SG_GLU };
@@ -360,7 +361,7 @@ static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max
 bool lm_sgemv_takes(const lm_cuda *c, const lm_gemv_args *a, lm_dtype wt) {
     if (!c->qstaged || c->quant_exact || (wt != LM_Q4_K && wt != LM_Q6_K)) return false;
     lm_sg_plan p;
-    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, LM_SG_STAGE, LM_SG_INFLIGHT, &p)) return false;
+    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p)) return false;
     for (int m = 0; m < LM_GEMV_MAXM; m++)
         if (a->w[m] && ((uintptr_t)a->w[m] & 15u) != 0) return false;
     return true;
@@ -424,8 +425,8 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     lm_sg_plan p;
     const int stage = c->qstaged_stage_kb > 0 ? c->qstaged_stage_kb * 1024 : LM_SG_STAGE;
     const int inflight = c->qstaged_inflight_kb > 0 ? c->qstaged_inflight_kb * 1024 : LM_SG_INFLIGHT;
-    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, &p)) /* a timing knob too large */
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE, LM_SG_INFLIGHT, &p));
+    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, &p)) /* x too wide for this stage */
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p));
     lm_sgemv_args s;
     memset(&s, 0, sizeof s); /* every byte set: a graph pass hashes them */
     int64_t total = 0;
@@ -446,7 +447,7 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     if (stages < p.nst) { /* fewer, evener stages: less shared memory, more blocks an SM */
         const int rs = (int)((rpb + stages - 1) / stages);
         LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, &p) ||
-                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE, LM_SG_INFLIGHT, &p));
+                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p));
         p.rs = rs; /* no more rows a stage than planned: the stage buffers still fit */
     }
     s.first_block[0] = 0;
