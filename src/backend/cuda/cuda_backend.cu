@@ -768,6 +768,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             const char *qs = getenv("LUMEN_CUDA_QSTAGED_STAGE"), *qi = getenv("LUMEN_CUDA_QSTAGED_INFLIGHT");
             c->qstaged_stage_kb = qs ? LM_MAX(0, LM_MIN(atoi(qs), 96)) : 0;
             c->qstaged_inflight_kb = qi ? LM_MAX(0, LM_MIN(atoi(qi), 200)) : 0;
+            c->qstaged_fill = lm_cuda_env_flag("LUMEN_CUDA_QSTAGED_FILL", false);
         }
         { /* LUMEN_CUDA_GEMV_CHUNKS=n: GEMV threads take up to n chunks a row (cuda_gemv.cu) */
             const char *v = getenv("LUMEN_CUDA_GEMV_CHUNKS");

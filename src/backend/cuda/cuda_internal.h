@@ -98,6 +98,8 @@ typedef struct lm_cuda {
     int qstaged_blocks; /* its blocks an SM, 0: its default (LUMEN_CUDA_QSTAGED_BLOCKS, timing only) */
     int qstaged_stage_kb, qstaged_inflight_kb; /* its stage and in-flight bytes, 0: defaults (LUMEN_CUDA_QSTAGED_STAGE
                                                   / _INFLIGHT in KiB, timing only) */
+    bool qstaged_fill; /* its stages may fill the SM's shared memory, one block alone (LUMEN_CUDA_QSTAGED_FILL=1:
+                          the plan before the per-block budget, timing only) */
     /* Greedy look-ahead (cuda_elementwise.cu): the last argmax_rows ids stay
      * in ids_dev (ids_rows of them; -1 when more than LM_CUDA_IDS) for
      * get_rows_argmax; argmax_rows_later's copies to the host queue in a ring

@@ -7,8 +7,9 @@
  * flight per SM depend on how many blocks are between their loads and
  * their sums. On the H200 it read 4,096x4,096 Q4_K at 37 % of the copy rate
  * and 14,336x4,096 at 52 % (bench_cuda_gemv). Here a block owns a run of
- * consecutive rows (contiguous bytes) and keeps up to 8 stages of them in
- * flight through the copy engine, whatever the arithmetic is doing.
+ * consecutive rows (contiguous bytes) and keeps stages of them (~64 KB,
+ * as far as two blocks an SM fit) in flight through the copy engine,
+ * whatever the arithmetic is doing.
  *
  * Roofline (decode, batch 1): the step reads every weight byte once; the
  * Llama-3.1-8B Q4_K_M file is 4.9 GB of weights, ~1.16 ms at the H200's
@@ -41,6 +42,7 @@
 #define LM_SG_MAXST 16             /* stages a block keeps in flight, at most */
 #define LM_SG_THREADS 288          /* a producer warp and 8 consumer warps */
 #define LM_SG_SMEM (220 * 1024)    /* dynamic shared memory a block may take (sm_90 allows 227 KB) */
+#define LM_SG_SM_SMEM (228 * 1024) /* shared memory of an sm_90 SM, 1 KB of it reserved a block */
 #define LM_SG_STAGE (32 * 1024)    /* bytes of weights a stage aims at (whole rows, at least one) */
 #define LM_SG_STAGE_MIN (16 * 1024) /* ... where that does not fit the shared memory */
 #define LM_SG_INFLIGHT (64 * 1024) /* bytes of weights a block aims to keep in flight */
@@ -332,10 +334,10 @@ static int lm_sg_block_bytes(lm_dtype wt) { return wt == LM_Q4_K ? 144 : 210; }
 
 /* The shape of a launch for rows of I values of type wt, T tokens: rows a
  * stage (~stage bytes of weights), stages in flight (~inflight bytes, at
- * most nst_max, fewer when shared memory is short); false when it does not
- * fit. */
+ * most nst_max, down to two while the block would take more than budget
+ * bytes of shared memory); false when it does not fit at all. */
 static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max, int stage, int inflight,
-                            lm_sg_plan *p) {
+                            size_t budget, lm_sg_plan *p) {
     memset(p, 0, sizeof *p);
     if (I <= 0 || I % 256 != 0 || I > (1 << 20)) return false;
     p->U = (int)(I / 64);
@@ -346,7 +348,7 @@ static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max
     p->stage_bytes = (p->rs * p->row_bytes * mats + 16 + 127) / 128 * 128; /* 16 spare bytes: lm_sg_words */
     const size_t fixed = 2 * LM_SG_MAXST * 8 + (size_t)T * I + 2 * (size_t)T * (I / 32) * 4;
     p->nst = LM_MIN(LM_MIN(nst_max, LM_SG_MAXST), LM_MAX(2, (inflight + p->stage_bytes - 1) / p->stage_bytes));
-    while (p->nst > 2 && (size_t)p->nst * p->stage_bytes + fixed > LM_SG_SMEM) p->nst--;
+    while (p->nst > 2 && (size_t)p->nst * p->stage_bytes + fixed > LM_MIN(budget, (size_t)LM_SG_SMEM)) p->nst--;
     p->off_bar = p->nst * p->stage_bytes;
     p->off_xq = p->off_bar + 2 * LM_SG_MAXST * 8;
     p->off_dx = p->off_xq + T * (int)I;
@@ -361,7 +363,7 @@ static bool lm_sg_make_plan(lm_dtype wt, int64_t I, int T, bool glu, int nst_max
 bool lm_sgemv_takes(const lm_cuda *c, const lm_gemv_args *a, lm_dtype wt) {
     if (!c->qstaged || c->quant_exact || (wt != LM_Q4_K && wt != LM_Q6_K)) return false;
     lm_sg_plan p;
-    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p)) return false;
+    if (!lm_sg_make_plan(wt, a->I, 8, true, 2, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, LM_SG_SMEM, &p)) return false;
     for (int m = 0; m < LM_GEMV_MAXM; m++)
         if (a->w[m] && ((uintptr_t)a->w[m] & 15u) != 0) return false;
     return true;
@@ -422,11 +424,21 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     const int kind = mode == LM_GEMV_ADD ? LM_SG_ADD : mode == LM_GEMV_GLU_SILU ? LM_SG_GLU : LM_SG_PLAIN;
     LM_ASSERT(mode == LM_GEMV_STORE || T <= 4);
     const bool glu = kind == LM_SG_GLU;
+    /* two blocks an SM (H200, 8B Q4_K_M shapes, T = 1: three were 25-45 %
+     * slower on the 14,336-wide and 4,096-row ones, 5 % faster on 4,096 x
+     * 4,096; one was slower on all but one), each with whole stages of
+     * rows; the stages a block needs, no more, so that small matrices get
+     * small blocks; and no more stages than leave room for the SM's other
+     * block (three 32 KiB stages of 14,336-wide Q4_K rows left one: the
+     * down projection in two waves) */
+    int per_sm = 2;
+    if (c->qstaged_blocks > 0) per_sm = c->qstaged_blocks;
+    const size_t budget = c->qstaged_fill ? (size_t)LM_SG_SMEM : (size_t)(LM_SG_SM_SMEM / per_sm - 1024);
     lm_sg_plan p;
     const int stage = c->qstaged_stage_kb > 0 ? c->qstaged_stage_kb * 1024 : LM_SG_STAGE;
     const int inflight = c->qstaged_inflight_kb > 0 ? c->qstaged_inflight_kb * 1024 : LM_SG_INFLIGHT;
-    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, &p)) /* x too wide for this stage */
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p));
+    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, budget, &p)) /* x too wide for this stage */
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, budget, &p));
     lm_sgemv_args s;
     memset(&s, 0, sizeof s); /* every byte set: a graph pass hashes them */
     int64_t total = 0;
@@ -434,20 +446,13 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     for (int m = 0; m < (glu ? 1 : LM_GEMV_MAXM); m++)
         if (a->O[m] > 0) total += a->O[m], n = m + 1;
     LM_ASSERT(n >= 1 && total > 0);
-    /* two blocks an SM (H200, 8B Q4_K_M shapes, T = 1: three were 25-45 %
-     * slower on the 14,336-wide and 4,096-row ones, 5 % faster on 4,096 x
-     * 4,096; one was slower on all but one), each with whole stages of
-     * rows; the stages a block needs, no more, so that small matrices get
-     * small blocks */
-    int per_sm = 2;
-    if (c->qstaged_blocks > 0) per_sm = c->qstaged_blocks;
     const int64_t target = (int64_t)LM_MAX(c->n_sms, 1) * per_sm;
     const int64_t rpb = LM_MAX((int64_t)1, (total + target - 1) / target); /* a block's last stage may be partial */
     const int64_t stages = (rpb + p.rs - 1) / p.rs;
     if (stages < p.nst) { /* fewer, evener stages: less shared memory, more blocks an SM */
         const int rs = (int)((rpb + stages - 1) / stages);
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, &p) ||
-                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, &p));
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, budget, &p) ||
+                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, budget, &p));
         p.rs = rs; /* no more rows a stage than planned: the stage buffers still fit */
     }
     s.first_block[0] = 0;
