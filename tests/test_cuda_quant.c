@@ -285,6 +285,45 @@ LM_TEST(cuda_qmatmul_model_rows) {
     lm_backend_destroy(g);
 }
 
+/* The staged kernel's wide rows (14,336 and 32,768 values: a warp sums 224
+ * or 512 units of a row; stages of one or two rows) against the reference
+ * at 1, 3 and 8 tokens, and a token's outputs the same bits whatever the
+ * batch: token 1 of 3 equals that token alone. */
+LM_TEST(cuda_qstaged_wide_rows) {
+    CQ_SETUP(g);
+    uint64_t seed = 4711;
+    static const lm_dtype types[] = { LM_Q4_K, LM_Q6_K };
+    static const int64_t Is[] = { 14336, 32768 };
+    for (size_t ti = 0; ti < LM_COUNT(types); ti++)
+        for (size_t ii = 0; ii < LM_COUNT(Is); ii++) {
+            const lm_dtype t = types[ti];
+            const int64_t I = Is[ii], O = 300;
+            for (int64_t T = 1; T <= 8; T += T == 1 ? 2 : 5) {
+                const int bad = cq_matmul_case(g, t, T, O, I, 0, T == 3, false, seed++);
+                LM_CHECK_MSG(bad == 0, "%d bad outputs: %s T=%lld [%lld][%lld]", bad, lm_dtype_name(t), (long long)T,
+                             (long long)O, (long long)I);
+            }
+            uint64_t s = seed++;
+            uint8_t *wh = cq_weight(t, O, I, &s);
+            float *xh = malloc((size_t)(3 * I) * sizeof *xh);
+            for (int64_t i = 0; i < 3 * I; i++) xh[i] = 2.0f * cq_unit(&s);
+            lm_err e = { { 0 } };
+            lm_tensor w = { .type = t, .rows = O, .cols = I };
+            CQ_REQUIRE(g->ops->upload_weight(g, &w, wh, &e) == 0, "%s", e.msg);
+            lm_tensor x3 = cq_put(g, xh, 3, I), x1 = cq_put(g, xh + I, 1, I);
+            lm_tensor y3 = cq_put(g, NULL, 3, O), y1 = cq_put(g, NULL, 1, O);
+            g->ops->matmul(g, &y3, &x3, &w, NULL);
+            g->ops->matmul(g, &y1, &x1, &w, NULL);
+            float *a = cq_get(g, &y3), *b = cq_get(g, &y1);
+            LM_CHECK_MSG(memcmp(a + O, b, (size_t)O * sizeof(float)) == 0, "%s I=%lld: token 1 of 3 differs from it alone",
+                         lm_dtype_name(t), (long long)I);
+            free(a), free(b), free(wh), free(xh);
+            lm_tensor_release(g, &x3), lm_tensor_release(g, &x1), lm_tensor_release(g, &y3), lm_tensor_release(g, &y1);
+            g->ops->free(g, w.data);
+        }
+    lm_backend_destroy(g);
+}
+
 /* Another type of cq_types with t's block size (the mixes of K_M files:
  * Q6_K v beside Q4_K q and k), or t when there is none. */
 static lm_dtype cq_other_type(lm_dtype t) {
@@ -357,12 +396,15 @@ LM_TEST(cuda_qfused_equal_composed) {
     CQ_SETUP(g);
     LM_REQUIRE(g->ops->matmul_glu != NULL && g->ops->matmul_add != NULL);
     uint64_t s = 71;
-    for (size_t tk = 0; tk < 2 * LM_COUNT(cq_types); tk++) {
+    for (size_t tk = 0; tk < 3 * LM_COUNT(cq_types); tk++) {
         /* rows of 2 blocks, then 8 for the 256-value types (staged Q6_K; a
-         * norm row wider than a warp's) */
+         * norm row wider than a warp's), then 56 (14,336 values: the staged
+         * kernel's rows of two warps) for Q4_K and Q6_K */
         const lm_dtype t = cq_types[tk % LM_COUNT(cq_types)];
-        if (tk >= LM_COUNT(cq_types) && lm_dtype_block(t) < 256) continue;
-        const int64_t I = (tk < LM_COUNT(cq_types) ? 2 : 8) * lm_dtype_block(t), F = 67, O = I;
+        const size_t pass = tk / LM_COUNT(cq_types);
+        if (pass >= 1 && lm_dtype_block(t) < 256) continue;
+        if (pass == 2 && t != LM_Q4_K && t != LM_Q6_K) continue;
+        const int64_t I = (pass == 0 ? 2 : pass == 1 ? 8 : 56) * lm_dtype_block(t), F = 67, O = I;
         uint8_t *hg = cq_weight(t, F, I, &s), *hu = cq_weight(t, F, I, &s), *hd = cq_weight(t, O, I, &s);
         lm_tensor wg = { .type = t, .rows = F, .cols = I }, wu = wg, wd = { .type = t, .rows = O, .cols = I };
         lm_err e = { { 0 } };
