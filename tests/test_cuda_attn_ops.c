@@ -436,6 +436,18 @@ static void ca_read_pools(const ca_be *be, const ca_pool *p, lm_kv_types t, floa
     *V = ca_read(g, p->kc[1]->pool.v[CA_LAYER], ca_pool_bytes(p, t.v) / sizeof(float));
 }
 
+/* Whether the composed (c*) and fused (f*) GPU runs left the same q, k (nq,
+ * nk floats) and K, V pools, bit for bit; says so on the case's line. */
+static bool ca_fused_same(const float *cq, const float *fq, size_t nq, const float *ck, const float *fk, size_t nk,
+                          const float *cK, const float *fK, const float *cV, const float *fV, const ca_pool *p,
+                          lm_kv_types t, size_t ci) {
+    const bool same = !memcmp(cq, fq, nq * sizeof(float)) && !memcmp(ck, fk, nk * sizeof(float)) &&
+                      !memcmp(cK, fK, ca_pool_bytes(p, t.k)) && !memcmp(cV, fV, ca_pool_bytes(p, t.v));
+    printf("  config %zu, K %s V %s: fused %s the composed GPU ops", ci, lm_kv_type_name(t.k), lm_kv_type_name(t.v),
+           same ? "bitwise equal to" : "DIFFERS from");
+    return same;
+}
+
 /* The fused rope of q and k + KV write: on the GPU bit for bit against
  * rope, rope, kv_write on the GPU (q, k and both pools) in every KV format
  * of ca_rope_formats, and for f32 against the same on the CPU: full and
@@ -484,12 +496,7 @@ LM_TEST(cuda_rope_kv_write_fused) {
             ca_read_pools(&be, &rc.pool, ft, &fK, &fV);
             float *a1 = ca_read(g, cq.data, nq), *a2 = ca_read(g, q[1].data, nq);
             float *b1 = ca_read(g, ck.data, nk), *b2 = ca_read(g, k[1].data, nk);
-            const bool same = !memcmp(a1, a2, nq * sizeof(float)) && !memcmp(b1, b2, nk * sizeof(float)) &&
-                              !memcmp(cK, fK, ca_pool_bytes(&rc.pool, ft.k)) &&
-                              !memcmp(cV, fV, ca_pool_bytes(&rc.pool, ft.v));
-            printf("  config %zu, K %s V %s: fused %s the composed GPU ops", ci, lm_kv_type_name(ft.k),
-                   lm_kv_type_name(ft.v), same ? "bitwise equal to" : "DIFFERS from");
-            LM_CHECK(same);
+            LM_CHECK(ca_fused_same(a1, a2, nq, b1, b2, nk, cK, fK, cV, fV, &rc.pool, ft, ci));
             if (f32) {
                 void *pq[2] = { q[0].data, q[1].data }, *pk[2] = { k[0].data, k[1].data };
                 void *pK[2] = { rc.pool.kc[0]->pool.k[CA_LAYER], gp->k[CA_LAYER] };
@@ -557,12 +564,7 @@ LM_TEST(cuda_norm_rope_kv_write_fused) {
                                        &rc.rq, &rc.rk, gp, CA_LAYER, &rc.ab);
             float *fq2 = ca_read(g, qn[1].data, nq), *fk2 = ca_read(g, kn[1].data, nk), *fK, *fV;
             ca_read_pools(&be, &rc.pool, ft, &fK, &fV);
-            const bool same = !memcmp(cq, fq2, nq * sizeof(float)) && !memcmp(ck, fk2, nk * sizeof(float)) &&
-                              !memcmp(cK, fK, ca_pool_bytes(&rc.pool, ft.k)) &&
-                              !memcmp(cV, fV, ca_pool_bytes(&rc.pool, ft.v));
-            printf("  config %zu, K %s V %s: fused %s the composed GPU ops", ci, lm_kv_type_name(ft.k),
-                   lm_kv_type_name(ft.v), same ? "bitwise equal to" : "DIFFERS from");
-            LM_CHECK(same);
+            LM_CHECK(ca_fused_same(cq, fq2, nq, ck, fk2, nk, cK, fK, cV, fV, &rc.pool, ft, ci));
             if (f32) {
                 const size_t nf = (size_t)rc.pool.n_blocks * CA_BS * (size_t)rc.kvw;
                 void *pq[2] = { qn[0].data, qn[1].data }, *pk[2] = { kn[0].data, kn[1].data };

@@ -150,8 +150,15 @@ template <> struct lm_q<LM_Q4_0> {
  * min of -m: scale * q - (-m) is d * q + m exactly. */
 static __device__ __forceinline__ int lm_q32_at(int j, int q) { return q < 2 ? 8 * j + 4 * q : 16 + 8 * j + 4 * (q - 2); }
 
-/* Q4_1: {f16 d; f16 m; uint8 qs[16]}, x = d * q + m. */
-template <> struct lm_q<LM_Q4_1> {
+/* A half (f16, or bf16 when BF: its bits << 16, exact) at p. */
+template <bool BF> static __device__ __forceinline__ float lm_q_half_at(const unsigned char *p) {
+    const unsigned short h = __ldcs((const unsigned short *)p);
+    return BF ? __int_as_float((int)((unsigned)h << 16)) : lm_q_f16(h);
+}
+
+/* Q4_1: {f16 d; f16 m; uint8 qs[16]}, x = d * q + m; with BF, the same
+ * with bf16 d and m (MLX's A4_BF16; A4_F16 is Q4_1 itself). */
+template <bool BF> struct lm_q_min4 {
     static constexpr int BV = 32, BB = 20, LPB = 2, Q = 4, QG = 4, OFF = 0;
     static constexpr bool MIN = true, FULL = false;
     struct raw {
@@ -161,7 +168,7 @@ template <> struct lm_q<LM_Q4_1> {
     static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
         raw r;
         lm_q_words<2>(blk + 4 + 8 * j, r.q);
-        r.d = lm_q_f16_at(blk), r.nm = -lm_q_f16_at(blk + 2);
+        r.d = lm_q_half_at<BF>(blk), r.nm = -lm_q_half_at<BF>(blk + 2);
         return r;
     }
     static __device__ __forceinline__ unsigned codes(const raw &r, int q) {
@@ -171,6 +178,7 @@ template <> struct lm_q<LM_Q4_1> {
     static __device__ __forceinline__ float minv(const raw &r, int) { return r.nm; }
     static __device__ __forceinline__ int at(int j, int q) { return lm_q32_at(j, q); }
 };
+template <> struct lm_q<LM_Q4_1> : lm_q_min4<false> {};
 
 /* Q5_0: {f16 d; uint32 qh; uint8 qs[16]}: Q4_0's nibbles plus bit l of qh
  * as value l's fifth bit; x = d * (q - 16). */
@@ -490,22 +498,9 @@ template <> struct lm_q<LM_FP8_B128> {
 /* MLX affine blocks (lm_dtype.h): {scale s; bias b; codes}, x = s * q + b:
  * a min of -b, as Q4_1's "+ m". A4 is Q4_1's layout (its nibbles and a
  * 4-byte header); A8 holds 32 unsigned bytes, 2 slices of 16 as Q8_0's.
- * The _F16 types have f16 s and b, the _BF16 ones bf16 (its bits << 16:
- * exact). */
-template <bool BF> static __device__ __forceinline__ float lm_q_aff_half(const unsigned char *p) {
-    const unsigned short h = __ldcs((const unsigned short *)p);
-    return BF ? __int_as_float((int)((unsigned)h << 16)) : lm_q_f16(h);
-}
-template <bool BF> struct lm_q_a4 : lm_q<LM_Q4_1> {
-    static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
-        raw r;
-        lm_q_words<2>(blk + 4 + 8 * j, r.q);
-        r.d = lm_q_aff_half<BF>(blk), r.nm = -lm_q_aff_half<BF>(blk + 2);
-        return r;
-    }
-};
-template <> struct lm_q<LM_A4_F16> : lm_q_a4<false> {};
-template <> struct lm_q<LM_A4_BF16> : lm_q_a4<true> {};
+ * The _F16 types have f16 s and b, the _BF16 ones bf16. */
+template <> struct lm_q<LM_A4_F16> : lm_q_min4<false> {};
+template <> struct lm_q<LM_A4_BF16> : lm_q_min4<true> {};
 template <bool BF> struct lm_q_a8 {
     static constexpr int BV = 32, BB = 36, LPB = 2, Q = 4, QG = 4, OFF = 0;
     static constexpr bool MIN = true, FULL = false;
@@ -516,7 +511,7 @@ template <bool BF> struct lm_q_a8 {
     static __device__ __forceinline__ raw slice(const unsigned char *blk, int j) {
         raw r;
         lm_q_words<4>(blk + 4 + 16 * j, r.q);
-        r.d = lm_q_aff_half<BF>(blk), r.nm = -lm_q_aff_half<BF>(blk + 2);
+        r.d = lm_q_half_at<BF>(blk), r.nm = -lm_q_half_at<BF>(blk + 2);
         return r;
     }
     static __device__ __forceinline__ unsigned codes(const raw &r, int q) { return r.q[q]; }
