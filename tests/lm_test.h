@@ -89,6 +89,11 @@ char *lm_test_fixture_path(const char *rel);
 bool lm_test_have_fixture(const char *rel);
 /* Why lm_test_fixture_path returned NULL, for skip messages. */
 const char *lm_test_fixtures_why(void);
+/* Whether the checkout's own rel (tests/data/..., models/demo) may be used:
+ * true when it is there, and when it is not but LUMEN_FIXTURES_PARTIAL is
+ * unset (the test then fails on it, as it should in CI). False: a device
+ * call left it out of its upload, and the test skips, saying so. */
+bool lm_test_source_carried(const char *rel);
 /* The lumen binary, for tests that run the CLI (LUMEN_BIN, set by the build). */
 const char *lm_test_lumen_bin(void);
 /* A fresh temporary directory for this test (removed by the runner at exit). */

@@ -68,6 +68,13 @@ const char *lm_test_fixtures_why(void) {
     return fixtures_partial() ? "fixture not in this partial set (LUMEN_FIXTURES_PARTIAL)" : "fixture not found";
 }
 
+bool lm_test_source_carried(const char *rel) {
+    if (!fixtures_partial()) return true;
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", LUMEN_SOURCE_DIR, rel);
+    return access(p, R_OK) == 0;
+}
+
 const char *lm_test_lumen_bin(void) {
     const char *env = getenv("LUMEN_BIN");
     return env ? env : LUMEN_BIN_PATH;

@@ -6,8 +6,9 @@
 # gets the checkout (sources, models/demo, tests/data) but not ../shared, and
 # everything that travels must stay under 64 MiB. Since issue #26's GGUF
 # fixtures the tracked tree alone is ~67 MB: for a call, move models/demo
-# (28.7 MB) out of the checkout and back afterwards (tests that load the demo
-# then fail on the GPU machine, saying the file is missing).
+# (28.7 MB) out of the checkout and back afterwards (the GPU tests that load
+# it, or a tests/data folder left out, then skip, saying so: lib.sh sets
+# LUMEN_FIXTURES_PARTIAL).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # Hopper machine code only: a fraction of the default fat binary (sm_90 +
