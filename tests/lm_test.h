@@ -94,6 +94,12 @@ const char *lm_test_fixtures_why(void);
  * unset (the test then fails on it, as it should in CI). False: a device
  * call left it out of its upload, and the test skips, saying so. */
 bool lm_test_source_carried(const char *rel);
+/* Skips the test when rel of the checkout was not carried (lm_test_source_carried). */
+#define LM_SKIP_UNLESS_CARRIED(rel)                                                      \
+    do {                                                                                 \
+        if (!lm_test_source_carried(rel))                                                \
+            LM_SKIP("%s is not carried to this machine (LUMEN_FIXTURES_PARTIAL)", rel); \
+    } while (0)
 /* The lumen binary, for tests that run the CLI (LUMEN_BIN, set by the build). */
 const char *lm_test_lumen_bin(void);
 /* A fresh temporary directory for this test (removed by the runner at exit). */

@@ -145,7 +145,7 @@ static void graphs_equal_eager(lm_test_ctx *lm_t_, const char *dir) {
 }
 
 static void local(lm_test_ctx *lm_t_, const char *rel) {
-    if (!lm_test_source_carried(rel)) LM_SKIP("%s is not carried to this machine (LUMEN_FIXTURES_PARTIAL)", rel);
+    LM_SKIP_UNLESS_CARRIED(rel);
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", LUMEN_SOURCE_DIR, rel);
     graphs_equal_eager(lm_t_, dir);

@@ -116,15 +116,8 @@ static void fixture(lm_test_ctx *lm_t_, const char *name) {
     free(dir);
 }
 
-/* A folder of this checkout that a device call may leave out (lm_test_source_carried). */
-#define CM_CARRIED(rel)                                                                  \
-    do {                                                                                 \
-        if (!lm_test_source_carried(rel))                                                \
-            LM_SKIP("%s is not carried to this machine (LUMEN_FIXTURES_PARTIAL)", rel); \
-    } while (0)
-
 static void local(lm_test_ctx *lm_t_, const char *rel) {
-    CM_CARRIED(rel);
+    LM_SKIP_UNLESS_CARRIED(rel);
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", LUMEN_SOURCE_DIR, rel);
     gpu_equals_cpu(lm_t_, dir);
@@ -134,7 +127,7 @@ static void local(lm_test_ctx *lm_t_, const char *rel) {
  * the random Qwen3.5 hybrid fixture; the bounds are what the H200 showed
  * (0.116 and 0.039) with a 4x margin */
 static void local_bf16(lm_test_ctx *lm_t_, const char *rel, double tol) {
-    CM_CARRIED(rel);
+    LM_SKIP_UNLESS_CARRIED(rel);
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", LUMEN_SOURCE_DIR, rel);
     gpu_vs_cpu(lm_t_, dir, true, tol, 0.25);
@@ -188,7 +181,7 @@ LM_TEST(cuda_backend_create_reports) {
 LM_TEST(cuda_engine_kv_that_does_not_fit_is_an_error) {
     char why[256];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
-    CM_CARRIED("models/demo");
+    LM_SKIP_UNLESS_CARRIED("models/demo");
     lm_err e = { { 0 } };
     lm_backend *be = lm_cuda_backend_create(0, &e);
     LM_REQUIRE(be != NULL);
@@ -217,7 +210,7 @@ LM_TEST(cuda_engine_kv_that_does_not_fit_is_an_error) {
 LM_TEST(cuda_memory_limit_load_and_engine) {
     char why[256];
     if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
-    CM_CARRIED("models/demo");
+    LM_SKIP_UNLESS_CARRIED("models/demo");
     lm_err e = { { 0 } };
     lm_backend *be = lm_cuda_backend_create(0, &e);
     LM_REQUIRE(be != NULL);

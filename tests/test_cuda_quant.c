@@ -398,8 +398,8 @@ LM_TEST(cuda_qfused_equal_composed) {
     uint64_t s = 71;
     for (size_t tk = 0; tk < 3 * LM_COUNT(cq_types); tk++) {
         /* rows of 2 blocks, then 8 for the 256-value types (staged Q6_K; a
-         * norm row wider than a warp's), then 56 (14,336 values: the staged
-         * kernel's rows of two warps) for Q4_K and Q6_K */
+         * norm row wider than a warp's), then 56 (14,336 values: the down
+         * projection's width, stages of one or two rows) for Q4_K and Q6_K */
         const lm_dtype t = cq_types[tk % LM_COUNT(cq_types)];
         const size_t pass = tk / LM_COUNT(cq_types);
         if (pass >= 1 && lm_dtype_block(t) < 256) continue;

@@ -153,18 +153,18 @@ template <int N> struct att_kv_raw<ATT_KV_ANY, N> {
     }
 };
 
-/* f32 to bf16 bits, rounded to nearest even with NaNs kept quiet, as
- * lm_f32_to_bf16 on the CPU. */
-__device__ __forceinline__ unsigned short att_bf16_bits(float x) {
-    const unsigned u = __float_as_uint(x);
-    return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* Column c of a cache row in f32 or bf16 (the formats written value by
- * value; the quantised ones need a whole scale group: lm_cuda_kv_write_fmt). */
+ * value; the quantised ones need a whole scale group: lm_cuda_kv_write_fmt).
+ * bf16: rounded to nearest even with NaNs kept quiet, as lm_f32_to_bf16 on
+ * the CPU. */
 __device__ __forceinline__ void att_kv_put(unsigned char *row, bool bf16, int64_t c, float x) {
-    if (bf16) ((unsigned short *)row)[c] = att_bf16_bits(x);
-    else ((float *)row)[c] = x;
+    if (!bf16) {
+        ((float *)row)[c] = x;
+        return;
+    }
+    const unsigned u = __float_as_uint(x);
+    ((unsigned short *)row)[c] =
+        (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 /* cuda_kv_format.cu: kv_write into rows of non-f32 formats (d staged for

@@ -60,12 +60,8 @@ __global__ void kvf_write_kernel(kvf_args a) {
     float x = c < a.cols ? a.x[z][(int64_t)tok * a.x_ld + c] : 0.0f;
     if (t == LM_KV_Q4R) x = kvf_rotate(x, s, i, a.rot, false); /* whole pieces: cols % rot == 0 */
     if (c >= a.cols) return; /* no block barrier below; warps stay whole (cols % 32 == 0 when quantised) */
-    if (t == LM_KV_F32) {
-        ((float *)r)[c] = x;
-        return;
-    }
-    if (t == LM_KV_BF16) {
-        ((unsigned short *)r)[c] = att_bf16_bits(x);
+    if (t == LM_KV_F32 || t == LM_KV_BF16) {
+        att_kv_put(r, t == LM_KV_BF16, c, x);
         return;
     }
     /* quantised: cols is a multiple of 32, so the warp is one whole group */

@@ -435,10 +435,12 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     if (c->qstaged_blocks > 0) per_sm = c->qstaged_blocks;
     const size_t budget = c->qstaged_fill ? (size_t)LM_SG_SMEM : (size_t)(LM_SG_SM_SMEM / per_sm - 1024);
     lm_sg_plan p;
-    const int stage = c->qstaged_stage_kb > 0 ? c->qstaged_stage_kb * 1024 : LM_SG_STAGE;
-    const int inflight = c->qstaged_inflight_kb > 0 ? c->qstaged_inflight_kb * 1024 : LM_SG_INFLIGHT;
-    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, budget, &p)) /* x too wide for this stage */
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, budget, &p));
+    int stage = c->qstaged_stage_kb > 0 ? c->qstaged_stage_kb * 1024 : LM_SG_STAGE;
+    int inflight = c->qstaged_inflight_kb > 0 ? c->qstaged_inflight_kb * 1024 : LM_SG_INFLIGHT;
+    if (!lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, budget, &p)) { /* x too wide for this stage */
+        stage = LM_SG_STAGE_MIN, inflight = LM_SG_INFLIGHT;
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, LM_SG_MAXST, stage, inflight, budget, &p));
+    }
     lm_sgemv_args s;
     memset(&s, 0, sizeof s); /* every byte set: a graph pass hashes them */
     int64_t total = 0;
@@ -451,8 +453,7 @@ void lm_sgemv_run(lm_cuda *c, int n_tok, const lm_gemv_args *a, lm_dtype wt, int
     const int64_t stages = (rpb + p.rs - 1) / p.rs;
     if (stages < p.nst) { /* fewer, evener stages: less shared memory, more blocks an SM */
         const int rs = (int)((rpb + stages - 1) / stages);
-        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, budget, &p) ||
-                  lm_sg_make_plan(wt, a->I, T, glu, (int)stages, LM_SG_STAGE_MIN, LM_SG_INFLIGHT, budget, &p));
+        LM_ASSERT(lm_sg_make_plan(wt, a->I, T, glu, (int)stages, stage, inflight, budget, &p));
         p.rs = rs; /* no more rows a stage than planned: the stage buffers still fit */
     }
     s.first_block[0] = 0;

@@ -52,16 +52,16 @@ typedef struct att_rkv_args {
     att_dev d;
 } att_rkv_args;
 
-/* Items of one token (att_rkv_args). */
+/* Items of one KV head of k, and of one token (att_rkv_args). */
+static __host__ __device__ int64_t att_rkv_k_per(const att_rkv_args &a) { return a.half + (a.o.write ? a.Dh - a.rot : 0); }
 static __host__ __device__ int64_t att_rkv_per(const att_rkv_args &a) {
-    const int64_t k_per = a.half + (a.o.write ? a.Dh - a.rot : 0);
-    return (int64_t)a.Hq * a.half + (int64_t)a.Hkv * k_per + (a.o.write ? (int64_t)a.Hkv * a.Dh : 0);
+    return (int64_t)a.Hq * a.half + (int64_t)a.Hkv * att_rkv_k_per(a) + (a.o.write ? (int64_t)a.Hkv * a.Dh : 0);
 }
 
 __global__ void att_rope_kv_kernel(att_rkv_args a, int64_t T) {
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
-    const int64_t n_q = (int64_t)a.Hq * a.half, k_per = a.half + (a.o.write ? a.Dh - a.rot : 0);
+    const int64_t n_q = (int64_t)a.Hq * a.half, k_per = att_rkv_k_per(a);
     const int64_t n_k = (int64_t)a.Hkv * k_per, per = att_rkv_per(a);
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < T * per;
          idx += (int64_t)gridDim.x * blockDim.x) {
