@@ -100,3 +100,42 @@ LM_TEST(cuda_kv_formats_attention_bf16_act) {
     lm_backend_destroy(cpu);
 }
 LM_TEST(cuda_kv_formats_attention_mixed_k_v) { kvc_run(lm_t_, true); }
+
+/* The exact tiled kernel over a bf16 cache (cuda_attention_bf16.cu: q and
+ * the softmax weights in three bf16 terms, heads up to 128 wide) against
+ * the TF32 kernel it replaced there (LUMEN_CUDA_ATT_BF16=0, read at backend
+ * creation), both against the CPU on the mixed batches. The H200 showed
+ * 6.4e-7 / 2.7e-7 (Dh 64 / 128; the TF32 kernel 7.8e-7 / 2.7e-7): bound
+ * 2e-6, a 3x margin. */
+LM_TEST(cuda_kv_formats_attention_exact_bf16_kernel) {
+    char why[256];
+    if (!lm_cuda_available(why, sizeof why)) LM_SKIP("no GPU: %s", why);
+    lm_err e = { { 0 } };
+    lm_backend *cpu = lm_cpu_backend_create(4, LM_ISA_AUTO, &e), *gpu = lm_cuda_backend_create(0, &e);
+    setenv("LUMEN_CUDA_ATT_BF16", "0", 1);
+    lm_backend *tf32 = lm_cuda_backend_create(0, &e);
+    unsetenv("LUMEN_CUDA_ATT_BF16");
+    LM_REQUIRE(cpu && gpu && tf32);
+    const lm_kv_types kvt = { LM_KV_BF16, LM_KV_BF16 };
+    int ran = 0;
+    for (size_t c = 0; c < sizeof kvc_cfgs / sizeof kvc_cfgs[0]; c++) {
+        const kvf_cfg *cf = &kvc_cfgs[c];
+        if (cf->decode || cf->Dh > 128) continue; /* the decode kernel, or the TF32 kernel's width */
+        kvf_result rc, rg, rt;
+        const int rot = lm_kv_rot_for(cf->Dh);
+        LM_REQUIRE(kvf_case(cpu, kvt, rot, cf, 131 + c, &rc) == 0);
+        LM_REQUIRE(kvf_case(gpu, kvt, rot, cf, 131 + c, &rg) == 0);
+        LM_REQUIRE(kvf_case(tf32, kvt, rot, cf, 131 + c, &rt) == 0);
+        const double eg = kvc_rel_diff(&rc, &rg), et = kvc_rel_diff(&rc, &rt);
+        printf("  cfg %zu (Dh %d): bf16-term kernel vs CPU %.3g, TF32 kernel %.3g\n", c, cf->Dh, eg, et);
+        LM_CHECK_MSG(eg <= 2e-6, "cfg %zu (Dh %d): vs CPU %.3g (TF32 kernel %.3g)", c, cf->Dh, eg, et);
+        ran++;
+        free(rc.out);
+        free(rg.out);
+        free(rt.out);
+    }
+    LM_CHECK(ran >= 2);
+    lm_backend_destroy(tf32);
+    lm_backend_destroy(gpu);
+    lm_backend_destroy(cpu);
+}

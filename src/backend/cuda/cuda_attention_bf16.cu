@@ -1,9 +1,15 @@
 /* cuda_attention_bf16.cu - the tiled attention (prefill, chunks, mixed
- * batches) of cuda_attention.cu with bf16 activations
- * (lm_cuda_backend_bf16_act) over a bf16 KV cache: the queries and the
- * softmax weights are rounded to bf16 and both products run on bf16 tensor
- * cores (mma m16n8k16, f32 accumulation), one mma where the exact kernel
- * (cuda_attention_tc.cu) takes two to three TF32 ones of half the depth.
+ * batches) of cuda_attention.cu over a bf16 KV cache on bf16 tensor cores
+ * (mma m16n8k16, f32 accumulation). K and V are bf16 as stored, so only the
+ * queries and the softmax weights need care:
+ *  - bf16 activations (lm_cuda_backend_bf16_act): both rounded to bf16, one
+ *    mma a product;
+ *  - exact (the default): both split into three bf16 terms, x = hi + mid +
+ *    lo to ~2^-24 of x (finer than f32 rounding), three mma a product whose
+ *    sum is that of f32 operands to f32 accumulation; the softmax in natural
+ *    units with expf, as the CPU. Results as the TF32 kernel
+ *    (cuda_attention_tc.cu), which takes two TF32 mma of half the depth at
+ *    half the rate a product and stays for f32 caches and wider heads.
  *
  * Same work items, masking, online softmax and split partials as the
  * other tiled kernels: a block per (tile of 64 query rows, kv head and head
@@ -71,12 +77,32 @@ __device__ __forceinline__ float att_bf_exp2(float x) {
     return y;
 }
 
-/* DP: head width padded to 64 or 128 (zeros past Dh). grid (tiles, Hkv * n_sub, n_splits). */
-template <int DP>
+/* x as term `term` of its three-term bf16 split (hi, mid, lo), or (term
+ * -1) rounded to bf16 */
+__device__ __forceinline__ float att_bf_term(float x, int term) {
+    if (term < 0) return x;
+    float r = x;
+    for (int i = 0; i < term; i++) r -= __bfloat162float(__float2bfloat16_rn(r)); /* exact in f32 */
+    return r;
+}
+
+/* The three terms of two values as bf16x2 operands (lo in the low halves). */
+__device__ __forceinline__ void att_bf_pack3(uint32_t (&h)[3], float lo, float hi) {
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        h[i] = att_bf_pack(lo, hi);
+        lo -= __bfloat162float(__float2bfloat16_rn(lo));
+        hi -= __bfloat162float(__float2bfloat16_rn(hi));
+    }
+}
+
+/* DP: head width padded to 64 or 128 (zeros past Dh); EXACT: three-term
+ * operands. grid (tiles, Hkv * n_sub, n_splits). */
+template <int DP, bool EXACT>
 __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
     constexpr int SP = DP + 8, BK = ATT_BF_BK, NT = BK / 8, ND = DP / 8, KS = DP / 16, ROWS = ATT_BF_ROWS;
     extern __shared__ uint4 att_bf_smem4[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)att_bf_smem4; /* [ROWS][SP] */
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)att_bf_smem4; /* [ROWS][SP]: q (EXACT: its terms, one after another) */
     __nv_bfloat16 *sK = sQ + ROWS * SP;                /* [2][BK][SP] */
     __nv_bfloat16 *sV = sK + 2 * BK * SP;              /* [2][BK][SP] */
     __shared__ int r_tok[ROWS], r_head[ROWS], r_pos[ROWS], r_lo[ROWS];
@@ -125,20 +151,43 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
     for (int r = tid; r < ROWS; r += ATT_BF_THREADS)
         att_tile_row(a, tile, hg, sub, r, &r_tok[r], &r_head[r], &r_pos[r], &r_lo[r]);
     __syncthreads();
-    /* Q rounded to bf16, zeros past the rows and the head width */
-    for (int i = tid; i < ROWS * (DP / 8); i += ATT_BF_THREADS) {
-        const int r = i / (DP / 8), qc = 8 * (i % (DP / 8));
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r_tok[r] >= 0 && qc < a.Dh) {
-            const float *src = a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + qc;
-            const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
-            v = make_uint4(att_bf_pack(x0.x, x0.y), att_bf_pack(x0.z, x0.w), att_bf_pack(x1.x, x1.y),
-                           att_bf_pack(x1.z, x1.w));
+    /* Q's term `term` (att_bf_term) into sQ, zeros past the rows and the head width */
+    auto put_q = [&](int term) {
+        for (int i = tid; i < ROWS * (DP / 8); i += ATT_BF_THREADS) {
+            const int r = i / (DP / 8), qc = 8 * (i % (DP / 8));
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (r_tok[r] >= 0 && qc < a.Dh) {
+                const float *src = a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + qc;
+                const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
+                v = make_uint4(att_bf_pack(att_bf_term(x0.x, term), att_bf_term(x0.y, term)),
+                               att_bf_pack(att_bf_term(x0.z, term), att_bf_term(x0.w, term)),
+                               att_bf_pack(att_bf_term(x1.x, term), att_bf_term(x1.y, term)),
+                               att_bf_pack(att_bf_term(x1.z, term), att_bf_term(x1.w, term)));
+            }
+            *(uint4 *)(sQ + r * SP + qc) = v;
         }
-        *(uint4 *)(sQ + r * SP + qc) = v;
-    }
+    };
+    /* A fragments of the warp's 16 rows of sQ at k-step ks */
+    auto q_frag = [&](uint32_t(&f)[4], int ks) {
+        att_bf_ldsm4(f, sQ + (warp * 16 + (lane & 15)) * SP + ks * 16 + (lane >> 4) * 8);
+    };
+    /* hi (and mid) pass through sQ into registers; lo stays there */
+    uint32_t qf[KS][4], qm[EXACT ? KS : 1][4];
+    put_q(EXACT ? 0 : -1);
     __syncthreads(); /* Q, the rows and s_row written */
     if (k_lo <= k_hi) load_kv(0);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) q_frag(qf[ks], ks);
+    if constexpr (EXACT) {
+        __syncthreads();
+        put_q(1);
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) q_frag(qm[ks], ks);
+        __syncthreads();
+        put_q(2);
+        /* the loop's first barrier orders these stores before its reads */
+    }
 
     const int rw = warp * 16 + g; /* this lane's rows: rw and rw + 8 */
     int pos[2], lo[2];
@@ -156,10 +205,9 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
         wpos = min(wpos, __shfl_xor_sync(ATT_FULL, wpos, off));
         wlo = max(wlo, __shfl_xor_sync(ATT_FULL, wlo, off));
     }
-    const float l2e = 1.4426950408889634f, sl2 = a.scale * l2e;
-    uint32_t qf[KS][4]; /* A fragments of the warp's 16 rows, k-step by k-step */
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) att_bf_ldsm4(qf[ks], sQ + (warp * 16 + (lane & 15)) * SP + ks * 16 + (lane >> 4) * 8);
+    /* scores in log2 units (2^x by the MUFU unit), exact: natural (expf) */
+    const float l2e = EXACT ? 1.0f : 1.4426950408889634f, sl2 = a.scale * l2e;
+    auto ex = [](float x) { return EXACT ? expf(x) : att_bf_exp2(x); };
 
     int st = 0;
     for (int j0 = k_lo; j0 <= k_hi; j0 += BK, st ^= 1) {
@@ -177,15 +225,24 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
 #pragma unroll
             for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++)
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t ql[4]; /* EXACT: the lo term, from sQ */
+                if constexpr (EXACT) q_frag(ql, ks);
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t kb[4];
                     att_bf_ldsm4(kb, cK + (np * 16 + (lane & 7) + (lane >> 4) * 8) * SP + ks * 16 + ((lane >> 3) & 1) * 8);
-                    att_bf_mma(s[2 * np], qf[ks], kb[0], kb[1]);
-                    att_bf_mma(s[2 * np + 1], qf[ks], kb[2], kb[3]);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) { /* smallest term first */
+                        if constexpr (EXACT) {
+                            att_bf_mma(s[2 * np + h], ql, kb[2 * h], kb[2 * h + 1]);
+                            att_bf_mma(s[2 * np + h], qm[ks], kb[2 * h], kb[2 * h + 1]);
+                        }
+                        att_bf_mma(s[2 * np + h], qf[ks], kb[2 * h], kb[2 * h + 1]);
+                    }
                 }
-            /* online softmax in log2 units; a row's 4 lanes (same g) hold its BK scores */
+            }
+            /* online softmax (units as l2e says); a row's 4 lanes (same g) hold its BK scores */
             const bool full = j0 + BK - 1 <= min(wpos, k_hi) && j0 >= wlo; /* warp-uniform */
             float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
@@ -208,7 +265,7 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const float mn = fmaxf(m[hf], att_max4(mx[hf]));
-                al[hf] = mn != -INFINITY ? att_bf_exp2(m[hf] - mn) : 1.0f; /* 0 when m was -inf */
+                al[hf] = mn != -INFINITY ? ex(m[hf] - mn) : 1.0f; /* 0 when m was -inf */
                 m[hf] = mn;
                 mb[hf] = mn != -INFINITY ? mn : 0.0f; /* a row with no key yet: every p is exp2(-inf) = 0 */
             }
@@ -216,7 +273,7 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float p = att_bf_exp2(s[n][e] - mb[e >> 1]);
+                    const float p = ex(s[n][e] - mb[e >> 1]);
                     s[n][e] = p;
                     ps[e >> 1] += p;
                 }
@@ -227,15 +284,31 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
             /* O += P V: k-step kp takes keys 16kp .. 16kp + 15, n-tiles 2kp and 2kp + 1 of S */
 #pragma unroll
             for (int kp = 0; kp < NT / 2; kp++) {
-                const uint32_t pa[4] = { att_bf_pack(s[2 * kp][0], s[2 * kp][1]), att_bf_pack(s[2 * kp][2], s[2 * kp][3]),
-                                         att_bf_pack(s[2 * kp + 1][0], s[2 * kp + 1][1]),
-                                         att_bf_pack(s[2 * kp + 1][2], s[2 * kp + 1][3]) };
+                constexpr int NP = EXACT ? 3 : 1; /* P's terms, pa[0] the largest */
+                uint32_t pa[NP][4];
+                if constexpr (EXACT) {
+                    uint32_t t3[4][3];
+                    att_bf_pack3(t3[0], s[2 * kp][0], s[2 * kp][1]);
+                    att_bf_pack3(t3[1], s[2 * kp][2], s[2 * kp][3]);
+                    att_bf_pack3(t3[2], s[2 * kp + 1][0], s[2 * kp + 1][1]);
+                    att_bf_pack3(t3[3], s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+                    for (int i = 0; i < NP; i++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) pa[i][j] = t3[j][i];
+                } else {
+                    pa[0][0] = att_bf_pack(s[2 * kp][0], s[2 * kp][1]), pa[0][1] = att_bf_pack(s[2 * kp][2], s[2 * kp][3]);
+                    pa[0][2] = att_bf_pack(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+                    pa[0][3] = att_bf_pack(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+                }
 #pragma unroll
                 for (int dp = 0; dp < ND / 2; dp++) {
                     uint32_t vb[4];
                     att_bf_ldsm4t(vb, cV + (kp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SP + dp * 16 + (lane >> 4) * 8);
-                    att_bf_mma(o[2 * dp], pa, vb[0], vb[1]);
-                    att_bf_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int i = NP - 1; i >= 0; i--) att_bf_mma(o[2 * dp + h], pa[i], vb[2 * h], vb[2 * h + 1]);
                 }
             }
         }
@@ -255,7 +328,7 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
             f = 1.0f / l[hf];
         } else {
             const int64_t idx = ((int64_t)tk * a.H + h) * a.n_splits + blockIdx.z;
-            if (t == 0) a.pm[idx] = m[hf] * 0.6931471805599453f, a.pl[idx] = l[hf]; /* natural units, as att_combine reads */
+            if (t == 0) a.pm[idx] = EXACT ? m[hf] : m[hf] * 0.6931471805599453f, a.pl[idx] = l[hf]; /* natural units, as att_combine reads */
             dst = a.pacc + idx * a.Dh;
         }
 #pragma unroll
@@ -267,19 +340,20 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
     }
 }
 
-template <int DP> static void att_bf_launch(lm_cuda *c, dim3 grid, const att_args *a) {
+template <int DP, bool EXACT> static void att_bf_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     const size_t smem = (size_t)(ATT_BF_ROWS + 4 * ATT_BF_BK) * (DP + 8) * sizeof(__nv_bfloat16);
     static bool opted; /* per instantiation */
     if (!opted)
-        LM_CUDA_CHECK(cudaFuncSetAttribute(att_bf_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        LM_CUDA_CHECK(
+            cudaFuncSetAttribute(att_bf_kernel<DP, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     opted = true;
-    lm_cuda_launch(c, att_bf_kernel<DP>, grid, ATT_BF_THREADS, smem, *a);
+    lm_cuda_launch(c, att_bf_kernel<DP, EXACT>, grid, ATT_BF_THREADS, smem, *a);
     LM_CUDA_LAUNCHED("att_bf_kernel");
 }
 
 int lm_att_bf16_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, int kt, int vt, const void *q,
                      const void *kl, const void *vl) {
-    if (!c->att_tc || c->gemm_mode != LM_CUDA_GEMM_BF16 || kt != LM_KV_BF16 || vt != LM_KV_BF16) return 0;
+    if (!c->att_tc || !c->att_bf16 || kt != LM_KV_BF16 || vt != LM_KV_BF16) return 0;
     /* 16-byte pieces: of q's rows (f32) and of the cache's rows and heads (bf16) */
     const bool aligned = Dh % 8 == 0 && q_ld % 4 == 0 && kv_ld % 8 == 0 &&
                          ((uintptr_t)q | (uintptr_t)kl | (uintptr_t)vl) % 16 == 0;
@@ -287,6 +361,7 @@ int lm_att_bf16_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, int 
 }
 
 void lm_att_bf16_launch(lm_cuda *c, dim3 grid, const att_args *a) {
-    if (a->Dh <= 64) att_bf_launch<64>(c, grid, a);
-    else att_bf_launch<128>(c, grid, a);
+    const bool exact = c->gemm_mode != LM_CUDA_GEMM_BF16;
+    if (a->Dh <= 64) exact ? att_bf_launch<64, true>(c, grid, a) : att_bf_launch<64, false>(c, grid, a);
+    else exact ? att_bf_launch<128, true>(c, grid, a) : att_bf_launch<128, false>(c, grid, a);
 }

@@ -756,6 +756,7 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             LM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
+            c->att_bf16 = lm_cuda_env_flag("LUMEN_CUDA_ATT_BF16", true);
             c->gemv_tc_ok = major >= 8;
             const char *tc = getenv("LUMEN_CUDA_GEMV_TC");
             c->gemv_tc = tc && *tc ? (strcmp(tc, "0") ? 1 : 0) : -1;
