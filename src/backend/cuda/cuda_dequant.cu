@@ -22,33 +22,64 @@
 #define LM_DEQUANT_THREADS 256
 #define LM_DEQUANT_WS_BYTES ((size_t)128 << 20) /* bf16 rows widened at once */
 
+/* bf16(lo), bf16(hi) as one word, lo in the low half */
+static __device__ __forceinline__ uint32_t lm_bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(h.x) | (uint32_t)__bfloat16_as_ushort(h.y) << 16;
+}
+
 /* out row i (I values, f32 or bf16) = row src_i of w, src_i = ids[i] when
- * ids, else row0 + i; a thread a slice (cuda_quant.h). */
+ * ids, else row0 + i; a thread a slice (cuda_quant.h). Indices in 32 bits
+ * where they fit (a 64-bit division is a slow call); quads that land side by
+ * side go out as one 16-byte store (bf16: 8 values). */
 template <lm_dtype QT, bool BF16>
 __global__ void lm_dequant_kernel(void *out, const unsigned char *w, int64_t I, const int32_t *ids, int64_t row0,
                                   int64_t n_rows) {
     using Q = lm_q<QT>;
     const int64_t per_row = I / Q::BV * Q::LPB, total = n_rows * per_row;
+    const bool narrow = total <= (int64_t)0xffffffffu;
     const size_t ldw = (size_t)(I / Q::BV) * Q::BB;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / per_row, k = i % per_row;
+        int64_t r, k;
+        if (narrow) {
+            const unsigned u = (unsigned)i, pr = (unsigned)per_row, ru = u / pr;
+            r = ru, k = u - ru * pr;
+        } else {
+            r = i / per_row, k = i % per_row;
+        }
         const int64_t src = ids ? (int64_t)ids[r] : row0 + r;
         const int64_t b = k / Q::LPB;
         const int j = (int)(k % Q::LPB);
         const typename Q::raw v = Q::slice(w + (size_t)src * ldw + (size_t)b * Q::BB, j);
+        const size_t base = (size_t)r * I + (size_t)b * Q::BV;
 #pragma unroll
-        for (int q = 0; q < Q::Q; q++) {
-            float f[4];
-            lm_q_quad<Q>(v, q, f);
-            const size_t at = (size_t)r * I + (size_t)(b * Q::BV + Q::at(j, q));
+        for (int q = 0; q < Q::Q; q += 2) {
+            float f[8];
+            lm_q_quad<Q>(v, q, *(float(*)[4])f);
+            const int at = Q::at(j, q);
+            const bool pair = q + 1 < Q::Q && Q::at(j, q + 1) == at + 4 && at % 8 == 0;
+            if (q + 1 < Q::Q) lm_q_quad<Q>(v, q + 1, *(float(*)[4])(f + 4));
             if constexpr (BF16) {
-                __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]), hi = __floats2bfloat162_rn(f[2], f[3]);
-                uint2 u;
-                memcpy(&u.x, &lo, 4);
-                memcpy(&u.y, &hi, 4);
-                *(uint2 *)((__nv_bfloat16 *)out + at) = u;
+                uint32_t u[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) u[e] = lm_bf16x2_bits(f[2 * e], f[2 * e + 1]);
+                __nv_bfloat16 *o = (__nv_bfloat16 *)out + base;
+                /* explicit vector stores: plain ones came out as 4-byte pieces */
+                if (pair) {
+                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(o + at), "r"(u[0]), "r"(u[1]),
+                                 "r"(u[2]), "r"(u[3])
+                                 : "memory");
+                } else {
+                    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(o + at), "r"(u[0]), "r"(u[1]) : "memory");
+                    if (q + 1 < Q::Q)
+                        asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(o + Q::at(j, q + 1)), "r"(u[2]),
+                                     "r"(u[3])
+                                     : "memory");
+                }
             } else {
-                *(float4 *)((float *)out + at) = make_float4(f[0], f[1], f[2], f[3]);
+                float *o = (float *)out + base;
+                *(float4 *)(o + at) = make_float4(f[0], f[1], f[2], f[3]);
+                if (q + 1 < Q::Q) *(float4 *)(o + Q::at(j, q + 1)) = make_float4(f[4], f[5], f[6], f[7]);
             }
         }
     }
