@@ -90,9 +90,10 @@ bool lm_test_have_fixture(const char *rel);
 /* Why lm_test_fixture_path returned NULL, for skip messages. */
 const char *lm_test_fixtures_why(void);
 /* Whether the checkout's own rel (tests/data/..., models/demo) may be used:
- * true when it is there, and when it is not but LUMEN_FIXTURES_PARTIAL is
- * unset (the test then fails on it, as it should in CI). False: a device
- * call left it out of its upload, and the test skips, saying so. */
+ * true when it is there (a folder: not empty), and when it is not but
+ * LUMEN_FIXTURES_PARTIAL is unset (the test then fails on it, as it should
+ * in CI). False: a device call left it out of its upload (a folder may
+ * arrive empty), and the test skips, saying so. */
 bool lm_test_source_carried(const char *rel);
 /* Skips the test when rel of the checkout was not carried (lm_test_source_carried). */
 #define LM_SKIP_UNLESS_CARRIED(rel)                                                      \
