@@ -227,11 +227,13 @@ __device__ __forceinline__ void att_tile_split(const att_args &a, int4 tile, int
 int lm_att_tc_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, const void *q, const void *kl,
                    const void *vl);
 void lm_att_tc_launch(lm_cuda *c, dim3 grid, const att_args *a);
-/* The same with bf16 activations over a bf16 cache (cuda_attention_bf16.cu):
- * q and the softmax weights rounded to bf16, one bf16 mma a product.
- * lm_att_bf16_rows: 64, or 0 where it does not apply (exact activations,
- * another format, a head wider than 128 or not a multiple of 8, rows
- * 16-byte loads cannot read); kv_ld: the cache row's width in values. */
+/* The same over a bf16 cache on bf16 tensor cores (cuda_attention_bf16.cu):
+ * q and the softmax weights in three bf16 terms (exact, to ~1e-6 as the
+ * TF32 kernel), or rounded to bf16 with bf16 activations (one mma a
+ * product). lm_att_bf16_rows: 64, or 0 where it does not apply (another
+ * format, a head wider than 128 or not a multiple of 8, rows 16-byte loads
+ * cannot read, LUMEN_CUDA_ATT_BF16=0); kv_ld: the cache row's width in
+ * values. */
 int lm_att_bf16_rows(const lm_cuda *c, int Dh, int64_t q_ld, int64_t kv_ld, int kt, int vt, const void *q,
                      const void *kl, const void *vl);
 void lm_att_bf16_launch(lm_cuda *c, dim3 grid, const att_args *a);

@@ -1,5 +1,6 @@
 /* cuda_attention_tc.cu - the tiled (prefill, chunk, mixed batch) attention
- * of cuda_attention.cu on tensor cores.
+ * of cuda_attention.cu on TF32 tensor cores: f32 caches and heads wider than
+ * 128 (a bf16 cache's narrower heads take cuda_attention_bf16.cu).
  *
  * Same work items, masking, online softmax and split partials as the
  * CUDA-core att_kernel: a block per (tile of 64 query rows, kv head and head
