@@ -3,7 +3,9 @@
 # Llama-3.1-8B Q4_K_M goes on one H200 (issue #26's 2x goal): prefill tok/s
 # in the default and bf16 modes, the same with kinds of kernels left out
 # (LUMEN_CUDA_SKIP, timing only), KNOBS="VAR=V,VAR2=V2 ..." alternated with
-# the default, and one chunk's kernels under ncu summed by name (NCU=1).
+# the default, and one chunk's kernels under ncu summed by name (NCU=1);
+# NCU_ATT=1: the tiled attention's first launch in each mode under ncu's
+# main sections (stalls, pipes, occupancy).
 # TESTS=1 first runs lumen_tests TEST_FILTER (cuda) and parity on the GPU.
 # Carry .device-carry from
 #   LUMEN_DEVICE_BINS="lumen lumen_tests" LUMEN_DEVICE_FIXTURES="gguf/llama-g256 llama qwen3" tools/device/pack.sh
@@ -35,5 +37,15 @@ if [[ ${NCU:-1} == 1 ]]; then
   timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     "$L" bench -m $q --device cuda --prompt-len $P --chunk 4096 --gen 1 --reps 1 --no-membw --no-look-ahead > "$OUT/ncu_prefill.csv" 2>/dev/null
   python3 tools/device/ncu_agg.py "$OUT/ncu_prefill.csv" 30
+fi
+if [[ ${NCU_ATT:-0} == 1 ]]; then # the tiled attention's first launch in each mode, ncu's main sections
+  for mode in exact bf16; do
+    log "ncu: tiled attention, $mode mode"
+    env $([[ $mode == bf16 ]] && echo LUMEN_CUDA_GEMM=bf16) timeout 200 ncu --clock-control none -k regex:att_bf_kernel -c 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section InstructionStats \
+      "$L" bench -m $q --device cuda --prompt-len $P --chunk 4096 --gen 1 --reps 1 --no-membw --no-look-ahead 2>&1 |
+      grep -vE "^==PROF==|^ *-{5,}|^\{" | grep -E "  [A-Z]" | head -80
+  done
 fi
 log done
