@@ -60,8 +60,9 @@ static int32_t lm_state_out(const lm_attn_batch *b, int t) { return b->state_out
 
 /* y = x * sigmoid(x) on n values, with the ISA's exp of non-positive
  * arguments (attn_exp, m = 0): e = exp(-|x|), sigmoid(x) = 1 / (1 + e) for
- * x >= 0 and e / (1 + e) below, so no exponent is positive. tmp holds n
- * floats; y may be x. */
+ * x >= 0 and e / (1 + e) below, so no exponent is positive (and e is 0
+ * below LM_ATT_EXP_CUT: silu(x) is 0 for x < -64). tmp holds n floats; y
+ * may be x. */
 static void lm_silu_vec(const lm_cpu_kern *k, float *y, const float *x, int n, float *tmp) {
     for (int i = 0; i < n; i++) tmp[i] = -fabsf(x[i]);
     k->attn_exp(tmp, n, 0.0f);

@@ -292,15 +292,20 @@ LM_AI __m256 lm_y_exp(__m256 x) {
 }
 
 static float lm_y_attn_exp(float *s, int n, float m) {
-    __m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    const __m256 vm = _mm256_set1_ps(m), cut = _mm256_set1_ps(LM_ATT_EXP_CUT);
+    __m256 sum = _mm256_setzero_ps();
     int j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 e = lm_y_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), vm);
+        const __m256 e = _mm256_and_ps(lm_y_exp(x), _mm256_cmp_ps(x, cut, _CMP_GE_OQ));
         _mm256_storeu_ps(s + j, e);
         sum = _mm256_add_ps(sum, e);
     }
     float t = lm_y_hsum(sum);
-    for (; j < n; j++) t += s[j] = expf(s[j] - m);
+    for (; j < n; j++) {
+        const float x = s[j] - m;
+        t += s[j] = x >= LM_ATT_EXP_CUT ? expf(x) : 0.0f;
+    }
     return t;
 }
 

@@ -337,11 +337,13 @@ LM_AI __m512 lm_z_exp(__m512 x) {
 }
 
 static float lm_z_attn_exp(float *s, int n, float m) {
-    __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    const __m512 vm = _mm512_set1_ps(m), cut = _mm512_set1_ps(LM_ATT_EXP_CUT);
+    __m512 sum = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
         __mmask16 k = lm_z_mask(n - j);
-        __m512 e = lm_z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
-        e = _mm512_maskz_mov_ps(k, e);
+        const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm);
+        __m512 e = lm_z_exp(x);
+        e = _mm512_maskz_mov_ps(k & _mm512_cmp_ps_mask(x, cut, _CMP_GE_OQ), e);
         _mm512_mask_storeu_ps(s + j, k, e);
         sum = _mm512_add_ps(sum, e);
     }
