@@ -172,6 +172,42 @@ LM_TEST(cpu_qgemm_matmul) {
     }
 }
 
+/* The same int8 GEMM on 1 and 16 threads gives the same bits: the units
+ * (tokens x outputs a unit, lm_mm_gemm) change with the thread count, and
+ * every output must still come out once, with each token's sums in k order.
+ * Shapes of a k/v projection (512 outputs: units cut to one 32-row panel
+ * before the tokens are) and of an odd one (400: a partial panel). */
+LM_TEST(cpu_qgemm_threads_same_bits) {
+    if (!lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm) LM_SKIP("no int8 GEMM on this CPU (no AVX-512 VNNI)");
+    const int Os[] = { 512, 400 };
+    for (size_t oi = 0; oi < LM_COUNT(Os); oi++) {
+        const int O = Os[oi], T = 300;
+        const int64_t I = 1024;
+        const qg_scales *sc = qg_scales_of(LM_Q4_K);
+        uint64_t s = 41 + oi;
+        uint8_t *w = qg_weight(sc, O, I, &s);
+        float *x = qg_x(I * T, &s), *y[2];
+        for (int k = 0; k < 2; k++) {
+            lm_err e = { { 0 } };
+            lm_backend *be = lm_cpu_backend_create(k ? 16 : 1, LM_ISA_AUTO, &e);
+            LM_REQUIRE(be != NULL);
+            lm_cpu_backend_quant_exact(be, false);
+            y[k] = malloc((size_t)O * T * sizeof(float));
+            for (int i = 0; i < O * T; i++) y[k][i] = NAN;
+            lm_tensor wt = { .type = LM_Q4_K, .rows = O, .cols = I };
+            lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
+            lm_tensor yt = { .type = LM_F32, .rows = T, .cols = O, .data = y[k] };
+            LM_REQUIRE(be->ops->upload_weight(be, &wt, w, &e) == 0);
+            be->ops->matmul(be, &yt, &xt, &wt, NULL);
+            lm_backend_destroy(be);
+        }
+        int diff = 0;
+        for (int i = 0; i < O * T; i++) diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
+        LM_CHECK_MSG(diff == 0, "O=%d: %d of %d outputs differ between 1 and 16 threads", O, diff, O * T);
+        free(w), free(x), free(y[0]), free(y[1]);
+    }
+}
+
 /* The ISA's q8x rounding must give the portable bytes exactly (the GEMV
  * and GEMM tests hold the kernels to the integers of the portable one):
  * random blocks, a zero block, and ties (amax 127, so x * id = x exactly). */

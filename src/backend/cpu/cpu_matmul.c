@@ -78,7 +78,7 @@ struct lm_mm {
     int64_t kc;         /* k-slice */
     size_t ldq;         /* int8 path: bytes per q8x row; block factors follow the rows */
     const float *xf;
-    int64_t mc;         /* tokens per unit */
+    int64_t mc, nc;     /* tokens, outputs per unit */
     int64_t n_tb, n_cb; /* token blocks, column blocks */
     atomic_llong next;
 };
@@ -245,8 +245,8 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
         int64_t u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
         if (u >= n_units) break;
         /* Column blocks vary fastest, so concurrent units share x rows in L3. */
-        int64_t t0 = (u / m->n_cb) * m->mc, o0 = (u % m->n_cb) * LM_MM_NC;
-        int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN((int64_t)LM_MM_NC, m->O - o0);
+        int64_t t0 = (u / m->n_cb) * m->mc, o0 = (u % m->n_cb) * m->nc;
+        int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN(m->nc, m->O - o0);
         for (int64_t k0 = 0; k0 < m->I; k0 += m->kc) {
             int64_t kc = LM_MIN(m->kc, m->I - k0);
             for (int64_t p0 = 0; p0 < nc; p0 += NR) {
@@ -299,12 +299,23 @@ static void lm_mm_gemm(lm_mm *m) {
         m->kc = m->k->kc;
         lm_cpu_reserve(c, 2 * (size_t)m->k->kc * (size_t)m->k->nr * sizeof(float)); /* panel + widened rows */
     }
-    /* Narrow outputs (k/v projections) give few column blocks: cut the
-     * tokens finer until every thread has a few units to take. */
-    m->n_cb = (m->O + LM_MM_NC - 1) / LM_MM_NC;
+    /* Until every thread has a few units to take: fewer outputs a unit
+     * (int8 path, down to one panel), then fewer tokens. A unit unpacks each
+     * of its panels once for its tokens, so cutting the tokens repeats the
+     * unpacking: at 16 threads a 2,048-wide projection had gone to 128-token
+     * units (4 unpackings a panel) and the k/v ones to 32 (16). */
+    m->nc = LM_MM_NC;
     m->mc = LM_MM_MC;
-    while (m->mc > 4 * m->mr && m->n_cb * ((m->T + m->mc - 1) / m->mc) < 4 * c->n_threads) m->mc /= 2;
-    m->n_tb = (m->T + m->mc - 1) / m->mc;
+    const int64_t want = 4 * (int64_t)c->n_threads;
+    for (;;) {
+        m->n_cb = (m->O + m->nc - 1) / m->nc;
+        m->n_tb = (m->T + m->mc - 1) / m->mc;
+        if (m->n_cb * m->n_tb >= want) break;
+        if (m->panel == lm_mm_panel_q8 && m->nc / 2 >= m->nr && (m->nc / 2) % m->nr == 0 && m->n_cb < m->O / m->nr)
+            m->nc /= 2;
+        else if (m->mc > 4 * m->mr) m->mc /= 2;
+        else break;
+    }
     atomic_init(&m->next, 0);
     if (c->n_threads == 1 || m->n_tb * m->n_cb == 1) lm_mm_gemm_worker(m, 0, 1);
     else lm_pool_run(c->pool, lm_mm_gemm_worker, m);
