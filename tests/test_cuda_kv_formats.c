@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const kvf_cfg kvc_cfgs[] = {
     /* H Hkv Dh window softcap scale outlier decode */
@@ -129,6 +130,9 @@ LM_TEST(cuda_kv_formats_attention_exact_bf16_kernel) {
         const double eg = kvc_rel_diff(&rc, &rg), et = kvc_rel_diff(&rc, &rt);
         printf("  cfg %zu (Dh %d): bf16-term kernel vs CPU %.3g, TF32 kernel %.3g\n", c, cf->Dh, eg, et);
         LM_CHECK_MSG(eg <= 2e-6, "cfg %zu (Dh %d): vs CPU %.3g (TF32 kernel %.3g)", c, cf->Dh, eg, et);
+        /* two kernels ran: their sums differ somewhere in the last bits */
+        LM_CHECK_MSG(memcmp(rg.out, rt.out, (size_t)rg.n_out * sizeof(float)) != 0,
+                     "cfg %zu (Dh %d): the default kernel gave the TF32 kernel's bits (not taken?)", c, cf->Dh);
         ran++;
         free(rc.out);
         free(rg.out);
