@@ -147,9 +147,6 @@ typedef struct lm_att_q {
     double l, tl;
 } lm_att_q;
 
-/* exp(d) for d <= 0, 0 below LM_ATT_EXP_CUT (cpu_kern.h: no subnormals). */
-static inline float lm_att_factor(float d) { return d >= LM_ATT_EXP_CUT ? expf(d) : 0.0f; }
-
 /* A softmax over keys A and one over keys B, merged into one over both: the
  * same arithmetic in the serial walk and in the split decode, so a token's
  * output never depends on which of the two ran it. */
@@ -160,7 +157,7 @@ static void lm_att_merge(float *tm, double *tl, float *tacc, float m, double l, 
         *tm = m, *tl = l;
         return;
     }
-    const float mx = *tm > m ? *tm : m, fa = lm_att_factor(*tm - mx), fb = lm_att_factor(m - mx);
+    const float mx = *tm > m ? *tm : m, fa = lm_att_exp_cut(*tm - mx), fb = lm_att_exp_cut(m - mx);
     for (int c = 0; c < Dh; c++) tacc[c] = tacc[c] * fa + acc[c] * fb;
     *tl = *tl * fa + l * fb;
     *tm = mx;
@@ -203,7 +200,7 @@ static void lm_att_keys(const lm_att *a, int t0, int nt, int nh, lm_att_q *qs, i
             for (int j = 1; j < nn; j++) cmax = cmax > s[j] ? cmax : s[j];
             if (cmax > e->m) {
                 if (e->m != -INFINITY) {
-                    float alpha = lm_att_factor(e->m - cmax);
+                    float alpha = lm_att_exp_cut(e->m - cmax);
                     k->scal(e->acc, alpha, Dh);
                     e->l *= alpha;
                 }

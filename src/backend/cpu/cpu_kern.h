@@ -19,6 +19,8 @@
 
 #include "../lm_backend.h"
 
+#include <math.h>
+
 /* Largest GEMV tile any table declares. */
 #define LM_GEMV_MAX_ROWS 4
 #define LM_GEMV_MAX_TOKENS 4
@@ -57,6 +59,9 @@ typedef void (*lm_kv_to_f32_fn)(const void *row, int64_t c0, int64_t n, int64_t 
  * 512-token prefill took 1.5 s on one Sapphire Rapids core against 0.2-0.6 s
  * on a Zen 5 core, KV format regardless. */
 #define LM_ATT_EXP_CUT (-64.0f)
+/* exp(x) for x <= 0, 0 below LM_ATT_EXP_CUT: the scalar form of attn_exp's
+ * weights, also the attention's rescale factors. */
+static inline float lm_att_exp_cut(float x) { return x >= LM_ATT_EXP_CUT ? expf(x) : 0.0f; }
 
 typedef struct lm_cpu_kern {
     lm_cpu_isa isa;

@@ -302,10 +302,7 @@ static float lm_y_attn_exp(float *s, int n, float m) {
         sum = _mm256_add_ps(sum, e);
     }
     float t = lm_y_hsum(sum);
-    for (; j < n; j++) {
-        const float x = s[j] - m;
-        t += s[j] = x >= LM_ATT_EXP_CUT ? expf(x) : 0.0f;
-    }
+    for (; j < n; j++) t += s[j] = lm_att_exp_cut(s[j] - m);
     return t;
 }
 

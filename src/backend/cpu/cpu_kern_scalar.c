@@ -68,10 +68,7 @@ static void lm_sc_attn_scores(const float *q, const float *k, int64_t ldk, int n
 
 static float lm_sc_attn_exp(float *s, int n, float m) {
     float sum = 0.0f;
-    for (int j = 0; j < n; j++) {
-        const float x = s[j] - m;
-        sum += s[j] = x >= LM_ATT_EXP_CUT ? expf(x) : 0.0f;
-    }
+    for (int j = 0; j < n; j++) sum += s[j] = lm_att_exp_cut(s[j] - m);
     return sum;
 }
 
