@@ -64,12 +64,6 @@ __device__ __forceinline__ void att_bf_ldsm4t(uint32_t (&r)[4], const __nv_bfloa
                  : "r"(s));
 }
 
-/* Two values as one bf16x2 operand register, lo in the low half. */
-__device__ __forceinline__ uint32_t att_bf_pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
 /* 2^x by the MUFU unit (ex2.approx: ~2 ulp; 2^-inf = 0) */
 __device__ __forceinline__ float att_bf_exp2(float x) {
     float y;
@@ -90,7 +84,7 @@ __device__ __forceinline__ float att_bf_term(float x, int term) {
 __device__ __forceinline__ void att_bf_pack3(uint32_t (&h)[3], float lo, float hi) {
 #pragma unroll
     for (int i = 0; i < 3; i++) {
-        h[i] = att_bf_pack(lo, hi);
+        h[i] = lm_bf16x2_bits(lo, hi);
         lo -= __bfloat162float(__float2bfloat16_rn(lo));
         hi -= __bfloat162float(__float2bfloat16_rn(hi));
     }
@@ -159,10 +153,10 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
             if (r_tok[r] >= 0 && qc < a.Dh) {
                 const float *src = a.q + (int64_t)r_tok[r] * a.q_ld + (int64_t)r_head[r] * a.Dh + qc;
                 const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
-                v = make_uint4(att_bf_pack(att_bf_term(x0.x, term), att_bf_term(x0.y, term)),
-                               att_bf_pack(att_bf_term(x0.z, term), att_bf_term(x0.w, term)),
-                               att_bf_pack(att_bf_term(x1.x, term), att_bf_term(x1.y, term)),
-                               att_bf_pack(att_bf_term(x1.z, term), att_bf_term(x1.w, term)));
+                v = make_uint4(lm_bf16x2_bits(att_bf_term(x0.x, term), att_bf_term(x0.y, term)),
+                               lm_bf16x2_bits(att_bf_term(x0.z, term), att_bf_term(x0.w, term)),
+                               lm_bf16x2_bits(att_bf_term(x1.x, term), att_bf_term(x1.y, term)),
+                               lm_bf16x2_bits(att_bf_term(x1.z, term), att_bf_term(x1.w, term)));
             }
             *(uint4 *)(sQ + r * SP + qc) = v;
         }
@@ -297,9 +291,10 @@ __global__ void __launch_bounds__(ATT_BF_THREADS, 2) att_bf_kernel(att_args a) {
 #pragma unroll
                         for (int j = 0; j < 4; j++) pa[i][j] = t3[j][i];
                 } else {
-                    pa[0][0] = att_bf_pack(s[2 * kp][0], s[2 * kp][1]), pa[0][1] = att_bf_pack(s[2 * kp][2], s[2 * kp][3]);
-                    pa[0][2] = att_bf_pack(s[2 * kp + 1][0], s[2 * kp + 1][1]);
-                    pa[0][3] = att_bf_pack(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+                    pa[0][0] = lm_bf16x2_bits(s[2 * kp][0], s[2 * kp][1]);
+                    pa[0][1] = lm_bf16x2_bits(s[2 * kp][2], s[2 * kp][3]);
+                    pa[0][2] = lm_bf16x2_bits(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+                    pa[0][3] = lm_bf16x2_bits(s[2 * kp + 1][2], s[2 * kp + 1][3]);
                 }
 #pragma unroll
                 for (int dp = 0; dp < ND / 2; dp++) {

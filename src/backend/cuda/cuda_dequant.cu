@@ -22,12 +22,6 @@
 #define LM_DEQUANT_THREADS 256
 #define LM_DEQUANT_WS_BYTES ((size_t)128 << 20) /* bf16 rows widened at once */
 
-/* bf16(lo), bf16(hi) as one word, lo in the low half */
-static __device__ __forceinline__ uint32_t lm_bf16x2_bits(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return (uint32_t)__bfloat16_as_ushort(h.x) | (uint32_t)__bfloat16_as_ushort(h.y) << 16;
-}
-
 /* out row i (I values, f32 or bf16) = row src_i of w, src_i = ids[i] when
  * ids, else row0 + i; a thread a slice (cuda_quant.h). Indices in 32 bits
  * where they fit (a 64-bit division is a slow call); quads that land side by

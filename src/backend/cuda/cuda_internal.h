@@ -23,6 +23,7 @@
 #ifndef LM_CUDA_INTERNAL_H
 #define LM_CUDA_INTERNAL_H
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <string.h>
@@ -203,6 +204,15 @@ static inline void lm_cuda_use(lm_cuda *c) {
 /* The device copy of rope frequencies host[n] (cached by content;
  * cuda_elementwise.cu). */
 const float *lm_cuda_freq(lm_cuda *c, const float *host, int n);
+
+/* bf16(lo), bf16(hi) as one word, lo in the low half (an mma operand
+ * register, two bf16 values of a store). */
+static __device__ __forceinline__ uint32_t lm_bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
 
 /* Rotates the pair (a, b) of a head by angle pos * inv_freq: the rope op's
  * arithmetic (angle rounded to f32 as transformers does, cos/sin in double),
