@@ -35,3 +35,16 @@ dev_unpack() {
   dev_libs "$@"
   export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
 }
+
+# llama.cpp from the carried source node-llama-cpp bundles
+# ($C/llamacpp-src.tar.xz) built for the H200 in the background into
+# $LB (bp: the build's pid; its log $OUT/lc_build.log): TARGETS default
+# llama-bench.
+dev_llamacpp_cuda() {
+  LC=/tmp/lc; LB=$LC/b/bin
+  mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
+  (cd $LC && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+     -DCMAKE_BUILD_TYPE=Release && cmake --build b -j12 --target "${@:-llama-bench}") > "$OUT/lc_build.log" 2>&1 &
+  bp=$!
+}

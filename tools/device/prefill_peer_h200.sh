@@ -12,12 +12,7 @@
 # plus /work/keep/llamacpp-src.tar.xz copied into it (see quant_peer.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-LC=/tmp/lc; LB=$LC/b/bin
-mkdir -p $LC && tar -C $LC -xJf "$C/llamacpp-src.tar.xz"
-(cd $LC && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
-   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-   -DCMAKE_BUILD_TYPE=Release && cmake --build b -j12 --target llama-bench) > "$OUT/lc_build.log" 2>&1 &
-bp=$!
+dev_llamacpp_cuda
 dev_unpack cublas
 mount -o remount,size=100G /dev/shm 2>/dev/null
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
