@@ -148,7 +148,7 @@ LM_TEST(cpu_qgemm_matmul) {
     if (!has_int8) printf("  no int8 GEMM on this CPU (no AVX-512 VNNI): the widening path is checked only\n");
     const int threads[] = { 1, 2, 3 };
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
-        if (!lm_qblock_types[t].unpack) continue;
+        if (!lm_qblock_types[t].pack) continue;
         LM_CHECK_MSG(qg_scales_of((lm_dtype)t) != NULL, "%s: no row in qg_scale_table", lm_dtype_name((lm_dtype)t));
         if (!qg_scales_of((lm_dtype)t)) continue;
         double worst_int8 = 0, worst_sig = 0;

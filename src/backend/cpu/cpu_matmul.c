@@ -281,7 +281,7 @@ static void lm_mm_q8_rows(void *v, int64_t t0, int64_t t1, int ith) {
 
 static void lm_mm_gemm(lm_mm *m) {
     lm_cpu *c = m->c;
-    if (c->qk && c->qk->qgemm && lm_qblock_types[m->wt].unpack) {
+    if (c->qk && c->qk->qgemm && lm_qblock_types[m->wt].pack) {
         m->panel = lm_mm_panel_q8;
         m->mr = c->qk->qgemm_mr;
         m->nr = LM_QP_ROWS;

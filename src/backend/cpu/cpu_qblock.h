@@ -8,9 +8,10 @@
  * block's dot product is d * sum_h (sc_h * (u . q)_h - off_h * (sum q)_h):
  * integer dot products of codes, the rest in f32. Types whose two halves
  * share one scale and offset (all but Q6_K here) set `halves` false and the
- * kernel does one integer dot per block. A type plugs in with one unpack
- * function (lm_qblock_types); the codes come from the same decoders the
- * int8 GEMV's portable kernels use (cpu_qdot_scalar.c).
+ * kernel does one integer dot per block. A type plugs in with one pack
+ * function (lm_qblock_types), which unpacks a row's run of blocks into the
+ * panel; the codes come from the same decoders the int8 GEMV's portable
+ * kernels use (cpu_qdot_scalar.c).
  *
  * The packed panel (lm_qpanel_pack) holds LM_QP_ROWS rows of a run of blocks,
  * one block after another, each LM_QP_BLOCK_BYTES:
@@ -29,12 +30,12 @@
 #define LM_QP_CODES (32 * LM_QP_ROWS)
 #define LM_QP_BLOCK_BYTES (LM_QP_CODES + 4 * LM_QP_ROWS * (int)sizeof(float))
 
-/* Block b (32 values) of the quant row `row`: codes, and sc/off per half. */
-typedef void (*lm_qblock_unpack_fn)(const uint8_t *row, int64_t b, uint8_t u[32], float sc[2],
-                                    float off[2]);
+/* Blocks b0 .. b0+nb-1 (32 values each) of the quant row `row` into row r
+ * of the panel: codes, and sc/off per half. */
+typedef void (*lm_qblock_pack_fn)(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r);
 
 typedef struct lm_qblock_type {
-    lm_qblock_unpack_fn unpack; /* NULL: the int8 GEMM does not take this type */
+    lm_qblock_pack_fn pack; /* NULL: the int8 GEMM does not take this type */
     bool halves;                /* the halves have their own scale and offset */
 } lm_qblock_type;
 
