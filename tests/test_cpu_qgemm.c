@@ -208,6 +208,47 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
     }
 }
 
+/* The AVX-512 panel packer writes the portable packer's bytes: every type
+ * (the ones it does not take go through the portable one), full and
+ * partial panels (rows past nv zero), runs that start and end inside a
+ * super-block. Random bytes make every code and scale bit pattern occur. */
+LM_TEST(cpu_qgemm_panel_pack_avx512_same_bytes) {
+    if (lm_cpu_isa_detect() != LM_ISA_AVX512) LM_SKIP("no AVX-512 on this CPU: the packer cannot run");
+    const int nvs[] = { 32, 31, 17, 16, 9, 1 };
+    const struct { int b0, nb; } runs[] = { { 0, 16 }, { 3, 5 }, { 8, 1 }, { 5, 16 } };
+    const size_t bytes = 16 * LM_QP_BLOCK_BYTES;
+    uint8_t *a = lm_xaligned(bytes), *b = lm_xaligned(bytes);
+    int cases = 0;
+    for (int t = 0; t < LM_DTYPE_COUNT; t++) {
+        if (!lm_qblock_types[t].pack) continue;
+        const int64_t I = 32 * 32 * 8; /* 32 blocks of 256: room for every run */
+        const size_t ldw = lm_dtype_row_bytes((lm_dtype)t, I);
+        uint8_t *w = malloc(ldw * LM_QP_ROWS);
+        uint64_t st = 7 + (uint64_t)t;
+        for (size_t i = 0; i < ldw * LM_QP_ROWS; i++) w[i] = (uint8_t)(qg_rnd(&st) * 128.0f + 128.0f);
+        /* Q8_0's scale is its factor as is: a NaN f16 there keeps its payload
+         * through the portable conversion but comes out quieted from
+         * vcvtph2ps. Scales are finite in real files (and a NaN factor gives
+         * NaN outputs either way), so Q8_0's exponents are kept below 31. */
+        if (t == LM_Q8_0)
+            for (size_t i = 0; i + 34 <= ldw * LM_QP_ROWS; i += 34) w[i + 1] &= 0xbb;
+        for (size_t ni = 0; ni < LM_COUNT(nvs); ni++)
+            for (size_t ri = 0; ri < LM_COUNT(runs); ri++) {
+                memset(a, 0xa5, bytes), memset(b, 0x5a, bytes);
+                lm_qpanel_pack((lm_dtype)t, w, ldw, nvs[ni], runs[ri].b0, runs[ri].nb, a);
+                lm_qpanel_pack_avx512((lm_dtype)t, w, ldw, nvs[ni], runs[ri].b0, runs[ri].nb, b);
+                size_t n = (size_t)runs[ri].nb * LM_QP_BLOCK_BYTES, diff = 0;
+                for (size_t i = 0; i < n; i++) diff += a[i] != b[i];
+                LM_CHECK_MSG(diff == 0, "%s nv=%d blocks %d+%d: %zu panel bytes differ", lm_dtype_name((lm_dtype)t),
+                             nvs[ni], runs[ri].b0, runs[ri].nb, diff);
+                cases++;
+            }
+        free(w);
+    }
+    printf("  %d panels byte for byte\n", cases);
+    lm_afree(a), lm_afree(b);
+}
+
 /* The ISA's q8x rounding must give the portable bytes exactly (the GEMV
  * and GEMM tests hold the kernels to the integers of the portable one):
  * random blocks, a zero block, and ties (amax 127, so x * id = x exactly). */

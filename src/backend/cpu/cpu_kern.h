@@ -141,6 +141,8 @@ typedef struct lm_cpu_qkern {
      * token count; the types it takes are those of lm_qblock_types. */
     lm_qgemm_fn qgemm;
     int qgemm_mr;
+    /* lm_qpanel_pack, byte for byte, for this ISA (NULL: the portable one) */
+    void (*qpanel_pack)(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);
     /* lm_q8x_quantize, bit for bit, for this ISA (NULL: the portable one) */
     void (*q8x_quantize)(const float *x, int64_t n, void *dst);
 } lm_cpu_qkern;

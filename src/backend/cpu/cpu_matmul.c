@@ -224,7 +224,8 @@ static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int6
     int nb = (int)(kc / LM_Q8X_BLOCK);
     const int64_t ldf = 4 * (m->I / LM_Q8X_BLOCK);
     if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
-    lm_qpanel_pack(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb, panel);
+    (qk->qpanel_pack ? qk->qpanel_pack : lm_qpanel_pack)(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb,
+                                                         panel);
     const bool halves = lm_qblock_types[m->wt].halves;
     const float *bias = m->bias ? m->bias + o0 : NULL;
     const int8_t *xq = m->c->qx;
