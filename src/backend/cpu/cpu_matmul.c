@@ -57,11 +57,17 @@
 #endif
 
 typedef struct lm_mm lm_mm;
+/* Where the next panel of a unit lies (nv 0: none), to be prefetched. */
+typedef struct lm_mm_next {
+    int64_t o0, k0, kc;
+    int nv;
+} lm_mm_next;
+
 /* One panel of a GEMM unit: packs outputs o0 .. o0+nv of the k-slice
- * [k0, k0+kc) and sweeps the unit's tokens t0 .. t0+mt over it; next_nv
- * outputs follow in the next panel (0: none). */
+ * [k0, k0+kc) and sweeps the unit's tokens t0 .. t0+mt over it, after
+ * asking for the next panel's weights. */
 typedef void (*lm_mm_panel_fn)(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
-                               int next_nv, int64_t k0, int64_t kc);
+                               lm_mm_next next, int64_t k0, int64_t kc);
 
 struct lm_mm {
     const lm_cpu_kern *k;
@@ -190,21 +196,22 @@ static void lm_mm_pack_w(const lm_mm *m, float *wp, float *tmp, int64_t o0, int 
 
 /* Asks for the next panel's weight slice while this one is packed and used:
  * a slice is nr short runs (kc values each), too short for the hardware
- * prefetchers to pick up, so without this small batches wait on DRAM. */
-static void lm_mm_prefetch_w(const lm_mm *m, int64_t o0, int nv, int64_t k0, int64_t kc) {
-    const char *src = m->w + (size_t)o0 * m->ldw + lm_dtype_row_bytes(m->wt, k0);
-    size_t bytes = lm_dtype_row_bytes(m->wt, kc);
-    for (int r = 0; r < nv; r++)
+ * prefetchers to pick up, so without this small batches wait on DRAM (and
+ * the packing of a unit's next k-slice did, when a unit is one panel wide). */
+static void lm_mm_prefetch_w(const lm_mm *m, lm_mm_next n) {
+    const char *src = m->w + (size_t)n.o0 * m->ldw + lm_dtype_row_bytes(m->wt, n.k0);
+    size_t bytes = lm_dtype_row_bytes(m->wt, n.kc);
+    for (int r = 0; r < n.nv; r++)
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(src + (size_t)r * m->ldw + b, 0, 2);
 }
 
 /* f32 panel: widen and pack the weights, then the f32 micro-kernel. */
 static void lm_mm_panel_f32(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
-                            int next_nv, int64_t k0, int64_t kc) {
+                            lm_mm_next next, int64_t k0, int64_t kc) {
     const lm_cpu_kern *k = m->k;
     float *wp = m->c->scratch[ith];
     float *tmp = wp + (size_t)k->kc * (size_t)k->nr;
-    if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
+    if (next.nv) lm_mm_prefetch_w(m, next);
     lm_mm_pack_w(m, wp, tmp, o0, nv, k0, kc);
     const float *bias = m->bias ? m->bias + o0 : NULL;
     for (int64_t tt = 0; tt < mt; tt += m->mr) {
@@ -217,13 +224,13 @@ static void lm_mm_panel_f32(const lm_mm *m, int ith, int64_t t0, int64_t mt, int
 /* int8 panel: unpack the weight blocks once (cpu_qblock.c), then the int8
  * tile over the tokens' q8x rows. */
 static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int64_t o0, int nv,
-                           int next_nv, int64_t k0, int64_t kc) {
+                           lm_mm_next next, int64_t k0, int64_t kc) {
     const lm_cpu_qkern *qk = m->c->qk;
     uint8_t *panel = (uint8_t *)m->c->scratch[ith];
     int64_t b0 = k0 / LM_Q8X_BLOCK;
     int nb = (int)(kc / LM_Q8X_BLOCK);
     const int64_t ldf = 4 * (m->I / LM_Q8X_BLOCK);
-    if (next_nv) lm_mm_prefetch_w(m, o0 + m->nr, next_nv, k0, kc);
+    if (next.nv) lm_mm_prefetch_w(m, next);
     (qk->qpanel_pack ? qk->qpanel_pack : lm_qpanel_pack)(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb,
                                                          panel);
     const bool halves = lm_qblock_types[m->wt].halves;
@@ -252,8 +259,13 @@ static void lm_mm_gemm_worker(void *v, int ith, int nth) {
             int64_t kc = LM_MIN(m->kc, m->I - k0);
             for (int64_t p0 = 0; p0 < nc; p0 += NR) {
                 int nv = (int)LM_MIN((int64_t)NR, nc - p0);
-                int next_nv = (int)LM_MAX((int64_t)0, LM_MIN((int64_t)NR, nc - p0 - NR));
-                m->panel(m, ith, t0, mt, o0 + p0, nv, next_nv, k0, kc);
+                /* the next panel: the next outputs of this k-slice, else the
+                 * first of the next k-slice */
+                lm_mm_next next = { 0, 0, 0, 0 };
+                if (p0 + NR < nc) next = (lm_mm_next){ o0 + p0 + NR, k0, kc, (int)LM_MIN((int64_t)NR, nc - p0 - NR) };
+                else if (k0 + kc < m->I)
+                    next = (lm_mm_next){ o0, k0 + kc, LM_MIN(m->kc, m->I - k0 - kc), (int)LM_MIN((int64_t)NR, nc) };
+                m->panel(m, ith, t0, mt, o0 + p0, nv, next, k0, kc);
             }
         }
     }
