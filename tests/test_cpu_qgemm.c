@@ -208,6 +208,76 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
     }
 }
 
+/* matmul_n (q, k, v as one set of units) gives each weight the bits of its
+ * own matmul: a Q6_K weight between Q4_K ones (the Q4_K_M mix), widths that
+ * leave partial panels, 1, 3 and 16 threads; and matmul_glu the composed
+ * gate, up and SiLU. */
+LM_TEST(cpu_qgemm_matmul_n_same_bits) {
+    if (!lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm) LM_SKIP("no int8 GEMM on this CPU (no AVX-512 VNNI)");
+    enum { T = 150, N = 3 };
+    const int64_t I = 512;
+    const lm_dtype types[N] = { LM_Q4_K, LM_Q4_K, LM_Q6_K };
+    const int Os[N] = { 512, 96, 80 };
+    uint64_t st = 99;
+    uint8_t *wb[N];
+    lm_tensor wt[N];
+    for (int i = 0; i < N; i++) {
+        wb[i] = qg_weight(qg_scales_of(types[i]), Os[i], I, &st);
+        wt[i] = (lm_tensor){ .type = types[i], .rows = Os[i], .cols = I };
+    }
+    float *x = qg_x(I * T, &st);
+    lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
+    const int threads[] = { 1, 3, 16 };
+    for (size_t th = 0; th < LM_COUNT(threads); th++) {
+        lm_err e = { { 0 } };
+        lm_backend *be = lm_cpu_backend_create(threads[th], LM_ISA_AUTO, &e);
+        LM_REQUIRE(be != NULL && be->ops->matmul_n && be->ops->matmul_glu);
+        lm_cpu_backend_quant_exact(be, false);
+        float *y1[N], *yn[N];
+        lm_tensor t1[N], tn[N];
+        lm_tensor *pn[N];
+        const lm_tensor *pw[N];
+        for (int i = 0; i < N; i++) {
+            LM_REQUIRE(be->ops->upload_weight(be, &wt[i], wb[i], &e) == 0);
+            y1[i] = malloc((size_t)Os[i] * T * sizeof(float)), yn[i] = malloc((size_t)Os[i] * T * sizeof(float));
+            t1[i] = (lm_tensor){ .type = LM_F32, .rows = T, .cols = Os[i], .data = y1[i] };
+            tn[i] = (lm_tensor){ .type = LM_F32, .rows = T, .cols = Os[i], .data = yn[i] };
+            pn[i] = &tn[i], pw[i] = &wt[i];
+            for (int k = 0; k < Os[i] * T; k++) yn[i][k] = NAN;
+            be->ops->matmul(be, &t1[i], &xt, &wt[i], NULL);
+        }
+        be->ops->matmul_n(be, N, pn, &xt, pw, NULL);
+        for (int i = 0; i < N; i++) {
+            int diff = 0;
+            for (int k = 0; k < Os[i] * T; k++) diff += memcmp(&y1[i][k], &yn[i][k], sizeof(float)) != 0;
+            LM_CHECK_MSG(diff == 0, "threads=%d weight %d (%s): %d of %d outputs differ from its own matmul", threads[th],
+                         i, lm_dtype_name(types[i]), diff, Os[i] * T);
+        }
+        /* gate = weight 1, up = weight 2 (96 and 80 wide: use the first 80) */
+        lm_tensor g80 = wt[1], y80 = { .type = LM_F32, .rows = T, .cols = 80 };
+        g80.rows = 80;
+        float *yg = malloc((size_t)80 * T * sizeof(float)), *ref = malloc((size_t)80 * T * sizeof(float));
+        float *gw = malloc((size_t)80 * T * sizeof(float)), *uw = malloc((size_t)80 * T * sizeof(float));
+        lm_tensor gws = { .type = LM_F32, .rows = T, .cols = 80, .data = gw }, uws = gws;
+        uws.data = uw;
+        y80.data = yg;
+        be->ops->matmul_glu(be, &y80, &xt, &g80, &wt[2], LM_GLU_SILU, &gws, &uws);
+        lm_tensor rt = y80;
+        rt.data = ref;
+        be->ops->matmul(be, &gws, &xt, &g80, NULL);
+        be->ops->matmul(be, &uws, &xt, &wt[2], NULL);
+        be->ops->silu_mul(be, &rt, &gws, &uws);
+        int gd = 0;
+        for (int k = 0; k < 80 * T; k++) gd += memcmp(&yg[k], &ref[k], sizeof(float)) != 0;
+        LM_CHECK_MSG(gd == 0, "threads=%d: matmul_glu differs from gate, up and silu_mul in %d outputs", threads[th], gd);
+        free(yg), free(ref), free(gw), free(uw);
+        for (int i = 0; i < N; i++) free(y1[i]), free(yn[i]);
+        lm_backend_destroy(be);
+    }
+    for (int i = 0; i < N; i++) free(wb[i]);
+    free(x);
+}
+
 /* The AVX-512 panel packer writes the portable packer's bytes: every type
  * (the ones it does not take go through the portable one), full and
  * partial panels (rows past nv zero), runs that start and end inside a

@@ -46,6 +46,10 @@ void lm_cpu_parallel_for(lm_cpu *c, int64_t n, int64_t cost, lm_cpu_range_fn fn,
 /* Ops (cpu_matmul.c, cpu_ops.c, cpu_attention.c); signatures as in lm_backend_ops. */
 void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
                    const lm_tensor *bias);
+void lm_cpu_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                     const lm_tensor *const *bias);
+void lm_cpu_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                       lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws);
 void lm_cpu_rms_norm(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, float eps,
                      float w_offset);
 void lm_cpu_rope(lm_backend *be, lm_tensor *x, const int32_t *pos, const lm_rope_params *p);

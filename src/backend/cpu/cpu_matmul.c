@@ -244,30 +244,35 @@ static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int6
     }
 }
 
+/* Unit (token block tb, column block cb) of m: every k-slice of its panels. */
+static void lm_mm_unit(const lm_mm *m, int ith, int64_t tb, int64_t cb) {
+    const int NR = m->nr;
+    int64_t t0 = tb * m->mc, o0 = cb * m->nc;
+    int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN(m->nc, m->O - o0);
+    for (int64_t k0 = 0; k0 < m->I; k0 += m->kc) {
+        int64_t kc = LM_MIN(m->kc, m->I - k0);
+        for (int64_t p0 = 0; p0 < nc; p0 += NR) {
+            int nv = (int)LM_MIN((int64_t)NR, nc - p0);
+            /* the next panel: the next outputs of this k-slice, else the
+             * first of the next k-slice */
+            lm_mm_next next = { 0, 0, 0, 0 };
+            if (p0 + NR < nc) next = (lm_mm_next){ o0 + p0 + NR, k0, kc, (int)LM_MIN((int64_t)NR, nc - p0 - NR) };
+            else if (k0 + kc < m->I)
+                next = (lm_mm_next){ o0, k0 + kc, LM_MIN(m->kc, m->I - k0 - kc), (int)LM_MIN((int64_t)NR, nc) };
+            m->panel(m, ith, t0, mt, o0 + p0, nv, next, k0, kc);
+        }
+    }
+}
+
 static void lm_mm_gemm_worker(void *v, int ith, int nth) {
     (void)nth;
     lm_mm *m = v;
-    const int NR = m->nr;
     const int64_t n_units = m->n_tb * m->n_cb;
     for (;;) {
         int64_t u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
         if (u >= n_units) break;
         /* Column blocks vary fastest, so concurrent units share x rows in L3. */
-        int64_t t0 = (u / m->n_cb) * m->mc, o0 = (u % m->n_cb) * m->nc;
-        int64_t mt = LM_MIN(m->mc, m->T - t0), nc = LM_MIN(m->nc, m->O - o0);
-        for (int64_t k0 = 0; k0 < m->I; k0 += m->kc) {
-            int64_t kc = LM_MIN(m->kc, m->I - k0);
-            for (int64_t p0 = 0; p0 < nc; p0 += NR) {
-                int nv = (int)LM_MIN((int64_t)NR, nc - p0);
-                /* the next panel: the next outputs of this k-slice, else the
-                 * first of the next k-slice */
-                lm_mm_next next = { 0, 0, 0, 0 };
-                if (p0 + NR < nc) next = (lm_mm_next){ o0 + p0 + NR, k0, kc, (int)LM_MIN((int64_t)NR, nc - p0 - NR) };
-                else if (k0 + kc < m->I)
-                    next = (lm_mm_next){ o0, k0 + kc, LM_MIN(m->kc, m->I - k0 - kc), (int)LM_MIN((int64_t)NR, nc) };
-                m->panel(m, ith, t0, mt, o0 + p0, nv, next, k0, kc);
-            }
-        }
+        lm_mm_unit(m, ith, u / m->n_cb, u % m->n_cb);
     }
 }
 
@@ -292,7 +297,9 @@ static void lm_mm_q8_rows(void *v, int64_t t0, int64_t t1, int ith) {
     }
 }
 
-static void lm_mm_gemm(lm_mm *m) {
+/* The panel kind of m's GEMM and its scratch; on the int8 path the
+ * activations rounded to q8x (c->qx, shared by every weight on this x). */
+static void lm_mm_gemm_prepare(lm_mm *m) {
     lm_cpu *c = m->c;
     if (c->qk && c->qk->qgemm && lm_qblock_types[m->wt].pack) {
         m->panel = lm_mm_panel_q8;
@@ -312,39 +319,102 @@ static void lm_mm_gemm(lm_mm *m) {
         m->kc = m->k->kc;
         lm_cpu_reserve(c, 2 * (size_t)m->k->kc * (size_t)m->k->nr * sizeof(float)); /* panel + widened rows */
     }
-    /* Until every thread has a few units to take: fewer outputs a unit
-     * (int8 path, down to one panel), then fewer tokens. A unit unpacks each
-     * of its panels once for its tokens, so cutting the tokens repeats the
-     * unpacking: at 16 threads a 2,048-wide projection had gone to 128-token
-     * units (4 unpackings a panel) and the k/v ones to 32 (16). */
+}
+
+/* Outputs (nc) and tokens (mc) a unit, for `total` outputs over the
+ * weights sharing m's shape of work: until every thread has a few units to
+ * take, fewer outputs a unit (int8 path, down to one panel), then fewer
+ * tokens. A unit unpacks each of its panels once for its tokens, so cutting
+ * the tokens repeats the unpacking: at 16 threads a 2,048-wide projection
+ * had gone to 128-token units (4 unpackings a panel) and the k/v ones to 32
+ * (16). Returns the column blocks of m; n_cb_of(nc) those of all. */
+static void lm_mm_shape(lm_mm *m, const int64_t *O, int n) {
+    const int64_t want = 4 * (int64_t)m->c->n_threads;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += O[i];
     m->nc = LM_MM_NC;
     m->mc = LM_MM_MC;
-    const int64_t want = 4 * (int64_t)c->n_threads;
     for (;;) {
-        m->n_cb = (m->O + m->nc - 1) / m->nc;
+        int64_t n_cb = 0;
+        for (int i = 0; i < n; i++) n_cb += (O[i] + m->nc - 1) / m->nc;
         m->n_tb = (m->T + m->mc - 1) / m->mc;
-        if (m->n_cb * m->n_tb >= want) break;
-        if (m->panel == lm_mm_panel_q8 && m->nc / 2 >= m->nr && (m->nc / 2) % m->nr == 0 && m->n_cb < m->O / m->nr)
+        m->n_cb = n_cb;
+        if (n_cb * m->n_tb >= want) break;
+        if (m->panel == lm_mm_panel_q8 && m->nc / 2 >= m->nr && (m->nc / 2) % m->nr == 0 && n_cb < total / m->nr)
             m->nc /= 2;
         else if (m->mc > 4 * m->mr) m->mc /= 2;
         else break;
     }
+}
+
+static void lm_mm_gemm(lm_mm *m) {
+    lm_cpu *c = m->c;
+    lm_mm_gemm_prepare(m);
+    lm_mm_shape(m, &m->O, 1);
     atomic_init(&m->next, 0);
     if (c->n_threads == 1 || m->n_tb * m->n_cb == 1) lm_mm_gemm_worker(m, 0, 1);
     else lm_pool_run(c->pool, lm_mm_gemm_worker, m);
 }
 
+/* ---- several weights on one input (q, k, v; gate, up) ------------------ */
+
+/* The weights' units in one count, column blocks of weight 0 first: one
+ * rounding of x and one hand-out, so that a narrow weight (k, v) shares
+ * the threads with a wide one instead of being cut into short units. */
+#define LM_MM_SET_MAX 4
+typedef struct lm_mm_set {
+    lm_mm *mm;
+    int n;
+    int64_t cb0[LM_MM_SET_MAX + 1]; /* first column block of each weight */
+    int64_t n_tb, n_cb;
+    atomic_llong next;
+} lm_mm_set;
+
+static void lm_mm_set_worker(void *v, int ith, int nth) {
+    (void)nth;
+    lm_mm_set *st = v;
+    for (;;) {
+        int64_t u = atomic_fetch_add_explicit(&st->next, 1, memory_order_relaxed);
+        if (u >= st->n_tb * st->n_cb) break;
+        int64_t cb = u % st->n_cb;
+        int i = 0;
+        while (cb >= st->cb0[i + 1]) i++;
+        lm_mm_unit(&st->mm[i], ith, u / st->n_cb, cb - st->cb0[i]);
+    }
+}
+
+static void lm_mm_gemm_set(lm_mm *mm, int n) {
+    lm_cpu *c = mm[0].c;
+    lm_mm_gemm_prepare(&mm[0]);
+    int64_t O[LM_MM_SET_MAX];
+    for (int i = 0; i < n; i++) O[i] = mm[i].O;
+    lm_mm_shape(&mm[0], O, n);
+    lm_mm_set st = { .mm = mm, .n = n, .n_tb = mm[0].n_tb, .n_cb = mm[0].n_cb };
+    st.cb0[0] = 0;
+    for (int i = 0; i < n; i++) {
+        lm_mm *m = &mm[i];
+        if (i > 0) { /* x's rounding and the unit shape are weight 0's */
+            m->panel = mm[0].panel, m->mr = mm[0].mr, m->nr = mm[0].nr, m->kc = mm[0].kc;
+            m->ldq = mm[0].ldq, m->xf = mm[0].xf, m->nc = mm[0].nc, m->mc = mm[0].mc, m->n_tb = mm[0].n_tb;
+        }
+        m->n_cb = (m->O + m->nc - 1) / m->nc;
+        st.cb0[i + 1] = st.cb0[i] + m->n_cb;
+    }
+    LM_ASSERT(st.cb0[n] == st.n_cb);
+    atomic_init(&st.next, 0);
+    if (c->n_threads == 1) lm_mm_set_worker(&st, 0, 1);
+    else lm_pool_run(c->pool, lm_mm_set_worker, &st);
+}
+
 /* ---- entry ------------------------------------------------------------- */
 
-void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
-                   const lm_tensor *bias) {
-    lm_cpu *c = lm_cpu_get(be);
+static lm_mm lm_mm_make(lm_cpu *c, lm_tensor *y, const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias) {
     LM_ASSERT(x->type == LM_F32 && y->type == LM_F32);
     LM_ASSERT((unsigned)w->type < LM_DTYPE_COUNT && w->type != LM_I32);
     LM_ASSERT(x->cols == w->cols && y->rows == x->rows && y->cols == w->rows);
     LM_ASSERT(!bias || (bias->type == LM_F32 && bias->rows * bias->cols == w->rows));
     LM_ASSERT(y->data != x->data || x->rows == 0);
-    lm_mm m = {
+    return (lm_mm){
         .k = c->k,
         .c = c,
         .y = y->data,
@@ -357,6 +427,12 @@ void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_te
         .O = w->rows,
         .I = w->cols,
     };
+}
+
+void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *w,
+                   const lm_tensor *bias) {
+    lm_cpu *c = lm_cpu_get(be);
+    lm_mm m = lm_mm_make(c, y, x, w, bias);
     if (m.T == 0 || m.O == 0) return;
     if (m.I == 0) {
         for (int64_t t = 0; t < m.T; t++)
@@ -365,4 +441,31 @@ void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_te
     }
     if (m.T < c->k->gemm_min_tokens) lm_mm_gemv(&m);
     else lm_mm_gemm(&m);
+}
+
+/* As n matmuls; a prefill on weights the int8 GEMM takes goes through one
+ * set of units (the same products, so the same bits as one by one). */
+void lm_cpu_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
+                     const lm_tensor *const *bias) {
+    lm_cpu *c = lm_cpu_get(be);
+    bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows >= c->k->gemm_min_tokens && x->cols > 0 && c->qk &&
+               c->qk->qgemm;
+    for (int i = 0; set && i < n; i++) set = lm_qblock_types[w[i]->type].pack && w[i]->rows > 0;
+    if (!set) {
+        for (int i = 0; i < n; i++) lm_cpu_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
+        return;
+    }
+    lm_mm mm[LM_MM_SET_MAX];
+    for (int i = 0; i < n; i++) mm[i] = lm_mm_make(c, y[i], x, w[i], bias ? bias[i] : NULL);
+    lm_mm_gemm_set(mm, n);
+}
+
+/* gate and up as one set, then the activation (as lm_op_matmul_glu composes it). */
+void lm_cpu_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
+                       lm_glu act, lm_tensor *gate_ws, lm_tensor *up_ws) {
+    lm_tensor *ys[2] = { gate_ws, up_ws };
+    const lm_tensor *ws[2] = { wg, wu };
+    lm_cpu_matmul_n(be, 2, ys, x, ws, NULL);
+    if (act == LM_GLU_SILU) be->ops->silu_mul(be, y, gate_ws, up_ws);
+    else be->ops->gelu_mul(be, y, gate_ws, up_ws, act == LM_GLU_GELU_TANH);
 }
