@@ -212,9 +212,16 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
  * own matmul: a Q6_K weight between Q4_K ones (the Q4_K_M mix), widths that
  * leave partial panels, 1, 3 and 16 threads; and matmul_glu the composed
  * gate, up and SiLU. */
+static void qg_matmul_n_case(lm_test_ctx *lm_t_, int T);
+
 LM_TEST(cpu_qgemm_matmul_n_same_bits) {
     if (!lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm) LM_SKIP("no int8 GEMM on this CPU (no AVX-512 VNNI)");
-    enum { T = 150, N = 3 };
+    qg_matmul_n_case(lm_t_, 150); /* the GEMM */
+    qg_matmul_n_case(lm_t_, 5);   /* the GEMV (decode) */
+}
+
+static void qg_matmul_n_case(lm_test_ctx *lm_t_, int T) {
+    enum { N = 3 };
     const int64_t I = 512;
     const lm_dtype types[N] = { LM_Q4_K, LM_Q4_K, LM_Q6_K };
     const int Os[N] = { 512, 96, 80 };
@@ -250,8 +257,8 @@ LM_TEST(cpu_qgemm_matmul_n_same_bits) {
         for (int i = 0; i < N; i++) {
             int diff = 0;
             for (int k = 0; k < Os[i] * T; k++) diff += memcmp(&y1[i][k], &yn[i][k], sizeof(float)) != 0;
-            LM_CHECK_MSG(diff == 0, "threads=%d weight %d (%s): %d of %d outputs differ from its own matmul", threads[th],
-                         i, lm_dtype_name(types[i]), diff, Os[i] * T);
+            LM_CHECK_MSG(diff == 0, "T=%d threads=%d weight %d (%s): %d of %d outputs differ from its own matmul", T,
+                         threads[th], i, lm_dtype_name(types[i]), diff, Os[i] * T);
         }
         /* gate = weight 1, up = weight 2 (96 and 80 wide: use the first 80) */
         lm_tensor g80 = wt[1], y80 = { .type = LM_F32, .rows = T, .cols = 80 };
@@ -269,7 +276,8 @@ LM_TEST(cpu_qgemm_matmul_n_same_bits) {
         be->ops->silu_mul(be, &rt, &gws, &uws);
         int gd = 0;
         for (int k = 0; k < 80 * T; k++) gd += memcmp(&yg[k], &ref[k], sizeof(float)) != 0;
-        LM_CHECK_MSG(gd == 0, "threads=%d: matmul_glu differs from gate, up and silu_mul in %d outputs", threads[th], gd);
+        LM_CHECK_MSG(gd == 0, "T=%d threads=%d: matmul_glu differs from gate, up and silu_mul in %d outputs", T,
+                     threads[th], gd);
         free(yg), free(ref), free(gw), free(uw);
         for (int i = 0; i < N; i++) free(y1[i]), free(yn[i]);
         lm_backend_destroy(be);

@@ -124,9 +124,8 @@ static void lm_mm_gemv_range(void *v, int64_t u0, int64_t u1, int ith) {
 
 /* ---- int8-activation GEMV ---------------------------------------------- */
 
-static void lm_mm_qgemv_range(void *v, int64_t u0, int64_t u1, int ith) {
-    (void)ith;
-    const lm_mm *m = v;
+/* Row units [u0, u1) of m (LM_GEMV_MAX_ROWS rows each) against the q8x rows. */
+static void lm_mm_qgemv_units(const lm_mm *m, int64_t u0, int64_t u1) {
     const int R = LM_GEMV_MAX_ROWS, NT = LM_GEMV_MAX_TOKENS;
     lm_qgemv_fn fn = m->c->qk->qgemv[m->wt];
     size_t ldq = lm_q8x_row_bytes(m->I);
@@ -140,6 +139,11 @@ static void lm_mm_qgemv_range(void *v, int64_t u0, int64_t u1, int ith) {
                m->bias ? m->bias + r0 : NULL, m->y + t0 * m->O + r0, m->O);
         }
     }
+}
+
+static void lm_mm_qgemv_range(void *v, int64_t u0, int64_t u1, int ith) {
+    (void)ith;
+    lm_mm_qgemv_units(v, u0, u1);
 }
 
 /* Makes the grow-only q8x buffer at least `need` bytes. Caller thread. */
@@ -158,13 +162,18 @@ static void lm_mm_q8x(const lm_cpu *c, const float *x, int64_t n, void *dst) {
     else lm_q8x_quantize(x, n, dst);
 }
 
-static void lm_mm_qgemv(lm_mm *m) {
+/* x's rows to q8x into c->qx (the int8 GEMV's activations). */
+static void lm_mm_qgemv_round(lm_mm *m) {
     lm_cpu *c = m->c;
     size_t ldq = lm_q8x_row_bytes(m->I);
     lm_mm_qx_reserve(c, ldq * (size_t)m->T);
     for (int64_t t = 0; t < m->T; t++) lm_mm_q8x(c, m->x + t * m->I, m->I, (char *)c->qx + (size_t)t * ldq);
+}
+
+static void lm_mm_qgemv(lm_mm *m) {
+    lm_mm_qgemv_round(m);
     int64_t units = (m->O + LM_GEMV_MAX_ROWS - 1) / LM_GEMV_MAX_ROWS;
-    lm_cpu_parallel_for(c, units, 2 * LM_GEMV_MAX_ROWS * m->I * m->T, lm_mm_qgemv_range, m);
+    lm_cpu_parallel_for(m->c, units, 2 * LM_GEMV_MAX_ROWS * m->I * m->T, lm_mm_qgemv_range, m);
 }
 
 static void lm_mm_gemv(lm_mm *m) {
@@ -383,6 +392,24 @@ static void lm_mm_set_worker(void *v, int ith, int nth) {
     }
 }
 
+static void lm_mm_qgemv_set_range(void *v, int64_t u0, int64_t u1, int ith) {
+    (void)ith;
+    const lm_mm_set *st = v;
+    for (int i = 0; i < st->n && u0 < u1; i++) { /* the part of [u0, u1) in weight i */
+        int64_t a = LM_MAX(u0, st->cb0[i]), b = LM_MIN(u1, st->cb0[i + 1]);
+        if (a < b) lm_mm_qgemv_units(&st->mm[i], a - st->cb0[i], b - st->cb0[i]);
+    }
+}
+
+/* Decode: x rounded once, the weights' row units in one parallel loop. */
+static void lm_mm_qgemv_set(lm_mm *mm, int n) {
+    lm_mm_qgemv_round(&mm[0]);
+    lm_mm_set st = { .mm = mm, .n = n };
+    st.cb0[0] = 0;
+    for (int i = 0; i < n; i++) st.cb0[i + 1] = st.cb0[i] + (mm[i].O + LM_GEMV_MAX_ROWS - 1) / LM_GEMV_MAX_ROWS;
+    lm_cpu_parallel_for(mm[0].c, st.cb0[n], 2 * LM_GEMV_MAX_ROWS * mm[0].I * mm[0].T, lm_mm_qgemv_set_range, &st);
+}
+
 static void lm_mm_gemm_set(lm_mm *mm, int n) {
     lm_cpu *c = mm[0].c;
     lm_mm_gemm_prepare(&mm[0]);
@@ -443,21 +470,24 @@ void lm_cpu_matmul(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_te
     else lm_mm_gemm(&m);
 }
 
-/* As n matmuls; a prefill on weights the int8 GEMM takes goes through one
- * set of units (the same products, so the same bits as one by one). */
+/* As n matmuls; on weights the int8 GEMM (prefill) or GEMV (decode) takes,
+ * x is rounded once and the weights' units go through one hand-out (the
+ * same products, so the same bits as one by one). */
 void lm_cpu_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                      const lm_tensor *const *bias) {
     lm_cpu *c = lm_cpu_get(be);
-    bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows >= c->k->gemm_min_tokens && x->cols > 0 && c->qk &&
-               c->qk->qgemm;
-    for (int i = 0; set && i < n; i++) set = lm_qblock_types[w[i]->type].pack && w[i]->rows > 0;
+    const bool gemm = x->rows >= c->k->gemm_min_tokens;
+    bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows > 0 && x->cols > 0 && c->qk && (!gemm || c->qk->qgemm);
+    for (int i = 0; set && i < n; i++)
+        set = w[i]->rows > 0 && (gemm ? lm_qblock_types[w[i]->type].pack != NULL : c->qk->qgemv[w[i]->type] != NULL);
     if (!set) {
         for (int i = 0; i < n; i++) lm_cpu_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
         return;
     }
     lm_mm mm[LM_MM_SET_MAX];
     for (int i = 0; i < n; i++) mm[i] = lm_mm_make(c, y[i], x, w[i], bias ? bias[i] : NULL);
-    lm_mm_gemm_set(mm, n);
+    if (gemm) lm_mm_gemm_set(mm, n);
+    else lm_mm_qgemv_set(mm, n);
 }
 
 /* gate and up as one set, then the activation (as lm_op_matmul_glu composes it). */
