@@ -277,25 +277,6 @@ static const qd_e2e_case qd_e2e_cases[] = {
 #define QD_E2E_MARGIN 3.0
 
 
-/* A llama-g256 file (pattern with %s for the type): tests/data/gguf first
- * (the types that ship with the repository), then the shared fixtures. */
-static char *qd_e2e_file(const char *type, const char *pattern) {
-    char name[96], rel[160];
-    snprintf(name, sizeof name, pattern, type);
-    size_t n = strlen(LUMEN_SOURCE_DIR "/tests/data/gguf/llama-g256/") + strlen(name) + 1;
-    char *local = malloc(n);
-    snprintf(local, n, "%s/tests/data/gguf/llama-g256/%s", LUMEN_SOURCE_DIR, name);
-    if (access(local, R_OK) == 0) return local;
-    free(local);
-    snprintf(rel, sizeof rel, "gguf/llama-g256/%s", name);
-    char *shared = lm_test_fixture_path(rel);
-    if (shared && access(shared, R_OK) != 0) {
-        free(shared);
-        return NULL;
-    }
-    return shared;
-}
-
 static void qd_logsoftmax(const float *x, double *out, int V) {
     double mx = x[lm_argmax(x, V)], sum = 0;
     for (int i = 0; i < V; i++) sum += exp(x[i] - mx);
@@ -323,7 +304,7 @@ static void qd_e2e(lm_test_ctx *lm_t_, int ci) {
     const qd_e2e_case *c = &qd_e2e_cases[ci];
     const double tol = c->worst > 0 ? QD_E2E_MARGIN * c->worst : QD_E2E_DEFAULT_TOL;
     const double tol_kl = c->worst_kl > 0 ? QD_E2E_MARGIN * c->worst_kl : QD_E2E_DEFAULT_KL;
-    char *gguf = qd_e2e_file(c->type, "model.%s.gguf"), *ref = qd_e2e_file(c->type, "%s.llamacpp.json");
+    char *gguf = lm_tu_g256_file(c->type, "model.%s.gguf"), *ref = lm_tu_g256_file(c->type, "%s.llamacpp.json");
     if (!gguf || !ref) {
         free(gguf);
         free(ref);

@@ -51,6 +51,9 @@ static const qg_scales qg_scale_table[] = {
     { LM_Q8_0, { 0, -1 }, { 0.01f, 0 } },       { LM_Q4_0, { 0, -1 }, { 0.1f, 0 } },
     { LM_Q4_K, { 0, 2 }, { 0.002f, 0.001f } },  { LM_Q5_K, { 0, 2 }, { 0.002f, 0.001f } },
     { LM_Q6_K, { 208, -1 }, { 0.0003f, 0 } },   { LM_IQ4_XS, { 0, -1 }, { 0.0003f, 0 } },
+    { LM_Q4_1, { 0, 2 }, { 0.1f, 0.05f } },     { LM_Q5_0, { 0, -1 }, { 0.05f, 0 } },
+    { LM_Q5_1, { 0, 2 }, { 0.05f, 0.05f } },    { LM_IQ4_NL, { 0, -1 }, { 0.01f, 0 } },
+    { LM_Q2_K, { 80, 82 }, { 0.02f, 0.01f } },  { LM_Q3_K, { 108, -1 }, { 0.001f, 0 } },
 };
 
 static const qg_scales *qg_scales_of(lm_dtype t) {
@@ -353,7 +356,8 @@ LM_TEST(cpu_qgemm_q8x_quantize_bitexact) {
 
 /* ---- end to end: batch prefill (GEMM) against token by token (GEMV) -------- */
 
-static const char *const qg_fixtures[] = { "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS" };
+static const char *const qg_fixtures[] = { "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS",
+                                            "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K" };
 
 /* Prefills ids (at once or one token at a time), then decodes n_gen steps;
  * forced: feed these ids (else greedy ones, written to it). The logits of the
@@ -397,10 +401,8 @@ LM_TEST(cpu_qgemm_gguf_batch_vs_stepwise) {
     int32_t ids[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)((i * 37 + 11) % 97);
     for (size_t f = 0; f < LM_COUNT(qg_fixtures); f++) {
-        char rel[128];
-        snprintf(rel, sizeof rel, "gguf/llama-g256/model.%s.gguf", qg_fixtures[f]);
-        char *path = lm_test_fixture_path(rel);
-        if (!path) LM_SKIP("%s", lm_test_fixtures_why());
+        char *path = lm_tu_g256_file(qg_fixtures[f], "model.%s.gguf");
+        if (!path) LM_SKIP("gguf/llama-g256/model.%s.gguf: %s", qg_fixtures[f], lm_test_fixtures_why());
         lm_err e = { { 0 } };
         lm_backend *be = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
         LM_REQUIRE(be != NULL);

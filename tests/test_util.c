@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/lm_engine.h"
 #include "engine/lm_runner.h"
@@ -301,4 +302,21 @@ int lm_tu_round_robin(int S, const int *n, const int *pos0, int32_t *pos, int32_
             }
     }
     return t;
+}
+
+char *lm_tu_g256_file(const char *type, const char *pattern) {
+    char name[96], rel[160];
+    snprintf(name, sizeof name, pattern, type);
+    size_t n = strlen(LUMEN_SOURCE_DIR "/tests/data/gguf/llama-g256/") + strlen(name) + 1;
+    char *local = malloc(n);
+    snprintf(local, n, "%s/tests/data/gguf/llama-g256/%s", LUMEN_SOURCE_DIR, name);
+    if (access(local, R_OK) == 0) return local;
+    free(local);
+    snprintf(rel, sizeof rel, "gguf/llama-g256/%s", name);
+    char *shared = lm_test_fixture_path(rel);
+    if (shared && access(shared, R_OK) != 0) {
+        free(shared);
+        return NULL;
+    }
+    return shared;
 }

@@ -22,6 +22,10 @@ char *lm_tu_mkdir(const char *tag);
 /* How far the largest of x[0..n) stands above the second largest: a greedy
  * pick closer than a known error to its runner-up may flip. */
 double lm_tu_top2_margin(const float *x, int n);
+/* A llama-g256 GGUF fixture file (pattern with %s for the type, as
+ * "model.%s.gguf"): tests/data/gguf first (the types that ship with the
+ * repository), then the shared fixtures; NULL when neither has it. */
+char *lm_tu_g256_file(const char *type, const char *pattern);
 /* max |got - ref| / max(|ref|, floor) over n values; NaN anywhere counts as
  * infinite. */
 double lm_tu_rel_err(const float *got, const float *ref, size_t n, double floor);

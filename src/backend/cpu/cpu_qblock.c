@@ -115,10 +115,82 @@ static void lm_qb_q6_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
     })
 }
 
+/* Q4_1 / Q5_1: w = d * u + m (so the offset is -m); Q5_0: w = d * (u - 16). */
+static void lm_qb_q4_1(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *blk = row + (b0 + i) * 20;
+        float d = lm_qb_h(blk), m = lm_qb_h(blk + 2);
+        uint8_t u[32];
+        lm_qs_codes_q4_0(blk + 2, u); /* Q4_0's nibbles, 2 bytes later */
+        lm_qb_put(LM_QB_PB(i), r, u, d, d, -m, -m);
+    }
+}
+
+static void lm_qb_q5_0(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *blk = row + (b0 + i) * 22;
+        float d = lm_qb_h(blk);
+        uint8_t u[32];
+        lm_qs_codes_q5(blk + 2, blk + 6, u);
+        lm_qb_put(LM_QB_PB(i), r, u, d, d, 16.0f * d, 16.0f * d);
+    }
+}
+
+static void lm_qb_q5_1(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *blk = row + (b0 + i) * 24;
+        float d = lm_qb_h(blk), m = lm_qb_h(blk + 2);
+        uint8_t u[32];
+        lm_qs_codes_q5(blk + 4, blk + 8, u);
+        lm_qb_put(LM_QB_PB(i), r, u, d, d, -m, -m);
+    }
+}
+
+/* IQ4_NL: u = level + 128, w = d * (u - 128). */
+static void lm_qb_iq4_nl(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *blk = row + (b0 + i) * 18;
+        float d = lm_qb_h(blk);
+        uint8_t u[32];
+        lm_qs_codes_iq4_nl(blk, u);
+        lm_qb_put(LM_QB_PB(i), r, u, d, d, 128.0f * d, 128.0f * d);
+    }
+}
+
+/* Q2_K: per 16 values a 4-bit scale and min, w = d * sc * u - dmin * mn. */
+static void lm_qb_q2_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    LM_QB_SUPER_RUN(84, {
+        const float d = lm_qb_h(sb + 80), dmin = lm_qb_h(sb + 82);
+        for (int j = j0; j < j0 + n; j++) {
+            const uint8_t *sc = sb + 2 * j;
+            uint8_t u[32];
+            lm_qs_codes_q23_k(sb + 16, NULL, j, u);
+            lm_qb_put(LM_QB_PB(i + j - j0), r, u, d * (float)(sc[0] & 15), d * (float)(sc[1] & 15),
+                      dmin * (float)(sc[0] >> 4), dmin * (float)(sc[1] >> 4));
+        }
+    })
+}
+
+/* Q3_K: codes q + 4, per 16 values a signed 6-bit scale: w = d * sc * (u - 4). */
+static void lm_qb_q3_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    LM_QB_SUPER_RUN(110, {
+        const float d = lm_qb_h(sb + 108);
+        for (int j = j0; j < j0 + n; j++) {
+            float s0 = d * (float)lm_qs_q3k_scale(sb + 96, 2 * j), s1 = d * (float)lm_qs_q3k_scale(sb + 96, 2 * j + 1);
+            uint8_t u[32];
+            lm_qs_codes_q23_k(sb + 32, sb, j, u);
+            lm_qb_put(LM_QB_PB(i + j - j0), r, u, s0, s1, 4.0f * s0, 4.0f * s1);
+        }
+    })
+}
+
 const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT] = {
-    [LM_Q8_0] = { lm_qb_q8_0, false }, [LM_Q4_0] = { lm_qb_q4_0, false },
-    [LM_Q4_K] = { lm_qb_q4_k, false }, [LM_Q5_K] = { lm_qb_q5_k, false },
+    [LM_Q8_0] = { lm_qb_q8_0, false },     [LM_Q4_0] = { lm_qb_q4_0, false },
+    [LM_Q4_1] = { lm_qb_q4_1, false },     [LM_Q5_0] = { lm_qb_q5_0, false },
+    [LM_Q5_1] = { lm_qb_q5_1, false },     [LM_IQ4_NL] = { lm_qb_iq4_nl, false },
+    [LM_Q4_K] = { lm_qb_q4_k, false },     [LM_Q5_K] = { lm_qb_q5_k, false },
     [LM_IQ4_XS] = { lm_qb_iq4_xs, false }, [LM_Q6_K] = { lm_qb_q6_k, true },
+    [LM_Q2_K] = { lm_qb_q2_k, true },      [LM_Q3_K] = { lm_qb_q3_k, true },
 };
 
 /* Each row's run of blocks straight into the panel; missing rows stay zero. */

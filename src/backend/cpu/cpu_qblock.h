@@ -57,5 +57,11 @@ void lm_qs_codes_q4_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
 void lm_qs_codes_q5_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
 void lm_qs_codes_iq4_xs(const uint8_t *restrict sb, int j, uint8_t *restrict u);
 void lm_qs_codes_q6_k(const uint8_t *restrict sb, int j, uint8_t *restrict u);
+/* IQ4_NL (levels + 128), Q5_0 / Q5_1 (nibbles at qs, fifth bits at qh),
+ * Q2_K / Q3_K block j (Q3_K with hmask: q + 4); Q3_K's scale i with its -32. */
+void lm_qs_codes_iq4_nl(const uint8_t *restrict blk, uint8_t *restrict u);
+void lm_qs_codes_q5(const uint8_t *restrict qh, const uint8_t *restrict qs, uint8_t *restrict u);
+void lm_qs_codes_q23_k(const uint8_t *restrict qs, const uint8_t *restrict hmask, int j, uint8_t *restrict u);
+int lm_qs_q3k_scale(const uint8_t *sc, int i);
 
 #endif

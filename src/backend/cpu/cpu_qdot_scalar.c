@@ -110,7 +110,7 @@ void lm_qs_codes_q6_k(const uint8_t *restrict sb, int j, uint8_t *restrict u) {
 }
 
 /* IQ4_NL: nibbles placed as Q4_0's, as levels + 128 (unsigned like the rest). */
-static void lm_qs_codes_iq4_nl(const uint8_t *blk, uint8_t *u) {
+void lm_qs_codes_iq4_nl(const uint8_t *restrict blk, uint8_t *restrict u) {
     for (int i = 0; i < 16; i++) {
         u[i] = (uint8_t)(lm_iq4nl_levels[blk[2 + i] & 0x0f] + 128);
         u[i + 16] = (uint8_t)(lm_iq4nl_levels[blk[2 + i] >> 4] + 128);
@@ -118,7 +118,7 @@ static void lm_qs_codes_iq4_nl(const uint8_t *blk, uint8_t *u) {
 }
 
 /* Q5_0 / Q5_1: the nibbles at qs plus bit i of the 32-bit qh at qh. */
-static void lm_qs_codes_q5(const uint8_t *qh, const uint8_t *qs, uint8_t *u) {
+void lm_qs_codes_q5(const uint8_t *restrict qh, const uint8_t *restrict qs, uint8_t *restrict u) {
     uint32_t h = (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) | ((uint32_t)qh[3] << 24);
     for (int i = 0; i < 16; i++) {
         u[i] = (uint8_t)((qs[i] & 0x0f) | (((h >> i) & 1u) << 4));
@@ -129,14 +129,14 @@ static void lm_qs_codes_q5(const uint8_t *qh, const uint8_t *qs, uint8_t *u) {
 /* Q2_K / Q3_K block j (0..7): 2-bit codes (qs[32 (j / 4) + l] >> 2 (j % 4)) & 3;
  * Q3_K (hmask != NULL) adds bit j of hmask[l] as bit 2, so that its q + 4
  * (0..7) is the code. */
-static void lm_qs_codes_q23_k(const uint8_t *qs, const uint8_t *hmask, int j, uint8_t *u) {
+void lm_qs_codes_q23_k(const uint8_t *restrict qs, const uint8_t *restrict hmask, int j, uint8_t *restrict u) {
     qs += 32 * (j / 4);
     for (int i = 0; i < 32; i++)
         u[i] = (uint8_t)(((qs[i] >> (2 * (j % 4))) & 3) | (hmask ? ((hmask[i] >> j) & 1) << 2 : 0));
 }
 
 /* Q3_K's scale i (0..15) with its -32, from the 12 packed bytes (dtype.c). */
-static int lm_qs_q3k_scale(const uint8_t *sc, int i) {
+int lm_qs_q3k_scale(const uint8_t *sc, int i) {
     return (((sc[i % 8] >> (4 * (i / 8))) & 0x0f) | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32;
 }
 
