@@ -41,7 +41,7 @@ static uint8_t *bg_weight(lm_dtype t, int64_t rows, int64_t cols, uint64_t *s) {
     for (size_t b = 0; b < bytes / bb; b++) {
         uint8_t *blk = w + b * bb;
         if (t == LM_Q6_K) memcpy(blk + 208, &h, 2);
-        else if (t == LM_Q4_K) memcpy(blk, &h, 2), memcpy(blk + 2, &h, 2);
+        else if (t == LM_Q4_K || t == LM_Q5_K) memcpy(blk, &h, 2), memcpy(blk + 2, &h, 2);
         else memcpy(blk, &h, 2);
     }
     return w;
@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
     }
     if (T < 1 || reps < 1) return 2;
     uint64_t s = 1;
-    const lm_dtype types[] = { LM_Q4_K, LM_Q6_K, LM_Q8_0 };
+    const lm_dtype types[] = { LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_Q8_0 };
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) bg_tiles(types[i], T, reps, &s);
     if (tiles_only) return 0;
     char *list = strdup(threads);

@@ -44,8 +44,8 @@ extern const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT];
 /* Packs blocks b0 .. b0+nb-1 of nv <= LM_QP_ROWS rows (w: the first row,
  * ldw bytes per row) into panel (nb * LM_QP_BLOCK_BYTES, 64-byte aligned). */
 void lm_qpanel_pack(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);
-/* The same bytes, 16 rows at a time with AVX-512 gathers for Q4_K, Q6_K
- * and Q8_0 (cpu_qblock_avx512.c); other types through lm_qpanel_pack. */
+/* The same bytes, 16 rows at a time with AVX-512 for Q4_K, Q5_K, Q6_K and
+ * Q8_0 (cpu_qblock_avx512.c); other types through lm_qpanel_pack. */
 void lm_qpanel_pack_avx512(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);
 
 /* Decoders of cpu_qdot_scalar.c: unsigned codes of one 32-value block

@@ -10,7 +10,7 @@
  * turned into f32 with the portable packer's products, so the panel bytes
  * are the same (tests/test_cpu_qgemm.c compares them).
  *
- * Q4_K, Q6_K and Q8_0 here; other types go to the portable lm_qpanel_pack.
+ * Q4_K, Q5_K, Q6_K and Q8_0 here; other types go to the portable lm_qpanel_pack.
  * Every load stays inside its row's blocks; rows past nv are zero vectors
  * (zero codes, zero factors), as the portable packer writes them. */
 #include "cpu_qblock.h"
@@ -94,11 +94,14 @@ LM_QZ_AI void lm_qz_factors(uint8_t *pb, int half, __mmask16 m, __m512 s0, __m51
 
 /* Blocks b0 .. b0 + nb - 1 of one 16-row group; the K-quants walk
  * super-blocks (a run may start and end inside one). */
-static void lm_qz_q4_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
-                       int half) {
+/* Q4_K, and Q5_K (Q4_K's nibbles at 48, the fifth bit j of qh at 16). */
+static void lm_qz_q45_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
+                        int half, bool five) {
     const __m512i lo4 = _mm512_set1_epi32(0x0f0f0f0f), c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15);
+    const __m512i one = _mm512_set1_epi32(0x01010101);
+    const int64_t sbb = five ? 176 : 144, qs0 = five ? 48 : 16;
     for (int i = 0; i < nb;) {
-        const int64_t b = b0 + i, sb = (b / 8) * 144;
+        const int64_t b = b0 + i, sb = (b / 8) * sbb;
         const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
         __m512i h[4]; /* d, dmin; the 12 scale bytes */
         lm_qz_t16x4(base, ldw, n, sb, h);
@@ -107,8 +110,12 @@ static void lm_qz_q4_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int6
         for (int j = j0; j < j1; j++) {
             __m512i z[8];
             for (int r = 0; r < 8; r++) {
-                __m512i q = lm_qz_pair(base, ldw, n, r, sb + 16 + 32 * (j / 2));
+                __m512i q = lm_qz_pair(base, ldw, n, r, sb + qs0 + 32 * (j / 2));
                 z[r] = _mm512_and_si512(j % 2 ? _mm512_srli_epi32(q, 4) : q, lo4);
+                if (five) {
+                    __m512i hb = _mm512_and_si512(_mm512_srli_epi32(lm_qz_pair(base, ldw, n, r, sb + 16), (unsigned)j), one);
+                    z[r] = _mm512_or_si512(z[r], _mm512_slli_epi32(hb, 4));
+                }
             }
             uint8_t *pb = LM_QZ_PB(i + j - j0);
             lm_qz_store_t16x8(z, pb + 64 * half);
@@ -184,7 +191,7 @@ static void lm_qz_q8_0(const uint8_t *base, size_t ldw, int n, __mmask16 m, int6
 }
 
 void lm_qpanel_pack_avx512(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel) {
-    if (t != LM_Q4_K && t != LM_Q6_K && t != LM_Q8_0) {
+    if (t != LM_Q4_K && t != LM_Q5_K && t != LM_Q6_K && t != LM_Q8_0) {
         lm_qpanel_pack(t, w, ldw, nv, b0, nb, panel);
         return;
     }
@@ -193,7 +200,7 @@ void lm_qpanel_pack_avx512(lm_dtype t, const void *w, size_t ldw, int nv, int64_
         const int n = nv - 16 * half;
         const __mmask16 m = n >= 16 ? (__mmask16)0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0;
         const uint8_t *base = n > 0 ? (const uint8_t *)w + (size_t)(16 * half) * ldw : (const uint8_t *)w;
-        if (t == LM_Q4_K) lm_qz_q4_k(base, ldw, n, m, b0, nb, panel, half);
+        if (t == LM_Q4_K || t == LM_Q5_K) lm_qz_q45_k(base, ldw, n, m, b0, nb, panel, half, t == LM_Q5_K);
         else if (t == LM_Q6_K) lm_qz_q6_k(base, ldw, n, m, b0, nb, panel, half);
         else lm_qz_q8_0(base, ldw, n, m, b0, nb, panel, half);
     }
