@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_random_gguf.py - a random Llama-3.2-1B-shaped GGUF for CPU speed tests.
 
-Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q3km|q8|bf16 [1b|8b]
+Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q5km|q3km|q8|bf16 [1b|8b]
 
 Design: lumen and llama.cpp both need GGUF files to compare speed on, and
 make_random_model writes safetensors only. This copies the metadata of a small
@@ -10,8 +10,8 @@ with the shape keys set to Llama-3.2-1B's (16 layers, 2048 wide, FFN 8192,
 32 heads / 8 KV heads, vocab 128256: the token list is padded with unused
 tokens) and writes random weight blocks: q4km follows llama.cpp's Q4_K_M
 choice (Q4_K, with Q6_K for the output and for attn_v / ffn_down in 8 of the
-16 layers), q3km the same with Q3_K for Q4_K and Q4_K for Q6_K (the
-output too), q8 is all Q8_0, bf16 is all BF16 with the head tied to the
+16 layers), q5km the same with Q5_K for Q4_K, q3km with Q3_K for Q4_K
+and Q4_K for Q6_K (the output too), q8 is all Q8_0, bf16 is all BF16 with the head tied to the
 embedding (no output.weight), as llama.cpp's converter writes the real
 Llama-3.2-1B (to compare with make_random_model's bf16 safetensors). Block scales are fixed, sane f16 values (no
 subnormals, no infinities) and the codes random, so the logits are
@@ -69,7 +69,7 @@ def val(t, v):
 
 
 def main():
-    if len(sys.argv) not in (4, 5) or sys.argv[3] not in ('q4km', 'q3km', 'q8', 'bf16') or sys.argv[4:] not in ([], ['1b'], ['8b']):
+    if len(sys.argv) not in (4, 5) or sys.argv[3] not in ('q4km', 'q5km', 'q3km', 'q8', 'bf16') or sys.argv[4:] not in ([], ['1b'], ['8b']):
         sys.exit(__doc__)
     tmpl, out, kind = sys.argv[1:4]
     H, L, F, NH, NKV, V = (4096, 32, 14336, 32, 8, 128256) if sys.argv[4:] == ['8b'] else (2048, 16, 8192, 32, 8, 128256)
@@ -81,6 +81,8 @@ def main():
     def chunk(t):  # 4096 random blocks of ggml type t
         if t == 12:
             return b''.join(f16(4e-5) + f16(2e-5) + rb(140) for _ in range(4096))
+        if t == 13:  # Q5_K: Q4_K's header, then qh and qs
+            return b''.join(f16(4e-5) + f16(2e-5) + rb(172) for _ in range(4096))
         if t == 11:  # Q3_K: hmask, qs, 12 scale bytes, then d
             return b''.join(rb(108) + f16(2e-5) for _ in range(4096))
         if t == 14:
@@ -91,8 +93,8 @@ def main():
                             for _ in range(4096 * 16))
         return b''.join(f16(3e-4) + rb(32) for _ in range(4096))
 
-    blocks = {11: (256, 110), 12: (256, 144), 14: (256, 210), 8: (32, 34), 0: (1, 4), 30: (1, 2)}
-    q4, q6 = {'q4km': (12, 14), 'q3km': (11, 12), 'q8': (8, 8), 'bf16': (30, 30)}[kind]
+    blocks = {11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 8: (32, 34), 0: (1, 4), 30: (1, 2)}
+    q4, q6 = {'q4km': (12, 14), 'q5km': (13, 14), 'q3km': (11, 12), 'q8': (8, 8), 'bf16': (30, 30)}[kind]
     w = lambda name, rows, cols, t: (name, (cols, rows), t)
     tensors = [w('token_embd.weight', V, H, q4), w('output_norm.weight', 1, H, 0)]
     if kind != 'bf16':
@@ -107,7 +109,7 @@ def main():
                     w(p + 'ffn_down.weight', H, F, q6 if more else q4)]
     over = {'llama.block_count': L, 'llama.embedding_length': H, 'llama.feed_forward_length': F,
             'llama.attention.head_count': NH, 'llama.attention.head_count_kv': NKV, 'llama.vocab_size': V,
-            'general.file_type': {'q4km': 15, 'q3km': 12, 'q8': 7, 'bf16': 32}[kind], 'llama.attention.key_length': H // NH,
+            'general.file_type': {'q4km': 15, 'q5km': 17, 'q3km': 12, 'q8': 7, 'bf16': 32}[kind], 'llama.attention.key_length': H // NH,
             'llama.attention.value_length': H // NH, 'llama.rope.dimension_count': H // NH}
     kvb = []
     for k, t, v in read_kv(tmpl):

@@ -17,6 +17,7 @@
 # llama.cpp build before lumen runs (no compiler beside them); PEER_ROUNDS
 # (default 1) alternates llama.cpp and lumen that many times; MEMBW=1 adds
 # lumen's copy and read bandwidth probe (decode roofline) at 16 threads.
+# KINDS: the random files (make_random_gguf.py kinds, default "q4km q8").
 # Carry .device-carry holding: bin/{lumen,bench_qdot} and optionally
 # bin/{lumen_base,bench_qdot_base} (CPU-only builds: cmake -DLUMEN_CUDA=OFF),
 # lib/ (their shared libraries outside glibc), template.gguf (the llama-g256
@@ -40,7 +41,7 @@ for b in bench_qdot_base bench_qdot; do
   log "$b, one core, streaming"; "$C/bin/$b" --stream | grep -E "Q4_K|Q6_K|Q8_0"
 done
 [[ ${WAIT_BUILD:-0} == 1 && -n $bp ]] && { log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }; bp=; }
-for k in q4km q8; do
+for k in ${KINDS:-q4km q8}; do
   python3 tools/make_random_gguf.py "$C/template.gguf" $S/l1.$k.gguf $k >/dev/null || exit 1
 done
 run_lumen() { # binary file threads
@@ -48,7 +49,7 @@ run_lumen() { # binary file threads
     tail -n 1 | grep -oE '"prefill_tok_s":[0-9.]*|"decode_tok_s":[0-9.]*' | tr '\n' ' '; echo
 }
 if [[ ${PROFILE:-0} == 1 ]]; then
-  for k in q4km q8; do
+  for k in ${KINDS:-q4km q8}; do
     log "LUMEN_PROFILE=1 lumen $k 16 threads, decode 64 after 16"
     LUMEN_PROFILE=1 timeout 60 "$C/bin/lumen" bench -m $S/l1.$k.gguf --device cpu --threads 16 --prompt-len 16 --gen 64 --reps 1 --no-membw 2>&1 | tail -n 16
   done
@@ -61,7 +62,7 @@ if [[ ${PREFILL_PROFILE:-0} == 1 ]]; then
   done
 fi
 for th in ${THREADS:-16 8}; do
-  for k in q4km q8; do
+  for k in ${KINDS:-q4km q8}; do
     for round in $(seq ${ROUNDS:-2}); do
       for b in ${BINS:-lumen_base lumen}; do
         [[ -x $C/bin/$b ]] || continue
@@ -86,7 +87,7 @@ if [[ ${MEMBW:-0} == 1 ]]; then
   timeout 120 "$C/bin/lumen" bench -m $S/l1.q8.gguf --device cpu --threads 16 --prompt-len 16 --gen 64 --reps 2 2>&1 | tail -n 1
 fi
 for th in ${THREADS:-16 8}; do
-  for k in q4km q8; do
+  for k in ${KINDS:-q4km q8}; do
     for round in $(seq ${PEER_ROUNDS:-1}); do
       log "llama.cpp $k $th threads (round $round)"
       "$LB/llama-bench" -o md -m $S/l1.$k.gguf -ngl 0 -t $th -p 512 -n 64 -r 2 2>/dev/null | grep -E "^\| [a-z]"
