@@ -194,9 +194,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             }
         }
     } else if (dt == LM_Q2_K || dt == LM_Q3_K) {
-        /* 2-bit codes, Q3_K with a third bit from hmask (signed: q in -4..3);
-         * one scale per 16 values applied in integers as for Q6_K, Q2_K's
-         * mins per super-block from the activation's 16-value sums */
+        /* 2-bit codes, Q3_K with a third bit from hmask (u = q + 4, 0..7);
+         * one scale per 16 values applied in integers as for Q6_K; Q2_K's
+         * mins and Q3_K's offsets (4 x its scale) per super-block from the
+         * activation's 16-value sums, so the codes stay unsigned (no
+         * vpsignb on the codes and on every token's activations) */
         const int bb = dt == LM_Q2_K ? 84 : 110, qs_off = dt == LM_Q2_K ? 16 : 32;
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * bb;
@@ -217,6 +219,13 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             } else {
                 sc16 = lm_qd_q3k_scales(blk + 96);
                 dsb = lm_qd_h(blk + 108);
+                __m256i off16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc16), 2); /* 4 x scale, signed */
+                __m256 dv = _mm256_set1_ps(dsb);
+                for (int t = 0; t < NT; t++) {
+                    __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
+                    __m256 offs = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, off16)); /* per 32-value block */
+                    accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_loadu_ps(x[t].d + sb * 8)), offs, accm[t]);
+                }
             }
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
             for (int t = 0; t < NT; t++)
@@ -231,15 +240,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                     const int j = 4 * h + k;
                     __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
                     __m256i scv = lm_qd_sc(sc16, j);
-                    __m256i w = u;
-                    if (dt == LM_Q3_K) {
-                        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
-                        w = _mm256_sub_epi8(_mm256_or_si256(u, _mm256_slli_epi16(hb, 2)), _mm256_set1_epi8(4));
-                        u = _mm256_sign_epi8(w, w);
-                    }
+                    if (dt == LM_Q3_K) /* hmask bit j is bit 2 of u */
+                        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, j), 2),
+                                                                _mm256_set1_epi8(4)));
                     for (int t = 0; t < NT; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
-                        if (dt == LM_Q3_K) xv = _mm256_sign_epi8(xv, w);
                         __m256 p = _mm256_cvtepi32_ps(lm_qd_dot_sc(u, xv, scv));
                         if (k & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
                         else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
