@@ -39,7 +39,13 @@
  * tokens: a weight block is decoded once per up to 512 tokens and read
  * from L1 by every tile of tokens. The products are those of the int8
  * GEMV (same q8x integers), so a batch prefill and a token-by-token one
- * differ only by f32 rounding before the q8x rounding. */
+ * differ only by f32 rounding before the q8x rounding.
+ *
+ * matmul_n (q, k, v; gate and up for matmul_glu): on the int8 paths x is
+ * rounded once and the units of all the weights go through one hand-out
+ * (one counter for the GEMM, one parallel loop for the GEMV), so a narrow
+ * weight shares the threads with a wide one instead of being cut into
+ * short units alone; each output is computed as by its own matmul. */
 #include "cpu_impl.h"
 #include "cpu_qblock.h"
 
