@@ -58,33 +58,29 @@ static void lm_qb_q4_0(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
         i += n;                                                       \
     }
 
-/* Q4_K / Q5_K: w = d * scale_j * u - dmin * min_j. */
-static void lm_qb_q4_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(144, {
+/* Q4_K / Q5_K (the same header; Q5_K a fifth bit a value): w = d * scale_j
+ * * u - dmin * min_j. */
+static inline __attribute__((always_inline)) void lm_qb_q45_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r, bool five) {
+    LM_QB_SUPER_RUN(five ? 176 : 144, {
         const float d = lm_qb_h(sb), dmin = lm_qb_h(sb + 2);
         for (int j = j0; j < j0 + n; j++) {
             int sc, mn;
             uint8_t u[32];
             lm_q4k_scale_min(j, sb + 4, &sc, &mn);
-            lm_qs_codes_q4_k(sb, j, u);
+            if (five) lm_qs_codes_q5_k(sb, j, u);
+            else lm_qs_codes_q4_k(sb, j, u);
             float s = d * (float)sc, o = dmin * (float)mn;
             lm_qb_put(LM_QB_PB(i + j - j0), r, u, s, s, o, o);
         }
     })
 }
 
+static void lm_qb_q4_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+    lm_qb_q45_k(row, b0, nb, panel, r, false);
+}
+
 static void lm_qb_q5_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(176, {
-        const float d = lm_qb_h(sb), dmin = lm_qb_h(sb + 2);
-        for (int j = j0; j < j0 + n; j++) {
-            int sc, mn;
-            uint8_t u[32];
-            lm_q4k_scale_min(j, sb + 4, &sc, &mn);
-            lm_qs_codes_q5_k(sb, j, u);
-            float s = d * (float)sc, o = dmin * (float)mn;
-            lm_qb_put(LM_QB_PB(i + j - j0), r, u, s, s, o, o);
-        }
-    })
+    lm_qb_q45_k(row, b0, nb, panel, r, true);
 }
 
 /* IQ4_XS: u = level + 128, w = d * (ls - 32) * (u - 128). */
