@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
     }
     if (T < 1 || reps < 1) return 2;
     uint64_t s = 1;
-    const lm_dtype types[] = { LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_Q8_0 };
+    const lm_dtype types[] = { LM_Q4_K, LM_Q5_K, LM_Q6_K, LM_Q8_0, LM_IQ4_XS, LM_Q3_K };
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) bg_tiles(types[i], T, reps, &s);
     if (tiles_only) return 0;
     char *list = strdup(threads);

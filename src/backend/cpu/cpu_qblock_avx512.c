@@ -10,7 +10,8 @@
  * turned into f32 with the portable packer's products, so the panel bytes
  * are the same (tests/test_cpu_qgemm.c compares them).
  *
- * Q4_K, Q5_K, Q6_K and Q8_0 here; other types go to the portable lm_qpanel_pack.
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 here (IQ4_XS's levels by
+ * a byte shuffle); other types go to the portable lm_qpanel_pack.
  * Every load stays inside its row's blocks; rows past nv are zero vectors
  * (zero codes, zero factors), as the portable packer writes them. */
 #include "cpu_qblock.h"
@@ -170,6 +171,99 @@ static void lm_qz_q6_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int6
     }
 }
 
+/* IQ4_XS: block j's 32 codes are levels + 128 of the 16 bytes at 8 + 16 j
+ * (low nibbles first), ls = 4 low bits (bytes 4-7) | 2 high bits (bytes
+ * 2-3) << 4, w = d * (ls - 32) * (u - 128). */
+static void lm_qz_iq4_xs(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
+                         int half) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    /* lanes 0 / 2 (rows r / r + 8) the low nibbles, 1 / 3 the high */
+    const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    __m128i lv = _mm_loadu_si128((const __m128i *)lm_iq4nl_levels);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(lv, _mm_set1_epi8((char)0x80)));
+    const __m512 c128 = _mm512_set1_ps(128.0f);
+    for (int i = 0; i < nb;) {
+        const int64_t b = b0 + i, sb = (b / 8) * 136;
+        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+        __m512i h[4];
+        lm_qz_t16x4(base, ldw, n, sb, h);
+        const __m512 d = lm_qz_h(h[0], 0);
+        for (int j = j0; j < j1; j++) {
+            __m512i z[8];
+            for (int r = 0; r < 8; r++) {
+                __m128i a = r < n ? _mm_loadu_si128((const __m128i *)(base + (size_t)r * ldw + sb + 8 + 16 * j))
+                                  : _mm_setzero_si128();
+                __m128i c = r + 8 < n ? _mm_loadu_si128((const __m128i *)(base + (size_t)(r + 8) * ldw + sb + 8 + 16 * j))
+                                      : _mm_setzero_si128();
+                __m512i q = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(a), a, 1),
+                                                                  c, 2), c, 3);
+                __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(q, shift), lo4);
+                __mmask64 rows = (r < n ? 0x00000000ffffffffull : 0) | (r + 8 < n ? 0xffffffff00000000ull : 0);
+                z[r] = _mm512_maskz_shuffle_epi8(rows, lut, nib);
+            }
+            uint8_t *pb = LM_QZ_PB(i + j - j0);
+            lm_qz_store_t16x8(z, pb + 64 * half);
+            __m512i lo = _mm512_and_si512(_mm512_srli_epi32(h[1], (unsigned)(4 * j)), _mm512_set1_epi32(15));
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi32(h[0], (unsigned)(16 + 2 * j)), _mm512_set1_epi32(3));
+            __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+            __m512 dl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls)), o = _mm512_mul_ps(c128, dl);
+            lm_qz_factors(pb, half, m, dl, dl, o, o);
+        }
+        i += j1 - j0;
+    }
+}
+
+/* Q2_K and Q3_K block j: 2-bit codes (q >> 2 (j % 4)) & 3 of the 32 bytes
+ * at qs + 32 (j / 4), Q3_K with bit j of hmask as bit 2 (u = q + 4). Q2_K:
+ * per 16 values a 4-bit scale and min (byte 2j + h of the header), w = d
+ * sc u - dmin mn; Q3_K: signed 6-bit scales, w = d sc (u - 4). */
+static void lm_qz_q23_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
+                        int half, bool three) {
+    const __m512i lo2 = _mm512_set1_epi32(0x03030303), one = _mm512_set1_epi32(0x01010101);
+    const __m512i c15 = _mm512_set1_epi32(15), c3 = _mm512_set1_epi32(3);
+    const int64_t sbb = three ? 110 : 84, qs0 = three ? 32 : 16;
+    for (int i = 0; i < nb;) {
+        const int64_t b = b0 + i, sb = (b / 8) * sbb;
+        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+        /* Q3_K: bytes 94..109 (the 12 scale bytes at 2..13, d in the last
+         * two); Q2_K: the 16 scale bytes, and 68..83 (d, dmin in the last four) */
+        __m512i h[4], e[4];
+        lm_qz_t16x4(base, ldw, n, three ? sb + 94 : sb, h);
+        if (!three) lm_qz_t16x4(base, ldw, n, sb + 68, e);
+        const __m512 d = three ? lm_qz_h(h[3], 16) : lm_qz_h(e[3], 0), dmin = three ? d : lm_qz_h(e[3], 16);
+        for (int j = j0; j < j1; j++) {
+            __m512i z[8];
+            for (int r = 0; r < 8; r++) {
+                __m512i q = lm_qz_pair(base, ldw, n, r, sb + qs0 + 32 * (j / 4));
+                z[r] = _mm512_and_si512(_mm512_srli_epi32(q, (unsigned)(2 * (j % 4))), lo2);
+                if (three) {
+                    __m512i hb = _mm512_and_si512(_mm512_srli_epi32(lm_qz_pair(base, ldw, n, r, sb), (unsigned)j), one);
+                    z[r] = _mm512_or_si512(z[r], _mm512_slli_epi32(hb, 2));
+                }
+            }
+            uint8_t *pb = LM_QZ_PB(i + j - j0);
+            lm_qz_store_t16x8(z, pb + 64 * half);
+            __m512 f[2], o[2];
+            for (int hh = 0; hh < 2; hh++) {
+                const int s = 2 * j + hh;
+                if (three) { /* lm_qs_q3k_scale */
+                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(lm_qz_byte(h, 2 + s % 8), (unsigned)(4 * (s / 8))), c15);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(lm_qz_byte(h, 2 + 8 + s % 4), (unsigned)(2 * (s / 4))), c3);
+                    __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+                    f[hh] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+                    o[hh] = _mm512_mul_ps(_mm512_set1_ps(4.0f), f[hh]);
+                } else {
+                    __m512i sm = lm_qz_byte(h, s);
+                    f[hh] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, c15)));
+                    o[hh] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+                }
+            }
+            lm_qz_factors(pb, half, m, f[0], f[1], o[0], o[1]);
+        }
+        i += j1 - j0;
+    }
+}
+
 static void lm_qz_q8_0(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
                        int half) {
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
@@ -191,7 +285,7 @@ static void lm_qz_q8_0(const uint8_t *base, size_t ldw, int n, __mmask16 m, int6
 }
 
 void lm_qpanel_pack_avx512(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel) {
-    if (t != LM_Q4_K && t != LM_Q5_K && t != LM_Q6_K && t != LM_Q8_0) {
+    if (t != LM_Q4_K && t != LM_Q5_K && t != LM_Q6_K && t != LM_Q8_0 && t != LM_IQ4_XS && t != LM_Q2_K && t != LM_Q3_K) {
         lm_qpanel_pack(t, w, ldw, nv, b0, nb, panel);
         return;
     }
@@ -202,6 +296,8 @@ void lm_qpanel_pack_avx512(lm_dtype t, const void *w, size_t ldw, int nv, int64_
         const uint8_t *base = n > 0 ? (const uint8_t *)w + (size_t)(16 * half) * ldw : (const uint8_t *)w;
         if (t == LM_Q4_K || t == LM_Q5_K) lm_qz_q45_k(base, ldw, n, m, b0, nb, panel, half, t == LM_Q5_K);
         else if (t == LM_Q6_K) lm_qz_q6_k(base, ldw, n, m, b0, nb, panel, half);
+        else if (t == LM_IQ4_XS) lm_qz_iq4_xs(base, ldw, n, m, b0, nb, panel, half);
+        else if (t == LM_Q2_K || t == LM_Q3_K) lm_qz_q23_k(base, ldw, n, m, b0, nb, panel, half, t == LM_Q3_K);
         else lm_qz_q8_0(base, ldw, n, m, b0, nb, panel, half);
     }
 }
