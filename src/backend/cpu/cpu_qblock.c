@@ -25,45 +25,48 @@ static inline void lm_qb_put(uint8_t *pb, int r, const uint8_t u[32], float s0, 
 
 #define LM_QB_PB(i) (panel + (size_t)(i) * LM_QP_BLOCK_BYTES)
 
-/* Q8_0: u = q + 128, so w = d * u - 128 d. */
-static void lm_qb_q8_0(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
+/* The 32-value block types: w = d * u - off with off = k d (Q8_0 and IQ4_NL
+ * 128: their codes are stored + 128; Q4_0 8; Q5_0 16) or -m (Q4_1, Q5_1:
+ * w = d u + m, m the block's second f16). */
+static inline __attribute__((always_inline)) void lm_qb_blocks32(lm_dtype t, const uint8_t *row, int64_t b0, int nb,
+                                                                 uint8_t *panel, int r) {
+    const int64_t bytes = lm_dtype_block_bytes(t);
     for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 34;
-        float d = lm_qb_h(blk);
+        const uint8_t *blk = row + (b0 + i) * bytes;
+        const float d = lm_qb_h(blk);
+        float off;
         uint8_t u[32];
-        lm_qs_codes_q8_0(blk, u);
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, 128.0f * d, 128.0f * d);
+        switch (t) {
+        case LM_Q8_0: lm_qs_codes_q8_0(blk, u), off = 128.0f * d; break;
+        case LM_Q4_0: lm_qs_codes_q4_0(blk, u), off = 8.0f * d; break;
+        case LM_Q5_0: lm_qs_codes_q5(blk + 2, blk + 6, u), off = 16.0f * d; break;
+        case LM_IQ4_NL: lm_qs_codes_iq4_nl(blk, u), off = 128.0f * d; break;
+        case LM_Q4_1: lm_qs_codes_q4_0(blk + 2, u), off = -lm_qb_h(blk + 2); break; /* Q4_0's nibbles, 2 bytes on */
+        default: LM_ASSERT(t == LM_Q5_1), lm_qs_codes_q5(blk + 4, blk + 8, u), off = -lm_qb_h(blk + 2); break;
+        }
+        lm_qb_put(LM_QB_PB(i), r, u, d, d, off, off);
     }
 }
 
-/* Q4_0: w = d * (u - 8). */
-static void lm_qb_q4_0(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 18;
-        float d = lm_qb_h(blk);
-        uint8_t u[32];
-        lm_qs_codes_q4_0(blk, u);
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, 8.0f * d, 8.0f * d);
+#define LM_QB_BLOCKS32(NAME, T)                                                                 \
+    static void NAME(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {         \
+        lm_qb_blocks32(T, row, b0, nb, panel, r);                                               \
     }
-}
-
-/* The K-quants' runs walk super-blocks of 8 blocks (a run starts anywhere
- * in one): their f16 factors are converted once a super-block. */
-#define LM_QB_SUPER_RUN(BYTES, ...)                                   \
-    for (int i = 0; i < nb;) {                                        \
-        const int64_t b = b0 + i;                                     \
-        const uint8_t *sb = row + (b / 8) * (BYTES);                  \
-        const int j0 = (int)(b % 8), n = LM_MIN(8 - j0, nb - i);      \
-        __VA_ARGS__                                                   \
-        i += n;                                                       \
-    }
+LM_QB_BLOCKS32(lm_qb_q8_0, LM_Q8_0)
+LM_QB_BLOCKS32(lm_qb_q4_0, LM_Q4_0)
+LM_QB_BLOCKS32(lm_qb_q4_1, LM_Q4_1)
+LM_QB_BLOCKS32(lm_qb_q5_0, LM_Q5_0)
+LM_QB_BLOCKS32(lm_qb_q5_1, LM_Q5_1)
+LM_QB_BLOCKS32(lm_qb_iq4_nl, LM_IQ4_NL)
 
 /* Q4_K / Q5_K (the same header; Q5_K a fifth bit a value): w = d * scale_j
  * * u - dmin * min_j. */
-static inline __attribute__((always_inline)) void lm_qb_q45_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r, bool five) {
-    LM_QB_SUPER_RUN(five ? 176 : 144, {
+static inline __attribute__((always_inline)) void lm_qb_q45_k(const uint8_t *row, int64_t b0, int nb,
+                                                              uint8_t *panel, int r, bool five) {
+    LM_QP_SUPER_RUN(five ? 176 : 144, {
+        const uint8_t *sb = row + sbo;
         const float d = lm_qb_h(sb), dmin = lm_qb_h(sb + 2);
-        for (int j = j0; j < j0 + n; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             int sc, mn;
             uint8_t u[32];
             lm_q4k_scale_min(j, sb + 4, &sc, &mn);
@@ -85,9 +88,10 @@ static void lm_qb_q5_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
 
 /* IQ4_XS: u = level + 128, w = d * (ls - 32) * (u - 128). */
 static void lm_qb_iq4_xs(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(136, {
+    LM_QP_SUPER_RUN(136, {
+        const uint8_t *sb = row + sbo;
         const float d = lm_qb_h(sb);
-        for (int j = j0; j < j0 + n; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             int ls = ((sb[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sb[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
             float dl = d * (float)(ls - 32);
             uint8_t u[32];
@@ -99,9 +103,10 @@ static void lm_qb_iq4_xs(const uint8_t *row, int64_t b0, int nb, uint8_t *panel,
 
 /* Q6_K: one int8 scale per 16 values, w = d * scale_h * (u - 32). */
 static void lm_qb_q6_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(210, {
+    LM_QP_SUPER_RUN(210, {
+        const uint8_t *sb = row + sbo;
         const float d = lm_qb_h(sb + 208);
-        for (int j = j0; j < j0 + n; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             const int8_t *s16 = (const int8_t *)(sb + 192) + 2 * j;
             float s0 = d * (float)s16[0], s1 = d * (float)s16[1];
             uint8_t u[32];
@@ -111,53 +116,12 @@ static void lm_qb_q6_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
     })
 }
 
-/* Q4_1 / Q5_1: w = d * u + m (so the offset is -m); Q5_0: w = d * (u - 16). */
-static void lm_qb_q4_1(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 20;
-        float d = lm_qb_h(blk), m = lm_qb_h(blk + 2);
-        uint8_t u[32];
-        lm_qs_codes_q4_0(blk + 2, u); /* Q4_0's nibbles, 2 bytes later */
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, -m, -m);
-    }
-}
-
-static void lm_qb_q5_0(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 22;
-        float d = lm_qb_h(blk);
-        uint8_t u[32];
-        lm_qs_codes_q5(blk + 2, blk + 6, u);
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, 16.0f * d, 16.0f * d);
-    }
-}
-
-static void lm_qb_q5_1(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 24;
-        float d = lm_qb_h(blk), m = lm_qb_h(blk + 2);
-        uint8_t u[32];
-        lm_qs_codes_q5(blk + 4, blk + 8, u);
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, -m, -m);
-    }
-}
-
-/* IQ4_NL: u = level + 128, w = d * (u - 128). */
-static void lm_qb_iq4_nl(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    for (int i = 0; i < nb; i++) {
-        const uint8_t *blk = row + (b0 + i) * 18;
-        float d = lm_qb_h(blk);
-        uint8_t u[32];
-        lm_qs_codes_iq4_nl(blk, u);
-        lm_qb_put(LM_QB_PB(i), r, u, d, d, 128.0f * d, 128.0f * d);
-    }
-}
-
 /* Q2_K: per 16 values a 4-bit scale and min, w = d * sc * u - dmin * mn. */
 static void lm_qb_q2_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(84, {
+    LM_QP_SUPER_RUN(84, {
+        const uint8_t *sb = row + sbo;
         const float d = lm_qb_h(sb + 80), dmin = lm_qb_h(sb + 82);
-        for (int j = j0; j < j0 + n; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             const uint8_t *sc = sb + 2 * j;
             uint8_t u[32];
             lm_qs_codes_q23_k(sb + 16, NULL, j, u);
@@ -169,9 +133,10 @@ static void lm_qb_q2_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
 
 /* Q3_K: codes q + 4, per 16 values a signed 6-bit scale: w = d * sc * (u - 4). */
 static void lm_qb_q3_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, int r) {
-    LM_QB_SUPER_RUN(110, {
+    LM_QP_SUPER_RUN(110, {
+        const uint8_t *sb = row + sbo;
         const float d = lm_qb_h(sb + 108);
-        for (int j = j0; j < j0 + n; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             float s0 = d * (float)lm_qs_q3k_scale(sb + 96, 2 * j), s1 = d * (float)lm_qs_q3k_scale(sb + 96, 2 * j + 1);
             uint8_t u[32];
             lm_qs_codes_q23_k(sb + 32, sb, j, u);

@@ -41,6 +41,18 @@ typedef struct lm_qblock_type {
 
 extern const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT];
 
+/* Blocks b0 .. b0+nb-1 of a K-quant row walked super-block by super-block
+ * (BYTES each; a run may start and end inside one), for a packer's body:
+ * i, the run's index of the super-block's first block here; sbo, the
+ * super-block's byte offset in the row; blocks j0 .. j0+nj-1 of it. */
+#define LM_QP_SUPER_RUN(BYTES, ...)                                     \
+    for (int i = 0; i < nb;) {                                          \
+        const int64_t sbo = ((b0 + i) / 8) * (BYTES);                   \
+        const int j0 = (int)((b0 + i) % 8), nj = LM_MIN(8 - j0, nb - i); \
+        __VA_ARGS__                                                     \
+        i += nj;                                                        \
+    }
+
 /* Packs blocks b0 .. b0+nb-1 of nv <= LM_QP_ROWS rows (w: the first row,
  * ldw bytes per row) into panel (nb * LM_QP_BLOCK_BYTES, 64-byte aligned). */
 void lm_qpanel_pack(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);

@@ -93,22 +93,21 @@ LM_QZ_AI void lm_qz_factors(uint8_t *pb, int half, __mmask16 m, __m512 s0, __m51
 
 #define LM_QZ_PB(i) (panel + (size_t)(i) * LM_QP_BLOCK_BYTES)
 
-/* Blocks b0 .. b0 + nb - 1 of one 16-row group; the K-quants walk
- * super-blocks (a run may start and end inside one). */
-/* Q4_K, and Q5_K (Q4_K's nibbles at 48, the fifth bit j of qh at 16). */
+/* Blocks b0 .. b0 + nb - 1 of one 16-row group (the K-quants' runs walk
+ * super-blocks: LM_QP_SUPER_RUN). Q4_K, and Q5_K (Q4_K's nibbles at 48,
+ * the fifth bit j of qh at 16). */
 static void lm_qz_q45_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
                         int half, bool five) {
     const __m512i lo4 = _mm512_set1_epi32(0x0f0f0f0f), c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15);
     const __m512i one = _mm512_set1_epi32(0x01010101);
     const int64_t sbb = five ? 176 : 144, qs0 = five ? 48 : 16;
-    for (int i = 0; i < nb;) {
-        const int64_t b = b0 + i, sb = (b / 8) * sbb;
-        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+    LM_QP_SUPER_RUN(sbb, {
+        const int64_t sb = sbo;
         __m512i h[4]; /* d, dmin; the 12 scale bytes */
         lm_qz_t16x4(base, ldw, n, sb, h);
         const __m512 d = lm_qz_h(h[0], 0), dmin = lm_qz_h(h[0], 16);
         const __m512i *s = h + 1; /* lm_q4k_scale_min's bytes, 4 a dword */
-        for (int j = j0; j < j1; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             __m512i z[8];
             for (int r = 0; r < 8; r++) {
                 __m512i q = lm_qz_pair(base, ldw, n, r, sb + qs0 + 32 * (j / 2));
@@ -133,22 +132,20 @@ static void lm_qz_q45_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int
             __m512 sv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)), ov = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
             lm_qz_factors(pb, half, m, sv, sv, ov, ov);
         }
-        i += j1 - j0;
-    }
+    })
 }
 
 static void lm_qz_q6_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
                        int half) {
     const __m512i lo4 = _mm512_set1_epi32(0x0f0f0f0f), lo2 = _mm512_set1_epi32(0x03030303);
     const __m512 c32 = _mm512_set1_ps(32.0f);
-    for (int i = 0; i < nb;) {
-        const int64_t b = b0 + i, sb = (b / 8) * 210;
-        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+    LM_QP_SUPER_RUN(210, {
+        const int64_t sb = sbo;
         __m512i s[4], e[4]; /* the 16 int8 scales; bytes 194..209 (d in the last two) */
         lm_qz_t16x4(base, ldw, n, sb + 192, s);
         lm_qz_t16x4(base, ldw, n, sb + 194, e);
         const __m512 d = lm_qz_h(e[3], 16);
-        for (int j = j0; j < j1; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             const int kk = j % 4;
             const int64_t ql = sb + 64 * (j / 4) + 32 * (j % 2), qh = sb + 128 + 32 * (j / 4);
             __m512i z[8];
@@ -167,8 +164,7 @@ static void lm_qz_q6_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int6
             __m512 f0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s0)), f1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s1));
             lm_qz_factors(pb, half, m, f0, f1, _mm512_mul_ps(c32, f0), _mm512_mul_ps(c32, f1));
         }
-        i += j1 - j0;
-    }
+    })
 }
 
 /* IQ4_XS: block j's 32 codes are levels + 128 of the 16 bytes at 8 + 16 j
@@ -182,13 +178,12 @@ static void lm_qz_iq4_xs(const uint8_t *base, size_t ldw, int n, __mmask16 m, in
     __m128i lv = _mm_loadu_si128((const __m128i *)lm_iq4nl_levels);
     const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(lv, _mm_set1_epi8((char)0x80)));
     const __m512 c128 = _mm512_set1_ps(128.0f);
-    for (int i = 0; i < nb;) {
-        const int64_t b = b0 + i, sb = (b / 8) * 136;
-        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+    LM_QP_SUPER_RUN(136, {
+        const int64_t sb = sbo;
         __m512i h[4];
         lm_qz_t16x4(base, ldw, n, sb, h);
         const __m512 d = lm_qz_h(h[0], 0);
-        for (int j = j0; j < j1; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             __m512i z[8];
             for (int r = 0; r < 8; r++) {
                 __m128i a = r < n ? _mm_loadu_si128((const __m128i *)(base + (size_t)r * ldw + sb + 8 + 16 * j))
@@ -209,8 +204,7 @@ static void lm_qz_iq4_xs(const uint8_t *base, size_t ldw, int n, __mmask16 m, in
             __m512 dl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls)), o = _mm512_mul_ps(c128, dl);
             lm_qz_factors(pb, half, m, dl, dl, o, o);
         }
-        i += j1 - j0;
-    }
+    })
 }
 
 /* Q2_K and Q3_K block j: 2-bit codes (q >> 2 (j % 4)) & 3 of the 32 bytes
@@ -222,16 +216,15 @@ static void lm_qz_q23_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int
     const __m512i lo2 = _mm512_set1_epi32(0x03030303), one = _mm512_set1_epi32(0x01010101);
     const __m512i c15 = _mm512_set1_epi32(15), c3 = _mm512_set1_epi32(3);
     const int64_t sbb = three ? 110 : 84, qs0 = three ? 32 : 16;
-    for (int i = 0; i < nb;) {
-        const int64_t b = b0 + i, sb = (b / 8) * sbb;
-        const int j0 = (int)(b % 8), j1 = (int)LM_MIN(8, j0 + nb - i);
+    LM_QP_SUPER_RUN(sbb, {
+        const int64_t sb = sbo;
         /* Q3_K: bytes 94..109 (the 12 scale bytes at 2..13, d in the last
          * two); Q2_K: the 16 scale bytes, and 68..83 (d, dmin in the last four) */
         __m512i h[4], e[4];
         lm_qz_t16x4(base, ldw, n, three ? sb + 94 : sb, h);
         if (!three) lm_qz_t16x4(base, ldw, n, sb + 68, e);
         const __m512 d = three ? lm_qz_h(h[3], 16) : lm_qz_h(e[3], 0), dmin = three ? d : lm_qz_h(e[3], 16);
-        for (int j = j0; j < j1; j++) {
+        for (int j = j0; j < j0 + nj; j++) {
             __m512i z[8];
             for (int r = 0; r < 8; r++) {
                 __m512i q = lm_qz_pair(base, ldw, n, r, sb + qs0 + 32 * (j / 4));
@@ -260,8 +253,7 @@ static void lm_qz_q23_k(const uint8_t *base, size_t ldw, int n, __mmask16 m, int
             }
             lm_qz_factors(pb, half, m, f[0], f[1], o[0], o[1]);
         }
-        i += j1 - j0;
-    }
+    })
 }
 
 static void lm_qz_q8_0(const uint8_t *base, size_t ldw, int n, __mmask16 m, int64_t b0, int nb, uint8_t *panel,
