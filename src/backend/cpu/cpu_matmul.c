@@ -336,13 +336,13 @@ static void lm_mm_gemm_prepare(lm_mm *m) {
     }
 }
 
-/* Outputs (nc) and tokens (mc) a unit, for `total` outputs over the
- * weights sharing m's shape of work: until every thread has a few units to
+/* Outputs (nc) and tokens (mc) a unit for the n weights of O[i] outputs
+ * that share m's x and panel kind: until every thread has a few units to
  * take, fewer outputs a unit (int8 path, down to one panel), then fewer
  * tokens. A unit unpacks each of its panels once for its tokens, so cutting
  * the tokens repeats the unpacking: at 16 threads a 2,048-wide projection
  * had gone to 128-token units (4 unpackings a panel) and the k/v ones to 32
- * (16). Returns the column blocks of m; n_cb_of(nc) those of all. */
+ * (16). Sets m's nc, mc, n_tb and n_cb (the column blocks of all n). */
 static void lm_mm_shape(lm_mm *m, const int64_t *O, int n) {
     const int64_t want = 4 * (int64_t)m->c->n_threads;
     int64_t total = 0;
@@ -426,12 +426,11 @@ static void lm_mm_gemm_set(lm_mm *mm, int n) {
     st.cb0[0] = 0;
     for (int i = 0; i < n; i++) {
         lm_mm *m = &mm[i];
-        if (i > 0) { /* x's rounding and the unit shape are weight 0's */
+        if (i > 0) { /* x's rounding and the unit shape are weight 0's (lm_mm_unit reads them) */
             m->panel = mm[0].panel, m->mr = mm[0].mr, m->nr = mm[0].nr, m->kc = mm[0].kc;
-            m->ldq = mm[0].ldq, m->xf = mm[0].xf, m->nc = mm[0].nc, m->mc = mm[0].mc, m->n_tb = mm[0].n_tb;
+            m->ldq = mm[0].ldq, m->xf = mm[0].xf, m->nc = mm[0].nc, m->mc = mm[0].mc;
         }
-        m->n_cb = (m->O + m->nc - 1) / m->nc;
-        st.cb0[i + 1] = st.cb0[i] + m->n_cb;
+        st.cb0[i + 1] = st.cb0[i] + (m->O + m->nc - 1) / m->nc;
     }
     LM_ASSERT(st.cb0[n] == st.n_cb);
     atomic_init(&st.next, 0);
