@@ -12,12 +12,13 @@
 # adds Q4_K_M decode of 32 after a 3,968-token context (the random file's
 # limit is 4,096) at 16 threads (llama.cpp: -d 3968). PREFILL_PROFILE=1 adds
 # LUMEN_PROFILE=1's op table of a 512-token Q4_K_M prefill at 16 threads by
-# each of BINS. A bin may be a script (bin/lumen_vnni: LUMEN_CPU_AMX=0 exec
-# lumen "$@", the same build with a knob set). WAIT_BUILD=1 waits for the
+# each of BINS. A bin may be a script (e.g. `VAR=1 exec lumen "$@"`: the
+# same build with an environment knob set). WAIT_BUILD=1 waits for the
 # llama.cpp build before lumen runs (no compiler beside them); PEER_ROUNDS
 # (default 1) alternates llama.cpp and lumen that many times; MEMBW=1 adds
 # lumen's copy and read bandwidth probe (decode roofline) at 16 threads.
-# KINDS: the random files (make_random_gguf.py kinds, default "q4km q8").
+# KINDS: the random files (make_random_gguf.py kinds, default "q4km q8");
+# PREFILL_PROFILE and LONG need q4km among them, MEMBW q8.
 # Carry .device-carry holding: bin/{lumen,bench_qdot} and optionally
 # bin/{lumen_base,bench_qdot_base} (CPU-only builds: cmake -DLUMEN_CUDA=OFF),
 # lib/ (their shared libraries outside glibc), template.gguf (the llama-g256
@@ -40,8 +41,14 @@ for b in bench_qdot_base bench_qdot; do
   log "$b, one core, in cache"; "$C/bin/$b" | grep -E "Q4_K|Q6_K|Q8_0|IQ4_XS"
   log "$b, one core, streaming"; "$C/bin/$b" --stream | grep -E "Q4_K|Q6_K|Q8_0"
 done
-[[ ${WAIT_BUILD:-0} == 1 && -n $bp ]] && { log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }; bp=; }
-for k in ${KINDS:-q4km q8}; do
+KINDS=${KINDS:-q4km q8}
+wait_build() { # the background llama.cpp build, once
+  [[ -n $bp ]] || return 0
+  log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }
+  bp=
+}
+[[ ${WAIT_BUILD:-0} == 1 ]] && wait_build
+for k in $KINDS; do
   python3 tools/make_random_gguf.py "$C/template.gguf" $S/l1.$k.gguf $k >/dev/null || exit 1
 done
 run_lumen() { # binary file threads
@@ -49,7 +56,7 @@ run_lumen() { # binary file threads
     tail -n 1 | grep -oE '"prefill_tok_s":[0-9.]*|"decode_tok_s":[0-9.]*' | tr '\n' ' '; echo
 }
 if [[ ${PROFILE:-0} == 1 ]]; then
-  for k in ${KINDS:-q4km q8}; do
+  for k in $KINDS; do
     log "LUMEN_PROFILE=1 lumen $k 16 threads, decode 64 after 16"
     LUMEN_PROFILE=1 timeout 60 "$C/bin/lumen" bench -m $S/l1.$k.gguf --device cpu --threads 16 --prompt-len 16 --gen 64 --reps 1 --no-membw 2>&1 | tail -n 16
   done
@@ -62,7 +69,7 @@ if [[ ${PREFILL_PROFILE:-0} == 1 ]]; then
   done
 fi
 for th in ${THREADS:-16 8}; do
-  for k in ${KINDS:-q4km q8}; do
+  for k in $KINDS; do
     for round in $(seq ${ROUNDS:-2}); do
       for b in ${BINS:-lumen_base lumen}; do
         [[ -x $C/bin/$b ]] || continue
@@ -81,13 +88,13 @@ if [[ ${LONG:-0} == 1 ]]; then
   done
 fi
 [[ $PEER == 1 ]] || { log done; exit 0; }
-if [[ -n $bp ]]; then log "waiting for the llama.cpp build"; wait $bp || { tail -n 20 "$OUT/lc_build.log"; exit 1; }; fi
+wait_build
 if [[ ${MEMBW:-0} == 1 ]]; then
   log "lumen q8 16 threads with the bandwidth probe"
   timeout 120 "$C/bin/lumen" bench -m $S/l1.q8.gguf --device cpu --threads 16 --prompt-len 16 --gen 64 --reps 2 2>&1 | tail -n 1
 fi
 for th in ${THREADS:-16 8}; do
-  for k in ${KINDS:-q4km q8}; do
+  for k in $KINDS; do
     for round in $(seq ${PEER_ROUNDS:-1}); do
       log "llama.cpp $k $th threads (round $round)"
       "$LB/llama-bench" -o md -m $S/l1.$k.gguf -ngl 0 -t $th -p 512 -n 64 -r 2 2>/dev/null | grep -E "^\| [a-z]"
