@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KS = 3, KLAYERS = 2, KLAYER = 1, KMAXL = 180, KBS = 16 };
+enum { KS = 3, KLAYERS = 2, KLAYER = 1, KLONG = 180, KBS = 16 };
 
 static uint32_t kvf_u32(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -55,7 +55,8 @@ static void kvf_decoded(const uint8_t *row, lm_kv_type t, int W, int Dh, int rot
 int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64_t seed, kvf_result *r) {
     memset(r, 0, sizeof *r);
     uint64_t s = seed;
-    const int len[KS] = { 1, 23, KMAXL }, news[KS] = { 1, cf->decode ? 1 : 3, cf->decode ? 1 : 65 };
+    const int max_len = cf->long_len > 0 ? cf->long_len : KLONG;
+    const int len[KS] = { 1, 23, max_len }, news[KS] = { 1, cf->decode ? 1 : 3, cf->decode ? 1 : 65 };
     const int H = cf->H, Hkv = cf->Hkv, Dh = cf->Dh, W = Hkv * Dh;
     int nb_seq[KS], n_blocks = 3;
     for (int q = 0; q < KS; q++) n_blocks += nb_seq[q] = (len[q] + KBS - 1) / KBS;
@@ -74,14 +75,14 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
         tables[q] = malloc((size_t)nb_seq[q] * sizeof(int32_t));
         for (int i = 0; i < nb_seq[q]; i++) tables[q][i] = perm[used++];
     }
-    /* logical K/V per sequence [KS][KMAXL][W]; keys with outlier channels */
-    float *K = malloc(sizeof(float) * KS * KMAXL * W), *V = malloc(sizeof(float) * KS * KMAXL * W);
-    for (int64_t i = 0; i < (int64_t)KS * KMAXL * W; i++) {
+    /* logical K/V per sequence [KS][max_len][W]; keys with outlier channels */
+    float *K = malloc(sizeof(float) * KS * max_len * W), *V = malloc(sizeof(float) * KS * max_len * W);
+    for (int64_t i = 0; i < (int64_t)KS * max_len * W; i++) {
         K[i] = kvf_normal(&s), V[i] = kvf_normal(&s);
         const int c = (int)(i % W) % Dh;
         if (cf->outlier > 0 && (c == 3 || c == Dh - 5)) K[i] *= cf->outlier;
     }
-    int32_t pos[KS * KMAXL], seq[KS * KMAXL];
+    int32_t *pos = malloc(sizeof(int32_t) * KS * max_len), *seq = malloc(sizeof(int32_t) * KS * max_len);
     float *q = NULL;
     int n = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -94,8 +95,8 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
         lm_tensor_alloc(be, &vt, n, W);
         float *kb = malloc((size_t)n * W * 4), *vb = malloc((size_t)n * W * 4);
         for (int t = 0; t < n; t++) {
-            memcpy(kb + (int64_t)t * W, K + ((int64_t)seq[t] * KMAXL + pos[t]) * W, (size_t)W * 4);
-            memcpy(vb + (int64_t)t * W, V + ((int64_t)seq[t] * KMAXL + pos[t]) * W, (size_t)W * 4);
+            memcpy(kb + (int64_t)t * W, K + ((int64_t)seq[t] * max_len + pos[t]) * W, (size_t)W * 4);
+            memcpy(vb + (int64_t)t * W, V + ((int64_t)seq[t] * max_len + pos[t]) * W, (size_t)W * 4);
         }
         be->ops->write(be, kt.data, kb, (size_t)n * W * 4);
         be->ops->write(be, vt.data, vb, (size_t)n * W * 4);
@@ -128,10 +129,10 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
     uint8_t *kp = malloc(rows * kb), *vp = malloc(rows * vb), *enc = malloc(kb > vb ? kb : vb);
     be->ops->read(be, kp, kv->k[KLAYER], rows * kb);
     be->ops->read(be, vp, kv->v[KLAYER], rows * vb);
-    float *KD = malloc(sizeof(float) * KS * KMAXL * W), *VD = malloc(sizeof(float) * KS * KMAXL * W);
+    float *KD = malloc(sizeof(float) * KS * max_len * W), *VD = malloc(sizeof(float) * KS * max_len * W);
     for (int sq = 0; sq < KS; sq++)
         for (int p = 0; p < len[sq]; p++) {
-            const int64_t row = (int64_t)tables[sq][p / KBS] * KBS + p % KBS, at = ((int64_t)sq * KMAXL + p) * W;
+            const int64_t row = (int64_t)tables[sq][p / KBS] * KBS + p % KBS, at = ((int64_t)sq * max_len + p) * W;
             memset(enc, 0, kb > vb ? kb : vb);
             lm_kv_encode_row(kvt.k, enc, K + at, W, W, rot);
             r->rows_bad += memcmp(enc, kp + row * kb, kb) != 0; /* padding: zero on both sides */
@@ -141,12 +142,12 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
             kvf_decoded(kp + row * kb, kvt.k, W, Dh, rot, KD + at);
             kvf_decoded(vp + row * vb, kvt.v, W, Dh, rot, VD + at);
         }
-    double *sc = malloc(sizeof(double) * KMAXL), *ref = malloc(sizeof(double) * Dh);
+    double *sc = malloc(sizeof(double) * max_len), *ref = malloc(sizeof(double) * Dh);
     double *refd = malloc(sizeof(double) * Dh), big = 1e-30, e_deq = 0, e2 = 0, r2 = 1e-300;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < H; h++) {
             const int g = h / (H / Hkv), lo = cf->window > 0 && pos[t] - cf->window + 1 > 0 ? pos[t] - cf->window + 1 : 0;
-            const int64_t base = (int64_t)seq[t] * KMAXL * W;
+            const int64_t base = (int64_t)seq[t] * max_len * W;
             const float *qh = q + ((int64_t)t * H + h) * Dh;
             kvf_ref(qh, K + base, V + base, W, g, Dh, lo, pos[t], cf, sc, ref);
             kvf_ref(qh, KD + base, VD + base, W, g, Dh, lo, pos[t], cf, sc, refd);
@@ -160,7 +161,7 @@ int kvf_case(lm_backend *be, lm_kv_types kvt, int rot, const kvf_cfg *cf, uint64
     r->err_deq = e_deq / big;
     r->err_f32 = sqrt(e2 / r2);
     free(sc), free(ref), free(refd), free(KD), free(VD), free(kp), free(vp), free(enc), free(q), free(K), free(V);
-    free(perm);
+    free(perm), free(pos), free(seq);
     for (int i = 0; i < KS; i++) free(tables[i]);
     lm_kv_cache_free(kc);
     return 0;

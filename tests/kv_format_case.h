@@ -13,6 +13,7 @@ typedef struct kvf_cfg {
     float softcap, scale;
     float outlier; /* > 0: K channels 3 and Dh-5 of every head scaled by it (keys' outlier channels) */
     bool decode;   /* one token per sequence in the batch (a decode step), else 1, 3 and 65 */
+    int long_len;  /* the third sequence's length (0: 180); long ones split a decode kernel's keys into many tiles */
 } kvf_cfg;
 
 typedef struct kvf_result {

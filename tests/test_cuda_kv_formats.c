@@ -17,14 +17,18 @@
 #include <string.h>
 
 static const kvf_cfg kvc_cfgs[] = {
-    /* H Hkv Dh window softcap scale outlier decode */
-    { 8, 2, 64, 0, 0, 0.125f, 8.0f, true },
-    { 8, 2, 64, 0, 0, 0.125f, 8.0f, false },
-    { 16, 2, 128, 0, 0, 0.088f, 6.0f, true },
-    { 4, 1, 128, 40, 0, 0.088f, 0, false },
-    { 6, 2, 256, 0, 5.0f, 0.0625f, 0, true },
-    { 6, 2, 256, 0, 0, 0.0625f, 4.0f, false },
-    { 4, 1, 512, 0, 0, 0.044f, 0, true },
+    /* H Hkv Dh window softcap scale outlier decode long_len */
+    { 8, 2, 64, 0, 0, 0.125f, 8.0f, true, 0 },
+    { 8, 2, 64, 0, 0, 0.125f, 8.0f, false, 0 },
+    { 16, 2, 128, 0, 0, 0.088f, 6.0f, true, 0 },
+    { 4, 1, 128, 40, 0, 0.088f, 0, false, 0 },
+    { 6, 2, 256, 0, 5.0f, 0.0625f, 0, true, 0 },
+    { 6, 2, 256, 0, 0, 0.0625f, 4.0f, false, 0 },
+    { 4, 1, 512, 0, 0, 0.044f, 0, true, 0 },
+    /* long contexts: many key tiles a warp (the tensor-core decode kernel's ring of stages) */
+    { 32, 8, 128, 0, 0, 0.088f, 6.0f, true, 4000 },
+    { 24, 4, 256, 0, 0, 0.0625f, 0, true, 2500 },
+    { 16, 2, 64, 0, 0, 0.125f, 0, true, 3000 },
 };
 
 /* max |GPU - CPU| over the outputs, relative to the largest CPU output */

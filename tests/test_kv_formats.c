@@ -153,11 +153,11 @@ LM_TEST(kv_group_decoders_match_reference) {
 /* ---- attention per format, every ISA ------------------------------------------ */
 
 static const kvf_cfg kvf_cfgs[] = {
-    /* H Hkv Dh window softcap scale outlier decode */
-    { 8, 2, 64, 0, 0, 0.125f, 8.0f, false },  /* GQA 4:1, keys with outlier channels */
-    { 4, 1, 128, 40, 0, 0.088f, 0, false },   /* MQA, sliding window */
-    { 6, 2, 32, 0, 5.0f, 0.5f, 4.0f, false }, /* softcap */
-    { 4, 2, 16, 0, 0, 0.25f, 0, true },       /* heads narrower than a scale group; a decode step */
+    /* H Hkv Dh window softcap scale outlier decode long_len */
+    { 8, 2, 64, 0, 0, 0.125f, 8.0f, false, 0 },  /* GQA 4:1, keys with outlier channels */
+    { 4, 1, 128, 40, 0, 0.088f, 0, false, 0 },   /* MQA, sliding window */
+    { 6, 2, 32, 0, 5.0f, 0.5f, 4.0f, false, 0 }, /* softcap */
+    { 4, 2, 16, 0, 0, 0.25f, 0, true, 0 },       /* heads narrower than a scale group; a decode step */
 };
 
 /* err_f32 bounds per format (relative to the largest output), about twice

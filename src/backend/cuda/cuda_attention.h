@@ -8,6 +8,7 @@
 
 #include "cuda_internal.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #define ATT_ROWS 64 /* query rows (token, head) per block of the tiled kernels */
@@ -42,6 +43,7 @@ typedef struct att_args {
     float scale, softcap;
     float *pm, *pl, *pacc; /* partials [T][H][n_splits] (pacc times Dh) when n_splits > 1 */
     int *cnt; /* decode: per (token, blockIdx.y) split counters, the last split merges; NULL: a combine kernel does */
+    int stages; /* the tensor-core decode kernel's key tiles a warp keeps in shared memory */
 } att_args;
 
 /* ---- KV formats (lm_kv_type.h) on the device ------------------------------------ */
@@ -217,6 +219,60 @@ __device__ __forceinline__ void att_tile_split(const att_args &a, int4 tile, int
     *k_lo = tile.z + (int)blockIdx.z * chunk;
     *k_hi = min(tile.w, *k_lo + chunk - 1);
 }
+
+/* ---- bf16 tensor-core pieces (the tiled bf16 kernel, the decode kernel) --------- */
+
+/* d += a b on bf16 tensor cores (m16n8k16, f32 accumulation). */
+__device__ __forceinline__ void att_bf_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 b16 matrices from shared memory (lane l gives row l % 8 of
+ * matrix l / 8); .trans hands each lane a column pair instead of a row pair. */
+__device__ __forceinline__ void att_bf_ldsm4(uint32_t (&r)[4], const __nv_bfloat16 *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void att_bf_ldsm4t(uint32_t (&r)[4], const __nv_bfloat16 *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* The three terms of two values as bf16x2 operands (lo in the low halves). */
+__device__ __forceinline__ void att_bf_pack3(uint32_t (&h)[3], float lo, float hi) {
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        h[i] = lm_bf16x2_bits(lo, hi);
+        lo -= __bfloat162float(__float2bfloat16_rn(lo));
+        hi -= __bfloat162float(__float2bfloat16_rn(hi));
+    }
+}
+
+/* An 8x8 b16 matrix transposed across the warp: lane (g, c) gives row g,
+ * columns 2c and 2c + 1, and gets the same of the transpose. */
+__device__ __forceinline__ uint32_t att_bf_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* The decode kernel on bf16 tensor cores (cuda_attention_decode_tc.cu), for
+ * bf16, q8 and q4 (q4r) caches with K and V alike, heads 64, 128 or 256
+ * wide, up to 8 query heads a kv head; results as the CUDA-core decode
+ * kernel's (to ~1e-6). lm_att_decode_tc_blocks: its blocks an SM for this
+ * layer's cache, or 0 where it does not apply (also tensor cores off, or
+ * LUMEN_CUDA_ATT_DEC_TC=0); lm_att_decode_tc_launch then runs it on grid
+ * (T, Hkv, n_splits). */
+int lm_att_decode_tc_blocks(const lm_cuda *c, const lm_kv_pool *kv, int layer, int Dh, int gsz);
+void lm_att_decode_tc_launch(lm_cuda *c, dim3 grid, att_args *a);
 
 /* The tiled attention on tensor cores (cuda_attention_tc.cu), results as
  * the CUDA-core kernel's (to ~1e-6). lm_att_tc_rows: the query rows a block

@@ -41,29 +41,6 @@
 #define ATT_BF_ROWS (ATT_BF_WARPS * 16)
 #define ATT_BF_BK 64
 
-__device__ __forceinline__ void att_bf_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Four 8x8 b16 matrices from shared memory (lane l gives row l % 8 of
- * matrix l / 8); .trans hands each lane a column pair instead of a row pair. */
-__device__ __forceinline__ void att_bf_ldsm4(uint32_t (&r)[4], const __nv_bfloat16 *p) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-__device__ __forceinline__ void att_bf_ldsm4t(uint32_t (&r)[4], const __nv_bfloat16 *p) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
 /* 2^x by the MUFU unit (ex2.approx: ~2 ulp; 2^-inf = 0) */
 __device__ __forceinline__ float att_bf_exp2(float x) {
     float y;
@@ -78,16 +55,6 @@ __device__ __forceinline__ float att_bf_term(float x, int term) {
     float r = x;
     for (int i = 0; i < term; i++) r -= __bfloat162float(__float2bfloat16_rn(r)); /* exact in f32 */
     return r;
-}
-
-/* The three terms of two values as bf16x2 operands (lo in the low halves). */
-__device__ __forceinline__ void att_bf_pack3(uint32_t (&h)[3], float lo, float hi) {
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        h[i] = lm_bf16x2_bits(lo, hi);
-        lo -= __bfloat162float(__float2bfloat16_rn(lo));
-        hi -= __bfloat162float(__float2bfloat16_rn(hi));
-    }
 }
 
 /* DP: head width padded to 64 or 128 (zeros past Dh); EXACT: three-term

@@ -757,6 +757,9 @@ lm_backend *lm_cuda_backend_create(int device, lm_err *e) {
             c->pdl = major >= 9 && lm_cuda_env_flag("LUMEN_CUDA_PDL", true);
             c->att_tc = major >= 8 && lm_cuda_env_flag("LUMEN_CUDA_ATT_TC", true);
             c->att_bf16 = lm_cuda_env_flag("LUMEN_CUDA_ATT_BF16", true);
+            c->att_dec_tc = lm_cuda_env_flag("LUMEN_CUDA_ATT_DEC_TC", true);
+            const char *ds = getenv("LUMEN_CUDA_ATT_DEC_STAGES");
+            c->att_dec_stages = ds ? atoi(ds) : 0;
             c->gemv_tc_ok = major >= 8;
             const char *tc = getenv("LUMEN_CUDA_GEMV_TC");
             c->gemv_tc = tc && *tc ? (strcmp(tc, "0") ? 1 : 0) : -1;

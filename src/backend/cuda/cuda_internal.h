@@ -89,6 +89,8 @@ typedef struct lm_cuda {
     bool fused; /* LUMEN_CUDA_FUSED != 0: the fused ops and the in-kernel split merge */
     bool att_tc; /* sm_80+, LUMEN_CUDA_ATT_TC != 0: tiled attention on tensor cores (cuda_attention_tc.cu) */
     bool att_bf16; /* LUMEN_CUDA_ATT_BF16 != 0: over bf16 caches, its bf16 kernel (cuda_attention_bf16.cu) */
+    bool att_dec_tc; /* LUMEN_CUDA_ATT_DEC_TC != 0: decode on tensor cores (cuda_attention_decode_tc.cu) */
+    int att_dec_stages; /* LUMEN_CUDA_ATT_DEC_STAGES: its key tiles a warp keeps (0: the default) */
     unsigned skip; /* LM_SKIP_* kinds whose launches are left out (LUMEN_CUDA_SKIP) */
     struct att_memo *att_memo; /* cuda_attention_stage.cu: staged batches of the current graph pass */
     bool gemv_tc_ok; /* sm_80+: GEMVs of 5-8 tokens can run on tensor cores (cuda_gemv.cu) */
