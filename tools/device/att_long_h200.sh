@@ -4,7 +4,7 @@
 # decode tok/s at CTXS (64 4096 32768 131000) per KV format (KVS: bf16 q8
 # q4r), the same with the attention left out (LUMEN_CUDA_SKIP=attention,
 # timing only), and the decode attention kernel alone under ncu (time, DRAM
-# bytes) at NCU_CTX. VARIANTS="lumen lumen:LUMEN_CUDA_ATT_DEC_TC=0" alternates
+# bytes; NCU_METRICS, NCU_VARIANTS) at NCU_CTX. VARIANTS="lumen lumen:LUMEN_CUDA_ATT_DEC_TC=0" alternates
 # builds (bin/NAME) and settings (NAME:VAR=V,VAR2=V2). TESTS=1 first runs the
 # attention and KV-format GPU tests (lumen_tests, against the CPU) and the
 # engine's per-format exactness tests with models on the GPU. ~5 min.
@@ -46,10 +46,10 @@ for r in $(seq ${ROUNDS:-1}); do
 done
 if [[ ${NCU:-1} == 1 ]]; then
   for kv in ${KVS:-bf16 q8 q4r}; do
-    for b in ${VARIANTS:-lumen}; do
+    for b in ${NCU_VARIANTS:-${VARIANTS:-lumen}}; do
       e=; [[ $b == *:* ]] && e=${b#*:}
       env ${e//,/ } LUMEN_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none -k regex:att_ --launch-skip 40 --launch-count 6 \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+        --metrics ${NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active} \
         --csv "$C/bin/${b%%:*}" bench -m $q --device cuda --kv-type $kv --batch 1 --prompt-len ${NCU_CTX:-32768} --gen 4 --no-prefill \
         --no-membw --no-look-ahead 2>/dev/null > "$OUT/ncu.csv"
       log "ncu $b $kv ctx ${NCU_CTX:-32768}:"
@@ -63,7 +63,9 @@ d = collections.defaultdict(dict)
 for r in rows[s + 1:]:
     if len(r) == len(h): d[(r[ii], r[ki][:40])][r[mi]] = r[vi]
 for (i, k), m in sorted(d.items(), key=lambda x: int(x[0][0])):
-    print("  %s %s" % (k, " ".join("%s=%s" % (n.split("__")[1][:22], v) for n, v in sorted(m.items()))))
+    name = lambda n: n.split("stalled_")[1].split("_per_")[0] if "stalled_" in n else n.split("__")[1][:22]
+    shown = sorted((x for x in m.items() if "stalled_" not in x[0] or float(x[1].replace(",", "") or 0) >= 0.3))
+    print("  %s %s" % (k, " ".join("%s=%s" % (name(n), v) for n, v in shown)))
 PY
     done
   done

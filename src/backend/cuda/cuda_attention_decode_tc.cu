@@ -121,9 +121,12 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
     const int32_t p = a.d.pos[t];
     const int32_t *table = a.d.tab + a.d.tab_off[a.d.seq[t]];
     const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0, range = p - lo + 1;
-    const int chunk = (range + a.n_splits - 1) / a.n_splits;
-    const int k_lo = lo + z * chunk, k_hi = min(p, k_lo + chunk - 1);
-    const int nt = k_hi >= k_lo ? (k_hi - k_lo + ATT_DT_KEYS) / ATT_DT_KEYS : 0;
+    /* splits of whole tiles; tiles on multiples of 16 keys, so that a
+     * tile's rows lie in one pool block (block sizes are multiples of 16:
+     * lm_att_decode_tc_blocks), masked outside [k_lo, k_hi] */
+    const int chunk = ((range + a.n_splits - 1) / a.n_splits + ATT_DT_KEYS - 1) / ATT_DT_KEYS * ATT_DT_KEYS;
+    const int k_lo = lo + z * chunk, k_hi = min(p, k_lo + chunk - 1), kb = k_lo & ~(ATT_DT_KEYS - 1);
+    const int nt = k_hi >= k_lo ? (k_hi - kb + ATT_DT_KEYS) / ATT_DT_KEYS : 0;
 
     /* Q^T's B fragments: lane (g, c) of k-step ks holds q[head g][16 ks + 2c, + 1]
      * and [16 ks + 2c + 8, + 9]; heads past the group are zeros */
@@ -145,31 +148,33 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
     unsigned char *wb = smem + F::Q_BYTES + warp * F::warp_bytes(nst);
     const unsigned char *kl = (const unsigned char *)a.kl, *vl = (const unsigned char *)a.vl;
     const int64_t hoff = (int64_t)hg * F::CODE_BYTES, soff = (int64_t)hg * F::SCALE_BYTES;
-    /* the pool row of tile i's key lane & 15 (-1 past the split), looked up
-     * an iteration before its copies so that the table read waits no one */
+    /* the pool row of tile i's first key, read an iteration before its
+     * copies so that the table read waits on no one */
     auto row_of = [&](int i) -> int64_t {
-        const int j = k_lo + ATT_DT_KEYS * i + (lane & 15);
-        return i < nt && j <= k_hi ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : -1;
+        const int j = kb + ATT_DT_KEYS * i;
+        return i < nt ? (int64_t)table[j / a.bs] * a.bs + j % a.bs : 0;
     };
-    /* tile i's K and V rows into stage st, one commit group (empty past the last tile) */
+    /* tile i's K and V rows (row0 on) into stage st, one commit group
+     * (empty past the last tile); a lane copies piece cc of rows r, r + 32 / CPR, ... */
     auto issue = [&](int i, int st, int64_t row0) {
         if (i < nt) {
             unsigned char *sb = wb + st * F::STAGE;
-            const bool ok = row0 >= 0;
-            const int64_t row = ok ? row0 : 0;
+            const int j0 = kb + ATT_DT_KEYS * i, cc = lane % CPR;
+            const unsigned char *ks = kl + row0 * a.k_rb + hoff + cc * 16, *vs = vl + row0 * a.v_rb + hoff + cc * 16;
 #pragma unroll
             for (int e = lane; e < NCH; e += 32) {
-                const int r = e / CPR, cc = e % CPR;
-                const int64_t rr = __shfl_sync(ATT_FULL, row, r);
-                const bool okr = __shfl_sync(ATT_FULL, ok, r);
+                const int r = e / CPR;
+                const bool ok = j0 + r >= k_lo && j0 + r <= k_hi;
                 const int dk = F::QUANT ? r * F::CODE_BYTES + cc * 16 : 2 * att_dt_at<DH>(r, 8 * cc);
                 const int dv = F::QUANT ? (ATT_DT_KEYS + r) * F::CODE_BYTES + cc * 16 : 2 * att_dt_at<DH>(ATT_DT_KEYS + r, 8 * cc);
-                att_cp16(sb + dk, kl + rr * a.k_rb + hoff + cc * 16, kl, okr);
-                att_cp16(sb + dv, vl + rr * a.v_rb + hoff + cc * 16, vl, okr);
+                att_cp16(sb + dk, ks + r * a.k_rb, kl, ok);
+                att_cp16(sb + dv, vs + r * a.v_rb, vl, ok);
             }
             if constexpr (F::QUANT) { /* lanes 0-15 K's scales, 16-31 V's, of key lane & 15 */
                 const bool isv = lane >= 16;
-                const unsigned char *src = (isv ? vl + row * a.v_rb + a.v_cb : kl + row * a.k_rb + a.k_cb) + soff;
+                const int r = lane & 15;
+                const bool ok = j0 + r >= k_lo && j0 + r <= k_hi;
+                const unsigned char *src = (isv ? vl + (row0 + r) * a.v_rb + a.v_cb : kl + (row0 + r) * a.k_rb + a.k_cb) + soff;
                 att_dt_cp<F::SCALE_BYTES>(sb + 2 * ATT_DT_KEYS * F::CODE_BYTES + lane * F::SCALE_BYTES, src,
                                           isv ? vl : kl, ok);
             }
@@ -195,7 +200,7 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
         else asm volatile("cp.async.wait_group 3;" ::: "memory");
         __syncwarp();
         const unsigned char *sb = wb + st * F::STAGE;
-        const int j0 = k_lo + ATT_DT_KEYS * i;
+        const int j0 = kb + ATT_DT_KEYS * i;
         const __nv_bfloat16 *tK;
         if constexpr (F::QUANT) { /* codes to the bf16 tile */
             __nv_bfloat16 *tile = (__nv_bfloat16 *)(wb + nst * F::STAGE);
@@ -242,10 +247,12 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
         }
         /* online softmax per head (column); a column's 8 row lanes (same c) agree on m */
         float pr[4], mx[2] = { -INFINITY, -INFINITY };
+        const bool edge = j0 < k_lo || j0 + ATT_DT_KEYS - 1 > k_hi; /* warp-uniform */
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float x = a.softcap > 0.0f ? a.softcap * tanhf(s[e] * sc / a.softcap) : s[e] * sc;
-            x = j0 + g + 8 * (e >> 1) <= k_hi ? x : -INFINITY;
+            const int j = j0 + g + 8 * (e >> 1);
+            if (edge) x = j >= k_lo && j <= k_hi ? x : -INFINITY;
             pr[e] = x;
             mx[e & 1] = fmaxf(mx[e & 1], x);
         }
@@ -263,8 +270,9 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
         for (int e = 0; e < 4; e++) pr[e] = expf(pr[e] - mb[e & 1]);
 #pragma unroll
         for (int h = 0; h < 2; h++) l[h] = l[h] * al[h] + (pr[h] + pr[h + 2]);
+        if (__any_sync(ATT_FULL, al[0] != 1.0f || al[1] != 1.0f)) /* once the maxima settle, rarely */
 #pragma unroll
-        for (int mt = 0; mt < KS; mt++) o[mt][0] *= al[0], o[mt][1] *= al[1], o[mt][2] *= al[0], o[mt][3] *= al[1];
+            for (int mt = 0; mt < KS; mt++) o[mt][0] *= al[0], o[mt][1] *= al[1], o[mt][2] *= al[0], o[mt][3] *= al[1];
 
         /* O^T += V^T P^T: P^T's B fragments by transposing the accumulator's
          * two 8 x 8 halves (keys 0-7, 8-15); quantised V: a group's scales
@@ -363,7 +371,7 @@ template <int DH> static int att_dt_blocks_fmt(int kt, int nst) {
 int lm_att_decode_tc_blocks(const lm_cuda *c, const lm_kv_pool *kv, int layer, int Dh, int gsz) {
     const int kt = kv->k_type == LM_KV_Q4R ? LM_KV_Q4 : kv->k_type, vt = kv->v_type == LM_KV_Q4R ? LM_KV_Q4 : kv->v_type;
     if (!c->att_tc || !c->att_dec_tc || kt != vt || (kt != LM_KV_BF16 && kt != LM_KV_Q8 && kt != LM_KV_Q4)) return 0;
-    if (gsz > 8 || (Dh != 64 && Dh != 128 && Dh != 256)) return 0;
+    if (gsz > 8 || (Dh != 64 && Dh != 128 && Dh != 256) || kv->block_size % ATT_DT_KEYS != 0) return 0;
     /* 16-byte copies of rows and heads; the scales' copies on their size */
     const int64_t w = lm_kv_layer_width(kv, layer);
     const size_t rb = lm_kv_row_bytes(kv->k_type, w), cb = lm_kv_codes_bytes(kv->k_type, w);
