@@ -470,29 +470,7 @@ __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, GM <= 4 && DPL <= 4 ? 4 : 
         for (int d = 0; d < DPL; d++) s_acc[((int64_t)warp * G + i) * Dh + lane * DPL + d] = acc[i][d];
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < G * Dh; e += ATT_DEC_WARPS * 32) {
-        const int i = e / Dh, d = e % Dh, h = h0 + i;
-        float M = -INFINITY, L = 0.0f, x = 0.0f;
-        for (int w = 0; w < ATT_DEC_WARPS; w++) M = fmaxf(M, s_m[w][i]);
-        for (int w = 0; w < ATT_DEC_WARPS; w++) {
-            if (s_m[w][i] == -INFINITY) continue; /* a warp that saw no key */
-            const float f = expf(s_m[w][i] - M);
-            L += s_l[w][i] * f;
-            x += s_acc[((int64_t)w * G + i) * Dh + d] * f;
-        }
-        if (a.n_splits == 1) {
-            a.out[(int64_t)t * a.out_ld + (int64_t)h * Dh + d] = x / L;
-        } else {
-            const int64_t idx = ((int64_t)t * a.H + h) * a.n_splits + z;
-            if (d == 0) a.pm[idx] = M, a.pl[idx] = L;
-            a.pacc[idx * Dh + d] = x;
-        }
-    }
-    /* the last split of (t, blockIdx.y) to finish merges its heads: saves
-     * the combine kernel's launch */
-    if (a.n_splits == 1 || !a.cnt || !lm_last_block(a.cnt + (int64_t)t * gridDim.y + blockIdx.y, a.n_splits))
-        return;
-    att_combine_heads(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0, G);
+    att_decode_finish(a, t, z, h0, G, Dh, ATT_DEC_WARPS, &s_m[0][0], &s_l[0][0], GM, s_acc, (int64_t)G * Dh);
 }
 
 /* grid.y = Hkv * ceil(G / GM): a->n_sub set here. */
@@ -550,16 +528,11 @@ static void att_decode(lm_cuda *c, lm_tensor *out, const lm_tensor *q, const lm_
     ns = LM_MAX(1, LM_MIN(LM_MIN(ns, (range2 + ATT_DEC_MIN_KEYS - 1) / ATT_DEC_MIN_KEYS), ATT_MAX_SPLITS));
     att_args a = att_common_args(c, out, q, kv, layer, d, p, T, ns);
     dim3 grid((unsigned)T, (unsigned)Hkv, (unsigned)ns);
-    if (tc) {
-        lm_att_decode_tc_launch(c, grid, &a);
-        att_combine(c, &a, T);
-        att_unrotate(c, kv, out, p, T);
-        return;
-    }
     /* groups of up to 4 query heads (Llama-3, Qwen3, Qwen3.5-9B) on blocks
      * of 4: the registers and dot products of 8 would be half empty */
     const bool g4 = H / Hkv <= 4;
-    if (Dh == 64) g4 ? att_decode_launch<2, 4>(c, grid, &a) : att_decode_launch<2, 8>(c, grid, &a);
+    if (tc) lm_att_decode_tc_launch(c, grid, &a);
+    else if (Dh == 64) g4 ? att_decode_launch<2, 4>(c, grid, &a) : att_decode_launch<2, 8>(c, grid, &a);
     else if (Dh == 128) g4 ? att_decode_launch<4, 4>(c, grid, &a) : att_decode_launch<4, 8>(c, grid, &a);
     else if (Dh == 256) g4 ? att_decode_launch<8, 4>(c, grid, &a) : att_decode_launch<8, 8>(c, grid, &a);
     else att_decode_launch<16, 2>(c, grid, &a);

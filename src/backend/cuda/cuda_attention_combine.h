@@ -89,4 +89,35 @@ static __device__ void att_combine_heads(float *out, int64_t out_ld, const float
     }
 }
 
+/* The end of a decode block (both decode kernels): column d of head h0 + i
+ * from the block's nw warps' online-softmax states (m and l at
+ * sm[w * ms + i] and sl[w * ms + i], the accumulator at
+ * acc[w * as + i * Dh + d]), written to out (one split) or as the split's
+ * partials; then the last split of (t, blockIdx.y) to finish merges the
+ * group's heads, which saves the combine kernel's launch. */
+static __device__ __forceinline__ void att_decode_finish(const att_args &a, int t, int z, int h0, int G, int Dh, int nw,
+                                                         const float *sm, const float *sl, int ms, const float *acc,
+                                                         int64_t as) {
+    for (int e = threadIdx.x; e < G * Dh; e += blockDim.x) {
+        const int i = e / Dh, d = e % Dh, h = h0 + i;
+        float M = -INFINITY, L = 0.0f, x = 0.0f;
+        for (int w = 0; w < nw; w++) M = fmaxf(M, sm[w * ms + i]);
+        for (int w = 0; w < nw; w++) {
+            if (sm[w * ms + i] == -INFINITY) continue; /* a warp that saw no key */
+            const float f = expf(sm[w * ms + i] - M);
+            L += sl[w * ms + i] * f;
+            x += acc[w * as + (int64_t)i * Dh + d] * f;
+        }
+        if (a.n_splits == 1) {
+            a.out[(int64_t)t * a.out_ld + (int64_t)h * Dh + d] = x / L;
+        } else {
+            const int64_t idx = ((int64_t)t * a.H + h) * a.n_splits + z;
+            if (d == 0) a.pm[idx] = M, a.pl[idx] = L;
+            a.pacc[idx * Dh + d] = x;
+        }
+    }
+    if (a.n_splits == 1 || !a.cnt || !lm_last_block(a.cnt + (int64_t)t * gridDim.y + blockIdx.y, a.n_splits)) return;
+    att_combine_heads(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, Dh, a.n_splits, t, h0, G);
+}
+
 #endif

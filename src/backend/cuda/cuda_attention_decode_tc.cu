@@ -6,10 +6,10 @@
  * shuffles, whatever the format: on the H200 at a 32k context (Llama-3.1-8B
  * shape) it read a layer's bf16 cache at 2.1 TB/s and the q8 one at 0.9,
  * so the narrower formats were slower than bf16 (issue #29). Here a pair
- * costs ~3 mma and a few instructions (ncu: 11.4M instructions a layer
- * against 37.4M in bf16, 21.1M against 43.7M in q8), and the cache streams
+ * costs ~3 mma and a few instructions (ncu: 12.7M instructions a layer
+ * against 37.4M in bf16, 19.8M against 43.7M in q8), and the cache streams
  * through shared memory ahead of the math. Measured there: a layer at 32k
- * 52.9 us in bf16 (62.6 before), 61.5 in q8 (79.4), 54.0 in q4r (76.8).
+ * 54.0 us in bf16 (62.6 before), 61.8 in q8 (79.4), 53.5 in q4r (76.8).
  * Still far from the bytes' 31 / 17 / 9 us: a warp's tile is a chain of
  * dependent steps (ldmatrix, mma, the softmax's shuffles, movmatrix, mma)
  * and more stages in flight did not help; q8 and q4r stay a little slower
@@ -34,9 +34,9 @@
  * ldmatrix reads; K's scales (per 32 values) multiply each 32-wide group's
  * partial scores, V's multiply the weights P before they are split (the
  * scale varies along the keys, the mma's reduction side).
- * The warps merge in shared memory at the end; splits leave partials as the
- * CUDA-core kernel's, merged by the last split of a head group
- * (att_combine_heads). */
+ * The warps merge in shared memory at the end and splits leave partials,
+ * merged by the last split of a head group, as in the CUDA-core kernel
+ * (att_decode_finish). */
 #include "cuda_attention.h"
 #include "cuda_attention_combine.h"
 
@@ -320,26 +320,7 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
 #pragma unroll
         for (int e = 0; e < 4; e++) s_o[(warp * 8 + 2 * c + (e & 1)) * DH + 16 * mt + g + 8 * (e >> 1)] = o[mt][e];
     __syncthreads();
-    for (int e = tid; e < G * DH; e += ATT_DT_WARPS * 32) {
-        const int i = e / DH, d = e % DH, h = h0 + i;
-        float M = -INFINITY, L = 0.0f, x = 0.0f;
-        for (int w = 0; w < ATT_DT_WARPS; w++) M = fmaxf(M, s_m[w][i]);
-        for (int w = 0; w < ATT_DT_WARPS; w++) {
-            if (s_m[w][i] == -INFINITY) continue; /* a warp that saw no key */
-            const float f = expf(s_m[w][i] - M);
-            L += s_l[w][i] * f;
-            x += s_o[(w * 8 + i) * DH + d] * f;
-        }
-        if (a.n_splits == 1) {
-            a.out[(int64_t)t * a.out_ld + (int64_t)h * DH + d] = x / L;
-        } else {
-            const int64_t idx = ((int64_t)t * a.H + h) * a.n_splits + z;
-            if (d == 0) a.pm[idx] = M, a.pl[idx] = L;
-            a.pacc[idx * DH + d] = x;
-        }
-    }
-    if (a.n_splits == 1 || !a.cnt || !lm_last_block(a.cnt + (int64_t)t * gridDim.y + blockIdx.y, a.n_splits)) return;
-    att_combine_heads(a.out, a.out_ld, a.pm, a.pl, a.pacc, a.H, DH, a.n_splits, t, h0, G);
+    att_decode_finish(a, t, z, h0, G, DH, ATT_DT_WARPS, &s_m[0][0], &s_l[0][0], 8, s_o, 8 * DH);
 }
 
 /* stages a warp keeps: LUMEN_CUDA_ATT_DEC_STAGES (2-4), else 2. On the H200
