@@ -256,16 +256,17 @@ LM_TEST(cli_bench_batched_decode_on_demo_model) {
 }
 
 /* run --spec: the same text as plain decoding with each mode on the demo
- * model (its MTP head, lookup, auto); a separate draft model is refused as
- * not built, naming the option. */
+ * model (its MTP head, lookup, auto, itself as a separate draft model); a
+ * draft model that is not there is an error naming it. */
 LM_TEST(cli_run_spec_same_text) {
     const char *base = "run -p 'def add(a, b):\n    return a + b\n\n\ndef sub(a, b):' -n 48 --temp 0 --ignore-eos";
     char args[512], *plain = NULL, *out = NULL, *err = NULL;
     int rc = lumen(base, &plain, &err);
     LM_CHECK_MSG(rc == 0, "exit %d: %s", rc, err);
     free(err);
-    static const char *const modes[] = { "mtp", "lookup", "auto", "mtp --spec-draft 2 --spec-fixed" };
-    for (int i = 0; i < 4; i++) {
+    static const char *const modes[] = { "mtp", "lookup", "auto", "mtp --spec-draft 2 --spec-fixed",
+                                         "draft:" LUMEN_SOURCE_DIR "/models/demo --spec-draft 3 --spec-fixed" };
+    for (int i = 0; i < 5; i++) {
         snprintf(args, sizeof args, "%s --spec %s", base, modes[i]);
         out = err = NULL;
         rc = lumen(args, &out, &err);
@@ -275,8 +276,7 @@ LM_TEST(cli_run_spec_same_text) {
         free(out), free(err);
     }
     out = err = NULL;
-    rc = lumen("run --prompt-ids 1,2,3 --spec draft:/tmp/x", &out, &err);
-    LM_CHECK_MSG(rc == 2 && err && strstr(err, "--spec") && strstr(err, "draft:PATH, is not built"), "exit %d: %s",
-                 rc, err);
+    rc = lumen("run --prompt-ids 1,2,3 --spec draft:/nonexistent/draft", &out, &err);
+    LM_CHECK_MSG(rc == 1 && err && strstr(err, "draft model /nonexistent/draft"), "exit %d: %s", rc, err);
     free(out), free(err), free(plain);
 }

@@ -59,6 +59,7 @@ typedef struct sp_opts {
     bool replay;     /* lm_engine_opts.spec_replay */
     bool ahead;      /* lm_engine_opts.look_ahead on (else the default: off on the CPU) */
     oracle *orc;
+    const char *draft_model; /* LM_SPEC_DRAFT's model */
 } sp_opts;
 
 /* SP_N greedy requests through one engine (a prefix cache, 4 at a time, so
@@ -76,6 +77,7 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
     lm_engine_opts o = { .ctx = 320, .parallel = 4, .step_tokens = 64, .cache_ram = (size_t)64 << 20,
                          .spec = so->mode, .spec_draft = so->draft, .spec_fixed = so->fixed,
                          .spec_replay = so->replay, .spec_cb = so->orc ? oracle_propose : NULL, .spec_user = so->orc,
+                         .spec_model = so->draft_model,
                          .look_ahead = so->ahead ? 1 : 0 };
     if (!(lm_engine_create(&en, m, &o, &e) == 0)) {
         LM_CHECK_MSG(0, "%s", e.msg);
@@ -177,12 +179,54 @@ static bool sp_load(lm_test_ctx *lm_t_, const char *dir, int threads, lm_backend
     return false;
 }
 
+/* A separate draft model against plain decoding: the model itself as its
+ * own draft (each guess is the model's next token unless batch shapes
+ * round a near tie the other way: nearly all accepted, the draft's cache
+ * kept in step), and, where given, another architecture with the same
+ * tokenizer (guesses rejected at every position, so the draft's own
+ * rollback runs: rows rewritten, or its recurrent state's snapshot), at a
+ * fixed depth beside requests that opt out and adaptive. */
+static void spec_draft_model(lm_test_ctx *lm_t_, lm_model *m, const char *dir, const char *other,
+                             const int32_t *prompt, int n_prompt, const int32_t *stops, const sp_result *off,
+                             sp_result *on) {
+    sp_opts self = { .mode = LM_SPEC_DRAFT, .draft = 3, .fixed = true, .draft_model = dir };
+    sp_run(lm_t_, m, &self, prompt, n_prompt, stops, on);
+    sp_same(lm_t_, "draft model (itself)", off, on);
+    sp_print(dir, "draft model (itself)", &on->st);
+    LM_CHECK_MSG(on->st.spec_verifies > 0 && on->st.spec_accepted * 10 >= on->st.spec_drafted * 9,
+                 "itself as its draft: %llu of %llu guesses accepted", (unsigned long long)on->st.spec_accepted,
+                 (unsigned long long)on->st.spec_drafted);
+    LM_CHECK(on->st.spec_model_tokens > 0);
+    if (!other) return;
+    sp_opts od = { .mode = LM_SPEC_DRAFT, .draft = 3, .fixed = true, .mixed = true, .draft_model = other };
+    sp_run(lm_t_, m, &od, prompt, n_prompt, stops, on);
+    sp_same(lm_t_, "another draft model, mixed", off, on);
+    sp_print(other, "as the draft, mixed", &on->st);
+    LM_CHECK_MSG(on->st.spec_verifies > 0 && on->st.spec_accepted < on->st.spec_drafted,
+                 "another draft: %llu of %llu guesses accepted", (unsigned long long)on->st.spec_accepted,
+                 (unsigned long long)on->st.spec_drafted);
+    sp_opts ad = { .mode = LM_SPEC_DRAFT, .draft_model = other };
+    sp_run(lm_t_, m, &ad, prompt, n_prompt, stops, on);
+    sp_same(lm_t_, "another draft model, adaptive", off, on);
+    if (lm_model_look_ahead(m)) { /* plain steps queued ahead while no sequence would draft */
+        sp_opts la = { .mode = LM_SPEC_DRAFT, .ahead = true, .draft_model = other };
+        sp_run(lm_t_, m, &la, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "another draft model, adaptive, look-ahead", off, on);
+        sp_opts las = { .mode = LM_SPEC_DRAFT, .ahead = true, .mixed = true, .draft_model = dir };
+        sp_run(lm_t_, m, &las, prompt, n_prompt, stops, on);
+        sp_same(lm_t_, "draft model (itself), adaptive beside opt-outs, look-ahead", off, on);
+        printf("  %s: itself as the draft with the look-ahead: %llu look-ahead steps, %llu verifies\n", dir,
+               (unsigned long long)on->st.ahead_steps, (unsigned long long)on->st.spec_verifies);
+    }
+}
+
 /* Plain decoding against: lookup (fixed length 4, and adaptive), the
  * oracle with a rejection at every position (fixed length 3, alone and
  * beside requests that opt out; on a model with recurrent state with both
  * rollbacks, the state kept per position where the backend offers it and
- * the copy-and-replay). */
-static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
+ * the copy-and-replay), a draft model (spec_draft_model; other: a second
+ * one, or NULL). */
+static void spec_same(lm_test_ctx *lm_t_, const char *dir, const char *other) {
     lm_backend *be = NULL;
     lm_model *m = NULL;
     if (!sp_load(lm_t_, dir, 2, &be, &m)) return;
@@ -261,6 +305,8 @@ static void spec_same(lm_test_ctx *lm_t_, const char *dir) {
         sp_same(lm_t_, "auto, mixed", off, on);
     }
 
+    spec_draft_model(lm_t_, m, dir, other, prompt, n_prompt, stops, off, on);
+
     const bool per_pos = lm_model_state_out(m); /* a hybrid on the CPU */
     for (int run = 0; run < (per_pos ? 4 : 2); run++) {
         const bool mixed = run & 1, replay = run >= 2;
@@ -287,25 +333,31 @@ done:
     lm_backend_destroy(be);
 }
 
-LM_TEST(engine_spec_same_tokens_demo_hybrid) { spec_same(lm_t_, LUMEN_SOURCE_DIR "/models/demo"); }
+LM_TEST(engine_spec_same_tokens_demo_hybrid) { spec_same(lm_t_, LUMEN_SOURCE_DIR "/models/demo", NULL); }
 
-static void spec_same_fixture(lm_test_ctx *lm_t_, const char *name) {
-    char rel[128];
+/* Fixture name, its other draft (the fixtures share one tokenizer): each
+ * kind of draft cache once at least, attention rows, recurrent state, rings. */
+static void spec_same_fixture(lm_test_ctx *lm_t_, const char *name, const char *draft) {
+    char rel[128], rel2[128];
     snprintf(rel, sizeof rel, "models/%s", name);
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    spec_same(lm_t_, dir);
-    free(dir);
+    snprintf(rel2, sizeof rel2, "models/%s", draft);
+    char *dir = lm_test_fixture_path(rel), *other = lm_test_fixture_path(rel2);
+    if (!dir || !other) {
+        free(dir), free(other);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    spec_same(lm_t_, dir, other);
+    free(dir), free(other);
 }
 
-LM_TEST(engine_spec_same_tokens_llama) { spec_same_fixture(lm_t_, "llama"); }
-LM_TEST(engine_spec_same_tokens_llama3_mqa) { spec_same_fixture(lm_t_, "llama3-rope-mqa"); }
-LM_TEST(engine_spec_same_tokens_qwen3) { spec_same_fixture(lm_t_, "qwen3"); }
-LM_TEST(engine_spec_same_tokens_qwen3_moe) { spec_same_fixture(lm_t_, "qwen3-moe"); }
-LM_TEST(engine_spec_same_tokens_qwen3_5) { spec_same_fixture(lm_t_, "qwen3.5"); }
-LM_TEST(engine_spec_same_tokens_qwen3_next) { spec_same_fixture(lm_t_, "qwen3-next"); }
-LM_TEST(engine_spec_same_tokens_gemma3) { spec_same_fixture(lm_t_, "gemma3"); }
-LM_TEST(engine_spec_same_tokens_gemma4) { spec_same_fixture(lm_t_, "gemma4"); }
+LM_TEST(engine_spec_same_tokens_llama) { spec_same_fixture(lm_t_, "llama", "qwen3.5"); }
+LM_TEST(engine_spec_same_tokens_llama3_mqa) { spec_same_fixture(lm_t_, "llama3-rope-mqa", "gemma3"); }
+LM_TEST(engine_spec_same_tokens_qwen3) { spec_same_fixture(lm_t_, "qwen3", "llama"); }
+LM_TEST(engine_spec_same_tokens_qwen3_moe) { spec_same_fixture(lm_t_, "qwen3-moe", "qwen3"); }
+LM_TEST(engine_spec_same_tokens_qwen3_5) { spec_same_fixture(lm_t_, "qwen3.5", "qwen3-next"); }
+LM_TEST(engine_spec_same_tokens_qwen3_next) { spec_same_fixture(lm_t_, "qwen3-next", "llama"); }
+LM_TEST(engine_spec_same_tokens_gemma3) { spec_same_fixture(lm_t_, "gemma3", "gemma4"); }
+LM_TEST(engine_spec_same_tokens_gemma4) { spec_same_fixture(lm_t_, "gemma4", "qwen3.5"); }
 
 /* Memory fitting counts what speculation adds to the caches (the MTP
  * head's K/V pool, spare state slots: per position or snapshots), so that a

@@ -239,6 +239,25 @@ static int read_prompts(const char *path, lm_tokenizer *tok, lm_egen_req **out, 
     return rc;
 }
 
+/* Seconds per output token after each request's first, over the run: the
+ * decode phase alone (TPOT), which prefill does not dilute. */
+static double run_tpot(const lm_egen_req *r, int n) {
+    double s = 0;
+    long toks = 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].n_out > 1) s += r[i].done_s - r[i].first_s, toks += r[i].n_out - 1;
+    return toks ? s / (double)toks : 0;
+}
+
+static double median_of(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n & 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* bench --spec: the workload plainly and speculating, --reps rounds of each. */
 static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m, lm_err *e) {
     lm_tokenizer *tok = NULL;
@@ -262,10 +281,11 @@ static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m
                              .step_tokens = 512 };
     lm_engine_opts spec = plain;
     spec.spec = o->eo.spec, spec.spec_draft = o->eo.spec_draft, spec.spec_fixed = o->eo.spec_fixed;
-    spec.spec_replay = o->eo.spec_replay;
+    spec.spec_replay = o->eo.spec_replay, spec.spec_model = o->eo.spec_model;
     lm_gen_params gp = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = o->gen,
                          .stop_tokens = stops, .n_stop_tokens = n_stops };
-    double best_plain = 1e30, best_spec = 1e30, ratios[1000];
+    double best_plain = 1e30, best_spec = 1e30, ratios[1000], tpot_ratios[1000];
+    double tpot_plain = 1e30, tpot_spec = 1e30;
     lm_engine_stats st_plain = { 0 }, st_spec = { 0 }, st = { 0 };
     bool same = true;
     for (int rep = 0; rep < o->reps; rep++) {
@@ -282,30 +302,33 @@ static int bench_spec(bench_opts *o, lm_source *src, lm_backend *be, lm_model *m
             }
         }
         ratios[rep] = wall_p / wall_s;
+        const double tp = run_tpot(ref, n), ts = run_tpot(reqs, n);
+        tpot_ratios[rep] = ts > 0 ? tp / ts : 0;
+        tpot_plain = LM_MIN(tpot_plain, tp), tpot_spec = LM_MIN(tpot_spec, ts);
         generated = 0;
         for (int i = 0; i < n; i++) {
             same &= reqs[i].n_out == ref[i].n_out && !memcmp(reqs[i].out, ref[i].out, (size_t)ref[i].n_out * 4);
             generated += ref[i].n_out;
         }
     }
-    for (int i = 1; i < o->reps; i++) /* the rounds' ratios in order, for the median */
-        for (int j = i; j > 0 && ratios[j] < ratios[j - 1]; j--) {
-            double t = ratios[j];
-            ratios[j] = ratios[j - 1], ratios[j - 1] = t;
-        }
-    const double median = o->reps & 1 ? ratios[o->reps / 2] : (ratios[o->reps / 2 - 1] + ratios[o->reps / 2]) / 2;
+    const double median = median_of(ratios, o->reps), tpot_median = median_of(tpot_ratios, o->reps);
     char js[1024], kvs[32];
     lm_egen_spec_json(&st_spec, js, sizeof js);
-    const char *mode = o->eo.spec == LM_SPEC_MTP ? "mtp" : o->eo.spec == LM_SPEC_LOOKUP ? "lookup" : "auto";
+    const char *mode = o->eo.spec == LM_SPEC_MTP      ? "mtp"
+                     : o->eo.spec == LM_SPEC_LOOKUP ? "lookup"
+                     : o->eo.spec == LM_SPEC_DRAFT  ? "draft"
+                                                    : "auto";
     printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"prompts\":\"%s\",\"requests\":%d,"
            "\"batch\":%d,\"gen\":%d,\"spec\":\"%s\",\"spec_draft\":%d,\"spec_fixed\":%s,\"spec_replay\":%s,"
            "\"generated\":%d,\"same_tokens\":%s,\"plain_s\":%.4f,\"spec_s\":%.4f,\"plain_tok_s\":%.1f,\"spec_tok_s\":%.1f,"
-           "\"speedup\":%.3f,\"speedup_median\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
+           "\"speedup\":%.3f,\"speedup_median\":%.3f,\"plain_tpot_ms\":%.4f,\"spec_tpot_ms\":%.4f,"
+           "\"decode_speedup\":%.3f,\"decode_speedup_median\":%.3f,\"plain_forwards\":%llu,\"spec_forwards\":%llu,%s}\n",
            o->model, be->name, strcmp(be->name, "cuda") ? lm_cpu_backend_threads(lm_backend_base(be)) : 0,
            lm_kv_types_str(o->kv, kvs, sizeof kvs), o->prompts, n, B, o->gen, mode, o->eo.spec_draft,
            o->eo.spec_fixed ? "true" : "false", o->eo.spec_replay ? "true" : "false", generated, same ? "true" : "false",
            best_plain, best_spec,
-           generated / best_plain, generated / best_spec, best_plain / best_spec, median,
+           generated / best_plain, generated / best_spec, best_plain / best_spec, median, 1e3 * tpot_plain,
+           1e3 * tpot_spec, tpot_spec > 0 ? tpot_plain / tpot_spec : 0.0, tpot_median,
            (unsigned long long)st_plain.steps, (unsigned long long)st_spec.steps, js);
     rc = same ? 0 : lm_errf(e, "speculative decoding changed the greedy tokens");
 done:

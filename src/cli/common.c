@@ -58,11 +58,11 @@ static void apply_gpu_precision(const lm_common_opts *o, lm_backend *be) {
     if (o->gpu_precision != LM_GPU_PREC_DEFAULT) lm_cuda_backend_bf16_act(be, o->gpu_precision == LM_GPU_PREC_BF16);
 }
 
-/* --spec MODE; draft:PATH is spelt out as not built rather than taken for
- * a typo. */
+/* --spec MODE; draft:PATH keeps the path (argv's) for the engine to load. */
 static bool parse_spec(void *dst, const char *v) {
     lm_engine_opts *o = dst;
-    if (!strcmp(v, "off")) o->spec = LM_SPEC_OFF;
+    if (!strncmp(v, "draft:", 6) && v[6]) o->spec = LM_SPEC_DRAFT, o->spec_model = v + 6;
+    else if (!strcmp(v, "off")) o->spec = LM_SPEC_OFF;
     else if (!strcmp(v, "lookup")) o->spec = LM_SPEC_LOOKUP;
     else if (!strcmp(v, "mtp")) o->spec = LM_SPEC_MTP;
     else if (!strcmp(v, "auto")) o->spec = LM_SPEC_AUTO;
@@ -77,14 +77,14 @@ const lm_opt lm_cli_spec_opts[] = {
       "distribution and, seeded, its tokens. MODE: lookup (guesses from n-grams of the prompt and the answer so "
       "far: pays when the answer copies its input), mtp (the model's own multi-token-prediction head: Qwen3.5 / "
       "Qwen3-Next checkpoints with mtp.* tensors; an error on other models), auto (lookup where it has a guess, "
-      "else the MTP head if there is one) or off. A separate draft model (draft:PATH) is not built. Per sequence, "
-      "the number of guesses follows their measured acceptance and the step's measured cost, and drops to none "
-      "where guessing does not pay; a grammar-constrained request takes lookup guesses only, cut where its "
-      "grammar refuses them",
-      "off", .parse = parse_spec,
-      .want = "lookup, mtp, auto or off (a separate draft model, draft:PATH, is not built)" },
+      "else the MTP head if there is one), draft:PATH (a separate smaller model, a folder or .gguf with the same "
+      "tokenizer, e.g. Qwen3-0.6B for Qwen3-8B: it decodes the guesses itself, with a KV cache of its own, on the "
+      "same device) or off. Per sequence, the number of guesses follows their measured acceptance and the step's "
+      "measured cost, and drops to none where guessing does not pay; a grammar-constrained request takes lookup "
+      "or draft-model guesses only, cut where its grammar refuses them",
+      "off", .parse = parse_spec, .want = "lookup, mtp, auto, draft:PATH or off" },
     { LM_OPT_INT, "--spec-draft", NULL, LM_OPT_AT(lm_engine_opts, spec_draft), "N",
-      "most guessed tokens per sequence and step", "3 for mtp, 6 for lookup and auto", .ilo = 1,
+      "most guessed tokens per sequence and step", "3 for mtp, 6 for lookup, auto and draft:PATH", .ilo = 1,
       .ihi = LM_SPEC_MAX_DRAFT },
     { LM_OPT_FLAG, "--spec-fixed", NULL, LM_OPT_AT(lm_engine_opts, spec_fixed), NULL,
       "always guess --spec-draft tokens where the proposer has them, without the adaptive policy (for measuring "

@@ -14,7 +14,7 @@ typedef struct egen {
     lm_egen_req *reqs;
     int cap;             /* tokens each out holds */
     int n_done;
-    double t_last;
+    double t0, t_last;
     lm_egen_tok cb;
     void *user;
     char error[256];
@@ -30,6 +30,7 @@ static void on_event(void *user, const lm_token_event *ev) {
     egen *g = sl->g;
     lm_egen_req *q = &g->reqs[sl->i];
     if (ev->has_token) {
+        if (q->n_out == 0) q->first_s = lm_now() - g->t0;
         if (q->n_out < g->cap) q->out[q->n_out++] = ev->token;
         if (g->cb) g->cb(g->user, sl->i, ev->token);
     }
@@ -39,6 +40,7 @@ static void on_event(void *user, const lm_token_event *ev) {
     if (ev->finish == LM_FINISH_ERROR && !g->error[0]) snprintf(g->error, sizeof g->error, "%s", ev->error);
     g->n_done++;
     g->t_last = lm_now();
+    q->done_s = g->t_last - g->t0;
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
@@ -55,9 +57,10 @@ int lm_egen_run(lm_model *m, const lm_engine_opts *eo, const lm_gen_params *gp, 
     egen_slot *slots = lm_xcalloc((size_t)n_req, sizeof *slots);
     lm_request **handles = lm_xcalloc((size_t)n_req, sizeof *handles);
     int rc = 0, submitted = 0;
-    const double t0 = lm_now();
+    const double t0 = g.t0 = lm_now();
     for (int i = 0; i < n_req; i++) {
         reqs[i].n_out = 0;
+        reqs[i].first_s = reqs[i].done_s = 0;
         reqs[i].finish = LM_FINISH_NONE;
         slots[i] = (egen_slot){ &g, i };
         if (lm_engine_submit(en, reqs[i].ids, reqs[i].n, gp, on_event, &slots[i], &handles[i], e) != LM_ENGINE_OK) {
@@ -101,8 +104,10 @@ void lm_egen_spec_json(const lm_engine_stats *s, char *buf, size_t n) {
         if (s->spec_pos_drafted[i]) last = i + 1;
     for (int i = 0; i < last; i++)
         ADD("%s%.3f", i ? "," : "", (double)s->spec_pos_accepted[i] / (double)LM_MAX(s->spec_pos_drafted[i], 1));
-    ADD("],\"replayed\":%llu,\"undrafted_steps\":%llu,\"draft_s\":%.3f,\"verify_s\":%.3f",
-        (unsigned long long)s->spec_replayed, (unsigned long long)s->spec_off_steps, s->spec_draft_s, s->spec_verify_s);
+    ADD("],\"replayed\":%llu,\"undrafted_steps\":%llu,\"draft_model_tokens\":%llu,\"draft_s\":%.3f,"
+        "\"verify_s\":%.3f",
+        (unsigned long long)s->spec_replayed, (unsigned long long)s->spec_off_steps,
+        (unsigned long long)s->spec_model_tokens, s->spec_draft_s, s->spec_verify_s);
 #undef ADD
     if (k >= n && n > 0) buf[n - 1] = 0;
 }

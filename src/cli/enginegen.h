@@ -14,6 +14,8 @@ typedef struct lm_egen_req {
     int n_out;
     lm_finish finish;
     const char *error;   /* LM_FINISH_ERROR: the engine's message (static storage of the run) */
+    double first_s;      /* seconds from the run's start to its first token, */
+    double done_s;       /* and to its final event */
 } lm_egen_req;
 
 /* Called on the engine thread for every token of request i. */

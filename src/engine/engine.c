@@ -73,6 +73,7 @@ static void req_finish(lm_engine *en, lm_request *r, lm_finish why, const char *
     req_emit(r, &ev);
     lm_kv_seq_release(en->kv, &r->seq);
     lm_kv_state_release(en->kv, r->slot);
+    lm_dm_end(en, r);
     r->slot = -1;
     r->state = LM_REQ_DONE;
 }
@@ -471,6 +472,8 @@ static void engine_destroy(lm_engine *en) {
     lm_kv_cache_free(en->kv);
     lm_spec_free(en->spec);
     lm_mtp_free(en->spec_mtp);
+    lm_dm_free(en->spec_dm);
+    lm_model_free(en->dm_model);
     lm_ahead_free(en);
     lm_mask_ahead_free(en->ma);
     lm_batch_builder_free(en->bb);
@@ -505,16 +508,26 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     en->bs = 16;
     int n_blocks = 0;
     size_t cache_blocks = 0;
+    /* a draft model's weights go on the device before its free memory is measured */
+    if (en->o.spec == LM_SPEC_DRAFT &&
+        (!en->o.spec_model ? lm_errf(e, "speculation by a draft model without its path") < 0
+                           : lm_dm_load(&en->dm_model, en->o.spec_model, m, e) != 0)) {
+        free(en);
+        return -1;
+    }
     if (lm_kv_check_model(m, en->o.kv_type, e) || lm_fit_memory(en, opts, &n_blocks, &cache_blocks, e) ||
         lm_kv_cache_create_for(&en->kv, m, en->o.kv_type, en->bs, n_blocks + (int)cache_blocks,
                                en->o.parallel + en->ckpt_slots + lm_spec_state_slots(&en->o, m, en->stateful),
                                en->ring, e)) {
+        lm_model_free(en->dm_model);
         free(en);
         return -1;
     }
     if (lm_cache_policy_create(en, cache_blocks, e) || lm_spec_create(en, e)) {
         lm_cache_policy_free(en);
         lm_kv_cache_free(en->kv);
+        lm_dm_free(en->spec_dm);
+        lm_model_free(en->dm_model);
         free(en);
         return -1;
     }

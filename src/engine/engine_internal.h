@@ -12,7 +12,7 @@
  *                   device-fed forwards it shares with `lumen bench`
  *   spec.c          speculative decoding (lm_spec.h): drafts into the step,
  *                   the verifying step policy, the adaptive draft length;
- *                   spec_lookup.c and spec_mtp.c its proposers
+ *                   spec_lookup.c, spec_mtp.c and spec_draft.c its proposers
  *   fit.c           KV sizing against device memory, the warm-up forward
  *   batch.c, sampler.c, prefix_cache.c, kv_cache.c: the parts they use.
  *
@@ -180,6 +180,8 @@ struct lm_engine {
     /* speculative decoding (spec.c): NULL when off */
     lm_spec *spec;
     lm_spec_mtp *spec_mtp;       /* its MTP proposer (spec_mtp.c), NULL without */
+    lm_model *dm_model;          /* LM_SPEC_DRAFT: the draft model, loaded before the fit */
+    lm_spec_dm *spec_dm;         /* its proposer (spec_draft.c), NULL without */
 };
 
 /* ---- engine.c: requests and the plain step ---- */

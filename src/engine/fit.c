@@ -5,7 +5,8 @@
  * block per sequence) plus the prefix cache's blocks and, for hybrids, its
  * checkpoint slots; every running sequence also has a state slot, and
  * speculation adds spare slots (lm_spec_state_slots) and, with the MTP
- * head, the head's own K/V for every block (lm_spec_head_block_bytes). On a
+ * head, the head's own K/V for every block (lm_spec_head_block_bytes), with
+ * a draft model its K/V for every block and its state slots. On a
  * backend with its own memory (a GPU) all of it is allocated up front, so
  * it must fit what the device has free: the default KV size shrinks to fit,
  * an explicit one that does not fit is an error with the numbers. The
@@ -57,13 +58,13 @@ size_t lm_engine_cache_ram(const lm_engine *en) { return en->o.cache_ram; }
  * an explicit kv_tokens that does not fit is an error with the numbers.
  * Admission then keeps requests within it. */
 static int fit_device_memory(lm_engine *en, const lm_engine_opts *opts, size_t block_bytes, size_t state_bytes,
-                             size_t cache_blocks, int slots, int *n_blocks, lm_err *e) {
+                             size_t cache_blocks, int slots, size_t extra, int *n_blocks, lm_err *e) {
     size_t free_b = 0, total_b = 0;
     lm_backend_mem_info(en->m->be, &free_b, &total_b);
     if (total_b == 0) return 0; /* host memory: pages are touched as they are used */
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const size_t budget = free_b / 10 * 9, block = (size_t)en->bs;
-    const size_t fixed = (size_t)slots * state_bytes + cache_blocks * block_bytes;
+    const size_t fixed = (size_t)slots * state_bytes + cache_blocks * block_bytes + extra;
     const size_t want = (size_t)*n_blocks * block_bytes + fixed;
     if (want <= budget) return 0;
     if (opts && opts->kv_tokens > 0)
@@ -100,6 +101,9 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     /* speculation: the MTP head's K/V (its pool has a block for each of
      * the engine's) and spare state slots (snapshots, or per position) */
     block_bytes += lm_spec_head_block_bytes(&en->o, m, block);
+    /* a draft model's K/V (a block for each of the engine's too) and its state slots */
+    const size_t dm_state = en->dm_model ? lm_dm_state_bytes(&en->o, en->dm_model, block) : 0;
+    if (en->dm_model) block_bytes += lm_dm_block_bytes(&en->o, en->dm_model, block);
     const int spec_slots = lm_spec_state_slots(&en->o, m, en->stateful);
     *cache_blocks = en->o.cache_ram / block_bytes;
     int ckpts = 0;
@@ -112,8 +116,8 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     }
     en->ckpt_slots = ckpts;
     const int slots = en->stateful ? en->o.parallel + ckpts + spec_slots : 0;
-    if (fit_device_memory(en, opts, block_bytes, state_bytes, *cache_blocks, slots, n_blocks, e)) return -1;
-    en->fit_bytes = ((size_t)*n_blocks + *cache_blocks) * block_bytes + (size_t)slots * state_bytes;
+    if (fit_device_memory(en, opts, block_bytes, state_bytes, *cache_blocks, slots, dm_state, n_blocks, e)) return -1;
+    en->fit_bytes = ((size_t)*n_blocks + *cache_blocks) * block_bytes + (size_t)slots * state_bytes + dm_state;
     return 0;
 }
 
@@ -121,7 +125,7 @@ size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted) {
     const lm_kv_pool *p = &en->kv->pool;
     if (counted) *counted = en->fit_bytes;
     return (size_t)p->n_blocks * lm_kv_block_bytes(en->kv) + (size_t)p->n_state_slots * lm_kv_state_bytes(en->kv) +
-           lm_mtp_bytes(en->spec_mtp);
+           lm_mtp_bytes(en->spec_mtp) + lm_dm_bytes(en->spec_dm);
 }
 
 /* lm_engine_opts.warmup: a prefill of the step budget (capped by the

@@ -152,6 +152,7 @@ typedef enum lm_spec_mode {
     LM_SPEC_AUTO,     /* lookup where it has a hit, else the MTP head where
                        * the model has one */
     LM_SPEC_CALLBACK, /* lm_engine_opts.spec_cb (tests, a caller's own drafter) */
+    LM_SPEC_DRAFT,    /* a separate draft model (lm_engine_opts.spec_model) */
 } lm_spec_mode;
 
 /* A caller's proposer (LM_SPEC_CALLBACK): up to max tokens to follow
@@ -215,7 +216,7 @@ typedef struct lm_engine_opts {
                         * without an MTP head) is an error at creation. */
     int spec_draft;    /* most draft tokens per sequence and step, 1 ..
                         * LM_SPEC_MAX_DRAFT; 0 = the proposer's default (MTP
-                        * 3, lookup and auto 6); the adaptive policy picks at
+                        * 3, lookup, auto and a draft model 6); the adaptive policy picks at
                         * most this */
     bool spec_fixed;   /* no adaptive policy: every decode step drafts as many
                         * as the proposer has, up to spec_draft (tests, and
@@ -225,6 +226,9 @@ typedef struct lm_engine_opts {
                         * accepted tokens again, even where the backend
                         * keeps the state after every position (the
                         * default there; lm_spec.h): tests, benchmarks */
+    const char *spec_model; /* LM_SPEC_DRAFT: the draft model's path (a folder or
+                             * .gguf whose tokenizer is the model's); the engine
+                             * loads it on the model's backend */
     lm_spec_cb spec_cb; /* LM_SPEC_CALLBACK's proposer and its argument */
     void *spec_user;
 } lm_engine_opts;
@@ -269,6 +273,8 @@ typedef struct lm_engine_stats {
     uint64_t spec_pos_accepted[LM_SPEC_MAX_DRAFT]; /* of those, accepted */
     uint64_t spec_replayed;        /* tokens fed again after a rejection (recurrent state) */
     uint64_t spec_off_steps;       /* decode steps where the adaptive policy did not draft */
+    uint64_t spec_model_tokens;    /* tokens a draft model fed (--spec draft:PATH: following
+                                    * prompts and answers, and its chained guesses) */
     double spec_draft_s;           /* seconds proposing drafts */
     double spec_verify_s;          /* seconds in forwards of steps with drafts */
 } lm_engine_stats;

@@ -1,13 +1,15 @@
 /* lm_spec.h - speculative decoding's place in the engine: the contract, and
  * the entry points the step calls (spec.c: the verifier and the adaptive
- * policy; spec_lookup.c: the n-gram proposer; spec_mtp.c: the MTP head's).
+ * policy; spec_lookup.c: the n-gram proposer; spec_mtp.c: the MTP head's;
+ * spec_draft.c: a separate draft model's).
  *
  * The contract, for one decoding sequence r in one step:
  *
  *  1. Proposer. While the step's batch is built, right after r's next
  *     token t0, a proposer guesses up to k tokens d1..dk to follow it: the
  *     model's own draft head (the MTP head Qwen3.5 checkpoints carry,
- *     lm_qwen35.h) or n-grams of r's own tokens. k is bounded by the step's
+ *     lm_qwen35.h), a separate smaller model with the same tokenizer
+ *     decoding them greedily, or n-grams of r's own tokens. k is bounded by the step's
  *     token budget, by r's max_tokens and by the context, so the drafts stay
  *     inside the blocks r reserved at admission, and by the adaptive policy
  *     below.
@@ -53,7 +55,10 @@
  *     step on the demo on the CPU; keeping the state per position costs
  *     the slot writes, within the noise of a verify forward. A proposer
  *     with state of its own (the MTP head's K/V) rolls back the same way
- *     either way: its rows past the accepted position are rewritten.
+ *     either way: its rows past the accepted position are rewritten; a
+ *     draft model checks the guesses it fed against r's tokens and keeps
+ *     its rows up to the first that differs (a recurrent draft goes back to
+ *     a copy of its state from before its guesses).
  *
  * Adaptive policy (spec_policy.c): per sequence, an estimate of the chance
  * that draft position i is accepted given i - 1 was, and a model of the
@@ -138,7 +143,18 @@ typedef struct lm_spec_req {
     float *hid;            /* [D] the model's final hidden state at hid_pos, NULL before the first */
     int32_t mtp_draft[LM_SPEC_MAX_DRAFT]; /* the head's guesses after token mtp_draft_at - 1 */
     int mtp_n_draft, mtp_draft_at;
-    int mtp_want;          /* how many guesses the next chain makes */
+    int want;          /* how many guesses the proposer's next chain makes (MTP, draft model) */
+    /* draft model (spec_draft.c) */
+    bool dm_seen;          /* the policy has decided on it once (spec.c) */
+    bool dm_started;       /* its start was decided (dm_start) */
+    bool dm_off;           /* no guesses for it: the draft does not pay, or no state slot was free */
+    int dm_n;              /* the draft's cache covers positions < dm_n */
+    int dm_rec;            /* its full blocks below dm_rec have their hash recorded */
+    int32_t dm_slot, dm_snap; /* a recurrent draft's state slot and snapshot, + 1 (0: none) */
+    int dm_at;             /* position of guess dm_draft[0], -1: no guesses */
+    int dm_fed;            /* guesses fed by the chain (at dm_at .. dm_at + dm_fed - 1) */
+    int32_t dm_draft[LM_SPEC_MAX_DRAFT];
+    int dm_n_draft;
 } lm_spec_req;
 
 void lm_spec_req_free(lm_spec_req *q);
@@ -201,7 +217,10 @@ typedef struct lm_spec_cost {
     double draft_s_per;   /* smoothed seconds one proposal takes (lookup, callback) */
     double mtp_s_per;     /* smoothed seconds of the MTP head a decoding sequence and step */
     double mtp_tok_s;     /* smoothed seconds of its catch-up a prompt token */
+    double guess_s;       /* smoothed seconds a draft model's guess costs a sequence (a draft
+                           * forward's share; 0 without a draft model) */
     float mtp_acc[LM_SPEC_MAX_DRAFT]; /* the head's acceptance per position over all sequences */
+    float dm_acc[LM_SPEC_MAX_DRAFT];  /* a draft model's, the same way */
     /* whole decode steps by the wall clock (the engine's step from its start
      * to the end of the hand-out: host work included, and with the
      * look-ahead the next step's issue overlapping) less the fitted b T,
@@ -233,8 +252,9 @@ int lm_spec_probe_every(const lm_spec_cost *c, int S);
 /* The draft length (at most max) that maximises the expected tokens per
  * second of a sequence with acceptance acc among S running; 0 when none
  * beats plain decoding by LM_SPEC_DRAFT_MARGIN. head: the MTP head runs for
- * it (its chained guesses cost). The step's draft penalty is charged to
- * the sequence whole, as if it drafted alone. */
+ * it (its chained guesses cost); otherwise each guess costs guess_s (a
+ * draft model's forward). The step's draft penalty is charged to the
+ * sequence whole, as if it drafted alone. */
 int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool head);
 /* Whether some depth with the head beats plain decoding by
  * LM_SPEC_HEAD_MARGIN with the head's own time counted (each step's
@@ -271,6 +291,35 @@ struct lm_batch_builder;
 int lm_mtp_forward_scratch(lm_engine *en, struct lm_batch_builder *bb, const float *hidden, lm_err *e);
 /* The head's guesses after r's newest token (at most max), 0 when none. */
 int lm_mtp_propose(const lm_request *r, int32_t *draft, int max);
+
+typedef struct lm_spec_dm lm_spec_dm;
+/* A draft model for m from path: its tokenizer must map every id to the
+ * same token as m's (checked first); loaded on m's backend. */
+int lm_dm_load(lm_model **out, const char *path, const lm_model *m, lm_err *e);
+/* Bytes of a block (block tokens) of draft dm's own pool, and of its state
+ * slots (two a running sequence; 0 for an attention draft). */
+size_t lm_dm_block_bytes(const lm_engine_opts *o, const lm_model *dm, int block);
+size_t lm_dm_state_bytes(const lm_engine_opts *o, const lm_model *dm, int block);
+/* The draft-model proposer over dm (not owned), its pool as large as the
+ * engine's; NULL with e when it cannot be made. */
+lm_spec_dm *lm_dm_create(lm_engine *en, lm_model *dm, lm_err *e);
+void lm_dm_free(lm_spec_dm *D);
+size_t lm_dm_bytes(const lm_spec_dm *D);
+/* Whether r's tokens go through the draft. */
+bool lm_dm_tracked(const lm_engine *en, const lm_request *r);
+/* After a step's hand-out: the draft catches up over st's sequences and
+ * guesses r->spec.want tokens for those that want them. Returns the
+ * sequence-forwards it ran for decoding sequences' guesses; *lag: a
+ * catch-up over a prompt or a long gap was among them (not a decode
+ * step's cost); *fed: the tokens its forwards fed. */
+int lm_dm_after_hand_out(lm_engine *en, struct lm_step *st, bool *lag, int *fed);
+/* The draft's guesses after r's newest token (at most max), 0 when none. */
+int lm_dm_propose(const lm_request *r, int32_t *draft, int max);
+/* r ends: its state slots go back. */
+void lm_dm_end(lm_engine *en, lm_request *r);
+/* Seconds of one draft forward of one token at pos over the scratch
+ * table (lm_spec_calibrate); 0 on an error. */
+double lm_dm_time_guess(lm_engine *en, const int32_t *table, int pos);
 
 /* Up to max tokens that followed the latest earlier occurrence of r's last
  * n tokens (n from LM_LOOKUP_NMAX down to LM_LOOKUP_NMIN) into draft. */

@@ -1,6 +1,7 @@
 /* spec.c - speculative decoding in the step (lm_spec.h): drafts into the
  * batch, acceptance and rollback after the forward, the adaptive policy and
- * the counters. The proposers are spec_lookup.c and spec_mtp.c.
+ * the counters. The proposers are spec_lookup.c, spec_mtp.c and
+ * spec_draft.c.
  *
  * Each step's drafted sequences are recorded in row order (the step adds a
  * sequence's t0 row and then its draft rows before the next sequence's), so
@@ -26,6 +27,7 @@ typedef struct spec_rec {
     int32_t pp[LM_SPEC_MAX_DRAFT]; /* slot j: r's state after position p + j (t0 and j drafts) */
     int accepted;       /* after the hand-out: drafts accepted */
     bool from_mtp;      /* the MTP head's guesses */
+    bool from_dm;       /* a draft model's */
     int32_t draft[LM_SPEC_MAX_DRAFT];
 } spec_rec;
 
@@ -40,6 +42,7 @@ struct lm_spec {
     lm_spec_cost c;     /* the adaptive policy's costs and the head's acceptance (spec_policy.c) */
     bool mtp_live;       /* this step runs the MTP head for some sequence */
     unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
+    unsigned dm_left_off;  /* sequences a draft model that does not pay left off */
     double last_forward_s; /* the step's forward, for the requests' traces */
     /* whole steps by the wall clock (lm_spec_step_start) */
     double t_step;       /* when the step being handed out started (lm_spec_step_start) */
@@ -92,6 +95,8 @@ int lm_spec_create(lm_engine *en, lm_err *e) {
             return lm_errf(e, "--spec mtp: %s has no MTP head (a qwen3_5 / qwen3_next checkpoint with mtp.* "
                               "tensors); use --spec lookup or auto", en->m->path ? en->m->path : "the model");
     }
+    en->spec_dm = NULL;
+    if (o->spec == LM_SPEC_DRAFT && !(en->spec_dm = lm_dm_create(en, en->dm_model, e))) return -1;
     lm_spec *sp = lm_xcalloc(1, sizeof *sp);
     sp->known = lm_xmalloc((size_t)o->parallel * sizeof *sp->known);
     sp->mode = o->spec;
@@ -129,7 +134,7 @@ static bool probe_ok(const lm_spec *sp, uint64_t step, int S) {
 static int policy_k(lm_engine *en, lm_request *r, int max, int S) {
     lm_spec *sp = en->spec;
     lm_spec_req *q = &r->spec;
-    const int k = lm_spec_best_k(&sp->c, q->acc, max, S, lm_mtp_tracked(r));
+    const int k = lm_spec_best_k(&sp->c, q->acc, max, S, en->spec_mtp && lm_mtp_tracked(r));
     if (k == 0 && ++q->quiet >= LM_SPEC_PROBE_EVERY && probe_ok(sp, sp->steps, S)) {
         q->quiet = 0;
         sp->probe_step = sp->steps;
@@ -176,11 +181,13 @@ bool lm_spec_would_draft(lm_engine *en, lm_request *r) {
     lm_spec *sp = en->spec;
     if (!sp || r->p.no_spec || r->embed) return false;
     if (sp->mode == LM_SPEC_MTP) return lm_mtp_tracked(r); /* its only proposer */
+    if (sp->mode == LM_SPEC_DRAFT && !lm_dm_tracked(en, r)) return false;
     if (sp->mode == LM_SPEC_CALLBACK || en->o.spec_fixed || r->spec.acc[0] == 0) return true;
     if (plain_owed(en)) return false;
     lm_spec_req *q = &r->spec;
     if (lm_spec_best_k(&sp->c, q->acc, sp->max_draft, en->n_running, false) == 0) /* counted as policy_k does; */
         return ++q->quiet >= LM_SPEC_PROBE_EVERY - 1 && probe_ok(sp, sp->steps + 1, en->n_running); /* stop before a probe */
+    if (sp->mode == LM_SPEC_DRAFT) return true;
     int32_t draft[1];
     return lm_lookup_propose(q, r->tokens, r->n_tokens, r->cap, draft, 1) > 0;
 }
@@ -195,7 +202,8 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
      * copy, so the run grows; past LM_SPEC_MAX_REPLAY it catches up undrafted */
     if (sp->stateful && !sp->per_pos && st->seq_n[s] > LM_SPEC_MAX_REPLAY) return 0;
     if (r->spec.acc[0] == 0) /* first proposal: optimistic, so that it tries; the head's from all sequences */
-        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->c.mtp_acc[i] : 0.6f;
+        for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
+            r->spec.acc[i] = sp->mode == LM_SPEC_MTP ? sp->c.mtp_acc[i] : sp->mode == LM_SPEC_DRAFT ? sp->c.dm_acc[i] : 0.6f;
     const double t0 = lm_now();
     /* a verification hands out at most k + 1 tokens: no draft past
      * max_tokens or the context (so every draft position is a reserved one) */
@@ -205,10 +213,13 @@ int lm_spec_propose(lm_engine *en, lm_step *st, int s, lm_request *r, int max) {
     int k = en->o.spec_fixed ? max : policy_k(en, r, max, en->n_running);
     r->spec.k_last = k;
     spec_rec *rc = &sp->rec[sp->n_rec];
-    rc->from_mtp = false;
+    rc->from_mtp = rc->from_dm = false;
     if (k > 0 && sp->mode == LM_SPEC_CALLBACK) {
         int n = en->o.spec_cb(en->o.spec_user, r->tokens, r->n_tokens, r->n_prompt, rc->draft, k);
         k = LM_MAX(0, LM_MIN(k, n));
+    } else if (k > 0 && sp->mode == LM_SPEC_DRAFT) {
+        k = lm_dm_propose(r, rc->draft, k);
+        rc->from_dm = k > 0;
     } else if (k > 0) {
         int want = k;
         k = 0;
@@ -298,6 +309,7 @@ static void verify(lm_engine *en, lm_step *st, spec_rec *rc) {
     }
     lm_spec_acc_learn(r->spec.acc, rc->k, accepted, 0.15f);
     if (rc->from_mtp) lm_spec_acc_learn(sp->c.mtp_acc, rc->k, accepted, 0.05f);
+    if (rc->from_dm) lm_spec_acc_learn(sp->c.dm_acc, rc->k, accepted, 0.05f);
     r->tr.spec_verifies++;
     r->tr.spec_verify_s += sp->last_forward_s;
     r->tr.spec_drafted += rc->k;
@@ -336,6 +348,7 @@ static void publish(lm_engine *en) {
     for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
         s->spec_pos_drafted[i] += a->spec_pos_drafted[i], s->spec_pos_accepted[i] += a->spec_pos_accepted[i];
     s->spec_replayed += a->spec_replayed, s->spec_off_steps += a->spec_off_steps;
+    s->spec_model_tokens += a->spec_model_tokens;
     s->spec_draft_s += a->spec_draft_s, s->spec_verify_s += a->spec_verify_s;
     pthread_mutex_unlock(&en->mu);
     memset(a, 0, sizeof *a);
@@ -430,6 +443,63 @@ static void note_step(lm_engine *en, const lm_step *st) {
     }
 }
 
+/* The guesses a proposer's next chain makes for r: none while the policy
+ * does not draft for it (but for the step before a probe), else one more
+ * than it drafted last. A draft model's first: as many as the policy
+ * would draft with its acceptance over all sequences (first), and it runs
+ * for a sequence the policy keeps from drafting only for a probe the next
+ * step will make (a guess costs it a forward; the MTP head's first guess
+ * is a row of a catch-up it runs anyway). */
+static int want_of(const lm_engine *en, const lm_request *r, bool draft_model, int first) {
+    const lm_spec *sp = en->spec;
+    const lm_spec_req *q = &r->spec;
+    if (en->o.spec_fixed) return sp->max_draft;
+    if (draft_model && q->acc[0] == 0) return first;
+    if (q->k_last > 0) return LM_MIN(sp->max_draft, q->k_last + 1);
+    if (!draft_model) return q->quiet < 15 ? 0 : 1;
+    return q->quiet + 1 >= LM_SPEC_PROBE_EVERY && probe_ok(sp, sp->steps + 1, en->n_running) ? 1 : 0;
+}
+
+/* The draft model after a hand-out: its guesses for the next step, and
+ * its time a guess for the policy (decode steps only). Not while the
+ * look-ahead has a step queued: the chain's next step takes its tokens
+ * from the backend's last argmax, which a draft forward would overwrite
+ * (the chain stops where a sequence would draft; its first built step
+ * then runs the draft, and the step after it verifies). */
+static void draft_after_hand_out(lm_engine *en, lm_step *st) {
+    lm_spec *sp = en->spec;
+    if (en->queued) return;
+    /* what a sequence new to it would draft with the acceptance of all so
+     * far: where none, the draft does not pay, and only every 8th new
+     * sequence runs it (following its prompt, so that probes stay cheap),
+     * to keep that acceptance measured; the others never do */
+    const int first = lm_spec_best_k(&sp->c, sp->c.dm_acc, sp->max_draft, en->n_running, false);
+    int n_want = 0;
+    for (int i = 0; i < st->S; i++) {
+        lm_request *r = st->seq_req[i];
+        if (r->state != LM_REQ_RUNNING || !lm_dm_tracked(en, r)) continue;
+        if (!r->spec.dm_seen) {
+            r->spec.dm_seen = true;
+            if (!en->o.spec_fixed && first == 0 && ++sp->dm_left_off % 8 != 0) {
+                r->spec.dm_off = true;
+                continue;
+            }
+        }
+        r->spec.want = r->n_cached < r->n_prompt ? 1 : want_of(en, r, true, first);
+        n_want += r->spec.want > 0 && r->n_cached >= r->n_prompt;
+    }
+    const double t0 = lm_now();
+    bool lag = false;
+    int fed = 0;
+    const int n = lm_dm_after_hand_out(en, st, &lag, &fed);
+    const double dt = lm_now() - t0;
+    sp->add.spec_draft_s += dt;
+    sp->add.spec_model_tokens += (uint64_t)fed;
+    if (n > 0 && !lag) sp->c.guess_s = sp->c.guess_s > 0 ? 0.9 * sp->c.guess_s + 0.1 * dt / n : dt / n;
+    for (int i = 0; n_want && i < st->S; i++) /* each wanting sequence's share */
+        if (st->seq_req[i]->spec.want > 0) st->seq_req[i]->tr.spec_draft_s += dt / n_want;
+}
+
 void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
     if (sp->mtp_live) {
@@ -451,9 +521,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
              * follow regardless while it is on for r, since a gap in them
              * costs most of its acceptance (measured: 0.92 -> ~0.3 on the
              * code workload) */
-            const lm_spec_req *q = &r->spec;
-            r->spec.mtp_want = en->o.spec_fixed ? sp->max_draft
-                             : q->k_last == 0 && q->quiet < 15 ? 0 : LM_MIN(sp->max_draft, q->k_last + 1);
+            r->spec.want = want_of(en, r, false, 0);
             n += r->n_cached >= r->n_prompt;
         }
         const int n_tok = lm_mtp_after_hand_out(en, st, sp->known);
@@ -465,6 +533,7 @@ void lm_spec_after_hand_out(lm_engine *en, lm_step *st) {
             if (r->spec.head_share) r->tr.spec_draft_s += dt / n, r->spec.head_share = false;
         }
     }
+    if (en->spec_dm) draft_after_hand_out(en, st);
     sp->n_rec = 0;
     sp->mtp_live = false; /* a queued step after this one runs no head (lm_spec_before_issue sets it) */
     note_step(en, st);
@@ -520,6 +589,7 @@ void lm_spec_calibrate(lm_engine *en) {
         if (tk > 0) lm_spec_cost_learn(&sp->c, k + 1, tk);
     }
     if (en->spec_mtp) th = time_forward(en, bb, seq.blocks, -1, pos, 1, true, hidden);
+    if (en->spec_dm) sp->c.guess_s = lm_dm_time_guess(en, seq.blocks, pos);
     /* a step's head work: the catch-up and a chained guess */
     if (th > 0) sp->c.mtp_s_per = 2 * th;
     if (tp > 0) sp->c.mtp_tok_s = tp / pos;

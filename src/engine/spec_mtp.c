@@ -142,7 +142,7 @@ int lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
             memcpy(q->hid, en->hidden + (size_t)(M->h0[s] + end - base) * D, D * sizeof(float));
             q->hid_pos = end;
         }
-        if (end == r->n_tokens - 1 && q->mtp_want > 0) { /* its last row guesses the token after the newest */
+        if (end == r->n_tokens - 1 && q->want > 0) { /* its last row guesses the token after the newest */
             lm_batch_add_out(M->bb, last);
             M->out_req[n_out++] = r;
         }
@@ -164,7 +164,7 @@ int lm_mtp_after_hand_out(lm_engine *en, lm_step *st, const int *known) {
         for (int i = 0; i < n; i++) {
             lm_request *r = M->out_req[i];
             lm_spec_req *q = &r->spec;
-            if (q->mtp_want <= j || r->n_tokens + j > r->cap) continue;
+            if (q->want <= j || r->n_tokens + j > r->cap) continue;
             int bs = lm_batch_add_seq(M->bb, r->seq.blocks, -1);
             int row = lm_batch_add_tokens(M->bb, bs, &q->mtp_draft[j - 1], r->n_tokens - 2 + j, 1);
             lm_batch_add_out(M->bb, row);

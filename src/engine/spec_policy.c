@@ -8,7 +8,9 @@
  * that the fit follows the machine's load); the head takes mtp_s_per a
  * decoding sequence and step (learnt from decode steps only: a catch-up
  * over a prompt chunk would inflate it tenfold) and mtp_tok_s a prompt
- * token (learnt from those catch-ups). A sequence's share of a step is
+ * token (learnt from those catch-ups); a draft model's guess guess_s a
+ * sequence (its forwards' time over the sequences in them, decode steps
+ * only). A sequence's share of a step is
  * a / S + b with S sequences running. With acceptance p_i (draft i
  * accepted given i - 1 was), k drafts give 1 + sum_j prod_{i<=j} p_i
  * tokens at a cost of share + b k + the proposal's time; on the
@@ -19,7 +21,7 @@
 
 void lm_spec_cost_init(lm_spec_cost *c, int max_draft, bool replay) {
     *c = (lm_spec_cost){ .max_draft = max_draft, .replay = replay };
-    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) c->mtp_acc[i] = 0.9f;
+    for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++) c->mtp_acc[i] = 0.9f, c->dm_acc[i] = 0.6f;
 }
 
 void lm_spec_cost_learn(lm_spec_cost *c, int T, double s) {
@@ -76,7 +78,7 @@ int lm_spec_best_k(const lm_spec_cost *c, const float *acc, int max, int S, bool
         expect += run;
         /* while the head runs its catch-up is paid anyway: only the chained
          * guesses beyond the first are this choice's (about half its time each) */
-        double cost = share + b * k + c->draft_s_per + pen + (head ? 0.5 * c->mtp_s_per * (k - 1) : 0);
+        double cost = share + b * k + c->draft_s_per + pen + (head ? 0.5 * c->mtp_s_per * (k - 1) : c->guess_s * k);
         if (c->replay) cost += (1 - run) * b * (1 + expect); /* a rejection's run is fed again */
         double rate = (1 + expect) / cost;
         if (rate > best * LM_SPEC_DRAFT_MARGIN) best = rate, k_best = k;

@@ -127,6 +127,9 @@ static void spec_text(tbuf *b, const lm_engine_stats *es) {
             es->spec_replayed);
     counter(b, "lumen_spec_undrafted_steps_total",
             "Decode steps of sequences the adaptive policy kept from drafting (it did not pay).", es->spec_off_steps);
+    counter(b, "lumen_spec_draft_model_tokens_total",
+            "Tokens the draft model fed (--spec draft:PATH): prompts and answers it followed, and its guesses.",
+            es->spec_model_tokens);
     const char *d = "lumen_spec_position_draft_tokens_total", *a = "lumen_spec_position_accepted_tokens_total";
     tprintf(b, "# HELP %s Draft tokens fed at each draft position.\n# TYPE %s counter\n", d, d);
     for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
@@ -135,7 +138,7 @@ static void spec_text(tbuf *b, const lm_engine_stats *es) {
                "counter\n", a, a);
     for (int i = 0; i < LM_SPEC_MAX_DRAFT; i++)
         tprintf(b, "%s{position=\"%d\"} %llu\n", a, i + 1, (unsigned long long)es->spec_pos_accepted[i]);
-    tprintf(b, "# HELP lumen_spec_draft_seconds_total Time proposing drafts (lookup, the MTP head's forwards).\n"
+    tprintf(b, "# HELP lumen_spec_draft_seconds_total Time proposing drafts (lookup, the MTP head's or a draft model's forwards).\n"
                "# TYPE lumen_spec_draft_seconds_total counter\nlumen_spec_draft_seconds_total %.6f\n",
             es->spec_draft_s);
     tprintf(b, "# HELP lumen_spec_verify_seconds_total Time in forwards of steps that verified drafts.\n"
