@@ -231,3 +231,56 @@ LM_TEST(engine_spec_draft_refuses_another_tokenizer) {
     lm_backend_destroy(be);
     free(dir);
 }
+
+/* A draft that cannot pay (another architecture, twice the model's layers:
+ * a guess costs more than a step and is never right) runs for one new
+ * sequence in eight only, so that its acceptance stays measured; the rest
+ * never feed it a token. Greedy tokens stay the plain ones. */
+LM_TEST(engine_spec_draft_left_off_where_it_does_not_pay) {
+    char *dir = lm_test_fixture_path("models/llama"), *draft = lm_test_fixture_path("models/qwen3.5");
+    if (!dir || !draft) {
+        free(dir), free(draft);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_model *m = NULL;
+    lm_engine *en = NULL;
+    int32_t prompt[300];
+    int n_prompt = 0;
+    if (!be || lm_model_load(&m, dir, be, &e) || !(n_prompt = dr_prompt(lm_t_, dir, prompt, 200))) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        goto done;
+    }
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .step_tokens = 64, .spec = LM_SPEC_DRAFT, .spec_model = draft };
+    if (lm_engine_create(&en, m, &o, &e)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        goto done;
+    }
+    int prompt_tokens = 0;
+    for (int k = 0; k < 8; k++) {
+        lm_tu_collect c;
+        lm_tu_collect_init(&c);
+        lm_request *r = NULL;
+        lm_gen_params p = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = 12 };
+        const int n = 60 + 10 * k;
+        int32_t alone[12];
+        LM_REQUIRE(lm_engine_submit(en, prompt + k, n, &p, lm_tu_collect_on_token, &c, &r, &e) == LM_ENGINE_OK);
+        lm_tu_collect_wait(&c);
+        LM_CHECK(lm_tu_greedy_alone(m, prompt + k, n, 12, alone) == 0 && c.n == 12 &&
+                 !memcmp(alone, c.toks, sizeof alone));
+        prompt_tokens += n;
+        lm_request_release(r);
+        lm_tu_collect_destroy(&c);
+    }
+    lm_engine_stats st;
+    dr_stats(en, &st);
+    printf("  8 requests, %d prompt tokens: the draft fed %llu tokens, %llu verifies\n", prompt_tokens,
+           (unsigned long long)st.spec_model_tokens, (unsigned long long)st.spec_verifies);
+    LM_CHECK(st.spec_model_tokens > 0 && st.spec_model_tokens < (uint64_t)prompt_tokens / 4);
+done:
+    lm_engine_free(en);
+    lm_model_free(m);
+    if (be) lm_backend_destroy(be);
+    free(dir), free(draft);
+}

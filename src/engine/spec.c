@@ -42,7 +42,8 @@ struct lm_spec {
     lm_spec_cost c;     /* the adaptive policy's costs and the head's acceptance (spec_policy.c) */
     bool mtp_live;       /* this step runs the MTP head for some sequence */
     unsigned mtp_left_off; /* sequences head_decide left off before their first catch-up */
-    unsigned dm_left_off;  /* sequences a draft model that does not pay left off */
+    unsigned dm_left_off;  /* new sequences a draft model that does not pay left off since it last ran */
+    unsigned dm_every;     /* it runs for one new sequence in this many (8, doubling to 1024) */
     double last_forward_s; /* the step's forward, for the requests' traces */
     /* whole steps by the wall clock (lm_spec_step_start) */
     double t_step;       /* when the step being handed out started (lm_spec_step_start) */
@@ -470,9 +471,12 @@ static void draft_after_hand_out(lm_engine *en, lm_step *st) {
     lm_spec *sp = en->spec;
     if (en->queued) return;
     /* what a sequence new to it would draft with the acceptance of all so
-     * far: where none, the draft does not pay, and only every 8th new
-     * sequence runs it (following its prompt, so that probes stay cheap),
-     * to keep that acceptance measured; the others never do */
+     * far: where none, the draft does not pay, and only one new sequence
+     * in dm_every runs it (following its prompt, so that probes stay
+     * cheap), to keep that acceptance measured; the others never do. The
+     * interval doubles each time (to 1024) while it does not pay, so a
+     * long-running server with a draft that never pays soon stops paying
+     * for it, and goes back to 8 once it does */
     const int first = lm_spec_best_k(&sp->c, sp->c.dm_acc, sp->max_draft, en->n_running, false);
     int n_want = 0;
     for (int i = 0; i < st->S; i++) {
@@ -480,9 +484,14 @@ static void draft_after_hand_out(lm_engine *en, lm_step *st) {
         if (r->state != LM_REQ_RUNNING || !lm_dm_tracked(en, r)) continue;
         if (!r->spec.dm_seen) {
             r->spec.dm_seen = true;
-            if (!en->o.spec_fixed && first == 0 && ++sp->dm_left_off % 8 != 0) {
-                r->spec.dm_off = true;
-                continue;
+            if (first > 0 || sp->dm_every == 0) sp->dm_every = 8;
+            if (!en->o.spec_fixed && first == 0) {
+                if (++sp->dm_left_off < sp->dm_every) {
+                    r->spec.dm_off = true;
+                    continue;
+                }
+                sp->dm_left_off = 0;
+                sp->dm_every = LM_MIN(2 * sp->dm_every, 1024u);
             }
         }
         r->spec.want = r->n_cached < r->n_prompt ? 1 : want_of(en, r, true, first);
