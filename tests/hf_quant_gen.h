@@ -28,7 +28,7 @@ typedef struct hqg_tensor {
     char name[160];
     const char *dtype; /* safetensors dtype name */
     int n_dims;
-    int64_t shape[2];
+    int64_t shape[3];
     const void *data;
     size_t nbytes;
 } hqg_tensor;

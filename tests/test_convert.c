@@ -61,6 +61,8 @@ static void check_same_bytes(lm_test_ctx *lm_t_, const char *name) {
 
 LM_TEST(convert_llama_matches_llamacpp_converter) { check_same_bytes(lm_t_, "llama-g256"); }
 LM_TEST(convert_qwen3_matches_llamacpp_converter) { check_same_bytes(lm_t_, "qwen3-g256"); }
+/* the hybrid: +1 norms, -exp(A_log), value heads re-ordered to tiled, conv1d squeezed */
+LM_TEST(convert_qwen35_matches_llamacpp_converter) { check_same_bytes(lm_t_, "qwen3.5-g256"); }
 
 /* Logits of every position of prompt1 through a runner. */
 static float *all_logits(lm_test_ctx *lm_t_, lm_model *m, const int32_t *ids, int n) {
@@ -131,6 +133,7 @@ static void check_same_logits(lm_test_ctx *lm_t_, const char *name) {
 
 LM_TEST(convert_llama_same_logits_as_folder) { check_same_logits(lm_t_, "llama"); }
 LM_TEST(convert_qwen3_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3"); }
+LM_TEST(convert_qwen35_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3.5"); }
 /* Llama 3 rope scaling becomes rope_freqs.weight; tied embeddings, MQA */
 LM_TEST(convert_llama3_rope_same_logits_as_folder) { check_same_logits(lm_t_, "llama3-rope-mqa"); }
 

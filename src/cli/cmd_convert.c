@@ -33,8 +33,11 @@ static const lm_opt_cmd k_cmd = {
              "tensors and norms in F32, the tokenizer (byte-level BPE: tokenizer.ggml.model\n"
              "gpt2, with tokens, token types, merges, pre-tokenizer and special ids) and\n"
              "the chat template. Architectures: llama, mistral, qwen2, qwen3 (default\n"
-             "rope; llama3 rope scaling as rope_freqs.weight). Prints one line: tensors,\n"
-             "bytes in and out, the count of each type.\n",
+             "rope; llama3 rope scaling as rope_freqs.weight) and the Qwen3.5 hybrid\n"
+             "(qwen3_5_text, or the text model of a multimodal qwen3_5 checkpoint: its\n"
+             "norms as 1 + w, A_log as -exp(A_log), value heads in tiled order, the MTP\n"
+             "head as llama.cpp's nextn layer). Prints one line: tensors, bytes in and\n"
+             "out, the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(convert_opts),

@@ -11,8 +11,9 @@
  * converter's (F32 for 1-D tensors and norms, else the mix's plain type or
  * the source's bf16/f16) and then, for a quantised mix, llama-quantize's
  * rule on top (lm_quant_mix.h); data goes row by row through f32 unless it
- * is copied as is. */
-#include "lm_convert.h"
+ * is copied as is. The Qwen3.5 hybrid's names and transforms are
+ * convert_hybrid.c's. */
+#include "convert_internal.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -29,14 +30,34 @@ typedef struct conv_arch {
     const char *model_type, *arch;
     bool permute_qk;   /* llama: q/k rows interleaved for GGML's rope */
     bool llama_extras; /* {arch}.vocab_size and rope.dimension_count */
+    bool hybrid;       /* Qwen3.5 (convert_hybrid.c) */
 } conv_arch;
 
 static const conv_arch k_archs[] = {
-    { "llama", "llama", true, true },
-    { "mistral", "llama", true, true },
-    { "qwen2", "qwen2", false, false },
-    { "qwen3", "qwen3", false, false },
+    { "llama", "llama", true, true, false },
+    { "mistral", "llama", true, true, false },
+    { "qwen2", "qwen2", false, false, false },
+    { "qwen3", "qwen3", false, false, false },
+    { "qwen3_5_text", "qwen35", false, false, true },
+    { "qwen3_5", "qwen35", false, false, true }, /* multimodal: its text_config and language model */
 };
+#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_5"
+
+/* The hybrid's geometry from its config (hparams: text_config where nested). */
+static conv_hybrid conv_hybrid_of(json_t *hp) {
+    conv_hybrid h = { 0 };
+    json_t *v;
+#define GETI(key, field) \
+    if (json_is_integer(v = json_object_get(hp, key))) h.field = json_integer_value(v)
+    GETI("num_hidden_layers", n_layer);
+    GETI("mtp_num_hidden_layers", n_mtp);
+    GETI("linear_num_key_heads", hk);
+    GETI("linear_num_value_heads", hv);
+    GETI("linear_key_head_dim", dk);
+    GETI("linear_value_head_dim", dv);
+#undef GETI
+    return h;
+}
 
 /* HF name suffixes inside model.layers.N. and their GGUF names. */
 static const struct { const char *hf, *gguf; } k_layer_names[] = {
@@ -133,6 +154,22 @@ static void size_label(int64_t params, char *out, size_t n) {
     snprintf(out, n, "%.*f%s", fix, scaled, suffix);
 }
 
+/* rope.dimension_sections: mrope_section padded to 4 (or, absent, the
+ * hybrid's default); true when there was one. */
+static bool put_mrope(lm_gguf_writer *w, const char *arch, json_t *cfg, bool dflt) {
+    json_t *ms = rope_get(cfg, "mrope_section");
+    int32_t sec[4] = { 11, 11, 10, 0 };
+    if (json_is_array(ms)) {
+        for (size_t i = 0; i < 4; i++) sec[i] = i < json_array_size(ms) ? (int32_t)json_integer_value(json_array_get(ms, i)) : 0;
+    } else if (!dflt) {
+        return false;
+    }
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    lm_gguf_set_arr(w, key, LM_GGUF_I32, sec, 4);
+    return json_is_array(ms);
+}
+
 /* The general.* and {arch}.* keys, up to the tokenizer. */
 static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const conv_arch *a, int ftype,
                        int64_t n_params, lm_err *e) {
@@ -154,12 +191,14 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     size_label(n_params, label, sizeof label);
     lm_gguf_set_str(w, "general.size_label", label, strlen(label));
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", a->arch, k), key)
-    lm_gguf_set_int(w, ARCH_KEY("block_count"), LM_GGUF_U32, n_layer);
+    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
+    lm_gguf_set_int(w, ARCH_KEY("block_count"), LM_GGUF_U32, n_layer + hy.n_mtp);
     if (cfg_int(cfg, "max_position_embeddings", &n_ctx)) lm_gguf_set_int(w, ARCH_KEY("context_length"), LM_GGUF_U32, n_ctx);
     lm_gguf_set_int(w, ARCH_KEY("embedding_length"), LM_GGUF_U32, n_embd);
     lm_gguf_set_int(w, ARCH_KEY("feed_forward_length"), LM_GGUF_U32, n_ff);
     lm_gguf_set_int(w, ARCH_KEY("attention.head_count"), LM_GGUF_U32, n_head);
     if (cfg_int(cfg, "num_key_value_heads", &n_kv)) lm_gguf_set_int(w, ARCH_KEY("attention.head_count_kv"), LM_GGUF_U32, n_kv);
+    const bool mrope = put_mrope(w, a->arch, cfg, false);
     json_t *theta = rope_get(cfg, "rope_theta");
     if (json_is_number(theta)) lm_gguf_set_float(w, ARCH_KEY("rope.freq_base"), LM_GGUF_F32, json_number_value(theta));
     json_t *eps = json_object_get(cfg, "rms_norm_eps");
@@ -174,6 +213,25 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
         lm_gguf_set_int(w, ARCH_KEY("vocab_size"), LM_GGUF_U32, vocab);
         lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32, head_dim > 0 ? head_dim : n_embd / n_head);
     }
+    if (a->hybrid) {
+        if (hy.hk < 1 || hy.hv < 1 || hy.dk < 1 || hy.dv < 1 || hy.hv % hy.hk)
+            return lm_errf(e, "%s/config.json: linear_num_key_heads, linear_num_value_heads (a multiple of it), "
+                           "linear_key_head_dim and linear_value_head_dim are required", dir);
+        int64_t k = 4, every = 4;
+        if (hy.n_mtp > 0) lm_gguf_set_int(w, ARCH_KEY("nextn_predict_layers"), LM_GGUF_U32, hy.n_mtp);
+        cfg_int(cfg, "linear_conv_kernel_dim", &k);
+        cfg_int(cfg, "full_attention_interval", &every);
+        lm_gguf_set_int(w, ARCH_KEY("ssm.conv_kernel"), LM_GGUF_U32, k);
+        lm_gguf_set_int(w, ARCH_KEY("ssm.state_size"), LM_GGUF_U32, hy.dk);
+        lm_gguf_set_int(w, ARCH_KEY("ssm.group_count"), LM_GGUF_U32, hy.hk);
+        lm_gguf_set_int(w, ARCH_KEY("ssm.time_step_rank"), LM_GGUF_U32, hy.hv);
+        lm_gguf_set_int(w, ARCH_KEY("ssm.inner_size"), LM_GGUF_U32, hy.dv * hy.hv);
+        lm_gguf_set_int(w, ARCH_KEY("full_attention_interval"), LM_GGUF_U32, every);
+        const int64_t rd = head_dim > 0 ? head_dim : n_embd / n_head;
+        lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32,
+                        (int64_t)((double)rd * rope_num(cfg, "partial_rotary_factor", 0.25f)));
+        if (!mrope) put_mrope(w, a->arch, cfg, true);
+    }
 #undef ARCH_KEY
     lm_gguf_set_int(w, "general.quantization_version", LM_GGUF_U32, 2);
     return 0;
@@ -181,24 +239,29 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
 
 /* ---- tensors ---------------------------------------------------------------------- */
 
-typedef struct conv_tensor {
-    const lm_file_tensor *src;
-    char name[96];
-    int permute_heads; /* 0: rows in order; else the rows of this many heads are interleaved */
-    lm_dtype type;
-} conv_tensor;
+/* Source head of output head i when value heads go from grouped by key
+ * head (r a key head) to tiled (hk key heads). */
+static int64_t conv_tiled_src(int64_t i, int r, int hk) { return (i % hk) * r + i / hk; }
 
-/* Source row of output row r under llama's q/k permutation of `heads` heads. */
-static int64_t conv_src_row(int64_t r, int64_t rows, int heads) {
-    if (!heads) return r;
-    int64_t hd = rows / heads, h = r / hd, k = r % hd;
-    return h * hd + (k % 2) * (hd / 2) + k / 2;
+/* Source row of t's output row r (of rows): llama's q/k permutation, or the
+ * hybrid's value-head re-order. */
+static int64_t conv_src_row(const conv_tensor *t, int64_t r, int64_t rows) {
+    if (t->permute_heads) {
+        int64_t hd = rows / t->permute_heads, h = r / hd, k = r % hd;
+        return h * hd + (k % 2) * (hd / 2) + k / 2;
+    }
+    if (t->v_r && !t->v_cols && r >= t->v_row0) {
+        const int64_t j = r - t->v_row0;
+        return t->v_row0 + conv_tiled_src(j / t->v_hd, t->v_r, t->v_hk) * t->v_hd + j % t->v_hd;
+    }
+    return r;
 }
 
 /* The converter's own type for a tensor, before any quantisation mix. */
 static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
     size_t n = strlen(t->name);
-    if (t->src->n_dims <= 1 || (n > 12 && !strcmp(t->name + n - 12, "_norm.weight"))) return LM_F32;
+    if (t->src->n_dims <= 1 || (n > 12 && !strcmp(t->name + n - 12, "_norm.weight")) || strstr(t->name, "ssm_conv1d"))
+        return LM_F32;
     if (!lm_dtype_is_quant(mix->base)) return mix->base;
     return t->src->type == LM_BF16 || t->src->type == LM_F16 ? t->src->type : LM_F32;
 }
@@ -249,6 +312,7 @@ static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
 static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a, const lm_quant_mix *mix,
                      lm_file_tensor *extra, conv_tensor **out, int *n_out, int64_t *n_params, lm_err *e) {
     int64_t n_head = 0, n_kv = 0, n_layer = 0;
+    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
     cfg_int(cfg, "num_attention_heads", &n_head);
     if (!cfg_int(cfg, "num_key_value_heads", &n_kv)) n_kv = n_head;
     cfg_int(cfg, "num_hidden_layers", &n_layer);
@@ -266,16 +330,23 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
         for (int i = 0; rc == 0 && i < ws->st[f].n_tensors; i++) {
             const lm_file_tensor *src = &ws->st[f].tensors[i];
             conv_tensor *t = &ts[n];
-            int known = conv_name(src->name, t->name, sizeof t->name);
+            int known = a->hybrid ? lm_conv_hybrid_name(&hy, src->name, t) : conv_name(src->name, t->name, sizeof t->name);
             if (known < 0) {
-                rc = lm_errf(e, "tensor \"%s\": no GGUF name for it (lumen convert knows llama, qwen2, qwen3)",
-                             src->name);
+                rc = lm_errf(e, "tensor \"%s\": no GGUF name for it in %s (lumen convert knows " CONV_KNOWN ")",
+                             src->name, a->arch);
             } else if (known && src->type != LM_F32 && src->type != LM_F16 && src->type != LM_BF16) {
                 rc = lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name,
                              src->type_name);
             }
-            if (rc || !known) continue;
+            if (rc || !known) {
+                memset(t, 0, sizeof *t);
+                continue;
+            }
             t->src = src;
+            if (t->vx && src->n_dims > 1) {
+                rc = lm_errf(e, "tensor \"%s\": a %d-D norm or decay", src->name, src->n_dims);
+                continue;
+            }
             if (a->permute_qk && strstr(t->name, "attn_q.")) t->permute_heads = (int)n_head;
             if (a->permute_qk && strstr(t->name, "attn_k.")) t->permute_heads = (int)n_kv;
             if (t->permute_heads && src->shape[0] % (2 * t->permute_heads)) {
@@ -315,12 +386,35 @@ static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
     *cols = *rows ? numel / *rows : 0;
 }
 
-/* Row r of the output, in the source: through the q/k permutation. */
+/* Row r of the output, in the source: through the row re-orders. */
 static const uint8_t *conv_src_row_ptr(void *ctx, int64_t r) {
     const conv_tensor *t = ctx;
     int64_t rows, cols;
     conv_rows(t->src, &rows, &cols);
-    return t->src->data + (size_t)conv_src_row(r, rows, t->permute_heads) * lm_dtype_row_bytes(t->src->type, cols);
+    return t->src->data + (size_t)conv_src_row(t, r, rows) * lm_dtype_row_bytes(t->src->type, cols);
+}
+
+/* A 1-D tensor's values through its transform, in double, as f32. */
+static uint8_t *conv_values(const conv_tensor *t, int64_t n) {
+    float *out = lm_xmalloc((size_t)n * sizeof *out + 1);
+    for (int64_t i = 0; i < n; i++) {
+        float w;
+        lm_dequant_row(t->src->type, conv_src_row_ptr((void *)t, i), &w, 1);
+        out[i] = t->vx == CONV_VX_PLUS1 ? (float)((double)w + 1.0) : (float)-exp((double)w);
+    }
+    return (uint8_t *)out;
+}
+
+/* A copy of t's source (its own type) with the column blocks of value
+ * heads re-ordered, for a column re-order (rows then go through as they are). */
+static uint8_t *conv_cols(const conv_tensor *t, int64_t rows, int64_t cols) {
+    const size_t es = lm_dtype_row_bytes(t->src->type, 1), hb = (size_t)t->v_hd * es, rb = (size_t)cols * es;
+    uint8_t *out = lm_xmalloc((size_t)rows * rb + 1);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < cols / t->v_hd; h++)
+            memcpy(out + (size_t)r * rb + (size_t)h * hb,
+                   t->src->data + (size_t)r * rb + (size_t)conv_tiled_src(h, t->v_r, t->v_hk) * hb, hb);
+    return out;
 }
 
 /* t's data in its output type and row order (malloc'd, *nbytes set). */
@@ -328,10 +422,33 @@ static uint8_t *conv_data(const conv_tensor *t, int threads, size_t *nbytes) {
     int64_t rows, cols;
     conv_rows(t->src, &rows, &cols);
     *nbytes = (size_t)rows * lm_dtype_row_bytes(t->type, cols);
+    if (t->vx) {
+        LM_ASSERT(t->type == LM_F32 && cols == 1);
+        return conv_values(t, rows);
+    }
+    conv_tensor moved;
+    lm_file_tensor src;
+    uint8_t *copy = NULL;
+    if (t->v_cols) { /* the columns re-ordered into a copy, which is then taken row by row */
+        copy = conv_cols(t, rows, cols);
+        src = *t->src, src.data = copy;
+        moved = *t, moved.src = &src, moved.v_r = 0, moved.v_cols = false;
+        t = &moved;
+    }
     lm_qrows q = { t->src->type, t->type, rows, cols, conv_src_row_ptr, (void *)t, lm_xmalloc(*nbytes + 1) };
     /* 1-D tensors are rows of one value: not worth threads */
     lm_quant_rows(&q, cols > 1 ? threads : 1);
+    free(copy);
     return q.dst;
+}
+
+/* The tensor's shape in the file: the hybrid's conv1d [channels][1][kernel]
+ * squeezed to [channels][kernel], as llama.cpp stores it. */
+static int conv_shape(const conv_tensor *t, int64_t *shape) {
+    int n = 0;
+    for (int d = 0; d < t->src->n_dims; d++)
+        if (!(strstr(t->name, "ssm_conv1d") && t->src->shape[d] == 1 && t->src->n_dims > 2)) shape[n++] = t->src->shape[d];
+    return n;
 }
 
 /* The known architecture of config.json's model_type, or NULL with e set. */
@@ -340,8 +457,8 @@ static const conv_arch *conv_find_arch(const char *dir, json_t *cfg, lm_err *e) 
     for (size_t i = 0; mt && i < LM_COUNT(k_archs); i++) {
         if (!strcmp(mt, k_archs[i].model_type)) return &k_archs[i];
     }
-    lm_errf(e, "%s/config.json: model_type \"%s\" is not converted (lumen convert knows llama, mistral, qwen2, qwen3)",
-            dir, mt ? mt : "(none)");
+    lm_errf(e, "%s/config.json: model_type \"%s\" is not converted (lumen convert knows " CONV_KNOWN ")", dir,
+            mt ? mt : "(none)");
     return NULL;
 }
 
@@ -360,13 +477,19 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
     int64_t n_params = 0, vocab = 0;
     lm_gguf_writer *w = lm_gguf_writer_create(32);
     const conv_arch *a = conv_find_arch(dir, cfg, e);
-    if (a && a->permute_qk) conv_rope_freqs(cfg, &extra);
-    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, cfg, a, mix, &extra, &ts, &n, &n_params, e)) rc = -1;
-    cfg_int(cfg, "vocab_size", &vocab);
-    if (rc == 0) rc = put_hparams(w, dir, cfg, a, mix->ftype, n_params, e);
+    /* a multimodal checkpoint keeps the text model's settings in text_config */
+    json_t *hp = a && a->hybrid && json_is_object(json_object_get(cfg, "text_config")) ? json_object_get(cfg, "text_config")
+                                                                                       : cfg;
+    if (a && a->permute_qk) conv_rope_freqs(hp, &extra);
+    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, hp, a, mix, &extra, &ts, &n, &n_params, e)) rc = -1;
+    cfg_int(hp, "vocab_size", &vocab);
+    if (rc == 0) rc = put_hparams(w, dir, hp, a, mix->ftype, n_params, e);
     if (rc == 0) rc = lm_convert_vocab(w, dir, (int)vocab, e);
-    for (int i = 0; rc == 0 && i < n; i++)
-        rc = lm_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].src->n_dims, ts[i].src->shape, e);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int64_t shape[LM_MAX_DIMS];
+        const int nd = conv_shape(&ts[i], shape);
+        rc = lm_gguf_add_tensor(w, ts[i].name, ts[i].type, nd, shape, e);
+    }
     if (rc == 0) rc = lm_gguf_writer_begin(w, out, e);
     for (int i = 0; rc == 0 && i < n; i++) {
         size_t nbytes;

@@ -150,8 +150,8 @@ static int read_common(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) {
         lm_gguf_arch_need(k, "attention.head_count", &c->n_heads, 1, e))
         return -1;
     int64_t v;
-    /* multi-token-prediction layers are counted in block_count; lumen
-     * does not run them from a GGUF */
+    /* multi-token-prediction layers are counted in block_count (the
+     * hybrids bind them as their MTP head: gguf_config_hybrid.c) */
     c->n_layers = blocks;
     if (lm_gguf_arch_int(k, "nextn_predict_layers", &v) && v > 0) c->n_layers = blocks - (int)LM_MIN(v, blocks);
     if (c->n_layers < 1) return lm_errf(e, "%s: no decoder layers besides the nextn ones", k->path);

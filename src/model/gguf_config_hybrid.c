@@ -68,7 +68,9 @@ int lm_gguf_config_hybrid(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
      * (_LinearAttentionVReorderBase); Qwen3-Next's keeps them grouped */
     h->v_tiled = !strcmp(k->arch, "qwen35") && h->lin_v_heads != h->lin_k_heads;
     h->attn_out_gate = true;
-    h->mtp_layers = 0;
+    int64_t nextn = 0; /* the MTP head's layers, after the last block (lm_qwen35.h binds them) */
+    lm_gguf_arch_int(k, "nextn_predict_layers", &nextn);
+    h->mtp_layers = (int)LM_MIN(LM_MAX(nextn, 0), 64);
     bool any = false;
     for (int l = 0; l < c->n_layers; l++) any |= h->layer_linear[l] = lm_gguf_has_layer_tensor(k, l, "ssm_a");
     if (!any) {

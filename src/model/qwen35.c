@@ -413,28 +413,54 @@ static void bind_layer(lm_binder *b, q35 *q, lm_q35_layer *L, const char *pfx, i
     bind_ffn(b, q, L, pfx, l, slot);
 }
 
+/* The MTP head's names: the checkpoint's mtp.*, or llama.cpp's nextn
+ * layers after the last block of a GGUF (mtp.layers.i as blk.<layers + i>,
+ * fc and the head's norms as blk.<layers>.nextn.*). */
+typedef struct mtp_names {
+    const char *fc, *norm_emb, *norm_hid, *norm, *layer_pfx, *moe_router;
+    int layer0; /* the name index of MTP layer 0 */
+} mtp_names;
+
+static const mtp_names k_mtp_hf = { "mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight",
+                                    "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight", "mtp.layers.",
+                                    "mlp.gate.weight", 0 };
+static const mtp_names k_mtp_gguf = { "nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight",
+                                      "nextn.shared_head_norm.weight", "blk.", "ffn_gate_inp.weight", -1 };
+
+/* Whether the checkpoint has an MTP head, under the names of its format. */
+static bool has_mtp(lm_binder *b) {
+    char name[192];
+    if (!b->m->weights->gguf) return lm_bind_has(b, k_mtp_hf.fc);
+    return lm_bind_has(b, lname(name, sizeof name, "blk.", b->m->cfg.n_layers, k_mtp_gguf.fc));
+}
+
 /* The MTP head: its layers are full-attention decoder layers. Its weights are
  * not read by a decode step, so m->weight_bytes is left as it was. */
 static void bind_mtp(lm_binder *b, q35 *q) {
     const lm_model_config *c = &b->m->cfg;
     const int64_t D = c->d_model;
+    const bool gguf = b->m->weights->gguf != NULL;
+    const mtp_names *mn = gguf ? &k_mtp_gguf : &k_mtp_hf;
+    const int l0 = gguf ? c->n_layers : 0;
     lm_qwen35_mtp *M = &q->mtp;
     int n = c->hybrid->mtp_layers;
     char name[192];
     if (n == 0) /* config silent: count the layers the checkpoint has */
-        while (n < 64 && lm_bind_has(b, lname(name, sizeof name, "mtp.layers.", n, "input_layernorm.weight"))) n++;
+        while (n < 64 && lm_bind_has(b, lname(name, sizeof name, mn->layer_pfx, l0 + n, q->nt->in_norm))) n++;
     size_t bytes = b->m->weight_bytes;
     M->n_layers = n;
     M->layers = lm_xcalloc((size_t)LM_MAX(n, 1), sizeof *M->layers);
-    bind_split_cols(b, q, "mtp.fc.weight", D, 2, D, (lm_tensor *const[]){ &M->fc_emb, &M->fc_hidden });
-    lm_bind_vector(b, &M->pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding.weight", D, true);
-    lm_bind_vector(b, &M->pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden.weight", D, true);
-    lm_bind_vector(b, &M->norm, "mtp.norm.weight", D, true);
+#define HEAD_NAME(s) (gguf ? lname(name, sizeof name, "blk.", l0, s) : s)
+    bind_split_cols(b, q, HEAD_NAME(mn->fc), D, 2, D, (lm_tensor *const[]){ &M->fc_emb, &M->fc_hidden });
+    lm_bind_f32(b, &M->pre_fc_norm_embedding, HEAD_NAME(mn->norm_emb), 1, D, true, q->nt->norm_offset);
+    lm_bind_f32(b, &M->pre_fc_norm_hidden, HEAD_NAME(mn->norm_hid), 1, D, true, q->nt->norm_offset);
+    lm_bind_f32(b, &M->norm, HEAD_NAME(mn->norm), 1, D, true, q->nt->norm_offset);
+#undef HEAD_NAME
     for (int l = 0; l < n && !b->failed; l++) {
         /* full attention; sparse when the checkpoint has a router for it (Qwen3-Next) */
-        M->layers[l].moe = c->n_experts > 0 && lm_bind_has(b, lname(name, sizeof name, "mtp.layers.", l, "mlp.gate.weight"));
+        M->layers[l].moe = c->n_experts > 0 && lm_bind_has(b, lname(name, sizeof name, mn->layer_pfx, l0 + l, mn->moe_router));
         M->layers[l].kv_layer = l; /* in the MTP's own KV pool */
-        bind_layer(b, q, &M->layers[l], "mtp.layers.", l, 1);
+        bind_layer(b, q, &M->layers[l], mn->layer_pfx, l0 + l, 1);
     }
     b->m->weight_bytes = bytes;
     q->has_mtp = !b->failed;
@@ -474,7 +500,7 @@ static int q35_bind(lm_model *m, lm_err *e) {
         else L->kv_layer = n_kv++;
         bind_layer(&b, q, L, pfx, l, 0);
     }
-    if (!b.failed && lm_bind_has(&b, "mtp.fc.weight")) bind_mtp(&b, q);
+    if (!b.failed && has_mtp(&b)) bind_mtp(&b, q);
     if (b.failed) return -1;
     if (n_state > 64) return lm_errf(e, "%s: %d linear-attention layers, at most 64 supported", m->path, n_state);
     m->n_kv_layers = LM_MAX(n_kv, 1); /* the pool needs a layer even when every layer is linear */

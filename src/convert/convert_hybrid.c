@@ -1,0 +1,110 @@
+/* convert_hybrid.c - the Qwen3.5 hybrid (GGUF arch qwen35) for lm_convert_hf,
+ * as llama.cpp's converter writes it (Qwen3_5TextModel):
+ *
+ *  - names: linear_attn.in_proj_qkv -> attn_qkv, in_proj_z -> attn_gate,
+ *    in_proj_a / _b -> ssm_alpha / ssm_beta, A_log -> ssm_a, dt_bias ->
+ *    ssm_dt.bias, conv1d -> ssm_conv1d (squeezed to [channels][kernel]),
+ *    norm -> ssm_norm, out_proj -> ssm_out; post_attention_layernorm ->
+ *    post_attention_norm; the MTP head (mtp.*) as the nextn layers after the
+ *    last block (mtp.fc -> nextn.eh_proj, pre_fc_norm_embedding / _hidden ->
+ *    nextn.enorm / hnorm, mtp.norm -> nextn.shared_head_norm, mtp.layers.i
+ *    -> blk.<layers + i>), counted in block_count and nextn_predict_layers;
+ *  - values: every RMSNorm weight but the gated one stored as 1 + w (the
+ *    checkpoint's norms scale by 1 + w), A_log as -exp(A_log) (computed in
+ *    double, which gives llama.cpp's f32 values);
+ *  - value heads re-ordered from grouped by key head to tiled (head
+ *    a * Hk + k takes head k * r + a) wherever they index rows (the v rows
+ *    of qkv and of the conv channels, z, a, b, A_log, dt_bias) or columns
+ *    (out_proj);
+ *  - a multimodal checkpoint's text model (model.language_model.*) with its
+ *    vision tower left out. */
+#include "convert_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* HF suffix inside a layer, GGUF suffix, transform. */
+typedef struct hy_name {
+    const char *hf, *gguf;
+    conv_vx vx;
+    int vreorder; /* 0 none; 1 rows from 2 Hk Dk in heads of Dv; 2 rows in heads of Dv; 3 rows of one value; 4 columns */
+} hy_name;
+
+static const hy_name k_hy_layer[] = {
+    { "input_layernorm.weight", "attn_norm.weight", CONV_VX_PLUS1, 0 },
+    { "post_attention_layernorm.weight", "post_attention_norm.weight", CONV_VX_PLUS1, 0 },
+    { "self_attn.q_proj.weight", "attn_q.weight", CONV_VX_NONE, 0 },
+    { "self_attn.k_proj.weight", "attn_k.weight", CONV_VX_NONE, 0 },
+    { "self_attn.v_proj.weight", "attn_v.weight", CONV_VX_NONE, 0 },
+    { "self_attn.o_proj.weight", "attn_output.weight", CONV_VX_NONE, 0 },
+    { "self_attn.q_norm.weight", "attn_q_norm.weight", CONV_VX_PLUS1, 0 },
+    { "self_attn.k_norm.weight", "attn_k_norm.weight", CONV_VX_PLUS1, 0 },
+    { "linear_attn.in_proj_qkv.weight", "attn_qkv.weight", CONV_VX_NONE, 1 },
+    { "linear_attn.in_proj_z.weight", "attn_gate.weight", CONV_VX_NONE, 2 },
+    { "linear_attn.in_proj_a.weight", "ssm_alpha.weight", CONV_VX_NONE, 3 },
+    { "linear_attn.in_proj_b.weight", "ssm_beta.weight", CONV_VX_NONE, 3 },
+    { "linear_attn.A_log", "ssm_a", CONV_VX_NEGEXP, 3 },
+    { "linear_attn.dt_bias", "ssm_dt.bias", CONV_VX_NONE, 3 },
+    { "linear_attn.conv1d.weight", "ssm_conv1d.weight", CONV_VX_NONE, 1 },
+    { "linear_attn.norm.weight", "ssm_norm.weight", CONV_VX_NONE, 0 },
+    { "linear_attn.out_proj.weight", "ssm_out.weight", CONV_VX_NONE, 4 },
+    { "mlp.gate_proj.weight", "ffn_gate.weight", CONV_VX_NONE, 0 },
+    { "mlp.up_proj.weight", "ffn_up.weight", CONV_VX_NONE, 0 },
+    { "mlp.down_proj.weight", "ffn_down.weight", CONV_VX_NONE, 0 },
+};
+
+/* The MTP head's own tensors, in the nextn layer. */
+static const hy_name k_hy_mtp[] = {
+    { "fc.weight", "nextn.eh_proj.weight", CONV_VX_NONE, 0 },
+    { "pre_fc_norm_embedding.weight", "nextn.enorm.weight", CONV_VX_PLUS1, 0 },
+    { "pre_fc_norm_hidden.weight", "nextn.hnorm.weight", CONV_VX_PLUS1, 0 },
+    { "norm.weight", "nextn.shared_head_norm.weight", CONV_VX_PLUS1, 0 },
+};
+
+static void hy_set(conv_tensor *t, const conv_hybrid *h, const hy_name *e, int layer) {
+    snprintf(t->name, sizeof t->name, "blk.%d.%s", layer, e->gguf);
+    t->vx = e->vx;
+    if (h->hv == h->hk || !e->vreorder) return; /* nothing to re-order */
+    t->v_r = (int)(h->hv / h->hk), t->v_hk = (int)h->hk;
+    switch (e->vreorder) {
+    case 1: t->v_row0 = 2 * h->hk * h->dk, t->v_hd = h->dv; break;
+    case 2: t->v_row0 = 0, t->v_hd = h->dv; break;
+    case 3: t->v_row0 = 0, t->v_hd = 1; break;
+    default: t->v_cols = true, t->v_hd = h->dv; break;
+    }
+}
+
+int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t) {
+    char buf[256];
+    if (!strncmp(name, "model.language_model.", 21)) { /* the text model of a multimodal checkpoint */
+        snprintf(buf, sizeof buf, "model.%s", name + 21);
+        name = buf;
+    }
+    if (!strncmp(name, "model.visual.", 13) || !strncmp(name, "visual.", 7)) return 0;
+    if (!strcmp(name, "model.embed_tokens.weight")) return snprintf(t->name, sizeof t->name, "token_embd.weight"), 1;
+    if (!strcmp(name, "lm_head.weight")) return snprintf(t->name, sizeof t->name, "output.weight"), 1;
+    if (!strcmp(name, "model.norm.weight")) {
+        snprintf(t->name, sizeof t->name, "output_norm.weight");
+        t->vx = CONV_VX_PLUS1;
+        return 1;
+    }
+    int layer, used = 0;
+    const char *rest = NULL;
+    if (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        rest = name + used;
+    } else if (sscanf(name, "mtp.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        if (h->n_mtp == 0) return 0; /* the head left out */
+        rest = name + used;
+        layer += (int)h->n_layer;
+    } else if (!strncmp(name, "mtp.", 4)) {
+        if (h->n_mtp == 0) return 0;
+        for (size_t i = 0; i < LM_COUNT(k_hy_mtp); i++)
+            if (!strcmp(name + 4, k_hy_mtp[i].hf)) return hy_set(t, h, &k_hy_mtp[i], (int)h->n_layer), 1;
+        return -1;
+    }
+    if (!rest) return -1;
+    if (strstr(rest, "rotary_emb.inv_freq")) return 0;
+    for (size_t i = 0; i < LM_COUNT(k_hy_layer); i++)
+        if (!strcmp(rest, k_hy_layer[i].hf)) return hy_set(t, h, &k_hy_layer[i], layer), 1;
+    return -1;
+}

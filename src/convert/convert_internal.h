@@ -1,0 +1,40 @@
+/* convert_internal.h - what convert.c shares with the architecture files
+ * of src/convert (convert_hybrid.c). */
+#ifndef LM_CONVERT_INTERNAL_H
+#define LM_CONVERT_INTERNAL_H
+
+#include "lm_convert.h"
+
+/* A value transform of a 1-D tensor (done in double, stored f32). */
+typedef enum conv_vx {
+    CONV_VX_NONE = 0,
+    CONV_VX_PLUS1,  /* 1 + w: an RMSNorm the checkpoint scales by 1 + w */
+    CONV_VX_NEGEXP, /* -exp(w): Gated DeltaNet's A_log as the decay rate */
+} conv_vx;
+
+/* One output tensor: its source, name, row order, value transform and type. */
+typedef struct conv_tensor {
+    const lm_file_tensor *src;
+    char name[96];
+    int permute_heads; /* 0: rows in order; else the rows of this many heads are interleaved (llama q/k) */
+    /* value heads from grouped by key head to tiled: v_r heads a key head,
+     * v_hk key heads, each v_hd rows from row v_row0 on (or, v_cols, columns) */
+    int v_r, v_hk;
+    int64_t v_row0, v_hd;
+    bool v_cols;
+    conv_vx vx;
+    lm_dtype type;
+} conv_tensor;
+
+/* The Qwen3.5 hybrid's geometry as the converter needs it. */
+typedef struct conv_hybrid {
+    int64_t n_layer, n_mtp;   /* decoder layers; MTP layers kept as nextn layers (0: none) */
+    int64_t hk, hv, dk, dv;   /* key and value heads of the linear layers, their widths */
+} conv_hybrid;
+
+/* t's GGUF name and transforms for the hybrid's HF tensor `name`: 1, 0 for
+ * a tensor llama.cpp leaves out (the vision tower, rotary frequencies), -1
+ * for an unknown one. */
+int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t);
+
+#endif
