@@ -31,17 +31,19 @@ typedef struct conv_arch {
     bool permute_qk;   /* llama: q/k rows interleaved for GGML's rope */
     bool llama_extras; /* {arch}.vocab_size and rope.dimension_count */
     bool hybrid;       /* Qwen3.5 (convert_hybrid.c) */
+    bool moe;          /* experts stacked per layer, the router kept f32 */
 } conv_arch;
 
 static const conv_arch k_archs[] = {
-    { "llama", "llama", true, true, false },
-    { "mistral", "llama", true, true, false },
-    { "qwen2", "qwen2", false, false, false },
-    { "qwen3", "qwen3", false, false, false },
-    { "qwen3_5_text", "qwen35", false, false, true },
-    { "qwen3_5", "qwen35", false, false, true }, /* multimodal: its text_config and language model */
+    { "llama", "llama", true, true, false, false },
+    { "mistral", "llama", true, true, false, false },
+    { "qwen2", "qwen2", false, false, false, false },
+    { "qwen3", "qwen3", false, false, false, false },
+    { "qwen3_moe", "qwen3moe", false, false, false, true },
+    { "qwen3_5_text", "qwen35", false, false, true, false },
+    { "qwen3_5", "qwen35", false, false, true, false }, /* multimodal: its text_config and language model */
 };
-#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_5"
+#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_5"
 
 /* The hybrid's geometry from its config (hparams: text_config where nested). */
 static conv_hybrid conv_hybrid_of(json_t *hp) {
@@ -75,7 +77,20 @@ static const struct { const char *hf, *gguf; } k_layer_names[] = {
     { "mlp.gate_proj.weight", "ffn_gate.weight" },
     { "mlp.up_proj.weight", "ffn_up.weight" },
     { "mlp.down_proj.weight", "ffn_down.weight" },
+    { "mlp.gate.weight", "ffn_gate_inp.weight" }, /* a MoE layer's router */
 };
+
+/* A MoE expert's HF name (model.layers.N.mlp.experts.E.<kind>_proj.weight):
+ * the stacked tensor's GGUF name into out and E, or -1. */
+static int conv_expert(const char *name, char *out, size_t n) {
+    int layer, expert, used = 0;
+    char kind[8];
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%7[a-z]_proj.weight%n", &layer, &expert, kind, &used) != 3 ||
+        name[used] || expert < 0 || (strcmp(kind, "gate") && strcmp(kind, "up") && strcmp(kind, "down")))
+        return -1;
+    snprintf(out, n, "blk.%d.ffn_%s_exps.weight", layer, kind);
+    return expert;
+}
 
 /* The GGUF name of HF tensor name into out; false for tensors llama.cpp
  * drops (rotary inverse frequencies). -1: unknown. */
@@ -101,6 +116,11 @@ static int cfg_int(json_t *cfg, const char *key, int64_t *v) {
     if (!json_is_integer(j)) return 0;
     *v = json_integer_value(j);
     return 1;
+}
+
+/* The expert count: num_local_experts (transformers 5), else num_experts. */
+static int cfg_experts(json_t *cfg, int64_t *v) {
+    return cfg_int(cfg, "num_local_experts", v) || cfg_int(cfg, "num_experts", v);
 }
 
 /* A rope setting: in transformers 5's rope_parameters, else the Hub
@@ -140,8 +160,14 @@ static void model_name(const char *dir, char *out, size_t n) {
     out[k] = 0;
 }
 
-/* llama.cpp's size label: "1.7M", "8.0B" (two significant digits at least). */
-static void size_label(int64_t params, char *out, size_t n) {
+/* llama.cpp's size label: "1.7M", "8.0B" (two significant digits at least);
+ * with experts "8x169K": the shared parameters and one expert's. */
+static void size_label(int64_t params, int64_t expert_params, int64_t n_experts, char *out, size_t n) {
+    if (n_experts > 0) {
+        const int k = snprintf(out, n, "%lldx", (long long)n_experts);
+        if (k > 0 && (size_t)k < n) size_label(params - expert_params + expert_params / n_experts, 0, 0, out + k, n - (size_t)k);
+        return;
+    }
     double p = (double)params;
     const char *suffix = p > 1e12 ? "T" : p > 1e9 ? "B" : p > 1e6 ? "M" : "K";
     double scaled = p * (p > 1e12 ? 1e-12 : p > 1e9 ? 1e-9 : p > 1e6 ? 1e-6 : 1e-3);
@@ -172,7 +198,7 @@ static bool put_mrope(lm_gguf_writer *w, const char *arch, json_t *cfg, bool dfl
 
 /* The general.* and {arch}.* keys, up to the tokenizer. */
 static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const conv_arch *a, int ftype,
-                       int64_t n_params, lm_err *e) {
+                       int64_t n_params, int64_t expert_params, lm_err *e) {
     char key[128], name[128], label[32];
     int64_t n_layer, n_ctx, n_embd, n_ff, n_head, n_kv = -1, head_dim = -1, vocab;
     if (!cfg_int(cfg, "num_hidden_layers", &n_layer) || !cfg_int(cfg, "hidden_size", &n_embd) ||
@@ -188,7 +214,12 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     lm_gguf_set_str(w, "general.type", "model", 5);
     model_name(dir, name, sizeof name);
     lm_gguf_set_str(w, "general.name", name, strlen(name));
-    size_label(n_params, label, sizeof label);
+    int64_t n_exp = 0, n_used = 0, moe_ff = 0;
+    if (a->moe && (!cfg_experts(cfg, &n_exp) || !cfg_int(cfg, "num_experts_per_tok", &n_used) ||
+                   !cfg_int(cfg, "moe_intermediate_size", &moe_ff)))
+        return lm_errf(e, "%s/config.json: num_local_experts (or num_experts), num_experts_per_tok and "
+                       "moe_intermediate_size are required", dir);
+    size_label(n_params, expert_params, n_exp, label, sizeof label);
     lm_gguf_set_str(w, "general.size_label", label, strlen(label));
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", a->arch, k), key)
     const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
@@ -204,11 +235,16 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     json_t *eps = json_object_get(cfg, "rms_norm_eps");
     if (json_is_number(eps))
         lm_gguf_set_float(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), LM_GGUF_F32, json_number_value(eps));
+    if (a->moe) {
+        lm_gguf_set_int(w, ARCH_KEY("expert_count"), LM_GGUF_U32, n_exp);
+        lm_gguf_set_int(w, ARCH_KEY("expert_used_count"), LM_GGUF_U32, n_used);
+    }
     if (cfg_int(cfg, "head_dim", &head_dim)) {
         lm_gguf_set_int(w, ARCH_KEY("attention.key_length"), LM_GGUF_U32, head_dim);
         lm_gguf_set_int(w, ARCH_KEY("attention.value_length"), LM_GGUF_U32, head_dim);
     }
     lm_gguf_set_int(w, "general.file_type", LM_GGUF_U32, ftype);
+    if (a->moe) lm_gguf_set_int(w, ARCH_KEY("expert_feed_forward_length"), LM_GGUF_U32, moe_ff);
     if (a->llama_extras) {
         lm_gguf_set_int(w, ARCH_KEY("vocab_size"), LM_GGUF_U32, vocab);
         lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32, head_dim > 0 ? head_dim : n_embd / n_head);
@@ -260,7 +296,10 @@ static int64_t conv_src_row(const conv_tensor *t, int64_t r, int64_t rows) {
 /* The converter's own type for a tensor, before any quantisation mix. */
 static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
     size_t n = strlen(t->name);
-    if (t->src->n_dims <= 1 || (n > 12 && !strcmp(t->name + n - 12, "_norm.weight")) || strstr(t->name, "ssm_conv1d"))
+    /* llama.cpp's converter keeps these f32: 1-D, norms, routers, the conv
+     * kernel, and anything not named .weight */
+    if (t->src->n_dims <= 1 || (n > 12 && !strcmp(t->name + n - 12, "_norm.weight")) || strstr(t->name, "ssm_conv1d") ||
+        strstr(t->name, "ffn_gate_inp") || n < 7 || strcmp(t->name + n - 7, ".weight"))
         return LM_F32;
     if (!lm_dtype_is_quant(mix->base)) return mix->base;
     return t->src->type == LM_BF16 || t->src->type == LM_F16 ? t->src->type : LM_F32;
@@ -309,9 +348,47 @@ static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
 
 /* Builds the tensor list (safetensors order, generated tensors first) with
  * names, permutations and types. */
+/* The tensor's shape in the file: the hybrid's conv1d [channels][1][kernel]
+ * squeezed to [channels][kernel], as llama.cpp stores it; a stack of
+ * experts [experts][rows][cols]. */
+static int conv_shape(const conv_tensor *t, int64_t *shape) {
+    int n = 0;
+    if (t->n_parts) shape[n++] = t->n_parts;
+    for (int d = 0; d < t->src->n_dims; d++)
+        if (!(strstr(t->name, "ssm_conv1d") && t->src->shape[d] == 1 && t->src->n_dims > 2)) shape[n++] = t->src->shape[d];
+    return n;
+}
+
+/* Expert e of the stack named name: the stack's entry (made at the first
+ * expert seen, in its place among the tensors) with parts[e] set. */
+static int conv_stack_add(conv_tensor *ts, int *n, const char *name, int e, int64_t n_exp, const lm_file_tensor *src,
+                          lm_err *err) {
+    conv_tensor *t = NULL;
+    for (int i = 0; i < *n && !t; i++)
+        if (ts[i].n_parts && !strcmp(ts[i].name, name)) t = &ts[i];
+    if (e >= n_exp) return lm_errf(err, "tensor \"%s\": expert %d of %lld", src->name, e, (long long)n_exp);
+    if (!t) {
+        t = &ts[(*n)++];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->n_parts = (int)n_exp;
+        t->parts = lm_xcalloc((size_t)n_exp, sizeof *t->parts);
+    }
+    if (t->parts[e]) return lm_errf(err, "tensor \"%s\": a second expert %d", src->name, e);
+    if (t->src && (src->n_dims != 2 || src->type != t->src->type || src->shape[0] != t->src->shape[0] ||
+                   src->shape[1] != t->src->shape[1]))
+        return lm_errf(err, "tensor \"%s\": not the shape and type of the layer's other experts", src->name);
+    t->parts[e] = src;
+    if (!t->src) t->src = src;
+    return 0;
+}
+
 static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a, const lm_quant_mix *mix,
-                     lm_file_tensor *extra, conv_tensor **out, int *n_out, int64_t *n_params, lm_err *e) {
-    int64_t n_head = 0, n_kv = 0, n_layer = 0;
+                     lm_file_tensor *extra, conv_tensor **out, int *n_out, int64_t *n_params, int64_t *expert_params,
+                     lm_err *e) {
+    int64_t n_head = 0, n_kv = 0, n_layer = 0, n_exp = 0;
+    cfg_experts(cfg, &n_exp);
+    *expert_params = 0;
     const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
     cfg_int(cfg, "num_attention_heads", &n_head);
     if (!cfg_int(cfg, "num_key_value_heads", &n_kv)) n_kv = n_head;
@@ -329,6 +406,17 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
     for (int f = 0; rc == 0 && f < ws->n_files; f++) {
         for (int i = 0; rc == 0 && i < ws->st[f].n_tensors; i++) {
             const lm_file_tensor *src = &ws->st[f].tensors[i];
+            char stack[96];
+            int ex = a->moe ? conv_expert(src->name, stack, sizeof stack) : -1;
+            if (ex >= 0) {
+                if (src->type != LM_F32 && src->type != LM_F16 && src->type != LM_BF16)
+                    rc = lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name,
+                                 src->type_name);
+                else rc = conv_stack_add(ts, &n, stack, ex, n_exp, src, e);
+                *n_params += lm_file_tensor_numel(src);
+                *expert_params += lm_file_tensor_numel(src);
+                continue;
+            }
             conv_tensor *t = &ts[n];
             int known = a->hybrid ? lm_conv_hybrid_name(&hy, src->name, t) : conv_name(src->name, t->name, sizeof t->name);
             if (known < 0) {
@@ -359,7 +447,13 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
             n++;
         }
     }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        for (int k = 0; k < ts[i].n_parts && rc == 0; k++)
+            if (!ts[i].parts[k]) rc = lm_errf(e, "%s: expert %d is missing", ts[i].name, k);
+        if (ts[i].n_parts && rc == 0) ts[i].type = conv_base_type(&ts[i], mix);
+    }
     if (rc) {
+        for (int i = 0; i < n; i++) free(ts[i].parts);
         free(ts);
         return -1;
     }
@@ -370,7 +464,9 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
         lm_mix_prepare(&st, names, n);
         free(names);
         for (int i = 0; i < n; i++) {
-            ts[i].type = lm_mix_tensor_type(&st, ts[i].name, ts[i].src->n_dims, ts[i].src->shape, ts[i].type);
+            int64_t shape[LM_MAX_DIMS];
+            const int nd = conv_shape(&ts[i], shape);
+            ts[i].type = lm_mix_tensor_type(&st, ts[i].name, nd, shape, ts[i].type);
         }
     }
     *out = ts;
@@ -386,11 +482,19 @@ static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
     *cols = *rows ? numel / *rows : 0;
 }
 
-/* Row r of the output, in the source: through the row re-orders. */
+/* t's output as rows: a stack's experts one after another. */
+static void conv_out_rows(const conv_tensor *t, int64_t *rows, int64_t *cols) {
+    conv_rows(t->src, rows, cols);
+    if (t->n_parts) *rows *= t->n_parts;
+}
+
+/* Row r of the output, in the source: through the row re-orders, or the
+ * expert's own tensor for a stack. */
 static const uint8_t *conv_src_row_ptr(void *ctx, int64_t r) {
     const conv_tensor *t = ctx;
     int64_t rows, cols;
     conv_rows(t->src, &rows, &cols);
+    if (t->n_parts) return t->parts[r / rows]->data + (size_t)(r % rows) * lm_dtype_row_bytes(t->src->type, cols);
     return t->src->data + (size_t)conv_src_row(t, r, rows) * lm_dtype_row_bytes(t->src->type, cols);
 }
 
@@ -420,7 +524,7 @@ static uint8_t *conv_cols(const conv_tensor *t, int64_t rows, int64_t cols) {
 /* t's data in its output type and row order (malloc'd, *nbytes set). */
 static uint8_t *conv_data(const conv_tensor *t, int threads, size_t *nbytes) {
     int64_t rows, cols;
-    conv_rows(t->src, &rows, &cols);
+    conv_out_rows(t, &rows, &cols);
     *nbytes = (size_t)rows * lm_dtype_row_bytes(t->type, cols);
     if (t->vx) {
         LM_ASSERT(t->type == LM_F32 && cols == 1);
@@ -442,14 +546,6 @@ static uint8_t *conv_data(const conv_tensor *t, int threads, size_t *nbytes) {
     return q.dst;
 }
 
-/* The tensor's shape in the file: the hybrid's conv1d [channels][1][kernel]
- * squeezed to [channels][kernel], as llama.cpp stores it. */
-static int conv_shape(const conv_tensor *t, int64_t *shape) {
-    int n = 0;
-    for (int d = 0; d < t->src->n_dims; d++)
-        if (!(strstr(t->name, "ssm_conv1d") && t->src->shape[d] == 1 && t->src->n_dims > 2)) shape[n++] = t->src->shape[d];
-    return n;
-}
 
 /* The known architecture of config.json's model_type, or NULL with e set. */
 static const conv_arch *conv_find_arch(const char *dir, json_t *cfg, lm_err *e) {
@@ -474,16 +570,17 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
     lm_file_tensor extra = { 0 };
     conv_tensor *ts = NULL;
     int n = 0, rc = 0;
-    int64_t n_params = 0, vocab = 0;
+    int64_t n_params = 0, expert_params = 0, vocab = 0;
     lm_gguf_writer *w = lm_gguf_writer_create(32);
     const conv_arch *a = conv_find_arch(dir, cfg, e);
     /* a multimodal checkpoint keeps the text model's settings in text_config */
     json_t *hp = a && a->hybrid && json_is_object(json_object_get(cfg, "text_config")) ? json_object_get(cfg, "text_config")
                                                                                        : cfg;
     if (a && a->permute_qk) conv_rope_freqs(hp, &extra);
-    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, hp, a, mix, &extra, &ts, &n, &n_params, e)) rc = -1;
+    if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, hp, a, mix, &extra, &ts, &n, &n_params, &expert_params, e))
+        rc = -1;
     cfg_int(hp, "vocab_size", &vocab);
-    if (rc == 0) rc = put_hparams(w, dir, hp, a, mix->ftype, n_params, e);
+    if (rc == 0) rc = put_hparams(w, dir, hp, a, mix->ftype, n_params, expert_params, e);
     if (rc == 0) rc = lm_convert_vocab(w, dir, (int)vocab, e);
     for (int i = 0; rc == 0 && i < n; i++) {
         int64_t shape[LM_MAX_DIMS];
@@ -498,12 +595,13 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
         free(data);
         rep->n_tensors++;
         rep->n_requantised += ts[i].type != ts[i].src->type;
-        rep->bytes_in += ts[i].src->nbytes;
+        rep->bytes_in += ts[i].src->nbytes * (size_t)LM_MAX(ts[i].n_parts, 1);
         rep->bytes_out += nbytes;
         rep->count_by_type[ts[i].type]++;
     }
     if (rc == 0) rc = lm_gguf_writer_finish(w, e);
     lm_gguf_writer_free(w);
+    for (int i = 0; i < n; i++) free(ts[i].parts);
     free(ts);
     free((void *)extra.data);
     if (ws.n_files) lm_weights_close(&ws);

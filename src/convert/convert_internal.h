@@ -23,6 +23,10 @@ typedef struct conv_tensor {
     int64_t v_row0, v_hd;
     bool v_cols;
     conv_vx vx;
+    /* a stack of n_parts tensors of src's shape ([experts][rows][cols]: a
+     * MoE layer's experts), parts[i] expert i; src is parts[0] */
+    const lm_file_tensor **parts;
+    int n_parts;
     lm_dtype type;
 } conv_tensor;
 
