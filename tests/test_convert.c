@@ -135,6 +135,7 @@ LM_TEST(convert_llama_same_logits_as_folder) { check_same_logits(lm_t_, "llama")
 LM_TEST(convert_qwen3_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3"); }
 LM_TEST(convert_qwen35_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3.5"); }
 LM_TEST(convert_qwen3moe_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3-moe"); }
+LM_TEST(convert_qwen3next_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3-next"); }
 /* Llama 3 rope scaling becomes rope_freqs.weight; tied embeddings, MQA */
 LM_TEST(convert_llama3_rope_same_logits_as_folder) { check_same_logits(lm_t_, "llama3-rope-mqa"); }
 

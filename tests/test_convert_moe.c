@@ -1,12 +1,13 @@
-/* test_convert_moe.c - `lumen convert` of a MoE checkpoint (qwen3_moe: one
- * tensor per expert in the folder, stacked [experts][rows][cols] in the
- * GGUF, the router kept f32) against llama.cpp's file of the same folder
- * (tests/data/gguf/qwen3-moe: its converter, then llama-quantize to Q8_0).
+/* test_convert_moe.c - `lumen convert` of the MoE checkpoints (qwen3_moe,
+ * and the qwen3_next hybrid: one tensor per expert in the folder, stacked
+ * [experts][rows][cols] in the GGUF, the routers kept f32) against
+ * llama.cpp's files of the same folders (tests/data/gguf/<name>: its
+ * converter, then llama-quantize to Q8_0).
  * Converting to Q8_0 must give the same metadata (every key and value;
  * llama-quantize only moves general.file_type), the same tensor names,
- * types and shapes, the f32 tensors bit for bit, and quantised values within
- * QS_STEPS Q8_0 steps of llama.cpp's (the two quantisers pick scales their
- * own way). Logits against the folder are test_convert.c's. */
+ * types and shapes, the f32 tensors bit for bit (the decay within an ulp),
+ * and quantised values within QS_STEPS Q8_0 steps of llama.cpp's (the two
+ * quantisers pick scales their own way). Logits against the folder are test_convert.c's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,16 +42,20 @@ static bool same_kv(const lm_gguf_kv *a, const lm_gguf_kv *b) {
     return !memcmp(&a->v, &b->v, sizeof a->v);
 }
 
-LM_TEST(convert_qwen3moe_matches_llamacpp_file) {
-    char *dir = lm_test_fixture_path("models/qwen3-moe");
+/* The fixture models/NAME converted to Q8_0 against llama.cpp's
+ * tests/data/gguf/NAME/model.Q8_0.gguf; stacks: the expert stacks it has. */
+static void check_q8_file(lm_test_ctx *lm_t_, const char *name, int want_stacks) {
+    char rel[128], theirs[1024], out[1024];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char *dir = lm_test_fixture_path(rel);
     if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    char out[1024];
-    snprintf(out, sizeof out, "%s/conv-qwen3-moe.Q8_0.gguf", lm_test_tmpdir());
+    snprintf(out, sizeof out, "%s/conv-%s.Q8_0.gguf", lm_test_tmpdir(), name);
+    snprintf(theirs, sizeof theirs, "%s/tests/data/gguf/%s/model.Q8_0.gguf", LUMEN_SOURCE_DIR, name);
     lm_err e = { { 0 } };
     lm_quantize_report rep;
     lm_gguf a = { 0 }, b = { 0 };
     if (lm_convert_hf(dir, out, lm_quant_mix_find("Q8_0"), 2, &rep, &e) || lm_gguf_open(&a, out, &e) ||
-        lm_gguf_open(&b, LUMEN_SOURCE_DIR "/tests/data/gguf/qwen3-moe/model.Q8_0.gguf", &e)) {
+        lm_gguf_open(&b, theirs, &e)) {
         LM_CHECK_MSG(0, "%s", e.msg);
         goto done;
     }
@@ -74,9 +79,16 @@ LM_TEST(convert_qwen3moe_matches_llamacpp_file) {
                      tb->type_name);
         if (ta->type != tb->type || !shape) continue;
         stacks += ta->n_dims == 3;
-        if (ta->type == LM_F32) {
-            LM_CHECK_MSG(ta->nbytes == tb->nbytes && !memcmp(ta->data, tb->data, ta->nbytes), "%s: f32 values differ",
-                         ta->name);
+        if (ta->type == LM_F32) { /* bit for bit; ssm_a (-exp(A_log)) within an ulp: torch's f32 exp is not
+                                    * correctly rounded, lumen's (in double) is, and they differ in one value */
+            const bool decay = strstr(ta->name, "ssm_a") != NULL;
+            int64_t off = 0;
+            for (size_t k = 0; ta->nbytes == tb->nbytes && k < ta->nbytes / 4; k++) {
+                int32_t x, y;
+                memcpy(&x, ta->data + 4 * k, 4), memcpy(&y, tb->data + 4 * k, 4);
+                off += x != y && !(decay && (x - y == 1 || y - x == 1));
+            }
+            LM_CHECK_MSG(ta->nbytes == tb->nbytes && off == 0, "%s: %lld f32 values differ", ta->name, (long long)off);
             continue;
         }
         /* quantised: each value within QS_STEPS steps of its block in llama.cpp's file */
@@ -92,11 +104,15 @@ LM_TEST(convert_qwen3moe_matches_llamacpp_file) {
         }
         free(x), free(y);
     }
-    printf("  qwen3-moe: %d keys, %d tensors (%d expert stacks) as llama.cpp's Q8_0 file; quantised values within "
-           "%.2f of its steps\n", a.n_kv, a.n_tensors, stacks, steps);
-    LM_CHECK(stacks == 6 && steps <= QS_STEPS);
+    printf("  %s: %d keys, %d tensors (%d expert stacks) as llama.cpp's Q8_0 file; quantised values within "
+           "%.2f of its steps\n", name, a.n_kv, a.n_tensors, stacks, steps);
+    LM_CHECK(stacks == want_stacks && steps <= QS_STEPS);
 done:
     lm_gguf_close(&a);
     lm_gguf_close(&b);
     free(dir);
 }
+
+LM_TEST(convert_qwen3moe_matches_llamacpp_file) { check_q8_file(lm_t_, "qwen3-moe", 6); }
+/* the hybrid MoE: qkvz split, ba fused, shared expert and its gate, no tiling */
+LM_TEST(convert_qwen3next_matches_llamacpp_file) { check_q8_file(lm_t_, "qwen3-next", 12); }

@@ -32,22 +32,24 @@ typedef struct conv_arch {
     bool llama_extras; /* {arch}.vocab_size and rope.dimension_count */
     bool hybrid;       /* Qwen3.5 (convert_hybrid.c) */
     bool moe;          /* experts stacked per layer, the router kept f32 */
+    bool mrope;        /* rope.dimension_sections always (Qwen3.5) */
 } conv_arch;
 
 static const conv_arch k_archs[] = {
-    { "llama", "llama", true, true, false, false },
-    { "mistral", "llama", true, true, false, false },
-    { "qwen2", "qwen2", false, false, false, false },
-    { "qwen3", "qwen3", false, false, false, false },
-    { "qwen3_moe", "qwen3moe", false, false, false, true },
-    { "qwen3_5_text", "qwen35", false, false, true, false },
-    { "qwen3_5", "qwen35", false, false, true, false }, /* multimodal: its text_config and language model */
+    { "llama", "llama", true, true, false, false, false },
+    { "mistral", "llama", true, true, false, false, false },
+    { "qwen2", "qwen2", false, false, false, false, false },
+    { "qwen3", "qwen3", false, false, false, false, false },
+    { "qwen3_moe", "qwen3moe", false, false, false, true, false },
+    { "qwen3_next", "qwen3next", false, false, true, true, false },
+    { "qwen3_5_text", "qwen35", false, false, true, false, true },
+    { "qwen3_5", "qwen35", false, false, true, false, true }, /* multimodal: its text_config and language model */
 };
-#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_5"
+#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5"
 
 /* The hybrid's geometry from its config (hparams: text_config where nested). */
-static conv_hybrid conv_hybrid_of(json_t *hp) {
-    conv_hybrid h = { 0 };
+static conv_hybrid conv_hybrid_of(json_t *hp, const conv_arch *a) {
+    conv_hybrid h = { .next = !strcmp(a->arch, "qwen3next") };
     json_t *v;
 #define GETI(key, field) \
     if (json_is_integer(v = json_object_get(hp, key))) h.field = json_integer_value(v)
@@ -222,7 +224,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     size_label(n_params, expert_params, n_exp, label, sizeof label);
     lm_gguf_set_str(w, "general.size_label", label, strlen(label));
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", a->arch, k), key)
-    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
+    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg, a) : (conv_hybrid){ 0 };
     lm_gguf_set_int(w, ARCH_KEY("block_count"), LM_GGUF_U32, n_layer + hy.n_mtp);
     if (cfg_int(cfg, "max_position_embeddings", &n_ctx)) lm_gguf_set_int(w, ARCH_KEY("context_length"), LM_GGUF_U32, n_ctx);
     lm_gguf_set_int(w, ARCH_KEY("embedding_length"), LM_GGUF_U32, n_embd);
@@ -245,6 +247,9 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     }
     lm_gguf_set_int(w, "general.file_type", LM_GGUF_U32, ftype);
     if (a->moe) lm_gguf_set_int(w, ARCH_KEY("expert_feed_forward_length"), LM_GGUF_U32, moe_ff);
+    int64_t shared_ff = 0;
+    if (a->moe && cfg_int(cfg, "shared_expert_intermediate_size", &shared_ff))
+        lm_gguf_set_int(w, ARCH_KEY("expert_shared_feed_forward_length"), LM_GGUF_U32, shared_ff);
     if (a->llama_extras) {
         lm_gguf_set_int(w, ARCH_KEY("vocab_size"), LM_GGUF_U32, vocab);
         lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32, head_dim > 0 ? head_dim : n_embd / n_head);
@@ -266,7 +271,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
         const int64_t rd = head_dim > 0 ? head_dim : n_embd / n_head;
         lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32,
                         (int64_t)((double)rd * rope_num(cfg, "partial_rotary_factor", 0.25f)));
-        if (!mrope) put_mrope(w, a->arch, cfg, true);
+        if (!mrope && a->mrope) put_mrope(w, a->arch, cfg, true);
     }
 #undef ARCH_KEY
     lm_gguf_set_int(w, "general.quantization_version", LM_GGUF_U32, 2);
@@ -285,6 +290,13 @@ static int64_t conv_src_row(const conv_tensor *t, int64_t r, int64_t rows) {
     if (t->permute_heads) {
         int64_t hd = rows / t->permute_heads, h = r / hd, k = r % hd;
         return h * hd + (k % 2) * (hd / 2) + k / 2;
+    }
+    if (t->qkvz) { /* rows grouped per key head: [q Dk; k Dk; v r Dv; z r Dv] */
+        const int64_t dk = t->qkvz_dk, rv = (int64_t)t->v_r * t->v_hd, g = 2 * dk + 2 * rv, kd = t->v_hk * dk;
+        if (t->qkvz == 2) return (r / rv) * g + 2 * dk + rv + r % rv;
+        if (r < kd) return (r / dk) * g + r % dk;
+        if (r < 2 * kd) return ((r - kd) / dk) * g + dk + (r - kd) % dk;
+        return ((r - 2 * kd) / rv) * g + 2 * dk + (r - 2 * kd) % rv;
     }
     if (t->v_r && !t->v_cols && r >= t->v_row0) {
         const int64_t j = r - t->v_row0;
@@ -349,13 +361,16 @@ static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
 /* Builds the tensor list (safetensors order, generated tensors first) with
  * names, permutations and types. */
 /* The tensor's shape in the file: the hybrid's conv1d [channels][1][kernel]
- * squeezed to [channels][kernel], as llama.cpp stores it; a stack of
- * experts [experts][rows][cols]. */
+ * squeezed to [channels][kernel] and the shared expert's gate [1][D] to [D],
+ * as llama.cpp stores them; a stack of experts [experts][rows][cols]; a
+ * split of qkvz its own rows. */
 static int conv_shape(const conv_tensor *t, int64_t *shape) {
     int n = 0;
+    const bool squeeze = strstr(t->name, "ssm_conv1d") || strstr(t->name, "ffn_gate_inp_shexp");
     if (t->n_parts) shape[n++] = t->n_parts;
     for (int d = 0; d < t->src->n_dims; d++)
-        if (!(strstr(t->name, "ssm_conv1d") && t->src->shape[d] == 1 && t->src->n_dims > 2)) shape[n++] = t->src->shape[d];
+        if (!(squeeze && t->src->shape[d] == 1 && t->src->n_dims > 1)) shape[n++] = t->src->shape[d];
+    if (t->out_rows) shape[0] = t->out_rows;
     return n;
 }
 
@@ -389,13 +404,13 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
     int64_t n_head = 0, n_kv = 0, n_layer = 0, n_exp = 0;
     cfg_experts(cfg, &n_exp);
     *expert_params = 0;
-    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg) : (conv_hybrid){ 0 };
+    const conv_hybrid hy = a->hybrid ? conv_hybrid_of(cfg, a) : (conv_hybrid){ 0 };
     cfg_int(cfg, "num_attention_heads", &n_head);
     if (!cfg_int(cfg, "num_key_value_heads", &n_kv)) n_kv = n_head;
     cfg_int(cfg, "num_hidden_layers", &n_layer);
     int cap = 0, n = 0;
     for (int f = 0; f < ws->n_files; f++) cap += ws->st[f].n_tensors;
-    conv_tensor *ts = lm_xcalloc((size_t)cap + 2, sizeof *ts);
+    conv_tensor *ts = lm_xcalloc(2 * (size_t)cap + 2, sizeof *ts); /* a split gives two */
     *n_params = 0;
     int rc = 0;
     if (extra->data) { /* generated tensors come first, as in llama.cpp */
@@ -427,8 +442,12 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
                              src->type_name);
             }
             if (rc || !known) {
-                memset(t, 0, sizeof *t);
+                memset(t, 0, 2 * sizeof *t);
                 continue;
+            }
+            if (known == 2) { /* the second output of a split: the same source */
+                t[1].src = src;
+                t[1].type = conv_base_type(&t[1], mix);
             }
             t->src = src;
             if (t->vx && src->n_dims > 1) {
@@ -444,7 +463,7 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
             }
             t->type = conv_base_type(t, mix);
             *n_params += lm_file_tensor_numel(src);
-            n++;
+            n += known;
         }
     }
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -486,6 +505,7 @@ static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
 static void conv_out_rows(const conv_tensor *t, int64_t *rows, int64_t *cols) {
     conv_rows(t->src, rows, cols);
     if (t->n_parts) *rows *= t->n_parts;
+    if (t->out_rows) *rows = t->out_rows;
 }
 
 /* Row r of the output, in the source: through the row re-orders, or the

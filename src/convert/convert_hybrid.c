@@ -1,5 +1,6 @@
-/* convert_hybrid.c - the Qwen3.5 hybrid (GGUF arch qwen35) for lm_convert_hf,
- * as llama.cpp's converter writes it (Qwen3_5TextModel):
+/* convert_hybrid.c - the Qwen3.5 and Qwen3-Next hybrids (GGUF archs qwen35,
+ * qwen3next) for lm_convert_hf, as llama.cpp's converter writes them
+ * (Qwen3_5TextModel, Qwen3NextModel):
  *
  *  - names: linear_attn.in_proj_qkv -> attn_qkv, in_proj_z -> attn_gate,
  *    in_proj_a / _b -> ssm_alpha / ssm_beta, A_log -> ssm_a, dt_bias ->
@@ -17,7 +18,12 @@
  *    of qkv and of the conv channels, z, a, b, A_log, dt_bias) or columns
  *    (out_proj);
  *  - a multimodal checkpoint's text model (model.language_model.*) with its
- *    vision tower left out. */
+ *    vision tower left out;
+ *  - Qwen3-Next: value heads stay grouped; its fused in_proj_qkvz is split
+ *    into attn_qkv (all q rows, then k, then v) and attn_gate (z), its fused
+ *    in_proj_ba kept as ssm_ba; the MoE layer's router (ffn_gate_inp),
+ *    shared expert (ffn_*_shexp) and its gate (ffn_gate_inp_shexp); the
+ *    experts are stacked by convert.c. */
 #include "convert_internal.h"
 
 #include <stdio.h>
@@ -51,6 +57,12 @@ static const hy_name k_hy_layer[] = {
     { "mlp.gate_proj.weight", "ffn_gate.weight", CONV_VX_NONE, 0 },
     { "mlp.up_proj.weight", "ffn_up.weight", CONV_VX_NONE, 0 },
     { "mlp.down_proj.weight", "ffn_down.weight", CONV_VX_NONE, 0 },
+    { "linear_attn.in_proj_ba.weight", "ssm_ba.weight", CONV_VX_NONE, 0 },
+    { "mlp.gate.weight", "ffn_gate_inp.weight", CONV_VX_NONE, 0 },
+    { "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", CONV_VX_NONE, 0 },
+    { "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", CONV_VX_NONE, 0 },
+    { "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", CONV_VX_NONE, 0 },
+    { "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", CONV_VX_NONE, 0 },
 };
 
 /* The MTP head's own tensors, in the nextn layer. */
@@ -64,7 +76,7 @@ static const hy_name k_hy_mtp[] = {
 static void hy_set(conv_tensor *t, const conv_hybrid *h, const hy_name *e, int layer) {
     snprintf(t->name, sizeof t->name, "blk.%d.%s", layer, e->gguf);
     t->vx = e->vx;
-    if (h->hv == h->hk || !e->vreorder) return; /* nothing to re-order */
+    if (h->hv == h->hk || !e->vreorder || h->next) return; /* nothing to re-order */
     t->v_r = (int)(h->hv / h->hk), t->v_hk = (int)h->hk;
     switch (e->vreorder) {
     case 1: t->v_row0 = 2 * h->hk * h->dk, t->v_hd = h->dv; break;
@@ -104,6 +116,15 @@ int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t) 
     }
     if (!rest) return -1;
     if (strstr(rest, "rotary_emb.inv_freq")) return 0;
+    if (!strcmp(rest, "linear_attn.in_proj_qkvz.weight")) { /* split: q|k|v, and z */
+        for (int i = 0; i < 2; i++) {
+            snprintf(t[i].name, sizeof t[i].name, "blk.%d.%s", layer, i ? "attn_gate.weight" : "attn_qkv.weight");
+            t[i].qkvz = i + 1;
+            t[i].v_hk = (int)h->hk, t[i].v_r = (int)(h->hv / h->hk), t[i].v_hd = h->dv, t[i].qkvz_dk = h->dk;
+            t[i].out_rows = i ? h->hv * h->dv : 2 * h->hk * h->dk + h->hv * h->dv;
+        }
+        return 2;
+    }
     for (size_t i = 0; i < LM_COUNT(k_hy_layer); i++)
         if (!strcmp(rest, k_hy_layer[i].hf)) return hy_set(t, h, &k_hy_layer[i], layer), 1;
     return -1;

@@ -23,6 +23,12 @@ typedef struct conv_tensor {
     int64_t v_row0, v_hd;
     bool v_cols;
     conv_vx vx;
+    /* Qwen3-Next's fused in_proj_qkvz ([Hk][q Dk; k Dk; v r Dv; z r Dv]
+     * rows): 1 takes its q, k and v rows (all q, then k, then v), 2 its z
+     * rows; v_hk, v_r, v_hd (Dv) and qkvz_dk give the shape; out_rows the
+     * output's rows (0: the source's) */
+    int qkvz;
+    int64_t qkvz_dk, out_rows;
     /* a stack of n_parts tensors of src's shape ([experts][rows][cols]: a
      * MoE layer's experts), parts[i] expert i; src is parts[0] */
     const lm_file_tensor **parts;
@@ -30,15 +36,17 @@ typedef struct conv_tensor {
     lm_dtype type;
 } conv_tensor;
 
-/* The Qwen3.5 hybrid's geometry as the converter needs it. */
+/* The hybrids' geometry as the converter needs it. */
 typedef struct conv_hybrid {
     int64_t n_layer, n_mtp;   /* decoder layers; MTP layers kept as nextn layers (0: none) */
     int64_t hk, hv, dk, dv;   /* key and value heads of the linear layers, their widths */
+    bool next;                /* Qwen3-Next: fused qkvz and ba, value heads kept grouped */
 } conv_hybrid;
 
-/* t's GGUF name and transforms for the hybrid's HF tensor `name`: 1, 0 for
+/* t's GGUF name and transforms for the hybrid's HF tensor `name` (t[0],
+ * and t[1] for the second output of a split): the outputs (1 or 2), 0 for
  * a tensor llama.cpp leaves out (the vision tower, rotary frequencies), -1
- * for an unknown one. */
+ * for an unknown one. Experts are the caller's (stacked). */
 int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t);
 
 #endif

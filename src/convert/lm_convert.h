@@ -4,8 +4,9 @@
  * permutation, the tokenizer and chat template metadata.
  *
  * Covered: model_type llama / mistral (GGUF arch llama), qwen2, qwen3,
- * qwen3_moe (one tensor per expert stacked per layer: ffn_*_exps), and
- * qwen3_5_text / qwen3_5 (GGUF arch qwen35, convert_hybrid.c), with
+ * qwen3_moe (one tensor per expert stacked per layer: ffn_*_exps), and the
+ * hybrids qwen3_next and qwen3_5_text / qwen3_5 (GGUF archs qwen3next,
+ * qwen35: convert_hybrid.c), with
  * byte-level BPE tokenizers (tokenizer.ggml.model gpt2). Anything else is
  * refused with a message naming what is missing. */
 #ifndef LM_CONVERT_H
