@@ -488,6 +488,13 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s%s)\n", s->model_name,
             v6 ? "[" : "", s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab,
             lm_engine_kv_summary(s->en, kv, sizeof kv), cache, s->opts.api_key ? ", API key required" : "");
+    static const char *const spec_mode[] = { [LM_SPEC_LOOKUP] = "lookup", [LM_SPEC_MTP] = "the MTP head",
+                                             [LM_SPEC_AUTO] = "lookup, else the MTP head",
+                                             [LM_SPEC_CALLBACK] = "a callback", [LM_SPEC_DRAFT] = "the draft model " };
+    if (o->engine.spec > LM_SPEC_OFF && o->engine.spec <= LM_SPEC_DRAFT)
+        fprintf(stderr, "lumen: speculative decoding: %s%s (each sequence drafts only while it pays; "
+                        "\"speculative\": false in a request opts out)\n",
+                spec_mode[o->engine.spec], o->engine.spec == LM_SPEC_DRAFT ? o->engine.spec_model : "");
     lm_disk_cache *dc = lm_engine_disk_cache(s->en);
     if (dc) {
         lm_dc_stats ds;
