@@ -199,6 +199,21 @@ LM_TEST(engine_grammar_tokens_allowed_and_greedy_stable) {
         }
         LM_CHECK(st.spec_verifies > 0 && st.spec_accepted > 0);
     }
+    /* a draft model (the demo itself, so its guesses are the unconstrained
+     * greedy tokens): a grammar request's guesses are cut where its grammar
+     * refuses them, the rest verified; the same tokens */
+    {
+        lm_engine_opts dm = { .ctx = 256, .parallel = 4, .cache_ram = 8u << 20, .spec = LM_SPEC_DRAFT,
+                              .spec_model = LUMEN_SOURCE_DIR "/models/demo", .spec_draft = 3, .spec_fixed = true };
+        lm_engine_stats st = { 0 };
+        run_all(m, &dm, 4, mix, v, &stop, res, 2, &st);
+        for (int i = 0; i < 8; i++) {
+            const lm_tu_collect *want = mix[i % 4] ? &solo[0] : &plain[0];
+            LM_CHECK_MSG(same(&res[i], want), "a draft model, round %d request %d: %d tokens vs %d", i / 4, i % 4,
+                         res[i].n, want->n);
+        }
+        LM_CHECK(st.spec_verifies > 0 && st.spec_accepted > 0 && st.spec_model_tokens > 0);
+    }
     /* grammar requests alone, every draft starting with the refused token:
      * none reaches a verify */
     g_oracle refuse = { { &solo[0], NULL }, special, true, 0 };

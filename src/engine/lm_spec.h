@@ -80,7 +80,8 @@
  * pace. With the MTP head only while no running sequence has it on (it
  * reads every step's hidden rows on the host); never with a callback
  * proposer. Embeddings do not speculate. A grammar-constrained
- * request speculates with lookup (or a callback), never the MTP head: its
+ * request speculates with lookup, a draft model (or a callback), never the
+ * MTP head: its
  * draft is cut at the first token its grammar refuses (checked on its
  * matcher and rolled back) and at a stop token, before it joins the batch;
  * each verified row is then sampled under its mask as any of its tokens,
