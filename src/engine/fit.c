@@ -93,11 +93,9 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     /* the prefix cache's blocks and checkpoint slots come on top */
     /* sliding-window layers in rings that hold a window and a step's tokens */
     en->ring = lm_kv_ring_for(m, block, en->o.ctx, en->o.step_tokens);
-    int64_t floats[128];
-    int n_state = lm_kv_model_state_spec(m, en->o.kv_type, block, en->ring, floats, 128);
-    size_t state_bytes = 0, block_bytes = (size_t)block * lm_kv_model_bytes_per_token(m, en->o.kv_type, en->ring);
-    for (int i = 0; i < n_state; i++) state_bytes += (size_t)floats[i] * sizeof(float);
-    en->stateful = n_state > 0;
+    const size_t state_bytes = lm_kv_model_state_bytes(m, en->o.kv_type, block, en->ring);
+    size_t block_bytes = (size_t)block * lm_kv_model_bytes_per_token(m, en->o.kv_type, en->ring);
+    en->stateful = state_bytes > 0;
     /* speculation: the MTP head's K/V (its pool has a block for each of
      * the engine's) and spare state slots (snapshots, or per position) */
     block_bytes += lm_spec_head_block_bytes(&en->o, m, block);

@@ -89,6 +89,14 @@ int lm_kv_model_state_spec(const lm_model *m, lm_kv_types t, int block_size, int
     return n;
 }
 
+size_t lm_kv_model_state_bytes(const lm_model *m, lm_kv_types t, int block_size, int ring_blocks) {
+    int64_t floats[128];
+    const int n = lm_kv_model_state_spec(m, t, block_size, ring_blocks, floats, 128);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += (size_t)floats[i] * sizeof(float);
+    return bytes;
+}
+
 static bool pool_ring_layer(const lm_kv_pool *p, int l) { return p->ring_blocks > 0 && p->layer_ring[l]; }
 
 /* Bytes a token of the pool's block layers (ring false) or ring layers takes. */

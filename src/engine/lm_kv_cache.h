@@ -67,6 +67,8 @@ int lm_kv_ring_for(const struct lm_model *m, int block_size, int ctx, int max_ch
  * layer; their count. */
 int lm_kv_model_state_spec(const struct lm_model *m, lm_kv_types t, int block_size, int ring_blocks, int64_t *floats,
                            int max);
+/* Bytes of one slot of those tensors (0: m needs no state slot). */
+size_t lm_kv_model_state_bytes(const struct lm_model *m, lm_kv_types t, int block_size, int ring_blocks);
 void lm_kv_cache_free(lm_kv_cache *c);
 
 /* The cache model m needs: its KV layers and width in the formats types,

@@ -33,7 +33,6 @@
  * draft is only a proposer: whatever it holds, the verifier decides. */
 #include "engine_internal.h"
 
-#include "../format/lm_source.h"
 #include "../tokenizer/lm_tokenizer.h"
 
 #include <stdio.h>
@@ -72,13 +71,6 @@ static int same_vocab(const lm_tokenizer *a, const lm_tokenizer *b, const char *
     return 0;
 }
 
-static int load_tokenizer(lm_tokenizer **t, const char *path, lm_err *e) {
-    lm_source *src = NULL;
-    int rc = lm_source_open(&src, path, e) || lm_tokenizer_load_from(t, src, e) ? -1 : 0;
-    lm_source_unref(src);
-    return rc;
-}
-
 int lm_dm_load(lm_model **out, const char *path, const lm_model *main, lm_err *e) {
     *out = NULL;
     lm_tokenizer *ta = NULL, *tb = NULL;
@@ -87,8 +79,8 @@ int lm_dm_load(lm_model **out, const char *path, const lm_model *main, lm_err *e
         lm_errf(e, "a draft model needs the model's own path to check their tokenizers");
         goto done;
     }
-    if (load_tokenizer(&ta, main->path, e)) goto done;
-    if (load_tokenizer(&tb, path, e)) {
+    if (lm_tokenizer_load(&ta, main->path, e)) goto done;
+    if (lm_tokenizer_load(&tb, path, e)) {
         char msg[sizeof e->msg];
         snprintf(msg, sizeof msg, "%s", e->msg);
         if (!strstr(msg, path)) lm_errf(e, "draft model %s: %s", path, msg);
@@ -120,11 +112,8 @@ size_t lm_dm_block_bytes(const lm_engine_opts *o, const lm_model *dm, int block)
 }
 
 size_t lm_dm_state_bytes(const lm_engine_opts *o, const lm_model *dm, int block) {
-    int64_t floats[128];
-    const int n = lm_kv_model_state_spec(dm, o->kv_type, block, dm_ring(o, dm, block), floats, 128);
-    size_t b = 0;
-    for (int i = 0; i < n; i++) b += (size_t)floats[i] * sizeof(float);
-    return b * 2 * (size_t)LM_MAX(o->parallel, 1); /* a live slot and a snapshot a sequence */
+    /* a live slot and a snapshot a sequence */
+    return lm_kv_model_state_bytes(dm, o->kv_type, block, dm_ring(o, dm, block)) * 2 * (size_t)LM_MAX(o->parallel, 1);
 }
 
 lm_spec_dm *lm_dm_create(lm_engine *en, lm_model *dm, lm_err *e) {
@@ -137,14 +126,12 @@ lm_spec_dm *lm_dm_create(lm_engine *en, lm_model *dm, lm_err *e) {
     lm_spec_dm *D = lm_xcalloc(1, sizeof *D);
     D->m = dm;
     const size_t P = (size_t)en->o.parallel;
-    const int ring = dm_ring(&en->o, dm, en->bs);
-    int64_t floats[128];
-    D->stateful = lm_kv_model_state_spec(dm, en->o.kv_type, en->bs, ring, floats, 128) > 0;
-    if (lm_kv_cache_create_for(&D->kv, dm, en->o.kv_type, en->bs, en->kv->pool.n_blocks,
-                               D->stateful ? 2 * (int)P : 0, ring, e)) {
+    if (lm_kv_cache_create_for(&D->kv, dm, en->o.kv_type, en->bs, en->kv->pool.n_blocks, 2 * (int)P,
+                               dm_ring(&en->o, dm, en->bs), e)) {
         free(D);
         return NULL;
     }
+    D->stateful = D->kv->pool.n_state > 0;
     D->cap = en->o.step_tokens;
     D->bb = lm_batch_builder_create(D->cap, (int)P, (int)P, D->stateful);
     D->ids = lm_xmalloc(P * sizeof *D->ids);
