@@ -63,11 +63,7 @@ static void mtp_run(lm_test_ctx *lm_t_, lm_model *m, const int32_t *prompt, int 
         out->n = LM_MIN(c.n, HY_GEN);
         memcpy(out->toks, c.toks, (size_t)out->n * sizeof(int32_t));
         lm_request_release(r);
-        for (int i = 0; i < 2000; i++) {
-            lm_engine_get_stats(en, &out->st);
-            if (out->st.running == 0) break;
-            usleep(1000);
-        }
+        lm_tu_engine_settled(en, &out->st);
     } else {
         LM_CHECK_MSG(0, "%s", e.msg);
     }

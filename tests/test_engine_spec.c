@@ -8,11 +8,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/lm_engine.h"
 #include "engine/lm_spec.h"
-#include "format/safetensors.h"
 #include "model/lm_arch.h"
 #include "lm_test.h"
 #include "test_util.h"
@@ -113,12 +111,7 @@ static void sp_run(lm_test_ctx *lm_t_, lm_model *m, const sp_opts *so, const int
         lm_request_release(r[i]);
         lm_tu_collect_destroy(&c[i]);
     }
-    for (int i = 0; i < 2000; i++) { /* stats are published after each step */
-        lm_engine_get_stats(en, &out->st);
-        if (out->st.running == 0 && out->st.queued == 0) break;
-        struct timespec ts = { 0, 1000000 };
-        nanosleep(&ts, NULL);
-    }
+    lm_tu_engine_settled(en, &out->st);
     LM_CHECK(out->st.kv_blocks_free == out->st.kv_blocks_total - out->st.cache_blocks);
     lm_engine_free(en);
 }
@@ -143,24 +136,14 @@ static void sp_print(const char *dir, const char *what, const lm_engine_stats *s
 }
 
 static bool load_prompt(lm_test_ctx *lm_t_, const char *dir, int32_t *prompt, int *n_prompt) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    lm_safetensors ref = { 0 };
     lm_err e = { { 0 } };
-    if (lm_safetensors_open(&ref, path, &e)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        return false;
-    }
-    const lm_file_tensor *t = lm_safetensors_find(&ref, "prompt1.ids");
-    bool ok = t && t->shape[0] >= 40;
-    LM_CHECK(ok);
+    const int n = lm_tu_ref_ids(dir, "prompt1.ids", prompt, 48, &e);
+    const bool ok = n >= 40;
+    LM_CHECK_MSG(ok, "%d ids: %s", n, e.msg);
     if (ok) { /* twice: lookup finds the second copy's n-grams in the first */
-        int n = (int)LM_MIN(t->shape[0], 48);
-        memcpy(prompt, t->data, (size_t)n * sizeof(int32_t));
-        memcpy(prompt + n, t->data, (size_t)n * sizeof(int32_t));
+        memcpy(prompt + n, prompt, (size_t)n * sizeof(int32_t));
         *n_prompt = 2 * n;
     }
-    lm_safetensors_close(&ref);
     return ok;
 }
 

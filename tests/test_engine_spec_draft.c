@@ -8,10 +8,8 @@
  * its own draft, and another architecture) are in test_engine_spec.c. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/lm_engine.h"
-#include "format/safetensors.h"
 #include "lm_test.h"
 #include "test_util.h"
 
@@ -30,19 +28,9 @@
 
 /* prompt2.ids of dir's reference (up to max tokens) into ids; its count, 0 on failure. */
 static int dr_prompt(lm_test_ctx *lm_t_, const char *dir, int32_t *ids, int max) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    lm_safetensors ref = { 0 };
     lm_err e = { { 0 } };
-    if (lm_safetensors_open(&ref, path, &e)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        return 0;
-    }
-    const lm_file_tensor *t = lm_safetensors_find(&ref, "prompt2.ids");
-    int n = t ? (int)LM_MIN(t->shape[0], max) : 0;
-    LM_CHECK(n > 0);
-    if (n > 0) memcpy(ids, t->data, (size_t)n * sizeof(int32_t));
-    lm_safetensors_close(&ref);
+    const int n = lm_tu_ref_ids(dir, "prompt2.ids", ids, max, &e);
+    LM_CHECK_MSG(n > 0, "%s", e.msg);
     return n;
 }
 
@@ -51,15 +39,6 @@ typedef struct dr_result {
     int n[DR_REQS];
     lm_engine_stats st;
 } dr_result;
-
-static void dr_stats(lm_engine *en, lm_engine_stats *st) {
-    for (int i = 0; i < 2000; i++) { /* published after each step */
-        lm_engine_get_stats(en, st);
-        if (st->running == 0 && st->queued == 0) break;
-        struct timespec ts = { 0, 1000000 };
-        nanosleep(&ts, NULL);
-    }
-}
 
 /* DR_REQS greedy requests at once, prompts cut at different places of
  * prompt (request 1 opts out of speculation); o's speculation. */
@@ -88,7 +67,7 @@ static void dr_run(lm_test_ctx *lm_t_, lm_model *m, const lm_engine_opts *o, con
         lm_request_release(r[i]);
         lm_tu_collect_destroy(&c[i]);
     }
-    dr_stats(en, &out->st);
+    lm_tu_engine_settled(en, &out->st);
     LM_CHECK(out->st.kv_blocks_free == out->st.kv_blocks_total - out->st.cache_blocks);
     lm_engine_free(en);
 }
@@ -193,7 +172,7 @@ LM_TEST(engine_spec_draft_starts_past_shared_blocks) {
         lm_request_release(r);
         lm_tu_collect_destroy(&c);
         lm_engine_stats st;
-        dr_stats(en, &st);
+        lm_tu_engine_settled(en, &st);
         fed[k] = st.spec_model_tokens;
     }
     printf("  the draft fed %llu tokens for the first request, %llu for the second (prompt %d)\n",
@@ -274,7 +253,7 @@ LM_TEST(engine_spec_draft_left_off_where_it_does_not_pay) {
         lm_tu_collect_destroy(&c);
     }
     lm_engine_stats st;
-    dr_stats(en, &st);
+    lm_tu_engine_settled(en, &st);
     printf("  8 requests, %d prompt tokens: the draft fed %llu tokens, %llu verifies\n", prompt_tokens,
            (unsigned long long)st.spec_model_tokens, (unsigned long long)st.spec_verifies);
     LM_CHECK(st.spec_model_tokens > 0 && st.spec_model_tokens < (uint64_t)prompt_tokens / 4);

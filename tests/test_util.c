@@ -320,3 +320,25 @@ char *lm_tu_g256_file(const char *type, const char *pattern) {
     }
     return shared;
 }
+
+void lm_tu_engine_settled(lm_engine *en, lm_engine_stats *st) {
+    for (int i = 0; i < 2000; i++) {
+        lm_engine_get_stats(en, st);
+        if (st->running == 0 && st->queued == 0) return;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+int lm_tu_ref_ids(const char *dir, const char *name, int32_t *ids, int max, lm_err *e) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    lm_safetensors ref = { 0 };
+    if (lm_safetensors_open(&ref, path, e)) return 0;
+    const lm_file_tensor *t = lm_safetensors_find(&ref, name);
+    int n = t && t->type == LM_I32 ? (int)LM_MIN(t->shape[0], max) : 0;
+    if (n > 0) memcpy(ids, t->data, (size_t)n * sizeof(int32_t));
+    else lm_errf(e, "%s: no I32 tensor %s", path, name);
+    lm_safetensors_close(&ref);
+    return n;
+}

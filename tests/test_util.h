@@ -92,6 +92,15 @@ void lm_tu_collect_wait(lm_tu_collect *c);
 /* Waits until the request is done or has min_tokens tokens. */
 void lm_tu_collect_wait_tokens(lm_tu_collect *c, int min_tokens);
 
+/* en's counters once nothing runs or waits (they are published after each
+ * step, a moment after a request's final event; gives up after 2 s). */
+void lm_tu_engine_settled(lm_engine *en, lm_engine_stats *st);
+
+/* The I32 tensor name (e.g. "prompt1.ids") of dir/reference.safetensors,
+ * at most max values, into ids: its count, 0 (e set) when the file or the
+ * tensor is missing. */
+int lm_tu_ref_ids(const char *dir, const char *name, int32_t *ids, int max, lm_err *e);
+
 /* Continuous batching is exact: six requests of different lengths (1 to 300
  * tokens, cut from prompt2.ids of DIR/reference.safetensors) submitted at
  * once to an engine with the given step budget each produce exactly the
