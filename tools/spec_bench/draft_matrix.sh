@@ -12,12 +12,7 @@ B=$1 W=$2 out=$3 t=${4:-2} reps=${5:-5}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for n in 4 6; do python3 tools/spec_bench/truncate_model.py models/demo "$tmp/demo$n" $n >/dev/null || exit 1; done
 : > "$out"
-run() { # label, bench arguments
-    local label=$1; shift
-    local load; load=$(cut -d' ' -f1 /proc/loadavg)
-    "$B/lumen" bench -m models/demo -t "$t" --gen 128 --reps "$reps" "$@" 2>/dev/null | tail -n 1 |
-        sed "s/^{/{\"label\":\"$label\",\"load\":$load,/" >> "$out"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/run.sh"
 for w in code chat edit; do
     for b in 1 4; do
         run "lookup $w b$b" --spec lookup --prompts "$W/$w.jsonl" --batch $b

@@ -14,12 +14,7 @@ set -uo pipefail
 B=$1 W=$2 out=$3 t=${4:-2} reps=${5:-5}
 : > "$out"
 "$B/bench_spec_rollback" models/demo "$t" 600 > "$out.rollback"
-run() { # label, bench arguments
-    local label=$1; shift
-    local load; load=$(cut -d' ' -f1 /proc/loadavg)
-    "$B/lumen" bench -m models/demo -t "$t" --gen 128 --reps "$reps" "$@" 2>/dev/null | tail -n 1 |
-        sed "s/^{/{\"label\":\"$label\",\"load\":$load,/" >> "$out"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/run.sh"
 for w in code chat edit; do
     for mode in mtp lookup auto; do
         run "$mode $w b1" --spec $mode --prompts "$W/$w.jsonl" --batch 1
