@@ -246,10 +246,12 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
         lm_gguf_set_int(w, ARCH_KEY("attention.value_length"), LM_GGUF_U32, head_dim);
     }
     lm_gguf_set_int(w, "general.file_type", LM_GGUF_U32, ftype);
-    if (a->moe) lm_gguf_set_int(w, ARCH_KEY("expert_feed_forward_length"), LM_GGUF_U32, moe_ff);
     int64_t shared_ff = 0;
-    if (a->moe && cfg_int(cfg, "shared_expert_intermediate_size", &shared_ff))
-        lm_gguf_set_int(w, ARCH_KEY("expert_shared_feed_forward_length"), LM_GGUF_U32, shared_ff);
+    if (a->moe) {
+        lm_gguf_set_int(w, ARCH_KEY("expert_feed_forward_length"), LM_GGUF_U32, moe_ff);
+        if (cfg_int(cfg, "shared_expert_intermediate_size", &shared_ff))
+            lm_gguf_set_int(w, ARCH_KEY("expert_shared_feed_forward_length"), LM_GGUF_U32, shared_ff);
+    }
     if (a->llama_extras) {
         lm_gguf_set_int(w, ARCH_KEY("vocab_size"), LM_GGUF_U32, vocab);
         lm_gguf_set_int(w, ARCH_KEY("rope.dimension_count"), LM_GGUF_U32, head_dim > 0 ? head_dim : n_embd / n_head);
@@ -374,6 +376,12 @@ static int conv_shape(const conv_tensor *t, int64_t *shape) {
     return n;
 }
 
+/* 0 when the converter reads src's type (F32, F16, BF16), else -1 with e. */
+static int conv_readable(const lm_file_tensor *src, lm_err *e) {
+    if (src->type == LM_F32 || src->type == LM_F16 || src->type == LM_BF16) return 0;
+    return lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name, src->type_name);
+}
+
 /* Expert e of the stack named name: the stack's entry (made at the first
  * expert seen, in its place among the tensors) with parts[e] set. */
 static int conv_stack_add(conv_tensor *ts, int *n, const char *name, int e, int64_t n_exp, const lm_file_tensor *src,
@@ -424,10 +432,7 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
             char stack[96];
             int ex = a->moe ? conv_expert(src->name, stack, sizeof stack) : -1;
             if (ex >= 0) {
-                if (src->type != LM_F32 && src->type != LM_F16 && src->type != LM_BF16)
-                    rc = lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name,
-                                 src->type_name);
-                else rc = conv_stack_add(ts, &n, stack, ex, n_exp, src, e);
+                rc = conv_readable(src, e) || conv_stack_add(ts, &n, stack, ex, n_exp, src, e) ? -1 : 0;
                 *n_params += lm_file_tensor_numel(src);
                 *expert_params += lm_file_tensor_numel(src);
                 continue;
@@ -437,9 +442,8 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
             if (known < 0) {
                 rc = lm_errf(e, "tensor \"%s\": no GGUF name for it in %s (lumen convert knows " CONV_KNOWN ")",
                              src->name, a->arch);
-            } else if (known && src->type != LM_F32 && src->type != LM_F16 && src->type != LM_BF16) {
-                rc = lm_errf(e, "tensor \"%s\": type %s is not converted (only F32, F16, BF16)", src->name,
-                             src->type_name);
+            } else if (known) {
+                rc = conv_readable(src, e);
             }
             if (rc || !known) {
                 memset(t, 0, 2 * sizeof *t);
