@@ -24,7 +24,7 @@
 #include "test_util.h"
 
 #define DEMO LUMEN_SOURCE_DIR "/models/demo"
-#define HY_GEN 48
+#define HY_GEN LM_TU_MTP_GEN
 
 /* models/demo converted to BF16 in the tmpdir (malloc'd path), or NULL. */
 static char *convert_demo(lm_test_ctx *lm_t_) {
@@ -35,40 +35,6 @@ static char *convert_demo(lm_test_ctx *lm_t_) {
     int rc = lm_convert_hf(DEMO, out, lm_quant_mix_find("BF16"), 2, &rep, &e);
     LM_CHECK_MSG(rc == 0, "%s", e.msg);
     return rc == 0 ? strdup(out) : NULL;
-}
-
-typedef struct hy_run {
-    int32_t toks[HY_GEN];
-    int n;
-    lm_engine_stats st;
-} hy_run;
-
-/* One greedy request of prompt through an engine speculating with m's MTP
- * head at a fixed depth of 3: its tokens and the engine's counters. */
-static void mtp_run(lm_test_ctx *lm_t_, lm_model *m, const int32_t *prompt, int n_prompt, hy_run *out) {
-    memset(out, 0, sizeof *out);
-    lm_err e = { { 0 } };
-    lm_engine *en = NULL;
-    lm_engine_opts o = { .ctx = 256, .parallel = 1, .spec = LM_SPEC_MTP, .spec_draft = 3, .spec_fixed = true };
-    if (lm_engine_create(&en, m, &o, &e)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        return;
-    }
-    lm_tu_collect c;
-    lm_tu_collect_init(&c);
-    lm_request *r = NULL;
-    lm_gen_params p = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = HY_GEN };
-    if (lm_engine_submit(en, prompt, n_prompt, &p, lm_tu_collect_on_token, &c, &r, &e) == LM_ENGINE_OK) {
-        lm_tu_collect_wait(&c);
-        out->n = LM_MIN(c.n, HY_GEN);
-        memcpy(out->toks, c.toks, (size_t)out->n * sizeof(int32_t));
-        lm_request_release(r);
-        lm_tu_engine_settled(en, &out->st);
-    } else {
-        LM_CHECK_MSG(0, "%s", e.msg);
-    }
-    lm_tu_collect_destroy(&c);
-    lm_engine_free(en);
 }
 
 /* The demo's MTP head survives the round trip: the GGUF has it, and a
@@ -87,9 +53,9 @@ LM_TEST(convert_hybrid_keeps_the_mtp_head) {
     LM_CHECK(lm_model_draft(hf) != NULL && lm_model_draft(gg) != NULL);
     LM_CHECK(gg->cfg.n_layers == hf->cfg.n_layers);
     static const int32_t prompt[] = { 1, 334, 1017, 12, 305, 44, 280, 1203, 59, 377, 39, 2001, 14, 90, 612, 31 };
-    hy_run a, b;
-    mtp_run(lm_t_, hf, prompt, (int)LM_COUNT(prompt), &a);
-    mtp_run(lm_t_, gg, prompt, (int)LM_COUNT(prompt), &b);
+    lm_tu_mtp_out a, b;
+    lm_tu_mtp_run(lm_t_, hf, prompt, (int)LM_COUNT(prompt), &a);
+    lm_tu_mtp_run(lm_t_, gg, prompt, (int)LM_COUNT(prompt), &b);
     printf("  folder: %llu verifies, %llu of %llu guesses accepted; GGUF: %llu, %llu of %llu\n",
            (unsigned long long)a.st.spec_verifies, (unsigned long long)a.st.spec_accepted,
            (unsigned long long)a.st.spec_drafted, (unsigned long long)b.st.spec_verifies,

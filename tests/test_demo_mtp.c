@@ -16,28 +16,6 @@
 #define DEMO LUMEN_SOURCE_DIR "/models/demo"
 #define KV_BLOCK 16
 
-/* The main model over ids[0..T-1] in one batch: all T rows of hidden [T][D]. */
-static int main_hidden(lm_model *m, const int32_t *ids, int T, float *hidden, lm_err *e) {
-    const int n_blocks = (T + KV_BLOCK - 1) / KV_BLOCK;
-    lm_kv_cache *kv = NULL;
-    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, KV_BLOCK, n_blocks, 1, 0, e)) return -1;
-    lm_kv_seq seq = { 0 };
-    int32_t slot = lm_kv_state_acquire(kv);
-    int32_t *pos = malloc((size_t)T * sizeof *pos), *sq = calloc((size_t)T, sizeof *sq);
-    for (int t = 0; t < T; t++) pos[t] = t;
-    int rc = lm_kv_seq_reserve(kv, &seq, T, e);
-    if (rc == 0) {
-        const int32_t *table = seq.blocks;
-        lm_batch b = { .n_tokens = T, .tokens = ids, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = &table,
-                       .state_slot = slot >= 0 ? &slot : NULL, .n_out = T, .out_rows = pos };
-        rc = lm_qwen35_forward_hidden(m, &kv->pool, &b, NULL, hidden, e);
-    }
-    lm_kv_seq_release(kv, &seq);
-    lm_kv_cache_free(kv);
-    free(pos), free(sq);
-    return rc;
-}
-
 /* The MTP over n positions p0..p0+n-1 (tokens next[i], hidden rows hid[i]),
  * all rows, through the pool's block table `table`. */
 static int mtp_run(lm_model *m, lm_kv_pool *pool, const int32_t *table, const int32_t *next, const float *hid,
@@ -79,7 +57,7 @@ LM_TEST(demo_mtp_matches_training_code) {
 
         float *hidden = malloc((size_t)T * D * sizeof(float));
         float *got = malloc((size_t)n * V * sizeof(float)), *step = malloc((size_t)n * V * sizeof(float));
-        LM_REQUIRE(main_hidden(m, ids, T, hidden, &e) == 0);
+        LM_REQUIRE(lm_tu_q35_hidden(m, ids, T, hidden, &e) == 0);
 
         lm_kv_cache *mkv = NULL;
         LM_REQUIRE(lm_kv_cache_create(&mkv, be, head->n_layers, m->kv_width, KV_BLOCK, (n + KV_BLOCK - 1) / KV_BLOCK,

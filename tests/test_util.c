@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "engine/lm_engine.h"
+#include "engine/lm_kv_cache.h"
+#include "model/lm_qwen35.h"
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "format/safetensors.h"
@@ -341,4 +343,76 @@ int lm_tu_ref_ids(const char *dir, const char *name, int32_t *ids, int max, lm_e
     else lm_errf(e, "%s: no I32 tensor %s", path, name);
     lm_safetensors_close(&ref);
     return n;
+}
+
+void lm_tu_mtp_run(lm_test_ctx *lm_t_, struct lm_model *m, const int32_t *prompt, int n_prompt, lm_tu_mtp_out *out) {
+    memset(out, 0, sizeof *out);
+    lm_err e = { { 0 } };
+    lm_engine *en = NULL;
+    lm_engine_opts o = { .ctx = 256, .parallel = 1, .spec = LM_SPEC_MTP, .spec_draft = 3, .spec_fixed = true };
+    if (lm_engine_create(&en, m, &o, &e)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    lm_tu_collect c;
+    lm_tu_collect_init(&c);
+    lm_request *r = NULL;
+    lm_gen_params p = { .sampling = { .top_p = 1 }, .repetition_penalty = 1, .max_tokens = LM_TU_MTP_GEN };
+    if (lm_engine_submit(en, prompt, n_prompt, &p, lm_tu_collect_on_token, &c, &r, &e) == LM_ENGINE_OK) {
+        lm_tu_collect_wait(&c);
+        out->n = LM_MIN(c.n, LM_TU_MTP_GEN);
+        memcpy(out->toks, c.toks, (size_t)out->n * sizeof(int32_t));
+        lm_request_release(r);
+        lm_tu_engine_settled(en, &out->st);
+    } else {
+        LM_CHECK_MSG(0, "%s", e.msg);
+    }
+    lm_tu_collect_destroy(&c);
+    lm_engine_free(en);
+}
+
+int lm_tu_q35_hidden(struct lm_model *m, const int32_t *ids, int T, float *hidden, lm_err *e) {
+    const int n_blocks = (T + 16 - 1) / 16;
+    lm_kv_cache *kv = NULL;
+    if (lm_kv_cache_create_for(&kv, m, (lm_kv_types){ 0 }, 16, n_blocks, 1, 0, e)) return -1;
+    lm_kv_seq seq = { 0 };
+    int32_t slot = lm_kv_state_acquire(kv);
+    int32_t *pos = malloc((size_t)T * sizeof *pos), *sq = calloc((size_t)T, sizeof *sq);
+    for (int t = 0; t < T; t++) pos[t] = t;
+    int rc = lm_kv_seq_reserve(kv, &seq, T, e);
+    if (rc == 0) {
+        const int32_t *table = seq.blocks;
+        lm_batch b = { .n_tokens = T, .tokens = ids, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = &table,
+                       .state_slot = slot >= 0 ? &slot : NULL, .n_out = T, .out_rows = pos };
+        rc = lm_qwen35_forward_hidden(m, &kv->pool, &b, NULL, hidden, e);
+    }
+    lm_kv_seq_release(kv, &seq);
+    lm_kv_cache_free(kv);
+    free(pos), free(sq);
+    return rc;
+}
+
+int lm_tu_mtp_logits(struct lm_model *m, const int32_t *ids, int T, float *logits, lm_err *e) {
+    const lm_qwen35_mtp *head = lm_qwen35_mtp_head(m);
+    if (!head || T < 2) return lm_errf(e, "no MTP head, or fewer than 2 tokens");
+    const int n = T - 1;
+    float *hidden = malloc((size_t)T * (size_t)m->cfg.d_model * sizeof(float));
+    lm_kv_cache *mkv = NULL;
+    lm_kv_seq seq = { 0 };
+    int rc = lm_tu_q35_hidden(m, ids, T, hidden, e);
+    if (rc == 0) rc = lm_kv_cache_create(&mkv, m->be, head->n_layers, m->kv_width, 16, (n + 15) / 16, NULL, e);
+    if (rc == 0) rc = lm_kv_seq_reserve(mkv, &seq, n, e);
+    if (rc == 0) {
+        int32_t *pos = malloc((size_t)n * sizeof *pos), *sq = calloc((size_t)n, sizeof *sq);
+        for (int i = 0; i < n; i++) pos[i] = i;
+        const int32_t *table = seq.blocks;
+        lm_batch b = { .n_tokens = n, .tokens = ids + 1, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = &table,
+                       .n_out = n, .out_rows = pos };
+        rc = lm_qwen35_mtp_forward(m, &mkv->pool, &b, hidden, logits, e);
+        free(pos), free(sq);
+        lm_kv_seq_release(mkv, &seq);
+    }
+    if (mkv) lm_kv_cache_free(mkv);
+    free(hidden);
+    return rc;
 }

@@ -96,6 +96,23 @@ void lm_tu_collect_wait_tokens(lm_tu_collect *c, int min_tokens);
  * step, a moment after a request's final event; gives up after 2 s). */
 void lm_tu_engine_settled(lm_engine *en, lm_engine_stats *st);
 
+/* One greedy request of prompt through an engine (ctx 256) speculating
+ * with m's MTP head at a fixed depth of 3: its first LM_TU_MTP_GEN tokens
+ * and the engine's settled counters. */
+#define LM_TU_MTP_GEN 48
+typedef struct lm_tu_mtp_out {
+    int32_t toks[LM_TU_MTP_GEN];
+    int n;
+    lm_engine_stats st;
+} lm_tu_mtp_out;
+void lm_tu_mtp_run(lm_test_ctx *lm_t_, struct lm_model *m, const int32_t *prompt, int n_prompt, lm_tu_mtp_out *out);
+/* A qwen3_5 / qwen3_next model over ids[0..T-1] in one batch: all T rows
+ * of its final hidden states, hidden [T][D]; 0 on success. */
+int lm_tu_q35_hidden(struct lm_model *m, const int32_t *ids, int T, float *hidden, lm_err *e);
+/* Its MTP head's logits [T-1][V] over those hidden states and the next
+ * tokens ids[1..T-1] (positions 0..T-2), in one batch; 0 on success. */
+int lm_tu_mtp_logits(struct lm_model *m, const int32_t *ids, int T, float *logits, lm_err *e);
+
 /* The I32 tensor name (e.g. "prompt1.ids") of dir/reference.safetensors,
  * at most max values, into ids: its count, 0 (e set) when the file or the
  * tensor is missing. */

@@ -92,6 +92,7 @@ static const gguf_arch k_archs[] = {
     { "qwen3moe", "qwen3_moe", false, read_qwen3moe },
     { "qwen35", "qwen3_5_text", false, lm_gguf_config_hybrid },
     { "qwen3next", "qwen3_next", false, lm_gguf_config_hybrid },
+    { "qwen35moe", "qwen3_5_moe_text", false, lm_gguf_config_hybrid },
     { "gemma3", "gemma3_text", false, lm_gguf_config_gemma3 },
     { "gemma4", "gemma4_text", false, lm_gguf_config_gemma4 },
 };

@@ -1,6 +1,6 @@
-/* gguf_config_hybrid.c - the GGUF keys of the Qwen3.5 (qwen35) and
- * Qwen3-Next (qwen3next) hybrids, and the sparse-layer keys of qwen3moe and
- * qwen3next.
+/* gguf_config_hybrid.c - the GGUF keys of the Qwen3.5 (qwen35, qwen35moe)
+ * and Qwen3-Next (qwen3next) hybrids, and the sparse-layer keys of qwen3moe,
+ * qwen3next and qwen35moe.
  *
  * The converter writes the Gated DeltaNet geometry as Mamba-style ssm.*
  * keys: ssm.group_count = key heads (Hk), ssm.time_step_rank = value heads
@@ -66,7 +66,8 @@ int lm_gguf_config_hybrid(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
                        h->lin_k_dim, h->lin_v_dim, h->conv_kernel);
     /* Qwen3.5's converter re-orders value heads from grouped to tiled
      * (_LinearAttentionVReorderBase); Qwen3-Next's keeps them grouped */
-    h->v_tiled = !strcmp(k->arch, "qwen35") && h->lin_v_heads != h->lin_k_heads;
+    const bool next = !strcmp(k->arch, "qwen3next");
+    h->v_tiled = !next && h->lin_v_heads != h->lin_k_heads;
     h->attn_out_gate = true;
     int64_t nextn = 0; /* the MTP head's layers, after the last block (lm_qwen35.h binds them) */
     lm_gguf_arch_int(k, "nextn_predict_layers", &nextn);
@@ -79,7 +80,7 @@ int lm_gguf_config_hybrid(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
         if (lm_gguf_arch_int(k, "full_attention_interval", &v) && v >= 1 && v <= INT32_MAX) every = (int)v;
         for (int l = 0; l < c->n_layers; l++) h->layer_linear[l] = (l + 1) % every != 0;
     }
-    if (!strcmp(k->arch, "qwen3next")) return lm_gguf_config_moe(c, k, e);
+    if (next || !strcmp(k->arch, "qwen35moe")) return lm_gguf_config_moe(c, k, e);
     if (c->d_ff < 1) return lm_errf(e, "%s: missing metadata \"%s.feed_forward_length\"", k->path, k->arch);
     return 0;
 }

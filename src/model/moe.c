@@ -68,6 +68,8 @@ const lm_moe_names lm_moe_hf_names = {
 
 const lm_moe_names lm_moe_gguf_names = {
     .router = "blk.%d.ffn_gate_inp.weight",
+    .gate_up = "blk.%d.ffn_gate_up_exps.weight",
+    .down_fused = "blk.%d.ffn_down_exps.weight",
     .gate_exps = "blk.%d.ffn_gate_exps.weight",
     .up_exps = "blk.%d.ffn_up_exps.weight",
     .down_exps = "blk.%d.ffn_down_exps.weight",
@@ -126,7 +128,9 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
     L->down = lm_xcalloc((size_t)E, sizeof *L->down);
     size_t before = m->weight_bytes;
     char n2[192], n3[192];
-    if (nt->gate_exps) { /* stacked: one tensor per matrix, every expert */
+    /* a GGUF's experts stacked per matrix, unless gate and up are fused (newer llama.cpp files) */
+    const bool stacked = nt->gate_exps && !(nt->gate_up && lm_bind_has(b, lm_bind_name(n, sizeof n, nt->gate_up, l)));
+    if (stacked) { /* one tensor per matrix, every expert */
         snprintf(n, sizeof n, nt->gate_exps, l);
         snprintf(n2, sizeof n2, nt->up_exps, l);
         snprintf(n3, sizeof n3, nt->down_exps, l);

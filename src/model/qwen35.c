@@ -1,6 +1,7 @@
 /* qwen35.c - Qwen3.5 (qwen3_5_text, and the text part of multimodal qwen3_5
- * checkpoints) and Qwen3-Next (qwen3_next): hybrid decoders of Gated
- * DeltaNet (linear attention) layers and gated full-attention layers.
+ * checkpoints), Qwen3.5-MoE (qwen3_5_moe_text, qwen3_5_moe) and Qwen3-Next
+ * (qwen3_next): hybrid decoders of Gated DeltaNet (linear attention) layers
+ * and gated full-attention layers.
  *
  * Each layer, with n() the zero-centred RMSNorm x / rms(x) * (1 + w):
  *   h = x + mixer(n(x));   x' = h + ffn(n(h))
@@ -14,7 +15,10 @@
  *   o = delta_rule(l2norm(q), l2norm(k), v, g, beta)   (state per sequence)
  *   out = Wout (rmsnorm(o) * w * silu(z))  per value head
  * ffn: SwiGLU (Qwen3.5), or routed experts plus a shared expert scaled by
- * sigmoid(Wsg n) (Qwen3-Next, lm_moe.h).
+ * sigmoid(Wsg n) (Qwen3-Next and Qwen3.5-MoE, lm_moe.h). Qwen3.5-MoE is
+ * Qwen3.5's layers with Qwen3-Next's sparse block on every layer (its
+ * config has no decoder_sparse_step, mlp_only_layers or norm_topk_prob:
+ * the router always renormalises the top k).
  *
  * The two checkpoint formats differ only in how some projections are laid
  * out, and that is resolved at load: q_proj's per-head [q; gate] rows, and
@@ -71,6 +75,9 @@ static int parse_layer_types(lm_model_config *c, lm_hybrid_config *h, json_t *ro
     return 0;
 }
 
+/* Qwen3.5-MoE: the text config's type, or a multimodal config without one. */
+static bool is_q35_moe_type(const char *t) { return !strcmp(t, "qwen3_5_moe_text") || !strcmp(t, "qwen3_5_moe"); }
+
 static int q35_parse_config(lm_model_config *c, json_t *root, const char *label, lm_err *e) {
     if (c->act != LM_ACT_SILU) return lm_errf(e, "%s: %s models use silu", label, c->model_type);
     if (lm_json_bool(root, "attention_bias", false))
@@ -100,6 +107,17 @@ static int q35_parse_config(lm_model_config *c, json_t *root, const char *label,
     if (parse_layer_types(c, h, root, label, e)) return -1;
     /* Qwen3-Next: sparse layers per decoder_sparse_step / mlp_only_layers */
     if (!strcmp(c->model_type, "qwen3_next")) return lm_config_parse_moe(c, root, label, true, e);
+    if (is_q35_moe_type(c->model_type)) {
+        /* transformers' Qwen3_5MoeTextConfig drops these keys: every layer
+         * is sparse and the top k are renormalised, whatever the file says */
+        json_t *r = json_copy(root);
+        static const char *const gone[] = { "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob" };
+        for (size_t i = 0; i < LM_COUNT(gone); i++) json_object_del(r, gone[i]);
+        int rc = lm_config_parse_moe(c, r, label, true, e);
+        json_decref(r);
+        if (rc == 0 && c->n_experts < 1) rc = lm_errf(e, "%s: %s needs num_experts >= 1", label, c->model_type);
+        return rc;
+    }
     if (c->d_ff < 1) return lm_errf(e, "%s: missing or non-positive \"intermediate_size\"", label);
     return 0;
 }
@@ -183,7 +201,8 @@ static const q35_names k_gguf_names = {
     "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight", "ssm_out.weight",
     "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
     "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight", "ffn_gate_inp_shexp.weight",
-    { "%d.ffn_gate_inp.weight", NULL, NULL, NULL, NULL, NULL, "%d.ffn_gate_exps.weight", "%d.ffn_up_exps.weight",
+    { "%d.ffn_gate_inp.weight", NULL, NULL, NULL, "%d.ffn_gate_up_exps.weight", "%d.ffn_down_exps.weight",
+      "%d.ffn_gate_exps.weight", "%d.ffn_up_exps.weight",
       "%d.ffn_down_exps.weight" },
     -1.0f, true,
 };
@@ -841,7 +860,8 @@ static void q35_free(lm_model *m) {
     m->impl = NULL;
 }
 
-static const char *const k_q35_types[] = { "qwen3_5_text", "qwen3_5", "qwen3_next", NULL };
+static const char *const k_q35_types[] = { "qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe",
+                                           NULL };
 
 const lm_arch lm_arch_qwen35 = {
     .name = "qwen35",
