@@ -35,11 +35,12 @@ static const lm_opt_cmd k_cmd = {
              "the chat template. Architectures: llama, mistral, qwen2, qwen3 (default\n"
              "rope; llama3 rope scaling as rope_freqs.weight), qwen3_moe (experts stacked\n"
              "per layer, the router in F32), qwen3_next (in_proj_qkvz split into q|k|v and\n"
-             "z, the shared expert and its gate) and the Qwen3.5 hybrid\n"
-             "(qwen3_5_text, or the text model of a multimodal qwen3_5 checkpoint: its\n"
-             "norms as 1 + w, A_log as -exp(A_log), value heads in tiled order, the MTP\n"
-             "head as llama.cpp's nextn layer). Prints one line: tensors, bytes in and\n"
-             "out, the count of each type.\n",
+             "z, the shared expert and its gate) and the Qwen3.5 hybrids\n"
+             "(qwen3_5_text and qwen3_5_moe_text, or the text model of a multimodal\n"
+             "qwen3_5 / qwen3_5_moe checkpoint: its norms as 1 + w, A_log as\n"
+             "-exp(A_log), value heads in tiled order, fused experts split into\n"
+             "gate and up stacks, the MTP head as llama.cpp's nextn layer). Prints\n"
+             "one line: tensors, bytes in and out, the count of each type.\n",
     .opts = k_opts,
     .defaults = &k_defaults,
     .size = sizeof(convert_opts),

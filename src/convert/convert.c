@@ -44,8 +44,10 @@ static const conv_arch k_archs[] = {
     { "qwen3_next", "qwen3next", false, false, true, true, false },
     { "qwen3_5_text", "qwen35", false, false, true, false, true },
     { "qwen3_5", "qwen35", false, false, true, false, true }, /* multimodal: its text_config and language model */
+    { "qwen3_5_moe_text", "qwen35moe", false, false, true, true, true },
+    { "qwen3_5_moe", "qwen35moe", false, false, true, true, true },
 };
-#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5"
+#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe"
 
 /* The hybrid's geometry from its config (hparams: text_config where nested). */
 static conv_hybrid conv_hybrid_of(json_t *hp, const conv_arch *a) {
@@ -202,10 +204,11 @@ static bool put_mrope(lm_gguf_writer *w, const char *arch, json_t *cfg, bool dfl
 static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const conv_arch *a, int ftype,
                        int64_t n_params, int64_t expert_params, lm_err *e) {
     char key[128], name[128], label[32];
-    int64_t n_layer, n_ctx, n_embd, n_ff, n_head, n_kv = -1, head_dim = -1, vocab;
+    int64_t n_layer, n_ctx, n_embd, n_ff = 0, n_head, n_kv = -1, head_dim = -1, vocab;
+    /* a model whose every layer is sparse (Qwen3.5-MoE) has no intermediate_size */
+    const bool has_ff = cfg_int(cfg, "intermediate_size", &n_ff);
     if (!cfg_int(cfg, "num_hidden_layers", &n_layer) || !cfg_int(cfg, "hidden_size", &n_embd) ||
-        !cfg_int(cfg, "intermediate_size", &n_ff) || !cfg_int(cfg, "num_attention_heads", &n_head) ||
-        !cfg_int(cfg, "vocab_size", &vocab))
+        !(has_ff || a->moe) || !cfg_int(cfg, "num_attention_heads", &n_head) || !cfg_int(cfg, "vocab_size", &vocab))
         return lm_errf(e, "%s/config.json: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads "
                        "and vocab_size are required", dir);
     const char *rope_type = rope_type_of(cfg);
@@ -228,7 +231,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     lm_gguf_set_int(w, ARCH_KEY("block_count"), LM_GGUF_U32, n_layer + hy.n_mtp);
     if (cfg_int(cfg, "max_position_embeddings", &n_ctx)) lm_gguf_set_int(w, ARCH_KEY("context_length"), LM_GGUF_U32, n_ctx);
     lm_gguf_set_int(w, ARCH_KEY("embedding_length"), LM_GGUF_U32, n_embd);
-    lm_gguf_set_int(w, ARCH_KEY("feed_forward_length"), LM_GGUF_U32, n_ff);
+    if (has_ff) lm_gguf_set_int(w, ARCH_KEY("feed_forward_length"), LM_GGUF_U32, n_ff);
     lm_gguf_set_int(w, ARCH_KEY("attention.head_count"), LM_GGUF_U32, n_head);
     if (cfg_int(cfg, "num_key_value_heads", &n_kv)) lm_gguf_set_int(w, ARCH_KEY("attention.head_count_kv"), LM_GGUF_U32, n_kv);
     const bool mrope = put_mrope(w, a->arch, cfg, false);
@@ -292,6 +295,10 @@ static int64_t conv_src_row(const conv_tensor *t, int64_t r, int64_t rows) {
     if (t->permute_heads) {
         int64_t hd = rows / t->permute_heads, h = r / hd, k = r % hd;
         return h * hd + (k % 2) * (hd / 2) + k / 2;
+    }
+    if (t->gate_up) { /* expert x's rows [gate F; up F] */
+        const int64_t f = t->src->shape[1] / 2;
+        return (r / f) * 2 * f + (t->gate_up - 1) * f + r % f;
     }
     if (t->qkvz) { /* rows grouped per key head: [q Dk; k Dk; v r Dv; z r Dv] */
         const int64_t dk = t->qkvz_dk, rv = (int64_t)t->v_r * t->v_hd, g = 2 * dk + 2 * rv, kd = t->v_hk * dk;
@@ -372,7 +379,8 @@ static int conv_shape(const conv_tensor *t, int64_t *shape) {
     if (t->n_parts) shape[n++] = t->n_parts;
     for (int d = 0; d < t->src->n_dims; d++)
         if (!(squeeze && t->src->shape[d] == 1 && t->src->n_dims > 1)) shape[n++] = t->src->shape[d];
-    if (t->out_rows) shape[0] = t->out_rows;
+    if (t->gate_up) shape[1] /= 2; /* [experts][F][cols] of [experts][2F][cols] */
+    else if (t->out_rows) shape[0] = t->out_rows;
     return n;
 }
 
@@ -429,8 +437,9 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
     for (int f = 0; rc == 0 && f < ws->n_files; f++) {
         for (int i = 0; rc == 0 && i < ws->st[f].n_tensors; i++) {
             const lm_file_tensor *src = &ws->st[f].tensors[i];
-            char stack[96];
-            int ex = a->moe ? conv_expert(src->name, stack, sizeof stack) : -1;
+            char stack[96], canon[256];
+            const char *cname = a->hybrid ? lm_conv_hybrid_canon(&hy, src->name, canon, sizeof canon) : src->name;
+            int ex = a->moe ? conv_expert(cname, stack, sizeof stack) : -1;
             if (ex >= 0) {
                 rc = conv_readable(src, e) || conv_stack_add(ts, &n, stack, ex, n_exp, src, e) ? -1 : 0;
                 *n_params += lm_file_tensor_numel(src);
@@ -449,6 +458,12 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
                 memset(t, 0, 2 * sizeof *t);
                 continue;
             }
+            if (t->gate_up && (src->n_dims != 3 || src->shape[1] % 2)) {
+                rc = lm_errf(e, "tensor \"%s\": fused experts must be [experts][2 * F][cols]", src->name);
+                continue;
+            }
+            if (t->gate_up) t[0].out_rows = t[1].out_rows = src->shape[0] * src->shape[1] / 2;
+            if (strstr(t->name, "_exps.")) *expert_params += lm_file_tensor_numel(src);
             if (known == 2) { /* the second output of a split: the same source */
                 t[1].src = src;
                 t[1].type = conv_base_type(&t[1], mix);
@@ -501,7 +516,7 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
  * like its matrix's rows). */
 static void conv_rows(const lm_file_tensor *s, int64_t *rows, int64_t *cols) {
     int64_t numel = lm_file_tensor_numel(s);
-    *rows = s->n_dims >= 2 ? s->shape[0] : numel;
+    *rows = s->n_dims >= 2 && s->shape[s->n_dims - 1] ? numel / s->shape[s->n_dims - 1] : numel;
     *cols = *rows ? numel / *rows : 0;
 }
 

@@ -21,9 +21,13 @@
  *    vision tower left out;
  *  - Qwen3-Next: value heads stay grouped; its fused in_proj_qkvz is split
  *    into attn_qkv (all q rows, then k, then v) and attn_gate (z), its fused
- *    in_proj_ba kept as ssm_ba; the MoE layer's router (ffn_gate_inp),
- *    shared expert (ffn_*_shexp) and its gate (ffn_gate_inp_shexp); the
- *    experts are stacked by convert.c. */
+ *    in_proj_ba kept as ssm_ba;
+ *  - the sparse layers (Qwen3-Next, Qwen3.5-MoE): the router
+ *    (ffn_gate_inp), shared expert (ffn_*_shexp) and its gate
+ *    (ffn_gate_inp_shexp); experts stored one tensor each are stacked by
+ *    convert.c, fused ones (mlp.experts.gate_up_proj [E][2F][D], gate rows
+ *    first, and mlp.experts.down_proj [E][D][F], as Qwen3.5-MoE ships) are
+ *    split into ffn_gate_exps and ffn_up_exps, and ffn_down_exps as is. */
 #include "convert_internal.h"
 
 #include <stdio.h>
@@ -86,12 +90,23 @@ static void hy_set(conv_tensor *t, const conv_hybrid *h, const hy_name *e, int l
     }
 }
 
+const char *lm_conv_hybrid_canon(const conv_hybrid *h, const char *name, char *buf, size_t n) {
+    int layer, used = 0;
+    if (!strncmp(name, "model.language_model.", 21)) { /* the text model of a multimodal checkpoint */
+        snprintf(buf, n, "model.%s", name + 21);
+        return buf;
+    }
+    if (h->n_mtp > 0 && sscanf(name, "mtp.layers.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0 &&
+        layer < h->n_mtp) {
+        snprintf(buf, n, "model.layers.%lld.%s", (long long)(h->n_layer + layer), name + used);
+        return buf;
+    }
+    return name;
+}
+
 int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t) {
     char buf[256];
-    if (!strncmp(name, "model.language_model.", 21)) { /* the text model of a multimodal checkpoint */
-        snprintf(buf, sizeof buf, "model.%s", name + 21);
-        name = buf;
-    }
+    name = lm_conv_hybrid_canon(h, name, buf, sizeof buf);
     if (!strncmp(name, "model.visual.", 13) || !strncmp(name, "visual.", 7)) return 0;
     if (!strcmp(name, "model.embed_tokens.weight")) return snprintf(t->name, sizeof t->name, "token_embd.weight"), 1;
     if (!strcmp(name, "lm_head.weight")) return snprintf(t->name, sizeof t->name, "output.weight"), 1;
@@ -104,10 +119,8 @@ int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t) 
     const char *rest = NULL;
     if (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
         rest = name + used;
-    } else if (sscanf(name, "mtp.layers.%d.%n", &layer, &used) == 1 && used > 0) {
-        if (h->n_mtp == 0) return 0; /* the head left out */
-        rest = name + used;
-        layer += (int)h->n_layer;
+    } else if (!strncmp(name, "mtp.layers.", 11)) {
+        return 0; /* the head left out (kept ones are model.layers. by now) */
     } else if (!strncmp(name, "mtp.", 4)) {
         if (h->n_mtp == 0) return 0;
         for (size_t i = 0; i < LM_COUNT(k_hy_mtp); i++)
@@ -125,6 +138,14 @@ int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t) 
         }
         return 2;
     }
+    if (!strcmp(rest, "mlp.experts.gate_up_proj")) { /* fused experts: gate and up halves */
+        for (int i = 0; i < 2; i++) {
+            snprintf(t[i].name, sizeof t[i].name, "blk.%d.%s", layer, i ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
+            t[i].gate_up = i + 1;
+        }
+        return 2;
+    }
+    if (!strcmp(rest, "mlp.experts.down_proj")) return snprintf(t->name, sizeof t->name, "blk.%d.ffn_down_exps.weight", layer), 1;
     for (size_t i = 0; i < LM_COUNT(k_hy_layer); i++)
         if (!strcmp(rest, k_hy_layer[i].hf)) return hy_set(t, h, &k_hy_layer[i], layer), 1;
     return -1;

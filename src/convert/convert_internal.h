@@ -29,6 +29,10 @@ typedef struct conv_tensor {
      * output's rows (0: the source's) */
     int qkvz;
     int64_t qkvz_dk, out_rows;
+    /* a fused expert stack [experts][gate F; up F][cols] (Qwen3.5-MoE's
+     * mlp.experts.gate_up_proj): 1 takes every expert's gate rows, 2 its up
+     * rows, as [experts][F][cols] */
+    int gate_up;
     /* a stack of n_parts tensors of src's shape ([experts][rows][cols]: a
      * MoE layer's experts), parts[i] expert i; src is parts[0] */
     const lm_file_tensor **parts;
@@ -48,5 +52,11 @@ typedef struct conv_hybrid {
  * a tensor llama.cpp leaves out (the vision tower, rotary frequencies), -1
  * for an unknown one. Experts are the caller's (stacked). */
 int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t);
+
+/* name as the text model's layer name: model.language_model.X -> model.X
+ * (a multimodal checkpoint) and, when the MTP head is kept, mtp.layers.i.X
+ * -> model.layers.<n_layer + i>.X (its nextn layer); in buf (n bytes), or
+ * name itself when neither applies. */
+const char *lm_conv_hybrid_canon(const conv_hybrid *h, const char *name, char *buf, size_t n);
 
 #endif

@@ -1,0 +1,629 @@
+/* test_qwen35_moe.c - Qwen3.5-MoE (qwen3_5_moe_text, multimodal
+ * qwen3_5_moe; GGUF qwen35moe): load, convert, and agree with transformers
+ * and llama.cpp.
+ *
+ * No Qwen3.5-MoE fixture with transformers' logits exists yet (they are made
+ * on the GPU machine), but transformers builds Qwen3.5-MoE from Qwen3-Next's
+ * parts: the same attention, sparse block (a router renormalising its top k,
+ * a shared expert behind a sigmoid gate) and norms, and Qwen3.5's Gated
+ * DeltaNet, which is Qwen3-Next's with the fused in_proj_qkvz / in_proj_ba
+ * stored as four plain projections. So the qwen3-next fixture (every layer
+ * sparse, top-k renormalised) re-laid out as a Qwen3.5-MoE checkpoint -
+ * those four projections, experts fused as Qwen3.5-MoE ships them
+ * (mlp.experts.gate_up_proj [E][2F][D], down_proj [E][D][F]) - is the same
+ * function, and transformers' reference logits of the fixture are its
+ * reference. The re-layout is written here from the two configs' documented
+ * shapes, independently of the loader's own re-ordering. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "convert/lm_convert.h"
+#include "engine/lm_parity.h"
+#include "engine/lm_parity_oracle.h"
+#include "format/gguf.h"
+#include "format/gguf_write.h"
+#include "format/safetensors.h"
+#include "hf_quant_gen.h"
+#include "lm_test.h"
+#include "model/lm_model.h"
+#include "model/lm_qwen35.h"
+#include "quant/lm_quant.h"
+#include "test_util.h"
+
+/* qwen3-next fixture geometry, read from its config */
+typedef struct q3n_geom {
+    int64_t D, Hk, Hv, Dk, Dv, E, L;
+} q3n_geom;
+
+static int64_t cfg_i(json_t *c, const char *k) { return json_integer_value(json_object_get(c, k)); }
+
+/* Rows of a [rows][D] bf16 matrix picked by map into a new buffer. */
+static uint8_t *pick_rows(const lm_file_tensor *t, const int64_t *map, int64_t n) {
+    const size_t rb = (size_t)t->shape[1] * 2;
+    uint8_t *out = malloc((size_t)n * rb);
+    for (int64_t r = 0; r < n; r++) memcpy(out + (size_t)r * rb, t->data + (size_t)map[r] * rb, rb);
+    return out;
+}
+
+typedef struct q35moe_ckpt {
+    hqg_tensor *t;
+    int n;
+    uint8_t **bufs;
+    int n_bufs;
+} q35moe_ckpt;
+
+static hqg_tensor *add(q35moe_ckpt *c, const char *name, int n_dims, const int64_t *shape, const void *data,
+                       size_t nbytes) {
+    hqg_tensor *x = &c->t[c->n++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->dtype = "BF16";
+    x->n_dims = n_dims;
+    for (int d = 0; d < n_dims; d++) x->shape[d] = shape[d];
+    x->data = data, x->nbytes = nbytes;
+    return x;
+}
+
+static uint8_t *own(q35moe_ckpt *c, uint8_t *buf) { return c->bufs[c->n_bufs++] = buf; }
+
+/* Layer l's linear-attention projections of the fixture as Qwen3.5 stores them, under dst. */
+static void split_projections(q35moe_ckpt *c, const lm_safetensors *st, const q3n_geom *g, const char *dst, int l) {
+    char name[150];
+    const int64_t r = g->Hv / g->Hk, KD = g->Hk * g->Dk, VD = g->Hv * g->Dv, C = 2 * KD + VD;
+    const int64_t G = 2 * g->Dk + 2 * r * g->Dv; /* in_proj_qkvz rows a key head: q, k, v (r heads), z (r heads) */
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
+    const lm_file_tensor *qkvz = lm_safetensors_find(st, name);
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_ba.weight", l);
+    const lm_file_tensor *ba = lm_safetensors_find(st, name);
+    if (!qkvz || !ba) return;
+    int64_t *map = malloc((size_t)(C + VD) * sizeof *map);
+    for (int64_t h = 0; h < g->Hk; h++) {
+        for (int64_t i = 0; i < g->Dk; i++) {
+            map[h * g->Dk + i] = h * G + i;                /* q */
+            map[KD + h * g->Dk + i] = h * G + g->Dk + i;   /* k */
+        }
+        for (int64_t i = 0; i < r * g->Dv; i++) {
+            map[2 * KD + h * r * g->Dv + i] = h * G + 2 * g->Dk + i;      /* v */
+            map[C + h * r * g->Dv + i] = h * G + 2 * g->Dk + r * g->Dv + i; /* z */
+        }
+    }
+    const size_t rb = (size_t)g->D * 2;
+    snprintf(name, sizeof name, "%slinear_attn.in_proj_qkv.weight", dst);
+    add(c, name, 2, (int64_t[]){ C, g->D }, own(c, pick_rows(qkvz, map, C)), (size_t)C * rb);
+    snprintf(name, sizeof name, "%slinear_attn.in_proj_z.weight", dst);
+    add(c, name, 2, (int64_t[]){ VD, g->D }, own(c, pick_rows(qkvz, map + C, VD)), (size_t)VD * rb);
+    for (int which = 0; which < 2; which++) { /* in_proj_ba rows a key head: b (r), a (r) */
+        for (int64_t h = 0; h < g->Hk; h++)
+            for (int64_t i = 0; i < r; i++) map[h * r + i] = h * 2 * r + which * r + i;
+        snprintf(name, sizeof name, "%slinear_attn.in_proj_%s.weight", dst, which ? "a" : "b");
+        add(c, name, 2, (int64_t[]){ g->Hv, g->D }, own(c, pick_rows(ba, map, g->Hv)), (size_t)g->Hv * rb);
+    }
+    free(map);
+}
+
+/* Layer l's experts fused under dst: gate_up_proj [E][gate F; up F][D], down_proj [E][D][F]. */
+static void fuse_experts(q35moe_ckpt *c, const lm_safetensors *st, const q3n_geom *g, const char *dst, int l) {
+    char name[150];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+    const lm_file_tensor *g0 = lm_safetensors_find(st, name);
+    if (!g0) return;
+    const int64_t F = g0->shape[0];
+    const size_t mb = g0->nbytes;
+    uint8_t *gu = own(c, malloc(2 * mb * (size_t)g->E)), *dn = own(c, malloc(mb * (size_t)g->E));
+    static const char *const parts[3] = { "gate_proj", "up_proj", "down_proj" };
+    for (int64_t x = 0; x < g->E; x++)
+        for (int p = 0; p < 3; p++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)x, parts[p]);
+            const lm_file_tensor *t = lm_safetensors_find(st, name);
+            if (t) memcpy(p == 2 ? dn + (size_t)x * mb : gu + ((size_t)x * 2 + (size_t)p) * mb, t->data, mb);
+        }
+    snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", dst);
+    add(c, name, 3, (int64_t[]){ g->E, 2 * F, g->D }, gu, 2 * mb * (size_t)g->E);
+    snprintf(name, sizeof name, "%smlp.experts.down_proj", dst);
+    add(c, name, 3, (int64_t[]){ g->E, g->D, F }, dn, mb * (size_t)g->E);
+}
+
+/* An MTP head (mtp.*) as Qwen3.5-MoE ships one: a sparse full-attention
+ * layer (the fixture's last layer, experts fused) behind fc [D][2D] and
+ * three norms. It is untrained (fc: a fixed pseudo-random pattern); what is
+ * tested is that it loads, converts and comes back the same. */
+static void add_mtp(q35moe_ckpt *c, const lm_safetensors *st, const q3n_geom *g) {
+    char name[150];
+    const int last = (int)g->L - 1;
+    snprintf(name, sizeof name, "model.layers.%d.", last);
+    const size_t pl = strlen(name);
+    for (int i = 0; i < st->n_tensors; i++) {
+        const lm_file_tensor *s = &st->tensors[i];
+        if (strncmp(s->name, name, pl) || strstr(s->name, ".mlp.experts.")) continue;
+        char mn[150];
+        snprintf(mn, sizeof mn, "mtp.layers.0.%s", s->name + pl);
+        hqg_tensor *x = add(c, mn, s->n_dims, s->shape, s->data, s->nbytes);
+        x->dtype = s->type == LM_F32 ? "F32" : "BF16";
+    }
+    fuse_experts(c, st, g, "mtp.layers.0.", last);
+    uint16_t *fc = (uint16_t *)own(c, malloc((size_t)(2 * g->D * g->D) * 2));
+    for (int64_t i = 0; i < 2 * g->D * g->D; i++) {
+        float v = (float)((i * 7919) % 2001 - 1000) * 1e-4f;
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        fc[i] = (uint16_t)(u >> 16);
+    }
+    add(c, "mtp.fc.weight", 2, (int64_t[]){ g->D, 2 * g->D }, fc, (size_t)(2 * g->D * g->D) * 2);
+    uint16_t *zero = (uint16_t *)own(c, calloc((size_t)g->D, 2)); /* (1 + w) norms at w = 0 */
+    static const char *const norms[] = { "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+                                         "mtp.norm.weight" };
+    for (size_t i = 0; i < LM_COUNT(norms); i++) add(c, norms[i], 1, (int64_t[]){ g->D }, zero, (size_t)g->D * 2);
+}
+
+static int copy_file(const char *src, const char *dst, const char *name) {
+    char a[1200], b[1200];
+    snprintf(a, sizeof a, "%s/%s", src, name);
+    snprintf(b, sizeof b, "%s/%s", dst, name);
+    if (access(a, R_OK)) return 0;
+    size_t n;
+    char *d = lm_tu_read(a, &n);
+    int rc = d ? lm_tu_write(b, d, n) : -1;
+    free(d);
+    return rc;
+}
+
+/* The qwen3-next fixture as a Qwen3.5-MoE checkpoint in <tmp>/<tag>/qwen3.5-moe
+ * (text-only, or multimodal: config under text_config, weights under
+ * model.language_model., a vision tensor; with an MTP head or without),
+ * with the fixture's reference and tokenizer. Returns the folder
+ * (malloc'd), or NULL. */
+static char *make_q35moe(const char *src, const char *tag, bool multimodal, bool mtp) {
+    char *root = lm_tu_mkdir(tag), dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/qwen3.5-moe", root);
+    free(root);
+    if (mkdir(dir, 0755) && errno != EEXIST) return NULL;
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *text = json_load_file(path, 0, NULL);
+    if (!text) return NULL;
+    const q3n_geom g = { cfg_i(text, "hidden_size"), cfg_i(text, "linear_num_key_heads"),
+                         cfg_i(text, "linear_num_value_heads"), cfg_i(text, "linear_key_head_dim"),
+                         cfg_i(text, "linear_value_head_dim"), cfg_i(text, "num_experts"),
+                         cfg_i(text, "num_hidden_layers") };
+    /* Qwen3_5MoeTextConfig has none of these: every layer sparse, top k renormalised */
+    static const char *const gone[] = { "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob",
+                                        "intermediate_size" };
+    for (size_t i = 0; i < LM_COUNT(gone); i++) json_object_del(text, gone[i]);
+    json_object_set_new(text, "model_type", json_string("qwen3_5_moe_text"));
+    if (mtp) json_object_set_new(text, "mtp_num_hidden_layers", json_integer(1));
+    json_t *cfg = text;
+    if (multimodal) {
+        json_object_del(text, "architectures");
+        cfg = json_object();
+        json_object_set_new(cfg, "architectures", json_pack("[s]", "Qwen3_5MoeForConditionalGeneration"));
+        json_object_set_new(cfg, "model_type", json_string("qwen3_5_moe"));
+        json_object_set(cfg, "text_config", text);
+        json_object_set(cfg, "eos_token_id", json_object_get(text, "eos_token_id"));
+        json_object_set(cfg, "pad_token_id", json_object_get(text, "pad_token_id"));
+        json_object_set_new(cfg, "tie_word_embeddings", json_false());
+        json_object_set_new(cfg, "vision_config", json_pack("{s:i}", "depth", 1));
+        json_decref(text);
+    } else {
+        json_object_set_new(cfg, "architectures", json_pack("[s]", "Qwen3_5MoeForCausalLM"));
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = json_dump_file(cfg, path, JSON_INDENT(2));
+    json_decref(cfg);
+
+    lm_err e = { { 0 } };
+    lm_safetensors st;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    if (rc || lm_safetensors_open(&st, path, &e)) return NULL;
+    q35moe_ckpt c = { calloc(2 * (size_t)st.n_tensors + 8 * (size_t)g.L + 8, sizeof *c.t), 0,
+                      calloc(8 * (size_t)g.L + 8, sizeof(uint8_t *)), 0 };
+    const char *pfx = multimodal ? "model.language_model.layers." : "model.layers.";
+    for (int i = 0; i < st.n_tensors; i++) {
+        const lm_file_tensor *s = &st.tensors[i];
+        if (strstr(s->name, ".mlp.experts.") || strstr(s->name, "in_proj_qkvz") || strstr(s->name, "in_proj_ba"))
+            continue;
+        char name[150];
+        if (multimodal && !strncmp(s->name, "model.", 6)) snprintf(name, sizeof name, "model.language_model.%s", s->name + 6);
+        else snprintf(name, sizeof name, "%s", s->name);
+        hqg_tensor *x = add(&c, name, s->n_dims, s->shape, s->data, s->nbytes);
+        x->dtype = s->type == LM_F32 ? "F32" : "BF16";
+    }
+    for (int l = 0; l < g.L; l++) {
+        char dst[64];
+        snprintf(dst, sizeof dst, "%s%d.", pfx, l);
+        split_projections(&c, &st, &g, dst, l);
+        fuse_experts(&c, &st, &g, dst, l);
+    }
+    if (mtp) add_mtp(&c, &st, &g);
+    static const uint16_t vis[4] = { 0x3f80, 0x4000, 0x4040, 0x4080 };
+    if (multimodal) add(&c, "model.visual.patch_embed.proj.weight", 2, (int64_t[]){ 2, 2 }, vis, sizeof vis);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    rc = hqg_write_safetensors(path, c.t, c.n);
+    for (int i = 0; i < c.n_bufs; i++) free(c.bufs[i]);
+    free(c.bufs), free(c.t);
+    lm_safetensors_close(&st);
+    static const char *const side[] = { "reference.safetensors", "tokenizer.json", "tokenizer_config.json",
+                                        "generation_config.json", "chat_template.jinja" };
+    for (size_t i = 0; i < LM_COUNT(side); i++) rc |= copy_file(src, dir, side[i]);
+    return rc ? NULL : strdup(dir);
+}
+
+/* The derived checkpoint's parity run equals the fixture's bit for bit:
+ * one forward, whatever the layout (and both within transformers' 1e-3). */
+static void same_as_qwen3_next(lm_test_ctx *lm_t_, const char *tag, bool multimodal) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, tag, multimodal, false);
+    LM_REQUIRE(dir != NULL);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_model *m = NULL;
+    LM_REQUIRE(be != NULL);
+    if (lm_model_load(&m, dir, be, &e) == 0) {
+        LM_CHECK(!strcmp(m->cfg.model_type, "qwen3_5_moe_text"));
+        LM_CHECK(m->cfg.n_experts == 8 && m->cfg.norm_topk_prob && m->cfg.shared_expert_d_ff == 64);
+        for (int l = 0; l < m->cfg.n_layers; l++) LM_CHECK(m->cfg.layer_moe[l]);
+    } else {
+        LM_CHECK_MSG(0, "%s", e.msg);
+    }
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    lm_parity_result a = { 0 }, b = { 0 };
+    lm_tu_parity(lm_t_, src, LM_ISA_AUTO, 2, 3, &a);
+    lm_tu_parity(lm_t_, dir, LM_ISA_AUTO, 2, 3, &b);
+    LM_CHECK(a.max_abs_err > 0 && a.max_abs_err == b.max_abs_err && a.cache_vs_full == b.cache_vs_full);
+    for (int i = 0; i < 3; i++) LM_CHECK(a.prompts[i].logits_max_abs == b.prompts[i].logits_max_abs);
+    free(dir), free(src);
+}
+
+LM_TEST(qwen35_moe_matches_transformers) { same_as_qwen3_next(lm_t_, "q35moe-text", false); }
+LM_TEST(qwen35_moe_multimodal_matches_transformers) { same_as_qwen3_next(lm_t_, "q35moe-mm", true); }
+
+/* A transformers 4 style config that still says norm_topk_prob false or
+ * decoder_sparse_step 2 does not change the model: transformers drops both. */
+LM_TEST(qwen35_moe_ignores_qwen3_next_keys) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, "q35moe-keys", false, false), path[1200];
+    LM_REQUIRE(dir != NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    json_object_set_new(cfg, "norm_topk_prob", json_false());
+    json_object_set_new(cfg, "decoder_sparse_step", json_integer(2));
+    json_object_set_new(cfg, "mlp_only_layers", json_pack("[i]", 1));
+    LM_REQUIRE(json_dump_file(cfg, path, JSON_INDENT(2)) == 0);
+    json_decref(cfg);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(1, &e);
+    lm_model *m = NULL;
+    LM_REQUIRE(be != NULL);
+    LM_CHECK_MSG(lm_model_load(&m, dir, be, &e) == 0, "%s", e.msg);
+    if (m) {
+        LM_CHECK(m->cfg.norm_topk_prob);
+        for (int l = 0; l < m->cfg.n_layers; l++) LM_CHECK(m->cfg.layer_moe[l]);
+    }
+    lm_model_free(m);
+    lm_backend_destroy(be);
+    free(dir), free(src);
+}
+
+/* ---- GGUF: lumen convert's qwen35moe file -------------------------------------- */
+
+/* llama.cpp's answer (tools/llamacpp/oracle.mjs) on gguf, written to json;
+ * false when node-llama-cpp is not installed (the caller skips). */
+static bool llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const char *json) {
+    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0) return false;
+    static const int32_t prompt[] = { 1, 334, 17, 12, 305, 44, 280, 903, 59, 377, 39, 201, 14, 90, 612, 31 };
+    char cmd[2400];
+    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 16 --threads 2 --prompt-ids ",
+                       LUMEN_SOURCE_DIR, gguf);
+    for (size_t i = 0; i < LM_COUNT(prompt); i++)
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
+    char *out = NULL, *err = NULL;
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
+    if (rc == 0) LM_CHECK(lm_tu_write(json, out, strlen(out)) == 0);
+    free(out), free(err);
+    return true;
+}
+
+/* llama.cpp's two answers (oracle JSON) agree: the same greedy ids, and
+ * last-position log-probabilities within tol; prints the largest gap. */
+static void same_answers(lm_test_ctx *lm_t_, const char *ja, const char *jb, double tol) {
+    json_t *a = json_load_file(ja, 0, NULL), *b = json_load_file(jb, 0, NULL);
+    LM_REQUIRE(a && b);
+    json_t *la = json_object_get(a, "last_logprobs"), *lb = json_object_get(b, "last_logprobs");
+    LM_CHECK(json_array_size(la) > 0 && json_array_size(la) == json_array_size(lb));
+    double worst = 0;
+    for (size_t i = 0; i < json_array_size(la) && i < json_array_size(lb); i++) {
+        double d = fabs(json_number_value(json_array_get(la, i)) - json_number_value(json_array_get(lb, i)));
+        worst = d > worst ? d : worst;
+    }
+    LM_CHECK(json_equal(json_object_get(a, "greedy_ids"), json_object_get(b, "greedy_ids")));
+    printf("  llama.cpp on qwen35moe vs on qwen3next: greedy ids %s, max |logprob gap| %.3g\n",
+           json_equal(json_object_get(a, "greedy_ids"), json_object_get(b, "greedy_ids")) ? "equal" : "differ", worst);
+    LM_CHECK(worst <= tol);
+    json_decref(a), json_decref(b);
+}
+
+/* gguf against the folder's transformers reference (its type's tolerance),
+ * then, when node-llama-cpp is there, lumen against llama.cpp's answer on
+ * it: no greedy step where lumen's top-2 margin is clear may differ. With
+ * a twin (the qwen3-next fixture converted as qwen3next, whose layout
+ * test_convert_moe.c checks against llama.cpp's own converter; bf16 only:
+ * quantising Qwen3.5's re-ordered ssm_out columns groups other values into
+ * blocks) llama.cpp's answer must be its answer on the twin, and the
+ * log-probabilities are not held to lumen's: on this fixture llama.cpp's
+ * bf16 answer is 0.11 from transformers' in both architectures, lumen's
+ * 1e-5. Without one, lumen and llama.cpp must agree within the type's
+ * oracle tolerance. */
+static void check_gguf(lm_test_ctx *lm_t_, const char *gguf, const char *ref_dir, const char *twin,
+                       lm_parity_result *out) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    LM_REQUIRE(be != NULL);
+    lm_source *src = NULL;
+    LM_REQUIRE(lm_source_open(&src, gguf, &e) == 0);
+    lm_parity_result res;
+    int rc = lm_parity_run_ref(src, ref_dir, be, 0, &res, &e);
+    LM_CHECK_MSG(rc == 0, "%s: %s", gguf, e.msg);
+    if (rc == 0) {
+        char *js = lm_parity_json(gguf, be, &res);
+        printf("  %s\n", js);
+        free(js);
+        LM_CHECK_MSG(res.ok, "%s: max |logit - transformers| %.3g (tolerance %.3g)", gguf, res.max_abs_err,
+                     res.tolerance);
+        if (out) *out = res;
+    }
+    char json[1300], twin_json[1300];
+    snprintf(json, sizeof json, "%s.llamacpp.json", gguf);
+    snprintf(twin_json, sizeof twin_json, "%s.llamacpp.json", twin ? twin : "");
+    if (llamacpp_answer(lm_t_, gguf, json) && (!twin || llamacpp_answer(lm_t_, twin, twin_json))) {
+        if (twin) same_answers(lm_t_, json, twin_json, 1e-6);
+        lm_oracle_result o;
+        rc = lm_parity_oracle_run(src, json, be, 0, 0, &o, &e);
+        LM_CHECK_MSG(rc == 0, "%s: %s", gguf, e.msg);
+        if (rc == 0) {
+            char *js = lm_oracle_json(gguf, json, be, &o);
+            printf("  %s\n", js);
+            free(js);
+            LM_CHECK(o.greedy_steps == 16 && o.greedy_checked >= 4 && o.greedy_mismatch == 0);
+            if (!twin) LM_CHECK_MSG(o.ok, "max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g)",
+                                    o.max_logprob_diff, o.tolerance, o.kl, o.kl_tolerance);
+        }
+    } else {
+        printf("  llama.cpp's answers skipped: node-llama-cpp is not installed (cd tools/llamacpp && npm ci)\n");
+    }
+    lm_source_unref(src);
+    lm_backend_destroy(be);
+}
+
+/* The file as llama.cpp's converter lays out qwen35moe: the arch, no dense
+ * feed_forward_length, every layer's experts stacked [E][F][D] / [E][D][F]
+ * with the router and shared-expert gate kept f32. */
+static void check_layout(lm_test_ctx *lm_t_, const char *gguf) {
+    lm_err e = { { 0 } };
+    lm_gguf g = { 0 };
+    LM_REQUIRE(lm_gguf_open(&g, gguf, &e) == 0);
+    char *arch = lm_gguf_get_str(&g, "general.architecture");
+    LM_CHECK(arch && !strcmp(arch, "qwen35moe"));
+    free(arch);
+    int64_t v = 0;
+    LM_CHECK(!lm_gguf_find_kv(&g, "qwen35moe.feed_forward_length"));
+    LM_CHECK(lm_gguf_get_int(&g, "qwen35moe.expert_count", &v) && v == 8);
+    LM_CHECK(lm_gguf_get_int(&g, "qwen35moe.expert_shared_feed_forward_length", &v) && v == 64);
+    LM_CHECK(lm_gguf_find_kv(&g, "qwen35moe.rope.dimension_sections") != NULL);
+    for (int l = 0; l < 4; l++) {
+        char n[96];
+        static const char *const kinds[3] = { "gate", "up", "down" };
+        for (int k = 0; k < 3; k++) {
+            snprintf(n, sizeof n, "blk.%d.ffn_%s_exps.weight", l, kinds[k]);
+            const lm_file_tensor *t = lm_gguf_find_tensor(&g, n);
+            LM_CHECK_MSG(t && t->n_dims == 3 && t->shape[0] == 8 && t->shape[1] == (k == 2 ? 64 : 32) &&
+                             t->shape[2] == (k == 2 ? 32 : 64),
+                         "%s", n);
+        }
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_inp.weight", l);
+        const lm_file_tensor *t = lm_gguf_find_tensor(&g, n);
+        LM_CHECK(t && t->type == LM_F32);
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_inp_shexp.weight", l);
+        t = lm_gguf_find_tensor(&g, n);
+        LM_CHECK(t && t->type == LM_F32 && t->n_dims == 1);
+    }
+    lm_gguf_close(&g);
+}
+
+/* gguf rewritten with each layer's ffn_gate_exps and ffn_up_exps fused into
+ * ffn_gate_up_exps [E][gate F; up F][D], as newer llama.cpp files store them. */
+static int fuse_gguf(const char *gguf, const char *out, lm_err *e) {
+    lm_gguf g = { 0 };
+    if (lm_gguf_open(&g, gguf, e)) return -1;
+    lm_gguf_writer *w = lm_gguf_writer_create(g.alignment);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < g.n_kv; i++) rc = lm_gguf_copy_kv(w, &g.kv[i], e);
+    uint8_t **fused = calloc((size_t)g.n_tensors, sizeof *fused);
+    const lm_file_tensor **src = calloc((size_t)g.n_tensors, sizeof *src);
+    int n = 0;
+    for (int i = 0; rc == 0 && i < g.n_tensors; i++) {
+        const lm_file_tensor *t = &g.tensors[i];
+        if (strstr(t->name, "ffn_up_exps")) continue;
+        if (!strstr(t->name, "ffn_gate_exps")) {
+            src[n] = t;
+            rc = lm_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->shape, e);
+            n++;
+            continue;
+        }
+        char up[96], name[96];
+        int layer = -1;
+        sscanf(t->name, "blk.%d.", &layer);
+        snprintf(up, sizeof up, "blk.%d.ffn_up_exps.weight", layer);
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", layer);
+        const lm_file_tensor *u = lm_gguf_find_tensor(&g, up);
+        if (!u || u->nbytes != t->nbytes) return lm_errf(e, "%s: no %s to fuse", gguf, up);
+        const size_t per = t->nbytes / (size_t)t->shape[0];
+        uint8_t *gu = malloc(2 * t->nbytes);
+        for (int64_t x = 0; x < t->shape[0]; x++) {
+            memcpy(gu + (size_t)x * 2 * per, t->data + (size_t)x * per, per);
+            memcpy(gu + (size_t)x * 2 * per + per, u->data + (size_t)x * per, per);
+        }
+        fused[n] = gu;
+        src[n] = t;
+        rc = lm_gguf_add_tensor(w, name, t->type, 3, (int64_t[]){ t->shape[0], 2 * t->shape[1], t->shape[2] }, e);
+        n++;
+    }
+    if (rc == 0) rc = lm_gguf_writer_begin(w, out, e);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = lm_gguf_writer_put(w, fused[i] ? fused[i] : src[i]->data, fused[i] ? 2 * src[i]->nbytes : src[i]->nbytes, e);
+    if (rc == 0) rc = lm_gguf_writer_finish(w, e);
+    for (int i = 0; i < n; i++) free(fused[i]);
+    free(fused), free(src);
+    lm_gguf_writer_free(w);
+    lm_gguf_close(&g);
+    return rc;
+}
+
+/* lumen convert writes a qwen35moe GGUF from the Qwen3.5-MoE folder (fused
+ * experts split and stacked); it matches transformers at the bf16
+ * tolerance, and llama.cpp, which runs the file with its own qwen35moe
+ * code, gives the same greedy tokens and log-probabilities. The multimodal
+ * folder converts to the same bytes. */
+LM_TEST(qwen35_moe_converts_and_runs_in_llamacpp) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, "q35moe-conv", false, false), *mm = make_q35moe(src, "q35moe-conv-mm", true, false);
+    LM_REQUIRE(dir != NULL && mm != NULL);
+    char out[1200], out_mm[1200], q8[1200], twin[1200];
+    snprintf(out, sizeof out, "%s/model.bf16.gguf", dir);
+    snprintf(out_mm, sizeof out_mm, "%s/model.bf16.gguf", mm);
+    snprintf(q8, sizeof q8, "%s/model.Q8_0.gguf", dir);
+    snprintf(twin, sizeof twin, "%s/qwen3next.bf16.gguf", dir);
+    lm_err e = { { 0 } };
+    lm_quantize_report rep;
+    LM_CHECK_MSG(lm_convert_hf(src, twin, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    LM_CHECK_MSG(lm_convert_hf(dir, out, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    LM_CHECK_MSG(lm_convert_hf(mm, out_mm, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    LM_CHECK_MSG(lm_convert_hf(dir, q8, lm_quant_mix_find("Q8_0"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    size_t na = 0, nb = 0;
+    char *a = lm_tu_read(out, &na), *b = lm_tu_read(out_mm, &nb);
+    LM_CHECK_MSG(a && b && na == nb && !memcmp(a, b, na), "multimodal: %zu bytes against the text model's %zu", nb, na);
+    free(a), free(b);
+    check_layout(lm_t_, out);
+    lm_parity_result bf = { 0 };
+    check_gguf(lm_t_, out, dir, twin, &bf);
+    LM_CHECK(bf.tolerance == 1e-3);
+    check_gguf(lm_t_, q8, dir, NULL, NULL);
+    free(dir), free(mm), free(src);
+}
+
+/* A GGUF whose experts' gate and up are one ffn_gate_up_exps tensor runs
+ * as the same model (lumen's logits bit for bit; llama.cpp's answer too). */
+LM_TEST(qwen35_moe_gguf_fused_gate_up) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, "q35moe-fused", false, false);
+    LM_REQUIRE(dir != NULL);
+    char out[1200], fused[1200], twin[1200];
+    snprintf(out, sizeof out, "%s/model.bf16.gguf", dir);
+    snprintf(fused, sizeof fused, "%s/model.fused.bf16.gguf", dir);
+    snprintf(twin, sizeof twin, "%s/qwen3next.bf16.gguf", dir);
+    lm_err e = { { 0 } };
+    lm_quantize_report rep;
+    LM_CHECK_MSG(lm_convert_hf(src, twin, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    LM_CHECK_MSG(lm_convert_hf(dir, out, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    LM_CHECK_MSG(fuse_gguf(out, fused, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    lm_gguf g = { 0 };
+    LM_REQUIRE(lm_gguf_open(&g, fused, &e) == 0);
+    LM_CHECK(lm_gguf_find_tensor(&g, "blk.0.ffn_gate_up_exps.weight") && !lm_gguf_find_tensor(&g, "blk.0.ffn_gate_exps.weight"));
+    lm_gguf_close(&g);
+    lm_parity_result a = { 0 }, b = { 0 };
+    check_gguf(lm_t_, out, dir, twin, &a);
+    check_gguf(lm_t_, fused, dir, twin, &b);
+    LM_CHECK(a.max_abs_err > 0 && a.max_abs_err == b.max_abs_err);
+    for (int i = 0; i < 3; i++) LM_CHECK(a.prompts[i].logits_max_abs == b.prompts[i].logits_max_abs);
+    free(dir), free(src);
+}
+
+/* A sparse MTP head loads (as a sparse layer), converts into the nextn
+ * layer with its experts stacked, and comes back out of the GGUF the same:
+ * a speculative run guesses and accepts exactly what the folder's does;
+ * llama.cpp loads the file, nextn layer and all, with the main model's
+ * answer unchanged. */
+LM_TEST(qwen35_moe_mtp_head) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, "q35moe-mtp", false, true), *mm = make_q35moe(src, "q35moe-mtp-mm", true, true);
+    LM_REQUIRE(dir != NULL && mm != NULL);
+    char out[1200], out_mm[1200], twin[1200];
+    snprintf(out, sizeof out, "%s/model.bf16.gguf", dir);
+    snprintf(out_mm, sizeof out_mm, "%s/model.bf16.gguf", mm);
+    snprintf(twin, sizeof twin, "%s/qwen3next.bf16.gguf", dir);
+    lm_err e = { { 0 } };
+    lm_quantize_report rep;
+    LM_CHECK_MSG(lm_convert_hf(dir, out, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_CHECK_MSG(lm_convert_hf(mm, out_mm, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_CHECK_MSG(lm_convert_hf(src, twin, lm_quant_mix_find("BF16"), 2, &rep, &e) == 0, "%s", e.msg);
+    LM_REQUIRE(e.msg[0] == 0);
+    size_t na = 0, nb = 0;
+    char *a = lm_tu_read(out, &na), *b = lm_tu_read(out_mm, &nb);
+    LM_CHECK_MSG(a && b && na == nb && !memcmp(a, b, na), "multimodal: %zu bytes against the text model's %zu", nb, na);
+    free(a), free(b);
+    lm_gguf g = { 0 };
+    LM_REQUIRE(lm_gguf_open(&g, out, &e) == 0);
+    int64_t v = 0;
+    LM_CHECK(lm_gguf_get_int(&g, "qwen35moe.block_count", &v) && v == 5);
+    LM_CHECK(lm_gguf_get_int(&g, "qwen35moe.nextn_predict_layers", &v) && v == 1);
+    const lm_file_tensor *t = lm_gguf_find_tensor(&g, "blk.4.ffn_gate_exps.weight");
+    LM_CHECK(t && t->n_dims == 3 && t->shape[0] == 8);
+    LM_CHECK(lm_gguf_find_tensor(&g, "blk.4.ffn_down_exps.weight") && lm_gguf_find_tensor(&g, "blk.4.nextn.eh_proj.weight") &&
+             lm_gguf_find_tensor(&g, "blk.4.ffn_gate_inp_shexp.weight"));
+    lm_gguf_close(&g);
+
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_model *hf = NULL, *gg = NULL;
+    if (!be || lm_model_load(&hf, dir, be, &e) || lm_model_load(&gg, out, be, &e)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+    } else {
+        const lm_qwen35_mtp *ha = lm_qwen35_mtp_head(hf), *hb = lm_qwen35_mtp_head(gg);
+        LM_CHECK(ha && hb && ha->n_layers == 1 && hb->n_layers == 1 && ha->layers[0].moe && hb->layers[0].moe);
+        static const int32_t prompt[] = { 1, 334, 17, 12, 305, 44, 280, 903, 59, 377, 39, 201, 14, 90, 612, 31 };
+        lm_tu_mtp_out ra, rb;
+        lm_tu_mtp_run(lm_t_, hf, prompt, (int)LM_COUNT(prompt), &ra);
+        lm_tu_mtp_run(lm_t_, gg, prompt, (int)LM_COUNT(prompt), &rb);
+        printf("  folder: %llu of %llu guesses accepted; GGUF: %llu of %llu\n",
+               (unsigned long long)ra.st.spec_accepted, (unsigned long long)ra.st.spec_drafted,
+               (unsigned long long)rb.st.spec_accepted, (unsigned long long)rb.st.spec_drafted);
+        LM_CHECK(ra.n == LM_TU_MTP_GEN && rb.n == ra.n && !memcmp(ra.toks, rb.toks, sizeof ra.toks));
+        LM_CHECK(ra.st.spec_drafted > 0);
+        LM_CHECK(ra.st.spec_drafted == rb.st.spec_drafted && ra.st.spec_accepted == rb.st.spec_accepted);
+        /* the untrained head's guesses are all refused, so its logits are compared too */
+        const int T = (int)LM_COUNT(prompt), V = hf->cfg.vocab;
+        float *la = malloc((size_t)(T - 1) * V * sizeof(float)), *lb = malloc((size_t)(T - 1) * V * sizeof(float));
+        if (lm_tu_mtp_logits(hf, prompt, T, la, &e) || lm_tu_mtp_logits(gg, prompt, T, lb, &e)) {
+            LM_CHECK_MSG(0, "%s", e.msg);
+        } else {
+            double gap = 0, spread = 0;
+            for (size_t k = 0; k < (size_t)(T - 1) * V; k++) {
+                gap = fmax(gap, fabs((double)la[k] - lb[k]));
+                spread = fmax(spread, fabs((double)la[k] - la[0]));
+            }
+            printf("  MTP logits, folder vs GGUF: max |gap| %.3g (their spread %.3g)\n", gap, spread);
+            LM_CHECK(spread > 0.1 && gap <= 1e-4);
+        }
+        free(la), free(lb);
+    }
+    lm_model_free(hf);
+    lm_model_free(gg);
+    if (be) lm_backend_destroy(be);
+    check_gguf(lm_t_, out, dir, twin, NULL);
+    free(dir), free(mm), free(src);
+}
