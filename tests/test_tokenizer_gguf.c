@@ -75,9 +75,13 @@ static void free_vocab(vocab *v) {
     free(v->score);
 }
 
-/* Writes FIXTURE as a GGUF. spm: "llama" model with scores derived from
- * merge ranks (a token made by merge r scores -r); else "gpt2" with merges. */
-static bool write_gguf(const char *fixture, const char *out, bool spm, const char *pre, bool add_bos) {
+/* Writes FIXTURE as a GGUF of tokenizer model `model`: "llama" with scores
+ * derived from merge ranks (a token made by merge r scores -r); "gpt2" with
+ * merges and the pre-tokenizer pre; "gemma4" as llama.cpp's Gemma 4
+ * converter writes it (its LlamaHfVocab tokens, types and -1000 scores, the
+ * merges, no space prefix, no pre key). */
+static bool write_gguf(const char *fixture, const char *out, const char *model, const char *pre, bool add_bos) {
+    const bool spm = !strcmp(model, "llama"), gemma4 = !strcmp(model, "gemma4");
     char rel[256];
     snprintf(rel, sizeof rel, "tokenizers/%s/tokenizer.json", fixture);
     char *path = lm_test_fixture_path(rel);
@@ -114,13 +118,15 @@ static bool write_gguf(const char *fixture, const char *out, bool spm, const cha
         for (int i = 0; i < v.n && json_is_string(unk); i++)
             if (!strcmp(v.tok[i], json_string_value(unk))) v.type[i] = 2;
     }
+    if (gemma4)
+        for (int i = 0; i < v.n; i++) v.score[i] = -1000.0f;
     buf b = { 0 };
     put(&b, "GGUF", 4);
     u32(&b, 3);
     u64(&b, 0);
-    u64(&b, 7);
+    u64(&b, gemma4 ? 8 : 7);
     key(&b, "tokenizer.ggml.model", T_STRING);
-    str(&b, spm ? "llama" : "gpt2", spm ? 5 : 4);
+    str(&b, model, strlen(model));
     key(&b, "tokenizer.ggml.tokens", T_ARRAY);
     u32(&b, T_STRING);
     u64(&b, (uint64_t)v.n);
@@ -129,7 +135,7 @@ static bool write_gguf(const char *fixture, const char *out, bool spm, const cha
     u32(&b, T_I32);
     u64(&b, (uint64_t)v.n);
     for (int i = 0; i < v.n; i++) put(&b, &v.type[i], 4);
-    if (spm) {
+    if (spm || gemma4) {
         key(&b, "tokenizer.ggml.scores", T_ARRAY);
         u32(&b, T_F32);
         u64(&b, (uint64_t)v.n);
@@ -137,11 +143,14 @@ static bool write_gguf(const char *fixture, const char *out, bool spm, const cha
         key(&b, "tokenizer.ggml.add_space_prefix", T_BOOL);
         unsigned char t = !strcmp(fixture, "mistral");
         put(&b, &t, 1);
-    } else {
+    }
+    if (!spm) {
         key(&b, "tokenizer.ggml.merges", T_ARRAY);
         u32(&b, T_STRING);
         u64(&b, nm);
         for (size_t i = 0; i < nm; i++) str(&b, ms[i], strlen(ms[i]));
+    }
+    if (pre) {
         key(&b, "tokenizer.ggml.pre", T_STRING);
         str(&b, pre, strlen(pre));
     }
@@ -164,14 +173,14 @@ static bool write_gguf(const char *fixture, const char *out, bool spm, const cha
     return ok;
 }
 
-static void check_gguf(lm_test_ctx *lm_t_, const char *fixture, bool spm, const char *pre, bool add_bos) {
+static void check_gguf(lm_test_ctx *lm_t_, const char *fixture, const char *model, const char *pre, bool add_bos) {
     char tok_rel[256];
     snprintf(tok_rel, sizeof tok_rel, "tokenizers/%s", fixture);
     if (!lm_test_have_fixture(tok_rel)) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = lm_tu_mkdir("tokgguf");
     char g[1024], cmd[4096], *out = NULL, *err = NULL;
     snprintf(g, sizeof g, "%s/%s.gguf", dir, fixture);
-    LM_REQUIRE(write_gguf(fixture, g, spm, pre, add_bos));
+    LM_REQUIRE(write_gguf(fixture, g, model, pre, add_bos));
     char rel[256];
     snprintf(rel, sizeof rel, "tokenizers/%s/cases.jsonl", fixture);
     char *cases = lm_test_fixture_path(rel);
@@ -185,10 +194,17 @@ static void check_gguf(lm_test_ctx *lm_t_, const char *fixture, bool spm, const 
     free(dir);
 }
 
-LM_TEST(tokenizer_gguf_spm_mistral) { check_gguf(lm_t_, "mistral", true, NULL, true); }
-LM_TEST(tokenizer_gguf_bpe_qwen3) { check_gguf(lm_t_, "qwen3", false, "qwen2", false); }
-LM_TEST(tokenizer_gguf_bpe_llama3) { check_gguf(lm_t_, "llama3", false, "llama-bpe", false); }
-LM_TEST(tokenizer_gguf_spm_gemma3) { check_gguf(lm_t_, "gemma3", true, NULL, true); }
+LM_TEST(tokenizer_gguf_spm_mistral) { check_gguf(lm_t_, "mistral", "llama", NULL, true); }
+LM_TEST(tokenizer_gguf_bpe_qwen3) { check_gguf(lm_t_, "qwen3", "gpt2", "qwen2", false); }
+LM_TEST(tokenizer_gguf_bpe_llama3) { check_gguf(lm_t_, "llama3", "gpt2", "llama-bpe", false); }
+LM_TEST(tokenizer_gguf_spm_gemma3) { check_gguf(lm_t_, "gemma3", "llama", NULL, true); }
+/* Gemma 4 GGUFs carry llama.cpp's "gemma4" vocabulary; Gemma 3's tokenizer
+ * (the same family: BPE over "▁"-escaped text with byte fallback) written
+ * that way must give its HF ids, BOS included although the file says
+ * add_bos_token false (as early Gemma 4 conversions did; llama.cpp forces
+ * it). llama.cpp's own tokenizer gives the same ids on this file
+ * (tools/llamacpp/tokenize.mjs: 101 of 101, measured 2026-12-05). */
+LM_TEST(tokenizer_gguf_gemma4_vocab) { check_gguf(lm_t_, "gemma3", "gemma4", NULL, false); }
 
 /* A GGUF token need not be valid UTF-8: a user-defined token "\x9f" must not
  * match inside an emoji (whose bytes contain 0x9f) and split the character. */

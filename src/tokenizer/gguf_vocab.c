@@ -11,6 +11,13 @@
  *     Strip(1 leading space when add_space_prefix).
  *   model "gpt2" (byte-level BPE: Llama 3, Qwen): tokens and "a b" merges;
  *     the split regex comes from tokenizer.ggml.pre.
+ *   model "gemma4" (llama.cpp's Gemma 4 vocabulary): SentencePiece-style BPE
+ *     with "a b" merges on raw UTF-8: normaliser Replace " " -> "▁" (no
+ *     prefix), the text split into runs of newlines and runs of anything
+ *     else (Gemma's merges never join the two, so this is the HF
+ *     tokenizer's whole-text BPE, and keeps words short), byte fallback;
+ *     decoder as "llama" without the strip. A BOS always leads, as
+ *     llama.cpp forces for this vocabulary and Gemma 4's post-processor does.
  *
  * Token types: 2 (unknown) and 3 (control) become special added tokens, 4
  * (user-defined) plain added tokens, as in the HF files. */
@@ -122,6 +129,20 @@ static tok_pattern literal(const char *s) {
     return (tok_pattern){ TOK_PAT_STRING, lm_xstrdup(s), strlen(s), NULL };
 }
 
+/* Replace ▁ -> " ", ByteFallback, Fuse (and Strip of one leading space when strip). */
+static tok_decoder *spm_decoder(bool strip) {
+    tok_decoder *d = lm_xcalloc(1, sizeof *d);
+    d->kind = TOK_DEC_SEQUENCE;
+    d->sub = lm_xcalloc(4, sizeof *d->sub);
+    d->sub[0] = (tok_decoder){ .kind = TOK_DEC_REPLACE, .pat = literal("\xE2\x96\x81"),
+                               .content = lm_xstrdup(" "), .content_len = 1 };
+    d->sub[1].kind = TOK_DEC_BYTEFALLBACK;
+    d->sub[2].kind = TOK_DEC_FUSE;
+    d->n_sub = 3;
+    if (strip) d->sub[d->n_sub++] = (tok_decoder){ .kind = TOK_DEC_STRIP, .strip_char = ' ', .strip_start = 1 };
+    return d;
+}
+
 static int setup_spm(lm_tokenizer *t, const lm_gguf *g, const lm_gguf_kv *scores, int32_t n, lm_err *e) {
     bool prefix = get_bool(g, "tokenizer.ggml.add_space_prefix", true);
     tok_normalizer *nz = t->normalizer = lm_xcalloc(1, sizeof *nz);
@@ -138,18 +159,28 @@ static int setup_spm(lm_tokenizer *t, const lm_gguf *g, const lm_gguf_kv *scores
     rep->content = lm_xstrdup("\xE2\x96\x81");
     rep->content_len = 3;
 
-    tok_decoder *d = t->decoder = lm_xcalloc(1, sizeof *d);
-    d->kind = TOK_DEC_SEQUENCE;
-    d->sub = lm_xcalloc(4, sizeof *d->sub);
-    d->sub[0] = (tok_decoder){ .kind = TOK_DEC_REPLACE, .pat = literal("\xE2\x96\x81"),
-                               .content = lm_xstrdup(" "), .content_len = 1 };
-    d->sub[1].kind = TOK_DEC_BYTEFALLBACK;
-    d->sub[2].kind = TOK_DEC_FUSE;
-    d->n_sub = 3;
-    if (prefix) d->sub[d->n_sub++] = (tok_decoder){ .kind = TOK_DEC_STRIP, .strip_char = ' ', .strip_start = 1 };
+    t->decoder = spm_decoder(prefix);
     t->bpe.byte_fallback = true;
     t->bpe.fuse_unk = true;
     return spm_merges(t, scores, n, e);
+}
+
+static int setup_gemma4(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
+    tok_normalizer *nz = t->normalizer = lm_xcalloc(1, sizeof *nz);
+    nz->kind = TOK_NORM_REPLACE;
+    nz->pat = literal(" ");
+    nz->content = lm_xstrdup("\xE2\x96\x81");
+    nz->content_len = 3;
+    static const char runs[] = "[^\n]+|\n+";
+    tok_pretok *p = t->pretok = lm_xcalloc(1, sizeof *p);
+    p->kind = TOK_PRE_SPLIT;
+    p->behavior = TOK_SPLIT_ISOLATED;
+    p->pat = (tok_pattern){ TOK_PAT_REGEX, lm_xstrdup(runs), strlen(runs), NULL };
+    if (tok_pattern_compile(&p->pat, e)) return -1;
+    t->decoder = spm_decoder(false);
+    t->bpe.byte_fallback = true;
+    t->bpe.fuse_unk = true;
+    return gpt2_merges(t, arr(g, "tokenizer.ggml.merges", LM_GGUF_STRING), e);
 }
 
 static int setup_gpt2(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
@@ -190,9 +221,9 @@ static int setup_gpt2(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
 int tok_from_gguf(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
     char *model = lm_gguf_get_str(g, "tokenizer.ggml.model");
     if (!model) return lm_errf(e, "no tokenizer.ggml.model key: the file carries no tokenizer");
-    bool spm = !strcmp(model, "llama"), bpe = !strcmp(model, "gpt2");
-    if (!spm && !bpe) {
-        lm_errf(e, "tokenizer.ggml.model \"%.40s\" is not supported (llama, gpt2)", model);
+    bool spm = !strcmp(model, "llama"), bpe = !strcmp(model, "gpt2"), gemma4 = !strcmp(model, "gemma4");
+    if (!spm && !bpe && !gemma4) {
+        lm_errf(e, "tokenizer.ggml.model \"%.40s\" is not supported (llama, gpt2, gemma4)", model);
         free(model);
         return -1;
     }
@@ -230,8 +261,8 @@ int tok_from_gguf(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
     t->pad_id = get_id(g, "tokenizer.ggml.padding_token_id", n);
     t->unk_id = t->bpe.unk;
     t->chat_template = lm_gguf_get_str(g, "tokenizer.chat_template");
-    if ((spm ? setup_spm(t, g, scores, n, e) : setup_gpt2(t, g, e))) return -1;
-    if (get_bool(g, "tokenizer.ggml.add_bos_token", spm) && t->bos_id >= 0) {
+    if ((spm ? setup_spm(t, g, scores, n, e) : gemma4 ? setup_gemma4(t, g, e) : setup_gpt2(t, g, e))) return -1;
+    if ((gemma4 || get_bool(g, "tokenizer.ggml.add_bos_token", spm)) && t->bos_id >= 0) {
         t->post.pre = lm_xmalloc(sizeof(int32_t));
         t->post.pre[t->post.n_pre++] = t->bos_id;
     }
