@@ -123,7 +123,9 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
-    if (g_tmp[0]) {
+    if (g_tmp[0] && getenv("LUMEN_TEST_KEEP")) { /* for looking at what a test wrote */
+        fprintf(stderr, "kept %s (LUMEN_TEST_KEEP)\n", g_tmp);
+    } else if (g_tmp[0]) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
         if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
