@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_random_gguf.py - a random Llama-3.2-1B-shaped GGUF for CPU speed tests.
 
-Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q5km|q3km|q8|bf16 [1b|8b]
+Usage: make_random_gguf.py TEMPLATE.gguf OUT.gguf q4km|q5km|q3km|q8|bf16 [1b|8b|moe]
 
 Design: lumen and llama.cpp both need GGUF files to compare speed on, and
 make_random_model writes safetensors only. This copies the metadata of a small
@@ -19,6 +19,11 @@ meaningless but finite; 4096 random blocks are repeated to keep this fast.
 Only the Python standard library is used. Output: ~0.95 GB (q4km), ~1.6 GB (q8), ~2.5 GB (bf16).
 With `8b` the shape is Llama-3.1-8B's (32 layers, 4096 wide, FFN 14336, 32
 heads / 8 KV heads of 128): ~4.9 GB (q4km), the GPU decode benchmark's file.
+With `moe` (TEMPLATE a qwen3moe GGUF, e.g. tests/data/gguf/qwen3moe-g256/
+model.Q4_K_M.gguf) the shape is Qwen3-30B-A3B's layers (2048 wide, 32 heads
+/ 4 KV heads of 128, q/k norms, 128 experts of FFN 768, top 8, vocab 151936)
+but 8 of its 48 layers: ~3.0 GB (q4km); the routers are random f32 so that
+tokens pick different experts.
 """
 import os
 import random
@@ -69,11 +74,15 @@ def val(t, v):
 
 
 def main():
-    if len(sys.argv) not in (4, 5) or sys.argv[3] not in ('q4km', 'q5km', 'q3km', 'q8', 'bf16') or sys.argv[4:] not in ([], ['1b'], ['8b']):
+    if len(sys.argv) not in (4, 5) or sys.argv[3] not in ('q4km', 'q5km', 'q3km', 'q8', 'bf16') or sys.argv[4:] not in ([], ['1b'], ['8b'], ['moe']):
         sys.exit(__doc__)
     tmpl, out, kind = sys.argv[1:4]
+    moe = sys.argv[4:] == ['moe']
     H, L, F, NH, NKV, V = (4096, 32, 14336, 32, 8, 128256) if sys.argv[4:] == ['8b'] else (2048, 16, 8192, 32, 8, 128256)
-    KVD = NKV * (H // NH)
+    HD, E, K, FM = H // NH, 0, 0, 0
+    if moe:
+        H, L, F, NH, NKV, V, HD, E, K, FM = 2048, 8, 6144, 32, 4, 151936, 128, 128, 8, 768
+    KVD = NKV * HD
     rng = random.Random(1)
     f16 = lambda x: struct.pack('<e', x)
     rb = lambda n: bytes(rng.getrandbits(8) for _ in range(n))
@@ -95,22 +104,34 @@ def main():
 
     blocks = {11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 8: (32, 34), 0: (1, 4), 30: (1, 2)}
     q4, q6 = {'q4km': (12, 14), 'q5km': (13, 14), 'q3km': (11, 12), 'q8': (8, 8), 'bf16': (30, 30)}[kind]
-    w = lambda name, rows, cols, t: (name, (cols, rows), t)
+    w = lambda name, rows, cols, t, n=1: (name, (cols, rows) if n == 1 else (cols, rows, n), t)
     tensors = [w('token_embd.weight', V, H, q4), w('output_norm.weight', 1, H, 0)]
     if kind != 'bf16':
         tensors.append(w('output.weight', V, H, q6))
     for i in range(L):
         more = i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
         p = 'blk.%d.' % i
+        if moe:
+            tensors += [w(p + 'attn_norm.weight', 1, H, 0), w(p + 'ffn_norm.weight', 1, H, 0),
+                        w(p + 'attn_q.weight', NH * HD, H, q4), w(p + 'attn_k.weight', KVD, H, q4),
+                        w(p + 'attn_v.weight', KVD, H, q6 if more else q4),
+                        w(p + 'attn_output.weight', H, NH * HD, q4),
+                        w(p + 'attn_q_norm.weight', 1, HD, 0), w(p + 'attn_k_norm.weight', 1, HD, 0),
+                        w(p + 'ffn_gate_inp.weight', E, H, 'router'),
+                        w(p + 'ffn_gate_exps.weight', FM, H, q4, E), w(p + 'ffn_up_exps.weight', FM, H, q4, E),
+                        w(p + 'ffn_down_exps.weight', H, FM, q6 if more else q4, E)]
+            continue
         tensors += [w(p + 'attn_norm.weight', 1, H, 0), w(p + 'ffn_norm.weight', 1, H, 0),
                     w(p + 'attn_q.weight', H, H, q4), w(p + 'attn_k.weight', KVD, H, q4),
                     w(p + 'attn_v.weight', KVD, H, q6 if more else q4), w(p + 'attn_output.weight', H, H, q4),
                     w(p + 'ffn_gate.weight', F, H, q4), w(p + 'ffn_up.weight', F, H, q4),
                     w(p + 'ffn_down.weight', H, F, q6 if more else q4)]
-    over = {'llama.block_count': L, 'llama.embedding_length': H, 'llama.feed_forward_length': F,
-            'llama.attention.head_count': NH, 'llama.attention.head_count_kv': NKV, 'llama.vocab_size': V,
-            'general.file_type': {'q4km': 15, 'q5km': 17, 'q3km': 12, 'q8': 7, 'bf16': 32}[kind], 'llama.attention.key_length': H // NH,
-            'llama.attention.value_length': H // NH, 'llama.rope.dimension_count': H // NH}
+    a = 'qwen3moe.' if moe else 'llama.'
+    over = {a + 'block_count': L, a + 'embedding_length': H, a + 'feed_forward_length': F,
+            a + 'attention.head_count': NH, a + 'attention.head_count_kv': NKV, a + 'vocab_size': V,
+            'general.file_type': {'q4km': 15, 'q5km': 17, 'q3km': 12, 'q8': 7, 'bf16': 32}[kind], a + 'attention.key_length': HD,
+            a + 'attention.value_length': HD, a + 'rope.dimension_count': HD,
+            a + 'expert_count': E, a + 'expert_used_count': K, a + 'expert_feed_forward_length': FM}
     kvb = []
     for k, t, v in read_kv(tmpl):
         v = over.get(k, v)
@@ -121,9 +142,13 @@ def main():
         kvb.append(s(k) + struct.pack('<I', t) + val(t, v))
     infos, sizes, off = [], [], 0
     for name, dims, t in tensors:
-        blk, bb = blocks[t]
-        size = dims[0] * dims[1] // blk * bb
-        infos.append(s(name) + struct.pack('<I2QIQ', 2, dims[0], dims[1], t, off))
+        blk, bb = blocks[0 if t == 'router' else t]
+        n = 1
+        for d in dims:
+            n *= d
+        size = n // blk * bb
+        infos.append(s(name) + struct.pack('<I', len(dims)) + b''.join(struct.pack('<Q', d) for d in dims) +
+                     struct.pack('<IQ', 0 if t == 'router' else t, off))
         sizes.append(size)
         off += (size + 31) // 32 * 32
     with open(out, 'wb') as f:
@@ -135,6 +160,8 @@ def main():
         for (name, dims, t), size in zip(tensors, sizes):
             if t == 0:
                 data = struct.pack('<f', 1.0) * (size // 4)
+            elif t == 'router':  # random routers: each token picks its own experts
+                data = struct.pack('<%df' % (size // 4), *(rng.uniform(-0.05, 0.05) for _ in range(size // 4)))
             else:
                 c = chunks.setdefault(t, chunk(t))
                 data = (c * (size // len(c) + 1))[:size]
