@@ -62,6 +62,7 @@ typedef struct cm_case {
     int T, E, k, D, F;
     bool norm, ties, scale;
     lm_dtype t;
+    lm_glu act; /* the experts' gate activation */
 } cm_case;
 
 /* Reference routing of one token: ids and weights (double). */
@@ -123,7 +124,7 @@ static float *cm_run(lm_test_ctx *lm_t_, lm_backend *be, cm_case c, uint64_t see
     lm_tensor yt = { .type = LM_F32, .rows = T, .cols = D, .data = ys };
     lm_tensor st = { .type = LM_F32, .rows = 1, .cols = E, .data = sc };
     lm_moe_params p = { .n_experts = E, .top_k = k, .norm_topk = c.norm, .gate = g, .up = u, .down = d,
-                        .expert_scale = c.scale ? &st : NULL };
+                        .expert_scale = c.scale ? &st : NULL, .act = c.act };
     be->ops->moe(be, &yt, &xt, &lt, &p);
 
     double *act = malloc((size_t)F * sizeof *act);
@@ -141,7 +142,10 @@ static float *cm_run(lm_test_ctx *lm_t_, lm_backend *be, cm_case c, uint64_t see
                     a += gd[x][f * D + i] * xs[t * D + i];
                     b += ud[x][f * D + i] * xs[t * D + i];
                 }
-                act[f] = a / (1 + exp(-a)) * b;
+                const double ga = c.act == LM_GLU_SILU        ? a / (1 + exp(-a))
+                                 : c.act == LM_GLU_GELU_TANH ? 0.5 * a * (1 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+                                                             : 0.5 * a * (1 + erf(a * 0.7071067811865476));
+                act[f] = ga * b;
             }
             for (int o = 0; o < D; o++)
                 for (int f = 0; f < F; f++) {
@@ -182,15 +186,19 @@ static float *cm_run(lm_test_ctx *lm_t_, lm_backend *be, cm_case c, uint64_t see
 }
 
 static const cm_case cm_cases[] = {
-    { 1, 8, 2, 64, 32, true, false, false, LM_BF16 },
-    { 1, 8, 8, 64, 32, false, false, false, LM_BF16 },
-    { 1, 16, 1, 96, 64, true, false, true, LM_Q8_0 },
-    { 7, 8, 2, 64, 32, true, true, false, LM_BF16 },
-    { 37, 8, 1, 40, 24, false, true, false, LM_F32 },
-    { 64, 8, 8, 64, 32, true, true, true, LM_BF16 },
-    { 130, 16, 2, 128, 96, false, false, false, LM_Q8_0 },
-    { 300, 8, 2, 72, 40, true, false, false, LM_BF16 },
-    { 300, 6, 3, 33, 17, false, true, true, LM_F32 },
+    { 1, 8, 2, 64, 32, true, false, false, LM_BF16, LM_GLU_SILU },
+    { 1, 8, 8, 64, 32, false, false, false, LM_BF16, LM_GLU_SILU },
+    { 1, 16, 1, 96, 64, true, false, true, LM_Q8_0, LM_GLU_SILU },
+    { 7, 8, 2, 64, 32, true, true, false, LM_BF16, LM_GLU_SILU },
+    { 37, 8, 1, 40, 24, false, true, false, LM_F32, LM_GLU_SILU },
+    { 64, 8, 8, 64, 32, true, true, true, LM_BF16, LM_GLU_SILU },
+    { 130, 16, 2, 128, 96, false, false, false, LM_Q8_0, LM_GLU_SILU },
+    { 300, 8, 2, 72, 40, true, false, false, LM_BF16, LM_GLU_SILU },
+    { 300, 6, 3, 33, 17, false, true, true, LM_F32, LM_GLU_SILU },
+    /* GELU-gated experts (Gemma 4): decode, a batch, quantised */
+    { 1, 8, 2, 64, 32, true, false, true, LM_BF16, LM_GLU_GELU_TANH },
+    { 64, 8, 2, 64, 32, true, false, true, LM_F32, LM_GLU_GELU_TANH },
+    { 37, 16, 2, 96, 64, true, false, true, LM_Q8_0, LM_GLU_GELU },
 };
 
 static const lm_cpu_isa cm_isas[] = { LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512 };
@@ -256,7 +264,7 @@ LM_TEST(cpu_moe_ties_pick_lowest_index) {
     double act = 1.0 / (1.0 + exp(-1.0));
     for (int k = 1; k <= 3; k++)
         for (int norm = 0; norm <= 1; norm++) {
-            lm_moe_params p = { E, k, norm, g, u, d, NULL };
+            lm_moe_params p = { E, k, norm, g, u, d, NULL, LM_GLU_SILU };
             be->ops->moe(be, &yt, &xt, &lt, &p);
             double want = 0;
             for (int x = 0; x < k; x++) want += (norm ? 1.0 / k : 1.0 / E) * act * (x + 1);
@@ -265,7 +273,7 @@ LM_TEST(cpu_moe_ties_pick_lowest_index) {
     /* A tie below the top: logits {5, 1, 3, 3, 0, 3}, k = 2 -> experts 0 and 2. */
     float l2[E] = { 5, 1, 3, 3, 0, 3 };
     lm_tensor lt2 = { LM_F32, 1, E, l2 };
-    lm_moe_params p = { E, 2, true, g, u, d, NULL };
+    lm_moe_params p = { E, 2, true, g, u, d, NULL, LM_GLU_SILU };
     be->ops->moe(be, &yt, &xt, &lt2, &p);
     double w0 = 1.0 / (1.0 + exp(-2.0)), w2 = 1.0 - w0;
     LM_CHECK_NEAR(ys[2], act * (w0 * 1 + w2 * 3), 1e-6);

@@ -140,7 +140,7 @@ LM_TEST(gemma_load_wrong_shape) {
 
 LM_TEST(gemma_load_bad_config) {
     struct { const char *model, *from, *to, *needle; } cases[] = {
-        { "gemma4-x", "\"enable_moe_block\": false", "\"enable_moe_block\": true ", "mixture-of-experts" },
+        { "gemma4-x", "\"enable_moe_block\": false", "\"enable_moe_block\": true ", "needs num_experts" },
         { "gemma3-x", "\"use_bidirectional_attention\": false", "\"use_bidirectional_attention\": true ",
           "bidirectional" },
         { "gemma3-x", "\"full_attention\",", "\"fuzz_attention\",", "layer_types[1] is \"fuzz_attention\"" },

@@ -312,10 +312,12 @@ LM_TEST(qwen35_moe_ignores_qwen3_next_keys) {
 
 /* ---- GGUF: lumen convert's qwen35moe file -------------------------------------- */
 
-/* llama.cpp's answer (tools/llamacpp/oracle.mjs) on gguf, written to json;
- * false when node-llama-cpp is not installed (the caller skips). */
-static bool llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const char *json) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0) return false;
+static bool have_llamacpp(void) {
+    return access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) == 0;
+}
+
+/* llama.cpp's answer (tools/llamacpp/oracle.mjs) on gguf, written to json. */
+static void llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const char *json) {
     static const int32_t prompt[] = { 1, 334, 17, 12, 305, 44, 280, 903, 59, 377, 39, 201, 14, 90, 612, 31 };
     char cmd[2400];
     int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 16 --threads 2 --prompt-ids ",
@@ -327,7 +329,6 @@ static bool llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const char *js
     LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
     if (rc == 0) LM_CHECK(lm_tu_write(json, out, strlen(out)) == 0);
     free(out), free(err);
-    return true;
 }
 
 /* llama.cpp's two answers (oracle JSON) agree: the same greedy ids, and
@@ -350,8 +351,8 @@ static void same_answers(lm_test_ctx *lm_t_, const char *ja, const char *jb, dou
 }
 
 /* gguf against the folder's transformers reference (its type's tolerance),
- * then, when node-llama-cpp is there, lumen against llama.cpp's answer on
- * it: no greedy step where lumen's top-2 margin is clear may differ. With
+ * then with llama, lumen against llama.cpp's answer on it: no greedy step
+ * where lumen's top-2 margin is clear may differ. With
  * a twin (the qwen3-next fixture converted as qwen3next, whose layout
  * test_convert_moe.c checks against llama.cpp's own converter; bf16 only:
  * quantising Qwen3.5's re-ordered ssm_out columns groups other values into
@@ -361,7 +362,7 @@ static void same_answers(lm_test_ctx *lm_t_, const char *ja, const char *jb, dou
  * 1e-5. Without one, lumen and llama.cpp must agree within the type's
  * oracle tolerance. */
 static void check_gguf(lm_test_ctx *lm_t_, const char *gguf, const char *ref_dir, const char *twin,
-                       lm_parity_result *out) {
+                       lm_parity_result *out, bool llama) {
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);
     LM_REQUIRE(be != NULL);
@@ -381,7 +382,9 @@ static void check_gguf(lm_test_ctx *lm_t_, const char *gguf, const char *ref_dir
     char json[1300], twin_json[1300];
     snprintf(json, sizeof json, "%s.llamacpp.json", gguf);
     snprintf(twin_json, sizeof twin_json, "%s.llamacpp.json", twin ? twin : "");
-    if (llamacpp_answer(lm_t_, gguf, json) && (!twin || llamacpp_answer(lm_t_, twin, twin_json))) {
+    if (llama) {
+        llamacpp_answer(lm_t_, gguf, json);
+        if (twin) llamacpp_answer(lm_t_, twin, twin_json);
         if (twin) same_answers(lm_t_, json, twin_json, 1e-6);
         lm_oracle_result o;
         rc = lm_parity_oracle_run(src, json, be, 0, 0, &o, &e);
@@ -394,8 +397,6 @@ static void check_gguf(lm_test_ctx *lm_t_, const char *gguf, const char *ref_dir
             if (!twin) LM_CHECK_MSG(o.ok, "max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g)",
                                     o.max_logprob_diff, o.tolerance, o.kl, o.kl_tolerance);
         }
-    } else {
-        printf("  llama.cpp's answers skipped: node-llama-cpp is not installed (cd tools/llamacpp && npm ci)\n");
     }
     lm_source_unref(src);
     lm_backend_destroy(be);
@@ -486,11 +487,10 @@ static int fuse_gguf(const char *gguf, const char *out, lm_err *e) {
 }
 
 /* lumen convert writes a qwen35moe GGUF from the Qwen3.5-MoE folder (fused
- * experts split and stacked); it matches transformers at the bf16
- * tolerance, and llama.cpp, which runs the file with its own qwen35moe
- * code, gives the same greedy tokens and log-probabilities. The multimodal
- * folder converts to the same bytes. */
-LM_TEST(qwen35_moe_converts_and_runs_in_llamacpp) {
+ * experts split and stacked) that matches transformers at the bf16
+ * tolerance (Q8_0: its type's); the multimodal folder converts to the same
+ * bytes. */
+LM_TEST(qwen35_moe_converts) {
     char *src = lm_test_fixture_path("models/qwen3-next");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = make_q35moe(src, "q35moe-conv", false, false), *mm = make_q35moe(src, "q35moe-conv-mm", true, false);
@@ -516,14 +516,14 @@ LM_TEST(qwen35_moe_converts_and_runs_in_llamacpp) {
     free(a), free(b);
     check_layout(lm_t_, out);
     lm_parity_result bf = { 0 };
-    check_gguf(lm_t_, out, dir, twin, &bf);
+    check_gguf(lm_t_, out, dir, twin, &bf, false);
     LM_CHECK(bf.tolerance == 1e-3);
-    check_gguf(lm_t_, q8, dir, NULL, NULL);
+    check_gguf(lm_t_, q8, dir, NULL, NULL, false);
     free(dir), free(mm), free(src);
 }
 
 /* A GGUF whose experts' gate and up are one ffn_gate_up_exps tensor runs
- * as the same model (lumen's logits bit for bit; llama.cpp's answer too). */
+ * as the same model (lumen's logits bit for bit). */
 LM_TEST(qwen35_moe_gguf_fused_gate_up) {
     char *src = lm_test_fixture_path("models/qwen3-next");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
@@ -546,8 +546,8 @@ LM_TEST(qwen35_moe_gguf_fused_gate_up) {
     LM_CHECK(lm_gguf_find_tensor(&g, "blk.0.ffn_gate_up_exps.weight") && !lm_gguf_find_tensor(&g, "blk.0.ffn_gate_exps.weight"));
     lm_gguf_close(&g);
     lm_parity_result a = { 0 }, b = { 0 };
-    check_gguf(lm_t_, out, dir, twin, &a);
-    check_gguf(lm_t_, fused, dir, twin, &b);
+    check_gguf(lm_t_, out, dir, twin, &a, false);
+    check_gguf(lm_t_, fused, dir, twin, &b, false);
     LM_CHECK(a.max_abs_err > 0 && a.max_abs_err == b.max_abs_err);
     for (int i = 0; i < 3; i++) LM_CHECK(a.prompts[i].logits_max_abs == b.prompts[i].logits_max_abs);
     free(dir), free(src);
@@ -555,9 +555,7 @@ LM_TEST(qwen35_moe_gguf_fused_gate_up) {
 
 /* A sparse MTP head loads (as a sparse layer), converts into the nextn
  * layer with its experts stacked, and comes back out of the GGUF the same:
- * a speculative run guesses and accepts exactly what the folder's does;
- * llama.cpp loads the file, nextn layer and all, with the main model's
- * answer unchanged. */
+ * a speculative run guesses and accepts exactly what the folder's does. */
 LM_TEST(qwen35_moe_mtp_head) {
     char *src = lm_test_fixture_path("models/qwen3-next");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
@@ -624,6 +622,39 @@ LM_TEST(qwen35_moe_mtp_head) {
     lm_model_free(hf);
     lm_model_free(gg);
     if (be) lm_backend_destroy(be);
-    check_gguf(lm_t_, out, dir, twin, NULL);
+    check_gguf(lm_t_, out, dir, twin, NULL, false);
     free(dir), free(mm), free(src);
+}
+
+/* llama.cpp runs lumen's qwen35moe files with its own code: the bf16 file
+ * (and the one with fused gate_up experts, and the one with a sparse nextn
+ * layer) gives llama.cpp's answer on the qwen3next conversion of the same
+ * weights exactly, with lumen's greedy tokens; the Q8_0 file agrees with
+ * lumen within its type's oracle tolerance. */
+LM_TEST(qwen35_moe_gguf_in_llamacpp) {
+    if (!have_llamacpp()) LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = make_q35moe(src, "q35moe-llama", false, false), *mtp = make_q35moe(src, "q35moe-llama-mtp", false, true);
+    LM_REQUIRE(dir != NULL && mtp != NULL);
+    char out[1200], q8[1200], fused[1200], twin[1200], out_mtp[1200];
+    snprintf(out, sizeof out, "%s/model.bf16.gguf", dir);
+    snprintf(q8, sizeof q8, "%s/model.Q8_0.gguf", dir);
+    snprintf(fused, sizeof fused, "%s/model.fused.bf16.gguf", dir);
+    snprintf(twin, sizeof twin, "%s/qwen3next.bf16.gguf", dir);
+    snprintf(out_mtp, sizeof out_mtp, "%s/model.bf16.gguf", mtp);
+    lm_err e = { { 0 } };
+    lm_quantize_report rep;
+    if (lm_convert_hf(dir, out, lm_quant_mix_find("BF16"), 2, &rep, &e) ||
+        lm_convert_hf(dir, q8, lm_quant_mix_find("Q8_0"), 2, &rep, &e) ||
+        lm_convert_hf(src, twin, lm_quant_mix_find("BF16"), 2, &rep, &e) ||
+        lm_convert_hf(mtp, out_mtp, lm_quant_mix_find("BF16"), 2, &rep, &e) || fuse_gguf(out, fused, &e)) {
+        LM_CHECK_MSG(0, "%s", e.msg);
+    } else {
+        check_gguf(lm_t_, out, dir, twin, NULL, true);
+        check_gguf(lm_t_, fused, dir, twin, NULL, true);
+        check_gguf(lm_t_, out_mtp, mtp, twin, NULL, true);
+        check_gguf(lm_t_, q8, dir, NULL, NULL, true);
+    }
+    free(dir), free(mtp), free(src);
 }

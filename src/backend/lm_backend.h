@@ -98,8 +98,12 @@ typedef struct lm_rope_params {
     float attn_factor;     /* multiplies cos and sin (yarn); 1 otherwise */
 } lm_rope_params;
 
-/* Mixture of experts (moe op): E experts, each a SiLU-gated MLP
- *   expert_e(x) = down_e (silu(gate_e x) * up_e x)
+/* The activation of a gated MLP (matmul_glu, moe). */
+typedef enum lm_glu { LM_GLU_SILU = 0, LM_GLU_GELU_TANH, LM_GLU_GELU } lm_glu;
+
+/* Mixture of experts (moe op): E experts, each a gated MLP
+ *   expert_e(x) = down_e (act(gate_e x) * up_e x)
+ * (act SiLU, or GELU for Gemma 4)
  * with gate_e, up_e [F][D] and down_e [D][F] in any weight dtype. Each token
  * picks the top_k experts by router logit (exact ties: lowest expert index
  * first, as torch.topk on CUDA; its CPU kernel picks among tied experts in no
@@ -115,6 +119,7 @@ typedef struct lm_moe_params {
     const lm_tensor *gate, *up;  /* [E] -> [F][D] */
     const lm_tensor *down;       /* [E] -> [D][F] */
     const lm_tensor *expert_scale; /* [1][E] f32 backend memory, or NULL */
+    lm_glu act;                  /* the gate's activation (zero: SiLU) */
 } lm_moe_params;
 
 /* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention). A sequence's
@@ -160,8 +165,6 @@ void lm_check_gated_delta(const lm_tensor *out, const lm_tensor *qkv, const lm_t
                           const lm_kv_pool *kv, const lm_attn_batch *b, const lm_delta_params *p);
 void lm_check_moe(const lm_tensor *y, const lm_tensor *x, const lm_tensor *router_logits, const lm_moe_params *p);
 
-/* The activation of a gated MLP (matmul_glu). */
-typedef enum lm_glu { LM_GLU_SILU = 0, LM_GLU_GELU_TANH, LM_GLU_GELU } lm_glu;
 
 /* The RMSNorm that follows a residual add (matmul_add): y = rms_norm(the
  * updated residual) * (w + w_offset), as the rms_norm op computes it; the

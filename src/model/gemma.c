@@ -10,6 +10,10 @@
  *     a = attn(norm_q(Wq n(x)), norm_k(Wk n(x)), Wv n(x))    q/k per-head norms
  *     x = x + n_post_attn(Wo a)
  *     x = x + n_post_ffn(Wdown (gelu(Wgate n(x)) * Wup n(x)))   (GeGLU)
+ *     gemma4 MoE layers (26B-A4B) run experts beside that MLP:
+ *       x = x + n_post_ffn(n_post1(mlp(n(x))) + n_post2(moe(n_pre2(x))))
+ *       with the router on rms(x) * scale / sqrt(D), its top k renormalised
+ *       and times per_expert_scale, GeGLU experts (lm_moe.h)
  *     gemma4: x = x + n_ple(Wproj (gelu(Wgate_ple x) * ple_l))  per-layer input
  *             x = x * layer_scalar
  *   logits = cap * tanh(lm_head(n(x)) / cap)     when final_logit_softcapping
@@ -39,8 +43,8 @@
  * of which layer l reads columns [l*P, (l+1)*P). The KV cache is as wide as
  * the widest layer for every layer (gemma4's sliding layers use a part).
  *
- * Not supported (clear errors): bidirectional attention (embedding models),
- * gemma4's MoE block. transformers 5.17's gemma3 does not pass
+ * Not supported (clear errors): bidirectional attention (embedding models).
+ * transformers 5.17's gemma3 does not pass
  * attn_logit_softcapping to attention, and its multimodal gemma3 does not
  * apply final_logit_softcapping; both are matched here. */
 #include <math.h>
@@ -51,6 +55,7 @@
 #include "lm_arch.h"
 #include "lm_blocks.h"
 #include "lm_gemma.h"
+#include "lm_moe.h"
 
 /* ---- config --------------------------------------------------------------- */
 
@@ -223,6 +228,28 @@ int lm_gemma_config_check(const lm_model_config *c, const char *label, lm_err *e
     return 0;
 }
 
+/* Gemma4's MoE block (enable_moe_block: every layer): num_experts,
+ * top_k_experts, moe_intermediate_size (or expert_intermediate_size); the
+ * router always renormalises its top k. */
+static int parse_moe(lm_model_config *c, json_t *root, int version, const char *label, lm_err *e) {
+    if (version != 4) return lm_errf(e, "%s: enable_moe_block is a gemma4 setting", label);
+    if (!lm_json_int(root, "num_experts", &c->n_experts) || c->n_experts < 1 || c->n_experts > 4096)
+        return lm_errf(e, "%s: enable_moe_block needs num_experts in [1, 4096]", label);
+    if ((!lm_json_int(root, "top_k_experts", &c->n_experts_per_tok) &&
+         !lm_json_int(root, "num_experts_per_tok", &c->n_experts_per_tok)) ||
+        c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
+        return lm_errf(e, "%s: top_k_experts must be in [1, num_experts = %d]", label, c->n_experts);
+    if ((!lm_json_int(root, "moe_intermediate_size", &c->moe_d_ff) &&
+         !lm_json_int(root, "expert_intermediate_size", &c->moe_d_ff)) ||
+        c->moe_d_ff < 1)
+        return lm_errf(e, "%s: enable_moe_block needs a positive moe_intermediate_size", label);
+    c->norm_topk_prob = true;
+    c->decoder_sparse_step = 1;
+    c->layer_moe = lm_xcalloc((size_t)c->n_layers, sizeof(bool));
+    for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = true;
+    return 0;
+}
+
 static int gemma_parse_config(lm_model_config *c, json_t *root, const char *label, lm_err *e) {
     int version = !strncmp(c->model_type, "gemma4", 6) ? 4 : 3;
     if (c->act != LM_ACT_GELU_TANH && c->act != LM_ACT_GELU)
@@ -231,8 +258,7 @@ static int gemma_parse_config(lm_model_config *c, json_t *root, const char *labe
     json_t *bidi = json_object_get(root, "use_bidirectional_attention");
     if (json_is_true(bidi) || (json_is_string(bidi) && !strcmp(json_string_value(bidi), "all")))
         return lm_errf(e, "%s: bidirectional attention (an embedding model) is not supported", label);
-    if (lm_json_bool(root, "enable_moe_block", false))
-        return lm_errf(e, "%s: gemma4's mixture-of-experts block is not supported yet", label);
+    if (lm_json_bool(root, "enable_moe_block", false) && parse_moe(c, root, version, label, e)) return -1;
     c->qkv_bias = c->o_bias = lm_json_bool(root, "attention_bias", false);
     c->qk_norm = true;
 
@@ -260,6 +286,12 @@ typedef struct gemma_layer {
     lm_tensor w_gate, w_up, w_down; /* [F][D], [F][D], [D][F] */
     lm_tensor ple_gate, ple_proj;  /* [P][D], [D][P] (gemma4 per-layer input) */
     lm_tensor ple_norm;            /* [D] f32 */
+    /* gemma4's MoE block, in layers with a router */
+    bool moe;
+    lm_moe_layer experts;          /* router [E][D], experts (lm_moe.h) */
+    lm_tensor router_norm;         /* [D] f32: router.scale / sqrt(D), the router input's norm weight */
+    lm_tensor expert_scale;        /* [1][E] f32: per_expert_scale */
+    lm_tensor pre_ffn_norm2, post_ffn_norm1, post_ffn_norm2; /* [D] f32 */
     float layer_scalar;
     float *inv_freq;               /* [Dh / 2] host, this layer type's rope */
     float rope_factor;             /* rope attn_factor (1) */
@@ -272,6 +304,7 @@ typedef struct gemma_scratch {
     lm_tensor x, h, q, qn, k, kn, v, vn, attn, o, gate, up, act; /* [T][...] */
     lm_tensor ple, ple_tmp, pg, pl, pa;                           /* [T][L*P] x2, [T][P] x3 */
     lm_tensor hs, logits;                                         /* [n_out][D], [n_out][V] */
+    lm_tensor mlp, router;                                        /* [T][D], [T][E] (MoE layers) */
 } gemma_scratch;
 
 typedef struct gemma {
@@ -285,6 +318,8 @@ typedef struct gemma {
     bool final_softcap;      /* applies g->final_softcap (not in multimodal gemma3) */
     int max_dh, max_kv, max_ff;
     gemma_scratch s;
+    char moe_pat[6][160];    /* HF MoE name patterns with the prefix (lm_moe_names) */
+    lm_moe_names moe_names;
     /* the sliding layers' rings (lm_kv_pool.ring_blocks): the pool as their
      * kernels see it and each sequence's ring table, rebuilt per forward */
     lm_kv_pool ring_pool;
@@ -318,6 +353,10 @@ typedef struct gemma_names {
     const char *q, *k, *v, *o, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *gate, *up, *down;
     const char *ple_gate, *ple_proj, *ple_norm, *layer_scalar;   /* gemma4 */
     const char *ple_embed, *ple_model_proj, *ple_proj_norm;      /* gemma4 */
+    /* gemma4 MoE: router scale, per-expert scale, the three extra norms, then
+     * the router and fused experts (lm_moe_names' router, gate_up, down_fused) */
+    const char *router_scale, *expert_scale, *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2;
+    const char *router, *gate_up, *down_fused;
 } gemma_names;
 
 static const gemma_names k_hf_names = {
@@ -332,6 +371,9 @@ static const gemma_names k_hf_names = {
     "layers.%d.per_layer_input_gate.weight", "layers.%d.per_layer_projection.weight",
     "layers.%d.post_per_layer_input_norm.weight", "layers.%d.layer_scalar",
     "embed_tokens_per_layer.weight", "per_layer_model_projection.weight", "per_layer_projection_norm.weight",
+    "layers.%d.router.scale", "layers.%d.router.per_expert_scale", "layers.%d.pre_feedforward_layernorm_2.weight",
+    "layers.%d.post_feedforward_layernorm_1.weight", "layers.%d.post_feedforward_layernorm_2.weight",
+    "layers.%d.router.proj.weight", "layers.%d.experts.gate_up_proj", "layers.%d.experts.down_proj",
 };
 
 /* llama.cpp's converter (Gemma3Model); the gemma4 names are Gemma4Model's */
@@ -345,6 +387,9 @@ static const gemma_names k_gguf_names = {
     "blk.%d.ffn_down.weight",
     "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight", "blk.%d.layer_output_scale.weight",
     "per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight",
+    "blk.%d.ffn_gate_inp.scale", "blk.%d.ffn_down_exps.scale", "blk.%d.pre_ffw_norm_2.weight",
+    "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
+    NULL, NULL, NULL, /* lm_moe_gguf_names */
 };
 
 static void bind_layer(lm_binder *b, namer *n, const gemma_names *nt, gemma_layer *L, const gemma_layer_cfg *lc,
@@ -387,6 +432,36 @@ static void bind_layer(lm_binder *b, namer *n, const gemma_names *nt, gemma_laye
         lm_bind_vector(b, &s, nm(n, nt->layer_scalar, l), 1, false);
         if (s.data) b->m->be->ops->read(b->m->be, &L->layer_scalar, s.data, sizeof(float));
     }
+}
+
+/* Layer l's MoE block (gemma4): router, experts, scales and norms. */
+static void bind_moe(lm_binder *b, namer *n, const gemma_names *nt, const lm_moe_names *mn, gemma_layer *L, int l) {
+    const lm_model_config *c = &b->m->cfg;
+    const int64_t D = c->d_model;
+    lm_moe_bind(b, &L->experts, mn, l);
+    lm_bind_vector(b, &L->router_norm, nm(n, nt->router_scale, l), D, true);
+    lm_bind_vector(b, &L->expert_scale, nm(n, nt->expert_scale, l), c->n_experts, true);
+    lm_bind_vector(b, &L->pre_ffn_norm2, nm(n, nt->pre_ffn_norm2, l), D, true);
+    lm_bind_vector(b, &L->post_ffn_norm1, nm(n, nt->post_ffn_norm1, l), D, true);
+    lm_bind_vector(b, &L->post_ffn_norm2, nm(n, nt->post_ffn_norm2, l), D, true);
+    if (b->failed) return;
+    /* the router's input is rms(x) * scale * D^-0.5: one norm weight */
+    lm_backend *be = b->m->be;
+    float *w = lm_xmalloc((size_t)D * sizeof(float));
+    be->ops->read(be, w, L->router_norm.data, (size_t)D * sizeof(float));
+    const float root = (float)pow((double)D, -0.5);
+    for (int64_t i = 0; i < D; i++) w[i] *= root;
+    be->ops->write(be, L->router_norm.data, w, (size_t)D * sizeof(float));
+    free(w);
+}
+
+/* The MoE names of a checkpoint: llama.cpp's, or the HF ones under the prefix. */
+static const lm_moe_names *moe_names(gemma *G, const namer *n, const gemma_names *nt, bool gguf) {
+    if (gguf) return &lm_moe_gguf_names;
+    const char *const src[3] = { nt->router, nt->gate_up, nt->down_fused };
+    for (int i = 0; i < 3; i++) snprintf(G->moe_pat[i], sizeof G->moe_pat[i], "%s%s", n->prefix, src[i]);
+    G->moe_names = (lm_moe_names){ .router = G->moe_pat[0], .gate_up = G->moe_pat[1], .down_fused = G->moe_pat[2] };
+    return &G->moe_names;
 }
 
 /* This layer type's inverse frequencies over the layer's full head width. */
@@ -436,9 +511,12 @@ static int gemma_bind(lm_model *m, lm_err *e) {
         lm_bind_matrix(&b, &G->ple_model_proj, nm(&n, nt->ple_model_proj, 0), L * P, D, true, true);
         lm_bind_vector(&b, &G->ple_proj_norm, nm(&n, nt->ple_proj_norm, 0), P, true);
     }
+    const lm_moe_names *mn = c->n_experts > 0 ? moe_names(G, &n, nt, gguf) : NULL;
     for (int l = 0; l < c->n_layers && !b.failed; l++) {
         const gemma_layer_cfg *lc = &g->layer[l];
         bind_layer(&b, &n, nt, &G->layers[l], lc, c, l, norm_off);
+        G->layers[l].moe = c->layer_moe && c->layer_moe[l];
+        if (G->layers[l].moe && !b.failed) bind_moe(&b, &n, nt, mn, &G->layers[l], l);
         G->layers[l].inv_freq = rope_table(&g->rope[c->layer_sliding[l] ? 1 : 0], lc->head_dim);
         G->layers[l].rope_factor = 1.0f;
         G->max_dh = LM_MAX(G->max_dh, lc->head_dim);
@@ -478,7 +556,7 @@ static int gemma_bind(lm_model *m, lm_err *e) {
 static void release_all(lm_backend *be, gemma_scratch *s) {
     lm_tensor *ts[] = { &s->x,  &s->h,    &s->q,       &s->qn, &s->k,  &s->kn, &s->v,  &s->vn,     &s->attn,
                         &s->o,  &s->gate, &s->up,      &s->act, &s->ple, &s->ple_tmp, &s->pg, &s->pl, &s->pa,
-                        &s->hs, &s->logits };
+                        &s->hs, &s->logits, &s->mlp, &s->router };
     for (size_t i = 0; i < LM_COUNT(ts); i++) lm_tensor_release(be, ts[i]);
 }
 
@@ -497,9 +575,10 @@ static int ensure_scratch(lm_model *m, int T, int n_out, lm_err *e) {
         { &s->attn, cap, QD }, { &s->o, cap, D },       { &s->gate, cap, F },   { &s->up, cap, F },
         { &s->act, cap, F },   { &s->ple, cap, LP },    { &s->ple_tmp, cap, LP }, { &s->pg, cap, P },
         { &s->pl, cap, P },    { &s->pa, cap, P },      { &s->hs, cap_out, D }, { &s->logits, cap_out, c->vocab },
+        { &s->mlp, cap, c->n_experts > 0 ? D : 0 },      { &s->router, cap, c->n_experts },
     };
     for (size_t i = 0; i < LM_COUNT(plan); i++) {
-        if (plan[i].cols == 0) continue; /* no per-layer inputs */
+        if (plan[i].cols == 0) continue; /* no per-layer inputs, no experts */
         if (lm_tensor_alloc(m->be, plan[i].t, plan[i].rows, plan[i].cols)) {
             release_all(m->be, s);
             s->cap_tokens = s->cap_out = 0;
@@ -641,10 +720,26 @@ static int gemma_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *
         op->add(be, &x, &h);
 
         lm_tensor gate = view(&s->gate, T, lc->d_ff), up = view(&s->up, T, lc->d_ff), act = view(&s->act, T, lc->d_ff);
+        const lm_glu glu = tanh_gelu ? LM_GLU_GELU_TANH : LM_GLU_GELU;
         op->rms_norm(be, &h, &x, &L->pre_ffn_norm, c->norm_eps, 0);
-        lm_op_matmul_glu(be, &act, &h, &L->w_gate, &L->w_up, tanh_gelu ? LM_GLU_GELU_TANH : LM_GLU_GELU, &gate, &up);
+        lm_op_matmul_glu(be, &act, &h, &L->w_gate, &L->w_up, glu, &gate, &up);
         op->matmul(be, &o, &act, &L->w_down, NULL);
-        op->rms_norm(be, &h, &o, &L->post_ffn_norm, c->norm_eps, 0);
+        lm_tensor ffn = o;
+        if (L->moe) { /* ffn = n_post1(o) + n_post2(experts), then the layer's post norm */
+            lm_tensor mlp = view(&s->mlp, T, D), lg = view(&s->router, T, c->n_experts);
+            op->rms_norm(be, &mlp, &o, &L->post_ffn_norm1, c->norm_eps, 0);
+            op->rms_norm(be, &h, &x, &L->router_norm, c->norm_eps, 0);
+            op->matmul(be, &lg, &h, &L->experts.router, NULL);
+            op->rms_norm(be, &h, &x, &L->pre_ffn_norm2, c->norm_eps, 0);
+            const lm_moe_params mp = { .n_experts = c->n_experts, .top_k = c->n_experts_per_tok, .norm_topk = true,
+                                       .gate = L->experts.gate, .up = L->experts.up, .down = L->experts.down,
+                                       .expert_scale = &L->expert_scale, .act = glu };
+            op->moe(be, &o, &h, &lg, &mp);
+            op->rms_norm(be, &h, &o, &L->post_ffn_norm2, c->norm_eps, 0);
+            op->add(be, &mlp, &h);
+            ffn = mlp;
+        }
+        op->rms_norm(be, &h, &ffn, &L->post_ffn_norm, c->norm_eps, 0);
         op->add(be, &x, &h);
 
         if (P > 0) {
@@ -676,7 +771,10 @@ static void gemma_free(lm_model *m) {
     if (!G) return;
     release_all(m->be, &G->s);
     if (G->ones.data) m->be->ops->free(m->be, G->ones.data);
-    for (int l = 0; l < m->cfg.n_layers; l++) free(G->layers[l].inv_freq);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        free(G->layers[l].inv_freq);
+        lm_moe_layer_free(&G->layers[l].experts);
+    }
     free(G->layers);
     free(G->ring_ids);
     free(G->ring_tables);

@@ -115,8 +115,8 @@ int lm_gguf_config_gemma4(lm_model_config *c, const lm_gguf_keys *k, lm_err *e) 
     c->qk_norm = true;
     c->qkv_bias = lm_gguf_has_layer_tensor(k, 0, "attn_q.bias");
     c->o_bias = lm_gguf_has_layer_tensor(k, 0, "attn_output.bias");
-    if (lm_gguf_has_layer_tensor(k, 0, "ffn_gate_inp.weight"))
-        return lm_errf(e, "%s: gemma4's mixture-of-experts block is not supported yet", k->path);
+    /* the MoE block (26B-A4B): beside the dense MLP in the layers with a router */
+    if (lm_gguf_has_layer_tensor(k, 0, "ffn_gate_inp.weight") && lm_gguf_config_moe(c, k, e)) return -1;
     /* head widths: key_length is the full layers', key_length_swa the sliding ones' */
     const int full_dh = c->head_dim;
     int swa_dh;

@@ -163,6 +163,9 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
                 L->up[x] = row_view(&gu, x * 2 * F + F, F);
                 L->down[x] = row_view(&dn, x * D, D);
             }
+        } else if (!nt->gate) { /* a layout with fused experts only */
+            if (!b->failed) lm_errf(b->e, "%s: missing tensor \"%s\"", m->path, n);
+            b->failed = 1;
         } else {
             for (int x = 0; x < E && !b->failed; x++) {
                 snprintf(n, sizeof n, nt->gate, l, x);

@@ -128,7 +128,8 @@ void lm_cpu_moe(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tenso
         lm_cpu_gather_rows(be, &xt, x, te, n);
         lm_cpu_matmul(be, &gt, &xt, &p->gate[e], NULL);
         lm_cpu_matmul(be, &ut, &xt, &p->up[e], NULL);
-        lm_cpu_silu_mul(be, &gt, &gt, &ut);
+        if (p->act == LM_GLU_SILU) lm_cpu_silu_mul(be, &gt, &gt, &ut);
+        else lm_cpu_gelu_mul(be, &gt, &gt, &ut, p->act == LM_GLU_GELU_TANH);
         lm_cpu_matmul(be, &ot, &gt, &p->down[e], NULL);
         lm_moe_add_ctx ac = { y->data, oe, te, wt + start[e], D };
         lm_cpu_parallel_for(c, n, 2 * D, lm_moe_add_range, &ac);

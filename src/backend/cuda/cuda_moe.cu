@@ -27,6 +27,8 @@
  *    start[e+1])); a gather kernel fills them, lm_cuda_matmul runs each
  *    expert's row block by gate and up (GEMV or GEMM by its row count), one
  *    silu_mul covers all rows, then down per expert, and the same combine.
+ *    Experts gated by GELU (Gemma 4) always take this path: the GEMVs of
+ *    2a and 2b fuse SiLU.
  * All sum a token's pairs in the CPU backend's order, so the result does
  * not depend on which tokens share the batch, and no atomics are needed; an
  * expert's GEMV output for one token does not depend on how many tokens
@@ -377,8 +379,10 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     float *dw = (float *)(route + TK);
     const unsigned char **dwp = (const unsigned char **)(route + n_int);
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
-    const bool qgemv = moe_qgemv_ok(p) && lm_aligned16(x->data);
-    const bool gemv = moe_gemv_ok(p, D, F), pairs = (gemv || qgemv) && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
+    /* the fused GEMVs of 2a and 2b gate with SiLU; other activations take 2c */
+    const bool silu = p->act == LM_GLU_SILU;
+    const bool qgemv = silu && moe_qgemv_ok(p) && lm_aligned16(x->data);
+    const bool gemv = silu && moe_gemv_ok(p, D, F), pairs = (gemv || qgemv) && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
     /* 2b: its rank table (T*E bytes) within the 48 KB a block may take unasked */
     const bool groups = gemv && !pairs && T <= LM_MOE_GROUP_MAX_T && E <= LM_MOE_GROUP_MAX_E && T * E <= 40 * 1024;
     const unsigned char *const *dtab = pairs || groups ? moe_table(c, p) : NULL;
@@ -469,7 +473,8 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
         lm_cuda_matmul(be, &ut, &xt, &p->up[e], NULL);
     }
     lm_tensor g_all = { LM_F32, (int64_t)TK, F, ge }, u_all = { LM_F32, (int64_t)TK, F, ue };
-    lm_cuda_silu_mul(be, &g_all, &g_all, &u_all);
+    if (silu) lm_cuda_silu_mul(be, &g_all, &g_all, &u_all);
+    else lm_cuda_gelu_mul(be, &g_all, &g_all, &u_all, p->act == LM_GLU_GELU_TANH);
     for (int e = 0; e < E; e++) {
         int32_t n = start[e + 1] - start[e];
         if (n == 0) continue;

@@ -1,0 +1,365 @@
+/* test_gemma4_moe.c - Gemma 4's mixture-of-experts block (26B-A4B's layers:
+ * a router and GeGLU experts beside the dense MLP), from a GGUF against
+ * llama.cpp and from a Hugging Face folder against the same GGUF.
+ *
+ * No Gemma 4 MoE fixture with transformers' logits exists yet (they are
+ * made on the GPU machine), so the reference is llama.cpp, an independent
+ * implementation: the gemma4 fixture GGUF (tests/data/gguf/gemma4, llama.cpp's
+ * conversion of ../shared/fixtures/models/gemma4) widened to F32 (so that
+ * llama.cpp computes in f32 too) with a MoE block added to every layer from
+ * a fixed pseudo-random stream, in llama.cpp's tensor names
+ * (ffn_gate_inp.weight / .scale, ffn_gate_up_exps, ffn_down_exps / .scale,
+ * pre_ffw_norm_2, post_ffw_norm_1 / _2). The same values under the Hugging
+ * Face names (router.proj / scale / per_expert_scale, experts.gate_up_proj /
+ * down_proj, pre_feedforward_layernorm_2, post_feedforward_layernorm_1 / _2)
+ * added to the fixture folder must give the GGUF's logits: that checks the
+ * folder's layout against llama.cpp's reading of the converter's names. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/lm_parity_oracle.h"
+#include "engine/lm_runner.h"
+#include "format/gguf.h"
+#include "format/gguf_write.h"
+#include "format/safetensors.h"
+#include "hf_quant_gen.h"
+#include "lm_test.h"
+#include "model/lm_model.h"
+#include "quant/lm_quant.h"
+#include "test_util.h"
+
+#define G4_E 8  /* experts */
+#define G4_K 2  /* top k */
+#define G4_I 32 /* expert FFN width */
+
+/* One layer's MoE block, f32: router [E][D], router scale [D], expert scale
+ * [E], three norms [D], gate_up [E][2I][D] (gate rows first), down [E][D][I]. */
+typedef struct g4_moe {
+    float *router, *rscale, *escale, *pre2, *post1, *post2, *gate_up, *down;
+} g4_moe;
+
+static uint64_t g4_next(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+/* Uniform in [c - r, c + r). */
+static void g4_fill(float *x, size_t n, float c, float r, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) x[i] = c + r * ((float)(g4_next(s) >> 40) / (float)(1 << 23) - 1.0f);
+}
+
+/* Layer l's block: the router wide enough that each token's top 2 stand
+ * clear (no near-tie for two implementations to break differently). */
+static g4_moe g4_make(int64_t D, int l) {
+    uint64_t s = 0x9E3779B97F4A7C15ull ^ (uint64_t)(l + 1) * 0x100000001B3ull;
+    g4_moe m;
+    m.router = malloc((size_t)(G4_E * D) * sizeof(float));
+    m.rscale = malloc((size_t)D * sizeof(float));
+    m.escale = malloc(G4_E * sizeof(float));
+    m.pre2 = malloc((size_t)D * sizeof(float));
+    m.post1 = malloc((size_t)D * sizeof(float));
+    m.post2 = malloc((size_t)D * sizeof(float));
+    m.gate_up = malloc((size_t)(G4_E * 2 * G4_I * D) * sizeof(float));
+    m.down = malloc((size_t)(G4_E * D * G4_I) * sizeof(float));
+    g4_fill(m.router, (size_t)(G4_E * D), 0.0f, 0.5f, &s);
+    g4_fill(m.rscale, (size_t)D, 1.0f, 0.3f, &s);
+    g4_fill(m.escale, G4_E, 1.0f, 0.4f, &s);
+    g4_fill(m.pre2, (size_t)D, 1.0f, 0.2f, &s);
+    g4_fill(m.post1, (size_t)D, 1.0f, 0.2f, &s);
+    g4_fill(m.post2, (size_t)D, 1.0f, 0.2f, &s);
+    g4_fill(m.gate_up, (size_t)(G4_E * 2 * G4_I * D), 0.0f, 0.15f, &s);
+    g4_fill(m.down, (size_t)(G4_E * D * G4_I), 0.0f, 0.15f, &s);
+    return m;
+}
+
+static void g4_free(g4_moe *m) {
+    free(m->router), free(m->rscale), free(m->escale), free(m->pre2), free(m->post1), free(m->post2);
+    free(m->gate_up), free(m->down);
+}
+
+/* A tensor to write: its name, shape (outermost first) and f32 data. */
+typedef struct g4_t {
+    char name[96];
+    int nd;
+    int64_t shape[3];
+    float *data; /* owned */
+} g4_t;
+
+static g4_t *g4_add(g4_t *ts, int *n, const char *name, int nd, const int64_t *shape, const float *src) {
+    g4_t *t = &ts[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->nd = nd;
+    size_t numel = 1;
+    for (int d = 0; d < nd; d++) numel *= (size_t)(t->shape[d] = shape[d]);
+    t->data = malloc(numel * sizeof(float));
+    if (src) memcpy(t->data, src, numel * sizeof(float));
+    return t;
+}
+
+static size_t g4_numel(const g4_t *t) {
+    size_t n = 1;
+    for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
+    return n;
+}
+
+/* The gemma4 fixture GGUF with every tensor as F32 and a MoE block in every
+ * layer, its experts as one ffn_gate_up_exps (fused) or as ffn_gate_exps and
+ * ffn_up_exps. Written to out; 0 on success. */
+static int g4_write_gguf(const char *src, const char *out, bool fused, lm_err *e) {
+    lm_gguf g = { 0 };
+    if (lm_gguf_open(&g, src, e)) return -1;
+    int64_t D = 0, L = 0;
+    lm_gguf_get_int(&g, "gemma4.embedding_length", &D);
+    lm_gguf_get_int(&g, "gemma4.block_count", &L);
+    lm_gguf_writer *w = lm_gguf_writer_create(g.alignment);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < g.n_kv; i++) rc = lm_gguf_copy_kv(w, &g.kv[i], e);
+    lm_gguf_set_int(w, "gemma4.expert_count", LM_GGUF_U32, G4_E);
+    lm_gguf_set_int(w, "gemma4.expert_used_count", LM_GGUF_U32, G4_K);
+    lm_gguf_set_int(w, "gemma4.expert_feed_forward_length", LM_GGUF_U32, G4_I);
+    g4_t *ts = calloc((size_t)g.n_tensors + 10 * (size_t)L, sizeof *ts);
+    int n = 0;
+    for (int i = 0; rc == 0 && i < g.n_tensors; i++) {
+        const lm_file_tensor *t = &g.tensors[i];
+        g4_t *o = g4_add(ts, &n, t->name, t->n_dims, t->shape, NULL);
+        const size_t numel = g4_numel(o);
+        lm_dequant_row(t->type, t->data, o->data, (int64_t)numel);
+    }
+    for (int l = 0; rc == 0 && l < L; l++) {
+        g4_moe m = g4_make(D, l);
+        char nm[96];
+#define G4_ADD(suffix, nd, shape, data) \
+    (snprintf(nm, sizeof nm, "blk.%d." suffix, l), g4_add(ts, &n, nm, nd, shape, data))
+        G4_ADD("ffn_gate_inp.weight", 2, ((int64_t[]){ G4_E, D }), m.router);
+        G4_ADD("ffn_gate_inp.scale", 1, ((int64_t[]){ D }), m.rscale);
+        G4_ADD("ffn_down_exps.scale", 1, ((int64_t[]){ G4_E }), m.escale);
+        G4_ADD("pre_ffw_norm_2.weight", 1, ((int64_t[]){ D }), m.pre2);
+        G4_ADD("post_ffw_norm_1.weight", 1, ((int64_t[]){ D }), m.post1);
+        G4_ADD("post_ffw_norm_2.weight", 1, ((int64_t[]){ D }), m.post2);
+        G4_ADD("ffn_down_exps.weight", 3, ((int64_t[]){ G4_E, D, G4_I }), m.down);
+        if (fused) {
+            G4_ADD("ffn_gate_up_exps.weight", 3, ((int64_t[]){ G4_E, 2 * G4_I, D }), m.gate_up);
+        } else {
+            g4_t *gt = G4_ADD("ffn_gate_exps.weight", 3, ((int64_t[]){ G4_E, G4_I, D }), NULL);
+            g4_t *ut = G4_ADD("ffn_up_exps.weight", 3, ((int64_t[]){ G4_E, G4_I, D }), NULL);
+            const size_t half = (size_t)(G4_I * D);
+            for (int x = 0; x < G4_E; x++) {
+                memcpy(gt->data + x * half, m.gate_up + (size_t)x * 2 * half, half * sizeof(float));
+                memcpy(ut->data + x * half, m.gate_up + (size_t)x * 2 * half + half, half * sizeof(float));
+            }
+        }
+#undef G4_ADD
+        g4_free(&m);
+    }
+    for (int i = 0; rc == 0 && i < n; i++) rc = lm_gguf_add_tensor(w, ts[i].name, LM_F32, ts[i].nd, ts[i].shape, e);
+    if (rc == 0) rc = lm_gguf_writer_begin(w, out, e);
+    for (int i = 0; rc == 0 && i < n; i++) rc = lm_gguf_writer_put(w, ts[i].data, g4_numel(&ts[i]) * sizeof(float), e);
+    if (rc == 0) rc = lm_gguf_writer_finish(w, e);
+    for (int i = 0; i < n; i++) free(ts[i].data);
+    free(ts);
+    lm_gguf_writer_free(w);
+    lm_gguf_close(&g);
+    return rc;
+}
+
+/* The gemma4 fixture folder with the same MoE block under Hugging Face's
+ * names and enable_moe_block in its config, in <tmp>/<tag>; the folder
+ * (malloc'd) or NULL. */
+static char *g4_write_folder(const char *src, const char *tag, lm_err *e) {
+    char *dir = lm_tu_mkdir(tag), path[1200];
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg) return free(dir), NULL;
+    const int64_t D = json_integer_value(json_object_get(cfg, "hidden_size"));
+    const int L = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_object_set_new(cfg, "enable_moe_block", json_true());
+    json_object_set_new(cfg, "num_experts", json_integer(G4_E));
+    json_object_set_new(cfg, "top_k_experts", json_integer(G4_K));
+    json_object_set_new(cfg, "moe_intermediate_size", json_integer(G4_I));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = json_dump_file(cfg, path, JSON_INDENT(2));
+    json_decref(cfg);
+    lm_safetensors st;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    if (rc || lm_safetensors_open(&st, path, e)) return free(dir), NULL;
+    hqg_tensor *t = calloc((size_t)st.n_tensors + 8 * (size_t)L, sizeof *t);
+    g4_moe *ms = calloc((size_t)L, sizeof *ms);
+    int n = 0;
+    for (int i = 0; i < st.n_tensors; i++) {
+        const lm_file_tensor *s = &st.tensors[i];
+        hqg_tensor *x = &t[n++];
+        snprintf(x->name, sizeof x->name, "%s", s->name);
+        x->dtype = s->type == LM_F32 ? "F32" : "BF16";
+        x->n_dims = s->n_dims;
+        for (int d = 0; d < s->n_dims && d < 3; d++) x->shape[d] = s->shape[d];
+        x->data = s->data, x->nbytes = s->nbytes;
+    }
+    for (int l = 0; l < L; l++) {
+        g4_moe *m = &ms[l];
+        *m = g4_make(D, l);
+        const struct { const char *suffix; int nd; int64_t shape[3]; const float *data; } parts[] = {
+            { "router.proj.weight", 2, { G4_E, D }, m->router },
+            { "router.scale", 1, { D }, m->rscale },
+            { "router.per_expert_scale", 1, { G4_E }, m->escale },
+            { "pre_feedforward_layernorm_2.weight", 1, { D }, m->pre2 },
+            { "post_feedforward_layernorm_1.weight", 1, { D }, m->post1 },
+            { "post_feedforward_layernorm_2.weight", 1, { D }, m->post2 },
+            { "experts.gate_up_proj", 3, { G4_E, 2 * G4_I, D }, m->gate_up },
+            { "experts.down_proj", 3, { G4_E, D, G4_I }, m->down },
+        };
+        for (size_t p = 0; p < LM_COUNT(parts); p++) {
+            hqg_tensor *x = &t[n++];
+            snprintf(x->name, sizeof x->name, "model.layers.%d.%s", l, parts[p].suffix);
+            x->dtype = "F32";
+            x->n_dims = parts[p].nd;
+            size_t numel = 1;
+            for (int d = 0; d < parts[p].nd; d++) numel *= (size_t)(x->shape[d] = parts[p].shape[d]);
+            x->data = parts[p].data, x->nbytes = numel * sizeof(float);
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    rc = hqg_write_safetensors(path, t, n);
+    for (int l = 0; l < L; l++) g4_free(&ms[l]);
+    free(ms), free(t);
+    lm_safetensors_close(&st);
+    /* the reference's prompt ids (not its logits: the model differs) for the engine test */
+    char ref[1200];
+    snprintf(path, sizeof path, "%s/reference.safetensors", src);
+    snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+    size_t nb = 0;
+    char *data = lm_tu_read(path, &nb);
+    rc |= !data || lm_tu_write(ref, data, nb);
+    free(data);
+    if (rc) return free(dir), NULL;
+    return dir;
+}
+
+static const int32_t k_prompt[] = { 2, 334, 17, 12, 305, 44, 280, 903, 59, 377, 39, 201, 14, 90, 612, 31 };
+
+/* The MoE GGUF in the tmpdir (fused or stacked experts), or NULL (skips
+ * without the fixture file). */
+static char *g4_gguf(lm_test_ctx *lm_t_, bool fused) {
+    char src[1024], out[1200];
+    snprintf(src, sizeof src, "%s/tests/data/gguf/gemma4/model.bf16.gguf", LUMEN_SOURCE_DIR);
+    snprintf(out, sizeof out, "%s/gemma4-moe.%s.f32.gguf", lm_test_tmpdir(), fused ? "fused" : "stacked");
+    lm_err e = { { 0 } };
+    if (access(out, R_OK) == 0) return strdup(out);
+    LM_CHECK_MSG(g4_write_gguf(src, out, fused, &e) == 0, "%s", e.msg);
+    return e.msg[0] ? NULL : strdup(out);
+}
+
+/* All logits of k_prompt from model path (a folder or a GGUF) into a new array. */
+static float *g4_logits(lm_test_ctx *lm_t_, const char *path) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_model *m = NULL;
+    lm_runner *r = NULL;
+    float *lg = NULL;
+    const int T = (int)LM_COUNT(k_prompt);
+    if (be && lm_model_load(&m, path, be, &e) == 0 && lm_runner_create(&r, m, 64, 64, &e) == 0) {
+        LM_CHECK(m->cfg.n_experts == G4_E && m->cfg.n_experts_per_tok == G4_K && m->cfg.moe_d_ff == G4_I);
+        lg = malloc((size_t)T * (size_t)m->cfg.vocab * sizeof(float));
+        if (lm_runner_eval(r, k_prompt, T, true, lg, &e)) {
+            free(lg);
+            lg = NULL;
+        }
+    }
+    LM_CHECK_MSG(lg != NULL, "%s: %s", path, e.msg);
+    lm_runner_free(r);
+    lm_model_free(m);
+    if (be) lm_backend_destroy(be);
+    return lg;
+}
+
+/* llama.cpp's answer on gguf against lumen's (the F32 oracle tolerance);
+ * skips without node-llama-cpp. */
+static void g4_oracle(lm_test_ctx *lm_t_, const char *gguf) {
+    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
+        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    char cmd[2400], json[1300];
+    snprintf(json, sizeof json, "%s.llamacpp.json", gguf);
+    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 16 --threads 2 --prompt-ids ",
+                       LUMEN_SOURCE_DIR, gguf);
+    for (size_t i = 0; i < LM_COUNT(k_prompt); i++)
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", k_prompt[i]);
+    char *out = NULL, *err = NULL;
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
+    if (rc == 0) rc = lm_tu_write(json, out, strlen(out));
+    free(out), free(err);
+    if (rc) return;
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_source *src = NULL;
+    LM_REQUIRE(be && lm_source_open(&src, gguf, &e) == 0);
+    lm_oracle_result o;
+    rc = lm_parity_oracle_run(src, json, be, 0, 0, &o, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        char *js = lm_oracle_json(gguf, json, be, &o);
+        printf("  %s\n", js);
+        free(js);
+        LM_CHECK_MSG(o.ok, "max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g), %d greedy mismatches",
+                     o.max_logprob_diff, o.tolerance, o.kl, o.kl_tolerance, o.greedy_mismatch);
+        LM_CHECK(o.greedy_steps == 16 && o.greedy_checked >= 8);
+    }
+    lm_source_unref(src);
+    lm_backend_destroy(be);
+}
+
+LM_TEST(gemma4_moe_gguf_matches_llamacpp) {
+    char *f = g4_gguf(lm_t_, true);
+    LM_REQUIRE(f != NULL);
+    g4_oracle(lm_t_, f);
+    free(f);
+}
+
+/* Experts as ffn_gate_exps + ffn_up_exps: the same model, bit for bit. */
+LM_TEST(gemma4_moe_gguf_stacked_equals_fused) {
+    char *f = g4_gguf(lm_t_, true), *s = g4_gguf(lm_t_, false);
+    LM_REQUIRE(f && s);
+    float *a = g4_logits(lm_t_, f), *b = g4_logits(lm_t_, s);
+    if (a && b) LM_CHECK(!memcmp(a, b, LM_COUNT(k_prompt) * 1024 * sizeof(float)));
+    free(a), free(b), free(f), free(s);
+}
+
+/* The folder under Hugging Face's names gives the GGUF's logits (the
+ * fixture's bf16 weights widened either way; kernels on bf16 and f32 rows
+ * may round their sums differently) and the same greedy tokens. */
+LM_TEST(gemma4_moe_folder_equals_gguf) {
+    char *src = lm_test_fixture_path("models/gemma4");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err e = { { 0 } };
+    char *dir = g4_write_folder(src, "gemma4-moe", &e), *f = g4_gguf(lm_t_, true);
+    LM_CHECK_MSG(dir != NULL, "%s", e.msg);
+    LM_REQUIRE(dir && f);
+    float *a = g4_logits(lm_t_, dir), *b = g4_logits(lm_t_, f);
+    if (a && b) {
+        const size_t n = LM_COUNT(k_prompt) * 1024;
+        double gap = 0, spread = 0;
+        for (size_t i = 0; i < n; i++) {
+            gap = fmax(gap, fabs((double)a[i] - b[i]));
+            spread = fmax(spread, fabs((double)a[i] - a[0]));
+        }
+        printf("  folder vs GGUF: max |logit gap| %.3g over %zu logits (their spread %.3g)\n", gap, n, spread);
+        LM_CHECK(gap <= 1e-4 && spread > 0.5);
+    }
+    free(a), free(b), free(dir), free(f), free(src);
+}
+
+/* Continuous batching on the MoE model gives each request its solo tokens. */
+LM_TEST(gemma4_moe_engine_batch_equals_alone) {
+    char *src = lm_test_fixture_path("models/gemma4");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err e = { { 0 } };
+    char *dir = g4_write_folder(src, "gemma4-moe-engine", &e);
+    LM_CHECK_MSG(dir != NULL, "%s", e.msg);
+    if (dir) lm_tu_engine_concurrent_equals_alone(lm_t_, dir, 24, 2, 16);
+    free(dir), free(src);
+}
