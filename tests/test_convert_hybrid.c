@@ -74,20 +74,13 @@ done:
 /* llama.cpp loads the conversion, nextn layer and all, and its greedy
  * tokens are lumen's. */
 LM_TEST(convert_hybrid_runs_in_llamacpp) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
-        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    const char *why = lm_tu_llamacpp_missing();
+    if (why) LM_SKIP("%s", why);
     char *gguf = convert_demo(lm_t_);
     LM_REQUIRE(gguf != NULL);
     static const int32_t prompt[] = { 1, 334, 1017, 12, 305, 44, 280, 1203 };
-    char cmd[2048];
-    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 8 --threads 2 --prompt-ids ",
-                       LUMEN_SOURCE_DIR, gguf);
-    for (size_t i = 0; i < LM_COUNT(prompt); i++)
-        len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
-    char *out = NULL, *err = NULL;
-    int rc = lm_tu_run(cmd, &out, &err);
-    LM_CHECK_MSG(rc == 0, "llama.cpp did not run the converted demo: %s", err ? err : "");
-    json_t *j = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    char *out = lm_tu_llamacpp_answer(lm_t_, gguf, prompt, (int)LM_COUNT(prompt), 8);
+    json_t *j = out ? json_loads(out, 0, NULL) : NULL;
     json_t *ids = json_object_get(j, "greedy_ids");
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);
@@ -105,7 +98,7 @@ LM_TEST(convert_hybrid_runs_in_llamacpp) {
     lm_model_free(m);
     if (be) lm_backend_destroy(be);
     json_decref(j);
-    free(out), free(err), free(gguf);
+    free(out), free(gguf);
 }
 
 /* Copies file name from src to dst; 0 on success. */

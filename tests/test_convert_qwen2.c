@@ -216,8 +216,8 @@ LM_TEST(convert_qwen2_tensors) {
 }
 
 LM_TEST(convert_qwen2_runs_in_llamacpp) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
-        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    const char *why = lm_tu_llamacpp_missing();
+    if (why) LM_SKIP("%s", why);
     char *src_dir = lm_test_fixture_path("models/llama");
     if (!src_dir) LM_SKIP("%s", lm_test_fixtures_why());
     int32_t ids[256];
@@ -228,15 +228,9 @@ LM_TEST(convert_qwen2_runs_in_llamacpp) {
     char gguf[1024];
     snprintf(gguf, sizeof gguf, "%s/qwen2.gguf", dir);
     /* llama.cpp on the conversion */
-    char cmd[4096] = "", *out = NULL, *err = NULL;
-    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 1 --threads 2 --prompt-ids ",
-                       LUMEN_SOURCE_DIR, gguf);
-    for (int i = 0; i < n; i++) len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", ids[i]);
-    int rc = lm_tu_run(cmd, &out, &err);
-    LM_CHECK_MSG(rc == 0, "llama.cpp did not run the converted qwen2: %s", err ? err : "");
-    json_t *j = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    char *out = lm_tu_llamacpp_answer(lm_t_, gguf, ids, n, 1);
+    json_t *j = out ? json_loads(out, 0, NULL) : NULL;
     free(out);
-    free(err);
     LM_REQUIRE(j != NULL);
     json_t *lp = json_object_get(j, "last_logprobs");
     /* lumen on the folder */

@@ -280,19 +280,13 @@ static float *g4_logits(lm_test_ctx *lm_t_, const char *path) {
 /* llama.cpp's answer on gguf against lumen's (the F32 oracle tolerance);
  * skips without node-llama-cpp. */
 static void g4_oracle(lm_test_ctx *lm_t_, const char *gguf) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
-        LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
-    char cmd[2400], json[1300];
+    const char *why = lm_tu_llamacpp_missing();
+    if (why) LM_SKIP("%s", why);
+    char json[1300];
     snprintf(json, sizeof json, "%s.llamacpp.json", gguf);
-    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 16 --threads 2 --prompt-ids ",
-                       LUMEN_SOURCE_DIR, gguf);
-    for (size_t i = 0; i < LM_COUNT(k_prompt); i++)
-        len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", k_prompt[i]);
-    char *out = NULL, *err = NULL;
-    int rc = lm_tu_run(cmd, &out, &err);
-    LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
-    if (rc == 0) rc = lm_tu_write(json, out, strlen(out));
-    free(out), free(err);
+    char *out = lm_tu_llamacpp_answer(lm_t_, gguf, k_prompt, (int)LM_COUNT(k_prompt), 16);
+    int rc = out ? lm_tu_write(json, out, strlen(out)) : -1;
+    free(out);
     if (rc) return;
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(2, &e);

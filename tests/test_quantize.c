@@ -81,19 +81,11 @@ LM_TEST(quantize_mix_llama_matches_llamacpp) { check_same_table(lm_t_, "llama-g2
 LM_TEST(quantize_mix_qwen3_matches_llamacpp) { check_same_table(lm_t_, "qwen3-g256"); }
 LM_TEST(quantize_mix_qwen35_matches_llamacpp) { check_same_table(lm_t_, "qwen3.5-g256"); }
 
-/* Why llama.cpp cannot run here, or NULL when it can. */
-static const char *llamacpp_missing(void) {
-    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
-        return "node-llama-cpp is not installed (cd tools/llamacpp && npm ci)";
-    if (lm_tu_run("node --version", NULL, NULL) != 0) return "node is not on PATH";
-    return NULL;
-}
-
 /* lumen and llama.cpp on the file lumen wrote: last-position logprobs within
  * tol (max |diff|) and tol_kl (KL(llama.cpp || lumen)), greedy ids equal
  * wherever lumen's top-2 margin is above twice that difference. */
 static void check_in_llamacpp(lm_test_ctx *lm_t_, const char *dir, const char *mix, double tol, double tol_kl) {
-    const char *why = llamacpp_missing();
+    const char *why = lm_tu_llamacpp_missing();
     if (why) LM_SKIP("%s", why);
     char rel[256];
     snprintf(rel, sizeof rel, "gguf/%s/%s.llamacpp.json", dir, mix);
@@ -104,24 +96,14 @@ static void check_in_llamacpp(lm_test_ctx *lm_t_, const char *dir, const char *m
     json_t *pid = json_object_get(jr, "prompt_ids");
     int n_prompt = (int)json_array_size(pid);
     LM_REQUIRE(n_prompt > 0 && n_prompt <= 256);
-    char ids_arg[2048] = "";
     int32_t ids[256];
-    for (int i = 0; i < n_prompt; i++) {
-        ids[i] = (int32_t)json_integer_value(json_array_get(pid, (size_t)i));
-        snprintf(ids_arg + strlen(ids_arg), sizeof ids_arg - strlen(ids_arg), "%s%d", i ? "," : "", ids[i]);
-    }
+    for (int i = 0; i < n_prompt; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pid, (size_t)i));
     json_decref(jr);
     char *ours = quantize_fixture(lm_t_, dir, mix);
     LM_REQUIRE(ours != NULL);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s --prompt-ids %s -n 16 --threads 2", LUMEN_SOURCE_DIR,
-             ours, ids_arg);
-    char *out = NULL, *err = NULL;
-    int rc = lm_tu_run(cmd, &out, &err);
-    LM_CHECK_MSG(rc == 0, "llama.cpp did not run lumen's file: %s", err ? err : "");
-    json_t *j = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    char *out = lm_tu_llamacpp_answer(lm_t_, ours, ids, n_prompt, 16);
+    json_t *j = out ? json_loads(out, 0, NULL) : NULL;
     free(out);
-    free(err);
     LM_REQUIRE(j != NULL);
     json_t *gid = json_object_get(j, "greedy_ids"), *lp = json_object_get(j, "last_logprobs");
     int n_gen = (int)json_array_size(gid), V = (int)json_array_size(lp);

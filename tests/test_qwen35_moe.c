@@ -312,23 +312,12 @@ LM_TEST(qwen35_moe_ignores_qwen3_next_keys) {
 
 /* ---- GGUF: lumen convert's qwen35moe file -------------------------------------- */
 
-static bool have_llamacpp(void) {
-    return access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) == 0;
-}
-
 /* llama.cpp's answer (tools/llamacpp/oracle.mjs) on gguf, written to json. */
 static void llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const char *json) {
     static const int32_t prompt[] = { 1, 334, 17, 12, 305, 44, 280, 903, 59, 377, 39, 201, 14, 90, 612, 31 };
-    char cmd[2400];
-    int len = snprintf(cmd, sizeof cmd, "node %s/tools/llamacpp/oracle.mjs %s -n 16 --threads 2 --prompt-ids ",
-                       LUMEN_SOURCE_DIR, gguf);
-    for (size_t i = 0; i < LM_COUNT(prompt); i++)
-        len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
-    char *out = NULL, *err = NULL;
-    int rc = lm_tu_run(cmd, &out, &err);
-    LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
-    if (rc == 0) LM_CHECK(lm_tu_write(json, out, strlen(out)) == 0);
-    free(out), free(err);
+    char *out = lm_tu_llamacpp_answer(lm_t_, gguf, prompt, (int)LM_COUNT(prompt), 16);
+    if (out) LM_CHECK(lm_tu_write(json, out, strlen(out)) == 0);
+    free(out);
 }
 
 /* llama.cpp's two answers (oracle JSON) agree: the same greedy ids, and
@@ -632,7 +621,8 @@ LM_TEST(qwen35_moe_mtp_head) {
  * weights exactly, with lumen's greedy tokens; the Q8_0 file agrees with
  * lumen within its type's oracle tolerance. */
 LM_TEST(qwen35_moe_gguf_in_llamacpp) {
-    if (!have_llamacpp()) LM_SKIP("node-llama-cpp is not installed (cd tools/llamacpp && npm ci)");
+    const char *why = lm_tu_llamacpp_missing();
+    if (why) LM_SKIP("%s", why);
     char *src = lm_test_fixture_path("models/qwen3-next");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     char *dir = make_q35moe(src, "q35moe-llama", false, false), *mtp = make_q35moe(src, "q35moe-llama-mtp", false, true);

@@ -416,3 +416,25 @@ int lm_tu_mtp_logits(struct lm_model *m, const int32_t *ids, int T, float *logit
     free(hidden);
     return rc;
 }
+
+const char *lm_tu_llamacpp_missing(void) {
+    if (access(LUMEN_SOURCE_DIR "/tools/llamacpp/node_modules/node-llama-cpp/package.json", R_OK) != 0)
+        return "node-llama-cpp is not installed (cd tools/llamacpp && npm ci)";
+    if (lm_tu_run("node --version", NULL, NULL) != 0) return "node is not on PATH";
+    return NULL;
+}
+
+char *lm_tu_llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const int32_t *prompt, int n, int gen) {
+    size_t cap = strlen(gguf) + 256 + (size_t)n * 12;
+    char *cmd = malloc(cap);
+    size_t len = (size_t)snprintf(cmd, cap, "node %s/tools/llamacpp/oracle.mjs %s -n %d --threads 2 --prompt-ids ",
+                                  LUMEN_SOURCE_DIR, gguf, gen);
+    for (int i = 0; i < n; i++) len += (size_t)snprintf(cmd + len, cap - len, "%s%d", i ? "," : "", prompt[i]);
+    char *out = NULL, *err = NULL;
+    int rc = lm_tu_run(cmd, &out, &err);
+    LM_CHECK_MSG(rc == 0, "llama.cpp did not run %s: %s", gguf, err ? err : "");
+    free(cmd), free(err);
+    if (rc == 0) return out;
+    free(out);
+    return NULL;
+}

@@ -106,6 +106,14 @@ typedef struct lm_tu_mtp_out {
     lm_engine_stats st;
 } lm_tu_mtp_out;
 void lm_tu_mtp_run(lm_test_ctx *lm_t_, struct lm_model *m, const int32_t *prompt, int n_prompt, lm_tu_mtp_out *out);
+/* Why llama.cpp (tools/llamacpp, node-llama-cpp) cannot run here, or NULL
+ * when it can: tests that need it skip with this. */
+const char *lm_tu_llamacpp_missing(void);
+/* llama.cpp's answer on gguf (tools/llamacpp/oracle.mjs, 2 threads): the
+ * prompt, then gen greedy ids; its JSON line (malloc'd), or NULL after a
+ * failed check naming llama.cpp's error. */
+char *lm_tu_llamacpp_answer(lm_test_ctx *lm_t_, const char *gguf, const int32_t *prompt, int n, int gen);
+
 /* A qwen3_5 / qwen3_next model over ids[0..T-1] in one batch: all T rows
  * of its final hidden states, hidden [T][D]; 0 on success. */
 int lm_tu_q35_hidden(struct lm_model *m, const int32_t *ids, int T, float *hidden, lm_err *e);
