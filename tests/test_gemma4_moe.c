@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "engine/lm_parity_oracle.h"
 #include "engine/lm_runner.h"
@@ -49,9 +50,14 @@ static uint64_t g4_next(uint64_t *s) {
     return *s;
 }
 
-/* Uniform in [c - r, c + r). */
+/* Uniform in [c - r, c + r): u is exact in float, r * u exact in double,
+ * so the one rounding gives the same bits with or without FMA contraction
+ * (the recorded answer below pins the file's hash). */
 static void g4_fill(float *x, size_t n, float c, float r, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) x[i] = c + r * ((float)(g4_next(s) >> 40) / (float)(1 << 23) - 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        const float u = (float)(g4_next(s) >> 40) / (float)(1 << 23) - 1.0f;
+        x[i] = (float)((double)c + (double)r * (double)u);
+    }
 }
 
 /* Layer l's block: the router wide enough that each token's top 2 stand
@@ -307,6 +313,45 @@ static void g4_oracle(lm_test_ctx *lm_t_, const char *gguf) {
     lm_backend_destroy(be);
 }
 
+/* lumen on the MoE GGUF against llama.cpp's answer recorded on it
+ * (tests/data/gguf/gemma4-moe/F32.llamacpp.json: oracle.mjs, node-llama-cpp
+ * 3.21.1, with k_prompt and 16 greedy ids), so that the check runs where
+ * node-llama-cpp is not installed. The file must be the one llama.cpp saw:
+ * its hash is pinned (a change to the generator or to the fixture GGUF
+ * means re-recording the answer with the live test below's command). */
+#define G4_XXH64 0x18470337f9471e3dull
+LM_TEST(gemma4_moe_gguf_matches_llamacpp_recorded) {
+    char *f = g4_gguf(lm_t_, true);
+    LM_REQUIRE(f != NULL);
+    size_t n = 0;
+    char *bytes = lm_tu_read(f, &n);
+    LM_REQUIRE(bytes != NULL);
+    const unsigned long long h = (unsigned long long)XXH64(bytes, n, 0);
+    free(bytes);
+    LM_CHECK_MSG(h == G4_XXH64, "%s hashes to 0x%llx, not the recorded file's 0x%llx: re-record the answer", f, h,
+                 (unsigned long long)G4_XXH64);
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_tu_model_backend(2, &e);
+    lm_source *src = NULL;
+    LM_REQUIRE(be && lm_source_open(&src, f, &e) == 0);
+    lm_oracle_result o;
+    int rc = lm_parity_oracle_run(src, LUMEN_SOURCE_DIR "/tests/data/gguf/gemma4-moe/F32.llamacpp.json", be, 0, 0,
+                                  &o, &e);
+    LM_CHECK_MSG(rc == 0, "%s", e.msg);
+    if (rc == 0) {
+        char *js = lm_oracle_json(f, "F32.llamacpp.json", be, &o);
+        printf("  %s\n", js);
+        free(js);
+        LM_CHECK_MSG(o.ok, "max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g), %d greedy mismatches",
+                     o.max_logprob_diff, o.tolerance, o.kl, o.kl_tolerance, o.greedy_mismatch);
+        LM_CHECK(o.greedy_steps == 16 && o.greedy_checked >= 8);
+    }
+    lm_source_unref(src);
+    lm_backend_destroy(be);
+    free(f);
+}
+
+/* The same against llama.cpp run now (skips without node-llama-cpp). */
 LM_TEST(gemma4_moe_gguf_matches_llamacpp) {
     char *f = g4_gguf(lm_t_, true);
     LM_REQUIRE(f != NULL);
