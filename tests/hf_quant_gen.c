@@ -199,7 +199,7 @@ static const char *HQG_OVERRIDE = "model.layers.1.mlp.down_proj";
 static bool hqg_quantised(hqg_scheme s, const lm_file_tensor *t) {
     size_t n = strlen(t->name);
     if (t->n_dims != 2 || n < 7 || strcmp(t->name + n - 7, ".weight")) return false;
-    bool mlx = s == HQG_MLX4_G64 || s == HQG_MLX8_G32;
+    bool mlx = s == HQG_MLX4_G64 || s == HQG_MLX8_G32 || s == HQG_MLX4_SWITCH;
     return mlx || (!strstr(t->name, "embed_tokens") && !strstr(t->name, "lm_head"));
 }
 
@@ -212,6 +212,51 @@ static void hqg_quantise(hqg_scheme s, hqg_out *q, const lm_file_tensor *t, cons
     case HQG_FP8_TENSOR: hqg_fp8_tensor(q, t->name, w, O, I, twin); break;
     case HQG_MLX4_G64: hqg_mlx(q, t->name, w, O, I, override ? 8 : 4, override ? 32 : 64, true, twin); break;
     case HQG_MLX8_G32: hqg_mlx(q, t->name, w, O, I, 8, 32, false, twin); break;
+    case HQG_MLX4_SWITCH: hqg_mlx(q, t->name, w, O, I, strstr(t->name, "mlp.gate.") ? 8 : 4, 32, true, twin); break;
+    }
+}
+
+/* Expert x of a layer's matrix `kind` (gate, up, down): its index, or -1
+ * for any other tensor. */
+static int hqg_expert(const char *name, int *layer, char *kind) {
+    int x, used = 0;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%7[a-z]_proj.weight%n", layer, &x, kind, &used) != 3 || name[used])
+        return -1;
+    return x;
+}
+
+/* Every layer's experts as switch_mlp stacks [E][rows][cols], quantised as
+ * one matrix of E * rows rows; the twin gets each expert's dequantised rows
+ * under its own name (the per-expert layout lumen reads from HF folders). */
+static void hqg_switch(hqg_out *q, hqg_out *tw, const lm_safetensors *st) {
+    for (int i = 0; i < st->n_tensors; i++) {
+        int layer;
+        char kind[8];
+        if (hqg_expert(st->tensors[i].name, &layer, kind) != 0) continue; /* once a stack: at expert 0 */
+        const int64_t R = st->tensors[i].shape[0], C = st->tensors[i].shape[1];
+        int E = 0;
+        char name[200];
+        for (;; E++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s_proj.weight", layer, E, kind);
+            if (!lm_safetensors_find(st, name)) break;
+        }
+        float *w = hqg_own(tw, (size_t)(E * R * C) * sizeof *w), *x = malloc((size_t)(E * R * C) * sizeof *x);
+        for (int e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s_proj.weight", layer, e, kind);
+            const lm_file_tensor *t = lm_safetensors_find(st, name);
+            lm_dequant_row(t->type, t->data, x + (size_t)(e * R * C), R * C);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.switch_mlp.%s_proj.weight", layer, kind);
+        hqg_mlx(q, name, x, E * R, C, 4, 32, true, w);
+        free(x);
+        for (int k = q->n - 3; k < q->n; k++) { /* the weight, scales, biases: [E][R][...] */
+            q->t[k].n_dims = 3;
+            q->t[k].shape[2] = q->t[k].shape[1];
+            q->t[k].shape[0] = E, q->t[k].shape[1] = R;
+        }
+        for (int e = 0; e < E; e++)
+            hqg_add(tw, "F32", 2, R, C, w + (size_t)(e * R * C), (size_t)(R * C) * sizeof *w,
+                    "model.layers.%d.mlp.experts.%d.%s_proj.weight", layer, e, kind);
     }
 }
 
@@ -226,9 +271,16 @@ static int hqg_write_config(const char *src, const char *dst, hqg_scheme s) {
         if (s == HQG_FP8_BLOCK) json_object_set_new(q, "weight_block_size", json_pack("[i, i]", 128, 128));
         json_object_set_new(c, "quantization_config", q);
     } else if (c) {
-        json_t *q = s == HQG_MLX4_G64 ? json_pack("{s:i, s:i}", "group_size", 64, "bits", 4)
-                                      : json_pack("{s:i, s:i}", "group_size", 32, "bits", 8);
+        json_t *q = s == HQG_MLX4_G64      ? json_pack("{s:i, s:i}", "group_size", 64, "bits", 4)
+                    : s == HQG_MLX4_SWITCH ? json_pack("{s:i, s:i}", "group_size", 32, "bits", 4)
+                                           : json_pack("{s:i, s:i}", "group_size", 32, "bits", 8);
         if (s == HQG_MLX4_G64) json_object_set_new(q, HQG_OVERRIDE, json_pack("{s:i, s:i}", "group_size", 32, "bits", 8));
+        int64_t L = json_integer_value(json_object_get(c, "num_hidden_layers"));
+        for (int64_t l = 0; s == HQG_MLX4_SWITCH && l < L; l++) { /* mlx-lm's per-module entries */
+            char mod[64];
+            snprintf(mod, sizeof mod, "model.layers.%lld.mlp.gate", (long long)l);
+            json_object_set_new(q, mod, json_pack("{s:i, s:i}", "group_size", 32, "bits", 8));
+        }
         json_object_set(c, "quantization", q);
         json_object_set_new(c, "quantization_config", q);
     }
@@ -258,8 +310,12 @@ int hqg_convert(const char *src, hqg_scheme scheme, const char *out, const char 
     }
     free(path);
     hqg_out q = { 0 }, tw = { 0 };
+    if (scheme == HQG_MLX4_SWITCH) hqg_switch(&q, &tw, &st);
     for (int i = 0; i < st.n_tensors; i++) {
         const lm_file_tensor *t = &st.tensors[i];
+        int layer;
+        char kind[8];
+        if (scheme == HQG_MLX4_SWITCH && hqg_expert(t->name, &layer, kind) >= 0) continue; /* in a stack */
         int64_t n = lm_file_tensor_numel(t);
         float *w = hqg_own(&tw, (size_t)n * sizeof *w); /* the twin's data: the source, then dequantised */
         lm_dequant_row(t->type, t->data, w, n);

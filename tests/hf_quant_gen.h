@@ -21,6 +21,10 @@ typedef enum hqg_scheme {
                      * (embeddings too); model.layers.1.mlp.down_proj overridden to
                      * 8 bits, groups of 32 */
     HQG_MLX8_G32,   /* 8-bit, groups of 32, f16 scales and biases, every matrix */
+    HQG_MLX4_SWITCH, /* a MoE as mlx-lm writes it: each layer's experts stacked as
+                      * mlp.switch_mlp.{gate,up,down}_proj [E][rows][cols] and
+                      * quantised as stacks, 4-bit groups of 32 with bf16 halves;
+                      * the routers (mlp.gate) 8-bit, as mlx-lm's qwen3_moe picks */
 } hqg_scheme;
 
 /* One tensor for hqg_write_safetensors. */

@@ -277,6 +277,12 @@ LM_TEST(hf_quant_bad_scales) {
                     "tensor \"y.scales\" has shape [4, 2], expected [4, 4] (4-bit groups of 64)");
     hq_expect_error(lm_t_, "mlx-bits", "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}", bad_shape, 3,
                     "tensor \"y.weight\" is quantised to 3 bits");
+    /* a stack of experts (switch_mlp) needs stacked scales */
+    hqg_tensor stack[] = { { "z.weight", "U32", 3, { 2, 2, 32 }, q, sizeof q },
+                           { "z.scales", "BF16", 2, { 4, 4 }, h, sizeof h },
+                           { "z.biases", "BF16", 2, { 4, 4 }, h, sizeof h } };
+    hq_expect_error(lm_t_, "mlx-stack", mlx, stack, 3,
+                    "tensor \"z.scales\" has shape [4, 4], expected [2, 2, 4] (4-bit groups of 64)");
 }
 
 /* ---- whole models ------------------------------------------------------------------- */
@@ -396,7 +402,9 @@ static void hq_model(lm_test_ctx *lm_t_, const hq_model_case *c) {
 
 /* llama-g256: rows of 256 and 512, two 128x128 tiles and more per matrix;
  * qwen3: tied embeddings, so the MLX embedding is the output head too;
- * qwen3-moe: per-expert matrices and the router quantised. */
+ * qwen3-moe: per-expert matrices and the router quantised, and (switch)
+ * the experts as mlx-lm's stacks, quantised as stacks, against a twin with
+ * one tensor per expert. */
 static const hq_model_case HQ_MODELS[] = {
     { "fp8-block", "gguf/llama-g256", HQG_FP8_BLOCK, 0.516, 1.0, 1e-4 },
     { "fp8-tensor", "gguf/llama-g256", HQG_FP8_TENSOR, 0.496, 1.0, 1e-4 },
@@ -404,6 +412,7 @@ static const hq_model_case HQ_MODELS[] = {
     { "mlx8-g32", "gguf/llama-g256", HQG_MLX8_G32, 0.132, 0.25, 0.3 }, /* 0.106 */
     { "mlx4-g64-tied", "models/qwen3", HQG_MLX4_G64, 0.964, 2.0, 0.1 }, /* 0.034 */
     { "mlx8-moe", "models/qwen3-moe", HQG_MLX8_G32, 0.529, 1.0, 1.0 }, /* 0.378: int8 rounding can move a routing choice */
+    { "mlx4-switch", "models/qwen3-moe", HQG_MLX4_SWITCH, 1.007, 2.0, 1.0 }, /* decode 0.363 */
 };
 
 LM_TEST(hf_quant_model_fp8_block) { hq_model(lm_t_, &HQ_MODELS[0]); }
@@ -412,6 +421,8 @@ LM_TEST(hf_quant_model_mlx4_g64) { hq_model(lm_t_, &HQ_MODELS[2]); }
 LM_TEST(hf_quant_model_mlx8_g32) { hq_model(lm_t_, &HQ_MODELS[3]); }
 LM_TEST(hf_quant_model_mlx4_tied) { hq_model(lm_t_, &HQ_MODELS[4]); }
 LM_TEST(hf_quant_model_mlx8_moe) { hq_model(lm_t_, &HQ_MODELS[5]); }
+/* mlx-community's MoE layout: experts as switch_mlp stacks, quantised as stacks */
+LM_TEST(hf_quant_model_mlx4_switch_mlp) { hq_model(lm_t_, &HQ_MODELS[6]); }
 
 /* A model whose FP8 rows are not whole 128-value blocks (qwen3's width is
  * 64) is refused at load with the tensor named, not run wrongly. */

@@ -112,8 +112,10 @@ static float *hfq_widen(const hfq_ctx *c, const lm_file_tensor *s, const char *f
     return v;
 }
 
-/* Adds the repacked form of weight w (its name and file) to the table. */
-static void hfq_add(hfq_ctx *c, const lm_file_tensor *w, const char *file, lm_dtype type, int64_t rows,
+/* Adds the repacked form of weight w (its name and file) to the table:
+ * rows x cols, or stack x rows x cols when stack > 0 (a 3-D stack of
+ * experts, rows each). */
+static void hfq_add(hfq_ctx *c, const lm_file_tensor *w, const char *file, lm_dtype type, int64_t stack, int64_t rows,
                     int64_t cols, uint8_t *data) {
     c->out = lm_xrealloc(c->out, (size_t)(c->n_out + 1) * sizeof *c->out);
     lm_repacked_tensor *r = &c->out[c->n_out++];
@@ -121,11 +123,13 @@ static void hfq_add(hfq_ctx *c, const lm_file_tensor *w, const char *file, lm_dt
     r->t.name = lm_xstrdup(w->name);
     r->t.type = type;
     snprintf(r->t.type_name, sizeof r->t.type_name, "%s", lm_dtype_name(type));
-    r->t.n_dims = 2;
-    r->t.shape[0] = rows;
-    r->t.shape[1] = cols;
+    int d = 0;
+    if (stack > 0) r->t.shape[d++] = stack;
+    r->t.shape[d++] = rows;
+    r->t.shape[d++] = cols;
+    r->t.n_dims = d;
     r->t.data = data;
-    r->t.nbytes = (size_t)rows * lm_dtype_row_bytes(type, cols);
+    r->t.nbytes = (size_t)LM_MAX(stack, 1) * (size_t)rows * lm_dtype_row_bytes(type, cols);
     r->file = file;
 }
 
@@ -203,7 +207,7 @@ static int hfq_fp8(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
         }
     }
     free(sv);
-    hfq_add(c, w, file, LM_FP8_B128, O, I, data);
+    hfq_add(c, w, file, LM_FP8_B128, 0, O, I, data);
     c->from_bytes += w->nbytes + s->nbytes;
     return 0;
 }
@@ -216,10 +220,10 @@ static lm_dtype hfq_affine_type(int bits, lm_dtype half) {
     return half == LM_BF16 ? LM_A8_BF16 : LM_A8_F16;
 }
 
-/* Finds X.scales or X.biases of MLX weight w and checks shape [O][G] and a
- * half type; NULL with the error set. */
+/* Finds X.scales or X.biases of MLX weight w and checks shape [O][G] (a
+ * stack: [E][O][G]) and a half type; NULL with the error set. */
 static const lm_file_tensor *hfq_mlx_side(hfq_ctx *c, const lm_file_tensor *w, const char *file, size_t prefix,
-                                          const char *what, int64_t O, int64_t G, int bits, int group) {
+                                          const char *what, int64_t E, int64_t O, int64_t G, int bits, int group) {
     char name[512];
     snprintf(name, sizeof name, "%.*s%s", (int)prefix, w->name, what);
     const char *sfile = NULL;
@@ -228,11 +232,15 @@ static const lm_file_tensor *hfq_mlx_side(hfq_ctx *c, const lm_file_tensor *w, c
         lm_errf(c->e, "%s: missing tensor \"%s\" (the %s of MLX-quantised \"%s\")", file, name, what, w->name);
         return NULL;
     }
-    if (!hfq_is_2d(s, O, G)) {
-        char got[96];
+    const bool shaped = E > 0 ? s->n_dims == 3 && s->shape[0] == E && s->shape[1] == O && s->shape[2] == G
+                              : hfq_is_2d(s, O, G);
+    if (!shaped) {
+        char got[96], want[96];
         hfq_shape(got, sizeof got, s);
-        lm_errf(c->e, "%s: tensor \"%s\" has shape %s, expected [%lld, %lld] (%d-bit groups of %d)", sfile, name, got,
-                (long long)O, (long long)G, bits, group);
+        if (E > 0) snprintf(want, sizeof want, "[%lld, %lld, %lld]", (long long)E, (long long)O, (long long)G);
+        else snprintf(want, sizeof want, "[%lld, %lld]", (long long)O, (long long)G);
+        lm_errf(c->e, "%s: tensor \"%s\" has shape %s, expected %s (%d-bit groups of %d)", sfile, name, got, want, bits,
+                group);
         return NULL;
     }
     if (s->type != LM_BF16 && s->type != LM_F16) {
@@ -246,7 +254,9 @@ static const lm_file_tensor *hfq_mlx_side(hfq_ctx *c, const lm_file_tensor *w, c
  * A8_* rows of 32-value blocks; a group of 64 or 128 gives its scale and
  * bias to each of its blocks. MLX packs value i of a row at bits
  * [bits*(i%k), bits*(i%k+1)) of little-endian word i/k (k = 32/bits): for
- * 4 bits, the low nibble of byte i/2 when i is even, else the high one. */
+ * 4 bits, the low nibble of byte i/2 when i is even, else the high one.
+ * A 3-D w [E][O][...] (mlx-lm's switch_mlp: a MoE layer's experts stacked)
+ * has [E][O][I/group] scales and biases and stays a stack. */
 static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
     const size_t prefix = strlen(w->name) - strlen("weight");
     char module[512];
@@ -259,16 +269,17 @@ static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
     if (group <= 0 || group % LM_AFF_BLOCK)
         return lm_errf(c->e, "%s: tensor \"%s\" has MLX groups of %d values; lumen needs a multiple of %d", file,
                        w->name, group, LM_AFF_BLOCK);
-    if (w->n_dims != 2)
-        return lm_errf(c->e, "%s: tensor \"%s\" is U32 with %d dimensions; MLX weights must be matrices", file,
-                       w->name, w->n_dims);
-    const int64_t O = w->shape[0], P = w->shape[1], I = P * 32 / bits;
+    if (w->n_dims != 2 && w->n_dims != 3)
+        return lm_errf(c->e, "%s: tensor \"%s\" is U32 with %d dimensions; MLX weights must be matrices or stacks of "
+                       "them", file, w->name, w->n_dims);
+    const int64_t E = w->n_dims == 3 ? w->shape[0] : 0, O1 = w->shape[w->n_dims - 2], P = w->shape[w->n_dims - 1];
+    const int64_t O = LM_MAX(E, 1) * O1, I = P * 32 / bits; /* O: rows of every expert */
     if (I % group)
         return lm_errf(c->e, "%s: tensor \"%s\" has rows of %lld values, not a whole number of groups of %d", file,
                        w->name, (long long)I, group);
     const int64_t G = I / group;
-    const lm_file_tensor *sc = hfq_mlx_side(c, w, file, prefix, "scales", O, G, bits, group);
-    const lm_file_tensor *bi = sc ? hfq_mlx_side(c, w, file, prefix, "biases", O, G, bits, group) : NULL;
+    const lm_file_tensor *sc = hfq_mlx_side(c, w, file, prefix, "scales", E, O1, G, bits, group);
+    const lm_file_tensor *bi = sc ? hfq_mlx_side(c, w, file, prefix, "biases", E, O1, G, bits, group) : NULL;
     if (!bi) return -1;
     if (bi->type != sc->type)
         return lm_errf(c->e, "%s: tensor \"%.*sbiases\" has type %s, but its scales are %s", file, (int)prefix,
@@ -296,7 +307,7 @@ static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
             }
         }
     }
-    hfq_add(c, w, file, type, O, I, data);
+    hfq_add(c, w, file, type, E, O1, I, data);
     c->from_bytes += w->nbytes + sc->nbytes + bi->nbytes;
     return 0;
 }

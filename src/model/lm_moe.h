@@ -11,7 +11,9 @@
  *    model.layers.L.mlp.experts.gate_up_proj [E][2F][D] (gate rows first)
  *    and model.layers.L.mlp.experts.down_proj [E][D][F];
  *  - stacked (llama.cpp's GGUF): blk.L.ffn_{gate,up}_exps [E][F][D] and
- *    blk.L.ffn_down_exps [E][D][F]; newer llama.cpp files may fuse the
+ *    blk.L.ffn_down_exps [E][D][F]; mlx-lm's checkpoints (mlx-community)
+ *    the same as model.layers.L.mlp.switch_mlp.{gate,up,down}_proj.weight,
+ *    MLX-quantised as stacks; newer llama.cpp files may fuse the
  *    first two as blk.L.ffn_gate_up_exps [E][2F][D] (gate rows first),
  *    bound as the fused layout.
  * A fused tensor is bound once and each expert's matrices are row views into

@@ -64,6 +64,10 @@ const lm_moe_names lm_moe_hf_names = {
     .down = "model.layers.%d.mlp.experts.%d.down_proj.weight",
     .gate_up = "model.layers.%d.mlp.experts.gate_up_proj",
     .down_fused = "model.layers.%d.mlp.experts.down_proj",
+    /* mlx-lm's checkpoints (mlx-community): switch_mlp stacks, quantised as stacks */
+    .gate_exps = "model.layers.%d.mlp.switch_mlp.gate_proj.weight",
+    .up_exps = "model.layers.%d.mlp.switch_mlp.up_proj.weight",
+    .down_exps = "model.layers.%d.mlp.switch_mlp.down_proj.weight",
 };
 
 const lm_moe_names lm_moe_gguf_names = {
@@ -128,8 +132,12 @@ void lm_moe_bind(lm_binder *b, lm_moe_layer *L, const lm_moe_names *nt, int l) {
     L->down = lm_xcalloc((size_t)E, sizeof *L->down);
     size_t before = m->weight_bytes;
     char n2[192], n3[192];
-    /* a GGUF's experts stacked per matrix, unless gate and up are fused (newer llama.cpp files) */
-    const bool stacked = nt->gate_exps && !(nt->gate_up && lm_bind_has(b, lm_bind_name(n, sizeof n, nt->gate_up, l)));
+    /* stacked per matrix (a GGUF, an MLX checkpoint), unless gate and up are
+     * fused (newer llama.cpp files) or the layout has per-expert tensors
+     * and no stack (a Hugging Face checkpoint) */
+    const bool fused = nt->gate_up && lm_bind_has(b, lm_bind_name(n, sizeof n, nt->gate_up, l));
+    const bool stacked = nt->gate_exps && !fused &&
+                         (!nt->gate || lm_bind_has(b, lm_bind_name(n, sizeof n, nt->gate_exps, l)));
     if (stacked) { /* one tensor per matrix, every expert */
         snprintf(n, sizeof n, nt->gate_exps, l);
         snprintf(n2, sizeof n2, nt->up_exps, l);
