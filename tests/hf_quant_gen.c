@@ -157,8 +157,9 @@ static void hqg_fp8_tensor(hqg_out *q, const char *name, const float *w, int64_t
 
 /* MLX affine: per group of a row, scale = (max - min) / (2^bits - 1) and
  * bias = min, both rounded to the half type first; q = round((w - bias) /
- * scale) clamped; value i of a row packed at bits [bits*(i%k), ...) of
- * little-endian word i/k, k = 32 / bits. */
+ * scale) clamped; the row's values packed as one little-endian bit stream,
+ * value i at bits [bits*i, bits*(i+1)) (MLX's extract_bits for 3, 5 and 6
+ * bits; for 2, 4 and 8 the same as word i/k, k = 32 / bits). */
 static void hqg_mlx(hqg_out *q, const char *name, const float *w, int64_t O, int64_t I, int bits, int group,
                     bool bf16, float *twin) {
     const int64_t G = I / group, P = I * bits / 32;
@@ -178,10 +179,11 @@ static void hqg_mlx(hqg_out *q, const char *name, const float *w, int64_t O, int
             for (int i = 0; i < group; i++) {
                 long v = lrintf((x[i] - bf) / sf);
                 int qv = (int)(v < 0 ? 0 : v > qmax ? qmax : v);
-                int64_t col = g * group + i, k = 32 / bits;
-                uint8_t *word = packed + (size_t)(r * P + col / k) * 4;
-                int bit = bits * (int)(col % k);
-                word[bit / 8] |= (uint8_t)(qv << (bit % 8));
+                int64_t col = g * group + i;
+                uint8_t *row = packed + (size_t)(r * P) * 4;
+                size_t bit = (size_t)(bits * col);
+                row[bit / 8] |= (uint8_t)(qv << (bit % 8));
+                if (bit % 8 + (size_t)bits > 8) row[bit / 8 + 1] |= (uint8_t)(qv >> (8 - bit % 8));
                 twin[r * I + col] = sf * (float)qv + bf;
             }
         }
@@ -199,7 +201,7 @@ static const char *HQG_OVERRIDE = "model.layers.1.mlp.down_proj";
 static bool hqg_quantised(hqg_scheme s, const lm_file_tensor *t) {
     size_t n = strlen(t->name);
     if (t->n_dims != 2 || n < 7 || strcmp(t->name + n - 7, ".weight")) return false;
-    bool mlx = s == HQG_MLX4_G64 || s == HQG_MLX8_G32 || s == HQG_MLX4_SWITCH;
+    bool mlx = s != HQG_FP8_BLOCK && s != HQG_FP8_TENSOR;
     return mlx || (!strstr(t->name, "embed_tokens") && !strstr(t->name, "lm_head"));
 }
 
@@ -213,6 +215,10 @@ static void hqg_quantise(hqg_scheme s, hqg_out *q, const lm_file_tensor *t, cons
     case HQG_MLX4_G64: hqg_mlx(q, t->name, w, O, I, override ? 8 : 4, override ? 32 : 64, true, twin); break;
     case HQG_MLX8_G32: hqg_mlx(q, t->name, w, O, I, 8, 32, false, twin); break;
     case HQG_MLX4_SWITCH: hqg_mlx(q, t->name, w, O, I, strstr(t->name, "mlp.gate.") ? 8 : 4, 32, true, twin); break;
+    case HQG_MLX3_G64: hqg_mlx(q, t->name, w, O, I, 3, 64, true, twin); break;
+    case HQG_MLX6_G64: hqg_mlx(q, t->name, w, O, I, 6, 64, false, twin); break;
+    case HQG_MLX2_G32: hqg_mlx(q, t->name, w, O, I, 2, 32, true, twin); break;
+    case HQG_MLX5_G32: hqg_mlx(q, t->name, w, O, I, 5, 32, true, twin); break;
     }
 }
 
@@ -273,6 +279,10 @@ static int hqg_write_config(const char *src, const char *dst, hqg_scheme s) {
     } else if (c) {
         json_t *q = s == HQG_MLX4_G64      ? json_pack("{s:i, s:i}", "group_size", 64, "bits", 4)
                     : s == HQG_MLX4_SWITCH ? json_pack("{s:i, s:i}", "group_size", 32, "bits", 4)
+                    : s == HQG_MLX3_G64    ? json_pack("{s:i, s:i}", "group_size", 64, "bits", 3)
+                    : s == HQG_MLX6_G64    ? json_pack("{s:i, s:i}", "group_size", 64, "bits", 6)
+                    : s == HQG_MLX2_G32    ? json_pack("{s:i, s:i}", "group_size", 32, "bits", 2)
+                    : s == HQG_MLX5_G32    ? json_pack("{s:i, s:i}", "group_size", 32, "bits", 5)
                                            : json_pack("{s:i, s:i}", "group_size", 32, "bits", 8);
         if (s == HQG_MLX4_G64) json_object_set_new(q, HQG_OVERRIDE, json_pack("{s:i, s:i}", "group_size", 32, "bits", 8));
         int64_t L = json_integer_value(json_object_get(c, "num_hidden_layers"));

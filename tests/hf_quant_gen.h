@@ -25,6 +25,10 @@ typedef enum hqg_scheme {
                       * mlp.switch_mlp.{gate,up,down}_proj [E][rows][cols] and
                       * quantised as stacks, 4-bit groups of 32 with bf16 halves;
                       * the routers (mlp.gate) 8-bit, as mlx-lm's qwen3_moe picks */
+    HQG_MLX3_G64,   /* 3-bit, groups of 64, bf16 halves, every matrix (mlx-bun's width) */
+    HQG_MLX6_G64,   /* 6-bit, groups of 64, f16 halves, every matrix */
+    HQG_MLX2_G32,   /* 2-bit, groups of 32, bf16 halves, every matrix */
+    HQG_MLX5_G32,   /* 5-bit, groups of 32, bf16 halves, every matrix */
 } hqg_scheme;
 
 /* One tensor for hqg_write_safetensors. */

@@ -275,8 +275,10 @@ LM_TEST(hf_quant_bad_scales) {
                                { "y.biases", "BF16", 2, { 4, 4 }, h, sizeof h } };
     hq_expect_error(lm_t_, "mlx-shape", mlx, bad_shape, 3,
                     "tensor \"y.scales\" has shape [4, 2], expected [4, 4] (4-bit groups of 64)");
-    hq_expect_error(lm_t_, "mlx-bits", "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}", bad_shape, 3,
-                    "tensor \"y.weight\" is quantised to 3 bits");
+    hq_expect_error(lm_t_, "mlx-bits", "{\"quantization\": {\"group_size\": 64, \"bits\": 7}}", bad_shape, 3,
+                    "tensor \"y.weight\" is quantised to 7 bits");
+    hq_expect_error(lm_t_, "mlx-3bit-words", "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}", bad_shape, 3,
+                    "tensor \"y.weight\" has rows of 32 words, not a whole number of 3-bit values");
     /* a stack of experts (switch_mlp) needs stacked scales */
     hqg_tensor stack[] = { { "z.weight", "U32", 3, { 2, 2, 32 }, q, sizeof q },
                            { "z.scales", "BF16", 2, { 4, 4 }, h, sizeof h },
@@ -413,6 +415,10 @@ static const hq_model_case HQ_MODELS[] = {
     { "mlx4-g64-tied", "models/qwen3", HQG_MLX4_G64, 0.964, 2.0, 0.1 }, /* 0.034 */
     { "mlx8-moe", "models/qwen3-moe", HQG_MLX8_G32, 0.529, 1.0, 1.0 }, /* 0.378: int8 rounding can move a routing choice */
     { "mlx4-switch", "models/qwen3-moe", HQG_MLX4_SWITCH, 1.007, 2.0, 1.0 }, /* decode 0.363 */
+    { "mlx3-g64", "gguf/llama-g256", HQG_MLX3_G64, 4.365, 6.5, 0.3 }, /* decode 0.103 */
+    { "mlx6-g64", "gguf/llama-g256", HQG_MLX6_G64, 0.566, 1.0, 0.3 }, /* 0.114 */
+    { "mlx2-g32", "gguf/llama-g256", HQG_MLX2_G32, 5.684, 8.5, 0.3 }, /* 0.119 */
+    { "mlx5-g32", "gguf/llama-g256", HQG_MLX5_G32, 0.879, 1.5, 0.3 }, /* 0.107 */
 };
 
 LM_TEST(hf_quant_model_fp8_block) { hq_model(lm_t_, &HQ_MODELS[0]); }
@@ -423,6 +429,11 @@ LM_TEST(hf_quant_model_mlx4_tied) { hq_model(lm_t_, &HQ_MODELS[4]); }
 LM_TEST(hf_quant_model_mlx8_moe) { hq_model(lm_t_, &HQ_MODELS[5]); }
 /* mlx-community's MoE layout: experts as switch_mlp stacks, quantised as stacks */
 LM_TEST(hf_quant_model_mlx4_switch_mlp) { hq_model(lm_t_, &HQ_MODELS[6]); }
+/* the other MLX widths, held exactly in 4- (2, 3 bits) or 8-bit (5, 6) blocks */
+LM_TEST(hf_quant_model_mlx3_g64) { hq_model(lm_t_, &HQ_MODELS[7]); }
+LM_TEST(hf_quant_model_mlx6_g64) { hq_model(lm_t_, &HQ_MODELS[8]); }
+LM_TEST(hf_quant_model_mlx2_g32) { hq_model(lm_t_, &HQ_MODELS[9]); }
+LM_TEST(hf_quant_model_mlx5_g32) { hq_model(lm_t_, &HQ_MODELS[10]); }
 
 /* A model whose FP8 rows are not whole 128-value blocks (qwen3's width is
  * 64) is refused at load with the tensor named, not run wrongly. */

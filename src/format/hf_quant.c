@@ -214,10 +214,25 @@ static int hfq_fp8(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
 
 /* ---- MLX affine ------------------------------------------------------------------ */
 
-/* The lumen type of MLX weights of `bits` with halves of type `half`. */
+/* The lumen type of MLX weights of `bits` with halves of type `half`: codes
+ * of 2-4 bits go into 4-bit blocks, 5-8 bits into 8-bit ones. The values
+ * stay exact (s * q + b with the checkpoint's own q); 2-, 3-, 5- and 6-bit
+ * weights take more memory than their files (3-bit groups of 64: 5 bits a
+ * value instead of 3.5). */
 static lm_dtype hfq_affine_type(int bits, lm_dtype half) {
-    if (bits == 4) return half == LM_BF16 ? LM_A4_BF16 : LM_A4_F16;
+    if (bits <= 4) return half == LM_BF16 ? LM_A4_BF16 : LM_A4_F16;
     return half == LM_BF16 ? LM_A8_BF16 : LM_A8_F16;
+}
+
+/* Code i of a row MLX packed at `bits` bits: every width packs the row as
+ * one little-endian bit stream, value i at bits [bits*i, bits*(i+1)) (for 3,
+ * 5 and 6 bits in packs of 3, 5 and 3 bytes; for 2, 4 and 8 within bytes);
+ * row_bytes bounds the read. */
+static int hfq_mlx_code(const uint8_t *row, size_t row_bytes, int bits, int64_t i) {
+    const size_t bit = (size_t)i * (size_t)bits, at = bit / 8;
+    unsigned v = row[at];
+    if (at + 1 < row_bytes) v |= (unsigned)row[at + 1] << 8;
+    return (int)((v >> (bit % 8)) & ((1u << bits) - 1));
 }
 
 /* Finds X.scales or X.biases of MLX weight w and checks shape [O][G] (a
@@ -263,9 +278,9 @@ static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
     snprintf(module, sizeof module, "%.*s", (int)(prefix ? prefix - 1 : 0), w->name);
     int bits, group;
     hfq_mlx_params(c, module, &bits, &group);
-    if (bits != 4 && bits != 8)
-        return lm_errf(c->e, "%s: tensor \"%s\" is quantised to %d bits; lumen reads MLX weights of 4 or 8 bits",
-                       file, w->name, bits);
+    if (bits < 2 || bits > 8 || bits == 7)
+        return lm_errf(c->e, "%s: tensor \"%s\" is quantised to %d bits; lumen reads MLX weights of 2, 3, 4, 5, 6 or 8 "
+                       "bits", file, w->name, bits);
     if (group <= 0 || group % LM_AFF_BLOCK)
         return lm_errf(c->e, "%s: tensor \"%s\" has MLX groups of %d values; lumen needs a multiple of %d", file,
                        w->name, group, LM_AFF_BLOCK);
@@ -274,6 +289,9 @@ static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
                        "them", file, w->name, w->n_dims);
     const int64_t E = w->n_dims == 3 ? w->shape[0] : 0, O1 = w->shape[w->n_dims - 2], P = w->shape[w->n_dims - 1];
     const int64_t O = LM_MAX(E, 1) * O1, I = P * 32 / bits; /* O: rows of every expert */
+    if ((P * 32) % bits)
+        return lm_errf(c->e, "%s: tensor \"%s\" has rows of %lld words, not a whole number of %d-bit values", file,
+                       w->name, (long long)P, bits);
     if (I % group)
         return lm_errf(c->e, "%s: tensor \"%s\" has rows of %lld values, not a whole number of groups of %d", file,
                        w->name, (long long)I, group);
@@ -298,6 +316,15 @@ static int hfq_mlx(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
             const uint8_t *qb = q + (size_t)k * LM_AFF_BLOCK * (size_t)bits / 8;
             if (bits == 8) {
                 memcpy(dst + 4, qb, LM_AFF_BLOCK);
+                continue;
+            }
+            if (bits != 4) { /* 2, 3, 5, 6 bits: codes off the bit stream into 4- or 8-bit slots */
+                for (int j = 0; j < LM_AFF_BLOCK; j++) {
+                    int code = hfq_mlx_code(q, src_row, bits, k * LM_AFF_BLOCK + j);
+                    if (bits > 4) dst[4 + j] = (uint8_t)code;
+                    else if (j < LM_AFF_BLOCK / 2) dst[4 + j] = (uint8_t)code;
+                    else dst[4 + j - LM_AFF_BLOCK / 2] |= (uint8_t)(code << 4);
+                }
                 continue;
             }
             for (int j = 0; j < LM_AFF_BLOCK / 2; j++) {
