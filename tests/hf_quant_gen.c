@@ -330,6 +330,7 @@ int hqg_convert(const char *src, hqg_scheme scheme, const char *out, const char 
         float *w = hqg_own(&tw, (size_t)n * sizeof *w); /* the twin's data: the source, then dequantised */
         lm_dequant_row(t->type, t->data, w, n);
         hqg_add(&tw, "F32", t->n_dims, t->shape[0], t->shape[1], w, (size_t)n * sizeof *w, "%s", t->name);
+        if (t->n_dims == 3) tw.t[tw.n - 1].shape[2] = t->shape[2];
         if (hqg_quantised(scheme, t)) {
             float *x = malloc((size_t)n * sizeof *x);
             memcpy(x, w, (size_t)n * sizeof *x);
@@ -337,6 +338,7 @@ int hqg_convert(const char *src, hqg_scheme scheme, const char *out, const char 
             free(x);
         } else {
             hqg_add(&q, t->type_name, t->n_dims, t->shape[0], t->shape[1], t->data, t->nbytes, "%s", t->name);
+            if (t->n_dims == 3) q.t[q.n - 1].shape[2] = t->shape[2];
         }
     }
     int rc = 0;

@@ -143,6 +143,7 @@ typedef struct q35 {
     bool has_mtp;
     const struct q35_names *nt; /* the checkpoint's tensor names */
     char moe_pat[2][9][96];  /* lm_moe_names patterns: main layers, MTP layers */
+    char norm_name[64];      /* the final norm's tensor name (HF layouts) */
     lm_moe_names moe_names[2];
     void **host;             /* re-ordered weight copies (lm_xaligned) */
     int n_host;
@@ -188,6 +189,27 @@ static const q35_names k_hf_names = {
       "%d.mlp.experts.%d.down_proj.weight", "%d.mlp.experts.gate_up_proj", "%d.mlp.experts.down_proj", NULL, NULL,
       NULL },
     0.0f, false,
+};
+
+/* mlx-lm's checkpoints of Qwen3.5 and Qwen3.5-MoE (mlx-community): the text
+ * model under language_model.model. (the head language_model.lm_head),
+ * every RMSNorm but the gated one stored as 1 + w (mlx-lm's sanitize adds
+ * the 1 that transformers' norms add at run time), conv1d as [C][K][1]
+ * (the same bytes as [C][1][K]), experts as switch_mlp stacks. */
+static const q35_names k_mlx_names = {
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight",
+    "linear_attn.in_proj_a.weight", NULL, NULL,
+    "linear_attn.conv1d.weight", "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.norm.weight",
+    "linear_attn.out_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight", "mlp.shared_expert.down_proj.weight",
+    "mlp.shared_expert_gate.weight",
+    { "%d.mlp.gate.weight", NULL, NULL, NULL, NULL, NULL, "%d.mlp.switch_mlp.gate_proj.weight",
+      "%d.mlp.switch_mlp.up_proj.weight", "%d.mlp.switch_mlp.down_proj.weight" },
+    -1.0f, false,
 };
 
 /* llama.cpp's converter (Qwen3NextModel, Qwen3_5TextModel): Qwen3-Next's
@@ -497,14 +519,18 @@ static int q35_bind(lm_model *m, lm_err *e) {
     q->nt = m->weights->gguf ? &k_gguf_names : &k_hf_names;
     snprintf(pfx, sizeof pfx, "blk.");
     if (!m->weights->gguf) {
-        /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text model */
+        /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text
+         * model; mlx-lm saves it under language_model.model. */
         const bool mm = lm_bind_has(&b, "model.language_model.embed_tokens.weight");
-        const char *base = mm ? "model.language_model." : "model.";
+        const bool mlx = !mm && lm_bind_has(&b, "language_model.model.embed_tokens.weight");
+        const char *base = mm ? "model.language_model." : mlx ? "language_model.model." : "model.";
+        if (mlx) q->nt = &k_mlx_names;
         snprintf(pfx, sizeof pfx, "%slayers.", base);
         snprintf(n, sizeof n, "%sembed_tokens.weight", base);
         embed = n;
-        norm = mm ? "model.language_model.norm.weight" : "model.norm.weight";
-        head = "lm_head.weight";
+        snprintf(q->norm_name, sizeof q->norm_name, "%snorm.weight", base);
+        norm = q->norm_name;
+        head = mlx ? "language_model.lm_head.weight" : "lm_head.weight";
     }
     lm_bind_matrix(&b, &m->embed, embed, c->vocab, c->d_model, true, c->tie_embeddings);
     lm_bind_f32(&b, &m->out_norm, norm, 1, c->d_model, true, q->nt->norm_offset);
