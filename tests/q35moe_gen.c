@@ -246,7 +246,8 @@ static bool q35_ends(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-int q35_to_mlx(const char *src, const char *dst) {
+int q35_to_mlx(const char *src, const char *dst, bool language_model) {
+    const char *pre = language_model ? "language_model.model." : "model.";
     char path[1200];
     lm_err e = { { 0 } };
     lm_safetensors st;
@@ -280,7 +281,7 @@ int q35_to_mlx(const char *src, const char *dst) {
                 memcpy(stack + (size_t)k * s->nbytes, lm_safetensors_find(&st, nm)->data, s->nbytes);
             }
             hqg_tensor *o = &t[n++];
-            snprintf(o->name, sizeof o->name, "language_model.model.layers.%d.mlp.switch_mlp.%s_proj.weight", layer, kind);
+            snprintf(o->name, sizeof o->name, "%slayers.%d.mlp.switch_mlp.%s_proj.weight", pre, layer, kind);
             o->dtype = "BF16", o->n_dims = 3, o->shape[0] = E, o->shape[1] = s->shape[0], o->shape[2] = s->shape[1];
             o->data = stack, o->nbytes = (size_t)E * s->nbytes;
             continue;
@@ -296,7 +297,7 @@ int q35_to_mlx(const char *src, const char *dst) {
                 for (int64_t k = 0; k < E; k++)
                     memcpy(m + (size_t)k * half, s->data + (size_t)k * (gu ? 2 : 1) * half + (size_t)part * half, half);
                 hqg_tensor *o = &t[n++];
-                snprintf(o->name, sizeof o->name, "language_model.model.layers.%d.mlp.switch_mlp.%s_proj.weight", layer,
+                snprintf(o->name, sizeof o->name, "%slayers.%d.mlp.switch_mlp.%s_proj.weight", pre, layer,
                          gu ? (part ? "up" : "gate") : "down");
                 o->dtype = "BF16", o->n_dims = 3, o->shape[0] = E, o->shape[1] = R, o->shape[2] = C;
                 o->data = m, o->nbytes = (size_t)E * half;
@@ -304,8 +305,8 @@ int q35_to_mlx(const char *src, const char *dst) {
             continue;
         }
         hqg_tensor *o = &t[n++];
-        if (rest) snprintf(o->name, sizeof o->name, "language_model.model.%s", rest);
-        else snprintf(o->name, sizeof o->name, "language_model.lm_head.weight");
+        if (rest) snprintf(o->name, sizeof o->name, "%s%s", pre, rest);
+        else snprintf(o->name, sizeof o->name, "%slm_head.weight", language_model ? "language_model." : "");
         o->dtype = s->type == LM_F32 ? "F32" : "BF16";
         o->n_dims = s->n_dims;
         for (int d = 0; d < s->n_dims && d < 3; d++) o->shape[d] = s->shape[d];

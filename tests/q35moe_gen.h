@@ -18,11 +18,13 @@ char *make_q35moe(const char *src, const char *tag, bool multimodal, bool mtp);
  * success (or when it has not). */
 int q35_copy_file(const char *src, const char *dst, const char *name);
 
-/* The Qwen3.5 (or Qwen3.5-MoE) folder src as mlx-lm saves it, in dst: the
- * text model under language_model.model. and the head as
- * language_model.lm_head, the 1 + w norms stored shifted (as F32, so that
- * nothing rounds), conv1d as [C][K][1], experts (per expert or fused) as
- * switch_mlp stacks; config, reference and tokenizer copied. 0 on success. */
-int q35_to_mlx(const char *src, const char *dst);
+/* The Qwen3.5 / Qwen3.5-MoE / Qwen3-Next folder src as mlx-lm saves it, in
+ * dst: the text model under language_model.model. and the head as
+ * language_model.lm_head (mlx-lm's qwen3_5 and qwen3_5_moe; with
+ * language_model false, under model. as its qwen3_next keeps them), the
+ * 1 + w norms stored shifted (as F32, so that nothing rounds), conv1d as
+ * [C][K][1], experts (per expert or fused) as switch_mlp stacks, the MTP
+ * head left out; config, reference and tokenizer copied. 0 on success. */
+int q35_to_mlx(const char *src, const char *dst, bool language_model);
 
 #endif

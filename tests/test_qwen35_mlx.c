@@ -1,8 +1,9 @@
 /* test_qwen35_mlx.c - Qwen3.5 and Qwen3.5-MoE checkpoints as mlx-lm saves
  * them (mlx-community; mlx-bun runs these at 3 bits): the text model under
- * language_model.model., its 1 + w norms stored shifted, conv1d as
- * [C][K][1], experts as switch_mlp stacks (q35moe_gen.c writes that layout
- * from the fixtures, following mlx-lm's qwen3_5 / qwen3_5_moe sanitize).
+ * language_model.model. (Qwen3-Next: model.), its 1 + w norms stored
+ * shifted, conv1d as [C][K][1], experts as switch_mlp stacks (q35moe_gen.c
+ * writes that layout from the fixtures, following mlx-lm's qwen3_5,
+ * qwen3_5_moe and qwen3_next sanitize).
  * Unquantised, such a folder is the fixture's model: lumen's parity run on
  * it must equal the fixture's bit for bit; quantised (3-bit MLX), it must
  * give its dequantised twin's logits exactly. */
@@ -19,9 +20,9 @@
 #include "test_util.h"
 
 /* Parity of the MLX-layout copy of src equals src's own, bit for bit. */
-static void same_as(lm_test_ctx *lm_t_, const char *src, const char *mlx_src) {
+static void same_as(lm_test_ctx *lm_t_, const char *src, const char *mlx_src, bool language_model) {
     char *dst = lm_tu_mkdir("q35-mlx");
-    LM_REQUIRE(q35_to_mlx(mlx_src, dst) == 0);
+    LM_REQUIRE(q35_to_mlx(mlx_src, dst, language_model) == 0);
     lm_err e = { { 0 } };
     lm_backend *be = lm_tu_model_backend(1, &e);
     lm_model *m = NULL;
@@ -40,7 +41,7 @@ static void same_as(lm_test_ctx *lm_t_, const char *src, const char *mlx_src) {
 LM_TEST(qwen35_mlx_layout_matches_transformers) {
     char *src = lm_test_fixture_path("models/qwen3.5");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
-    same_as(lm_t_, src, src);
+    same_as(lm_t_, src, src, true);
     free(src);
 }
 
@@ -51,8 +52,17 @@ LM_TEST(qwen35_moe_mlx_layout_matches_transformers) {
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     char *moe = make_q35moe(src, "q35moe-for-mlx", false, false);
     LM_REQUIRE(moe != NULL);
-    same_as(lm_t_, src, moe);
+    same_as(lm_t_, src, moe, true);
     free(moe), free(src);
+}
+
+/* Qwen3-Next as mlx-lm's qwen3_next keeps it: under model., its fused
+ * in_proj_qkvz / in_proj_ba as they are; known by its conv1d's shape. */
+LM_TEST(qwen3_next_mlx_layout_matches_transformers) {
+    char *src = lm_test_fixture_path("models/qwen3-next");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    same_as(lm_t_, src, src, false);
+    free(src);
 }
 
 /* All logits of a fixed prompt from the model in dir (malloc'd), or NULL. */
@@ -83,7 +93,7 @@ LM_TEST(qwen35_mlx_3bit_equals_twin) {
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     char *dst = lm_tu_mkdir("q35-mlx-src"), *q = lm_tu_mkdir("q35-mlx3"), *twin = lm_tu_mkdir("q35-mlx3-twin");
     char why[512] = "";
-    LM_REQUIRE(q35_to_mlx(src, dst) == 0);
+    LM_REQUIRE(q35_to_mlx(src, dst, true) == 0);
     LM_CHECK_MSG(hqg_convert(dst, HQG_MLX3_G64, q, twin, why, sizeof why) == 0, "%s", why);
     int V = 0, V2 = 0;
     float *a = mlx_logits(lm_t_, q, &V), *b = mlx_logits(lm_t_, twin, &V2);

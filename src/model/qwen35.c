@@ -191,17 +191,20 @@ static const q35_names k_hf_names = {
     0.0f, false,
 };
 
-/* mlx-lm's checkpoints of Qwen3.5 and Qwen3.5-MoE (mlx-community): the text
- * model under language_model.model. (the head language_model.lm_head),
- * every RMSNorm but the gated one stored as 1 + w (mlx-lm's sanitize adds
- * the 1 that transformers' norms add at run time), conv1d as [C][K][1]
- * (the same bytes as [C][1][K]), experts as switch_mlp stacks. */
+/* mlx-lm's checkpoints (mlx-community): Qwen3.5 and Qwen3.5-MoE with the
+ * text model under language_model.model. (the head language_model.lm_head),
+ * Qwen3-Next under model. as in its HF folders; every RMSNorm but the gated
+ * one stored as 1 + w (mlx-lm's sanitize adds the 1 that transformers'
+ * norms add at run time), conv1d as [C][K][1] (the same bytes as
+ * [C][1][K]: that shape is how a checkpoint is known to be mlx-lm's, as
+ * mlx-lm itself tells), experts as switch_mlp stacks, Qwen3-Next's fused
+ * projections as they are. */
 static const q35_names k_mlx_names = {
     "input_layernorm.weight", "post_attention_layernorm.weight",
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "self_attn.q_norm.weight", "self_attn.k_norm.weight",
     "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight",
-    "linear_attn.in_proj_a.weight", NULL, NULL,
+    "linear_attn.in_proj_a.weight", "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight",
     "linear_attn.conv1d.weight", "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.norm.weight",
     "linear_attn.out_proj.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
@@ -507,6 +510,20 @@ static void bind_mtp(lm_binder *b, q35 *q) {
     q->has_mtp = !b->failed;
 }
 
+/* Whether the first linear layer's conv1d is [C][K][1] with K > 1: mlx-lm's
+ * layout (transformers' is [C][1][K]). */
+static bool mlx_conv(lm_binder *b, const char *base) {
+    const lm_hybrid_config *h = b->m->cfg.hybrid;
+    for (int l = 0; l < b->m->cfg.n_layers; l++) {
+        if (!h->layer_linear[l]) continue;
+        char name[192];
+        snprintf(name, sizeof name, "%slayers.%d.linear_attn.conv1d.weight", base, l);
+        const lm_file_tensor *t = lm_weights_find(b->m->weights, name, NULL);
+        return t && t->n_dims == 3 && t->shape[2] == 1 && t->shape[1] > 1;
+    }
+    return false;
+}
+
 static int q35_bind(lm_model *m, lm_err *e) {
     const lm_model_config *c = &m->cfg;
     const lm_hybrid_config *h = c->hybrid;
@@ -522,15 +539,15 @@ static int q35_bind(lm_model *m, lm_err *e) {
         /* multimodal Qwen3.5 (Qwen3_5ForConditionalGeneration) nests the text
          * model; mlx-lm saves it under language_model.model. */
         const bool mm = lm_bind_has(&b, "model.language_model.embed_tokens.weight");
-        const bool mlx = !mm && lm_bind_has(&b, "language_model.model.embed_tokens.weight");
-        const char *base = mm ? "model.language_model." : mlx ? "language_model.model." : "model.";
-        if (mlx) q->nt = &k_mlx_names;
+        const bool mlx_q35 = !mm && lm_bind_has(&b, "language_model.model.embed_tokens.weight");
+        const char *base = mm ? "model.language_model." : mlx_q35 ? "language_model.model." : "model.";
+        if (mlx_q35 || mlx_conv(&b, base)) q->nt = &k_mlx_names;
         snprintf(pfx, sizeof pfx, "%slayers.", base);
         snprintf(n, sizeof n, "%sembed_tokens.weight", base);
         embed = n;
         snprintf(q->norm_name, sizeof q->norm_name, "%snorm.weight", base);
         norm = q->norm_name;
-        head = mlx ? "language_model.lm_head.weight" : "lm_head.weight";
+        head = mlx_q35 ? "language_model.lm_head.weight" : "lm_head.weight";
     }
     lm_bind_matrix(&b, &m->embed, embed, c->vocab, c->d_model, true, c->tie_embeddings);
     lm_bind_f32(&b, &m->out_norm, norm, 1, c->d_model, true, q->nt->norm_offset);
