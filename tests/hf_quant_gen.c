@@ -118,25 +118,35 @@ static void hqg_free_out(hqg_out *o) {
 
 /* FP8 with one f32 scale_inv per 128x128 tile (amax / 448); w [O][I] f32,
  * twin gets the dequantised values. */
-static void hqg_fp8_block(hqg_out *q, const char *name, const float *w, int64_t O, int64_t I, float *twin) {
-    const int64_t R = (O + 127) / 128, C = (I + 127) / 128;
-    uint8_t *codes = hqg_own(q, (size_t)(O * I));
-    float *s = hqg_own(q, (size_t)(R * C) * sizeof *s);
-    for (int64_t br = 0; br < R; br++)
-        for (int64_t bc = 0; bc < C; bc++) {
-            float amax = 0;
-            for (int64_t r = br * 128; r < LM_MIN(O, br * 128 + 128); r++)
-                for (int64_t c = bc * 128; c < LM_MIN(I, bc * 128 + 128); c++) amax = fmaxf(amax, fabsf(w[r * I + c]));
-            float sc = amax > 0 ? amax / 448.0f : 1.0f;
-            s[br * C + bc] = sc;
-            for (int64_t r = br * 128; r < LM_MIN(O, br * 128 + 128); r++)
-                for (int64_t c = bc * 128; c < LM_MIN(I, bc * 128 + 128); c++) {
-                    codes[r * I + c] = hqg_e4m3_encode(w[r * I + c] / sc);
-                    twin[r * I + c] = hqg_e4m3_value(codes[r * I + c]) * sc;
-                }
-        }
-    hqg_add(q, "F8_E4M3", 2, O, I, codes, (size_t)(O * I), "%s", name);
-    hqg_add(q, "F32", 2, R, C, s, (size_t)(R * C) * sizeof *s, "%s_scale_inv", name);
+/* E > 0: w is a stack [E][O][I] of experts (transformers 5's fused
+ * experts), each with its own tiles: scales [E][R][C], named
+ * <name>_scale_inv as transformers' fine-grained FP8 names them. */
+static void hqg_fp8_block(hqg_out *q, const char *name, const float *w, int64_t E, int64_t O, int64_t I, float *twin) {
+    const int64_t R = (O + 127) / 128, C = (I + 127) / 128, X = LM_MAX(E, 1);
+    uint8_t *codes = hqg_own(q, (size_t)(X * O * I));
+    float *s = hqg_own(q, (size_t)(X * R * C) * sizeof *s);
+    for (int64_t x = 0; x < X; x++) {
+        const float *wx = w + x * O * I;
+        float *tx = twin + x * O * I, *sx = s + x * R * C;
+        uint8_t *cx = codes + x * O * I;
+        for (int64_t br = 0; br < R; br++)
+            for (int64_t bc = 0; bc < C; bc++) {
+                float amax = 0;
+                for (int64_t r = br * 128; r < LM_MIN(O, br * 128 + 128); r++)
+                    for (int64_t c = bc * 128; c < LM_MIN(I, bc * 128 + 128); c++) amax = fmaxf(amax, fabsf(wx[r * I + c]));
+                float sc = amax > 0 ? amax / 448.0f : 1.0f;
+                sx[br * C + bc] = sc;
+                for (int64_t r = br * 128; r < LM_MIN(O, br * 128 + 128); r++)
+                    for (int64_t c = bc * 128; c < LM_MIN(I, bc * 128 + 128); c++) {
+                        cx[r * I + c] = hqg_e4m3_encode(wx[r * I + c] / sc);
+                        tx[r * I + c] = hqg_e4m3_value(cx[r * I + c]) * sc;
+                    }
+            }
+    }
+    hqg_add(q, "F8_E4M3", E ? 3 : 2, E ? E : O, E ? O : I, codes, (size_t)(X * O * I), "%s", name);
+    if (E) q->t[q->n - 1].shape[2] = I;
+    hqg_add(q, "F32", E ? 3 : 2, E ? E : R, E ? R : C, s, (size_t)(X * R * C) * sizeof *s, "%s_scale_inv", name);
+    if (E) q->t[q->n - 1].shape[2] = C;
 }
 
 /* FP8 with one bf16 scale for the tensor, stored with shape []. */
@@ -200,17 +210,23 @@ static const char *HQG_OVERRIDE = "model.layers.1.mlp.down_proj";
 
 static bool hqg_quantised(hqg_scheme s, const lm_file_tensor *t) {
     size_t n = strlen(t->name);
+    /* fused experts (3-D, named without .weight) in the block FP8 scheme */
+    if (s == HQG_FP8_BLOCK && t->n_dims == 3 && strstr(t->name, ".mlp.experts.")) return true;
     if (t->n_dims != 2 || n < 7 || strcmp(t->name + n - 7, ".weight")) return false;
     bool mlx = s != HQG_FP8_BLOCK && s != HQG_FP8_TENSOR;
     return mlx || (!strstr(t->name, "embed_tokens") && !strstr(t->name, "lm_head"));
 }
 
 static void hqg_quantise(hqg_scheme s, hqg_out *q, const lm_file_tensor *t, const float *w, float *twin) {
+    if (t->n_dims == 3) { /* fused experts */
+        hqg_fp8_block(q, t->name, w, t->shape[0], t->shape[1], t->shape[2], twin);
+        return;
+    }
     int64_t O = t->shape[0], I = t->shape[1];
     size_t n = strlen(t->name) - strlen(".weight");
     bool override = s == HQG_MLX4_G64 && strlen(HQG_OVERRIDE) == n && !strncmp(t->name, HQG_OVERRIDE, n);
     switch (s) {
-    case HQG_FP8_BLOCK: hqg_fp8_block(q, t->name, w, O, I, twin); break;
+    case HQG_FP8_BLOCK: hqg_fp8_block(q, t->name, w, 0, O, I, twin); break;
     case HQG_FP8_TENSOR: hqg_fp8_tensor(q, t->name, w, O, I, twin); break;
     case HQG_MLX4_G64: hqg_mlx(q, t->name, w, O, I, override ? 8 : 4, override ? 32 : 64, true, twin); break;
     case HQG_MLX8_G32: hqg_mlx(q, t->name, w, O, I, 8, 32, false, twin); break;

@@ -142,10 +142,23 @@ typedef enum { HFQ_PER_TENSOR, HFQ_PER_ROW, HFQ_PER_BLOCK } hfq_fp8_kind;
  * `_scale`: one, or one per row) and says how it maps. */
 static int hfq_fp8_kind_of(const hfq_ctx *c, const lm_file_tensor *w, const lm_file_tensor *s, bool inv,
                            const char *file, hfq_fp8_kind *kind) {
-    const int64_t O = w->shape[0], I = w->shape[1], B0 = c->fp8_block[0], B1 = c->fp8_block[1];
+    const int64_t B0 = c->fp8_block[0], B1 = c->fp8_block[1];
     const int64_t n = lm_file_tensor_numel(s);
     char got[96];
     hfq_shape(got, sizeof got, s);
+    if (w->n_dims == 3) { /* a stack of experts: tiles per expert, or one scale */
+        const int64_t E = w->shape[0], Rb = (w->shape[1] + B0 - 1) / B0, Cb = (w->shape[2] + B1 - 1) / B1;
+        if (inv && s->n_dims == 3 && s->shape[0] == E && s->shape[1] == Rb && s->shape[2] == Cb && B1 % LM_FP8_BLOCK == 0)
+            *kind = HFQ_PER_BLOCK;
+        else if (n == 1)
+            *kind = HFQ_PER_TENSOR;
+        else
+            return lm_errf(c->e, "%s: tensor \"%s\" has shape %s, expected [%lld, %lld, %lld] (%lldx%lld blocks of "
+                           "each of \"%s\"'s experts) or one scale", file, s->name, got, (long long)E, (long long)Rb,
+                           (long long)Cb, (long long)B0, (long long)B1, w->name);
+        return 0;
+    }
+    const int64_t O = w->shape[0], I = w->shape[1];
     if (inv && hfq_is_2d(s, (O + B0 - 1) / B0, (I + B1 - 1) / B1)) {
         if (B1 % LM_FP8_BLOCK)
             return lm_errf(c->e, "%s: tensor \"%s\" has %lldx%lld block scales; lumen needs column blocks of a multiple of %d",
@@ -167,12 +180,16 @@ static int hfq_fp8_kind_of(const hfq_ctx *c, const lm_file_tensor *w, const lm_f
 }
 
 /* F8_E4M3 w [O][I] and its scale -> FP8_B128 rows: each block of 128
- * values of a row takes the scale of the tile (or row, or tensor) it is in. */
+ * values of a row takes the scale of the tile (or row, or tensor) it is in.
+ * A 3-D w [E][O][I] (transformers 5's fused experts, experts.gate_up_proj
+ * with experts.gate_up_proj_scale_inv [E][tiles][tiles]) stays a stack,
+ * each expert with its own tiles. */
 static int hfq_fp8(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
-    if (w->n_dims != 2)
-        return lm_errf(c->e, "%s: tensor \"%s\" is F8_E4M3 with %d dimensions; FP8 weights must be matrices", file,
-                       w->name, w->n_dims);
-    const int64_t O = w->shape[0], I = w->shape[1];
+    if (w->n_dims != 2 && w->n_dims != 3)
+        return lm_errf(c->e, "%s: tensor \"%s\" is F8_E4M3 with %d dimensions; FP8 weights must be matrices or stacks "
+                       "of them", file, w->name, w->n_dims);
+    const int64_t E = w->n_dims == 3 ? w->shape[0] : 0, O1 = w->shape[w->n_dims - 2], I = w->shape[w->n_dims - 1];
+    const int64_t O = LM_MAX(E, 1) * O1; /* rows of every expert */
     if (I % LM_FP8_BLOCK)
         return lm_errf(c->e, "%s: tensor \"%s\" has rows of %lld FP8 values, not a multiple of %d", file, w->name,
                        (long long)I, LM_FP8_BLOCK);
@@ -193,21 +210,21 @@ static int hfq_fp8(hfq_ctx *c, const lm_file_tensor *w, const char *file) {
     float *sv = hfq_widen(c, s, sfile);
     if (!sv) return -1;
     const int64_t nb = I / LM_FP8_BLOCK, B0 = c->fp8_block[0], B1 = c->fp8_block[1];
-    const int64_t scale_cols = (I + B1 - 1) / B1;
+    const int64_t scale_cols = (I + B1 - 1) / B1, expert_tiles = (O1 + B0 - 1) / B0 * scale_cols;
     const size_t row = lm_dtype_row_bytes(LM_FP8_B128, I);
     uint8_t *data = lm_xmalloc(LM_MAX((size_t)O * row, 1));
     for (int64_t r = 0; r < O; r++) {
         for (int64_t j = 0; j < nb; j++) {
             int64_t at = kind == HFQ_PER_TENSOR ? 0
                          : kind == HFQ_PER_ROW  ? r
-                                                : (r / B0) * scale_cols + j * LM_FP8_BLOCK / B1;
+                                                : (r / O1) * expert_tiles + (r % O1 / B0) * scale_cols + j * LM_FP8_BLOCK / B1;
             uint8_t *dst = data + (size_t)r * row + (size_t)j * LM_FP8_BLOCK_BYTES;
             memcpy(dst, &sv[at], 4);
             memcpy(dst + 4, w->data + (size_t)r * (size_t)I + (size_t)j * LM_FP8_BLOCK, LM_FP8_BLOCK);
         }
     }
     free(sv);
-    hfq_add(c, w, file, LM_FP8_B128, 0, O, I, data);
+    hfq_add(c, w, file, LM_FP8_B128, E, O1, I, data);
     c->from_bytes += w->nbytes + s->nbytes;
     return 0;
 }
