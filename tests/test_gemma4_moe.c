@@ -175,9 +175,10 @@ static int g4_write_gguf(const char *src, const char *out, bool fused, lm_err *e
 }
 
 /* The gemma4 fixture folder with the same MoE block under Hugging Face's
- * names and enable_moe_block in its config, in <tmp>/<tag>; the folder
- * (malloc'd) or NULL. */
-static char *g4_write_folder(const char *src, const char *tag, lm_err *e) {
+ * names and enable_moe_block in its config, in <tmp>/<tag>; with mlx, as
+ * mlx-lm saves it (mlx-community): under language_model.model., the
+ * experts as switch_glu stacks. The folder (malloc'd) or NULL. */
+static char *g4_write_folder(const char *src, const char *tag, bool mlx, lm_err *e) {
     char *dir = lm_tu_mkdir(tag), path[1200];
     snprintf(path, sizeof path, "%s/config.json", src);
     json_t *cfg = json_load_file(path, 0, NULL);
@@ -194,13 +195,16 @@ static char *g4_write_folder(const char *src, const char *tag, lm_err *e) {
     lm_safetensors st;
     snprintf(path, sizeof path, "%s/model.safetensors", src);
     if (rc || lm_safetensors_open(&st, path, e)) return free(dir), NULL;
-    hqg_tensor *t = calloc((size_t)st.n_tensors + 8 * (size_t)L, sizeof *t);
+    hqg_tensor *t = calloc((size_t)st.n_tensors + 9 * (size_t)L, sizeof *t);
     g4_moe *ms = calloc((size_t)L, sizeof *ms);
+    float **halves = calloc(2 * (size_t)L, sizeof *halves);
     int n = 0;
+    const char *pre = mlx ? "language_model.model." : "model.";
     for (int i = 0; i < st.n_tensors; i++) {
         const lm_file_tensor *s = &st.tensors[i];
         hqg_tensor *x = &t[n++];
-        snprintf(x->name, sizeof x->name, "%s", s->name);
+        if (mlx && !strncmp(s->name, "model.", 6)) snprintf(x->name, sizeof x->name, "%s%.100s", pre, s->name + 6);
+        else snprintf(x->name, sizeof x->name, "%.150s", s->name);
         x->dtype = s->type == LM_F32 ? "F32" : "BF16";
         x->n_dims = s->n_dims;
         for (int d = 0; d < s->n_dims && d < 3; d++) x->shape[d] = s->shape[d];
@@ -220,19 +224,37 @@ static char *g4_write_folder(const char *src, const char *tag, lm_err *e) {
             { "experts.down_proj", 3, { G4_E, D, G4_I }, m->down },
         };
         for (size_t p = 0; p < LM_COUNT(parts); p++) {
+            if (mlx && !strncmp(parts[p].suffix, "experts.", 8)) continue; /* as switch_glu stacks below */
             hqg_tensor *x = &t[n++];
-            snprintf(x->name, sizeof x->name, "model.layers.%d.%s", l, parts[p].suffix);
+            snprintf(x->name, sizeof x->name, "%slayers.%d.%s", pre, l, parts[p].suffix);
             x->dtype = "F32";
             x->n_dims = parts[p].nd;
             size_t numel = 1;
             for (int d = 0; d < parts[p].nd; d++) numel *= (size_t)(x->shape[d] = parts[p].shape[d]);
             x->data = parts[p].data, x->nbytes = numel * sizeof(float);
         }
+        if (mlx) { /* switch_glu: gate [E][I][D], up [E][I][D], down [E][D][I] */
+            const size_t half = (size_t)(G4_I * D);
+            float *g = halves[2 * l] = malloc(G4_E * half * sizeof(float)), *u = halves[2 * l + 1] = malloc(G4_E * half * sizeof(float));
+            for (int x = 0; x < G4_E; x++) {
+                memcpy(g + x * half, m->gate_up + (size_t)x * 2 * half, half * sizeof(float));
+                memcpy(u + x * half, m->gate_up + (size_t)x * 2 * half + half, half * sizeof(float));
+            }
+            const struct { const char *kind; int64_t r, c; const float *data; } st3[] = {
+                { "gate", G4_I, D, g }, { "up", G4_I, D, u }, { "down", D, G4_I, m->down } };
+            for (int k = 0; k < 3; k++) {
+                hqg_tensor *x = &t[n++];
+                snprintf(x->name, sizeof x->name, "%slayers.%d.experts.switch_glu.%s_proj.weight", pre, l, st3[k].kind);
+                x->dtype = "F32", x->n_dims = 3, x->shape[0] = G4_E, x->shape[1] = st3[k].r, x->shape[2] = st3[k].c;
+                x->data = st3[k].data, x->nbytes = (size_t)(G4_E * st3[k].r * st3[k].c) * sizeof(float);
+            }
+        }
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     rc = hqg_write_safetensors(path, t, n);
     for (int l = 0; l < L; l++) g4_free(&ms[l]);
-    free(ms), free(t);
+    for (int i = 0; i < 2 * L; i++) free(halves[i]);
+    free(ms), free(t), free(halves);
     lm_safetensors_close(&st);
     /* the reference's prompt ids (not its logits: the model differs) for the engine test */
     char ref[1200];
@@ -375,7 +397,7 @@ LM_TEST(gemma4_moe_folder_equals_gguf) {
     char *src = lm_test_fixture_path("models/gemma4");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err e = { { 0 } };
-    char *dir = g4_write_folder(src, "gemma4-moe", &e), *f = g4_gguf(lm_t_, true);
+    char *dir = g4_write_folder(src, "gemma4-moe", false, &e), *f = g4_gguf(lm_t_, true);
     LM_CHECK_MSG(dir != NULL, "%s", e.msg);
     LM_REQUIRE(dir && f);
     float *a = g4_logits(lm_t_, dir), *b = g4_logits(lm_t_, f);
@@ -397,8 +419,27 @@ LM_TEST(gemma4_moe_engine_batch_equals_alone) {
     char *src = lm_test_fixture_path("models/gemma4");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
     lm_err e = { { 0 } };
-    char *dir = g4_write_folder(src, "gemma4-moe-engine", &e);
+    char *dir = g4_write_folder(src, "gemma4-moe-engine", false, &e);
     LM_CHECK_MSG(dir != NULL, "%s", e.msg);
     if (dir) lm_tu_engine_concurrent_equals_alone(lm_t_, dir, 24, 2, 16);
     free(dir), free(src);
+}
+
+/* The same folder as mlx-lm saves it (language_model.model., experts as
+ * switch_glu stacks) gives the GGUF's logits exactly too. */
+LM_TEST(gemma4_moe_mlx_folder_equals_gguf) {
+    char *src = lm_test_fixture_path("models/gemma4");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err e = { { 0 } };
+    char *dir = g4_write_folder(src, "gemma4-moe-mlx", true, &e), *f = g4_gguf(lm_t_, true);
+    LM_CHECK_MSG(dir != NULL, "%s", e.msg);
+    LM_REQUIRE(dir && f);
+    float *a = g4_logits(lm_t_, dir), *b = g4_logits(lm_t_, f);
+    if (a && b) {
+        double gap = 0;
+        for (size_t i = 0; i < LM_COUNT(k_prompt) * 1024; i++) gap = fmax(gap, fabs((double)a[i] - b[i]));
+        printf("  mlx-lm layout vs GGUF: max |logit gap| %.3g\n", gap);
+        LM_CHECK(gap == 0);
+    }
+    free(a), free(b), free(dir), free(f), free(src);
 }

@@ -354,9 +354,10 @@ typedef struct gemma_names {
     const char *ple_gate, *ple_proj, *ple_norm, *layer_scalar;   /* gemma4 */
     const char *ple_embed, *ple_model_proj, *ple_proj_norm;      /* gemma4 */
     /* gemma4 MoE: router scale, per-expert scale, the three extra norms, then
-     * the router and fused experts (lm_moe_names' router, gate_up, down_fused) */
+     * the router, fused experts (transformers) and stacked ones (mlx-lm's
+     * switch_glu), as lm_moe_names' router, gate_up, down_fused, *_exps */
     const char *router_scale, *expert_scale, *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2;
-    const char *router, *gate_up, *down_fused;
+    const char *router, *gate_up, *down_fused, *gate_exps, *up_exps, *down_exps;
 } gemma_names;
 
 static const gemma_names k_hf_names = {
@@ -374,6 +375,8 @@ static const gemma_names k_hf_names = {
     "layers.%d.router.scale", "layers.%d.router.per_expert_scale", "layers.%d.pre_feedforward_layernorm_2.weight",
     "layers.%d.post_feedforward_layernorm_1.weight", "layers.%d.post_feedforward_layernorm_2.weight",
     "layers.%d.router.proj.weight", "layers.%d.experts.gate_up_proj", "layers.%d.experts.down_proj",
+    "layers.%d.experts.switch_glu.gate_proj.weight", "layers.%d.experts.switch_glu.up_proj.weight",
+    "layers.%d.experts.switch_glu.down_proj.weight",
 };
 
 /* llama.cpp's converter (Gemma3Model); the gemma4 names are Gemma4Model's */
@@ -389,7 +392,7 @@ static const gemma_names k_gguf_names = {
     "per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight",
     "blk.%d.ffn_gate_inp.scale", "blk.%d.ffn_down_exps.scale", "blk.%d.pre_ffw_norm_2.weight",
     "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
-    NULL, NULL, NULL, /* lm_moe_gguf_names */
+    NULL, NULL, NULL, NULL, NULL, NULL, /* lm_moe_gguf_names */
 };
 
 static void bind_layer(lm_binder *b, namer *n, const gemma_names *nt, gemma_layer *L, const gemma_layer_cfg *lc,
@@ -458,9 +461,10 @@ static void bind_moe(lm_binder *b, namer *n, const gemma_names *nt, const lm_moe
 /* The MoE names of a checkpoint: llama.cpp's, or the HF ones under the prefix. */
 static const lm_moe_names *moe_names(gemma *G, const namer *n, const gemma_names *nt, bool gguf) {
     if (gguf) return &lm_moe_gguf_names;
-    const char *const src[3] = { nt->router, nt->gate_up, nt->down_fused };
-    for (int i = 0; i < 3; i++) snprintf(G->moe_pat[i], sizeof G->moe_pat[i], "%s%s", n->prefix, src[i]);
-    G->moe_names = (lm_moe_names){ .router = G->moe_pat[0], .gate_up = G->moe_pat[1], .down_fused = G->moe_pat[2] };
+    const char *const src[6] = { nt->router, nt->gate_up, nt->down_fused, nt->gate_exps, nt->up_exps, nt->down_exps };
+    for (int i = 0; i < 6; i++) snprintf(G->moe_pat[i], sizeof G->moe_pat[i], "%s%s", n->prefix, src[i]);
+    G->moe_names = (lm_moe_names){ .router = G->moe_pat[0], .gate_up = G->moe_pat[1], .down_fused = G->moe_pat[2],
+                                   .gate_exps = G->moe_pat[3], .up_exps = G->moe_pat[4], .down_exps = G->moe_pat[5] };
     return &G->moe_names;
 }
 
