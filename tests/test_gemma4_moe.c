@@ -426,7 +426,7 @@ LM_TEST(gemma4_moe_engine_batch_equals_alone) {
 }
 
 /* The same folder as mlx-lm saves it (language_model.model., experts as
- * switch_glu stacks) gives the GGUF's logits exactly too. */
+ * switch_glu stacks) gives the GGUF's logits too. */
 LM_TEST(gemma4_moe_mlx_folder_equals_gguf) {
     char *src = lm_test_fixture_path("models/gemma4");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
@@ -439,7 +439,7 @@ LM_TEST(gemma4_moe_mlx_folder_equals_gguf) {
         double gap = 0;
         for (size_t i = 0; i < LM_COUNT(k_prompt) * 1024; i++) gap = fmax(gap, fabs((double)a[i] - b[i]));
         printf("  mlx-lm layout vs GGUF: max |logit gap| %.3g\n", gap);
-        LM_CHECK(gap == 0);
+        LM_CHECK(gap <= 1e-4); /* 0 on the CPU; 1.4e-5 on an H200 (stacked and fused experts take other kernels) */
     }
     free(a), free(b), free(dir), free(f), free(src);
 }
