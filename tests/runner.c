@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct entry {
@@ -102,6 +103,19 @@ static int by_file_then_order(const void *a, const void *b) {
     return (x < y) ? -1 : (x > y);
 }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A test's wall time after its line when it took a second or more, so the
+ * suite's slow parts show in every CI log. */
+static void print_time(double s) {
+    if (s >= 1.0) printf(" (%.1f s)", s);
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     qsort(g_tests, (size_t)g_n, sizeof *g_tests, by_file_then_order);
@@ -110,17 +124,20 @@ int main(int argc, char **argv) {
         if (filter && !strstr(g_tests[i].name, filter)) continue;
         lm_test_ctx ctx = { 0 };
         fflush(stdout);
+        double t0 = now_s();
         g_tests[i].fn(&ctx);
+        double took = now_s() - t0;
         if (ctx.failed) {
-            printf("FAIL %s (%d checks)\n", g_tests[i].name, ctx.failed);
+            printf("FAIL %s (%d checks)", g_tests[i].name, ctx.failed);
             failed++;
         } else if (ctx.skipped) {
-            printf("skip %s: %s\n", g_tests[i].name, ctx.skip_reason);
+            printf("skip %s: %s", g_tests[i].name, ctx.skip_reason);
             skipped++;
         } else {
-            printf("ok   %s\n", g_tests[i].name);
+            printf("ok   %s", g_tests[i].name);
             passed++;
         }
+        print_time(took);
         fflush(stdout);
     }
     if (g_tmp[0] && getenv("LUMEN_TEST_KEEP")) { /* for looking at what a test wrote */
