@@ -136,6 +136,10 @@ LM_TEST(convert_qwen3_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3")
 LM_TEST(convert_qwen35_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3.5"); }
 LM_TEST(convert_qwen3moe_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3-moe"); }
 LM_TEST(convert_qwen3next_same_logits_as_folder) { check_same_logits(lm_t_, "qwen3-next"); }
+/* 1 + w norms undone by the GGUF loader; sliding windows */
+LM_TEST(convert_gemma3_same_logits_as_folder) { check_same_logits(lm_t_, "gemma3"); }
+/* per-layer inputs, per-layer head widths, the proportional rope as rope_freqs */
+LM_TEST(convert_gemma4_same_logits_as_folder) { check_same_logits(lm_t_, "gemma4"); }
 /* Llama 3 rope scaling becomes rope_freqs.weight; tied embeddings, MQA */
 LM_TEST(convert_llama3_rope_same_logits_as_folder) { check_same_logits(lm_t_, "llama3-rope-mqa"); }
 
@@ -175,8 +179,8 @@ LM_TEST(convert_llama3_rope_hub_config) {
 LM_TEST(convert_quantize_folder_and_refusals) {
     char *dir = lm_test_fixture_path("gguf/llama-g256");
     char *bf16 = lm_test_fixture_path("gguf/llama-g256/model.bf16.gguf");
-    char *gem = lm_test_fixture_path("models/gemma3");
-    if (!dir || !bf16 || !gem) LM_SKIP("%s", lm_test_fixtures_why());
+    if (!dir || !bf16) LM_SKIP("%s", lm_test_fixtures_why());
+    char *gem = lm_tu_mkdir("phi3");
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/from-folder.gguf", lm_test_tmpdir());
     snprintf(b, sizeof b, "%s/from-gguf.gguf", lm_test_tmpdir());
@@ -189,8 +193,11 @@ LM_TEST(convert_quantize_folder_and_refusals) {
     LM_CHECK(da && db && na == nb && !memcmp(da, db, na));
     free(da);
     free(db);
-    LM_CHECK(lm_convert_hf(gem, a, lm_quant_mix_find("BF16"), 0, &rep, &e) != 0 && strstr(e.msg, "\"gemma3_text\"") &&
-             strstr(e.msg, "qwen3_5"));
+    /* an architecture convert does not know: its model_type, and the list */
+    snprintf(b, sizeof b, "%s/config.json", gem);
+    LM_REQUIRE(lm_tu_write(b, "{\"model_type\": \"phi3\"}", 22) == 0);
+    LM_CHECK(lm_convert_hf(gem, a, lm_quant_mix_find("BF16"), 0, &rep, &e) != 0 && strstr(e.msg, "\"phi3\"") &&
+             strstr(e.msg, "gemma4"));
     printf("  %s\n", e.msg);
     free(dir);
     free(bf16);

@@ -2,117 +2,14 @@
  * and the qwen3_next hybrid: one tensor per expert in the folder, stacked
  * [experts][rows][cols] in the GGUF, the routers kept f32) against
  * llama.cpp's files of the same folders (tests/data/gguf/<name>: its
- * converter, then llama-quantize to Q8_0).
- * Converting to Q8_0 must give the same metadata (every key and value;
- * llama-quantize only moves general.file_type), the same tensor names,
- * types and shapes, the f32 tensors bit for bit (the decay within an ulp),
- * and quantised values within QS_STEPS Q8_0 steps of llama.cpp's (the two
- * quantisers pick scales their own way). Logits against the folder are test_convert.c's. */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
+ * converter, then llama-quantize to Q8_0), as convert_check.h compares
+ * them. Logits against the folder are test_convert.c's. */
+#include "convert_check.h"
 
-#include "convert/lm_convert.h"
-#include "format/gguf.h"
-#include "lm_test.h"
-#include "quant/lm_quant.h"
-#include "test_util.h"
-
-/* Each quantiser's value is within about half its own step of the weight,
- * and lumen's scale search may take a scale a little larger than amax /
- * 127: measured 1.13 steps apart at most; an expert stacked out of place
- * would be tens of steps off. */
-#define QS_STEPS 2.0
-
-/* Whether kv (of file a) has the same type and value as kv b. */
-static bool same_kv(const lm_gguf_kv *a, const lm_gguf_kv *b) {
-    if (a->type != b->type) return false;
-    if (a->type == LM_GGUF_STRING) return a->str.len == b->str.len && !memcmp(a->str.ptr, b->str.ptr, a->str.len);
-    if (a->type == LM_GGUF_ARRAY) {
-        if (a->arr_type != b->arr_type || a->arr_count != b->arr_count) return false;
-        if (a->arr_type == LM_GGUF_STRING) {
-            for (uint64_t i = 0; i < a->arr_count; i++)
-                if (a->arr_strs[i].len != b->arr_strs[i].len ||
-                    memcmp(a->arr_strs[i].ptr, b->arr_strs[i].ptr, a->arr_strs[i].len))
-                    return false;
-            return true;
-        }
-        return !memcmp(a->arr_data, b->arr_data, a->arr_count * (uint64_t)lm_gguf_scalar_bytes(a->arr_type));
-    }
-    return !memcmp(&a->v, &b->v, sizeof a->v);
+LM_TEST(convert_qwen3moe_matches_llamacpp_file) {
+    lm_cc_same_as_llamacpp_file(lm_t_, "qwen3-moe", "Q8_0", "model.Q8_0.gguf", 6);
 }
-
-/* The fixture models/NAME converted to Q8_0 against llama.cpp's
- * tests/data/gguf/NAME/model.Q8_0.gguf; stacks: the expert stacks it has. */
-static void check_q8_file(lm_test_ctx *lm_t_, const char *name, int want_stacks) {
-    char rel[128], theirs[1024], out[1024];
-    snprintf(rel, sizeof rel, "models/%s", name);
-    char *dir = lm_test_fixture_path(rel);
-    if (!dir) LM_SKIP("%s", lm_test_fixtures_why());
-    snprintf(out, sizeof out, "%s/conv-%s.Q8_0.gguf", lm_test_tmpdir(), name);
-    snprintf(theirs, sizeof theirs, "%s/tests/data/gguf/%s/model.Q8_0.gguf", LUMEN_SOURCE_DIR, name);
-    lm_err e = { { 0 } };
-    lm_quantize_report rep;
-    lm_gguf a = { 0 }, b = { 0 };
-    if (lm_convert_hf(dir, out, lm_quant_mix_find("Q8_0"), 2, &rep, &e) || lm_gguf_open(&a, out, &e) ||
-        lm_gguf_open(&b, theirs, &e)) {
-        LM_CHECK_MSG(0, "%s", e.msg);
-        goto done;
-    }
-    LM_CHECK_MSG(a.n_kv == b.n_kv, "%d keys against llama.cpp's %d", a.n_kv, b.n_kv);
-    for (int i = 0; i < a.n_kv; i++) {
-        const lm_gguf_kv *kb = lm_gguf_find_kv(&b, a.kv[i].key);
-        LM_CHECK_MSG(kb && same_kv(&a.kv[i], kb), "key %s: %s", a.kv[i].key, kb ? "another value" : "not in llama.cpp's");
-    }
-    LM_CHECK_MSG(a.n_tensors == b.n_tensors, "%d tensors against llama.cpp's %d", a.n_tensors, b.n_tensors);
-    int stacks = 0;
-    double steps = 0; /* the largest difference from llama.cpp's values, in its Q8_0 steps */
-    for (int i = 0; i < a.n_tensors; i++) {
-        const lm_file_tensor *ta = &a.tensors[i], *tb = lm_gguf_find_tensor(&b, ta->name);
-        if (!tb) {
-            LM_CHECK_MSG(0, "%s: not in llama.cpp's file", ta->name);
-            continue;
-        }
-        bool shape = ta->n_dims == tb->n_dims;
-        for (int d = 0; shape && d < ta->n_dims; d++) shape = ta->shape[d] == tb->shape[d];
-        LM_CHECK_MSG(ta->type == tb->type && shape, "%s: type %s / %s, or another shape", ta->name, ta->type_name,
-                     tb->type_name);
-        if (ta->type != tb->type || !shape) continue;
-        stacks += ta->n_dims == 3;
-        if (ta->type == LM_F32) { /* bit for bit; ssm_a (-exp(A_log)) within an ulp: torch's f32 exp is not
-                                    * correctly rounded, lumen's (in double) is, and they differ in one value */
-            const bool decay = strstr(ta->name, "ssm_a") != NULL;
-            int64_t off = 0;
-            for (size_t k = 0; ta->nbytes == tb->nbytes && k < ta->nbytes / 4; k++) {
-                int32_t x, y;
-                memcpy(&x, ta->data + 4 * k, 4), memcpy(&y, tb->data + 4 * k, 4);
-                off += x != y && !(decay && (x - y == 1 || y - x == 1));
-            }
-            LM_CHECK_MSG(ta->nbytes == tb->nbytes && off == 0, "%s: %lld f32 values differ", ta->name, (long long)off);
-            continue;
-        }
-        /* quantised: each value within QS_STEPS steps of its block in llama.cpp's file */
-        const int64_t n = lm_file_tensor_numel(ta);
-        float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-        lm_dequant_row(ta->type, ta->data, x, n);
-        lm_dequant_row(tb->type, tb->data, y, n);
-        for (int64_t k0 = 0; k0 < n; k0 += 32) {
-            float amax = 0;
-            for (int64_t k = k0; k < k0 + 32 && k < n; k++) amax = fmaxf(amax, fabsf(y[k]));
-            for (int64_t k = k0; amax > 0 && k < k0 + 32 && k < n; k++)
-                steps = fmax(steps, fabsf(x[k] - y[k]) / (amax / 127.0f));
-        }
-        free(x), free(y);
-    }
-    printf("  %s: %d keys, %d tensors (%d expert stacks) as llama.cpp's Q8_0 file; quantised values within "
-           "%.2f of its steps\n", name, a.n_kv, a.n_tensors, stacks, steps);
-    LM_CHECK(stacks == want_stacks && steps <= QS_STEPS);
-done:
-    lm_gguf_close(&a);
-    lm_gguf_close(&b);
-    free(dir);
-}
-
-LM_TEST(convert_qwen3moe_matches_llamacpp_file) { check_q8_file(lm_t_, "qwen3-moe", 6); }
 /* the hybrid MoE: qkvz split, ba fused, shared expert and its gate, no tiling */
-LM_TEST(convert_qwen3next_matches_llamacpp_file) { check_q8_file(lm_t_, "qwen3-next", 12); }
+LM_TEST(convert_qwen3next_matches_llamacpp_file) {
+    lm_cc_same_as_llamacpp_file(lm_t_, "qwen3-next", "Q8_0", "model.Q8_0.gguf", 12);
+}

@@ -23,6 +23,7 @@
 
 #include "../base/lm_file.h"
 #include "../format/lm_weights.h"
+#include "../model/lm_arch.h"
 #include "../quant/lm_quant.h"
 
 /* An architecture the converter knows: HF model_type -> GGUF arch. */
@@ -33,21 +34,26 @@ typedef struct conv_arch {
     bool hybrid;       /* Qwen3.5 (convert_hybrid.c) */
     bool moe;          /* experts stacked per layer, the router kept f32 */
     bool mrope;        /* rope.dimension_sections always (Qwen3.5) */
+    int gemma;         /* Gemma 3 or 4 (convert_gemma.c), else 0 */
 } conv_arch;
 
 static const conv_arch k_archs[] = {
-    { "llama", "llama", true, true, false, false, false },
-    { "mistral", "llama", true, true, false, false, false },
-    { "qwen2", "qwen2", false, false, false, false, false },
-    { "qwen3", "qwen3", false, false, false, false, false },
-    { "qwen3_moe", "qwen3moe", false, false, false, true, false },
-    { "qwen3_next", "qwen3next", false, false, true, true, false },
-    { "qwen3_5_text", "qwen35", false, false, true, false, true },
-    { "qwen3_5", "qwen35", false, false, true, false, true }, /* multimodal: its text_config and language model */
-    { "qwen3_5_moe_text", "qwen35moe", false, false, true, true, true },
-    { "qwen3_5_moe", "qwen35moe", false, false, true, true, true },
+    { "llama", "llama", true, true, false, false, false, 0 },
+    { "mistral", "llama", true, true, false, false, false, 0 },
+    { "qwen2", "qwen2", false, false, false, false, false, 0 },
+    { "qwen3", "qwen3", false, false, false, false, false, 0 },
+    { "qwen3_moe", "qwen3moe", false, false, false, true, false, 0 },
+    { "qwen3_next", "qwen3next", false, false, true, true, false, 0 },
+    { "qwen3_5_text", "qwen35", false, false, true, false, true, 0 },
+    { "qwen3_5", "qwen35", false, false, true, false, true, 0 }, /* multimodal: its text_config and language model */
+    { "qwen3_5_moe_text", "qwen35moe", false, false, true, true, true, 0 },
+    { "qwen3_5_moe", "qwen35moe", false, false, true, true, true, 0 },
+    { "gemma3_text", "gemma3", .gemma = 3 },
+    { "gemma3", "gemma3", .gemma = 3 }, /* multimodal: its text_config and language model */
+    { "gemma4_text", "gemma4", .gemma = 4 },
+    { "gemma4", "gemma4", .gemma = 4 },
 };
-#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe"
+#define CONV_KNOWN "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma3, gemma4"
 
 /* The hybrid's geometry from its config (hparams: text_config where nested). */
 static conv_hybrid conv_hybrid_of(json_t *hp, const conv_arch *a) {
@@ -212,7 +218,7 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
         return lm_errf(e, "%s/config.json: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads "
                        "and vocab_size are required", dir);
     const char *rope_type = rope_type_of(cfg);
-    if (rope_type && strcmp(rope_type, "default") && !(a->permute_qk && !strcmp(rope_type, "llama3")))
+    if (!a->gemma && rope_type && strcmp(rope_type, "default") && !(a->permute_qk && !strcmp(rope_type, "llama3")))
         return lm_errf(e, "%s/config.json: rope_type \"%s\" is not converted yet (only the default rope, and llama3 "
                        "for llama)", dir, rope_type);
     lm_gguf_set_str(w, "general.architecture", a->arch, strlen(a->arch));
@@ -220,6 +226,12 @@ static int put_hparams(lm_gguf_writer *w, const char *dir, json_t *cfg, const co
     model_name(dir, name, sizeof name);
     lm_gguf_set_str(w, "general.name", name, strlen(name));
     int64_t n_exp = 0, n_used = 0, moe_ff = 0;
+    if (a->gemma) {
+        cfg_experts(cfg, &n_exp);
+        size_label(n_params, expert_params, n_exp, label, sizeof label);
+        lm_gguf_set_str(w, "general.size_label", label, strlen(label));
+        return lm_conv_gemma_hparams(w, dir, a->arch, a->gemma, cfg, ftype, e);
+    }
     if (a->moe && (!cfg_experts(cfg, &n_exp) || !cfg_int(cfg, "num_experts_per_tok", &n_used) ||
                    !cfg_int(cfg, "moe_intermediate_size", &moe_ff)))
         return lm_errf(e, "%s/config.json: num_local_experts (or num_experts), num_experts_per_tok and "
@@ -447,7 +459,9 @@ static int conv_plan(const lm_weight_source *ws, json_t *cfg, const conv_arch *a
                 continue;
             }
             conv_tensor *t = &ts[n];
-            int known = a->hybrid ? lm_conv_hybrid_name(&hy, src->name, t) : conv_name(src->name, t->name, sizeof t->name);
+            int known = a->hybrid  ? lm_conv_hybrid_name(&hy, src->name, t)
+                        : a->gemma ? lm_conv_gemma_name(a->gemma, src->name, t)
+                                   : conv_name(src->name, t->name, sizeof t->name);
             if (known < 0) {
                 rc = lm_errf(e, "tensor \"%s\": no GGUF name for it in %s (lumen convert knows " CONV_KNOWN ")",
                              src->name, a->arch);
@@ -613,14 +627,18 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
     lm_gguf_writer *w = lm_gguf_writer_create(32);
     const conv_arch *a = conv_find_arch(dir, cfg, e);
     /* a multimodal checkpoint keeps the text model's settings in text_config */
-    json_t *hp = a && a->hybrid && json_is_object(json_object_get(cfg, "text_config")) ? json_object_get(cfg, "text_config")
-                                                                                       : cfg;
+    json_t *hp = a && (a->hybrid || a->gemma) && json_is_object(json_object_get(cfg, "text_config"))
+                     ? json_object_get(cfg, "text_config")
+                     : cfg;
+    /* what google's Gemma 3 configs leave out, as the loader assumes it */
+    if (a && a->gemma == 3) lm_arch_find("gemma3_text")->config_defaults("gemma3_text", hp);
     if (a && a->permute_qk) conv_rope_freqs(hp, &extra);
+    if (a && a->gemma) lm_conv_gemma_rope_freqs(hp, &extra);
+    cfg_int(hp, "vocab_size", &vocab);
     if (!a || lm_weights_open_hf(&ws, dir, e) || conv_plan(&ws, hp, a, mix, &extra, &ts, &n, &n_params, &expert_params, e))
         rc = -1;
-    cfg_int(hp, "vocab_size", &vocab);
     if (rc == 0) rc = put_hparams(w, dir, hp, a, mix->ftype, n_params, expert_params, e);
-    if (rc == 0) rc = lm_convert_vocab(w, dir, (int)vocab, e);
+    if (rc == 0) rc = lm_convert_vocab(w, dir, a->arch, (int)vocab, e);
     for (int i = 0; rc == 0 && i < n; i++) {
         int64_t shape[LM_MAX_DIMS];
         const int nd = conv_shape(&ts[i], shape);

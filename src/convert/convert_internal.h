@@ -3,6 +3,8 @@
 #ifndef LM_CONVERT_INTERNAL_H
 #define LM_CONVERT_INTERNAL_H
 
+#include <jansson.h>
+
 #include "lm_convert.h"
 
 /* A value transform of a 1-D tensor (done in double, stored f32). */
@@ -58,5 +60,21 @@ int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t);
  * -> model.layers.<n_layer + i>.X (its nextn layer); in buf (n bytes), or
  * name itself when neither applies. */
 const char *lm_conv_hybrid_canon(const conv_hybrid *h, const char *name, char *buf, size_t n);
+
+/* Gemma 3 / 4 (version 3 or 4; convert_gemma.c): t's GGUF name and
+ * transform for HF tensor `name`: 1, 0 for a tensor llama.cpp leaves out
+ * (towers of a multimodal checkpoint, rotary frequencies), -1 unknown. */
+int lm_conv_gemma_name(int version, const char *name, conv_tensor *t);
+
+/* The {arch}.* keys of a Gemma config (text_config where nested), from
+ * block_count on, with general.file_type (ftype) and
+ * general.quantization_version; -1 with e for a config it cannot write. */
+int lm_conv_gemma_hparams(lm_gguf_writer *w, const char *dir, const char *arch, int version, json_t *cfg, int ftype,
+                          lm_err *e);
+
+/* Gemma 4's proportional rope as llama.cpp stores it: t (its data
+ * malloc'd) = rope_freqs.weight and 1, or 0 when the global layers' rope is
+ * not proportional. */
+int lm_conv_gemma_rope_freqs(json_t *cfg, lm_file_tensor *t);
 
 #endif

@@ -11,7 +11,18 @@
  * from tokenizer_config.json (matched against the added tokens), then
  * config.json's *_token_id; add_bos / add_eos from the post-processor's
  * template and tokenizer_config.json; the chat template from
- * chat_template.jinja, chat_template.json or tokenizer_config.json. */
+ * chat_template.jinja, chat_template.json or tokenizer_config.json.
+ *
+ * A SentencePiece-style tokenizer.json (BPE over "▁"-escaped text with byte
+ * fallback: Gemma, Mistral, Llama 2) is written as llama.cpp reads such a
+ * vocabulary: for a gemma4 model as its "gemma4" vocabulary (tokens, types,
+ * scores of -1000 and the merges, as Gemma4Model writes them), else as
+ * "llama" (SentencePiece), where merges are not stored and each token's
+ * score is minus the rank of the merge that makes it (lowest rank first,
+ * which is the order SentencePiece's BPE scores give), byte pieces <0xXX>
+ * typed BYTE and the unknown token UNKNOWN. llama.cpp's converter reads a
+ * SentencePiece model's own scores from tokenizer.model, which lumen does
+ * not parse (a protobuf); the ranks give the same merge order. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,11 +43,14 @@ static const struct { const char *regex, *pre; } k_pre[] = {
       "llama-bpe" },
 };
 
-/* DIR/NAME parsed, or NULL (an error in e only when required). */
+/* DIR/NAME parsed, or NULL (an error in e only when required). Integers
+ * too big for 64 bits (tokenizer_config.json's model_max_length is often
+ * 1e30 written out) are read as reals instead of failing the file. */
 static json_t *load_json(const char *dir, const char *name, bool required, lm_err *e) {
     char *path = lm_path_join(dir, name);
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
+    if (!j && strstr(je.text, "too big integer")) j = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     if (!j && required) lm_errf(e, "%s: %s", path, je.text);
     free(path);
     return j;
@@ -67,8 +81,19 @@ static bool looks_special(const char *t) {
     return (n >= 4 && !strncmp(t, "<|", 2) && !strcmp(t + n - 2, "|>")) || !strcmp(t, "<pad>") || !strcmp(t, "<mask>");
 }
 
-/* Tokens and types; -1 with e set. */
-static int put_tokens(lm_gguf_writer *w, json_t *tok, int V, lm_err *e) {
+/* Gemma 4's tokens that llama.cpp's converter makes USER_DEFINED, so that
+ * they are always rendered and its chat parser reads them. */
+static const char *const k_gemma4_visible[] = { "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
+                                                "<|tool_response>", "<tool_response|>", "<|\"|>" };
+
+static bool is_byte_piece(const char *t) {
+    return strlen(t) == 6 && !strncmp(t, "<0x", 3) && t[5] == '>' && strspn(t + 3, "0123456789ABCDEF") == 2;
+}
+
+/* Tokens and types; spm: a SentencePiece-style vocabulary (byte pieces
+ * BYTE, the unknown token UNKNOWN; gemma4's visible tokens USER_DEFINED);
+ * -1 with e set. */
+static int put_tokens(lm_gguf_writer *w, json_t *tok, int V, bool spm, bool gemma4, lm_err *e) {
     const char **tokens = lm_xcalloc((size_t)V, sizeof *tokens);
     int32_t *types = lm_xcalloc((size_t)V, sizeof *types);
     char **pads = lm_xcalloc((size_t)V, sizeof *pads);
@@ -83,14 +108,20 @@ static int put_tokens(lm_gguf_writer *w, json_t *tok, int V, lm_err *e) {
             break;
         }
         tokens[id] = key;
-        types[id] = TT_NORMAL;
+        types[id] = spm && is_byte_piece(key) ? TT_BYTE : TT_NORMAL;
     }
+    const char *unk = json_string_value(json_object_get(json_object_get(tok, "model"), "unk_token"));
     json_array_foreach(json_object_get(tok, "added_tokens"), i, at) {
         json_int_t id = json_integer_value(json_object_get(at, "id"));
         const char *content = json_string_value(json_object_get(at, "content"));
         if (rc || !content || id < 0 || id >= V) continue;
         tokens[id] = content;
         types[id] = json_is_true(json_object_get(at, "special")) || looks_special(content) ? TT_CONTROL : TT_USER_DEFINED;
+    }
+    for (int k = 0; spm && rc == 0 && k < V; k++) {
+        if (tokens[k] && unk && !strcmp(tokens[k], unk)) types[k] = TT_UNKNOWN;
+        for (size_t j = 0; gemma4 && tokens[k] && j < LM_COUNT(k_gemma4_visible); j++)
+            if (!strcmp(tokens[k], k_gemma4_visible[j])) types[k] = TT_USER_DEFINED;
     }
     for (int k = 0; rc == 0 && k < V; k++) {
         if (tokens[k]) continue;
@@ -145,6 +176,54 @@ static void put_merges(lm_gguf_writer *w, json_t *tok) {
     lm_gguf_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)strs, NULL, n);
     for (i = 0; i < n; i++) free(strs[i]);
     free(strs);
+}
+
+/* tokenizer.ggml.scores: -1000 for every token (gemma4), or minus the rank
+ * of the lowest-ranked merge that makes each token, -1e9 for the others
+ * (single characters, byte pieces, added tokens: never a merge's result). */
+static void put_scores(lm_gguf_writer *w, json_t *tok, int V, bool gemma4) {
+    float *sc = lm_xmalloc((size_t)V * sizeof *sc);
+    for (int k = 0; k < V; k++) sc[k] = gemma4 ? -1000.0f : -1e9f;
+    json_t *model = json_object_get(tok, "model"), *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    for (size_t r = json_array_size(merges); !gemma4 && r-- > 0;) { /* backwards: the lowest rank is written last */
+        json_t *m = json_array_get(merges, r);
+        const char *a, *b, *sp = NULL;
+        char *joined;
+        if (json_is_string(m)) {
+            a = json_string_value(m);
+            sp = strchr(a, ' ');
+            if (!sp) continue;
+            joined = lm_xmalloc(strlen(a));
+            memcpy(joined, a, (size_t)(sp - a));
+            strcpy(joined + (sp - a), sp + 1);
+        } else {
+            a = json_string_value(json_array_get(m, 0)), b = json_string_value(json_array_get(m, 1));
+            if (!a || !b) continue;
+            joined = lm_xmalloc(strlen(a) + strlen(b) + 1);
+            strcpy(joined, a);
+            strcat(joined, b);
+        }
+        json_t *id = json_object_get(vocab, joined);
+        if (json_is_integer(id) && json_integer_value(id) >= 0 && json_integer_value(id) < V)
+            sc[json_integer_value(id)] = -(float)r;
+        free(joined);
+    }
+    lm_gguf_set_arr(w, "tokenizer.ggml.scores", LM_GGUF_F32, sc, (uint64_t)V);
+    free(sc);
+}
+
+/* Whether a SentencePiece-style tokenizer puts "▁" before the text (a
+ * Prepend normaliser, or a Metaspace pre-tokenizer that prepends): llama.cpp's
+ * add_space_prefix. */
+static bool prepends_space(json_t *tok) {
+    json_t *n = json_object_get(tok, "normalizer"), *parts = json_object_get(n, "normalizers"), *v;
+    size_t i;
+    if (lm_streq(json_string_value(json_object_get(n, "type")), "Prepend")) return true;
+    json_array_foreach(parts, i, v) if (lm_streq(json_string_value(json_object_get(v, "type")), "Prepend")) return true;
+    json_t *pre = json_object_get(tok, "pre_tokenizer");
+    const char *scheme = json_string_value(json_object_get(pre, "prepend_scheme"));
+    return lm_streq(json_string_value(json_object_get(pre, "type")), "Metaspace") && scheme && strcmp(scheme, "never");
 }
 
 /* The id of an added token with this content, or -1. */
@@ -239,7 +318,7 @@ static void put_chat_template(lm_gguf_writer *w, const char *dir, json_t *tc) {
     json_decref(ct);
 }
 
-int lm_convert_vocab(lm_gguf_writer *w, const char *dir, int vocab_size, lm_err *e) {
+int lm_convert_vocab(lm_gguf_writer *w, const char *dir, const char *arch, int vocab_size, lm_err *e) {
     json_t *tok = load_json(dir, "tokenizer.json", true, e);
     if (!tok) return -1;
     json_t *tc = load_json(dir, "tokenizer_config.json", false, NULL);
@@ -247,22 +326,31 @@ int lm_convert_vocab(lm_gguf_writer *w, const char *dir, int vocab_size, lm_err 
     int rc = 0;
     json_t *model = json_object_get(tok, "model");
     const char *pre = find_pre(json_object_get(tok, "pre_tokenizer"));
-    if (!lm_streq(json_string_value(json_object_get(model, "type")), "BPE") ||
-        json_is_true(json_object_get(model, "byte_fallback"))) {
-        rc = lm_errf(e, "%s/tokenizer.json: only byte-level BPE tokenizers are converted (SentencePiece-style ones are "
-                     "not yet)", dir);
+    const bool bpe = lm_streq(json_string_value(json_object_get(model, "type")), "BPE");
+    const bool spm = bpe && json_is_true(json_object_get(model, "byte_fallback")), gemma4 = spm && lm_streq(arch, "gemma4");
+    if (!bpe) {
+        rc = lm_errf(e, "%s/tokenizer.json: a %s model; lumen convert writes BPE tokenizers only (byte-level, or "
+                     "SentencePiece-style with byte fallback)", dir, json_string_value(json_object_get(model, "type"))
+                     ? json_string_value(json_object_get(model, "type")) : "typeless");
+    } else if (spm) {
+        lm_gguf_set_str(w, "tokenizer.ggml.model", gemma4 ? "gemma4" : "llama", gemma4 ? 6 : 5);
+        rc = put_tokens(w, tok, vocab_size, true, gemma4, e);
+        if (rc == 0) put_scores(w, tok, vocab_size, gemma4);
     } else if (!pre) {
         rc = lm_errf(e, "%s/tokenizer.json: a pre-tokenizer lumen convert does not recognise (known: qwen2, llama-bpe)",
                      dir);
     } else {
         lm_gguf_set_str(w, "tokenizer.ggml.model", "gpt2", 4);
         lm_gguf_set_str(w, "tokenizer.ggml.pre", pre, strlen(pre));
-        rc = put_tokens(w, tok, vocab_size, e);
+        rc = put_tokens(w, tok, vocab_size, false, false, e);
     }
     if (rc == 0) {
-        put_merges(w, tok);
+        if (!spm || gemma4) put_merges(w, tok);
         put_special_ids(w, tok, tc, cfg, vocab_size);
-        put_add_flags(w, tok, tc);
+        if (spm) lm_gguf_set_bool(w, "tokenizer.ggml.add_space_prefix", !gemma4 && prepends_space(tok));
+        /* llama.cpp's Gemma 4 vocabulary always starts with BOS */
+        if (gemma4) lm_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+        else put_add_flags(w, tok, tc);
         put_chat_template(w, dir, tc);
     }
     json_decref(tok);

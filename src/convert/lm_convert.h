@@ -4,11 +4,12 @@
  * permutation, the tokenizer and chat template metadata.
  *
  * Covered: model_type llama / mistral (GGUF arch llama), qwen2, qwen3,
- * qwen3_moe (one tensor per expert stacked per layer: ffn_*_exps), and the
- * hybrids qwen3_next and qwen3_5_text / qwen3_5 (GGUF archs qwen3next,
- * qwen35: convert_hybrid.c), with
- * byte-level BPE tokenizers (tokenizer.ggml.model gpt2). Anything else is
- * refused with a message naming what is missing. */
+ * qwen3_moe (one tensor per expert stacked per layer: ffn_*_exps), the
+ * hybrids qwen3_next, qwen3_5_text / qwen3_5 and qwen3_5_moe (GGUF archs
+ * qwen3next, qwen35, qwen35moe: convert_hybrid.c), and gemma3 / gemma4
+ * (convert_gemma.c), with byte-level BPE tokenizers (tokenizer.ggml.model
+ * gpt2) and SentencePiece-style ones (llama, gemma4: convert_vocab.c).
+ * Anything else is refused with a message naming what is missing. */
 #ifndef LM_CONVERT_H
 #define LM_CONVERT_H
 
@@ -24,7 +25,9 @@ int lm_convert_hf(const char *dir, const char *out, const lm_quant_mix *mix, int
                   lm_err *e);
 
 /* Internal to src/convert: the tokenizer's metadata (tokenizer.ggml.* and
- * tokenizer.chat_template) of folder dir, for a vocabulary of vocab_size. */
-int lm_convert_vocab(lm_gguf_writer *w, const char *dir, int vocab_size, lm_err *e);
+ * tokenizer.chat_template) of folder dir, for a vocabulary of vocab_size,
+ * in the form llama.cpp reads for GGUF architecture arch (a
+ * SentencePiece-style tokenizer: "gemma4" for gemma4, else "llama"). */
+int lm_convert_vocab(lm_gguf_writer *w, const char *dir, const char *arch, int vocab_size, lm_err *e);
 
 #endif
