@@ -40,7 +40,7 @@
 #include "cuda_attention.h"
 #include "cuda_attention_combine.h"
 
-#define ATT_DT_WARPS 4
+#define ATT_DT_MAX_WARPS 8
 #define ATT_DT_KEYS 16 /* keys a warp's tile: the mma's M */
 #define ATT_DT_TERMS 3 /* q and P in three bf16 terms */
 
@@ -53,13 +53,16 @@ template <int DH, int KT> struct att_dt_fmt {
     /* a stage: K codes [16][CODE_BYTES], V codes, K scales [16][SCALE_BYTES],
      * V scales; bf16 rows are the tile ldmatrix reads (att_dt_at) */
     static constexpr int STAGE = 2 * ATT_DT_KEYS * (CODE_BYTES + SCALE_BYTES);
-    static constexpr int TILE = QUANT ? 2 * ATT_DT_KEYS * DH * 2 : 0; /* K and V codes as bf16 */
+    static constexpr int TILE = QUANT ? ATT_DT_KEYS * DH * 2 : 0; /* K's codes as bf16, then V's */
+    /* warps a block: the quantised formats' extra instructions want more
+     * warps an SM to hide their chains (16 against 12 at Dh = 128) */
+    static constexpr int WARPS = QUANT ? 8 : 4;
     static constexpr int Q_BYTES = ATT_DT_TERMS * (DH / 16) * 32 * 8; /* Q^T fragments, uint2 a lane */
-    static constexpr int MERGE_BYTES = ATT_DT_WARPS * 8 * DH * 4;    /* the warps' O^T, f32 */
+    static constexpr int MERGE_BYTES = WARPS * 8 * DH * 4;            /* the warps' O^T, f32 */
     /* a warp's area with nst stages, and the block's shared memory */
     static constexpr __host__ __device__ int warp_bytes(int nst) { return nst * STAGE + TILE; }
     static constexpr __host__ __device__ int smem(int nst) {
-        return Q_BYTES + (ATT_DT_WARPS * warp_bytes(nst) > MERGE_BYTES ? ATT_DT_WARPS * warp_bytes(nst) : MERGE_BYTES);
+        return Q_BYTES + (WARPS * warp_bytes(nst) > MERGE_BYTES ? WARPS * warp_bytes(nst) : MERGE_BYTES);
     }
     static_assert(STAGE % 16 == 0 && CODE_BYTES % 16 == 0, "16-byte copies");
 };
@@ -105,14 +108,17 @@ __device__ __forceinline__ void att_dt_widen16(__nv_bfloat16 *tile, int r, int k
     }
 }
 
-template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) att_dt_kernel(att_args a) {
+template <int DH, int KT>
+__global__ void __launch_bounds__(att_dt_fmt<DH, KT>::WARPS * 32, att_dt_fmt<DH, KT>::QUANT ? 2 : 1)
+    att_dt_kernel(att_args a) {
     using F = att_dt_fmt<DH, KT>;
+    constexpr int W = F::WARPS;
     constexpr int KS = DH / 16, NG = DH / 32, CPR = F::CODE_BYTES / 16, NCH = ATT_DT_KEYS * CPR;
     static_assert(NCH % 32 == 0, "whole rounds of a warp's copies");
     extern __shared__ uint4 att_dt_smem4[];
     unsigned char *smem = (unsigned char *)att_dt_smem4;
     uint2 *sq = (uint2 *)smem; /* [term][ks][lane]: b0, b1 of Q^T */
-    __shared__ float s_m[ATT_DT_WARPS][8], s_l[ATT_DT_WARPS][8];
+    __shared__ float s_m[ATT_DT_MAX_WARPS][8], s_l[ATT_DT_MAX_WARPS][8];
     lm_pdl_wait(); /* PDL: see cuda_internal.h */
     lm_pdl_trigger();
     const int t = blockIdx.x, hg = blockIdx.y, z = blockIdx.z;
@@ -130,7 +136,7 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
 
     /* Q^T's B fragments: lane (g, c) of k-step ks holds q[head g][16 ks + 2c, + 1]
      * and [16 ks + 2c + 8, + 9]; heads past the group are zeros */
-    for (int e = tid; e < KS * 32; e += ATT_DT_WARPS * 32) {
+    for (int e = tid; e < KS * 32; e += W * 32) {
         const int ks = e >> 5, hh = (e & 31) >> 2, cc = e & 3;
         float v[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
         if (hh < G) {
@@ -183,38 +189,38 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
     };
     /* the warp's n-th tile (i = warp + 4n) goes to stage n % nst; tiles
      * n + 1 .. n + nst - 1 are in flight while it works on tile n */
-    for (int n = 0; n < nst - 1; n++) issue(warp + ATT_DT_WARPS * n, n, row_of(warp + ATT_DT_WARPS * n));
-    int64_t next_row = row_of(warp + ATT_DT_WARPS * (nst - 1));
+    for (int n = 0; n < nst - 1; n++) issue(warp + W * n, n, row_of(warp + W * n));
+    int64_t next_row = row_of(warp + W * (nst - 1));
     __syncthreads(); /* Q^T written */
 
     float o[KS][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
     const float sc = a.scale;
-    for (int i = warp, n = 0; i < nt; i += ATT_DT_WARPS, n++) {
+    for (int i = warp, n = 0; i < nt; i += W, n++) {
         const int st = n % nst;
-        issue(i + ATT_DT_WARPS * (nst - 1), (n + nst - 1) % nst, next_row); /* into the stage tile n - 1 left */
-        next_row = row_of(i + ATT_DT_WARPS * nst);
+        issue(i + W * (nst - 1), (n + nst - 1) % nst, next_row); /* into the stage tile n - 1 left */
+        next_row = row_of(i + W * nst);
         if (nst == 2) asm volatile("cp.async.wait_group 1;" ::: "memory"); /* tile n has arrived */
         else if (nst == 3) asm volatile("cp.async.wait_group 2;" ::: "memory");
         else asm volatile("cp.async.wait_group 3;" ::: "memory");
         __syncwarp();
         const unsigned char *sb = wb + st * F::STAGE;
         const int j0 = kb + ATT_DT_KEYS * i;
-        const __nv_bfloat16 *tK;
-        if constexpr (F::QUANT) { /* codes to the bf16 tile */
-            __nv_bfloat16 *tile = (__nv_bfloat16 *)(wb + nst * F::STAGE);
+        /* quantised: K's codes (stage rows 0-15), later V's (16-31), to the bf16 tile */
+        __nv_bfloat16 *tile = (__nv_bfloat16 *)(wb + nst * F::STAGE);
+        auto widen = [&](int r0) {
 #pragma unroll
-            for (int e = lane; e < 2 * NCH; e += 32) {
-                const int r = e / CPR, cc = e % CPR; /* rows 16-31: V */
-                att_dt_widen16<KT, DH>(tile, r, cc * (KT == LM_KV_Q8 ? 16 : 32), *(const uint4 *)(sb + r * F::CODE_BYTES + cc * 16));
+            for (int e = lane; e < NCH; e += 32) {
+                const int r = e / CPR, cc = e % CPR;
+                att_dt_widen16<KT, DH>(tile, r, cc * (KT == LM_KV_Q8 ? 16 : 32),
+                                       *(const uint4 *)(sb + (r0 + r) * F::CODE_BYTES + cc * 16));
             }
             __syncwarp();
-            tK = tile;
-        } else {
-            tK = (const __nv_bfloat16 *)sb;
-        }
-        const __nv_bfloat16 *tV = tK + ATT_DT_KEYS * DH; /* rows 16-31 of the tile (att_dt_at) */
+        };
+        const __nv_bfloat16 *tK = F::QUANT ? tile : (const __nv_bfloat16 *)sb;
+        const __nv_bfloat16 *tV = F::QUANT ? tile : tK + ATT_DT_KEYS * DH; /* bf16: rows 16-31 (att_dt_at) */
+        if constexpr (F::QUANT) widen(0);
         const unsigned short *ks16 = (const unsigned short *)(sb + 2 * ATT_DT_KEYS * F::CODE_BYTES);
         const unsigned short *vs16 = ks16 + ATT_DT_KEYS * (F::SCALE_BYTES / 2);
 
@@ -274,6 +280,10 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
 #pragma unroll
             for (int mt = 0; mt < KS; mt++) o[mt][0] *= al[0], o[mt][1] *= al[1], o[mt][2] *= al[0], o[mt][3] *= al[1];
 
+        if constexpr (F::QUANT) { /* every lane has read K's tile */
+            __syncwarp();
+            widen(ATT_DT_KEYS);
+        }
         /* O^T += V^T P^T: P^T's B fragments by transposing the accumulator's
          * two 8 x 8 halves (keys 0-7, 8-15); quantised V: a group's scales
          * on P first */
@@ -320,7 +330,7 @@ template <int DH, int KT> __global__ void __launch_bounds__(ATT_DT_WARPS * 32) a
 #pragma unroll
         for (int e = 0; e < 4; e++) s_o[(warp * 8 + 2 * c + (e & 1)) * DH + 16 * mt + g + 8 * (e >> 1)] = o[mt][e];
     __syncthreads();
-    att_decode_finish(a, t, z, h0, G, DH, ATT_DT_WARPS, &s_m[0][0], &s_l[0][0], 8, s_o, 8 * DH);
+    att_decode_finish(a, t, z, h0, G, DH, W, &s_m[0][0], &s_l[0][0], 8, s_o, 8 * DH);
 }
 
 /* stages a warp keeps: LUMEN_CUDA_ATT_DEC_STAGES (2-4), else 2. On the H200
@@ -337,7 +347,8 @@ template <int DH, int KT> static int att_dt_blocks(int nst) {
         const int smem = att_dt_fmt<DH, KT>::smem(nst);
         if (smem > 48 * 1024)
             LM_CUDA_CHECK(cudaFuncSetAttribute(att_dt_kernel<DH, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        LM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n[nst], att_dt_kernel<DH, KT>, ATT_DT_WARPS * 32, smem));
+        LM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n[nst], att_dt_kernel<DH, KT>,
+                                                                    att_dt_fmt<DH, KT>::WARPS * 32, smem));
         n[nst] = LM_MAX(n[nst], 1);
     }
     return n[nst];
@@ -365,7 +376,8 @@ int lm_att_decode_tc_blocks(const lm_cuda *c, const lm_kv_pool *kv, int layer, i
 
 template <int DH, int KT> static void att_dt_launch(lm_cuda *c, dim3 grid, const att_args *a) {
     att_dt_blocks<DH, KT>(a->stages); /* the shared-memory opt-in */
-    lm_cuda_launch_pdl(c, att_dt_kernel<DH, KT>, grid, ATT_DT_WARPS * 32, (size_t)att_dt_fmt<DH, KT>::smem(a->stages), *a);
+    lm_cuda_launch_pdl(c, att_dt_kernel<DH, KT>, grid, att_dt_fmt<DH, KT>::WARPS * 32,
+                       (size_t)att_dt_fmt<DH, KT>::smem(a->stages), *a);
     LM_CUDA_LAUNCHED("att_dt_kernel");
 }
 
