@@ -24,8 +24,10 @@ run_suite() { # name build-dir cmake-args...
     return
   fi
   echo "== $name: tests"
+  local t0=$SECONDS
   "$dir/lumen_tests" 2>&1 | tee "$dir.tests.log"
   local rc=${PIPESTATUS[0]}
+  echo "== $name: the tests took $((SECONDS - t0))s"
   local out
   out=$(tail -n 1 "$dir.tests.log")
   if [[ $out =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
@@ -70,8 +72,10 @@ node_step() { # name dir time-limit-seconds
     total_fail=$((total_fail + 1)); status=1
     return
   fi
+  local t0=$SECONDS
   (cd "$dir" && LUMEN_BIN="$root/build/release/lumen" timeout "$limit" node --test) 2>&1 | tee "build/$name.log"
   count_tap "$name" "build/$name.log" "${PIPESTATUS[0]}"
+  echo "== $name: node --test took $((SECONDS - t0))s"
 }
 
 root=$PWD
@@ -91,5 +95,6 @@ echo "== agents: npm install and node --test (tests/agents)"
 LUMEN_BIN="$PWD/build/release/lumen" timeout 900 bash tests/agents/run.sh 2>&1 | tee build/agents.log
 count_tap agents build/agents.log "${PIPESTATUS[0]}"
 
+echo "== the suite took $((SECONDS / 60)) min $((SECONDS % 60)) s"
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 exit $status
