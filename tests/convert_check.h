@@ -11,6 +11,11 @@
  * names, types and shapes, f32 and 16-bit tensors bit for bit (Gated
  * DeltaNet's decay within an ulp), quantised values within two of
  * llama.cpp's Q8_0 steps; want_stacks: the 3-D tensors (expert stacks) it has. */
+/* The comparison itself, of GGUF ours against theirs, the keys of skip_keys
+ * (NULL-terminated, or NULL) left out; label names ours in the log. */
+void lm_cc_compare(lm_test_ctx *lm_t_, const char *label, const char *ours, const char *theirs, int want_stacks,
+                   const char *const *skip_keys);
+
 void lm_cc_same_as_llamacpp_file(lm_test_ctx *lm_t_, const char *name, const char *mix, const char *file,
                                  int want_stacks);
 

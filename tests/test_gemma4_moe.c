@@ -24,6 +24,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "convert/lm_convert.h"
+#include "convert_check.h"
 #include "engine/lm_parity_oracle.h"
 #include "engine/lm_runner.h"
 #include "format/gguf.h"
@@ -442,4 +444,35 @@ LM_TEST(gemma4_moe_mlx_folder_equals_gguf) {
         LM_CHECK(gap <= 1e-4); /* 0 on the CPU; 1.4e-5 on an H200 (stacked and fused experts take other kernels) */
     }
     free(a), free(b), free(dir), free(f), free(src);
+}
+
+/* lumen convert of the Hugging Face folder writes the GGUF this file
+ * builds in llama.cpp's names: every key and every tensor bit for bit (F32:
+ * the folder's bf16 and f32 values widened exactly), the experts kept fused
+ * as ffn_gate_up_exps [E][2I][D] and ffn_down_exps. Three keys of the
+ * generated file are the dense bf16 fixture's (its name, size label and
+ * file type), so they are left out of the comparison. */
+LM_TEST(gemma4_moe_folder_converts_to_the_gguf) {
+    char *src = lm_test_fixture_path("models/gemma4");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    lm_err e = { { 0 } };
+    char *dir = g4_write_folder(src, "gemma4-moe-conv", false, &e), *f = g4_gguf(lm_t_, true);
+    LM_CHECK_MSG(dir != NULL, "%s", e.msg);
+    LM_REQUIRE(dir && f);
+    static const char *const side[] = { "tokenizer.json", "tokenizer_config.json", "chat_template.jinja" };
+    char out[1200], in[1200];
+    for (size_t i = 0; i < LM_COUNT(side); i++) { /* the generated folder has weights and config only */
+        size_t n;
+        snprintf(in, sizeof in, "%s/%s", src, side[i]);
+        snprintf(out, sizeof out, "%s/%s", dir, side[i]);
+        char *d = lm_tu_read(in, &n);
+        LM_CHECK(d && lm_tu_write(out, d, n) == 0);
+        free(d);
+    }
+    snprintf(out, sizeof out, "%s/gemma4-moe-converted.f32.gguf", lm_test_tmpdir());
+    lm_quantize_report rep;
+    static const char *const skip[] = { "general.name", "general.size_label", "general.file_type", NULL };
+    if (lm_convert_hf(dir, out, lm_quant_mix_find("F32"), 2, &rep, &e)) LM_CHECK_MSG(0, "%s", e.msg);
+    else lm_cc_compare(lm_t_, "gemma4 MoE folder", out, f, 2 * 6, skip);
+    free(dir), free(f), free(src);
 }
