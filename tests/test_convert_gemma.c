@@ -18,6 +18,7 @@
 #include "hf_quant_gen.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
+#include "q35moe_gen.h"
 #include "quant/lm_quant.h"
 #include "test_util.h"
 
@@ -88,15 +89,7 @@ static char *make_hub_gemma3(const char *src) {
     lm_safetensors_close(&st);
     static const char *const side[] = { "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                                         "reference.safetensors" };
-    for (size_t i = 0; i < LM_COUNT(side) && !rc; i++) {
-        char a[1200];
-        size_t len;
-        snprintf(a, sizeof a, "%s/%s", src, side[i]);
-        snprintf(p, sizeof p, "%s/%s", dir, side[i]);
-        char *d = lm_tu_read(a, &len);
-        rc = d ? lm_tu_write(p, d, len) : -1;
-        free(d);
-    }
+    for (size_t i = 0; i < LM_COUNT(side) && !rc; i++) rc = q35_copy_file(src, dir, side[i]);
     if (rc) free(dir);
     return rc ? NULL : dir;
 }

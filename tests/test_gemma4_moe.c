@@ -34,6 +34,7 @@
 #include "hf_quant_gen.h"
 #include "lm_test.h"
 #include "model/lm_model.h"
+#include "q35moe_gen.h"
 #include "quant/lm_quant.h"
 #include "test_util.h"
 
@@ -460,15 +461,9 @@ LM_TEST(gemma4_moe_folder_converts_to_the_gguf) {
     LM_CHECK_MSG(dir != NULL, "%s", e.msg);
     LM_REQUIRE(dir && f);
     static const char *const side[] = { "tokenizer.json", "tokenizer_config.json", "chat_template.jinja" };
-    char out[1200], in[1200];
-    for (size_t i = 0; i < LM_COUNT(side); i++) { /* the generated folder has weights and config only */
-        size_t n;
-        snprintf(in, sizeof in, "%s/%s", src, side[i]);
-        snprintf(out, sizeof out, "%s/%s", dir, side[i]);
-        char *d = lm_tu_read(in, &n);
-        LM_CHECK(d && lm_tu_write(out, d, n) == 0);
-        free(d);
-    }
+    for (size_t i = 0; i < LM_COUNT(side); i++) /* the generated folder has weights and config only */
+        LM_CHECK(q35_copy_file(src, dir, side[i]) == 0);
+    char out[1200];
     snprintf(out, sizeof out, "%s/gemma4-moe-converted.f32.gguf", lm_test_tmpdir());
     lm_quantize_report rep;
     static const char *const skip[] = { "general.name", "general.size_label", "general.file_type", NULL };

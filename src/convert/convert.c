@@ -338,6 +338,16 @@ static lm_dtype conv_base_type(const conv_tensor *t, const lm_quant_mix *mix) {
     return t->src->type == LM_BF16 || t->src->type == LM_F16 ? t->src->type : LM_F32;
 }
 
+void lm_conv_rope_freqs_tensor(lm_file_tensor *t, float *f, int64_t n) {
+    memset(t, 0, sizeof *t);
+    t->name = "rope_freqs.weight";
+    t->type = LM_F32;
+    t->n_dims = 1;
+    t->shape[0] = n;
+    t->data = (const uint8_t *)f;
+    t->nbytes = (size_t)n * sizeof *f;
+}
+
 /* Llama 3 rope scaling as llama.cpp stores it: rope_freqs.weight, one
  * divisor per rotary frequency (1 for short wavelengths, the factor for
  * long ones, a smooth blend between), computed in float as torch does.
@@ -369,13 +379,7 @@ static int conv_rope_freqs(json_t *cfg, lm_file_tensor *t) {
             f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
         }
     }
-    memset(t, 0, sizeof *t);
-    t->name = "rope_freqs.weight";
-    t->type = LM_F32;
-    t->n_dims = 1;
-    t->shape[0] = n;
-    t->data = (const uint8_t *)f;
-    t->nbytes = (size_t)n * sizeof *f;
+    lm_conv_rope_freqs_tensor(t, f, n);
     return 1;
 }
 

@@ -267,12 +267,6 @@ int lm_conv_gemma_rope_freqs(json_t *cfg, lm_file_tensor *t) {
     const int64_t pairs = hd / 2, rot = (int64_t)((double)hd * (json_is_number(prf) ? json_number_value(prf) : 1.0) / 2);
     float *f = lm_xmalloc((size_t)pairs * sizeof *f);
     for (int64_t i = 0; i < pairs; i++) f[i] = i < rot ? 1.0f : 1e30f;
-    memset(t, 0, sizeof *t);
-    t->name = "rope_freqs.weight";
-    t->type = LM_F32;
-    t->n_dims = 1;
-    t->shape[0] = pairs;
-    t->data = (const uint8_t *)f;
-    t->nbytes = (size_t)pairs * sizeof *f;
+    lm_conv_rope_freqs_tensor(t, f, pairs);
     return 1;
 }

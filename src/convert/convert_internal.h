@@ -61,6 +61,9 @@ int lm_conv_hybrid_name(const conv_hybrid *h, const char *name, conv_tensor *t);
  * name itself when neither applies. */
 const char *lm_conv_hybrid_canon(const conv_hybrid *h, const char *name, char *buf, size_t n);
 
+/* t = rope_freqs.weight, f32, the n factors of f (malloc'd; t owns it). */
+void lm_conv_rope_freqs_tensor(lm_file_tensor *t, float *f, int64_t n);
+
 /* Gemma 3 / 4 (version 3 or 4; convert_gemma.c): t's GGUF name and
  * transform for HF tensor `name`: 1, 0 for a tensor llama.cpp leaves out
  * (towers of a multimodal checkpoint, rotary frequencies), -1 unknown. */
