@@ -3,10 +3,13 @@
  * metadata by convert_vocab.c, then loaded back as a GGUF vocabulary, give
  * the fixture cases' ids (with and without special tokens) and decodings. */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "convert/lm_convert.h"
+#include "format/gguf.h"
+#include "tokenizer/lm_tokenizer.h"
 #include "lm_test.h"
 #include "test_util.h"
 
@@ -126,4 +129,83 @@ LM_TEST(convert_vocab_refuses_unigram) {
     printf("  %s\n", e.msg);
     lm_gguf_writer_free(w);
     free(dir);
+}
+
+/* Qwen3.5's split keeps letters with their combining marks
+ * ([\p{L}\p{M}]+; Qwen3's \p{L}+ splits before each mark). The real Qwen3
+ * tokenizer with Qwen3.5's regex (its vocabulary is not in the fixtures)
+ * converts with tokenizer.ggml.pre "qwen35", and that GGUF gives the
+ * tokenizer.json's ids on texts with marks, in lumen and, where
+ * node-llama-cpp is installed, in llama.cpp; the same texts under Qwen3's
+ * split give other ids, so the split is what the check sees. */
+LM_TEST(convert_vocab_qwen35_split) {
+    char *src = lm_test_fixture_path("tokenizers/qwen3");
+    if (!src) LM_SKIP("%s", lm_test_fixtures_why());
+    static const char qwen2_re[] = "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+";
+    static const char qwen35_re[] = "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?[\\\\p{L}\\\\p{M}]+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{M}\\\\p{N}]+";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    size_t n;
+    char *json = lm_tu_read(path, &n);
+    LM_REQUIRE(json != NULL);
+    char *at = strstr(json, qwen2_re);
+    LM_REQUIRE(at != NULL); /* the fixture's split, as JSON text */
+    const size_t pre = (size_t)(at - json), old = strlen(qwen2_re), add = strlen(qwen35_re);
+    char *j35 = malloc(n - old + add + 1);
+    memcpy(j35, json, pre);
+    memcpy(j35 + pre, qwen35_re, add);
+    memcpy(j35 + pre + add, at + old, n - pre - old + 1);
+    char *dir = lm_tu_mkdir("qwen35-tok");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    LM_REQUIRE(lm_tu_write(path, j35, strlen(j35)) == 0);
+    char out[512];
+    lm_err e = { { 0 } };
+    LM_REQUIRE(write_vocab("qwen35", dir, "qwen35", out, sizeof out, &e) == 0);
+    lm_gguf g = { 0 };
+    LM_REQUIRE(lm_gguf_open(&g, out, &e) == 0);
+    char *name = lm_gguf_get_str(&g, "tokenizer.ggml.pre");
+    LM_CHECK_MSG(name && !strcmp(name, "qwen35"), "pre %s", name ? name : "(none)");
+    free(name);
+    lm_tokenizer *hf = NULL, *gg = NULL, *q3 = NULL;
+    LM_REQUIRE(lm_tokenizer_load_json(&hf, j35, strlen(j35), NULL, 0, "qwen35", &e) == 0 && lm_tokenizer_load_gguf(&gg, &g, &e) == 0 &&
+               lm_tokenizer_load_json(&q3, json, n, NULL, 0, "qwen3", &e) == 0);
+    /* marks that stay combining after NFC (llama.cpp does not normalise;
+     * a decomposed accent that NFC composes would differ for that reason) */
+    static const char *const texts[] = { "\u05e9\u05b8\u05c1\u05dc\u05d5\u05b9\u05dd \u05e2\u05d5\u05b9\u05dc\u05b8\u05dd",
+                                         "\u0645\u064e\u0631\u0652\u062d\u064e\u0628\u064b\u0627 \u0628\u0650\u0643\u064f\u0645\u0652",
+                                         "q\u0301uiz j\u0308ump", "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e",
+                                         "Ti\u1ebfng Vi\u1ec7t c\u00f3 d\u1ea5u", "plain ASCII text" };
+    snprintf(path, sizeof path, "%s/cases.jsonl", dir);
+    FILE *cases = fopen(path, "w");
+    int same = 0, differ_q3 = 0;
+    for (size_t i = 0; i < LM_COUNT(texts); i++) {
+        lm_tok_ids a = { 0 }, b = { 0 }, c = { 0 };
+        LM_REQUIRE(lm_tokenizer_encode(hf, texts[i], strlen(texts[i]), false, &a, &e) == 0 &&
+                   lm_tokenizer_encode(gg, texts[i], strlen(texts[i]), false, &b, &e) == 0 &&
+                   lm_tokenizer_encode(q3, texts[i], strlen(texts[i]), false, &c, &e) == 0);
+        same += a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids);
+        differ_q3 += a.n != c.n || memcmp(a.ids, c.ids, a.n * sizeof *a.ids);
+        json_t *line = json_pack("{s:s, s:[]}", "text", texts[i], "ids");
+        for (size_t k = 0; k < a.n; k++) json_array_append_new(json_object_get(line, "ids"), json_integer(a.ids[k]));
+        char *s = json_dumps(line, JSON_COMPACT);
+        fprintf(cases, "%s\n", s);
+        free(s);
+        json_decref(line);
+        lm_tok_ids_free(&a), lm_tok_ids_free(&b), lm_tok_ids_free(&c);
+    }
+    fclose(cases);
+    printf("  qwen35 split: %d of %zu texts as the tokenizer.json; %d of them differ under Qwen3's split\n", same,
+           LM_COUNT(texts), differ_q3);
+    LM_CHECK(same == (int)LM_COUNT(texts) && differ_q3 >= 2);
+    if (!lm_tu_llamacpp_missing()) {
+        char cmd[2048], *o = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "node '%s/tools/llamacpp/tokenize.mjs' '%s' '%s'", LUMEN_SOURCE_DIR, out, path);
+        const int rc = lm_tu_run(cmd, &o, &err);
+        LM_CHECK_MSG(rc == 0, "llama.cpp on the qwen35 vocabulary: %s%s", o ? o : "", err ? err : "");
+        if (rc == 0) printf("  llama.cpp: %.40s\n", o ? strstr(o, "\"equal\"") : "");
+        free(o), free(err);
+    }
+    lm_tokenizer_free(hf), lm_tokenizer_free(gg), lm_tokenizer_free(q3);
+    lm_gguf_close(&g);
+    free(j35), free(json), free(dir), free(src);
 }

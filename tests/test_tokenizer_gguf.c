@@ -252,3 +252,54 @@ LM_TEST(tokenizer_gguf_invalid_utf8_token) {
     lm_tokenizer_free(t);
     free(dir);
 }
+
+/* A pre-tokenizer name lumen does not know is refused by name (llama.cpp
+ * refuses it too), not read as GPT-2's split: Qwen3.5's "qwen35" once was. */
+LM_TEST(tokenizer_gguf_unknown_pre_refused) {
+    if (!lm_test_have_fixture("tokenizers/qwen3")) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = lm_tu_mkdir("tokgguf-pre"), g[1024];
+    snprintf(g, sizeof g, "%s/made-up.gguf", dir);
+    LM_REQUIRE(write_gguf("qwen3", g, "gpt2", "made-up-pre", false));
+    lm_tokenizer *t = NULL;
+    lm_err e = { { 0 } };
+    LM_CHECK(lm_tokenizer_load(&t, g, &e) != 0 && strstr(e.msg, "\"made-up-pre\"") && strstr(e.msg, "qwen35"));
+    printf("  %s\n", e.msg);
+    lm_tokenizer_free(t);
+    free(dir);
+}
+
+/* "smollm" (SmolLM's GGUFs): digits one by one, then GPT-2's split, as its
+ * tokenizer.json's Digits + ByteLevel pre-tokenizers do: the Llama 3
+ * vocabulary (which has 3-digit tokens) under both gives the same ids. */
+LM_TEST(tokenizer_gguf_smollm_digits) {
+    char *path = lm_test_fixture_path("tokenizers/llama3/tokenizer.json");
+    if (!path) LM_SKIP("%s", lm_test_fixtures_why());
+    char *dir = lm_tu_mkdir("tokgguf-smollm"), g[1024];
+    snprintf(g, sizeof g, "%s/smollm.gguf", dir);
+    LM_REQUIRE(write_gguf("llama3", g, "gpt2", "smollm", false));
+    json_t *root = json_load_file(path, 0, NULL);
+    LM_REQUIRE(root != NULL);
+    json_object_set_new(root, "pre_tokenizer",
+                        json_pack("{s:s, s:[{s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type", "Sequence", "pretokenizers",
+                                  "type", "Digits", "individual_digits", 1, "type", "ByteLevel", "add_prefix_space", 0,
+                                  "trim_offsets", 1, "use_regex", 1));
+    char *js = json_dumps(root, JSON_COMPACT);
+    lm_tokenizer *hf = NULL, *gg = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_tokenizer_load_json(&hf, js, strlen(js), NULL, 0, "smollm", &e) == 0 && lm_tokenizer_load(&gg, g, &e) == 0);
+    static const char *const texts[] = { "In 2024 we sold 1234567 units at $19.99", "x = 3.14159; y = 2718", "plain words only" };
+    int same = 0;
+    size_t digits = 0;
+    for (size_t i = 0; i < LM_COUNT(texts); i++) {
+        lm_tok_ids a = { 0 }, b = { 0 };
+        LM_REQUIRE(lm_tokenizer_encode(hf, texts[i], strlen(texts[i]), false, &a, &e) == 0 &&
+                   lm_tokenizer_encode(gg, texts[i], strlen(texts[i]), false, &b, &e) == 0);
+        same += a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids);
+        if (i == 0) digits = b.n;
+        lm_tok_ids_free(&a), lm_tok_ids_free(&b);
+    }
+    printf("  smollm: %d of %zu texts as the tokenizer.json (%zu tokens for the first)\n", same, LM_COUNT(texts), digits);
+    LM_CHECK(same == (int)LM_COUNT(texts) && digits >= 18); /* its 15 digits one token each */
+    lm_tokenizer_free(hf), lm_tokenizer_free(gg);
+    free(js), json_decref(root), free(path), free(dir);
+}

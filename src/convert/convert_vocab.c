@@ -41,6 +41,9 @@ static const struct { const char *regex, *pre; } k_pre[] = {
       "qwen2" },
     { "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
       "llama-bpe" },
+    { "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+      "\\s+(?!\\S)|\\s+",
+      "qwen35" }, /* Qwen3.5: letters with their combining marks */
 };
 
 /* DIR/NAME parsed, or NULL (an error in e only when required). Integers
@@ -337,7 +340,7 @@ int lm_convert_vocab(lm_gguf_writer *w, const char *dir, const char *arch, int v
         rc = put_tokens(w, tok, vocab_size, true, gemma4, e);
         if (rc == 0) put_scores(w, tok, vocab_size, gemma4);
     } else if (!pre) {
-        rc = lm_errf(e, "%s/tokenizer.json: a pre-tokenizer lumen convert does not recognise (known: qwen2, llama-bpe)",
+        rc = lm_errf(e, "%s/tokenizer.json: a pre-tokenizer lumen convert does not recognise (known: qwen2, qwen35, llama-bpe)",
                      dir);
     } else {
         lm_gguf_set_str(w, "tokenizer.ggml.model", "gpt2", 4);

@@ -33,6 +33,10 @@ static const char k_re_llama3[] =
 static const char k_re_qwen2[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Qwen3.5's: letters with their combining marks ([\p{L}\p{M}]) */
+static const char k_re_qwen35[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char k_re_tekken[] =
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"
@@ -183,27 +187,55 @@ static int setup_gemma4(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
     return gpt2_merges(t, arr(g, "tokenizer.ggml.merges", LM_GGUF_STRING), e);
 }
 
+/* tokenizer.ggml.pre: llama.cpp's names for the byte-level BPE splits of
+ * the families lumen runs (as its llama-vocab.cpp maps them), the regex
+ * each stands for (NULL: GPT-2's own, inside ByteLevel), whether merges
+ * are skipped for whole-vocabulary words (Llama 3), and whether
+ * the HF tokenizer normalises to NFC first (Qwen's do; llama.cpp does not,
+ * and differs from the HF ids on decomposed accents). smollm splits digits
+ * one by one before GPT-2's regex. */
+static const struct {
+    const char *name, *re;
+    bool ignore_merges, nfc, digits;
+} k_pre[] = {
+    { "default", NULL, false, false, false },       { "gpt-2", NULL, false, false, false },
+    { "llama3", k_re_llama3, true, false, false },   { "llama-v3", k_re_llama3, true, false, false },
+    { "llama-bpe", k_re_llama3, true, false, false }, { "qwen2", k_re_qwen2, false, true, false },
+    { "qwen3", k_re_qwen2, false, true, false },     { "deepseek-r1-qwen", k_re_qwen2, false, true, false },
+    { "qwen35", k_re_qwen35, false, true, false },   { "tekken", k_re_tekken, false, false, false },
+    { "smollm", NULL, false, false, true },
+};
+
 static int setup_gpt2(lm_tokenizer *t, const lm_gguf *g, lm_err *e) {
     char *pre = lm_gguf_get_str(g, "tokenizer.ggml.pre");
-    const char *re = NULL;
-    bool nfc = false;
-    if (pre && (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama-v3"))) {
-        re = k_re_llama3;
-        t->bpe.ignore_merges = true; /* as Llama 3's tokenizer.json says */
+    int k = pre ? -1 : 0; /* none: llama.cpp's default, GPT-2's split */
+    for (int i = 0; pre && k < 0 && i < (int)LM_COUNT(k_pre); i++)
+        if (!strcmp(pre, k_pre[i].name)) k = i;
+    if (k < 0) {
+        lm_errf(e, "tokenizer.ggml.pre \"%.40s\" is not a pre-tokenizer lumen reads (default, gpt-2, llama3, "
+                "llama-bpe, qwen2, deepseek-r1-qwen, qwen35, tekken, smollm)", pre);
+        free(pre);
+        return -1;
     }
-    else if (pre && (!strcmp(pre, "qwen2") || !strcmp(pre, "qwen3"))) re = k_re_qwen2, nfc = true;
-    else if (pre && !strcmp(pre, "tekken")) re = k_re_tekken;
     free(pre);
+    const char *re = k_pre[k].re;
+    const bool nfc = k_pre[k].nfc;
+    t->bpe.ignore_merges = k_pre[k].ignore_merges; /* as Llama 3's tokenizer.json says */
     tok_pretok *p = t->pretok = lm_xcalloc(1, sizeof *p);
-    if (re) {
+    if (re || k_pre[k].digits) {
         p->kind = TOK_PRE_SEQUENCE;
         p->sub = lm_xcalloc(2, sizeof *p->sub);
         p->n_sub = 2;
         p->sub[0].kind = TOK_PRE_SPLIT;
         p->sub[0].behavior = TOK_SPLIT_ISOLATED;
-        p->sub[0].pat = (tok_pattern){ TOK_PAT_REGEX, lm_xstrdup(re), strlen(re), NULL };
+        const char *first = re ? re : "\\p{N}";
+        p->sub[0].pat = (tok_pattern){ TOK_PAT_REGEX, lm_xstrdup(first), strlen(first), NULL };
         if (tok_pattern_compile(&p->sub[0].pat, e)) return -1;
         p->sub[1].kind = TOK_PRE_BYTELEVEL;
+        if (!re) { /* digits split, then GPT-2's regex inside ByteLevel */
+            p->sub[1].use_regex = true;
+            if (tok_pretok_builtin_regex(&p->sub[1], e)) return -1;
+        }
     } else { /* GPT-2's own regex, inside ByteLevel */
         p->kind = TOK_PRE_BYTELEVEL;
         p->use_regex = true;
