@@ -769,6 +769,71 @@ LM_TEST(cuda_argmax_rows_vs_cpu) {
     cu_close(&p);
 }
 
+/* The argmax under grammar masks: each masked row as lm_argmax_masked
+ * (ties, NaN, -inf, -0, a row nothing is allowed in, a word's last bits,
+ * a mask allowing everything, one id), unmasked rows as lm_argmax (a NaN at
+ * 0 still gives 0), the ids on the host after argmax_wait and kept for
+ * get_rows_argmax. */
+LM_TEST(cuda_argmax_rows_masked_vs_cpu) {
+    CU_SETUP(p);
+    const int64_t R = 10, V = 151937, W = (V + 31) / 32;
+    float *x = malloc((size_t)(R * V) * sizeof *x);
+    uint32_t *mk = malloc((size_t)(R * W) * sizeof *mk);
+    uint64_t st = 0x5eed;
+    for (int64_t i = 0; i < R * V; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((st >> 40) % 100000) * 1e-3f - 50.0f;
+    }
+    for (int64_t i = 0; i < R * W; i++) { /* about one id in 8 allowed */
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        mk[i] = (uint32_t)(st >> 32) & (uint32_t)(st >> 16) & (uint32_t)(st >> 8);
+    }
+    uint8_t masked[10] = { 1, 1, 1, 1, 1, 1, 0, 1, 1, 0 };
+    float *row[10];
+    uint32_t *m[10];
+    for (int r = 0; r < R; r++) row[r] = x + r * V, m[r] = mk + r * W;
+#define ALLOW(r, v) (m[r][(v) / 32] |= 1u << ((v) % 32))
+#define REFUSE(r, v) (m[r][(v) / 32] &= ~(1u << ((v) % 32)))
+    row[1][70001] = row[1][35] = 1000.0f, ALLOW(1, 70001), ALLOW(1, 35); /* tie: 35 wins */
+    row[1][7] = 2000.0f, REFUSE(1, 7);                                  /* refused, larger */
+    memset(m[2], 0, (size_t)W * 4);                                      /* all NaN/-inf but for refused ids */
+    ALLOW(2, 9), ALLOW(2, 40), ALLOW(2, 41);
+    row[2][9] = NAN, row[2][40] = -INFINITY, row[2][41] = NAN;           /* -inf above NaN: 40 */
+    memset(m[3], 0, (size_t)W * 4);                                      /* nothing allowed: 0 */
+    for (int64_t v = 0; v < W; v++) m[4][v] = ~0u;                       /* everything, last id largest */
+    row[4][V - 1] = 9000.0f, row[4][0] = NAN;                            /* NaN at 0 does not win here */
+    memset(m[5], 0, (size_t)W * 4);
+    ALLOW(5, V - 2), ALLOW(5, 100), row[5][100] = -0.0f, row[5][V - 2] = 0.0f; /* -0 == 0: 100 */
+    row[6][0] = NAN, row[6][77] = 8000.0f; /* unmasked: lm_argmax's 0 */
+    memset(m[7], 0, (size_t)W * 4), ALLOW(7, 123456);                    /* one id */
+    int32_t want[10], got[10];
+    for (int r = 0; r < R; r++)
+        want[r] = masked[r] ? lm_argmax_masked(row[r], (int)V, m[r]) : lm_argmax(row[r], (int)V);
+    LM_CHECK(want[1] == 35 && want[2] == 40 && want[3] == 0 && want[4] == V - 1 && want[5] == 100 && want[6] == 0 &&
+             want[7] == 123456);
+    lm_tensor t = cu_put(p.gpu, x, R, V);
+    LM_REQUIRE(p.gpu->ops->argmax_rows_masked_later);
+    p.gpu->ops->argmax_rows_masked_later(p.gpu, got, &t, mk, masked);
+    memset(mk, 0, (size_t)(R * W) * 4); /* copied before it returned */
+    p.gpu->ops->argmax_wait(p.gpu);
+    for (int r = 0; r < R; r++) LM_CHECK_MSG(got[r] == want[r], "row %d: cuda %d, cpu %d", r, got[r], want[r]);
+    /* the ids stay on the device for the next forward's embedding */
+    float *tab = malloc((size_t)V * 4 * sizeof *tab);
+    for (int64_t i = 0; i < V * 4; i++) tab[i] = (float)i;
+    lm_tensor table = cu_put(p.gpu, tab, V, 4), y = cu_put(p.gpu, tab, R, 4);
+    p.gpu->ops->get_rows_argmax(p.gpu, &y, &table);
+    float yh[40];
+    p.gpu->ops->read(p.gpu, yh, y.data, sizeof yh);
+    for (int r = 0; r < R; r++) LM_CHECK_MSG(yh[4 * r + 1] == (float)(4 * want[r] + 1), "row %d embedded", r);
+#undef ALLOW
+#undef REFUSE
+    lm_tensor_release(p.gpu, &y);
+    lm_tensor_release(p.gpu, &table);
+    lm_tensor_release(p.gpu, &t);
+    free(tab), free(mk), free(x);
+    cu_close(&p);
+}
+
 /* ---- fused matmul forms ---------------------------------------------------------- */
 
 /* Max |a - b| / (|b| + 1e-30) over n values, and whether they are bitwise equal. */

@@ -20,6 +20,7 @@ enum { MAXT = 96 };
  * submitted at once, `rounds` times one after the other (a later round
  * finds the earlier's blocks in the prefix cache); out[round * n + i]. */
 static float run_temperature; /* 0: greedy; else sampled with request i's seed i + 1 */
+static int32_t run_trigger;   /* > 0: the grammar requests' grammar_trigger */
 
 static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *const *grammar,
                     const lm_grammar_vocab *v, const int32_t *stop, lm_tu_collect *all, int rounds,
@@ -39,7 +40,8 @@ static void run_all(lm_model *m, const lm_engine_opts *o, int n, lm_grammar *con
         lm_tu_collect_init(&out[i]);
         lm_gen_params p = { .sampling = { .temperature = run_temperature, .seed = (uint64_t)i + 1 },
                             .repetition_penalty = 1, .max_tokens = MAXT,
-                            .stop_tokens = stop, .n_stop_tokens = 1, .grammar = grammar[i], .grammar_vocab = v };
+                            .stop_tokens = stop, .n_stop_tokens = 1, .grammar = grammar[i], .grammar_vocab = v,
+                            .grammar_trigger = grammar[i] ? run_trigger : 0 };
         if (lm_engine_submit(en, prompt, 24, &p, lm_tu_collect_on_token, &out[i], &r[i], &e) != LM_ENGINE_OK) {
             fprintf(stderr, "  submit: %s\n", e.msg);
             r[i] = NULL;
@@ -267,16 +269,77 @@ LM_TEST(engine_grammar_masks_ahead_exact) {
         for (int i = 0; i < 8; i++)
             LM_CHECK_MSG(ref[i].done && same(&got[i], &ref[i]), "case %d, round %d request %d: %d tokens vs %d", c,
                          i / 4, i % 4, got[i].n, ref[i].n);
+        /* greedy under the look-ahead, later masks are computed while the
+         * next forward runs (grammar_masks_chained), the helper or not */
         if (c < 3) LM_CHECK_MSG(st_off.grammar_masks > 0 && st_off.grammar_masks_ahead == 0, "case %d off: %llu of %llu",
                                 c, (unsigned long long)st_off.grammar_masks_ahead,
                                 (unsigned long long)st_off.grammar_masks);
-        LM_CHECK_MSG(st_on.grammar_masks > 0 && st_on.grammar_masks_ahead == st_on.grammar_masks,
-                     "case %d on: %llu of %llu masks from the helper", c,
-                     (unsigned long long)st_on.grammar_masks_ahead, (unsigned long long)st_on.grammar_masks);
+        LM_CHECK_MSG(st_on.grammar_masks > 0 && st_on.grammar_masks_ahead > 0 &&
+                         st_on.grammar_masks_ahead + st_on.grammar_masks_chained == st_on.grammar_masks,
+                     "case %d on: %llu + %llu of %llu masks from the helper and the look-ahead", c,
+                     (unsigned long long)st_on.grammar_masks_ahead, (unsigned long long)st_on.grammar_masks_chained,
+                     (unsigned long long)st_on.grammar_masks);
+        const bool chained = c < 2; /* greedy, look-ahead on */
+        LM_CHECK_MSG((st_on.grammar_masks_chained > 0) == chained && (st_off.grammar_masks_chained > 0) == chained,
+                     "case %d: %llu / %llu masks in look-ahead chains", c,
+                     (unsigned long long)st_off.grammar_masks_chained, (unsigned long long)st_on.grammar_masks_chained);
         if (c >= 3) LM_CHECK(st_on.spec_verifies > 0 && st_on.spec_accepted > 0);
         if (c == 0) memcpy(greedy, ref, sizeof greedy);
     }
     run_temperature = 0;
+    eg_close(&f);
+}
+
+/* Greedy requests under a grammar in look-ahead chains (their masks
+ * computed while the next forward runs, the argmax under them on the
+ * backend) give the tokens of steps that wait for the host: all four
+ * constrained, with strict fill (whose tokens end a chain: the queued
+ * step's row is not handed out) and without, and a grammar that wakes at a
+ * trigger token mid-answer. */
+LM_TEST(engine_grammar_look_ahead_chains_exact) {
+    eg_fix f;
+    LM_REQUIRE(eg_open(&f));
+    lm_grammar *all4[4] = { f.g, f.g, f.g, f.g }, *mix[4] = { f.g, NULL, f.g, f.g };
+    lm_tu_collect ref[8], got[8], plain[1];
+    lm_grammar *none[1] = { NULL };
+    const lm_engine_opts solo = { .ctx = 256, .parallel = 1, .look_ahead = -1 };
+    run_all(f.m, &solo, 1, none, f.v, &f.stop, plain, 1, NULL);
+    LM_REQUIRE(plain[0].n > 8);
+    int at = 2; /* the trigger: a token of the free answer not seen before it */
+    while (at < plain[0].n) {
+        bool seen = false;
+        for (int i = 0; i < at; i++) seen |= plain[0].toks[i] == plain[0].toks[at];
+        if (!seen) break;
+        at++;
+    }
+    LM_REQUIRE(at < plain[0].n);
+    for (int c = 0; c < 4; c++) {
+        /* 0: strict fill; 1: without; 2: a plain greedy request among them; 3: a trigger */
+        lm_engine_opts o = { .ctx = 256, .parallel = 4, .cache_ram = 8u << 20, .strict_fill = c == 1 ? -1 : 0,
+                             .mask_ahead = -1 };
+        lm_grammar *const *gr = c == 2 ? mix : all4;
+        run_trigger = c == 3 ? plain[0].toks[at] : 0;
+        lm_engine_stats st_off = { 0 }, st_on = { 0 };
+        o.look_ahead = -1;
+        run_all(f.m, &o, 4, gr, f.v, &f.stop, ref, 2, &st_off);
+        o.look_ahead = 1;
+        run_all(f.m, &o, 4, gr, f.v, &f.stop, got, 2, &st_on);
+        for (int i = 0; i < 8; i++)
+            LM_CHECK_MSG(ref[i].done && ref[i].n > 0 && same(&got[i], &ref[i]),
+                         "case %d, round %d request %d: %d tokens vs %d", c, i / 4, i % 4, got[i].n, ref[i].n);
+        LM_CHECK_MSG(st_off.ahead_steps == 0 && st_on.ahead_steps > 20 && st_on.grammar_masks_chained > 20,
+                     "case %d: %llu steps queued ahead, %llu masks chained", c, (unsigned long long)st_on.ahead_steps,
+                     (unsigned long long)st_on.grammar_masks_chained);
+        if (c == 3) /* the free start, then the grammar */
+            for (int i = 0; i < 8; i++)
+                LM_CHECK(got[i].n > at + 1 && !memcmp(got[i].toks, plain[0].toks, (size_t)(at + 1) * 4) &&
+                         got[i].toks[at + 1] != plain[0].toks[at + 1]);
+        LM_CHECK_MSG((st_on.grammar_fill_tokens > 0) == (c != 1) &&
+                         st_on.grammar_fill_tokens == st_off.grammar_fill_tokens,
+                     "case %d: %llu / %llu tokens filled", c, (unsigned long long)st_off.grammar_fill_tokens,
+                     (unsigned long long)st_on.grammar_fill_tokens);
+    }
+    run_trigger = 0;
     eg_close(&f);
 }
 

@@ -115,6 +115,8 @@ LM_TEST(sampler_masked_greedy) {
     x[0] = 0.0f, x[40] = 0.0f;
     x[39] = NAN; /* NaN never wins: the next 9 */
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 69);
+    x[39] = 9.0f, x[69] = NAN; /* nor as the last allowed id */
+    LM_CHECK(lm_sample_masked(s, x, work, allow) == 39);
     for (size_t i = 0; i < LM_COUNT(ok); i++) x[ok[i]] = -INFINITY;
     LM_CHECK(lm_sample_masked(s, x, work, allow) == 2); /* the first allowed, not id 0 */
     /* words that allow all 32 ids are read as spans; a last word's bits

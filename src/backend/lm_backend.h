@@ -280,6 +280,14 @@ struct lm_backend_ops {
     /* y[r] = table[ids[r]] (as get_rows) with ids the last argmax_rows(_later)
      * results, which had y->rows rows. */
     void (*get_rows_argmax)(lm_backend *be, lm_tensor *y, const lm_tensor *table);
+    /* Optional, with the three above (lm_model_masked_look_ahead): as
+     * argmax_rows_later, but row r with masked[r] != 0 takes
+     * lm_argmax_masked over its mask, masks + r * ceil(cols / 32) words,
+     * instead of lm_argmax: greedy under a grammar whose mask became known
+     * after the forward was queued. Copies masks and masked before it
+     * returns; not inside a graph pass. */
+    void (*argmax_rows_masked_later)(lm_backend *be, int32_t *host_ids, const lm_tensor *x, const uint32_t *masks,
+                                     const uint8_t *masked);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,
      * lm_op_matmul_glu, lm_op_matmul_add and lm_op_moe_add compose them
      * from the ops above; lm_op_rope_kv_write likewise). Results equal the

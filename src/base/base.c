@@ -114,3 +114,46 @@ int lm_argmax(const float *x, int n) {
         if (x[i] == best) return i;
     return 0;
 }
+
+/* Without copying the row. Two passes over the mask's words: the maximum
+ * (runs of words that allow all 32 ids read as one span, a JSON string's
+ * mask being mostly such words), then its first allowed id. */
+int lm_argmax_masked(const float *x, int V, const uint32_t *allow) {
+    const int W = (V + 31) / 32;
+    float m = -INFINITY;
+    for (int w = 0; w < W;) {
+        int e = w; /* a run of words that allow every id, read as one span */
+        while (e < W && allow[e] == ~0u && 32 * e + 32 <= V) e++;
+        if (e > w) {
+            const float mw = lm_max(x + 32 * w, 32 * (e - w));
+            m = mw > m ? mw : m;
+            w = e;
+            continue;
+        }
+        for (uint32_t b = allow[w]; b; b &= b - 1) {
+            const int v = 32 * w + __builtin_ctz(b);
+            if (v < V && x[v] > m) m = x[v];
+        }
+        w++;
+    }
+    int first = -1;
+    for (int w = 0; w < W;) {
+        int e = w;
+        while (e < W && allow[e] == ~0u && 32 * e + 32 <= V) e++;
+        if (e > w) {
+            for (int v = 32 * w; v < 32 * e; v++)
+                if (x[v] == m) return v;
+            if (first < 0) first = 32 * w;
+            w = e;
+            continue;
+        }
+        for (uint32_t b = allow[w]; b; b &= b - 1) {
+            const int v = 32 * w + __builtin_ctz(b);
+            if (v >= V) break;
+            if (x[v] == m) return v;
+            if (first < 0) first = v;
+        }
+        w++;
+    }
+    return first < 0 ? 0 : first;
+}

@@ -20,6 +20,11 @@ typedef struct lm_err {
 
 /* The first index of the largest of x[0..n) (NaN never wins). */
 int lm_argmax(const float *x, int n);
+/* The first id v < n that allow (bits, [ceil(n / 32)] words) allows, of
+ * the largest x[v] (NaN never wins, -0 equals 0; the first allowed id when
+ * nothing does, 0 when nothing is allowed): greedy under a grammar's mask.
+ * The GPU's masked argmax gives the same answer. */
+int lm_argmax_masked(const float *x, int n, const uint32_t *allow);
 /* The largest of x[0, n); NaN never wins; -inf when nothing does. */
 float lm_max(const float *x, int n);
 

@@ -175,7 +175,7 @@ static double batched_decode(lm_model *m, lm_kv_types kvt, int B, int prompt_len
             else lm_batch_add_out(bb, lm_batch_add_tokens(bb, q, &next[s], prompt_len + g, 1));
         }
         if (chained) {
-            if (lm_lookahead_queue(m, &kv->pool, bb, ids, e)) goto done;
+            if (lm_lookahead_queue(m, &kv->pool, bb, ids, false, e)) goto done;
             lm_model_wait_argmax(m);
         } else {
             lm_batch_set_argmax(bb, ids, NULL, ahead);

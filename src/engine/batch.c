@@ -115,6 +115,12 @@ void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want
     bb->b.out_argmax = ids;
     bb->b.out_logits = want_logits;
     bb->b.argmax_later = later;
+    bb->b.argmax_masked = false;
+}
+
+void lm_batch_defer_argmax(lm_batch_builder *bb) {
+    LM_ASSERT(bb->b.argmax_later);
+    bb->b.argmax_masked = true;
 }
 
 int lm_batch_n_tokens(const lm_batch_builder *bb) { return bb->b.n_tokens; }

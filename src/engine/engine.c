@@ -142,8 +142,14 @@ static void strict_fill(lm_engine *en, lm_request *r) {
 
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy) {
     int32_t tok;
-    if (r->gm && r->gm_live) {
-        LM_ASSERT(logits); /* a request with a grammar is never plain greedy */
+    if (r->gm && r->gm_live && !logits) { /* the look-ahead's argmax under r's mask */
+        if (greedy < 0) {
+            req_finish(en, r, LM_FINISH_ERROR, "the grammar allows no token of this vocabulary here");
+            return;
+        }
+        tok = greedy;
+        if (!is_stop_token(r, tok)) LM_ASSERT(lm_grammar_accept(r->gm, tok));
+    } else if (r->gm && r->gm_live) {
         int n;
         const uint32_t *mask = lm_mask_ahead_take(en->ma, r, &n);
         if (!mask) { /* not computed during the forward, or no longer r's */
@@ -343,7 +349,7 @@ static void step_hidden(lm_engine *en, lm_step *st, int s, lm_request *r, int ro
 /* Builds a step into st and en->bb; false when there is nothing to run. */
 static bool step_build(lm_engine *en, lm_step *st) {
     lm_batch_reset(en->bb);
-    st->queued = false;
+    st->queued = st->masked = false;
     st->S = st->n_out = st->n_draft = 0;
     int budget = en->o.step_tokens, last;
     /* decode tokens first: running streams never wait behind a prompt */
@@ -382,6 +388,7 @@ static bool step_build(lm_engine *en, lm_step *st) {
  * running request ends with it. */
 static bool step_issue(lm_engine *en, lm_step *st) {
     lm_batch_set_argmax(en->bb, st->ids, st->want_logits, st->policy->argmax_later);
+    if (st->masked) lm_batch_defer_argmax(en->bb);
     lm_err e = { { 0 } };
     const bool masks = en->ma && lm_mask_ahead_start(en->ma, st, en->bb) > 0;
     const int rc = lm_batch_forward(en->bb, en->m, &en->kv->pool, st->logits, &e);
@@ -453,6 +460,7 @@ static void *engine_main(void *arg) {
         en->st.grammar_mask_s = en->grammar_mask_s;
         en->st.grammar_wait_s = en->grammar_wait_s;
         en->st.grammar_masks_ahead = en->grammar_masks_ahead;
+        en->st.grammar_masks_chained = en->grammar_masks_chained;
         en->st.grammar_fill_tokens = en->grammar_fill_tokens;
         en->st.running = en->n_running;
         en->st.kv_blocks_free = en->kv->n_free;

@@ -111,6 +111,8 @@ typedef struct lm_step {
     lm_request **row_req;    /* [n_out] request of each output row */
     int32_t *ids;            /* [n_out] argmax of each row, from the backend */
     uint8_t *want_logits;    /* [n_out] rows whose request needs the full logits */
+    bool masked;             /* the look-ahead: the argmax waits for the rows' grammar masks (after_forward) */
+    int *allowed;            /* [parallel] with masked: tokens each row's mask allowed, -1: no mask */
     float *logits;           /* [n_out][V] those rows' logits */
     int *seq_h0, *seq_hn;    /* [S] an embedding sequence's first hidden row and count (0: none) */
 } lm_step;
@@ -170,6 +172,10 @@ struct lm_engine {
     uint8_t *dc_buf;             /* [max(block bytes, state bytes)] its host copy of one entry */
     /* greedy look-ahead (lookahead.c) */
     bool ahead_on;
+    bool ahead_masked;           /* ... also for requests under a grammar, masked on the backend */
+    uint32_t *ahead_masks;       /* [parallel][V / 32] a masked step's rows' masks */
+    uint8_t *ahead_rows;         /* [parallel] which of its rows have one */
+    uint64_t grammar_masks_chained; /* masks computed while a look-ahead forward ran, applied on the backend */
     lm_step ahead[2];            /* queued steps, alternating: one is handed out while the next runs;
                                   * each holds a reference to its requests */
     int ahead_next;              /* ahead[ahead_next]: where the next one is queued */
@@ -194,8 +200,9 @@ void lm_req_unref(lm_request *r);
 /* Whether r's next token is the backend's argmax of the model's logits
  * (nothing needs the logits on the host). */
 bool lm_req_plain_greedy(const lm_request *r);
-/* One token for r (logits NULL: a plain-greedy request, whose token is
- * `greedy`): report it, append it, finish r when due. */
+/* One token for r (logits NULL: the backend's argmax `greedy`, under r's
+ * grammar mask where it has one, -1 when that mask allowed nothing):
+ * report it, append it, finish r when due. */
 void lm_req_take_token(lm_engine *en, lm_request *r, const float *logits, int32_t greedy);
 /* A forward of T tokens over S sequences into the stats (takes mu). */
 void lm_step_count(lm_engine *en, int T, int S, bool ahead, uint64_t discarded);
@@ -268,8 +275,10 @@ bool lm_disk_tier_extend(lm_engine *en, const lm_request *r, const lm_pcache_hit
 
 void lm_ahead_create(lm_engine *en);
 void lm_ahead_free(lm_engine *en);
-/* Whether the built step st may run under the look-ahead policy. */
-bool lm_ahead_claim(lm_engine *en, const lm_step *st);
+/* Whether the built step st may run under the look-ahead policy; if so,
+ * its rows under a grammar read no logits and take their masks on the
+ * backend (st->masked). */
+bool lm_ahead_claim(lm_engine *en, lm_step *st);
 extern const lm_step_policy lm_ahead_policy;
 
 /* ---- mask_ahead.c ---- */

@@ -57,6 +57,9 @@ int lm_batch_n_hidden(const lm_batch_builder *bb);
  * their logits to the host. later: the forward may return before the ids
  * are there (lm_model_wait_argmax). */
 void lm_batch_set_argmax(lm_batch_builder *bb, int32_t *ids, const uint8_t *want_logits, bool later);
+/* After lm_batch_set_argmax(..., later): the argmax waits for the rows'
+ * grammar masks (lm_batch.argmax_masked, lm_model_argmax_masked). */
+void lm_batch_defer_argmax(lm_batch_builder *bb);
 
 /* The token fed at output o's row. */
 int32_t lm_batch_out_token(const lm_batch_builder *bb, int o);

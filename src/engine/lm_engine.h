@@ -260,6 +260,8 @@ typedef struct lm_engine_stats {
     /* constrained decoding */
     uint64_t grammar_masks;        /* token masks applied */
     uint64_t grammar_masks_ahead;  /* of which computed while a forward ran (mask_ahead) */
+    uint64_t grammar_masks_chained; /* of which computed while the look-ahead's next forward ran,
+                                     * applied by the backend's argmax */
     double grammar_mask_s;         /* seconds computing them */
     double grammar_wait_s;         /* of which the engine thread spent after the
                                     * forwards (the rest ran during them) */

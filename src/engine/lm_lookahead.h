@@ -21,8 +21,9 @@
 /* Queues the next link: bb holds one token per sequence, each added with
  * lm_batch_add_from_argmax in the order of the previous forward's argmax
  * rows; each gets an output row, whose argmax lands in ids [its sequences]
- * once lm_model_wait_argmax has returned for this forward. 0, or -1 with e
- * (nothing queued). */
-int lm_lookahead_queue(lm_model *m, lm_kv_pool *kv, lm_batch_builder *bb, int32_t *ids, lm_err *e);
+ * once lm_model_wait_argmax has returned for this forward. masked: that
+ * argmax waits for lm_model_argmax_masked (the rows' grammar masks). 0, or
+ * -1 with e (nothing queued). */
+int lm_lookahead_queue(lm_model *m, lm_kv_pool *kv, lm_batch_builder *bb, int32_t *ids, bool masked, lm_err *e);
 
 #endif

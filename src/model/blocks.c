@@ -266,7 +266,9 @@ void lm_head_forward(lm_model *m, lm_dec_scratch *s, const lm_batch *b, float *l
 void lm_logits_out(lm_model *m, const lm_batch *b, const lm_tensor *lg, float *logits) {
     const struct lm_backend_ops *op = m->be->ops;
     const size_t V = (size_t)m->cfg.vocab, row = V * sizeof(float);
-    if (b->out_argmax && b->argmax_later) op->argmax_rows_later(m->be, b->out_argmax, lg);
+    if (b->out_argmax && b->argmax_masked) /* issued by lm_model_argmax_masked */
+        m->masked_lg = *lg, m->masked_ids = b->out_argmax;
+    else if (b->out_argmax && b->argmax_later) op->argmax_rows_later(m->be, b->out_argmax, lg);
     else if (b->out_argmax) op->argmax_rows(m->be, b->out_argmax, lg);
     if (!logits) return;
     if (!b->out_argmax) {

@@ -41,6 +41,12 @@ typedef struct lm_batch {
      * return before the ids are in out_argmax; lm_model_wait_argmax, once per
      * such forward and in their order, waits for them. */
     bool argmax_later;
+    /* With argmax_later on a model that offers lm_model_masked_look_ahead:
+     * the forward issues no argmax; lm_model_argmax_masked issues it, with
+     * each row's grammar mask, before the next forward (which may take its
+     * tokens from those ids). The masks of a chain of greedy steps become
+     * known only once the ids before them reach the host. */
+    bool argmax_masked;
     /* Optional hidden states (embeddings): the final norm's output of token
      * rows hidden_rows[i] into hidden_out [n_hidden][D] (host), taken before
      * the logits and independent of them. */
@@ -74,6 +80,8 @@ typedef struct lm_model {
     void **owned;            /* backend buffers this model allocated (f32 norm copies) */
     int n_owned;
     bool host_tokens;        /* the forward reads token ids on the host (Gemma 4's per-layer embeddings) */
+    lm_tensor masked_lg;     /* an argmax_masked forward's logit rows, until lm_model_argmax_masked */
+    int32_t *masked_ids;     /* ... and its out_argmax; NULL when none waits */
     lm_pooling pooling;      /* how hidden states become an embedding (lm_pooling.h) */
     const struct lm_load_progress *progress; /* told while binding (NULL: nobody asked) */
     size_t bound_bytes;      /* checkpoint bytes bound so far (progress) */
@@ -133,6 +141,15 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
 bool lm_model_look_ahead(const lm_model *m);
 /* Waits for the oldest argmax_later forward's ids (in its out_argmax). */
 void lm_model_wait_argmax(lm_model *m);
+/* Whether forwards may also defer their argmax to lm_model_argmax_masked
+ * (lm_batch.argmax_masked). */
+bool lm_model_masked_look_ahead(const lm_model *m);
+/* Issues the argmax of the last forward (an argmax_masked one): row r with
+ * masked[r] != 0 takes the largest logit among the ids its mask allows
+ * (masks + r * ceil(V / 32) words, lm_argmax_masked), the others plain
+ * greedy; the ids arrive as an argmax_later forward's (lm_model_wait_argmax).
+ * masks and masked are copied before it returns. */
+void lm_model_argmax_masked(lm_model *m, const uint32_t *masks, const uint8_t *masked);
 /* The checks lm_model_forward makes before running a batch (token ids,
  * positions, sequences, logit rows, state slots), for other entry points. */
 int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch *b, lm_err *e);

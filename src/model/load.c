@@ -134,6 +134,9 @@ int lm_model_check_batch(const lm_model *m, const lm_kv_pool *kv, const lm_batch
         return lm_errf(e, "%s: this model or backend cannot take tokens from the device or return before its argmax",
                        m->path);
     if (b->argmax_later && (!b->out_argmax || b->n_out == 0)) return lm_errf(e, "argmax_later without argmax rows");
+    if (b->argmax_masked && (!b->argmax_later || !lm_model_masked_look_ahead(m)))
+        return lm_errf(e, "%s: a masked argmax needs argmax_later on a backend that offers it", m->path);
+    if (m->masked_ids) return lm_errf(e, "a forward before the last one's masked argmax");
     for (int t = 0; t < b->n_tokens; t++) {
         if (b->tokens && (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.vocab))
             return lm_errf(e, "token id %d out of range [0, %d)", b->tokens[t], m->cfg.vocab);
@@ -171,7 +174,7 @@ static uint64_t lm_batch_shape_key(const lm_model *m, const lm_kv_pool *kv, cons
     uint64_t h = XXH3_64bits_withSeed(&m, sizeof m, 0);
     int64_t hdr[] = { (int64_t)(uintptr_t)kv, b->n_tokens, b->n_seqs, b->n_out, b->state_slot != NULL, b->state_out != NULL,
                       b->out_argmax != NULL, b->out_logits != NULL, logits != NULL, b->tokens == NULL,
-                      b->argmax_later, b->n_hidden };
+                      b->argmax_later, b->argmax_masked, b->n_hidden };
     h = XXH3_64bits_withSeed(hdr, sizeof hdr, h);
     h = XXH3_64bits_withSeed(b->seq, (size_t)b->n_tokens * sizeof *b->seq, h);
     if (b->n_out) h = XXH3_64bits_withSeed(b->out_rows, (size_t)b->n_out * sizeof *b->out_rows, h);
@@ -188,10 +191,15 @@ int lm_model_forward(lm_model *m, lm_kv_pool *kv, const lm_batch *b, float *logi
         /* at most three passes: replay, capture, eager (see lm_backend.h) */
         for (;;) {
             int rc = m->arch->forward(m, kv, b, logits, e);
-            if (be->ops->graph_end(be, rc == 0) == 0) return rc;
+            if (be->ops->graph_end(be, rc == 0) == 0) {
+                if (rc) m->masked_ids = NULL; /* no argmax follows a failed forward */
+                return rc;
+            }
         }
     }
-    return m->arch->forward(m, kv, b, logits, e);
+    int rc = m->arch->forward(m, kv, b, logits, e);
+    if (rc) m->masked_ids = NULL;
+    return rc;
 }
 
 bool lm_model_look_ahead(const lm_model *m) {
@@ -200,6 +208,16 @@ bool lm_model_look_ahead(const lm_model *m) {
 }
 
 void lm_model_wait_argmax(lm_model *m) { m->be->ops->argmax_wait(m->be); }
+
+bool lm_model_masked_look_ahead(const lm_model *m) {
+    return lm_model_look_ahead(m) && m->be->ops->argmax_rows_masked_later;
+}
+
+void lm_model_argmax_masked(lm_model *m, const uint32_t *masks, const uint8_t *masked) {
+    LM_ASSERT(m->masked_ids);
+    m->be->ops->argmax_rows_masked_later(m->be, m->masked_ids, &m->masked_lg, masks, masked);
+    m->masked_ids = NULL;
+}
 
 void lm_model_free(lm_model *m) {
     if (!m) return;

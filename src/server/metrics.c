@@ -268,6 +268,9 @@ char *srv_metrics_text(srv_metrics *m, lm_engine *en) {
             es.grammar_mask_s);
     counter(&b, "lumen_grammar_masks_ahead_total", "Of those, masks computed while the forward ran.",
             es.grammar_masks_ahead);
+    counter(&b, "lumen_grammar_masks_chained_total",
+            "Of those, masks computed while the look-ahead's next forward ran and applied by the device's argmax.",
+            es.grammar_masks_chained);
     tprintf(&b,
             "# HELP lumen_grammar_mask_wait_seconds_total Of that, time the engine spent on masks after the forwards "
             "(the rest ran while they did).\n"

@@ -163,16 +163,26 @@ static void lm_cpu_copy(lm_backend *be, void *dst, const void *src, size_t bytes
     memmove(dst, src, bytes);
 }
 
-static void lm_cpu_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+static void lm_cpu_argmax_rows_masked(lm_backend *be, int32_t *host_ids, const lm_tensor *x, const uint32_t *masks,
+                                      const uint8_t *masked) {
     LM_ASSERT(x->type == LM_F32 && x->cols <= INT32_MAX);
     lm_cpu *c = lm_cpu_get(be);
     if (x->rows > c->cap_last_ids) {
         c->cap_last_ids = LM_MAX(x->rows, 2 * c->cap_last_ids);
         c->last_ids = lm_xrealloc(c->last_ids, (size_t)c->cap_last_ids * sizeof *c->last_ids);
     }
-    for (int64_t r = 0; r < x->rows; r++)
-        host_ids[r] = c->last_ids[r] = lm_argmax((const float *)x->data + r * x->cols, (int)x->cols);
+    const size_t words = (size_t)(x->cols + 31) / 32;
+    for (int64_t r = 0; r < x->rows; r++) {
+        const float *row = (const float *)x->data + r * x->cols;
+        const int32_t id = masked && masked[r] ? lm_argmax_masked(row, (int)x->cols, masks + (size_t)r * words)
+                                               : lm_argmax(row, (int)x->cols);
+        host_ids[r] = c->last_ids[r] = id;
+    }
     c->n_last_ids = x->rows;
+}
+
+static void lm_cpu_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x) {
+    lm_cpu_argmax_rows_masked(be, host_ids, x, NULL, NULL);
 }
 
 /* The CPU computes in the caller's thread: the ids are there at once. */
@@ -218,6 +228,7 @@ static const struct lm_backend_ops lm_cpu_ops = {
     .argmax_rows_later = lm_cpu_argmax_rows,
     .argmax_wait = lm_cpu_argmax_wait,
     .get_rows_argmax = lm_cpu_get_rows_argmax,
+    .argmax_rows_masked_later = lm_cpu_argmax_rows_masked,
     .destroy = lm_cpu_destroy,
 };
 

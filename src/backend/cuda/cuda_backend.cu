@@ -576,6 +576,7 @@ static void lm_cuda_release(lm_cuda_ctx *x) {
     if (c->ids_dev) (void)cudaFree(c->ids_dev);
     for (int i = 0; i < LM_CUDA_LATER; i++) {
         if (c->later[i].pinned) (void)cudaFreeHost(c->later[i].pinned);
+        if (c->later[i].mask_pinned) (void)cudaFreeHost(c->later[i].mask_pinned);
         if (c->later[i].ev) (void)cudaEventDestroy(c->later[i].ev);
     }
     for (int i = 0; i < LM_CUDA_FREQ_SLOTS; i++) {
@@ -633,6 +634,7 @@ static const struct lm_backend_ops lm_cuda_ops = {
     /* .argmax_rows_later = */ lm_cuda_argmax_rows_later,
     /* .argmax_wait = */ lm_cuda_argmax_wait,
     /* .get_rows_argmax = */ lm_cuda_get_rows_argmax,
+    /* .argmax_rows_masked_later = */ lm_cuda_argmax_rows_masked_later,
     /* .matmul_n = */ lm_cuda_matmul_n,
     /* .matmul_glu = */ lm_cuda_matmul_glu,
     /* .matmul_add = */ lm_cuda_matmul_add,

@@ -461,6 +461,119 @@ void lm_cuda_argmax_wait(lm_backend *be) {
     c->later_n--;
 }
 
+/* ---- argmax under grammar masks ------------------------------------------------------ */
+
+/* lm_argmax_masked's order as one 64-bit key an element, the largest
+ * winning: the value's bits made order-preserving as an unsigned (-0 read
+ * as 0) in the high word, NaN (1) below every number, an id the mask
+ * refuses below that (no key: 0), and the id's complement in the low word,
+ * so that the first id wins a tie. */
+__device__ __forceinline__ uint64_t lm_mkey(float v, int32_t i) {
+    uint32_t u = 1;
+    if (v == v) {
+        u = __float_as_uint(v == 0.0f ? 0.0f : v);
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    return ((uint64_t)u << 32) | (uint32_t)~(uint32_t)i;
+}
+
+/* The block's largest key, in thread 0. */
+__device__ uint64_t lm_mkey_block_max(uint64_t k) {
+    __shared__ uint64_t w[LM_ARGMAX_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t t = __shfl_xor_sync(0xffffffffu, k, o);
+        k = t > k ? t : k;
+    }
+    if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = k;
+    __syncthreads();
+    k = threadIdx.x < blockDim.x / 32 ? w[threadIdx.x] : 0;
+    if (threadIdx.x < 32)
+        for (int o = 16; o > 0; o >>= 1) {
+            const uint64_t t = __shfl_xor_sync(0xffffffffu, k, o);
+            k = t > k ? t : k;
+        }
+    return k;
+}
+
+/* Pass 1, grid (rows, parts): each block's largest key of its slice. A row
+ * without its flag takes every id. */
+__global__ void __launch_bounds__(LM_ARGMAX_THREADS)
+    lm_argmax_masked_part_kernel(uint64_t *pk, const float *x, int64_t cols, const uint8_t *masked,
+                                 const uint32_t *masks) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    const int64_t r = blockIdx.x, words = (cols + 31) / 32;
+    const float *row = x + r * cols;
+    const uint32_t *m = masked[r] ? masks + r * words : NULL;
+    const int64_t lo = (int64_t)blockIdx.y * LM_ARGMAX_SLICE, hi = LM_MIN(cols, lo + LM_ARGMAX_SLICE);
+    uint64_t best = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        if (m && !((m[i >> 5] >> (i & 31)) & 1u)) continue;
+        const uint64_t k = lm_mkey(row[i], (int32_t)i);
+        best = k > best ? k : best;
+    }
+    best = lm_mkey_block_max(best);
+    if (threadIdx.x == 0) pk[r * gridDim.y + blockIdx.y] = best;
+}
+
+/* Pass 2, a block a row: the row's id. Nothing allowed: 0; a row without
+ * its flag keeps lm_argmax's one difference, 0 when x[0] is NaN. */
+__global__ void __launch_bounds__(LM_ARGMAX_THREADS)
+    lm_argmax_masked_merge_kernel(int32_t *ids, const uint64_t *pk, int parts, const float *x, int64_t cols,
+                                  const uint8_t *masked) {
+    lm_pdl_wait(); /* PDL: see cuda_internal.h */
+    lm_pdl_trigger();
+    const int64_t r = blockIdx.x;
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) best = pk[r * parts + i] > best ? pk[r * parts + i] : best;
+    best = lm_mkey_block_max(best);
+    if (threadIdx.x == 0) {
+        const float first = x[r * cols];
+        ids[r] = best == 0 || (!masked[r] && first != first) ? 0 : (int32_t)~(uint32_t)best;
+    }
+}
+
+/* The flags and masks go through the ring entry's own pinned buffer (idle:
+ * its last use was waited for before the entry came free), then the two
+ * passes, the ids into ids_dev and on to the host as argmax_rows_later's. */
+void lm_cuda_argmax_rows_masked_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x, const uint32_t *masks,
+                                      const uint8_t *masked) {
+    lm_cuda *c = lm_cuda_of(be);
+    LM_ASSERT(c->gmode == LM_G_OFF && c->later_n < LM_CUDA_LATER && x->type == LM_F32 && x->rows > 0 &&
+              x->rows <= LM_CUDA_IDS && x->cols > 0 && x->cols <= INT32_MAX);
+    lm_cuda_use(c);
+    const int slot = (c->later_head + c->later_n) % LM_CUDA_LATER;
+    lm_cuda_later *l = &c->later[slot];
+    const size_t rows = (size_t)x->rows, words = (size_t)(x->cols + 31) / 32;
+    const size_t fbytes = (rows + 15) & ~(size_t)15, mbytes = masks ? rows * words * 4 : 0, need = fbytes + mbytes;
+    if (need > l->mask_cap) {
+        if (l->mask_pinned) LM_CUDA_CHECK(cudaFreeHost(l->mask_pinned));
+        l->mask_cap = LM_MAX(need, 2 * l->mask_cap);
+        LM_CUDA_CHECK(cudaMallocHost((void **)&l->mask_pinned, l->mask_cap));
+    }
+    if (masked) memcpy(l->mask_pinned, masked, rows);
+    else memset(l->mask_pinned, 0, rows);
+    if (masks) memcpy(l->mask_pinned + fbytes, masks, mbytes);
+    const int parts = (int)((x->cols + LM_ARGMAX_SLICE - 1) / LM_ARGMAX_SLICE);
+    LM_ASSERT(parts <= 0xffff);
+    const size_t np = rows * (size_t)parts;
+    unsigned char *sc = (unsigned char *)lm_cuda_scratch(c, 256 + np * 8 + need);
+    uint64_t *pk = (uint64_t *)(sc + 256);
+    unsigned char *dm = (unsigned char *)(pk + np);
+    LM_CUDA_CHECK(cudaMemcpyAsync(dm, l->mask_pinned, need, cudaMemcpyHostToDevice, c->stream));
+    const uint8_t *dflags = dm;
+    const uint32_t *dmasks = (const uint32_t *)(dm + fbytes);
+    lm_cuda_launch_pdl(c, lm_argmax_masked_part_kernel, dim3((unsigned)rows, (unsigned)parts), LM_ARGMAX_THREADS, 0,
+                       pk, (const float *)x->data, x->cols, dflags, dmasks);
+    lm_cuda_launch_pdl(c, lm_argmax_masked_merge_kernel, (unsigned)rows, LM_ARGMAX_THREADS, 0, c->ids_dev,
+                       (const uint64_t *)pk, parts, (const float *)x->data, x->cols, dflags);
+    LM_CUDA_LAUNCHED("argmax_rows_masked");
+    c->ids_rows = x->rows;
+    l->dst = host_ids, l->bytes = rows * sizeof(int32_t);
+    LM_CUDA_CHECK(cudaMemcpyAsync(l->pinned, c->ids_dev, l->bytes, cudaMemcpyDeviceToHost, c->stream));
+    lm_cuda_later_commit(c, slot);
+}
+
 void lm_cuda_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table) {
     lm_cuda *c = lm_cuda_of(be);
     LM_ASSERT(c->ids_rows == y->rows && y->cols > 0);

@@ -45,6 +45,8 @@ typedef struct lm_cuda_later {
     int32_t *pinned; /* [LM_CUDA_IDS] */
     int32_t *dst;    /* where argmax_wait puts them */
     size_t bytes;
+    unsigned char *mask_pinned; /* argmax_rows_masked_later's row flags and masks, uploaded from here */
+    size_t mask_cap;
 } lm_cuda_later;
 
 typedef struct lm_cuda {
@@ -392,6 +394,8 @@ void lm_cuda_argmax_rows(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
 void lm_cuda_argmax_rows_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x);
 void lm_cuda_argmax_wait(lm_backend *be);
 void lm_cuda_get_rows_argmax(lm_backend *be, lm_tensor *y, const lm_tensor *table);
+void lm_cuda_argmax_rows_masked_later(lm_backend *be, int32_t *host_ids, const lm_tensor *x, const uint32_t *masks,
+                                      const uint8_t *masked);
 void lm_cuda_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor *x, const lm_tensor *const *w,
                       const lm_tensor *const *bias);
 void lm_cuda_matmul_glu(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_tensor *wg, const lm_tensor *wu,
