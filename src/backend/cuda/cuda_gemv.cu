@@ -580,12 +580,26 @@ void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtyp
     lm_gemv_run(c, T, &a, wt, LM_GEMV_STORE, vec);
 }
 
-/* What both MoE forms launch: x, one output y [.][O] (GLU: silu(gate) *
- * up), the experts' matrices from wtab (E of each kind); grid_y pairs or chunk
- * slots. */
+/* One MoE launch of weight type WT in GLU mode `mode` (or STORE). */
+template <int T, int MOE, lm_dtype WT>
+static void lm_moe_go(lm_cuda *c, const lm_gemv_args *a, dim3 grid, int threads, int mode) {
+    switch (mode) {
+    case LM_GEMV_GLU_SILU: lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a); break;
+    case LM_GEMV_GLU_GELU_TANH:
+        lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_GELU_TANH, MOE>, grid, threads, 0, *a);
+        break;
+    case LM_GEMV_GLU_GELU: lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_GELU, MOE>, grid, threads, 0, *a); break;
+    default: LM_ASSERT(mode == LM_GEMV_STORE); lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
+    }
+}
+
+/* What both MoE forms launch: x, one output y [.][O] (GLU modes: act(gate)
+ * * up, act the mode's SiLU or GELU), the experts' matrices from wtab (E of
+ * each kind); grid_y pairs or chunk slots. */
 template <int T, int MOE>
 static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned char *const *wtab, int E, int64_t O,
-                          lm_dtype wt, bool glu, unsigned grid_y) {
+                          lm_dtype wt, int mode, unsigned grid_y) {
+    const bool glu = mode >= LM_GEMV_GLU_SILU;
     LM_ASSERT((wt == LM_BF16 || wt == LM_F16) && a->I % 8 == 0 && grid_y >= 1 && grid_y <= 65535);
     if (glu) lm_gemv_set_glu(a, y, NULL, NULL, O); /* the matrices come from wtab */
     else lm_gemv_add(a, 0, y, NULL, NULL, O);
@@ -595,38 +609,33 @@ static void lm_moe_launch(lm_cuda *c, lm_gemv_args *a, float *y, const unsigned 
     const int64_t rb = MOE == LM_MOE_GROUPS ? LM_MOE_ROW_GROUPS : 1, row_groups = a->first_block[LM_GEMV_MAXM];
     const dim3 grid((unsigned)((row_groups + rb - 1) / rb), grid_y);
     a->x_bf16 = wt == LM_BF16 && c->gemm_mode == LM_CUDA_GEMM_BF16;
-    if (wt == LM_BF16) {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_BF16, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
-    } else {
-        if (glu) lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
-        else lm_cuda_launch_pdl(c, lm_gemv_kernel<T, LM_F16, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
-    }
+    if (wt == LM_BF16) lm_moe_go<T, MOE, LM_BF16>(c, a, grid, threads, mode);
+    else lm_moe_go<T, MOE, LM_F16>(c, a, grid, threads, mode);
     LM_CUDA_LAUNCHED(MOE == LM_MOE_GROUPS ? "moe group gemv" : "moe gemv");
 }
 
 /* The experts' GEMVs of a MoE layer for `pairs` (token, expert) pairs whose
- * matrices the routing kernel listed on the device (wp): glu: y[p] =
- * silu(gate_p x[p / k]) * up_p x[p / k] (wp = the pairs' gate then up
+ * matrices the routing kernel listed on the device (wp): a GLU mode: y[p] =
+ * act(gate_p x[p / k]) * up_p x[p / k] (wp = the pairs' gate then up
  * matrices [O][I]); else y[p] = W_p x[p] (wp = the pairs' matrices). One
  * launch, nothing read back: a graph records it. */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs,
-                      int64_t O, int64_t I, lm_dtype wt, bool glu) {
+                      int64_t O, int64_t I, lm_dtype wt, int mode) {
     lm_gemv_args a = lm_gemv_args0(x, I, 1, false);
     a.moe_k = k;
-    lm_moe_launch<1, LM_MOE_PAIRS>(c, &a, y, wp, pairs, O, wt, glu, (unsigned)pairs);
+    lm_moe_launch<1, LM_MOE_PAIRS>(c, &a, y, wp, pairs, O, wt, mode, (unsigned)pairs);
 }
 
 /* The experts' GEMVs of a MoE layer on pairs grouped by expert on the
  * device (cuda_moe.cu): grid.y = `slots` chunks of up to LM_MOE_CHUNK
- * tokens of one expert, each (expert, first row, tokens) in chunk; glu: y
- * row r = silu(gate_e x[src[r]]) * up_e x[src[r]]; else y row r = W_e x row
+ * tokens of one expert, each (expert, first row, tokens) in chunk; a GLU
+ * mode: y row r = act(gate_e x[src[r]]) * up_e x[src[r]]; else y row r = W_e x row
  * r. A token's dot products are those of the one-token GEMV (same chunks,
  * same order), so the grouping gives the pairs' bits. */
 void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
                             const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
-                            bool glu) {
+                            int mode) {
     lm_gemv_args a = lm_gemv_args0(x, I, LM_MOE_CHUNK, false);
     a.moe_chunk = chunk, a.moe_src = src;
-    lm_moe_launch<LM_MOE_CHUNK, LM_MOE_GROUPS>(c, &a, y, wtab, E, O, wt, glu, (unsigned)slots);
+    lm_moe_launch<LM_MOE_CHUNK, LM_MOE_GROUPS>(c, &a, y, wtab, E, O, wt, mode, (unsigned)slots);
 }

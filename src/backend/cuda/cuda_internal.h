@@ -161,16 +161,17 @@ static inline lm_cuda *lm_cuda_of(lm_backend *be) { return (lm_cuda *)be->impl; 
 void *lm_cuda_stage(lm_cuda *c, const void *host, size_t bytes);
 /* A GEMV thread's most chunks of a row (cuda_gemv.cu, lm_gemv_threads). */
 #define LM_GEMV_CHUNKS_MAX 3
-/* cuda_gemv.cu: the GEMVs of MoE pairs whose matrices are listed on the device. */
+/* cuda_gemv.cu: the GEMVs of MoE pairs whose matrices are listed on the
+ * device; mode LM_GEMV_STORE, or a GLU mode (the gate's activation). */
 void lm_cuda_moe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs,
-                      int64_t O, int64_t I, lm_dtype wt, bool glu);
+                      int64_t O, int64_t I, lm_dtype wt, int mode);
 /* Grouped experts' GEMVs (cuda_gemv.cu): chunks of up to LM_MOE_CHUNK
  * tokens of one expert; a block takes LM_MOE_ROW_GROUPS groups of rows. */
 #define LM_MOE_CHUNK 8
 #define LM_MOE_ROW_GROUPS 8
 void lm_cuda_moe_group_gemv(lm_cuda *c, float *y, const float *x, const int32_t *chunk, const int32_t *src,
                             const unsigned char *const *wtab, int E, int slots, int64_t O, int64_t I, lm_dtype wt,
-                            bool glu);
+                            int mode);
 /* Device scratch of at least bytes, valid until the next call. */
 void *lm_cuda_scratch(lm_cuda *c, size_t bytes);
 /* Aborts with file:line and the CUDA error string: a failed launch or async
@@ -637,7 +638,7 @@ void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dty
               int64_t I);
 /* The MoE pairs form over quantised experts (lm_cuda_moe_gemv's contract). */
 void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs, int64_t O,
-                  int64_t I, lm_dtype wt, bool glu);
+                  int64_t I, lm_dtype wt, int mode);
 /* Any T over quantised w: widened to bf16 in row chunks, then the bf16 GEMM. */
 void lm_qgemm(lm_cuda *c, int64_t T, float *y, const float *x, const void *w, lm_dtype wt, const float *bias,
               int64_t O, int64_t I);

@@ -7,7 +7,7 @@
  *    expert order; optional renormalisation over the k chosen; times
  *    expert_scale), listed in ascending expert order.
  * 2a. Few tokens (decode, T <= LM_MOE_DEVICE_MAX_T) with bf16/f16 experts:
- *    nothing comes back to the host. One GEMV launch computes silu(gate x) *
+ *    nothing comes back to the host. One GEMV launch computes act(gate x) *
  *    (up x) for every (token, expert) pair, reading each pair's matrices
  *    from the routing kernel's list, one the down projections, and one
  *    kernel sums each token's pairs in ascending expert order (for moe_add
@@ -27,8 +27,8 @@
  *    start[e+1])); a gather kernel fills them, lm_cuda_matmul runs each
  *    expert's row block by gate and up (GEMV or GEMM by its row count), one
  *    silu_mul covers all rows, then down per expert, and the same combine.
- *    Experts gated by GELU (Gemma 4) always take this path: the GEMVs of
- *    2a and 2b fuse SiLU.
+ *    The GEMVs of 2a and 2b fuse the gate's activation (SiLU, or GELU for
+ *    Gemma 4's experts) as the element-wise ops compute it.
  * All sum a token's pairs in the CPU backend's order, so the result does
  * not depend on which tokens share the batch, and no atomics are needed; an
  * expert's GEMV output for one token does not depend on how many tokens
@@ -379,10 +379,11 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     float *dw = (float *)(route + TK);
     const unsigned char **dwp = (const unsigned char **)(route + n_int);
     float *xe = buf, *oe = xe + TK * D, *ge = oe + TK * D, *ue = ge + TK * F;
-    /* the fused GEMVs of 2a and 2b gate with SiLU; other activations take 2c */
+    /* the fused GEMVs of 2a and 2b gate with the layer's activation */
     const bool silu = p->act == LM_GLU_SILU;
-    const bool qgemv = silu && moe_qgemv_ok(p) && lm_aligned16(x->data);
-    const bool gemv = silu && moe_gemv_ok(p, D, F), pairs = (gemv || qgemv) && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
+    const int glu = silu ? LM_GEMV_GLU_SILU : p->act == LM_GLU_GELU_TANH ? LM_GEMV_GLU_GELU_TANH : LM_GEMV_GLU_GELU;
+    const bool qgemv = moe_qgemv_ok(p) && lm_aligned16(x->data);
+    const bool gemv = moe_gemv_ok(p, D, F), pairs = (gemv || qgemv) && T <= LM_MOE_DEVICE_MAX_T; /* 2a */
     /* 2b: its rank table (T*E bytes) within the 48 KB a block may take unasked */
     const bool groups = gemv && !pairs && T <= LM_MOE_GROUP_MAX_T && E <= LM_MOE_GROUP_MAX_E && T * E <= 40 * 1024;
     const unsigned char *const *dtab = pairs || groups ? moe_table(c, p) : NULL;
@@ -394,14 +395,14 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
     LM_CUDA_LAUNCHED("moe_route_kernel");
 
     if (pairs && qgemv) { /* 2a over quantised experts */
-        lm_qmoe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, true);
-        lm_qmoe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, false);
+        lm_qmoe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, glu);
+        lm_qmoe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, LM_GEMV_STORE);
         moe_combine(be, (float *)y->data, oe, drows, dw, T, k, D, true, add, norm);
         return;
     }
     if (pairs) { /* 2a */
-        lm_cuda_moe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, true);
-        lm_cuda_moe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, false);
+        lm_cuda_moe_gemv(c, ge, (const float *)x->data, dwp, k, (int)TK, F, D, p->gate[0].type, glu);
+        lm_cuda_moe_gemv(c, oe, ge, dwp + 2 * TK, k, (int)TK, D, F, p->gate[0].type, LM_GEMV_STORE);
         moe_combine(be, (float *)y->data, oe, drows, dw, T, k, D, true, add, norm);
         return;
     }
@@ -412,8 +413,10 @@ static void moe_run(lm_backend *be, lm_tensor *y, const lm_tensor *x, const lm_t
         lm_cuda_launch_pdl(c, moe_group_kernel, 1, threads, (size_t)T * (size_t)E, gsrc, grows, gchunk, slots,
                            (const int32_t *)dsel, (int)T, k, E);
         LM_CUDA_LAUNCHED("moe_group_kernel");
-        lm_cuda_moe_group_gemv(c, ge, (const float *)x->data, gchunk, gsrc, dtab, E, slots, F, D, p->gate[0].type, true);
-        lm_cuda_moe_group_gemv(c, oe, ge, gchunk, NULL, dtab + 2 * E, E, slots, D, F, p->gate[0].type, false);
+        lm_cuda_moe_group_gemv(c, ge, (const float *)x->data, gchunk, gsrc, dtab, E, slots, F, D, p->gate[0].type,
+                               glu);
+        lm_cuda_moe_group_gemv(c, oe, ge, gchunk, NULL, dtab + 2 * E, E, slots, D, F, p->gate[0].type,
+                               LM_GEMV_STORE);
         moe_combine(be, (float *)y->data, oe, grows, dw, T, k, D, true, add, norm);
         return;
     }

@@ -51,7 +51,8 @@ static __device__ __forceinline__ float lm_q_dot4(const float (&w)[4], const flo
 
 /* What a launch writes: y (+ bias); y += (the residual add); silu(gate) *
  * up over gate/up rows (2 + 2 a block); the MoE pairs' two forms. */
-enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_ADD, LM_QGEMV_GLU, LM_QGEMV_MOE, LM_QGEMV_MOE_GLU };
+/* MOE_GLU gates with SiLU, MOE_GELU_TANH / MOE_GELU with GELU (Gemma 4's experts). */
+enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_ADD, LM_QGEMV_GLU, LM_QGEMV_MOE, LM_QGEMV_MOE_GLU, LM_QGEMV_MOE_GELU_TANH, LM_QGEMV_MOE_GELU };
 
 /* At most 128 registers (two blocks of 256 threads an SM) for one token;
  * more tokens keep the compiler's choice: at 128 the Q5_K and Q6_K forms
@@ -62,8 +63,8 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 && !(I8 && QT == LM_
     lm_qgemv_kernel(const lm_gemv_args a) {
     using Q = lm_q<QT>;
     constexpr int R = LM_QGEMV_ROWS;
-    constexpr bool MOE = KIND == LM_QGEMV_MOE || KIND == LM_QGEMV_MOE_GLU;
-    constexpr bool GLU = KIND == LM_QGEMV_GLU || KIND == LM_QGEMV_MOE_GLU;
+    constexpr bool MOE = KIND >= LM_QGEMV_MOE;
+    constexpr bool GLU = KIND == LM_QGEMV_GLU || KIND >= LM_QGEMV_MOE_GLU;
     static_assert(!MOE || T == 1, "MoE pairs are single rows");
     lm_pdl_trigger();
     bool waited = false;
@@ -210,7 +211,11 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 && !(I8 && QT == LM_
         if constexpr (GLU) {
             float u = 0.0f;
             for (int wi = 0; wi < n_warps; wi++) u += part[wi][i + R / 2 * T];
-            *yo = lm_silu_mul1(s, u); /* the silu_mul op's arithmetic: fused and composed agree */
+            /* the silu_mul / gelu_mul ops' arithmetic: fused and composed agree */
+            if constexpr (KIND == LM_QGEMV_MOE_GELU_TANH || KIND == LM_QGEMV_MOE_GELU)
+                *yo = lm_gelu_mul1(s, u, KIND == LM_QGEMV_MOE_GELU_TANH);
+            else
+                *yo = lm_silu_mul1(s, u);
         } else if constexpr (KIND == LM_QGEMV_ADD) {
             *yo += s; /* the add op's: y + (x W^T) */
         } else {
@@ -354,54 +359,60 @@ void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dty
     lm_qgemv_run(c, T, &a, wt, LM_GEMV_STORE);
 }
 
-template <lm_dtype QT, bool I8> static void lm_qmoe_launch(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
+template <lm_dtype QT, bool I8> static void lm_qmoe_launch(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, int mode) {
     using Q = lm_q<QT>;
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
     const dim3 grid((unsigned)a->first_block[LM_GEMV_MAXM], pairs);
-    if (glu) lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU, I8>, grid, threads, 0, *a);
-    else lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE, I8>, grid, threads, 0, *a);
+    switch (mode) {
+    case LM_GEMV_GLU_SILU: lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU, I8>, grid, threads, 0, *a); break;
+    case LM_GEMV_GLU_GELU_TANH:
+        lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GELU_TANH, I8>, grid, threads, 0, *a);
+        break;
+    case LM_GEMV_GLU_GELU: lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GELU, I8>, grid, threads, 0, *a); break;
+    default: LM_ASSERT(mode == LM_GEMV_STORE); lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE, I8>, grid, threads, 0, *a);
+    }
     LM_CUDA_LAUNCHED("qmoe gemv");
 }
 
-template <lm_dtype QT> static void lm_qmoe_go(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, bool glu) {
+template <lm_dtype QT> static void lm_qmoe_go(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, int mode) {
     if constexpr (lm_q<QT>::FULL) {
         if (!c->quant_exact) {
-            lm_qmoe_launch<QT, true>(c, a, pairs, glu);
+            lm_qmoe_launch<QT, true>(c, a, pairs, mode);
             return;
         }
     }
-    lm_qmoe_launch<QT, false>(c, a, pairs, glu);
+    lm_qmoe_launch<QT, false>(c, a, pairs, mode);
 }
 
 /* The experts' GEMVs of a MoE layer over quantised matrices, for `pairs`
  * (token, expert) pairs listed on the device (wp), as lm_cuda_moe_gemv:
- * glu: y[p] = silu(gate_p x[p / k]) * up_p x[p / k]; else y[p] = W_p x[p].
+ * a GLU mode: y[p] = act(gate_p x[p / k]) * up_p x[p / k]; else y[p] = W_p x[p].
  * x rows 16-byte aligned and every matrix lm_qgemv_ok (the caller checks). */
 void lm_qmoe_gemv(lm_cuda *c, float *y, const float *x, const unsigned char *const *wp, int k, int pairs, int64_t O,
-                  int64_t I, lm_dtype wt, bool glu) {
+                  int64_t I, lm_dtype wt, int mode) {
     LM_ASSERT(pairs >= 1 && pairs <= 65535 && lm_aligned16(x));
     lm_gemv_args a = lm_qgemv_args0(x, I);
     a.moe_k = k, a.moe_w = wp, a.moe_E = pairs;
-    if (glu) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wp */
+    if (mode >= LM_GEMV_GLU_SILU) lm_gemv_set_glu(&a, y, NULL, NULL, O); /* the matrices come from wp */
     else lm_gemv_add(&a, 0, y, NULL, NULL, O);
     switch (wt) {
-    case LM_Q8_0: lm_qmoe_go<LM_Q8_0>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q4_0: lm_qmoe_go<LM_Q4_0>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q4_1: lm_qmoe_go<LM_Q4_1>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q5_0: lm_qmoe_go<LM_Q5_0>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q5_1: lm_qmoe_go<LM_Q5_1>(c, &a, (unsigned)pairs, glu); break;
-    case LM_IQ4_NL: lm_qmoe_go<LM_IQ4_NL>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q4_K: lm_qmoe_go<LM_Q4_K>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q5_K: lm_qmoe_go<LM_Q5_K>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q6_K: lm_qmoe_go<LM_Q6_K>(c, &a, (unsigned)pairs, glu); break;
-    case LM_IQ4_XS: lm_qmoe_go<LM_IQ4_XS>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q2_K: lm_qmoe_go<LM_Q2_K>(c, &a, (unsigned)pairs, glu); break;
-    case LM_Q3_K: lm_qmoe_go<LM_Q3_K>(c, &a, (unsigned)pairs, glu); break;
-    case LM_FP8_B128: lm_qmoe_go<LM_FP8_B128>(c, &a, (unsigned)pairs, glu); break;
-    case LM_A4_BF16: lm_qmoe_go<LM_A4_BF16>(c, &a, (unsigned)pairs, glu); break;
-    case LM_A4_F16: lm_qmoe_go<LM_A4_F16>(c, &a, (unsigned)pairs, glu); break;
-    case LM_A8_BF16: lm_qmoe_go<LM_A8_BF16>(c, &a, (unsigned)pairs, glu); break;
-    case LM_A8_F16: lm_qmoe_go<LM_A8_F16>(c, &a, (unsigned)pairs, glu); break;
+    case LM_Q8_0: lm_qmoe_go<LM_Q8_0>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q4_0: lm_qmoe_go<LM_Q4_0>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q4_1: lm_qmoe_go<LM_Q4_1>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q5_0: lm_qmoe_go<LM_Q5_0>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q5_1: lm_qmoe_go<LM_Q5_1>(c, &a, (unsigned)pairs, mode); break;
+    case LM_IQ4_NL: lm_qmoe_go<LM_IQ4_NL>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q4_K: lm_qmoe_go<LM_Q4_K>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q5_K: lm_qmoe_go<LM_Q5_K>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q6_K: lm_qmoe_go<LM_Q6_K>(c, &a, (unsigned)pairs, mode); break;
+    case LM_IQ4_XS: lm_qmoe_go<LM_IQ4_XS>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q2_K: lm_qmoe_go<LM_Q2_K>(c, &a, (unsigned)pairs, mode); break;
+    case LM_Q3_K: lm_qmoe_go<LM_Q3_K>(c, &a, (unsigned)pairs, mode); break;
+    case LM_FP8_B128: lm_qmoe_go<LM_FP8_B128>(c, &a, (unsigned)pairs, mode); break;
+    case LM_A4_BF16: lm_qmoe_go<LM_A4_BF16>(c, &a, (unsigned)pairs, mode); break;
+    case LM_A4_F16: lm_qmoe_go<LM_A4_F16>(c, &a, (unsigned)pairs, mode); break;
+    case LM_A8_BF16: lm_qmoe_go<LM_A8_BF16>(c, &a, (unsigned)pairs, mode); break;
+    case LM_A8_F16: lm_qmoe_go<LM_A8_F16>(c, &a, (unsigned)pairs, mode); break;
     default: LM_ASSERT(!"qmoe gemv: weight type");
     }
 }
