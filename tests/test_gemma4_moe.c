@@ -472,14 +472,60 @@ LM_TEST(gemma4_moe_folder_converts_to_the_gguf) {
     free(dir), free(f), free(src);
 }
 
+/* One conversion of folder `dir` (mix) decoded on the CPU and the GPU:
+ * the prompt, then 24 steps each fed the CPU's greedy token; the largest
+ * |logit GPU - CPU| over the 25 positions and the graphs replayed, or -1. */
+static double g4_gpu_vs_cpu(lm_test_ctx *lm_t_, const char *dir, const char *mix, const char *tag, lm_backend *cpu,
+                            lm_backend *gpu, long *replayed) {
+    char out[1200];
+    snprintf(out, sizeof out, "%s/%s.%s.gguf", lm_test_tmpdir(), tag, mix);
+    lm_quantize_report rep;
+    lm_err e = { { 0 } };
+    lm_model *mc = NULL, *mg = NULL;
+    lm_runner *rc = NULL, *rg = NULL;
+    double worst = -1;
+    long r0 = 0, c0 = 0, c1 = 0;
+    if (lm_convert_hf(dir, out, lm_quant_mix_find(mix), 2, &rep, &e) || lm_model_load(&mc, out, cpu, &e) ||
+        lm_model_load(&mg, out, gpu, &e) || lm_runner_create(&rc, mc, 64, 64, &e) ||
+        lm_runner_create(&rg, mg, 64, 64, &e)) {
+        LM_CHECK_MSG(0, "%s %s: %s", tag, mix, e.msg);
+    } else {
+        lm_backend_graph_counts(gpu, &r0, &c0);
+        const int V = mc->cfg.vocab;
+        float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+        bool ok = lm_runner_eval(rc, k_prompt, (int)LM_COUNT(k_prompt), false, a, &e) == 0 &&
+                  lm_runner_eval(rg, k_prompt, (int)LM_COUNT(k_prompt), false, b, &e) == 0;
+        worst = 0;
+        for (int step = 0; ok && step <= 24; step++) {
+            for (int v = 0; v < V; v++) worst = fmax(worst, fabs((double)a[v] - b[v]));
+            int32_t tok = lm_argmax(a, V); /* the CPU's choice feeds both */
+            if (step < 24)
+                ok = lm_runner_eval(rc, &tok, 1, false, a, &e) == 0 && lm_runner_eval(rg, &tok, 1, false, b, &e) == 0;
+        }
+        LM_CHECK_MSG(ok, "%s %s: %s", tag, mix, e.msg);
+        lm_backend_graph_counts(gpu, replayed, &c1);
+        *replayed -= r0;
+        free(a), free(b);
+    }
+    lm_runner_free(rc), lm_runner_free(rg);
+    lm_model_free(mc), lm_model_free(mg);
+    return worst;
+}
+
 /* Gemma 4's GELU experts decode on the GPU inside CUDA graphs (the MoE
  * GEMVs fuse GELU as they fuse SiLU; before, every MoE layer read its
  * routing back to the host and no decode step was a graph): the folder
  * converted to BF16 and to Q8_0 (bf16 and quantised experts take different
- * GEMVs), prefilled and decoded 24 steps on the CPU and on the GPU, each
- * step's logits within GPU_TOL of the CPU's, and the GPU replayed graphs.
- * Skips without a GPU. */
-#define GPU_TOL 2e-3 /* f32 sums in another order over 8 layers; Q8_0 adds int8 activations on the GPU */
+ * GEMVs), each step's logits within GPU_TOL of the CPU's with exact
+ * arithmetic on both (Q8_0: f32 activations), and the GPU replayed graphs.
+ * With int8 activations (both backends' default) the Q8_0 model may differ
+ * by no more than G4_INT8_TOL; the dense fixture's Q8_0 is printed beside
+ * it (the same rounding without experts). Skips without a GPU. */
+#define GPU_TOL 2e-3 /* f32 sums in another order over 8 layers */
+/* int8 activations rounded differently by each backend: the GPU's 0.757
+ * from the CPU's (H200, 2026-12-05), where the CPU's own int8 logits are
+ * 1.11 from its exact ones on this model (0.40 on the dense fixture) */
+#define G4_INT8_TOL 1.5
 LM_TEST(gemma4_moe_cuda_decode_in_graphs) {
     char *src = lm_test_fixture_path("models/gemma4");
     if (!src) LM_SKIP("%s", lm_test_fixtures_why());
@@ -494,44 +540,24 @@ LM_TEST(gemma4_moe_cuda_decode_in_graphs) {
     LM_REQUIRE(dir);
     static const char *const side[] = { "tokenizer.json", "tokenizer_config.json", "chat_template.jinja" };
     for (size_t i = 0; i < LM_COUNT(side); i++) LM_CHECK(q35_copy_file(src, dir, side[i]) == 0);
-    static const char *const mixes[] = { "BF16", "Q8_0" };
     lm_backend *cpu = lm_cpu_backend_create(2, LM_ISA_AUTO, &e);
     LM_REQUIRE(cpu != NULL);
-    for (size_t mi = 0; mi < LM_COUNT(mixes); mi++) {
-        char out[1200];
-        snprintf(out, sizeof out, "%s/gemma4-moe.%s.gguf", lm_test_tmpdir(), mixes[mi]);
-        lm_quantize_report rep;
-        lm_model *mc = NULL, *mg = NULL;
-        lm_runner *rc = NULL, *rg = NULL;
-        if (lm_convert_hf(dir, out, lm_quant_mix_find(mixes[mi]), 2, &rep, &e) || lm_model_load(&mc, out, cpu, &e) ||
-            lm_model_load(&mg, out, gpu, &e) || lm_runner_create(&rc, mc, 64, 64, &e) ||
-            lm_runner_create(&rg, mg, 64, 64, &e)) {
-            LM_CHECK_MSG(0, "%s: %s", mixes[mi], e.msg);
-        } else {
-            long replayed0 = 0, captured0 = 0, replayed = 0, captured = 0;
-            lm_backend_graph_counts(gpu, &replayed0, &captured0);
-            const int V = mc->cfg.vocab;
-            float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
-            double worst = 0;
-            int32_t tok = 0;
-            bool ok = lm_runner_eval(rc, k_prompt, (int)LM_COUNT(k_prompt), false, a, &e) == 0 &&
-                      lm_runner_eval(rg, k_prompt, (int)LM_COUNT(k_prompt), false, b, &e) == 0;
-            for (int step = 0; ok && step <= 24; step++) {
-                for (int v = 0; v < V; v++) worst = fmax(worst, fabs((double)a[v] - b[v]));
-                tok = lm_argmax(a, V); /* the CPU's choice feeds both */
-                if (step < 24)
-                    ok = lm_runner_eval(rc, &tok, 1, false, a, &e) == 0 && lm_runner_eval(rg, &tok, 1, false, b, &e) == 0;
-            }
-            LM_CHECK_MSG(ok, "%s: %s", mixes[mi], e.msg);
-            lm_backend_graph_counts(gpu, &replayed, &captured);
-            printf("  %s experts: max |logit GPU - CPU| %.3g over 25 positions; graphs %ld replayed, %ld captured\n",
-                   mixes[mi], worst, replayed - replayed0, captured - captured0);
-            LM_CHECK(worst <= GPU_TOL && replayed - replayed0 >= 10);
-            free(a), free(b);
-        }
-        lm_runner_free(rc), lm_runner_free(rg);
-        lm_model_free(mc), lm_model_free(mg);
+    static const char *const exact[] = { "BF16", "Q8_0" };
+    lm_cpu_backend_quant_exact(cpu, true), lm_cuda_backend_quant_exact(gpu, true);
+    for (size_t i = 0; i < LM_COUNT(exact); i++) {
+        long replayed = 0;
+        const double worst = g4_gpu_vs_cpu(lm_t_, dir, exact[i], "gemma4-moe", cpu, gpu, &replayed);
+        printf("  %s experts, exact: max |logit GPU - CPU| %.3g over 25 positions; %ld graphs replayed\n", exact[i],
+               worst, replayed);
+        LM_CHECK(worst >= 0 && worst <= GPU_TOL && replayed >= 10);
     }
+    lm_cpu_backend_quant_exact(cpu, false), lm_cuda_backend_quant_exact(gpu, false);
+    long replayed = 0, dense_replayed = 0;
+    const double moe = g4_gpu_vs_cpu(lm_t_, dir, "Q8_0", "gemma4-moe-int8", cpu, gpu, &replayed);
+    const double dense = g4_gpu_vs_cpu(lm_t_, src, "Q8_0", "gemma4-dense-int8", cpu, gpu, &dense_replayed);
+    printf("  Q8_0, int8 activations: max |logit GPU - CPU| %.3g with the experts, %.3g the dense fixture\n", moe,
+           dense);
+    LM_CHECK(moe >= 0 && moe <= G4_INT8_TOL && replayed >= 10);
     lm_backend_destroy(cpu);
     lm_backend_destroy(gpu);
     free(dir), free(src);
