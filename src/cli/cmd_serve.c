@@ -75,9 +75,9 @@ static const lm_opt k_opts[] = {
       "append one JSON line per finished generation to FILE ('-' = stderr): its id, token counts, time spans "
       "(queue, cache lookup and restore, prefill, decode), batch sizes and what the prefix cache missed", .ilo = 1 },
     { LM_OPT_CHOICE, "--look-ahead", NULL, LM_OPT_AT(serve_opts, so.engine.look_ahead), NULL,
-      "greedy look-ahead: while every running request decodes greedily, queue each step before the last one's "
-      "token ids reach the host (the GPU feeds them forward), so the GPU does not wait for the server between "
-      "tokens; the tokens are the same either way",
+      "greedy look-ahead: while every running request decodes greedily (structured output included: the GPU "
+      "applies its masks), queue each step before the last one's token ids reach the host (the GPU feeds them "
+      "forward), so the GPU does not wait for the server between tokens; the tokens are the same either way",
       "on with --device cuda, off on the CPU, where it gains nothing", .choices = k_on_off },
     { LM_OPT_STRING, "--chat-template", NULL, LM_OPT_AT(serve_opts, template_path), "FILE",
       "a Jinja chat template to use instead of the model's own (for a model without one)", .ilo = 1 },
