@@ -343,6 +343,55 @@ LM_TEST(engine_grammar_look_ahead_chains_exact) {
     eg_close(&f);
 }
 
+/* The engine stopped while a constrained step waits in the look-ahead's
+ * chain (its forward issued, its masked argmax not yet): the queued step
+ * is abandoned cleanly (its argmax issued, so the model takes forwards
+ * again: a new engine on it answers as before) and the requests end
+ * cancelled. */
+LM_TEST(engine_grammar_look_ahead_stop_mid_chain) {
+    eg_fix f;
+    LM_REQUIRE(eg_open(&f));
+    lm_engine *en = NULL;
+    lm_err e = { { 0 } };
+    LM_REQUIRE(lm_engine_create(&en, f.m, &(lm_engine_opts){ .ctx = 256, .parallel = 2, .look_ahead = 1 }, &e) == 0);
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++) prompt[i] = (i * 131 + 7) % 3000 + 20;
+    lm_tu_collect c[2];
+    lm_request *r[2];
+    for (int i = 0; i < 2; i++) {
+        lm_tu_collect_init(&c[i]);
+        lm_gen_params p = { .repetition_penalty = 1, .max_tokens = 200, .grammar = f.g, .grammar_vocab = f.v };
+        LM_REQUIRE(lm_engine_submit(en, prompt, 24, &p, lm_tu_collect_on_token, &c[i], &r[i], &e) == LM_ENGINE_OK);
+    }
+    lm_engine_stats st;
+    for (int i = 0; i < 5000; i++) { /* until the chain runs (a strict fill at the start breaks it once) */
+        lm_engine_get_stats(en, &st);
+        if (st.ahead_steps >= 2) break;
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
+    }
+    lm_engine_free(en); /* mid-answer: a queued masked step is abandoned */
+    LM_CHECK(st.ahead_steps > 0);
+    for (int i = 0; i < 2; i++) {
+        lm_tu_collect_wait(&c[i]);
+        LM_CHECK_MSG(c[i].finish == LM_FINISH_CANCELLED || c[i].finish == LM_FINISH_STOP, "request %d: finish %d", i,
+                     (int)c[i].finish);
+        lm_request_release(r[i]);
+        lm_tu_collect_destroy(&c[i]);
+    }
+    lm_tu_collect again[1], ref[1];
+    lm_grammar *one[1] = { f.g };
+    run_all(f.m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, one, f.v, &f.stop, again, 1,
+            NULL);
+    LM_CHECK_MSG(again[0].done && again[0].n > 0, "the model after the stop: %d tokens", again[0].n);
+    eg_close(&f);
+    LM_REQUIRE(eg_open(&f)); /* a fresh model's answer */
+    one[0] = f.g;
+    run_all(f.m, &(lm_engine_opts){ .ctx = 256, .parallel = 1, .look_ahead = -1 }, 1, one, f.v, &f.stop, ref, 1, NULL);
+    LM_CHECK(same(&again[0], &ref[0]));
+    eg_close(&f);
+}
+
 /* The first token mask allows, or -1. */
 static int32_t first_allowed(const uint32_t *mask, int V, int32_t not) {
     for (int id = 0; id < V; id++)

@@ -284,8 +284,8 @@ struct lm_backend_ops {
      * argmax_rows_later, but row r with masked[r] != 0 takes
      * lm_argmax_masked over its mask, masks + r * ceil(cols / 32) words,
      * instead of lm_argmax: greedy under a grammar whose mask became known
-     * after the forward was queued. Copies masks and masked before it
-     * returns; not inside a graph pass. */
+     * after the forward was queued (masked NULL: none is). Copies masks and
+     * masked before it returns; not inside a graph pass. */
     void (*argmax_rows_masked_later)(lm_backend *be, int32_t *host_ids, const lm_tensor *x, const uint32_t *masks,
                                      const uint8_t *masked);
     /* Optional fused forms (NULL: not offered; lm_blocks.h's lm_op_matmul_n,

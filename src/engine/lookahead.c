@@ -219,8 +219,10 @@ static void ahead_hand_out(lm_engine *en, lm_step *st) {
     lm_step_count(en, n, n, true, discarded);
 }
 
-/* Reads the ids of a queued forward nobody will use (the engine stops). */
+/* Reads the ids of a queued forward nobody will use (the engine stops);
+ * a masked one's argmax is issued without masks first. */
 static void ahead_abandon(lm_engine *en, lm_step *st) {
+    if (st->masked) lm_model_argmax_masked(en->m, NULL, NULL); /* its argmax waited for after_forward */
     lm_model_wait_argmax(en->m);
     for (int i = 0; i < st->S; i++) lm_req_unref(st->seq_req[i]);
 }

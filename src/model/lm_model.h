@@ -148,7 +148,8 @@ bool lm_model_masked_look_ahead(const lm_model *m);
  * masked[r] != 0 takes the largest logit among the ids its mask allows
  * (masks + r * ceil(V / 32) words, lm_argmax_masked), the others plain
  * greedy; the ids arrive as an argmax_later forward's (lm_model_wait_argmax).
- * masks and masked are copied before it returns. */
+ * masks and masked are copied before it returns; masked NULL: no row is
+ * masked. */
 void lm_model_argmax_masked(lm_model *m, const uint32_t *masks, const uint8_t *masked);
 /* The checks lm_model_forward makes before running a batch (token ids,
  * positions, sequences, logit rows, state slots), for other entry points. */
