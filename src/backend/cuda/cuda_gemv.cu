@@ -584,12 +584,18 @@ void lm_gemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dtyp
 template <int T, int MOE, lm_dtype WT>
 static void lm_moe_go(lm_cuda *c, const lm_gemv_args *a, dim3 grid, int threads, int mode) {
     switch (mode) {
-    case LM_GEMV_GLU_SILU: lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a); break;
+    case LM_GEMV_GLU_SILU:
+        lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_SILU, MOE>, grid, threads, 0, *a);
+        break;
     case LM_GEMV_GLU_GELU_TANH:
         lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_GELU_TANH, MOE>, grid, threads, 0, *a);
         break;
-    case LM_GEMV_GLU_GELU: lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_GELU, MOE>, grid, threads, 0, *a); break;
-    default: LM_ASSERT(mode == LM_GEMV_STORE); lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
+    case LM_GEMV_GLU_GELU:
+        lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_GLU_GELU, MOE>, grid, threads, 0, *a);
+        break;
+    default:
+        LM_ASSERT(mode == LM_GEMV_STORE);
+        lm_cuda_launch_pdl(c, lm_gemv_kernel<T, WT, true, LM_GEMV_STORE, MOE>, grid, threads, 0, *a);
     }
 }
 

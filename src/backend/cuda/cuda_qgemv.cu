@@ -50,9 +50,17 @@ static __device__ __forceinline__ float lm_q_dot4(const float (&w)[4], const flo
 }
 
 /* What a launch writes: y (+ bias); y += (the residual add); silu(gate) *
- * up over gate/up rows (2 + 2 a block); the MoE pairs' two forms. */
-/* MOE_GLU gates with SiLU, MOE_GELU_TANH / MOE_GELU with GELU (Gemma 4's experts). */
-enum { LM_QGEMV_PLAIN = 0, LM_QGEMV_ADD, LM_QGEMV_GLU, LM_QGEMV_MOE, LM_QGEMV_MOE_GLU, LM_QGEMV_MOE_GELU_TANH, LM_QGEMV_MOE_GELU };
+ * up over gate/up rows (2 + 2 a block); the MoE pairs' forms: plain, and
+ * act(gate) * up with SiLU (MOE_GLU) or GELU (Gemma 4's experts). */
+enum {
+    LM_QGEMV_PLAIN = 0,
+    LM_QGEMV_ADD,
+    LM_QGEMV_GLU,
+    LM_QGEMV_MOE,
+    LM_QGEMV_MOE_GLU,
+    LM_QGEMV_MOE_GELU_TANH,
+    LM_QGEMV_MOE_GELU
+};
 
 /* At most 128 registers (two blocks of 256 threads an SM) for one token;
  * more tokens keep the compiler's choice: at 128 the Q5_K and Q6_K forms
@@ -359,17 +367,24 @@ void lm_qgemv(lm_cuda *c, int T, float *y, const float *x, const void *w, lm_dty
     lm_qgemv_run(c, T, &a, wt, LM_GEMV_STORE);
 }
 
-template <lm_dtype QT, bool I8> static void lm_qmoe_launch(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, int mode) {
+template <lm_dtype QT, bool I8>
+static void lm_qmoe_launch(lm_cuda *c, const lm_gemv_args *a, unsigned pairs, int mode) {
     using Q = lm_q<QT>;
     const int threads = lm_qgemv_threads(c, a->I / Q::BV * Q::LPB);
     const dim3 grid((unsigned)a->first_block[LM_GEMV_MAXM], pairs);
     switch (mode) {
-    case LM_GEMV_GLU_SILU: lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU, I8>, grid, threads, 0, *a); break;
+    case LM_GEMV_GLU_SILU:
+        lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GLU, I8>, grid, threads, 0, *a);
+        break;
     case LM_GEMV_GLU_GELU_TANH:
         lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GELU_TANH, I8>, grid, threads, 0, *a);
         break;
-    case LM_GEMV_GLU_GELU: lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GELU, I8>, grid, threads, 0, *a); break;
-    default: LM_ASSERT(mode == LM_GEMV_STORE); lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE, I8>, grid, threads, 0, *a);
+    case LM_GEMV_GLU_GELU:
+        lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE_GELU, I8>, grid, threads, 0, *a);
+        break;
+    default:
+        LM_ASSERT(mode == LM_GEMV_STORE);
+        lm_cuda_launch_pdl(c, lm_qgemv_kernel<1, QT, LM_QGEMV_MOE, I8>, grid, threads, 0, *a);
     }
     LM_CUDA_LAUNCHED("qmoe gemv");
 }
