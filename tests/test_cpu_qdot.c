@@ -190,7 +190,7 @@ LM_TEST(cpu_qdot_kernels) {
                 LM_CHECK_MSG(false, "%s has no int8 kernel for %s", tabs[ki]->name, lm_dtype_name(t));
                 continue;
             }
-            const int nblocks[] = { 1, 3, 8, 17 };
+            const int nblocks[] = { 1, 3, 8, 17, 24 }; /* 24: Q4_0 / IQ4_NL as three 8-block groups */
             qd_stat st = { 0 };
             uint64_t s = 1234 + ti;
             for (size_t bi = 0; bi < LM_COUNT(nblocks); bi++)

@@ -20,7 +20,8 @@
  * sign trick) per block in a scalar one. Types with a scale per 16 values
  * (Q6_K, Q3_K, Q2_K) apply it to the integer pair or quad sums before the
  * conversion. The same integers as the scalar reference; only the order of
- * the f32 additions differs. */
+ * the f32 additions differs. The VNNI build takes most super-block types in
+ * 512-bit rows instead (cpu_qdot_vnni.c, through lm_qdz_row). */
 #include "cpu_kern.h"
 
 #include <immintrin.h>
@@ -129,14 +130,50 @@ LM_QD_AI __m128i lm_qd_q3k_scales(const uint8_t *p) {
     return _mm_sub_epi8(_mm_set_epi32((int)s3, (int)s2, (int)s1, (int)s0), _mm_set1_epi8(32));
 }
 
+/* Q4_K / Q5_K's 6-bit scales (*sc) and mins (*mn) of blocks 0-7 as bytes
+ * 0-7: those of blocks 0-3 in bytes 4-11's low 6 bits, 4-7 in the nibbles
+ * of bytes 12-15 with their top bits in the spare 2 bits of 4-11. */
+LM_QD_AI void lm_qd_q4k_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
+    uint32_t a, bm, c;
+    memcpy(&a, blk + 4, 4);
+    memcpy(&bm, blk + 8, 4);
+    memcpy(&c, blk + 12, 4);
+    uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((bm >> 2) & 0x30303030u);
+    *sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
+    *mn = _mm_set_epi32(0, 0, (int)mn_hi, (int)(bm & 0x3f3f3f3fu));
+}
+
+/* IQ4_XS's 8 scales minus 32 as int32: nibbles of scales_l in block order,
+ * 2 bits each of scales_h on top. */
+LM_QD_AI __m256i lm_qd_iq4xs_scales(const uint8_t *blk) {
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, blk + 2, 2);
+    memcpy(&sl, blk + 4, 4);
+    const __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i shift2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), shift4), _mm256_set1_epi32(0x0f));
+    __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), shift2), _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+}
+
 typedef struct lm_qd_x {
     const int8_t *q;
     const float *d;
     const int16_t *s;
 } lm_qd_x;
 
+#ifdef LM_QD_VNNI
+/* The 512-bit rows of cpu_qdot_vnni.c: false for a type they do not take. */
+LM_QD_AI bool lm_qdz_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n, float *out);
+#endif
+
 LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_qd_x *x, int64_t n,
                         float *out) {
+#ifdef LM_QD_VNNI
+    if (lm_qdz_row(dt, NT, wr, x, n, out)) return;
+#endif
     /* The super-block types sum each super-block into fresh registers (two
      * chains, even and odd blocks) and add that to acc once: the loop then
      * carries one addition, not eight FMAs, so one core's out-of-order
@@ -259,16 +296,8 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             const uint8_t *blk = wr + sb * bb;
             lm_qd_prefetch(blk, bb);
             __m256i qh = dt == LM_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-            uint32_t a, bm, c;
-            memcpy(&a, blk + 4, 4);
-            memcpy(&bm, blk + 8, 4);
-            memcpy(&c, blk + 12, 4);
-            /* 6-bit scales and mins of blocks 0-3 (low 6 bits of a / bm) and
-             * 4-7 (nibbles of c, top bits from the spare 2 bits of a / bm) */
-            uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-            uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((bm >> 2) & 0x30303030u);
-            __m128i scb = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
-            __m128i mnb = _mm_set_epi32(0, 0, (int)mn_hi, (int)(bm & 0x3f3f3f3fu));
+            __m128i scb, mnb;
+            lm_qd_q4k_scales(blk, &scb, &mnb);
             __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));
             __m256 minv = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnb)));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
@@ -308,16 +337,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = wr + sb * 136;
             lm_qd_prefetch(blk, 136);
-            uint16_t sh;
-            uint32_t sl;
-            memcpy(&sh, blk + 2, 2);
-            memcpy(&sl, blk + 4, 4);
-            /* the 8 scales: nibbles of scales_l in block order, 2 bits of scales_h each */
-            __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shift2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-            __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), shift4), _mm256_set1_epi32(0x0f));
-            __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), shift2), _mm256_set1_epi32(3));
-            __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(ls));
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(lm_qd_iq4xs_scales(blk)));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
             for (int t = 0; t < NT; t++) _mm256_store_ps(sdx[t], _mm256_mul_ps(ds, _mm256_loadu_ps(x[t].d + sb * 8)));
             __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
