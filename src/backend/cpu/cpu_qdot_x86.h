@@ -18,8 +18,10 @@
  * from the activation's block sums; Q4_1/Q5_1's offsets m and the affine
  * types' biases (and A8's code offset of 128, taken out so its codes fit the
  * sign trick) per block in a scalar one. Types with a scale per 16 values
- * (Q6_K, Q3_K, Q2_K) apply it to the integer pair or quad sums before the
- * conversion. The same integers as the scalar reference; only the order of
+ * (Q6_K, Q3_K, Q2_K) take each quad sum's factor (scale * d * activation
+ * scale) from a vector of 16 formed once a super-block and token, picked
+ * by one vpermps a block. The same integers as the scalar reference (Q6_K's
+ * unsigned codes <= 63 keep a vpmaddubsw pair <= 16002); only the order of
  * the f32 additions differs. The VNNI build takes most super-block types in
  * 512-bit rows instead (cpu_qdot_vnni.c, through lm_qdz_row). */
 #include "cpu_kern.h"
@@ -51,31 +53,24 @@ LM_QD_AI __m256i lm_qd_dot(__m256i u, __m256i s) {
 #endif
 }
 
-/* The two scales of a 32-value block j, from 16 int8 scales sc16 (Q6_K,
- * Q3_K, Q2_K: one per 16 values), as the multiplier lm_qd_dot_sc wants:
- * int16 x 16 (AVX2: applied to the pair sums of vpmaddubsw) or, for VNNI,
- * int32 x 8 holding the scale in the low int16 and 0 in the high one, so
- * that vpmaddwd multiplies the quad sums (which fit an int16, see below)
- * by it: one cheap instruction where vpmulld takes two and ~10 cycles. */
-LM_QD_AI __m256i lm_qd_sc(__m128i sc16, int j) {
-    __m128i pat = _mm_add_epi8(_mm_set_epi64x(0x0101010101010101ll, 0), _mm_set1_epi8((char)(2 * j)));
-#ifdef LM_QD_VNNI
-    __m128i q = _mm_shuffle_epi8(sc16, _mm_unpacklo_epi32(pat, _mm_unpackhi_epi64(pat, pat)));
-    return _mm256_and_si256(_mm256_cvtepi8_epi32(q), _mm256_set1_epi32(0xffff)); /* bytes: 2j x4, 2j+1 x4 */
-#else
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pat)); /* 2j x8, 2j+1 x8 */
-#endif
+/* The 16 int8 scales of a super-block (Q6_K, Q3_K, Q2_K: one per 16
+ * values) times d as floats: groups 0-7 in sc[0], 8-15 in sc[1]. */
+LM_QD_AI void lm_qd_sc16(__m128i sc16, float d, __m256 sc[2]) {
+    sc[0] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc16)));
+    sc[1] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc16, 8))));
 }
 
-/* As lm_qd_dot, each lane times its scale from lm_qd_sc. VNNI: a quad sum
- * must fit an int16: true for the codes that come here (Q6_K's unsigned
- * 0..63 against |x| <= 127: 4 x 63 x 127 = 32004; Q3_K / Q2_K far less). */
-LM_QD_AI __m256i lm_qd_dot_sc(__m256i u, __m256i s, __m256i scv) {
-#ifdef LM_QD_VNNI
-    return _mm256_madd_epi16(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scv);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
-#endif
+/* f = sc times one token's block factors dx (one per 32 values, so each
+ * serves two groups): the factor of each group's integer dot. */
+LM_QD_AI void lm_qd_f16(const __m256 sc[2], __m256 dx, __m256 f[2]) {
+    f[0] = _mm256_mul_ps(sc[0], _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+    f[1] = _mm256_mul_ps(sc[1], _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+}
+
+/* The factors of block j's 8 quad sums (lm_qd_dot): 4 of group 2j, 4 of 2j + 1. */
+LM_QD_AI __m256 lm_qd_fpick(const __m256 f[2], int j) {
+    const int g = 2 * (j % 4);
+    return _mm256_permutevar8x32_ps(f[j / 4], _mm256_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1));
 }
 
 /* Software prefetch distance in bytes. The rows a thread owns are contiguous
@@ -232,7 +227,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
         }
     } else if (dt == LM_Q2_K || dt == LM_Q3_K) {
         /* 2-bit codes, Q3_K with a third bit from hmask (u = q + 4, 0..7);
-         * one scale per 16 values applied in integers as for Q6_K; Q2_K's
+         * one scale per 16 values applied in f32 as for Q6_K; Q2_K's
          * mins and Q3_K's offsets (4 x its scale) per super-block from the
          * activation's 16-value sums, so the codes stay unsigned (no
          * vpsignb on the codes and on every token's activations) */
@@ -264,9 +259,9 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                     accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_loadu_ps(x[t].d + sb * 8)), offs, accm[t]);
                 }
             }
-            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
-            for (int t = 0; t < NT; t++)
-                _mm256_store_ps(sdx[t], _mm256_mul_ps(_mm256_set1_ps(dsb), _mm256_loadu_ps(x[t].d + sb * 8)));
+            __m256 sc[2], f[LM_GEMV_MAX_TOKENS][2];
+            lm_qd_sc16(sc16, dsb, sc);
+            for (int t = 0; t < NT; t++) lm_qd_f16(sc, _mm256_loadu_ps(x[t].d + sb * 8), f[t]);
             __m256i hm = dt == LM_Q3_K ? _mm256_loadu_si256((const __m256i *)blk) : _mm256_setzero_si256();
             __m256 se[LM_GEMV_MAX_TOKENS], so[LM_GEMV_MAX_TOKENS];
             for (int t = 0; t < NT; t++) se[t] = so[t] = _mm256_setzero_ps();
@@ -276,15 +271,14 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
                 for (int k = 0; k < 4; k++) {
                     const int j = 4 * h + k;
                     __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
-                    __m256i scv = lm_qd_sc(sc16, j);
                     if (dt == LM_Q3_K) /* hmask bit j is bit 2 of u */
                         u = _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, j), 2),
                                                                 _mm256_set1_epi8(4)));
                     for (int t = 0; t < NT; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
-                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot_sc(u, xv, scv));
-                        if (k & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
-                        else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
+                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot(u, xv));
+                        if (k & 1) so[t] = _mm256_fmadd_ps(p, lm_qd_fpick(f[t], j), so[t]);
+                        else se[t] = _mm256_fmadd_ps(p, lm_qd_fpick(f[t], j), se[t]);
                     }
                 }
             }
@@ -363,11 +357,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             lm_qd_prefetch(blk, 210);
             __m128i sc16 = _mm_loadu_si128((const __m128i *)(blk + 192));
             __m256i sc16w = _mm256_cvtepi8_epi16(sc16);
-            __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208));
-            float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
+            __m256 d = _mm256_set1_ps(lm_qd_h(blk + 208)), sc[2], f[LM_GEMV_MAX_TOKENS][2];
+            lm_qd_sc16(sc16, lm_qd_h(blk + 208), sc);
             for (int t = 0; t < NT; t++) {
                 __m256 dx = _mm256_mul_ps(d, _mm256_loadu_ps(x[t].d + sb * 8));
-                _mm256_store_ps(sdx[t], dx);
+                lm_qd_f16(sc, _mm256_loadu_ps(x[t].d + sb * 8), f[t]);
                 __m256i s16 = _mm256_loadu_si256((const __m256i *)(x[t].s + sb * 16));
                 __m256 off = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, sc16w)); /* per 32-value block */
                 accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(32.0f)), off, accm[t]);
@@ -388,12 +382,11 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     int j = 4 * h + k;
-                    __m256i scv = lm_qd_sc(sc16, j);
                     for (int t = 0; t < NT; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + (sb * 8 + j) * 32));
-                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot_sc(w4[k], xv, scv));
-                        if (k & 1) so[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), so[t]);
-                        else se[t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sdx[t][j]), se[t]);
+                        __m256 p = _mm256_cvtepi32_ps(lm_qd_dot(w4[k], xv));
+                        if (k & 1) so[t] = _mm256_fmadd_ps(p, lm_qd_fpick(f[t], j), so[t]);
+                        else se[t] = _mm256_fmadd_ps(p, lm_qd_fpick(f[t], j), se[t]);
                     }
                 }
             }
