@@ -158,11 +158,14 @@ LM_QD_AI bool lm_qdz_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_
             uint16_t d[8];
             for (int j = 0; j < 8; j++) memcpy(&d[j], blk + 18 * j, 2);
             sc = _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
-        } else { /* Q4_K / Q5_K */
-            __m128i scb, mnb;
-            lm_qd_q4k_scales(blk, &scb, &mnb);
-            sc = _mm512_mul_ps(_mm512_set1_ps(lm_qd_h(blk)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scb)));
-            mn = _mm512_mul_ps(_mm512_set1_ps(lm_qd_h(blk + 2)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mnb)));
+        } else { /* Q4_K / Q5_K: d and dmin times 8 scales, then 8 mins */
+            uint32_t dd;
+            memcpy(&dd, blk, 4);
+            __m512 d2 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))));
+            __m512 sm = _mm512_mul_ps(d2, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lm_qd_q4k_scales(blk))));
+            sc = sm; /* lanes 8-15 (mins) meet zero activation factors there */
+            mn = _mm512_shuffle_f32x4(sm, sm, 0xee);
         }
         __m512i u[4];
         lm_qdz_codes(dt, blk, u);

@@ -125,18 +125,17 @@ LM_QD_AI __m128i lm_qd_q3k_scales(const uint8_t *p) {
     return _mm_sub_epi8(_mm_set_epi32((int)s3, (int)s2, (int)s1, (int)s0), _mm_set1_epi8(32));
 }
 
-/* Q4_K / Q5_K's 6-bit scales (*sc) and mins (*mn) of blocks 0-7 as bytes
- * 0-7: those of blocks 0-3 in bytes 4-11's low 6 bits, 4-7 in the nibbles
- * of bytes 12-15 with their top bits in the spare 2 bits of 4-11. */
-LM_QD_AI void lm_qd_q4k_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
-    uint32_t a, bm, c;
-    memcpy(&a, blk + 4, 4);
-    memcpy(&bm, blk + 8, 4);
-    memcpy(&c, blk + 12, 4);
-    uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((bm >> 2) & 0x30303030u);
-    *sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
-    *mn = _mm_set_epi32(0, 0, (int)mn_hi, (int)(bm & 0x3f3f3f3fu));
+/* Q4_K / Q5_K's 6-bit scales (bytes 0-7) and mins (8-15) of blocks 0-7:
+ * those of blocks 0-3 in the low 6 bits of the dwords a and bm at bytes 4
+ * and 8, those of 4-7 in the nibbles of c (byte 12) with their top bits in
+ * the spare 2 bits of a and bm. In vector registers: the scalar form cost
+ * more than the dot products of a super-block at one token. */
+LM_QD_AI __m128i lm_qd_q4k_scales(const uint8_t *blk) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4)); /* a, bm, c */
+    __m128i top = _mm_and_si128(_mm_srli_epi32(v, 2), _mm_set1_epi8(0x30));
+    __m128i cn = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 4, 0, 4)),
+                               _mm_set1_epi8(0x0f));
+    return _mm_unpacklo_epi32(_mm_and_si128(v, _mm_set1_epi8(0x3f)), _mm_or_si128(cn, top));
 }
 
 /* IQ4_XS's 8 scales minus 32 as int32: nibbles of scales_l in block order,
@@ -290,8 +289,7 @@ LM_QD_AI void lm_qd_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_q
             const uint8_t *blk = wr + sb * bb;
             lm_qd_prefetch(blk, bb);
             __m256i qh = dt == LM_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-            __m128i scb, mnb;
-            lm_qd_q4k_scales(blk, &scb, &mnb);
+            __m128i scb = lm_qd_q4k_scales(blk), mnb = _mm_srli_si128(scb, 8);
             __m256 ds = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));
             __m256 minv = _mm256_mul_ps(_mm256_set1_ps(lm_qd_h(blk + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnb)));
             float sdx[LM_GEMV_MAX_TOKENS][8] __attribute__((aligned(32)));
