@@ -62,6 +62,21 @@ static const qg_scales *qg_scales_of(lm_dtype t) {
     return NULL;
 }
 
+/* The instruction sets with an int8 GEMM tile on this CPU: the best one
+ * and, on an AVX-512 machine, AVX2's as well (so that both tiles are
+ * tested wherever the suite runs on AVX-512). Returns how many. */
+static int qg_gemm_isas(lm_cpu_isa isa[2]) {
+    int n = 0;
+    lm_cpu_isa best = lm_cpu_isa_detect();
+    if (lm_cpu_qkern_for(best)->qgemm) isa[n++] = best;
+    if (best > LM_ISA_AVX2 && lm_cpu_qkern_for(LM_ISA_AVX2)->qgemm) isa[n++] = LM_ISA_AVX2;
+    return n;
+}
+
+static const char *qg_isa_name(lm_cpu_isa isa) {
+    return lm_cpu_qkern_for(isa)->name;
+}
+
 static uint8_t *qg_weight(const qg_scales *sc, int64_t O, int64_t I, uint64_t *s) {
     size_t rb = lm_dtype_row_bytes(sc->t, I), bb = (size_t)lm_dtype_block_bytes(sc->t), n = rb * (size_t)O;
     uint8_t *w = malloc(n);
@@ -147,31 +162,102 @@ static int qg_check_case(lm_backend *be, bool exact, lm_dtype t, const qg_case *
 }
 
 LM_TEST(cpu_qgemm_matmul) {
-    bool has_int8 = lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm != NULL;
-    if (!has_int8) printf("  no int8 GEMM on this CPU (no AVX-512 VNNI): the widening path is checked only\n");
+    lm_cpu_isa isas[2];
+    const int n_isa = qg_gemm_isas(isas);
+    if (!n_isa) printf("  no int8 GEMM on this CPU (no AVX2): the widening path is checked only\n");
     const int threads[] = { 1, 2, 3 };
     for (int t = 0; t < LM_DTYPE_COUNT; t++) {
         if (!lm_qblock_types[t].pack) continue;
         LM_CHECK_MSG(qg_scales_of((lm_dtype)t) != NULL, "%s: no row in qg_scale_table", lm_dtype_name((lm_dtype)t));
         if (!qg_scales_of((lm_dtype)t)) continue;
-        double worst_int8 = 0, worst_sig = 0;
-        for (int exact = has_int8 ? 0 : 1; exact < 2; exact++)
+        /* runs 0 .. n_isa-1: the int8 GEMM of each ISA that takes the type
+         * (codes within its tile's reach); the last: exact mode */
+        for (int run = 0; run <= n_isa; run++) {
+            const bool exact = run == n_isa;
+            if (!exact && lm_qblock_types[t].max_code > lm_cpu_qkern_for(isas[run])->qgemm_max_code) {
+                printf("  %-6s int8 GEMM (%s): not taken (codes up to %d), prefill widens to f32\n",
+                       lm_dtype_name((lm_dtype)t), qg_isa_name(isas[run]), lm_qblock_types[t].max_code);
+                continue;
+            }
+            double worst_int8 = 0, worst_sig = 0;
             for (size_t th = 0; th < LM_COUNT(threads); th++) {
                 lm_err e = { { 0 } };
-                lm_backend *be = lm_cpu_backend_create(threads[th], LM_ISA_AUTO, &e);
+                lm_backend *be = lm_cpu_backend_create(threads[th], exact ? LM_ISA_AUTO : isas[run], &e);
                 LM_REQUIRE(be != NULL);
-                lm_cpu_backend_quant_exact(be, exact == 1);
+                lm_cpu_backend_quant_exact(be, exact);
                 for (size_t ci = 0; ci < LM_COUNT(qg_cases); ci++) {
-                    int bad = qg_check_case(be, exact == 1, (lm_dtype)t, &qg_cases[ci], threads[th],
+                    int bad = qg_check_case(be, exact, (lm_dtype)t, &qg_cases[ci], threads[th],
                                             77 + 13 * (uint64_t)ci + (uint64_t)t, &worst_int8, &worst_sig);
-                    LM_CHECK_MSG(bad == 0, "%s %s threads=%d case %zu: %d outputs off", exact ? "exact" : "int8",
-                                 lm_dtype_name((lm_dtype)t), threads[th], ci, bad);
+                    LM_CHECK_MSG(bad == 0, "%s %s threads=%d case %zu: %d outputs off",
+                                 exact ? "exact" : qg_isa_name(isas[run]), lm_dtype_name((lm_dtype)t), threads[th], ci,
+                                 bad);
                 }
                 lm_backend_destroy(be);
             }
-        if (has_int8)
-            printf("  %-6s int8 GEMM: max err %.2g of sum|wx| against the int8 reference, %.2g sigma against f32\n",
-                   lm_dtype_name((lm_dtype)t), worst_int8, worst_sig);
+            if (!exact)
+                printf("  %-6s int8 GEMM (%s): max err %.2g of sum|wx| against the int8 reference, %.2g sigma "
+                       "against f32\n",
+                       lm_dtype_name((lm_dtype)t), qg_isa_name(isas[run]), worst_int8, worst_sig);
+        }
+    }
+}
+
+/* The packers never write a code above the type's max_code: the AVX2 tile
+ * adds its 16-bit products up to that bound (cpu_qgemm_avx2.c), so a code
+ * beyond it could saturate. Random bytes make every code pattern occur;
+ * each bound is also reached. */
+LM_TEST(cpu_qgemm_codes_within_bound) {
+    uint8_t *panel = lm_xaligned(8 * LM_QP_BLOCK_BYTES);
+    for (int t = 0; t < LM_DTYPE_COUNT; t++) {
+        if (!lm_qblock_types[t].pack) continue;
+        const int64_t I = 256;
+        const size_t ldw = lm_dtype_row_bytes((lm_dtype)t, I);
+        uint8_t *w = malloc(ldw * LM_QP_ROWS);
+        uint64_t st = 3 + (uint64_t)t;
+        for (size_t i = 0; i < ldw * LM_QP_ROWS; i++) w[i] = (uint8_t)(qg_rnd(&st) * 128.0f + 128.0f);
+        lm_qpanel_pack((lm_dtype)t, w, ldw, LM_QP_ROWS, 0, 8, panel);
+        int top = 0;
+        for (int b = 0; b < 8; b++)
+            for (int i = 0; i < LM_QP_CODES; i++) top = LM_MAX(top, panel[(size_t)b * LM_QP_BLOCK_BYTES + i]);
+        LM_CHECK_MSG(top <= lm_qblock_types[t].max_code, "%s: code %d above max_code %d",
+                     lm_dtype_name((lm_dtype)t), top, lm_qblock_types[t].max_code);
+        LM_CHECK_MSG(top >= lm_qblock_types[t].max_code * 9 / 10, "%s: codes reach %d of max_code %d (too loose)",
+                     lm_dtype_name((lm_dtype)t), top, lm_qblock_types[t].max_code);
+        free(w);
+    }
+    lm_afree(panel);
+}
+
+/* For the types the AVX2 tile takes (codes that fit its 16-bit sums: all
+ * but Q8_0 and the IQ4s), it forms the VNNI tile's integers and then its
+ * f32 steps: the two ISAs' matmuls give the same bits. */
+LM_TEST(cpu_qgemm_avx2_same_bits_as_vnni) {
+    if (!lm_cpu_has_avx512_vnni()) LM_SKIP("no AVX-512 VNNI on this CPU: one tile only");
+    const int O = 70, T = 45;
+    const int64_t I = 1024;
+    for (int t = 0; t < LM_DTYPE_COUNT; t++) {
+        if (!lm_qblock_types[t].pack || lm_qblock_types[t].max_code > LM_QGEMM_AVX2_MAX_CODE) continue;
+        uint64_t st = 17 + (uint64_t)t;
+        uint8_t *w = qg_weight(qg_scales_of((lm_dtype)t), O, I, &st);
+        float *x = qg_x(I * T, &st), *y[2];
+        for (int k = 0; k < 2; k++) {
+            lm_err e = { { 0 } };
+            lm_backend *be = lm_cpu_backend_create(2, k ? LM_ISA_AVX2 : LM_ISA_AVX512, &e);
+            LM_REQUIRE(be != NULL);
+            lm_cpu_backend_quant_exact(be, false);
+            y[k] = malloc((size_t)O * T * sizeof(float));
+            lm_tensor wt = { .type = (lm_dtype)t, .rows = O, .cols = I };
+            lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
+            lm_tensor yt = { .type = LM_F32, .rows = T, .cols = O, .data = y[k] };
+            LM_REQUIRE(be->ops->upload_weight(be, &wt, w, &e) == 0);
+            be->ops->matmul(be, &yt, &xt, &wt, NULL);
+            lm_backend_destroy(be);
+        }
+        int diff = 0;
+        for (int i = 0; i < O * T; i++) diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
+        LM_CHECK_MSG(diff == 0, "%s: %d of %d outputs differ between the VNNI and AVX2 tiles",
+                     lm_dtype_name((lm_dtype)t), diff, O * T);
+        free(w), free(x), free(y[0]), free(y[1]);
     }
 }
 
@@ -181,8 +267,11 @@ LM_TEST(cpu_qgemm_matmul) {
  * Shapes of a k/v projection (512 outputs: units cut to one 32-row panel
  * before the tokens are) and of an odd one (400: a partial panel). */
 LM_TEST(cpu_qgemm_threads_same_bits) {
-    if (!lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm) LM_SKIP("no int8 GEMM on this CPU (no AVX-512 VNNI)");
+    lm_cpu_isa isas[2];
+    const int n_isa = qg_gemm_isas(isas);
+    if (!n_isa) LM_SKIP("no int8 GEMM on this CPU (no AVX2)");
     const int Os[] = { 512, 400 };
+    for (int ii = 0; ii < n_isa; ii++)
     for (size_t oi = 0; oi < LM_COUNT(Os); oi++) {
         const int O = Os[oi], T = 300;
         const int64_t I = 1024;
@@ -192,7 +281,7 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
         float *x = qg_x(I * T, &s), *y[2];
         for (int k = 0; k < 2; k++) {
             lm_err e = { { 0 } };
-            lm_backend *be = lm_cpu_backend_create(k ? 16 : 1, LM_ISA_AUTO, &e);
+            lm_backend *be = lm_cpu_backend_create(k ? 16 : 1, isas[ii], &e);
             LM_REQUIRE(be != NULL);
             lm_cpu_backend_quant_exact(be, false);
             y[k] = malloc((size_t)O * T * sizeof(float));
@@ -206,7 +295,8 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
         }
         int diff = 0;
         for (int i = 0; i < O * T; i++) diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
-        LM_CHECK_MSG(diff == 0, "O=%d: %d of %d outputs differ between 1 and 16 threads", O, diff, O * T);
+        LM_CHECK_MSG(diff == 0, "%s O=%d: %d of %d outputs differ between 1 and 16 threads", qg_isa_name(isas[ii]), O,
+                     diff, O * T);
         free(w), free(x), free(y[0]), free(y[1]);
     }
 }
@@ -215,15 +305,19 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
  * own matmul: a Q6_K weight between Q4_K ones (the Q4_K_M mix), widths that
  * leave partial panels, 1, 3 and 16 threads; and matmul_glu the composed
  * gate, up and SiLU. */
-static void qg_matmul_n_case(lm_test_ctx *lm_t_, int T);
+static void qg_matmul_n_case(lm_test_ctx *lm_t_, lm_cpu_isa isa, int T);
 
 LM_TEST(cpu_qgemm_matmul_n_same_bits) {
-    if (!lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm) LM_SKIP("no int8 GEMM on this CPU (no AVX-512 VNNI)");
-    qg_matmul_n_case(lm_t_, 150); /* the GEMM */
-    qg_matmul_n_case(lm_t_, 5);   /* the GEMV (decode) */
+    lm_cpu_isa isas[2];
+    const int n_isa = qg_gemm_isas(isas);
+    if (!n_isa) LM_SKIP("no int8 GEMM on this CPU (no AVX2)");
+    for (int ii = 0; ii < n_isa; ii++) {
+        qg_matmul_n_case(lm_t_, isas[ii], 150); /* the GEMM */
+        qg_matmul_n_case(lm_t_, isas[ii], 5);   /* the GEMV (decode) */
+    }
 }
 
-static void qg_matmul_n_case(lm_test_ctx *lm_t_, int T) {
+static void qg_matmul_n_case(lm_test_ctx *lm_t_, lm_cpu_isa isa, int T) {
     enum { N = 3 };
     const int64_t I = 512;
     const lm_dtype types[N] = { LM_Q4_K, LM_Q4_K, LM_Q6_K };
@@ -240,7 +334,7 @@ static void qg_matmul_n_case(lm_test_ctx *lm_t_, int T) {
     const int threads[] = { 1, 3, 16 };
     for (size_t th = 0; th < LM_COUNT(threads); th++) {
         lm_err e = { { 0 } };
-        lm_backend *be = lm_cpu_backend_create(threads[th], LM_ISA_AUTO, &e);
+        lm_backend *be = lm_cpu_backend_create(threads[th], isa, &e);
         LM_REQUIRE(be != NULL && be->ops->matmul_n && be->ops->matmul_glu);
         lm_cpu_backend_quant_exact(be, false);
         float *y1[N], *yn[N];
@@ -334,21 +428,28 @@ LM_TEST(cpu_qgemm_panel_pack_avx512_same_bytes) {
  * and GEMM tests hold the kernels to the integers of the portable one):
  * random blocks, a zero block, and ties (amax 127, so x * id = x exactly). */
 LM_TEST(cpu_qgemm_q8x_quantize_bitexact) {
-    const lm_cpu_qkern *qk = lm_cpu_qkern_for(lm_cpu_isa_detect());
-    if (!qk->q8x_quantize) LM_SKIP("no ISA-specific q8x rounding on this CPU (table %s)", qk->name);
+    lm_cpu_isa best = lm_cpu_isa_detect();
+    const lm_cpu_qkern *tables[2] = { lm_cpu_qkern_for(best), best > LM_ISA_AVX2 ? lm_cpu_qkern_for(LM_ISA_AVX2) : NULL };
+    if (!tables[0]->q8x_quantize) LM_SKIP("no ISA-specific q8x rounding on this CPU (table %s)", tables[0]->name);
     enum { N = 32 * 40 };
     uint64_t s = 5;
     float *x = qg_x(N, &s);
     for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;
     for (int i = 0; i < 32; i++) x[64 + i] = i == 0 ? 127.0f : (float)(i % 8) - 3.5f; /* ties both ways */
+    for (int i = 0; i < 32; i++) x[96 + i] = i == 5 ? -2.0f : (float)i / 40.0f;     /* amax from a negative value */
     size_t bytes = lm_q8x_row_bytes(N);
     uint8_t *a = lm_xaligned(bytes), *b = lm_xaligned(bytes);
-    memset(a, 0, bytes), memset(b, 0, bytes);
+    memset(a, 0, bytes);
     lm_q8x_quantize(x, N, a);
-    qk->q8x_quantize(x, N, b);
-    size_t diff = 0;
-    for (size_t i = 0; i < bytes; i++) diff += a[i] != b[i];
-    LM_CHECK_MSG(diff == 0, "%s: %zu bytes of the q8x row differ from the portable rounding", qk->name, diff);
+    for (int k = 0; k < 2; k++) {
+        const lm_cpu_qkern *qk = tables[k];
+        if (!qk || !qk->q8x_quantize) continue;
+        memset(b, 0, bytes);
+        qk->q8x_quantize(x, N, b);
+        size_t diff = 0;
+        for (size_t i = 0; i < bytes; i++) diff += a[i] != b[i];
+        LM_CHECK_MSG(diff == 0, "%s: %zu bytes of the q8x row differ from the portable rounding", qk->name, diff);
+    }
     LM_CHECK(((const int8_t *)a)[64 + 1] == -2 && ((const int8_t *)a)[64 + 2] == -2); /* -2.5 -> -2, -1.5 -> -2 */
     lm_afree(a), lm_afree(b);
     free(x);
@@ -358,6 +459,11 @@ LM_TEST(cpu_qgemm_q8x_quantize_bitexact) {
 
 static const char *const qg_fixtures[] = { "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS",
                                             "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K" };
+/* The files whose main type has codes up to 255: a tile that does not
+ * take them (AVX2's) prefills them through the f32 GEMM. */
+static bool qg_fixture_wide(const char *name) {
+    return !strcmp(name, "Q8_0") || !strcmp(name, "IQ4_XS") || !strcmp(name, "IQ4_NL");
+}
 
 /* Prefills ids (at once or one token at a time), then decodes n_gen steps;
  * forced: feed these ids (else greedy ones, written to it). The logits of the
@@ -395,8 +501,7 @@ static double qg_kl(const float *p_logits, const float *q_logits, int V) {
  * f32 GEMM batch against the int8 GEMV gave 3e-4. */
 #define QG_KL_MAX 1.5e-4
 LM_TEST(cpu_qgemm_gguf_batch_vs_stepwise) {
-    if (lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm == NULL)
-        LM_SKIP("no int8 GEMM on this CPU (needs AVX-512 VNNI)");
+    if (lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm == NULL) LM_SKIP("no int8 GEMM on this CPU (needs AVX2)");
     enum { N_PROMPT = 90, N_GEN = 24 };
     int32_t ids[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)((i * 37 + 11) % 97);
@@ -433,7 +538,9 @@ LM_TEST(cpu_qgemm_gguf_batch_vs_stepwise) {
         }
         printf("  %-6s batch vs stepwise prefill: greedy equal %d/%d (%d with a safe margin), "
                "max |d logit| %.3g, mean KL %.2g\n", qg_fixtures[f], equal, N_GEN, checked, d_max, kl_sum / N_GEN);
-        LM_CHECK_MSG(kl_sum / N_GEN < QG_KL_MAX, "%s: mean KL %.3g", qg_fixtures[f], kl_sum / N_GEN);
+        if (qg_fixture_wide(qg_fixtures[f]) && lm_cpu_qkern_for(lm_cpu_isa_detect())->qgemm_max_code < 255)
+            printf("  %-6s prefilled by the f32 GEMM on this CPU: the KL bound is for the int8 one\n", qg_fixtures[f]);
+        else LM_CHECK_MSG(kl_sum / N_GEN < QG_KL_MAX, "%s: mean KL %.3g", qg_fixtures[f], kl_sum / N_GEN);
         LM_CHECK(checked >= N_GEN / 2);
         free(lg[0]), free(lg[1]);
         lm_model_free(m);

@@ -123,14 +123,16 @@ typedef void (*lm_qgemv_fn)(const void *w, size_t ldw, int nr, const void *xq, s
                             int64_t n, const float *bias, float *y, int64_t ldy);
 
 /* int8 GEMM micro-tile (prefill): panel holds nb blocks of LM_QP_ROWS
- * weight rows as cpu_qblock.h lays them out (halves: two scales per block);
+ * weight rows of type qt (codes up to the table's qgemm_max_code) as
+ * cpu_qblock.h lays them out;
  * xq points at token 0's q8x codes of the panel's first block (rows ldq
  * bytes apart) and xf at its block factors, 4 floats per block (d, d * s0,
  * d * s1, d * (s0 + s1), with s0, s1 the sums of the halves' codes; tokens
  * ldf floats apart). Updates the mt x nv corner of the tile at y (row stride
  * ldy): first ? y = bias + x.w (bias NULL: 0) : y += x.w.
  * mt <= qgemm_mr, nv <= LM_QP_ROWS. */
-typedef void (*lm_qgemm_fn)(const uint8_t *panel, int nb, bool halves, const int8_t *xq, size_t ldq,
+struct lm_qblock_type;
+typedef void (*lm_qgemm_fn)(const uint8_t *panel, int nb, const struct lm_qblock_type *qt, const int8_t *xq, size_t ldq,
                             const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
                             const float *bias, bool first);
 
@@ -141,6 +143,7 @@ typedef struct lm_cpu_qkern {
      * token count; the types it takes are those of lm_qblock_types. */
     lm_qgemm_fn qgemm;
     int qgemm_mr;
+    int qgemm_max_code; /* the widest codes it takes (lm_qblock_type.max_code) */
     /* lm_qpanel_pack, byte for byte, for this ISA (NULL: the portable one) */
     void (*qpanel_pack)(lm_dtype t, const void *w, size_t ldw, int nv, int64_t b0, int nb, uint8_t *panel);
     /* lm_q8x_quantize, bit for bit, for this ISA (NULL: the portable one) */
@@ -151,10 +154,17 @@ extern const lm_cpu_qkern lm_cpu_qkern_scalar; /* the reference */
 extern const lm_cpu_qkern lm_cpu_qkern_avx2;
 extern const lm_cpu_qkern lm_cpu_qkern_vnni; /* AVX-512 VNNI + VL */
 /* The int8 GEMM tile for AVX-512 VNNI (cpu_qgemm_vnni.c). */
-void lm_qgemm_vnni(const uint8_t *panel, int nb, bool halves, const int8_t *xq, size_t ldq,
+void lm_qgemm_vnni(const uint8_t *panel, int nb, const struct lm_qblock_type *qt, const int8_t *xq, size_t ldq,
                    const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
                    const float *bias, bool first);
 #define LM_QGEMM_VNNI_MR 4
+/* The int8 GEMM tile for AVX2 (cpu_qgemm_avx2.c). */
+void lm_qgemm_avx2(const uint8_t *panel, int nb, const struct lm_qblock_type *qt, const int8_t *xq, size_t ldq,
+                   const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
+                   const float *bias, bool first);
+#define LM_QGEMM_AVX2_MR 4
+#define LM_QGEMM_AVX2_MAX_CODE 63 /* two vpmaddubsw steps in 16 bits */
+void lm_q8x_quantize_avx2(const float *x, int64_t n, void *dst);
 void lm_q8x_quantize_avx512(const float *x, int64_t n, void *dst);
 /* Best int8 table for an ISA level (VNNI checked separately). */
 const lm_cpu_qkern *lm_cpu_qkern_for(lm_cpu_isa isa);

@@ -248,13 +248,13 @@ static void lm_mm_panel_q8(const lm_mm *m, int ith, int64_t t0, int64_t mt, int6
     if (next.nv) lm_mm_prefetch_w(m, next);
     (qk->qpanel_pack ? qk->qpanel_pack : lm_qpanel_pack)(m->wt, m->w + (size_t)o0 * m->ldw, m->ldw, nv, b0, nb,
                                                          panel);
-    const bool halves = lm_qblock_types[m->wt].halves;
+    const lm_qblock_type *qt = &lm_qblock_types[m->wt];
     const float *bias = m->bias ? m->bias + o0 : NULL;
     const int8_t *xq = m->c->qx;
     for (int64_t tt = 0; tt < mt; tt += m->mr) {
         int mtt = (int)LM_MIN((int64_t)m->mr, mt - tt);
         int64_t t = t0 + tt;
-        qk->qgemm(panel, nb, halves, xq + (size_t)t * m->ldq + k0, m->ldq, m->xf + t * ldf + 4 * b0, ldf, mtt,
+        qk->qgemm(panel, nb, qt, xq + (size_t)t * m->ldq + k0, m->ldq, m->xf + t * ldf + 4 * b0, ldf, mtt,
                   nv, m->y + t * m->O + o0, m->O, bias, k0 == 0);
     }
 }
@@ -314,9 +314,15 @@ static void lm_mm_q8_rows(void *v, int64_t t0, int64_t t1, int ith) {
 
 /* The panel kind of m's GEMM and its scratch; on the int8 path the
  * activations rounded to q8x (c->qx, shared by every weight on this x). */
+/* Whether the int8 GEMM takes weights of type t: a tile, a packer, and
+ * codes within the tile's reach. */
+static bool lm_mm_int8_gemm(const lm_cpu *c, lm_dtype t) {
+    return c->qk && c->qk->qgemm && lm_qblock_types[t].pack && lm_qblock_types[t].max_code <= c->qk->qgemm_max_code;
+}
+
 static void lm_mm_gemm_prepare(lm_mm *m) {
     lm_cpu *c = m->c;
-    if (c->qk && c->qk->qgemm && lm_qblock_types[m->wt].pack) {
+    if (lm_mm_int8_gemm(c, m->wt)) {
         m->panel = lm_mm_panel_q8;
         m->mr = c->qk->qgemm_mr;
         m->nr = LM_QP_ROWS;
@@ -484,7 +490,7 @@ void lm_cpu_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor
     const bool gemm = x->rows >= c->k->gemm_min_tokens;
     bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows > 0 && x->cols > 0 && c->qk && (!gemm || c->qk->qgemm);
     for (int i = 0; set && i < n; i++)
-        set = w[i]->rows > 0 && (gemm ? lm_qblock_types[w[i]->type].pack != NULL : c->qk->qgemv[w[i]->type] != NULL);
+        set = w[i]->rows > 0 && (gemm ? lm_mm_int8_gemm(c, w[i]->type) : c->qk->qgemv[w[i]->type] != NULL);
     if (!set) {
         for (int i = 0; i < n; i++) lm_cpu_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL);
         return;

@@ -146,12 +146,12 @@ static void lm_qb_q3_k(const uint8_t *row, int64_t b0, int nb, uint8_t *panel, i
 }
 
 const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT] = {
-    [LM_Q8_0] = { lm_qb_q8_0, false },     [LM_Q4_0] = { lm_qb_q4_0, false },
-    [LM_Q4_1] = { lm_qb_q4_1, false },     [LM_Q5_0] = { lm_qb_q5_0, false },
-    [LM_Q5_1] = { lm_qb_q5_1, false },     [LM_IQ4_NL] = { lm_qb_iq4_nl, false },
-    [LM_Q4_K] = { lm_qb_q4_k, false },     [LM_Q5_K] = { lm_qb_q5_k, false },
-    [LM_IQ4_XS] = { lm_qb_iq4_xs, false }, [LM_Q6_K] = { lm_qb_q6_k, true },
-    [LM_Q2_K] = { lm_qb_q2_k, true },      [LM_Q3_K] = { lm_qb_q3_k, true },
+    [LM_Q8_0] = { lm_qb_q8_0, false, 255 },     [LM_Q4_0] = { lm_qb_q4_0, false, 15 },
+    [LM_Q4_1] = { lm_qb_q4_1, false, 15 },      [LM_Q5_0] = { lm_qb_q5_0, false, 31 },
+    [LM_Q5_1] = { lm_qb_q5_1, false, 31 },      [LM_IQ4_NL] = { lm_qb_iq4_nl, false, 255 },
+    [LM_Q4_K] = { lm_qb_q4_k, false, 15 },      [LM_Q5_K] = { lm_qb_q5_k, false, 31 },
+    [LM_IQ4_XS] = { lm_qb_iq4_xs, false, 255 }, [LM_Q6_K] = { lm_qb_q6_k, true, 63 },
+    [LM_Q2_K] = { lm_qb_q2_k, true, 3 },        [LM_Q3_K] = { lm_qb_q3_k, true, 7 },
 };
 
 /* Each row's run of blocks straight into the panel; missing rows stay zero. */

@@ -37,6 +37,9 @@ typedef void (*lm_qblock_pack_fn)(const uint8_t *row, int64_t b0, int nb, uint8_
 typedef struct lm_qblock_type {
     lm_qblock_pack_fn pack; /* NULL: the int8 GEMM does not take this type */
     bool halves;                /* the halves have their own scale and offset */
+    /* the largest code the packer writes: the AVX2 tile sums products in
+     * 16 bits as long as this bound allows (test_cpu_qgemm checks it) */
+    uint8_t max_code;
 } lm_qblock_type;
 
 extern const lm_qblock_type lm_qblock_types[LM_DTYPE_COUNT];

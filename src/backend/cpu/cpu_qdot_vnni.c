@@ -202,6 +202,6 @@ LM_QD_AI bool lm_qdz_row(lm_dtype dt, const int NT, const uint8_t *wr, const lm_
 }
 
 const lm_cpu_qkern lm_cpu_qkern_vnni = { .name = "avx512-vnni", LM_QD_TABLE,
-                                        .qgemm = lm_qgemm_vnni, .qgemm_mr = LM_QGEMM_VNNI_MR,
+                                        .qgemm = lm_qgemm_vnni, .qgemm_mr = LM_QGEMM_VNNI_MR, .qgemm_max_code = 255,
                                         .qpanel_pack = lm_qpanel_pack_avx512,
                                         .q8x_quantize = lm_q8x_quantize_avx512 };

@@ -121,9 +121,10 @@ void lm_q8x_quantize_avx512(const float *x, int64_t n, void *dst) {
 
 /* One instance per token count and scale layout, so that the loops over
  * tokens and halves unroll. */
-void lm_qgemm_vnni(const uint8_t *panel, int nb, bool halves, const int8_t *xq, size_t ldq,
+void lm_qgemm_vnni(const uint8_t *panel, int nb, const lm_qblock_type *qt, const int8_t *xq, size_t ldq,
                    const float *xf, int64_t ldf, int mt, int nv, float *y, int64_t ldy,
                    const float *bias, bool first) {
+    const bool halves = qt->halves;
     LM_ASSERT(mt >= 1 && mt <= LM_QG_MR && nv >= 1 && nv <= LM_QP_ROWS);
 #define LM_QG_CASE(MT)                                                                            \
     case MT:                                                                                      \
