@@ -202,6 +202,30 @@ LM_TEST(cpu_qgemm_matmul) {
     }
 }
 
+/* y = x . w^T on a fresh backend (threads, isa) in int8 mode; the caller frees y. */
+static float *qg_matmul_on(int threads, lm_cpu_isa isa, lm_dtype t, const uint8_t *w, int O, int64_t I, float *x,
+                           int T) {
+    lm_err e = { { 0 } };
+    lm_backend *be = lm_cpu_backend_create(threads, isa, &e);
+    if (!be) abort();
+    lm_cpu_backend_quant_exact(be, false);
+    float *y = malloc((size_t)O * T * sizeof(float));
+    for (int i = 0; i < O * T; i++) y[i] = NAN;
+    lm_tensor wt = { .type = t, .rows = O, .cols = I };
+    lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
+    lm_tensor yt = { .type = LM_F32, .rows = T, .cols = O, .data = y };
+    if (be->ops->upload_weight(be, &wt, w, &e) != 0) abort();
+    be->ops->matmul(be, &yt, &xt, &wt, NULL);
+    lm_backend_destroy(be);
+    return y;
+}
+
+static int qg_bits_differ(const float *a, const float *b, int n) {
+    int diff = 0;
+    for (int i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return diff;
+}
+
 /* The packers never write a code above the type's max_code: the AVX2 tile
  * adds its 16-bit products up to that bound (cpu_qgemm_avx2.c), so a code
  * beyond it could saturate. Random bytes make every code pattern occur;
@@ -240,21 +264,8 @@ LM_TEST(cpu_qgemm_avx2_same_bits_as_vnni) {
         uint64_t st = 17 + (uint64_t)t;
         uint8_t *w = qg_weight(qg_scales_of((lm_dtype)t), O, I, &st);
         float *x = qg_x(I * T, &st), *y[2];
-        for (int k = 0; k < 2; k++) {
-            lm_err e = { { 0 } };
-            lm_backend *be = lm_cpu_backend_create(2, k ? LM_ISA_AVX2 : LM_ISA_AVX512, &e);
-            LM_REQUIRE(be != NULL);
-            lm_cpu_backend_quant_exact(be, false);
-            y[k] = malloc((size_t)O * T * sizeof(float));
-            lm_tensor wt = { .type = (lm_dtype)t, .rows = O, .cols = I };
-            lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
-            lm_tensor yt = { .type = LM_F32, .rows = T, .cols = O, .data = y[k] };
-            LM_REQUIRE(be->ops->upload_weight(be, &wt, w, &e) == 0);
-            be->ops->matmul(be, &yt, &xt, &wt, NULL);
-            lm_backend_destroy(be);
-        }
-        int diff = 0;
-        for (int i = 0; i < O * T; i++) diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
+        for (int k = 0; k < 2; k++) y[k] = qg_matmul_on(2, k ? LM_ISA_AVX2 : LM_ISA_AVX512, (lm_dtype)t, w, O, I, x, T);
+        int diff = qg_bits_differ(y[0], y[1], O * T);
         LM_CHECK_MSG(diff == 0, "%s: %d of %d outputs differ between the VNNI and AVX2 tiles",
                      lm_dtype_name((lm_dtype)t), diff, O * T);
         free(w), free(x), free(y[0]), free(y[1]);
@@ -279,22 +290,8 @@ LM_TEST(cpu_qgemm_threads_same_bits) {
         uint64_t s = 41 + oi;
         uint8_t *w = qg_weight(sc, O, I, &s);
         float *x = qg_x(I * T, &s), *y[2];
-        for (int k = 0; k < 2; k++) {
-            lm_err e = { { 0 } };
-            lm_backend *be = lm_cpu_backend_create(k ? 16 : 1, isas[ii], &e);
-            LM_REQUIRE(be != NULL);
-            lm_cpu_backend_quant_exact(be, false);
-            y[k] = malloc((size_t)O * T * sizeof(float));
-            for (int i = 0; i < O * T; i++) y[k][i] = NAN;
-            lm_tensor wt = { .type = LM_Q4_K, .rows = O, .cols = I };
-            lm_tensor xt = { .type = LM_F32, .rows = T, .cols = I, .data = x };
-            lm_tensor yt = { .type = LM_F32, .rows = T, .cols = O, .data = y[k] };
-            LM_REQUIRE(be->ops->upload_weight(be, &wt, w, &e) == 0);
-            be->ops->matmul(be, &yt, &xt, &wt, NULL);
-            lm_backend_destroy(be);
-        }
-        int diff = 0;
-        for (int i = 0; i < O * T; i++) diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
+        for (int k = 0; k < 2; k++) y[k] = qg_matmul_on(k ? 16 : 1, isas[ii], LM_Q4_K, w, O, I, x, T);
+        int diff = qg_bits_differ(y[0], y[1], O * T);
         LM_CHECK_MSG(diff == 0, "%s O=%d: %d of %d outputs differ between 1 and 16 threads", qg_isa_name(isas[ii]), O,
                      diff, O * T);
         free(w), free(x), free(y[0]), free(y[1]);
