@@ -5,12 +5,12 @@
  *
  * Tiles: one 32-row x 512-value panel (cpu_qblock.h; held in L1) swept by
  * the AVX-512 VNNI tile and the AVX2 tile (those this CPU has) over T q8x
- * token rows, thread CPU time, best of
- * reps: GMAC/s of one core, and the time to unpack the panel (paid once per
- * unit of up to 512 tokens) by the GEMM's packer and the portable one. Matmuls: the Llama-3.2-1B projection shapes
- * (q/o 2048x2048, k/v 512x2048, gate/up 8192x2048, down 2048x8192) on Q4_K
- * weights (--type: another), with --exact the widening path instead, wall time, best of reps, for each thread count. What it
- * separates: the tile's own rate, the unpacking, and what the threads add
+ * token rows, thread CPU time, best of reps: GMAC/s of one core, and the
+ * time to unpack the panel (paid once per unit of up to 512 tokens) by the
+ * GEMM's packer and the portable one. Matmuls: the Llama-3.2-1B projection
+ * shapes (q/o 2048x2048, k/v 512x2048, gate/up 8192x2048, down 2048x8192)
+ * on Q4_K weights (--type: another; --exact: the widening path instead),
+ * wall time, best of reps, for each thread count. What it separates: the tile's own rate, the unpacking, and what the threads add
  * (run one-thread copies side by side, pinned, to see what the cores alone
  * give; history/26-cpu-16-threads.md). */
 #include "backend/cpu/cpu_kern.h"
@@ -123,7 +123,8 @@ static void bg_matmuls(int threads, int T, int reps, bool exact, lm_dtype wt_typ
         { "q/o", 2048, 2048 }, { "k/v", 512, 2048 }, { "gate/up", 8192, 2048 }, { "down", 2048, 8192 },
     };
     double layer = 0, layer_macs = 0;
-    printf("matmuls, %s, %d threads, %s:", lm_dtype_name(wt_type), threads, exact ? "exact (weights widened to f32)" : lm_cpu_qkern_for(lm_cpu_isa_detect())->name);
+    printf("matmuls, %s, %d threads, %s:", lm_dtype_name(wt_type), threads,
+           exact ? "exact (weights widened to f32)" : lm_cpu_qkern_for(lm_cpu_isa_detect())->name);
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         const int64_t O = shapes[k].O, I = shapes[k].I;
         uint8_t *w = bg_weight(wt_type, O, I, s);

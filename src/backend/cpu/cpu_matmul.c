@@ -312,14 +312,14 @@ static void lm_mm_q8_rows(void *v, int64_t t0, int64_t t1, int ith) {
     }
 }
 
-/* The panel kind of m's GEMM and its scratch; on the int8 path the
- * activations rounded to q8x (c->qx, shared by every weight on this x). */
 /* Whether the int8 GEMM takes weights of type t: a tile, a packer, and
  * codes within the tile's reach. */
 static bool lm_mm_int8_gemm(const lm_cpu *c, lm_dtype t) {
     return c->qk && c->qk->qgemm && lm_qblock_types[t].pack && lm_qblock_types[t].max_code <= c->qk->qgemm_max_code;
 }
 
+/* The panel kind of m's GEMM and its scratch; on the int8 path the
+ * activations rounded to q8x (c->qx, shared by every weight on this x). */
 static void lm_mm_gemm_prepare(lm_mm *m) {
     lm_cpu *c = m->c;
     if (lm_mm_int8_gemm(c, m->wt)) {
@@ -488,7 +488,7 @@ void lm_cpu_matmul_n(lm_backend *be, int n, lm_tensor *const *y, const lm_tensor
                      const lm_tensor *const *bias) {
     lm_cpu *c = lm_cpu_get(be);
     const bool gemm = x->rows >= c->k->gemm_min_tokens;
-    bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows > 0 && x->cols > 0 && c->qk && (!gemm || c->qk->qgemm);
+    bool set = n >= 2 && n <= LM_MM_SET_MAX && x->rows > 0 && x->cols > 0 && c->qk;
     for (int i = 0; set && i < n; i++)
         set = w[i]->rows > 0 && (gemm ? lm_mm_int8_gemm(c, w[i]->type) : c->qk->qgemv[w[i]->type] != NULL);
     if (!set) {
