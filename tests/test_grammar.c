@@ -267,3 +267,26 @@ LM_TEST(grammar_shared_prefix_one_stack) {
     lm_grammar_vocab_free(v);
     lm_grammar_unref(g);
 }
+
+/* A stack whose top may pop at once (a nullable rest: spaces before a
+ * digit) is keyed with its parent: after "a " only "1" may follow, after
+ * "b " only "2", though both tops are the same element of x and the
+ * matchers share the grammar's tables. */
+LM_TEST(grammar_tables_keyed_with_parent) {
+    lm_grammar *g = gbnf("root ::= \"a\" x \"1\" | \"b\" x \"2\"\nx ::= [ ]*\n");
+    LM_REQUIRE(g);
+    int n;
+    lm_grammar_vocab *v = small_vocab(&n);
+    static const char *texts[] = { "a ", "b ", "a  ", "b" };
+    for (size_t t = 0; t < LM_COUNT(texts); t++) {
+        lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+        LM_CHECK(lm_grammar_accept_bytes(m, texts[t], strlen(texts[t])));
+        LM_CHECK_MSG(mask_disagreements(m, n) == 0, "after '%s'", texts[t]);
+        lm_grammar_matcher_free(m);
+    }
+    lm_grammar_stats st;
+    lm_grammar_get_stats(g, &st);
+    LM_CHECK_MSG(st.tables >= 2, "%llu tables", (unsigned long long)st.tables);
+    lm_grammar_vocab_free(v);
+    lm_grammar_unref(g);
+}

@@ -205,6 +205,135 @@ LM_TEST(grammar_schema_corpus_masks_qwen3) {
     demo_vocab_free(&d);
 }
 
+/* ---- per-element tables against whole-stack walks ---- */
+
+/* A nested JSON document: any JSON (tree 0) or one valid for
+ * tree_recursive.json (tree 1: names of at most 10 characters, at most
+ * two children). */
+static void nested_doc(FILE *f, uint64_t *x, int depth, bool tree) {
+    static const char *keys[] = { "id", "items", "children", "value", "tags" };
+    static const char *words[] = { "alpha", "src/main.c", "Zürich", "a b" };
+    if (tree) {
+        fprintf(f, "{\"name\": \"%s\"", words[rnd(x) % LM_COUNT(words)]);
+        if (depth < 5 && rnd(x) % 4) {
+            const int n = 1 + (int)(rnd(x) % 2);
+            fputs(", \"children\": [", f);
+            for (int i = 0; i < n; i++) {
+                if (i) fputs(", ", f);
+                nested_doc(f, x, depth + 1, true);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
+        return;
+    }
+    const bool obj = depth == 0 || rnd(x) % 2;
+    const int n = 2 + (int)(rnd(x) % 2);
+    fputc(obj ? '{' : '[', f);
+    for (int i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        if (obj) fprintf(f, "\"%s\": ", keys[rnd(x) % LM_COUNT(keys)]);
+        const int kind = depth < 5 ? (int)(rnd(x) % 4) : 2 + (int)(rnd(x) % 2);
+        if (kind < 2) nested_doc(f, x, depth + 1, false);
+        else if (kind == 2) fprintf(f, "\"%s\"", words[rnd(x) % LM_COUNT(words)]);
+        else fprintf(f, "%d", (int)(rnd(x) % 2000) - 10);
+    }
+    fputc(obj ? '}' : ']', f);
+}
+
+/* Replays documents token by token through two compilations of schema,
+ * masks from tables on one and from whole-stack walks on the other: every
+ * mask equal, and every stride-th id (a moving residue) as accepting it
+ * says. Returns the steps compared; tables made and taken again into st. */
+static int replay_tables_vs_walks(const demo_vocab *d, const char *schema, bool tree, int docs, int *bad,
+                                  lm_grammar_stats *st) {
+    json_t *s = json_loads(schema, 0, NULL);
+    lm_grammar *g[2] = { NULL, NULL };
+    lm_err e = { { 0 } };
+    for (int i = 0; i < 2; i++)
+        if (!s || lm_grammar_from_schema(&g[i], s, &e)) {
+            json_decref(s);
+            lm_grammar_unref(g[0]);
+            *bad += 1;
+            return 0;
+        }
+    lm_grammar_set_tables(g[1], false);
+    const int words = lm_grammar_mask_words(d->n);
+    uint32_t *mask[2] = { malloc((size_t)words * 4), malloc((size_t)words * 4) };
+    int steps = 0;
+    for (int doc = 0; doc < docs; doc++) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        uint64_t x = (uint64_t)doc * 0x9E3779B97F4A7C15ull + 11;
+        nested_doc(f, &x, 0, tree);
+        fclose(f);
+        lm_tok_ids ids = { 0 };
+        if (lm_tokenizer_encode(d->tok, text, len, false, &ids, &e)) *bad += 1;
+        lm_grammar_matcher *m[2] = { lm_grammar_matcher_create(g[0], d->v), lm_grammar_matcher_create(g[1], d->v) };
+        for (size_t i = 0; i <= ids.n; i++, steps++) {
+            const int n0 = lm_grammar_mask(m[0], mask[0]), n1 = lm_grammar_mask(m[1], mask[1]);
+            *bad += n0 != n1 || memcmp(mask[0], mask[1], (size_t)words * 4) != 0;
+            for (int id = steps % d->stride; id < d->n; id += d->stride) {
+                const bool ok = lm_grammar_accept(m[0], id);
+                if (ok) lm_grammar_rollback(m[0], 1);
+                *bad += ok != ((mask[0][id >> 5] >> (id & 31)) & 1);
+            }
+            if (i == ids.n) break;
+            const bool a0 = lm_grammar_accept(m[0], ids.ids[i]), a1 = lm_grammar_accept(m[1], ids.ids[i]);
+            if (!a0 || !a1) {
+                fprintf(stderr, "  doc %d token %zu refused:\n%s\n", doc, i, text);
+                *bad += 1;
+                break;
+            }
+        }
+        if (!lm_grammar_can_end(m[0])) fprintf(stderr, "  doc %d does not end:\n%s\n", doc, text), *bad += 1;
+        lm_grammar_matcher_free(m[0]), lm_grammar_matcher_free(m[1]);
+        lm_tok_ids_free(&ids);
+        free(text);
+    }
+    lm_grammar_get_stats(g[0], st);
+    free(mask[0]), free(mask[1]);
+    lm_grammar_unref(g[0]), lm_grammar_unref(g[1]);
+    json_decref(s);
+    return steps;
+}
+
+/* Masks built from per-element tables (the tokens a stack's top elements
+ * allow whatever lies below, and the trie nodes where a path leaves them)
+ * equal masks walked with the whole stacks, on nested documents where each
+ * depth is a new stack set (json_object, a recursive schema) over the
+ * demo's vocabulary and Qwen3's; the tables are made once and taken again
+ * at other depths. */
+LM_TEST(grammar_schema_tables_equal_walks) {
+    static const char *tree_schema = "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":"
+                                     "\"string\",\"maxLength\":10},\"children\":{\"type\":\"array\",\"items\":{\"$ref\":"
+                                     "\"#/$defs/node\"},\"maxItems\":2}},\"required\":[\"name\"],\"additionalProperties\":"
+                                     "false}},\"$ref\":\"#/$defs/node\"}";
+    char *qwen3 = lm_test_fixture_path("tokenizers/qwen3");
+    const char *dirs[] = { "models/demo", qwen3 };
+    for (int k = 0; k < 2; k++) {
+        demo_vocab d;
+        if (!dirs[k] || !demo_vocab_load(&d, dirs[k], k ? 97 : 1)) {
+            LM_SKIP("%s", k ? lm_test_fixtures_why() : "models/demo/tokenizer.json not loadable");
+            continue;
+        }
+        for (int tree = 0; tree < 2; tree++) {
+            int bad = 0;
+            lm_grammar_stats st;
+            const int steps = replay_tables_vs_walks(&d, tree ? tree_schema : "{\"type\":\"object\"}", tree,
+                                                     6, &bad, &st);
+            LM_CHECK_MSG(bad == 0, "%s, %s: %d differences", dirs[k], tree ? "tree" : "json_object", bad);
+            LM_CHECK_MSG(steps >= 100, "%s: %d steps", dirs[k], steps);
+            LM_CHECK_MSG(st.tables > 0 && st.table_uses > st.tables, "%s, %s: %llu tables made, taken %llu times",
+                         dirs[k], tree ? "tree" : "json_object", (unsigned long long)st.tables,
+                         (unsigned long long)st.table_uses);
+        }
+        demo_vocab_free(&d);
+    }
+    free(qwen3);
+}
+
 LM_TEST(grammar_schema_unsupported_named) {
     static const struct {
         const char *schema, *names;

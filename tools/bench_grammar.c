@@ -1,7 +1,7 @@
 /* bench_grammar.c - structured output's costs (issue #32).
  *
  *   bench_grammar [--tokenizer DIR] [--model DIR] [--threads N] [--device cpu|cuda] [--requests N]
- *                 [--only-ahead 1]
+ *                 [--only-ahead 1] [--only-masks 1]
  *
  * 1. Token masks over a real vocabulary (default: the Qwen3 tokenizer of
  *    ../shared/fixtures, 151,669 ids): the vocabulary's trie build, each
@@ -9,7 +9,12 @@
  *    walks per schema through fresh grammars (the mask cache starts cold),
  *    every lm_grammar_mask timed: p50 / p99 / mean / max, and the same for
  *    the misses alone (masks computed, not found in the cache). The same
- *    for a Hermes tool-call grammar of 250 generated tools.
+ *    for nested documents replayed token by token through response_format
+ *    json_object's grammar (each depth a new stack set), and for a Hermes
+ *    tool-call grammar of 250 generated tools. Each twice:
+ *    misses built from per-element tables (the default) and by walking
+ *    the vocabulary with the whole stacks, on the same walks (a hash of
+ *    every mask says whether both ways gave the same masks).
  * 2. Decode on the demo model through the engine (greedy, 1 request):
  *    tokens per second without a grammar, with a JSON schema, and with the
  *    250-tool call grammar (each the median ratio of 9 rounds of one run
@@ -21,7 +26,7 @@
  *    --requests (4) constrained requests at once, 7 rounds alternating
  *    which goes first.
  * Parts 2 and 3 run the model on --device (cpu; cuda: the first GPU);
- * --only-ahead 1 runs part 3 alone. */
+ * --only-ahead 1 runs part 3 alone; --only-masks 1 part 1 alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,8 +86,9 @@ static uint64_t rnd(uint64_t *x) {
 
 /* Random walks (as tests/test_grammar_schemas.c) timing every mask. */
 static void walks(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, int32_t end, int n_walks, times *all,
-                  times *miss) {
-    uint32_t *mask = malloc((size_t)lm_grammar_mask_words(n_vocab) * 4);
+                  times *miss, uint64_t *hash) {
+    const int words = lm_grammar_mask_words(n_vocab);
+    uint32_t *mask = malloc((size_t)words * 4);
     int32_t *ids = malloc((size_t)n_vocab * sizeof *ids);
     for (int w = 0; w < n_walks; w++) {
         lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
@@ -96,6 +102,7 @@ static void walks(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, int32_t
             lm_grammar_get_stats(g, &s1);
             t_add(all, dt);
             if (s1.mask_hits == s0.mask_hits) t_add(miss, dt);
+            for (int i = 0; i < words; i++) *hash = (*hash ^ mask[i]) * 0x100000001B3ull;
             int n = 0;
             for (int id = 0; id < n_vocab; id++)
                 if ((mask[id >> 5] >> (id & 31)) & 1) ids[n++] = id;
@@ -108,6 +115,65 @@ static void walks(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, int32_t
         lm_grammar_matcher_free(m);
     }
     free(mask), free(ids);
+}
+
+/* A nested JSON document (objects and arrays down to depth 6, strings,
+ * numbers, literals), as a model answering response_format json_object
+ * might write it. */
+static void nested_json(FILE *f, uint64_t *x, int depth) {
+    static const char *keys[] = { "id", "name", "items", "config", "children", "value", "tags", "meta" };
+    static const char *words[] = { "alpha", "build the index", "src/main.c", "ok", "Zürich", "two words" };
+    const bool obj = rnd(x) % 2 == 0;
+    const int n = 2 + (int)(rnd(x) % 3);
+    fputc(obj ? '{' : '[', f);
+    for (int i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        if (obj) fprintf(f, "\"%s\": ", keys[rnd(x) % LM_COUNT(keys)]);
+        const int kind = depth < 6 ? (int)(rnd(x) % 5) : 2 + (int)(rnd(x) % 3);
+        if (kind < 2) nested_json(f, x, depth + 1);
+        else if (kind == 2) fprintf(f, "\"%s\"", words[rnd(x) % LM_COUNT(words)]);
+        else if (kind == 3) fprintf(f, "%d", (int)(rnd(x) % 20000) - 100);
+        else fputs(rnd(x) % 2 ? "true" : "null", f);
+    }
+    fputc(obj ? '}' : ']', f);
+}
+
+/* Masks timed at every token of a nested document (the root an object),
+ * as the tokenizer splits it. */
+static void replay(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, lm_tokenizer *tok, uint64_t seed,
+                   times *all, times *miss, uint64_t *hash) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+    fputs("{\"result\": ", f);
+    nested_json(f, &x, 1);
+    fputc('}', f);
+    fclose(f);
+    lm_tok_ids ids = { 0 };
+    lm_err e = { { 0 } };
+    const int words = lm_grammar_mask_words(n_vocab);
+    uint32_t *mask = malloc((size_t)words * 4);
+    lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
+    if (!lm_tokenizer_encode(tok, text, len, false, &ids, &e))
+        for (size_t i = 0; i < ids.n; i++) {
+            lm_grammar_stats s0, s1;
+            lm_grammar_get_stats(g, &s0);
+            double t0 = lm_now();
+            lm_grammar_mask(m, mask);
+            double dt = lm_now() - t0;
+            lm_grammar_get_stats(g, &s1);
+            t_add(all, dt);
+            if (s1.mask_hits == s0.mask_hits) t_add(miss, dt);
+            for (int w = 0; w < words; w++) *hash = (*hash ^ mask[w]) * 0x100000001B3ull;
+            if (!lm_grammar_accept(m, ids.ids[i])) {
+                fprintf(stderr, "replay: token %zu of %zu refused\n", i, ids.n);
+                break;
+            }
+        }
+    lm_grammar_matcher_free(m);
+    lm_tok_ids_free(&ids);
+    free(mask), free(text);
 }
 
 /* A Hermes call grammar over n generated tools (constrain.c's form). */
@@ -317,7 +383,7 @@ int main(int argc, char **argv) {
     const char *tok_dir = "../shared/fixtures/tokenizers/qwen3", *model_dir = "models/demo";
     int threads = 2;
     const char *device = "cpu";
-    bool only_ahead = false;
+    bool only_ahead = false, only_masks = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--tokenizer")) tok_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
@@ -325,6 +391,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else if (!strcmp(argv[i], "--requests")) n_requests = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--only-ahead")) only_ahead = atoi(argv[i + 1]) != 0;
+        else if (!strcmp(argv[i], "--only-masks")) only_masks = atoi(argv[i + 1]) != 0;
     }
     if (n_requests < 1 || n_requests > 64 || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
         fprintf(stderr, "bench_grammar: --requests 1..64, --device cpu|cuda\n");
@@ -339,49 +406,79 @@ int main(int argc, char **argv) {
     lm_grammar_vocab *v = vocab_of(tok, n, end);
     printf("vocabulary %s: %d ids, trie built in %.1f ms\n", tok_dir, n, (lm_now() - t0) * 1e3);
 
-    times all = { 0 }, miss = { 0 }, compile = { 0 };
-    DIR *dir = opendir("tests/data/schemas");
-    struct dirent *de;
-    printf("compile (best of 5):\n");
-    while (!only_ahead && dir && (de = readdir(dir))) {
-        if (!strstr(de->d_name, ".json")) continue;
-        char path[512];
-        snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
-        json_t *s = json_load_file(path, 0, NULL);
-        double best = 1e9;
-        lm_grammar *g = NULL;
-        for (int k = 0; k < 5; k++) {
-            lm_grammar_unref(g);
-            double c0 = lm_now();
-            if (lm_grammar_from_schema(&g, s, &e)) return fprintf(stderr, "%s: %s\n", path, e.msg), 1;
-            double dt = lm_now() - c0;
-            best = dt < best ? dt : best;
-        }
-        t_add(&compile, best);
-        lm_grammar_stats st;
-        lm_grammar_get_stats(g, &st);
-        printf("  %-24s %7.3f ms  (%d rules, %d elements)\n", de->d_name, best * 1e3, st.rules, st.elements);
-        walks(g, v, n, end, 8, &all, &miss);
-        lm_grammar_unref(g);
-        json_decref(s);
-    }
-    if (dir) closedir(dir);
-    printf("masks over %d ids, 8 walks per schema, cold cache per schema:\n", n);
-    t_print("every mask", &all);
-    t_print("computed (cache misses)", &miss);
-
+    times compile = { 0 };
     char *tg = tools_gbnf(250);
-    lm_grammar *tools = NULL;
-    t0 = lm_now();
-    if (lm_grammar_from_gbnf(&tools, tg, strlen(tg), &e)) return fprintf(stderr, "250 tools: %s\n", e.msg), 1;
-    printf("250 tools: %zu bytes of GBNF compiled in %.1f ms\n", strlen(tg), (lm_now() - t0) * 1e3);
-    times tall = { 0 }, tmiss = { 0 };
-    if (!only_ahead) walks(tools, v, n, end, 8, &tall, &tmiss);
-    t_print("250 tools, every mask", &tall);
-    t_print("250 tools, computed", &tmiss);
-    lm_grammar_unref(tools);
+    for (int way = 0; way < 2 && !only_ahead; way++) { /* 0: tables, 1: whole-stack walks */
+        times all = { 0 }, miss = { 0 }, tall = { 0 }, tmiss = { 0 };
+        uint64_t hash = 0xCBF29CE484222325ull, made = 0, uses = 0;
+        DIR *dir = opendir("tests/data/schemas");
+        struct dirent *de;
+        if (!way) printf("compile (best of 5):\n");
+        while (dir && (de = readdir(dir))) {
+            if (!strstr(de->d_name, ".json")) continue;
+            char path[512];
+            snprintf(path, sizeof path, "tests/data/schemas/%s", de->d_name);
+            json_t *s = json_load_file(path, 0, NULL);
+            double best = 1e9;
+            lm_grammar *g = NULL;
+            for (int k = 0; k < (way ? 1 : 5); k++) {
+                lm_grammar_unref(g);
+                double c0 = lm_now();
+                if (lm_grammar_from_schema(&g, s, &e)) return fprintf(stderr, "%s: %s\n", path, e.msg), 1;
+                double dt = lm_now() - c0;
+                best = dt < best ? dt : best;
+            }
+            lm_grammar_stats st;
+            lm_grammar_get_stats(g, &st);
+            if (!way) {
+                t_add(&compile, best);
+                printf("  %-24s %7.3f ms  (%d rules, %d elements)\n", de->d_name, best * 1e3, st.rules, st.elements);
+            }
+            lm_grammar_set_tables(g, !way);
+            walks(g, v, n, end, 8, &all, &miss, &hash);
+            lm_grammar_get_stats(g, &st);
+            made += st.tables, uses += st.table_uses;
+            lm_grammar_unref(g);
+            json_decref(s);
+        }
+        if (dir) closedir(dir);
+        printf("masks over %d ids, 8 walks per schema, cold cache per schema, %s:\n", n,
+               way ? "misses walked with the whole stacks" : "misses from per-element tables");
+        t_print("every mask", &all);
+        t_print("computed (cache misses)", &miss);
+        if (!way) printf("  tables made %llu, taken again %llu\n", (unsigned long long)made, (unsigned long long)uses);
+        /* response_format json_object: a nested document replayed token by token */
+        times jall = { 0 }, jmiss = { 0 };
+        json_t *any = json_pack("{s:s}", "type", "object");
+        for (int doc = 0; doc < 8; doc++) {
+            lm_grammar *jg = NULL;
+            if (lm_grammar_from_schema(&jg, any, &e)) return fprintf(stderr, "json_object: %s\n", e.msg), 1;
+            lm_grammar_set_tables(jg, !way);
+            replay(jg, v, n, tok, (uint64_t)doc + 1, &jall, &jmiss, &hash);
+            lm_grammar_unref(jg);
+        }
+        t_print("json_object replay, every mask", &jall);
+        t_print("json_object replay, computed", &jmiss);
+        json_decref(any);
+        free(jall.v), free(jmiss.v);
+        lm_grammar *tools = NULL;
+        t0 = lm_now();
+        if (lm_grammar_from_gbnf(&tools, tg, strlen(tg), &e)) return fprintf(stderr, "250 tools: %s\n", e.msg), 1;
+        if (!way) printf("250 tools: %zu bytes of GBNF compiled in %.1f ms\n", strlen(tg), (lm_now() - t0) * 1e3);
+        lm_grammar_set_tables(tools, !way);
+        walks(tools, v, n, end, 8, &tall, &tmiss, &hash);
+        t_print("250 tools, every mask", &tall);
+        t_print("250 tools, computed", &tmiss);
+        printf("  hash of every mask: %016llx\n", (unsigned long long)hash);
+        free(all.v), free(miss.v), free(tall.v), free(tmiss.v);
+        lm_grammar_unref(tools);
+    }
     lm_grammar_vocab_free(v);
     lm_tokenizer_free(tok);
+    if (only_masks) {
+        free(tg), free(compile.v);
+        return 0;
+    }
 
     /* decode on the demo model */
     lm_tokenizer *dt = NULL;
@@ -441,6 +538,6 @@ int main(int argc, char **argv) {
     lm_model_free(m);
     lm_backend_destroy(be);
     lm_tokenizer_free(dt);
-    free(all.v), free(miss.v), free(compile.v), free(tall.v), free(tmiss.v);
+    free(compile.v);
     return 0;
 }

@@ -447,6 +447,11 @@ int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     for (int r = 0; r < b->n_rules; r++) factor_rule(b, r); /* rules it makes are factored in turn */
     int start_rule = gb_anon(b); /* start ::= root: the first stack's top */
     gb_push(b, start_rule, G_REF, root);
+    /* the context sentinel of mask.c's tables: any byte, then the end */
+    int ctx_rule = gb_anon(b);
+    g_set any;
+    memset(&any, 0xFF, sizeof any);
+    gb_bytes(b, ctx_rule, &any);
 
     lm_grammar *g = lm_xcalloc(1, sizeof *g);
     atomic_init(&g->refs, 1);
@@ -468,6 +473,7 @@ int gb_finish(g_builder *b, int root, lm_grammar **out, lm_err *e) {
     b->n_sets = b->cap_sets = 0;
     g->root = root;
     g->start = g->rule_start[start_rule];
+    g->ctx = g->rule_start[ctx_rule];
     first_sets(g);
     g->st.rules = g->n_rules;
     g->st.elements = g->n_el;
@@ -486,6 +492,7 @@ void lm_grammar_unref(lm_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     for (int i = 0; i < g->cache_cap; i++) free(g->cache[i].mask);
     free(g->cache);
+    g_tables_free(g);
     pthread_mutex_destroy(&g->mu);
     free(g->el);
     free(g->rule_start);

@@ -86,6 +86,8 @@ int lm_regex_rule(g_builder *b, const char *re, size_t len, bool json_string, in
 
 /* ---- the compiled grammar ---- */
 
+typedef struct g_table_ent g_table_ent;
+
 typedef struct g_cache_ent {
     uint64_t k1, k2;  /* 0, 0: empty */
     uint32_t *mask;   /* [mask words] */
@@ -102,6 +104,7 @@ struct lm_grammar {
     int n_sets;
     int root;
     int32_t start;       /* the element that references root: the first stack's top */
+    int32_t ctx;         /* the context sentinel (mask.c's tables): a set of every byte, then G_END */
     /* per element p: the bytes that can come first from p to the end of its
      * alternative, and whether that rest can match nothing */
     g_set *first;        /* [n_el] */
@@ -111,6 +114,11 @@ struct lm_grammar {
     const lm_grammar_vocab *cache_vocab;
     g_cache_ent *cache;
     int cache_cap, cache_n;
+    /* per-element tables (mask.c), by the key of a stack's top elements */
+    struct g_table_ent *tab;
+    int tab_cap, tab_n;
+    size_t tab_bytes;
+    bool tables_off;
     lm_grammar_stats st;
 };
 
@@ -152,6 +160,9 @@ struct lm_grammar_matcher {
     int n_hist, cap_hist;
     g_ids hist_ids;
     g_ids tmp;           /* run_bytes, forced */
+    g_ids roots;         /* the mask from tables (mask.c): trie nodes that need the whole stacks */
+    uint32_t *scratch;   /* a table's mask while it is made, kept zero */
+    int scratch_words;
     /* the mask walk (mask.c): sets by trie depth */
     g_ids lvl;
     int *lvl_start, *lvl_n, *lvl_nodes;
@@ -170,13 +181,17 @@ struct lm_grammar_matcher {
     uint64_t probe[4];
 };
 
+/* A new node (the arena grows; truncate m->n_nodes to drop it). */
+int32_t gm_node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent);
 /* Appends to out (deduplicated from out->base) the stacks of the set
  * out->v[in_off, in_off + n) after byte c. */
 void gm_advance(lm_grammar_matcher *m, int in_off, int n, uint8_t c, g_ids *out);
 /* Whether some stack of out->v[off, off + n) can end the grammar here. */
 bool gm_accepting(const lm_grammar_matcher *m, const int32_t *ids, int n);
 
-/* ---- vocabulary (mask.c) ---- */
+/* ---- vocabulary and tables (mask.c) ---- */
+
+void g_tables_free(lm_grammar *g);
 
 bool gv_is_end(const lm_grammar_vocab *v, int32_t id);
 /* Token id's bytes, or NULL when the grammar never produces it. */

@@ -20,9 +20,13 @@
  * string's characters, counted or not: mask.c's chain). Masks are cached per
  * grammar by the stack set they were computed for: a JSON value revisits a
  * few states (inside a string, after a comma, ...) again and again, and
- * each is computed once. PCRE2 cannot drive this (it matches a subject, it
- * does not say which next bytes keep a match possible), hence the automaton
- * here.
+ * each is computed once. A set the cache lacks is put together from tables
+ * of its stacks' top elements (the tokens that stay inside them, which no
+ * stack below can change, computed once per grammar) and a walk of only
+ * the trie nodes where a token leaves them: a nested document meets a new
+ * stack set at every depth, but the same few tables. PCRE2 cannot drive
+ * this (it matches a subject, it does not say which next bytes keep a
+ * match possible), hence the automaton here.
  *
  * Accepting tokens: a token is allowed when every one of its bytes is; the
  * vocabulary's end tokens (eos) only when the grammar can end there. A
@@ -109,10 +113,15 @@ int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap);
 
 typedef struct lm_grammar_stats {
     uint64_t masks, mask_hits;  /* masks computed, of which from the cache */
+    uint64_t tables, table_uses; /* per-element tables made, and taken as made before */
     double mask_s;              /* seconds spent in lm_grammar_mask */
     double compile_s;           /* seconds the compile took */
     int rules, elements;
 } lm_grammar_stats;
 void lm_grammar_get_stats(lm_grammar *g, lm_grammar_stats *s);
+/* Whether a mask the cache lacks is built from per-element tables (the
+ * default) or by walking the vocabulary with the whole stacks; the masks
+ * are the same. For tests and benchmarks. */
+void lm_grammar_set_tables(lm_grammar *g, bool on);
 
 #endif

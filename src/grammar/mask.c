@@ -13,7 +13,18 @@
  *
  * Masks are cached per grammar under a 128-bit hash of the stack set (the
  * element positions of every stack, top to bottom, in a canonical order):
- * equal stacks allow equal tokens, wherever they were reached from. */
+ * equal stacks allow equal tokens, wherever they were reached from.
+ *
+ * A set the cache lacks is built from per-element tables. A stack's top
+ * elements (the top, and those below it for as long as what is above can
+ * match nothing) decide alone every token whose bytes stay inside them:
+ * the context-independent tokens. The table of such a key walks the trie
+ * once from those elements over a sentinel parent that takes any byte and
+ * marks the stack as having left: it holds the tokens allowed without
+ * leaving, and the trie nodes where a path left. A mask is the union of
+ * its stacks' tables plus a walk with the whole stacks restricted to the
+ * subtrees of those nodes, so a JSON value's body is one table however
+ * many keys or nesting levels lead to it. */
 #define _GNU_SOURCE /* qsort_r */
 #include <stdlib.h>
 #include <string.h>
@@ -226,9 +237,15 @@ void lm_grammar_vocab_free(lm_grammar_vocab *v) {
 
 /* ---- the walk ---- */
 
-static int allow_tokens(const lm_grammar_vocab *v, int32_t id, uint32_t *mask) {
+/* Sets token id's bit; [*lo, *hi) grows to hold its word. */
+static inline void allow(uint32_t *mask, int32_t id, int *lo, int *hi) {
+    mask[id >> 5] |= 1u << (id & 31);
+    *lo = LM_MIN(*lo, id >> 5), *hi = LM_MAX(*hi, (id >> 5) + 1);
+}
+
+static int allow_tokens(const lm_grammar_vocab *v, int32_t id, uint32_t *mask, int *lo, int *hi) {
     int n = 0;
-    for (; id >= 0; id = v->tok_next[id], n++) mask[id >> 5] |= 1u << (id & 31);
+    for (; id >= 0; id = v->tok_next[id], n++) allow(mask, id, lo, hi);
     return n;
 }
 
@@ -244,6 +261,28 @@ static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
 /* Past this many stacks a chain set is not kept (the walk advances as usual). */
 #define G_CHAIN_STACKS 64
 
+/* What a walk starts from and what it leaves out. */
+typedef struct g_walk {
+    const int32_t *start; /* the set at depth 0 */
+    int n_start;
+    /* >= 0 (a table's walk): a stack whose top is element esc has left the
+     * rule (the sentinel took a byte): the node goes to deps and its
+     * subtree is not walked */
+    int32_t esc;
+    g_ids *deps;
+    /* non-NULL: only subtrees that hold one of these nodes (sorted) */
+    const int32_t *roots;
+    int n_roots;
+    int lo, hi; /* out: the mask words the walk set bits in */
+} g_walk;
+
+/* Whether a stack of ids[0, n) has its top at element pos. */
+static bool has_top(const lm_grammar_matcher *m, const int32_t *ids, int n, int32_t pos) {
+    for (int i = 0; i < n; i++)
+        if (m->nodes[ids[i]].pos == pos) return true;
+    return false;
+}
+
 /* The chain: most of a mask is tokens of "ordinary" bytes (the characters
  * of a JSON string), each of which takes the set down the same path. C[0]
  * is the current set and C[d + 1] the set after byte r from C[d]; while
@@ -255,14 +294,14 @@ static bool same_stack(const lm_grammar_matcher *m, int32_t x, int32_t y) {
  * with maxLength is such a chain (each character count its own set); a
  * string without is one whose sets repeat (C[1] = C[0]), and then every
  * depth reuses it without stepping again. */
-static void chain(lm_grammar_matcher *m, int max_depth) {
+static void chain(lm_grammar_matcher *m, int max_depth, const g_walk *w) {
     g_ids *C = &m->ch;
     C->n = C->base = 0;
     m->ch_len = 0;
     memset(m->ch_dead, 0, sizeof m->ch_dead);
-    m->ch_off[0] = 0, m->ch_n[0] = m->cur.n;
+    m->ch_off[0] = 0, m->ch_n[0] = w->n_start;
     memset(m->ch_u8, -1, (size_t)max_depth + 1);
-    for (int i = 0; i < m->cur.n; i++) g_ids_push(C, m->cur.v[i]);
+    for (int i = 0; i < w->n_start; i++) g_ids_push(C, w->start[i]);
     static const char reps[] = "e0a \"{";
     uint8_t r = 0;
     uint64_t k[2] = { ~0ull, ~0ull };
@@ -280,6 +319,10 @@ static void chain(lm_grammar_matcher *m, int max_depth) {
         const int n2 = C->n - C->base;
         if (n2 == 0) { /* the chain ends here for every byte like r */
             memcpy(m->ch_dead, m->probe, sizeof m->ch_dead);
+            return;
+        }
+        if (w->esc >= 0 && has_top(m, C->v + C->base, n2, w->esc)) { /* a table's: stop before leaving the rule */
+            C->n = C->base;
             return;
         }
         k[0] &= m->probe[0], k[1] &= m->probe[1];
@@ -392,25 +435,34 @@ static int chain_subtree(lm_grammar_matcher *m, int k, int j) {
     return n == v->u8_chars[k] ? 1 : 2;
 }
 
-static int walk(lm_grammar_matcher *m, uint32_t *mask) {
+static int walk(lm_grammar_matcher *m, g_walk *w, uint32_t *mask) {
     const lm_grammar_vocab *v = m->v;
     walk_alloc(m, v->max_depth);
     const int mark0 = m->n_nodes;
-    chain(m, v->max_depth);
+    chain(m, v->max_depth, w);
     const int mark = m->n_nodes; /* the chain's nodes stay until the walk ends */
     g_ids *L = &m->lvl;
     L->n = 0;
-    for (int i = 0; i < m->cur.n; i++) g_ids_push(L, m->cur.v[i]);
+    for (int i = 0; i < w->n_start; i++) g_ids_push(L, w->start[i]);
     m->lvl_start[0] = 0, m->lvl_n[0] = L->n, m->lvl_nodes[0] = mark, m->lvl_chain[0] = 0;
-    int allowed = 0;
+    int allowed = 0, ri = 0, inside = 0; /* restricted: the next root; the end of the root's subtree we are in */
+    int lo = INT32_MAX, hi = 0;
     for (int k = 0; k < v->n_tn;) {
+        if (w->roots && k >= inside) {
+            while (ri < w->n_roots && w->roots[ri] < k) ri++;
+            if (ri == w->n_roots || w->roots[ri] >= v->tn_next[k]) { /* no root below */
+                k = v->tn_next[k];
+                continue;
+            }
+            if (w->roots[ri] == k) inside = v->tn_next[k];
+        }
         const int d = v->tn_depth[k], j = m->lvl_chain[d - 1];
         const uint8_t b = v->tn_byte[k];
         const int how = j >= 0 ? chain_subtree(m, k, j) : 0;
         if (how) { /* j == d - 1 ASCII characters lead here: a token's count is its own */
             for (int i = v->tn_lo[k]; i < v->tn_lo[v->tn_next[k]]; i++)
                 if (how == 1 || v->ord_chars[i] <= m->ch_len) {
-                    mask[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
+                    allow(mask, v->order[i], &lo, &hi);
                     allowed++;
                 }
             k = v->tn_next[k];
@@ -427,12 +479,235 @@ static int walk(lm_grammar_matcher *m, uint32_t *mask) {
         }
         m->lvl_n[d] = L->n - m->lvl_start[d];
         m->lvl_nodes[d] = m->n_nodes;
-        if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask);
+        if (w->esc >= 0 && has_top(m, L->v + m->lvl_start[d], m->lvl_n[d], w->esc)) { /* left the rule */
+            g_ids_push(w->deps, k);
+            k = v->tn_next[k];
+            continue;
+        }
+        if (m->lvl_n[d] > 0) allowed += allow_tokens(v, v->tn_tok[k], mask, &lo, &hi);
         k = m->lvl_n[d] > 0 ? k + 1 : v->tn_next[k];
     }
     m->n_nodes = mark0;
     L->base = 0;
+    w->lo = LM_MIN(lo, hi), w->hi = hi;
     return allowed;
+}
+
+static uint64_t mix(uint64_t h, uint64_t x);
+
+/* ---- per-element tables ---- */
+
+/* Past this many stacks a mask is walked with the whole set instead. */
+#define G_TABLE_STACKS 16
+/* The tables of one grammar hold at most this many bytes. */
+#define G_TABLE_BYTES (64u << 20)
+/* A key holds at most this many elements (a stack's top ones). */
+#define G_TABLE_DEPTH 8
+
+/* The tokens a stack's top elements allow without leaving the lowest of
+ * them (ids when few, else mask words [lo, hi)), and the trie nodes where
+ * a path leaves it. */
+typedef struct g_table {
+    int32_t *ids;
+    int n_ids;       /* -1: words */
+    uint32_t *words;
+    int lo, hi, n_allowed;
+    int32_t *deps;
+    int n_deps;
+} g_table;
+
+struct g_table_ent {
+    uint64_t k1, k2; /* 0, 0: empty */
+    g_table *t;
+};
+
+static void table_free(g_table *t) {
+    if (!t) return;
+    free(t->ids), free(t->words), free(t->deps), free(t);
+}
+
+void g_tables_free(lm_grammar *g) {
+    for (int i = 0; i < g->tab_cap; i++) table_free(g->tab[i].t);
+    free(g->tab);
+    g->tab = NULL;
+    g->tab_cap = g->tab_n = 0;
+    g->tab_bytes = 0;
+}
+
+void lm_grammar_set_tables(lm_grammar *g, bool on) {
+    pthread_mutex_lock(&g->mu);
+    g->tables_off = !on;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Stack id's key: its top element, and the ones below for as long as
+ * what is above can match nothing (a stack whose top may pop at once
+ * depends on its parent from the first byte on). */
+static int table_key(const lm_grammar_matcher *m, int32_t id, int32_t *pos, uint64_t *k1, uint64_t *k2) {
+    int n = 0;
+    uint64_t a = 5, b = 0x2545F4914F6CDD1Dull;
+    for (; id >= 0 && n < G_TABLE_DEPTH; id = m->nodes[id].parent) {
+        pos[n++] = m->nodes[id].pos;
+        a = mix(a, (uint64_t)m->nodes[id].pos);
+        b = mix(b ^ 0x5A5A5A5Au, (uint64_t)m->nodes[id].pos * 0x9E3779B1u);
+        if (!m->g->nullable[m->nodes[id].pos]) break;
+    }
+    *k1 = a | 1, *k2 = b;
+    return n;
+}
+
+static g_table_ent *table_find(lm_grammar *g, uint64_t k1, uint64_t k2) {
+    if (!g->tab_cap) return NULL;
+    for (int i = (int)(k1 & (uint64_t)(g->tab_cap - 1));; i = (i + 1) & (g->tab_cap - 1)) {
+        g_table_ent *c = &g->tab[i];
+        if (!c->k1 || (c->k1 == k1 && c->k2 == k2)) return c;
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("popcnt"))) static int popcount_hw(const uint64_t *w, int n) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += __builtin_popcountll(w[i]);
+    return c;
+}
+#endif
+
+/* Bits set in mask[0, words). */
+static int count_bits(const uint32_t *mask, int words) {
+    int c = 0, i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("popcnt")) {
+        uint64_t w[64];
+        for (; i + 128 <= words; i += 128) {
+            memcpy(w, mask + i, sizeof w);
+            c += popcount_hw(w, 64);
+        }
+    }
+#endif
+    for (; i < words; i++) c += __builtin_popcount(mask[i]);
+    return c;
+}
+
+/* The table of the stack's top elements pos[0, n) (pos[0] the top): a
+ * walk from them over the sentinel; scratch [words] is left zero. */
+static g_table *table_make(lm_grammar_matcher *m, const int32_t *pos, int n, uint32_t *scratch) {
+    const int mark = m->n_nodes;
+    int32_t top = gm_node_new(m, m->g->ctx, -1);
+    for (int i = n - 1; i >= 0; i--) top = gm_node_new(m, pos[i], top);
+    g_ids deps = { 0 };
+    g_table *t = lm_xcalloc(1, sizeof *t);
+    g_walk w = { .start = &top, .n_start = 1, .esc = m->g->ctx + 1, .deps = &deps };
+    t->n_allowed = walk(m, &w, scratch);
+    m->n_nodes = mark;
+    t->deps = deps.v, t->n_deps = deps.n;
+    const int lo = w.lo, hi = w.hi;
+    if (t->n_allowed <= (hi - lo) * 2) { /* few: as ids */
+        t->ids = lm_xmalloc((size_t)(t->n_allowed + 1) * sizeof *t->ids);
+        for (int i = lo; i < hi; i++)
+            for (uint32_t x = scratch[i]; x; x &= x - 1) t->ids[t->n_ids++] = i * 32 + __builtin_ctz(x);
+    } else {
+        t->n_ids = -1;
+        t->lo = lo, t->hi = hi;
+        t->words = lm_xmalloc((size_t)(hi - lo) * sizeof *t->words);
+        memcpy(t->words, scratch + lo, (size_t)(hi - lo) * sizeof *t->words);
+    }
+    memset(scratch + lo, 0, (size_t)(hi - lo) * sizeof *scratch);
+    return t;
+}
+
+static size_t table_bytes(const g_table *t) {
+    return sizeof *t + (size_t)LM_MAX(t->n_ids, 0) * 4 + (size_t)(t->n_ids < 0 ? t->hi - t->lo : 0) * 4 +
+           (size_t)t->n_deps * 4;
+}
+
+/* Adds t's tokens to mask and its nodes to m->roots. */
+static void table_use(lm_grammar_matcher *m, const g_table *t, uint32_t *mask) {
+    if (t->n_ids >= 0)
+        for (int i = 0; i < t->n_ids; i++) mask[t->ids[i] >> 5] |= 1u << (t->ids[i] & 31);
+    else
+        for (int i = t->lo; i < t->hi; i++) mask[i] |= t->words[i - t->lo];
+    for (int i = 0; i < t->n_deps; i++) g_ids_push(&m->roots, t->deps[i]);
+}
+
+/* Keeps t under key (k1, k2) (the caller holds g->mu); false when another
+ * thread was first (t is then the caller's to free). */
+static bool table_put(lm_grammar *g, uint64_t k1, uint64_t k2, g_table *t) {
+    const size_t bytes = table_bytes(t);
+    g_table_ent *c = table_find(g, k1, k2);
+    if (c && c->k1) return false;
+    if (g->tab_bytes + bytes > G_TABLE_BYTES || 2 * (g->tab_n + 1) > g->tab_cap) {
+        if (g->tab_bytes + bytes > G_TABLE_BYTES || g->tab_cap >= (1 << 20)) { /* full: start over */
+            const int cap = g->tab_cap;
+            g_tables_free(g);
+            g->tab_cap = cap;
+        } else { /* grow */
+            g_table_ent *old = g->tab;
+            const int cap = g->tab_cap;
+            g->tab_cap = cap ? cap * 2 : 256;
+            g->tab = lm_xcalloc((size_t)g->tab_cap, sizeof *g->tab);
+            for (int i = 0; i < cap; i++)
+                if (old[i].k1) *table_find(g, old[i].k1, old[i].k2) = old[i];
+            free(old);
+        }
+        if (!g->tab) g->tab = lm_xcalloc((size_t)g->tab_cap, sizeof *g->tab);
+    }
+    c = table_find(g, k1, k2);
+    c->k1 = k1, c->k2 = k2, c->t = t;
+    g->tab_n++;
+    g->tab_bytes += bytes;
+    g->st.tables++;
+    return true;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The mask of the current set from its stacks' tables, then a walk of the
+ * nodes where they leave their keys; returns how many are allowed. */
+static int mask_by_tables(lm_grammar_matcher *m, uint32_t *mask, int words) {
+    lm_grammar *g = m->g;
+    m->roots.n = 0;
+    int used = 0, last_n = 0;
+    for (int i = 0; i < m->cur.n; i++) {
+        const int32_t id = m->cur.v[i], top = m->nodes[id].pos;
+        if (g->el[top].type == G_END || g->el[top].type == G_ALT) continue; /* the grammar has ended: no byte */
+        int32_t pos[G_TABLE_DEPTH];
+        uint64_t k1, k2;
+        const int n = table_key(m, id, pos, &k1, &k2);
+        pthread_mutex_lock(&g->mu);
+        const g_table_ent *c = table_find(g, k1, k2);
+        const bool have = c && c->k1;
+        if (have) table_use(m, c->t, mask), g->st.table_uses++, last_n = c->t->n_allowed;
+        pthread_mutex_unlock(&g->mu);
+        used++;
+        if (have) continue;
+        if (m->scratch_words < words) {
+            free(m->scratch);
+            m->scratch = lm_xcalloc((size_t)words, sizeof *m->scratch);
+            m->scratch_words = words;
+        }
+        g_table *t = table_make(m, pos, n, m->scratch);
+        table_use(m, t, mask);
+        last_n = t->n_allowed;
+        pthread_mutex_lock(&g->mu);
+        const bool kept = table_put(g, k1, k2, t);
+        pthread_mutex_unlock(&g->mu);
+        if (!kept) table_free(t);
+    }
+    g_ids *r = &m->roots;
+    if (!r->n && used <= 1) return used ? last_n : 0;
+    if (r->n) {
+        qsort(r->v, (size_t)r->n, sizeof *r->v, cmp_i32);
+        int n = 1;
+        for (int i = 1; i < r->n; i++)
+            if (r->v[i] != r->v[n - 1]) r->v[n++] = r->v[i];
+        r->n = n;
+        walk(m, &(g_walk){ .start = m->cur.v, .n_start = m->cur.n, .esc = -1, .roots = r->v, .n_roots = r->n },
+             mask);
+    }
+    return count_bits(mask, words);
 }
 
 /* ---- strict fill ---- */
@@ -557,7 +832,11 @@ int lm_grammar_mask(lm_grammar_matcher *m, uint32_t *mask) {
     }
     pthread_mutex_unlock(&g->mu);
     memset(mask, 0, (size_t)words * 4);
-    int n = walk(m, mask);
+    pthread_mutex_lock(&g->mu);
+    const bool tables = cacheable && !g->tables_off && m->cur.n <= G_TABLE_STACKS;
+    pthread_mutex_unlock(&g->mu);
+    int n = tables ? mask_by_tables(m, mask, words)
+                   : walk(m, &(g_walk){ .start = m->cur.v, .n_start = m->cur.n, .esc = -1 }, mask);
     if (m->cur.accepting)
         for (int i = 0; i < v->n_end; i++, n++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
     pthread_mutex_lock(&g->mu);

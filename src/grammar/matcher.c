@@ -15,7 +15,7 @@
  * take the engine's memory. Real schemas stay in the single digits. */
 #define G_MAX_STACKS 4096
 
-static int32_t node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent) {
+int32_t gm_node_new(lm_grammar_matcher *m, int32_t pos, int32_t parent) {
     if (m->n_nodes == m->cap_nodes) {
         m->cap_nodes = m->cap_nodes ? m->cap_nodes * 2 : 1024;
         m->nodes = lm_xrealloc(m->nodes, (size_t)m->cap_nodes * sizeof *m->nodes);
@@ -41,7 +41,7 @@ static void add_stack(lm_grammar_matcher *m, int32_t pos, int32_t parent, g_ids 
         if (x->pos == pos && x->parent == parent) return;
     }
     if (out->n - out->base >= G_MAX_STACKS) return;
-    g_ids_push(out, id >= 0 ? id : node_new(m, pos, parent));
+    g_ids_push(out, id >= 0 ? id : gm_node_new(m, pos, parent));
 }
 
 /* Whether set s holds c; while probing, also narrows m->probe to the
@@ -78,7 +78,7 @@ static void step(lm_grammar_matcher *m, int32_t pos, int32_t parent, uint8_t c, 
         int32_t ret = -2; /* made on first use */
         for (int32_t a = g->rule_start[x.arg];;) {
             if (g->nullable[a] || takes(m, &g->first[a], c)) {
-                if (ret == -2) ret = after == G_END || after == G_ALT ? parent : node_new(m, pos + 1, parent);
+                if (ret == -2) ret = after == G_END || after == G_ALT ? parent : gm_node_new(m, pos + 1, parent);
                 step(m, a, ret, c, out);
             }
             while (el[a].type != G_ALT && el[a].type != G_END) a++;
@@ -124,7 +124,7 @@ lm_grammar_matcher *lm_grammar_matcher_create(lm_grammar *g, const lm_grammar_vo
     lm_grammar_matcher *m = lm_xcalloc(1, sizeof *m);
     m->g = lm_grammar_ref(g);
     m->v = v;
-    g_ids_push(&m->cur, node_new(m, g->start, -1));
+    g_ids_push(&m->cur, gm_node_new(m, g->start, -1));
     m->cur.accepting = gm_accepting(m, m->cur.v, m->cur.n);
     return m;
 }
@@ -137,6 +137,8 @@ void lm_grammar_matcher_free(lm_grammar_matcher *m) {
     free(m->hist);
     free(m->hist_ids.v);
     free(m->tmp.v);
+    free(m->roots.v);
+    free(m->scratch);
     free(m->lvl.v);
     free(m->lvl_start);
     free(m->lvl_n);
