@@ -168,7 +168,14 @@ static void check_gguf(lm_test_ctx *lm_t_, const char *gguf, const char *ref_dir
             char *js = lm_oracle_json(gguf, json, be, &o);
             printf("  %s\n", js);
             free(js);
-            LM_CHECK(o.greedy_steps == 16 && o.greedy_checked >= 4 && o.greedy_mismatch == 0);
+            /* steps are checked where lumen's top-2 margin beats twice the
+             * first step's logprob error; llama.cpp's own Q8_0 answer moves
+             * with the host's ISA (error 0.126 and 3 steps checked on an
+             * AVX2-only EPYC, 4+ with AVX-512), so a quantised file needs 3 */
+            const int min_checked = strcmp(o.weight_type, "BF16") ? 3 : 4;
+            LM_CHECK_MSG(o.greedy_steps == 16 && o.greedy_checked >= min_checked && o.greedy_mismatch == 0,
+                         "%s: %d steps, %d checked (at least %d), %d mismatches", gguf, o.greedy_steps,
+                         o.greedy_checked, min_checked, o.greedy_mismatch);
             if (!twin) LM_CHECK_MSG(o.ok, "max |logprob - llama.cpp| %.3g (tol %.3g), KL %.3g (tol %.3g)",
                                     o.max_logprob_diff, o.tolerance, o.kl, o.kl_tolerance);
         }
