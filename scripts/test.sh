@@ -2,9 +2,17 @@
 # The whole test suite: installs dependencies, builds lumen twice (Release, and
 # with AddressSanitizer + UndefinedBehaviorSanitizer), runs every test in both
 # builds (the CUDA backend is compiled in the Release build only: the
-# sanitizers do not reach GPU code, and its ~3.5 minutes of nvcc were a fifth
-# of the suite on 2 cores), then the end-to-end tests against the Release server (the openai SDK,
+# sanitizers do not reach GPU code, and its nvcc time was a fifth of the
+# suite on 2 cores), then the end-to-end tests against the Release server (the openai SDK,
 # real agent CLIs), and ends with the combined line "N passed, N failed, N skipped".
+#
+# Speed (CI has 2 cores and 15 minutes for this): the tests of a build run
+# in one runner a core, sharing the test files through a counter
+# (LUMEN_TEST_QUEUE, tests/runner.c); the tests alone use ~1.2 cores. With
+# no GPU visible the CUDA code is compiled for Hopper only (sm_90, the
+# GPUs lumen is tuned and measured on): every GPU test skips there, and
+# each further architecture is another full pass of nvcc (~40 s of
+# cuda_gemv.cu alone). LUMEN_CUDA_ARCHS overrides it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -23,26 +31,43 @@ run_suite() { # name build-dir cmake-args...
     total_fail=$((total_fail + 1)); status=1
     return
   fi
-  echo "== $name: tests"
-  local t0=$SECONDS
-  "$dir/lumen_tests" 2>&1 | tee "$dir.tests.log"
-  local rc=${PIPESTATUS[0]}
+  echo "== $name: tests ($runners runners)"
+  local t0=$SECONDS r queue="$dir.tests.queue"
+  local -a pids=()
+  rm -f "$queue"
+  for ((r = 0; r < runners; r++)); do
+    LUMEN_TEST_QUEUE=$queue "$dir/lumen_tests" >"$dir.tests.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((r = 0; r < runners; r++)); do
+    wait "${pids[r]}"
+    local rc=$?
+    cat "$dir.tests.$r.log"
+    local out
+    out=$(tail -n 1 "$dir.tests.$r.log")
+    if [[ $out =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
+      total_pass=$((total_pass + BASH_REMATCH[1]))
+      total_fail=$((total_fail + BASH_REMATCH[2]))
+      total_skip=$((total_skip + BASH_REMATCH[3]))
+    else
+      echo "== $name: test runner $r did not finish (exit $rc)"
+      total_fail=$((total_fail + 1))
+    fi
+    [[ $rc == 0 ]] || status=1
+  done
   echo "== $name: the tests took $((SECONDS - t0))s"
-  local out
-  out=$(tail -n 1 "$dir.tests.log")
-  if [[ $out =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
-    total_pass=$((total_pass + BASH_REMATCH[1]))
-    total_fail=$((total_fail + BASH_REMATCH[2]))
-    total_skip=$((total_skip + BASH_REMATCH[3]))
-  else
-    echo "== $name: the test binary did not finish (exit $rc)"
-    total_fail=$((total_fail + 1))
-  fi
-  [[ $rc == 0 ]] || status=1
 }
 
+runners=$(( jobs < 2 ? 1 : (jobs > 4 ? 4 : jobs) ))
+cuda_archs=()
+if [[ -z ${LUMEN_CUDA_ARCHS:-} ]] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  cuda_archs=(-DLUMEN_CUDA_ARCHS=90-real)
+elif [[ -n ${LUMEN_CUDA_ARCHS:-} ]]; then
+  cuda_archs=(-DLUMEN_CUDA_ARCHS="$LUMEN_CUDA_ARCHS")
+fi
+
 mkdir -p build
-run_suite release build/release
+run_suite release build/release "${cuda_archs[@]}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_suite sanitizers build/asan -DLUMEN_SANITIZE=ON -DLUMEN_CUDA=OFF
 

@@ -1,11 +1,18 @@
 /* runner.c - runs every registered test (or those whose name contains argv[1])
- * and ends with the line "N passed, N failed, N skipped". */
+ * and ends with the line "N passed, N failed, N skipped".
+ *
+ * LUMEN_TEST_QUEUE=FILE: several runners share the work, a test file at a
+ * time: each takes the next file's number from FILE (a counter under an
+ * flock) until none is left, so two runners on two cores finish within
+ * about one file's time of each other (scripts/test.sh). */
 #include "lm_test.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,11 +123,39 @@ static void print_time(double s) {
     printf("\n");
 }
 
+/* The next test file's number from the shared counter at path (each
+ * number is handed out once), or -1 when the counter cannot be used. */
+static int queue_next(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT, 0600), k = -1;
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX) == 0) {
+        char buf[32] = { 0 };
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        k = n > 0 ? atoi(buf) : 0;
+        int len = snprintf(buf, sizeof buf, "%d\n", k + 1);
+        if (pwrite(fd, buf, (size_t)len, 0) != len || ftruncate(fd, len) != 0) k = -1;
+        flock(fd, LOCK_UN);
+    }
+    close(fd);
+    return k;
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
+    const char *queue = getenv("LUMEN_TEST_QUEUE");
     qsort(g_tests, (size_t)g_n, sizeof *g_tests, by_file_then_order);
     int passed = 0, failed = 0, skipped = 0;
+    int file = -1, mine = queue ? queue_next(queue) : -1; /* the file number of test i; the one this runner takes */
     for (int i = 0; i < g_n; i++) {
+        file += i == 0 || strcmp(g_tests[i].file, g_tests[i - 1].file) != 0;
+        if (queue) {
+            while (mine >= 0 && mine < file) mine = queue_next(queue);
+            if (mine < 0) {
+                fprintf(stderr, "runner: the queue %s cannot be used\n", queue);
+                return 1;
+            }
+            if (mine != file) continue;
+        }
         if (filter && !strstr(g_tests[i].name, filter)) continue;
         lm_test_ctx ctx = { 0 };
         fflush(stdout);
