@@ -84,6 +84,21 @@ static uint64_t rnd(uint64_t *x) {
     return *x;
 }
 
+/* m's mask into mask, timed into all (and miss when the cache lacked it),
+ * its words folded into hash. */
+static void timed_mask(lm_grammar *g, lm_grammar_matcher *m, uint32_t *mask, int words, times *all, times *miss,
+                       uint64_t *hash) {
+    lm_grammar_stats s0, s1;
+    lm_grammar_get_stats(g, &s0);
+    double t0 = lm_now();
+    lm_grammar_mask(m, mask);
+    double dt = lm_now() - t0;
+    lm_grammar_get_stats(g, &s1);
+    t_add(all, dt);
+    if (s1.mask_hits == s0.mask_hits) t_add(miss, dt);
+    for (int i = 0; i < words; i++) *hash = (*hash ^ mask[i]) * 0x100000001B3ull;
+}
+
 /* Random walks (as tests/test_grammar_schemas.c) timing every mask. */
 static void walks(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, int32_t end, int n_walks, times *all,
                   times *miss, uint64_t *hash) {
@@ -94,15 +109,7 @@ static void walks(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, int32_t
         lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
         uint64_t x = (uint64_t)w * 0x9E3779B97F4A7C15ull + 1;
         for (int step = 0; step < 400; step++) {
-            lm_grammar_stats s0, s1;
-            lm_grammar_get_stats(g, &s0);
-            double t0 = lm_now();
-            lm_grammar_mask(m, mask);
-            double dt = lm_now() - t0;
-            lm_grammar_get_stats(g, &s1);
-            t_add(all, dt);
-            if (s1.mask_hits == s0.mask_hits) t_add(miss, dt);
-            for (int i = 0; i < words; i++) *hash = (*hash ^ mask[i]) * 0x100000001B3ull;
+            timed_mask(g, m, mask, words, all, miss, hash);
             int n = 0;
             for (int id = 0; id < n_vocab; id++)
                 if ((mask[id >> 5] >> (id & 31)) & 1) ids[n++] = id;
@@ -157,15 +164,7 @@ static void replay(lm_grammar *g, const lm_grammar_vocab *v, int n_vocab, lm_tok
     lm_grammar_matcher *m = lm_grammar_matcher_create(g, v);
     if (!lm_tokenizer_encode(tok, text, len, false, &ids, &e))
         for (size_t i = 0; i < ids.n; i++) {
-            lm_grammar_stats s0, s1;
-            lm_grammar_get_stats(g, &s0);
-            double t0 = lm_now();
-            lm_grammar_mask(m, mask);
-            double dt = lm_now() - t0;
-            lm_grammar_get_stats(g, &s1);
-            t_add(all, dt);
-            if (s1.mask_hits == s0.mask_hits) t_add(miss, dt);
-            for (int w = 0; w < words; w++) *hash = (*hash ^ mask[w]) * 0x100000001B3ull;
+            timed_mask(g, m, mask, words, all, miss, hash);
             if (!lm_grammar_accept(m, ids.ids[i])) {
                 fprintf(stderr, "replay: token %zu of %zu refused\n", i, ids.n);
                 break;
