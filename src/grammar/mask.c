@@ -499,8 +499,10 @@ static uint64_t mix(uint64_t h, uint64_t x);
 
 /* Past this many stacks a mask is walked with the whole set instead. */
 #define G_TABLE_STACKS 16
-/* The tables of one grammar hold at most this many bytes. */
-#define G_TABLE_BYTES (64u << 20)
+/* The tables of one grammar hold at most this many bytes (beside the
+ * cache's 64 MB; the server keeps 64 grammars). A table is mostly a short
+ * id list; one over most of a 151k vocabulary is ~19 KB. */
+#define G_TABLE_BYTES (32u << 20)
 /* A key holds at most this many elements (a stack's top ones). */
 #define G_TABLE_DEPTH 8
 
