@@ -32,8 +32,9 @@ run_suite() { # name build-dir cmake-args...
     return
   fi
   echo "== $name: tests ($runners runners)"
-  local t0=$SECONDS r queue="$dir.tests.queue"
+  local t0=$SECONDS r queue="$dir.tests.queue" ran=0 want
   local -a pids=()
+  want=$("$dir/lumen_tests" --count)
   rm -f "$queue"
   for ((r = 0; r < runners; r++)); do
     LUMEN_TEST_QUEUE=$queue "$dir/lumen_tests" >"$dir.tests.$r.log" 2>&1 &
@@ -49,12 +50,17 @@ run_suite() { # name build-dir cmake-args...
       total_pass=$((total_pass + BASH_REMATCH[1]))
       total_fail=$((total_fail + BASH_REMATCH[2]))
       total_skip=$((total_skip + BASH_REMATCH[3]))
+      ran=$((ran + BASH_REMATCH[1] + BASH_REMATCH[2] + BASH_REMATCH[3]))
     else
       echo "== $name: test runner $r did not finish (exit $rc)"
       total_fail=$((total_fail + 1))
     fi
     [[ $rc == 0 ]] || status=1
   done
+  if [[ $ran != "$want" ]]; then # a file the runners lost, or ran twice
+    echo "== $name: the runners ran $ran tests of $want"
+    total_fail=$((total_fail + 1)); status=1
+  fi
   echo "== $name: the tests took $((SECONDS - t0))s"
 }
 

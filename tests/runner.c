@@ -1,5 +1,6 @@
 /* runner.c - runs every registered test (or those whose name contains argv[1])
- * and ends with the line "N passed, N failed, N skipped".
+ * and ends with the line "N passed, N failed, N skipped"; `--count` prints
+ * how many tests there are.
  *
  * LUMEN_TEST_QUEUE=FILE: several runners share the work, a test file at a
  * time: each takes the next file's number from FILE (a counter under an
@@ -141,6 +142,10 @@ static int queue_next(const char *path) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--count")) { /* how many tests there are (scripts/test.sh checks the runners' sum) */
+        printf("%d\n", g_n);
+        return 0;
+    }
     const char *filter = argc > 1 ? argv[1] : NULL;
     const char *queue = getenv("LUMEN_TEST_QUEUE");
     qsort(g_tests, (size_t)g_n, sizeof *g_tests, by_file_then_order);
