@@ -65,11 +65,13 @@ run_suite() { # name build-dir cmake-args...
 }
 
 runners=$(( jobs < 2 ? 1 : (jobs > 4 ? 4 : jobs) ))
-cuda_archs=()
-if [[ -z ${LUMEN_CUDA_ARCHS:-} ]] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  cuda_archs=(-DLUMEN_CUDA_ARCHS=90-real)
-elif [[ -n ${LUMEN_CUDA_ARCHS:-} ]]; then
+# (set each time: CMake keeps the last value in build/release's cache)
+if [[ -n ${LUMEN_CUDA_ARCHS:-} ]]; then
   cuda_archs=(-DLUMEN_CUDA_ARCHS="$LUMEN_CUDA_ARCHS")
+elif nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  cuda_archs=(-DLUMEN_CUDA_ARCHS="90-real;90-virtual;80-real") # CMakeLists.txt's default
+else
+  cuda_archs=(-DLUMEN_CUDA_ARCHS=90-real)
 fi
 
 mkdir -p build
