@@ -493,7 +493,17 @@ static int walk(lm_grammar_matcher *m, g_walk *w, uint32_t *mask) {
     return allowed;
 }
 
-static uint64_t mix(uint64_t h, uint64_t x);
+static uint64_t mix(uint64_t h, uint64_t x) {
+    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+}
+
+/* Adds element pos to a stack's two hashes (top to bottom). */
+static void hash_pos(uint64_t *a, uint64_t *b, int32_t pos) {
+    *a = mix(*a, (uint64_t)pos);
+    *b = mix(*b ^ 0xA5A5A5A5u, (uint64_t)pos * 0x9E3779B1u);
+}
 
 /* ---- per-element tables ---- */
 
@@ -550,8 +560,7 @@ static int table_key(const lm_grammar_matcher *m, int32_t id, int32_t *pos, uint
     uint64_t a = 5, b = 0x2545F4914F6CDD1Dull;
     for (; id >= 0 && n < G_TABLE_DEPTH; id = m->nodes[id].parent) {
         pos[n++] = m->nodes[id].pos;
-        a = mix(a, (uint64_t)m->nodes[id].pos);
-        b = mix(b ^ 0x5A5A5A5Au, (uint64_t)m->nodes[id].pos * 0x9E3779B1u);
+        hash_pos(&a, &b, m->nodes[id].pos);
         if (!m->g->nullable[m->nodes[id].pos]) break;
     }
     *k1 = a | 1, *k2 = b;
@@ -566,27 +575,22 @@ static g_table_ent *table_find(lm_grammar *g, uint64_t k1, uint64_t k2) {
     }
 }
 
+/* Bits set in mask[0, words): with the popcnt instruction where the CPU
+ * has it (the baseline x86-64 build calls a library routine instead). */
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("popcnt"))) static int popcount_hw(const uint64_t *w, int n) {
+__attribute__((target("popcnt"))) static int count_bits_popcnt(const uint32_t *mask, int words) {
     int c = 0;
-    for (int i = 0; i < n; i++) c += __builtin_popcountll(w[i]);
+    for (int i = 0; i < words; i++) c += __builtin_popcount(mask[i]);
     return c;
 }
 #endif
 
-/* Bits set in mask[0, words). */
 static int count_bits(const uint32_t *mask, int words) {
-    int c = 0, i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("popcnt")) {
-        uint64_t w[64];
-        for (; i + 128 <= words; i += 128) {
-            memcpy(w, mask + i, sizeof w);
-            c += popcount_hw(w, 64);
-        }
-    }
+    if (__builtin_cpu_supports("popcnt")) return count_bits_popcnt(mask, words);
 #endif
-    for (; i < words; i++) c += __builtin_popcount(mask[i]);
+    int c = 0;
+    for (int i = 0; i < words; i++) c += __builtin_popcount(mask[i]);
     return c;
 }
 
@@ -746,11 +750,6 @@ int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap) {
 
 /* ---- the cache ---- */
 
-static uint64_t mix(uint64_t h, uint64_t x) {
-    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0xBF58476D1CE4E5B9ull;
-    return h ^ (h >> 31);
-}
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -763,10 +762,7 @@ static void set_key(const lm_grammar_matcher *m, uint64_t *k1, uint64_t *k2) {
     uint64_t *h = lm_xmalloc((size_t)(2 * n + 1) * sizeof *h);
     for (int i = 0; i < n; i++) {
         uint64_t a = 1, b = 0x51ED270B27DD4DE5ull;
-        for (int32_t x = m->cur.v[i]; x >= 0; x = m->nodes[x].parent) {
-            a = mix(a, (uint64_t)m->nodes[x].pos);
-            b = mix(b ^ 0xA5A5A5A5u, (uint64_t)m->nodes[x].pos * 0x9E3779B1u);
-        }
+        for (int32_t x = m->cur.v[i]; x >= 0; x = m->nodes[x].parent) hash_pos(&a, &b, m->nodes[x].pos);
         h[i] = a, h[n + i] = b;
     }
     qsort(h, (size_t)n, sizeof *h, cmp_u64);
@@ -823,6 +819,7 @@ int lm_grammar_mask(lm_grammar_matcher *m, uint32_t *mask) {
     pthread_mutex_lock(&g->mu);
     if (!g->cache_vocab) g->cache_vocab = v;
     const bool cacheable = g->cache_vocab == v;
+    const bool tables = cacheable && !g->tables_off && m->cur.n <= G_TABLE_STACKS;
     g_cache_ent *c = cacheable ? cache_find(g, k1, k2) : NULL;
     if (c && c->k1) {
         memcpy(mask, c->mask, (size_t)words * 4);
@@ -834,9 +831,6 @@ int lm_grammar_mask(lm_grammar_matcher *m, uint32_t *mask) {
     }
     pthread_mutex_unlock(&g->mu);
     memset(mask, 0, (size_t)words * 4);
-    pthread_mutex_lock(&g->mu);
-    const bool tables = cacheable && !g->tables_off && m->cur.n <= G_TABLE_STACKS;
-    pthread_mutex_unlock(&g->mu);
     int n = tables ? mask_by_tables(m, mask, words)
                    : walk(m, &(g_walk){ .start = m->cur.v, .n_start = m->cur.n, .esc = -1 }, mask);
     if (m->cur.accepting)
