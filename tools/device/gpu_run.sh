@@ -13,7 +13,6 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # the pack holds one of the fixture sets: the others' tests skip, saying so
 dev_unpack cublas
-export LUMEN_BIN=$C/bin/lumen
 L=$C/bin/lumen
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 cuda_tests() { timeout 200 "$C/bin/lumen_tests" cuda 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^  ok\|^ok " | tail -n 60; }

@@ -28,12 +28,16 @@ dev_libs() {
 # Everything a pack.sh carry needs: unpacked, /work/main pointed here (the
 # binaries were built there and carry that path for models/demo and
 # tests/data), the libraries found (dev_libs' argument passed on) and the
-# tests sent to the carried fixtures (the absent sets' tests skip, saying so).
+# tests sent to the carried fixtures (the absent sets' tests skip, saying so)
+# and to the carried lumen.
 dev_unpack() {
   dev_extract
   mkdir -p /work && ln -sfn "$root" /work/main
   dev_libs "$@"
   export LUMEN_FIXTURES=$C/fixtures LUMEN_FIXTURES_PARTIAL=1
+  # the tests that run the CLI or a server take the carried binary, not the
+  # build path compiled into lumen_tests
+  if [[ -x $C/bin/lumen ]]; then export LUMEN_BIN=$C/bin/lumen; fi
 }
 
 # llama.cpp from the carried source node-llama-cpp bundles
