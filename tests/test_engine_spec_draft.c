@@ -82,12 +82,13 @@ static void dr_same(lm_test_ctx *lm_t_, const char *what, const dr_result *a, co
  * model.TYPE.gguf, else NULL: a partial carry (a GPU run's) may hold only
  * some of a folder's files, and then the tests skip instead of failing. */
 static char *dr_fixture_dir(const char *fixture, const char *type) {
-    static const char *const need[] = { "config.json", "model.safetensors", "tokenizer.json", NULL };
+    char draft[64];
+    snprintf(draft, sizeof draft, "model.%s.gguf", type);
+    const char *const need[] = { "config.json", "model.safetensors", "tokenizer.json", draft };
     char rel[256];
-    for (int i = 0; i < (int)LM_COUNT(need); i++) {
-        if (need[i]) snprintf(rel, sizeof rel, "gguf/%s/%s", fixture, need[i]);
-        else snprintf(rel, sizeof rel, "gguf/%s/model.%s.gguf", fixture, type);
-        char *p = lm_test_fixture_path(rel);
+    for (size_t i = 0; i < LM_COUNT(need); i++) {
+        snprintf(rel, sizeof rel, "gguf/%s/%s", fixture, need[i]);
+        char *p = lm_test_fixture_path(rel); /* NULL only when absent from a partial set */
         if (!p) return NULL;
         free(p);
     }

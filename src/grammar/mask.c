@@ -750,7 +750,6 @@ int lm_grammar_fill(lm_grammar_matcher *m, int32_t *ids, int cap) {
 
 /* ---- the cache ---- */
 
-
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;

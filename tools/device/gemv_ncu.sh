@@ -11,10 +11,9 @@
 set -uo pipefail
 source tools/device/lib.sh
 dev_unpack
-S=/dev/shm; mount -o remount,size=100G $S 2>/dev/null
-L=$C/bin/lumen; G=$S/l8.bf16.gguf
+G=/dev/shm/l8.bf16.gguf
 nvidia-smi --query-gpu=name --format=csv,noheader
-[[ -f $G ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $G bf16 8b >/dev/null
+dev_random_gguf $G bf16
 st=smsp__average_warps_issue_stalled
 m=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum
 m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__throughput.avg.pct_of_peak_sustained_active

@@ -11,20 +11,19 @@
 #   2. lumen bench at batch 1 2 4 8 16 per form, alternating (ROUNDS)
 #   3. llama-batched-bench at the same batches
 #   4. bench_cuda_gemv's GEMV table (GB/s of weight bytes against the copy)
-#      per form (STAGES: LUMEN_CUDA_GEMV_TC_STAGES values, for the reverted forms)
+#      per form
 # Carry .device-carry from LUMEN_DEVICE_BINS="lumen lumen_tests"
 # LUMEN_DEVICE_KERNEL_BENCH=1 LUMEN_DEVICE_FIXTURES=gguf/llama-g256/model.Q4_K_M.gguf
 # tools/device/pack.sh, plus /work/keep/llamacpp-src.tar.xz copied into it.
 set -uo pipefail
 source tools/device/lib.sh
 dev_unpack
-S=/dev/shm; mount -o remount,size=100G $S 2>/dev/null
-L=$C/bin/lumen; G=$S/l8.bf16.gguf
+L=$C/bin/lumen; G=/dev/shm/l8.bf16.gguf
 field() { grep -oE "\"$1\":[0-9.e+-]*" | head -n 1; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 [[ ${PEER:-1} == 1 ]] && dev_llamacpp_cuda llama-batched-bench
 log "random Llama-3.1-8B bf16 GGUF"
-[[ -f $G ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $G bf16 8b >/dev/null
+dev_random_gguf $G bf16
 if [[ ${TESTS:-1} == 1 ]]; then
   for f in cuda_gemv cuda_matmul cuda_fused cuda_moe cuda_graphs cuda_model; do
     log "tests $f"
@@ -50,7 +49,7 @@ if [[ ${PEER:-1} == 1 ]]; then
     tee "$OUT/llama.log"
 fi
 if [[ ${KERNELS:-1} == 1 ]]; then
-  for v in "LUMEN_CUDA_GEMV_TC=0" "LUMEN_CUDA_GEMV_TC=1" ${STAGES:+$(for s in $STAGES; do echo LUMEN_CUDA_GEMV_TC_STAGES=$s; done)}; do
+  for v in LUMEN_CUDA_GEMV_TC=0 LUMEN_CUDA_GEMV_TC=1; do
     log "bench_cuda_gemv $v"
     env $v timeout 120 "$C/bin/bench_cuda_gemv" 2>&1 | grep -E "^gemv|^copy" | tee -a "$OUT/kernels.log"
   done

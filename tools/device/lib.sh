@@ -40,6 +40,17 @@ dev_unpack() {
   if [[ -x $C/bin/lumen ]]; then export LUMEN_BIN=$C/bin/lumen; fi
 }
 
+# A random Llama-3.1-8B-shaped GGUF of KIND (make_random_gguf.py's kinds:
+# bf16, q4km, ...) at OUT, made once from the carried llama-g256 fixture
+# (pack with LUMEN_DEVICE_FIXTURES=gguf/llama-g256/model.Q4_K_M.gguf);
+# /dev/shm grown first, since that is where such files go.
+dev_random_gguf() { # OUT KIND
+  mount -o remount,size=100G /dev/shm 2>/dev/null
+  [[ -f $1 ]] && return 0
+  python3 "$root/tools/make_random_gguf.py" "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" "$1" "$2" 8b >/dev/null ||
+    { log "could not write $1"; exit 1; }
+}
+
 # llama.cpp from the carried source node-llama-cpp bundles
 # ($C/llamacpp-src.tar.xz) built for the H200 in the background into
 # $LB (bp: the build's pid; its log $OUT/lc_build.log): TARGETS default
