@@ -25,8 +25,9 @@ cmake --build build/dev -j2 --target $bins
 rm -rf .device-carry
 mkdir -p .device-carry/bin .device-carry/lib .device-carry/fixtures/models
 for b in $bins; do strip -o ".device-carry/bin/$b" "build/dev/$b"; done
-# LUMEN_DEVICE_BASE_BIN: another build's lumen, as bin/lumen_base (the `ab` bench set)
-[[ -n ${LUMEN_DEVICE_BASE_BIN:-} ]] && strip -o .device-carry/bin/lumen_base "$LUMEN_DEVICE_BASE_BIN"
+# LUMEN_DEVICE_BASE_BIN: another build's binaries (paths), each as
+# bin/NAME_base (lumen_base: the `ab` bench set)
+for b in ${LUMEN_DEVICE_BASE_BIN:-}; do strip -o ".device-carry/bin/$(basename "$b")_base" "$b"; done
 # libraries outside glibc, the C++ runtime and CUDA (the GPU image has those)
 ldd build/dev/lumen_tests build/dev/lumen | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcublas[^/]*|libstdc\+\+|libgcc_s)\.so' |

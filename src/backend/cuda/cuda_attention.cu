@@ -317,32 +317,12 @@ static void att_unrotate(lm_cuda *c, const lm_kv_pool *kv, lm_tensor *out, const
 #define ATT_DEC_KB(DPL) ((DPL) <= 4 ? 4 : 16 / (DPL) < 1 ? 1 : 16 / (DPL))
 static_assert(8 <= ATT_COMB_HEADS, "a decode block's heads (GM) are merged together");
 
-__host__ __device__ constexpr int lm_log2_const(int n) { return n <= 1 ? 0 : 1 + lm_log2_const(n / 2); }
-
-/* The warp sums of NP values (each lane holds its part of every one) with
- * the work split: at each xor step a lane keeps half of its values and adds
- * its partner's part of them. After log2 NP steps lane l holds a sum over
- * the lanes that differ from it in the top log2 NP bits, of value
- * l >> (5 - log2 NP); the remaining low bits are an ordinary butterfly.
- * Every lane ends with the whole sum of its value. */
-template <int NP>
-__device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
-    constexpr int LOG = lm_log2_const(NP);
-#pragma unroll
-    for (int st = 0; st < LOG; st++) {
-        const int half = (NP >> st) / 2, o = 16 >> st;
-        const bool up = (lane & o) != 0;
-#pragma unroll
-        for (int k = 0; k < NP / 2; k++) {
-            if (k >= half) break;
-            const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
-            v[k] = keep + __shfl_xor_sync(ATT_FULL, send, o);
-        }
-    }
-    float x = v[0];
-#pragma unroll
-    for (int st = LOG; st < 5; st++) x += __shfl_xor_sync(ATT_FULL, x, 16 >> st);
-    return x;
+/* The warp sums of NP values (lm_warp_sum_scatter), every lane left with
+ * the whole sum of its value, value lane >> (5 - log2 NP). */
+template <int NP> __device__ __forceinline__ float att_reduce_scatter(float (&v)[NP], int lane) {
+    static_assert(NP <= 32, "one value a lane");
+    lm_warp_sum_scatter<NP>(v, lane);
+    return v[0];
 }
 
 template <int DPL, int GM, int KT, int VT>

@@ -6,7 +6,7 @@
  *
  * Small T (decode, T <= LM_GEMV_MAX_T): a hand-written GEMV that streams the
  * weight once for all T tokens. A block of up to 256 threads owns R
- * consecutive output rows (lm_gemv_rows: 8 at T = 1, else 4); its threads
+ * consecutive output rows (lm_gemv_rows: 8 at T = 1, 3 and 4, else 4); its threads
  * stride together along the inner dimension in 16-byte chunks (8 bf16/f16 or
  * 4 f32 per chunk), so each warp-wide load is 512 contiguous bytes of one row
  * (fully coalesced) and the R rows give R independent loads per step; the
@@ -21,7 +21,10 @@
  * the demo hybrid's graph replays then gave other logits than eager runs).
  * Plain loads stay after the wait and see the writes it waited for
  * (cuda_sources_no_readonly_loads keeps the path out of this directory).
- * f32 accumulation, then a warp-shuffle reduction and one pass over shared memory across warps. Rows
+ * f32 accumulation, then a warp-shuffle reduction (lm_warp_sums_store: the
+ * R x T sums split over the lanes, the bits of a butterfly each) and one
+ * pass over shared memory across warps. A row's bits do not depend on T or
+ * R: the same chunks a thread, the same order, the same trees. Rows
  * that are not 16-byte aligned (I not a multiple of the chunk, or a view at
  * an odd offset) take the same kernel with element-wise loads.
  *
@@ -43,8 +46,15 @@
 /* Output rows per block: 8 for one token (16 loads of 16 bytes in
  * flight per thread, so that enough bytes are in flight to cover the memory
  * latency), 4 above (the accumulators of more tokens take the registers:
- * 8 rows spill at T = 2). */
-__host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) { return tc ? 16 : T == 1 ? 8 : 4; }
+ * 8 rows spill at T = 2), except 8 at 3 and 4 tokens (WIDE): x is read once
+ * a block, so 8 rows halve its L1 traffic (at 4 tokens its f32 values are
+ * twice the weights' bytes at 4 rows); the chunks are widened and used a
+ * quarter at a time and loaded one a trip to fit 128 registers. H100, bf16
+ * Llama-8B shapes at T = 4, % of the copy rate: 80-103 against 72-101 at 4
+ * rows; decode at batch 4 within 1 % (648.2 against 640.3 tok/s). At 5-8 tokens 6 rows
+ * spilled and lost (45-60 % against 57-73 at T = 8). */
+__host__ __device__ constexpr bool lm_gemv_wide(int T) { return T == 3 || T == 4; }
+__host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) { return tc ? 16 : T == 1 || lm_gemv_wide(T) ? 8 : 4; }
 /* Fewest tokens for tensor-core tiles (lm_gemv_tc): Llama-8B shape on the
  * H200, batch 1 / 2 / 4 / 8 decode 169 / 319 / 629 / 1,169 tok/s on tiles
  * against 240 / 396 / 668 / 842 on CUDA cores. */
@@ -57,6 +67,23 @@ template <lm_dtype WT> struct lm_wt;
 template <> struct lm_wt<LM_BF16> { static constexpr int bytes = 2; };
 template <> struct lm_wt<LM_F16> { static constexpr int bytes = 2; };
 template <> struct lm_wt<LM_F32> { static constexpr int bytes = 4; };
+
+/* Quarter q of 16 bytes of weights (its 32-bit word q) -> its 4 / sizeof(W) floats. */
+template <lm_dtype WT> __device__ __forceinline__ void lm_widen4(const uint4 v, int q, float *f) {
+    const unsigned u = q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+    if constexpr (WT == LM_BF16) {
+        f[0] = __uint_as_float(u << 16);
+        f[1] = __uint_as_float(u & 0xffff0000u);
+    } else if constexpr (WT == LM_F16) {
+        __half2 hh;
+        memcpy(&hh, &u, sizeof hh);
+        const float2 ff = __half22float2(hh);
+        f[0] = ff.x;
+        f[1] = ff.y;
+    } else {
+        f[0] = __uint_as_float(u);
+    }
+}
 
 /* 16 bytes of weights -> 16 / sizeof(W) floats. */
 template <lm_dtype WT> __device__ __forceinline__ void lm_widen16(const uint4 v, float *f) {
@@ -114,6 +141,8 @@ template <int MODE> __device__ __forceinline__ float lm_glu_act(float g, float u
 template <int T, lm_dtype WT, bool VEC, int MODE, int MOE = LM_MOE_NONE, bool TC = false>
 __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_gemv_kernel(const lm_gemv_args a) {
     constexpr int R = lm_gemv_rows(T, TC);
+    constexpr bool WIDE = !TC && lm_gemv_wide(T);
+    static_assert(!WIDE || MOE == LM_MOE_NONE, "the experts' GEMVs take 1 or LM_MOE_CHUNK tokens");
     constexpr bool GLU = MODE >= LM_GEMV_GLU_SILU;
     static_assert(MOE != LM_MOE_PAIRS || (T == 1 && (MODE == LM_GEMV_STORE || GLU)), "MoE pairs are single rows");
     static_assert(MOE != LM_MOE_GROUPS || (VEC && (MODE == LM_GEMV_STORE || GLU)), "MoE groups: 16-byte chunks");
@@ -337,6 +366,38 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                     step(wf, k);
                 }
             };
+            /* WIDE: each quarter of the chunk widened for all rows, then used
+             * by every token (the FMAs of a (row, token) in the order above) */
+            auto step16w = [&](const uint4 (&v)[R], int64_t k) {
+                constexpr int E = EPC >= 4 ? EPC / 4 : 1; /* (1 too for the element-wise form, which never calls it) */
+    #pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float wf[R][E];
+    #pragma unroll
+                    for (int r = 0; r < R; r++) lm_widen4<WT>(v[r], q, wf[r]);
+    #pragma unroll
+                    for (int t = 0; t < T; t++) {
+                        const float *xp = x + (size_t)t * I + k * EPC + q * E;
+                        float xv[E];
+                        if constexpr (E == 2) {
+                            const float2 p = *(const float2 *)xp;
+                            xv[0] = p.x, xv[1] = p.y;
+                        } else {
+                            xv[0] = *xp;
+                        }
+                        if constexpr (WT == LM_BF16) {
+                            if (a.x_bf16) {
+    #pragma unroll
+                                for (int j = 0; j < E; j++) xv[j] = __bfloat162float(__float2bfloat16_rn(xv[j]));
+                            }
+                        }
+    #pragma unroll
+                        for (int r = 0; r < R; r++)
+    #pragma unroll
+                            for (int j = 0; j < E; j++) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
+                    }
+                }
+            };
             auto load16 = [&](uint4 (&v)[R], int64_t k) {
     #pragma unroll
                 for (int r = 0; r < R; r++) v[r] = __ldcs((const uint4 *)wr[r] + k);
@@ -348,50 +409,52 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
 
             const int64_t stride = blockDim.x;
             int64_t k = threadIdx.x;
-            /* two chunks per trip: 2 * R loads issued before the first FMA */
-            for (; k + stride < n_chunks; k += 2 * stride) {
-                if constexpr (VEC) {
-                    uint4 va[R], vb[R];
-                    load16(va, k);
-                    load16(vb, k + stride);
-                    sync_in();
-                    step16(va, k);
-                    step16(vb, k + stride);
-                } else {
-                    float wa[R][EPC], wb[R][EPC];
-                    load1(wa, k);
-                    load1(wb, k + stride);
-                    sync_in();
-                    step(wa, k);
-                    step(wb, k + stride);
-                }
-            }
-            if (k < n_chunks) {
-                if constexpr (VEC) {
+            if constexpr (WIDE && VEC) { /* a chunk a trip: R loads issued before the first FMA */
+                for (; k < n_chunks; k += stride) {
                     uint4 va[R];
                     load16(va, k);
                     sync_in();
-                    step16(va, k);
-                } else {
-                    float wa[R][EPC];
-                    load1(wa, k);
-                    sync_in();
-                    step(wa, k);
+                    step16w(va, k);
+                }
+            } else {
+                /* two chunks per trip: 2 * R loads issued before the first FMA */
+                for (; k + stride < n_chunks; k += 2 * stride) {
+                    if constexpr (VEC) {
+                        uint4 va[R], vb[R];
+                        load16(va, k);
+                        load16(vb, k + stride);
+                        sync_in();
+                        step16(va, k);
+                        step16(vb, k + stride);
+                    } else {
+                        float wa[R][EPC], wb[R][EPC];
+                        load1(wa, k);
+                        load1(wb, k + stride);
+                        sync_in();
+                        step(wa, k);
+                        step(wb, k + stride);
+                    }
+                }
+                if (k < n_chunks) {
+                    if constexpr (VEC) {
+                        uint4 va[R];
+                        load16(va, k);
+                        sync_in();
+                        step16(va, k);
+                    } else {
+                        float wa[R][EPC];
+                        load1(wa, k);
+                        sync_in();
+                        step(wa, k);
+                    }
                 }
             }
             sync_in(); /* before y is written (and read, in ADD mode) */
 
-            /* reduce: within each warp by shuffles, then across warps in shared memory */
-    #pragma unroll
-            for (int r = 0; r < R; r++)
-    #pragma unroll
-                for (int t = 0; t < T; t++) {
-                    if (MOE == LM_MOE_GROUPS && t >= n_tok) break;
-                    float v = acc[r][t];
-    #pragma unroll
-                    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-                    if (lane == 0) part[warp][r * T + t] = v;
-                }
+            /* reduce: within each warp by shuffles (the work split, the
+             * bits of a butterfly per value), then across warps in shared
+             * memory; a MoE chunk's absent tokens sum zeros, never stored */
+            lm_warp_sums_store<R, T>(acc, part[warp], lane);
         }
         __syncthreads();
         constexpr int n_out = GLU ? R / 2 * T : R * T;

@@ -233,6 +233,62 @@ static __device__ __forceinline__ void lm_rope_pair(float *a, float *b, int32_t 
     *b = (float)(x * sn + y * cs);
 }
 
+__host__ __device__ constexpr int lm_log2_const(int n) { return n <= 1 ? 0 : 1 + lm_log2_const(n / 2); }
+__host__ __device__ constexpr int lm_pow2_at_least(int n) { return n <= 1 ? 1 : 2 * lm_pow2_at_least((n + 1) / 2); }
+
+/* Warp sums of NP values (a power of two; each lane holds its part of every
+ * one) with the work split (recursive halving): at xor step o = 16, 8, ...
+ * a lane keeps half of its values and adds its partner's part of them;
+ * once one value is left the steps are the plain butterfly. Each sum is
+ * mine + partner's at the partners lane ^ 16, ^ 8, ..., ^ 1, the tree of a
+ * butterfly per value (v += shfl_xor(v, o)), so the bits are the same, for
+ * NP - 1 + (5 - log2 NP) shuffles instead of 5 NP (32 values: 31 against
+ * 160). Afterwards v[i], i < lm_scatter_keep(NP), holds the sum of value
+ * lm_scatter_first<NP>(lane) + i; lanes that differ only in the bits of
+ * lm_scatter_dups(NP) hold the same sums. */
+template <int NP> __device__ __forceinline__ void lm_warp_sum_scatter(float (&v)[NP], int lane) {
+    static_assert(NP == lm_pow2_at_least(NP), "a power of two");
+    constexpr int LOG = lm_log2_const(NP) < 5 ? lm_log2_const(NP) : 5;
+#pragma unroll
+    for (int st = 0; st < LOG; st++) {
+        const int half = (NP >> st) / 2, o = 16 >> st;
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int k = 0; k < NP / 2; k++) {
+            if (k >= half) break;
+            const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int st = LOG; st < 5; st++) v[0] += __shfl_xor_sync(0xffffffffu, v[0], 16 >> st);
+}
+__host__ __device__ constexpr int lm_scatter_keep(int np) { return np > 32 ? np / 32 : 1; }
+__host__ __device__ constexpr int lm_scatter_dups(int np) { return np >= 32 ? 0 : 32 / np - 1; }
+template <int NP> __device__ __forceinline__ int lm_scatter_first(int lane) {
+    constexpr int LOG = lm_log2_const(NP) < 5 ? lm_log2_const(NP) : 5;
+    return (lane >> (5 - LOG)) * lm_scatter_keep(NP);
+}
+
+/* A GEMV's per-warp sums: each lane's parts acc[R][T] summed over the warp
+ * (lm_warp_sum_scatter, zeros padding to a power of two) into out[r * T +
+ * t], each by one lane. */
+template <int R, int T>
+__device__ __forceinline__ void lm_warp_sums_store(const float (&acc)[R][T], float *out, int lane) {
+    constexpr int NV = R * T, NP = lm_pow2_at_least(NV);
+    float v[NP];
+#pragma unroll
+    for (int i = 0; i < NP; i++) v[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = acc[i / T][i % T];
+    lm_warp_sum_scatter<NP>(v, lane);
+    const int first = lm_scatter_first<NP>(lane);
+    if ((lane & lm_scatter_dups(NP)) == 0)
+#pragma unroll
+        for (int i = 0; i < lm_scatter_keep(NP); i++)
+            if (first + i < NV) out[first + i] = v[i];
+}
+
 /* Sums v over the warp (xor tree: every lane gets the same bits). */
 static __device__ __forceinline__ double lm_warp_sum_d(double v) {
 #pragma unroll

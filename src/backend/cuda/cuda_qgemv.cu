@@ -198,15 +198,7 @@ __global__ void __launch_bounds__(LM_QGEMV_THREADS, (T == 1 && !(I8 && QT == LM_
 
     __shared__ float part[LM_QGEMV_THREADS / 32][R * T];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            float v = acc[r][t];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) part[warp][r * T + t] = v;
-        }
+    lm_warp_sums_store<R, T>(acc, part[warp], lane); /* the bits of a butterfly per value */
     __syncthreads();
     constexpr int n_out = GLU ? R / 2 * T : R * T;
     for (int i = threadIdx.x; i < n_out; i += blockDim.x) {
