@@ -116,6 +116,55 @@ LM_TEST(engine_refuses_kv_format_that_does_not_fit) {
 LM_TEST(engine_concurrent_equals_alone_qwen3_chunked) { concurrent_equals_alone(lm_t_, "qwen3", 24); }
 LM_TEST(engine_concurrent_equals_alone_mqa_tiny_steps) { concurrent_equals_alone(lm_t_, "llama3-rope-mqa", 5); }
 
+/* The step budgets: a prompt with no stream decoding is prefilled in
+ * chunks of prefill_tokens; once a stream decodes, every forward it is in
+ * stays within step_tokens (a prompt arriving then comes in small chunks),
+ * and neither changes a token. Without prefill_tokens on the CPU a prompt
+ * alone takes step_tokens chunks. */
+LM_TEST(engine_prefill_budget_only_while_no_stream_decodes) {
+    fixture f;
+    if (!fixture_open(&f, "llama")) {
+        fixture_close(&f);
+        LM_SKIP("%s", lm_test_fixtures_why());
+    }
+    int32_t prompt[2][100];
+    for (int i = 0; i < 100; i++) prompt[0][i] = 3 + (i * 7) % 200, prompt[1][i] = 5 + (i * 11) % 190;
+    int32_t alone[2][40];
+    for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: each prompt alone; 1: both at once; 2: alone, prefill_tokens unset */
+        lm_engine *en = NULL;
+        lm_engine_opts o = { .ctx = 256, .parallel = 2, .step_tokens = 16, .prefill_tokens = pass == 2 ? 0 : 64 };
+        LM_REQUIRE(lm_engine_create(&en, f.m, &o, NULL) == 0);
+        lm_tu_collect c[2];
+        lm_request *r[2];
+        lm_gen_params p = greedy(40);
+        for (int k = 0; k < 2; k++) {
+            lm_tu_collect_init(&c[k]);
+            LM_REQUIRE(lm_engine_submit(en, prompt[k], 100, &p, lm_tu_collect_on_token, &c[k], &r[k], NULL) ==
+                       LM_ENGINE_OK);
+            if (pass != 1) lm_tu_collect_wait(&c[k]);
+        }
+        int chunks[2];
+        for (int k = 0; k < 2; k++) {
+            lm_tu_collect_wait(&c[k]);
+            LM_CHECK(c[k].n == 40 && c[k].max_step_batch >= 1 && c[k].max_step_batch <= 16);
+            if (pass == 0) memcpy(alone[k], c[k].toks, sizeof alone[k]);
+            else LM_CHECK(memcmp(alone[k], c[k].toks, sizeof alone[k]) == 0);
+            chunks[k] = c[k].n_prefill_chunks;
+            lm_request_release(r[k]);
+            lm_tu_collect_destroy(&c[k]);
+        }
+        /* 100 tokens: 64 + 36 alone; in steps of 16 without prefill_tokens */
+        if (pass == 0) LM_CHECK(chunks[0] == 2 && chunks[1] == 2);
+        if (pass == 2) LM_CHECK(chunks[0] == 7 && chunks[1] == 7);
+        /* both at once: the first prompt as alone; the second mostly in
+         * chunks of 15 beside the first's token */
+        if (pass == 1) LM_CHECK(chunks[0] == 2 && chunks[1] >= 6);
+        lm_engine_free(en);
+    }
+    fixture_close(&f);
+}
+
 LM_TEST(engine_reference_greedy) {
     fixture f;
     if (!fixture_open(&f, "llama")) {

@@ -175,6 +175,10 @@ void lm_tu_collect_on_token(void *user, const lm_token_event *ev) {
         c->n_cached = ev->n_cached;
         c->n_cached_disk = ev->trace ? ev->trace->n_cached_disk : -1;
         c->n_shared = ev->trace ? ev->trace->n_shared : -1;
+        c->n_prefill_chunks = ev->trace ? ev->trace->n_prefill_chunks : -1;
+        c->max_step_batch = -1;
+        for (int i = 0; ev->trace && i < ev->trace->n_steps; i++)
+            c->max_step_batch = LM_MAX(c->max_step_batch, ev->trace->step_batch[i]);
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);

@@ -78,6 +78,7 @@ typedef struct lm_tu_collect {
     bool done;
     lm_finish finish;
     int n_cached, n_cached_disk, n_shared;
+    int n_prefill_chunks, max_step_batch; /* from the final event's trace (-1 without) */
     float logprob0;
     int n_top0;
 } lm_tu_collect;

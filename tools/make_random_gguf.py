@@ -164,6 +164,8 @@ def main():
             'general.file_type': {'q4km': 15, 'q5km': 17, 'q3km': 12, 'q8': 7, 'bf16': 32}[kind], a + 'attention.key_length': HD,
             a + 'attention.value_length': HD, a + 'rope.dimension_count': HD,
             a + 'expert_count': E, a + 'expert_used_count': K, a + 'expert_feed_forward_length': FM}
+    if sys.argv[4:] == ['8b']:
+        over[a + 'context_length'] = 131072  # Llama-3.1-8B's, so that servers can take 32k prompts
     if q35:
         over.update({a + 'ssm.conv_kernel': 4, a + 'ssm.state_size': DK, a + 'ssm.group_count': HK,
                      a + 'ssm.time_step_rank': HV, a + 'ssm.inner_size': HV * DV, a + 'full_attention_interval': 4,

@@ -34,6 +34,14 @@ static const lm_opt k_opts[] = {
       "tokens per request, prompt + completion", "the model's", .ilo = 16, .ihi = 1 << 24 },
     { LM_OPT_INT, "--parallel", NULL, LM_OPT_AT(serve_opts, so.engine.parallel), "N", "requests generated at once",
       .ilo = 1, .ihi = 4096 },
+    { LM_OPT_INT, "--step-tokens", NULL, LM_OPT_AT(serve_opts, so.engine.step_tokens), "N",
+      "most tokens one forward takes while any request is generating: a prompt that arrives meanwhile is prefilled "
+      "beside them in chunks that fit, so they wait at most one step of N tokens for each token",
+      .ilo = 16, .ihi = 1 << 16 },
+    { LM_OPT_INT, "--prefill-tokens", NULL, LM_OPT_AT(serve_opts, so.engine.prefill_tokens), "N",
+      "most tokens one forward takes while no request is generating (prompts alone; raised to --step-tokens if "
+      "below)", "4096 with --device cuda (larger products keep the tensor cores busy), --step-tokens on the CPU",
+      .ilo = 16, .ihi = 1 << 16 },
     { LM_OPT_INT, "--max-queue", NULL, LM_OPT_AT(serve_opts, so.engine.max_queue), "N",
       "requests waiting beyond those; more get 503", .ilo = 1, .ihi = 1 << 20 },
     { LM_OPT_INT, "--timeout", NULL, LM_OPT_AT(serve_opts, so.timeout_s), "S",
@@ -102,7 +110,7 @@ static const lm_opt k_opts[] = {
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
             .shutdown_timeout_s = 30, .log_requests = true,
-            .engine = { .parallel = 4, .max_queue = 1024, .cache_ram = LM_CACHE_RAM_AUTO, .cache_disk = (size_t)16 << 30,
+            .engine = { .parallel = 4, .step_tokens = 512, .max_queue = 1024, .cache_ram = LM_CACHE_RAM_AUTO, .cache_disk = (size_t)16 << 30,
                         .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };

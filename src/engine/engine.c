@@ -339,7 +339,7 @@ static void step_hidden(lm_engine *en, lm_step *st, int s, lm_request *r, int ro
     lm_pooling_span(&r->pool.how, r->n_prompt, &first, &count);
     int lo = LM_MAX(first, r->n_cached), hi = LM_MIN(first + count, r->n_cached + st->seq_n[s]);
     if (lo >= hi) return;
-    if (!en->hidden) en->hidden = lm_xmalloc((size_t)en->o.step_tokens * (size_t)en->m->cfg.d_model * sizeof(float));
+    if (!en->hidden) en->hidden = lm_xmalloc((size_t)lm_engine_max_step(en) * (size_t)en->m->cfg.d_model * sizeof(float));
     lm_batch_set_hidden(en->bb, en->hidden);
     st->seq_h0[s] = lm_batch_n_hidden(en->bb);
     st->seq_hn[s] = hi - lo;
@@ -351,7 +351,11 @@ static bool step_build(lm_engine *en, lm_step *st) {
     lm_batch_reset(en->bb);
     st->queued = st->masked = false;
     st->S = st->n_out = st->n_draft = 0;
-    int budget = en->o.step_tokens, last;
+    /* while a stream decodes, the step is held to step_tokens so that it
+     * does not wait long; prompts alone take prefill_tokens */
+    int budget = en->o.prefill_tokens, last;
+    for (int i = 0; i < en->n_running; i++)
+        if (en->running[i]->n_cached >= en->running[i]->n_prompt) budget = en->o.step_tokens;
     /* decode tokens first: running streams never wait behind a prompt */
     for (int i = 0; i < en->n_running; i++) {
         lm_request *r = en->running[i];
@@ -510,6 +514,8 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     if (en->o.max_queue <= 0) en->o.max_queue = 256;
     if (en->o.step_tokens <= 0) en->o.step_tokens = 512;
     if (en->o.step_tokens < en->o.parallel) en->o.step_tokens = en->o.parallel;
+    if (en->o.prefill_tokens <= 0) en->o.prefill_tokens = lm_engine_opt_on(en, 0) ? 4096 : en->o.step_tokens;
+    if (en->o.prefill_tokens < en->o.step_tokens) en->o.prefill_tokens = en->o.step_tokens;
     if (en->o.kv_tokens <= 0) en->o.kv_tokens = en->o.parallel * en->o.ctx;
     if (en->o.kv_tokens < en->o.ctx) en->o.kv_tokens = en->o.ctx;
     en->vocab = m->cfg.vocab;
@@ -541,7 +547,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     }
     /* output rows: one per sequence, and a draft's after it */
     const size_t P = (size_t)en->o.parallel, R = P * (size_t)(1 + lm_spec_max_draft(en->spec));
-    en->bb = lm_batch_builder_create(en->o.step_tokens, (int)P, (int)R, en->kv->pool.n_state > 0);
+    en->bb = lm_batch_builder_create(lm_engine_max_step(en), (int)P, (int)R, en->kv->pool.n_state > 0);
     en->running = lm_xcalloc(P, sizeof *en->running);
     en->cur.seq_req = lm_xcalloc(P, sizeof *en->cur.seq_req);
     en->cur.seq_n = lm_xcalloc(P, sizeof *en->cur.seq_n);

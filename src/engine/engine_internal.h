@@ -158,7 +158,7 @@ struct lm_engine {
     uint64_t grammar_masks;      /* published into st after each step */
     double grammar_mask_s;
     uint64_t grammar_fill_tokens;
-    float *hidden;               /* [step_tokens][D] hidden rows of embedding requests; made at the first */
+    float *hidden;               /* [lm_engine_max_step][D] hidden rows of embedding requests; made at the first */
     /* prefix cache (cache_policy.c) */
     lm_prefix_cache *pc;         /* NULL without one */
     lm_req_history *hist;
@@ -195,6 +195,11 @@ struct lm_engine {
 /* An option whose 0 means "on backends with their own memory (GPUs)",
  * above 0 always and below 0 never (warmup, look_ahead, mask_ahead). */
 bool lm_engine_opt_on(const lm_engine *en, int opt);
+/* The most tokens one forward takes: the larger of the two step budgets
+ * (what the step's builder, buffers and warm-up are sized for). */
+static inline int lm_engine_max_step(const lm_engine *en) {
+    return LM_MAX(en->o.step_tokens, en->o.prefill_tokens);
+}
 
 void lm_req_unref(lm_request *r);
 /* Whether r's next token is the backend's argmax of the model's logits

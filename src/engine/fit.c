@@ -92,7 +92,7 @@ int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size
     *n_blocks = (en->o.kv_tokens + block - 1) / block + en->o.parallel;
     /* the prefix cache's blocks and checkpoint slots come on top */
     /* sliding-window layers in rings that hold a window and a step's tokens */
-    en->ring = lm_kv_ring_for(m, block, en->o.ctx, en->o.step_tokens);
+    en->ring = lm_kv_ring_for(m, block, en->o.ctx, lm_engine_max_step(en));
     const size_t state_bytes = lm_kv_model_state_bytes(m, en->o.kv_type, block, en->ring);
     size_t block_bytes = (size_t)block * lm_kv_model_bytes_per_token(m, en->o.kv_type, en->ring);
     en->stateful = state_bytes > 0;
@@ -133,13 +133,13 @@ size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted) {
  * starts, so it borrows the step's builder. */
 int lm_fit_warm_up(lm_engine *en, lm_err *e) {
     if (!lm_engine_opt_on(en, en->o.warmup)) return 0;
-    const int T = LM_MIN(LM_MIN(en->o.step_tokens, en->o.ctx), en->o.kv_tokens);
+    const int T = LM_MIN(LM_MIN(lm_engine_max_step(en), en->o.ctx), en->o.kv_tokens);
     /* every running sequence's row, and its draft's (lm_spec.h) */
     const int n_out = LM_MIN(en->o.parallel * (1 + lm_spec_max_draft(en->spec)), T);
     lm_kv_seq seq = { 0 };
     if (lm_kv_seq_reserve(en->kv, &seq, T, e)) return -1;
     int32_t slot = en->stateful ? lm_kv_state_acquire(en->kv) : -1;
-    /* the step's builder and id rows: T <= step_tokens, n_out <= its rows */
+    /* the step's builder and id rows: T <= its tokens, n_out <= its rows */
     lm_batch_builder *bb = en->bb;
     lm_batch_reset(bb);
     int s = lm_batch_add_seq(bb, seq.blocks, slot);

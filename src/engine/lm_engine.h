@@ -167,7 +167,15 @@ typedef struct lm_engine_opts {
     int ctx;          /* most tokens per sequence (prompt + generated); 0 = model max */
     int parallel;     /* most sequences running at once (default 4) */
     int max_queue;    /* most requests waiting for admission (default 256) */
-    int step_tokens;  /* token budget of one forward (default 512) */
+    int step_tokens;  /* token budget of one forward while any sequence
+                       * decodes (default 512): bounds how long a running
+                       * stream waits while prompts are prefilled */
+    int prefill_tokens; /* token budget of a forward in which no sequence
+                         * decodes (prompts alone; no stream waits on it):
+                         * 0 = 4096 on backends with their own memory (GPUs,
+                         * whose tensor cores a 512-token chunk leaves half
+                         * idle), step_tokens on the CPU; never below
+                         * step_tokens */
     int kv_tokens;    /* KV cache size in tokens (default parallel * ctx) */
     lm_kv_types kv_type; /* element formats of K and V (lm_kv_type.h); zero: f32
                           * (the CLI's default is bf16) */

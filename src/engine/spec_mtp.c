@@ -59,7 +59,7 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e) {
     /* a catch-up covers at most what one forward fed (and a carried
      * position each): within the step budget the warm-up sized the
      * activations for, so a GPU never grows them mid-request */
-    M->cap = en->o.step_tokens;
+    M->cap = lm_engine_max_step(en);
     M->bb = lm_batch_builder_create(M->cap, (int)P, (int)P, false);
     M->hid_in = lm_xmalloc((size_t)M->cap * (size_t)M->D * sizeof(float));
     M->hid_out = lm_xmalloc(P * (size_t)M->D * sizeof(float));
@@ -68,7 +68,7 @@ lm_spec_mtp *lm_mtp_create(lm_engine *en, lm_err *e) {
     M->out_req = lm_xcalloc(P, sizeof *M->out_req);
     M->h0 = lm_xmalloc(P * sizeof *M->h0);
     M->base = lm_xmalloc(P * sizeof *M->base);
-    if (!en->hidden) en->hidden = lm_xmalloc((size_t)en->o.step_tokens * (size_t)M->D * sizeof(float));
+    if (!en->hidden) en->hidden = lm_xmalloc((size_t)lm_engine_max_step(en) * (size_t)M->D * sizeof(float));
     return M;
 }
 
