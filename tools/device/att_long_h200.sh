@@ -24,8 +24,8 @@ if [[ ${TESTS:-0} == 1 ]]; then # TESTS=2: the op tests only
   log "engine tests per KV format, models on the GPU"
   LUMEN_TEST_DEVICE=cuda timeout 240 "$C/bin/lumen_tests" _kv_ 2>&1 | tee "$OUT/engine_kv.log" | grep -E "^(FAIL|skip)|check failed|passed" | head -30
 fi
-t=$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf; q=/dev/shm/l8.Q4_K_M.gguf
-python3 tools/make_random_gguf.py "$t" $q q4km 8b >/dev/null || exit 1
+q=/dev/shm/l8.Q4_K_M.gguf
+dev_random_gguf $q q4km
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 dec() { # dec VARIANT KV CTX [ENV...] (VARIANT: NAME or NAME:VAR=V,VAR2=V2)
   local b=${1%%:*} e=; [[ $1 == *:* ]] && e=${1#*:}

@@ -15,7 +15,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 dev_unpack cublas
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-L=$C/bin/lumen; B=$C/bin/lumen_base; t=$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf
+L=$C/bin/lumen; B=$C/bin/lumen_base
 if [[ ${TESTS:-1} == 1 ]]; then
   log "GPU op tests"
   timeout 240 "$C/bin/lumen_tests" ${TEST_FILTER:-cuda} 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "FAIL|passed|DIFFERS|check failed" | head -40
@@ -24,9 +24,9 @@ if [[ ${TESTS:-1} == 1 ]]; then
   for d in "$C"/fixtures/models/*/; do "$L" parity "$d" --device cuda 2>&1 | tail -n 1 | cut -c1-200; done
 fi
 q=/dev/shm/l8.Q4_K_M.gguf; b=/dev/shm/l8.bf16.gguf
-python3 tools/make_random_gguf.py "$t" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 files=$q
-if [[ ${BF16:-1} == 1 ]]; then python3 tools/make_random_gguf.py "$t" $b bf16 8b >/dev/null || exit 1; files="$q $b"; fi
+if [[ ${BF16:-1} == 1 ]]; then dev_random_gguf $b bf16; files="$q $b"; fi
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 dec() { local bin=$1 f=$2 n=$3; shift 3; env "$@" "$bin" bench -m "$f" --device cuda --batch "$n" --prompt-len 32 --gen 128 --no-membw 2>&1 | pick decode_tok_s; }
 for r in $(seq "${ROUNDS:-2}"); do

@@ -22,7 +22,7 @@ if [[ ${TESTS:-1} == 1 ]]; then
   timeout 200 "$C/bin/lumen_tests" hf_quant_cuda 2>&1 | tee "$OUT/hf_quant_cuda.log" | grep -E "on the GPU|FAIL|passed|check failed"
 fi
 L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf
-python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 dec() { env "$@" "$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 --no-membw 2>&1 | pick decode_tok_s; }
 AB=${AB:-LUMEN_CUDA_QSTAGED_STAGE=16}

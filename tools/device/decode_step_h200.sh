@@ -12,10 +12,10 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 dev_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-L=$C/bin/lumen; t=$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf
+L=$C/bin/lumen
 q=/dev/shm/l8.Q4_K_M.gguf; b=/dev/shm/l8.bf16.gguf
-python3 tools/make_random_gguf.py "$t" $q q4km 8b >/dev/null || exit 1
-[[ ${BF16:-1} == 1 ]] && { python3 tools/make_random_gguf.py "$t" $b bf16 8b >/dev/null || exit 1; }
+dev_random_gguf $q q4km
+[[ ${BF16:-1} == 1 ]] && { dev_random_gguf $b bf16; }
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 dec() { env "${@:2}" "$L" bench -m "$1" --device cuda --batch 1 --prompt-len 32 --gen 128 --no-membw 2>&1 | pick decode_tok_s; }
 files=$q; [[ ${BF16:-1} == 1 ]] && files="$q $b"

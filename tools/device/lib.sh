@@ -41,14 +41,20 @@ dev_unpack() {
 }
 
 # A random Llama-3.1-8B-shaped GGUF of KIND (make_random_gguf.py's kinds:
-# bf16, q4km, ...) at OUT, made once from the carried llama-g256 fixture
-# (pack with LUMEN_DEVICE_FIXTURES=gguf/llama-g256/model.Q4_K_M.gguf);
-# /dev/shm grown first, since that is where such files go.
+# bf16, q4km, ...) at OUT, made from the carried llama-g256 fixture (pack
+# with LUMEN_DEVICE_FIXTURES=gguf/llama-g256/model.Q4_K_M.gguf); /dev/shm
+# grown first, since that is where such files go. A warm machine keeps
+# /dev/shm between calls: the file is reused only when OUT.stamp says the
+# same make_random_gguf.py and KIND wrote it.
 dev_random_gguf() { # OUT KIND
   mount -o remount,size=100G /dev/shm 2>/dev/null
-  [[ -f $1 ]] && return 0
+  local stamp
+  stamp="$(sha1sum < "$root/tools/make_random_gguf.py" | cut -c1-40) $2 8b"
+  [[ -f $1 && -f $1.stamp && $(cat "$1.stamp") == "$stamp" ]] && return 0
+  rm -f "$1.stamp"
   python3 "$root/tools/make_random_gguf.py" "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" "$1" "$2" 8b >/dev/null ||
     { log "could not write $1"; exit 1; }
+  echo "$stamp" > "$1.stamp"
 }
 
 # llama.cpp from the carried source node-llama-cpp bundles

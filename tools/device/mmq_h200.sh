@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 [[ ${TESTS:-1} == 1 ]] && log "GPU quant tests" &&
 timeout 240 "$C/bin/lumen_tests" cuda_q 2>&1 | tee -a "$OUT/cuda_q.log" | grep -E "FAIL|passed|check failed|prompt:|bad outputs" | head -60
 L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf
-python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 bat() { env "${@:2}" "$L" bench -m $q --device cuda --batch "$1" --prompt-len 32 --gen 64 --no-membw 2>&1 | pick decode_tok_s; }
 pre() { env "${@:2}" "$L" bench -m $q --device cuda --prompt-len 4096 --chunk "$1" --gen 4 --reps 2 --no-membw 2>&1 | pick prefill_tok_s; }

@@ -58,10 +58,10 @@ for phase in "$@"; do
          -DCMAKE_BUILD_TYPE=Release && cmake --build b -j15 --target llama-bench llama-batched-bench) \
         > "$OUT/lc_build.log" 2>&1 &
       bp=$!
-      [[ -f $G ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $G bf16 8b >/dev/null
+      dev_random_gguf $G bf16
       log "waiting for the llama.cpp build"; wait $bp || tail -n 20 "$OUT/lc_build.log"
     fi
-    [[ -f $G ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $G bf16 8b >/dev/null
+    dev_random_gguf $G bf16
     ls -la $G $LB/llama-bench
     lbench() { "$LB/llama-bench" -o md "$@" 2>/dev/null | grep -E "^\| [a-z]"; }
     log "llama.cpp: pp4096, tg128"; lbench -m $G -ngl 99 -fa 1 -p 4096 -n 128 -r 2 | tee -a "$OUT/llama.log"
@@ -94,7 +94,7 @@ for phase in "$@"; do
         > "$OUT/lc_build.log" 2>&1 &
       bp=$!
     fi
-    [[ -f $G ]] || python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $G bf16 8b >/dev/null
+    dev_random_gguf $G bf16
     for p in exact bf16 exact bf16; do
       for P in 4096 32768; do
         echo -n "lumen $p prefill $P "

@@ -16,16 +16,16 @@ dev_llamacpp_cuda
 dev_unpack cublas
 mount -o remount,size=100G /dev/shm 2>/dev/null
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-L=$C/bin/lumen; t=$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf
+L=$C/bin/lumen
 q=/dev/shm/l8.Q4_K_M.gguf; b=/dev/shm/l8.bf16.gguf
-python3 tools/make_random_gguf.py "$t" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 pre() { local f=$1 n=$2; shift 2; env "$@" "$L" bench -m $f --device cuda --prompt-len $n --chunk 4096 --gen 4 --reps 2 --no-membw 2>&1 | pick prefill_tok_s; }
 AB=${AB:-LUMEN_CUDA_ATT_BF16=0}
 for r in $(seq "${ROUNDS:-2}"); do log "round $r Q4_K_M prefill 4096: default $(pre $q 4096) / $AB $(pre $q 4096 $AB) tok/s"; done
 log "Q4_K_M decode batch 1: $("$L" bench -m $q --device cuda --prompt-len 128 --gen 128 --reps 3 --no-membw 2>&1 | pick decode_tok_s) tok/s"
 if [[ ${BF16:-1} == 1 ]]; then
-  python3 tools/make_random_gguf.py "$t" $b bf16 8b >/dev/null || exit 1
+  dev_random_gguf $b bf16
   for r in $(seq "${ROUNDS:-2}"); do
     log "round $r bf16 exact prefill 4096: default $(pre $b 4096) / $AB $(pre $b 4096 $AB); 32768: $(pre $b 32768) / $(pre $b 32768 $AB) tok/s"
   done

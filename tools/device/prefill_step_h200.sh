@@ -13,7 +13,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 dev_unpack cublas
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-L=$C/bin/lumen; t=$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf
+L=$C/bin/lumen
 if [[ ${TESTS:-0} == 1 ]]; then
   log "GPU tests (${TEST_FILTER:-cuda})"
   timeout 300 "$C/bin/lumen_tests" ${TEST_FILTER:-cuda} 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "FAIL|passed|DIFFERS|check failed" | head -40
@@ -21,7 +21,7 @@ if [[ ${TESTS:-0} == 1 ]]; then
   for d in "$C"/fixtures/models/*/; do "$L" parity "$d" --device cuda 2>&1 | tail -n 1 | cut -c1-200; done
 fi
 q=/dev/shm/l8.Q4_K_M.gguf
-python3 tools/make_random_gguf.py "$t" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 pick() { tail -n 1 | grep -oE "\"$1\":[0-9.]*" | cut -d: -f2; }
 pre() { env "${@:2}" "$L" bench -m $q --device cuda --prompt-len "$1" --chunk 4096 --gen 4 --reps 2 --no-membw 2>&1 | pick prefill_tok_s; }
 P=${PLEN:-4096}

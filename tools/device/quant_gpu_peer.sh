@@ -24,7 +24,7 @@ dev_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 log "GPU quant tests"; timeout 150 "$C/bin/lumen_tests" cuda_q 2>&1 | tee -a "$OUT/cuda_q.log" | grep -E "FAIL|passed|check failed|prompt:"
 L=$C/bin/lumen; q=/dev/shm/l8.Q4_K_M.gguf
-python3 tools/make_random_gguf.py "$C/fixtures/gguf/llama-g256/model.Q4_K_M.gguf" $q q4km 8b >/dev/null || exit 1
+dev_random_gguf $q q4km
 if [[ -x $C/bin/bench_cuda_gemv ]]; then
   more=; [[ ${SPLIT:-0} == 1 ]] && more="LUMEN_CUDA_QSTAGED_BLOCKS=1 LUMEN_CUDA_QSTAGED_BLOCKS=2"
   for st in LUMEN_CUDA_QSTAGED=1 LUMEN_CUDA_QSTAGED=0 $more; do
