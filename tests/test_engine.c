@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "engine/lm_engine.h"
+#include "engine/engine_internal.h"
 #include "engine/lm_runner.h"
 #include "lm_test.h"
 #include "test_util.h"
@@ -163,6 +164,25 @@ LM_TEST(engine_prefill_budget_only_while_no_stream_decodes) {
         lm_engine_free(en);
     }
     fixture_close(&f);
+}
+
+/* The GPU's prompt-only budget from two warm-ups' memory: 512 and 1,024
+ * tokens took used1 and used2 bytes; half of what is left free is kept. */
+LM_TEST(engine_fit_prefill_tokens_from_warm_ups) {
+    const size_t M = (size_t)1 << 20;
+    /* 1 MiB a token beyond 1,024 (512 MiB more for 512 more): 4,096 needs
+     * 3,072 MiB more, which half of 8 GiB holds, half of 4 GiB does not */
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 600 * M, 1112 * M, 8192 * M) == 4096);
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 600 * M, 1112 * M, 4096 * M) == 3072);
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 600 * M, 1112 * M, 1300 * M) == 1536);
+    /* nothing left: what the second warm-up ran */
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 600 * M, 1112 * M, 0) == 1024);
+    /* no growth between the warm-ups: the second's bytes shared evenly
+     * (0.68 MiB a token, 1,050 MiB of room: 1,536 more) */
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 700 * M, 700 * M, 2100 * M) == 2560);
+    LM_CHECK(lm_fit_prefill_tokens(512, 4096, 0, 0, 0) == 4096);
+    /* what the warm-ups ran needs no estimate */
+    LM_CHECK(lm_fit_prefill_tokens(512, 1024, 600 * M, 1112 * M, 0) == 1024);
 }
 
 LM_TEST(engine_reference_greedy) {

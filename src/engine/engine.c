@@ -568,7 +568,7 @@ int lm_engine_create(lm_engine **out, lm_model *m, const lm_engine_opts *opts, l
     if (en->o.spec == LM_SPEC_CALLBACK) en->ahead_on = false;
     pthread_mutex_init(&en->mu, NULL);
     pthread_cond_init(&en->cv, NULL);
-    if (lm_fit_warm_up(en, e)) {
+    if (lm_fit_warm_up(en, !(opts && opts->prefill_tokens > 0), e)) {
         engine_destroy(en);
         return -1;
     }

@@ -311,7 +311,16 @@ const uint32_t *lm_mask_ahead_take(lm_mask_ahead *ma, lm_request *r, int *count)
  * for the prefix cache; sets en->stateful and en->ckpt_slots, and en->o's
  * kv_tokens and ctx as fitted. */
 int lm_fit_memory(lm_engine *en, const lm_engine_opts *opts, int *n_blocks, size_t *cache_blocks, lm_err *e);
-/* lm_engine_opts.warmup's forward. */
-int lm_fit_warm_up(lm_engine *en, lm_err *e);
+/* lm_engine_opts.warmup's forwards; on a GPU with the default
+ * prefill_tokens, first of step_tokens and twice that, and prefill_tokens
+ * lowered to what their memory use leaves room for (lm_fit_prefill_tokens).
+ * auto_prefill: prefill_tokens was not given. */
+int lm_fit_warm_up(lm_engine *en, bool auto_prefill, lm_err *e);
+/* The prompt-only step budget the device's memory allows: warm-ups of
+ * step and 2 * step tokens took used1 and used2 bytes and left free_b free;
+ * the growth between them is taken as each further token's, and half of
+ * free_b is kept in reserve. want when it fits, else the largest multiple
+ * of step below it that does, at least step. */
+int lm_fit_prefill_tokens(int step, int want, size_t used1, size_t used2, size_t free_b);
 
 #endif

@@ -126,14 +126,13 @@ size_t lm_engine_cache_bytes(const lm_engine *en, size_t *counted) {
            lm_mtp_bytes(en->spec_mtp) + lm_dm_bytes(en->spec_dm);
 }
 
-/* lm_engine_opts.warmup: a prefill of the step budget (capped by the
- * context and the pool) on a scratch sequence, with as many output rows as
- * a decode step of every running sequence asks for; then the sequence is
- * released. The prefix cache never sees it. Runs before the engine thread
- * starts, so it borrows the step's builder. */
-int lm_fit_warm_up(lm_engine *en, lm_err *e) {
-    if (!lm_engine_opt_on(en, en->o.warmup)) return 0;
-    const int T = LM_MIN(LM_MIN(lm_engine_max_step(en), en->o.ctx), en->o.kv_tokens);
+/* A warm-up forward: a prefill of T tokens (capped by the context and the
+ * pool) on a scratch sequence, with as many output rows as a decode step
+ * of every running sequence asks for; then the sequence is released. The
+ * prefix cache never sees it. Runs before the engine thread starts, so it
+ * borrows the step's builder. */
+static int warm_up(lm_engine *en, int T, lm_err *e) {
+    T = LM_MIN(LM_MIN(T, en->o.ctx), en->o.kv_tokens);
     /* every running sequence's row, and its draft's (lm_spec.h) */
     const int n_out = LM_MIN(en->o.parallel * (1 + lm_spec_max_draft(en->spec)), T);
     lm_kv_seq seq = { 0 };
@@ -155,4 +154,41 @@ int lm_fit_warm_up(lm_engine *en, lm_err *e) {
         lm_errf(e, "warm-up forward of %d tokens failed: %s", T, why);
     }
     return rc;
+}
+
+int lm_fit_prefill_tokens(int step, int want, size_t used1, size_t used2, size_t free_b) {
+    if (want <= 2 * step) return want; /* the warm-ups ran it */
+    /* bytes a token beyond 2 * step: the growth between the warm-ups, or
+     * (none: buffers with room to spare) an even share of the second */
+    const double per = used2 > used1 ? (double)(used2 - used1) / step : (double)used2 / (2.0 * step);
+    if (per <= 0) return want;
+    const double fit = 2.0 * step + (double)free_b / 2 / per;
+    if (fit >= want) return want;
+    return LM_MAX(step, (int)(fit / step) * step);
+}
+
+/* lm_engine_opts.warmup: the largest forward a step can send, so that every
+ * activation and workspace buffer exists before the first request. On a
+ * GPU the default prompt-only budget (4096) may need more than the memory
+ * the KV pool left (90 % of it went there): measured at step_tokens and
+ * twice that, it is lowered to what fits, saying so, rather than failing
+ * at the first long prompt or aborting here. */
+int lm_fit_warm_up(lm_engine *en, bool auto_prefill, lm_err *e) {
+    if (!lm_engine_opt_on(en, en->o.warmup)) return 0;
+    const int step = en->o.step_tokens, want = en->o.prefill_tokens;
+    size_t f0 = 0, f1 = 0, f2 = 0, total = 0;
+    lm_backend_mem_info(en->m->be, &f0, &total);
+    if (!auto_prefill || want <= step || total == 0) return warm_up(en, lm_engine_max_step(en), e);
+    if (warm_up(en, step, e)) return -1;
+    lm_backend_mem_info(en->m->be, &f1, &total);
+    if (warm_up(en, LM_MIN(2 * step, want), e)) return -1;
+    lm_backend_mem_info(en->m->be, &f2, &total);
+    const int fit = lm_fit_prefill_tokens(step, want, f0 > f1 ? f0 - f1 : 0, f0 > f2 ? f0 - f2 : 0, f2);
+    if (fit < want) {
+        fprintf(stderr, "lumen: prompts alone go in steps of %d tokens, not %d: the GPU has %.2f GiB free after the "
+                        "KV cache (--prefill-tokens sets it)\n",
+                fit, want, (double)f2 / (1024.0 * 1024.0 * 1024.0));
+        en->o.prefill_tokens = fit;
+    }
+    return en->o.prefill_tokens > 2 * step ? warm_up(en, en->o.prefill_tokens, e) : 0;
 }
