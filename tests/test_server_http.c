@@ -290,11 +290,13 @@ static void expect_status(lm_test_ctx *lm_t_, int port, const char *path, const 
  * llama-server does: agents send 8000 or 13107 whatever the context. */
 LM_TEST(server_http_max_tokens_clamped_to_room) {
     server s;
-    START(s, "--ctx 64 --kv-type K8V4r");
-    /* the startup line names the KV format, its bytes a token and the tokens it holds */
+    START(s, "--ctx 64 --kv-type K8V4r --step-tokens 48 --prefill-tokens 96");
+    /* the startup line names the KV format, its bytes a token, the tokens
+     * it holds and the step budgets */
     size_t loglen = 0;
     char *log = lm_read_file(s.log, &loglen, NULL);
-    LM_CHECK_MSG(log && strstr(log, "(ctx 64,") && strstr(log, "KV K=q8,V=q4r, ") && strstr(log, " KiB a token, "),
+    LM_CHECK_MSG(log && strstr(log, "(ctx 64,") && strstr(log, "KV K=q8,V=q4r, ") && strstr(log, " KiB a token, ") &&
+                     strstr(log, ", steps of 48 tokens, 96 for prompts alone, "),
                  "%s", log ? log : "(no log)");
     free(log);
     static const struct { const char *path, *body, *usage_in, *usage_out; } k[] = {

@@ -599,6 +599,13 @@ void lm_engine_free(lm_engine *en) {
 
 int lm_engine_ctx(const lm_engine *en) { return en->o.ctx; }
 
+const char *lm_engine_step_summary(const lm_engine *en, char *buf, size_t n) {
+    if (en->o.prefill_tokens > en->o.step_tokens)
+        snprintf(buf, n, "steps of %d tokens, %d for prompts alone", en->o.step_tokens, en->o.prefill_tokens);
+    else snprintf(buf, n, "steps of %d tokens", en->o.step_tokens);
+    return buf;
+}
+
 const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n) {
     const lm_kv_pool *p = &en->kv->pool;
     const lm_kv_types t = { p->k_type, p->v_type };

@@ -308,6 +308,10 @@ size_t lm_engine_cache_ram(const lm_engine *en);
  * its bytes per token and the tokens it holds for running requests (the
  * startup line). */
 const char *lm_engine_kv_summary(const lm_engine *en, char *buf, size_t n);
+/* "steps of 512 tokens, 4096 for prompts alone": the step budgets as the
+ * engine uses them (step_tokens, prefill_tokens after its fit; the startup
+ * line). */
+const char *lm_engine_step_summary(const lm_engine *en, char *buf, size_t n);
 
 /* Queues a request. prompt is copied. Returns LM_ENGINE_OK and a handle, or
  * LM_ENGINE_BUSY (queue full) / LM_ENGINE_ERROR (bad request: empty prompt,

@@ -484,10 +484,11 @@ int lm_server_run(const lm_server_opts *o, lm_source *model, lm_backend *be, lm_
     char cache[64] = "prefix cache off";
     if (s->metrics.cache_ram)
         snprintf(cache, sizeof cache, "prefix cache %.0f MiB", (double)s->metrics.cache_ram / (1 << 20));
-    char kv[128];
-    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s%s)\n", s->model_name,
+    char kv[128], steps[80];
+    fprintf(stderr, "lumen: serving %s on http://%s%s%s:%d (ctx %d, vocab %d, %s, %s, %s%s)\n", s->model_name,
             v6 ? "[" : "", s->opts.host, v6 ? "]" : "", port, s->ctx, s->n_vocab,
-            lm_engine_kv_summary(s->en, kv, sizeof kv), cache, s->opts.api_key ? ", API key required" : "");
+            lm_engine_kv_summary(s->en, kv, sizeof kv), lm_engine_step_summary(s->en, steps, sizeof steps), cache,
+            s->opts.api_key ? ", API key required" : "");
     static const char *const spec_mode[] = { [LM_SPEC_LOOKUP] = "lookup", [LM_SPEC_MTP] = "the MTP head",
                                              [LM_SPEC_AUTO] = "lookup, else the MTP head",
                                              [LM_SPEC_CALLBACK] = "a callback", [LM_SPEC_DRAFT] = "the draft model " };
