@@ -51,10 +51,12 @@
  * twice the weights' bytes at 4 rows); the chunks are widened and used a
  * quarter at a time and loaded one a trip to fit 128 registers. H100, bf16
  * Llama-8B shapes at T = 4, % of the copy rate: 80-103 against 72-101 at 4
- * rows; decode at batch 4 within 1 % (648.2 against 640.3 tok/s). At 5-8 tokens 6 rows
- * spilled and lost (45-60 % against 57-73 at T = 8). */
+ * rows; decode at batch 4 within 1 % (648.2 against 640.3 tok/s). At 5-8
+ * tokens 6 rows spilled and lost (45-60 % against 57-73 at T = 8). */
 __host__ __device__ constexpr bool lm_gemv_wide(int T) { return T == 3 || T == 4; }
-__host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) { return tc ? 16 : T == 1 || lm_gemv_wide(T) ? 8 : 4; }
+__host__ __device__ constexpr int lm_gemv_rows(int T, bool tc = false) {
+    return tc ? 16 : T == 1 || lm_gemv_wide(T) ? 8 : 4;
+}
 /* Fewest tokens for tensor-core tiles (lm_gemv_tc): Llama-8B shape on the
  * H200, batch 1 / 2 / 4 / 8 decode 169 / 319 / 629 / 1,169 tok/s on tiles
  * against 240 / 396 / 668 / 842 on CUDA cores. */
@@ -106,6 +108,32 @@ template <lm_dtype WT> __device__ __forceinline__ void lm_widen16(const uint4 v,
     } else {
 #pragma unroll
         for (int i = 0; i < 4; i++) f[i] = __uint_as_float(u[i]);
+    }
+}
+
+/* N (a multiple of 4, 2 or 1) of x's values at xp, rounded to bf16 with
+ * bf16 activations over bf16 weights (a.x_bf16). Plain loads (the file's
+ * head says why). */
+template <lm_dtype WT, int N>
+__device__ __forceinline__ void lm_load_x(const float *xp, float *xv, const lm_gemv_args &a) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+            const float4 q = *(const float4 *)(xp + j);
+            xv[j] = q.x, xv[j + 1] = q.y, xv[j + 2] = q.z, xv[j + 3] = q.w;
+        }
+    } else if constexpr (N == 2) {
+        const float2 q = *(const float2 *)xp;
+        xv[0] = q.x, xv[1] = q.y;
+    } else {
+        static_assert(N == 1, "4k, 2 or 1 values");
+        xv[0] = *xp;
+    }
+    if constexpr (WT == LM_BF16) {
+        if (a.x_bf16) {
+#pragma unroll
+            for (int j = 0; j < N; j++) xv[j] = __bfloat162float(__float2bfloat16_rn(xv[j]));
+        }
     }
 }
 
@@ -310,24 +338,7 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                 const float *xp;
                 if constexpr (MOE == LM_MOE_GROUPS) xp = xrow[t] + k * EPC;
                 else xp = x + (size_t)t * I + k * EPC;
-                if constexpr (VEC) {
-    #pragma unroll
-                    for (int j = 0; j < EPC; j += 4) {
-                        float4 q = *(const float4 *)(xp + j);
-                        xv[j] = q.x;
-                        xv[j + 1] = q.y;
-                        xv[j + 2] = q.z;
-                        xv[j + 3] = q.w;
-                    }
-                } else {
-                    xv[0] = *xp;
-                }
-                if constexpr (WT == LM_BF16) {
-                    if (a.x_bf16) {
-    #pragma unroll
-                        for (int j = 0; j < EPC; j++) xv[j] = __bfloat162float(__float2bfloat16_rn(xv[j]));
-                    }
-                }
+                lm_load_x<WT, EPC>(xp, xv, a);
             };
             /* acc += W[rows][chunk k] . x[t][chunk k] for every token */
             auto step = [&](const float (&wf)[R][EPC], int64_t k) {
@@ -377,20 +388,8 @@ __global__ void __launch_bounds__(LM_GEMV_THREADS, (T == 7 && !TC ? 1 : 2)) lm_g
                     for (int r = 0; r < R; r++) lm_widen4<WT>(v[r], q, wf[r]);
     #pragma unroll
                     for (int t = 0; t < T; t++) {
-                        const float *xp = x + (size_t)t * I + k * EPC + q * E;
                         float xv[E];
-                        if constexpr (E == 2) {
-                            const float2 p = *(const float2 *)xp;
-                            xv[0] = p.x, xv[1] = p.y;
-                        } else {
-                            xv[0] = *xp;
-                        }
-                        if constexpr (WT == LM_BF16) {
-                            if (a.x_bf16) {
-    #pragma unroll
-                                for (int j = 0; j < E; j++) xv[j] = __bfloat162float(__float2bfloat16_rn(xv[j]));
-                            }
-                        }
+                        lm_load_x<WT, E>(x + (size_t)t * I + k * EPC + q * E, xv, a);
     #pragma unroll
                         for (int r = 0; r < R; r++)
     #pragma unroll
