@@ -110,8 +110,8 @@ static const lm_opt k_opts[] = {
 static const serve_opts k_defaults = {
     .so = { .port = 8080, .timeout_s = 30, .max_connections = 4096, .header_timeout_s = 10, .body_timeout_s = 60,
             .shutdown_timeout_s = 30, .log_requests = true,
-            .engine = { .parallel = 4, .step_tokens = 512, .max_queue = 1024, .cache_ram = LM_CACHE_RAM_AUTO, .cache_disk = (size_t)16 << 30,
-                        .kv_type = LM_CLI_KV_DEFAULT } },
+            .engine = { .parallel = 4, .step_tokens = 512, .max_queue = 1024, .cache_ram = LM_CACHE_RAM_AUTO,
+                        .cache_disk = (size_t)16 << 30, .kv_type = LM_CLI_KV_DEFAULT } },
     .max_body_mb = 8,
 };
 

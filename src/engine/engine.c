@@ -339,7 +339,8 @@ static void step_hidden(lm_engine *en, lm_step *st, int s, lm_request *r, int ro
     lm_pooling_span(&r->pool.how, r->n_prompt, &first, &count);
     int lo = LM_MAX(first, r->n_cached), hi = LM_MIN(first + count, r->n_cached + st->seq_n[s]);
     if (lo >= hi) return;
-    if (!en->hidden) en->hidden = lm_xmalloc((size_t)lm_engine_max_step(en) * (size_t)en->m->cfg.d_model * sizeof(float));
+    if (!en->hidden)
+        en->hidden = lm_xmalloc((size_t)lm_engine_max_step(en) * (size_t)en->m->cfg.d_model * sizeof(float));
     lm_batch_set_hidden(en->bb, en->hidden);
     st->seq_h0[s] = lm_batch_n_hidden(en->bb);
     st->seq_hn[s] = hi - lo;

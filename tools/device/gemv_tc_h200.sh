@@ -20,7 +20,7 @@
 set -uo pipefail
 source tools/device/lib.sh
 dev_unpack
-L=$C/bin/lumen; G=/dev/shm/l8.bf16.gguf
+G=/dev/shm/l8.bf16.gguf
 field() { grep -oE "\"$1\":[0-9.e+-]*" | head -n 1; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 [[ ${PEER:-1} == 1 ]] && dev_llamacpp_cuda llama-batched-bench
